@@ -1,0 +1,272 @@
+//! Assembly: config → keys → store → ledger → gateway → router → a running server.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::jwks::JwksCache;
+use crate::auth::{Secret, Verifier, mint_dev_token};
+use crate::backend::ledger::LedgerBackend;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::gateway::{Gateway, GatewayLimits};
+use crate::http::{self, AppState, RouterConfig, SessionBindings};
+use crate::idempotency::KeyDeriver;
+use crate::money::{Currency, parse_minor};
+use crate::policy::Profiles;
+use crate::store::sqlite::SqliteStore;
+use crate::store::{AccountSeed, Store};
+
+/// How often expired idempotency records are purged.
+const PURGE_INTERVAL: Duration = Duration::from_secs(600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("data directory {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("auth: {0}")]
+    Auth(String),
+}
+
+/// A running gateway. Dropping it does not stop it; call [`Running::shutdown`].
+pub struct Running {
+    pub addr: SocketAddr,
+    /// `scheme://host:port` clients use.
+    pub public_url: String,
+    pub store: Arc<dyn Store>,
+    dev_key: Option<Secret>,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    pub fn mcp_url(&self) -> String {
+        format!("{}/mcp", self.public_url)
+    }
+
+    /// Mint a dev token for `subject` (dev key only).
+    pub fn mint_token(&self, subject: &str, scope: &str, ttl_secs: i64) -> Option<String> {
+        let key = self.dev_key.as_ref()?;
+        mint_dev_token(key, &self.config.auth.dev_issuer, &self.mcp_url(), subject, scope, self.clock.now(), ttl_secs).ok()
+    }
+
+    /// Stop accepting, end open streams, wait for in-flight requests.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.server.await;
+    }
+
+    /// Wait until the server stops (ctrl-c in `paygate serve`).
+    pub async fn wait(self) -> std::io::Result<()> {
+        self.server.await.unwrap_or(Ok(()))
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}
+
+/// Read a base64 secret from `path`, or create one (32 random bytes, mode 0600).
+pub fn load_or_create_secret(path: &Path) -> Result<Secret, std::io::Error> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let trimmed = text.trim();
+        if !trimmed.is_empty() {
+            return Ok(Secret::new(trimmed.to_string()));
+        }
+    }
+    let bytes: [u8; 32] = rand::random();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    write_private(path, &encoded)?;
+    Ok(Secret::new(encoded))
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()
+}
+
+/// The dev signing key: configured, or kept in the data directory.
+pub fn dev_key(config: &Config) -> Result<Secret, StartError> {
+    if let Some(k) = &config.auth.dev_key {
+        return Ok(k.clone());
+    }
+    let dir = &config.storage.data_dir;
+    std::fs::create_dir_all(dir).map_err(|source| StartError::DataDir { path: dir.clone(), source })?;
+    let path = dir.join("dev-signing.key");
+    load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })
+}
+
+fn authority(url: &str) -> &str {
+    url.split_once("://").map_or(url, |(_, rest)| rest.split('/').next().unwrap_or(rest))
+}
+
+/// Start the gateway: bind, open state, serve in the background.
+pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
+    let listener = TcpListener::bind(&config.server.bind)
+        .await
+        .map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;
+    let public_url =
+        if config.server.public_url.is_empty() { format!("http://{addr}") } else { config.server.public_url.clone() };
+    let resource_url = format!("{public_url}/mcp");
+
+    let data_dir = config.storage.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(&config.storage.sqlite_file))?);
+
+    if config.ledger.demo {
+        for a in &config.ledger.accounts {
+            // Validated at load; a parse failure here would be a bug, so skip rather than guess.
+            let (Ok(id), Ok(currency)) = (crate::ids::AccountId::parse(&a.id), Currency::parse(&a.currency)) else {
+                continue;
+            };
+            let Ok(opening_minor) = parse_minor(&a.opening_balance, currency) else { continue };
+            let seed = AccountSeed { id, currency, opening_minor, allow_overdraft: a.allow_overdraft };
+            if store.ledger_open_account(seed, clock.now()).await? {
+                tracing::info!(account.id = %a.id, "opened demo account");
+            }
+        }
+    }
+
+    let idem_secret = match &config.idempotency.secret {
+        Some(s) => s.clone(),
+        None => {
+            let path = data_dir.join("idempotency.key");
+            load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })?
+        }
+    };
+
+    let a = &config.auth;
+    let mut verifier = Verifier::new(resource_url.clone(), a.leeway_secs, clock.clone());
+    let dev_key = if a.dev_key_enabled { Some(dev_key(&config)?) } else { None };
+    if let Some(k) = &dev_key {
+        verifier = verifier.with_dev_key(a.dev_issuer.clone(), k).map_err(StartError::Auth)?;
+    }
+    let mut authorization_servers = Vec::new();
+    if !a.issuer.is_empty() {
+        let mut pem_keys = Vec::new();
+        for path in &a.public_key_files {
+            let pem = std::fs::read(path).map_err(|e| StartError::Auth(format!("{}: {e}", path.display())))?;
+            let key = jsonwebtoken::DecodingKey::from_rsa_pem(&pem)
+                .or_else(|_| jsonwebtoken::DecodingKey::from_ec_pem(&pem))
+                .or_else(|_| jsonwebtoken::DecodingKey::from_ed_pem(&pem))
+                .map_err(|_| StartError::Auth(format!("{}: not an RSA, EC or Ed25519 public key", path.display())))?;
+            pem_keys.push(key);
+        }
+        let jwks = if a.jwks_url.is_empty() {
+            None
+        } else {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_millis(a.jwks_fetch_timeout_ms as u64))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| StartError::Auth(e.to_string()))?;
+            Some(JwksCache::new(
+                a.jwks_url.clone(),
+                http,
+                Duration::from_secs(a.jwks_cache_secs as u64),
+                Duration::from_secs(a.jwks_refetch_min_interval_secs as u64),
+            ))
+        };
+        verifier = verifier.with_idp(a.issuer.clone(), pem_keys, jwks);
+        authorization_servers.push(a.issuer.clone());
+    }
+    if dev_key.is_some() {
+        authorization_servers.push(a.dev_issuer.clone());
+    }
+
+    let backend = Arc::new(LedgerBackend::new(store.clone(), clock.clone()));
+    let limits = GatewayLimits {
+        idempotency_retention_secs: config.idempotency.retention_secs,
+        idempotency_lease_secs: config.idempotency.lease_secs,
+        idempotency_wait: Duration::from_millis(config.idempotency.wait_ms_max as u64),
+        approval_ttl_secs: config.approvals.ttl_secs,
+        list_limit_max: config.limits.list_limit_max as u32,
+        list_limit_default: config.limits.list_limit_default as u32,
+    };
+    let gateway = Arc::new(Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), limits));
+
+    let public_origin = public_url.trim_end_matches('/').to_string();
+    let mut allowed_origins = vec![public_origin];
+    allowed_origins.extend(config.server.allowed_origins.iter().cloned());
+    let host = authority(&public_url).to_string();
+    let mut allowed_hosts = vec![host.clone(), addr.to_string()];
+    if let Some((h, _port)) = host.rsplit_once(':') {
+        allowed_hosts.push(h.to_string());
+    }
+
+    let state = AppState {
+        gateway,
+        verifier: Arc::new(verifier),
+        profiles: Arc::new(Profiles::from_config(&config.policy)),
+        sessions: Arc::new(SessionBindings::new(
+            Duration::from_secs(config.server.session_idle_secs as u64),
+            config.server.sessions_max as usize,
+        )),
+        resource_url,
+        metadata_url: format!("{public_url}{}/mcp", http::METADATA_PATH),
+        authorization_servers,
+        allowed_origins,
+        body_bytes_max: config.server.body_bytes_max as usize,
+    };
+    let shutdown = CancellationToken::new();
+    let router = http::router(
+        state,
+        RouterConfig {
+            request_timeout: Duration::from_millis(config.server.request_timeout_ms as u64),
+            session_idle: Duration::from_secs(config.server.session_idle_secs as u64),
+            allowed_hosts,
+            shutdown: shutdown.clone(),
+        },
+    );
+
+    let purge_store = store.clone();
+    let purge_clock = clock.clone();
+    let purge_stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PURGE_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = purge_stop.cancelled() => break,
+                _ = tick.tick() => match purge_store.idem_purge(purge_clock.now()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(idempotency.purged = n, "purged expired idempotency records"),
+                    Err(error) => tracing::warn!(%error, "idempotency purge failed"),
+                },
+            }
+        }
+    });
+
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await
+    });
+    tracing::info!(http.addr = %addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
+    Ok(Running { addr, public_url, store, dev_key, config, clock, shutdown, server })
+}
+
+/// Start with the system clock.
+pub async fn start_default(config: Config) -> Result<Running, StartError> {
+    start(config, Arc::new(SystemClock)).await
+}

@@ -1,0 +1,66 @@
+//! The embedded double-entry reference ledger: the default backend. Its tables live in the same
+//! database as the idempotency records, so a transfer's postings and its idempotency record commit
+//! in one transaction (see `Store::ledger_transfer`).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{
+    Balance, BackendError, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentQuery, RefundRequest,
+    TransferRequest,
+};
+use crate::clock::Clock;
+use crate::ids::{AccountId, PaymentId};
+use crate::store::Store;
+
+pub struct LedgerBackend {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+}
+
+impl LedgerBackend {
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        LedgerBackend { store, clock }
+    }
+}
+
+#[async_trait]
+impl PaymentBackend for LedgerBackend {
+    fn name(&self) -> &'static str {
+        "ledger"
+    }
+
+    async fn transfer(&self, req: TransferRequest) -> Result<Payment, BackendError> {
+        self.store.ledger_transfer(req, self.clock.now()).await
+    }
+
+    async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
+        self.store.ledger_refund(req, self.clock.now()).await
+    }
+
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {
+        Ok(self.store.ledger_payment(id).await?)
+    }
+
+    async fn balance(&self, account: &AccountId) -> Result<Option<Balance>, BackendError> {
+        Ok(self.store.ledger_balance(account).await?)
+    }
+
+    async fn list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
+        Ok(self.store.ledger_list_payments(query).await?)
+    }
+
+    async fn account_entries(
+        &self,
+        account: &AccountId,
+        before_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<Page<LedgerEntry>, BackendError> {
+        Ok(self.store.ledger_entries(account, before_seq, limit).await?)
+    }
+
+    async fn check_integrity(&self) -> Result<IntegrityReport, BackendError> {
+        Ok(self.store.ledger_integrity().await?)
+    }
+}

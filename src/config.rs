@@ -1,0 +1,322 @@
+//! Typed configuration: `config/default.toml` (compiled in) → optional file → `PAYGATE_*` env.
+//! Every limit is range-checked here, at start, so a bad value never reaches a request path.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::money::{Currency, parse_minor};
+
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+const ENV_PREFIX: &str = "PAYGATE_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config is not valid TOML: {0}")]
+    Parse(String),
+    #[error("environment variable {0} does not name a config key")]
+    UnknownEnv(String),
+    #[error("config key {key} = {value} is out of range {min}..={max}")]
+    OutOfRange { key: &'static str, value: i64, min: i64, max: i64 },
+    #[error("config is invalid: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub auth: AuthConfig,
+    pub dev: DevConfig,
+    pub idempotency: IdempotencyConfig,
+    pub approvals: ApprovalsConfig,
+    pub limits: LimitsConfig,
+    pub policy: PolicyConfig,
+    pub ledger: LedgerConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub bind: String,
+    pub public_url: String,
+    pub allowed_origins: Vec<String>,
+    pub body_bytes_max: i64,
+    pub request_timeout_ms: i64,
+    pub session_idle_secs: i64,
+    pub sessions_max: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    pub data_dir: PathBuf,
+    pub sqlite_file: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub issuer: String,
+    pub jwks_url: String,
+    pub public_key_files: Vec<PathBuf>,
+    pub jwks_cache_secs: i64,
+    pub jwks_refetch_min_interval_secs: i64,
+    pub jwks_fetch_timeout_ms: i64,
+    pub leeway_secs: i64,
+    pub dev_key_enabled: bool,
+    pub dev_issuer: String,
+    /// The dev HS256 key itself (base64). Normally absent: generated into data_dir. Never logged.
+    #[serde(default)]
+    pub dev_key: Option<crate::auth::Secret>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevConfig {
+    pub print_token: bool,
+    pub subject: String,
+    pub scopes: String,
+    pub token_ttl_secs: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    pub retention_secs: i64,
+    pub lease_secs: i64,
+    pub wait_ms_max: i64,
+    /// HMAC secret for idempotency keys (base64). Normally absent: generated into data_dir.
+    /// Replicas sharing a database must share it. Never logged.
+    #[serde(default)]
+    pub secret: Option<crate::auth::Secret>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsConfig {
+    pub ttl_secs: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    pub list_limit_max: i64,
+    pub list_limit_default: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub default_profile: String,
+    pub profiles: Vec<ProfileConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    pub name: String,
+    #[serde(default)]
+    pub subjects: Vec<String>,
+    #[serde(default)]
+    pub client_ids: Vec<String>,
+    #[serde(default)]
+    pub allowed_accounts: Vec<String>,
+    #[serde(default)]
+    pub autonomous_limit: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerConfig {
+    pub demo: bool,
+    #[serde(default)]
+    pub accounts: Vec<AccountSeed>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountSeed {
+    pub id: String,
+    pub currency: String,
+    pub opening_balance: String,
+    #[serde(default)]
+    pub allow_overdraft: bool,
+}
+
+impl Config {
+    /// Defaults, then the file (if any), then `PAYGATE_*` variables from `env`.
+    pub fn load(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let mut root: toml::Table = DEFAULT_TOML.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        if let Some(path) = file {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+            let overlay: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+            merge(&mut root, overlay);
+        }
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else { continue };
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if path.len() != 2 || path.iter().any(String::is_empty) {
+                return Err(ConfigError::UnknownEnv(name));
+            }
+            set_from_env(&mut root, &path[0], &path[1], &value).map_err(|_| ConfigError::UnknownEnv(name.clone()))?;
+        }
+        let config: Config = toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Defaults plus the process environment; what tests and `paygate token` start from.
+    pub fn from_env(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load(file, std::env::vars())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        range("server.body_bytes_max", s.body_bytes_max, 1024, 16 * 1024 * 1024)?;
+        range("server.request_timeout_ms", s.request_timeout_ms, 100, 300_000)?;
+        range("server.session_idle_secs", s.session_idle_secs, 10, 86_400)?;
+        range("server.sessions_max", s.sessions_max, 100, 1_000_000)?;
+        let a = &self.auth;
+        range("auth.jwks_cache_secs", a.jwks_cache_secs, 10, 86_400)?;
+        range("auth.jwks_refetch_min_interval_secs", a.jwks_refetch_min_interval_secs, 1, 3600)?;
+        range("auth.jwks_fetch_timeout_ms", a.jwks_fetch_timeout_ms, 100, 30_000)?;
+        range("auth.leeway_secs", a.leeway_secs, 0, 300)?;
+        range("dev.token_ttl_secs", self.dev.token_ttl_secs, 60, 2_592_000)?;
+        let i = &self.idempotency;
+        range("idempotency.retention_secs", i.retention_secs, 3600, 31_536_000)?;
+        range("idempotency.lease_secs", i.lease_secs, 1, 3600)?;
+        range("idempotency.wait_ms_max", i.wait_ms_max, 0, 60_000)?;
+        range("approvals.ttl_secs", self.approvals.ttl_secs, 60, 2_592_000)?;
+        range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
+        range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
+        if !a.dev_key_enabled && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
+            return Err(ConfigError::Invalid("no token can ever verify: enable auth.dev_key_enabled or set auth.jwks_url / auth.public_key_files".into()));
+        }
+        if (!a.jwks_url.is_empty() || !a.public_key_files.is_empty()) && a.issuer.is_empty() {
+            return Err(ConfigError::Invalid("auth.issuer is required with auth.jwks_url or auth.public_key_files".into()));
+        }
+        if !s.public_url.is_empty() {
+            let ok = (s.public_url.starts_with("http://") || s.public_url.starts_with("https://"))
+                && !s.public_url.ends_with('/')
+                && s.public_url.matches('/').count() == 2;
+            if !ok {
+                return Err(ConfigError::Invalid(format!(
+                    "server.public_url must be scheme://host[:port] with no path or trailing slash, got {:?}",
+                    s.public_url
+                )));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for p in &self.policy.profiles {
+            if !names.insert(p.name.as_str()) {
+                return Err(ConfigError::Invalid(format!("policy profile {:?} is defined twice", p.name)));
+            }
+            for acct in &p.allowed_accounts {
+                crate::ids::AccountId::parse(acct)
+                    .map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
+            }
+            for (cur, amount) in &p.autonomous_limit {
+                let c = Currency::parse(cur).map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
+                parse_minor(amount, c).map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
+            }
+        }
+        if !names.contains(self.policy.default_profile.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "policy.default_profile {:?} names no profile",
+                self.policy.default_profile
+            )));
+        }
+        for acct in &self.ledger.accounts {
+            crate::ids::AccountId::parse(&acct.id).map_err(|e| ConfigError::Invalid(format!("ledger account: {e}")))?;
+            let c = Currency::parse(&acct.currency).map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
+            parse_minor(&acct.opening_balance, c).map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
+        }
+        Ok(())
+    }
+}
+
+fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) { Ok(()) } else { Err(ConfigError::OutOfRange { key, value, min, max }) }
+}
+
+fn merge(base: &mut toml::Table, overlay: toml::Table) {
+    for (k, v) in overlay {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// Set `section.key` from an env string. A key whose current value is a string takes the text as is;
+/// any other key reads it as a TOML value.
+fn set_from_env(root: &mut toml::Table, section: &str, key: &str, raw: &str) -> Result<(), ()> {
+    let table = root.get_mut(section).and_then(toml::Value::as_table_mut).ok_or(())?;
+    let new = match table.get(key) {
+        Some(toml::Value::String(_)) => toml::Value::String(raw.to_string()),
+        // Secrets that have no default (auth.dev_key, idempotency.secret) are strings too.
+        None if matches!((section, key), ("auth", "dev_key") | ("idempotency", "secret")) => toml::Value::String(raw.to_string()),
+        Some(_) => {
+            let doc: toml::Table = format!("v = {raw}").parse().map_err(|_| ())?;
+            doc.get("v").cloned().ok_or(())?
+        }
+        None => return Err(()),
+    };
+    table.insert(key.to_string(), new);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let c = Config::load(None, env(&[])).unwrap();
+        assert_eq!(c.server.bind, "127.0.0.1:8080");
+        assert_eq!(c.idempotency.retention_secs, 7 * 24 * 3600);
+        assert!(c.ledger.demo);
+    }
+
+    #[test]
+    fn env_overrides_by_type() {
+        let c = Config::load(
+            None,
+            env(&[
+                ("PAYGATE_SERVER__BIND", "0.0.0.0:9"),
+                ("PAYGATE_LEDGER__DEMO", "false"),
+                ("PAYGATE_SERVER__ALLOWED_ORIGINS", r#"["https://a.example"]"#),
+                ("PAYGATE_IDEMPOTENCY__LEASE_SECS", "5"),
+                ("OTHER", "x"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.server.bind, "0.0.0.0:9");
+        assert!(!c.ledger.demo);
+        assert_eq!(c.server.allowed_origins, vec!["https://a.example"]);
+        assert_eq!(c.idempotency.lease_secs, 5);
+    }
+
+    #[test]
+    fn bad_values_stop_the_start() {
+        assert!(matches!(
+            Config::load(None, env(&[("PAYGATE_SERVER__BODY_BYTES_MAX", "1")])),
+            Err(ConfigError::OutOfRange { key: "server.body_bytes_max", .. })
+        ));
+        assert!(matches!(Config::load(None, env(&[("PAYGATE_SERVER__NOPE", "1")])), Err(ConfigError::UnknownEnv(_))));
+        assert!(Config::load(None, env(&[("PAYGATE_SERVER__PUBLIC_URL", "https://x/mcp")])).is_err());
+        assert!(Config::load(None, env(&[("PAYGATE_AUTH__JWKS_URL", "https://idp/jwks")])).is_err());
+    }
+}

@@ -1,0 +1,187 @@
+//! The agent error taxonomy: what a model sees when a tool call is refused or fails.
+//!
+//! Every refusal is a tool *result* with `isError: true` and `{"error": {...}}` structured content.
+//! `suggested_action` is always the gateway's own text, never copied from backend or user data, so
+//! injected text cannot ride along in an error.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    InvalidArgument,
+    InsufficientScope,
+    AccountNotAllowed,
+    ApprovalRequired,
+    MandateInvalid,
+    MandateExpired,
+    MandateMismatch,
+    IdempotencyConflict,
+    OperationInProgress,
+    InsufficientFunds,
+    NotFound,
+    RateLimited,
+    BudgetExceeded,
+    PrincipalSuspended,
+    BackendUnavailable,
+    OutcomeUnknown,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorCode::InsufficientScope => "INSUFFICIENT_SCOPE",
+            ErrorCode::AccountNotAllowed => "ACCOUNT_NOT_ALLOWED",
+            ErrorCode::ApprovalRequired => "APPROVAL_REQUIRED",
+            ErrorCode::MandateInvalid => "MANDATE_INVALID",
+            ErrorCode::MandateExpired => "MANDATE_EXPIRED",
+            ErrorCode::MandateMismatch => "MANDATE_MISMATCH",
+            ErrorCode::IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
+            ErrorCode::OperationInProgress => "OPERATION_IN_PROGRESS",
+            ErrorCode::InsufficientFunds => "INSUFFICIENT_FUNDS",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::RateLimited => "RATE_LIMITED",
+            ErrorCode::BudgetExceeded => "BUDGET_EXCEEDED",
+            ErrorCode::PrincipalSuspended => "PRINCIPAL_SUSPENDED",
+            ErrorCode::BackendUnavailable => "BACKEND_UNAVAILABLE",
+            ErrorCode::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            ErrorCode::Internal => "INTERNAL",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        [
+            InvalidArgument,
+            InsufficientScope,
+            AccountNotAllowed,
+            ApprovalRequired,
+            MandateInvalid,
+            MandateExpired,
+            MandateMismatch,
+            IdempotencyConflict,
+            OperationInProgress,
+            InsufficientFunds,
+            NotFound,
+            RateLimited,
+            BudgetExceeded,
+            PrincipalSuspended,
+            BackendUnavailable,
+            OutcomeUnknown,
+            Internal,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+
+    /// Whether repeating the same call (same operation_id) may succeed later.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::OperationInProgress
+                | ErrorCode::RateLimited
+                | ErrorCode::BackendUnavailable
+                | ErrorCode::OutcomeUnknown
+                | ErrorCode::Internal
+        )
+    }
+
+    /// The gateway's own advice to the model. Fixed text per code: nothing from outside gets in.
+    pub fn suggested_action(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "Fix the argument named in the message and call again with a new operation_id.",
+            ErrorCode::InsufficientScope => "This token lacks the scope for this tool; ask the user to grant it. Do not retry.",
+            ErrorCode::AccountNotAllowed => "This agent may not use that account. Do not retry; tell the user.",
+            ErrorCode::ApprovalRequired => {
+                "A human must approve this payment. Tell the user the approval_id; do not retry or split the amount."
+            }
+            ErrorCode::MandateInvalid => "The mandate is not valid. Do not retry with it; ask for a new approval.",
+            ErrorCode::MandateExpired => "The mandate has expired. Ask the user for a new approval.",
+            ErrorCode::MandateMismatch => {
+                "The payment differs from what the mandate approved. Use exactly the approved payer, payee, amount and currency."
+            }
+            ErrorCode::IdempotencyConflict => {
+                "This operation_id was already used with different arguments. Use a new operation_id for a new payment."
+            }
+            ErrorCode::OperationInProgress => "The same operation is still running. Retry the same call with the same operation_id shortly.",
+            ErrorCode::InsufficientFunds => {
+                "The payer has too little money. This operation_id stays failed; a new attempt needs a new operation_id."
+            }
+            ErrorCode::NotFound => "Nothing with that id is visible to this agent. Check the id; do not guess others.",
+            ErrorCode::RateLimited => "Too many calls. Wait retry_after_seconds, then retry the same call.",
+            ErrorCode::BudgetExceeded => "The daily budget is used up. Tell the user; do not retry today.",
+            ErrorCode::PrincipalSuspended => "This agent is suspended. Stop and tell the user.",
+            ErrorCode::BackendUnavailable => {
+                "The payment system is unavailable and nothing moved. Retry the same call with the same operation_id later."
+            }
+            ErrorCode::OutcomeUnknown => {
+                "The outcome is not known yet. Retry the same call with the same operation_id; never use a new one for this payment."
+            }
+            ErrorCode::Internal => "Something failed inside the gateway. Retry the same call with the same operation_id later.",
+        }
+    }
+}
+
+/// A refusal or failure, as the agent sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub retry_after_seconds: Option<u64>,
+    /// Extra machine-readable fields (`approval_id`, `required_scopes`, ...), merged into the envelope.
+    pub details: serde_json::Map<String, serde_json::Value>,
+}
+
+impl AgentError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        AgentError { code, message: message.into(), retry_after_seconds: None, details: Default::default() }
+    }
+    pub fn with_detail(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.details.insert(key.to_string(), value.into());
+        self
+    }
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_seconds = Some(secs);
+        self
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, message)
+    }
+    pub fn internal() -> Self {
+        Self::new(ErrorCode::Internal, "internal error")
+    }
+
+    /// The envelope: `{"error": {code, message, retryable, retry_after_seconds, suggested_action, correlation_id, ...}}`.
+    pub fn envelope(&self, correlation_id: &str) -> serde_json::Value {
+        let mut e = serde_json::Map::new();
+        e.insert("code".into(), self.code.as_str().into());
+        e.insert("message".into(), self.message.clone().into());
+        e.insert("retryable".into(), self.code.retryable().into());
+        e.insert("retry_after_seconds".into(), self.retry_after_seconds.map_or(serde_json::Value::Null, Into::into));
+        e.insert("suggested_action".into(), self.code.suggested_action().into());
+        e.insert("correlation_id".into(), correlation_id.into());
+        for (k, v) in &self.details {
+            e.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        serde_json::json!({ "error": e })
+    }
+}
+
+impl std::fmt::Display for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+impl From<crate::money::MoneyError> for AgentError {
+    fn from(e: crate::money::MoneyError) -> Self {
+        AgentError::invalid(e.to_string())
+    }
+}
+impl From<crate::ids::IdError> for AgentError {
+    fn from(e: crate::ids::IdError) -> Self {
+        AgentError::invalid(e.to_string())
+    }
+}

@@ -1,0 +1,424 @@
+//! Money-moving operations and the exactly-once machinery around them.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{Caller, Decision, Gateway, map_backend_error};
+use crate::backend::{BackendError, Payment, RefundRequest, TransferRequest};
+use crate::error::{AgentError, ErrorCode};
+use crate::idempotency::{StoredOutcome, fingerprint};
+use crate::ids::{AccountId, ApprovalId, OperationId, PaymentId};
+use crate::money::{Currency, Money};
+use crate::policy::{self, Decision as Policy};
+use crate::store::{ApprovalRecord, NewIdempotencyRecord, Reservation};
+
+/// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
+pub const MEMO_CHARS_MAX: usize = 140;
+/// How often a waiting duplicate re-reads the store (covers holders in other replicas).
+const WAIT_POLL: Duration = Duration::from_millis(25);
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePaymentArgs {
+    /// Your id for this payment. Reuse it to retry the SAME payment (it is never paid twice);
+    /// use a new one for a new payment. 1-128 of A-Z a-z 0-9 - _ . :
+    pub operation_id: String,
+    /// Payer account id.
+    pub from_account: String,
+    /// Payee account id.
+    pub to_account: String,
+    /// Decimal string in major units, e.g. "50.00". No floats, signs or exponents.
+    pub amount: String,
+    /// ISO 4217 code, e.g. "KES".
+    pub currency: String,
+    /// Optional note (at most 140 characters).
+    #[serde(default)]
+    pub memo: Option<String>,
+    /// A signed mandate from an approval, for payments over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefundPaymentArgs {
+    /// Your id for this refund; reuse it to retry the same refund.
+    pub operation_id: String,
+    /// The payment to refund (pay_…).
+    pub payment_id: String,
+    /// Decimal string; omit to refund everything still refundable.
+    #[serde(default)]
+    pub amount: Option<String>,
+    /// Optional reason (at most 140 characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// A signed mandate from an approval, for refunds over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+/// A payment and whether this call replayed an earlier outcome.
+#[derive(Debug, Clone)]
+pub struct Executed {
+    pub payment: Payment,
+    pub replayed: bool,
+}
+
+fn parse_text(field: &str, value: Option<String>) -> Result<Option<String>, AgentError> {
+    match value {
+        Some(v) if v.chars().count() > MEMO_CHARS_MAX => {
+            Err(AgentError::invalid(format!("{field} must be at most {MEMO_CHARS_MAX} characters")))
+        }
+        Some(v) if v.chars().any(|c| c.is_control()) => Err(AgentError::invalid(format!("{field} must not contain control characters"))),
+        other => Ok(other),
+    }
+}
+
+/// The idempotency key and argument fingerprint of one call.
+struct Idem {
+    key: String,
+    fingerprint: String,
+}
+
+impl Gateway {
+    pub async fn create_payment(&self, caller: &Caller, args: CreatePaymentArgs) -> Result<Executed, AgentError> {
+        const TOOL: &str = "create_payment";
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            let from = AccountId::parse(&args.from_account)?;
+            let to = AccountId::parse(&args.to_account)?;
+            let currency = Currency::parse(&args.currency)?;
+            let amount = Money::parse(&args.amount, currency)?;
+            let memo = parse_text("memo", args.memo.clone())?;
+            if from == to {
+                return Err(AgentError::invalid("from_account and to_account must differ"));
+            }
+            if args.mandate.is_some() {
+                return Err(AgentError::new(ErrorCode::MandateInvalid, "mandates are not accepted by this gateway yet"));
+            }
+            Ok::<_, AgentError>((op, from, to, amount, memo))
+        })();
+        let (op, from, to, amount, memo) = match parsed {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+        };
+        let p = &caller.principal;
+        let idem = Idem {
+            key: self.keys.key(&p.issuer, &p.subject, TOOL, op.as_str()),
+            fingerprint: fingerprint(&json!({
+                "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
+            })),
+        };
+        let intent = json!({
+            "operation_id": op, "from_account": from, "to_account": to,
+            "amount": amount.to_decimal(), "currency": amount.currency(), "memo": memo,
+        });
+        let decision = policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount);
+        self.execute(caller, TOOL, idem, decision, amount, intent, |key| {
+            let req = TransferRequest {
+                idempotency_key: key,
+                payment_id: PaymentId::generate(),
+                from_account: from.clone(),
+                to_account: to.clone(),
+                amount,
+                memo: memo.clone(),
+                principal_sub: p.subject.clone(),
+            };
+            let backend = self.backend.clone();
+            async move { backend.transfer(req).await }
+        })
+        .await
+    }
+
+    pub async fn refund_payment(&self, caller: &Caller, args: RefundPaymentArgs) -> Result<Executed, AgentError> {
+        const TOOL: &str = "refund_payment";
+        let p = &caller.principal;
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            let pid = PaymentId::parse(&args.payment_id)?;
+            let reason = parse_text("reason", args.reason.clone())?;
+            if args.mandate.is_some() {
+                return Err(AgentError::new(ErrorCode::MandateInvalid, "mandates are not accepted by this gateway yet"));
+            }
+            Ok::<_, AgentError>((op, pid, reason))
+        })();
+        let (op, pid, reason) = match parsed {
+            Ok(v) => v,
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+        };
+        // The original must be visible to this agent: a payment it cannot see does not exist for it.
+        let original = match self.backend.payment(&pid).await {
+            Ok(Some(pay)) if pay.touches_any(&p.profile.allowed_accounts) => pay,
+            Ok(_) => {
+                let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+            Err(e) => return Err(self.refuse(caller, TOOL, None, map_backend_error(&e)).await),
+        };
+        let amount = match &args.amount {
+            Some(a) => Money::parse(a, original.currency),
+            None => Money::from_minor(original.refundable_minor(), original.currency),
+        };
+        let amount = match amount {
+            Ok(a) => a,
+            Err(_) if args.amount.is_none() => {
+                let e = AgentError::invalid(format!("payment {pid} has nothing left to refund"));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
+        };
+        let idem = Idem {
+            key: self.keys.key(&p.issuer, &p.subject, TOOL, op.as_str()),
+            // An omitted amount fingerprints as "everything", not as today's remaining amount.
+            fingerprint: fingerprint(&json!({
+                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
+            })),
+        };
+        let intent = json!({
+            "operation_id": op, "payment_id": pid, "amount": amount.to_decimal(), "currency": amount.currency(),
+            "reason": reason,
+        });
+        let decision =
+            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original.from_account, &original.to_account, amount);
+        let explicit_amount = args.amount.as_ref().map(|_| amount.minor());
+        self.execute(caller, TOOL, idem, decision, amount, intent, |key| {
+            let req = RefundRequest {
+                idempotency_key: key,
+                refund_id: PaymentId::generate(),
+                payment_id: pid.clone(),
+                amount_minor: explicit_amount,
+                reason: reason.clone(),
+                principal_sub: p.subject.clone(),
+            };
+            let backend = self.backend.clone();
+            async move { backend.refund(req).await }
+        })
+        .await
+    }
+
+    /// Audit a refusal and hand the error back.
+    async fn refuse(&self, caller: &Caller, tool: &str, key: Option<&str>, e: AgentError) -> AgentError {
+        let mut d = Decision::new(tool, "denied");
+        d.code = Some(e.code);
+        d.idempotency_key = key;
+        d.detail = Some(e.message.clone());
+        self.audit(caller, d).await;
+        e
+    }
+
+    /// The exactly-once core shared by every money-moving tool.
+    #[allow(clippy::too_many_arguments)]
+    async fn execute<F, Fut>(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        idem: Idem,
+        decision: Policy,
+        amount: Money,
+        intent: serde_json::Value,
+        call_backend: F,
+    ) -> Result<Executed, AgentError>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<Payment, BackendError>>,
+    {
+        let now = self.clock.now();
+        // 1. An outcome already recorded under this key wins over everything, policy included:
+        //    a retry must never be judged as a new payment.
+        match self.store.idem_peek(&idem.key, now).await {
+            Ok(Some((fp, _))) if fp != idem.fingerprint => return Err(self.conflict(caller, tool, &idem).await),
+            Ok(Some((_, Some(outcome)))) => return self.replay(caller, tool, &idem, &outcome).await,
+            Ok(_) => {}
+            Err(error) => return Err(self.internal(caller, tool, &idem, error).await),
+        }
+        // 2. Policy.
+        match decision {
+            Policy::Allow => {}
+            Policy::Deny(e) => return Err(self.refuse(caller, tool, Some(&idem.key), e).await),
+            Policy::RequireApproval { reason } => {
+                return Err(self.require_approval(caller, tool, &idem, amount, intent, reason).await);
+            }
+        }
+        // 3. Reserve the key; duplicates wait for the holder and replay its outcome.
+        let deadline = Instant::now() + self.limits.idempotency_wait;
+        loop {
+            let now = self.clock.now();
+            let rec = NewIdempotencyRecord {
+                key: idem.key.clone(),
+                fingerprint: idem.fingerprint.clone(),
+                tool: tool.to_string(),
+                principal_iss: caller.principal.issuer.clone(),
+                principal_sub: caller.principal.subject.clone(),
+                lease_until: now + self.limits.idempotency_lease_secs,
+                expires_at: now + self.limits.idempotency_retention_secs,
+            };
+            let notify = self.waiter(&idem.key);
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.store.idem_reserve(rec, now).await {
+                Ok(Reservation::Acquired) => break,
+                Ok(Reservation::Completed { fingerprint, .. } | Reservation::InFlight { fingerprint })
+                    if fingerprint != idem.fingerprint =>
+                {
+                    return Err(self.conflict(caller, tool, &idem).await);
+                }
+                Ok(Reservation::Completed { outcome, .. }) => return self.replay(caller, tool, &idem, &outcome).await,
+                Ok(Reservation::InFlight { .. }) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        let e = AgentError::new(
+                            ErrorCode::OperationInProgress,
+                            "the same operation is still running; retry with the same operation_id",
+                        )
+                        .with_retry_after(1);
+                        return Err(self.refuse_as(caller, tool, &idem, "in_progress", e).await);
+                    }
+                    let _ = tokio::time::timeout(left.min(WAIT_POLL), notified).await;
+                }
+                Err(error) => return Err(self.internal(caller, tool, &idem, error).await),
+            }
+        }
+        // 4. Move the money. The key travels to the backend, which applies it at most once.
+        let result = call_backend(idem.key.clone()).await;
+        let outcome = match result {
+            Ok(payment) => {
+                let stored = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
+                if let Err(error) = self.store.idem_complete(&idem.key, &stored).await {
+                    // The ledger completed the record in its own transaction; for other backends the
+                    // lease expires and a retry re-asks the backend with the same key.
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+                }
+                let mut d = Decision::new(tool, "allowed");
+                d.idempotency_key = Some(&idem.key);
+                d.payment_id = Some(payment.id.as_str());
+                self.audit(caller, d).await;
+                Ok(Executed { payment, replayed: false })
+            }
+            Err(BackendError::Unavailable(detail)) => {
+                // Nothing moved: give the key back so the same operation_id can try again.
+                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend unavailable");
+                let _ = self.store.idem_release(&idem.key).await;
+                let e = map_backend_error(&BackendError::Unavailable(detail));
+                Err(self.refuse_as(caller, tool, &idem, "backend_unavailable", e).await)
+            }
+            Err(BackendError::OutcomeUnknown(detail)) => {
+                // Maybe moved. Keep the key in flight: once its lease ends, a retry asks the backend
+                // again with the same key, and reconciliation settles it.
+                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend outcome unknown");
+                let e = map_backend_error(&BackendError::OutcomeUnknown(detail));
+                Err(self.refuse_as(caller, tool, &idem, "outcome_unknown", e).await)
+            }
+            Err(business) => {
+                // A business refusal is this operation_id's outcome for good (TigerBeetle's rule).
+                let e = map_backend_error(&business);
+                if let Err(error) = self.store.idem_complete(&idem.key, &StoredOutcome::failed(&e).to_json()).await {
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+                }
+                Err(self.refuse_as(caller, tool, &idem, "failed", e).await)
+            }
+        };
+        self.wake(&idem.key);
+        outcome
+    }
+
+    fn waiter(&self, key: &str) -> Arc<Notify> {
+        let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key.to_string()).or_default().clone()
+    }
+
+    fn wake(&self, key: &str) {
+        let removed = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        if let Some(n) = removed {
+            n.notify_waiters();
+        }
+    }
+
+    async fn refuse_as(&self, caller: &Caller, tool: &str, idem: &Idem, decision: &str, e: AgentError) -> AgentError {
+        let mut d = Decision::new(tool, decision);
+        d.code = Some(e.code);
+        d.idempotency_key = Some(&idem.key);
+        d.detail = Some(e.message.clone());
+        self.audit(caller, d).await;
+        e
+    }
+
+    async fn conflict(&self, caller: &Caller, tool: &str, idem: &Idem) -> AgentError {
+        let e = AgentError::new(
+            ErrorCode::IdempotencyConflict,
+            "this operation_id was already used with different arguments; nothing moved",
+        );
+        self.refuse_as(caller, tool, idem, "conflict", e).await
+    }
+
+    async fn internal(&self, caller: &Caller, tool: &str, idem: &Idem, error: crate::store::StoreError) -> AgentError {
+        tracing::error!(correlation_id = %caller.correlation_id, %error, "store failure");
+        self.refuse_as(caller, tool, idem, "error", AgentError::internal()).await
+    }
+
+    async fn replay(&self, caller: &Caller, tool: &str, idem: &Idem, outcome: &str) -> Result<Executed, AgentError> {
+        self.wake(&idem.key);
+        let Some(stored) = StoredOutcome::from_json(outcome) else {
+            tracing::error!(correlation_id = %caller.correlation_id, "unreadable stored outcome");
+            return Err(AgentError::internal());
+        };
+        let result = stored.into_result();
+        let mut d = Decision::new(tool, "replayed");
+        d.idempotency_key = Some(&idem.key);
+        d.payment_id = result.as_ref().ok().map(|p| p.id.as_str());
+        d.code = result.as_ref().err().map(|e| e.code);
+        self.audit(caller, d).await;
+        result.map(|payment| Executed { payment, replayed: true }).map_err(|e| e.with_detail("replayed", true))
+    }
+
+    async fn require_approval(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        amount: Money,
+        intent: serde_json::Value,
+        reason: String,
+    ) -> AgentError {
+        let now = self.clock.now();
+        let p = &caller.principal;
+        let rec = ApprovalRecord {
+            id: ApprovalId::generate(),
+            status: "pending".into(),
+            idempotency_key: idem.key.clone(),
+            fingerprint: idem.fingerprint.clone(),
+            principal_iss: p.issuer.clone(),
+            principal_sub: p.subject.clone(),
+            tool: tool.to_string(),
+            intent,
+            amount_minor: amount.minor(),
+            currency: amount.currency(),
+            reason: reason.clone(),
+            created_at: now,
+            expires_at: now + self.limits.approval_ttl_secs,
+        };
+        let approval = match self.store.approval_get_or_create(rec, now).await {
+            Ok(a) => a,
+            Err(error) => return self.internal(caller, tool, idem, error).await,
+        };
+        if approval.fingerprint != idem.fingerprint {
+            return self.conflict(caller, tool, idem).await;
+        }
+        let mut d = Decision::new(tool, "approval_required");
+        d.code = Some(ErrorCode::ApprovalRequired);
+        d.idempotency_key = Some(&idem.key);
+        d.approval_id = Some(approval.id.as_str());
+        d.detail = Some(reason.clone());
+        self.audit(caller, d).await;
+        AgentError::new(ErrorCode::ApprovalRequired, format!("{reason}; a human must approve it. Nothing moved."))
+            .with_detail("approval_id", approval.id.to_string())
+            .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))
+    }
+}

@@ -1,0 +1,222 @@
+//! Middleware for /mcp, outermost first: correlation id → Origin → bearer JWT → scope → session binding.
+//!
+//! Architecture Invariant: no token reaches a log line, an error body or an audit record. Tokens are
+//! read from the Authorization header only; `?access_token=` is ignored.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::sessions::SessionCheck;
+use crate::auth::scopes::AGENT_SCOPES;
+use crate::auth::{AgentPrincipal, AuthError};
+use crate::gateway::CorrelationId;
+use crate::policy::{READ_SCOPE, scope_for_tool};
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// Every request gets a fresh correlation id; it comes back in `x-correlation-id`. A client-sent
+/// id is not trusted (it would let one agent's records be confused with another's).
+pub async fn correlation_id(mut req: Request, next: Next) -> Response {
+    let id = CorrelationId::generate();
+    req.extensions_mut().insert(id.clone());
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = tokio::time::Instant::now();
+    let mut resp = next.run(req).await;
+    tracing::info!(
+        correlation_id = %id.0,
+        http.method = %method,
+        http.path = %path,
+        http.status = resp.status().as_u16(),
+        duration_ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    if let Ok(v) = HeaderValue::from_str(&id.0) {
+        resp.headers_mut().insert("x-correlation-id", v);
+    }
+    resp
+}
+
+/// DNS-rebinding defence: a browser Origin that is not ours gets 403. No Origin (server agents) passes.
+pub async fn origin_check(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let allowed = origin.to_str().is_ok_and(|o| state.allowed_origins.iter().any(|a| a.eq_ignore_ascii_case(o)));
+        if !allowed {
+            return (StatusCode::FORBIDDEN, axum::Json(json!({"error": "forbidden", "error_description": "origin not allowed"})))
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], description: Option<&str>) -> Response {
+    let mut value = String::from("Bearer ");
+    let mut parts: Vec<String> = params.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    parts.push(format!("resource_metadata=\"{}\"", state.metadata_url));
+    value.push_str(&parts.join(", "));
+    let error = params.iter().find(|(k, _)| *k == "error").map(|(_, v)| v.as_str());
+    let body = json!({
+        "error": error.unwrap_or("unauthorized"),
+        "error_description": description.unwrap_or("a bearer token is required"),
+    });
+    let mut resp = (status, axum::Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    resp
+}
+
+fn bearer(req: &Request) -> Result<&str, AuthError> {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else { return Err(AuthError::Missing) };
+    let value = value.to_str().map_err(|_| AuthError::Invalid("malformed authorization header"))?;
+    let (scheme, token) = value.split_once(' ').ok_or(AuthError::Invalid("malformed authorization header"))?;
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(AuthError::Invalid("authorization scheme must be Bearer"));
+    }
+    Ok(token.trim())
+}
+
+/// Verify the bearer token on every request (not only a session's first) and attach the principal.
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let verified = match bearer(&req) {
+        Ok(token) => state.verifier.verify(token).await,
+        Err(e) => Err(e),
+    };
+    let claims = match verified {
+        Ok(c) => c,
+        Err(AuthError::Missing) => {
+            return challenge(&state, StatusCode::UNAUTHORIZED, &[("scope", AGENT_SCOPES.join(" "))], None);
+        }
+        Err(AuthError::Invalid(reason)) => {
+            let correlation = req.extensions().get::<CorrelationId>().map(|c| c.0.clone()).unwrap_or_default();
+            tracing::info!(correlation_id = %correlation, auth.reason = reason, "token rejected");
+            return challenge(
+                &state,
+                StatusCode::UNAUTHORIZED,
+                &[("error", "invalid_token".into()), ("error_description", reason.into())],
+                Some(reason),
+            );
+        }
+    };
+    let profile = state.profiles.resolve(&claims.subject, claims.client_id.as_deref());
+    let principal = AgentPrincipal {
+        issuer: claims.issuer,
+        subject: claims.subject,
+        client_id: claims.client_id,
+        scopes: claims.scopes,
+        profile,
+    };
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+/// Scopes the JSON-RPC message(s) in this body need: a tool's scope for tools/call, read for
+/// resources/read and prompts/get.
+fn required_scopes(body: &[u8]) -> Vec<&'static str> {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else { return vec![] };
+    let messages = match &value {
+        Value::Array(items) => items.iter().collect::<Vec<_>>(),
+        single => vec![single],
+    };
+    let mut needed = Vec::new();
+    for m in messages {
+        let scope = match m.get("method").and_then(Value::as_str) {
+            Some("tools/call") => m.pointer("/params/name").and_then(Value::as_str).and_then(scope_for_tool),
+            Some("resources/read" | "prompts/get") => Some(READ_SCOPE),
+            _ => None,
+        };
+        if let Some(s) = scope
+            && !needed.contains(&s)
+        {
+            needed.push(s);
+        }
+    }
+    needed
+}
+
+/// A call whose tool needs a scope the token lacks is an HTTP 403 naming every scope it needs, so
+/// clients can step up. tools/list stays open to every authenticated caller.
+pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, state.body_bytes_max).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"}))).into_response();
+        }
+    };
+    let needed = required_scopes(&bytes);
+    if let Some(principal) = parts.extensions.get::<AgentPrincipal>()
+        && needed.iter().any(|s| !principal.has_scope(s))
+    {
+        let scope = needed.join(" ");
+        let description = format!("this call needs scope {scope}");
+        return challenge(
+            &state,
+            StatusCode::FORBIDDEN,
+            &[("error", "insufficient_scope".into()), ("scope", scope)],
+            Some(&description),
+        );
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// Sessions belong to the (issuer, subject) that opened them; anyone else gets 404.
+pub async fn session_binding(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(principal) = req.extensions().get::<AgentPrincipal>().cloned() else {
+        // Unreachable behind `authenticate`; fail closed all the same.
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let method = req.method().clone();
+    match &session {
+        Some(id) => {
+            if state.sessions.check(id, &principal.issuer, &principal.subject) == SessionCheck::Unknown {
+                return (StatusCode::NOT_FOUND, axum::Json(json!({"error": "session not found"}))).into_response();
+            }
+        }
+        None if method == Method::POST && !state.sessions.has_capacity() => {
+            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"}))).into_response();
+        }
+        None => {}
+    }
+    let resp = next.run(req).await;
+    match session {
+        None => {
+            if let Some(id) = resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+                state.sessions.bind(id.to_string(), principal.issuer, principal.subject);
+            }
+        }
+        Some(id) if method == Method::DELETE && resp.status().is_success() => state.sessions.unbind(&id),
+        Some(_) => {}
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_follow_the_method_and_tool() {
+        let call = |name: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}"}}}}"#);
+        assert_eq!(required_scopes(call("create_payment").as_bytes()), vec!["payments:create"]);
+        assert_eq!(required_scopes(call("check_ledger_integrity").as_bytes()), vec!["payments:admin"]);
+        assert!(required_scopes(call("no_such_tool").as_bytes()).is_empty());
+        assert!(required_scopes(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).is_empty());
+        assert_eq!(
+            required_scopes(br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x"}}"#),
+            vec!["payments:read"]
+        );
+        let batch = format!("[{},{}]", call("create_payment"), call("refund_payment"));
+        assert_eq!(required_scopes(batch.as_bytes()), vec!["payments:create", "payments:refund"]);
+        assert!(required_scopes(b"not json").is_empty());
+    }
+}

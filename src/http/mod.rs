@@ -1,0 +1,130 @@
+//! The HTTP edge: router, middleware, RFC 9728 metadata, probes. Only this module and `mcp` know
+//! about HTTP and MCP types.
+
+mod auth_layer;
+mod sessions;
+
+pub use sessions::SessionBindings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::auth::Verifier;
+use crate::auth::scopes::AGENT_SCOPES;
+use crate::gateway::Gateway;
+use crate::mcp::PaygateMcp;
+use crate::policy::Profiles;
+
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub gateway: Arc<Gateway>,
+    pub verifier: Arc<Verifier>,
+    pub profiles: Arc<Profiles>,
+    pub sessions: Arc<SessionBindings>,
+    /// Canonical resource URL (`<public_url>/mcp`): the audience every token must carry.
+    pub resource_url: String,
+    /// `<public_url>/.well-known/oauth-protected-resource/mcp`, named in every challenge.
+    pub metadata_url: String,
+    pub authorization_servers: Vec<String>,
+    /// Browser origins allowed on /mcp (the public URL's own origin and configured extras).
+    pub allowed_origins: Vec<String>,
+    pub body_bytes_max: usize,
+}
+
+pub struct RouterConfig {
+    pub request_timeout: Duration,
+    pub session_idle: Duration,
+    /// Host header values rmcp accepts (DNS-rebinding defence): the public URL's host and the bound address.
+    pub allowed_hosts: Vec<String>,
+    pub shutdown: CancellationToken,
+}
+
+pub fn router(state: AppState, cfg: RouterConfig) -> Router {
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(cfg.session_idle);
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(cfg.allowed_hosts)
+        .with_max_request_body_bytes(state.body_bytes_max)
+        .with_cancellation_token(cfg.shutdown.child_token());
+    let server = PaygateMcp::new(state.gateway.clone());
+    let mcp = StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_config);
+
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::list(state.allowed_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok())))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static("mcp-session-id"),
+            HeaderName::from_static("mcp-method"),
+            HeaderName::from_static("mcp-name"),
+            HeaderName::from_static("last-event-id"),
+        ])
+        .expose_headers([
+            header::WWW_AUTHENTICATE,
+            HeaderName::from_static("mcp-session-id"),
+            HeaderName::from_static("x-correlation-id"),
+        ]);
+
+    // Read top to bottom: the outermost layer comes last in `.layer` order, so list them reversed.
+    let mcp_routes = Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::session_binding))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::scope_check))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::authenticate))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::origin_check))
+        .layer(RequestBodyLimitLayer::new(state.body_bytes_max))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
+        .layer(cors);
+
+    Router::new()
+        .route(METADATA_PATH, get(protected_resource_metadata))
+        .route(&format!("{METADATA_PATH}/mcp"), get(protected_resource_metadata))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .merge(mcp_routes)
+        .layer(axum::middleware::from_fn(auth_layer::correlation_id))
+        .with_state(state)
+}
+
+/// RFC 9728 protected resource metadata.
+async fn protected_resource_metadata(State(state): State<AppState>) -> Response {
+    let mut doc = json!({
+        "resource": state.resource_url,
+        "bearer_methods_supported": ["header"],
+        "scopes_supported": AGENT_SCOPES,
+        "resource_name": "paygate",
+    });
+    if !state.authorization_servers.is_empty() {
+        doc["authorization_servers"] = json!(state.authorization_servers);
+    }
+    ([(header::CACHE_CONTROL, "public, max-age=300")], axum::Json(doc)).into_response()
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.gateway.store().ping().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "readiness check failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()
+        }
+    }
+}

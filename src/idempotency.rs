@@ -1,0 +1,99 @@
+//! Exactly-once: an agent's `operation_id` becomes a stable key, its arguments a fingerprint.
+//!
+//! key = HMAC-SHA256(server secret, len‖issuer ‖ len‖subject ‖ len‖tool ‖ len‖operation_id).
+//! Length prefixes make the encoding injective, so no two (issuer, subject, tool, operation_id)
+//! tuples share a key; the secret makes keys unguessable, so one agent cannot occupy another's.
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::auth::Secret;
+use crate::backend::Payment;
+use crate::error::{AgentError, ErrorCode};
+
+/// Derives keys; holds the server secret (never printed).
+#[derive(Clone)]
+pub struct KeyDeriver {
+    secret: Secret,
+}
+
+impl std::fmt::Debug for KeyDeriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyDeriver(..)")
+    }
+}
+
+impl KeyDeriver {
+    pub fn new(secret: Secret) -> Self {
+        KeyDeriver { secret }
+    }
+
+    pub fn key(&self, issuer: &str, subject: &str, tool: &str, operation_id: &str) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.secret.expose().as_bytes())
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        for part in [issuer, subject, tool, operation_id] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part.as_bytes());
+        }
+        format!("idk_{}", hex(&mac.finalize().into_bytes()))
+    }
+}
+
+/// SHA-256 of a canonical JSON value (the caller builds it from parsed, normalized arguments, so
+/// `"50"` and `"50.00"` fingerprint alike).
+pub fn fingerprint(canonical: &serde_json::Value) -> String {
+    hex(&Sha256::digest(canonical.to_string().as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What is kept under a key and replayed to every later call with that key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StoredOutcome {
+    Succeeded { payment: Payment },
+    /// A business refusal (e.g. insufficient funds): replayed for this operation_id forever.
+    Failed { code: String, message: String },
+}
+
+impl StoredOutcome {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| unreachable!("outcome is plain data"))
+    }
+    pub fn from_json(s: &str) -> Option<Self> {
+        serde_json::from_str(s).ok()
+    }
+    pub fn failed(err: &AgentError) -> Self {
+        StoredOutcome::Failed { code: err.code.as_str().to_string(), message: err.message.clone() }
+    }
+    pub fn into_result(self) -> Result<Payment, AgentError> {
+        match self {
+            StoredOutcome::Succeeded { payment } => Ok(payment),
+            StoredOutcome::Failed { code, message } => {
+                Err(AgentError::new(ErrorCode::parse(&code).unwrap_or(ErrorCode::Internal), message))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable_distinct_and_injective() {
+        let d = KeyDeriver::new(Secret::new("s3cret".into()));
+        let k = d.key("iss", "sub", "create_payment", "op-1");
+        assert_eq!(k, d.key("iss", "sub", "create_payment", "op-1"));
+        assert_ne!(k, d.key("iss", "sub", "create_payment", "op-2"));
+        assert_ne!(k, d.key("iss", "sub2", "create_payment", "op-1"));
+        assert_ne!(k, d.key("iss", "sub", "refund_payment", "op-1"));
+        // Without length prefixes these two would collide.
+        assert_ne!(d.key("a", "bc", "t", "o"), d.key("ab", "c", "t", "o"));
+        let other = KeyDeriver::new(Secret::new("other".into()));
+        assert_ne!(k, other.key("iss", "sub", "create_payment", "op-1"));
+    }
+}

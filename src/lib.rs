@@ -1,0 +1,17 @@
+//! paygate: a remote MCP server that lets hosted AI agents move money exactly once, within a
+//! human-set policy. See ARCHITECTURE.md for the code map and the invariants.
+
+pub mod app;
+pub mod auth;
+pub mod backend;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod http;
+pub mod idempotency;
+pub mod ids;
+pub mod mcp;
+pub mod money;
+pub mod policy;
+pub mod store;

@@ -1,0 +1,157 @@
+//! The `paygate` command line. Everything else lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use paygate::clock::{Clock, SystemClock};
+use paygate::config::Config;
+
+#[derive(Parser)]
+#[command(name = "paygate", version, about = "MCP payment gateway for AI agents")]
+struct Cli {
+    /// A TOML file layered over the defaults (config/default.toml lists every key).
+    #[arg(long, global = true, env = "PAYGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Serve,
+    /// Mint a token with the dev key, for local use.
+    Token {
+        #[arg(long)]
+        sub: String,
+        /// Space-separated scopes, e.g. "payments:read payments:create".
+        #[arg(long)]
+        scope: String,
+        #[arg(long)]
+        ttl_secs: Option<i64>,
+    },
+    /// Print every tool with the scope it needs and its annotations.
+    Tools,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::from_env(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(config),
+        Command::Token { sub, scope, ttl_secs } => token(&config, &sub, &scope, ttl_secs),
+        Command::Tools => {
+            tools();
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PAYGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+}
+
+fn serve(config: Config) -> ExitCode {
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("paygate: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let dev = config.dev.clone();
+        let running = match paygate::app::start_default(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("paygate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("paygate MCP endpoint: {}", running.mcp_url());
+        if dev.print_token
+            && let Some(token) = running.mint_token(&dev.subject, &dev.scopes, dev.token_ttl_secs)
+        {
+            // Printed to the terminal for the developer, never to the log.
+            println!("dev token (subject {}, scopes \"{}\"):\n{token}", dev.subject, dev.scopes);
+        }
+        let stop = running.shutdown_token();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+            stop.cancel();
+        });
+        match running.wait().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("paygate: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> ExitCode {
+    let ttl = ttl_secs.unwrap_or(config.dev.token_ttl_secs);
+    if !(60..=2_592_000).contains(&ttl) {
+        eprintln!("paygate: --ttl-secs must be 60..=2592000");
+        return ExitCode::from(2);
+    }
+    let key = match paygate::app::dev_key(config) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let public_url = if config.server.public_url.is_empty() {
+        format!("http://{}", config.server.bind)
+    } else {
+        config.server.public_url.clone()
+    };
+    let audience = format!("{public_url}/mcp");
+    match paygate::auth::mint_dev_token(&key, &config.auth.dev_issuer, &audience, sub, scope, SystemClock.now(), ttl) {
+        Ok(t) => {
+            println!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn tools() {
+    for tool in paygate::mcp::PaygateMcp::tool_list() {
+        let scope = paygate::policy::scope_for_tool(&tool.name).unwrap_or("-");
+        let hints = tool
+            .annotations
+            .as_ref()
+            .map(|a| {
+                let mut h = Vec::new();
+                if a.read_only_hint == Some(true) {
+                    h.push("read-only");
+                }
+                if a.destructive_hint == Some(true) {
+                    h.push("destructive");
+                }
+                if a.idempotent_hint == Some(true) {
+                    h.push("idempotent");
+                }
+                h.join(", ")
+            })
+            .unwrap_or_default();
+        println!("{:<24} {:<18} [{}]", tool.name, scope, hints);
+    }
+}

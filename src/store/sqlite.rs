@@ -1,0 +1,731 @@
+//! The embedded SQLite engine. One connection serialises writes (SQLite allows one writer anyway);
+//! calls run on tokio's blocking pool so the async runtime never waits on disk.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+
+use super::{AccountSeed, ApprovalRecord, AuditRecord, NewIdempotencyRecord, Reservation, Store, StoreError};
+use crate::backend::{
+    Balance, BackendError, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
+    RefundRequest, TransferRequest,
+};
+use crate::clock::UnixSecs;
+use crate::idempotency::StoredOutcome;
+use crate::ids::{AccountId, ApprovalId, PaymentId};
+use crate::money::{Currency, format_minor};
+
+const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Self, StoreError> {
+        // WAL for concurrent readers; FULL sync because a committed payment must survive power loss.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
+    }
+
+    async fn run<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().map_err(|_| StoreError::Database("connection lock poisoned".into()))?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| E::from(StoreError::Database(format!("blocking task failed: {e}"))))?
+    }
+}
+
+impl From<StoreError> for BackendError {
+    fn from(e: StoreError) -> Self {
+        // The transaction rolled back: nothing moved.
+        BackendError::Unavailable(e.to_string())
+    }
+}
+
+fn db(e: rusqlite::Error) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+fn corrupt(what: &str) -> rusqlite::Error {
+    rusqlite::Error::InvalidColumnType(0, what.to_string(), rusqlite::types::Type::Text)
+}
+
+const PAYMENT_COLS: &str = "id, kind, status, from_account, to_account, amount_minor, currency, refunded_minor, \
+                            refund_of, memo, principal_sub, created_at, seq";
+
+fn payment_from_row(r: &Row<'_>) -> rusqlite::Result<(Payment, i64)> {
+    let id: String = r.get(0)?;
+    let kind: String = r.get(1)?;
+    let status: String = r.get(2)?;
+    let from: String = r.get(3)?;
+    let to: String = r.get(4)?;
+    let currency: String = r.get(6)?;
+    let refund_of: Option<String> = r.get(8)?;
+    let payment = Payment {
+        id: PaymentId::parse(&id).map_err(|_| corrupt("payments.id"))?,
+        kind: match kind.as_str() {
+            "payment" => PaymentKind::Payment,
+            "refund" => PaymentKind::Refund,
+            _ => return Err(corrupt("payments.kind")),
+        },
+        status: PaymentStatus::parse(&status).ok_or_else(|| corrupt("payments.status"))?,
+        from_account: AccountId::parse(&from).map_err(|_| corrupt("payments.from_account"))?,
+        to_account: AccountId::parse(&to).map_err(|_| corrupt("payments.to_account"))?,
+        amount_minor: r.get(5)?,
+        currency: Currency::parse(&currency).map_err(|_| corrupt("payments.currency"))?,
+        refunded_minor: r.get(7)?,
+        refund_of: refund_of.map(|s| PaymentId::parse(&s).map_err(|_| corrupt("payments.refund_of"))).transpose()?,
+        memo: r.get(9)?,
+        principal_sub: r.get(10)?,
+        created_at: r.get(11)?,
+    };
+    Ok((payment, r.get(12)?))
+}
+
+fn load_payment(conn: &Connection, id: &str) -> rusqlite::Result<Option<Payment>> {
+    conn.query_row(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE id = ?1"), [id], payment_from_row)
+        .optional()
+        .map(|o| o.map(|(p, _)| p))
+}
+
+fn load_payment_by_key(conn: &Connection, key: &str) -> rusqlite::Result<Option<Payment>> {
+    conn.query_row(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE idempotency_key = ?1"), [key], payment_from_row)
+        .optional()
+        .map(|o| o.map(|(p, _)| p))
+}
+
+struct AccountRow {
+    currency: Currency,
+    balance: i64,
+    allow_overdraft: bool,
+}
+
+fn load_account(conn: &Connection, id: &AccountId) -> Result<AccountRow, BackendError> {
+    let row: Option<(String, i64, bool)> = conn
+        .query_row("SELECT currency, balance_minor, allow_overdraft FROM accounts WHERE id = ?1", [id.as_str()], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .map_err(db)?;
+    let (cur, balance, allow_overdraft) = row.ok_or_else(|| BackendError::AccountNotFound(id.clone()))?;
+    let currency = Currency::parse(&cur).map_err(|_| BackendError::Unavailable("corrupt account currency".into()))?;
+    Ok(AccountRow { currency, balance, allow_overdraft })
+}
+
+/// Apply one signed posting and return the balance after it.
+fn post(
+    tx: &Connection,
+    payment_id: Option<&str>,
+    account: &str,
+    amount: i64,
+    currency: Currency,
+    description: &str,
+    now: UnixSecs,
+) -> rusqlite::Result<i64> {
+    let balance: i64 = tx.query_row(
+        "UPDATE accounts SET balance_minor = balance_minor + ?1 WHERE id = ?2 RETURNING balance_minor",
+        params![amount, account],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![payment_id, account, amount, currency.code(), balance, description, now],
+    )?;
+    Ok(balance)
+}
+
+fn insert_payment(tx: &Connection, p: &Payment, key: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
+                               refunded_minor, refund_of, memo, principal_sub, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        params![
+            p.id.as_str(),
+            key,
+            p.kind.as_str(),
+            p.status.as_str(),
+            p.from_account.as_str(),
+            p.to_account.as_str(),
+            p.amount_minor,
+            p.currency.code(),
+            p.refunded_minor,
+            p.refund_of.as_ref().map(|r| r.as_str()),
+            p.memo,
+            p.principal_sub,
+            p.created_at,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Mark the idempotency record for `key` completed with this payment, inside the posting transaction.
+fn complete_in_tx(tx: &Connection, key: &str, payment: &Payment) -> rusqlite::Result<()> {
+    let outcome = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
+    tx.execute(
+        "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
+        params![outcome, key],
+    )?;
+    Ok(())
+}
+
+fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
+    existing.kind == PaymentKind::Payment
+        && existing.from_account == req.from_account
+        && existing.to_account == req.to_account
+        && existing.amount_minor == req.amount.minor()
+        && existing.currency == req.amount.currency()
+}
+
+fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+    // The ledger's own guard: one key posts once, whatever happened above (crash, expired record).
+    if let Some(existing) = load_payment_by_key(&tx, &req.idempotency_key).map_err(db)? {
+        if !same_transfer(&existing, &req) {
+            return Err(BackendError::IdempotencyKeyReused);
+        }
+        complete_in_tx(&tx, &req.idempotency_key, &existing).map_err(db)?;
+        tx.commit().map_err(db)?;
+        return Ok(existing);
+    }
+    if req.from_account == req.to_account {
+        return Err(BackendError::SameAccount);
+    }
+    let currency = req.amount.currency();
+    let from = load_account(&tx, &req.from_account)?;
+    let to = load_account(&tx, &req.to_account)?;
+    for (id, acct) in [(&req.from_account, &from), (&req.to_account, &to)] {
+        if acct.currency != currency {
+            return Err(BackendError::CurrencyMismatch {
+                account: id.clone(),
+                account_currency: acct.currency,
+                requested: currency,
+            });
+        }
+    }
+    let amount = req.amount.minor();
+    if !from.allow_overdraft && from.balance < amount {
+        return Err(BackendError::InsufficientFunds {
+            account: req.from_account.clone(),
+            balance: format_minor(from.balance, currency),
+            needed: req.amount.to_decimal(),
+        });
+    }
+    let payment = Payment {
+        id: req.payment_id.clone(),
+        kind: PaymentKind::Payment,
+        status: PaymentStatus::Succeeded,
+        from_account: req.from_account.clone(),
+        to_account: req.to_account.clone(),
+        amount_minor: amount,
+        currency,
+        refunded_minor: 0,
+        refund_of: None,
+        memo: req.memo.clone(),
+        principal_sub: req.principal_sub.clone(),
+        created_at: now,
+    };
+    insert_payment(&tx, &payment, &req.idempotency_key).map_err(db)?;
+    let desc = format!("payment {}", payment.id);
+    post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now).map_err(db)?;
+    post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now).map_err(db)?;
+    complete_in_tx(&tx, &req.idempotency_key, &payment).map_err(db)?;
+    tx.commit().map_err(db)?;
+    Ok(payment)
+}
+
+fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+    if let Some(existing) = load_payment_by_key(&tx, &req.idempotency_key).map_err(db)? {
+        let same = existing.kind == PaymentKind::Refund
+            && existing.refund_of.as_ref() == Some(&req.payment_id)
+            && req.amount_minor.is_none_or(|a| a == existing.amount_minor);
+        if !same {
+            return Err(BackendError::IdempotencyKeyReused);
+        }
+        complete_in_tx(&tx, &req.idempotency_key, &existing).map_err(db)?;
+        tx.commit().map_err(db)?;
+        return Ok(existing);
+    }
+    let original =
+        load_payment(&tx, req.payment_id.as_str()).map_err(db)?.ok_or(BackendError::PaymentNotFound(req.payment_id.clone()))?;
+    let remaining = original.refundable_minor();
+    if original.kind != PaymentKind::Payment || original.status != PaymentStatus::Succeeded || remaining == 0 {
+        return Err(BackendError::NotRefundable(original.id.clone()));
+    }
+    let amount = req.amount_minor.unwrap_or(remaining);
+    if amount > remaining {
+        return Err(BackendError::RefundExceedsRemaining {
+            requested: format_minor(amount, original.currency),
+            remaining: format_minor(remaining, original.currency),
+        });
+    }
+    // Money flows back from the payee; the payee may have spent it.
+    let payee = load_account(&tx, &original.to_account)?;
+    if !payee.allow_overdraft && payee.balance < amount {
+        return Err(BackendError::InsufficientFunds {
+            account: original.to_account.clone(),
+            balance: format_minor(payee.balance, original.currency),
+            needed: format_minor(amount, original.currency),
+        });
+    }
+    let refund = Payment {
+        id: req.refund_id.clone(),
+        kind: PaymentKind::Refund,
+        status: PaymentStatus::Succeeded,
+        from_account: original.to_account.clone(),
+        to_account: original.from_account.clone(),
+        amount_minor: amount,
+        currency: original.currency,
+        refunded_minor: 0,
+        refund_of: Some(original.id.clone()),
+        memo: req.reason.clone(),
+        principal_sub: req.principal_sub.clone(),
+        created_at: now,
+    };
+    insert_payment(&tx, &refund, &req.idempotency_key).map_err(db)?;
+    tx.execute(
+        "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",
+        params![amount, original.id.as_str()],
+    )
+    .map_err(db)?;
+    let desc = format!("refund {} of {}", refund.id, original.id);
+    post(&tx, Some(refund.id.as_str()), refund.from_account.as_str(), -amount, refund.currency, &desc, now).map_err(db)?;
+    post(&tx, Some(refund.id.as_str()), refund.to_account.as_str(), amount, refund.currency, &desc, now).map_err(db)?;
+    complete_in_tx(&tx, &req.idempotency_key, &refund).map_err(db)?;
+    tx.commit().map_err(db)?;
+    Ok(refund)
+}
+
+fn approval_from_row(r: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
+    let id: String = r.get(0)?;
+    let intent: String = r.get(7)?;
+    let currency: String = r.get(9)?;
+    Ok(ApprovalRecord {
+        id: ApprovalId::parse(&id).map_err(|_| corrupt("approvals.id"))?,
+        status: r.get(1)?,
+        idempotency_key: r.get(2)?,
+        fingerprint: r.get(3)?,
+        principal_iss: r.get(4)?,
+        principal_sub: r.get(5)?,
+        tool: r.get(6)?,
+        intent: serde_json::from_str(&intent).map_err(|_| corrupt("approvals.intent"))?,
+        amount_minor: r.get(8)?,
+        currency: Currency::parse(&currency).map_err(|_| corrupt("approvals.currency"))?,
+        reason: r.get(10)?,
+        created_at: r.get(11)?,
+        expires_at: r.get(12)?,
+    })
+}
+
+const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, intent, \
+                             amount_minor, currency, reason, created_at, expires_at";
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
+    }
+
+    async fn idem_peek(&self, key: &str, now: UnixSecs) -> Result<Option<(String, Option<String>)>, StoreError> {
+        let key = key.to_string();
+        self.run(move |c| {
+            Ok(c.query_row(
+                "SELECT fingerprint, outcome FROM idempotency_records WHERE key = ?1 AND expires_at > ?2",
+                params![key, now],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn idem_reserve(&self, rec: NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError> {
+        self.run(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing: Option<(String, String, Option<String>, i64, i64)> = tx
+                .query_row(
+                    "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
+                    [&rec.key],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                )
+                .optional()?;
+            let result = match existing {
+                Some((fingerprint, state, outcome, lease_until, expires_at)) if expires_at > now => {
+                    match (state.as_str(), outcome) {
+                        ("completed", Some(outcome)) => Reservation::Completed { fingerprint, outcome },
+                        ("in_flight", _) if lease_until > now || fingerprint != rec.fingerprint => {
+                            Reservation::InFlight { fingerprint }
+                        }
+                        ("in_flight", _) => {
+                            // The holder's lease ran out (crash): take over. The backend sees the same
+                            // key again and applies it at most once.
+                            tx.execute(
+                                "UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2",
+                                params![rec.lease_until, rec.key],
+                            )?;
+                            Reservation::Acquired
+                        }
+                        _ => return Err(StoreError::Corrupt(format!("idempotency record in state {state:?}"))),
+                    }
+                }
+                _ => {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO idempotency_records
+                           (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'in_flight', NULL, ?6, ?7, ?8)",
+                        params![
+                            rec.key,
+                            rec.fingerprint,
+                            rec.tool,
+                            rec.principal_iss,
+                            rec.principal_sub,
+                            rec.lease_until,
+                            now,
+                            rec.expires_at
+                        ],
+                    )?;
+                    Reservation::Acquired
+                }
+            };
+            tx.commit()?;
+            Ok(result)
+        })
+        .await
+    }
+
+    async fn idem_complete(&self, key: &str, outcome: &str) -> Result<(), StoreError> {
+        let (key, outcome) = (key.to_string(), outcome.to_string());
+        self.run(move |c| {
+            c.execute(
+                "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
+                params![outcome, key],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn idem_release(&self, key: &str) -> Result<(), StoreError> {
+        let key = key.to_string();
+        self.run(move |c| {
+            c.execute("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [key])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError> {
+        self.run(move |c| Ok(c.execute("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64)).await
+    }
+
+    async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError> {
+        self.run(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing = tx
+                .query_row(
+                    &format!(
+                        "SELECT {APPROVAL_COLS} FROM approvals
+                         WHERE idempotency_key = ?1 AND status = 'pending' AND expires_at > ?2
+                         ORDER BY created_at DESC LIMIT 1"
+                    ),
+                    params![rec.idempotency_key, now],
+                    approval_from_row,
+                )
+                .optional()?;
+            if let Some(existing) = existing {
+                return Ok(existing);
+            }
+            tx.execute(
+                &format!("INSERT INTO approvals ({APPROVAL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+                params![
+                    rec.id.as_str(),
+                    rec.status,
+                    rec.idempotency_key,
+                    rec.fingerprint,
+                    rec.principal_iss,
+                    rec.principal_sub,
+                    rec.tool,
+                    rec.intent.to_string(),
+                    rec.amount_minor,
+                    rec.currency.code(),
+                    rec.reason,
+                    rec.created_at,
+                    rec.expires_at
+                ],
+            )?;
+            tx.commit()?;
+            Ok(rec)
+        })
+        .await
+    }
+
+    async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
+        let id = id.clone();
+        self.run(move |c| {
+            Ok(c.query_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), [id.as_str()], approval_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
+                                            idempotency_key, payment_id, approval_id, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                params![
+                    r.at,
+                    r.correlation_id,
+                    r.principal_iss,
+                    r.principal_sub,
+                    r.tool,
+                    r.decision,
+                    r.code,
+                    r.idempotency_key,
+                    r.payment_id,
+                    r.approval_id,
+                    r.detail
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        let sub = principal_sub.map(str::to_string);
+        self.run(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT seq, at, correlation_id, principal_iss, principal_sub, tool, decision, code, idempotency_key,
+                        payment_id, approval_id, detail
+                 FROM audit_records WHERE (?1 IS NULL OR principal_sub = ?1) ORDER BY seq DESC LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![sub, limit], |r| {
+                Ok(AuditRecord {
+                    seq: r.get(0)?,
+                    at: r.get(1)?,
+                    correlation_id: r.get(2)?,
+                    principal_iss: r.get(3)?,
+                    principal_sub: r.get(4)?,
+                    tool: r.get(5)?,
+                    decision: r.get(6)?,
+                    code: r.get(7)?,
+                    idempotency_key: r.get(8)?,
+                    payment_id: r.get(9)?,
+                    approval_id: r.get(10)?,
+                    detail: r.get(11)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
+        self.run(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let created = tx.execute(
+                "INSERT OR IGNORE INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES (?1, ?2, 0, ?3, ?4)",
+                params![seed.id.as_str(), seed.currency.code(), seed.allow_overdraft, now],
+            )? == 1;
+            if created && seed.opening_minor != 0 {
+                // Opening balances come from a per-currency equity account, so postings still sum to zero.
+                let equity = format!("equity-opening-{}", seed.currency.code());
+                tx.execute(
+                    "INSERT OR IGNORE INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES (?1, ?2, 0, 1, ?3)",
+                    params![equity, seed.currency.code(), now],
+                )?;
+                let desc = format!("opening balance of {}", seed.id);
+                post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now)?;
+                post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now)?;
+            }
+            tx.commit()?;
+            Ok(created)
+        })
+        .await
+    }
+
+    async fn ledger_transfer(&self, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+        self.run(move |c| transfer_tx(c, req, now)).await
+    }
+
+    async fn ledger_refund(&self, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+        self.run(move |c| refund_tx(c, req, now)).await
+    }
+
+    async fn ledger_payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
+        let id = id.clone();
+        self.run(move |c| Ok(load_payment(c, id.as_str())?)).await
+    }
+
+    async fn ledger_balance(&self, account: &AccountId) -> Result<Option<Balance>, StoreError> {
+        let account = account.clone();
+        self.run(move |c| {
+            let row: Option<(String, i64)> = c
+                .query_row("SELECT currency, balance_minor FROM accounts WHERE id = ?1", [account.as_str()], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            row.map(|(cur, balance_minor)| {
+                let currency = Currency::parse(&cur).map_err(|_| StoreError::Corrupt("account currency".into()))?;
+                Ok(Balance { account_id: account.clone(), currency, balance_minor })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    async fn ledger_list_payments(&self, q: PaymentQuery) -> Result<Page<Payment>, StoreError> {
+        self.run(move |c| {
+            if q.accounts.is_empty() {
+                return Ok(Page { items: vec![], next_cursor: None });
+            }
+            let accounts = serde_json::to_string(&q.accounts.iter().map(|a| a.as_str()).collect::<Vec<_>>())
+                .map_err(|e| StoreError::Database(e.to_string()))?;
+            let sql = format!(
+                "SELECT {PAYMENT_COLS} FROM payments
+                 WHERE (from_account IN (SELECT value FROM json_each(?1)) OR to_account IN (SELECT value FROM json_each(?1)))
+                   AND (?2 IS NULL OR status = ?2)
+                   AND (?3 IS NULL OR seq < ?3)
+                 ORDER BY seq DESC LIMIT ?4"
+            );
+            let mut stmt = c.prepare(&sql)?;
+            let limit = i64::from(q.limit);
+            let rows = stmt.query_map(
+                params![accounts, q.status.map(|s| s.as_str()), q.before_seq, limit + 1],
+                payment_from_row,
+            )?;
+            let mut items: Vec<(Payment, i64)> = rows.collect::<Result<_, _>>()?;
+            let next_cursor = if items.len() as i64 > limit {
+                items.truncate(limit as usize);
+                items.last().map(|(_, seq)| *seq)
+            } else {
+                None
+            };
+            Ok(Page { items: items.into_iter().map(|(p, _)| p).collect(), next_cursor })
+        })
+        .await
+    }
+
+    async fn ledger_entries(
+        &self,
+        account: &AccountId,
+        before_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<Page<LedgerEntry>, StoreError> {
+        let account = account.clone();
+        self.run(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT seq, payment_id, amount_minor, currency, balance_after_minor, description, created_at
+                 FROM postings WHERE account_id = ?1 AND (?2 IS NULL OR seq < ?2) ORDER BY seq DESC LIMIT ?3",
+            )?;
+            let limit = i64::from(limit);
+            let rows = stmt.query_map(params![account.as_str(), before_seq, limit + 1], |r| {
+                let pid: Option<String> = r.get(1)?;
+                let cur: String = r.get(3)?;
+                Ok(LedgerEntry {
+                    seq: r.get(0)?,
+                    payment_id: pid.map(|p| PaymentId::parse(&p).map_err(|_| corrupt("postings.payment_id"))).transpose()?,
+                    amount_minor: r.get(2)?,
+                    currency: Currency::parse(&cur).map_err(|_| corrupt("postings.currency"))?,
+                    balance_after_minor: r.get(4)?,
+                    description: r.get(5)?,
+                    created_at: r.get(6)?,
+                })
+            })?;
+            let mut items: Vec<LedgerEntry> = rows.collect::<Result<_, _>>()?;
+            let next_cursor = if items.len() as i64 > limit {
+                items.truncate(limit as usize);
+                items.last().map(|e| e.seq)
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError> {
+        self.run(|c| {
+            // One read transaction: a consistent snapshot even while payments post.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let mut problems = Vec::new();
+            let mut currency_sums = Vec::new();
+            {
+                let mut stmt =
+                    tx.prepare("SELECT currency, SUM(amount_minor) FROM postings GROUP BY currency ORDER BY currency")?;
+                let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                for row in rows {
+                    let (cur, sum) = row?;
+                    if sum != 0 {
+                        problems.push(format!("postings in {cur} sum to {sum}, not 0"));
+                    }
+                    currency_sums.push((cur, sum));
+                }
+                let mut stmt = tx.prepare(
+                    "SELECT a.id, a.balance_minor, COALESCE(SUM(p.amount_minor), 0)
+                     FROM accounts a LEFT JOIN postings p ON p.account_id = a.id GROUP BY a.id",
+                )?;
+                let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
+                for row in rows {
+                    let (id, balance, sum) = row?;
+                    if balance != sum {
+                        problems.push(format!("account {id} balance {balance} differs from its postings {sum}"));
+                    }
+                }
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM accounts WHERE allow_overdraft = 0 AND balance_minor < 0
+                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor",
+                )?;
+                for row in stmt.query_map([], |r| r.get::<_, String>(0))? {
+                    problems.push(format!("{} violates its bounds", row?));
+                }
+                let mut stmt = tx.prepare(
+                    "SELECT payment_id FROM postings WHERE payment_id IS NOT NULL GROUP BY payment_id
+                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
+                )?;
+                for row in stmt.query_map([], |r| r.get::<_, String>(0))? {
+                    problems.push(format!("payment {} is not one balanced debit/credit pair", row?));
+                }
+            }
+            let accounts_checked: i64 = tx.query_row("SELECT COUNT(*) FROM accounts", [], |r| r.get(0))?;
+            let postings_checked: i64 = tx.query_row("SELECT COUNT(*) FROM postings", [], |r| r.get(0))?;
+            tx.commit()?;
+            Ok(IntegrityReport { ok: problems.is_empty(), accounts_checked, postings_checked, currency_sums, problems })
+        })
+        .await
+    }
+}
