@@ -1,0 +1,200 @@
+//! Test harness: a real paygate on 127.0.0.1:0 with its own data directory, talked to over HTTP.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use paygate::app::Running;
+use paygate::clock::{Clock, SystemClock};
+use paygate::config::Config;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, ProtocolVersion};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::common::client_side_sse::NeverRetry;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
+use serde_json::Value;
+
+pub const ALL_AGENT_SCOPES: &str = "payments:read payments:create payments:refund payments:admin";
+
+/// Everything the server logs in this test binary, so tests can assert no token leaks.
+static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+
+#[derive(Clone)]
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Install (once) a debug-level subscriber that captures every log line of this test binary.
+pub fn capture_logs() -> Arc<Mutex<Vec<u8>>> {
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = LogWriter(buf.clone());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init();
+        buf
+    })
+    .clone()
+}
+
+pub fn logs_text() -> String {
+    String::from_utf8_lossy(&capture_logs().lock().unwrap()).into_owned()
+}
+
+pub enum DataDir {
+    Temp(tempfile::TempDir),
+    Shared(PathBuf),
+}
+
+impl DataDir {
+    pub fn path(&self) -> &Path {
+        match self {
+            DataDir::Temp(t) => t.path(),
+            DataDir::Shared(p) => p,
+        }
+    }
+}
+
+pub struct TestApp {
+    pub running: Running,
+    pub url: String,
+    pub data_dir: PathBuf,
+}
+
+pub fn config_for(dir: &Path, overrides: &[(&str, &str)]) -> Config {
+    let mut env = vec![
+        ("PAYGATE_SERVER__BIND".to_string(), "127.0.0.1:0".to_string()),
+        ("PAYGATE_STORAGE__DATA_DIR".to_string(), dir.display().to_string()),
+    ];
+    env.extend(overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Config::load(None, env).expect("test config")
+}
+
+/// Start paygate on a fresh temp data directory.
+pub async fn spawn_app() -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[]).await;
+    (app, dir)
+}
+
+/// Start paygate on `dir` (reused across restarts) with config overrides.
+pub async fn spawn_on(dir: &Path, overrides: &[(&str, &str)]) -> TestApp {
+    spawn_with_clock(dir, overrides, Arc::new(SystemClock)).await
+}
+
+pub async fn spawn_with_clock(dir: &Path, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> TestApp {
+    capture_logs();
+    let running = paygate::app::start(config_for(dir, overrides), clock).await.expect("paygate starts");
+    let url = running.mcp_url();
+    TestApp { running, url, data_dir: dir.to_path_buf() }
+}
+
+impl TestApp {
+    /// A dev-key token for `sub` with `scope`.
+    pub fn token(&self, sub: &str, scope: &str) -> String {
+        self.running.mint_token(sub, scope, 3600).expect("dev key enabled")
+    }
+
+    /// The demo agent with every agent scope.
+    pub fn dev_token(&self) -> String {
+        self.token("dev-agent", ALL_AGENT_SCOPES)
+    }
+
+    pub fn base(&self) -> &str {
+        &self.running.public_url
+    }
+
+    pub async fn stop(self) {
+        self.running.shutdown().await;
+    }
+
+    /// The ledger's own integrity check, straight from the store.
+    pub async fn assert_integrity(&self) {
+        let report = self.running.store.ledger_integrity().await.unwrap();
+        assert!(report.ok, "ledger integrity: {:?}", report.problems);
+    }
+
+    pub async fn audit(&self, sub: &str) -> Vec<paygate::store::AuditRecord> {
+        self.running.store.audit_list(Some(sub), 10_000).await.unwrap()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    /// 2025-11-25: initialize + Mcp-Session-Id.
+    Legacy,
+    /// 2026-07-28: server/discover, stateless, per-request _meta.
+    Modern,
+}
+
+pub const ERAS: [Era; 2] = [Era::Legacy, Era::Modern];
+
+pub type Client = RunningService<RoleClient, ClientConfig>;
+
+pub fn transport_config(url: &str, token: &str) -> StreamableHttpClientTransportConfig {
+    let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.to_string())
+        .auth_header(token.to_string())
+        .reinit_on_expired_session(false);
+    cfg.retry_config = Arc::new(NeverRetry::default());
+    cfg
+}
+
+pub async fn connect(url: &str, token: &str, era: Era) -> Client {
+    try_connect(url, token, era).await.expect("MCP client connects")
+}
+
+pub async fn try_connect(url: &str, token: &str, era: Era) -> Result<Client, rmcp::service::ClientInitializeError> {
+    let transport = StreamableHttpClientTransport::from_config(transport_config(url, token));
+    let mode = match era {
+        Era::Legacy => ClientLifecycleMode::Initialize,
+        Era::Modern => ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
+    };
+    let client = ClientConfig::default().with_protocol_version(match era {
+        Era::Legacy => ProtocolVersion::V_2025_11_25,
+        Era::Modern => ProtocolVersion::V_2026_07_28,
+    });
+    let running = client.serve_with_lifecycle(transport, mode).await?;
+    running.set_response_cache_config(rmcp::service::ClientCacheConfig::disabled()).await;
+    Ok(running)
+}
+
+pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    let args = args.as_object().cloned().unwrap_or_default();
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} call failed at the protocol level: {e}"))
+}
+
+/// The structured success payload; panics with the error envelope otherwise.
+pub fn ok(r: &CallToolResult) -> &Value {
+    assert_ne!(r.is_error, Some(true), "expected success, got {:?}", r.structured_content);
+    r.structured_content.as_ref().expect("structured content")
+}
+
+/// The error envelope's `error` object; panics on success.
+pub fn err(r: &CallToolResult) -> &Value {
+    assert_eq!(r.is_error, Some(true), "expected an error, got {:?}", r.structured_content);
+    r.structured_content.as_ref().and_then(|v| v.get("error")).expect("error envelope")
+}
+
+pub fn code(r: &CallToolResult) -> String {
+    err(r)["code"].as_str().unwrap().to_string()
+}
+
+pub async fn balance(client: &Client, account: &str) -> String {
+    let r = call(client, "get_balance", serde_json::json!({"account_id": account})).await;
+    ok(&r)["balance"].as_str().unwrap().to_string()
+}
