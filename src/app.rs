@@ -59,7 +59,8 @@ impl Running {
     /// Mint a dev token for `subject` (dev key only).
     pub fn mint_token(&self, subject: &str, scope: &str, ttl_secs: i64) -> Option<String> {
         let key = self.dev_key.as_ref()?;
-        mint_dev_token(key, &self.config.auth.dev_issuer, &self.mcp_url(), subject, scope, self.clock.now(), ttl_secs).ok()
+        mint_dev_token(key, &self.config.auth.dev_issuer, &self.mcp_url(), subject, scope, self.clock.now(), ttl_secs)
+            .ok()
     }
 
     /// Stop accepting, end open streams, wait for in-flight requests.
@@ -123,6 +124,7 @@ fn authority(url: &str) -> &str {
 
 /// Start the gateway: bind, open state, serve in the background.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
+    crate::install_crypto_provider();
     let listener = TcpListener::bind(&config.server.bind)
         .await
         .map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;

@@ -151,10 +151,11 @@ pub struct AccountSeed {
 impl Config {
     /// Defaults, then the file (if any), then `PAYGATE_*` variables from `env`.
     pub fn load(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
-        let mut root: toml::Table = DEFAULT_TOML.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let mut root: toml::Table =
+            DEFAULT_TOML.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         if let Some(path) = file {
-            let text =
-                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
             let overlay: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
             merge(&mut root, overlay);
         }
@@ -166,7 +167,8 @@ impl Config {
             }
             set_from_env(&mut root, &path[0], &path[1], &value).map_err(|_| ConfigError::UnknownEnv(name.clone()))?;
         }
-        let config: Config = toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let config: Config =
+            toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -196,10 +198,15 @@ impl Config {
         range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
         range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
         if !a.dev_key_enabled && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
-            return Err(ConfigError::Invalid("no token can ever verify: enable auth.dev_key_enabled or set auth.jwks_url / auth.public_key_files".into()));
+            return Err(ConfigError::Invalid(
+                "no token can ever verify: enable auth.dev_key_enabled or set auth.jwks_url / auth.public_key_files"
+                    .into(),
+            ));
         }
         if (!a.jwks_url.is_empty() || !a.public_key_files.is_empty()) && a.issuer.is_empty() {
-            return Err(ConfigError::Invalid("auth.issuer is required with auth.jwks_url or auth.public_key_files".into()));
+            return Err(ConfigError::Invalid(
+                "auth.issuer is required with auth.jwks_url or auth.public_key_files".into(),
+            ));
         }
         if !s.public_url.is_empty() {
             let ok = (s.public_url.starts_with("http://") || s.public_url.starts_with("https://"))
@@ -234,8 +241,10 @@ impl Config {
         }
         for acct in &self.ledger.accounts {
             crate::ids::AccountId::parse(&acct.id).map_err(|e| ConfigError::Invalid(format!("ledger account: {e}")))?;
-            let c = Currency::parse(&acct.currency).map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
-            parse_minor(&acct.opening_balance, c).map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
+            let c = Currency::parse(&acct.currency)
+                .map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
+            parse_minor(&acct.opening_balance, c)
+                .map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
         }
         Ok(())
     }
@@ -263,7 +272,9 @@ fn set_from_env(root: &mut toml::Table, section: &str, key: &str, raw: &str) -> 
     let new = match table.get(key) {
         Some(toml::Value::String(_)) => toml::Value::String(raw.to_string()),
         // Secrets that have no default (auth.dev_key, idempotency.secret) are strings too.
-        None if matches!((section, key), ("auth", "dev_key") | ("idempotency", "secret")) => toml::Value::String(raw.to_string()),
+        None if matches!((section, key), ("auth", "dev_key") | ("idempotency", "secret")) => {
+            toml::Value::String(raw.to_string())
+        }
         Some(_) => {
             let doc: toml::Table = format!("v = {raw}").parse().map_err(|_| ())?;
             doc.get("v").cloned().ok_or(())?

@@ -91,8 +91,12 @@ impl ErrorCode {
     /// The gateway's own advice to the model. Fixed text per code: nothing from outside gets in.
     pub fn suggested_action(self) -> &'static str {
         match self {
-            ErrorCode::InvalidArgument => "Fix the argument named in the message and call again with a new operation_id.",
-            ErrorCode::InsufficientScope => "This token lacks the scope for this tool; ask the user to grant it. Do not retry.",
+            ErrorCode::InvalidArgument => {
+                "Fix the argument named in the message and call again with a new operation_id."
+            }
+            ErrorCode::InsufficientScope => {
+                "This token lacks the scope for this tool; ask the user to grant it. Do not retry."
+            }
             ErrorCode::AccountNotAllowed => "This agent may not use that account. Do not retry; tell the user.",
             ErrorCode::ApprovalRequired => {
                 "A human must approve this payment. Tell the user the approval_id; do not retry or split the amount."
@@ -105,7 +109,9 @@ impl ErrorCode {
             ErrorCode::IdempotencyConflict => {
                 "This operation_id was already used with different arguments. Use a new operation_id for a new payment."
             }
-            ErrorCode::OperationInProgress => "The same operation is still running. Retry the same call with the same operation_id shortly.",
+            ErrorCode::OperationInProgress => {
+                "The same operation is still running. Retry the same call with the same operation_id shortly."
+            }
             ErrorCode::InsufficientFunds => {
                 "The payer has too little money. This operation_id stays failed; a new attempt needs a new operation_id."
             }
@@ -119,7 +125,9 @@ impl ErrorCode {
             ErrorCode::OutcomeUnknown => {
                 "The outcome is not known yet. Retry the same call with the same operation_id; never use a new one for this payment."
             }
-            ErrorCode::Internal => "Something failed inside the gateway. Retry the same call with the same operation_id later.",
+            ErrorCode::Internal => {
+                "Something failed inside the gateway. Retry the same call with the same operation_id later."
+            }
         }
     }
 }

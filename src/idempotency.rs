@@ -54,9 +54,14 @@ fn hex(bytes: &[u8]) -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum StoredOutcome {
-    Succeeded { payment: Payment },
+    Succeeded {
+        payment: Payment,
+    },
     /// A business refusal (e.g. insufficient funds): replayed for this operation_id forever.
-    Failed { code: String, message: String },
+    Failed {
+        code: String,
+        message: String,
+    },
 }
 
 impl StoredOutcome {

@@ -15,3 +15,8 @@ pub mod mcp;
 pub mod money;
 pub mod policy;
 pub mod store;
+
+/// Install rustls' ring provider for outbound HTTPS (JWKS). Idempotent; called at start.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

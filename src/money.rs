@@ -117,42 +117,40 @@ impl Money {
 
 /// Parse a non-negative decimal string exactly into minor units (zero allowed: opening balances).
 pub fn parse_minor(amount: &str, currency: Currency) -> Result<i64, MoneyError> {
-        let malformed = || MoneyError::Malformed(amount.chars().take(32).collect());
-        let (int_part, frac_part) = match amount.split_once('.') {
-            Some((i, f)) => (i, Some(f)),
-            None => (amount, None),
-        };
-        if int_part.is_empty() || !int_part.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(malformed());
-        }
-        let frac = frac_part.unwrap_or("");
-        if frac_part.is_some() && frac.is_empty() {
-            return Err(malformed());
-        }
-        if !frac.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(malformed());
-        }
-        let exp = currency.exponent();
-        if frac.len() > exp as usize {
-            return Err(MoneyError::TooManyDecimals { amount: amount.chars().take(32).collect(), currency, exponent: exp });
-        }
-        let int_trimmed = int_part.trim_start_matches('0');
-        if int_trimmed.len() > 16 {
-            return Err(MoneyError::TooLarge);
-        }
-        let whole: i64 = if int_trimmed.is_empty() { 0 } else { int_trimmed.parse().map_err(|_| MoneyError::TooLarge)? };
-        let mut frac_minor: i64 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| malformed())? };
-        for _ in frac.len()..exp as usize {
-            frac_minor *= 10;
-        }
-        let minor = whole
-            .checked_mul(10_i64.pow(exp))
-            .and_then(|w| w.checked_add(frac_minor))
-            .ok_or(MoneyError::TooLarge)?;
-        if minor > AMOUNT_MINOR_MAX {
-            return Err(MoneyError::TooLarge);
-        }
-        Ok(minor)
+    let malformed = || MoneyError::Malformed(amount.chars().take(32).collect());
+    let (int_part, frac_part) = match amount.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (amount, None),
+    };
+    if int_part.is_empty() || !int_part.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed());
+    }
+    let frac = frac_part.unwrap_or("");
+    if frac_part.is_some() && frac.is_empty() {
+        return Err(malformed());
+    }
+    if !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed());
+    }
+    let exp = currency.exponent();
+    if frac.len() > exp as usize {
+        return Err(MoneyError::TooManyDecimals { amount: amount.chars().take(32).collect(), currency, exponent: exp });
+    }
+    let int_trimmed = int_part.trim_start_matches('0');
+    if int_trimmed.len() > 16 {
+        return Err(MoneyError::TooLarge);
+    }
+    let whole: i64 = if int_trimmed.is_empty() { 0 } else { int_trimmed.parse().map_err(|_| MoneyError::TooLarge)? };
+    let mut frac_minor: i64 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| malformed())? };
+    for _ in frac.len()..exp as usize {
+        frac_minor *= 10;
+    }
+    let minor =
+        whole.checked_mul(10_i64.pow(exp)).and_then(|w| w.checked_add(frac_minor)).ok_or(MoneyError::TooLarge)?;
+    if minor > AMOUNT_MINOR_MAX {
+        return Err(MoneyError::TooLarge);
+    }
+    Ok(minor)
 }
 
 impl fmt::Display for Money {
@@ -197,7 +195,10 @@ mod tests {
             assert!(Money::parse(bad, kes()).is_err(), "{bad:?} must be refused");
         }
         assert!(matches!(Money::parse("1.001", kes()), Err(MoneyError::TooManyDecimals { .. })));
-        assert!(matches!(Money::parse("1.5", Currency::parse("JPY").unwrap()), Err(MoneyError::TooManyDecimals { .. })));
+        assert!(matches!(
+            Money::parse("1.5", Currency::parse("JPY").unwrap()),
+            Err(MoneyError::TooManyDecimals { .. })
+        ));
         assert_eq!(Money::parse("0.00", kes()), Err(MoneyError::NotPositive));
         assert_eq!(Money::parse("99999999999999999999", kes()), Err(MoneyError::TooLarge));
         assert_eq!(Money::parse("10000000000000.01", kes()), Err(MoneyError::TooLarge));

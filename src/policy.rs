@@ -103,7 +103,9 @@ impl Profiles {
 pub enum Decision {
     Allow,
     /// Over the autonomous limit: a human must approve. `reason` is the gateway's own text.
-    RequireApproval { reason: String },
+    RequireApproval {
+        reason: String,
+    },
     Deny(AgentError),
 }
 
@@ -133,9 +135,9 @@ fn within_limit(profile: &Profile, amount: Money) -> Decision {
                 format_minor(*limit, amount.currency())
             ),
         },
-        None => Decision::RequireApproval {
-            reason: format!("this agent has no autonomous limit in {}", amount.currency()),
-        },
+        None => {
+            Decision::RequireApproval { reason: format!("this agent has no autonomous limit in {}", amount.currency()) }
+        }
     }
 }
 

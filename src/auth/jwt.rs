@@ -125,7 +125,9 @@ impl Verifier {
         validation.required_spec_claims = HashSet::new();
         let data = decode::<RawClaims>(token, &key, &validation).map_err(|e| match e.kind() {
             jsonwebtoken::errors::ErrorKind::InvalidSignature => AuthError::Invalid("bad signature"),
-            jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => AuthError::Invalid("algorithm not allowed for this key"),
+            jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => {
+                AuthError::Invalid("algorithm not allowed for this key")
+            }
             _ => AuthError::Invalid("malformed token"),
         })?;
         let c = data.claims;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    Balance, BackendError, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentQuery, RefundRequest,
+    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentQuery, RefundRequest,
     TransferRequest,
 };
 use crate::clock::Clock;

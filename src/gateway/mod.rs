@@ -61,7 +61,15 @@ pub(crate) struct Decision<'a> {
 
 impl<'a> Decision<'a> {
     pub fn new(tool: &'a str, decision: &'a str) -> Self {
-        Decision { tool, decision, code: None, idempotency_key: None, payment_id: None, approval_id: None, detail: None }
+        Decision {
+            tool,
+            decision,
+            code: None,
+            idempotency_key: None,
+            payment_id: None,
+            approval_id: None,
+            detail: None,
+        }
     }
 }
 
@@ -134,15 +142,15 @@ pub(crate) fn decode_cursor(cursor: Option<&str>) -> Result<Option<i64>, AgentEr
 /// Exhaustive: every backend error has exactly one agent meaning.
 pub(crate) fn map_backend_error(e: &BackendError) -> AgentError {
     match e {
-        BackendError::AccountNotFound(a) => {
-            AgentError::new(ErrorCode::NotFound, format!("account {a} does not exist")).with_detail("account_id", a.to_string())
-        }
+        BackendError::AccountNotFound(a) => AgentError::new(ErrorCode::NotFound, format!("account {a} does not exist"))
+            .with_detail("account_id", a.to_string()),
         BackendError::CurrencyMismatch { .. } | BackendError::SameAccount => AgentError::invalid(e.to_string()),
         BackendError::InsufficientFunds { .. } => AgentError::new(ErrorCode::InsufficientFunds, e.to_string()),
-        BackendError::PaymentNotFound(p) => {
-            AgentError::new(ErrorCode::NotFound, format!("payment {p} does not exist")).with_detail("payment_id", p.to_string())
+        BackendError::PaymentNotFound(p) => AgentError::new(ErrorCode::NotFound, format!("payment {p} does not exist"))
+            .with_detail("payment_id", p.to_string()),
+        BackendError::NotRefundable(_) | BackendError::RefundExceedsRemaining { .. } => {
+            AgentError::invalid(e.to_string())
         }
-        BackendError::NotRefundable(_) | BackendError::RefundExceedsRemaining { .. } => AgentError::invalid(e.to_string()),
         BackendError::IdempotencyKeyReused => AgentError::new(ErrorCode::IdempotencyConflict, e.to_string()),
         BackendError::Unavailable(_) => {
             AgentError::new(ErrorCode::BackendUnavailable, "the payment system is unavailable; nothing moved")

@@ -76,7 +76,9 @@ fn parse_text(field: &str, value: Option<String>) -> Result<Option<String>, Agen
         Some(v) if v.chars().count() > MEMO_CHARS_MAX => {
             Err(AgentError::invalid(format!("{field} must be at most {MEMO_CHARS_MAX} characters")))
         }
-        Some(v) if v.chars().any(|c| c.is_control()) => Err(AgentError::invalid(format!("{field} must not contain control characters"))),
+        Some(v) if v.chars().any(|c| c.is_control()) => {
+            Err(AgentError::invalid(format!("{field} must not contain control characters")))
+        }
         other => Ok(other),
     }
 }
@@ -101,7 +103,10 @@ impl Gateway {
                 return Err(AgentError::invalid("from_account and to_account must differ"));
             }
             if args.mandate.is_some() {
-                return Err(AgentError::new(ErrorCode::MandateInvalid, "mandates are not accepted by this gateway yet"));
+                return Err(AgentError::new(
+                    ErrorCode::MandateInvalid,
+                    "mandates are not accepted by this gateway yet",
+                ));
             }
             Ok::<_, AgentError>((op, from, to, amount, memo))
         })();
@@ -145,7 +150,10 @@ impl Gateway {
             let pid = PaymentId::parse(&args.payment_id)?;
             let reason = parse_text("reason", args.reason.clone())?;
             if args.mandate.is_some() {
-                return Err(AgentError::new(ErrorCode::MandateInvalid, "mandates are not accepted by this gateway yet"));
+                return Err(AgentError::new(
+                    ErrorCode::MandateInvalid,
+                    "mandates are not accepted by this gateway yet",
+                ));
             }
             Ok::<_, AgentError>((op, pid, reason))
         })();

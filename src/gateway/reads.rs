@@ -115,7 +115,8 @@ impl Gateway {
             return Err(AgentError::new(ErrorCode::InsufficientScope, "check_ledger_integrity needs payments:admin"));
         }
         let report = self.backend.check_integrity().await.map_err(|e| map_backend_error(&e))?;
-        let mut d = Decision::new("check_ledger_integrity", if report.ok { "integrity_ok" } else { "integrity_failed" });
+        let mut d =
+            Decision::new("check_ledger_integrity", if report.ok { "integrity_ok" } else { "integrity_failed" });
         d.detail = (!report.ok).then(|| report.problems.join("; "));
         self.audit(caller, d).await;
         Ok(report)

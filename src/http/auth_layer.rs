@@ -47,7 +47,10 @@ pub async fn origin_check(State(state): State<AppState>, req: Request, next: Nex
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let allowed = origin.to_str().is_ok_and(|o| state.allowed_origins.iter().any(|a| a.eq_ignore_ascii_case(o)));
         if !allowed {
-            return (StatusCode::FORBIDDEN, axum::Json(json!({"error": "forbidden", "error_description": "origin not allowed"})))
+            return (
+                StatusCode::FORBIDDEN,
+                axum::Json(json!({"error": "forbidden", "error_description": "origin not allowed"})),
+            )
                 .into_response();
         }
     }
@@ -149,7 +152,8 @@ pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next
     let bytes = match axum::body::to_bytes(body, state.body_bytes_max).await {
         Ok(b) => b,
         Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"}))).into_response();
+            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"})))
+                .into_response();
         }
     };
     let needed = required_scopes(&bytes);
@@ -177,13 +181,13 @@ pub async fn session_binding(State(state): State<AppState>, req: Request, next: 
     let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
     let method = req.method().clone();
     match &session {
-        Some(id) => {
-            if state.sessions.check(id, &principal.issuer, &principal.subject) == SessionCheck::Unknown {
-                return (StatusCode::NOT_FOUND, axum::Json(json!({"error": "session not found"}))).into_response();
-            }
+        Some(id) if state.sessions.check(id, &principal.issuer, &principal.subject) == SessionCheck::Unknown => {
+            return (StatusCode::NOT_FOUND, axum::Json(json!({"error": "session not found"}))).into_response();
         }
+        Some(_) => {}
         None if method == Method::POST && !state.sessions.has_capacity() => {
-            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"}))).into_response();
+            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"})))
+                .into_response();
         }
         None => {}
     }
@@ -206,7 +210,8 @@ mod tests {
 
     #[test]
     fn scopes_follow_the_method_and_tool() {
-        let call = |name: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}"}}}}"#);
+        let call =
+            |name: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}"}}}}"#);
         assert_eq!(required_scopes(call("create_payment").as_bytes()), vec!["payments:create"]);
         assert_eq!(required_scopes(call("check_ledger_integrity").as_bytes()), vec!["payments:admin"]);
         assert!(required_scopes(call("no_such_tool").as_bytes()).is_empty());

@@ -70,8 +70,6 @@ fn caller_from(ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
     }
 }
 
-type ToolResult<T> = Result<Json<T>, CallToolResult>;
-
 fn fail(caller: &Caller, e: AgentError) -> CallToolResult {
     CallToolResult::structured_error(e.envelope(&caller.correlation_id))
 }
@@ -106,7 +104,7 @@ impl PaygateMcp {
         input_schema = schema_for_type::<AccountArgs>(),
         annotations(title = "Get balance", read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_balance(&self, caller: Caller, args: JsonObject) -> ToolResult<BalanceView> {
+    async fn get_balance(&self, caller: Caller, args: JsonObject) -> Result<Json<BalanceView>, CallToolResult> {
         let a: AccountArgs = parse(&caller, args)?;
         let b = self.gateway.get_balance(&caller, &a.account_id).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(b.into()))
@@ -118,7 +116,7 @@ impl PaygateMcp {
         input_schema = schema_for_type::<PaymentIdArgs>(),
         annotations(title = "Get payment", read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_payment(&self, caller: Caller, args: JsonObject) -> ToolResult<PaymentView> {
+    async fn get_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentView>, CallToolResult> {
         let a: PaymentIdArgs = parse(&caller, args)?;
         let p = self.gateway.get_payment(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
         Ok(Json((&p).into()))
@@ -130,10 +128,13 @@ impl PaygateMcp {
         input_schema = schema_for_type::<ListPaymentsArgs>(),
         annotations(title = "List payments", read_only_hint = true, open_world_hint = false)
     )]
-    async fn list_payments(&self, caller: Caller, args: JsonObject) -> ToolResult<PaymentList> {
+    async fn list_payments(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentList>, CallToolResult> {
         let a: ListPaymentsArgs = parse(&caller, args)?;
         let page = self.gateway.list_payments(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(PaymentList { payments: page.items.iter().map(Into::into).collect(), next_cursor: cursor(page.next_cursor) }))
+        Ok(Json(PaymentList {
+            payments: page.items.iter().map(Into::into).collect(),
+            next_cursor: cursor(page.next_cursor),
+        }))
     }
 
     #[tool(
@@ -142,7 +143,11 @@ impl PaygateMcp {
         input_schema = schema_for_type::<AccountLedgerArgs>(),
         annotations(title = "Account ledger", read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_account_ledger(&self, caller: Caller, args: JsonObject) -> ToolResult<AccountLedger> {
+    async fn get_account_ledger(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<AccountLedger>, CallToolResult> {
         let a: AccountLedgerArgs = parse(&caller, args)?;
         let account_id = a.account_id.clone();
         let page = self.gateway.get_account_ledger(&caller, a).await.map_err(|e| fail(&caller, e))?;
@@ -166,7 +171,7 @@ impl PaygateMcp {
             open_world_hint = false
         )
     )]
-    async fn create_payment(&self, caller: Caller, args: JsonObject) -> ToolResult<PaymentResult> {
+    async fn create_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
         let a: CreatePaymentArgs = parse(&caller, args)?;
         let done = self.gateway.create_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
@@ -184,7 +189,7 @@ impl PaygateMcp {
             open_world_hint = false
         )
     )]
-    async fn refund_payment(&self, caller: Caller, args: JsonObject) -> ToolResult<PaymentResult> {
+    async fn refund_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
         let a: RefundPaymentArgs = parse(&caller, args)?;
         let done = self.gateway.refund_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
@@ -197,7 +202,11 @@ impl PaygateMcp {
         input_schema = schema_for_type::<NoArgs>(),
         annotations(title = "Check ledger integrity", read_only_hint = true, open_world_hint = false)
     )]
-    async fn check_ledger_integrity(&self, caller: Caller, args: JsonObject) -> ToolResult<IntegrityView> {
+    async fn check_ledger_integrity(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<IntegrityView>, CallToolResult> {
         let _: NoArgs = parse(&caller, args)?;
         let r = self.gateway.check_ledger_integrity(&caller).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(r.into()))
@@ -276,7 +285,8 @@ impl ServerHandler for PaygateMcp {
             })
         } else if let Some(id) = uri.strip_prefix(PAYMENT_URI_PREFIX) {
             let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, e))?;
-            serde_json::to_value(PaymentView::from(&payment)).map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+            serde_json::to_value(PaymentView::from(&payment))
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
         } else {
             return Err(ErrorData::resource_not_found(format!("no resource {uri}"), None));
         };

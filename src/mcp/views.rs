@@ -137,7 +137,11 @@ impl From<IntegrityReport> for IntegrityView {
             ok: r.ok,
             accounts_checked: r.accounts_checked,
             postings_checked: r.postings_checked,
-            currency_sums: r.currency_sums.into_iter().map(|(currency, sum_minor)| CurrencySum { currency, sum_minor }).collect(),
+            currency_sums: r
+                .currency_sums
+                .into_iter()
+                .map(|(currency, sum_minor)| CurrencySum { currency, sum_minor })
+                .collect(),
             problems: r.problems,
         }
     }

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{
-    Balance, BackendError, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
+    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
 use crate::clock::UnixSecs;
 use crate::ids::{AccountId, ApprovalId, PaymentId};

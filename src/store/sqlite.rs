@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{AccountSeed, ApprovalRecord, AuditRecord, NewIdempotencyRecord, Reservation, Store, StoreError};
 use crate::backend::{
-    Balance, BackendError, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
+    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
     RefundRequest, TransferRequest,
 };
 use crate::clock::UnixSecs;
@@ -278,8 +278,9 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
         tx.commit().map_err(db)?;
         return Ok(existing);
     }
-    let original =
-        load_payment(&tx, req.payment_id.as_str()).map_err(db)?.ok_or(BackendError::PaymentNotFound(req.payment_id.clone()))?;
+    let original = load_payment(&tx, req.payment_id.as_str())
+        .map_err(db)?
+        .ok_or(BackendError::PaymentNotFound(req.payment_id.clone()))?;
     let remaining = original.refundable_minor();
     if original.kind != PaymentKind::Payment || original.status != PaymentStatus::Succeeded || remaining == 0 {
         return Err(BackendError::NotRefundable(original.id.clone()));
@@ -321,7 +322,8 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
     )
     .map_err(db)?;
     let desc = format!("refund {} of {}", refund.id, original.id);
-    post(&tx, Some(refund.id.as_str()), refund.from_account.as_str(), -amount, refund.currency, &desc, now).map_err(db)?;
+    post(&tx, Some(refund.id.as_str()), refund.from_account.as_str(), -amount, refund.currency, &desc, now)
+        .map_err(db)?;
     post(&tx, Some(refund.id.as_str()), refund.to_account.as_str(), amount, refund.currency, &desc, now).map_err(db)?;
     complete_in_tx(&tx, &req.idempotency_key, &refund).map_err(db)?;
     tx.commit().map_err(db)?;
@@ -494,8 +496,12 @@ impl Store for SqliteStore {
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
         let id = id.clone();
         self.run(move |c| {
-            Ok(c.query_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), [id.as_str()], approval_from_row)
-                .optional()?)
+            Ok(c.query_row(
+                &format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"),
+                [id.as_str()],
+                approval_from_row,
+            )
+            .optional()?)
         })
         .await
     }
@@ -658,7 +664,9 @@ impl Store for SqliteStore {
                 let cur: String = r.get(3)?;
                 Ok(LedgerEntry {
                     seq: r.get(0)?,
-                    payment_id: pid.map(|p| PaymentId::parse(&p).map_err(|_| corrupt("postings.payment_id"))).transpose()?,
+                    payment_id: pid
+                        .map(|p| PaymentId::parse(&p).map_err(|_| corrupt("postings.payment_id")))
+                        .transpose()?,
                     amount_minor: r.get(2)?,
                     currency: Currency::parse(&cur).map_err(|_| corrupt("postings.currency"))?,
                     balance_after_minor: r.get(4)?,
@@ -699,7 +707,8 @@ impl Store for SqliteStore {
                     "SELECT a.id, a.balance_minor, COALESCE(SUM(p.amount_minor), 0)
                      FROM accounts a LEFT JOIN postings p ON p.account_id = a.id GROUP BY a.id",
                 )?;
-                let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
+                let rows =
+                    stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
                 for row in rows {
                     let (id, balance, sum) = row?;
                     if balance != sum {

@@ -36,6 +36,7 @@ impl Write for LogWriter {
 
 /// Install (once) a debug-level subscriber that captures every log line of this test binary.
 pub fn capture_logs() -> Arc<Mutex<Vec<u8>>> {
+    paygate::install_crypto_provider();
     LOGS.get_or_init(|| {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = LogWriter(buf.clone());
