@@ -160,7 +160,9 @@ impl Config {
             merge(&mut root, overlay);
         }
         for (name, value) in env {
-            let Some(rest) = name.strip_prefix(ENV_PREFIX) else { continue };
+            // Only PAYGATE_<SECTION>__<KEY> names config; PAYGATE_LOG, PAYGATE_CONFIG and
+            // PAYGATE_TEST_* belong to others.
+            let Some(rest) = name.strip_prefix(ENV_PREFIX).filter(|r| r.contains("__")) else { continue };
             let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
             if path.len() != 2 || path.iter().any(String::is_empty) {
                 return Err(ConfigError::UnknownEnv(name));
@@ -311,6 +313,8 @@ mod tests {
                 ("PAYGATE_SERVER__ALLOWED_ORIGINS", r#"["https://a.example"]"#),
                 ("PAYGATE_IDEMPOTENCY__LEASE_SECS", "5"),
                 ("OTHER", "x"),
+                ("PAYGATE_LOG", "debug"),
+                ("PAYGATE_TEST_DATABASE_URL", "postgres://x"),
             ]),
         )
         .unwrap();

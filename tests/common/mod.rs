@@ -157,6 +157,7 @@ pub async fn connect(url: &str, token: &str, era: Era) -> Client {
 }
 
 pub async fn try_connect(url: &str, token: &str, era: Era) -> Result<Client, rmcp::service::ClientInitializeError> {
+    paygate::install_crypto_provider();
     let transport = StreamableHttpClientTransport::from_config(transport_config(url, token));
     let mode = match era {
         Era::Legacy => ClientLifecycleMode::Initialize,
