@@ -53,6 +53,7 @@ async fn sixty_four_concurrent_identical_calls_pay_once() {
     let audit = app.audit("dev-agent").await;
     assert_eq!(audit.iter().filter(|a| a.decision == "allowed").count(), 1);
     assert_eq!(audit.iter().filter(|a| a.decision == "replayed").count(), 63);
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -76,6 +77,7 @@ async fn a_retry_after_restart_replays_instead_of_paying_again() {
         assert_eq!(balance(&c, "acct-B").await, "100.00");
     }
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -102,6 +104,7 @@ async fn changed_arguments_conflict_and_move_nothing() {
     assert_eq!(audit.iter().filter(|a| a.decision == "conflict").count(), 3);
     assert!(audit.iter().all(|a| a.correlation_id.starts_with("corr_")));
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -134,6 +137,7 @@ async fn over_the_limit_needs_approval_and_moves_nothing() {
     assert_eq!(approvals.len(), 2);
     assert!(approvals.iter().all(|a| a.approval_id.as_deref() == Some(approval_id.as_str())));
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -156,6 +160,7 @@ async fn disallowed_accounts_are_refused() {
     assert_eq!(audit.iter().filter(|a| a.code.as_deref() == Some("ACCOUNT_NOT_ALLOWED")).count(), 3);
     assert_eq!(app.audit("stranger").await[0].decision, "denied");
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -183,6 +188,7 @@ async fn insufficient_funds_is_this_operations_outcome_for_good() {
         2
     );
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -216,5 +222,6 @@ async fn refunds_are_exactly_once_and_bounded() {
         .await;
     assert!(denied.is_err(), "refund without payments:refund is refused at the HTTP layer");
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }

@@ -58,6 +58,7 @@ async fn tools_list_is_the_contract_in_both_eras() {
         );
         client.cancel().await.unwrap();
     }
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -173,6 +174,7 @@ async fn every_tool_resource_and_prompt_works_in_both_eras() {
         c.cancel().await.unwrap();
     }
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }
 
@@ -210,5 +212,6 @@ async fn bad_input_gets_a_typed_error_and_changes_nothing() {
     let r = call(&c, "get_payment", json!({"payment_id": "pay_doesnotexist"})).await;
     assert_eq!(code(&r), "NOT_FOUND");
     app.assert_integrity().await;
+    app.assert_secrets_not_logged();
     app.stop().await;
 }

@@ -72,6 +72,8 @@ pub struct TestApp {
     pub running: Running,
     pub url: String,
     pub data_dir: PathBuf,
+    /// Every token this app minted for the test, for the log-leak check.
+    minted: Mutex<Vec<String>>,
 }
 
 pub fn config_for(dir: &Path, overrides: &[(&str, &str)]) -> Config {
@@ -99,13 +101,15 @@ pub async fn spawn_with_clock(dir: &Path, overrides: &[(&str, &str)], clock: Arc
     capture_logs();
     let running = paygate::app::start(config_for(dir, overrides), clock).await.expect("paygate starts");
     let url = running.mcp_url();
-    TestApp { running, url, data_dir: dir.to_path_buf() }
+    TestApp { running, url, data_dir: dir.to_path_buf(), minted: Mutex::new(Vec::new()) }
 }
 
 impl TestApp {
     /// A dev-key token for `sub` with `scope`.
     pub fn token(&self, sub: &str, scope: &str) -> String {
-        self.running.mint_token(sub, scope, 3600).expect("dev key enabled")
+        let t = self.running.mint_token(sub, scope, 3600).expect("dev key enabled");
+        self.minted.lock().unwrap().push(t.clone());
+        t
     }
 
     /// The demo agent with every agent scope.
@@ -199,4 +203,28 @@ pub fn code(r: &CallToolResult) -> String {
 pub async fn balance(client: &Client, account: &str) -> String {
     let r = call(client, "get_balance", serde_json::json!({"account_id": account})).await;
     ok(&r)["balance"].as_str().unwrap().to_string()
+}
+
+/// Invariant 7: none of these (tokens, keys) appears in anything the server logged.
+pub fn assert_not_logged(secrets: &[&str]) {
+    let logs = logs_text();
+    assert!(!logs.is_empty(), "log capture is working");
+    for s in secrets {
+        assert!(s.len() >= 16, "checking a real secret");
+        assert!(!logs.contains(s), "a secret appeared in the logs");
+    }
+}
+
+impl TestApp {
+    /// Invariant 7 for this app: no token it minted and not its dev key appears in the logs.
+    pub fn assert_secrets_not_logged(&self) {
+        let mut secrets = self.minted.lock().unwrap().clone();
+        secrets.push(self.dev_key_text());
+        assert_not_logged(&secrets.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+
+    /// The dev signing key as the server keeps it (for forging tokens in negative tests).
+    pub fn dev_key_text(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("dev-signing.key")).unwrap().trim().to_string()
+    }
 }
