@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::gateway::{Gateway, GatewayLimits};
 use crate::http::{self, AppState, RouterConfig, SessionBindings};
 use crate::idempotency::KeyDeriver;
+use crate::mandate::MandateKeys;
 use crate::money::{Currency, parse_minor};
 use crate::policy::Profiles;
 use crate::store::sqlite::SqliteStore;
@@ -25,6 +26,8 @@ use crate::store::{AccountSeed, Store};
 
 /// How often expired idempotency records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(600);
+/// How often idle rate-limiter keys are forgotten (keeps limiter memory bounded).
+const EVICT_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -199,15 +202,48 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     }
 
     let backend = Arc::new(LedgerBackend::new(store.clone(), clock.clone()));
+    let mandate_secret = match &config.mandates.secret {
+        Some(s) => s.clone(),
+        None => {
+            let path = data_dir.join("mandate.key");
+            load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })?
+        }
+    };
+    let mandate_keys =
+        Arc::new(MandateKeys::new(config.mandates.key_id.clone(), &mandate_secret).map_err(StartError::Auth)?);
     let limits = GatewayLimits {
+        public_url: public_url.clone(),
         idempotency_retention_secs: config.idempotency.retention_secs,
         idempotency_lease_secs: config.idempotency.lease_secs,
         idempotency_wait: Duration::from_millis(config.idempotency.wait_ms_max as u64),
         approval_ttl_secs: config.approvals.ttl_secs,
+        reviewers_required: config.approvals.reviewers_required,
+        high_risk_reviewers: config.approvals.high_risk_reviewers,
+        high_risk_amount_minor: config
+            .approvals
+            .high_risk_amount
+            .iter()
+            .filter_map(|(c, a)| {
+                let c = Currency::parse(c).ok()?;
+                Some((c, parse_minor(a, c).ok()?))
+            })
+            .collect(),
+        mandate_ttl_secs: config.mandates.ttl_secs,
+        open_mandate_valid_max_secs: config.mandates.open_valid_max_secs,
+        stop_denials_max: config.stop_rules.denials_max,
+        stop_window_secs: config.stop_rules.window_secs,
+        approval_required_tools: config.tools.approval_required.clone(),
         list_limit_max: config.limits.list_limit_max as u32,
         list_limit_default: config.limits.list_limit_default as u32,
     };
-    let gateway = Arc::new(Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), limits));
+    let gateway = Arc::new(Gateway::new(
+        store.clone(),
+        backend,
+        clock.clone(),
+        KeyDeriver::new(idem_secret),
+        mandate_keys,
+        limits,
+    ));
 
     let public_origin = public_url.trim_end_matches('/').to_string();
     let mut allowed_origins = vec![public_origin];
@@ -218,8 +254,12 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         allowed_hosts.push(h.to_string());
     }
 
+    let state_gateway = gateway.clone();
+    let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
     let state = AppState {
         gateway,
+        route_limits: route_limits.clone(),
+        routes_per_minute: config.approvals.routes_per_minute as u32,
         verifier: Arc::new(verifier),
         profiles: Arc::new(Profiles::from_config(&config.policy)),
         sessions: Arc::new(SessionBindings::new(
@@ -240,18 +280,26 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
             session_idle: Duration::from_secs(config.server.session_idle_secs as u64),
             allowed_hosts,
             shutdown: shutdown.clone(),
+            disabled_tools: config.tools.disabled.clone(),
         },
     );
 
     let purge_store = store.clone();
     let purge_clock = clock.clone();
     let purge_stop = shutdown.clone();
+    let purge_gateway = state_gateway.clone();
+    let purge_routes = route_limits.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(PURGE_INTERVAL);
+        let mut purge = tokio::time::interval(PURGE_INTERVAL);
+        let mut evict = tokio::time::interval(EVICT_INTERVAL);
         loop {
             tokio::select! {
                 _ = purge_stop.cancelled() => break,
-                _ = tick.tick() => match purge_store.idem_purge(purge_clock.now()).await {
+                _ = evict.tick() => {
+                    purge_gateway.evict_idle_limits();
+                    purge_routes.evict_idle();
+                }
+                _ = purge.tick() => match purge_store.idem_purge(purge_clock.now()).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(idempotency.purged = n, "purged expired idempotency records"),
                     Err(error) => tracing::warn!(%error, "idempotency purge failed"),

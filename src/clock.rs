@@ -9,6 +9,8 @@ pub type UnixSecs = i64;
 
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> UnixSecs;
+    /// A monotonic reading in milliseconds, for rate limiters.
+    fn monotonic_millis(&self) -> u64;
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -17,6 +19,10 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> UnixSecs {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    }
+    fn monotonic_millis(&self) -> u64 {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
     }
 }
 
@@ -39,6 +45,9 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> UnixSecs {
         self.0.load(Ordering::SeqCst)
+    }
+    fn monotonic_millis(&self) -> u64 {
+        (self.0.load(Ordering::SeqCst).max(0) as u64).saturating_mul(1000)
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Config {
     pub dev: DevConfig,
     pub idempotency: IdempotencyConfig,
     pub approvals: ApprovalsConfig,
+    pub mandates: MandatesConfig,
+    pub stop_rules: StopRulesConfig,
+    pub tools: ToolsConfig,
     pub limits: LimitsConfig,
     pub policy: PolicyConfig,
     pub ledger: LedgerConfig,
@@ -100,6 +103,35 @@ pub struct IdempotencyConfig {
 #[serde(deny_unknown_fields)]
 pub struct ApprovalsConfig {
     pub ttl_secs: i64,
+    pub reviewers_required: i64,
+    pub high_risk_reviewers: i64,
+    pub high_risk_amount: BTreeMap<String, String>,
+    pub routes_per_minute: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MandatesConfig {
+    pub key_id: String,
+    pub ttl_secs: i64,
+    pub open_valid_max_secs: i64,
+    /// HMAC key (base64). Normally absent: generated into data_dir. Never logged.
+    #[serde(default)]
+    pub secret: Option<crate::auth::Secret>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopRulesConfig {
+    pub denials_max: i64,
+    pub window_secs: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsConfig {
+    pub disabled: Vec<String>,
+    pub approval_required: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -128,6 +160,23 @@ pub struct ProfileConfig {
     pub allowed_accounts: Vec<String>,
     #[serde(default)]
     pub autonomous_limit: BTreeMap<String, String>,
+    #[serde(default)]
+    pub daily_limit: BTreeMap<String, String>,
+    #[serde(default = "default_daily_payments_max")]
+    pub daily_payments_max: i64,
+    #[serde(default = "default_calls_per_minute")]
+    pub calls_per_minute: i64,
+    #[serde(default)]
+    pub tool_calls_per_minute: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub issuer: String,
+}
+
+fn default_daily_payments_max() -> i64 {
+    100
+}
+fn default_calls_per_minute() -> i64 {
+    120
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -196,7 +245,30 @@ impl Config {
         range("idempotency.retention_secs", i.retention_secs, 3600, 31_536_000)?;
         range("idempotency.lease_secs", i.lease_secs, 1, 3600)?;
         range("idempotency.wait_ms_max", i.wait_ms_max, 0, 60_000)?;
-        range("approvals.ttl_secs", self.approvals.ttl_secs, 60, 2_592_000)?;
+        let ap = &self.approvals;
+        range("approvals.ttl_secs", ap.ttl_secs, 60, 2_592_000)?;
+        range("approvals.reviewers_required", ap.reviewers_required, 1, 10)?;
+        range("approvals.high_risk_reviewers", ap.high_risk_reviewers, ap.reviewers_required, 10)?;
+        range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
+        money_map("approvals.high_risk_amount", &ap.high_risk_amount)?;
+        let m = &self.mandates;
+        range("mandates.ttl_secs", m.ttl_secs, 60, 604_800)?;
+        range("mandates.open_valid_max_secs", m.open_valid_max_secs, 60, 31_536_000)?;
+        if m.key_id.is_empty() || m.key_id.len() > 64 {
+            return Err(ConfigError::Invalid("mandates.key_id must be 1-64 characters".into()));
+        }
+        range("stop_rules.denials_max", self.stop_rules.denials_max, 1, 10_000)?;
+        range("stop_rules.window_secs", self.stop_rules.window_secs, 10, 86_400)?;
+        for t in self.tools.disabled.iter().chain(&self.tools.approval_required) {
+            if crate::policy::scope_for_tool(t).is_none() {
+                return Err(ConfigError::Invalid(format!("tools: no tool named {t:?}")));
+            }
+        }
+        for t in &self.tools.approval_required {
+            if !crate::policy::MONEY_TOOLS.contains(&t.as_str()) {
+                return Err(ConfigError::Invalid(format!("tools.approval_required: {t:?} moves no money")));
+            }
+        }
         range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
         range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
         if !a.dev_key_enabled && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
@@ -230,9 +302,21 @@ impl Config {
                 crate::ids::AccountId::parse(acct)
                     .map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
             }
-            for (cur, amount) in &p.autonomous_limit {
-                let c = Currency::parse(cur).map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
-                parse_minor(amount, c).map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
+            money_map("policy.profiles.autonomous_limit", &p.autonomous_limit)?;
+            money_map("policy.profiles.daily_limit", &p.daily_limit)?;
+            if let Some(cur) = p.autonomous_limit.keys().find(|c| !p.daily_limit.contains_key(*c)) {
+                return Err(ConfigError::Invalid(format!(
+                    "profile {:?}: {cur} has an autonomous_limit but no daily_limit",
+                    p.name
+                )));
+            }
+            range("policy.profiles.daily_payments_max", p.daily_payments_max, 1, 1_000_000)?;
+            range("policy.profiles.calls_per_minute", p.calls_per_minute, 1, 100_000)?;
+            for (tool, n) in &p.tool_calls_per_minute {
+                if crate::policy::scope_for_tool(tool).is_none() {
+                    return Err(ConfigError::Invalid(format!("profile {:?}: no tool named {tool:?}", p.name)));
+                }
+                range("policy.profiles.tool_calls_per_minute", *n, 1, 100_000)?;
             }
         }
         if !names.contains(self.policy.default_profile.as_str()) {
@@ -250,6 +334,14 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn money_map(key: &str, map: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for (cur, amount) in map {
+        let c = Currency::parse(cur).map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))?;
+        parse_minor(amount, c).map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))?;
+    }
+    Ok(())
 }
 
 fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), ConfigError> {

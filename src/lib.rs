@@ -20,3 +20,5 @@ pub mod store;
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+pub mod mandate;
+pub mod rate;

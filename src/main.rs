@@ -33,6 +33,20 @@ enum Command {
     },
     /// Print every tool with the scope it needs and its annotations.
     Tools,
+    /// Work with mandates signed by this gateway.
+    Mandate {
+        #[command(subcommand)]
+        command: MandateCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum MandateCommand {
+    /// Verify a mandate (signature, key id, shape, expiry) and print its claims, or why it fails.
+    Verify {
+        /// The compact JWS.
+        jws: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,6 +64,40 @@ fn main() -> ExitCode {
         Command::Tools => {
             tools();
             ExitCode::SUCCESS
+        }
+        Command::Mandate { command: MandateCommand::Verify { jws } } => verify_mandate(&config, &jws),
+    }
+}
+
+fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
+    let secret = match &config.mandates.secret {
+        Some(s) => s.clone(),
+        None => {
+            let path = config.storage.data_dir.join("mandate.key");
+            match std::fs::read_to_string(&path) {
+                Ok(t) => paygate::auth::Secret::new(t.trim().to_string()),
+                Err(e) => {
+                    eprintln!("paygate: no mandate key ({}): {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let keys = match paygate::mandate::MandateKeys::new(config.mandates.key_id.clone(), &secret) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match keys.verify(jws.trim(), SystemClock.now()) {
+        Ok(claims) => {
+            println!("{}", serde_json::to_string_pretty(&claims).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("invalid: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -19,7 +19,11 @@ pub const TOOL_SCOPES: &[(&str, &str)] = &[
     ("create_payment", scopes::CREATE),
     ("refund_payment", scopes::REFUND),
     ("check_ledger_integrity", scopes::ADMIN),
+    ("get_approval", scopes::READ),
 ];
+
+/// Tools that move money: governed by budgets, stop rules and approvals.
+pub const MONEY_TOOLS: &[&str] = &["create_payment", "refund_payment"];
 
 /// Scope needed to read resources and prompts.
 pub const READ_SCOPE: &str = scopes::READ;
@@ -28,13 +32,21 @@ pub fn scope_for_tool(tool: &str) -> Option<&'static str> {
     TOOL_SCOPES.iter().find(|(t, _)| *t == tool).map(|(_, s)| *s)
 }
 
-/// What an agent may do without a human: its accounts and per-payment autonomous limits.
+/// What an agent may do without a human: its accounts, per-payment autonomous limits, daily
+/// budgets and call quotas.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
     pub name: String,
+    /// When set, the profile applies only to tokens from this issuer.
+    pub issuer: Option<String>,
     pub allowed_accounts: Vec<AccountId>,
     /// Per currency, in minor units. A currency not present: every payment in it needs approval.
     pub autonomous_limit_minor: HashMap<Currency, i64>,
+    /// Per currency, in minor units per UTC day.
+    pub daily_limit_minor: HashMap<Currency, i64>,
+    pub daily_payments_max: i64,
+    pub calls_per_minute: u32,
+    pub tool_calls_per_minute: HashMap<String, u32>,
 }
 
 impl Profile {
@@ -49,9 +61,18 @@ impl Profile {
 /// Profiles by subject and by client id, with a default for everyone else.
 #[derive(Debug, Clone)]
 pub struct Profiles {
-    by_subject: HashMap<String, Arc<Profile>>,
-    by_client: HashMap<String, Arc<Profile>>,
+    by_subject: HashMap<String, Vec<Arc<Profile>>>,
+    by_client: HashMap<String, Vec<Arc<Profile>>>,
     default: Arc<Profile>,
+}
+
+fn money_map(map: &std::collections::BTreeMap<String, String>) -> HashMap<Currency, i64> {
+    map.iter()
+        .filter_map(|(c, a)| {
+            let c = Currency::parse(c).ok()?;
+            Some((c, parse_minor(a, c).ok()?))
+        })
+        .collect()
 }
 
 impl Profiles {
@@ -63,38 +84,55 @@ impl Profiles {
         for p in &cfg.profiles {
             let profile = Arc::new(Profile {
                 name: p.name.clone(),
+                issuer: (!p.issuer.is_empty()).then(|| p.issuer.clone()),
                 allowed_accounts: p.allowed_accounts.iter().filter_map(|a| AccountId::parse(a).ok()).collect(),
-                autonomous_limit_minor: p
-                    .autonomous_limit
+                autonomous_limit_minor: money_map(&p.autonomous_limit),
+                daily_limit_minor: money_map(&p.daily_limit),
+                daily_payments_max: p.daily_payments_max,
+                calls_per_minute: p.calls_per_minute.clamp(1, u32::MAX as i64) as u32,
+                tool_calls_per_minute: p
+                    .tool_calls_per_minute
                     .iter()
-                    .filter_map(|(c, a)| {
-                        let c = Currency::parse(c).ok()?;
-                        Some((c, parse_minor(a, c).ok()?))
-                    })
+                    .map(|(t, n)| (t.clone(), (*n).clamp(1, u32::MAX as i64) as u32))
                     .collect(),
             });
             for s in &p.subjects {
-                by_subject.insert(s.clone(), profile.clone());
+                by_subject.entry(s.clone()).or_insert_with(Vec::new).push(profile.clone());
             }
             for c in &p.client_ids {
-                by_client.insert(c.clone(), profile.clone());
+                by_client.entry(c.clone()).or_insert_with(Vec::new).push(profile.clone());
             }
             if p.name == cfg.default_profile {
                 default = Some(profile);
             }
         }
         let default = default.unwrap_or_else(|| {
-            Arc::new(Profile { name: "none".into(), allowed_accounts: vec![], autonomous_limit_minor: HashMap::new() })
+            Arc::new(Profile {
+                name: "none".into(),
+                issuer: None,
+                allowed_accounts: vec![],
+                autonomous_limit_minor: HashMap::new(),
+                daily_limit_minor: HashMap::new(),
+                daily_payments_max: 1,
+                calls_per_minute: 1,
+                tool_calls_per_minute: HashMap::new(),
+            })
         });
         Profiles { by_subject, by_client, default }
     }
 
-    /// Subject first (most specific), then client id, then the default.
-    pub fn resolve(&self, subject: &str, client_id: Option<&str>) -> Arc<Profile> {
-        self.by_subject
-            .get(subject)
-            .or_else(|| client_id.and_then(|c| self.by_client.get(c)))
-            .cloned()
+    /// Subject first (most specific), then client id, then the default. A profile bound to an
+    /// issuer matches only that issuer's tokens, and wins over an unbound one.
+    pub fn resolve(&self, issuer: &str, subject: &str, client_id: Option<&str>) -> Arc<Profile> {
+        let pick = |list: Option<&Vec<Arc<Profile>>>| -> Option<Arc<Profile>> {
+            let list = list?;
+            list.iter()
+                .find(|p| p.issuer.as_deref() == Some(issuer))
+                .or_else(|| list.iter().find(|p| p.issuer.is_none()))
+                .cloned()
+        };
+        pick(self.by_subject.get(subject))
+            .or_else(|| client_id.and_then(|c| pick(self.by_client.get(c))))
             .unwrap_or_else(|| self.default.clone())
     }
 }
@@ -141,21 +179,17 @@ fn within_limit(profile: &Profile, amount: Money) -> Decision {
     }
 }
 
-/// May this principal move `amount` from `from` to `to` on its own?
+/// May this principal move `amount` from `from` to `to` on its own? `force_approval` is tool
+/// governance: every call of this tool needs a human.
 pub fn decide_transfer(
     has_scope: impl Fn(&str) -> bool,
     profile: &Profile,
     from: &AccountId,
     to: &AccountId,
     amount: Money,
+    force_approval: bool,
 ) -> Decision {
-    if let Err(e) = require_scope(&[scopes::CREATE], &has_scope, "create_payment") {
-        return Decision::Deny(e);
-    }
-    if let Err(e) = require_accounts(profile, &[from, to]) {
-        return Decision::Deny(e);
-    }
-    within_limit(profile, amount)
+    decide(&has_scope, profile, scopes::CREATE, "create_payment", [from, to], amount, force_approval)
 }
 
 /// May this principal refund `amount` of a payment between `payer` and `payee`?
@@ -165,12 +199,28 @@ pub fn decide_refund(
     payer: &AccountId,
     payee: &AccountId,
     amount: Money,
+    force_approval: bool,
 ) -> Decision {
-    if let Err(e) = require_scope(&[scopes::REFUND], &has_scope, "refund_payment") {
+    decide(&has_scope, profile, scopes::REFUND, "refund_payment", [payer, payee], amount, force_approval)
+}
+
+fn decide(
+    has_scope: &impl Fn(&str) -> bool,
+    profile: &Profile,
+    scope: &str,
+    tool: &str,
+    accounts: [&AccountId; 2],
+    amount: Money,
+    force_approval: bool,
+) -> Decision {
+    if let Err(e) = require_scope(&[scope], has_scope, tool) {
         return Decision::Deny(e);
     }
-    if let Err(e) = require_accounts(profile, &[payer, payee]) {
+    if let Err(e) = require_accounts(profile, &accounts) {
         return Decision::Deny(e);
+    }
+    if force_approval {
+        return Decision::RequireApproval { reason: format!("every {tool} call needs a human approval") };
     }
     within_limit(profile, amount)
 }
@@ -194,8 +244,13 @@ mod tests {
     fn profile() -> Profile {
         Profile {
             name: "p".into(),
+            issuer: None,
             allowed_accounts: vec![acct("acct-A"), acct("acct-B")],
             autonomous_limit_minor: [(Currency::parse("KES").unwrap(), 100_000)].into_iter().collect(),
+            daily_limit_minor: HashMap::new(),
+            daily_payments_max: 10,
+            calls_per_minute: 10,
+            tool_calls_per_minute: HashMap::new(),
         }
     }
     fn code(d: &Decision) -> Option<ErrorCode> {
@@ -211,12 +266,12 @@ mod tests {
         let none = |_: &str| false;
         let p = profile();
         let cases: Vec<(Decision, &str)> = vec![
-            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-B"), kes("1000.00")), "allow"),
-            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-B"), kes("0.01")), "allow"),
-            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-B"), kes("1000.01")), "approval"),
-            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-Z"), kes("1.00")), "ACCOUNT_NOT_ALLOWED"),
-            (decide_transfer(all, &p, &acct("acct-Z"), &acct("acct-A"), kes("1.00")), "ACCOUNT_NOT_ALLOWED"),
-            (decide_transfer(none, &p, &acct("acct-A"), &acct("acct-B"), kes("1.00")), "INSUFFICIENT_SCOPE"),
+            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-B"), kes("1000.00"), false), "allow"),
+            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-B"), kes("0.01"), false), "allow"),
+            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-B"), kes("1000.01"), false), "approval"),
+            (decide_transfer(all, &p, &acct("acct-A"), &acct("acct-Z"), kes("1.00"), false), "ACCOUNT_NOT_ALLOWED"),
+            (decide_transfer(all, &p, &acct("acct-Z"), &acct("acct-A"), kes("1.00"), false), "ACCOUNT_NOT_ALLOWED"),
+            (decide_transfer(none, &p, &acct("acct-A"), &acct("acct-B"), kes("1.00"), false), "INSUFFICIENT_SCOPE"),
             (
                 decide_transfer(
                     all,
@@ -224,6 +279,7 @@ mod tests {
                     &acct("acct-A"),
                     &acct("acct-B"),
                     Money::parse("1", Currency::parse("USD").unwrap()).unwrap(),
+                    false,
                 ),
                 "approval",
             ),
@@ -243,10 +299,17 @@ mod tests {
         let p = profile();
         let only_read = |s: &str| s == scopes::READ;
         assert_eq!(
-            code(&decide_refund(only_read, &p, &acct("acct-A"), &acct("acct-B"), kes("1"))),
+            code(&decide_refund(only_read, &p, &acct("acct-A"), &acct("acct-B"), kes("1"), false)),
             Some(ErrorCode::InsufficientScope)
         );
-        assert_eq!(decide_refund(|_: &str| true, &p, &acct("acct-A"), &acct("acct-B"), kes("1")), Decision::Allow);
+        assert_eq!(
+            decide_refund(|_: &str| true, &p, &acct("acct-A"), &acct("acct-B"), kes("1"), false),
+            Decision::Allow
+        );
+        assert!(matches!(
+            decide_refund(|_: &str| true, &p, &acct("acct-A"), &acct("acct-B"), kes("1"), true),
+            Decision::RequireApproval { .. }
+        ));
         assert!(check_read(only_read, &p, &acct("acct-A")).is_ok());
         assert_eq!(check_read(only_read, &p, &acct("acct-Z")).unwrap_err().code, ErrorCode::AccountNotAllowed);
     }
@@ -255,8 +318,8 @@ mod tests {
     fn profiles_resolve_subject_then_client_then_default() {
         let cfg = crate::config::Config::load(None, Vec::<(String, String)>::new()).unwrap();
         let profiles = Profiles::from_config(&cfg.policy);
-        assert_eq!(profiles.resolve("dev-agent", None).name, "dev");
-        assert_eq!(profiles.resolve("stranger", Some("nobody")).name, "default");
-        assert!(profiles.resolve("stranger", None).allowed_accounts.is_empty());
+        assert_eq!(profiles.resolve("paygate-dev", "dev-agent", None).name, "dev");
+        assert_eq!(profiles.resolve("paygate-dev", "stranger", Some("nobody")).name, "default");
+        assert!(profiles.resolve("paygate-dev", "stranger", None).allowed_accounts.is_empty());
     }
 }

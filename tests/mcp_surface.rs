@@ -6,10 +6,11 @@ use common::*;
 use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Value, json};
 
-const TOOLS: [&str; 7] = [
+const TOOLS: [&str; 8] = [
     "check_ledger_integrity",
     "create_payment",
     "get_account_ledger",
+    "get_approval",
     "get_balance",
     "get_payment",
     "list_payments",
@@ -37,7 +38,12 @@ async fn tools_list_is_the_contract_in_both_eras() {
             let a = t.annotations.as_ref().unwrap_or_else(|| panic!("{} has annotations", t.name));
             let read_only = matches!(
                 t.name.as_ref(),
-                "get_balance" | "get_payment" | "list_payments" | "get_account_ledger" | "check_ledger_integrity"
+                "get_balance"
+                    | "get_payment"
+                    | "list_payments"
+                    | "get_account_ledger"
+                    | "check_ledger_integrity"
+                    | "get_approval"
             );
             assert_eq!(a.read_only_hint, Some(read_only), "{} read_only", t.name);
             if !read_only {

@@ -123,6 +123,29 @@ pub struct Page<T> {
     pub next_cursor: Option<i64>,
 }
 
+/// A UTC day's autonomous spending cap for one subject, checked where payments commit so
+/// concurrent calls cannot overshoot it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DailyBudget {
+    /// Start of the current UTC day.
+    pub since: UnixSecs,
+    pub max_minor: i64,
+    pub max_payments: i64,
+}
+
+/// A draw on an issued mandate: its uses and spend are checked and recorded with the payment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MandateDraw {
+    pub mandate_id: String,
+}
+
+/// Checks that must hold in the same transaction as the posting.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Guards {
+    pub budget: Option<DailyBudget>,
+    pub mandate: Option<MandateDraw>,
+}
+
 /// Move `amount` from one account to another, exactly once per `idempotency_key`.
 #[derive(Debug, Clone)]
 pub struct TransferRequest {
@@ -133,6 +156,7 @@ pub struct TransferRequest {
     pub amount: Money,
     pub memo: Option<String>,
     pub principal_sub: String,
+    pub guards: Guards,
 }
 
 /// Return (part of) a succeeded payment, exactly once per `idempotency_key`.
@@ -145,6 +169,7 @@ pub struct RefundRequest {
     pub amount_minor: Option<i64>,
     pub reason: Option<String>,
     pub principal_sub: String,
+    pub guards: Guards,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -176,6 +201,10 @@ pub enum BackendError {
     RefundExceedsRemaining { requested: String, remaining: String },
     #[error("this idempotency key was already used for a different operation")]
     IdempotencyKeyReused,
+    #[error("daily budget exceeded: {0}")]
+    BudgetExceeded(String),
+    #[error("mandate cannot be drawn on: {0}")]
+    MandateExhausted(String),
     #[error("backend unavailable: {0}")]
     Unavailable(String),
     #[error("backend outcome unknown: {0}")]

@@ -1,9 +1,16 @@
 //! The operations. Each public method is one agent-visible action: parse → policy → idempotency →
 //! backend → bookkeeping → audit. No MCP or HTTP types here; `mcp` shapes the results.
 
+mod approvals;
 mod payments;
+
+/// Operator-facing approval types for the HTTP layer.
+pub mod approvals_api {
+    pub use super::approvals::OpError;
+}
 mod reads;
 
+pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, ReviewDecision};
 pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs};
 pub use reads::{AccountLedgerArgs, ListPaymentsArgs};
 
@@ -18,6 +25,8 @@ use crate::backend::{BackendError, PaymentBackend};
 use crate::clock::Clock;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::KeyDeriver;
+use crate::mandate::MandateKeys;
+use crate::rate::AgentLimits;
 use crate::store::{AuditRecord, Store};
 
 /// Who is asking and under which correlation id: every operation takes one.
@@ -27,12 +36,24 @@ pub struct Caller {
     pub correlation_id: String,
 }
 
+/// Everything the operations read from config, already parsed and range-checked.
 #[derive(Debug, Clone)]
 pub struct GatewayLimits {
+    /// Base of `approval_url`s.
+    pub public_url: String,
     pub idempotency_retention_secs: i64,
     pub idempotency_lease_secs: i64,
     pub idempotency_wait: Duration,
     pub approval_ttl_secs: i64,
+    pub reviewers_required: i64,
+    pub high_risk_reviewers: i64,
+    pub high_risk_amount_minor: HashMap<crate::money::Currency, i64>,
+    pub mandate_ttl_secs: i64,
+    pub open_mandate_valid_max_secs: i64,
+    pub stop_denials_max: i64,
+    pub stop_window_secs: i64,
+    /// Money tools every call of which needs a human (tool governance).
+    pub approval_required_tools: Vec<String>,
     pub list_limit_max: u32,
     pub list_limit_default: u32,
 }
@@ -42,7 +63,9 @@ pub struct Gateway {
     backend: Arc<dyn PaymentBackend>,
     clock: Arc<dyn Clock>,
     keys: KeyDeriver,
+    mandates: Arc<MandateKeys>,
     limits: GatewayLimits,
+    rate: AgentLimits,
     /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
     /// poll the store, which covers holders in other replicas.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
@@ -79,9 +102,42 @@ impl Gateway {
         backend: Arc<dyn PaymentBackend>,
         clock: Arc<dyn Clock>,
         keys: KeyDeriver,
+        mandates: Arc<MandateKeys>,
         limits: GatewayLimits,
     ) -> Self {
-        Gateway { store, backend, clock, keys, limits, waiters: Mutex::new(HashMap::new()) }
+        let rate = AgentLimits::new(clock.clone());
+        Gateway { store, backend, clock, keys, mandates, limits, rate, waiters: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn mandate_keys(&self) -> &Arc<MandateKeys> {
+        &self.mandates
+    }
+
+    /// Rate limits, checked before any work: `RATE_LIMITED` with the limiter's own wait.
+    pub async fn admit(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
+        let p = &caller.principal;
+        let key = format!("{}\u{0}{}", p.issuer, p.subject);
+        match self.rate.check(&key, &p.profile, tool) {
+            Ok(()) => Ok(()),
+            Err(wait) => {
+                let secs = crate::rate::retry_after_secs(wait);
+                let e = AgentError::new(ErrorCode::RateLimited, format!("too many calls; retry in {secs} s"))
+                    .with_retry_after(secs);
+                let mut d = Decision::new(tool, "rate_limited");
+                d.code = Some(e.code);
+                self.audit(caller, d).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Forget idle rate-limit keys (called periodically).
+    pub fn evict_idle_limits(&self) {
+        self.rate.evict_idle();
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -94,12 +150,16 @@ impl Gateway {
 
     /// Append an audit record. An audit failure is logged, never silently dropped.
     pub(crate) async fn audit(&self, caller: &Caller, d: Decision<'_>) {
+        self.audit_as(&caller.principal.issuer, &caller.principal.subject, &caller.correlation_id, d).await
+    }
+
+    pub(crate) async fn audit_as(&self, issuer: &str, subject: &str, correlation_id: &str, d: Decision<'_>) {
         let rec = AuditRecord {
             seq: 0,
             at: self.clock.now(),
-            correlation_id: caller.correlation_id.clone(),
-            principal_iss: caller.principal.issuer.clone(),
-            principal_sub: caller.principal.subject.clone(),
+            correlation_id: correlation_id.to_string(),
+            principal_iss: issuer.to_string(),
+            principal_sub: subject.to_string(),
             tool: d.tool.to_string(),
             decision: d.decision.to_string(),
             code: d.code.map(|c| c.as_str().to_string()),
@@ -109,7 +169,7 @@ impl Gateway {
             detail: d.detail,
         };
         if let Err(error) = self.store.audit_append(rec).await {
-            tracing::error!(correlation_id = %caller.correlation_id, %error, "audit append failed");
+            tracing::error!(%correlation_id, %error, "audit append failed");
         }
     }
 
@@ -152,6 +212,8 @@ pub(crate) fn map_backend_error(e: &BackendError) -> AgentError {
             AgentError::invalid(e.to_string())
         }
         BackendError::IdempotencyKeyReused => AgentError::new(ErrorCode::IdempotencyConflict, e.to_string()),
+        BackendError::BudgetExceeded(_) => AgentError::new(ErrorCode::BudgetExceeded, e.to_string()),
+        BackendError::MandateExhausted(_) => AgentError::new(ErrorCode::MandateInvalid, e.to_string()),
         BackendError::Unavailable(_) => {
             AgentError::new(ErrorCode::BackendUnavailable, "the payment system is unavailable; nothing moved")
                 .with_retry_after(1)

@@ -11,13 +11,14 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Caller, Decision, Gateway, map_backend_error};
-use crate::backend::{BackendError, Payment, RefundRequest, TransferRequest};
+use crate::backend::{BackendError, DailyBudget, Guards, MandateDraw, Payment, RefundRequest, TransferRequest};
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::{StoredOutcome, fingerprint};
 use crate::ids::{AccountId, ApprovalId, OperationId, PaymentId};
+use crate::mandate::{CallIntent, MandateClaims, MandateKind, authorizes};
 use crate::money::{Currency, Money};
-use crate::policy::{self, Decision as Policy};
-use crate::store::{ApprovalRecord, NewIdempotencyRecord, Reservation};
+use crate::policy::{self, Decision as Policy, Profile};
+use crate::store::{ApprovalRecord, DENIAL_CODES, NewIdempotencyRecord, Reservation};
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
 pub const MEMO_CHARS_MAX: usize = 140;
@@ -83,15 +84,43 @@ fn parse_text(field: &str, value: Option<String>) -> Result<Option<String>, Agen
     }
 }
 
+/// A valid mandate authorizes what policy would send to a human; it never overrides a denial.
+fn authorize(decision: Policy, has_mandate: bool) -> Policy {
+    match decision {
+        Policy::RequireApproval { .. } if has_mandate => Policy::Allow,
+        other => other,
+    }
+}
+
 /// The idempotency key and argument fingerprint of one call.
 struct Idem {
     key: String,
     fingerprint: String,
+    /// What a different fingerprint under this key means: a reused operation_id, or (for a key
+    /// anchored on a closed mandate) a second use of a single-use mandate.
+    conflict: (ErrorCode, &'static str),
+}
+
+const REUSED_OPERATION: (ErrorCode, &str) =
+    (ErrorCode::IdempotencyConflict, "this operation_id was already used with different arguments; nothing moved");
+const REUSED_MANDATE: (ErrorCode, &str) =
+    (ErrorCode::MandateInvalid, "this mandate was already used for another operation; nothing moved");
+
+/// A verified mandate, ready to anchor the key and draw on.
+struct Authorized {
+    claims: MandateClaims,
+}
+
+impl Authorized {
+    fn guards(&self) -> Guards {
+        Guards { budget: None, mandate: Some(MandateDraw { mandate_id: self.claims.jti.clone() }) }
+    }
 }
 
 impl Gateway {
     pub async fn create_payment(&self, caller: &Caller, args: CreatePaymentArgs) -> Result<Executed, AgentError> {
         const TOOL: &str = "create_payment";
+        self.check_suspended(caller, TOOL).await?;
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
             let from = AccountId::parse(&args.from_account)?;
@@ -102,12 +131,6 @@ impl Gateway {
             if from == to {
                 return Err(AgentError::invalid("from_account and to_account must differ"));
             }
-            if args.mandate.is_some() {
-                return Err(AgentError::new(
-                    ErrorCode::MandateInvalid,
-                    "mandates are not accepted by this gateway yet",
-                ));
-            }
             Ok::<_, AgentError>((op, from, to, amount, memo))
         })();
         let (op, from, to, amount, memo) = match parsed {
@@ -115,17 +138,44 @@ impl Gateway {
             Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
         };
         let p = &caller.principal;
-        let idem = Idem {
-            key: self.keys.key(&p.issuer, &p.subject, TOOL, op.as_str()),
-            fingerprint: fingerprint(&json!({
-                "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
-            })),
+        let mandate = match &args.mandate {
+            None => None,
+            Some(jws) => {
+                let call = CallIntent {
+                    tool: TOOL,
+                    agent_iss: &p.issuer,
+                    agent_sub: &p.subject,
+                    payer: from.as_str(),
+                    payee: to.as_str(),
+                    amount_minor: amount.minor(),
+                    currency: amount.currency().code(),
+                    payment_id: None,
+                };
+                Some(self.verify_mandate(caller, TOOL, jws, &call).await?)
+            }
         };
+        let idem = self.idem_for(
+            caller,
+            TOOL,
+            &op,
+            mandate.as_ref(),
+            json!({
+                "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
+            }),
+        );
         let intent = json!({
-            "operation_id": op, "from_account": from, "to_account": to,
+            "tool": TOOL, "operation_id": op, "payer": from, "payee": to,
             "amount": amount.to_decimal(), "currency": amount.currency(), "memo": memo,
         });
-        let decision = policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount);
+        let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
+        let decision = authorize(
+            policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
+            mandate.is_some(),
+        );
+        let guards = match &mandate {
+            Some(m) => m.guards(),
+            None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
+        };
         self.execute(caller, TOOL, idem, decision, amount, intent, |key| {
             let req = TransferRequest {
                 idempotency_key: key,
@@ -135,6 +185,7 @@ impl Gateway {
                 amount,
                 memo: memo.clone(),
                 principal_sub: p.subject.clone(),
+                guards,
             };
             let backend = self.backend.clone();
             async move { backend.transfer(req).await }
@@ -144,17 +195,12 @@ impl Gateway {
 
     pub async fn refund_payment(&self, caller: &Caller, args: RefundPaymentArgs) -> Result<Executed, AgentError> {
         const TOOL: &str = "refund_payment";
+        self.check_suspended(caller, TOOL).await?;
         let p = &caller.principal;
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
             let pid = PaymentId::parse(&args.payment_id)?;
             let reason = parse_text("reason", args.reason.clone())?;
-            if args.mandate.is_some() {
-                return Err(AgentError::new(
-                    ErrorCode::MandateInvalid,
-                    "mandates are not accepted by this gateway yet",
-                ));
-            }
             Ok::<_, AgentError>((op, pid, reason))
         })();
         let (op, pid, reason) = match parsed {
@@ -182,20 +228,55 @@ impl Gateway {
             }
             Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
         };
-        let idem = Idem {
-            key: self.keys.key(&p.issuer, &p.subject, TOOL, op.as_str()),
-            // An omitted amount fingerprints as "everything", not as today's remaining amount.
-            fingerprint: fingerprint(&json!({
-                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
-            })),
+        // Money flows back: from the original payee to the original payer.
+        let (payer, payee) = (&original.to_account, &original.from_account);
+        let mandate = match &args.mandate {
+            None => None,
+            Some(jws) => {
+                let call = CallIntent {
+                    tool: TOOL,
+                    agent_iss: &p.issuer,
+                    agent_sub: &p.subject,
+                    payer: payer.as_str(),
+                    payee: payee.as_str(),
+                    amount_minor: amount.minor(),
+                    currency: amount.currency().code(),
+                    payment_id: Some(pid.as_str()),
+                };
+                Some(self.verify_mandate(caller, TOOL, jws, &call).await?)
+            }
         };
+        // An omitted amount fingerprints as "everything", not as today's remaining amount.
+        let idem = self.idem_for(
+            caller,
+            TOOL,
+            &op,
+            mandate.as_ref(),
+            json!({
+                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
+            }),
+        );
         let intent = json!({
-            "operation_id": op, "payment_id": pid, "amount": amount.to_decimal(), "currency": amount.currency(),
-            "reason": reason,
+            "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
+            "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
         });
-        let decision =
-            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original.from_account, &original.to_account, amount);
-        let explicit_amount = args.amount.as_ref().map(|_| amount.minor());
+        let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
+        let decision = authorize(
+            policy::decide_refund(
+                |s| p.has_scope(s),
+                &p.profile,
+                &original.from_account,
+                &original.to_account,
+                amount,
+                force,
+            ),
+            mandate.is_some(),
+        );
+        let guards = mandate.as_ref().map(Authorized::guards).unwrap_or_default();
+        let explicit_amount = match (&args.amount, &mandate) {
+            (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
+            (None, None) => None,
+        };
         self.execute(caller, TOOL, idem, decision, amount, intent, |key| {
             let req = RefundRequest {
                 idempotency_key: key,
@@ -204,6 +285,7 @@ impl Gateway {
                 amount_minor: explicit_amount,
                 reason: reason.clone(),
                 principal_sub: p.subject.clone(),
+                guards,
             };
             let backend = self.backend.clone();
             async move { backend.refund(req).await }
@@ -211,13 +293,124 @@ impl Gateway {
         .await
     }
 
-    /// Audit a refusal and hand the error back.
+    /// The key and fingerprint of one call. A closed mandate anchors the key on the mandate, so
+    /// any retry with it replays the one payment it allows.
+    fn idem_for(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        op: &OperationId,
+        mandate: Option<&Authorized>,
+        args: serde_json::Value,
+    ) -> Idem {
+        let p = &caller.principal;
+        let mandate_id = mandate.map(|m| m.claims.jti.clone());
+        match mandate {
+            Some(m) if m.claims.kind == MandateKind::Closed => Idem {
+                key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate:{}", m.claims.jti)),
+                fingerprint: fingerprint(&json!({"args": args, "operation_id": op, "mandate": mandate_id})),
+                conflict: REUSED_MANDATE,
+            },
+            _ => Idem {
+                key: self.keys.key(&p.issuer, &p.subject, tool, op.as_str()),
+                fingerprint: fingerprint(&json!({"args": args, "mandate": mandate_id})),
+                conflict: REUSED_OPERATION,
+            },
+        }
+    }
+
+    /// Signature, expiry, subject and intent; every refusal is audited and counts toward the stop rule.
+    async fn verify_mandate(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        jws: &str,
+        call: &CallIntent<'_>,
+    ) -> Result<Authorized, AgentError> {
+        let verified = self
+            .mandates
+            .verify(jws.trim(), self.clock.now())
+            .map_err(AgentError::from)
+            .and_then(|claims| authorizes(&claims, call).map(|()| claims));
+        match verified {
+            Ok(claims) => {
+                let mut d = Decision::new(tool, "mandate_accepted");
+                d.approval_id = Some(&claims.approval_id);
+                d.detail = Some(format!("mandate {}", claims.jti));
+                self.audit(caller, d).await;
+                Ok(Authorized { claims })
+            }
+            Err(e) => Err(self.refuse(caller, tool, None, e).await),
+        }
+    }
+
+    /// Today's (UTC) autonomous budget in this currency.
+    fn budget_for(&self, profile: &Profile, currency: Currency) -> Option<DailyBudget> {
+        let now = self.clock.now();
+        profile.daily_limit_minor.get(&currency).map(|max| DailyBudget {
+            since: now - now.rem_euclid(86_400),
+            max_minor: *max,
+            max_payments: profile.daily_payments_max,
+        })
+    }
+
+    /// Stop rule: a suspended subject moves no money.
+    async fn check_suspended(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
+        match self.store.suspension(&caller.principal.subject).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => {
+                let e = AgentError::new(
+                    ErrorCode::PrincipalSuspended,
+                    "this agent is suspended after repeated policy denials; an administrator must resume it",
+                );
+                let mut d = Decision::new(tool, "denied");
+                d.code = Some(e.code);
+                self.audit(caller, d).await;
+                Err(e)
+            }
+            Err(error) => {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "suspension check failed");
+                Err(AgentError::internal())
+            }
+        }
+    }
+
+    /// After a counted denial: suspend the subject once it reaches the stop rule's threshold.
+    async fn enforce_stop_rule(&self, caller: &Caller, tool: &str) {
+        let now = self.clock.now();
+        let sub = &caller.principal.subject;
+        let count = match self.store.denials_since(sub, now - self.limits.stop_window_secs).await {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "stop-rule count failed");
+                return;
+            }
+        };
+        if count >= self.limits.stop_denials_max {
+            let reason = format!("{count} policy denials within {} s", self.limits.stop_window_secs);
+            match self.store.suspend(sub, &reason, now).await {
+                Ok(()) => {
+                    tracing::warn!(principal.sub = %sub, %reason, "agent suspended by stop rule");
+                    let mut d = Decision::new(tool, "suspended");
+                    d.code = Some(ErrorCode::PrincipalSuspended);
+                    d.detail = Some(reason);
+                    self.audit(caller, d).await;
+                }
+                Err(error) => tracing::error!(correlation_id = %caller.correlation_id, %error, "suspend failed"),
+            }
+        }
+    }
+
+    /// Audit a refusal and hand the error back; policy denials count toward the stop rule.
     async fn refuse(&self, caller: &Caller, tool: &str, key: Option<&str>, e: AgentError) -> AgentError {
         let mut d = Decision::new(tool, "denied");
         d.code = Some(e.code);
         d.idempotency_key = key;
         d.detail = Some(e.message.clone());
         self.audit(caller, d).await;
+        if DENIAL_CODES.contains(&e.code.as_str()) {
+            self.enforce_stop_rule(caller, tool).await;
+        }
         e
     }
 
@@ -317,6 +510,19 @@ impl Gateway {
                 let e = map_backend_error(&BackendError::Unavailable(detail));
                 Err(self.refuse_as(caller, tool, &idem, "backend_unavailable", e).await)
             }
+            Err(BackendError::BudgetExceeded(detail)) => {
+                // Nothing moved and the budget resets: give the key back (not this operation's fate).
+                let _ = self.store.idem_release(&idem.key).await;
+                let e = map_backend_error(&BackendError::BudgetExceeded(detail));
+                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
+            }
+            Err(BackendError::MandateExhausted(detail)) => {
+                let e = map_backend_error(&BackendError::MandateExhausted(detail));
+                if let Err(error) = self.store.idem_complete(&idem.key, &StoredOutcome::failed(&e).to_json()).await {
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+                }
+                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
+            }
             Err(BackendError::OutcomeUnknown(detail)) => {
                 // Maybe moved. Keep the key in flight: once its lease ends, a retry asks the backend
                 // again with the same key, and reconciliation settles it.
@@ -337,6 +543,10 @@ impl Gateway {
         outcome
     }
 
+    pub(crate) fn approval_url(&self, id: &ApprovalId) -> String {
+        format!("{}/approvals/{id}", self.limits.public_url)
+    }
+
     fn waiter(&self, key: &str) -> Arc<Notify> {
         let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key.to_string()).or_default().clone()
@@ -355,15 +565,16 @@ impl Gateway {
         d.idempotency_key = Some(&idem.key);
         d.detail = Some(e.message.clone());
         self.audit(caller, d).await;
+        if matches!(decision, "denied" | "conflict") && DENIAL_CODES.contains(&e.code.as_str()) {
+            self.enforce_stop_rule(caller, tool).await;
+        }
         e
     }
 
     async fn conflict(&self, caller: &Caller, tool: &str, idem: &Idem) -> AgentError {
-        let e = AgentError::new(
-            ErrorCode::IdempotencyConflict,
-            "this operation_id was already used with different arguments; nothing moved",
-        );
-        self.refuse_as(caller, tool, idem, "conflict", e).await
+        let (code, message) = idem.conflict;
+        let decision = if code == ErrorCode::IdempotencyConflict { "conflict" } else { "denied" };
+        self.refuse_as(caller, tool, idem, decision, AgentError::new(code, message)).await
     }
 
     async fn internal(&self, caller: &Caller, tool: &str, idem: &Idem, error: crate::store::StoreError) -> AgentError {
@@ -397,9 +608,21 @@ impl Gateway {
     ) -> AgentError {
         let now = self.clock.now();
         let p = &caller.principal;
+        let reviewers_required = match self.limits.high_risk_amount_minor.get(&amount.currency()) {
+            Some(t) if amount.minor() >= *t => self.limits.high_risk_reviewers,
+            _ => self.limits.reviewers_required,
+        };
         let rec = ApprovalRecord {
             id: ApprovalId::generate(),
             status: "pending".into(),
+            kind: MandateKind::Closed,
+            reviewers_required,
+            requested_by: p.subject.clone(),
+            mandate_id: None,
+            mandate: None,
+            decided_at: None,
+            decision_reason: None,
+            reviews: vec![],
             idempotency_key: idem.key.clone(),
             fingerprint: idem.fingerprint.clone(),
             principal_iss: p.issuer.clone(),
@@ -427,6 +650,8 @@ impl Gateway {
         self.audit(caller, d).await;
         AgentError::new(ErrorCode::ApprovalRequired, format!("{reason}; a human must approve it. Nothing moved."))
             .with_detail("approval_id", approval.id.to_string())
+            .with_detail("approval_url", self.approval_url(&approval.id))
+            .with_detail("reviewers_required", approval.reviewers_required)
             .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))
     }
 }

@@ -57,6 +57,16 @@ pub async fn origin_check(State(state): State<AppState>, req: Request, next: Nex
     next.run(req).await
 }
 
+/// A bearer challenge (RFC 6750) naming this resource's metadata.
+pub fn bearer_challenge(
+    state: &AppState,
+    status: StatusCode,
+    params: &[(&str, String)],
+    description: Option<&str>,
+) -> Response {
+    challenge(state, status, params, description)
+}
+
 fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], description: Option<&str>) -> Response {
     let mut value = String::from("Bearer ");
     let mut parts: Vec<String> = params.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
@@ -75,7 +85,12 @@ fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], de
 }
 
 fn bearer(req: &Request) -> Result<&str, AuthError> {
-    let Some(value) = req.headers().get(header::AUTHORIZATION) else { return Err(AuthError::Missing) };
+    bearer_token(req.headers())
+}
+
+/// The bearer token of the Authorization header; never from the query string.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, AuthError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else { return Err(AuthError::Missing) };
     let value = value.to_str().map_err(|_| AuthError::Invalid("malformed authorization header"))?;
     let (scheme, token) = value.split_once(' ').ok_or(AuthError::Invalid("malformed authorization header"))?;
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
@@ -106,7 +121,7 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             );
         }
     };
-    let profile = state.profiles.resolve(&claims.subject, claims.client_id.as_deref());
+    let profile = state.profiles.resolve(&claims.issuer, &claims.subject, claims.client_id.as_deref());
     let principal = AgentPrincipal {
         issuer: claims.issuer,
         subject: claims.subject,

@@ -1,6 +1,7 @@
 //! The HTTP edge: router, middleware, RFC 9728 metadata, probes. Only this module and `mcp` know
 //! about HTTP and MCP types.
 
+mod approvals;
 mod auth_layer;
 mod sessions;
 
@@ -13,7 +14,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -34,6 +35,9 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 #[derive(Clone)]
 pub struct AppState {
     pub gateway: Arc<Gateway>,
+    /// Per-operator limits on the approval and principal routes.
+    pub route_limits: Arc<crate::rate::KeyedLimits>,
+    pub routes_per_minute: u32,
     pub verifier: Arc<Verifier>,
     pub profiles: Arc<Profiles>,
     pub sessions: Arc<SessionBindings>,
@@ -53,6 +57,8 @@ pub struct RouterConfig {
     /// Host header values rmcp accepts (DNS-rebinding defence): the public URL's host and the bound address.
     pub allowed_hosts: Vec<String>,
     pub shutdown: CancellationToken,
+    /// Tools switched off by config.
+    pub disabled_tools: Vec<String>,
 }
 
 pub fn router(state: AppState, cfg: RouterConfig) -> Router {
@@ -62,7 +68,7 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .with_allowed_hosts(cfg.allowed_hosts)
         .with_max_request_body_bytes(state.body_bytes_max)
         .with_cancellation_token(cfg.shutdown.child_token());
-    let server = PaygateMcp::new(state.gateway.clone());
+    let server = PaygateMcp::new(state.gateway.clone(), &cfg.disabled_tools);
     let mcp = StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_config);
 
     let cors = CorsLayer::new()
@@ -95,7 +101,17 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
         .layer(cors);
 
+    let operator_routes = Router::new()
+        .route("/approvals", get(approvals::list).post(approvals::preauthorize))
+        .route("/approvals/{id}", get(approvals::get))
+        .route("/approvals/{id}/approve", post(approvals::approve))
+        .route("/approvals/{id}/reject", post(approvals::reject))
+        .route("/principals/{subject}/resume", post(approvals::resume))
+        .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
+
     Router::new()
+        .merge(operator_routes)
         .route(METADATA_PATH, get(protected_resource_metadata))
         .route(&format!("{METADATA_PATH}/mcp"), get(protected_resource_metadata))
         .route("/healthz", get(|| async { "ok" }))

@@ -22,7 +22,8 @@ use serde_json::json;
 use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
 use crate::gateway::{
-    AccountLedgerArgs, Caller, CorrelationId, CreatePaymentArgs, Gateway, ListPaymentsArgs, RefundPaymentArgs,
+    AccountLedgerArgs, ApprovalView, Caller, CorrelationId, CreatePaymentArgs, Gateway, ListPaymentsArgs,
+    RefundPaymentArgs,
 };
 use views::{AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, cursor};
 
@@ -51,6 +52,13 @@ pub struct PaymentIdArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoArgs {}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalIdArgs {
+    /// The approval id (apr_…) from an APPROVAL_REQUIRED error.
+    pub approval_id: String,
+}
 
 /// The caller of a tool, from the request the HTTP layer authenticated.
 impl<C: AsRequestContext> FromContextPart<C> for Caller {
@@ -86,12 +94,18 @@ pub struct PaygateMcp {
 }
 
 impl PaygateMcp {
-    pub fn new(gateway: Arc<Gateway>) -> Self {
-        PaygateMcp { gateway, tool_router: Self::tool_router() }
+    /// `disabled`: tools switched off by config (tool governance); hidden and uncallable.
+    pub fn new(gateway: Arc<Gateway>, disabled: &[String]) -> Self {
+        let mut tool_router = Self::tool_router();
+        for name in disabled {
+            tool_router.disable_route(name.clone());
+        }
+        PaygateMcp { gateway, tool_router }
     }
 
     /// Every tool's name, description, scope and annotations (for `paygate tools`).
     pub fn tool_list() -> Vec<rmcp::model::Tool> {
+        // (every tool, before config disables any)
         Self::tool_router().list_all()
     }
 }
@@ -105,6 +119,7 @@ impl PaygateMcp {
         annotations(title = "Get balance", read_only_hint = true, open_world_hint = false)
     )]
     async fn get_balance(&self, caller: Caller, args: JsonObject) -> Result<Json<BalanceView>, CallToolResult> {
+        self.gateway.admit(&caller, "get_balance").await.map_err(|e| fail(&caller, e))?;
         let a: AccountArgs = parse(&caller, args)?;
         let b = self.gateway.get_balance(&caller, &a.account_id).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(b.into()))
@@ -117,6 +132,7 @@ impl PaygateMcp {
         annotations(title = "Get payment", read_only_hint = true, open_world_hint = false)
     )]
     async fn get_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentView>, CallToolResult> {
+        self.gateway.admit(&caller, "get_payment").await.map_err(|e| fail(&caller, e))?;
         let a: PaymentIdArgs = parse(&caller, args)?;
         let p = self.gateway.get_payment(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
         Ok(Json((&p).into()))
@@ -129,6 +145,7 @@ impl PaygateMcp {
         annotations(title = "List payments", read_only_hint = true, open_world_hint = false)
     )]
     async fn list_payments(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentList>, CallToolResult> {
+        self.gateway.admit(&caller, "list_payments").await.map_err(|e| fail(&caller, e))?;
         let a: ListPaymentsArgs = parse(&caller, args)?;
         let page = self.gateway.list_payments(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(PaymentList {
@@ -148,6 +165,7 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<AccountLedger>, CallToolResult> {
+        self.gateway.admit(&caller, "get_account_ledger").await.map_err(|e| fail(&caller, e))?;
         let a: AccountLedgerArgs = parse(&caller, args)?;
         let account_id = a.account_id.clone();
         let page = self.gateway.get_account_ledger(&caller, a).await.map_err(|e| fail(&caller, e))?;
@@ -172,6 +190,7 @@ impl PaygateMcp {
         )
     )]
     async fn create_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        self.gateway.admit(&caller, "create_payment").await.map_err(|e| fail(&caller, e))?;
         let a: CreatePaymentArgs = parse(&caller, args)?;
         let done = self.gateway.create_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
@@ -190,9 +209,24 @@ impl PaygateMcp {
         )
     )]
     async fn refund_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        self.gateway.admit(&caller, "refund_payment").await.map_err(|e| fail(&caller, e))?;
         let a: RefundPaymentArgs = parse(&caller, args)?;
         let done = self.gateway.refund_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
+    }
+
+    #[tool(
+        name = "get_approval",
+        description = "Status of one of your approvals; once approved, the signed mandate to pass as `mandate` to \
+                       create_payment or refund_payment. Needs scope payments:read.",
+        input_schema = schema_for_type::<ApprovalIdArgs>(),
+        annotations(title = "Get approval", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn get_approval(&self, caller: Caller, args: JsonObject) -> Result<Json<ApprovalView>, CallToolResult> {
+        self.gateway.admit(&caller, "get_approval").await.map_err(|e| fail(&caller, e))?;
+        let a: ApprovalIdArgs = parse(&caller, args)?;
+        let v = self.gateway.get_approval(&caller, &a.approval_id).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(v))
     }
 
     #[tool(
@@ -207,6 +241,7 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<IntegrityView>, CallToolResult> {
+        self.gateway.admit(&caller, "check_ledger_integrity").await.map_err(|e| fail(&caller, e))?;
         let _: NoArgs = parse(&caller, args)?;
         let r = self.gateway.check_ledger_integrity(&caller).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(r.into()))

@@ -15,6 +15,7 @@ use crate::backend::{
 };
 use crate::clock::UnixSecs;
 use crate::ids::{AccountId, ApprovalId, PaymentId};
+use crate::mandate::MandateKind;
 use crate::money::Currency;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,18 @@ impl From<rusqlite::Error> for StoreError {
         StoreError::Database(e.to_string())
     }
 }
+
+/// Audited refusals that count toward a subject's stop rule: policy denials, not argument typos or
+/// business outcomes such as insufficient funds.
+pub const DENIAL_CODES: &[&str] = &[
+    "ACCOUNT_NOT_ALLOWED",
+    "INSUFFICIENT_SCOPE",
+    "MANDATE_INVALID",
+    "MANDATE_EXPIRED",
+    "MANDATE_MISMATCH",
+    "BUDGET_EXCEEDED",
+    "IDEMPOTENCY_CONFLICT",
+];
 
 /// What a reservation found under an idempotency key.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +69,10 @@ pub struct NewIdempotencyRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRecord {
     pub id: ApprovalId,
+    /// pending | approved | rejected | expired
     pub status: String,
+    /// closed (one payment) | open (constraints)
+    pub kind: MandateKind,
     pub idempotency_key: String,
     pub fingerprint: String,
     pub principal_iss: String,
@@ -67,6 +83,58 @@ pub struct ApprovalRecord {
     pub currency: Currency,
     pub reason: String,
     pub created_at: UnixSecs,
+    pub expires_at: UnixSecs,
+    pub reviewers_required: i64,
+    /// Who asked: the agent subject, or the operator who pre-authorized.
+    pub requested_by: String,
+    pub mandate_id: Option<String>,
+    pub mandate: Option<String>,
+    pub decided_at: Option<UnixSecs>,
+    pub decision_reason: Option<String>,
+    /// Filled by `approval_get` / `approval_list`.
+    #[serde(default)]
+    pub reviews: Vec<Review>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Review {
+    pub reviewer_iss: String,
+    pub reviewer_sub: String,
+    /// approve | reject
+    pub decision: String,
+    pub reason: Option<String>,
+    pub at: UnixSecs,
+}
+
+/// Why a review was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("no such approval")]
+    NotFound,
+    #[error("the approval is already {0}")]
+    Terminal(String),
+    #[error("the approval has expired")]
+    Expired,
+    #[error("the requesting agent cannot review its own request")]
+    SelfReview,
+    #[error("this reviewer has already reviewed this approval")]
+    AlreadyReviewed,
+    #[error("cannot issue the mandate: {0}")]
+    Mandate(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The mandate an approval turns into once enough reviewers approve: signed by the caller (who
+/// holds the key) inside the review transaction, given the record and its approvers.
+pub type MandateIssuer = Box<dyn FnOnce(&ApprovalRecord, &[String]) -> Result<IssuedMandate, String> + Send + 'static>;
+
+#[derive(Debug, Clone)]
+pub struct IssuedMandate {
+    pub id: String,
+    pub jws: String,
+    pub budget_minor: Option<i64>,
+    pub max_uses: i64,
     pub expires_at: UnixSecs,
 }
 
@@ -115,6 +183,33 @@ pub trait Store: Send + Sync + 'static {
     /// The pending, unexpired approval for `rec.idempotency_key`, or `rec` inserted as a new one.
     async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError>;
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
+    /// Insert an operator's pre-authorization as it is (pending until reviewed).
+    async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError>;
+    /// Newest first; `before` is the cursor of the previous page.
+    async fn approval_list(
+        &self,
+        status: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
+    /// Record one reviewer's decision; the state machine runs in one transaction. Enough approvals
+    /// issue the mandate (`issue`) in the same transaction.
+    async fn approval_review(
+        &self,
+        id: &ApprovalId,
+        review: Review,
+        now: UnixSecs,
+        issue: MandateIssuer,
+    ) -> Result<ApprovalRecord, ReviewError>;
+
+    // --- stop rules ---
+    /// `Some((suspended_at, reason))` while suspended.
+    async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError>;
+    async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError>;
+    /// Returns whether it was suspended.
+    async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError>;
+    /// Policy denials of `subject` audited since `since` (and since its last resume).
+    async fn denials_since(&self, subject: &str, since: UnixSecs) -> Result<i64, StoreError>;
 
     // --- audit (append-only) ---
     async fn audit_append(&self, rec: AuditRecord) -> Result<(), StoreError>;

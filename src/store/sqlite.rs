@@ -7,17 +7,24 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{AccountSeed, ApprovalRecord, AuditRecord, NewIdempotencyRecord, Reservation, Store, StoreError};
+use super::{
+    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, Reservation, Review,
+    ReviewError, Store, StoreError,
+};
 use crate::backend::{
-    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
-    RefundRequest, TransferRequest,
+    BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
+    PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::UnixSecs;
 use crate::idempotency::StoredOutcome;
 use crate::ids::{AccountId, ApprovalId, PaymentId};
+use crate::mandate::MandateKind;
 use crate::money::{Currency, format_minor};
 
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/sqlite/0001_init.sql"),
+    include_str!("../../migrations/sqlite/0002_approvals_mandates.sql"),
+];
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -166,11 +173,11 @@ fn post(
     Ok(balance)
 }
 
-fn insert_payment(tx: &Connection, p: &Payment, key: &str) -> rusqlite::Result<()> {
+fn insert_payment(tx: &Connection, p: &Payment, key: &str, mandate_id: Option<&str>) -> rusqlite::Result<()> {
     tx.execute(
         "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-                               refunded_minor, refund_of, memo, principal_sub, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                               refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
         params![
             p.id.as_str(),
             key,
@@ -185,8 +192,72 @@ fn insert_payment(tx: &Connection, p: &Payment, key: &str) -> rusqlite::Result<(
             p.memo,
             p.principal_sub,
             p.created_at,
+            mandate_id,
         ],
     )?;
+    Ok(())
+}
+
+/// Check the guards that must hold where the payment commits, and record mandate draws.
+fn apply_guards(
+    tx: &Connection,
+    guards: &Guards,
+    principal_sub: &str,
+    amount: i64,
+    currency: Currency,
+    now: UnixSecs,
+) -> Result<(), BackendError> {
+    if let Some(b) = &guards.budget {
+        let (spent, count): (i64, i64) = tx
+            .query_row(
+                "SELECT COALESCE(SUM(CASE WHEN currency = ?3 THEN amount_minor ELSE 0 END), 0), COUNT(*)
+                 FROM payments WHERE principal_sub = ?1 AND kind = 'payment' AND created_at >= ?2",
+                params![principal_sub, b.since, currency.code()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(db)?;
+        if count >= b.max_payments {
+            return Err(BackendError::BudgetExceeded(format!(
+                "{count} payments today reach the daily maximum of {}",
+                b.max_payments
+            )));
+        }
+        if spent + amount > b.max_minor {
+            return Err(BackendError::BudgetExceeded(format!(
+                "{currency} {} spent today plus {} exceeds the daily limit of {}",
+                format_minor(spent, currency),
+                format_minor(amount, currency),
+                format_minor(b.max_minor, currency)
+            )));
+        }
+    }
+    if let Some(d) = &guards.mandate {
+        let row: Option<(String, Option<i64>, i64, i64, i64, i64)> = tx
+            .query_row(
+                "SELECT currency, budget_minor, max_uses, spent_minor, uses, expires_at FROM mandates WHERE id = ?1",
+                [&d.mandate_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            )
+            .optional()
+            .map_err(db)?;
+        let Some((cur, budget, max_uses, spent, uses, expires_at)) = row else {
+            return Err(BackendError::MandateExhausted("this gateway did not issue it".into()));
+        };
+        if cur != currency.code() || now >= expires_at {
+            return Err(BackendError::MandateExhausted("it does not cover this payment".into()));
+        }
+        if uses >= max_uses {
+            return Err(BackendError::MandateExhausted(format!("all {max_uses} uses are spent")));
+        }
+        if budget.is_some_and(|b| spent + amount > b) {
+            return Err(BackendError::MandateExhausted("its budget is spent".into()));
+        }
+        tx.execute(
+            "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + ?1 WHERE id = ?2",
+            params![amount, d.mandate_id],
+        )
+        .map_err(db)?;
+    }
     Ok(())
 }
 
@@ -256,7 +327,9 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
         principal_sub: req.principal_sub.clone(),
         created_at: now,
     };
-    insert_payment(&tx, &payment, &req.idempotency_key).map_err(db)?;
+    apply_guards(&tx, &req.guards, &req.principal_sub, amount, currency, now)?;
+    let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
+    insert_payment(&tx, &payment, &req.idempotency_key, mandate_id).map_err(db)?;
     let desc = format!("payment {}", payment.id);
     post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now).map_err(db)?;
     post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now).map_err(db)?;
@@ -315,7 +388,9 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
         principal_sub: req.principal_sub.clone(),
         created_at: now,
     };
-    insert_payment(&tx, &refund, &req.idempotency_key).map_err(db)?;
+    apply_guards(&tx, &req.guards, &req.principal_sub, amount, refund.currency, now)?;
+    let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
+    insert_payment(&tx, &refund, &req.idempotency_key, mandate_id).map_err(db)?;
     tx.execute(
         "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",
         params![amount, original.id.as_str()],
@@ -334,9 +409,15 @@ fn approval_from_row(r: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
     let id: String = r.get(0)?;
     let intent: String = r.get(7)?;
     let currency: String = r.get(9)?;
+    let kind: String = r.get(13)?;
     Ok(ApprovalRecord {
         id: ApprovalId::parse(&id).map_err(|_| corrupt("approvals.id"))?,
         status: r.get(1)?,
+        kind: match kind.as_str() {
+            "closed" => MandateKind::Closed,
+            "open" => MandateKind::Open,
+            _ => return Err(corrupt("approvals.kind")),
+        },
         idempotency_key: r.get(2)?,
         fingerprint: r.get(3)?,
         principal_iss: r.get(4)?,
@@ -348,11 +429,157 @@ fn approval_from_row(r: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
         reason: r.get(10)?,
         created_at: r.get(11)?,
         expires_at: r.get(12)?,
+        reviewers_required: r.get(14)?,
+        requested_by: r.get(15)?,
+        mandate_id: r.get(16)?,
+        mandate: r.get(17)?,
+        decided_at: r.get(18)?,
+        decision_reason: r.get(19)?,
+        reviews: vec![],
     })
 }
 
 const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, intent, \
-                             amount_minor, currency, reason, created_at, expires_at";
+                             amount_minor, currency, reason, created_at, expires_at, kind, reviewers_required, \
+                             requested_by, mandate_id, mandate, decided_at, decision_reason";
+
+fn kind_str(k: MandateKind) -> &'static str {
+    match k {
+        MandateKind::Closed => "closed",
+        MandateKind::Open => "open",
+    }
+}
+
+fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<()> {
+    tx.execute(
+        &format!(
+            "INSERT INTO approvals ({APPROVAL_COLS})
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
+        ),
+        params![
+            rec.id.as_str(),
+            rec.status,
+            rec.idempotency_key,
+            rec.fingerprint,
+            rec.principal_iss,
+            rec.principal_sub,
+            rec.tool,
+            rec.intent.to_string(),
+            rec.amount_minor,
+            rec.currency.code(),
+            rec.reason,
+            rec.created_at,
+            rec.expires_at,
+            kind_str(rec.kind),
+            rec.reviewers_required,
+            rec.requested_by,
+            rec.mandate_id,
+            rec.mandate,
+            rec.decided_at,
+            rec.decision_reason,
+        ],
+    )?;
+    Ok(())
+}
+
+fn load_reviews(c: &Connection, id: &str) -> rusqlite::Result<Vec<Review>> {
+    let mut stmt = c.prepare(
+        "SELECT reviewer_iss, reviewer_sub, decision, reason, at FROM approval_reviews WHERE approval_id = ?1 ORDER BY at, rowid",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        Ok(Review {
+            reviewer_iss: r.get(0)?,
+            reviewer_sub: r.get(1)?,
+            decision: r.get(2)?,
+            reason: r.get(3)?,
+            at: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn load_approval(c: &Connection, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
+    let rec = c
+        .query_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), [id], approval_from_row)
+        .optional()?;
+    rec.map(|mut a| {
+        a.reviews = load_reviews(c, a.id.as_str())?;
+        Ok(a)
+    })
+    .transpose()
+}
+
+fn review_tx(
+    c: &mut Connection,
+    id: &ApprovalId,
+    review: Review,
+    now: UnixSecs,
+    issue: MandateIssuer,
+) -> Result<ApprovalRecord, ReviewError> {
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
+    let rec = load_approval(&tx, id.as_str()).map_err(StoreError::from)?.ok_or(ReviewError::NotFound)?;
+    if rec.status != "pending" {
+        return Err(ReviewError::Terminal(rec.status));
+    }
+    if now >= rec.expires_at {
+        tx.execute("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id.as_str()])
+            .map_err(StoreError::from)?;
+        tx.commit().map_err(StoreError::from)?;
+        return Err(ReviewError::Expired);
+    }
+    // Maker/checker: the agent a payment is for never reviews it. (An operator's pre-authorization
+    // records the operator's own approval at creation, so it cannot count twice.)
+    if review.reviewer_sub == rec.principal_sub {
+        return Err(ReviewError::SelfReview);
+    }
+    if rec.reviews.iter().any(|r| r.reviewer_iss == review.reviewer_iss && r.reviewer_sub == review.reviewer_sub) {
+        return Err(ReviewError::AlreadyReviewed);
+    }
+    tx.execute(
+        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![id.as_str(), review.reviewer_iss, review.reviewer_sub, review.decision, review.reason, now],
+    )
+    .map_err(StoreError::from)?;
+    if review.decision == "reject" {
+        tx.execute(
+            "UPDATE approvals SET status = 'rejected', decided_at = ?1, decision_reason = ?2 WHERE id = ?3",
+            params![now, review.reason, id.as_str()],
+        )
+        .map_err(StoreError::from)?;
+    } else {
+        let mut approvers: Vec<String> =
+            rec.reviews.iter().filter(|r| r.decision == "approve").map(|r| r.reviewer_sub.clone()).collect();
+        approvers.push(review.reviewer_sub.clone());
+        if approvers.len() as i64 >= rec.reviewers_required {
+            let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
+            tx.execute(
+                "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    issued.id,
+                    kind_str(rec.kind),
+                    id.as_str(),
+                    rec.principal_sub,
+                    rec.currency.code(),
+                    issued.budget_minor,
+                    issued.max_uses,
+                    issued.expires_at,
+                    now
+                ],
+            )
+            .map_err(StoreError::from)?;
+            tx.execute(
+                "UPDATE approvals SET status = 'approved', decided_at = ?1, decision_reason = ?2, mandate_id = ?3, mandate = ?4
+                 WHERE id = ?5",
+                params![now, review.reason, issued.id, issued.jws, id.as_str()],
+            )
+            .map_err(StoreError::from)?;
+        }
+    }
+    let updated = load_approval(&tx, id.as_str()).map_err(StoreError::from)?.ok_or(ReviewError::NotFound)?;
+    tx.commit().map_err(StoreError::from)?;
+    Ok(updated)
+}
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -469,24 +696,7 @@ impl Store for SqliteStore {
             if let Some(existing) = existing {
                 return Ok(existing);
             }
-            tx.execute(
-                &format!("INSERT INTO approvals ({APPROVAL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
-                params![
-                    rec.id.as_str(),
-                    rec.status,
-                    rec.idempotency_key,
-                    rec.fingerprint,
-                    rec.principal_iss,
-                    rec.principal_sub,
-                    rec.tool,
-                    rec.intent.to_string(),
-                    rec.amount_minor,
-                    rec.currency.code(),
-                    rec.reason,
-                    rec.created_at,
-                    rec.expires_at
-                ],
-            )?;
+            insert_approval(&tx, &rec)?;
             tx.commit()?;
             Ok(rec)
         })
@@ -495,13 +705,107 @@ impl Store for SqliteStore {
 
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
         let id = id.clone();
+        self.run(move |c| Ok(load_approval(c, id.as_str())?)).await
+    }
+
+    async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
+        self.run(move |c| Ok(insert_approval(c, &rec)?)).await
+    }
+
+    async fn approval_list(
+        &self,
+        status: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
+        let status = status.map(str::to_string);
+        self.run(move |c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {APPROVAL_COLS}, rowid FROM approvals
+                 WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR rowid < ?2) ORDER BY rowid DESC LIMIT ?3"
+            ))?;
+            let limit = i64::from(limit);
+            let rows = stmt
+                .query_map(params![status, before, limit + 1], |r| Ok((r.get::<_, i64>(20)?, approval_from_row(r)?)))?;
+            let mut items: Vec<(i64, ApprovalRecord)> = rows.collect::<Result<_, _>>()?;
+            let next_cursor = if items.len() as i64 > limit {
+                items.truncate(limit as usize);
+                items.last().map(|(seq, _)| *seq)
+            } else {
+                None
+            };
+            for (_, a) in &mut items {
+                a.reviews = load_reviews(c, a.id.as_str())?;
+            }
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    async fn approval_review(
+        &self,
+        id: &ApprovalId,
+        review: Review,
+        now: UnixSecs,
+        issue: MandateIssuer,
+    ) -> Result<ApprovalRecord, ReviewError> {
+        let id = id.clone();
+        self.run(move |c| review_tx(c, &id, review, now, issue)).await
+    }
+
+    async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
+        let subject = subject.to_string();
         self.run(move |c| {
             Ok(c.query_row(
-                &format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"),
-                [id.as_str()],
-                approval_from_row,
+                "SELECT suspended_at, COALESCE(suspended_reason, '') FROM principal_state
+                 WHERE subject = ?1 AND suspended_at IS NOT NULL",
+                [subject],
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?)
+        })
+        .await
+    }
+
+    async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError> {
+        let (subject, reason) = (subject.to_string(), reason.to_string());
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO principal_state (subject, suspended_at, suspended_reason) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (subject) DO UPDATE SET suspended_at = excluded.suspended_at,
+                     suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
+                params![subject, now, reason],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError> {
+        let subject = subject.to_string();
+        self.run(move |c| {
+            Ok(c.execute(
+                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1
+                 WHERE subject = ?2 AND suspended_at IS NOT NULL",
+                params![now, subject],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn denials_since(&self, subject: &str, since: UnixSecs) -> Result<i64, StoreError> {
+        let subject = subject.to_string();
+        let codes = serde_json::to_string(DENIAL_CODES).map_err(|e| StoreError::Database(e.to_string()))?;
+        self.run(move |c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM audit_records
+                 WHERE principal_sub = ?1
+                   AND at >= MAX(?2, COALESCE((SELECT resumed_at FROM principal_state WHERE subject = ?1), 0))
+                   AND decision IN ('denied', 'conflict')
+                   AND code IN (SELECT value FROM json_each(?3))",
+                params![subject, since, codes],
+                |r| r.get(0),
+            )?)
         })
         .await
     }
@@ -781,6 +1085,7 @@ mod tests {
             amount: Money::from_minor(minor, Currency::parse("KES").unwrap()).unwrap(),
             memo: None,
             principal_sub: "sub".into(),
+            guards: Guards::default(),
         }
     }
 
@@ -850,6 +1155,7 @@ mod tests {
             amount_minor: amount,
             reason: None,
             principal_sub: "sub".into(),
+            guards: Guards::default(),
         };
         assert!(matches!(
             s.ledger_refund(refund("r0", Some(10_001)), 1).await,

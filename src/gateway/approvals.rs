@@ -1,0 +1,448 @@
+//! Approvals: the human side. Operators list, approve and reject; enough distinct approvals turn
+//! an approval into a signed mandate; the requesting agent fetches it with `get_approval`.
+//!
+//! State machine: pending → approved | rejected | expired. Terminal states never change
+//! (`Store::approval_review` runs it in one transaction).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::{Caller, Decision, Gateway, decode_cursor, encode_cursor};
+use crate::auth::scopes;
+use crate::clock::{UnixSecs, rfc3339};
+use crate::error::{AgentError, ErrorCode};
+use crate::ids::{AccountId, ApprovalId};
+use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
+use crate::money::{Currency, Money, format_minor};
+use crate::store::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
+
+/// An authenticated human operator (approver, auditor, admin).
+#[derive(Debug, Clone)]
+pub struct Operator {
+    pub issuer: String,
+    pub subject: String,
+    pub scopes: BTreeSet<String>,
+    pub correlation_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReviewDecision {
+    Approve,
+    Reject,
+}
+
+/// Operator-side refusals; the HTTP layer maps each to one status.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("this operator lacks scope {0}")]
+    Forbidden(&'static str),
+    #[error("{0}")]
+    SelfReview(String),
+    #[error("no such approval")]
+    NotFound,
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Gone(String),
+    #[error("internal error")]
+    Internal,
+}
+
+/// An approval as operators and the requesting agent see it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ApprovalView {
+    pub approval_id: String,
+    /// pending | approved | rejected | expired
+    pub status: String,
+    /// closed (one payment) | open (a standing mandate with constraints)
+    pub kind: String,
+    pub tool: String,
+    pub agent_subject: String,
+    pub requested_by: String,
+    /// What was asked for, exactly as it will be pinned.
+    pub intent: Value,
+    pub amount: String,
+    pub currency: String,
+    pub reason: String,
+    pub reviewers_required: i64,
+    pub approved_by: Vec<String>,
+    pub rejected_by: Option<String>,
+    pub decision_reason: Option<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    pub decided_at: Option<String>,
+    pub approval_url: String,
+    pub mandate_id: Option<String>,
+    /// The signed mandate: only to the agent it was issued to, once approved.
+    pub mandate: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreauthorizeArgs {
+    /// Agent subject the mandate is for.
+    pub subject: String,
+    /// That agent's token issuer; defaults to the operator's own.
+    #[serde(default)]
+    pub agent_issuer: Option<String>,
+    /// closed | open
+    pub kind: String,
+    pub currency: String,
+    /// closed: payer, payee and amount. open: payer optional.
+    #[serde(default)]
+    pub payer: Option<String>,
+    #[serde(default)]
+    pub payee: Option<String>,
+    #[serde(default)]
+    pub amount: Option<String>,
+    #[serde(default)]
+    pub memo: Option<String>,
+    /// open: allowed payees, per-payment maximum, total budget, maximum uses, validity.
+    #[serde(default)]
+    pub payees: Option<Vec<String>>,
+    #[serde(default)]
+    pub per_payment_max: Option<String>,
+    #[serde(default)]
+    pub budget: Option<String>,
+    #[serde(default)]
+    pub max_uses: Option<i64>,
+    #[serde(default)]
+    pub valid_for_secs: Option<i64>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Largest `max_uses` of an open mandate.
+pub const OPEN_MANDATE_USES_MAX: i64 = 100_000;
+/// Longest review reason kept, in characters.
+pub const REASON_CHARS_MAX: usize = 500;
+
+fn kind_str(k: MandateKind) -> &'static str {
+    match k {
+        MandateKind::Closed => "closed",
+        MandateKind::Open => "open",
+    }
+}
+
+impl Gateway {
+    fn view(&self, a: &ApprovalRecord, now: UnixSecs, with_mandate: bool) -> ApprovalView {
+        // A pending approval past its expiry is expired whether or not anyone has touched it since.
+        let status =
+            if a.status == "pending" && now >= a.expires_at { "expired".to_string() } else { a.status.clone() };
+        ApprovalView {
+            approval_id: a.id.to_string(),
+            status,
+            kind: kind_str(a.kind).into(),
+            tool: a.tool.clone(),
+            agent_subject: a.principal_sub.clone(),
+            requested_by: a.requested_by.clone(),
+            intent: a.intent.clone(),
+            amount: format_minor(a.amount_minor, a.currency),
+            currency: a.currency.to_string(),
+            reason: a.reason.clone(),
+            reviewers_required: a.reviewers_required,
+            approved_by: a.reviews.iter().filter(|r| r.decision == "approve").map(|r| r.reviewer_sub.clone()).collect(),
+            rejected_by: a.reviews.iter().find(|r| r.decision == "reject").map(|r| r.reviewer_sub.clone()),
+            decision_reason: a.decision_reason.clone(),
+            created_at: rfc3339(a.created_at),
+            expires_at: rfc3339(a.expires_at),
+            decided_at: a.decided_at.map(rfc3339),
+            approval_url: self.approval_url(&a.id),
+            mandate_id: a.mandate_id.clone(),
+            mandate: if with_mandate { a.mandate.clone() } else { None },
+        }
+    }
+
+    /// The agent's view of its own approval, with the mandate once approved.
+    pub async fn get_approval(&self, caller: &Caller, approval_id: &str) -> Result<ApprovalView, AgentError> {
+        let id = ApprovalId::parse(approval_id)?;
+        let p = &caller.principal;
+        match self.store.approval_get(&id).await {
+            Ok(Some(a)) if a.principal_sub == p.subject && a.principal_iss == p.issuer => {
+                Ok(self.view(&a, self.clock.now(), true))
+            }
+            // Someone else's approval does not exist for this agent.
+            Ok(_) => Err(AgentError::new(ErrorCode::NotFound, format!("approval {id} does not exist"))),
+            Err(error) => {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "approval read failed");
+                Err(AgentError::internal())
+            }
+        }
+    }
+
+    fn require(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
+        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::Forbidden(any_of[0])) }
+    }
+
+    pub async fn list_approvals(
+        &self,
+        op: &Operator,
+        status: Option<&str>,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<ApprovalView>, Option<String>), OpError> {
+        self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        if let Some(s) = status
+            && !matches!(s, "pending" | "approved" | "rejected" | "expired")
+        {
+            return Err(OpError::Invalid("status must be pending, approved, rejected or expired".into()));
+        }
+        let before = decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?;
+        let limit = self.page_limit(limit).map_err(|e| OpError::Invalid(e.message))?;
+        let page = self.store.approval_list(status, before, limit).await.map_err(|error| {
+            tracing::error!(%error, "approval list failed");
+            OpError::Internal
+        })?;
+        let now = self.clock.now();
+        Ok((page.items.iter().map(|(_, a)| self.view(a, now, false)).collect(), page.next_cursor.map(encode_cursor)))
+    }
+
+    pub async fn approval(&self, op: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        match self.store.approval_get(&id).await {
+            Ok(Some(a)) => Ok(self.view(&a, self.clock.now(), false)),
+            Ok(None) => Err(OpError::NotFound),
+            Err(error) => {
+                tracing::error!(%error, "approval read failed");
+                Err(OpError::Internal)
+            }
+        }
+    }
+
+    /// One reviewer approves or rejects. Enough distinct approvals issue the mandate.
+    pub async fn review(
+        &self,
+        op: &Operator,
+        approval_id: &str,
+        decision: ReviewDecision,
+        reason: Option<String>,
+    ) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::APPROVE])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
+        if decision == ReviewDecision::Reject && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+            return Err(OpError::Invalid("a rejection needs a reason".into()));
+        }
+        let now = self.clock.now();
+        let review = Review {
+            reviewer_iss: op.issuer.clone(),
+            reviewer_sub: op.subject.clone(),
+            decision: match decision {
+                ReviewDecision::Approve => "approve".into(),
+                ReviewDecision::Reject => "reject".into(),
+            },
+            reason: reason.clone(),
+            at: now,
+        };
+        let issuer = self.mandate_issuer(now);
+        let result = self.store.approval_review(&id, review, now, issuer).await;
+        let action = if decision == ReviewDecision::Approve { "approvals.approve" } else { "approvals.reject" };
+        let (outcome, error) = match result {
+            Ok(a) => (Ok(self.view(&a, now, false)), None),
+            Err(e) => {
+                let mapped = match &e {
+                    ReviewError::NotFound => OpError::NotFound,
+                    ReviewError::Terminal(s) => OpError::Conflict(format!("the approval is already {s}")),
+                    ReviewError::Expired => OpError::Gone("the approval has expired".into()),
+                    ReviewError::SelfReview => {
+                        OpError::SelfReview("the agent a payment is for cannot review it".into())
+                    }
+                    ReviewError::AlreadyReviewed => OpError::Conflict("this reviewer has already reviewed it".into()),
+                    ReviewError::Mandate(_) | ReviewError::Store(_) => {
+                        tracing::error!(error = %e, "approval review failed");
+                        OpError::Internal
+                    }
+                };
+                (Err(mapped), Some(e.to_string()))
+            }
+        };
+        let mut d = Decision::new(action, if outcome.is_ok() { "recorded" } else { "refused" });
+        d.approval_id = Some(id.as_str());
+        d.detail = error.or(reason);
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        if let Ok(v) = &outcome
+            && let Some(mid) = &v.mandate_id
+        {
+            let mut d = Decision::new("mandates.issue", "issued");
+            d.approval_id = Some(id.as_str());
+            d.detail = Some(format!("mandate {mid} for {}", v.agent_subject));
+            self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        }
+        outcome
+    }
+
+    /// Pre-authorize a payment (closed) or a standing mandate (open) for a named agent. The
+    /// creator's own approval counts once; a higher tier still needs other reviewers.
+    pub async fn preauthorize(&self, op: &Operator, args: PreauthorizeArgs) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::APPROVE])?;
+        let bad = |m: String| OpError::Invalid(m);
+        let currency = Currency::parse(&args.currency).map_err(|e| bad(e.to_string()))?;
+        let account = |field: &str, v: &Option<String>| -> Result<Option<AccountId>, OpError> {
+            v.as_deref()
+                .map(|s| AccountId::parse(s).map_err(|_| bad(format!("{field} is not an account id"))))
+                .transpose()
+        };
+        let money = |field: &str, v: &Option<String>| -> Result<Money, OpError> {
+            let s = v.as_deref().ok_or_else(|| bad(format!("{field} is required")))?;
+            Money::parse(s, currency).map_err(|e| bad(format!("{field}: {e}")))
+        };
+        if args.subject.is_empty() || args.subject.len() > 256 {
+            return Err(bad("subject is required".into()));
+        }
+        let now = self.clock.now();
+        let payer = account("payer", &args.payer)?;
+        let (kind, intent, amount_minor) = match args.kind.as_str() {
+            "closed" => {
+                let payee = account("payee", &args.payee)?.ok_or_else(|| bad("payee is required".into()))?;
+                let payer = payer.ok_or_else(|| bad("payer is required".into()))?;
+                let amount = money("amount", &args.amount)?;
+                let intent = json!({
+                    "tool": "create_payment", "payer": payer, "payee": payee, "amount": amount.to_decimal(),
+                    "currency": currency, "memo": args.memo,
+                });
+                (MandateKind::Closed, intent, amount.minor())
+            }
+            "open" => {
+                let payees =
+                    args.payees.as_ref().filter(|p| !p.is_empty()).ok_or_else(|| bad("payees is required".into()))?;
+                let payees = payees
+                    .iter()
+                    .map(|p| AccountId::parse(p).map_err(|_| bad(format!("payee {p:?} is not an account id"))))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let per = money("per_payment_max", &args.per_payment_max)?;
+                let budget = money("budget", &args.budget)?;
+                let max_uses = args.max_uses.ok_or_else(|| bad("max_uses is required".into()))?;
+                if !(1..=OPEN_MANDATE_USES_MAX).contains(&max_uses) {
+                    return Err(bad(format!("max_uses must be 1..={OPEN_MANDATE_USES_MAX}")));
+                }
+                let valid = args.valid_for_secs.unwrap_or(self.limits.open_mandate_valid_max_secs);
+                if !(60..=self.limits.open_mandate_valid_max_secs).contains(&valid) {
+                    return Err(bad(format!(
+                        "valid_for_secs must be 60..={}",
+                        self.limits.open_mandate_valid_max_secs
+                    )));
+                }
+                let intent = json!({
+                    "tool": "create_payment", "payer": payer, "payees": payees,
+                    "per_payment_max": per.to_decimal(), "per_payment_max_minor": per.minor(),
+                    "budget": budget.to_decimal(), "budget_minor": budget.minor(),
+                    "max_uses": max_uses, "currency": currency, "valid_until": now + valid,
+                });
+                (MandateKind::Open, intent, budget.minor())
+            }
+            _ => return Err(bad("kind must be closed or open".into())),
+        };
+        let id = ApprovalId::generate();
+        let reviewers_required = match self.limits.high_risk_amount_minor.get(&currency) {
+            Some(t) if amount_minor >= *t => self.limits.high_risk_reviewers,
+            _ => self.limits.reviewers_required,
+        };
+        let rec = ApprovalRecord {
+            id: id.clone(),
+            status: "pending".into(),
+            kind,
+            idempotency_key: format!("preauth:{id}"),
+            fingerprint: String::new(),
+            principal_iss: args.agent_issuer.clone().unwrap_or_else(|| op.issuer.clone()),
+            principal_sub: args.subject.clone(),
+            tool: "create_payment".into(),
+            intent,
+            amount_minor,
+            currency,
+            reason: args.reason.clone().unwrap_or_else(|| "pre-authorized by an operator".into()),
+            created_at: now,
+            expires_at: now + self.limits.approval_ttl_secs,
+            reviewers_required,
+            requested_by: op.subject.clone(),
+            mandate_id: None,
+            mandate: None,
+            decided_at: None,
+            decision_reason: None,
+            reviews: vec![],
+        };
+        self.store.approval_insert(rec).await.map_err(|error| {
+            tracing::error!(%error, "approval insert failed");
+            OpError::Internal
+        })?;
+        let mut d = Decision::new("approvals.preauthorize", "created");
+        d.approval_id = Some(id.as_str());
+        d.detail = Some(format!("{} for {}", args.kind, args.subject));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        self.review(op, id.as_str(), ReviewDecision::Approve, args.reason).await
+    }
+
+    /// Lift a stop-rule suspension.
+    pub async fn resume_principal(&self, op: &Operator, subject: &str) -> Result<bool, OpError> {
+        self.require(op, &[scopes::ADMIN])?;
+        let resumed = self.store.resume(subject, self.clock.now()).await.map_err(|error| {
+            tracing::error!(%error, "resume failed");
+            OpError::Internal
+        })?;
+        let mut d = Decision::new("principals.resume", if resumed { "resumed" } else { "not_suspended" });
+        d.detail = Some(format!("subject {subject}"));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        Ok(resumed)
+    }
+
+    /// Signs the mandate inside the review transaction once enough reviewers approved.
+    fn mandate_issuer(&self, now: UnixSecs) -> MandateIssuer {
+        let keys: Arc<MandateKeys> = self.mandates.clone();
+        let ttl = self.limits.mandate_ttl_secs;
+        let open_max = self.limits.open_mandate_valid_max_secs;
+        Box::new(move |rec: &ApprovalRecord, approvers: &[String]| {
+            let s = |k: &str| rec.intent.get(k).and_then(Value::as_str).map(str::to_string);
+            let i = |k: &str| rec.intent.get(k).and_then(Value::as_i64);
+            let mut claims = MandateClaims {
+                jti: format!("mdt_{}", uuid::Uuid::new_v4().simple()),
+                iss: MANDATE_ISSUER.into(),
+                sub: rec.principal_sub.clone(),
+                agent_iss: rec.principal_iss.clone(),
+                kind: rec.kind,
+                iat: now,
+                exp: now + ttl,
+                approval_id: rec.id.to_string(),
+                approvers: approvers.to_vec(),
+                currency: rec.currency.to_string(),
+                tool: None,
+                payer: s("payer"),
+                payee: None,
+                amount_minor: None,
+                payment_id: None,
+                payees: None,
+                per_payment_max_minor: None,
+                budget_minor: None,
+                max_uses: None,
+            };
+            let (budget_minor, max_uses) = match rec.kind {
+                MandateKind::Closed => {
+                    claims.tool = Some(rec.tool.clone());
+                    claims.payee = s("payee");
+                    claims.amount_minor = Some(rec.amount_minor);
+                    claims.payment_id = s("payment_id");
+                    (None, 1)
+                }
+                MandateKind::Open => {
+                    claims.payees = rec
+                        .intent
+                        .get("payees")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect());
+                    claims.per_payment_max_minor = i("per_payment_max_minor");
+                    claims.budget_minor = i("budget_minor");
+                    claims.max_uses = i("max_uses");
+                    claims.exp = i("valid_until").unwrap_or(now + open_max).min(now + open_max);
+                    (claims.budget_minor, claims.max_uses.unwrap_or(1))
+                }
+            };
+            let jws = keys.sign(&claims)?;
+            Ok(IssuedMandate { id: claims.jti.clone(), jws, budget_minor, max_uses, expires_at: claims.exp })
+        })
+    }
+}

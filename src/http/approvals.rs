@@ -1,0 +1,204 @@
+//! Operator routes: `/approvals` and `/principals/{subject}/resume`. Same JWT verification as /mcp;
+//! authorized by operator scopes; one error envelope; 404/409/410 where they mean something.
+
+use axum::Json;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::AppState;
+use super::auth_layer::{bearer_challenge, bearer_token};
+use crate::auth::AuthError;
+use crate::gateway::approvals_api::OpError;
+use crate::gateway::{CorrelationId, Operator, PreauthorizeArgs, ReviewDecision};
+
+/// Body size of operator requests, in bytes: they are small JSON documents.
+pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
+
+fn envelope(status: StatusCode, code: &str, message: &str, correlation_id: &str) -> Response {
+    (status, Json(json!({"error": {"code": code, "message": message, "correlation_id": correlation_id}})))
+        .into_response()
+}
+
+fn op_error(e: OpError, correlation_id: &str) -> Response {
+    let (status, code) = match &e {
+        OpError::Invalid(_) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+        OpError::Forbidden(_) => (StatusCode::FORBIDDEN, "INSUFFICIENT_SCOPE"),
+        OpError::SelfReview(_) => (StatusCode::FORBIDDEN, "SELF_REVIEW"),
+        OpError::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        OpError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT"),
+        OpError::Gone(_) => (StatusCode::GONE, "EXPIRED"),
+        OpError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+    };
+    envelope(status, code, &e.to_string(), correlation_id)
+}
+
+/// The authenticated, rate-limited operator behind a request.
+pub struct Authed(pub Operator);
+
+impl FromRequestParts<AppState> for Authed {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let correlation_id = parts.extensions.get::<CorrelationId>().map(|c| c.0.clone()).unwrap_or_default();
+        let verified = match bearer_token(&parts.headers) {
+            Ok(token) => state.verifier.verify(token).await,
+            Err(e) => Err(e),
+        };
+        let claims = match verified {
+            Ok(c) => c,
+            Err(AuthError::Missing) => {
+                return Err(bearer_challenge(
+                    state,
+                    StatusCode::UNAUTHORIZED,
+                    &[("scope", "payments:approve payments:audit".into())],
+                    None,
+                ));
+            }
+            Err(AuthError::Invalid(reason)) => {
+                return Err(bearer_challenge(
+                    state,
+                    StatusCode::UNAUTHORIZED,
+                    &[("error", "invalid_token".into()), ("error_description", reason.into())],
+                    Some(reason),
+                ));
+            }
+        };
+        if let Err(wait) =
+            state.route_limits.check(&format!("{}\u{0}{}", claims.issuer, claims.subject), state.routes_per_minute)
+        {
+            let secs = crate::rate::retry_after_secs(wait);
+            let mut resp =
+                envelope(StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED", "too many requests", &correlation_id);
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return Err(resp);
+        }
+        Ok(Authed(Operator { issuer: claims.issuer, subject: claims.subject, scopes: claims.scopes, correlation_id }))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    status: Option<String>,
+    cursor: Option<String>,
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReviewBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+fn respond<T: serde::Serialize>(result: Result<T, OpError>, correlation_id: &str, ok: StatusCode) -> Response {
+    match result {
+        Ok(v) => (ok, Json(v)).into_response(),
+        Err(e) => op_error(e, correlation_id),
+    }
+}
+
+/// A JSON body (empty means the default), or a 400 in the one envelope.
+fn parse_body<T: serde::de::DeserializeOwned + Default>(
+    bytes: &[u8],
+    correlation_id: &str,
+) -> Result<T, Box<Response>> {
+    if bytes.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        Box::new(envelope(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            &format!("invalid JSON body: {e}"),
+            correlation_id,
+        ))
+    })
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = query else {
+        return envelope(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            "unknown or malformed query parameter",
+            &op.correlation_id,
+        );
+    };
+    let result = state
+        .gateway
+        .list_approvals(&op, q.status.as_deref(), q.cursor.as_deref(), q.limit)
+        .await
+        .map(|(approvals, next_cursor)| json!({"approvals": approvals, "next_cursor": next_cursor}));
+    respond(result, &op.correlation_id, StatusCode::OK)
+}
+
+pub async fn get(State(state): State<AppState>, Authed(op): Authed, Path(id): Path<String>) -> Response {
+    respond(state.gateway.approval(&op, &id).await, &op.correlation_id, StatusCode::OK)
+}
+
+async fn review(
+    state: AppState,
+    op: Operator,
+    id: String,
+    body: axum::body::Bytes,
+    decision: ReviewDecision,
+) -> Response {
+    let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    respond(state.gateway.review(&op, &id, decision, body.reason).await, &op.correlation_id, StatusCode::OK)
+}
+
+pub async fn approve(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    review(state, op, id, body, ReviewDecision::Approve).await
+}
+
+pub async fn reject(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    review(state, op, id, body, ReviewDecision::Reject).await
+}
+
+pub async fn preauthorize(State(state): State<AppState>, Authed(op): Authed, body: axum::body::Bytes) -> Response {
+    let args: PreauthorizeArgs = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            return envelope(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+                &format!("invalid JSON body: {e}"),
+                &op.correlation_id,
+            );
+        }
+    };
+    respond(state.gateway.preauthorize(&op, args).await, &op.correlation_id, StatusCode::CREATED)
+}
+
+pub async fn resume(State(state): State<AppState>, Authed(op): Authed, Path(subject): Path<String>) -> Response {
+    let result = state
+        .gateway
+        .resume_principal(&op, &subject)
+        .await
+        .map(|resumed| json!({"subject": subject, "resumed": resumed}));
+    respond(result, &op.correlation_id, StatusCode::OK)
+}
