@@ -42,7 +42,9 @@ CREATE TABLE principal_state (
     subject          TEXT PRIMARY KEY,
     suspended_at     INTEGER,
     suspended_reason TEXT,
-    resumed_at       INTEGER
+    resumed_at       INTEGER,
+    -- Audit sequence number at the resume: denials up to it never count again.
+    resumed_seq      INTEGER NOT NULL DEFAULT 0
 );
 
 ALTER TABLE payments ADD COLUMN mandate_id TEXT;

@@ -785,7 +785,8 @@ impl Store for SqliteStore {
         let subject = subject.to_string();
         self.run(move |c| {
             Ok(c.execute(
-                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1
+                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1,
+                        resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
                  WHERE subject = ?2 AND suspended_at IS NOT NULL",
                 params![now, subject],
             )? == 1)
@@ -800,7 +801,8 @@ impl Store for SqliteStore {
             Ok(c.query_row(
                 "SELECT COUNT(*) FROM audit_records
                  WHERE principal_sub = ?1
-                   AND at >= MAX(?2, COALESCE((SELECT resumed_at FROM principal_state WHERE subject = ?1), 0))
+                   AND at >= ?2
+                   AND seq > COALESCE((SELECT resumed_seq FROM principal_state WHERE subject = ?1), 0)
                    AND decision IN ('denied', 'conflict')
                    AND code IN (SELECT value FROM json_each(?3))",
                 params![subject, since, codes],

@@ -228,3 +228,54 @@ impl TestApp {
         std::fs::read_to_string(self.data_dir.join("dev-signing.key")).unwrap().trim().to_string()
     }
 }
+
+/// An operator route call: (status, JSON body).
+pub async fn operator(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (reqwest::StatusCode, Value) {
+    paygate::install_crypto_provider();
+    let mut req = reqwest::Client::new().request(method, format!("{}{path}", app.base())).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("operator request");
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+pub async fn approve(app: &TestApp, approval_id: &str, reviewer: &str) -> (reqwest::StatusCode, Value) {
+    let token = app.token(reviewer, "payments:approve");
+    operator(
+        app,
+        reqwest::Method::POST,
+        &format!("/approvals/{approval_id}/approve"),
+        &token,
+        Some(serde_json::json!({"reason": "ok"})),
+    )
+    .await
+}
+
+/// Start paygate with a TOML overlay (arrays such as `policy.profiles` replace the defaults whole).
+pub async fn spawn_with_toml(dir: &Path, toml: &str, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> TestApp {
+    capture_logs();
+    let file = dir.join("test-config.toml");
+    std::fs::write(&file, toml).unwrap();
+    let mut env = vec![
+        ("PAYGATE_SERVER__BIND".to_string(), "127.0.0.1:0".to_string()),
+        ("PAYGATE_STORAGE__DATA_DIR".to_string(), dir.display().to_string()),
+    ];
+    env.extend(overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let config = Config::load(Some(&file), env).expect("test config");
+    let running = paygate::app::start(config, clock).await.expect("paygate starts");
+    let url = running.mcp_url();
+    TestApp { running, url, data_dir: dir.to_path_buf(), minted: Mutex::new(Vec::new()) }
+}
+
+pub fn now_secs() -> i64 {
+    SystemClock.now()
+}
