@@ -33,6 +33,11 @@ async fn over_limit_payment_is_approved_by_a_human_and_moves_exactly_once() {
         assert_eq!(body["approved_by"], json!(["alice"]));
         assert!(body["mandate"].is_null(), "operators do not receive the agent's mandate");
 
+        // A retry without the mandate names the same, now approved, approval.
+        let r = call(&agent, "create_payment", ask.clone()).await;
+        assert_eq!(err(&r)["approval_id"], approval_id.as_str());
+        assert_eq!(err(&r)["approval_status"], "approved");
+
         // 4. The agent fetches the mandate and pays with it.
         let r = call(&agent, "get_approval", json!({"approval_id": approval_id})).await;
         assert_eq!(ok(&r)["status"], "approved");

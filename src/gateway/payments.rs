@@ -648,8 +648,15 @@ impl Gateway {
         d.approval_id = Some(approval.id.as_str());
         d.detail = Some(reason.clone());
         self.audit(caller, d).await;
-        AgentError::new(ErrorCode::ApprovalRequired, format!("{reason}; a human must approve it. Nothing moved."))
+        let message = if approval.status == "approved" {
+            "approved: fetch the mandate with get_approval and repeat this call with it as `mandate`. Nothing moved."
+                .to_string()
+        } else {
+            format!("{reason}; a human must approve it. Nothing moved.")
+        };
+        AgentError::new(ErrorCode::ApprovalRequired, message)
             .with_detail("approval_id", approval.id.to_string())
+            .with_detail("approval_status", approval.status.clone())
             .with_detail("approval_url", self.approval_url(&approval.id))
             .with_detail("reviewers_required", approval.reviewers_required)
             .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))

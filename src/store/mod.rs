@@ -180,7 +180,8 @@ pub trait Store: Send + Sync + 'static {
     async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError>;
 
     // --- approvals ---
-    /// The pending, unexpired approval for `rec.idempotency_key`, or `rec` inserted as a new one.
+    /// The live (pending and unexpired, or approved) approval for `rec.idempotency_key`, or `rec`
+    /// inserted as a new one. A rejected or expired request needs a new human decision.
     async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError>;
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Insert an operator's pre-authorization as it is (pending until reviewed).

@@ -686,8 +686,8 @@ impl Store for SqliteStore {
                 .query_row(
                     &format!(
                         "SELECT {APPROVAL_COLS} FROM approvals
-                         WHERE idempotency_key = ?1 AND status = 'pending' AND expires_at > ?2
-                         ORDER BY created_at DESC LIMIT 1"
+                         WHERE idempotency_key = ?1 AND ((status = 'pending' AND expires_at > ?2) OR status = 'approved')
+                         ORDER BY created_at DESC, rowid DESC LIMIT 1"
                     ),
                     params![rec.idempotency_key, now],
                     approval_from_row,
