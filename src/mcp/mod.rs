@@ -5,7 +5,7 @@ pub mod views;
 
 use std::sync::Arc;
 
-use rmcp::handler::server::common::{AsRequestContext, FromContextPart, schema_for_type};
+use rmcp::handler::server::common::{AsRequestContext, FromContextPart, schema_for_output, schema_for_type};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{
     CallToolResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, JsonObject,
@@ -78,6 +78,46 @@ fn caller_from(ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
     }
 }
 
+/// A tool's output schema: its result, or the error envelope. Clients validate `structuredContent`
+/// against `outputSchema` even on `isError` results, so the envelope must be part of it.
+fn result_schema<T: schemars::JsonSchema + std::any::Any>() -> Arc<JsonObject> {
+    let mut success = (*schema_for_output::<T>()).clone();
+    let schema = success.remove("$schema");
+    let defs = success.remove("$defs");
+    let mut root = JsonObject::new();
+    if let Some(s) = schema {
+        root.insert("$schema".into(), s);
+    }
+    root.insert("type".into(), json!("object"));
+    root.insert("anyOf".into(), json!([success, error_envelope_schema()]));
+    if let Some(d) = defs {
+        root.insert("$defs".into(), d);
+    }
+    Arc::new(root)
+}
+
+fn error_envelope_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "title": "ToolError",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string", "description": "One of the gateway's error codes, e.g. APPROVAL_REQUIRED"},
+                    "message": {"type": "string"},
+                    "retryable": {"type": "boolean"},
+                    "retry_after_seconds": {"type": ["integer", "null"]},
+                    "suggested_action": {"type": "string"},
+                    "correlation_id": {"type": "string"}
+                },
+                "required": ["code", "message", "retryable", "suggested_action", "correlation_id"]
+            }
+        },
+        "required": ["error"]
+    })
+}
+
 fn fail(caller: &Caller, e: AgentError) -> CallToolResult {
     CallToolResult::structured_error(e.envelope(&caller.correlation_id))
 }
@@ -114,6 +154,7 @@ impl PaygateMcp {
 impl PaygateMcp {
     #[tool(
         name = "get_balance",
+        output_schema = result_schema::<BalanceView>(),
         description = "Current balance of one of your accounts. Needs scope payments:read.",
         input_schema = schema_for_type::<AccountArgs>(),
         annotations(title = "Get balance", read_only_hint = true, open_world_hint = false)
@@ -127,6 +168,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "get_payment",
+        output_schema = result_schema::<PaymentView>(),
         description = "One payment or refund by id, if it touches one of your accounts. Needs scope payments:read.",
         input_schema = schema_for_type::<PaymentIdArgs>(),
         annotations(title = "Get payment", read_only_hint = true, open_world_hint = false)
@@ -140,6 +182,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "list_payments",
+        output_schema = result_schema::<PaymentList>(),
         description = "Payments touching your accounts, newest first, paginated (limit ≤ 100). Needs scope payments:read.",
         input_schema = schema_for_type::<ListPaymentsArgs>(),
         annotations(title = "List payments", read_only_hint = true, open_world_hint = false)
@@ -156,6 +199,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "get_account_ledger",
+        output_schema = result_schema::<AccountLedger>(),
         description = "Postings of one of your accounts, newest first, paginated (limit ≤ 100). Needs scope payments:read.",
         input_schema = schema_for_type::<AccountLedgerArgs>(),
         annotations(title = "Account ledger", read_only_hint = true, open_world_hint = false)
@@ -178,6 +222,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "create_payment",
+        output_schema = result_schema::<PaymentResult>(),
         description = "Move money between two of your accounts, exactly once per operation_id. Over your autonomous \
                        limit it returns APPROVAL_REQUIRED with an approval_id and moves nothing. Needs scope payments:create.",
         input_schema = schema_for_type::<CreatePaymentArgs>(),
@@ -198,6 +243,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "refund_payment",
+        output_schema = result_schema::<PaymentResult>(),
         description = "Refund all or part of a succeeded payment, exactly once per operation_id. Needs scope payments:refund.",
         input_schema = schema_for_type::<RefundPaymentArgs>(),
         annotations(
@@ -217,6 +263,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "get_approval",
+        output_schema = result_schema::<ApprovalView>(),
         description = "Status of one of your approvals; once approved, the signed mandate to pass as `mandate` to \
                        create_payment or refund_payment. Needs scope payments:read.",
         input_schema = schema_for_type::<ApprovalIdArgs>(),
@@ -231,6 +278,7 @@ impl PaygateMcp {
 
     #[tool(
         name = "check_ledger_integrity",
+        output_schema = result_schema::<IntegrityView>(),
         description = "Verify the ledger: postings sum to zero per currency and every balance equals its postings. \
                        Needs scope payments:admin.",
         input_schema = schema_for_type::<NoArgs>(),
