@@ -150,6 +150,9 @@ pub struct Guards {
 #[derive(Debug, Clone)]
 pub struct TransferRequest {
     pub idempotency_key: String,
+    /// A second idempotency record completed with the same outcome (the operation's own key when
+    /// `idempotency_key` is anchored on a closed mandate).
+    pub alias_key: Option<String>,
     pub payment_id: PaymentId,
     pub from_account: AccountId,
     pub to_account: AccountId,
@@ -163,6 +166,7 @@ pub struct TransferRequest {
 #[derive(Debug, Clone)]
 pub struct RefundRequest {
     pub idempotency_key: String,
+    pub alias_key: Option<String>,
     pub refund_id: PaymentId,
     pub payment_id: PaymentId,
     /// `None` refunds everything still refundable.

@@ -195,11 +195,11 @@ impl Gateway {
         }
         let before = decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?;
         let limit = self.page_limit(limit).map_err(|e| OpError::Invalid(e.message))?;
-        let page = self.store.approval_list(status, before, limit).await.map_err(|error| {
+        let now = self.clock.now();
+        let page = self.store.approval_list(status, before, limit, now).await.map_err(|error| {
             tracing::error!(%error, "approval list failed");
             OpError::Internal
         })?;
-        let now = self.clock.now();
         Ok((page.items.iter().map(|(_, a)| self.view(a, now, false)).collect(), page.next_cursor.map(encode_cursor)))
     }
 

@@ -99,6 +99,16 @@ struct Idem {
     /// What a different fingerprint under this key means: a reused operation_id, or (for a key
     /// anchored on a closed mandate) a second use of a single-use mandate.
     conflict: (ErrorCode, &'static str),
+    /// For a key anchored on a closed mandate: the operation_id's own key, reserved and completed
+    /// with it, so the operation cannot move money again under another mandate.
+    alias: Option<Box<Idem>>,
+}
+
+/// How a reservation ended.
+enum Reserved {
+    Acquired,
+    /// Replayed, refused or timed out; `outcome` is the stored outcome when it was a replay.
+    Finished(Result<Executed, AgentError>, Option<String>),
 }
 
 const REUSED_OPERATION: (ErrorCode, &str) =
@@ -176,9 +186,10 @@ impl Gateway {
             Some(m) => m.guards(),
             None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
         };
-        self.execute(caller, TOOL, idem, decision, amount, intent, |key| {
+        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key| {
             let req = TransferRequest {
                 idempotency_key: key,
+                alias_key,
                 payment_id: PaymentId::generate(),
                 from_account: from.clone(),
                 to_account: to.clone(),
@@ -277,9 +288,10 @@ impl Gateway {
             (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
             (None, None) => None,
         };
-        self.execute(caller, TOOL, idem, decision, amount, intent, |key| {
+        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key| {
             let req = RefundRequest {
                 idempotency_key: key,
+                alias_key,
                 refund_id: PaymentId::generate(),
                 payment_id: pid.clone(),
                 amount_minor: explicit_amount,
@@ -304,18 +316,22 @@ impl Gateway {
         args: serde_json::Value,
     ) -> Idem {
         let p = &caller.principal;
-        let mandate_id = mandate.map(|m| m.claims.jti.clone());
+        // The operation's identity: the same arguments are the same operation, with or without a
+        // mandate (a retry after approval is the same payment, not a new one).
+        let operation = Idem {
+            key: self.keys.key(&p.issuer, &p.subject, tool, op.as_str()),
+            fingerprint: fingerprint(&json!({ "args": args })),
+            conflict: REUSED_OPERATION,
+            alias: None,
+        };
         match mandate {
             Some(m) if m.claims.kind == MandateKind::Closed => Idem {
                 key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate:{}", m.claims.jti)),
-                fingerprint: fingerprint(&json!({"args": args, "operation_id": op, "mandate": mandate_id})),
+                fingerprint: fingerprint(&json!({"args": args, "operation_id": op})),
                 conflict: REUSED_MANDATE,
+                alias: Some(Box::new(operation)),
             },
-            _ => Idem {
-                key: self.keys.key(&p.issuer, &p.subject, tool, op.as_str()),
-                fingerprint: fingerprint(&json!({"args": args, "mandate": mandate_id})),
-                conflict: REUSED_OPERATION,
-            },
+            _ => operation,
         }
     }
 
@@ -427,27 +443,130 @@ impl Gateway {
         call_backend: F,
     ) -> Result<Executed, AgentError>
     where
-        F: FnOnce(String) -> Fut,
+        F: FnOnce(String, Option<String>) -> Fut,
         Fut: Future<Output = Result<Payment, BackendError>>,
     {
         let now = self.clock.now();
-        // 1. An outcome already recorded under this key wins over everything, policy included:
-        //    a retry must never be judged as a new payment.
-        match self.store.idem_peek(&idem.key, now).await {
-            Ok(Some((fp, _))) if fp != idem.fingerprint => return Err(self.conflict(caller, tool, &idem).await),
-            Ok(Some((_, Some(outcome)))) => return self.replay(caller, tool, &idem, &outcome).await,
-            Ok(_) => {}
-            Err(error) => return Err(self.internal(caller, tool, &idem, error).await),
+        // 1. An outcome already recorded under the operation's key (or the mandate's) wins over
+        //    everything, policy included: a retry must never be judged as a new payment.
+        for id in idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)) {
+            match self.store.idem_peek(&id.key, now).await {
+                Ok(Some((fp, _))) if fp != id.fingerprint => return Err(self.conflict(caller, tool, id).await),
+                Ok(Some((_, Some(outcome)))) => return self.replay(caller, tool, id, &outcome).await,
+                Ok(_) => {}
+                Err(error) => return Err(self.internal(caller, tool, id, error).await),
+            }
         }
         // 2. Policy.
         match decision {
             Policy::Allow => {}
             Policy::Deny(e) => return Err(self.refuse(caller, tool, Some(&idem.key), e).await),
             Policy::RequireApproval { reason } => {
-                return Err(self.require_approval(caller, tool, &idem, amount, intent, reason).await);
+                let operation = idem.alias.as_deref().unwrap_or(&idem);
+                return Err(self.require_approval(caller, tool, operation, amount, intent, reason).await);
             }
         }
-        // 3. Reserve the key; duplicates wait for the holder and replay its outcome.
+        // 3. Reserve the operation's key, then the mandate's; duplicates wait and replay.
+        if let Some(alias) = idem.alias.as_deref()
+            && let Reserved::Finished(result, _) = self.reserve(caller, tool, alias).await
+        {
+            return result;
+        }
+        if let Reserved::Finished(result, outcome) = self.reserve(caller, tool, &idem).await {
+            if let Some(alias) = idem.alias.as_deref() {
+                // The mandate already paid for this very operation: record that under its own key too;
+                // anything else leaves the operation free to try again.
+                match outcome {
+                    Some(o) => {
+                        let _ = self.store.idem_complete(&alias.key, &o).await;
+                    }
+                    None => {
+                        let _ = self.store.idem_release(&alias.key).await;
+                    }
+                }
+                self.wake(&alias.key);
+            }
+            return result;
+        }
+        // 4. Move the money. The key travels to the backend, which applies it at most once.
+        let result = call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone())).await;
+        let keys: Vec<&str> =
+            idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)).map(|i| i.key.as_str()).collect();
+        let complete = |outcome: String| {
+            let keys = keys.clone();
+            async move {
+                for key in keys {
+                    self.store.idem_complete(key, &outcome).await?;
+                }
+                Ok::<_, crate::store::StoreError>(())
+            }
+        };
+        let release = || {
+            let keys = keys.clone();
+            async move {
+                for key in keys {
+                    let _ = self.store.idem_release(key).await;
+                }
+            }
+        };
+        let outcome = match result {
+            Ok(payment) => {
+                let stored = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
+                if let Err(error) = complete(stored).await {
+                    // The ledger completed the record in its own transaction; for other backends the
+                    // lease expires and a retry re-asks the backend with the same key.
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+                }
+                let mut d = Decision::new(tool, "allowed");
+                d.idempotency_key = Some(&idem.key);
+                d.payment_id = Some(payment.id.as_str());
+                self.audit(caller, d).await;
+                Ok(Executed { payment, replayed: false })
+            }
+            Err(BackendError::Unavailable(detail)) => {
+                // Nothing moved: give the key back so the same operation_id can try again.
+                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend unavailable");
+                release().await;
+                let e = map_backend_error(&BackendError::Unavailable(detail));
+                Err(self.refuse_as(caller, tool, &idem, "backend_unavailable", e).await)
+            }
+            Err(BackendError::BudgetExceeded(detail)) => {
+                // Nothing moved and the budget resets: give the key back (not this operation's fate).
+                release().await;
+                let e = map_backend_error(&BackendError::BudgetExceeded(detail));
+                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
+            }
+            Err(BackendError::MandateExhausted(detail)) => {
+                let e = map_backend_error(&BackendError::MandateExhausted(detail));
+                if let Err(error) = complete(StoredOutcome::failed(&e).to_json()).await {
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+                }
+                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
+            }
+            Err(BackendError::OutcomeUnknown(detail)) => {
+                // Maybe moved. Keep the key in flight: once its lease ends, a retry asks the backend
+                // again with the same key, and reconciliation settles it.
+                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend outcome unknown");
+                let e = map_backend_error(&BackendError::OutcomeUnknown(detail));
+                Err(self.refuse_as(caller, tool, &idem, "outcome_unknown", e).await)
+            }
+            Err(business) => {
+                // A business refusal is this operation_id's outcome for good (TigerBeetle's rule).
+                let e = map_backend_error(&business);
+                if let Err(error) = complete(StoredOutcome::failed(&e).to_json()).await {
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+                }
+                Err(self.refuse_as(caller, tool, &idem, "failed", e).await)
+            }
+        };
+        for key in keys {
+            self.wake(key);
+        }
+        outcome
+    }
+
+    /// Reserve one key, waiting (bounded) for a live holder and replaying its outcome.
+    async fn reserve(&self, caller: &Caller, tool: &str, idem: &Idem) -> Reserved {
         let deadline = Instant::now() + self.limits.idempotency_wait;
         loop {
             let now = self.clock.now();
@@ -465,13 +584,16 @@ impl Gateway {
             tokio::pin!(notified);
             notified.as_mut().enable();
             match self.store.idem_reserve(rec, now).await {
-                Ok(Reservation::Acquired) => break,
+                Ok(Reservation::Acquired) => return Reserved::Acquired,
                 Ok(Reservation::Completed { fingerprint, .. } | Reservation::InFlight { fingerprint })
                     if fingerprint != idem.fingerprint =>
                 {
-                    return Err(self.conflict(caller, tool, &idem).await);
+                    return Reserved::Finished(Err(self.conflict(caller, tool, idem).await), None);
                 }
-                Ok(Reservation::Completed { outcome, .. }) => return self.replay(caller, tool, &idem, &outcome).await,
+                Ok(Reservation::Completed { outcome, .. }) => {
+                    let result = self.replay(caller, tool, idem, &outcome).await;
+                    return Reserved::Finished(result, Some(outcome));
+                }
                 Ok(Reservation::InFlight { .. }) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -480,67 +602,16 @@ impl Gateway {
                             "the same operation is still running; retry with the same operation_id",
                         )
                         .with_retry_after(1);
-                        return Err(self.refuse_as(caller, tool, &idem, "in_progress", e).await);
+                        return Reserved::Finished(
+                            Err(self.refuse_as(caller, tool, idem, "in_progress", e).await),
+                            None,
+                        );
                     }
                     let _ = tokio::time::timeout(left.min(WAIT_POLL), notified).await;
                 }
-                Err(error) => return Err(self.internal(caller, tool, &idem, error).await),
+                Err(error) => return Reserved::Finished(Err(self.internal(caller, tool, idem, error).await), None),
             }
         }
-        // 4. Move the money. The key travels to the backend, which applies it at most once.
-        let result = call_backend(idem.key.clone()).await;
-        let outcome = match result {
-            Ok(payment) => {
-                let stored = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
-                if let Err(error) = self.store.idem_complete(&idem.key, &stored).await {
-                    // The ledger completed the record in its own transaction; for other backends the
-                    // lease expires and a retry re-asks the backend with the same key.
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
-                }
-                let mut d = Decision::new(tool, "allowed");
-                d.idempotency_key = Some(&idem.key);
-                d.payment_id = Some(payment.id.as_str());
-                self.audit(caller, d).await;
-                Ok(Executed { payment, replayed: false })
-            }
-            Err(BackendError::Unavailable(detail)) => {
-                // Nothing moved: give the key back so the same operation_id can try again.
-                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend unavailable");
-                let _ = self.store.idem_release(&idem.key).await;
-                let e = map_backend_error(&BackendError::Unavailable(detail));
-                Err(self.refuse_as(caller, tool, &idem, "backend_unavailable", e).await)
-            }
-            Err(BackendError::BudgetExceeded(detail)) => {
-                // Nothing moved and the budget resets: give the key back (not this operation's fate).
-                let _ = self.store.idem_release(&idem.key).await;
-                let e = map_backend_error(&BackendError::BudgetExceeded(detail));
-                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
-            }
-            Err(BackendError::MandateExhausted(detail)) => {
-                let e = map_backend_error(&BackendError::MandateExhausted(detail));
-                if let Err(error) = self.store.idem_complete(&idem.key, &StoredOutcome::failed(&e).to_json()).await {
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
-                }
-                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
-            }
-            Err(BackendError::OutcomeUnknown(detail)) => {
-                // Maybe moved. Keep the key in flight: once its lease ends, a retry asks the backend
-                // again with the same key, and reconciliation settles it.
-                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend outcome unknown");
-                let e = map_backend_error(&BackendError::OutcomeUnknown(detail));
-                Err(self.refuse_as(caller, tool, &idem, "outcome_unknown", e).await)
-            }
-            Err(business) => {
-                // A business refusal is this operation_id's outcome for good (TigerBeetle's rule).
-                let e = map_backend_error(&business);
-                if let Err(error) = self.store.idem_complete(&idem.key, &StoredOutcome::failed(&e).to_json()).await {
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
-                }
-                Err(self.refuse_as(caller, tool, &idem, "failed", e).await)
-            }
-        };
-        self.wake(&idem.key);
-        outcome
     }
 
     pub(crate) fn approval_url(&self, id: &ApprovalId) -> String {

@@ -186,12 +186,14 @@ pub trait Store: Send + Sync + 'static {
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Insert an operator's pre-authorization as it is (pending until reviewed).
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError>;
-    /// Newest first; `before` is the cursor of the previous page.
+    /// Newest first; `before` is the cursor of the previous page. `status` is as of `now`: a
+    /// pending approval past its expiry lists as expired.
     async fn approval_list(
         &self,
         status: Option<&str>,
         before: Option<i64>,
         limit: u32,
+        now: UnixSecs,
     ) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
     /// Record one reviewer's decision; the state machine runs in one transaction. Enough approvals
     /// issue the mandate (`issue`) in the same transaction.

@@ -261,13 +261,16 @@ fn apply_guards(
     Ok(())
 }
 
-/// Mark the idempotency record for `key` completed with this payment, inside the posting transaction.
-fn complete_in_tx(tx: &Connection, key: &str, payment: &Payment) -> rusqlite::Result<()> {
+/// Mark the idempotency records for `key` (and its alias) completed with this payment, inside the
+/// posting transaction.
+fn complete_in_tx(tx: &Connection, key: &str, alias: Option<&str>, payment: &Payment) -> rusqlite::Result<()> {
     let outcome = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
-    tx.execute(
-        "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
-        params![outcome, key],
-    )?;
+    for k in std::iter::once(key).chain(alias) {
+        tx.execute(
+            "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
+            params![outcome, k],
+        )?;
+    }
     Ok(())
 }
 
@@ -286,7 +289,7 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
         if !same_transfer(&existing, &req) {
             return Err(BackendError::IdempotencyKeyReused);
         }
-        complete_in_tx(&tx, &req.idempotency_key, &existing).map_err(db)?;
+        complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &existing).map_err(db)?;
         tx.commit().map_err(db)?;
         return Ok(existing);
     }
@@ -333,7 +336,7 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
     let desc = format!("payment {}", payment.id);
     post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now).map_err(db)?;
     post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now).map_err(db)?;
-    complete_in_tx(&tx, &req.idempotency_key, &payment).map_err(db)?;
+    complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &payment).map_err(db)?;
     tx.commit().map_err(db)?;
     Ok(payment)
 }
@@ -347,7 +350,7 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
         if !same {
             return Err(BackendError::IdempotencyKeyReused);
         }
-        complete_in_tx(&tx, &req.idempotency_key, &existing).map_err(db)?;
+        complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &existing).map_err(db)?;
         tx.commit().map_err(db)?;
         return Ok(existing);
     }
@@ -400,7 +403,7 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
     post(&tx, Some(refund.id.as_str()), refund.from_account.as_str(), -amount, refund.currency, &desc, now)
         .map_err(db)?;
     post(&tx, Some(refund.id.as_str()), refund.to_account.as_str(), amount, refund.currency, &desc, now).map_err(db)?;
-    complete_in_tx(&tx, &req.idempotency_key, &refund).map_err(db)?;
+    complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &refund).map_err(db)?;
     tx.commit().map_err(db)?;
     Ok(refund)
 }
@@ -717,16 +720,24 @@ impl Store for SqliteStore {
         status: Option<&str>,
         before: Option<i64>,
         limit: u32,
+        now: UnixSecs,
     ) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
         let status = status.map(str::to_string);
         self.run(move |c| {
+            // A pending approval past its expiry is expired, whether or not anyone touched it since.
             let mut stmt = c.prepare(&format!(
                 "SELECT {APPROVAL_COLS}, rowid FROM approvals
-                 WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR rowid < ?2) ORDER BY rowid DESC LIMIT ?3"
+                 WHERE (?1 IS NULL
+                        OR (?1 = 'pending' AND status = 'pending' AND expires_at > ?4)
+                        OR (?1 = 'expired' AND (status = 'expired' OR (status = 'pending' AND expires_at <= ?4)))
+                        OR (?1 NOT IN ('pending', 'expired') AND status = ?1))
+                   AND (?2 IS NULL OR rowid < ?2)
+                 ORDER BY rowid DESC LIMIT ?3"
             ))?;
             let limit = i64::from(limit);
-            let rows = stmt
-                .query_map(params![status, before, limit + 1], |r| Ok((r.get::<_, i64>(20)?, approval_from_row(r)?)))?;
+            let rows = stmt.query_map(params![status, before, limit + 1, now], |r| {
+                Ok((r.get::<_, i64>(20)?, approval_from_row(r)?))
+            })?;
             let mut items: Vec<(i64, ApprovalRecord)> = rows.collect::<Result<_, _>>()?;
             let next_cursor = if items.len() as i64 > limit {
                 items.truncate(limit as usize);
@@ -1081,6 +1092,7 @@ mod tests {
     fn transfer(key: &str, minor: i64) -> TransferRequest {
         TransferRequest {
             idempotency_key: key.into(),
+            alias_key: None,
             payment_id: PaymentId::generate(),
             from_account: AccountId::parse("acct-A").unwrap(),
             to_account: AccountId::parse("acct-B").unwrap(),
@@ -1152,6 +1164,7 @@ mod tests {
         let p = s.ledger_transfer(transfer("ok", 10_000), 0).await.unwrap();
         let refund = |key: &str, amount: Option<i64>| RefundRequest {
             idempotency_key: key.into(),
+            alias_key: None,
             refund_id: PaymentId::generate(),
             payment_id: p.id.clone(),
             amount_minor: amount,
