@@ -108,7 +108,7 @@ struct Idem {
 enum Reserved {
     Acquired,
     /// Replayed, refused or timed out; `outcome` is the stored outcome when it was a replay.
-    Finished(Result<Executed, AgentError>, Option<String>),
+    Finished(Box<(Result<Executed, AgentError>, Option<String>)>),
 }
 
 const REUSED_OPERATION: (ErrorCode, &str) =
@@ -468,11 +468,12 @@ impl Gateway {
         }
         // 3. Reserve the operation's key, then the mandate's; duplicates wait and replay.
         if let Some(alias) = idem.alias.as_deref()
-            && let Reserved::Finished(result, _) = self.reserve(caller, tool, alias).await
+            && let Reserved::Finished(done) = self.reserve(caller, tool, alias).await
         {
-            return result;
+            return done.0;
         }
-        if let Reserved::Finished(result, outcome) = self.reserve(caller, tool, &idem).await {
+        if let Reserved::Finished(done) = self.reserve(caller, tool, &idem).await {
+            let (result, outcome) = *done;
             if let Some(alias) = idem.alias.as_deref() {
                 // The mandate already paid for this very operation: record that under its own key too;
                 // anything else leaves the operation free to try again.
@@ -588,11 +589,11 @@ impl Gateway {
                 Ok(Reservation::Completed { fingerprint, .. } | Reservation::InFlight { fingerprint })
                     if fingerprint != idem.fingerprint =>
                 {
-                    return Reserved::Finished(Err(self.conflict(caller, tool, idem).await), None);
+                    return Reserved::Finished(Box::new((Err(self.conflict(caller, tool, idem).await), None)));
                 }
                 Ok(Reservation::Completed { outcome, .. }) => {
                     let result = self.replay(caller, tool, idem, &outcome).await;
-                    return Reserved::Finished(result, Some(outcome));
+                    return Reserved::Finished(Box::new((result, Some(outcome))));
                 }
                 Ok(Reservation::InFlight { .. }) => {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -602,14 +603,14 @@ impl Gateway {
                             "the same operation is still running; retry with the same operation_id",
                         )
                         .with_retry_after(1);
-                        return Reserved::Finished(
-                            Err(self.refuse_as(caller, tool, idem, "in_progress", e).await),
-                            None,
-                        );
+                        let refused = self.refuse_as(caller, tool, idem, "in_progress", e).await;
+                        return Reserved::Finished(Box::new((Err(refused), None)));
                     }
                     let _ = tokio::time::timeout(left.min(WAIT_POLL), notified).await;
                 }
-                Err(error) => return Reserved::Finished(Err(self.internal(caller, tool, idem, error).await), None),
+                Err(error) => {
+                    return Reserved::Finished(Box::new((Err(self.internal(caller, tool, idem, error).await), None)));
+                }
             }
         }
     }
