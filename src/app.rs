@@ -62,8 +62,8 @@ impl Running {
     /// Mint a dev token for `subject` (dev key only).
     pub fn mint_token(&self, subject: &str, scope: &str, ttl_secs: i64) -> Option<String> {
         let key = self.dev_key.as_ref()?;
-        mint_dev_token(key, &self.config.auth.dev_issuer, &self.mcp_url(), subject, scope, self.clock.now(), ttl_secs)
-            .ok()
+        let issuer = dev_issuer(&self.config, &self.public_url);
+        mint_dev_token(key, &issuer, &self.mcp_url(), subject, scope, self.clock.now(), ttl_secs).ok()
     }
 
     /// Stop accepting, end open streams, wait for in-flight requests.
@@ -121,6 +121,11 @@ pub fn dev_key(config: &Config) -> Result<Secret, StartError> {
     load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })
 }
 
+/// The dev key's issuer: configured, or the public URL (the gateway is the dev issuer).
+pub fn dev_issuer(config: &Config, public_url: &str) -> String {
+    if config.auth.dev_issuer.is_empty() { public_url.to_string() } else { config.auth.dev_issuer.clone() }
+}
+
 fn authority(url: &str) -> &str {
     url.split_once("://").map_or(url, |(_, rest)| rest.split('/').next().unwrap_or(rest))
 }
@@ -163,10 +168,11 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     };
 
     let a = &config.auth;
+    let dev_issuer = dev_issuer(&config, &public_url);
     let mut verifier = Verifier::new(resource_url.clone(), a.leeway_secs, clock.clone());
     let dev_key = if a.dev_key_enabled { Some(dev_key(&config)?) } else { None };
     if let Some(k) = &dev_key {
-        verifier = verifier.with_dev_key(a.dev_issuer.clone(), k).map_err(StartError::Auth)?;
+        verifier = verifier.with_dev_key(dev_issuer.clone(), k).map_err(StartError::Auth)?;
     }
     let mut authorization_servers = Vec::new();
     if !a.issuer.is_empty() {
@@ -198,7 +204,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         authorization_servers.push(a.issuer.clone());
     }
     if dev_key.is_some() {
-        authorization_servers.push(a.dev_issuer.clone());
+        authorization_servers.push(dev_issuer.clone());
     }
 
     let backend = Arc::new(LedgerBackend::new(store.clone(), clock.clone()));

@@ -168,7 +168,8 @@ fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> Exit
         config.server.public_url.clone()
     };
     let audience = format!("{public_url}/mcp");
-    match paygate::auth::mint_dev_token(&key, &config.auth.dev_issuer, &audience, sub, scope, SystemClock.now(), ttl) {
+    let issuer = paygate::app::dev_issuer(config, &public_url);
+    match paygate::auth::mint_dev_token(&key, &issuer, &audience, sub, scope, SystemClock.now(), ttl) {
         Ok(t) => {
             println!("{t}");
             ExitCode::SUCCESS

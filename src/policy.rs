@@ -318,8 +318,8 @@ mod tests {
     fn profiles_resolve_subject_then_client_then_default() {
         let cfg = crate::config::Config::load(None, Vec::<(String, String)>::new()).unwrap();
         let profiles = Profiles::from_config(&cfg.policy);
-        assert_eq!(profiles.resolve("paygate-dev", "dev-agent", None).name, "dev");
-        assert_eq!(profiles.resolve("paygate-dev", "stranger", Some("nobody")).name, "default");
-        assert!(profiles.resolve("paygate-dev", "stranger", None).allowed_accounts.is_empty());
+        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "dev-agent", None).name, "dev");
+        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "stranger", Some("nobody")).name, "default");
+        assert!(profiles.resolve("http://127.0.0.1:8080", "stranger", None).allowed_accounts.is_empty());
     }
 }

@@ -341,7 +341,7 @@ async fn scopes_and_authentication_guard_the_operator_routes() {
         403,
         "INSUFFICIENT_SCOPE",
     );
-    let preauth = json!({"subject": "dev-agent", "agent_issuer": "paygate-dev", "kind": "closed", "currency": "KES",
+    let preauth = json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
                          "payer": "acct-A", "payee": "acct-B", "amount": "2500.00"});
     refused(&operator(&app, Method::POST, "/approvals", &viewer, Some(preauth)).await, 403, "INSUFFICIENT_SCOPE");
 
@@ -488,7 +488,7 @@ async fn operator_actions_are_audited_under_the_operator() {
 
     // alice pre-authorizes a high-tier payment: her approval counts once, bob's completes it.
     let alice = app.token("alice", "payments:approve");
-    let body = json!({"subject": "dev-agent", "agent_issuer": "paygate-dev", "kind": "closed", "currency": "KES",
+    let body = json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
                       "payer": "acct-A", "payee": "acct-B", "amount": "150000.00"});
     let (status, view) = operator(&app, Method::POST, "/approvals", &alice, Some(body)).await;
     assert_eq!(status, 201, "{view}");
@@ -512,7 +512,7 @@ async fn operator_actions_are_audited_under_the_operator() {
             a.tool == tool
                 && a.decision == decision
                 && a.approval_id.as_deref() == Some(id)
-                && a.principal_iss == "paygate-dev"
+                && a.principal_iss == DEV_ISSUER
         })
     };
     let a = app.audit("alice").await;

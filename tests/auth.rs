@@ -65,7 +65,7 @@ fn claims(app: &TestApp, iss: &str, sub: &str, scope: &str) -> Value {
 }
 
 fn dev_claims(app: &TestApp, sub: &str, scope: &str) -> Value {
-    claims(app, "paygate-dev", sub, scope)
+    claims(app, DEV_ISSUER, sub, scope)
 }
 
 fn sign_hs256(secret: &[u8], claims: &Value) -> String {
@@ -545,7 +545,7 @@ async fn rs256_and_es256_tokens_verify_from_the_jwks() {
             "IdP key, dev issuer",
             sign_with("rsa1.pem", Algorithm::RS256, Some("k1"), &{
                 let mut c = base.clone();
-                c["iss"] = json!("paygate-dev");
+                c["iss"] = json!(DEV_ISSUER);
                 c
             }),
         ),
@@ -764,7 +764,9 @@ async fn protected_resource_metadata_describes_this_resource() {
         assert_eq!(doc["bearer_methods_supported"], json!(["header"]), "{path}");
         let servers = doc["authorization_servers"].as_array().unwrap_or_else(|| panic!("{path}: {doc}"));
         assert!(!servers.is_empty(), "{path}");
-        assert!(servers.contains(&json!("paygate-dev")), "{path}: {servers:?}");
+        // The dev issuer is the gateway itself: an issuer identifier is a URL (RFC 8414).
+        assert!(servers.contains(&json!(DEV_ISSUER)), "{path}: {servers:?}");
+        assert!(servers.iter().all(|s| s.as_str().is_some_and(|s| s.starts_with("http"))), "{path}: {servers:?}");
         let scopes = doc["scopes_supported"].as_array().unwrap_or_else(|| panic!("{path}: {doc}"));
         assert!(scopes.contains(&json!("payments:create")), "{path}: {scopes:?}");
         assert!(!scopes.contains(&json!("offline_access")), "{path}: {scopes:?}");

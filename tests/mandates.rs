@@ -130,7 +130,7 @@ async fn preauthorize(app: &TestApp, body: Value) -> Value {
 }
 
 fn open_mandate_body(per_payment_max: &str, budget: &str, max_uses: i64) -> Value {
-    json!({"subject": "dev-agent", "agent_issuer": "paygate-dev", "kind": "open", "currency": "KES",
+    json!({"subject": "dev-agent", "kind": "open", "currency": "KES",
            "payer": "acct-A", "payees": ["acct-B"], "per_payment_max": per_payment_max, "budget": budget,
            "max_uses": max_uses, "valid_for_secs": 3600})
 }
@@ -335,7 +335,7 @@ async fn a_call_differing_from_its_mandate_is_a_mismatch() {
     // A pre-authorized mandate to acct-Z: with it, acct-A → acct-B differs only in the payee.
     let view = preauthorize(
         &app,
-        json!({"subject": "dev-agent", "agent_issuer": "paygate-dev", "kind": "closed", "currency": "KES",
+        json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
                "payer": "acct-A", "payee": "acct-Z", "amount": "5000.00"}),
     )
     .await;
@@ -650,7 +650,7 @@ async fn the_cli_verifies_mandates() {
 async fn one_operation_id_pays_once_even_with_two_mandates() {
     let (app, _dir) = spawn_app().await;
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
-    let closed = json!({"subject": "dev-agent", "agent_issuer": "paygate-dev", "kind": "closed", "currency": "KES",
+    let closed = json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
                         "payer": "acct-A", "payee": "acct-B", "amount": "2500.00"});
     let first = preauthorize(&app, closed.clone()).await["approval_id"].as_str().unwrap().to_string();
     let second = preauthorize(&app, closed).await["approval_id"].as_str().unwrap().to_string();

@@ -16,6 +16,10 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::Value;
 
+/// The dev key's issuer in tests: fixed, so principals (and their idempotency keys) survive a
+/// restart on a new port. (By default it is the public URL.)
+pub const DEV_ISSUER: &str = "https://dev.paygate.test";
+
 pub const ALL_AGENT_SCOPES: &str = "payments:read payments:create payments:refund payments:admin";
 
 /// Everything the server logs in this test binary, so tests can assert no token leaks.
@@ -80,6 +84,7 @@ pub fn config_for(dir: &Path, overrides: &[(&str, &str)]) -> Config {
     let mut env = vec![
         ("PAYGATE_SERVER__BIND".to_string(), "127.0.0.1:0".to_string()),
         ("PAYGATE_STORAGE__DATA_DIR".to_string(), dir.display().to_string()),
+        ("PAYGATE_AUTH__DEV_ISSUER".to_string(), DEV_ISSUER.to_string()),
     ];
     env.extend(overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Config::load(None, env).expect("test config")
@@ -268,6 +273,7 @@ pub async fn spawn_with_toml(dir: &Path, toml: &str, overrides: &[(&str, &str)],
     let mut env = vec![
         ("PAYGATE_SERVER__BIND".to_string(), "127.0.0.1:0".to_string()),
         ("PAYGATE_STORAGE__DATA_DIR".to_string(), dir.display().to_string()),
+        ("PAYGATE_AUTH__DEV_ISSUER".to_string(), DEV_ISSUER.to_string()),
     ];
     env.extend(overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let config = Config::load(Some(&file), env).expect("test config");
