@@ -110,10 +110,16 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
 
-    Router::new()
-        .merge(operator_routes)
+    // The metadata is public: any browser origin may read it (that is how browser clients discover
+    // the authorization server).
+    let metadata_routes = Router::new()
         .route(METADATA_PATH, get(protected_resource_metadata))
         .route(&format!("{METADATA_PATH}/mcp"), get(protected_resource_metadata))
+        .layer(CorsLayer::new().allow_origin(tower_http::cors::Any).allow_methods([Method::GET]));
+
+    Router::new()
+        .merge(operator_routes)
+        .merge(metadata_routes)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .merge(mcp_routes)

@@ -137,6 +137,9 @@ hdrs=$(curl -s -D - -o /dev/null -X POST "$mcp" -H 'origin: https://app.example'
 echo "$hdrs" | grep -qi '^access-control-expose-headers:.*www-authenticate' &&
   echo "$hdrs" | grep -qi '^access-control-expose-headers:.*mcp-session-id'
 result "CORS exposes WWW-Authenticate and Mcp-Session-Id" $?
+curl -s -D - -o /dev/null "$base/.well-known/oauth-protected-resource/mcp" -H 'origin: https://any.example' |
+  grep -qi '^access-control-allow-origin: \*'
+result "CORS on the protected-resource metadata" $?
 
 # --- the conformance suite ------------------------------------------------------------------
 node proxy.mjs "$proxy_port" "$base" "$tok" >"$work/proxy.log" 2>&1 &
