@@ -21,6 +21,7 @@ use crate::idempotency::KeyDeriver;
 use crate::mandate::MandateKeys;
 use crate::money::{Currency, parse_minor};
 use crate::policy::Profiles;
+use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AccountSeed, Store};
 
@@ -130,6 +131,22 @@ fn authority(url: &str) -> &str {
     url.split_once("://").map_or(url, |(_, rest)| rest.split('/').next().unwrap_or(rest))
 }
 
+/// Open the configured store (running its migrations).
+pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
+    let st = &config.storage;
+    if st.url.starts_with("postgres://") || st.url.starts_with("postgresql://") {
+        return Ok(Arc::new(PostgresStore::connect(&st.url, &st.postgres_schema).await?));
+    }
+    let path = match st.url.strip_prefix("sqlite://") {
+        Some(p) => PathBuf::from(p),
+        None => st.data_dir.join(&st.sqlite_file),
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| StartError::DataDir { path: parent.to_path_buf(), source })?;
+    }
+    Ok(Arc::new(SqliteStore::open(&path)?))
+}
+
 /// Start the gateway: bind, open state, serve in the background.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
     crate::install_crypto_provider();
@@ -143,7 +160,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
 
     let data_dir = config.storage.data_dir.clone();
     std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(&config.storage.sqlite_file))?);
+    let store = open_store(&config).await?;
 
     if config.ledger.demo {
         for a in &config.ledger.accounts {

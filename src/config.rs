@@ -59,6 +59,8 @@ pub struct ServerConfig {
 pub struct StorageConfig {
     pub data_dir: PathBuf,
     pub sqlite_file: String,
+    pub url: String,
+    pub postgres_schema: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -235,6 +237,18 @@ impl Config {
         range("server.request_timeout_ms", s.request_timeout_ms, 100, 300_000)?;
         range("server.session_idle_secs", s.session_idle_secs, 10, 86_400)?;
         range("server.sessions_max", s.sessions_max, 100, 1_000_000)?;
+        let st = &self.storage;
+        if !(st.url.is_empty()
+            || st.url.starts_with("sqlite://")
+            || st.url.starts_with("postgres://")
+            || st.url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError::Invalid("storage.url must be empty, sqlite://PATH or postgres://…".into()));
+        }
+        if st.postgres_schema.is_empty() || !st.postgres_schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(ConfigError::Invalid("storage.postgres_schema must be letters, digits and _".into()));
+        }
         let a = &self.auth;
         range("auth.jwks_cache_secs", a.jwks_cache_secs, 10, 86_400)?;
         range("auth.jwks_refetch_min_interval_secs", a.jwks_refetch_min_interval_secs, 1, 3600)?;

@@ -33,6 +33,8 @@ enum Command {
     },
     /// Print every tool with the scope it needs and its annotations.
     Tools,
+    /// Apply the store's migrations and exit.
+    Migrate,
     /// Work with mandates signed by this gateway.
     Mandate {
         #[command(subcommand)]
@@ -66,6 +68,27 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Mandate { command: MandateCommand::Verify { jws } } => verify_mandate(&config, &jws),
+        Command::Migrate => migrate(&config),
+    }
+}
+
+fn migrate(config: &Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(paygate::app::open_store(config)) {
+        Ok(_) => {
+            println!("migrations applied");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

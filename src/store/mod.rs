@@ -5,6 +5,7 @@
 //! transfer *and* complete its idempotency record) are single store methods, so no caller can
 //! split them.
 
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;

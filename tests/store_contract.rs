@@ -1,0 +1,450 @@
+//! One store contract, two engines: every case runs against SQLite and, when
+//! PAYGATE_TEST_DATABASE_URL is set, against PostgreSQL (each case in its own schema).
+
+use std::sync::Arc;
+
+use paygate::backend::{BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, RefundRequest, TransferRequest};
+use paygate::idempotency::StoredOutcome;
+use paygate::ids::{AccountId, ApprovalId, PaymentId};
+use paygate::mandate::MandateKind;
+use paygate::money::{Currency, Money};
+use paygate::store::postgres::PostgresStore;
+use paygate::store::sqlite::SqliteStore;
+use paygate::store::{
+    AccountSeed, ApprovalRecord, AuditRecord, IssuedMandate, NewIdempotencyRecord, Reservation, Review, ReviewError,
+    Store,
+};
+use serde_json::json;
+
+/// A PostgreSQL schema that is dropped when the case ends.
+struct Schema {
+    url: String,
+    name: String,
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let (url, name) = (self.url.clone(), self.name.clone());
+        // Dropped from a plain thread: the test's runtime may be shutting down.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+enum Engine {
+    Sqlite,
+    Postgres(String),
+}
+
+fn engines() -> Vec<Engine> {
+    let mut v = vec![Engine::Sqlite];
+    match std::env::var("PAYGATE_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => v.push(Engine::Postgres(url)),
+        _ => eprintln!("store contract: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)"),
+    }
+    v
+}
+
+async fn open(engine: &Engine) -> (Arc<dyn Store>, Option<Schema>, &'static str) {
+    match engine {
+        Engine::Sqlite => (Arc::new(SqliteStore::open_in_memory().unwrap()), None, "sqlite"),
+        Engine::Postgres(url) => {
+            let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+            let store =
+                PostgresStore::connect(url, &name).await.expect("PostgreSQL reachable at PAYGATE_TEST_DATABASE_URL");
+            (Arc::new(store), Some(Schema { url: url.clone(), name }), "postgres")
+        }
+    }
+}
+
+/// Run `case` against every engine.
+macro_rules! contract {
+    ($name:ident, $body:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            for engine in engines() {
+                let (store, _schema, label) = open(&engine).await;
+                let case: fn(Arc<dyn Store>, &'static str) -> _ = $body;
+                case(store, label).await;
+            }
+        }
+    };
+}
+
+fn kes() -> Currency {
+    Currency::parse("KES").unwrap()
+}
+fn acct(s: &str) -> AccountId {
+    AccountId::parse(s).unwrap()
+}
+
+async fn with_accounts(store: &Arc<dyn Store>, a_minor: i64) {
+    for (id, opening) in [("acct-A", a_minor), ("acct-B", 0)] {
+        let seed = AccountSeed { id: acct(id), currency: kes(), opening_minor: opening, allow_overdraft: false };
+        assert!(store.ledger_open_account(seed.clone(), 0).await.unwrap());
+        assert!(!store.ledger_open_account(seed, 0).await.unwrap(), "opening twice is a no-op");
+    }
+}
+
+fn transfer(key: &str, minor: i64, guards: Guards) -> TransferRequest {
+    TransferRequest {
+        idempotency_key: key.into(),
+        alias_key: None,
+        payment_id: PaymentId::generate(),
+        from_account: acct("acct-A"),
+        to_account: acct("acct-B"),
+        amount: Money::from_minor(minor, kes()).unwrap(),
+        memo: None,
+        principal_sub: "agent".into(),
+        guards,
+    }
+}
+
+fn rec(key: &str, fp: &str, now: i64) -> NewIdempotencyRecord {
+    NewIdempotencyRecord {
+        key: key.into(),
+        fingerprint: fp.into(),
+        tool: "create_payment".into(),
+        principal_iss: "iss".into(),
+        principal_sub: "agent".into(),
+        lease_until: now + 30,
+        expires_at: now + 3600,
+    }
+}
+
+async fn balance(store: &Arc<dyn Store>, id: &str) -> i64 {
+    store.ledger_balance(&acct(id)).await.unwrap().unwrap().balance_minor
+}
+
+async fn assert_integrity(store: &Arc<dyn Store>, label: &str) {
+    let r = store.ledger_integrity().await.unwrap();
+    assert!(r.ok, "{label}: {:?}", r.problems);
+}
+
+contract!(reservations_follow_their_states, |store, label| async move {
+    assert_eq!(store.idem_reserve(rec("k", "fp", 100), 100).await.unwrap(), Reservation::Acquired, "{label}");
+    assert_eq!(
+        store.idem_reserve(rec("k", "fp", 101), 101).await.unwrap(),
+        Reservation::InFlight { fingerprint: "fp".into() }
+    );
+    // A crashed holder's lease ran out: the same arguments take over, other arguments do not.
+    assert_eq!(
+        store.idem_reserve(rec("k", "other", 131), 131).await.unwrap(),
+        Reservation::InFlight { fingerprint: "fp".into() }
+    );
+    assert_eq!(store.idem_reserve(rec("k", "fp", 131), 131).await.unwrap(), Reservation::Acquired);
+    store.idem_complete("k", "{\"done\":1}").await.unwrap();
+    store.idem_complete("k", "{\"done\":2}").await.unwrap();
+    assert_eq!(
+        store.idem_reserve(rec("k", "fp", 200), 200).await.unwrap(),
+        Reservation::Completed { fingerprint: "fp".into(), outcome: "{\"done\":1}".into() },
+        "{label}: completion is final"
+    );
+    assert_eq!(store.idem_peek("k", 3700).await.unwrap(), None, "past retention");
+    assert_eq!(store.idem_reserve(rec("k", "new", 3700), 3700).await.unwrap(), Reservation::Acquired);
+    assert_eq!(store.idem_purge(10_000).await.unwrap(), 1);
+    assert_eq!(store.idem_reserve(rec("r", "fp", 0), 0).await.unwrap(), Reservation::Acquired);
+    store.idem_release("r").await.unwrap();
+    assert_eq!(store.idem_peek("r", 1).await.unwrap(), None);
+});
+
+contract!(concurrent_reservations_of_one_key_acquire_once, |store, label| async move {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let s = store.clone();
+        tasks.spawn(async move { s.idem_reserve(rec("race", "fp", 10), 10).await.unwrap() });
+    }
+    let mut acquired = 0;
+    while let Some(r) = tasks.join_next().await {
+        if r.unwrap() == Reservation::Acquired {
+            acquired += 1;
+        }
+    }
+    assert_eq!(acquired, 1, "{label}");
+});
+
+contract!(a_key_posts_once_and_completes_its_record_with_the_postings, |store, label| async move {
+    with_accounts(&store, 10_000).await;
+    store.idem_reserve(rec("key-1", "fp", 0), 0).await.unwrap();
+    let p1 = store.ledger_transfer(transfer("key-1", 2_500, Guards::default()), 1).await.unwrap();
+    let (_, outcome) = store.idem_peek("key-1", 1).await.unwrap().unwrap();
+    assert_eq!(
+        StoredOutcome::from_json(&outcome.expect("completed")).unwrap(),
+        StoredOutcome::Succeeded { payment: p1.clone() }
+    );
+    let p2 = store.ledger_transfer(transfer("key-1", 2_500, Guards::default()), 2).await.unwrap();
+    assert_eq!(p1.id, p2.id, "{label}: the same key returns the same payment");
+    assert_eq!(
+        store.ledger_transfer(transfer("key-1", 999, Guards::default()), 3).await,
+        Err(BackendError::IdempotencyKeyReused)
+    );
+    assert_eq!(balance(&store, "acct-B").await, 2_500);
+    assert_integrity(&store, label).await;
+});
+
+contract!(concurrent_transfers_of_one_key_post_once, |store, label| async move {
+    with_accounts(&store, 100_000).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let s = store.clone();
+        tasks.spawn(async move { s.ledger_transfer(transfer("same", 1_000, Guards::default()), 5).await });
+    }
+    let mut ids = std::collections::HashSet::new();
+    while let Some(r) = tasks.join_next().await {
+        ids.insert(r.unwrap().expect("every call gets the payment").id);
+    }
+    assert_eq!(ids.len(), 1, "{label}");
+    assert_eq!(balance(&store, "acct-B").await, 1_000);
+    assert_integrity(&store, label).await;
+});
+
+contract!(concurrent_transfers_never_overdraw, |store, label| async move {
+    with_accounts(&store, 10_000).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..32 {
+        let s = store.clone();
+        tasks.spawn(async move { s.ledger_transfer(transfer(&format!("k{n}"), 500, Guards::default()), 5).await });
+    }
+    let (mut ok, mut refused) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(_) => ok += 1,
+            Err(BackendError::InsufficientFunds { .. }) => refused += 1,
+            Err(e) => panic!("{label}: {e}"),
+        }
+    }
+    assert_eq!((ok, refused), (20, 12), "{label}");
+    assert_eq!(balance(&store, "acct-A").await, 0);
+    assert_integrity(&store, label).await;
+});
+
+contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async move {
+    with_accounts(&store, 1_000_000).await;
+    let budget = DailyBudget { since: 0, max_minor: 5_000, max_payments: 1_000 };
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..32 {
+        let (s, b) = (store.clone(), budget.clone());
+        tasks.spawn(async move {
+            s.ledger_transfer(transfer(&format!("b{n}"), 1_000, Guards { budget: Some(b), mandate: None }), 10).await
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(_) => ok += 1,
+            Err(BackendError::BudgetExceeded(_)) => {}
+            Err(e) => panic!("{label}: {e}"),
+        }
+    }
+    assert_eq!(ok, 5, "{label}");
+    // The count limit holds too.
+    let counted = DailyBudget { since: 0, max_minor: i64::MAX / 4, max_payments: 6 };
+    assert!(
+        store
+            .ledger_transfer(transfer("c1", 1, Guards { budget: Some(counted.clone()), mandate: None }), 11)
+            .await
+            .is_ok()
+    );
+    assert!(matches!(
+        store.ledger_transfer(transfer("c2", 1, Guards { budget: Some(counted), mandate: None }), 11).await,
+        Err(BackendError::BudgetExceeded(_))
+    ));
+    assert_integrity(&store, label).await;
+});
+
+fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64) -> ApprovalRecord {
+    ApprovalRecord {
+        id: id.clone(),
+        status: "pending".into(),
+        kind,
+        idempotency_key: format!("key-{id}"),
+        fingerprint: "fp".into(),
+        principal_iss: "iss".into(),
+        principal_sub: "agent".into(),
+        tool: "create_payment".into(),
+        intent: json!({"payer": "acct-A", "payee": "acct-B"}),
+        amount_minor: 5_000,
+        currency: kes(),
+        reason: "over the limit".into(),
+        created_at: 0,
+        expires_at,
+        reviewers_required: reviewers,
+        requested_by: "agent".into(),
+        mandate_id: None,
+        mandate: None,
+        decided_at: None,
+        decision_reason: None,
+        reviews: vec![],
+    }
+}
+
+fn review(sub: &str, decision: &str) -> Review {
+    Review {
+        reviewer_iss: "ops".into(),
+        reviewer_sub: sub.into(),
+        decision: decision.into(),
+        reason: Some("r".into()),
+        at: 0,
+    }
+}
+
+fn issuer(max_uses: i64, budget: Option<i64>) -> paygate::store::MandateIssuer {
+    Box::new(move |rec: &ApprovalRecord, approvers: &[String]| {
+        Ok(IssuedMandate {
+            id: format!("mdt_{}", rec.id.as_str().trim_start_matches("apr_")),
+            jws: format!("signed-by-{}", approvers.join("+")),
+            budget_minor: budget,
+            max_uses,
+            expires_at: 10_000,
+        })
+    })
+}
+
+contract!(approvals_run_their_state_machine, |store, label| async move {
+    let id = ApprovalId::generate();
+    store.approval_insert(approval(&id, MandateKind::Closed, 2, 1_000)).await.unwrap();
+    assert!(matches!(
+        store.approval_review(&id, review("agent", "approve"), 1, issuer(1, None)).await,
+        Err(ReviewError::SelfReview)
+    ));
+    let a = store.approval_review(&id, review("alice", "approve"), 2, issuer(1, None)).await.unwrap();
+    assert_eq!(a.status, "pending", "{label}: one of two reviewers");
+    assert!(matches!(
+        store.approval_review(&id, review("alice", "approve"), 3, issuer(1, None)).await,
+        Err(ReviewError::AlreadyReviewed)
+    ));
+    let a = store.approval_review(&id, review("bob", "approve"), 4, issuer(1, None)).await.unwrap();
+    assert_eq!(a.status, "approved");
+    assert_eq!(a.mandate.as_deref(), Some("signed-by-alice+bob"));
+    assert!(matches!(
+        store.approval_review(&id, review("carol", "reject"), 5, issuer(1, None)).await,
+        Err(ReviewError::Terminal(_))
+    ));
+
+    let expired = ApprovalId::generate();
+    store.approval_insert(approval(&expired, MandateKind::Closed, 1, 100)).await.unwrap();
+    assert!(matches!(
+        store.approval_review(&expired, review("alice", "approve"), 100, issuer(1, None)).await,
+        Err(ReviewError::Expired)
+    ));
+    assert_eq!(store.approval_get(&expired).await.unwrap().unwrap().status, "expired");
+
+    let rejected = ApprovalId::generate();
+    store.approval_insert(approval(&rejected, MandateKind::Closed, 1, 1_000)).await.unwrap();
+    let r = store.approval_review(&rejected, review("alice", "reject"), 6, issuer(1, None)).await.unwrap();
+    assert_eq!(r.status, "rejected");
+    assert!(r.mandate.is_none());
+
+    // get_or_create: the live approval for a key is returned, not duplicated.
+    let fresh = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
+    let key = fresh.idempotency_key.clone();
+    let first = store.approval_get_or_create(fresh.clone(), 10).await.unwrap();
+    let again =
+        store.approval_get_or_create(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10).await;
+    assert_ne!(again.unwrap().idempotency_key, key, "{label}: another key is another approval");
+    let mut same_key = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
+    same_key.idempotency_key = key;
+    assert_eq!(store.approval_get_or_create(same_key, 11).await.unwrap().id, first.id);
+
+    // Listing: status as of now (an untouched pending approval past expiry is expired); pages.
+    let page = store.approval_list(Some("expired"), None, 10, 1_500).await.unwrap();
+    assert!(page.items.iter().any(|(_, a)| a.id == expired), "{label}");
+    let all = store.approval_list(None, None, 2, 0).await.unwrap();
+    assert_eq!(all.items.len(), 2);
+    let next = store.approval_list(None, all.next_cursor, 100, 0).await.unwrap();
+    assert!(next.items.iter().all(|(_, a)| all.items.iter().all(|(_, b)| a.id != b.id)));
+    assert_eq!(all.items.len() + next.items.len(), 5);
+});
+
+contract!(mandates_are_drawn_once_under_concurrency, |store, label| async move {
+    with_accounts(&store, 1_000_000).await;
+    let id = ApprovalId::generate();
+    store.approval_insert(approval(&id, MandateKind::Open, 1, 1_000)).await.unwrap();
+    let a = store.approval_review(&id, review("alice", "approve"), 1, issuer(3, Some(2_500))).await.unwrap();
+    let mandate_id = a.mandate_id.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..16 {
+        let (s, m) = (store.clone(), mandate_id.clone());
+        tasks.spawn(async move {
+            let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: m }) };
+            s.ledger_transfer(transfer(&format!("m{n}"), 1_000, guards), 5).await
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(_) => ok += 1,
+            Err(BackendError::MandateExhausted(_)) => {}
+            Err(e) => panic!("{label}: {e}"),
+        }
+    }
+    assert_eq!(ok, 2, "{label}: a budget of 25.00 allows two draws of 10.00");
+    assert_eq!(balance(&store, "acct-B").await, 2_000);
+    assert_integrity(&store, label).await;
+});
+
+contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
+    with_accounts(&store, 10_000).await;
+    let p = store.ledger_transfer(transfer("pay", 10_000, Guards::default()), 0).await.unwrap();
+    let refund = |key: &str, amount: Option<i64>| RefundRequest {
+        idempotency_key: key.into(),
+        alias_key: None,
+        refund_id: PaymentId::generate(),
+        payment_id: p.id.clone(),
+        amount_minor: amount,
+        reason: None,
+        principal_sub: "agent".into(),
+        guards: Guards::default(),
+    };
+    assert!(matches!(
+        store.ledger_refund(refund("r0", Some(10_001)), 1).await,
+        Err(BackendError::RefundExceedsRemaining { .. })
+    ));
+    let r1 = store.ledger_refund(refund("r1", Some(4_000)), 1).await.unwrap();
+    assert_eq!(store.ledger_refund(refund("r1", Some(4_000)), 1).await.unwrap().id, r1.id, "{label}");
+    assert_eq!(r1.kind, PaymentKind::Refund);
+    assert_eq!(store.ledger_refund(refund("r2", None), 1).await.unwrap().amount_minor, 6_000);
+    assert!(matches!(store.ledger_refund(refund("r3", None), 1).await, Err(BackendError::NotRefundable(_))));
+    assert_eq!(store.ledger_payment(&p.id).await.unwrap().unwrap().refunded_minor, 10_000);
+    let entries = store.ledger_entries(&acct("acct-B"), None, 2).await.unwrap();
+    assert_eq!(entries.items.len(), 2);
+    assert!(entries.next_cursor.is_some());
+    assert_integrity(&store, label).await;
+});
+
+contract!(suspension_and_denials, |store, label| async move {
+    let audit = |seq_at: i64, decision: &str, code: &str| AuditRecord {
+        seq: 0,
+        at: seq_at,
+        correlation_id: "corr_x".into(),
+        principal_iss: "iss".into(),
+        principal_sub: "agent".into(),
+        tool: "create_payment".into(),
+        decision: decision.into(),
+        code: Some(code.into()),
+        idempotency_key: None,
+        payment_id: None,
+        approval_id: None,
+        detail: None,
+    };
+    store.audit_append(audit(100, "denied", "ACCOUNT_NOT_ALLOWED")).await.unwrap();
+    store.audit_append(audit(100, "denied", "INVALID_ARGUMENT")).await.unwrap();
+    store.audit_append(audit(100, "conflict", "IDEMPOTENCY_CONFLICT")).await.unwrap();
+    store.audit_append(audit(10, "denied", "ACCOUNT_NOT_ALLOWED")).await.unwrap();
+    assert_eq!(store.denials_since("agent", 50).await.unwrap(), 2, "{label}: typos and old denials do not count");
+    assert_eq!(store.suspension("agent").await.unwrap(), None);
+    store.suspend("agent", "too many", 101).await.unwrap();
+    assert_eq!(store.suspension("agent").await.unwrap(), Some((101, "too many".into())));
+    assert!(store.resume("agent", 102).await.unwrap());
+    assert!(!store.resume("agent", 103).await.unwrap(), "not suspended any more");
+    assert_eq!(store.denials_since("agent", 50).await.unwrap(), 0, "{label}: a resume forgives earlier denials");
+    assert_eq!(store.audit_list(Some("agent"), 2).await.unwrap().len(), 2);
+});
