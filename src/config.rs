@@ -379,8 +379,8 @@ fn set_from_env(root: &mut toml::Table, section: &str, key: &str, raw: &str) -> 
     let table = root.get_mut(section).and_then(toml::Value::as_table_mut).ok_or(())?;
     let new = match table.get(key) {
         Some(toml::Value::String(_)) => toml::Value::String(raw.to_string()),
-        // Secrets that have no default (auth.dev_key, idempotency.secret) are strings too.
-        None if matches!((section, key), ("auth", "dev_key") | ("idempotency", "secret")) => {
+        // Secrets that have no default (auth.dev_key, idempotency.secret, mandates.secret) are strings too.
+        None if matches!((section, key), ("auth", "dev_key") | ("idempotency", "secret") | ("mandates", "secret")) => {
             toml::Value::String(raw.to_string())
         }
         Some(_) => {
@@ -418,6 +418,8 @@ mod tests {
                 ("PAYGATE_LEDGER__DEMO", "false"),
                 ("PAYGATE_SERVER__ALLOWED_ORIGINS", r#"["https://a.example"]"#),
                 ("PAYGATE_IDEMPOTENCY__LEASE_SECS", "5"),
+                ("PAYGATE_MANDATES__SECRET", "c2VjcmV0"),
+                ("PAYGATE_AUTH__DEV_KEY", "c2VjcmV0"),
                 ("OTHER", "x"),
                 ("PAYGATE_LOG", "debug"),
                 ("PAYGATE_TEST_DATABASE_URL", "postgres://x"),
@@ -428,6 +430,8 @@ mod tests {
         assert!(!c.ledger.demo);
         assert_eq!(c.server.allowed_origins, vec!["https://a.example"]);
         assert_eq!(c.idempotency.lease_secs, 5);
+        assert_eq!(c.mandates.secret.as_ref().map(|s| s.expose()), Some("c2VjcmV0"));
+        assert!(c.auth.dev_key.is_some());
     }
 
     #[test]

@@ -150,6 +150,9 @@ fn serve(config: Config) -> ExitCode {
             }
         };
         println!("paygate MCP endpoint: {}", running.mcp_url());
+        if running.public_url != format!("http://{}", running.addr) {
+            println!("paygate listening on: http://{}", running.addr);
+        }
         if dev.print_token
             && let Some(token) = running.mint_token(&dev.subject, &dev.scopes, dev.token_ttl_secs)
         {

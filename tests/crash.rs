@@ -3,47 +3,20 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use common::*;
 use serde_json::json;
 
-struct Proc {
-    child: Child,
-    url: String,
-    token: String,
-}
-
-/// Start the binary on `dir` and read its MCP URL and dev token from stdout.
+/// Start the binary on `dir`.
 fn start_binary(dir: &Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_paygate"))
-        .env("PAYGATE_SERVER__BIND", "127.0.0.1:0")
-        .env("PAYGATE_STORAGE__DATA_DIR", dir)
-        // A fixed issuer: the principal (and so its idempotency keys) must not change with the port.
-        .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
-        .env("PAYGATE_DEV__SCOPES", "payments:read payments:create")
+    spawn_binary(&[
+        ("PAYGATE_STORAGE__DATA_DIR", dir.to_str().unwrap()),
+        ("PAYGATE_DEV__SCOPES", "payments:read payments:create"),
         // A crashed holder's key is taken over once its lease ends; keep that short for the test.
-        .env("PAYGATE_IDEMPOTENCY__LEASE_SECS", "1")
-        .env("PAYGATE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("paygate binary starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut url = None;
-    let mut token = None;
-    while let Some(Ok(line)) = lines.next() {
-        if let Some(u) = line.strip_prefix("paygate MCP endpoint: ") {
-            url = Some(u.trim().to_string());
-        } else if line.starts_with("dev token") {
-            token = lines.next().and_then(Result::ok);
-            break;
-        }
-    }
-    Proc { child, url: url.expect("MCP URL printed"), token: token.expect("dev token printed") }
+        ("PAYGATE_IDEMPOTENCY__LEASE_SECS", "1"),
+    ])
 }
 
 fn pay(n: usize) -> serde_json::Value {
@@ -82,8 +55,7 @@ async fn sigkill_under_load_then_retry_moves_each_payment_once() {
             answered += 1;
         }
     }
-    first.child.kill().expect("SIGKILL");
-    first.child.wait().unwrap();
+    first.kill();
     load.shutdown().await;
 
     let mut second = start_binary(dir.path());
@@ -101,8 +73,7 @@ async fn sigkill_under_load_then_retry_moves_each_payment_once() {
     let r = call(&c, "list_payments", json!({"account_id": "acct-B", "limit": 100})).await;
     assert_eq!(ok(&r)["payments"].as_array().unwrap().len(), N);
     c.cancel().await.unwrap();
-    second.child.kill().unwrap();
-    second.child.wait().unwrap();
+    second.kill();
 
     let store = paygate::store::sqlite::SqliteStore::open(&dir.path().join("paygate.sqlite3")).unwrap();
     let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();

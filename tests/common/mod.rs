@@ -285,3 +285,54 @@ pub async fn spawn_with_toml(dir: &Path, toml: &str, overrides: &[(&str, &str)],
 pub fn now_secs() -> i64 {
     SystemClock.now()
 }
+
+/// The real binary as a child process.
+pub struct Proc {
+    pub child: std::process::Child,
+    pub url: String,
+    pub token: String,
+}
+
+impl Proc {
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Start `target/debug/paygate` bound to port 0 with `env`, and read its MCP URL and dev token
+/// from stdout.
+pub fn spawn_binary(env: &[(&str, &str)]) -> Proc {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"));
+    cmd.env("PAYGATE_SERVER__BIND", "127.0.0.1:0")
+        .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
+        .env("PAYGATE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("paygate binary starts");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut url, mut token) = (None, None);
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(u) = line.strip_prefix("paygate MCP endpoint: ") {
+            url = url.or(Some(u.trim().to_string()));
+        } else if let Some(addr) = line.strip_prefix("paygate listening on: ") {
+            // Behind a public URL (a load balancer's), the replica itself is reached here.
+            url = Some(format!("{}/mcp", addr.trim()));
+        } else if line.starts_with("dev token") {
+            token = lines.next().and_then(Result::ok);
+            break;
+        }
+    }
+    Proc { child, url: url.expect("MCP URL printed"), token: token.expect("dev token printed") }
+}

@@ -1,0 +1,203 @@
+//! Two paygate processes on one PostgreSQL database: exactly-once, closed mandates and budgets
+//! hold when duplicates land on different replicas. Needs PAYGATE_TEST_DATABASE_URL (skipped
+//! without it, saying so); `.ci/run` sets it.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+/// A fresh schema for this test, dropped at the end.
+struct Db {
+    url: String,
+    schema: String,
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let (url, schema) = (self.url.clone(), self.schema.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+fn database() -> Option<Db> {
+    match std::env::var("PAYGATE_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(Db { url, schema: format!("r_{}", uuid::Uuid::new_v4().simple()) }),
+        _ => {
+            eprintln!("replicas: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
+            None
+        }
+    }
+}
+
+/// Quotas raised so the rate limiter is not what this test measures; everything else is default.
+const PROFILES: &str = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_payments_max = 100000
+calls_per_minute = 100000
+tool_calls_per_minute = {}
+"#;
+
+/// Two replicas sharing the database and every secret, behind one public URL.
+fn replicas(db: &Db, dir: &std::path::Path, extra: &str) -> (Proc, Proc) {
+    let config = dir.join("replicas.toml");
+    std::fs::write(&config, format!("{PROFILES}{extra}")).unwrap();
+    let env = [
+        ("PAYGATE_CONFIG", config.to_str().unwrap()),
+        ("PAYGATE_STORAGE__URL", db.url.as_str()),
+        ("PAYGATE_STORAGE__POSTGRES_SCHEMA", db.schema.as_str()),
+        ("PAYGATE_SERVER__PUBLIC_URL", "http://127.0.0.1:9"),
+        ("PAYGATE_AUTH__DEV_KEY", "cmVwbGljYS10ZXN0LWRldi1rZXktMzItYnl0ZXMhIQ=="),
+        ("PAYGATE_IDEMPOTENCY__SECRET", "cmVwbGljYS10ZXN0LWlkZW1wb3RlbmN5LXNlY3JldA=="),
+        ("PAYGATE_MANDATES__SECRET", "cmVwbGljYS10ZXN0LW1hbmRhdGUtc2lnbmluZy1rZXk="),
+        ("PAYGATE_DEV__SCOPES", "payments:read payments:create payments:refund"),
+    ];
+    let with_data = |n: &str| {
+        let d = dir.join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut e: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        e.push(("PAYGATE_STORAGE__DATA_DIR", d.display().to_string()));
+        let refs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        spawn_binary(&refs)
+    };
+    let a = with_data("a");
+    let b = with_data("b");
+    (a, b)
+}
+
+/// The public URL is the load balancer's; each replica is reached at its own address.
+async fn clients(p: &Proc, n: usize) -> Vec<Arc<Client>> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(Arc::new(connect(&p.url, &p.token, Era::Modern).await));
+    }
+    v
+}
+
+fn pay(op: &str, amount: &str, mandate: Option<&str>) -> Value {
+    let mut v = json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": amount, "currency": "KES"});
+    if let Some(m) = mandate {
+        v["mandate"] = json!(m);
+    }
+    v
+}
+
+/// 64 concurrent calls, half on each replica; returns (fresh, replayed, other results).
+async fn storm(all: &[Arc<Client>], args: impl Fn(usize) -> Value) -> (usize, usize, Vec<String>) {
+    let barrier = Arc::new(Barrier::new(64));
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..64 {
+        let (client, barrier, a) = (all[n % all.len()].clone(), barrier.clone(), args(n));
+        tasks.spawn(async move {
+            barrier.wait().await;
+            call(&client, "create_payment", a).await
+        });
+    }
+    let (mut fresh, mut replayed, mut other) = (0, 0, Vec::new());
+    while let Some(r) = tasks.join_next().await {
+        let r = r.unwrap();
+        match (r.is_error, &r.structured_content) {
+            (Some(true), Some(v)) => other.push(v["error"]["code"].as_str().unwrap_or("?").to_string()),
+            (_, Some(v)) if v["replayed"] == true => replayed += 1,
+            _ => fresh += 1,
+        }
+    }
+    (fresh, replayed, other)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_pay_each_operation_once() {
+    let Some(db) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = replicas(&db, dir.path(), "");
+    let mut all = clients(&a, 4).await;
+    all.extend(clients(&b, 4).await);
+
+    const ROUNDS: usize = 200;
+    for round in 0..ROUNDS {
+        let op = format!("round-{round}");
+        let (fresh, replayed, other) = storm(&all, |_| pay(&op, "1.00", None)).await;
+        assert_eq!((fresh, replayed, other.len()), (1, 63, 0), "round {round}: {other:?}");
+    }
+    let c = &all[0];
+    assert_eq!(balance(c, "acct-B").await, format!("{ROUNDS}.00"));
+    let store = paygate::store::postgres::PostgresStore::connect(&db.url, &db.schema).await.unwrap();
+    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_closed_mandate_and_a_budget_hold_across_replicas() {
+    let Some(db) = database() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // The refused second operation_ids are policy denials; keep the stop rule out of this test.
+    let (a, b) = replicas(&db, dir.path(), "\n[stop_rules]\ndenials_max = 10000\n");
+    let mut all = clients(&a, 4).await;
+    all.extend(clients(&b, 4).await);
+
+    // A closed mandate, pre-authorized by an operator on replica A ...
+    let ops_token = {
+        let key = "cmVwbGljYS10ZXN0LWRldi1rZXktMzItYnl0ZXMhIQ==";
+        paygate::auth::mint_dev_token(
+            &paygate::auth::Secret::new(key.into()),
+            DEV_ISSUER,
+            "http://127.0.0.1:9/mcp",
+            "alice",
+            "payments:approve",
+            now_secs(),
+            600,
+        )
+        .unwrap()
+    };
+    let base_a = a.url.trim_end_matches("/mcp").to_string();
+    let resp = reqwest::Client::new()
+        .post(format!("{base_a}/approvals"))
+        .bearer_auth(&ops_token)
+        .json(&json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
+                      "payer": "acct-A", "payee": "acct-B", "amount": "2500.00"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let approval: Value = resp.json().await.unwrap();
+    // ... fetched by the agent on replica B ...
+    let r = call(&all[4], "get_approval", json!({"approval_id": approval["approval_id"]})).await;
+    let mandate = ok(&r)["mandate"].as_str().unwrap().to_string();
+    // ... pays once, whichever replica each of 64 racing calls reaches, with two operation_ids.
+    let (fresh, replayed, other) =
+        storm(&all, |n| pay(&format!("mandated-{}", n % 2), "2500.00", Some(&mandate))).await;
+    assert_eq!(fresh, 1, "one payment: {other:?}");
+    assert_eq!(replayed + other.len(), 63);
+    assert!(other.iter().all(|c| c == "MANDATE_INVALID"), "the other operation_id is refused: {other:?}");
+    assert_eq!(balance(&all[0], "acct-B").await, "2500.00");
+
+    // Budgets: today's limit is 100000.00 and the mandated 2500.00 counts toward it, so exactly 97
+    // more autonomous payments of 1000.00 fit: two storms of 64 racing calls across both replicas
+    // get 64, then 33.
+    let (fresh, _, other) = storm(&all, |n| pay(&format!("budget-{n}"), "1000.00", None)).await;
+    assert_eq!(fresh, 64, "{other:?}");
+    let (fresh, _, other) = storm(&all, |n| pay(&format!("budget-2-{n}"), "1000.00", None)).await;
+    assert_eq!(fresh, 33, "{other:?}");
+    assert!(other.iter().all(|c| c == "BUDGET_EXCEEDED"), "{other:?}");
+    assert_eq!(balance(&all[0], "acct-B").await, "99500.00");
+}
