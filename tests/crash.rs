@@ -9,14 +9,19 @@ use std::sync::Arc;
 use common::*;
 use serde_json::json;
 
-/// Start the binary on `dir`.
-fn start_binary(dir: &Path) -> Proc {
-    spawn_binary(&[
+/// Start the binary on `dir` (and on PostgreSQL when `db` is given).
+fn start_binary(dir: &Path, db: Option<&Db>) -> Proc {
+    let mut env = vec![
         ("PAYGATE_STORAGE__DATA_DIR", dir.to_str().unwrap()),
         ("PAYGATE_DEV__SCOPES", "payments:read payments:create"),
         // A crashed holder's key is taken over once its lease ends; keep that short for the test.
         ("PAYGATE_IDEMPOTENCY__LEASE_SECS", "1"),
-    ])
+    ];
+    if let Some(db) = db {
+        env.push(("PAYGATE_STORAGE__URL", &db.url));
+        env.push(("PAYGATE_STORAGE__POSTGRES_SCHEMA", &db.schema));
+    }
+    spawn_binary(&env)
 }
 
 fn pay(n: usize) -> serde_json::Value {
@@ -26,9 +31,26 @@ fn pay(n: usize) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_under_load_then_retry_moves_each_payment_once() {
-    const N: usize = 60;
     let dir = tempfile::tempdir().unwrap();
-    let mut first = start_binary(dir.path());
+    storm_kill_replay(dir.path(), None).await;
+    let store = paygate::store::sqlite::SqliteStore::open(&dir.path().join("paygate.sqlite3")).unwrap();
+    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_replica_killed_mid_storm_loses_nothing() {
+    let Some(db) = database("crash (postgres)") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    storm_kill_replay(dir.path(), Some(&db)).await;
+    let store = paygate::store::postgres::PostgresStore::connect(&db.url, &db.schema).await.unwrap();
+    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+}
+
+async fn storm_kill_replay(dir: &Path, db: Option<&Db>) {
+    const N: usize = 60;
+    let mut first = start_binary(dir, db);
 
     let client = Arc::new(connect(&first.url, &first.token, Era::Modern).await);
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -58,7 +80,7 @@ async fn sigkill_under_load_then_retry_moves_each_payment_once() {
     first.kill();
     load.shutdown().await;
 
-    let mut second = start_binary(dir.path());
+    let mut second = start_binary(dir, db);
     let c = connect(&second.url, &second.token, Era::Modern).await;
     let mut replayed = 0;
     for n in 0..N {
@@ -74,8 +96,4 @@ async fn sigkill_under_load_then_retry_moves_each_payment_once() {
     assert_eq!(ok(&r)["payments"].as_array().unwrap().len(), N);
     c.cancel().await.unwrap();
     second.kill();
-
-    let store = paygate::store::sqlite::SqliteStore::open(&dir.path().join("paygate.sqlite3")).unwrap();
-    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
-    assert!(report.ok, "{:?}", report.problems);
 }

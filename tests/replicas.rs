@@ -10,38 +10,6 @@ use common::*;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-/// A fresh schema for this test, dropped at the end.
-struct Db {
-    url: String,
-    schema: String,
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let (url, schema) = (self.url.clone(), self.schema.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                    tokio::spawn(conn);
-                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-fn database() -> Option<Db> {
-    match std::env::var("PAYGATE_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(Db { url, schema: format!("r_{}", uuid::Uuid::new_v4().simple()) }),
-        _ => {
-            eprintln!("replicas: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
-            None
-        }
-    }
-}
-
 /// Quotas raised so the rate limiter is not what this test measures; everything else is default.
 const PROFILES: &str = r#"
 [[policy.profiles]]
@@ -127,7 +95,7 @@ async fn storm(all: &[Arc<Client>], args: impl Fn(usize) -> Value) -> (usize, us
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_pay_each_operation_once() {
-    let Some(db) = database() else { return };
+    let Some(db) = database("replicas") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = replicas(&db, dir.path(), "");
     let mut all = clients(&a, 4).await;
@@ -148,7 +116,7 @@ async fn two_replicas_pay_each_operation_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_closed_mandate_and_a_budget_hold_across_replicas() {
-    let Some(db) = database() else { return };
+    let Some(db) = database("replicas") else { return };
     let dir = tempfile::tempdir().unwrap();
     // The refused second operation_ids are policy denials; keep the stop rule out of this test.
     let (a, b) = replicas(&db, dir.path(), "\n[stop_rules]\ndenials_max = 10000\n");

@@ -336,3 +336,35 @@ pub fn spawn_binary(env: &[(&str, &str)]) -> Proc {
     }
     Proc { child, url: url.expect("MCP URL printed"), token: token.expect("dev token printed") }
 }
+
+/// A fresh schema for this test, dropped at the end.
+pub struct Db {
+    pub url: String,
+    pub schema: String,
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let (url, schema) = (self.url.clone(), self.schema.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+pub fn database(test: &str) -> Option<Db> {
+    match std::env::var("PAYGATE_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(Db { url, schema: format!("r_{}", uuid::Uuid::new_v4().simple()) }),
+        _ => {
+            eprintln!("{test}: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED (PostgreSQL)");
+            None
+        }
+    }
+}
