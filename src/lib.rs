@@ -21,4 +21,5 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 pub mod mandate;
+pub mod metrics;
 pub mod rate;

@@ -66,6 +66,7 @@ pub struct Gateway {
     mandates: Arc<MandateKeys>,
     limits: GatewayLimits,
     rate: AgentLimits,
+    metrics: Arc<crate::metrics::Metrics>,
     /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
     /// poll the store, which covers holders in other replicas.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
@@ -106,7 +107,12 @@ impl Gateway {
         limits: GatewayLimits,
     ) -> Self {
         let rate = AgentLimits::new(clock.clone());
-        Gateway { store, backend, clock, keys, mandates, limits, rate, waiters: Mutex::new(HashMap::new()) }
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        Gateway { store, backend, clock, keys, mandates, limits, rate, metrics, waiters: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -154,6 +160,7 @@ impl Gateway {
     }
 
     pub(crate) async fn audit_as(&self, issuer: &str, subject: &str, correlation_id: &str, d: Decision<'_>) {
+        self.metrics.decision(d.tool, d.decision, d.code.map(|c| c.as_str()));
         let rec = AuditRecord {
             seq: 0,
             at: self.clock.now(),

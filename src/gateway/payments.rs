@@ -490,7 +490,9 @@ impl Gateway {
             return result;
         }
         // 4. Move the money. The key travels to the backend, which applies it at most once.
+        let started = std::time::Instant::now();
         let result = call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone())).await;
+        self.metrics.ledger(started.elapsed());
         let keys: Vec<&str> =
             idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)).map(|i| i.key.as_str()).collect();
         let complete = |outcome: String| {

@@ -21,13 +21,14 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Every request gets a fresh correlation id; it comes back in `x-correlation-id`. A client-sent
 /// id is not trusted (it would let one agent's records be confused with another's).
-pub async fn correlation_id(mut req: Request, next: Next) -> Response {
+pub async fn correlation_id(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let id = CorrelationId::generate();
     req.extensions_mut().insert(id.clone());
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = tokio::time::Instant::now();
     let mut resp = next.run(req).await;
+    state.gateway.metrics().http(&path, resp.status().as_u16(), started.elapsed());
     tracing::info!(
         correlation_id = %id.0,
         http.method = %method,

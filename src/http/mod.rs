@@ -122,8 +122,9 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .merge(metadata_routes)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .merge(mcp_routes)
-        .layer(axum::middleware::from_fn(auth_layer::correlation_id))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::correlation_id))
         .with_state(state)
 }
 
@@ -139,6 +140,16 @@ async fn protected_resource_metadata(State(state): State<AppState>) -> Response 
         doc["authorization_servers"] = json!(state.authorization_servers);
     }
     ([(header::CACHE_CONTROL, "public, max-age=300")], axum::Json(doc)).into_response()
+}
+
+/// Prometheus text (this replica's counters; the queue depth and store ping come from the store).
+async fn metrics(State(state): State<AppState>) -> Response {
+    let g = &state.gateway;
+    let started = std::time::Instant::now();
+    let ping = g.store().ping().await.ok().map(|()| started.elapsed());
+    let pending = g.store().approvals_pending(g.clock().now()).await.ok();
+    let body = g.metrics().render(pending, ping);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

@@ -118,6 +118,25 @@ fn error_envelope_schema() -> serde_json::Value {
     })
 }
 
+/// Records a tool call's latency when it ends, however it ends.
+struct Timed<'a> {
+    gateway: &'a Gateway,
+    tool: &'static str,
+    started: std::time::Instant,
+}
+
+impl<'a> Timed<'a> {
+    fn new(gateway: &'a Gateway, tool: &'static str) -> Self {
+        Timed { gateway, tool, started: std::time::Instant::now() }
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.gateway.metrics().tool(self.tool, self.started.elapsed());
+    }
+}
+
 fn fail(caller: &Caller, e: AgentError) -> CallToolResult {
     CallToolResult::structured_error(e.envelope(&caller.correlation_id))
 }
@@ -160,6 +179,7 @@ impl PaygateMcp {
         annotations(title = "Get balance", read_only_hint = true, open_world_hint = false)
     )]
     async fn get_balance(&self, caller: Caller, args: JsonObject) -> Result<Json<BalanceView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_balance");
         self.gateway.admit(&caller, "get_balance").await.map_err(|e| fail(&caller, e))?;
         let a: AccountArgs = parse(&caller, args)?;
         let b = self.gateway.get_balance(&caller, &a.account_id).await.map_err(|e| fail(&caller, e))?;
@@ -174,6 +194,7 @@ impl PaygateMcp {
         annotations(title = "Get payment", read_only_hint = true, open_world_hint = false)
     )]
     async fn get_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_payment");
         self.gateway.admit(&caller, "get_payment").await.map_err(|e| fail(&caller, e))?;
         let a: PaymentIdArgs = parse(&caller, args)?;
         let p = self.gateway.get_payment(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
@@ -188,6 +209,7 @@ impl PaygateMcp {
         annotations(title = "List payments", read_only_hint = true, open_world_hint = false)
     )]
     async fn list_payments(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentList>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "list_payments");
         self.gateway.admit(&caller, "list_payments").await.map_err(|e| fail(&caller, e))?;
         let a: ListPaymentsArgs = parse(&caller, args)?;
         let page = self.gateway.list_payments(&caller, a).await.map_err(|e| fail(&caller, e))?;
@@ -209,6 +231,7 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<AccountLedger>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_account_ledger");
         self.gateway.admit(&caller, "get_account_ledger").await.map_err(|e| fail(&caller, e))?;
         let a: AccountLedgerArgs = parse(&caller, args)?;
         let account_id = a.account_id.clone();
@@ -235,6 +258,7 @@ impl PaygateMcp {
         )
     )]
     async fn create_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "create_payment");
         self.gateway.admit(&caller, "create_payment").await.map_err(|e| fail(&caller, e))?;
         let a: CreatePaymentArgs = parse(&caller, args)?;
         let done = self.gateway.create_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
@@ -255,6 +279,7 @@ impl PaygateMcp {
         )
     )]
     async fn refund_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "refund_payment");
         self.gateway.admit(&caller, "refund_payment").await.map_err(|e| fail(&caller, e))?;
         let a: RefundPaymentArgs = parse(&caller, args)?;
         let done = self.gateway.refund_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
@@ -270,6 +295,7 @@ impl PaygateMcp {
         annotations(title = "Get approval", read_only_hint = true, open_world_hint = false)
     )]
     async fn get_approval(&self, caller: Caller, args: JsonObject) -> Result<Json<ApprovalView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_approval");
         self.gateway.admit(&caller, "get_approval").await.map_err(|e| fail(&caller, e))?;
         let a: ApprovalIdArgs = parse(&caller, args)?;
         let v = self.gateway.get_approval(&caller, &a.approval_id).await.map_err(|e| fail(&caller, e))?;
@@ -289,6 +315,7 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<IntegrityView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "check_ledger_integrity");
         self.gateway.admit(&caller, "check_ledger_integrity").await.map_err(|e| fail(&caller, e))?;
         let _: NoArgs = parse(&caller, args)?;
         let r = self.gateway.check_ledger_integrity(&caller).await.map_err(|e| fail(&caller, e))?;

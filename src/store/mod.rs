@@ -185,6 +185,8 @@ pub trait Store: Send + Sync + 'static {
     /// inserted as a new one. A rejected or expired request needs a new human decision.
     async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError>;
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
+    /// Pending, unexpired approvals (the human queue's depth).
+    async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError>;
     /// Insert an operator's pre-authorization as it is (pending until reviewed).
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError>;
     /// Newest first; `before` is the cursor of the previous page. `status` is as of `now`: a

@@ -751,6 +751,14 @@ impl Store for PostgresStore {
         load_approval(&client, id.as_str(), false).await
     }
 
+    async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .query_one("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > $1", &[&now])
+            .await?
+            .get(0))
+    }
+
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         insert_approval(&client, &rec).await

@@ -711,6 +711,17 @@ impl Store for SqliteStore {
         self.run(move |c| Ok(load_approval(c, id.as_str())?)).await
     }
 
+    async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
+        self.run(move |c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > ?1",
+                [now],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
         self.run(move |c| Ok(insert_approval(c, &rec)?)).await
     }

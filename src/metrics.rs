@@ -1,0 +1,195 @@
+//! Prometheus text metrics, kept in process (per replica). Every label has a bounded set of
+//! values: tool names, decisions and error codes are fixed by the code; HTTP paths are folded to
+//! their route.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Histogram bucket upper bounds, in seconds.
+const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+#[derive(Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, secs: f64) {
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, le) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {}", self.counts[i]);
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    decisions: BTreeMap<(String, String, String), u64>,
+    http: BTreeMap<(&'static str, u16), u64>,
+    http_latency: BTreeMap<&'static str, Histogram>,
+    tool_latency: BTreeMap<String, Histogram>,
+    ledger_latency: Histogram,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+/// Fold a request path to its route, so labels stay bounded.
+pub fn route(path: &str) -> &'static str {
+    match path {
+        "/mcp" => "/mcp",
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        "/metrics" => "/metrics",
+        p if p.starts_with("/.well-known/") => "/.well-known",
+        p if p.starts_with("/approvals") => "/approvals",
+        p if p.starts_with("/principals/") => "/principals",
+        _ => "other",
+    }
+}
+
+impl Metrics {
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// One audited decision (allowed, replayed, denied, …) with its error code, if any.
+    pub fn decision(&self, tool: &str, decision: &str, code: Option<&str>) {
+        let key = (tool.to_string(), decision.to_string(), code.unwrap_or("").to_string());
+        self.with(|m| *m.decisions.entry(key).or_default() += 1);
+    }
+
+    pub fn http(&self, path: &str, status: u16, took: Duration) {
+        let r = route(path);
+        self.with(|m| {
+            *m.http.entry((r, status)).or_default() += 1;
+            m.http_latency.entry(r).or_default().observe(took.as_secs_f64());
+        });
+    }
+
+    pub fn tool(&self, tool: &str, took: Duration) {
+        self.with(|m| m.tool_latency.entry(tool.to_string()).or_default().observe(took.as_secs_f64()));
+    }
+
+    /// One posting transaction at the backend (the store's cost of moving money).
+    pub fn ledger(&self, took: Duration) {
+        self.with(|m| m.ledger_latency.observe(took.as_secs_f64()));
+    }
+
+    pub fn render(&self, approvals_pending: Option<i64>, store_ping: Option<Duration>) -> String {
+        let m = self.with(|m| {
+            (
+                m.decisions.clone(),
+                m.http.clone(),
+                m.http_latency.clone(),
+                m.tool_latency.clone(),
+                m.ledger_latency.clone(),
+            )
+        });
+        let (decisions, http, http_latency, tool_latency, ledger_latency) = m;
+        let mut out = String::new();
+        out.push_str("# HELP paygate_decisions_total Audited decisions by tool, decision and error code.\n");
+        out.push_str("# TYPE paygate_decisions_total counter\n");
+        for ((tool, decision, code), n) in &decisions {
+            let _ =
+                writeln!(out, "paygate_decisions_total{{tool=\"{tool}\",decision=\"{decision}\",code=\"{code}\"}} {n}");
+        }
+        let moved: u64 = decisions.iter().filter(|((_, d, _), _)| d == "allowed").map(|(_, n)| n).sum();
+        let replays: u64 = decisions.iter().filter(|((_, d, _), _)| d == "replayed").map(|(_, n)| n).sum();
+        out.push_str("# HELP paygate_payments_moved_total Payments and refunds that moved money.\n");
+        out.push_str("# TYPE paygate_payments_moved_total counter\n");
+        let _ = writeln!(out, "paygate_payments_moved_total {moved}");
+        out.push_str("# HELP paygate_replays_total Calls answered with an earlier outcome of the same operation.\n");
+        out.push_str("# TYPE paygate_replays_total counter\n");
+        let _ = writeln!(out, "paygate_replays_total {replays}");
+        out.push_str("# HELP paygate_denials_total Refusals by error code.\n# TYPE paygate_denials_total counter\n");
+        let mut denials: BTreeMap<&str, u64> = BTreeMap::new();
+        for ((_, d, code), n) in &decisions {
+            if matches!(d.as_str(), "denied" | "conflict" | "rate_limited" | "failed") && !code.is_empty() {
+                *denials.entry(code.as_str()).or_default() += n;
+            }
+        }
+        for (code, n) in denials {
+            let _ = writeln!(out, "paygate_denials_total{{code=\"{code}\"}} {n}");
+        }
+        out.push_str("# HELP paygate_http_requests_total HTTP requests by route and status.\n");
+        out.push_str("# TYPE paygate_http_requests_total counter\n");
+        for ((r, status), n) in &http {
+            let _ = writeln!(out, "paygate_http_requests_total{{route=\"{r}\",status=\"{status}\"}} {n}");
+        }
+        out.push_str("# HELP paygate_http_request_duration_seconds Time to response headers, by route.\n");
+        out.push_str("# TYPE paygate_http_request_duration_seconds histogram\n");
+        for (r, h) in &http_latency {
+            h.render(&mut out, "paygate_http_request_duration_seconds", &format!("route=\"{r}\""));
+        }
+        out.push_str("# HELP paygate_tool_duration_seconds Tool call latency inside the gateway, by tool.\n");
+        out.push_str("# TYPE paygate_tool_duration_seconds histogram\n");
+        for (t, h) in &tool_latency {
+            h.render(&mut out, "paygate_tool_duration_seconds", &format!("tool=\"{t}\""));
+        }
+        out.push_str(
+            "# HELP paygate_ledger_transaction_seconds Posting transactions (payments, refunds) at the store.\n",
+        );
+        out.push_str("# TYPE paygate_ledger_transaction_seconds histogram\n");
+        ledger_latency.render(&mut out, "paygate_ledger_transaction_seconds", "");
+        if let Some(n) = approvals_pending {
+            out.push_str("# HELP paygate_approvals_pending Approvals waiting for a human (the queue depth).\n");
+            out.push_str("# TYPE paygate_approvals_pending gauge\n");
+            let _ = writeln!(out, "paygate_approvals_pending {n}");
+        }
+        out.push_str(
+            "# HELP paygate_store_up Whether the store answered this scrape.\n# TYPE paygate_store_up gauge\n",
+        );
+        let _ = writeln!(out, "paygate_store_up {}", u8::from(store_ping.is_some()));
+        if let Some(d) = store_ping {
+            out.push_str("# HELP paygate_store_ping_seconds Round trip of a trivial store query at scrape time.\n");
+            out.push_str("# TYPE paygate_store_ping_seconds gauge\n");
+            let _ = writeln!(out, "paygate_store_ping_seconds {}", d.as_secs_f64());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        m.decision("create_payment", "allowed", None);
+        m.decision("create_payment", "replayed", None);
+        m.decision("create_payment", "denied", Some("ACCOUNT_NOT_ALLOWED"));
+        m.http("/approvals/apr_123/approve", 200, Duration::from_millis(3));
+        m.tool("get_balance", Duration::from_micros(700));
+        let text = m.render(Some(2), Some(Duration::from_millis(1)));
+        assert!(text.contains("paygate_payments_moved_total 1"));
+        assert!(text.contains("paygate_replays_total 1"));
+        assert!(text.contains("paygate_denials_total{code=\"ACCOUNT_NOT_ALLOWED\"} 1"));
+        assert!(text.contains("paygate_http_requests_total{route=\"/approvals\",status=\"200\"} 1"));
+        assert!(text.contains("paygate_tool_duration_seconds_bucket{tool=\"get_balance\",le=\"0.001\"} 1"));
+        assert!(text.contains("paygate_tool_duration_seconds_bucket{tool=\"get_balance\",le=\"0.0005\"} 0"));
+        assert!(text.contains("paygate_approvals_pending 2"));
+        assert!(text.contains("paygate_store_up 1"));
+    }
+}
