@@ -27,6 +27,8 @@ use crate::store::{AccountSeed, Store};
 
 /// How often expired idempotency records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(600);
+/// How long a TLS handshake may take before the connection is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often idle rate-limiter keys are forgotten (keeps limiter memory bounded).
 const EVICT_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -131,6 +133,68 @@ fn authority(url: &str) -> &str {
     url.split_once("://").map_or(url, |(_, rest)| rest.split('/').next().unwrap_or(rest))
 }
 
+fn tls_acceptor(cert_file: &str, key_file: &str) -> Result<tokio_rustls::TlsAcceptor, StartError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &str, e: &dyn std::fmt::Display| StartError::Auth(format!("TLS {what}: {e}"));
+    let certs = CertificateDer::pem_file_iter(cert_file)
+        .map_err(|e| bad(cert_file, &e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert_file, &e))?;
+    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| bad(key_file, &e))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("config", &e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| bad("certificate", &e))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+/// HTTPS with rustls: one task per connection; on shutdown, stop accepting and let each
+/// connection finish its in-flight request.
+async fn serve_tls(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let (acceptor, router, stop) = (acceptor.clone(), router.clone(), stop.clone());
+        conns.spawn(async move {
+            // A handshake that never completes must not hold a task forever.
+            let Ok(Ok(tls)) = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await else { return };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    while conns.join_next().await.is_some() {}
+    Ok(())
+}
+
 /// Open the configured store (running its migrations).
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     let st = &config.storage;
@@ -154,8 +218,17 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         .await
         .map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;
     let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;
-    let public_url =
-        if config.server.public_url.is_empty() { format!("http://{addr}") } else { config.server.public_url.clone() };
+    let tls = if config.server.tls_cert_file.is_empty() {
+        None
+    } else {
+        Some(tls_acceptor(&config.server.tls_cert_file, &config.server.tls_key_file)?)
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let public_url = if config.server.public_url.is_empty() {
+        format!("{scheme}://{addr}")
+    } else {
+        config.server.public_url.clone()
+    };
     let resource_url = format!("{public_url}/mcp");
 
     let data_dir = config.storage.data_dir.clone();
@@ -332,9 +405,12 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     });
 
     let stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await
-    });
+    let server = match tls {
+        None => tokio::spawn(async move {
+            axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await
+        }),
+        Some(acceptor) => tokio::spawn(serve_tls(listener, acceptor, router, stop)),
+    };
     tracing::info!(http.addr = %addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
     Ok(Running { addr, public_url, store, dev_key, config, clock, shutdown, server })
 }

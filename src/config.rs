@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub request_timeout_ms: i64,
     pub session_idle_secs: i64,
     pub sessions_max: i64,
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -237,6 +239,9 @@ impl Config {
         range("server.request_timeout_ms", s.request_timeout_ms, 100, 300_000)?;
         range("server.session_idle_secs", s.session_idle_secs, 10, 86_400)?;
         range("server.sessions_max", s.sessions_max, 100, 1_000_000)?;
+        if s.tls_cert_file.is_empty() != s.tls_key_file.is_empty() {
+            return Err(ConfigError::Invalid("server.tls_cert_file and server.tls_key_file go together".into()));
+        }
         let st = &self.storage;
         if !(st.url.is_empty()
             || st.url.starts_with("sqlite://")
