@@ -125,10 +125,17 @@ fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
     }
 }
 
+/// Logs go to stderr: readable by default, one JSON object per line with PAYGATE_LOG_FORMAT=json
+/// (for log shippers). Filter with PAYGATE_LOG (e.g. "info", "paygate=debug").
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PAYGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr);
+    if std::env::var("PAYGATE_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
 }
 
 fn serve(config: Config) -> ExitCode {
