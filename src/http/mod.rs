@@ -65,6 +65,8 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(cfg.session_idle);
     let mcp_config = StreamableHttpServerConfig::default()
+        // 2026-07-28 requests are answered with plain JSON (no SSE framing to build or parse).
+        .with_json_response(true)
         .with_allowed_hosts(cfg.allowed_hosts)
         .with_max_request_body_bytes(state.body_bytes_max)
         .with_cancellation_token(cfg.shutdown.child_token());

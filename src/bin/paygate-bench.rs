@@ -1,0 +1,519 @@
+//! Load benchmark: the release binary on loopback, 64 connections, RS256 tokens from a JWKS,
+//! every response body validated, the ledger checked after each scenario, and a bare axum
+//! baseline measured in the same run so figures are also ratios to this machine's limit.
+//!
+//!   cargo build --release && target/release/paygate-bench [--secs 10] [--connections 64]
+//!
+//! PostgreSQL rows run when PAYGATE_BENCH_DATABASE_URL (or PAYGATE_TEST_DATABASE_URL) is set.
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+
+const RSA_KEY: &str = include_str!("../../tests/fixtures/rsa1.pem");
+const ISSUER: &str = "https://bench.idp.test";
+const KID: &str = "bench";
+
+/// What the benchmark changes from the defaults, and why. Nothing weakens durability or checks.
+const BENCH_CONFIG: &str = r#"
+# Quotas and budgets raised so the limiter and the daily budget are not what is measured.
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "bench"
+subjects = ["bench-agent"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000000.00" }
+daily_payments_max = 1000000
+calls_per_minute = 100000
+tool_calls_per_minute = {}
+
+[stop_rules]
+denials_max = 10000
+
+[ledger]
+demo = true
+[[ledger.accounts]]
+id = "acct-A"
+currency = "KES"
+opening_balance = "100000000.00"
+[[ledger.accounts]]
+id = "acct-B"
+currency = "KES"
+opening_balance = "0.00"
+"#;
+
+struct Args {
+    secs: u64,
+    connections: usize,
+    database_url: Option<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args { secs: 10, connections: 64, database_url: None };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < argv.len() {
+        match argv[i].as_str() {
+            "--secs" => a.secs = argv.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(10).clamp(1, 120),
+            "--connections" => {
+                a.connections = argv.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(64).clamp(1, 1024)
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    a.database_url = std::env::var("PAYGATE_BENCH_DATABASE_URL")
+        .or_else(|_| std::env::var("PAYGATE_TEST_DATABASE_URL"))
+        .ok()
+        .filter(|u| !u.is_empty());
+    a
+}
+
+/// The bench-only baseline: a fixed JSON-RPC result, no auth, no MCP, no database.
+async fn baseline_server() {
+    let app = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(|| async {
+            axum::Json(
+                json!({"jsonrpc": "2.0", "id": 1, "result": {"structuredContent": {"ok": true}, "isError": false}}),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    println!("baseline http://{}/mcp", listener.local_addr().expect("addr"));
+    axum::serve(listener, app).await.expect("serve");
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    started: Duration,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn peak_rss_mb(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb / 1024.0)
+    }
+}
+
+/// Start the paygate release binary next to this one and wait until it is ready.
+fn start_paygate(data_dir: &std::path::Path, jwks_url: &str, database: Option<(&str, &str)>) -> Server {
+    let exe = std::env::current_exe().expect("exe").with_file_name("paygate");
+    let config = data_dir.join("bench.toml");
+    std::fs::create_dir_all(data_dir).expect("data dir");
+    std::fs::write(&config, BENCH_CONFIG).expect("config");
+    let mut cmd = Command::new(&exe);
+    cmd.env("PAYGATE_CONFIG", &config)
+        .env("PAYGATE_SERVER__BIND", "127.0.0.1:0")
+        .env("PAYGATE_STORAGE__DATA_DIR", data_dir)
+        .env("PAYGATE_AUTH__ISSUER", ISSUER)
+        .env("PAYGATE_AUTH__JWKS_URL", jwks_url)
+        .env("PAYGATE_AUTH__DEV_KEY_ENABLED", "false")
+        .env("PAYGATE_DEV__PRINT_TOKEN", "false")
+        .env("PAYGATE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some((url, schema)) = database {
+        cmd.env("PAYGATE_STORAGE__URL", url).env("PAYGATE_STORAGE__POSTGRES_SCHEMA", schema);
+    }
+    let t0 = Instant::now();
+    let mut child =
+        cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e} (run cargo build --release)", exe.display()));
+    let stdout = child.stdout.take().expect("stdout");
+    let mut url = None;
+    for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        if let Some(u) = line.strip_prefix("paygate MCP endpoint: ") {
+            url = Some(u.trim().to_string());
+            break;
+        }
+    }
+    let url = url.expect("paygate printed its URL");
+    let ready = url.replace("/mcp", "/readyz");
+    let wait_until = Instant::now() + Duration::from_secs(30);
+    while !probe::ready(&ready) {
+        assert!(Instant::now() < wait_until, "paygate did not become ready");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Server { child, url, started: t0.elapsed() }
+}
+
+mod probe {
+    /// A tiny synchronous readiness probe (no blocking client feature needed).
+    pub fn ready(url: &str) -> bool {
+        let Some(rest) = url.strip_prefix("http://") else { return false };
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let Ok(mut s) = std::net::TcpStream::connect(host) else { return false };
+        use std::io::{Read, Write};
+        let _ = s.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes());
+        let mut buf = [0u8; 16];
+        matches!(s.read(&mut buf), Ok(n) if n >= 12 && &buf[9..12] == b"200")
+    }
+}
+
+fn token(aud: &str) -> String {
+    let key = EncodingKey::from_rsa_pem(RSA_KEY.as_bytes()).expect("rsa key");
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some(KID.into());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("time").as_secs() as i64;
+    let claims = json!({"iss": ISSUER, "sub": "bench-agent", "aud": aud, "iat": now, "exp": now + 3600,
+                        "scope": "payments:read payments:create payments:admin"});
+    jsonwebtoken::encode(&header, &claims, &key).expect("sign")
+}
+
+async fn jwks_server() -> String {
+    let key = EncodingKey::from_rsa_pem(RSA_KEY.as_bytes()).expect("rsa key");
+    let mut jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&key, Algorithm::RS256).expect("jwk");
+    jwk.common.key_id = Some(KID.into());
+    let set = json!({"keys": [jwk]});
+    let app = axum::Router::new().route("/jwks", axum::routing::get(move || async move { axum::Json(set.clone()) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/jwks", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Era {
+    Modern,
+    Legacy,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scenario {
+    Balance,
+    UniquePayments,
+    RetryStorm,
+    OverLimit,
+    Baseline,
+}
+
+impl Scenario {
+    fn label(self) -> &'static str {
+        match self {
+            Scenario::Balance => "get_balance",
+            Scenario::UniquePayments => "create_payment (unique)",
+            Scenario::RetryStorm => "retry storm (one op id)",
+            Scenario::OverLimit => "over limit (APPROVAL_REQUIRED)",
+            Scenario::Baseline => "bare axum baseline",
+        }
+    }
+}
+
+/// The first JSON-RPC message in a response body (plain JSON, or the SSE `data:` carrying a result).
+fn jsonrpc(body: &str) -> Option<Value> {
+    if body.trim_start().starts_with('{') {
+        return serde_json::from_str(body).ok();
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+}
+
+struct Conn {
+    http: ::reqwest::Client,
+    url: String,
+    token: String,
+    era: Era,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl Conn {
+    async fn post(&mut self, method: &str, name: Option<&str>, params: Value) -> Result<Value, String> {
+        self.next_id += 1;
+        let mut params = params;
+        let mut req = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        match self.era {
+            Era::Modern => {
+                params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                         "io.modelcontextprotocol/clientCapabilities": {}});
+                req = req.header("mcp-protocol-version", "2026-07-28").header("mcp-method", method);
+                if let Some(n) = name {
+                    req = req.header("mcp-name", n);
+                }
+            }
+            Era::Legacy => {
+                req = req.header("mcp-protocol-version", "2025-11-25");
+                if let Some(s) = &self.session {
+                    req = req.header("mcp-session-id", s);
+                }
+            }
+        }
+        let body = json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        let resp = req.json(&body).send().await.map_err(|e| e.to_string())?;
+        if let Some(s) = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+            self.session = Some(s.to_string());
+        }
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("HTTP {status}"));
+        }
+        jsonrpc(&text).ok_or_else(|| "no JSON-RPC message".to_string())
+    }
+
+    async fn open(url: &str, token: &str, era: Era) -> Conn {
+        let http = ::reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+        let mut c = Conn { http, url: url.into(), token: token.into(), era, session: None, next_id: 0 };
+        if era == Era::Legacy {
+            let init = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}});
+            c.post("initialize", None, init).await.expect("initialize");
+            let _ = c
+                .http
+                .post(&c.url)
+                .bearer_auth(&c.token)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-11-25")
+                .header("mcp-session-id", c.session.clone().unwrap_or_default())
+                .body(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+                .send()
+                .await;
+        }
+        c
+    }
+
+    async fn call(&mut self, tool: &str, args: Value) -> Result<Value, String> {
+        let v = self.post("tools/call", Some(tool), json!({"name": tool, "arguments": args})).await?;
+        v.get("result").cloned().ok_or_else(|| format!("JSON-RPC error: {}", v["error"]))
+    }
+}
+
+#[derive(Default)]
+struct Outcome {
+    ok: u64,
+    errors: u64,
+    latencies_us: Vec<u32>,
+    first_error: Option<String>,
+}
+
+/// Validate one response for the scenario: a result, not an error, of the right shape.
+fn check(s: Scenario, r: &Value) -> Result<(), String> {
+    let sc = &r["structuredContent"];
+    let good = match s {
+        Scenario::Balance => r["isError"] != true && sc["account_id"] == "acct-A",
+        Scenario::UniquePayments => r["isError"] != true && sc["replayed"] == false && sc["status"] == "succeeded",
+        Scenario::RetryStorm => r["isError"] != true && sc["payment_id"].is_string(),
+        Scenario::OverLimit => r["isError"] == true && sc["error"]["code"] == "APPROVAL_REQUIRED",
+        Scenario::Baseline => sc["ok"] == true,
+    };
+    if good {
+        Ok(())
+    } else {
+        Err(format!("unexpected result: {}", r.to_string().chars().take(200).collect::<String>()))
+    }
+}
+
+async fn run(s: Scenario, url: &str, token: &str, era: Era, a: &Args, run_id: &str) -> (Outcome, f64) {
+    let deadline = Instant::now() + Duration::from_secs(a.secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for c in 0..a.connections {
+        let (url, token, run_id) = (url.to_string(), token.to_string(), run_id.to_string());
+        tasks.spawn(async move {
+            let mut out = Outcome::default();
+            let mut conn = Conn::open(&url, &token, era).await;
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let t = Instant::now();
+                let result = match s {
+                    Scenario::Baseline => {
+                        conn.post("tools/call", Some("x"), json!({})).await.map(|v| v["result"].clone())
+                    }
+                    Scenario::Balance => conn.call("get_balance", json!({"account_id": "acct-A"})).await,
+                    Scenario::UniquePayments => {
+                        conn.call(
+                            "create_payment",
+                            json!({"operation_id": format!("{run_id}-{c}-{n}"), "from_account": "acct-A",
+                                                       "to_account": "acct-B", "amount": "1.00", "currency": "KES"}),
+                        )
+                        .await
+                    }
+                    Scenario::RetryStorm => {
+                        conn.call(
+                            "create_payment",
+                            json!({"operation_id": format!("{run_id}-storm"), "from_account": "acct-A",
+                                                       "to_account": "acct-B", "amount": "1.00", "currency": "KES"}),
+                        )
+                        .await
+                    }
+                    Scenario::OverLimit => {
+                        conn.call(
+                            "create_payment",
+                            json!({"operation_id": format!("{run_id}-big-{c}-{n}"), "from_account": "acct-A",
+                                                       "to_account": "acct-B", "amount": "5000.00", "currency": "KES"}),
+                        )
+                        .await
+                    }
+                };
+                let took = t.elapsed();
+                match result.and_then(|r| check(s, &r)) {
+                    Ok(()) => {
+                        out.ok += 1;
+                        out.latencies_us.push(took.as_micros().min(u32::MAX as u128) as u32);
+                    }
+                    Err(e) => {
+                        out.errors += 1;
+                        out.first_error.get_or_insert(e);
+                    }
+                }
+            }
+            out
+        });
+    }
+    let mut total = Outcome::default();
+    while let Some(r) = tasks.join_next().await {
+        let o = r.expect("task");
+        total.ok += o.ok;
+        total.errors += o.errors;
+        total.latencies_us.extend(o.latencies_us);
+        if total.first_error.is_none() {
+            total.first_error = o.first_error;
+        }
+    }
+    (total, started.elapsed().as_secs_f64())
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+async fn balance_b(url: &str, token: &str) -> f64 {
+    let mut c = Conn::open(url, token, Era::Modern).await;
+    let r = c.call("get_balance", json!({"account_id": "acct-B"})).await.expect("balance");
+    r["structuredContent"]["balance"].as_str().and_then(|b| b.parse().ok()).expect("decimal balance")
+}
+
+async fn integrity(url: &str, token: &str) -> bool {
+    let mut c = Conn::open(url, token, Era::Modern).await;
+    let r = c.call("check_ledger_integrity", json!({})).await.expect("integrity");
+    r["structuredContent"]["ok"] == true
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::args().any(|a| a == "--baseline-server") {
+        baseline_server().await;
+        return;
+    }
+    paygate::install_crypto_provider();
+    let a = args();
+    let jwks = jwks_server().await;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    println!(
+        "paygate-bench: {} connections, {} s per scenario, {cores} cores, RS256 tokens from a JWKS",
+        a.connections, a.secs
+    );
+    println!("durability: SQLite WAL + synchronous=FULL; PostgreSQL default (synchronous_commit on)");
+    println!("changed from defaults: rate-limit quotas, daily budget and stop rule raised (see BENCH_CONFIG)\n");
+
+    // Baseline in its own process, like paygate.
+    let mut base = Command::new(std::env::current_exe().expect("exe"))
+        .arg("--baseline-server")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("baseline");
+    let mut line = String::new();
+    std::io::BufReader::new(base.stdout.take().expect("stdout")).read_line(&mut line).expect("baseline url");
+    let base_url = line.trim().trim_start_matches("baseline ").to_string();
+    let (b, secs) = run(Scenario::Baseline, &base_url, "", Era::Modern, &a, "base").await;
+    let _ = base.kill();
+    let base_rps = b.ok as f64 / secs;
+    let mut lat = b.latencies_us.clone();
+    lat.sort_unstable();
+    println!("| store | era | scenario | ok/s | × baseline | p50 ms | p99 ms | errors | check |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---|");
+    println!(
+        "| - | - | {} | {:.0} | 1.00 | {:.2} | {:.2} | {} | - |",
+        Scenario::Baseline.label(),
+        base_rps,
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        b.errors
+    );
+
+    let mut engines: Vec<(&str, Option<(String, String)>)> = vec![("sqlite", None)];
+    if let Some(url) = &a.database_url {
+        engines.push(("postgres", Some((url.clone(), format!("bench_{}", uuid::Uuid::new_v4().simple())))));
+    }
+    let mut notes = Vec::new();
+    for (engine, db) in &engines {
+        let dir = std::env::temp_dir().join(format!("paygate-bench-{}", uuid::Uuid::new_v4().simple()));
+        let database = db.as_ref().map(|(u, s)| (u.as_str(), s.as_str()));
+        let first = start_paygate(&dir, &jwks, database);
+        drop(first);
+        // Start to ready on an existing database.
+        let server = start_paygate(&dir, &jwks, database);
+        notes.push(format!(
+            "{engine}: start to ready on an existing database {:.0} ms",
+            server.started.as_secs_f64() * 1000.0
+        ));
+        let tok = token(&server.url);
+        for era in [Era::Modern, Era::Legacy] {
+            for s in [Scenario::Balance, Scenario::UniquePayments, Scenario::RetryStorm, Scenario::OverLimit] {
+                let run_id = format!("{engine}-{era:?}-{s:?}-{}", uuid::Uuid::new_v4().simple());
+                let before = balance_b(&server.url, &tok).await;
+                let (o, secs) = run(s, &server.url, &tok, era, &a, &run_id).await;
+                let after = balance_b(&server.url, &tok).await;
+                let moved = ((after - before) * 100.0).round() as u64;
+                let ledger_ok = match s {
+                    Scenario::UniquePayments => moved == o.ok * 100,
+                    Scenario::RetryStorm => moved == 100,
+                    _ => moved == 0,
+                } && integrity(&server.url, &tok).await;
+                let mut lat = o.latencies_us.clone();
+                lat.sort_unstable();
+                let rps = o.ok as f64 / secs;
+                println!(
+                    "| {engine} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} |",
+                    if era == Era::Modern { "2026-07-28" } else { "2025-11-25" },
+                    s.label(),
+                    rps,
+                    rps / base_rps,
+                    percentile(&lat, 0.5),
+                    percentile(&lat, 0.99),
+                    o.errors,
+                    if ledger_ok { "ledger ok" } else { "LEDGER MISMATCH" }
+                );
+                if let Some(e) = o.first_error {
+                    notes.push(format!("{engine} {era:?} {}: first error: {e}", s.label()));
+                }
+            }
+        }
+        if let Some(mb) = server.peak_rss_mb() {
+            notes.push(format!("{engine}: peak RSS {mb:.1} MB"));
+        }
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    println!();
+    for n in notes {
+        println!("- {n}");
+    }
+}
