@@ -444,6 +444,7 @@ async fn main() {
     let base_url = line.trim().trim_start_matches("baseline ").to_string();
     let (b, secs) = run(Scenario::Baseline, &base_url, "", Era::Modern, &a, "base").await;
     let _ = base.kill();
+    let _ = base.wait();
     let base_rps = b.ok as f64 / secs;
     let mut lat = b.latencies_us.clone();
     lat.sort_unstable();
