@@ -259,7 +259,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
 
     let a = &config.auth;
     let dev_issuer = dev_issuer(&config, &public_url);
-    let mut verifier = Verifier::new(resource_url.clone(), a.leeway_secs, clock.clone());
+    let mut verifier = Verifier::new(resource_url.clone(), a.leeway_secs, clock.clone())
+        .with_cache(a.verified_token_cache_max as usize);
     let dev_key = if a.dev_key_enabled { Some(dev_key(&config)?) } else { None };
     if let Some(k) = &dev_key {
         verifier = verifier.with_dev_key(dev_issuer.clone(), k).map_err(StartError::Auth)?;

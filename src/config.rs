@@ -75,6 +75,7 @@ pub struct AuthConfig {
     pub jwks_refetch_min_interval_secs: i64,
     pub jwks_fetch_timeout_ms: i64,
     pub leeway_secs: i64,
+    pub verified_token_cache_max: i64,
     pub dev_key_enabled: bool,
     pub dev_issuer: String,
     /// The dev HS256 key itself (base64). Normally absent: generated into data_dir. Never logged.
@@ -259,6 +260,7 @@ impl Config {
         range("auth.jwks_refetch_min_interval_secs", a.jwks_refetch_min_interval_secs, 1, 3600)?;
         range("auth.jwks_fetch_timeout_ms", a.jwks_fetch_timeout_ms, 100, 30_000)?;
         range("auth.leeway_secs", a.leeway_secs, 0, 300)?;
+        range("auth.verified_token_cache_max", a.verified_token_cache_max, 0, 1_000_000)?;
         range("dev.token_ttl_secs", self.dev.token_ttl_secs, 60, 2_592_000)?;
         let i = &self.idempotency;
         range("idempotency.retention_secs", i.retention_secs, 3600, 31_536_000)?;

@@ -24,6 +24,9 @@ struct State {
 }
 
 pub struct JwksCache {
+    /// Bumped whenever the set of key ids changes (rotation): verified-token cache entries from an
+    /// older generation are verified again.
+    generation: std::sync::atomic::AtomicU64,
     url: String,
     http: reqwest::Client,
     cache_ttl: Duration,
@@ -34,7 +37,19 @@ pub struct JwksCache {
 
 impl JwksCache {
     pub fn new(url: String, http: reqwest::Client, cache_ttl: Duration, refetch_min_interval: Duration) -> Self {
-        JwksCache { url, http, cache_ttl, refetch_min_interval, state: RwLock::default(), fetch_lock: Mutex::new(()) }
+        JwksCache {
+            generation: std::sync::atomic::AtomicU64::new(0),
+            url,
+            http,
+            cache_ttl,
+            refetch_min_interval,
+            state: RwLock::default(),
+            fetch_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The key for `kid`, usable with `alg`, refetching the set when the kid is unknown or the
@@ -99,6 +114,13 @@ impl JwksCache {
                     keys.insert(kid, CachedKey { key, alg });
                 }
                 tracing::info!(jwks.url = %self.url, jwks.keys = keys.len(), "fetched JWKS");
+                let mut old: Vec<&String> = s.keys.keys().collect();
+                let mut new: Vec<&String> = keys.keys().collect();
+                old.sort();
+                new.sort();
+                if old != new {
+                    self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
                 s.keys = keys;
                 s.fetched_at = Some(started);
             }

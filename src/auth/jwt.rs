@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::Secret;
 use super::jwks::JwksCache;
 use crate::clock::{Clock, UnixSecs};
+use sha2::Digest;
 
 /// Algorithms accepted from an identity provider. HS* never: a public key must not double as an
 /// HMAC secret. `none` is not even representable.
@@ -91,11 +92,74 @@ pub struct Verifier {
     idp: Option<Idp>,
     leeway_secs: i64,
     clock: Arc<dyn Clock>,
+    cache: TokenCache,
+}
+
+/// Verified tokens, keyed by the SHA-256 of the token (never the token itself), so a repeated
+/// token skips the signature check. Entries honour exp/nbf on every hit and die with a JWKS
+/// rotation. Bounded: when full, it is cleared (verification then simply runs again).
+struct TokenCache {
+    max: usize,
+    entries: std::sync::Mutex<std::collections::HashMap<[u8; 32], CachedToken>>,
+}
+
+struct CachedToken {
+    claims: VerifiedClaims,
+    exp: i64,
+    nbf: Option<i64>,
+    generation: u64,
 }
 
 impl Verifier {
     pub fn new(resource: String, leeway_secs: i64, clock: Arc<dyn Clock>) -> Self {
-        Verifier { resource: normalize_url(&resource), dev: None, idp: None, leeway_secs, clock }
+        Verifier {
+            resource: normalize_url(&resource),
+            dev: None,
+            idp: None,
+            leeway_secs,
+            clock,
+            cache: TokenCache { max: 0, entries: Default::default() },
+        }
+    }
+
+    /// Remember up to `max` verified tokens (0 disables the cache).
+    pub fn with_cache(mut self, max: usize) -> Self {
+        self.cache.max = max;
+        self
+    }
+
+    fn generation(&self) -> u64 {
+        self.idp.as_ref().and_then(|i| i.jwks.as_ref()).map_or(0, JwksCache::generation)
+    }
+
+    pub async fn verify(&self, token: &str) -> Result<VerifiedClaims, AuthError> {
+        if self.cache.max == 0 {
+            return self.verify_uncached(token).await.map(|(c, _, _)| c);
+        }
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let now = self.clock.now();
+        let generation = self.generation();
+        {
+            let entries = self.cache.entries.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(hit) = entries.get(&digest)
+                && hit.generation == generation
+            {
+                if now > hit.exp.saturating_add(self.leeway_secs) {
+                    return Err(AuthError::Invalid("token expired"));
+                }
+                if hit.nbf.is_some_and(|nbf| now < nbf.saturating_sub(self.leeway_secs)) {
+                    return Err(AuthError::Invalid("token not yet valid"));
+                }
+                return Ok(hit.claims.clone());
+            }
+        }
+        let (claims, exp, nbf) = self.verify_uncached(token).await?;
+        let mut entries = self.cache.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= self.cache.max {
+            entries.clear();
+        }
+        entries.insert(digest, CachedToken { claims: claims.clone(), exp, nbf, generation });
+        Ok(claims)
     }
 
     pub fn with_dev_key(mut self, issuer: String, secret: &Secret) -> Result<Self, String> {
@@ -114,7 +178,8 @@ impl Verifier {
         &self.resource
     }
 
-    pub async fn verify(&self, token: &str) -> Result<VerifiedClaims, AuthError> {
+    /// The full check: signature, issuer, time, audience. Returns the claims with exp and nbf.
+    async fn verify_uncached(&self, token: &str) -> Result<(VerifiedClaims, i64, Option<i64>), AuthError> {
         let header = decode_header(token).map_err(|_| AuthError::Invalid("malformed token"))?;
         let (key, expected_issuer) = self.key_for(&header).await?;
         let mut validation = Validation::new(header.alg);
@@ -153,7 +218,7 @@ impl Verifier {
         if let Some(scp) = c.scp {
             scopes.extend(scp.into_vec().iter().flat_map(|s| s.split_whitespace().map(str::to_string)));
         }
-        Ok(VerifiedClaims { issuer: expected_issuer, subject, client_id: c.client_id.or(c.azp), scopes })
+        Ok((VerifiedClaims { issuer: expected_issuer, subject, client_id: c.client_id.or(c.azp), scopes }, exp, c.nbf))
     }
 
     async fn key_for(&self, header: &Header) -> Result<(DecodingKey, String), AuthError> {
@@ -220,6 +285,38 @@ pub fn mint_dev_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
+
+    #[tokio::test]
+    async fn cached_tokens_still_expire_and_are_keyed_by_hash() {
+        let clock = ManualClock::new(1_000_000);
+        let secret = Secret::new("k".repeat(32));
+        let v = Verifier::new("http://gw/mcp".into(), 30, Arc::new(clock.clone()))
+            .with_dev_key("iss".into(), &secret)
+            .unwrap()
+            .with_cache(2);
+        let token = mint_dev_token(&secret, "iss", "http://gw/mcp", "agent", "payments:read", 1_000_000, 60).unwrap();
+        assert_eq!(v.verify(&token).await.unwrap().subject, "agent");
+        assert_eq!(v.verify(&token).await.unwrap().subject, "agent", "a cache hit");
+        {
+            let entries = v.cache.entries.lock().unwrap();
+            assert_eq!(entries.len(), 1);
+            let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+            assert!(entries.contains_key(&digest), "keyed by the token's hash");
+        }
+        clock.advance(60 + 31);
+        assert_eq!(v.verify(&token).await, Err(AuthError::Invalid("token expired")), "expiry holds on a hit");
+        // Bounded: a third token clears the full cache rather than growing it.
+        for sub in ["b", "c", "d"] {
+            let t = mint_dev_token(&secret, "iss", "http://gw/mcp", sub, "", clock.now(), 60).unwrap();
+            v.verify(&t).await.unwrap();
+        }
+        assert!(v.cache.entries.lock().unwrap().len() <= 2);
+        // A forged token is never served from the cache of a genuine one.
+        let mut forged = token.clone();
+        forged.push('x');
+        assert!(v.verify(&forged).await.is_err());
+    }
 
     #[test]
     fn normalizes_scheme_and_host_only() {
