@@ -448,3 +448,30 @@ contract!(suspension_and_denials, |store, label| async move {
     assert_eq!(store.denials_since("agent", 50).await.unwrap(), 0, "{label}: a resume forgives earlier denials");
     assert_eq!(store.audit_list(Some("agent"), 2).await.unwrap().len(), 2);
 });
+
+contract!(a_failing_write_does_not_fail_or_duplicate_its_batch, |store, label| async move {
+    // With 40 writes racing, SQLite's writer commits many of them in one batch: the failing ones
+    // (an unknown payee) must roll back alone.
+    with_accounts(&store, 1_000_000).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..40 {
+        let s = store.clone();
+        tasks.spawn(async move {
+            let mut t = transfer(&format!("batch-{n}"), 100, Guards::default());
+            if n % 2 == 1 {
+                t.to_account = acct("acct-nowhere");
+            }
+            (n, s.ledger_transfer(t, 5).await)
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let (n, r) = r.unwrap();
+        match (n % 2, r) {
+            (0, Ok(p)) => assert_eq!(p.amount_minor, 100),
+            (1, Err(BackendError::AccountNotFound(_))) => {}
+            (_, other) => panic!("{label}: write {n}: {other:?}"),
+        }
+    }
+    assert_eq!(balance(&store, "acct-B").await, 20 * 100, "{label}: every good write once");
+    assert_integrity(&store, label).await;
+});

@@ -26,27 +26,65 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0002_approvals_mandates.sql"),
 ];
 
+/// Most writes committed together by one fsync.
+pub const WRITE_BATCH_MAX: usize = 256;
+/// Connections serving reads alongside the writer (WAL lets them run while it commits).
+pub const READERS: usize = 2;
+/// Writes waiting for the writer before callers wait to enqueue (backpressure).
+const WRITE_QUEUE_MAX: usize = 4096;
+
+/// Runs after the batch's COMMIT: `true` when the job's changes are durable.
+type Finisher = Box<dyn FnOnce(bool) + Send>;
+/// One write, run by the writer thread inside the batch transaction (under its own savepoint).
+type Job = Box<dyn FnOnce(&mut Connection) -> Finisher + Send>;
+
+/// The embedded store. Writes go through one writer thread that **group-commits**: it takes every
+/// write queued so far (up to [`WRITE_BATCH_MAX`]), runs each under its own SAVEPOINT inside one
+/// IMMEDIATE transaction (a failing write rolls back to its savepoint and leaves the others), COMMITs
+/// once (one fsync, synchronous=FULL), and only then answers each caller. Reads use their own
+/// connections.
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    writer: tokio::sync::mpsc::Sender<Job>,
+    readers: Arc<Vec<Mutex<Connection>>>,
+    next_reader: Arc<std::sync::atomic::AtomicUsize>,
+    _temp: Option<Arc<TempFile>>,
+}
+
+/// A database file removed when the last store handle is dropped (`open_in_memory`).
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
+    }
+}
+
+fn configure(conn: &Connection) -> Result<(), StoreError> {
+    // WAL for concurrent readers; FULL sync because a committed payment must survive power loss.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(())
 }
 
 impl SqliteStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
-        Self::init(conn)
+        Self::init(path, None)
     }
 
+    /// A private throwaway database (a temporary file, so readers and the writer share it).
     pub fn open_in_memory() -> Result<Self, StoreError> {
-        Self::init(Connection::open_in_memory()?)
+        let path = std::env::temp_dir().join(format!("paygate-{}.sqlite3", uuid::Uuid::new_v4().simple()));
+        Self::init(&path, Some(Arc::new(TempFile(path.clone()))))
     }
 
-    fn init(mut conn: Connection) -> Result<Self, StoreError> {
-        // WAL for concurrent readers; FULL sync because a committed payment must survive power loss.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    fn init(path: &Path, temp: Option<Arc<TempFile>>) -> Result<Self, StoreError> {
+        let mut conn = Connection::open(path)?;
+        configure(&conn)?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -54,22 +92,97 @@ impl SqliteStore {
             tx.pragma_update(None, "user_version", (i + 1) as i64)?;
             tx.commit()?;
         }
-        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let r = Connection::open(path)?;
+            configure(&r)?;
+            readers.push(Mutex::new(r));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel::<Job>(WRITE_QUEUE_MAX);
+        std::thread::Builder::new()
+            .name("paygate-sqlite-writer".into())
+            .spawn(move || writer_loop(conn, rx))
+            .map_err(|e| StoreError::Database(format!("cannot start the writer thread: {e}")))?;
+        Ok(SqliteStore {
+            writer: tx,
+            readers: Arc::new(readers),
+            next_reader: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            _temp: temp,
+        })
     }
 
+    /// A read on one of the reader connections (blocking pool).
     async fn run<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
     {
-        let conn = self.conn.clone();
+        let readers = self.readers.clone();
+        let i = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % readers.len();
         tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().map_err(|_| StoreError::Database("connection lock poisoned".into()))?;
+            let mut guard = readers[i].lock().map_err(|_| StoreError::Database("connection lock poisoned".into()))?;
             f(&mut guard)
         })
         .await
         .map_err(|e| E::from(StoreError::Database(format!("blocking task failed: {e}"))))?
+    }
+
+    /// A write, group-committed by the writer thread. `f` runs inside the batch transaction and
+    /// must do its work under a savepoint (`conn.savepoint()`), so that its failure is its own.
+    /// The answer arrives only after the batch's COMMIT.
+    async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    {
+        let (done, answer) = tokio::sync::oneshot::channel::<Result<T, E>>();
+        let job: Job = Box::new(move |conn: &mut Connection| {
+            let result = f(conn);
+            Box::new(move |committed: bool| {
+                let _ = done.send(if committed {
+                    result
+                } else {
+                    Err(E::from(StoreError::Database("the batch did not commit; nothing was written".into())))
+                });
+            })
+        });
+        self.writer.send(job).await.map_err(|_| E::from(StoreError::Database("the writer has stopped".into())))?;
+        answer.await.map_err(|_| E::from(StoreError::Database("the writer dropped a write".into())))?
+    }
+}
+
+fn writer_loop(mut conn: Connection, mut rx: tokio::sync::mpsc::Receiver<Job>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < WRITE_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+            // Could not open the batch: each write then commits on its own (its savepoint is
+            // its transaction), which is slower but just as correct.
+            for job in batch {
+                let finish = job(&mut conn);
+                finish(true);
+            }
+            continue;
+        }
+        let finishers: Vec<Finisher> = batch.into_iter().map(|job| job(&mut conn)).collect();
+        let committed = match conn.execute_batch("COMMIT") {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::error!(%error, "group commit failed; every write in the batch is reported failed");
+                let _ = conn.execute_batch("ROLLBACK");
+                false
+            }
+        };
+        for finish in finishers {
+            finish(committed);
+        }
     }
 }
 
@@ -283,7 +396,7 @@ fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
 }
 
 fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+    let tx = conn.savepoint().map_err(db)?;
     // The ledger's own guard: one key posts once, whatever happened above (crash, expired record).
     if let Some(existing) = load_payment_by_key(&tx, &req.idempotency_key).map_err(db)? {
         if !same_transfer(&existing, &req) {
@@ -342,7 +455,7 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
 }
 
 fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+    let tx = conn.savepoint().map_err(db)?;
     if let Some(existing) = load_payment_by_key(&tx, &req.idempotency_key).map_err(db)? {
         let same = existing.kind == PaymentKind::Refund
             && existing.refund_of.as_ref() == Some(&req.payment_id)
@@ -519,7 +632,7 @@ fn review_tx(
     now: UnixSecs,
     issue: MandateIssuer,
 ) -> Result<ApprovalRecord, ReviewError> {
-    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
+    let tx = c.savepoint().map_err(StoreError::from)?;
     let rec = load_approval(&tx, id.as_str()).map_err(StoreError::from)?.ok_or(ReviewError::NotFound)?;
     if rec.status != "pending" {
         return Err(ReviewError::Terminal(rec.status));
@@ -604,8 +717,8 @@ impl Store for SqliteStore {
     }
 
     async fn idem_reserve(&self, rec: NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError> {
-        self.run(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |c| {
+            let tx = c.savepoint()?;
             let existing: Option<(String, String, Option<String>, i64, i64)> = tx
                 .query_row(
                     "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
@@ -659,7 +772,7 @@ impl Store for SqliteStore {
 
     async fn idem_complete(&self, key: &str, outcome: &str) -> Result<(), StoreError> {
         let (key, outcome) = (key.to_string(), outcome.to_string());
-        self.run(move |c| {
+        self.write(move |c| {
             c.execute(
                 "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
                 params![outcome, key],
@@ -671,7 +784,7 @@ impl Store for SqliteStore {
 
     async fn idem_release(&self, key: &str) -> Result<(), StoreError> {
         let key = key.to_string();
-        self.run(move |c| {
+        self.write(move |c| {
             c.execute("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [key])?;
             Ok(())
         })
@@ -679,12 +792,13 @@ impl Store for SqliteStore {
     }
 
     async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError> {
-        self.run(move |c| Ok(c.execute("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64)).await
+        self.write(move |c| Ok(c.execute("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64))
+            .await
     }
 
     async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError> {
-        self.run(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |c| {
+            let tx = c.savepoint()?;
             let existing = tx
                 .query_row(
                     &format!(
@@ -723,7 +837,7 @@ impl Store for SqliteStore {
     }
 
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
-        self.run(move |c| Ok(insert_approval(c, &rec)?)).await
+        self.write(move |c| Ok(insert_approval(c, &rec)?)).await
     }
 
     async fn approval_list(
@@ -772,7 +886,7 @@ impl Store for SqliteStore {
         issue: MandateIssuer,
     ) -> Result<ApprovalRecord, ReviewError> {
         let id = id.clone();
-        self.run(move |c| review_tx(c, &id, review, now, issue)).await
+        self.write(move |c| review_tx(c, &id, review, now, issue)).await
     }
 
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
@@ -791,7 +905,7 @@ impl Store for SqliteStore {
 
     async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError> {
         let (subject, reason) = (subject.to_string(), reason.to_string());
-        self.run(move |c| {
+        self.write(move |c| {
             c.execute(
                 "INSERT INTO principal_state (subject, suspended_at, suspended_reason) VALUES (?1, ?2, ?3)
                  ON CONFLICT (subject) DO UPDATE SET suspended_at = excluded.suspended_at,
@@ -805,7 +919,7 @@ impl Store for SqliteStore {
 
     async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError> {
         let subject = subject.to_string();
-        self.run(move |c| {
+        self.write(move |c| {
             Ok(c.execute(
                 "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1,
                         resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
@@ -835,7 +949,7 @@ impl Store for SqliteStore {
     }
 
     async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
-        self.run(move |c| {
+        self.write(move |c| {
             c.execute(
                 "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                             idempotency_key, payment_id, approval_id, detail)
@@ -889,8 +1003,8 @@ impl Store for SqliteStore {
     }
 
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
-        self.run(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write(move |c| {
+            let tx = c.savepoint()?;
             let created = tx.execute(
                 "INSERT OR IGNORE INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES (?1, ?2, 0, ?3, ?4)",
                 params![seed.id.as_str(), seed.currency.code(), seed.allow_overdraft, now],
@@ -913,11 +1027,11 @@ impl Store for SqliteStore {
     }
 
     async fn ledger_transfer(&self, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-        self.run(move |c| transfer_tx(c, req, now)).await
+        self.write(move |c| transfer_tx(c, req, now)).await
     }
 
     async fn ledger_refund(&self, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-        self.run(move |c| refund_tx(c, req, now)).await
+        self.write(move |c| refund_tx(c, req, now)).await
     }
 
     async fn ledger_payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
