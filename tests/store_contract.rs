@@ -105,6 +105,7 @@ fn transfer(key: &str, minor: i64, guards: Guards) -> TransferRequest {
         memo: None,
         principal_sub: "agent".into(),
         guards,
+        audit: None,
     }
 }
 
@@ -403,6 +404,7 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
         reason: None,
         principal_sub: "agent".into(),
         guards: Guards::default(),
+        audit: None,
     };
     assert!(matches!(
         store.ledger_refund(refund("r0", Some(10_001)), 1).await,

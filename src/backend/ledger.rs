@@ -31,6 +31,10 @@ impl PaymentBackend for LedgerBackend {
         "ledger"
     }
 
+    fn records_in_transaction(&self) -> bool {
+        true
+    }
+
     async fn transfer(&self, req: TransferRequest) -> Result<Payment, BackendError> {
         self.store.ledger_transfer(req, self.clock.now()).await
     }

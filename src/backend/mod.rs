@@ -160,6 +160,9 @@ pub struct TransferRequest {
     pub memo: Option<String>,
     pub principal_sub: String,
     pub guards: Guards,
+    /// The "allowed" audit record, appended with the postings by backends that record in the
+    /// transaction (its payment id is filled in there).
+    pub audit: Option<crate::store::AuditRecord>,
 }
 
 /// Return (part of) a succeeded payment, exactly once per `idempotency_key`.
@@ -174,6 +177,7 @@ pub struct RefundRequest {
     pub reason: Option<String>,
     pub principal_sub: String,
     pub guards: Guards,
+    pub audit: Option<crate::store::AuditRecord>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -218,6 +222,12 @@ pub enum BackendError {
 #[async_trait]
 pub trait PaymentBackend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
+    /// True when `transfer`/`refund` complete the idempotency record(s) and append the request's
+    /// audit record in the posting transaction itself (the embedded ledger): the gateway then
+    /// skips its own writes for them.
+    fn records_in_transaction(&self) -> bool {
+        false
+    }
     async fn transfer(&self, req: TransferRequest) -> Result<Payment, BackendError>;
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError>;
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError>;

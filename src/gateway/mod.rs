@@ -161,7 +161,20 @@ impl Gateway {
 
     pub(crate) async fn audit_as(&self, issuer: &str, subject: &str, correlation_id: &str, d: Decision<'_>) {
         self.metrics.decision(d.tool, d.decision, d.code.map(|c| c.as_str()));
-        let rec = AuditRecord {
+        let rec = self.audit_record(issuer, subject, correlation_id, d);
+        if let Err(error) = self.store.audit_append(rec).await {
+            tracing::error!(%correlation_id, %error, "audit append failed");
+        }
+    }
+
+    pub(crate) fn audit_record(
+        &self,
+        issuer: &str,
+        subject: &str,
+        correlation_id: &str,
+        d: Decision<'_>,
+    ) -> AuditRecord {
+        AuditRecord {
             seq: 0,
             at: self.clock.now(),
             correlation_id: correlation_id.to_string(),
@@ -174,9 +187,6 @@ impl Gateway {
             payment_id: d.payment_id.map(str::to_string),
             approval_id: d.approval_id.map(str::to_string),
             detail: d.detail,
-        };
-        if let Err(error) = self.store.audit_append(rec).await {
-            tracing::error!(%correlation_id, %error, "audit append failed");
         }
     }
 

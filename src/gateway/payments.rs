@@ -186,10 +186,11 @@ impl Gateway {
             Some(m) => m.guards(),
             None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
         };
-        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key| {
+        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key, audit| {
             let req = TransferRequest {
                 idempotency_key: key,
                 alias_key,
+                audit,
                 payment_id: PaymentId::generate(),
                 from_account: from.clone(),
                 to_account: to.clone(),
@@ -288,10 +289,11 @@ impl Gateway {
             (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
             (None, None) => None,
         };
-        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key| {
+        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key, audit| {
             let req = RefundRequest {
                 idempotency_key: key,
                 alias_key,
+                audit,
                 refund_id: PaymentId::generate(),
                 payment_id: pid.clone(),
                 amount_minor: explicit_amount,
@@ -443,7 +445,7 @@ impl Gateway {
         call_backend: F,
     ) -> Result<Executed, AgentError>
     where
-        F: FnOnce(String, Option<String>) -> Fut,
+        F: FnOnce(String, Option<String>, Option<crate::store::AuditRecord>) -> Fut,
         Fut: Future<Output = Result<Payment, BackendError>>,
     {
         let now = self.clock.now();
@@ -490,8 +492,17 @@ impl Gateway {
             return result;
         }
         // 4. Move the money. The key travels to the backend, which applies it at most once.
+        // Backends that record in the posting transaction complete the key(s) and append the
+        // "allowed" audit record there: one commit per payment instead of three.
+        let in_tx = self.backend.records_in_transaction();
+        let allowed_audit = in_tx.then(|| {
+            let mut d = Decision::new(tool, "allowed");
+            d.idempotency_key = Some(&idem.key);
+            let p = &caller.principal;
+            self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d)
+        });
         let started = std::time::Instant::now();
-        let result = call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone())).await;
+        let result = call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone()), allowed_audit).await;
         self.metrics.ledger(started.elapsed());
         let keys: Vec<&str> =
             idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)).map(|i| i.key.as_str()).collect();
@@ -513,11 +524,14 @@ impl Gateway {
             }
         };
         let outcome = match result {
+            Ok(payment) if in_tx => {
+                self.metrics.decision(tool, "allowed", None);
+                Ok(Executed { payment, replayed: false })
+            }
             Ok(payment) => {
                 let stored = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
                 if let Err(error) = complete(stored).await {
-                    // The ledger completed the record in its own transaction; for other backends the
-                    // lease expires and a retry re-asks the backend with the same key.
+                    // The lease expires and a retry re-asks the backend with the same key.
                     tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
                 }
                 let mut d = Decision::new(tool, "allowed");

@@ -313,6 +313,37 @@ async fn apply_guards(
     Ok(())
 }
 
+async fn insert_audit(c: &impl GenericClient, r: &AuditRecord, payment_id: Option<&str>) -> Result<(), StoreError> {
+    c.execute(
+        "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
+                                    idempotency_key, payment_id, approval_id, detail)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        &[
+            &r.at,
+            &r.correlation_id,
+            &r.principal_iss,
+            &r.principal_sub,
+            &r.tool,
+            &r.decision,
+            &r.code,
+            &r.idempotency_key,
+            &payment_id.or(r.payment_id.as_deref()),
+            &r.approval_id,
+            &r.detail,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The request's audit record, with the payment it produced, in the posting transaction.
+async fn audit_in_tx(c: &impl GenericClient, audit: &Option<AuditRecord>, payment: &Payment) -> Result<(), StoreError> {
+    match audit {
+        Some(r) => insert_audit(c, r, Some(payment.id.as_str())).await,
+        None => Ok(()),
+    }
+}
+
 fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
     existing.kind == PaymentKind::Payment
         && existing.from_account == req.from_account
@@ -505,6 +536,7 @@ impl PostgresStore {
             complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &existing)
                 .await
                 .map_err(TxError::store)?;
+            audit_in_tx(&tx, &req.audit, &existing).await.map_err(TxError::store)?;
             tx.commit().await.map_err(TxError::pg)?;
             return Ok(existing);
         }
@@ -551,6 +583,7 @@ impl PostgresStore {
             .await
             .map_err(TxError::store)?;
         complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &payment).await.map_err(TxError::store)?;
+        audit_in_tx(&tx, &req.audit, &payment).await.map_err(TxError::store)?;
         tx.commit().await.map_err(TxError::pg)?;
         Ok(payment)
     }
@@ -580,6 +613,7 @@ impl PostgresStore {
             complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &existing)
                 .await
                 .map_err(TxError::store)?;
+            audit_in_tx(&tx, &req.audit, &existing).await.map_err(TxError::store)?;
             tx.commit().await.map_err(TxError::pg)?;
             return Ok(existing);
         }
@@ -634,6 +668,7 @@ impl PostgresStore {
             .await
             .map_err(TxError::store)?;
         complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &refund).await.map_err(TxError::store)?;
+        audit_in_tx(&tx, &req.audit, &refund).await.map_err(TxError::store)?;
         tx.commit().await.map_err(TxError::pg)?;
         Ok(refund)
     }
@@ -932,27 +967,7 @@ impl Store for PostgresStore {
 
     async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        client
-            .execute(
-                "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
-                                            idempotency_key, payment_id, approval_id, detail)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                &[
-                    &r.at,
-                    &r.correlation_id,
-                    &r.principal_iss,
-                    &r.principal_sub,
-                    &r.tool,
-                    &r.decision,
-                    &r.code,
-                    &r.idempotency_key,
-                    &r.payment_id,
-                    &r.approval_id,
-                    &r.detail,
-                ],
-            )
-            .await?;
-        Ok(())
+        insert_audit(&client, &r, None).await
     }
 
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {

@@ -311,6 +311,36 @@ fn insert_payment(tx: &Connection, p: &Payment, key: &str, mandate_id: Option<&s
     Ok(())
 }
 
+/// The request's audit record, with the payment it produced, in the posting transaction.
+fn audit_in_tx(tx: &Connection, audit: &Option<AuditRecord>, payment: &Payment) -> rusqlite::Result<()> {
+    if let Some(r) = audit {
+        insert_audit(tx, r, Some(payment.id.as_str()))?;
+    }
+    Ok(())
+}
+
+fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
+                                    idempotency_key, payment_id, approval_id, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![
+            r.at,
+            r.correlation_id,
+            r.principal_iss,
+            r.principal_sub,
+            r.tool,
+            r.decision,
+            r.code,
+            r.idempotency_key,
+            payment_id.or(r.payment_id.as_deref()),
+            r.approval_id,
+            r.detail
+        ],
+    )?;
+    Ok(())
+}
+
 /// Check the guards that must hold where the payment commits, and record mandate draws.
 fn apply_guards(
     tx: &Connection,
@@ -403,6 +433,7 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
             return Err(BackendError::IdempotencyKeyReused);
         }
         complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &existing).map_err(db)?;
+        audit_in_tx(&tx, &req.audit, &existing).map_err(db)?;
         tx.commit().map_err(db)?;
         return Ok(existing);
     }
@@ -450,6 +481,7 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
     post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now).map_err(db)?;
     post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now).map_err(db)?;
     complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &payment).map_err(db)?;
+    audit_in_tx(&tx, &req.audit, &payment).map_err(db)?;
     tx.commit().map_err(db)?;
     Ok(payment)
 }
@@ -464,6 +496,7 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
             return Err(BackendError::IdempotencyKeyReused);
         }
         complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &existing).map_err(db)?;
+        audit_in_tx(&tx, &req.audit, &existing).map_err(db)?;
         tx.commit().map_err(db)?;
         return Ok(existing);
     }
@@ -517,6 +550,7 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
         .map_err(db)?;
     post(&tx, Some(refund.id.as_str()), refund.to_account.as_str(), amount, refund.currency, &desc, now).map_err(db)?;
     complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &refund).map_err(db)?;
+    audit_in_tx(&tx, &req.audit, &refund).map_err(db)?;
     tx.commit().map_err(db)?;
     Ok(refund)
 }
@@ -949,28 +983,7 @@ impl Store for SqliteStore {
     }
 
     async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
-        self.write(move |c| {
-            c.execute(
-                "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
-                                            idempotency_key, payment_id, approval_id, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                params![
-                    r.at,
-                    r.correlation_id,
-                    r.principal_iss,
-                    r.principal_sub,
-                    r.tool,
-                    r.decision,
-                    r.code,
-                    r.idempotency_key,
-                    r.payment_id,
-                    r.approval_id,
-                    r.detail
-                ],
-            )?;
-            Ok(())
-        })
-        .await
+        self.write(move |c| Ok(insert_audit(c, &r, None)?)).await
     }
 
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
@@ -1225,6 +1238,7 @@ mod tests {
             memo: None,
             principal_sub: "sub".into(),
             guards: Guards::default(),
+            audit: None,
         }
     }
 
@@ -1296,6 +1310,7 @@ mod tests {
             reason: None,
             principal_sub: "sub".into(),
             guards: Guards::default(),
+            audit: None,
         };
         assert!(matches!(
             s.ledger_refund(refund("r0", Some(10_001)), 1).await,
