@@ -172,6 +172,7 @@ async fn serve_tls(
                 }
             },
         };
+        let _ = tcp.set_nodelay(true);
         let (acceptor, router, stop) = (acceptor.clone(), router.clone(), stop.clone());
         conns.spawn(async move {
             // A handshake that never completes must not hold a task forever.
@@ -408,6 +409,11 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     let stop = shutdown.clone();
     let server = match tls {
         None => tokio::spawn(async move {
+            use axum::serve::ListenerExt;
+            // Small SSE frames must not wait for Nagle and delayed ACKs (a ~40 ms stall per response).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await
         }),
         Some(acceptor) => tokio::spawn(serve_tls(listener, acceptor, router, stop)),

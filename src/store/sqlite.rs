@@ -26,6 +26,35 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0002_approvals_mandates.sql"),
 ];
 
+/// Prepared statements kept per connection (each store query is a fixed SQL text).
+const STATEMENT_CACHE: usize = 128;
+
+/// `query_row` / `execute` through the connection's prepared-statement cache: hot paths parse and
+/// plan each statement once per connection, not once per call.
+trait Cached {
+    fn q_row<T, P: rusqlite::Params, F: FnOnce(&Row<'_>) -> rusqlite::Result<T>>(
+        &self,
+        sql: &str,
+        params: P,
+        f: F,
+    ) -> rusqlite::Result<T>;
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+}
+
+impl Cached for Connection {
+    fn q_row<T, P: rusqlite::Params, F: FnOnce(&Row<'_>) -> rusqlite::Result<T>>(
+        &self,
+        sql: &str,
+        params: P,
+        f: F,
+    ) -> rusqlite::Result<T> {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+}
+
 /// Most writes committed together by one fsync.
 pub const WRITE_BATCH_MAX: usize = 256;
 /// Connections serving reads alongside the writer (WAL lets them run while it commits).
@@ -68,6 +97,7 @@ fn configure(conn: &Connection) -> Result<(), StoreError> {
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
 }
 
@@ -234,13 +264,13 @@ fn payment_from_row(r: &Row<'_>) -> rusqlite::Result<(Payment, i64)> {
 }
 
 fn load_payment(conn: &Connection, id: &str) -> rusqlite::Result<Option<Payment>> {
-    conn.query_row(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE id = ?1"), [id], payment_from_row)
+    conn.q_row(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE id = ?1"), [id], payment_from_row)
         .optional()
         .map(|o| o.map(|(p, _)| p))
 }
 
 fn load_payment_by_key(conn: &Connection, key: &str) -> rusqlite::Result<Option<Payment>> {
-    conn.query_row(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE idempotency_key = ?1"), [key], payment_from_row)
+    conn.q_row(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE idempotency_key = ?1"), [key], payment_from_row)
         .optional()
         .map(|o| o.map(|(p, _)| p))
 }
@@ -253,7 +283,7 @@ struct AccountRow {
 
 fn load_account(conn: &Connection, id: &AccountId) -> Result<AccountRow, BackendError> {
     let row: Option<(String, i64, bool)> = conn
-        .query_row("SELECT currency, balance_minor, allow_overdraft FROM accounts WHERE id = ?1", [id.as_str()], |r| {
+        .q_row("SELECT currency, balance_minor, allow_overdraft FROM accounts WHERE id = ?1", [id.as_str()], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
         .optional()
@@ -273,12 +303,12 @@ fn post(
     description: &str,
     now: UnixSecs,
 ) -> rusqlite::Result<i64> {
-    let balance: i64 = tx.query_row(
+    let balance: i64 = tx.q_row(
         "UPDATE accounts SET balance_minor = balance_minor + ?1 WHERE id = ?2 RETURNING balance_minor",
         params![amount, account],
         |r| r.get(0),
     )?;
-    tx.execute(
+    tx.exec(
         "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![payment_id, account, amount, currency.code(), balance, description, now],
@@ -287,7 +317,7 @@ fn post(
 }
 
 fn insert_payment(tx: &Connection, p: &Payment, key: &str, mandate_id: Option<&str>) -> rusqlite::Result<()> {
-    tx.execute(
+    tx.exec(
         "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
                                refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
@@ -320,7 +350,7 @@ fn audit_in_tx(tx: &Connection, audit: &Option<AuditRecord>, payment: &Payment) 
 }
 
 fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<()> {
-    c.execute(
+    c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                     idempotency_key, payment_id, approval_id, detail)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -352,7 +382,7 @@ fn apply_guards(
 ) -> Result<(), BackendError> {
     if let Some(b) = &guards.budget {
         let (spent, count): (i64, i64) = tx
-            .query_row(
+            .q_row(
                 "SELECT COALESCE(SUM(CASE WHEN currency = ?3 THEN amount_minor ELSE 0 END), 0), COUNT(*)
                  FROM payments WHERE principal_sub = ?1 AND kind = 'payment' AND created_at >= ?2",
                 params![principal_sub, b.since, currency.code()],
@@ -376,7 +406,7 @@ fn apply_guards(
     }
     if let Some(d) = &guards.mandate {
         let row: Option<(String, Option<i64>, i64, i64, i64, i64)> = tx
-            .query_row(
+            .q_row(
                 "SELECT currency, budget_minor, max_uses, spent_minor, uses, expires_at FROM mandates WHERE id = ?1",
                 [&d.mandate_id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
@@ -395,7 +425,7 @@ fn apply_guards(
         if budget.is_some_and(|b| spent + amount > b) {
             return Err(BackendError::MandateExhausted("its budget is spent".into()));
         }
-        tx.execute(
+        tx.exec(
             "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + ?1 WHERE id = ?2",
             params![amount, d.mandate_id],
         )
@@ -409,7 +439,7 @@ fn apply_guards(
 fn complete_in_tx(tx: &Connection, key: &str, alias: Option<&str>, payment: &Payment) -> rusqlite::Result<()> {
     let outcome = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
     for k in std::iter::once(key).chain(alias) {
-        tx.execute(
+        tx.exec(
             "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
             params![outcome, k],
         )?;
@@ -540,7 +570,7 @@ fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result
     apply_guards(&tx, &req.guards, &req.principal_sub, amount, refund.currency, now)?;
     let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
     insert_payment(&tx, &refund, &req.idempotency_key, mandate_id).map_err(db)?;
-    tx.execute(
+    tx.exec(
         "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",
         params![amount, original.id.as_str()],
     )
@@ -601,7 +631,7 @@ fn kind_str(k: MandateKind) -> &'static str {
 }
 
 fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<()> {
-    tx.execute(
+    tx.exec(
         &format!(
             "INSERT INTO approvals ({APPROVAL_COLS})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
@@ -649,9 +679,8 @@ fn load_reviews(c: &Connection, id: &str) -> rusqlite::Result<Vec<Review>> {
 }
 
 fn load_approval(c: &Connection, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
-    let rec = c
-        .query_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), [id], approval_from_row)
-        .optional()?;
+    let rec =
+        c.q_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), [id], approval_from_row).optional()?;
     rec.map(|mut a| {
         a.reviews = load_reviews(c, a.id.as_str())?;
         Ok(a)
@@ -672,7 +701,7 @@ fn review_tx(
         return Err(ReviewError::Terminal(rec.status));
     }
     if now >= rec.expires_at {
-        tx.execute("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id.as_str()])
+        tx.exec("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id.as_str()])
             .map_err(StoreError::from)?;
         tx.commit().map_err(StoreError::from)?;
         return Err(ReviewError::Expired);
@@ -685,13 +714,13 @@ fn review_tx(
     if rec.reviews.iter().any(|r| r.reviewer_iss == review.reviewer_iss && r.reviewer_sub == review.reviewer_sub) {
         return Err(ReviewError::AlreadyReviewed);
     }
-    tx.execute(
+    tx.exec(
         "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![id.as_str(), review.reviewer_iss, review.reviewer_sub, review.decision, review.reason, now],
     )
     .map_err(StoreError::from)?;
     if review.decision == "reject" {
-        tx.execute(
+        tx.exec(
             "UPDATE approvals SET status = 'rejected', decided_at = ?1, decision_reason = ?2 WHERE id = ?3",
             params![now, review.reason, id.as_str()],
         )
@@ -702,7 +731,7 @@ fn review_tx(
         approvers.push(review.reviewer_sub.clone());
         if approvers.len() as i64 >= rec.reviewers_required {
             let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
@@ -718,7 +747,7 @@ fn review_tx(
                 ],
             )
             .map_err(StoreError::from)?;
-            tx.execute(
+            tx.exec(
                 "UPDATE approvals SET status = 'approved', decided_at = ?1, decision_reason = ?2, mandate_id = ?3, mandate = ?4
                  WHERE id = ?5",
                 params![now, review.reason, issued.id, issued.jws, id.as_str()],
@@ -734,13 +763,13 @@ fn review_tx(
 #[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
-        self.run(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
+        self.run(|c| Ok(c.q_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
     }
 
     async fn idem_peek(&self, key: &str, now: UnixSecs) -> Result<Option<(String, Option<String>)>, StoreError> {
         let key = key.to_string();
         self.run(move |c| {
-            Ok(c.query_row(
+            Ok(c.q_row(
                 "SELECT fingerprint, outcome FROM idempotency_records WHERE key = ?1 AND expires_at > ?2",
                 params![key, now],
                 |r| Ok((r.get(0)?, r.get(1)?)),
@@ -754,7 +783,7 @@ impl Store for SqliteStore {
         self.write(move |c| {
             let tx = c.savepoint()?;
             let existing: Option<(String, String, Option<String>, i64, i64)> = tx
-                .query_row(
+                .q_row(
                     "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
                     [&rec.key],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
@@ -770,7 +799,7 @@ impl Store for SqliteStore {
                         ("in_flight", _) => {
                             // The holder's lease ran out (crash): take over. The backend sees the same
                             // key again and applies it at most once.
-                            tx.execute(
+                            tx.exec(
                                 "UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2",
                                 params![rec.lease_until, rec.key],
                             )?;
@@ -780,7 +809,7 @@ impl Store for SqliteStore {
                     }
                 }
                 _ => {
-                    tx.execute(
+                    tx.exec(
                         "INSERT OR REPLACE INTO idempotency_records
                            (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, 'in_flight', NULL, ?6, ?7, ?8)",
@@ -807,7 +836,7 @@ impl Store for SqliteStore {
     async fn idem_complete(&self, key: &str, outcome: &str) -> Result<(), StoreError> {
         let (key, outcome) = (key.to_string(), outcome.to_string());
         self.write(move |c| {
-            c.execute(
+            c.exec(
                 "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
                 params![outcome, key],
             )?;
@@ -819,22 +848,21 @@ impl Store for SqliteStore {
     async fn idem_release(&self, key: &str) -> Result<(), StoreError> {
         let key = key.to_string();
         self.write(move |c| {
-            c.execute("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [key])?;
+            c.exec("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [key])?;
             Ok(())
         })
         .await
     }
 
     async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError> {
-        self.write(move |c| Ok(c.execute("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64))
-            .await
+        self.write(move |c| Ok(c.exec("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64)).await
     }
 
     async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
             let existing = tx
-                .query_row(
+                .q_row(
                     &format!(
                         "SELECT {APPROVAL_COLS} FROM approvals
                          WHERE idempotency_key = ?1 AND ((status = 'pending' AND expires_at > ?2) OR status = 'approved')
@@ -861,11 +889,9 @@ impl Store for SqliteStore {
 
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
         self.run(move |c| {
-            Ok(c.query_row(
-                "SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > ?1",
-                [now],
-                |r| r.get(0),
-            )?)
+            Ok(c.q_row("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > ?1", [now], |r| {
+                r.get(0)
+            })?)
         })
         .await
     }
@@ -926,7 +952,7 @@ impl Store for SqliteStore {
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
         let subject = subject.to_string();
         self.run(move |c| {
-            Ok(c.query_row(
+            Ok(c.q_row(
                 "SELECT suspended_at, COALESCE(suspended_reason, '') FROM principal_state
                  WHERE subject = ?1 AND suspended_at IS NOT NULL",
                 [subject],
@@ -940,7 +966,7 @@ impl Store for SqliteStore {
     async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError> {
         let (subject, reason) = (subject.to_string(), reason.to_string());
         self.write(move |c| {
-            c.execute(
+            c.exec(
                 "INSERT INTO principal_state (subject, suspended_at, suspended_reason) VALUES (?1, ?2, ?3)
                  ON CONFLICT (subject) DO UPDATE SET suspended_at = excluded.suspended_at,
                      suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
@@ -954,7 +980,7 @@ impl Store for SqliteStore {
     async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError> {
         let subject = subject.to_string();
         self.write(move |c| {
-            Ok(c.execute(
+            Ok(c.exec(
                 "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1,
                         resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
                  WHERE subject = ?2 AND suspended_at IS NOT NULL",
@@ -968,7 +994,7 @@ impl Store for SqliteStore {
         let subject = subject.to_string();
         let codes = serde_json::to_string(DENIAL_CODES).map_err(|e| StoreError::Database(e.to_string()))?;
         self.run(move |c| {
-            Ok(c.query_row(
+            Ok(c.q_row(
                 "SELECT COUNT(*) FROM audit_records
                  WHERE principal_sub = ?1
                    AND at >= ?2
@@ -1018,14 +1044,14 @@ impl Store for SqliteStore {
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
-            let created = tx.execute(
+            let created = tx.exec(
                 "INSERT OR IGNORE INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES (?1, ?2, 0, ?3, ?4)",
                 params![seed.id.as_str(), seed.currency.code(), seed.allow_overdraft, now],
             )? == 1;
             if created && seed.opening_minor != 0 {
                 // Opening balances come from a per-currency equity account, so postings still sum to zero.
                 let equity = format!("equity-opening-{}", seed.currency.code());
-                tx.execute(
+                tx.exec(
                     "INSERT OR IGNORE INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES (?1, ?2, 0, 1, ?3)",
                     params![equity, seed.currency.code(), now],
                 )?;
@@ -1056,7 +1082,7 @@ impl Store for SqliteStore {
         let account = account.clone();
         self.run(move |c| {
             let row: Option<(String, i64)> = c
-                .query_row("SELECT currency, balance_minor FROM accounts WHERE id = ?1", [account.as_str()], |r| {
+                .q_row("SELECT currency, balance_minor FROM accounts WHERE id = ?1", [account.as_str()], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()?;
@@ -1185,8 +1211,8 @@ impl Store for SqliteStore {
                     problems.push(format!("payment {} is not one balanced debit/credit pair", row?));
                 }
             }
-            let accounts_checked: i64 = tx.query_row("SELECT COUNT(*) FROM accounts", [], |r| r.get(0))?;
-            let postings_checked: i64 = tx.query_row("SELECT COUNT(*) FROM postings", [], |r| r.get(0))?;
+            let accounts_checked: i64 = tx.q_row("SELECT COUNT(*) FROM accounts", [], |r| r.get(0))?;
+            let postings_checked: i64 = tx.q_row("SELECT COUNT(*) FROM postings", [], |r| r.get(0))?;
             tx.commit()?;
             Ok(IntegrityReport { ok: problems.is_empty(), accounts_checked, postings_checked, currency_sums, problems })
         })
