@@ -25,7 +25,10 @@ use crate::ids::{AccountId, ApprovalId, PaymentId};
 use crate::mandate::MandateKind;
 use crate::money::{Currency, format_minor};
 
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/postgres/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/postgres/0001_init.sql"),
+    include_str!("../../migrations/postgres/0002_budget_usage.sql"),
+];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
 /// Connections per replica (the pool's bound).
@@ -259,13 +262,14 @@ async fn apply_guards(
             .map_err(db)?;
         let row = c
             .query_one(
-                "SELECT COALESCE(SUM(CASE WHEN currency = $3 THEN amount_minor ELSE 0 END), 0)::BIGINT, COUNT(*)
-                 FROM payments WHERE principal_sub = $1 AND kind = 'payment' AND created_at >= $2",
+                "SELECT COALESCE(SUM(payments), 0)::BIGINT,
+                        COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
+                 FROM budget_usage WHERE subject = $1 AND day = $2",
                 &[&principal_sub, &b.since, &currency.code()],
             )
             .await
             .map_err(db)?;
-        let (spent, count): (i64, i64) = (row.get(0), row.get(1));
+        let (count, spent): (i64, i64) = (row.get(0), row.get(1));
         if count >= b.max_payments {
             return Err(BackendError::BudgetExceeded(format!(
                 "{count} payments today reach the daily maximum of {}",
@@ -575,6 +579,15 @@ impl PostgresStore {
         };
         let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
         insert_payment(&tx, &payment, &req.idempotency_key, mandate_id).await.map_err(TxError::pg)?;
+        // Every payment counts toward its subject's day (mandated ones too), in the same transaction.
+        tx.execute(
+            "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
+             ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
+                                                                payments = budget_usage.payments + 1",
+            &[&req.principal_sub, &(now - now.rem_euclid(86_400)), &currency.code(), &amount],
+        )
+        .await
+        .map_err(TxError::pg)?;
         let desc = format!("payment {}", payment.id);
         post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now)
             .await

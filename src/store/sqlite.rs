@@ -24,6 +24,7 @@ use crate::money::{Currency, format_minor};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_init.sql"),
     include_str!("../../migrations/sqlite/0002_approvals_mandates.sql"),
+    include_str!("../../migrations/sqlite/0003_budget_usage.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -381,12 +382,18 @@ fn apply_guards(
     now: UnixSecs,
 ) -> Result<(), BackendError> {
     if let Some(b) = &guards.budget {
-        let (spent, count): (i64, i64) = tx
+        let count: i64 = tx
             .q_row(
-                "SELECT COALESCE(SUM(CASE WHEN currency = ?3 THEN amount_minor ELSE 0 END), 0), COUNT(*)
-                 FROM payments WHERE principal_sub = ?1 AND kind = 'payment' AND created_at >= ?2",
+                "SELECT COALESCE(SUM(payments), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2",
+                params![principal_sub, b.since],
+                |r| r.get(0),
+            )
+            .map_err(db)?;
+        let spent: i64 = tx
+            .q_row(
+                "SELECT COALESCE(SUM(spent_minor), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2 AND currency = ?3",
                 params![principal_sub, b.since, currency.code()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| r.get(0),
             )
             .map_err(db)?;
         if count >= b.max_payments {
@@ -507,6 +514,14 @@ fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Re
     apply_guards(&tx, &req.guards, &req.principal_sub, amount, currency, now)?;
     let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
     insert_payment(&tx, &payment, &req.idempotency_key, mandate_id).map_err(db)?;
+    // Every payment counts toward its subject's day (mandated ones too), in the same transaction.
+    tx.exec(
+        "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, 1)
+         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
+                                                            payments = payments + 1",
+        params![req.principal_sub, now - now.rem_euclid(86_400), currency.code(), amount],
+    )
+    .map_err(db)?;
     let desc = format!("payment {}", payment.id);
     post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now).map_err(db)?;
     post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now).map_err(db)?;
