@@ -163,6 +163,23 @@ pub struct AccountSeed {
     pub allow_overdraft: bool,
 }
 
+/// The `kind` column of approvals and mandates.
+pub(crate) fn kind_str(k: MandateKind) -> &'static str {
+    match k {
+        MandateKind::Closed => "closed",
+        MandateKind::Open => "open",
+    }
+}
+
+/// Whether an existing payment under an idempotency key is the transfer now asked for.
+pub(crate) fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
+    existing.kind == crate::backend::PaymentKind::Payment
+        && existing.from_account == req.from_account
+        && existing.to_account == req.to_account
+        && existing.amount_minor == req.amount.minor()
+        && existing.currency == req.amount.currency()
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Readiness: the database answers.

@@ -13,7 +13,7 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::{
     AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, Reservation, Review,
-    ReviewError, Store, StoreError,
+    ReviewError, Store, StoreError, kind_str, same_transfer,
 };
 use crate::backend::{
     BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
@@ -348,23 +348,8 @@ async fn audit_in_tx(c: &impl GenericClient, audit: &Option<AuditRecord>, paymen
     }
 }
 
-fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
-    existing.kind == PaymentKind::Payment
-        && existing.from_account == req.from_account
-        && existing.to_account == req.to_account
-        && existing.amount_minor == req.amount.minor()
-        && existing.currency == req.amount.currency()
-}
-
 fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-}
-
-fn kind_str(k: MandateKind) -> &'static str {
-    match k {
-        MandateKind::Closed => "closed",
-        MandateKind::Open => "open",
-    }
 }
 
 const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, intent, \

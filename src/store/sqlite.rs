@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
     AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, Reservation, Review,
-    ReviewError, Store, StoreError,
+    ReviewError, Store, StoreError, kind_str, same_transfer,
 };
 use crate::backend::{
     BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
@@ -454,14 +454,6 @@ fn complete_in_tx(tx: &Connection, key: &str, alias: Option<&str>, payment: &Pay
     Ok(())
 }
 
-fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
-    existing.kind == PaymentKind::Payment
-        && existing.from_account == req.from_account
-        && existing.to_account == req.to_account
-        && existing.amount_minor == req.amount.minor()
-        && existing.currency == req.amount.currency()
-}
-
 fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
     let tx = conn.savepoint().map_err(db)?;
     // The ledger's own guard: one key posts once, whatever happened above (crash, expired record).
@@ -637,13 +629,6 @@ fn approval_from_row(r: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
 const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, intent, \
                              amount_minor, currency, reason, created_at, expires_at, kind, reviewers_required, \
                              requested_by, mandate_id, mandate, decided_at, decision_reason";
-
-fn kind_str(k: MandateKind) -> &'static str {
-    match k {
-        MandateKind::Closed => "closed",
-        MandateKind::Open => "open",
-    }
-}
 
 fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<()> {
     tx.exec(
