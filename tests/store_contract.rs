@@ -172,6 +172,39 @@ contract!(concurrent_reservations_of_one_key_acquire_once, |store, label| async 
     assert_eq!(acquired, 1, "{label}");
 });
 
+// A herd on one hot key whose holders keep releasing it (an operation refused before it moved
+// money gives its key back): every reservation gets an answer, never a store error, and at most
+// one holder holds the key at a time.
+contract!(a_herd_on_a_key_that_keeps_being_released_always_gets_an_answer, |store, label| async move {
+    let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (s, holders) = (store.clone(), holders.clone());
+        tasks.spawn(async move {
+            let mut acquired = 0;
+            for _ in 0..40 {
+                match s.idem_reserve(rec("hot", "fp", 10), 10).await {
+                    Ok(Reservation::Acquired) => {
+                        assert_eq!(holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0, "one holder");
+                        acquired += 1;
+                        holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        s.idem_release("hot").await.unwrap();
+                    }
+                    Ok(Reservation::InFlight { .. }) => tokio::task::yield_now().await,
+                    Ok(other) => panic!("never completed, got {other:?}"),
+                    Err(e) => panic!("a reservation failed under contention: {e}"),
+                }
+            }
+            acquired
+        });
+    }
+    let mut acquired = 0;
+    while let Some(r) = tasks.join_next().await {
+        acquired += r.unwrap();
+    }
+    assert!(acquired > 0, "{label}: the key was acquired");
+});
+
 contract!(a_key_posts_once_and_completes_its_record_with_the_postings, |store, label| async move {
     with_accounts(&store, 10_000).await;
     store.idem_reserve(rec("key-1", "fp", 0), 0).await.unwrap();

@@ -453,33 +453,33 @@ async fn load_approval(c: &impl GenericClient, id: &str, lock: bool) -> Result<O
 
 impl PostgresStore {
     /// `None` when the row vanished between the INSERT and the SELECT (released concurrently).
-    async fn reserve_once(&self, rec: &NewIdempotencyRecord, now: UnixSecs) -> Result<Option<Reservation>, StoreError> {
+    /// One statement inserts the record or locks the existing one: `ON CONFLICT DO UPDATE` never
+    /// reports a conflict with a row that a concurrent release deleted (a plain `DO NOTHING` followed
+    /// by a `SELECT` can find the row gone, and a herd of waiters on a hot key would keep finding that).
+    async fn reserve_locked(&self, rec: &NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let inserted = tx
-            .execute(
+        let row = tx
+            .query_one(
                 "INSERT INTO idempotency_records
                    (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
-                 VALUES ($1, $2, $3, $4, $5, 'in_flight', NULL, $6, $7, $8) ON CONFLICT (key) DO NOTHING",
+                 VALUES ($1, $2, $3, $4, $5, 'in_flight', NULL, $6, $7, $8)
+                 ON CONFLICT (key) DO UPDATE SET key = idempotency_records.key
+                 RETURNING (xmax = 0), fingerprint, state, outcome, lease_until, expires_at",
                 &[&rec.key, &rec.fingerprint, &rec.tool, &rec.principal_iss, &rec.principal_sub, &rec.lease_until, &now, &rec.expires_at],
             )
             .await?;
-        if inserted == 1 {
-            tx.commit().await?;
-            return Ok(Some(Reservation::Acquired));
-        }
-        let Some(row) = tx
-            .query_opt(
-                "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = $1 FOR UPDATE",
-                &[&rec.key],
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        let (fingerprint, state, outcome, lease_until, expires_at): (String, String, Option<String>, i64, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-        let result = if expires_at <= now {
+        let (inserted, fingerprint, state, outcome, lease_until, expires_at): (
+            bool,
+            String,
+            String,
+            Option<String>,
+            i64,
+            i64,
+        ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+        let result = if inserted {
+            Reservation::Acquired
+        } else if expires_at <= now {
             tx.execute(
                 "UPDATE idempotency_records SET fingerprint = $2, tool = $3, principal_iss = $4, principal_sub = $5,
                         state = 'in_flight', outcome = NULL, lease_until = $6, created_at = $7, expires_at = $8 WHERE key = $1",
@@ -505,7 +505,7 @@ impl PostgresStore {
             }
         };
         tx.commit().await?;
-        Ok(Some(result))
+        Ok(result)
     }
 
     async fn transfer_once(&self, req: &TransferRequest, now: UnixSecs) -> Result<Payment, TxError> {
@@ -722,13 +722,7 @@ impl Store for PostgresStore {
     }
 
     async fn idem_reserve(&self, rec: NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError> {
-        // A holder may release (delete) the row between our INSERT and SELECT: then try again.
-        for _ in 0..3 {
-            if let Some(r) = self.reserve_once(&rec, now).await? {
-                return Ok(r);
-            }
-        }
-        Err(StoreError::Database("idempotency record kept changing under contention".into()))
+        self.reserve_locked(&rec, now).await
     }
 
     async fn idem_complete(&self, key: &str, outcome: &str) -> Result<(), StoreError> {
