@@ -25,12 +25,8 @@ use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AccountSeed, Store};
 
-/// How often expired idempotency records are purged.
-const PURGE_INTERVAL: Duration = Duration::from_secs(600);
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often idle rate-limiter keys are forgotten (keeps limiter memory bounded).
-const EVICT_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -42,6 +38,52 @@ pub enum StartError {
     Store(#[from] crate::store::StoreError),
     #[error("auth: {0}")]
     Auth(String),
+    #[error("backend: {0}")]
+    Backend(String),
+}
+
+/// The configured backend: the embedded ledger, or an HTTP ledger service behind the gateway's own
+/// record (`Journaled`). The HTTP client is returned too, for its breaker gauge.
+#[allow(clippy::type_complexity)]
+fn backend(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    clock: &Arc<dyn Clock>,
+) -> Result<(Arc<dyn crate::backend::PaymentBackend>, Option<Arc<crate::backend::http::HttpLedger>>), StartError> {
+    if config.backend.kind != "http" {
+        return Ok((Arc::new(LedgerBackend::new(store.clone(), clock.clone())), None));
+    }
+    let b = &config.backend;
+    let http = crate::backend::http::HttpLedger::new(
+        crate::backend::http::HttpLedgerConfig {
+            base_url: b.http_url.trim_end_matches('/').to_string(),
+            credential: Secret::new(b.http_credential.clone()),
+            connect_timeout: Duration::from_millis(b.http_connect_timeout_ms as u64),
+            request_timeout: Duration::from_millis(b.http_request_timeout_ms as u64),
+            retries_max: b.http_retries_max as u32,
+            breaker_failures_max: b.http_breaker_failures_max as u32,
+            breaker_open: Duration::from_millis(b.http_breaker_open_ms as u64),
+        },
+        clock.clone(),
+    )
+    .map_err(|e| StartError::Backend(e.to_string()))?;
+    let http = Arc::new(http);
+    let journaled = crate::backend::journal::Journaled::new(http.clone(), store.clone(), clock.clone());
+    Ok((Arc::new(journaled), Some(http)))
+}
+
+/// Every account some profile may use: what reconciliation asks an external ledger about.
+fn known_accounts(config: &Config) -> Vec<crate::ids::AccountId> {
+    let mut v: Vec<crate::ids::AccountId> = config
+        .policy
+        .profiles
+        .iter()
+        .flat_map(|p| p.allowed_accounts.iter())
+        .filter_map(|a| crate::ids::AccountId::parse(a).ok())
+        .collect();
+    v.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    v.dedup();
+    v
 }
 
 /// A running gateway. Dropping it does not stop it; call [`Running::shutdown`].
@@ -50,6 +92,7 @@ pub struct Running {
     /// `scheme://host:port` clients use.
     pub public_url: String,
     pub store: Arc<dyn Store>,
+    pub gateway: Arc<Gateway>,
     dev_key: Option<Secret>,
     config: Config,
     clock: Arc<dyn Clock>,
@@ -162,7 +205,7 @@ async fn serve_tls(
 ) -> std::io::Result<()> {
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let (tcp, _) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -177,6 +220,8 @@ async fn serve_tls(
         conns.spawn(async move {
             // A handshake that never completes must not hold a task forever.
             let Ok(Ok(tls)) = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await else { return };
+            // Handlers that check the peer (callback source allow-lists) find it as on plain HTTP.
+            let router = router.layer(axum::Extension(axum::extract::ConnectInfo(peer)));
             let service = hyper_util::service::TowerToHyperService::new(router);
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
@@ -193,6 +238,25 @@ async fn serve_tls(
         while conns.try_join_next().is_some() {}
     }
     while conns.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Open the configured demo accounts that do not exist yet (when `ledger.demo` is on).
+pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Result<(), StartError> {
+    if !config.ledger.demo {
+        return Ok(());
+    }
+    for a in &config.ledger.accounts {
+        // Validated at load; a parse failure here would be a bug, so skip rather than guess.
+        let (Ok(id), Ok(currency)) = (crate::ids::AccountId::parse(&a.id), Currency::parse(&a.currency)) else {
+            continue;
+        };
+        let Ok(opening_minor) = parse_minor(&a.opening_balance, currency) else { continue };
+        let seed = AccountSeed { id, currency, opening_minor, allow_overdraft: a.allow_overdraft };
+        if store.ledger_open_account(seed, SystemClock.now()).await? {
+            tracing::info!(account.id = %a.id, "opened demo account");
+        }
+    }
     Ok(())
 }
 
@@ -236,18 +300,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
     let store = open_store(&config).await?;
 
-    if config.ledger.demo {
-        for a in &config.ledger.accounts {
-            // Validated at load; a parse failure here would be a bug, so skip rather than guess.
-            let (Ok(id), Ok(currency)) = (crate::ids::AccountId::parse(&a.id), Currency::parse(&a.currency)) else {
-                continue;
-            };
-            let Ok(opening_minor) = parse_minor(&a.opening_balance, currency) else { continue };
-            let seed = AccountSeed { id, currency, opening_minor, allow_overdraft: a.allow_overdraft };
-            if store.ledger_open_account(seed, clock.now()).await? {
-                tracing::info!(account.id = %a.id, "opened demo account");
-            }
-        }
+    if config.backend.kind == "ledger" {
+        seed_demo_accounts(&config, &store).await?;
     }
 
     let idem_secret = match &config.idempotency.secret {
@@ -299,7 +353,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         authorization_servers.push(dev_issuer.clone());
     }
 
-    let backend = Arc::new(LedgerBackend::new(store.clone(), clock.clone()));
+    let (backend, http_ledger) = backend(&config, &store, &clock)?;
     let mandate_secret = match &config.mandates.secret {
         Some(s) => s.clone(),
         None => {
@@ -333,15 +387,55 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         approval_required_tools: config.tools.approval_required.clone(),
         list_limit_max: config.limits.list_limit_max as u32,
         list_limit_default: config.limits.list_limit_default as u32,
+        reconcile_window_secs: config.jobs.reconcile_window_secs,
+        mpesa_pending_timeout_secs: config.mpesa.pending_timeout_secs,
     };
-    let gateway = Arc::new(Gateway::new(
-        store.clone(),
-        backend,
-        clock.clone(),
-        KeyDeriver::new(idem_secret),
-        mandate_keys,
-        limits,
-    ));
+    let mut gateway =
+        Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)
+            .with_known_accounts(known_accounts(&config));
+    let mut disabled_tools = config.tools.disabled.clone();
+    let mut mpesa_callback = None;
+    if config.mpesa.enabled {
+        let m = &config.mpesa;
+        let callback_base =
+            if m.callback_base_url.is_empty() { public_url.clone() } else { m.callback_base_url.clone() };
+        let secret = Secret::new(m.callback_secret.clone());
+        let client = crate::backend::mpesa::daraja::DarajaClient::new(
+            crate::backend::mpesa::daraja::DarajaConfig {
+                base_url: match (m.base_url.as_str(), m.environment.as_str()) {
+                    ("", "production") => crate::backend::mpesa::daraja::PRODUCTION_BASE_URL.to_string(),
+                    ("", _) => crate::backend::mpesa::daraja::SANDBOX_BASE_URL.to_string(),
+                    (url, _) => url.trim_end_matches('/').to_string(),
+                },
+                consumer_key: Secret::new(m.consumer_key.clone()),
+                consumer_secret: Secret::new(m.consumer_secret.clone()),
+                short_code: m.short_code.clone(),
+                passkey: Secret::new(m.passkey.clone()),
+                callback_url: format!(
+                    "{}/callbacks/mpesa/stk/{}",
+                    callback_base.trim_end_matches('/'),
+                    secret.expose()
+                ),
+                transaction_type: m.transaction_type.clone(),
+                party_b: if m.party_b.is_empty() { m.short_code.clone() } else { m.party_b.clone() },
+                connect_timeout: Duration::from_millis(m.connect_timeout_ms as u64),
+                request_timeout: Duration::from_millis(m.request_timeout_ms as u64),
+                token_refresh_margin_secs: m.token_refresh_margin_secs,
+            },
+            clock.clone(),
+        )
+        .map_err(|e| StartError::Backend(e.to_string()))?;
+        let account =
+            crate::ids::AccountId::parse(&m.account).map_err(|e| StartError::Backend(format!("mpesa.account: {e}")))?;
+        let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), account);
+        gateway = gateway.with_mpesa(Arc::new(rail));
+        let ips = m.callback_allowed_ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+        mpesa_callback = Some(Arc::new(http::CallbackGuard::new(&secret, ips)));
+    } else {
+        // Not configured: not offered.
+        disabled_tools.push("request_mpesa_payment".to_string());
+    }
+    let gateway = Arc::new(gateway);
 
     let public_origin = public_url.trim_end_matches('/').to_string();
     let mut allowed_origins = vec![public_origin];
@@ -369,6 +463,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         authorization_servers,
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
+        mpesa_callback,
     };
     let shutdown = CancellationToken::new();
     let router = http::router(
@@ -378,33 +473,19 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
             session_idle: Duration::from_secs(config.server.session_idle_secs as u64),
             allowed_hosts,
             shutdown: shutdown.clone(),
-            disabled_tools: config.tools.disabled.clone(),
+            disabled_tools,
         },
     );
 
-    let purge_store = store.clone();
-    let purge_clock = clock.clone();
-    let purge_stop = shutdown.clone();
-    let purge_gateway = state_gateway.clone();
-    let purge_routes = route_limits.clone();
-    tokio::spawn(async move {
-        let mut purge = tokio::time::interval(PURGE_INTERVAL);
-        let mut evict = tokio::time::interval(EVICT_INTERVAL);
-        loop {
-            tokio::select! {
-                _ = purge_stop.cancelled() => break,
-                _ = evict.tick() => {
-                    purge_gateway.evict_idle_limits();
-                    purge_routes.evict_idle();
-                }
-                _ = purge.tick() => match purge_store.idem_purge(purge_clock.now()).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(idempotency.purged = n, "purged expired idempotency records"),
-                    Err(error) => tracing::warn!(%error, "idempotency purge failed"),
-                },
-            }
-        }
-    });
+    tokio::spawn(crate::jobs::run(crate::jobs::Scheduler {
+        gateway: state_gateway.clone(),
+        route_limits: route_limits.clone(),
+        http_ledger,
+        config: config.jobs.clone(),
+        mpesa_query_after_secs: config.mpesa.query_after_secs,
+        holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
+        stop: shutdown.clone(),
+    }));
 
     let stop = shutdown.clone();
     let server = match tls {
@@ -414,12 +495,14 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled_owned().await }).await
+            axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(async move { stop.cancelled_owned().await })
+                .await
         }),
         Some(acceptor) => tokio::spawn(serve_tls(listener, acceptor, router, stop)),
     };
     tracing::info!(http.addr = %addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
-    Ok(Running { addr, public_url, store, dev_key, config, clock, shutdown, server })
+    Ok(Running { addr, public_url, store, gateway: state_gateway, dev_key, config, clock, shutdown, server })
 }
 
 /// Start with the system clock.

@@ -40,6 +40,9 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub policy: PolicyConfig,
     pub ledger: LedgerConfig,
+    pub backend: BackendConfig,
+    pub mpesa: MpesaConfig,
+    pub jobs: JobsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -192,6 +195,59 @@ pub struct LedgerConfig {
     pub accounts: Vec<AccountSeed>,
 }
 
+/// Where money moves: the embedded reference ledger, or a ledger service over HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// "ledger" or "http".
+    pub kind: String,
+    pub http_url: String,
+    pub http_credential: String,
+    pub http_connect_timeout_ms: i64,
+    pub http_request_timeout_ms: i64,
+    pub http_retries_max: i64,
+    pub http_breaker_failures_max: i64,
+    pub http_breaker_open_ms: i64,
+}
+
+/// The Safaricom M-Pesa Daraja rail (STK push collections).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MpesaConfig {
+    pub enabled: bool,
+    /// "sandbox" or "production"; `base_url` overrides it.
+    pub environment: String,
+    pub base_url: String,
+    pub consumer_key: String,
+    pub consumer_secret: String,
+    pub short_code: String,
+    pub passkey: String,
+    pub transaction_type: String,
+    pub party_b: String,
+    pub account: String,
+    pub callback_secret: String,
+    pub callback_base_url: String,
+    pub callback_allowed_ips: Vec<String>,
+    pub connect_timeout_ms: i64,
+    pub request_timeout_ms: i64,
+    pub token_refresh_margin_secs: i64,
+    pub query_after_secs: i64,
+    pub pending_timeout_secs: i64,
+}
+
+/// The in-process scheduler: one run of each job at a time across replicas (a lease in the store).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsConfig {
+    pub enabled: bool,
+    pub tick_ms: i64,
+    pub mpesa_poll_every_secs: i64,
+    pub purge_every_secs: i64,
+    pub reconcile_every_secs: i64,
+    pub reconcile_window_secs: i64,
+    pub lease_secs: i64,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccountSeed {
@@ -232,6 +288,79 @@ impl Config {
     /// Defaults plus the process environment; what tests and `paygate token` start from.
     pub fn from_env(file: Option<&Path>) -> Result<Config, ConfigError> {
         Self::load(file, std::env::vars())
+    }
+
+    fn validate_rails(&self) -> Result<(), ConfigError> {
+        let b = &self.backend;
+        range("backend.http_connect_timeout_ms", b.http_connect_timeout_ms, 10, 60_000)?;
+        range("backend.http_request_timeout_ms", b.http_request_timeout_ms, 10, 300_000)?;
+        range("backend.http_retries_max", b.http_retries_max, 0, 10)?;
+        range("backend.http_breaker_failures_max", b.http_breaker_failures_max, 1, 1000)?;
+        range("backend.http_breaker_open_ms", b.http_breaker_open_ms, 10, 3_600_000)?;
+        match b.kind.as_str() {
+            "ledger" => {}
+            "http" => {
+                if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
+                    return Err(ConfigError::Invalid(
+                        "backend.http_url must be an http(s) URL with backend.kind = \"http\"".into(),
+                    ));
+                }
+                if b.http_credential.is_empty() {
+                    return Err(ConfigError::Invalid(
+                        "backend.http_credential is required with backend.kind = \"http\"".into(),
+                    ));
+                }
+            }
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "backend.kind must be \"ledger\" or \"http\", got {other:?}"
+                )));
+            }
+        }
+        let m = &self.mpesa;
+        range("mpesa.connect_timeout_ms", m.connect_timeout_ms, 10, 60_000)?;
+        range("mpesa.request_timeout_ms", m.request_timeout_ms, 10, 300_000)?;
+        range("mpesa.token_refresh_margin_secs", m.token_refresh_margin_secs, 0, 3000)?;
+        range("mpesa.query_after_secs", m.query_after_secs, 1, 86_400)?;
+        range("mpesa.pending_timeout_secs", m.pending_timeout_secs, 60, 2_592_000)?;
+        if m.enabled {
+            if !matches!(m.environment.as_str(), "sandbox" | "production") {
+                return Err(ConfigError::Invalid("mpesa.environment must be \"sandbox\" or \"production\"".into()));
+            }
+            for (key, v) in [
+                ("mpesa.consumer_key", &m.consumer_key),
+                ("mpesa.consumer_secret", &m.consumer_secret),
+                ("mpesa.short_code", &m.short_code),
+                ("mpesa.passkey", &m.passkey),
+            ] {
+                if v.is_empty() {
+                    return Err(ConfigError::Invalid(format!("{key} is required with mpesa.enabled")));
+                }
+            }
+            // Daraja callbacks are unsigned: the path secret is what tells a real one from a forgery.
+            if m.callback_secret.len() < 24
+                || !m.callback_secret.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+            {
+                return Err(ConfigError::Invalid(
+                    "mpesa.callback_secret must be at least 24 URL-safe characters (letters, digits, - and _)".into(),
+                ));
+            }
+            crate::ids::AccountId::parse(&m.account)
+                .map_err(|e| ConfigError::Invalid(format!("mpesa.account: {e}")))?;
+            for ip in &m.callback_allowed_ips {
+                ip.parse::<std::net::IpAddr>().map_err(|_| {
+                    ConfigError::Invalid(format!("mpesa.callback_allowed_ips: {ip:?} is not an IP address"))
+                })?;
+            }
+        }
+        let j = &self.jobs;
+        range("jobs.tick_ms", j.tick_ms, 10, 60_000)?;
+        range("jobs.mpesa_poll_every_secs", j.mpesa_poll_every_secs, 1, 86_400)?;
+        range("jobs.purge_every_secs", j.purge_every_secs, 1, 86_400)?;
+        range("jobs.reconcile_every_secs", j.reconcile_every_secs, 1, 86_400)?;
+        range("jobs.reconcile_window_secs", j.reconcile_window_secs, 60, 2_592_000)?;
+        range("jobs.lease_secs", j.lease_secs, 1, 3600)?;
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -291,6 +420,7 @@ impl Config {
             }
         }
         range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
+        self.validate_rails()?;
         range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
         if !a.dev_key_enabled && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
             return Err(ConfigError::Invalid(

@@ -11,6 +11,8 @@ pub mod gateway;
 pub mod http;
 pub mod idempotency;
 pub mod ids;
+pub mod jobs;
+pub mod ledger_service;
 pub mod mcp;
 pub mod money;
 pub mod policy;

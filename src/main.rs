@@ -35,6 +35,21 @@ enum Command {
     Tools,
     /// Apply the store's migrations and exit.
     Migrate,
+    /// Serve the embedded reference ledger over the HTTP ledger contract (docs/ledger-api.yaml), for
+    /// a gateway configured with backend.kind = "http". Uses this config's storage and demo accounts;
+    /// give it its own data directory. The credential comes from PAYGATE_LEDGER_SERVE_CREDENTIAL.
+    LedgerServe {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        bind: String,
+    },
+    /// Compare the gateway's payment records with the backend and the rails, settle what the
+    /// backend can answer, print the report (JSON) and audit it. Exit code 1 when problems remain.
+    Reconcile {
+        /// Only payments created at or after this instant (RFC 3339 or YYYY-MM-DD); default: jobs.reconcile_window_secs.
+        #[arg(long)]
+        since: Option<String>,
+    },
     /// Work with mandates signed by this gateway.
     Mandate {
         #[command(subcommand)]
@@ -69,7 +84,101 @@ fn main() -> ExitCode {
         }
         Command::Mandate { command: MandateCommand::Verify { jws } } => verify_mandate(&config, &jws),
         Command::Migrate => migrate(&config),
+        Command::LedgerServe { bind } => ledger_serve(config, &bind),
+        Command::Reconcile { since } => reconcile(config, since.as_deref()),
     }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("paygate: cannot start runtime: {e}");
+            None
+        }
+    }
+}
+
+fn ledger_serve(config: Config, bind: &str) -> ExitCode {
+    init_tracing();
+    let Ok(credential) = std::env::var("PAYGATE_LEDGER_SERVE_CREDENTIAL") else {
+        eprintln!("paygate: set PAYGATE_LEDGER_SERVE_CREDENTIAL (the bearer credential gateways present)");
+        return ExitCode::from(2);
+    };
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    rt.block_on(async move {
+        let store = match paygate::app::open_store(&config).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("paygate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Err(e) = paygate::app::seed_demo_accounts(&config, &store).await {
+            eprintln!("paygate: {e}");
+            return ExitCode::FAILURE;
+        }
+        let listener = match tokio::net::TcpListener::bind(bind).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("paygate: cannot bind {bind}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Ok(addr) = listener.local_addr() {
+            println!("paygate ledger service: http://{addr}");
+        }
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
+        let secret = paygate::auth::Secret::new(credential);
+        match paygate::ledger_service::serve(listener, store, clock, secret, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("paygate: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn reconcile(mut config: Config, since: Option<&str>) -> ExitCode {
+    init_tracing();
+    let since = match since.map(paygate::gateway::parse_instant_arg).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("paygate: --since: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // The gateway's own assembly (store, backend, rails), on a private port, with no scheduler.
+    config.server.bind = "127.0.0.1:0".into();
+    config.jobs.enabled = false;
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    rt.block_on(async move {
+        let running = match paygate::app::start_default(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("paygate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let g = running.gateway.clone();
+        let code = match g.reconcile(since).await {
+            Ok(report) => {
+                let _ = g.store().audit_append(g.reconcile_audit(&report)).await;
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                if report.problems() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            }
+            Err(e) => {
+                eprintln!("paygate: reconciliation failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+        running.shutdown().await;
+        code
+    })
 }
 
 fn migrate(config: &Config) -> ExitCode {

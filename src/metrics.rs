@@ -47,6 +47,11 @@ struct Inner {
     http_latency: BTreeMap<&'static str, Histogram>,
     tool_latency: BTreeMap<String, Histogram>,
     ledger_latency: Histogram,
+    callbacks: BTreeMap<&'static str, u64>,
+    reconcile_findings: BTreeMap<String, u64>,
+    reconcile_runs: u64,
+    reconcile_last_problems: u64,
+    breaker_state: Option<&'static str>,
 }
 
 #[derive(Default)]
@@ -64,6 +69,7 @@ pub fn route(path: &str) -> &'static str {
         p if p.starts_with("/.well-known/") => "/.well-known",
         p if p.starts_with("/approvals") => "/approvals",
         p if p.starts_with("/principals/") => "/principals",
+        p if p.starts_with("/callbacks/mpesa/") => "/callbacks/mpesa",
         _ => "other",
     }
 }
@@ -94,6 +100,63 @@ impl Metrics {
     /// One posting transaction at the backend (the store's cost of moving money).
     pub fn ledger(&self, took: Duration) {
         self.with(|m| m.ledger_latency.observe(took.as_secs_f64()));
+    }
+
+    /// One M-Pesa callback, by outcome (a fixed set of names).
+    pub fn callback(&self, outcome: &'static str) {
+        self.with(|m| *m.callbacks.entry(outcome).or_default() += 1);
+    }
+
+    /// One reconciliation finding, by kind (a fixed set of names).
+    pub fn reconcile_finding(&self, kind: &str) {
+        self.with(|m| *m.reconcile_findings.entry(kind.to_string()).or_default() += 1);
+    }
+
+    /// One reconciliation run and how many findings need a human.
+    pub fn reconcile_run(&self, problems: u64) {
+        self.with(|m| {
+            m.reconcile_runs += 1;
+            m.reconcile_last_problems = problems;
+        });
+    }
+
+    /// The HTTP ledger's circuit breaker, as last seen.
+    pub fn breaker(&self, state: &'static str) {
+        self.with(|m| m.breaker_state = Some(state));
+    }
+
+    fn render_rails(&self, out: &mut String) {
+        let (callbacks, findings, runs, last, breaker) = self.with(|m| {
+            (
+                m.callbacks.clone(),
+                m.reconcile_findings.clone(),
+                m.reconcile_runs,
+                m.reconcile_last_problems,
+                m.breaker_state,
+            )
+        });
+        out.push_str("# HELP paygate_mpesa_callbacks_total M-Pesa STK callbacks by outcome.\n");
+        out.push_str("# TYPE paygate_mpesa_callbacks_total counter\n");
+        for (o, n) in &callbacks {
+            let _ = writeln!(out, "paygate_mpesa_callbacks_total{{outcome=\"{o}\"}} {n}");
+        }
+        out.push_str(
+            "# HELP paygate_reconcile_runs_total Reconciliation runs.\n# TYPE paygate_reconcile_runs_total counter\n",
+        );
+        let _ = writeln!(out, "paygate_reconcile_runs_total {runs}");
+        out.push_str("# HELP paygate_reconcile_findings_total Reconciliation findings by kind.\n");
+        out.push_str("# TYPE paygate_reconcile_findings_total counter\n");
+        for (k, n) in &findings {
+            let _ = writeln!(out, "paygate_reconcile_findings_total{{kind=\"{k}\"}} {n}");
+        }
+        out.push_str("# HELP paygate_reconcile_open_findings Findings needing a human in the last run.\n");
+        out.push_str("# TYPE paygate_reconcile_open_findings gauge\n");
+        let _ = writeln!(out, "paygate_reconcile_open_findings {last}");
+        if let Some(state) = breaker {
+            out.push_str("# HELP paygate_backend_breaker_open 1 while the HTTP ledger's circuit breaker is open.\n");
+            out.push_str("# TYPE paygate_backend_breaker_open gauge\n");
+            let _ = writeln!(out, "paygate_backend_breaker_open {}", u8::from(state != "closed"));
+        }
     }
 
     pub fn render(&self, approvals_pending: Option<i64>, store_ping: Option<Duration>) -> String {
@@ -166,6 +229,7 @@ impl Metrics {
             out.push_str("# TYPE paygate_store_ping_seconds gauge\n");
             let _ = writeln!(out, "paygate_store_ping_seconds {}", d.as_secs_f64());
         }
+        self.render_rails(&mut out);
         out
     }
 }

@@ -20,10 +20,13 @@ pub const TOOL_SCOPES: &[(&str, &str)] = &[
     ("refund_payment", scopes::REFUND),
     ("check_ledger_integrity", scopes::ADMIN),
     ("get_approval", scopes::READ),
+    ("request_mpesa_payment", scopes::COLLECT),
+    ("get_payment_summary", scopes::READ),
+    ("reconcile", scopes::ADMIN),
 ];
 
 /// Tools that move money: governed by budgets, stop rules and approvals.
-pub const MONEY_TOOLS: &[&str] = &["create_payment", "refund_payment"];
+pub const MONEY_TOOLS: &[&str] = &["create_payment", "refund_payment", "request_mpesa_payment"];
 
 /// Scope needed to read resources and prompts.
 pub const READ_SCOPE: &str = scopes::READ;
@@ -190,6 +193,17 @@ pub fn decide_transfer(
     force_approval: bool,
 ) -> Decision {
     decide(&has_scope, profile, scopes::CREATE, "create_payment", [from, to], amount, force_approval)
+}
+
+/// May this principal collect `amount` over M-Pesa into `account` (the rail's collection account)?
+pub fn decide_collect(
+    has_scope: impl Fn(&str) -> bool,
+    profile: &Profile,
+    account: &AccountId,
+    amount: Money,
+    force_approval: bool,
+) -> Decision {
+    decide(&has_scope, profile, scopes::COLLECT, "request_mpesa_payment", [account, account], amount, force_approval)
 }
 
 /// May this principal refund `amount` of a payment between `payer` and `payee`?

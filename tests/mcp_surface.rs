@@ -6,14 +6,17 @@ use common::*;
 use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Value, json};
 
-const TOOLS: [&str; 8] = [
+// request_mpesa_payment is offered only where the M-Pesa rail is configured (tests/mpesa.rs).
+const TOOLS: [&str; 10] = [
     "check_ledger_integrity",
     "create_payment",
     "get_account_ledger",
     "get_approval",
     "get_balance",
     "get_payment",
+    "get_payment_summary",
     "list_payments",
+    "reconcile",
     "refund_payment",
 ];
 
@@ -44,6 +47,7 @@ async fn tools_list_is_the_contract_in_both_eras() {
                     | "get_account_ledger"
                     | "check_ledger_integrity"
                     | "get_approval"
+                    | "get_payment_summary"
             );
             assert_eq!(a.read_only_hint, Some(read_only), "{} read_only", t.name);
             if !read_only {

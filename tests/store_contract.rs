@@ -11,8 +11,8 @@ use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{
-    AccountSeed, ApprovalRecord, AuditRecord, IssuedMandate, NewIdempotencyRecord, Reservation, Review, ReviewError,
-    Store,
+    AccountSeed, ApprovalRecord, AuditRecord, IssuedMandate, NewIdempotencyRecord, RailPayment, RailState, RailUpdate,
+    Reservation, Review, ReviewError, Store,
 };
 use serde_json::json;
 
@@ -509,4 +509,99 @@ contract!(a_failing_write_does_not_fail_or_duplicate_its_batch, |store, label| a
     }
     assert_eq!(balance(&store, "acct-B").await, 20 * 100, "{label}: every good write once");
     assert_integrity(&store, label).await;
+});
+
+fn rail(id: &PaymentId, key: &str, minor: i64) -> RailPayment {
+    RailPayment {
+        id: id.clone(),
+        idempotency_key: key.into(),
+        rail: "http".into(),
+        kind: PaymentKind::Payment,
+        state: RailState::Submitting,
+        from_account: acct("acct-A"),
+        to_account: acct("acct-B"),
+        amount_minor: minor,
+        currency: kes(),
+        refund_of: None,
+        memo: None,
+        principal_sub: "agent".into(),
+        mandate_id: None,
+        rail_ref: None,
+        receipt: None,
+        phone: None,
+        reason: None,
+        created_at: 0,
+        updated_at: 0,
+    }
+}
+
+// The gateway's record of external-rail payments: guards drawn once per key, given back when
+// nothing moved, and states that only move forward from what the caller expects.
+contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |store, label| async move {
+    let budget =
+        || Guards { budget: Some(DailyBudget { since: 0, max_minor: 3_000, max_payments: 10 }), mandate: None };
+    let (p1, p2, p3) = (PaymentId::generate(), PaymentId::generate(), PaymentId::generate());
+    let r1 = store.rail_open(rail(&p1, "k1", 2_000), budget(), 10).await.unwrap();
+    assert_eq!((r1.state, r1.created_at), (RailState::Submitting, 10));
+    // The same key again: the first record, nothing drawn twice (its id wins over the new one).
+    let again = store.rail_open(rail(&PaymentId::generate(), "k1", 2_000), budget(), 11).await.unwrap();
+    assert_eq!(again.id, p1, "{label}");
+    assert!(matches!(
+        store.rail_open(rail(&p2, "k2", 2_000), budget(), 12).await,
+        Err(BackendError::BudgetExceeded(_))
+    ));
+    // Abandoning the first gives its 2000 back: now the second fits.
+    assert!(store.rail_abandon(&p1).await.unwrap());
+    assert!(store.rail_get(&p1).await.unwrap().is_none());
+    store.rail_open(rail(&p2, "k2", 2_000), budget(), 13).await.unwrap();
+    // Forward moves only from the expected states; a late or duplicate move changes nothing.
+    let update = RailUpdate { rail_ref: Some("ref-2".into()), ..Default::default() };
+    let sent = store.rail_transition(&p2, &[RailState::Submitting], RailState::Pending, update, 14).await.unwrap();
+    assert_eq!(sent.unwrap().rail_ref.as_deref(), Some("ref-2"));
+    assert_eq!(store.rail_by_ref("http", "ref-2").await.unwrap().unwrap().id, p2);
+    let receipt = RailUpdate { receipt: Some("RCP1".into()), ..Default::default() };
+    let done = store.rail_transition(&p2, &[RailState::Pending], RailState::Succeeded, receipt, 15).await.unwrap();
+    assert_eq!(done.unwrap().receipt.as_deref(), Some("RCP1"));
+    let late = store.rail_transition(&p2, &[RailState::Pending], RailState::Failed, RailUpdate::default(), 16).await;
+    assert!(late.unwrap().is_none(), "{label}: terminal states never change");
+    assert!(!store.rail_abandon(&p2).await.unwrap(), "only an unsent record can be abandoned");
+    // A failure gives the draw back too.
+    store.rail_open(rail(&p3, "k3", 1_000), budget(), 17).await.unwrap();
+    store.rail_transition(&p3, &[RailState::Submitting], RailState::Failed, RailUpdate::default(), 18).await.unwrap();
+    store.rail_open(rail(&PaymentId::generate(), "k4", 1_000), budget(), 19).await.unwrap();
+    // Listing and paging.
+    assert_eq!(store.rail_list(&[RailState::Submitting], 100, 10).await.unwrap().len(), 1);
+    let page = store.rail_since(0, 0, 2).await.unwrap();
+    assert_eq!(page.len(), 2);
+    let rest = store.rail_since(0, page[1].0, 10).await.unwrap();
+    assert_eq!(page.len() + rest.len(), 3, "{label}");
+    // The summary counts rail records by the status agents see.
+    let summary = store
+        .payment_summary(paygate::store::SummaryQuery {
+            accounts: vec![acct("acct-B")],
+            from: 0,
+            to: 100,
+            currency: None,
+        })
+        .await
+        .unwrap();
+    let count = |status: &str| summary.iter().find(|r| r.status == status).map(|r| (r.count, r.total_minor));
+    assert_eq!(
+        (count("succeeded"), count("failed"), count("pending")),
+        (Some((1, 2_000)), Some((1, 1_000)), Some((1, 1_000)))
+    );
+});
+
+contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {
+    assert!(store.job_lease("reconcile", "replica-a", 100, 60).await.unwrap());
+    assert!(!store.job_lease("reconcile", "replica-b", 120, 60).await.unwrap(), "{label}");
+    assert!(store.job_lease("reconcile", "replica-a", 130, 60).await.unwrap(), "the holder renews");
+    assert!(store.job_lease("purge", "replica-b", 130, 60).await.unwrap(), "kinds are independent");
+    assert!(store.job_lease("reconcile", "replica-b", 190, 60).await.unwrap(), "taken over after it ends");
+    // Approvals past expiry are marked expired by the job.
+    let id = ApprovalId::generate();
+    store.approval_insert(approval(&id, MandateKind::Closed, 1, 150)).await.unwrap();
+    assert_eq!(store.approvals_expire(149).await.unwrap(), 0);
+    assert_eq!(store.approvals_expire(150).await.unwrap(), 1);
+    assert_eq!(store.approval_get(&id).await.unwrap().unwrap().status, "expired");
 });

@@ -4,7 +4,10 @@
 //! Architecture Invariant: every money-moving call carries the idempotency key, and a backend must
 //! apply one key at most once. An unknown external outcome is never reported as success.
 
+pub mod http;
+pub mod journal;
 pub mod ledger;
+pub mod mpesa;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -213,6 +216,9 @@ pub enum BackendError {
     BudgetExceeded(String),
     #[error("mandate cannot be drawn on: {0}")]
     MandateExhausted(String),
+    /// The rail refused the request as made (e.g. M-Pesa rejecting a phone number): nothing moved.
+    #[error("{0}")]
+    Rejected(String),
     #[error("backend unavailable: {0}")]
     Unavailable(String),
     #[error("backend outcome unknown: {0}")]

@@ -8,10 +8,15 @@ mod payments;
 pub mod approvals_api {
     pub use super::approvals::OpError;
 }
+mod rails;
 mod reads;
 
 pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, ReviewDecision};
-pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs};
+pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs};
+pub use rails::{
+    CallbackAnswer, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
+    parse_instant_arg,
+};
 pub use reads::{AccountLedgerArgs, ListPaymentsArgs};
 
 use std::collections::HashMap;
@@ -56,6 +61,10 @@ pub struct GatewayLimits {
     pub approval_required_tools: Vec<String>,
     pub list_limit_max: u32,
     pub list_limit_default: u32,
+    /// Reconciliation looks this far back by default.
+    pub reconcile_window_secs: i64,
+    /// An M-Pesa payment pending longer than this is a reconciliation finding.
+    pub mpesa_pending_timeout_secs: i64,
 }
 
 pub struct Gateway {
@@ -67,6 +76,10 @@ pub struct Gateway {
     limits: GatewayLimits,
     rate: AgentLimits,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The M-Pesa rail, when enabled.
+    mpesa: Option<Arc<crate::backend::mpesa::MpesaRail>>,
+    /// Every account an agent profile may use (what reconciliation asks an external ledger about).
+    known_accounts: Vec<crate::ids::AccountId>,
     /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
     /// poll the store, which covers holders in other replicas.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
@@ -108,7 +121,31 @@ impl Gateway {
     ) -> Self {
         let rate = AgentLimits::new(clock.clone());
         let metrics = Arc::new(crate::metrics::Metrics::default());
-        Gateway { store, backend, clock, keys, mandates, limits, rate, metrics, waiters: Mutex::new(HashMap::new()) }
+        Gateway {
+            store,
+            backend,
+            clock,
+            keys,
+            mandates,
+            limits,
+            rate,
+            metrics,
+            mpesa: None,
+            known_accounts: Vec::new(),
+            waiters: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Enable the M-Pesa rail.
+    pub fn with_mpesa(mut self, rail: Arc<crate::backend::mpesa::MpesaRail>) -> Self {
+        self.mpesa = Some(rail);
+        self
+    }
+
+    /// The accounts reconciliation asks an external ledger about (every profile's allow-list).
+    pub fn with_known_accounts(mut self, accounts: Vec<crate::ids::AccountId>) -> Self {
+        self.known_accounts = accounts;
+        self
     }
 
     pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
@@ -231,6 +268,7 @@ pub(crate) fn map_backend_error(e: &BackendError) -> AgentError {
         BackendError::IdempotencyKeyReused => AgentError::new(ErrorCode::IdempotencyConflict, e.to_string()),
         BackendError::BudgetExceeded(_) => AgentError::new(ErrorCode::BudgetExceeded, e.to_string()),
         BackendError::MandateExhausted(_) => AgentError::new(ErrorCode::MandateInvalid, e.to_string()),
+        BackendError::Rejected(_) => AgentError::invalid(e.to_string()),
         BackendError::Unavailable(_) => {
             AgentError::new(ErrorCode::BackendUnavailable, "the payment system is unavailable; nothing moved")
                 .with_retry_after(1)

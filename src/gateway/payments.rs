@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Caller, Decision, Gateway, map_backend_error};
+use crate::backend::mpesa::daraja::{ACCOUNT_REFERENCE_CHARS_MAX, TRANSACTION_DESC_CHARS_MAX};
 use crate::backend::{BackendError, DailyBudget, Guards, MandateDraw, Payment, RefundRequest, TransferRequest};
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::{StoredOutcome, fingerprint};
@@ -63,6 +64,37 @@ pub struct RefundPaymentArgs {
     /// A signed mandate from an approval, for refunds over the autonomous limit.
     #[serde(default)]
     pub mandate: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestMpesaPaymentArgs {
+    /// Your id for this collection. Reuse it to retry the SAME request: the customer is never
+    /// prompted twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown to the customer as the account (at most 12 characters).
+    pub account_reference: String,
+    /// Shown to the customer (at most 13 characters).
+    pub description: String,
+    /// A signed mandate from an approval, for collections over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+/// Text the customer sees on their phone: printable, non-empty, within Daraja's length.
+fn mpesa_text(field: &str, value: &str, max: usize) -> Result<String, AgentError> {
+    let v = value.trim();
+    if v.is_empty() || v.chars().count() > max {
+        return Err(AgentError::invalid(format!("{field} must be 1-{max} characters")));
+    }
+    if v.chars().any(|c| c.is_control()) {
+        return Err(AgentError::invalid(format!("{field} must not contain control characters")));
+    }
+    Ok(v.to_string())
 }
 
 /// A payment and whether this call replayed an earlier outcome.
@@ -186,22 +218,31 @@ impl Gateway {
             Some(m) => m.guards(),
             None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
         };
-        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key, audit| {
-            let req = TransferRequest {
-                idempotency_key: key,
-                alias_key,
-                audit,
-                payment_id: PaymentId::generate(),
-                from_account: from.clone(),
-                to_account: to.clone(),
-                amount,
-                memo: memo.clone(),
-                principal_sub: p.subject.clone(),
-                guards,
-            };
-            let backend = self.backend.clone();
-            async move { backend.transfer(req).await }
-        })
+        self.execute(
+            caller,
+            TOOL,
+            self.backend.records_in_transaction(),
+            idem,
+            decision,
+            amount,
+            intent,
+            |key, alias_key, audit| {
+                let req = TransferRequest {
+                    idempotency_key: key,
+                    alias_key,
+                    audit,
+                    payment_id: PaymentId::generate(),
+                    from_account: from.clone(),
+                    to_account: to.clone(),
+                    amount,
+                    memo: memo.clone(),
+                    principal_sub: p.subject.clone(),
+                    guards,
+                };
+                let backend = self.backend.clone();
+                async move { backend.transfer(req).await }
+            },
+        )
         .await
     }
 
@@ -289,20 +330,111 @@ impl Gateway {
             (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
             (None, None) => None,
         };
-        self.execute(caller, TOOL, idem, decision, amount, intent, |key, alias_key, audit| {
-            let req = RefundRequest {
+        self.execute(
+            caller,
+            TOOL,
+            self.backend.records_in_transaction(),
+            idem,
+            decision,
+            amount,
+            intent,
+            |key, alias_key, audit| {
+                let req = RefundRequest {
+                    idempotency_key: key,
+                    alias_key,
+                    audit,
+                    refund_id: PaymentId::generate(),
+                    payment_id: pid.clone(),
+                    amount_minor: explicit_amount,
+                    reason: reason.clone(),
+                    principal_sub: p.subject.clone(),
+                    guards,
+                };
+                let backend = self.backend.clone();
+                async move { backend.refund(req).await }
+            },
+        )
+        .await
+    }
+
+    pub async fn request_mpesa_payment(
+        &self,
+        caller: &Caller,
+        args: RequestMpesaPaymentArgs,
+    ) -> Result<Executed, AgentError> {
+        const TOOL: &str = "request_mpesa_payment";
+        self.check_suspended(caller, TOOL).await?;
+        let Some(rail) = self.mpesa.clone() else {
+            let e = AgentError::invalid("M-Pesa collections are not enabled on this gateway");
+            return Err(self.refuse(caller, TOOL, None, e).await);
+        };
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            let phone = crate::backend::mpesa::daraja::normalize_phone(&args.phone_number)
+                .map_err(|m| AgentError::invalid(format!("phone_number: {m}")))?;
+            let amount = Money::parse(&args.amount, Currency::parse("KES")?)?;
+            if amount.minor() % 100 != 0 {
+                return Err(AgentError::invalid("M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\""));
+            }
+            let reference = mpesa_text("account_reference", &args.account_reference, ACCOUNT_REFERENCE_CHARS_MAX)?;
+            let description = mpesa_text("description", &args.description, TRANSACTION_DESC_CHARS_MAX)?;
+            Ok::<_, AgentError>((op, phone, amount, reference, description))
+        })();
+        let (op, phone, amount, reference, description) = match parsed {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+        };
+        let p = &caller.principal;
+        let (payer, payee) = (crate::backend::mpesa::payer_account(&phone), rail.account().clone());
+        let mandate = match &args.mandate {
+            None => None,
+            Some(jws) => {
+                let call = CallIntent {
+                    tool: TOOL,
+                    agent_iss: &p.issuer,
+                    agent_sub: &p.subject,
+                    payer: payer.as_str(),
+                    payee: payee.as_str(),
+                    amount_minor: amount.minor(),
+                    currency: amount.currency().code(),
+                    payment_id: None,
+                };
+                Some(self.verify_mandate(caller, TOOL, jws, &call).await?)
+            }
+        };
+        let idem = self.idem_for(
+            caller,
+            TOOL,
+            &op,
+            mandate.as_ref(),
+            json!({
+                "phone": phone.as_str(), "amount_minor": amount.minor(), "reference": reference, "description": description,
+            }),
+        );
+        let intent = json!({
+            "tool": TOOL, "operation_id": op, "payer": payer, "payee": payee,
+            "amount": amount.to_decimal(), "currency": amount.currency(),
+            "account_reference": reference, "description": description,
+        });
+        let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
+        let decision =
+            authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
+        let guards = match &mandate {
+            Some(m) => m.guards(),
+            None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
+        };
+        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit| {
+            let c = crate::backend::mpesa::Collection {
                 idempotency_key: key,
-                alias_key,
-                audit,
-                refund_id: PaymentId::generate(),
-                payment_id: pid.clone(),
-                amount_minor: explicit_amount,
-                reason: reason.clone(),
+                payment_id: PaymentId::generate(),
+                phone: phone.clone(),
+                amount,
+                account_reference: reference.clone(),
+                description: description.clone(),
                 principal_sub: p.subject.clone(),
                 guards,
             };
-            let backend = self.backend.clone();
-            async move { backend.refund(req).await }
+            async move { rail.collect(c).await }
         })
         .await
     }
@@ -438,6 +570,7 @@ impl Gateway {
         &self,
         caller: &Caller,
         tool: &'static str,
+        in_tx: bool,
         idem: Idem,
         decision: Policy,
         amount: Money,
@@ -494,7 +627,6 @@ impl Gateway {
         // 4. Move the money. The key travels to the backend, which applies it at most once.
         // Backends that record in the posting transaction complete the key(s) and append the
         // "allowed" audit record there: one commit per payment instead of three.
-        let in_tx = self.backend.records_in_transaction();
         let allowed_audit = in_tx.then(|| {
             let mut d = Decision::new(tool, "allowed");
             d.idempotency_key = Some(&idem.key);
@@ -676,7 +808,14 @@ impl Gateway {
             tracing::error!(correlation_id = %caller.correlation_id, "unreadable stored outcome");
             return Err(AgentError::internal());
         };
-        let result = stored.into_result();
+        let mut result = stored.into_result();
+        if let Ok(p) = &mut result
+            && p.status == crate::backend::PaymentStatus::Pending
+            && let Ok(Some(rec)) = self.store.rail_get(&p.id).await
+        {
+            // A rail payment settles after the call that made it: replay where it stands now.
+            p.status = rec.state.status();
+        }
         let mut d = Decision::new(tool, "replayed");
         d.idempotency_key = Some(&idem.key);
         d.payment_id = result.as_ref().ok().map(|p| p.id.as_str());

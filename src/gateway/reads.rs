@@ -8,7 +8,7 @@ use super::{Caller, Decision, Gateway, decode_cursor, map_backend_error};
 use crate::auth::scopes;
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::{AccountId, PaymentId};
+use crate::ids::AccountId;
 use crate::policy;
 
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
@@ -64,16 +64,6 @@ impl Gateway {
         match self.backend.balance(&account).await {
             Ok(Some(b)) => Ok(b),
             Ok(None) => Err(AgentError::new(ErrorCode::NotFound, format!("account {account} does not exist"))),
-            Err(e) => Err(map_backend_error(&e)),
-        }
-    }
-
-    pub async fn get_payment(&self, caller: &Caller, payment_id: &str) -> Result<Payment, AgentError> {
-        let id = PaymentId::parse(payment_id)?;
-        let not_found = || AgentError::new(ErrorCode::NotFound, format!("payment {id} does not exist"));
-        match self.backend.payment(&id).await {
-            Ok(Some(p)) if p.touches_any(&caller.principal.profile.allowed_accounts) => Ok(p),
-            Ok(_) => Err(not_found()),
             Err(e) => Err(map_backend_error(&e)),
         }
     }

@@ -19,13 +19,25 @@ use crate::policy::{READ_SCOPE, scope_for_tool};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
+/// The path as logged: a callback path holds the deployment's callback secret, so its last segment
+/// is never written anywhere.
+fn loggable_path(path: &str) -> String {
+    match path.strip_prefix("/callbacks/") {
+        Some(rest) => match rest.rsplit_once('/') {
+            Some((route, _secret)) => format!("/callbacks/{route}/***"),
+            None => "/callbacks/***".to_string(),
+        },
+        None => path.to_string(),
+    }
+}
+
 /// Every request gets a fresh correlation id; it comes back in `x-correlation-id`. A client-sent
 /// id is not trusted (it would let one agent's records be confused with another's).
 pub async fn correlation_id(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let id = CorrelationId::generate();
     req.extensions_mut().insert(id.clone());
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    let path = loggable_path(req.uri().path());
     let started = tokio::time::Instant::now();
     let mut resp = next.run(req).await;
     state.gateway.metrics().http(&path, resp.status().as_u16(), started.elapsed());

@@ -3,8 +3,10 @@
 
 mod approvals;
 mod auth_layer;
+mod callbacks;
 mod sessions;
 
+pub use callbacks::CallbackGuard;
 pub use sessions::SessionBindings;
 
 use std::sync::Arc;
@@ -49,6 +51,8 @@ pub struct AppState {
     /// Browser origins allowed on /mcp (the public URL's own origin and configured extras).
     pub allowed_origins: Vec<String>,
     pub body_bytes_max: usize,
+    /// The M-Pesa callback's path secret and source allow-list (when the rail is enabled).
+    pub mpesa_callback: Option<Arc<CallbackGuard>>,
 }
 
 pub struct RouterConfig {
@@ -119,8 +123,14 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route(&format!("{METADATA_PATH}/mcp"), get(protected_resource_metadata))
         .layer(CorsLayer::new().allow_origin(tower_http::cors::Any).allow_methods([Method::GET]));
 
+    let callback_routes = Router::new()
+        .route("/callbacks/mpesa/stk/{secret}", post(callbacks::mpesa_stk))
+        .layer(RequestBodyLimitLayer::new(callbacks::CALLBACK_BODY_BYTES_MAX))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
+
     Router::new()
         .merge(operator_routes)
+        .merge(callback_routes)
         .merge(metadata_routes)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

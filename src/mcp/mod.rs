@@ -23,9 +23,12 @@ use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
 use crate::gateway::{
     AccountLedgerArgs, ApprovalView, Caller, CorrelationId, CreatePaymentArgs, Gateway, ListPaymentsArgs,
-    RefundPaymentArgs,
+    PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
 };
-use views::{AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, cursor};
+use views::{
+    AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReconcileView, SummaryView,
+    cursor,
+};
 
 pub const CAPABILITIES_URI: &str = "payments://capabilities";
 pub const PAYMENT_URI_PREFIX: &str = "payments://payment/";
@@ -197,8 +200,8 @@ impl PaygateMcp {
         let _timed = Timed::new(&self.gateway, "get_payment");
         self.gateway.admit(&caller, "get_payment").await.map_err(|e| fail(&caller, e))?;
         let a: PaymentIdArgs = parse(&caller, args)?;
-        let p = self.gateway.get_payment(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json((&p).into()))
+        let (p, receipt) = self.gateway.get_payment(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(PaymentView::with_receipt(&p, receipt)))
     }
 
     #[tool(
@@ -321,6 +324,67 @@ impl PaygateMcp {
         let r = self.gateway.check_ledger_integrity(&caller).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(r.into()))
     }
+
+    #[tool(
+        name = "request_mpesa_payment",
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Ask a customer to pay over M-Pesa: their phone shows a PIN prompt (STK push). Returns the \
+                       payment as pending; it settles when the customer answers (check with get_payment). Exactly \
+                       one prompt per operation_id, even on retries. Over your autonomous limit it returns \
+                       APPROVAL_REQUIRED. Needs scope payments:collect.",
+        input_schema = schema_for_type::<RequestMpesaPaymentArgs>(),
+        annotations(
+            title = "Request M-Pesa payment",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn request_mpesa_payment(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
+        self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
+        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
+        let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(done.into()))
+    }
+
+    #[tool(
+        name = "get_payment_summary",
+        output_schema = result_schema::<SummaryView>(),
+        description = "Counts and totals of payments touching your accounts by kind, status and currency over a \
+                       window (default: today, UTC), e.g. today's revenue or what failed today. Needs scope payments:read.",
+        input_schema = schema_for_type::<PaymentSummaryArgs>(),
+        annotations(title = "Payment summary", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn get_payment_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_payment_summary");
+        self.gateway.admit(&caller, "get_payment_summary").await.map_err(|e| fail(&caller, e))?;
+        let a: PaymentSummaryArgs = parse(&caller, args)?;
+        let s = self.gateway.payment_summary(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(s.into()))
+    }
+
+    #[tool(
+        name = "reconcile",
+        output_schema = result_schema::<ReconcileView>(),
+        description = "Compare the gateway's payment records with the backend and the rails: payments missing on \
+                       either side, amount or status mismatches, outcomes still unknown. Settles unknown outcomes \
+                       the backend can answer and reports the rest. Needs scope payments:admin.",
+        input_schema = schema_for_type::<ReconcileArgs>(),
+        annotations(title = "Reconcile", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true)
+    )]
+    async fn reconcile(&self, caller: Caller, args: JsonObject) -> Result<Json<ReconcileView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "reconcile");
+        self.gateway.admit(&caller, "reconcile").await.map_err(|e| fail(&caller, e))?;
+        let a: ReconcileArgs = parse(&caller, args)?;
+        let r = self.gateway.reconcile_tool(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(r.into()))
+    }
 }
 
 fn json_contents(uri: &str, value: &serde_json::Value) -> ResourceContents {
@@ -411,8 +475,9 @@ impl ServerHandler for PaygateMcp {
                     .collect::<Vec<_>>(),
             })
         } else if let Some(id) = uri.strip_prefix(PAYMENT_URI_PREFIX) {
-            let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, uri, e))?;
-            serde_json::to_value(PaymentView::from(&payment))
+            let (payment, receipt) =
+                self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, uri, e))?;
+            serde_json::to_value(PaymentView::with_receipt(&payment, receipt))
                 .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
         } else {
             return Err(ErrorData::resource_not_found(format!("no resource {uri}"), Some(json!({"uri": uri}))));
@@ -450,8 +515,9 @@ impl ServerHandler for PaygateMcp {
             .and_then(|v| v.as_str())
             .ok_or_else(|| ErrorData::invalid_params("payment_id is required", None))?;
         let uri = format!("{PAYMENT_URI_PREFIX}{id}");
-        let payment = self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, &uri, e))?;
-        let data = serde_json::to_string_pretty(&PaymentView::from(&payment))
+        let (payment, receipt) =
+            self.gateway.get_payment(&caller, id).await.map_err(|e| resource_error(&caller, &uri, e))?;
+        let data = serde_json::to_string_pretty(&PaymentView::with_receipt(&payment, receipt))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let text = format!(
             "Explain this payment to the user in two or three plain sentences: who paid whom, how much, when, \

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Payment};
 use crate::clock::rfc3339;
-use crate::gateway::{Executed, encode_cursor};
+use crate::gateway::{Executed, Finding, PaymentSummary, Receipt, ReconcileReport, encode_cursor};
 use crate::money::format_minor;
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -24,6 +24,16 @@ pub struct PaymentView {
     pub refund_of: Option<String>,
     pub memo: Option<String>,
     pub created_at: String,
+    /// For a completed payment (get_payment): where it settled and the rail's reference, e.g. the
+    /// M-Pesa receipt number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
+}
+
+impl PaymentView {
+    pub fn with_receipt(p: &Payment, receipt: Option<Receipt>) -> Self {
+        PaymentView { receipt, ..p.into() }
+    }
 }
 
 impl From<&Payment> for PaymentView {
@@ -40,6 +50,7 @@ impl From<&Payment> for PaymentView {
             refund_of: p.refund_of.as_ref().map(ToString::to_string),
             memo: p.memo.clone(),
             created_at: rfc3339(p.created_at),
+            receipt: None,
         }
     }
 }
@@ -149,4 +160,73 @@ impl From<IntegrityReport> for IntegrityView {
 
 pub fn cursor(next: Option<i64>) -> Option<String> {
     next.map(encode_cursor)
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SummaryLine {
+    /// payment | refund
+    pub kind: String,
+    /// pending | succeeded | failed
+    pub status: String,
+    pub currency: String,
+    pub count: i64,
+    /// Decimal string: the sum of the amounts.
+    pub total: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SummaryView {
+    /// Start (inclusive) and end (exclusive) of the window, RFC 3339.
+    pub from: String,
+    pub to: String,
+    /// Over the payments touching your accounts, by kind, status and currency.
+    pub totals: Vec<SummaryLine>,
+}
+
+impl From<PaymentSummary> for SummaryView {
+    fn from(s: PaymentSummary) -> Self {
+        SummaryView {
+            from: rfc3339(s.from),
+            to: rfc3339(s.to),
+            totals: s
+                .rows
+                .into_iter()
+                .map(|r| {
+                    let total = match crate::money::Currency::parse(&r.currency) {
+                        Ok(c) => format_minor(r.total_minor, c),
+                        Err(_) => r.total_minor.to_string(),
+                    };
+                    SummaryLine { kind: r.kind, status: r.status, currency: r.currency, count: r.count, total }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReconcileView {
+    pub since: String,
+    /// The backend compared against: ledger | http.
+    pub backend: String,
+    pub checked: i64,
+    /// Unknown outcomes settled from the backend's answer during this run.
+    pub resolved: i64,
+    /// Findings that need a human.
+    pub problems: i64,
+    pub findings: Vec<Finding>,
+    pub findings_omitted: i64,
+}
+
+impl From<ReconcileReport> for ReconcileView {
+    fn from(r: ReconcileReport) -> Self {
+        ReconcileView {
+            since: rfc3339(r.since),
+            backend: r.backend.clone(),
+            checked: r.checked,
+            resolved: r.resolved,
+            problems: r.problems() as i64,
+            findings: r.findings,
+            findings_omitted: r.findings_omitted,
+        }
+    }
 }

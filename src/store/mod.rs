@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{
-    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
+    BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
+    PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::UnixSecs;
 use crate::ids::{AccountId, ApprovalId, PaymentId};
@@ -180,6 +181,130 @@ pub(crate) fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
         && existing.currency == req.amount.currency()
 }
 
+/// Where a payment made through an external rail stands, in the gateway's own record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RailState {
+    /// Guards drawn, the rail not yet answered (or answered "unavailable": nothing moved yet).
+    Submitting,
+    /// Sent, and the rail's answer was lost: maybe moved. Reconciliation settles it.
+    Unknown,
+    /// Accepted by the rail, waiting for its asynchronous outcome (an M-Pesa STK push).
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+impl RailState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RailState::Submitting => "submitting",
+            RailState::Unknown => "unknown",
+            RailState::Pending => "pending",
+            RailState::Succeeded => "succeeded",
+            RailState::Failed => "failed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "submitting" => RailState::Submitting,
+            "unknown" => RailState::Unknown,
+            "pending" => RailState::Pending,
+            "succeeded" => RailState::Succeeded,
+            "failed" => RailState::Failed,
+            _ => return None,
+        })
+    }
+    /// The status an agent sees: anything not settled is `pending`.
+    pub fn status(self) -> PaymentStatus {
+        match self {
+            RailState::Succeeded => PaymentStatus::Succeeded,
+            RailState::Failed => PaymentStatus::Failed,
+            _ => PaymentStatus::Pending,
+        }
+    }
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RailState::Succeeded | RailState::Failed)
+    }
+}
+
+/// The gateway's record of one payment made through an external rail (`rail_payments`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailPayment {
+    pub id: PaymentId,
+    pub idempotency_key: String,
+    /// "http" or "mpesa".
+    pub rail: String,
+    pub kind: PaymentKind,
+    pub state: RailState,
+    pub from_account: AccountId,
+    pub to_account: AccountId,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub refund_of: Option<PaymentId>,
+    pub memo: Option<String>,
+    pub principal_sub: String,
+    pub mandate_id: Option<String>,
+    /// The rail's own reference (an M-Pesa CheckoutRequestID).
+    pub rail_ref: Option<String>,
+    /// The rail's receipt for a settled payment (an M-Pesa receipt number).
+    pub receipt: Option<String>,
+    /// The payer's phone (M-Pesa), normalized.
+    pub phone: Option<String>,
+    /// Why it failed, or what is still unknown.
+    pub reason: Option<String>,
+    pub created_at: UnixSecs,
+    pub updated_at: UnixSecs,
+}
+
+impl RailPayment {
+    /// The payment as agents see it.
+    pub fn payment(&self) -> Payment {
+        Payment {
+            id: self.id.clone(),
+            kind: self.kind,
+            status: self.state.status(),
+            from_account: self.from_account.clone(),
+            to_account: self.to_account.clone(),
+            amount_minor: self.amount_minor,
+            currency: self.currency,
+            refunded_minor: 0,
+            refund_of: self.refund_of.clone(),
+            memo: self.memo.clone(),
+            principal_sub: self.principal_sub.clone(),
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// A settled (or newly learned) fact about a rail payment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RailUpdate {
+    pub rail_ref: Option<String>,
+    pub receipt: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Counts and totals of payments by kind, status and currency (`get_payment_summary`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SummaryRow {
+    pub kind: String,
+    pub status: String,
+    pub currency: String,
+    pub count: i64,
+    pub total_minor: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SummaryQuery {
+    /// Only payments touching one of these accounts.
+    pub accounts: Vec<AccountId>,
+    /// `created_at` in `[from, to)`.
+    pub from: UnixSecs,
+    pub to: UnixSecs,
+    pub currency: Option<Currency>,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Readiness: the database answers.
@@ -204,6 +329,8 @@ pub trait Store: Send + Sync + 'static {
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Pending, unexpired approvals (the human queue's depth).
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError>;
+    /// Mark pending approvals past their expiry `expired` (they already read as expired); returns how many.
+    async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError>;
     /// Insert an operator's pre-authorization as it is (pending until reviewed).
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError>;
     /// Newest first; `before` is the cursor of the previous page. `status` is as of `now`: a
@@ -255,4 +382,48 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Page<LedgerEntry>, StoreError>;
     async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError>;
+
+    // --- external rails: the gateway's own record ---
+    /// Open the record of a rail payment and draw its guards (budget, mandate) in one transaction;
+    /// the day's usage counts it. A record already open under the same idempotency key is returned
+    /// as it is, with nothing drawn again (a retry re-sends the same payment, never a new one).
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailPayment, BackendError>;
+    /// Move a record from one of `from` to `to`, filling what `update` knows. `None` when the record
+    /// is missing or not in one of `from` (a duplicate or late update changes nothing). Moving to
+    /// `Failed` gives back what it drew (budget usage, mandate use): it moved no money.
+    async fn rail_transition(
+        &self,
+        id: &PaymentId,
+        from: &[RailState],
+        to: RailState,
+        update: RailUpdate,
+        now: UnixSecs,
+    ) -> Result<Option<RailPayment>, StoreError>;
+    /// Delete a `Submitting` record whose payment the rail refused or never received, giving back
+    /// what it drew: the operation may then be tried again from scratch.
+    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError>;
+    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError>;
+    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError>;
+    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError>;
+    /// Records in one of `states` last updated at or before `updated_before`, oldest first.
+    async fn rail_list(
+        &self,
+        states: &[RailState],
+        updated_before: UnixSecs,
+        limit: u32,
+    ) -> Result<Vec<RailPayment>, StoreError>;
+    /// Records created at or after `since`, oldest first, after `after_seq` (for paging).
+    async fn rail_since(
+        &self,
+        since: UnixSecs,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, RailPayment)>, StoreError>;
+
+    // --- analytics and jobs ---
+    /// Counts and totals over every payment the gateway knows (the reference ledger's and the rails').
+    async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError>;
+    /// Take (or keep) the lease on a scheduled job: `true` when `holder` may run `kind` now.
+    /// One runner per kind across every replica sharing the store.
+    async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError>;
 }

@@ -11,9 +11,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
+mod rails;
+
 use super::{
-    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, Reservation, Review,
-    ReviewError, Store, StoreError, kind_str, same_transfer,
+    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailPayment,
+    RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow, kind_str,
+    same_transfer,
 };
 use crate::backend::{
     BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
@@ -28,6 +31,7 @@ use crate::money::{Currency, format_minor};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
     include_str!("../../migrations/postgres/0002_budget_usage.sql"),
+    include_str!("../../migrations/postgres/0003_rails.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
@@ -786,6 +790,16 @@ impl Store for PostgresStore {
             .get(0))
     }
 
+    async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .execute(
+                "UPDATE approvals SET status = 'expired', decided_at = $1 WHERE status = 'pending' AND expires_at <= $1",
+                &[&now],
+            )
+            .await?)
+    }
+
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         insert_approval(&client, &rec).await
@@ -1167,5 +1181,74 @@ impl Store for PostgresStore {
         let postings_checked: i64 = tx.query_one("SELECT COUNT(*) FROM postings", &[]).await?.get(0);
         tx.commit().await?;
         Ok(IntegrityReport { ok: problems.is_empty(), accounts_checked, postings_checked, currency_sums, problems })
+    }
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailPayment, BackendError> {
+        with_retry!(rails::open_once(&self.pool, &rec, &guards, now).await)
+    }
+
+    async fn rail_transition(
+        &self,
+        id: &PaymentId,
+        from: &[RailState],
+        to: RailState,
+        update: RailUpdate,
+        now: UnixSecs,
+    ) -> Result<Option<RailPayment>, StoreError> {
+        rails::transition(&self.pool, id.as_str(), from, to, update, now).await
+    }
+
+    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError> {
+        rails::abandon(&self.pool, id.as_str()).await
+    }
+
+    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        rails::load_rail(&client, "id", id.as_str(), false).await
+    }
+
+    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        rails::load_rail(&client, "idempotency_key", idempotency_key, false).await
+    }
+
+    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {} FROM rail_payments WHERE rail = $1 AND rail_ref = $2", rails::RAIL_COLS),
+                &[&rail, &rail_ref],
+            )
+            .await?;
+        row.map(|r| rails::rail_from_row(&r).map(|(_, p)| p)).transpose()
+    }
+
+    async fn rail_list(
+        &self,
+        states: &[RailState],
+        updated_before: UnixSecs,
+        limit: u32,
+    ) -> Result<Vec<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        rails::list(&client, states, updated_before, limit).await
+    }
+
+    async fn rail_since(
+        &self,
+        since: UnixSecs,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        let client = self.pool.get().await?;
+        rails::since(&client, since, after_seq, limit).await
+    }
+
+    async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
+        let client = self.pool.get().await?;
+        rails::summary(&client, &query).await
+    }
+
+    async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        rails::lease(&client, kind, holder, now, lease_secs).await
     }
 }

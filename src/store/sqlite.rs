@@ -7,9 +7,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
+mod rails;
+
 use super::{
-    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, Reservation, Review,
-    ReviewError, Store, StoreError, kind_str, same_transfer,
+    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailPayment,
+    RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow, kind_str,
+    same_transfer,
 };
 use crate::backend::{
     BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
@@ -25,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_init.sql"),
     include_str!("../../migrations/sqlite/0002_approvals_mandates.sql"),
     include_str!("../../migrations/sqlite/0003_budget_usage.sql"),
+    include_str!("../../migrations/sqlite/0004_rails.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -896,6 +900,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError> {
+        self.write(move |c| {
+            Ok(c.exec(
+                "UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE status = 'pending' AND expires_at <= ?1",
+                [now],
+            )? as u64)
+        })
+        .await
+    }
+
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
         self.write(move |c| Ok(insert_approval(c, &rec)?)).await
     }
@@ -1217,6 +1231,73 @@ impl Store for SqliteStore {
             Ok(IntegrityReport { ok: problems.is_empty(), accounts_checked, postings_checked, currency_sums, problems })
         })
         .await
+    }
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailPayment, BackendError> {
+        self.write(move |c| rails::open_tx(c, rec, guards, now)).await
+    }
+
+    async fn rail_transition(
+        &self,
+        id: &PaymentId,
+        from: &[RailState],
+        to: RailState,
+        update: RailUpdate,
+        now: UnixSecs,
+    ) -> Result<Option<RailPayment>, StoreError> {
+        let (id, from) = (id.to_string(), from.to_vec());
+        self.write(move |c| rails::transition_tx(c, &id, &from, to, update, now)).await
+    }
+
+    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| rails::abandon_tx(c, &id)).await
+    }
+
+    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError> {
+        let id = id.to_string();
+        self.run(move |c| Ok(rails::load_rail(c, "id", &id)?)).await
+    }
+
+    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError> {
+        let key = idempotency_key.to_string();
+        self.run(move |c| Ok(rails::load_rail(c, "idempotency_key", &key)?)).await
+    }
+
+    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError> {
+        let (rail, rail_ref) = (rail.to_string(), rail_ref.to_string());
+        self.run(move |c| {
+            let sql = format!("SELECT {} FROM rail_payments WHERE rail = ?1 AND rail_ref = ?2", rails::RAIL_COLS);
+            Ok(c.q_row(&sql, params![rail, rail_ref], rails::rail_from_row).optional()?.map(|(_, r)| r))
+        })
+        .await
+    }
+
+    async fn rail_list(
+        &self,
+        states: &[RailState],
+        updated_before: UnixSecs,
+        limit: u32,
+    ) -> Result<Vec<RailPayment>, StoreError> {
+        let states = states.to_vec();
+        self.run(move |c| rails::list(c, &states, updated_before, limit)).await
+    }
+
+    async fn rail_since(
+        &self,
+        since: UnixSecs,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        self.run(move |c| rails::since(c, since, after_seq, limit)).await
+    }
+
+    async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
+        self.run(move |c| rails::summary(c, &query)).await
+    }
+
+    async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError> {
+        let (kind, holder) = (kind.to_string(), holder.to_string());
+        self.write(move |c| rails::lease_tx(c, &kind, &holder, now, lease_secs)).await
     }
 }
 

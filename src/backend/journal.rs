@@ -1,0 +1,262 @@
+//! `Journaled`: an external ledger behind the gateway's own record of what it asked for.
+//!
+//! An external backend cannot join the gateway's transactions, so the guards that the embedded
+//! ledger checks where it posts (daily budget, mandate draws) are drawn here, in the gateway's
+//! store, together with a `rail_payments` record, *before* the request leaves. The record then
+//! follows the backend's answer:
+//!
+//! - success → `succeeded` (or `pending`), with the backend's reference;
+//! - a business refusal or "unavailable" on a first send → the record is abandoned and its draws
+//!   given back: nothing moved, the operation may be tried again;
+//! - a lost answer → `unknown`. A retry of the same operation re-sends the same idempotency key and
+//!   payment id (the backend applies it at most once); reconciliation settles what no retry does.
+//!
+//! A record found under the key on a retry is re-sent as it was, with nothing drawn again.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{
+    BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind,
+    PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
+};
+use crate::clock::Clock;
+use crate::ids::{AccountId, PaymentId};
+use crate::store::{RailPayment, RailState, RailUpdate, Store};
+
+pub struct Journaled {
+    inner: Arc<dyn PaymentBackend>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Journaled {
+    pub fn new(inner: Arc<dyn PaymentBackend>, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        Journaled { inner, store, clock }
+    }
+
+    pub fn inner(&self) -> &Arc<dyn PaymentBackend> {
+        &self.inner
+    }
+
+    /// Record the backend's answer to a send of `rec`.
+    async fn settle(&self, rec: &RailPayment, answer: Result<Payment, BackendError>) -> Result<Payment, BackendError> {
+        let now = self.clock.now();
+        let open = [RailState::Submitting, RailState::Unknown];
+        match answer {
+            Ok(payment) => {
+                let state = match payment.status {
+                    PaymentStatus::Succeeded => RailState::Succeeded,
+                    PaymentStatus::Pending => RailState::Pending,
+                    PaymentStatus::Failed => RailState::Failed,
+                };
+                let update = RailUpdate { rail_ref: Some(payment.id.to_string()), ..Default::default() };
+                if let Err(error) = self.store.rail_transition(&rec.id, &open, state, update, now).await {
+                    // The backend holds the payment; reconciliation brings the record up to date.
+                    tracing::error!(payment_id = %rec.id, %error, "recording a rail payment's outcome failed");
+                }
+                Ok(payment)
+            }
+            Err(BackendError::OutcomeUnknown(detail)) => {
+                let update = RailUpdate { reason: Some(detail.clone()), ..Default::default() };
+                let _ = self
+                    .store
+                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, now)
+                    .await;
+                Err(BackendError::OutcomeUnknown(detail))
+            }
+            Err(BackendError::Unavailable(detail)) if rec.state == RailState::Submitting => {
+                // Nothing reached the backend: give the draws back; a retry starts afresh.
+                if let Err(error) = self.store.rail_abandon(&rec.id).await {
+                    tracing::error!(payment_id = %rec.id, %error, "abandoning an unsent rail payment failed");
+                }
+                Err(BackendError::Unavailable(detail))
+            }
+            Err(BackendError::Unavailable(detail)) => {
+                // An earlier send's answer was lost, and this one did not get through: still unknown.
+                Err(BackendError::OutcomeUnknown(format!("an earlier attempt's outcome is still unknown ({detail})")))
+            }
+            Err(refusal) => {
+                // The backend refused this key for good: nothing moved.
+                let given_back = match rec.state {
+                    RailState::Submitting => self.store.rail_abandon(&rec.id).await.map(|_| ()),
+                    _ => {
+                        let update = RailUpdate { reason: Some(refusal.to_string()), ..Default::default() };
+                        self.store.rail_transition(&rec.id, &open, RailState::Failed, update, now).await.map(|_| ())
+                    }
+                };
+                if let Err(error) = given_back {
+                    tracing::error!(payment_id = %rec.id, %error, "recording a rail refusal failed");
+                }
+                Err(refusal)
+            }
+        }
+    }
+
+    /// The record as it stands when a retry finds it settled.
+    async fn settled(&self, rec: &RailPayment) -> Result<Payment, BackendError> {
+        match self.inner.payment(&rec.id).await {
+            Ok(Some(p)) => Ok(p),
+            _ => Ok(rec.payment()),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    id: &PaymentId,
+    key: &str,
+    rail: &str,
+    kind: PaymentKind,
+    from: &AccountId,
+    to: &AccountId,
+    amount_minor: i64,
+    currency: crate::money::Currency,
+    refund_of: Option<PaymentId>,
+    memo: Option<String>,
+    principal_sub: &str,
+) -> RailPayment {
+    RailPayment {
+        id: id.clone(),
+        idempotency_key: key.to_string(),
+        rail: rail.to_string(),
+        kind,
+        state: RailState::Submitting,
+        from_account: from.clone(),
+        to_account: to.clone(),
+        amount_minor,
+        currency,
+        refund_of,
+        memo,
+        principal_sub: principal_sub.to_string(),
+        mandate_id: None,
+        rail_ref: None,
+        receipt: None,
+        phone: None,
+        reason: None,
+        created_at: 0,
+        updated_at: 0,
+    }
+}
+
+#[async_trait]
+impl PaymentBackend for Journaled {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn transfer(&self, req: TransferRequest) -> Result<Payment, BackendError> {
+        if req.from_account == req.to_account {
+            return Err(BackendError::SameAccount);
+        }
+        let rec = record(
+            &req.payment_id,
+            &req.idempotency_key,
+            self.inner.name(),
+            PaymentKind::Payment,
+            &req.from_account,
+            &req.to_account,
+            req.amount.minor(),
+            req.amount.currency(),
+            None,
+            req.memo.clone(),
+            &req.principal_sub,
+        );
+        let rec = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        if rec.kind != PaymentKind::Payment
+            || rec.from_account != req.from_account
+            || rec.to_account != req.to_account
+            || rec.amount_minor != req.amount.minor()
+            || rec.currency != req.amount.currency()
+        {
+            return Err(BackendError::IdempotencyKeyReused);
+        }
+        if !matches!(rec.state, RailState::Submitting | RailState::Unknown) {
+            return self.settled(&rec).await;
+        }
+        // The first attempt's payment id and key, every time.
+        let send = TransferRequest {
+            payment_id: rec.id.clone(),
+            guards: Guards::default(),
+            audit: None,
+            alias_key: None,
+            memo: rec.memo.clone(),
+            ..req
+        };
+        let answer = self.inner.transfer(send).await;
+        self.settle(&rec, answer).await
+    }
+
+    async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
+        let original = self
+            .inner
+            .payment(&req.payment_id)
+            .await?
+            .ok_or_else(|| BackendError::PaymentNotFound(req.payment_id.clone()))?;
+        // The journal records an amount: "everything still refundable" is fixed when first sent
+        // (a retry finds the record and re-sends that amount).
+        let earlier = self.store.rail_by_key(&req.idempotency_key).await?;
+        let amount_minor = match (req.amount_minor, &earlier) {
+            (Some(a), _) => a,
+            (None, Some(e)) => e.amount_minor,
+            (None, None) if original.refundable_minor() > 0 => original.refundable_minor(),
+            (None, None) => return Err(BackendError::NotRefundable(original.id)),
+        };
+        let rec = record(
+            &req.refund_id,
+            &req.idempotency_key,
+            self.inner.name(),
+            PaymentKind::Refund,
+            &original.to_account,
+            &original.from_account,
+            amount_minor,
+            original.currency,
+            Some(req.payment_id.clone()),
+            req.reason.clone(),
+            &req.principal_sub,
+        );
+        let rec = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        if rec.kind != PaymentKind::Refund || rec.refund_of.as_ref() != Some(&req.payment_id) {
+            return Err(BackendError::IdempotencyKeyReused);
+        }
+        if !matches!(rec.state, RailState::Submitting | RailState::Unknown) {
+            return self.settled(&rec).await;
+        }
+        let send = RefundRequest {
+            refund_id: rec.id.clone(),
+            amount_minor: Some(rec.amount_minor),
+            guards: Guards::default(),
+            audit: None,
+            alias_key: None,
+            ..req
+        };
+        let answer = self.inner.refund(send).await;
+        self.settle(&rec, answer).await
+    }
+
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {
+        self.inner.payment(id).await
+    }
+
+    async fn balance(&self, account: &AccountId) -> Result<Option<Balance>, BackendError> {
+        self.inner.balance(account).await
+    }
+
+    async fn list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
+        self.inner.list_payments(query).await
+    }
+
+    async fn account_entries(
+        &self,
+        account: &AccountId,
+        before_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<Page<LedgerEntry>, BackendError> {
+        self.inner.account_entries(account, before_seq, limit).await
+    }
+
+    async fn check_integrity(&self) -> Result<IntegrityReport, BackendError> {
+        self.inner.check_integrity().await
+    }
+}

@@ -1,0 +1,576 @@
+//! External rails seen from the gateway: receipts, the payment summary, M-Pesa callbacks and
+//! polling, and reconciliation of the gateway's records with the backend and the rails.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Caller, Decision, Gateway, map_backend_error};
+use crate::auth::scopes;
+use crate::backend::mpesa::{self, Settlement, daraja};
+use crate::backend::{Payment, PaymentKind, PaymentQuery, PaymentStatus};
+use crate::clock::UnixSecs;
+use crate::error::{AgentError, ErrorCode};
+use crate::ids::PaymentId;
+use crate::money::Currency;
+use crate::store::{AuditRecord, RailPayment, RailState, SummaryQuery, SummaryRow};
+
+/// Rail records examined per reconciliation page.
+const RECONCILE_PAGE: u32 = 200;
+/// Most findings one reconciliation reports (the rest are counted).
+pub const RECONCILE_FINDINGS_MAX: usize = 500;
+/// Pending M-Pesa payments queried per scheduler run.
+const POLL_BATCH_MAX: u32 = 50;
+/// Longest summary window (`to - from`).
+const SUMMARY_WINDOW_MAX_SECS: i64 = 366 * 86_400;
+
+/// Where a completed payment was settled, and the rail's own reference for it.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct Receipt {
+    /// ledger | http | mpesa
+    pub rail: String,
+    /// The rail's reference: the ledger's payment id, or the M-Pesa receipt number.
+    pub reference: String,
+    /// For M-Pesa: the STK push's CheckoutRequestID.
+    pub checkout_request_id: Option<String>,
+    /// For M-Pesa: the customer's number, masked.
+    pub phone: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentSummaryArgs {
+    /// Start, inclusive: RFC 3339 (e.g. "2026-11-29T00:00:00Z") or a date ("2026-11-29"). Default: today (UTC).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// End, exclusive, in the same forms. Default: now. A bare date means the end of that day.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Only this ISO 4217 currency.
+    #[serde(default)]
+    pub currency: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileArgs {
+    /// Only payments created at or after this instant (RFC 3339 or a date). Default: the configured window.
+    #[serde(default)]
+    pub since: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PaymentSummary {
+    pub from: UnixSecs,
+    pub to: UnixSecs,
+    pub rows: Vec<SummaryRow>,
+}
+
+/// One thing reconciliation found.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct Finding {
+    /// missing_in_gateway | missing_in_backend | amount_mismatch | status_mismatch | outcome_unknown |
+    /// pending_too_long | resolved | integrity
+    pub kind: String,
+    pub payment_id: Option<String>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReconcileReport {
+    pub since: UnixSecs,
+    pub backend: String,
+    /// Gateway records and backend payments compared.
+    pub checked: i64,
+    /// Records whose unknown outcome was settled from the backend's answer.
+    pub resolved: i64,
+    pub findings: Vec<Finding>,
+    /// Findings beyond `RECONCILE_FINDINGS_MAX`, counted but not listed.
+    pub findings_omitted: i64,
+}
+
+impl ReconcileReport {
+    fn push(&mut self, kind: &str, payment_id: Option<&PaymentId>, detail: String) {
+        if self.findings.len() >= RECONCILE_FINDINGS_MAX {
+            self.findings_omitted += 1;
+            return;
+        }
+        self.findings.push(Finding { kind: kind.into(), payment_id: payment_id.map(|p| p.to_string()), detail });
+    }
+    /// Findings that need a human (resolved ones do not).
+    pub fn problems(&self) -> usize {
+        self.findings.iter().filter(|f| f.kind != "resolved").count() + self.findings_omitted as usize
+    }
+}
+
+/// How a callback was answered: HTTP status and a short reason (never echoing the body).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallbackAnswer {
+    pub status: u16,
+    pub outcome: &'static str,
+}
+
+fn mask_phone(phone: &str) -> String {
+    let n = phone.len();
+    if n <= 6 { "*".repeat(n) } else { format!("{}****{}", &phone[..5], &phone[n - 3..]) }
+}
+
+/// "2026-11-29T10:00:00Z" or "2026-11-29" (start of that UTC day; `end_of_day` gives its end).
+fn parse_instant(field: &str, s: &str, end_of_day: bool) -> Result<UnixSecs, AgentError> {
+    use time::format_description::well_known::Rfc3339;
+    if let Ok(t) = time::OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(t.unix_timestamp());
+    }
+    let fmt = time::macros::format_description!("[year]-[month]-[day]");
+    match time::Date::parse(s, &fmt) {
+        Ok(d) => {
+            let start = d.midnight().assume_utc().unix_timestamp();
+            Ok(if end_of_day { start + 86_400 } else { start })
+        }
+        Err(_) => {
+            Err(AgentError::invalid(format!("{field} must be RFC 3339 (2026-11-29T10:00:00Z) or a date (2026-11-29)")))
+        }
+    }
+}
+
+/// `--since` of `paygate reconcile`: RFC 3339 or a date.
+pub fn parse_instant_arg(s: &str) -> Result<UnixSecs, String> {
+    parse_instant("since", s, false).map_err(|e| e.message)
+}
+
+impl Gateway {
+    /// The receipt of a completed payment, from the gateway's records.
+    pub(crate) async fn receipt(&self, payment: &Payment, rec: Option<&RailPayment>) -> Option<Receipt> {
+        if payment.status != PaymentStatus::Succeeded {
+            return None;
+        }
+        Some(match rec {
+            Some(r) if r.rail == mpesa::RAIL => Receipt {
+                rail: r.rail.clone(),
+                reference: r.receipt.clone()?,
+                checkout_request_id: r.rail_ref.clone(),
+                phone: r.phone.as_deref().map(mask_phone),
+            },
+            Some(r) => Receipt {
+                rail: r.rail.clone(),
+                reference: r.rail_ref.clone().unwrap_or_else(|| payment.id.to_string()),
+                checkout_request_id: None,
+                phone: None,
+            },
+            None => Receipt {
+                rail: self.backend.name().to_string(),
+                reference: payment.id.to_string(),
+                checkout_request_id: None,
+                phone: None,
+            },
+        })
+    }
+
+    /// A payment visible to this agent, with its receipt when completed. M-Pesa collections live
+    /// in the gateway's records; everything else is asked of the backend (the system of record).
+    pub async fn get_payment(
+        &self,
+        caller: &Caller,
+        payment_id: &str,
+    ) -> Result<(Payment, Option<Receipt>), AgentError> {
+        let id = PaymentId::parse(payment_id)?;
+        let not_found = || AgentError::new(ErrorCode::NotFound, format!("payment {id} does not exist"));
+        let rec = self.store.rail_get(&id).await.map_err(|error| {
+            tracing::error!(correlation_id = %caller.correlation_id, %error, "rail record read failed");
+            AgentError::internal()
+        })?;
+        let payment = match &rec {
+            Some(r) if r.rail == mpesa::RAIL => r.payment(),
+            _ => match self.backend.payment(&id).await {
+                Ok(Some(p)) => p,
+                Ok(None) => return Err(not_found()),
+                Err(e) => return Err(map_backend_error(&e)),
+            },
+        };
+        if !payment.touches_any(&caller.principal.profile.allowed_accounts) {
+            return Err(not_found());
+        }
+        let receipt = self.receipt(&payment, rec.as_ref()).await;
+        Ok((payment, receipt))
+    }
+
+    /// Counts and totals by kind, status and currency over this agent's accounts.
+    pub async fn payment_summary(
+        &self,
+        caller: &Caller,
+        args: PaymentSummaryArgs,
+    ) -> Result<PaymentSummary, AgentError> {
+        let now = self.clock.now();
+        let from = match &args.from {
+            Some(s) => parse_instant("from", s, false)?,
+            None => now - now.rem_euclid(86_400),
+        };
+        let to = match &args.to {
+            Some(s) => parse_instant("to", s, true)?,
+            None => now + 1,
+        };
+        if to <= from || to - from > SUMMARY_WINDOW_MAX_SECS {
+            return Err(AgentError::invalid("from must be before to, at most 366 days apart"));
+        }
+        let currency = args.currency.as_deref().map(Currency::parse).transpose()?;
+        let query = SummaryQuery { accounts: caller.principal.profile.allowed_accounts.clone(), from, to, currency };
+        let rows = self.store.payment_summary(query).await.map_err(|error| {
+            tracing::error!(correlation_id = %caller.correlation_id, %error, "summary failed");
+            AgentError::internal()
+        })?;
+        Ok(PaymentSummary { from, to, rows })
+    }
+
+    fn rail_audit(&self, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) -> AuditRecord {
+        let mut d = Decision::new("mpesa_callback", decision);
+        d.payment_id = rec.map(|r| r.id.as_str());
+        d.detail = Some(detail);
+        let mut a = self.audit_record("mpesa", rec.map_or("-", |r| r.principal_sub.as_str()), "-", d);
+        a.code = Some(code.to_string());
+        a
+    }
+
+    async fn audit_callback(&self, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) {
+        let a = self.rail_audit(rec, decision, code, detail);
+        if let Err(error) = self.store.audit_append(a).await {
+            tracing::error!(%error, "audit append failed");
+        }
+    }
+
+    /// A callback refused before it was read (wrong secret, source not allowed): audited.
+    pub async fn audit_callback_refusal(&self, code: &str, detail: String) {
+        self.audit_callback(None, "callback_refused", code, detail).await;
+    }
+
+    /// A Daraja STK callback, already past the path secret and source check. Refusals change
+    /// nothing and are audited; only a matching ResultCode 0 settles a payment as succeeded.
+    pub async fn mpesa_callback(&self, body: &[u8]) -> CallbackAnswer {
+        let answer = |status, outcome| CallbackAnswer { status, outcome };
+        let Some(rail) = self.mpesa.clone() else { return answer(404, "mpesa_disabled") };
+        let cb = match daraja::parse_callback(body) {
+            Ok(cb) => cb,
+            Err(reason) => {
+                self.audit_callback(None, "callback_refused", "MALFORMED", reason).await;
+                self.metrics.callback("malformed");
+                return answer(400, "malformed");
+            }
+        };
+        let rec = match self.store.rail_by_ref(mpesa::RAIL, &cb.checkout_request_id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let detail = format!("unknown CheckoutRequestID {}", clip(&cb.checkout_request_id));
+                self.audit_callback(None, "callback_refused", "UNKNOWN_CHECKOUT", detail).await;
+                self.metrics.callback("unknown");
+                return answer(404, "unknown_checkout");
+            }
+            Err(error) => {
+                tracing::error!(%error, "callback lookup failed");
+                return answer(503, "store_unavailable");
+            }
+        };
+        if rec.state != RailState::Pending {
+            let (code, outcome) = if rec.state.is_terminal() {
+                ("DUPLICATE_OR_LATE", "terminal")
+            } else {
+                ("NOT_PENDING", "not_pending")
+            };
+            let detail = format!("callback for a payment already {}", rec.state.as_str());
+            self.audit_callback(Some(&rec), "callback_refused", code, detail).await;
+            self.metrics.callback("duplicate");
+            return answer(409, outcome);
+        }
+        let settlement = mpesa::classify(cb.result_code, &cb.result_desc);
+        if settlement == Settlement::Succeeded {
+            // A success must say what was paid, by whom: both must match what was asked.
+            if cb.amount_minor != Some(rec.amount_minor) {
+                let detail = format!(
+                    "amount {} does not match the {} asked for",
+                    cb.amount_minor.map_or("missing".to_string(), |a| a.to_string()),
+                    rec.amount_minor
+                );
+                self.audit_callback(Some(&rec), "callback_refused", "AMOUNT_MISMATCH", detail).await;
+                self.metrics.callback("mismatch");
+                return answer(422, "amount_mismatch");
+            }
+            if cb.phone.as_deref() != rec.phone.as_deref() {
+                let detail = "the paying phone does not match the one prompted".to_string();
+                self.audit_callback(Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
+                self.metrics.callback("mismatch");
+                return answer(422, "phone_mismatch");
+            }
+            if cb.receipt.is_none() {
+                let detail = "a success without an M-Pesa receipt number".to_string();
+                self.audit_callback(Some(&rec), "callback_refused", "RECEIPT_MISSING", detail).await;
+                self.metrics.callback("mismatch");
+                return answer(422, "receipt_missing");
+            }
+        }
+        match rail.settle(&rec, &settlement, cb.receipt.clone()).await {
+            Ok(Some(updated)) => {
+                let (decision, code, outcome) = match &settlement {
+                    Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded"),
+                    Settlement::Failed(_) => ("callback_settled", "FAILED", "failed"),
+                    Settlement::Unrecognised(_) => ("callback_unrecognised", "UNRECOGNISED_RESULT", "still_pending"),
+                };
+                let detail = match &settlement {
+                    Settlement::Succeeded => format!("settled; receipt {}", updated.receipt.as_deref().unwrap_or("-")),
+                    Settlement::Failed(r) | Settlement::Unrecognised(r) => r.clone(),
+                };
+                self.audit_callback(Some(&updated), decision, code, detail).await;
+                self.metrics.callback(outcome);
+                answer(200, outcome)
+            }
+            Ok(None) => {
+                // Settled by a concurrent callback or query between our read and write.
+                self.audit_callback(Some(&rec), "callback_refused", "DUPLICATE_OR_LATE", "settled concurrently".into())
+                    .await;
+                self.metrics.callback("duplicate");
+                answer(409, "terminal")
+            }
+            Err(error) => {
+                tracing::error!(%error, "settling a callback failed");
+                answer(503, "store_unavailable")
+            }
+        }
+    }
+
+    /// Query pending M-Pesa payments older than `older_than_secs` (the scheduler's job).
+    /// Returns how many settled.
+    pub async fn poll_mpesa(&self, older_than_secs: i64) -> usize {
+        let Some(rail) = self.mpesa.clone() else { return 0 };
+        let now = self.clock.now();
+        let due = match self.store.rail_list(&[RailState::Pending], now - older_than_secs, POLL_BATCH_MAX).await {
+            Ok(d) => d,
+            Err(error) => {
+                tracing::error!(%error, "listing pending M-Pesa payments failed");
+                return 0;
+            }
+        };
+        let mut settled = 0;
+        for rec in due.iter().filter(|r| r.rail == mpesa::RAIL) {
+            match rail.query(rec).await {
+                Ok(None) => {
+                    // Still being processed: look again next round.
+                    let _ = rail.settle(rec, &Settlement::Unrecognised("still being processed".into()), None).await;
+                }
+                Ok(Some((code, desc))) => {
+                    let settlement = mpesa::classify(code, &desc);
+                    if settlement == Settlement::Succeeded {
+                        // A query carries no receipt, amount or phone: success comes from the callback
+                        // (or reconciliation), never from a query alone.
+                        let note = Settlement::Unrecognised(
+                            "STK query reports success; waiting for the callback's receipt".into(),
+                        );
+                        let _ = rail.settle(rec, &note, None).await;
+                        continue;
+                    }
+                    if let Ok(Some(updated)) = rail.settle(rec, &settlement, None).await {
+                        settled += usize::from(updated.state.is_terminal());
+                        let a = self.rail_audit(Some(&updated), "query_settled", "FAILED", format!("{settlement:?}"));
+                        let _ = self.store.audit_append(a).await;
+                    }
+                }
+                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "STK push query failed"),
+            }
+        }
+        settled
+    }
+
+    /// The audit record of a scheduled (or CLI) reconciliation.
+    pub fn reconcile_audit(&self, report: &ReconcileReport) -> AuditRecord {
+        let mut d =
+            Decision::new("reconcile", if report.problems() == 0 { "reconciled" } else { "reconcile_findings" });
+        d.detail =
+            Some(format!("{} checked, {} resolved, {} findings", report.checked, report.resolved, report.problems()));
+        self.audit_record("paygate", "scheduler", "-", d)
+    }
+
+    /// `reconcile` tool: admin only; audited.
+    pub async fn reconcile_tool(&self, caller: &Caller, args: ReconcileArgs) -> Result<ReconcileReport, AgentError> {
+        if !caller.principal.has_scope(scopes::ADMIN) {
+            return Err(AgentError::new(ErrorCode::InsufficientScope, "reconcile needs payments:admin"));
+        }
+        let since = match &args.since {
+            Some(s) => Some(parse_instant("since", s, false)?),
+            None => None,
+        };
+        let report = self.reconcile(since).await.map_err(|e| map_backend_error(&e))?;
+        let mut d =
+            Decision::new("reconcile", if report.problems() == 0 { "reconciled" } else { "reconcile_findings" });
+        d.detail =
+            Some(format!("{} checked, {} resolved, {} findings", report.checked, report.resolved, report.problems()));
+        self.audit(caller, d).await;
+        Ok(report)
+    }
+
+    /// Compare the gateway's records with the backend and the rails since `since` (default: the
+    /// configured window). Settles unknown outcomes the backend can answer; reports the rest.
+    pub async fn reconcile(&self, since: Option<UnixSecs>) -> Result<ReconcileReport, crate::backend::BackendError> {
+        let now = self.clock.now();
+        let since = since.unwrap_or(now - self.limits.reconcile_window_secs);
+        let backend = self.backend.name().to_string();
+        let mut report = ReconcileReport {
+            since,
+            backend: backend.clone(),
+            checked: 0,
+            resolved: 0,
+            findings: vec![],
+            findings_omitted: 0,
+        };
+        // 1. Every gateway record against the backend (or, for M-Pesa, its own state).
+        let mut after = 0;
+        loop {
+            let page = self.store.rail_since(since, after, RECONCILE_PAGE).await?;
+            let Some((last, _)) = page.last() else { break };
+            after = *last;
+            for (_, rec) in &page {
+                report.checked += 1;
+                if rec.rail == mpesa::RAIL {
+                    self.reconcile_mpesa(rec, now, &mut report);
+                } else {
+                    self.reconcile_record(rec, now, &mut report).await?;
+                }
+            }
+        }
+        // 2. Payments the backend holds that the gateway has no record of (external ledgers only:
+        //    the embedded ledger *is* the gateway's record, checked by its integrity report).
+        if self.backend.records_in_transaction() {
+            let integrity = self.backend.check_integrity().await?;
+            for p in integrity.problems {
+                report.push("integrity", None, p);
+            }
+        } else if !self.known_accounts.is_empty() {
+            let mut before = None;
+            'pages: loop {
+                let page = self
+                    .backend
+                    .list_payments(PaymentQuery {
+                        accounts: self.known_accounts.clone(),
+                        status: None,
+                        before_seq: before,
+                        limit: RECONCILE_PAGE,
+                    })
+                    .await?;
+                for p in &page.items {
+                    if p.created_at < since {
+                        break 'pages;
+                    }
+                    report.checked += 1;
+                    if self.store.rail_get(&p.id).await?.is_none() {
+                        report.push(
+                            "missing_in_gateway",
+                            Some(&p.id),
+                            format!(
+                                "the backend holds {} {} {} the gateway never recorded",
+                                p.kind.as_str(),
+                                p.amount(),
+                                p.currency
+                            ),
+                        );
+                    }
+                }
+                match page.next_cursor {
+                    Some(c) => before = Some(c),
+                    None => break,
+                }
+            }
+        }
+        for f in &report.findings {
+            self.metrics.reconcile_finding(&f.kind);
+        }
+        self.metrics.reconcile_run(report.problems() as u64);
+        Ok(report)
+    }
+
+    fn reconcile_mpesa(&self, rec: &RailPayment, now: UnixSecs, report: &mut ReconcileReport) {
+        match rec.state {
+            RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
+                report.push(
+                    "outcome_unknown",
+                    Some(&rec.id),
+                    "an STK push whose answer was lost: check the M-Pesa statement for this phone and amount".into(),
+                )
+            }
+            RailState::Pending if now - rec.created_at > self.limits.mpesa_pending_timeout_secs => report.push(
+                "pending_too_long",
+                Some(&rec.id),
+                format!("pending since {} s; {}", now - rec.created_at, rec.reason.as_deref().unwrap_or("no callback")),
+            ),
+            _ => {}
+        }
+    }
+
+    async fn reconcile_record(
+        &self,
+        rec: &RailPayment,
+        now: UnixSecs,
+        report: &mut ReconcileReport,
+    ) -> Result<(), crate::backend::BackendError> {
+        let held = self.backend.payment(&rec.id).await?;
+        let Some(p) = held else {
+            match rec.state {
+                RailState::Succeeded | RailState::Pending => report.push(
+                    "missing_in_backend",
+                    Some(&rec.id),
+                    format!("the gateway recorded {} but the backend has no such payment", rec.state.as_str()),
+                ),
+                RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
+                    report.push(
+                        "outcome_unknown",
+                        Some(&rec.id),
+                        "sent, never confirmed, and the backend has no such payment; a retry with the same operation_id re-sends it".into(),
+                    )
+                }
+                _ => {}
+            }
+            return Ok(());
+        };
+        let want_kind = if rec.kind == PaymentKind::Refund { PaymentKind::Refund } else { PaymentKind::Payment };
+        if p.amount_minor != rec.amount_minor || p.currency != rec.currency || p.kind != want_kind {
+            report.push(
+                "amount_mismatch",
+                Some(&rec.id),
+                format!(
+                    "gateway {} {} {}, backend {} {} {}",
+                    rec.kind.as_str(),
+                    crate::money::format_minor(rec.amount_minor, rec.currency),
+                    rec.currency,
+                    p.kind.as_str(),
+                    p.amount(),
+                    p.currency
+                ),
+            );
+            return Ok(());
+        }
+        let backend_state = match p.status {
+            PaymentStatus::Succeeded => RailState::Succeeded,
+            PaymentStatus::Failed => RailState::Failed,
+            PaymentStatus::Pending => RailState::Pending,
+        };
+        match rec.state {
+            RailState::Unknown | RailState::Submitting => {
+                // The backend answers what the lost response did not: settle the record.
+                let update = crate::store::RailUpdate { rail_ref: Some(p.id.to_string()), ..Default::default() };
+                let from = [RailState::Unknown, RailState::Submitting];
+                if let Ok(Some(_)) = self.store.rail_transition(&rec.id, &from, backend_state, update, now).await {
+                    report.resolved += 1;
+                    report.push(
+                        "resolved",
+                        Some(&rec.id),
+                        format!("outcome settled from the backend: {}", p.status.as_str()),
+                    );
+                }
+            }
+            s if s != backend_state => report.push(
+                "status_mismatch",
+                Some(&rec.id),
+                format!("gateway {}, backend {}", s.as_str(), p.status.as_str()),
+            ),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn clip(s: &str) -> String {
+    s.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').take(64).collect()
+}

@@ -1,0 +1,130 @@
+//! The in-process scheduler. Each job kind runs on one replica at a time: before a run, the
+//! replica takes the kind's lease in the shared store for the job's interval, so replicas sharing
+//! a database run each job about once per interval between them, and a replica that dies mid-run
+//! hands the job over when its lease ends.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::http::HttpLedger;
+use crate::config::JobsConfig;
+use crate::gateway::Gateway;
+
+/// How often idle rate-limiter keys are forgotten (per replica; keeps limiter memory bounded).
+const EVICT_INTERVAL: Duration = Duration::from_secs(60);
+
+pub struct Scheduler {
+    pub gateway: Arc<Gateway>,
+    pub route_limits: Arc<crate::rate::KeyedLimits>,
+    pub http_ledger: Option<Arc<HttpLedger>>,
+    pub config: JobsConfig,
+    pub mpesa_query_after_secs: i64,
+    /// This replica's name in job leases.
+    pub holder: String,
+    pub stop: CancellationToken,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Job {
+    MpesaPoll,
+    Purge,
+    ExpireApprovals,
+    Reconcile,
+}
+
+impl Job {
+    fn name(self) -> &'static str {
+        match self {
+            Job::MpesaPoll => "mpesa_poll",
+            Job::Purge => "purge_idempotency",
+            Job::ExpireApprovals => "expire_approvals",
+            Job::Reconcile => "reconcile",
+        }
+    }
+}
+
+pub async fn run(s: Scheduler) {
+    let mut tick = tokio::time::interval(Duration::from_millis(s.config.tick_ms as u64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let every = |job: Job| -> i64 {
+        match job {
+            Job::MpesaPoll => s.config.mpesa_poll_every_secs,
+            Job::Purge | Job::ExpireApprovals => s.config.purge_every_secs,
+            Job::Reconcile => s.config.reconcile_every_secs,
+        }
+    };
+    let mut next: HashMap<Job, Instant> = HashMap::new();
+    let mut next_evict = Instant::now() + EVICT_INTERVAL;
+    loop {
+        tokio::select! {
+            _ = s.stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        if now >= next_evict {
+            s.gateway.evict_idle_limits();
+            s.route_limits.evict_idle();
+            next_evict = now + EVICT_INTERVAL;
+        }
+        if let Some(h) = &s.http_ledger {
+            s.gateway.metrics().breaker(h.breaker_state());
+        }
+        if !s.config.enabled {
+            continue;
+        }
+        for job in [Job::MpesaPoll, Job::Purge, Job::ExpireApprovals, Job::Reconcile] {
+            if next.get(&job).is_some_and(|t| now < *t) {
+                continue;
+            }
+            let interval = every(job);
+            next.insert(job, now + Duration::from_secs(interval as u64));
+            let store = s.gateway.store();
+            let wall = s.gateway.clock().now();
+            match store.job_lease(job.name(), &s.holder, wall, interval.max(s.config.lease_secs)).await {
+                Ok(true) => run_job(&s, job).await,
+                Ok(false) => {}
+                Err(error) => tracing::warn!(job = job.name(), %error, "job lease failed"),
+            }
+        }
+    }
+}
+
+async fn run_job(s: &Scheduler, job: Job) {
+    let g = &s.gateway;
+    let now = g.clock().now();
+    match job {
+        Job::MpesaPoll => {
+            let settled = g.poll_mpesa(s.mpesa_query_after_secs).await;
+            if settled > 0 {
+                tracing::info!(settled, "M-Pesa payments settled by STK push query");
+            }
+        }
+        Job::Purge => match g.store().idem_purge(now).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(idempotency.purged = n, "purged expired idempotency records"),
+            Err(error) => tracing::warn!(%error, "idempotency purge failed"),
+        },
+        Job::ExpireApprovals => match g.store().approvals_expire(now).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(approvals.expired = n, "expired pending approvals"),
+            Err(error) => tracing::warn!(%error, "approval expiry failed"),
+        },
+        Job::Reconcile => match g.reconcile(None).await {
+            Ok(report) => {
+                let problems = report.problems();
+                if problems > 0 {
+                    tracing::warn!(problems, checked = report.checked, "reconciliation found problems");
+                }
+                let a = g.reconcile_audit(&report);
+                if let Err(error) = g.store().audit_append(a).await {
+                    tracing::error!(%error, "audit append failed");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "reconciliation failed"),
+        },
+    }
+}

@@ -1,0 +1,302 @@
+//! The gateway with `backend.kind = "http"` against a real `ledger-serve` behind a fault proxy,
+//! driven by an MCP client: the whole flow, a response lost after the ledger committed, guards
+//! drawn on the gateway side, and reconciliation of the two sides. Plus the payment summary
+//! against the embedded ledger.
+
+mod common;
+#[path = "common/fault_proxy.rs"]
+mod fault_proxy;
+
+use std::sync::Arc;
+
+use common::*;
+use fault_proxy::{FaultProxy, Mode};
+use paygate::auth::Secret;
+use paygate::backend::PaymentKind;
+use paygate::clock::{Clock, ManualClock, SystemClock};
+use paygate::ids::{AccountId, PaymentId};
+use paygate::money::Currency;
+use paygate::store::sqlite::SqliteStore;
+use paygate::store::{AccountSeed, RailState, RailUpdate, Store};
+use serde_json::{Value, json};
+
+const CREDENTIAL: &str = "ledger-credential-0123456789abcdef";
+
+struct Rig {
+    app: TestApp,
+    /// The ledger service's own store (the system of record).
+    ledger: Arc<dyn Store>,
+    ledger_url: String,
+    proxy: FaultProxy,
+    clock: ManualClock,
+    client: Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn rig() -> Rig {
+    let clock = ManualClock::new(SystemClock.now());
+    let ledger: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+    for (id, opening) in [("acct-A", 100_000_000), ("acct-B", 0)] {
+        let seed = AccountSeed {
+            id: AccountId::parse(id).unwrap(),
+            currency: Currency::parse("KES").unwrap(),
+            opening_minor: opening,
+            allow_overdraft: false,
+        };
+        ledger.ledger_open_account(seed, clock.now()).await.unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (store, c) = (ledger.clone(), Arc::new(clock.clone()) as Arc<dyn Clock>);
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        paygate::ledger_service::serve(listener, store, c, Secret::new(CREDENTIAL.into()), shutdown).await.unwrap();
+    });
+    let proxy = FaultProxy::start(addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = proxy.url();
+    let app = spawn_with_clock(
+        dir.path(),
+        &[
+            ("PAYGATE_BACKEND__KIND", "http"),
+            ("PAYGATE_BACKEND__HTTP_URL", url.as_str()),
+            ("PAYGATE_BACKEND__HTTP_CREDENTIAL", CREDENTIAL),
+            ("PAYGATE_BACKEND__HTTP_REQUEST_TIMEOUT_MS", "1000"),
+            ("PAYGATE_BACKEND__HTTP_RETRIES_MAX", "0"),
+            ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0"),
+            ("PAYGATE_JOBS__ENABLED", "false"),
+        ],
+        Arc::new(clock.clone()),
+    )
+    .await;
+    let client = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    Rig { app, ledger, ledger_url: format!("http://{addr}"), proxy, clock, client, _stop: stop, _dir: dir }
+}
+
+fn pay(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": amount, "currency": "KES"})
+}
+
+/// Every payment the ledger service holds between acct-A and acct-B.
+async fn ledger_payments(r: &Rig) -> Vec<paygate::backend::Payment> {
+    let q = paygate::backend::PaymentQuery {
+        accounts: vec![AccountId::parse("acct-A").unwrap()],
+        status: None,
+        before_seq: None,
+        limit: 100,
+    };
+    r.ledger.ledger_list_payments(q).await.unwrap().items
+}
+
+#[tokio::test]
+async fn the_whole_flow_works_against_ledger_serve() {
+    let r = rig().await;
+    let c = &r.client;
+    assert!(
+        r.app.running.store.ledger_balance(&AccountId::parse("acct-A").unwrap()).await.unwrap().is_none(),
+        "with an HTTP backend the gateway's own store holds no ledger accounts"
+    );
+    let p = ok(&call(c, "create_payment", pay("http-1", "250.00")).await).clone();
+    assert_eq!((p["status"].as_str(), p["replayed"].as_bool()), (Some("succeeded"), Some(false)));
+    let id = p["payment_id"].as_str().unwrap().to_string();
+    assert_eq!(balance(c, "acct-B").await, "250.00", "reads come from the ledger service");
+    assert_eq!(balance(c, "acct-A").await, "999750.00");
+    let got = ok(&call(c, "get_payment", json!({"payment_id": id})).await).clone();
+    assert_eq!(
+        (got["receipt"]["rail"].as_str(), got["receipt"]["reference"].as_str()),
+        (Some("http"), Some(id.as_str()))
+    );
+
+    let refund =
+        call(c, "refund_payment", json!({"operation_id": "http-r1", "payment_id": id, "amount": "50.00"})).await;
+    assert_eq!(ok(&refund)["kind"], "refund");
+    assert_eq!(balance(c, "acct-B").await, "200.00");
+    let list = ok(&call(c, "list_payments", json!({})).await).clone();
+    assert_eq!(list["payments"].as_array().unwrap().len(), 2);
+    let ledger = ok(&call(c, "get_account_ledger", json!({"account_id": "acct-B"})).await).clone();
+    assert_eq!(ledger["entries"].as_array().unwrap().len(), 2);
+    assert_eq!(ok(&call(c, "check_ledger_integrity", json!({})).await)["ok"], true);
+    // The same operation again replays; the ledger holds one payment and one refund.
+    assert_eq!(ok(&call(c, "create_payment", pay("http-1", "250.00")).await)["replayed"], true);
+    assert_eq!(ledger_payments(&r).await.len(), 2);
+    // Every request carried the gateway's credential and an idempotency key on the money-moving ones.
+    let seen = r.proxy.seen();
+    assert!(seen.iter().filter(|s| s.method == "POST").all(|s| s.idempotency_key.is_some()));
+    // A refusal by the ledger is typed and moves nothing.
+    let broke = call(
+        c,
+        "create_payment",
+        json!({"operation_id": "http-2", "from_account": "acct-B",
+        "to_account": "acct-A", "amount": "900.00", "currency": "KES"}),
+    )
+    .await;
+    assert_eq!(code(&broke), "INSUFFICIENT_FUNDS");
+    assert!(r.app.running.store.rail_since(0, 0, 100).await.unwrap().len() == 2, "a refused payment leaves no record");
+    r.app.assert_secrets_not_logged();
+    assert_not_logged(&[CREDENTIAL]);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_response_lost_after_the_ledger_committed_is_replayed_not_repaid() {
+    let r = rig().await;
+    let c = &r.client;
+    r.proxy.set_mode(Mode::DropResponseAfterForward).await;
+    let lost = call(c, "create_payment", pay("lost-1", "400.00")).await;
+    assert_eq!(code(&lost), "OUTCOME_UNKNOWN");
+    assert_eq!(err(&lost)["retryable"], true);
+    let held = ledger_payments(&r).await;
+    assert_eq!(held.len(), 1, "the ledger committed");
+    r.proxy.set_mode(Mode::PassThrough).await;
+    // While the first attempt's lease lasts, the retry is told to wait; after it, the retry re-sends
+    // the same key and payment id, and the ledger answers with the payment it already made.
+    assert_eq!(code(&call(c, "create_payment", pay("lost-1", "400.00")).await), "OPERATION_IN_PROGRESS");
+    r.clock.advance(120);
+    let retry = call(c, "create_payment", pay("lost-1", "400.00")).await;
+    assert_eq!(ok(&retry)["payment_id"].as_str(), Some(held[0].id.as_str()));
+    assert_eq!(ledger_payments(&r).await.len(), 1, "exactly one payment");
+    assert_eq!(balance(c, "acct-B").await, "400.00");
+    let keys: Vec<_> =
+        r.proxy.seen().iter().filter(|s| s.method == "POST").filter_map(|s| s.idempotency_key.clone()).collect();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "the retry re-sent the same Idempotency-Key");
+    // From then on it replays like any completed operation.
+    assert_eq!(ok(&call(c, "create_payment", pay("lost-1", "400.00")).await)["replayed"], true);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn budgets_are_drawn_on_the_gateway_side_and_given_back_when_nothing_moved() {
+    let r = rig().await;
+    let c = &r.client;
+    // The dev profile allows KES 100000.00 a day; the ledger refuses one payment (unknown account).
+    for i in 0..99 {
+        ok(&call(c, "create_payment", pay(&format!("b-{i}"), "1000.00")).await);
+    }
+    let refused = call(
+        c,
+        "create_payment",
+        json!({"operation_id": "b-x", "from_account": "acct-A",
+        "to_account": "acct-B", "amount": "1000.00", "currency": "USD"}),
+    )
+    .await;
+    assert_eq!(code(&refused), "APPROVAL_REQUIRED", "no USD limit: a human decides");
+    r.proxy.set_mode(Mode::Status(503)).await;
+    assert_eq!(code(&call(c, "create_payment", pay("b-99", "1000.00")).await), "BACKEND_UNAVAILABLE");
+    r.proxy.set_mode(Mode::PassThrough).await;
+    // The unavailable attempt gave its draw back: exactly one more fits, then the budget is spent.
+    ok(&call(c, "create_payment", pay("b-99", "1000.00")).await);
+    assert_eq!(code(&call(c, "create_payment", pay("b-100", "1000.00")).await), "BUDGET_EXCEEDED");
+    assert_eq!(ledger_payments(&r).await.len(), 100);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn reconciliation_finds_what_the_gateway_and_the_ledger_disagree_on() {
+    let r = rig().await;
+    let c = &r.client;
+    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:admin"), Era::Modern).await;
+    let clean = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    assert_eq!(clean["problems"], 0, "{clean}");
+
+    // 1. Agreed.
+    ok(&call(c, "create_payment", pay("rec-1", "10.00")).await);
+    // 2. The gateway's record says failed, the ledger says succeeded.
+    let p2 = ok(&call(c, "create_payment", pay("rec-2", "20.00")).await).clone();
+    let id2 = PaymentId::parse(p2["payment_id"].as_str().unwrap()).unwrap();
+    let tampered = r
+        .app
+        .running
+        .store
+        .rail_transition(&id2, &[RailState::Succeeded], RailState::Failed, RailUpdate::default(), r.clock.now())
+        .await
+        .unwrap();
+    assert!(tampered.is_some());
+    // 3. A payment someone made at the ledger directly: the gateway has no record of it.
+    let direct = reqwest::Client::new()
+        .post(format!("{}/v1/payments", r.ledger_url))
+        .bearer_auth(CREDENTIAL)
+        .header("Idempotency-Key", "direct-1")
+        .json(&json!({"payment_id": "pay_direct0001", "from_account": "acct-A", "to_account": "acct-B",
+                      "amount_minor": 3000, "currency": "KES", "principal_sub": "someone-else"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 201, "{}", direct.text().await.unwrap_or_default());
+    // 4. A lost response: the gateway does not know, the ledger does.
+    r.proxy.set_mode(Mode::DropResponseAfterForward).await;
+    assert_eq!(code(&call(c, "create_payment", pay("rec-4", "40.00")).await), "OUTCOME_UNKNOWN");
+    r.proxy.set_mode(Mode::PassThrough).await;
+
+    let report = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    let findings = report["findings"].as_array().unwrap();
+    let of = |kind: &str| findings.iter().filter(|f| f["kind"] == kind).cloned().collect::<Vec<_>>();
+    assert_eq!(of("missing_in_gateway").len(), 1, "{report}");
+    assert_eq!(of("missing_in_gateway")[0]["payment_id"], "pay_direct0001");
+    assert_eq!(of("status_mismatch").len(), 1, "{report}");
+    assert_eq!(of("status_mismatch")[0]["payment_id"], id2.as_str());
+    assert_eq!(of("resolved").len(), 1, "the lost response is settled from the ledger's answer: {report}");
+    assert_eq!((report["resolved"].as_i64(), report["problems"].as_i64()), (Some(1), Some(2)));
+    // Audited, and visible in metrics.
+    let audit = r.app.running.store.audit_list(Some("ops-bot"), 10).await.unwrap();
+    assert!(audit.iter().any(|a| a.tool == "reconcile" && a.decision == "reconcile_findings"));
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("paygate_reconcile_open_findings 2"), "{metrics}");
+    assert!(metrics.contains("paygate_reconcile_findings_total{kind=\"missing_in_gateway\"} 1"));
+    // An agent without payments:admin cannot reconcile (403 at the HTTP layer).
+    let reader = connect(&r.app.url, &r.app.token("dev-agent", "payments:read"), Era::Modern).await;
+    let denied =
+        reader.call_tool(rmcp::model::CallToolRequestParams::new("reconcile").with_arguments(Default::default())).await;
+    assert!(denied.is_err(), "{denied:?}");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn the_summary_matches_the_embedded_ledger() {
+    let (app, _dir) = spawn_app().await;
+    let c = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let mut ids = vec![];
+    for (i, amount) in ["100.00", "250.50", "999.99", "0.01"].iter().enumerate() {
+        let p = ok(&call(&c, "create_payment", pay(&format!("s-{i}"), amount)).await).clone();
+        ids.push(p["payment_id"].as_str().unwrap().to_string());
+    }
+    ok(&call(&c, "refund_payment", json!({"operation_id": "s-r", "payment_id": ids[1], "amount": "50.50"})).await);
+    assert_eq!(code(&call(&c, "create_payment", pay("s-big", "5000.00")).await), "APPROVAL_REQUIRED");
+
+    let summary = ok(&call(&c, "get_payment_summary", json!({})).await).clone();
+    // The ledger's own view: every payment and refund, summed by kind.
+    let store = &app.running.store;
+    let q = paygate::backend::PaymentQuery {
+        accounts: vec![AccountId::parse("acct-A").unwrap()],
+        status: None,
+        before_seq: None,
+        limit: 100,
+    };
+    let held = store.ledger_list_payments(q).await.unwrap().items;
+    for kind in [PaymentKind::Payment, PaymentKind::Refund] {
+        let of_kind: Vec<_> = held.iter().filter(|p| p.kind == kind).collect();
+        let total: i64 = of_kind.iter().map(|p| p.amount_minor).sum();
+        let line = summary["totals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["kind"] == kind.as_str() && l["status"] == "succeeded")
+            .unwrap_or_else(|| panic!("a {kind:?} line in {summary}"));
+        assert_eq!(line["count"].as_i64(), Some(of_kind.len() as i64));
+        assert_eq!(
+            line["total"].as_str(),
+            Some(paygate::money::format_minor(total, Currency::parse("KES").unwrap()).as_str())
+        );
+    }
+    assert_eq!(summary["totals"].as_array().unwrap().len(), 2, "{summary}");
+    // The window is honoured: yesterday holds nothing.
+    let yesterday = time::OffsetDateTime::now_utc().date().previous_day().unwrap().to_string();
+    let empty = ok(&call(&c, "get_payment_summary", json!({"from": yesterday, "to": yesterday})).await).clone();
+    assert_eq!(empty["totals"], json!([]));
+    assert_eq!(code(&call(&c, "get_payment_summary", json!({"from": "last tuesday"})).await), "INVALID_ARGUMENT");
+    app.stop().await;
+}

@@ -1,0 +1,301 @@
+//! The M-Pesa rail end to end: an MCP agent asks for a collection, the local Daraja fake receives the
+//! STK push and calls back, and the gateway settles, refuses or keeps the payment pending.
+
+mod common;
+#[path = "common/daraja.rs"]
+mod daraja;
+
+use std::sync::Arc;
+
+use common::*;
+use daraja::{DarajaFake, FakeConfig, PushMode, QueryAnswer, SANDBOX_PASSKEY};
+use paygate::clock::{Clock, ManualClock, SystemClock};
+use serde_json::{Value, json};
+
+const SECRET: &str = "cb-secret-0123456789abcdefghij";
+const SCOPES: &str = "payments:read payments:collect payments:admin";
+
+fn overlay(fake: &DarajaFake, extra: &str) -> String {
+    format!(
+        r#"
+[mpesa]
+enabled = true
+base_url = "{base}"
+consumer_key = "fake-consumer-key"
+consumer_secret = "fake-consumer-secret"
+short_code = "174379"
+passkey = "{SANDBOX_PASSKEY}"
+callback_secret = "{SECRET}"
+request_timeout_ms = 500
+{extra}
+
+[jobs]
+enabled = false
+
+[policy]
+default_profile = "dev"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+client_ids = []
+allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
+tool_calls_per_minute = {{}}
+issuer = ""
+"#,
+        base = fake.base_url()
+    )
+}
+
+struct Rig {
+    app: TestApp,
+    fake: DarajaFake,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn rig_with(extra: &str, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> Rig {
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), &overlay(&fake, extra), overrides, clock).await;
+    let client = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    Rig { app, fake, client, _dir: dir }
+}
+
+async fn rig() -> Rig {
+    rig_with("", &[], Arc::new(SystemClock)).await
+}
+
+fn collect(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "phone_number": "0712 345 678", "amount": amount,
+           "account_reference": "INV-1001", "description": "Order 1001"})
+}
+
+async fn payment(c: &Client, id: &str) -> Value {
+    ok(&call(c, "get_payment", json!({"payment_id": id})).await).clone()
+}
+
+fn callback_url(app: &TestApp, secret: &str) -> String {
+    format!("{}/callbacks/mpesa/stk/{secret}", app.base())
+}
+
+async fn audit_codes(app: &TestApp) -> Vec<String> {
+    let records = app.running.store.audit_list(None, 500).await.unwrap();
+    records.iter().filter(|r| r.tool == "mpesa_callback").filter_map(|r| r.code.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_collection_is_pending_until_the_callback_settles_it() {
+    let r = rig().await;
+    let c = &r.client;
+    let first = call(c, "request_mpesa_payment", collect("order-1001", "150")).await;
+    let p = ok(&first).clone();
+    assert_eq!((p["status"].as_str(), p["replayed"].as_bool()), (Some("pending"), Some(false)));
+    assert_eq!(p["amount"], "150.00");
+    assert_eq!(p["from_account"], "mpesa-254712345678");
+    assert_eq!(p["to_account"], "mpesa-collections");
+    let pushes = r.fake.pushes();
+    assert_eq!(pushes.len(), 1);
+    let push = &pushes[0];
+    assert_eq!((push.phone.as_str(), push.amount), ("254712345678", 150));
+    assert_eq!((push.account_reference.as_str(), push.description.as_str()), ("INV-1001", "Order 1001"));
+    assert!(push.callback_url.ends_with(&format!("/callbacks/mpesa/stk/{SECRET}")), "{}", push.callback_url);
+
+    let id = p["payment_id"].as_str().unwrap();
+    let pending = payment(c, id).await;
+    assert_eq!(pending["status"], "pending");
+    assert!(pending.get("receipt").is_none(), "no receipt before it settles");
+
+    // The agent retries (say the response was lost): the same payment, no second prompt.
+    let again = call(c, "request_mpesa_payment", collect("order-1001", "150")).await;
+    assert_eq!((ok(&again)["payment_id"].as_str(), ok(&again)["replayed"].as_bool()), (Some(id), Some(true)));
+    assert_eq!(r.fake.push_requests(), 1);
+
+    // The customer enters their PIN: Daraja calls back.
+    assert_eq!(r.fake.callback(&push.checkout_request_id, 0).await, 200);
+    let settled = payment(c, id).await;
+    assert_eq!(settled["status"], "succeeded");
+    let receipt = &settled["receipt"];
+    assert_eq!(receipt["rail"], "mpesa");
+    assert_eq!(receipt["checkout_request_id"], push.checkout_request_id.as_str());
+    let number = receipt["reference"].as_str().unwrap();
+    assert!(!number.is_empty() && number.chars().all(|ch| ch.is_ascii_alphanumeric()), "{number}");
+    assert_eq!(receipt["phone"], "25471****678", "the phone is masked");
+    // A replay now shows where it stands.
+    let replay = call(c, "request_mpesa_payment", collect("order-1001", "150")).await;
+    assert_eq!(ok(&replay)["status"], "succeeded");
+
+    // A second customer cancels the prompt.
+    let second = call(c, "request_mpesa_payment", collect("order-1002", "20.00")).await;
+    let id2 = ok(&second)["payment_id"].as_str().unwrap().to_string();
+    let push2 = r.fake.pushes()[1].clone();
+    assert_eq!(r.fake.callback(&push2.checkout_request_id, 1032).await, 200);
+    let failed = payment(c, &id2).await;
+    assert_eq!(failed["status"], "failed");
+    assert!(failed.get("receipt").is_none());
+
+    // Today's summary counts both, by status.
+    let s = ok(&call(c, "get_payment_summary", json!({"currency": "KES"})).await).clone();
+    let line = |status: &str| s["totals"].as_array().unwrap().iter().find(|l| l["status"] == status).cloned();
+    let ok_line = line("succeeded").expect("a succeeded line");
+    assert_eq!((ok_line["count"].as_i64(), ok_line["total"].as_str()), (Some(1), Some("150.00")));
+    let failed_line = line("failed").expect("a failed line");
+    assert_eq!((failed_line["count"].as_i64(), failed_line["total"].as_str()), (Some(1), Some("20.00")));
+    assert_eq!(audit_codes(&r.app).await.iter().filter(|c| *c == "SUCCEEDED" || *c == "FAILED").count(), 2);
+    r.app.assert_secrets_not_logged();
+    assert_not_logged(&[SECRET, "fake-consumer-secret", SANDBOX_PASSKEY]);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn an_stk_push_whose_answer_is_lost_is_never_sent_again() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", &[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")], clock.clone()).await;
+    let c = &r.client;
+    for (op, mode) in [("lost-1", PushMode::Hang), ("lost-2", PushMode::Fail500)] {
+        r.fake.set_push_mode(mode);
+        let before = r.fake.push_requests();
+        let first = call(c, "request_mpesa_payment", collect(op, "300")).await;
+        assert_eq!(code(&first), "OUTCOME_UNKNOWN", "{mode:?}");
+        assert_eq!(err(&first)["retryable"], true);
+        assert_eq!(r.fake.push_requests(), before + 1);
+        r.fake.set_push_mode(PushMode::Accept);
+        // While the first attempt's lease lasts, a retry is told to wait.
+        let busy = call(c, "request_mpesa_payment", collect(op, "300")).await;
+        assert_eq!(code(&busy), "OPERATION_IN_PROGRESS");
+        // After it, the retry takes the operation over, finds the push was sent, and does not send another.
+        clock.advance(120);
+        let retry = call(c, "request_mpesa_payment", collect(op, "300")).await;
+        assert_eq!(code(&retry), "OUTCOME_UNKNOWN");
+        assert_eq!(r.fake.push_requests(), before + 1, "{mode:?}: no second STK push");
+    }
+    // Reconciliation names both for a human.
+    clock.advance(120);
+    let rec = ok(&call(c, "reconcile", json!({})).await).clone();
+    let unknown = rec["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "outcome_unknown").count();
+    assert_eq!(unknown, 2, "{rec}");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
+    let r = rig().await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_mpesa_payment", collect("cb-1", "150")).await).clone();
+    let id = p["payment_id"].as_str().unwrap().to_string();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    let good = r.fake.callback_body(&checkout, 0);
+    let url = callback_url(&r.app, SECRET);
+    let http = reqwest::Client::new();
+
+    let mut wrong_amount = good.clone();
+    wrong_amount["Body"]["stkCallback"]["CallbackMetadata"]["Item"][0]["Value"] = json!(1.0);
+    let mut wrong_phone = good.clone();
+    wrong_phone["Body"]["stkCallback"]["CallbackMetadata"]["Item"][4]["Value"] = json!(254700000001u64);
+    let mut unknown_checkout = good.clone();
+    unknown_checkout["Body"]["stkCallback"]["CheckoutRequestID"] = json!("ws_CO_000000000000000000");
+    let mut unknown_code = r.fake.callback_body(&checkout, 1032);
+    unknown_code["Body"]["stkCallback"]["ResultCode"] = json!(7777);
+
+    let cases: Vec<(&str, String, Option<Value>, u16)> = vec![
+        ("wrong secret", callback_url(&r.app, "not-the-secret-000000000000"), Some(good.clone()), 404),
+        ("unknown checkout", url.clone(), Some(unknown_checkout), 404),
+        ("amount mismatch", url.clone(), Some(wrong_amount), 422),
+        ("phone mismatch", url.clone(), Some(wrong_phone), 422),
+        ("malformed JSON", url.clone(), None, 400),
+        ("unknown result code", url.clone(), Some(unknown_code), 200),
+    ];
+    for (what, to, body, status) in cases {
+        let req = http.post(&to).header("content-type", "application/json");
+        let req = match body {
+            Some(b) => req.json(&b),
+            None => req.body("{\"Body\": {\"stkCallback\": "),
+        };
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{what}");
+        assert_eq!(payment(c, &id).await["status"], "pending", "{what}: nothing settled");
+    }
+    assert_eq!(
+        audit_codes(&r.app).await.iter().rev().cloned().collect::<Vec<_>>(),
+        ["BAD_SECRET", "UNKNOWN_CHECKOUT", "AMOUNT_MISMATCH", "PHONE_MISMATCH", "MALFORMED", "UNRECOGNISED_RESULT"],
+        "every refusal and the unknown code are audited, in order"
+    );
+
+    // The real callback settles it; a duplicate and a late contrary one are refused.
+    assert_eq!(http.post(&url).json(&good).send().await.unwrap().status(), 200);
+    assert_eq!(payment(c, &id).await["status"], "succeeded");
+    assert_eq!(http.post(&url).json(&good).send().await.unwrap().status(), 409, "duplicate");
+    let late = r.fake.callback_body(&checkout, 1032);
+    assert_eq!(http.post(&url).json(&late).send().await.unwrap().status(), 409, "late");
+    assert_eq!(payment(c, &id).await["status"], "succeeded", "terminal states never change");
+    let codes = audit_codes(&r.app).await;
+    assert_eq!(codes.iter().filter(|c| *c == "DUPLICATE_OR_LATE").count(), 2, "{codes:?}");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn callbacks_from_addresses_not_allowed_are_refused() {
+    let r = rig_with("callback_allowed_ips = [\"10.9.9.9\"]", &[], Arc::new(SystemClock)).await;
+    let p = ok(&call(&r.client, "request_mpesa_payment", collect("ip-1", "150")).await).clone();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    assert_eq!(r.fake.callback(&checkout, 0).await, 403);
+    assert_eq!(payment(&r.client, p["payment_id"].as_str().unwrap()).await["status"], "pending");
+    assert_eq!(audit_codes(&r.app).await, ["SOURCE_NOT_ALLOWED"]);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn the_scheduled_query_settles_failures_and_leaves_success_to_the_callback() {
+    let r = rig().await;
+    let c = &r.client;
+    let a = ok(&call(c, "request_mpesa_payment", collect("poll-1", "100")).await).clone();
+    let b = ok(&call(c, "request_mpesa_payment", collect("poll-2", "100")).await).clone();
+    let pushes = r.fake.pushes();
+    r.fake.set_query(
+        &pushes[0].checkout_request_id,
+        QueryAnswer::Result(1037, "DS timeout user cannot be reached".into()),
+    );
+    r.fake.set_query(&pushes[1].checkout_request_id, QueryAnswer::Result(0, "processed successfully".into()));
+    assert_eq!(r.app.running.gateway.poll_mpesa(0).await, 1);
+    assert_eq!(payment(c, a["payment_id"].as_str().unwrap()).await["status"], "failed");
+    // A query carries no receipt: success waits for the callback.
+    assert_eq!(payment(c, b["payment_id"].as_str().unwrap()).await["status"], "pending");
+    assert_eq!(r.fake.callback(&pushes[1].checkout_request_id, 0).await, 200);
+    assert_eq!(payment(c, b["payment_id"].as_str().unwrap()).await["status"], "succeeded");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn policy_and_input_checks_come_before_any_push() {
+    let r = rig().await;
+    let c = &r.client;
+    let over = call(c, "request_mpesa_payment", collect("big-1", "5000")).await;
+    assert_eq!(code(&over), "APPROVAL_REQUIRED");
+    let cents = call(c, "request_mpesa_payment", collect("cents-1", "150.50")).await;
+    assert_eq!(code(&cents), "INVALID_ARGUMENT");
+    let mut bad_phone = collect("phone-1", "150");
+    bad_phone["phone_number"] = json!("+1 555 0100");
+    assert_eq!(code(&call(c, "request_mpesa_payment", bad_phone).await), "INVALID_ARGUMENT");
+    let mut long_ref = collect("ref-1", "150");
+    long_ref["account_reference"] = json!("THIRTEEN-CHAR");
+    assert_eq!(code(&call(c, "request_mpesa_payment", long_ref).await), "INVALID_ARGUMENT");
+    // Without payments:collect the call is refused at the HTTP layer (403 + insufficient_scope).
+    let reader = try_call(
+        &connect(&r.app.url, &r.app.token("dev-agent", "payments:read"), Era::Modern).await,
+        "request_mpesa_payment",
+        collect("scope-1", "150"),
+    )
+    .await;
+    assert!(reader.is_err(), "a token without payments:collect cannot collect");
+    assert_eq!(r.fake.push_requests(), 0, "nothing reached Daraja");
+    r.app.stop().await;
+}
+
+async fn try_call(client: &Client, tool: &str, args: Value) -> Result<rmcp::model::CallToolResult, rmcp::ServiceError> {
+    let args = args.as_object().cloned().unwrap_or_default();
+    client.call_tool(rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args)).await
+}

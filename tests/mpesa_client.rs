@@ -1,0 +1,382 @@
+//! The Daraja client against the local Daraja fake (tests/common/daraja.rs): OAuth caching and
+//! refresh, STK push and query, and how each failure maps to Rejected / Unavailable / OutcomeUnknown.
+
+#[path = "common/daraja.rs"]
+mod daraja;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use daraja::{DarajaFake, FakeConfig, PushMode, QueryAnswer};
+use paygate::backend::mpesa::daraja::{
+    DarajaClient, DarajaConfig, DarajaError, StkPush, StkQueryOutcome, failure_reason, normalize_phone, parse_callback,
+    timestamp_eat,
+};
+use paygate::clock::{Clock, ManualClock};
+
+const T0: i64 = 1_700_000_000;
+const CALLBACK_URL: &str = "https://paygate.example/callbacks/mpesa/s3cr3t-path";
+
+struct Harness {
+    fake: DarajaFake,
+    clock: ManualClock,
+    client: DarajaClient,
+}
+
+async fn harness() -> Harness {
+    harness_with(|_| {}).await
+}
+
+async fn harness_with(adjust: impl FnOnce(&mut DarajaConfig)) -> Harness {
+    let clock = ManualClock::new(T0);
+    let fake = DarajaFake::start(FakeConfig { clock: Arc::new(clock.clone()), ..FakeConfig::default() }).await;
+    let mut cfg = fake.client_config(CALLBACK_URL);
+    adjust(&mut cfg);
+    let client = DarajaClient::new(cfg, Arc::new(clock.clone())).expect("client");
+    Harness { fake, clock, client }
+}
+
+fn push(amount_whole: i64) -> StkPush {
+    StkPush {
+        phone: normalize_phone("0712 345 678").unwrap(),
+        amount_whole,
+        account_reference: "INV-1".into(),
+        description: "Order 1".into(),
+    }
+}
+
+/// Bounds every call so a bug can never hang the test binary.
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), f).await.expect("call did not finish")
+}
+
+#[tokio::test]
+async fn token_is_fetched_once_and_cached_across_calls() {
+    let h = harness().await;
+    let a = h.client.stk_push(&push(10)).await.unwrap();
+    let b = h.client.stk_push(&push(20)).await.unwrap();
+    assert_ne!(a.checkout_request_id, b.checkout_request_id);
+    assert_eq!(h.client.stk_query(&a.checkout_request_id).await.unwrap(), StkQueryOutcome::Pending);
+    assert_eq!(h.fake.token_requests(), 1);
+    assert_eq!(h.fake.pushes().len(), 2);
+}
+
+#[tokio::test]
+async fn token_is_refreshed_after_expiry_minus_margin() {
+    // The fake says expires_in "3599"; the margin is 60 s: the token is used for 3539 s.
+    let h = harness().await;
+    h.client.stk_push(&push(10)).await.unwrap();
+    h.clock.advance(3538);
+    h.client.stk_push(&push(10)).await.unwrap();
+    assert_eq!(h.fake.token_requests(), 1);
+    h.clock.advance(1);
+    h.client.stk_push(&push(10)).await.unwrap();
+    assert_eq!(h.fake.token_requests(), 2);
+    // Long after the fake's own expiry, the client still never sends a dead token.
+    h.clock.advance(10 * 3600);
+    h.client.stk_push(&push(10)).await.unwrap();
+    assert_eq!(h.fake.token_requests(), 3);
+    assert_eq!(h.fake.push_requests(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_share_one_token_fetch() {
+    let h = harness().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let client = h.client.clone();
+        tasks.spawn(async move { client.stk_push(&push(10 + i)).await });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.unwrap().unwrap();
+    }
+    assert_eq!(h.fake.token_requests(), 1);
+    assert_eq!(h.fake.pushes().len(), 8);
+}
+
+#[tokio::test]
+async fn stk_push_sends_what_daraja_accepts() {
+    let h = harness().await;
+    let accepted = h
+        .client
+        .stk_push(&StkPush {
+            phone: normalize_phone("+254 110-345-678").unwrap(),
+            amount_whole: 150,
+            account_reference: "  INV-2024-000123-LONG".into(),
+            description: "Order\n42 – café payment".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(accepted.customer_message, "Success. Request accepted for processing");
+    assert!(!accepted.merchant_request_id.is_empty());
+    // The fake checked Basic auth, the bearer token, the password, the timestamp and every field.
+    let recorded = h.fake.push(&accepted.checkout_request_id).expect("recorded");
+    assert_eq!(recorded.phone, "254110345678");
+    assert_eq!(recorded.party_a, "254110345678");
+    assert_eq!(recorded.party_b, daraja::SANDBOX_SHORT_CODE);
+    assert_eq!(recorded.amount, 150);
+    assert_eq!(recorded.account_reference, "INV-2024-000");
+    assert_eq!(recorded.description, "Order42 – caf", "13 characters, not bytes");
+    assert_eq!(recorded.callback_url, CALLBACK_URL);
+    assert_eq!(recorded.transaction_type, "CustomerPayBillOnline");
+    assert_eq!(recorded.timestamp, timestamp_eat(h.clock.now()));
+}
+
+#[tokio::test]
+async fn invalid_push_is_rejected_before_anything_is_sent() {
+    let h = harness().await;
+    for bad in [
+        push(0),
+        push(-5),
+        StkPush { account_reference: " \n ".into(), ..push(10) },
+        StkPush { description: "\u{7}".into(), ..push(10) },
+    ] {
+        match h.client.stk_push(&bad).await {
+            Err(DarajaError::Rejected { code, .. }) => assert_eq!(code, "paygate.invalid_request"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert_eq!(h.fake.token_requests(), 0);
+    assert_eq!(h.fake.push_requests(), 0);
+}
+
+#[tokio::test]
+async fn refused_push_is_rejected() {
+    let h = harness().await;
+    h.fake.set_push_mode(PushMode::Reject);
+    match h.client.stk_push(&push(10)).await {
+        Err(DarajaError::Rejected { code, message }) => {
+            assert_eq!(code, "400.002.02");
+            assert!(message.starts_with("Bad Request - Invalid"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h.fake.pushes().is_empty());
+}
+
+#[tokio::test]
+async fn hung_push_is_outcome_unknown_within_the_request_timeout() {
+    let h = harness_with(|c| c.request_timeout = Duration::from_millis(300)).await;
+    h.fake.set_push_mode(PushMode::Hang);
+    match bounded(h.client.stk_push(&push(10))).await {
+        Err(DarajaError::OutcomeUnknown(why)) => assert!(why.contains("timed out"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Daraja did get it: this is exactly why the outcome is unknown, not unavailable.
+    assert_eq!(bounded(h.fake.wait_for_pushes(1)).await.len(), 1);
+    assert_eq!(h.fake.push_requests(), 1, "a push is never retried after an unknown outcome");
+}
+
+#[tokio::test]
+async fn push_answered_with_500_is_outcome_unknown() {
+    let h = harness().await;
+    h.fake.set_push_mode(PushMode::Fail500);
+    match h.client.stk_push(&push(10)).await {
+        Err(DarajaError::OutcomeUnknown(why)) => assert!(why.contains("500"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fake.push_requests(), 1, "a push is never retried after an unknown outcome");
+}
+
+#[tokio::test]
+async fn query_maps_processing_to_pending_and_results_to_completed() {
+    let h = harness().await;
+    let id = h.client.stk_push(&push(10)).await.unwrap().checkout_request_id;
+    assert_eq!(h.client.stk_query(&id).await.unwrap(), StkQueryOutcome::Pending);
+    h.fake.set_query(&id, QueryAnswer::Processing);
+    assert_eq!(h.client.stk_query(&id).await.unwrap(), StkQueryOutcome::Pending);
+    h.fake.set_query(&id, QueryAnswer::Result(1032, "Request cancelled by user".into()));
+    let outcome = h.client.stk_query(&id).await.unwrap();
+    assert_eq!(
+        outcome,
+        StkQueryOutcome::Completed { result_code: 1032, result_desc: "Request cancelled by user".into() }
+    );
+    assert_eq!(failure_reason(1032), Some("cancelled by the customer"));
+    h.fake.set_query(&id, QueryAnswer::Result(0, "The service request is processed successfully.".into()));
+    match h.client.stk_query(&id).await.unwrap() {
+        StkQueryOutcome::Completed { result_code: 0, .. } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn query_for_an_unknown_checkout_is_rejected() {
+    let h = harness().await;
+    match h.client.stk_query("ws_CO_000000000000000000").await {
+        Err(DarajaError::Rejected { code, .. }) => assert_eq!(code, "400.002.02"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn hung_query_is_unavailable_because_a_query_is_read_only() {
+    let h = harness_with(|c| c.request_timeout = Duration::from_millis(300)).await;
+    let id = h.client.stk_push(&push(10)).await.unwrap().checkout_request_id;
+    h.fake.set_query(&id, QueryAnswer::Hang);
+    match bounded(h.client.stk_query(&id)).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("timed out"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_401_refreshes_the_token_and_retries_once() {
+    let h = harness().await;
+    h.client.stk_push(&push(10)).await.unwrap();
+    h.fake.revoke_tokens();
+    h.client.stk_push(&push(20)).await.unwrap();
+    assert_eq!(h.fake.token_requests(), 2);
+    assert_eq!(h.fake.push_requests(), 3, "first push, refused push, retried push");
+    assert_eq!(h.fake.pushes().len(), 2);
+
+    h.fake.revoke_tokens();
+    let id = h.fake.pushes()[0].checkout_request_id.clone();
+    assert_eq!(h.client.stk_query(&id).await.unwrap(), StkQueryOutcome::Pending);
+    assert_eq!(h.fake.token_requests(), 3);
+}
+
+#[tokio::test]
+async fn a_token_refused_twice_is_unavailable_not_a_loop() {
+    let h = harness().await;
+    h.fake.set_reject_all_tokens(true);
+    match h.client.stk_push(&push(10)).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("404.001.03"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fake.token_requests(), 2);
+    assert_eq!(h.fake.push_requests(), 2);
+    assert!(h.fake.pushes().is_empty());
+}
+
+#[tokio::test]
+async fn wrong_consumer_secret_is_unavailable_and_never_printed() {
+    let h = harness_with(|c| c.consumer_secret = paygate::auth::Secret::new("wrong-consumer-secret".into())).await;
+    let err = h.client.stk_push(&push(10)).await.unwrap_err();
+    assert!(matches!(err, DarajaError::Unavailable(_)), "{err:?}");
+    let text = format!("{err} {err:?} {:?}", h.client);
+    assert!(!text.contains("wrong-consumer-secret"), "{text}");
+    assert_eq!(h.fake.push_requests(), 0);
+}
+
+#[tokio::test]
+async fn connection_refused_is_unavailable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let h = harness_with(|c| c.base_url = format!("http://127.0.0.1:{port}")).await;
+    for err in [h.client.stk_push(&push(10)).await.unwrap_err(), h.client.stk_query("ws_CO_1").await.unwrap_err()] {
+        assert!(matches!(err, DarajaError::Unavailable(_)), "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn bad_config_is_refused_at_construction() {
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0));
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    type Adjust = fn(&mut DarajaConfig);
+    let cases: [(&str, Adjust); 5] = [
+        ("transaction_type", |c| c.transaction_type = "CustomerPayBill".into()),
+        ("base_url", |c| c.base_url = "ftp://x".into()),
+        ("callback_url", |c| c.callback_url = "paygate.example/cb".into()),
+        ("short_code", |c| c.short_code = "17437a".into()),
+        ("token_refresh_margin_secs", |c| c.token_refresh_margin_secs = -1),
+    ];
+    for (needle, adjust) in cases {
+        let mut cfg = fake.client_config(CALLBACK_URL);
+        adjust(&mut cfg);
+        match DarajaClient::new(cfg, clock.clone()) {
+            Err(DarajaError::Config(why)) => assert!(why.contains(needle), "{why}"),
+            other => panic!("{needle}: {other:?}"),
+        }
+    }
+}
+
+/// Everything logged while the client runs, at every level: no token, key or passkey appears.
+#[derive(Clone)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn secrets_and_tokens_never_reach_logs_or_errors() {
+    let buf = Captured(Arc::new(Mutex::new(Vec::new())));
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let h = harness().await;
+    let id = h.client.stk_push(&push(10)).await.unwrap().checkout_request_id;
+    h.fake.revoke_tokens();
+    h.client.stk_query(&id).await.unwrap();
+    h.fake.set_reject_all_tokens(true);
+    let err = h.client.stk_push(&push(10)).await.unwrap_err();
+
+    let cfg = FakeConfig::default();
+    let logs = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("daraja"), "the client logged nothing: {logs}");
+    let everything = format!("{logs}\n{err}\n{err:?}\n{:?}\n{:?}", h.client, h.fake.client_config(CALLBACK_URL));
+    for secret in [cfg.consumer_key.as_str(), cfg.consumer_secret.as_str(), cfg.passkey.as_str(), "fake-access-token"] {
+        assert!(!everything.contains(secret), "{secret} leaked:\n{everything}");
+    }
+}
+
+#[derive(Clone, Default)]
+struct Inbox(Arc<Mutex<Vec<Bytes>>>);
+
+async fn receive(State(inbox): State<Inbox>, body: Bytes) -> &'static str {
+    inbox.0.lock().unwrap().push(body);
+    "ok"
+}
+
+#[tokio::test]
+async fn fake_callbacks_parse_with_the_client_parser() {
+    let inbox = Inbox::default();
+    let app = axum::Router::new().route("/cb/{secret}", axum::routing::post(receive)).with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cb_url = format!("http://{}/cb/s3cr3t", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let h = harness_with(|c| c.callback_url = cb_url.clone()).await;
+    let ok = h.client.stk_push(&push(150)).await.unwrap();
+    let cancelled = h.client.stk_push(&push(20)).await.unwrap();
+    assert_eq!(h.fake.callback(&ok.checkout_request_id, 0).await, reqwest::StatusCode::OK);
+    assert_eq!(h.fake.callback(&cancelled.checkout_request_id, 1032).await, reqwest::StatusCode::OK);
+
+    let received = inbox.0.lock().unwrap().clone();
+    assert_eq!(received.len(), 2);
+    let success = parse_callback(&received[0]).unwrap();
+    assert_eq!(success.checkout_request_id, ok.checkout_request_id);
+    assert_eq!(success.merchant_request_id, ok.merchant_request_id);
+    assert_eq!(success.result_code, 0);
+    assert_eq!(success.amount_minor, Some(15_000));
+    assert_eq!(success.phone.as_deref(), Some("254712345678"));
+    assert_eq!(success.receipt.as_ref().map(String::len), Some(10));
+    assert_eq!(success.transaction_date, Some(timestamp_eat(h.clock.now())));
+    let failure = parse_callback(&received[1]).unwrap();
+    assert_eq!((failure.result_code, failure.amount_minor, failure.receipt), (1032, None, None));
+
+    // After the callback, a query answers the same result.
+    let outcome = h.client.stk_query(&cancelled.checkout_request_id).await.unwrap();
+    assert!(matches!(outcome, StkQueryOutcome::Completed { result_code: 1032, .. }), "{outcome:?}");
+
+    // callback_body lets tests tamper; callback_to posts anything anywhere.
+    let mut forged = h.fake.callback_body(&ok.checkout_request_id, 0);
+    forged["Body"]["stkCallback"]["CallbackMetadata"]["Item"][0]["Value"] = serde_json::json!("1.00");
+    assert_eq!(parse_callback(&serde_json::to_vec(&forged).unwrap()).unwrap().amount_minor, Some(100));
+    assert_eq!(h.fake.callback_to(&cb_url, forged).await, reqwest::StatusCode::OK);
+    assert_eq!(inbox.0.lock().unwrap().len(), 3);
+    server.abort();
+}
