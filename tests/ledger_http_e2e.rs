@@ -300,3 +300,49 @@ async fn the_summary_matches_the_embedded_ledger() {
     assert_eq!(code(&call(&c, "get_payment_summary", json!({"from": "last tuesday"})).await), "INVALID_ARGUMENT");
     app.stop().await;
 }
+
+/// The binaries as an operator runs them: `paygate ledger-serve`, a gateway on `backend.kind = "http"`
+/// in front of it, and `paygate reconcile` over the gateway's data directory.
+#[tokio::test]
+async fn the_cli_runs_ledger_serve_a_gateway_on_it_and_reconcile() {
+    use std::io::BufRead;
+    let ledger_dir = tempfile::tempdir().unwrap();
+    let mut ledger = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+        .args(["ledger-serve", "--bind", "127.0.0.1:0"])
+        .env("PAYGATE_LEDGER_SERVE_CREDENTIAL", CREDENTIAL)
+        .env("PAYGATE_STORAGE__DATA_DIR", ledger_dir.path())
+        .env("PAYGATE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(ledger.stdout.take().unwrap()).lines();
+    let ledger_url = lines
+        .find_map(|l| l.ok()?.strip_prefix("paygate ledger service: ").map(str::to_string))
+        .expect("ledger-serve prints its URL");
+    let _ledger = Proc::adopt(ledger);
+
+    let gw_dir = tempfile::tempdir().unwrap();
+    let data_dir = gw_dir.path().display().to_string();
+    let env = [
+        ("PAYGATE_STORAGE__DATA_DIR", data_dir.as_str()),
+        ("PAYGATE_BACKEND__KIND", "http"),
+        ("PAYGATE_BACKEND__HTTP_URL", ledger_url.as_str()),
+        ("PAYGATE_BACKEND__HTTP_CREDENTIAL", CREDENTIAL),
+    ];
+    let gateway = spawn_binary(&env);
+    let c = connect(&gateway.url, &gateway.token, Era::Legacy).await;
+    ok(&call(&c, "create_payment", pay("cli-1", "75.00")).await);
+    assert_eq!(balance(&c, "acct-B").await, "75.00", "the ledger service's demo accounts");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+        .arg("reconcile")
+        .envs(env)
+        .env("PAYGATE_LOG", "warn")
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).expect("reconcile prints JSON");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!((report["backend"].as_str(), report["checked"].as_i64()), (Some("http"), Some(2)), "{report}");
+    assert_eq!(report["findings"], json!([]));
+}

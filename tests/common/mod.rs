@@ -294,6 +294,11 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Own a child started elsewhere (killed and reaped on drop).
+    pub fn adopt(child: std::process::Child) -> Proc {
+        Proc { child, url: String::new(), token: String::new() }
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
