@@ -57,7 +57,7 @@ fn backend(
     let http = crate::backend::http::HttpLedger::new(
         crate::backend::http::HttpLedgerConfig {
             base_url: b.http_url.trim_end_matches('/').to_string(),
-            credential: Secret::new(b.http_credential.clone()),
+            credential: b.http_credential.clone(),
             connect_timeout: Duration::from_millis(b.http_connect_timeout_ms as u64),
             request_timeout: Duration::from_millis(b.http_request_timeout_ms as u64),
             retries_max: b.http_retries_max as u32,
@@ -399,7 +399,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         let m = &config.mpesa;
         let callback_base =
             if m.callback_base_url.is_empty() { public_url.clone() } else { m.callback_base_url.clone() };
-        let secret = Secret::new(m.callback_secret.clone());
+        let secret = m.callback_secret.clone();
         let client = crate::backend::mpesa::daraja::DarajaClient::new(
             crate::backend::mpesa::daraja::DarajaConfig {
                 base_url: match (m.base_url.as_str(), m.environment.as_str()) {
@@ -407,10 +407,10 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
                     ("", _) => crate::backend::mpesa::daraja::SANDBOX_BASE_URL.to_string(),
                     (url, _) => url.trim_end_matches('/').to_string(),
                 },
-                consumer_key: Secret::new(m.consumer_key.clone()),
-                consumer_secret: Secret::new(m.consumer_secret.clone()),
+                consumer_key: m.consumer_key.clone(),
+                consumer_secret: m.consumer_secret.clone(),
                 short_code: m.short_code.clone(),
-                passkey: Secret::new(m.passkey.clone()),
+                passkey: m.passkey.clone(),
                 callback_url: format!(
                     "{}/callbacks/mpesa/stk/{}",
                     callback_base.trim_end_matches('/'),

@@ -202,7 +202,7 @@ pub struct BackendConfig {
     /// "ledger" or "http".
     pub kind: String,
     pub http_url: String,
-    pub http_credential: String,
+    pub http_credential: crate::auth::Secret,
     pub http_connect_timeout_ms: i64,
     pub http_request_timeout_ms: i64,
     pub http_retries_max: i64,
@@ -218,14 +218,14 @@ pub struct MpesaConfig {
     /// "sandbox" or "production"; `base_url` overrides it.
     pub environment: String,
     pub base_url: String,
-    pub consumer_key: String,
-    pub consumer_secret: String,
+    pub consumer_key: crate::auth::Secret,
+    pub consumer_secret: crate::auth::Secret,
     pub short_code: String,
-    pub passkey: String,
+    pub passkey: crate::auth::Secret,
     pub transaction_type: String,
     pub party_b: String,
     pub account: String,
-    pub callback_secret: String,
+    pub callback_secret: crate::auth::Secret,
     pub callback_base_url: String,
     pub callback_allowed_ips: Vec<String>,
     pub connect_timeout_ms: i64,
@@ -305,7 +305,7 @@ impl Config {
                         "backend.http_url must be an http(s) URL with backend.kind = \"http\"".into(),
                     ));
                 }
-                if b.http_credential.is_empty() {
+                if b.http_credential.expose().is_empty() {
                     return Err(ConfigError::Invalid(
                         "backend.http_credential is required with backend.kind = \"http\"".into(),
                     ));
@@ -328,18 +328,18 @@ impl Config {
                 return Err(ConfigError::Invalid("mpesa.environment must be \"sandbox\" or \"production\"".into()));
             }
             for (key, v) in [
-                ("mpesa.consumer_key", &m.consumer_key),
-                ("mpesa.consumer_secret", &m.consumer_secret),
-                ("mpesa.short_code", &m.short_code),
-                ("mpesa.passkey", &m.passkey),
+                ("mpesa.consumer_key", m.consumer_key.expose()),
+                ("mpesa.consumer_secret", m.consumer_secret.expose()),
+                ("mpesa.short_code", m.short_code.as_str()),
+                ("mpesa.passkey", m.passkey.expose()),
             ] {
                 if v.is_empty() {
                     return Err(ConfigError::Invalid(format!("{key} is required with mpesa.enabled")));
                 }
             }
             // Daraja callbacks are unsigned: the path secret is what tells a real one from a forgery.
-            if m.callback_secret.len() < 24
-                || !m.callback_secret.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+            if m.callback_secret.expose().len() < 24
+                || !m.callback_secret.expose().bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
             {
                 return Err(ConfigError::Invalid(
                     "mpesa.callback_secret must be at least 24 URL-safe characters (letters, digits, - and _)".into(),
@@ -352,6 +352,24 @@ impl Config {
                     ConfigError::Invalid(format!("mpesa.callback_allowed_ips: {ip:?} is not an IP address"))
                 })?;
             }
+        }
+        // One call must end within the idempotency lease; otherwise a retry takes the operation over
+        // while the first attempt is still talking to the rail (safe, but it turns a slow success
+        // into OUTCOME_UNKNOWN).
+        let lease_ms = self.idempotency.lease_secs * 1000;
+        let http_worst_ms = (b.http_retries_max + 1) * (b.http_request_timeout_ms + 1000);
+        if b.kind == "http" && http_worst_ms >= lease_ms {
+            return Err(ConfigError::Invalid(format!(
+                "backend: (http_retries_max + 1) × (http_request_timeout_ms + 1 s backoff) = {http_worst_ms} ms must be \
+                 under idempotency.lease_secs ({lease_ms} ms)"
+            )));
+        }
+        // A push may take a token fetch, the push, a token refresh and the push again.
+        if m.enabled && 4 * m.request_timeout_ms >= lease_ms {
+            return Err(ConfigError::Invalid(format!(
+                "mpesa: 4 × request_timeout_ms = {} ms must be under idempotency.lease_secs ({lease_ms} ms)",
+                4 * m.request_timeout_ms
+            )));
         }
         let j = &self.jobs;
         range("jobs.tick_ms", j.tick_ms, 10, 60_000)?;
@@ -580,5 +598,33 @@ mod tests {
         assert!(matches!(Config::load(None, env(&[("PAYGATE_SERVER__NOPE", "1")])), Err(ConfigError::UnknownEnv(_))));
         assert!(Config::load(None, env(&[("PAYGATE_SERVER__PUBLIC_URL", "https://x/mcp")])).is_err());
         assert!(Config::load(None, env(&[("PAYGATE_AUTH__JWKS_URL", "https://idp/jwks")])).is_err());
+    }
+
+    #[test]
+    fn rails_need_their_settings_and_fit_the_lease() {
+        let http = [("PAYGATE_BACKEND__KIND", "http"), ("PAYGATE_BACKEND__HTTP_URL", "http://127.0.0.1:8090")];
+        assert!(Config::load(None, env(&http)).is_err(), "a credential is required");
+        let mut ok = http.to_vec();
+        ok.push(("PAYGATE_BACKEND__HTTP_CREDENTIAL", "s3cret"));
+        let c = Config::load(None, env(&ok)).unwrap();
+        assert_eq!(format!("{:?}", c.backend.http_credential), "Secret(***)", "secrets never print");
+        let mut slow = ok.clone();
+        slow.push(("PAYGATE_BACKEND__HTTP_REQUEST_TIMEOUT_MS", "20000"));
+        assert!(Config::load(None, env(&slow)).is_err(), "3 × 21 s does not fit a 30 s lease");
+        assert!(Config::load(None, env(&[("PAYGATE_BACKEND__KIND", "ftp")])).is_err());
+        let mpesa = [
+            ("PAYGATE_MPESA__ENABLED", "true"),
+            ("PAYGATE_MPESA__CONSUMER_KEY", "k"),
+            ("PAYGATE_MPESA__CONSUMER_SECRET", "s"),
+            ("PAYGATE_MPESA__SHORT_CODE", "174379"),
+            ("PAYGATE_MPESA__PASSKEY", "p"),
+        ];
+        assert!(Config::load(None, env(&mpesa)).is_err(), "a callback secret is required");
+        let mut with_secret = mpesa.to_vec();
+        with_secret.push(("PAYGATE_MPESA__CALLBACK_SECRET", "short"));
+        assert!(Config::load(None, env(&with_secret)).is_err(), "and it must be long");
+        with_secret.pop();
+        with_secret.push(("PAYGATE_MPESA__CALLBACK_SECRET", "a-callback-secret-of-enough-length"));
+        assert!(Config::load(None, env(&with_secret)).is_ok());
     }
 }

@@ -346,3 +346,87 @@ async fn the_cli_runs_ledger_serve_a_gateway_on_it_and_reconcile() {
     assert_eq!((report["backend"].as_str(), report["checked"].as_i64()), (Some("http"), Some(2)), "{report}");
     assert_eq!(report["findings"], json!([]));
 }
+
+/// A retry that finds the record an earlier attempt opened (the ledger applied it, then the attempt
+/// died) never reports "nothing moved" and never gives the draws back when the ledger is unreachable.
+#[tokio::test]
+async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
+    use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
+    use paygate::backend::journal::Journaled;
+    use paygate::backend::{BackendError, DailyBudget, Guards, PaymentBackend, TransferRequest};
+    let r = rig().await;
+    let clock: Arc<dyn Clock> = Arc::new(r.clock.clone());
+    let gateway_store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+    let http = HttpLedger::new(
+        HttpLedgerConfig {
+            base_url: r.proxy.url(),
+            credential: Secret::new(CREDENTIAL.into()),
+            connect_timeout: std::time::Duration::from_secs(1),
+            request_timeout: std::time::Duration::from_secs(1),
+            retries_max: 0,
+            breaker_failures_max: 100,
+            breaker_open: std::time::Duration::from_secs(1),
+        },
+        clock.clone(),
+    )
+    .unwrap();
+    let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone());
+    let today = r.clock.now() - r.clock.now().rem_euclid(86_400);
+    let budget =
+        || Guards { budget: Some(DailyBudget { since: today, max_minor: 1_000_000, max_payments: 1 }), mandate: None };
+    let first_id = PaymentId::generate();
+    let request = |id: &PaymentId| TransferRequest {
+        idempotency_key: "k-dead".into(),
+        alias_key: None,
+        payment_id: id.clone(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: paygate::money::Money::parse("10.00", Currency::parse("KES").unwrap()).unwrap(),
+        memo: None,
+        principal_sub: "dev-agent".into(),
+        guards: budget(),
+        audit: None,
+    };
+    // Attempt 1: opened the record, the ledger applied it, and the attempt died before recording.
+    let rec = paygate::store::RailPayment {
+        id: first_id.clone(),
+        idempotency_key: "k-dead".into(),
+        rail: "http".into(),
+        kind: PaymentKind::Payment,
+        state: RailState::Submitting,
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount_minor: 1_000,
+        currency: Currency::parse("KES").unwrap(),
+        refund_of: None,
+        memo: None,
+        principal_sub: "dev-agent".into(),
+        mandate_id: None,
+        rail_ref: None,
+        receipt: None,
+        phone: None,
+        reason: None,
+        created_at: 0,
+        updated_at: 0,
+    };
+    assert!(gateway_store.rail_open(rec, budget(), r.clock.now()).await.unwrap().created);
+    let applied = r.ledger.ledger_transfer(request(&first_id), r.clock.now()).await.unwrap();
+    // Attempt 2 cannot reach the ledger: the outcome is unknown, not "nothing moved".
+    r.proxy.set_mode(Mode::Refuse).await;
+    let retry = journal.transfer(request(&PaymentId::generate())).await;
+    assert!(matches!(retry, Err(BackendError::OutcomeUnknown(_))), "{retry:?}");
+    let kept = gateway_store.rail_by_key("k-dead").await.unwrap().expect("the record is kept");
+    assert_eq!(kept.state, RailState::Unknown);
+    // Its draw was not given back: the day's one payment is still taken.
+    let other =
+        journal.transfer(TransferRequest { idempotency_key: "k-other".into(), ..request(&PaymentId::generate()) });
+    let other = other.await;
+    assert!(matches!(other, Err(BackendError::BudgetExceeded(_))), "{other:?}");
+    // Attempt 3 reaches the ledger: the same payment, once.
+    r.proxy.set_mode(Mode::PassThrough).await;
+    let settled = journal.transfer(request(&PaymentId::generate())).await.unwrap();
+    assert_eq!(settled.id, applied.id);
+    assert_eq!(gateway_store.rail_by_key("k-dead").await.unwrap().unwrap().state, RailState::Succeeded);
+    assert_eq!(ledger_payments(&r).await.len(), 1);
+    r.app.stop().await;
+}

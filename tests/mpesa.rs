@@ -225,7 +225,9 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
         "every refusal and the unknown code are audited, in order"
     );
 
-    // The real callback settles it; a duplicate and a late contrary one are refused.
+    // The real callback (which Daraja's query confirms) settles it; a duplicate and a late contrary
+    // one are refused.
+    r.fake.set_query(&checkout, QueryAnswer::Result(0, "processed successfully".into()));
     assert_eq!(http.post(&url).json(&good).send().await.unwrap().status(), 200);
     assert_eq!(payment(c, &id).await["status"], "succeeded");
     assert_eq!(http.post(&url).json(&good).send().await.unwrap().status(), 409, "duplicate");
@@ -249,24 +251,116 @@ async fn callbacks_from_addresses_not_allowed_are_refused() {
 }
 
 #[tokio::test]
-async fn the_scheduled_query_settles_failures_and_leaves_success_to_the_callback() {
+async fn the_scheduled_query_settles_pending_pushes_and_the_callback_adds_the_receipt() {
     let r = rig().await;
     let c = &r.client;
     let a = ok(&call(c, "request_mpesa_payment", collect("poll-1", "100")).await).clone();
     let b = ok(&call(c, "request_mpesa_payment", collect("poll-2", "100")).await).clone();
+    let d = ok(&call(c, "request_mpesa_payment", collect("poll-3", "100")).await).clone();
     let pushes = r.fake.pushes();
     r.fake.set_query(
         &pushes[0].checkout_request_id,
         QueryAnswer::Result(1037, "DS timeout user cannot be reached".into()),
     );
     r.fake.set_query(&pushes[1].checkout_request_id, QueryAnswer::Result(0, "processed successfully".into()));
-    assert_eq!(r.app.running.gateway.poll_mpesa(0).await, 1);
-    assert_eq!(payment(c, a["payment_id"].as_str().unwrap()).await["status"], "failed");
-    // A query carries no receipt: success waits for the callback.
-    assert_eq!(payment(c, b["payment_id"].as_str().unwrap()).await["status"], "pending");
+    // pushes[2] is still being processed.
+    let budget = std::time::Duration::from_secs(10);
+    assert_eq!(r.app.running.gateway.poll_mpesa(0, budget).await, 2);
+    let status = |p: Value| p["status"].as_str().unwrap().to_string();
+    assert_eq!(status(payment(c, a["payment_id"].as_str().unwrap()).await), "failed");
+    assert_eq!(status(payment(c, d["payment_id"].as_str().unwrap()).await), "pending");
+    // Daraja's query says it succeeded (a lost callback cannot leave a paid collection pending);
+    // the receipt number comes with the callback, when it arrives.
+    let paid = payment(c, b["payment_id"].as_str().unwrap()).await;
+    assert_eq!(status(paid.clone()), "succeeded");
+    assert!(paid.get("receipt").is_none(), "{paid}");
     assert_eq!(r.fake.callback(&pushes[1].checkout_request_id, 0).await, 200);
-    assert_eq!(payment(c, b["payment_id"].as_str().unwrap()).await["status"], "succeeded");
+    let paid = payment(c, b["payment_id"].as_str().unwrap()).await;
+    assert!(paid["receipt"]["reference"].as_str().is_some_and(|n| !n.is_empty()), "{paid}");
+    // Only a receipt can be added: a contrary late callback is still refused.
+    assert_eq!(r.fake.callback(&pushes[1].checkout_request_id, 1032).await, 409);
+    assert_eq!(status(payment(c, b["payment_id"].as_str().unwrap()).await), "succeeded");
     r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_success_callback_is_confirmed_by_query_before_it_credits() {
+    let r = rig().await;
+    let c = &r.client;
+    let http = reqwest::Client::new();
+    let url = callback_url(&r.app, SECRET);
+    let forged = ok(&call(c, "request_mpesa_payment", collect("confirm-1", "100")).await).clone();
+    let slow = ok(&call(c, "request_mpesa_payment", collect("confirm-2", "100")).await).clone();
+    let pushes = r.fake.pushes();
+    // A success callback that Daraja's own query contradicts (the customer cancelled): refused, and
+    // the query's answer settles it.
+    r.fake.set_query(&pushes[0].checkout_request_id, QueryAnswer::Result(1032, "Request cancelled by user".into()));
+    let body = r.fake.callback_body(&pushes[0].checkout_request_id, 0);
+    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status(), 422);
+    assert_eq!(payment(c, forged["payment_id"].as_str().unwrap()).await["status"], "failed");
+    // A success callback Daraja cannot confirm yet: acknowledged, kept pending with its receipt,
+    // and settled by the scheduled query.
+    let body = r.fake.callback_body(&pushes[1].checkout_request_id, 0);
+    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status(), 200);
+    let id = slow["payment_id"].as_str().unwrap();
+    assert_eq!(payment(c, id).await["status"], "pending");
+    r.fake.set_query(&pushes[1].checkout_request_id, QueryAnswer::Result(0, "processed successfully".into()));
+    assert_eq!(r.app.running.gateway.poll_mpesa(0, std::time::Duration::from_secs(10)).await, 1);
+    let settled = payment(c, id).await;
+    assert_eq!(settled["status"], "succeeded");
+    let receipt = body["Body"]["stkCallback"]["CallbackMetadata"]["Item"][1]["Value"].clone();
+    assert_eq!(settled["receipt"]["reference"], receipt, "the callback's receipt was kept");
+    let codes = audit_codes(&r.app).await;
+    assert!(
+        codes.contains(&"NOT_CONFIRMED".to_string()) && codes.contains(&"AWAITING_CONFIRMATION".to_string()),
+        "{codes:?}"
+    );
+    r.app.stop().await;
+}
+
+/// A retry that finds the record an earlier attempt opened (it pushed, then crashed or outlived its
+/// lease) never pushes again.
+#[tokio::test]
+async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
+    use paygate::backend::mpesa::{Collection, MpesaRail, daraja};
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let store: Arc<dyn paygate::store::Store> =
+        Arc::new(paygate::store::sqlite::SqliteStore::open_in_memory().unwrap());
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let cfg = fake.client_config("https://gateway.example/callbacks/mpesa/stk/secret");
+    let client = daraja::DarajaClient::new(cfg, clock.clone()).unwrap();
+    let rail = Arc::new(MpesaRail::new(
+        client,
+        store.clone(),
+        clock,
+        paygate::ids::AccountId::parse("mpesa-collections").unwrap(),
+    ));
+    let collection = Collection {
+        idempotency_key: "key-1".into(),
+        payment_id: paygate::ids::PaymentId::generate(),
+        phone: daraja::normalize_phone("0712345678").unwrap(),
+        amount: paygate::money::Money::parse("100", paygate::money::Currency::parse("KES").unwrap()).unwrap(),
+        account_reference: "INV-1".into(),
+        description: "Order 1".into(),
+        principal_sub: "dev-agent".into(),
+        guards: Default::default(),
+    };
+    // Attempt 1 pushes and dies before recording Daraja's answer.
+    fake.set_push_mode(PushMode::Hang);
+    let first = tokio::spawn({
+        let (rail, c) = (rail.clone(), collection.clone());
+        async move { rail.collect(c).await }
+    });
+    fake.wait_for_pushes(1).await;
+    first.abort();
+    let _ = first.await;
+    // Attempt 2 (the agent's retry, same key): no second push.
+    fake.set_push_mode(PushMode::Accept);
+    let retry = Collection { payment_id: paygate::ids::PaymentId::generate(), ..collection };
+    assert!(matches!(rail.collect(retry).await, Err(paygate::backend::BackendError::OutcomeUnknown(_))));
+    assert_eq!(fake.push_requests(), 1, "exactly one STK push");
+    let rec = store.rail_by_key("key-1").await.unwrap().unwrap();
+    assert_eq!(rec.state, paygate::store::RailState::Unknown);
 }
 
 #[tokio::test]

@@ -542,10 +542,10 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
         || Guards { budget: Some(DailyBudget { since: 0, max_minor: 3_000, max_payments: 10 }), mandate: None };
     let (p1, p2, p3) = (PaymentId::generate(), PaymentId::generate(), PaymentId::generate());
     let r1 = store.rail_open(rail(&p1, "k1", 2_000), budget(), 10).await.unwrap();
-    assert_eq!((r1.state, r1.created_at), (RailState::Submitting, 10));
+    assert_eq!((r1.rec.state, r1.rec.created_at, r1.created), (RailState::Submitting, 10, true));
     // The same key again: the first record, nothing drawn twice (its id wins over the new one).
     let again = store.rail_open(rail(&PaymentId::generate(), "k1", 2_000), budget(), 11).await.unwrap();
-    assert_eq!(again.id, p1, "{label}");
+    assert_eq!((again.rec.id, again.created), (p1.clone(), false), "{label}: an earlier attempt's record");
     assert!(matches!(
         store.rail_open(rail(&p2, "k2", 2_000), budget(), 12).await,
         Err(BackendError::BudgetExceeded(_))

@@ -416,21 +416,34 @@ impl WireError {
             "SAME_ACCOUNT" => BackendError::SameAccount,
             "INSUFFICIENT_FUNDS" => BackendError::InsufficientFunds {
                 account: account()?,
-                balance: self.balance.clone()?,
-                needed: self.needed.clone()?,
+                balance: amount_text(self.balance.as_deref()?),
+                needed: amount_text(self.needed.as_deref()?),
             },
             "PAYMENT_NOT_FOUND" => BackendError::PaymentNotFound(payment().or_else(|| missing_payment.cloned())?),
             "NOT_REFUNDABLE" => BackendError::NotRefundable(payment()?),
             "REFUND_EXCEEDS_REMAINING" => BackendError::RefundExceedsRemaining {
-                requested: self.requested_amount.clone()?,
-                remaining: self.remaining.clone()?,
+                requested: amount_text(self.requested_amount.as_deref()?),
+                remaining: amount_text(self.remaining.as_deref()?),
             },
-            "BUDGET_EXCEEDED" => BackendError::BudgetExceeded(self.message.clone()),
-            "MANDATE_EXHAUSTED" => BackendError::MandateExhausted(self.message.clone()),
-            "REJECTED" => BackendError::Rejected(self.message.clone()),
+            // The service's free text never reaches the agent (it could carry instructions): the
+            // gateway's own words do, and the service's message goes to the log.
+            "BUDGET_EXCEEDED" | "MANDATE_EXHAUSTED" | "REJECTED" => {
+                tracing::warn!(code = %self.code, message = %self.message, "ledger service refusal");
+                match self.code.as_str() {
+                    "BUDGET_EXCEEDED" => BackendError::BudgetExceeded("the ledger service's budget is spent".into()),
+                    "MANDATE_EXHAUSTED" => BackendError::MandateExhausted("the ledger service refused it".into()),
+                    _ => BackendError::Rejected("the ledger service rejected the request; nothing moved".into()),
+                }
+            }
             _ => return None,
         })
     }
+}
+
+/// An amount from the service, shown to the agent only if it is a plain decimal.
+fn amount_text(s: &str) -> String {
+    let plain = !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_digit() || b == b'.' || b == b'-');
+    if plain { s.to_string() } else { "(not shown)".to_string() }
 }
 
 #[derive(Deserialize)]

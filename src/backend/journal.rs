@@ -40,8 +40,14 @@ impl Journaled {
         &self.inner
     }
 
-    /// Record the backend's answer to a send of `rec`.
-    async fn settle(&self, rec: &RailPayment, answer: Result<Payment, BackendError>) -> Result<Payment, BackendError> {
+    /// Record the backend's answer to a send of `rec`. `created`: this call opened the record, so
+    /// no earlier attempt can have sent it.
+    async fn settle(
+        &self,
+        rec: &RailPayment,
+        created: bool,
+        answer: Result<Payment, BackendError>,
+    ) -> Result<Payment, BackendError> {
         let now = self.clock.now();
         let open = [RailState::Submitting, RailState::Unknown];
         match answer {
@@ -66,19 +72,27 @@ impl Journaled {
                     .await;
                 Err(BackendError::OutcomeUnknown(detail))
             }
-            Err(BackendError::Unavailable(detail)) if rec.state == RailState::Submitting => {
-                // Nothing reached the backend: give the draws back; a retry starts afresh.
+            Err(BackendError::Unavailable(detail)) if created => {
+                // Nothing reached the backend, and no earlier attempt existed: give the draws back;
+                // a retry starts afresh.
                 if let Err(error) = self.store.rail_abandon(&rec.id).await {
                     tracing::error!(payment_id = %rec.id, %error, "abandoning an unsent rail payment failed");
                 }
                 Err(BackendError::Unavailable(detail))
             }
             Err(BackendError::Unavailable(detail)) => {
-                // An earlier send's answer was lost, and this one did not get through: still unknown.
+                // An earlier attempt may have been applied, and this one did not get through: still
+                // unknown. The record (and what it drew) stays until the backend answers.
+                let update = RailUpdate { reason: Some(detail.clone()), ..Default::default() };
+                let _ = self
+                    .store
+                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, self.clock.now())
+                    .await;
                 Err(BackendError::OutcomeUnknown(format!("an earlier attempt's outcome is still unknown ({detail})")))
             }
             Err(refusal) => {
-                // The backend refused this key for good: nothing moved.
+                // The backend refused this key for good (had an earlier attempt been applied, the
+                // key would have returned its payment): nothing moved.
                 let given_back = match rec.state {
                     RailState::Submitting => self.store.rail_abandon(&rec.id).await.map(|_| ()),
                     _ => {
@@ -163,7 +177,8 @@ impl PaymentBackend for Journaled {
             req.memo.clone(),
             &req.principal_sub,
         );
-        let rec = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Payment
             || rec.from_account != req.from_account
             || rec.to_account != req.to_account
@@ -185,7 +200,7 @@ impl PaymentBackend for Journaled {
             ..req
         };
         let answer = self.inner.transfer(send).await;
-        self.settle(&rec, answer).await
+        self.settle(&rec, created, answer).await
     }
 
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
@@ -216,7 +231,8 @@ impl PaymentBackend for Journaled {
             req.reason.clone(),
             &req.principal_sub,
         );
-        let rec = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Refund || rec.refund_of.as_ref() != Some(&req.payment_id) {
             return Err(BackendError::IdempotencyKeyReused);
         }
@@ -232,7 +248,7 @@ impl PaymentBackend for Journaled {
             ..req
         };
         let answer = self.inner.refund(send).await;
-        self.settle(&rec, answer).await
+        self.settle(&rec, created, answer).await
     }
 
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {

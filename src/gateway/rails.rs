@@ -267,7 +267,34 @@ impl Gateway {
                 return answer(503, "store_unavailable");
             }
         };
+        let settlement = mpesa::classify(cb.result_code, &cb.result_desc);
         if rec.state != RailState::Pending {
+            // A payment a query already settled as succeeded learns its receipt from the callback
+            // (the query carries none); nothing else about a terminal payment ever changes.
+            let fills_receipt = rec.state == RailState::Succeeded
+                && rec.receipt.is_none()
+                && settlement == Settlement::Succeeded
+                && cb.amount_minor == Some(rec.amount_minor)
+                && cb.phone.as_deref() == rec.phone.as_deref()
+                && cb.receipt.is_some();
+            if fills_receipt {
+                let update = crate::store::RailUpdate { receipt: cb.receipt.clone(), ..Default::default() };
+                let now = self.clock.now();
+                let from = [RailState::Succeeded];
+                if let Ok(Some(updated)) =
+                    self.store.rail_transition(&rec.id, &from, RailState::Succeeded, update, now).await
+                {
+                    self.audit_callback(
+                        Some(&updated),
+                        "callback_receipt",
+                        "RECEIPT_RECORDED",
+                        "receipt recorded".into(),
+                    )
+                    .await;
+                    self.metrics.callback("receipt");
+                    return answer(200, "receipt_recorded");
+                }
+            }
             let (code, outcome) = if rec.state.is_terminal() {
                 ("DUPLICATE_OR_LATE", "terminal")
             } else {
@@ -304,6 +331,56 @@ impl Gateway {
                 return answer(422, "receipt_missing");
             }
         }
+        let settlement = if settlement == Settlement::Succeeded {
+            // Callbacks are unsigned: confirm a success with Daraja before crediting it.
+            match rail.query(&rec).await {
+                Ok(Some((0, _))) => Settlement::Succeeded,
+                Ok(Some((code, desc))) => {
+                    let detail = format!("a success callback that Daraja's query contradicts (result {code})");
+                    self.audit_callback(Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
+                    self.metrics.callback("mismatch");
+                    // The query is Daraja's own answer: a known failure settles the payment.
+                    let queried = mpesa::classify(code, &desc);
+                    if let Settlement::Failed(_) = queried
+                        && let Ok(Some(updated)) = rail.settle(&rec, &queried, None).await
+                    {
+                        self.audit_callback(Some(&updated), "query_settled", "FAILED", format!("{queried:?}")).await;
+                    }
+                    return answer(422, "not_confirmed");
+                }
+                Ok(None) | Err(_) => {
+                    // Not confirmable yet: keep the receipt, stay pending; the scheduled query settles it.
+                    let update = crate::store::RailUpdate {
+                        receipt: cb.receipt.clone(),
+                        reason: Some("success callback received; awaiting Daraja's confirmation".into()),
+                        ..Default::default()
+                    };
+                    let now = self.clock.now();
+                    let from = [RailState::Pending];
+                    return match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
+                        Ok(Some(updated)) => {
+                            let detail = "success callback not yet confirmed by query".to_string();
+                            self.audit_callback(
+                                Some(&updated),
+                                "callback_unconfirmed",
+                                "AWAITING_CONFIRMATION",
+                                detail,
+                            )
+                            .await;
+                            self.metrics.callback("awaiting_confirmation");
+                            answer(200, "awaiting_confirmation")
+                        }
+                        Ok(None) => answer(409, "terminal"),
+                        Err(error) => {
+                            tracing::error!(%error, "recording a callback failed");
+                            answer(503, "store_unavailable")
+                        }
+                    };
+                }
+            }
+        } else {
+            settlement
+        };
         match rail.settle(&rec, &settlement, cb.receipt.clone()).await {
             Ok(Some(updated)) => {
                 let (decision, code, outcome) = match &settlement {
@@ -333,9 +410,10 @@ impl Gateway {
         }
     }
 
-    /// Query pending M-Pesa payments older than `older_than_secs` (the scheduler's job).
-    /// Returns how many settled.
-    pub async fn poll_mpesa(&self, older_than_secs: i64) -> usize {
+    /// Query pending M-Pesa payments not touched for `older_than_secs` (the scheduler's job), until
+    /// `budget` has passed (a run stays within its job lease). Returns how many settled.
+    pub async fn poll_mpesa(&self, older_than_secs: i64, budget: std::time::Duration) -> usize {
+        let deadline = std::time::Instant::now() + budget;
         let Some(rail) = self.mpesa.clone() else { return 0 };
         let now = self.clock.now();
         let due = match self.store.rail_list(&[RailState::Pending], now - older_than_secs, POLL_BATCH_MAX).await {
@@ -347,29 +425,29 @@ impl Gateway {
         };
         let mut settled = 0;
         for rec in due.iter().filter(|r| r.rail == mpesa::RAIL) {
-            match rail.query(rec).await {
-                Ok(None) => {
-                    // Still being processed: look again next round.
-                    let _ = rail.settle(rec, &Settlement::Unrecognised("still being processed".into()), None).await;
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            let settlement = match rail.query(rec).await {
+                Ok(None) => Settlement::Unrecognised("still being processed".into()),
+                // Daraja's own answer: success, a known failure, or a code kept for reconciliation.
+                Ok(Some((code, desc))) => mpesa::classify(code, &desc),
+                Err(error) => {
+                    tracing::warn!(payment_id = %rec.id, %error, "STK push query failed");
+                    Settlement::Unrecognised("STK push query failed; will ask again".into())
                 }
-                Ok(Some((code, desc))) => {
-                    let settlement = mpesa::classify(code, &desc);
-                    if settlement == Settlement::Succeeded {
-                        // A query carries no receipt, amount or phone: success comes from the callback
-                        // (or reconciliation), never from a query alone.
-                        let note = Settlement::Unrecognised(
-                            "STK query reports success; waiting for the callback's receipt".into(),
-                        );
-                        let _ = rail.settle(rec, &note, None).await;
-                        continue;
-                    }
-                    if let Ok(Some(updated)) = rail.settle(rec, &settlement, None).await {
-                        settled += usize::from(updated.state.is_terminal());
-                        let a = self.rail_audit(Some(&updated), "query_settled", "FAILED", format!("{settlement:?}"));
-                        let _ = self.store.audit_append(a).await;
-                    }
+            };
+            // Every queried record is touched (updated_at), so records that keep failing to answer
+            // do not starve newer ones out of the oldest-first batch.
+            match rail.settle(rec, &settlement, None).await {
+                Ok(Some(updated)) if updated.state.is_terminal() => {
+                    settled += 1;
+                    let code = if updated.state == RailState::Succeeded { "SUCCEEDED" } else { "FAILED" };
+                    let a = self.rail_audit(Some(&updated), "query_settled", code, format!("{settlement:?}"));
+                    let _ = self.store.audit_append(a).await;
                 }
-                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "STK push query failed"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording an STK query result failed"),
             }
         }
         settled

@@ -22,13 +22,11 @@ const SESSION_HEADER: &str = "mcp-session-id";
 /// The path as logged: a callback path holds the deployment's callback secret, so its last segment
 /// is never written anywhere.
 fn loggable_path(path: &str) -> String {
-    match path.strip_prefix("/callbacks/") {
-        Some(rest) => match rest.rsplit_once('/') {
-            Some((route, _secret)) => format!("/callbacks/{route}/***"),
-            None => "/callbacks/***".to_string(),
-        },
-        None => path.to_string(),
+    if !path.starts_with("/callbacks/") {
+        return path.to_string();
     }
+    // Only the known route is kept; whatever follows it (or replaces it) is never written.
+    if path.starts_with("/callbacks/mpesa/stk/") { "/callbacks/mpesa/stk/***".into() } else { "/callbacks/***".into() }
 }
 
 /// Every request gets a fresh correlation id; it comes back in `x-correlation-id`. A client-sent
@@ -235,6 +233,19 @@ pub async fn session_binding(State(state): State<AppState>, req: Request, next: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn callback_paths_are_logged_without_their_secret() {
+        for p in [
+            "/callbacks/mpesa/stk/s3cret",
+            "/callbacks/mpesa/stk/s3cret/",
+            "/callbacks/mpesa/s3cret",
+            "/callbacks/s3cret",
+        ] {
+            assert!(!loggable_path(p).contains("s3cret"), "{p}");
+        }
+        assert_eq!(loggable_path("/mcp"), "/mcp");
+    }
 
     #[test]
     fn scopes_follow_the_method_and_tool() {

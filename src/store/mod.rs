@@ -277,6 +277,14 @@ impl RailPayment {
     }
 }
 
+/// The record `rail_open` found or made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailOpened {
+    pub rec: RailPayment,
+    /// True when this call opened it (and drew its guards); false when an earlier attempt did.
+    pub created: bool,
+}
+
 /// A settled (or newly learned) fact about a rail payment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RailUpdate {
@@ -386,8 +394,10 @@ pub trait Store: Send + Sync + 'static {
     // --- external rails: the gateway's own record ---
     /// Open the record of a rail payment and draw its guards (budget, mandate) in one transaction;
     /// the day's usage counts it. A record already open under the same idempotency key is returned
-    /// as it is, with nothing drawn again (a retry re-sends the same payment, never a new one).
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailPayment, BackendError>;
+    /// as it is, with nothing drawn again, and `created: false`: an earlier attempt may have sent it
+    /// (a crash, or a retry that took over an expired lease), so the caller must not treat it as
+    /// unsent.
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError>;
     /// Move a record from one of `from` to `to`, filling what `update` knows. `None` when the record
     /// is missing or not in one of `from` (a duplicate or late update changes nothing). Moving to
     /// `Failed` gives back what it drew (budget usage, mandate use): it moved no money.

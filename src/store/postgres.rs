@@ -14,9 +14,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 mod rails;
 
 use super::{
-    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailPayment,
-    RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow, kind_str,
-    same_transfer,
+    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailOpened,
+    RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow,
+    kind_str, same_transfer,
 };
 use crate::backend::{
     BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
@@ -1182,7 +1182,7 @@ impl Store for PostgresStore {
         tx.commit().await?;
         Ok(IntegrityReport { ok: problems.is_empty(), accounts_checked, postings_checked, currency_sums, problems })
     }
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailPayment, BackendError> {
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
         with_retry!(rails::open_once(&self.pool, &rec, &guards, now).await)
     }
 

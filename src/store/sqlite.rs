@@ -10,9 +10,9 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 mod rails;
 
 use super::{
-    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailPayment,
-    RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow, kind_str,
-    same_transfer,
+    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailOpened,
+    RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow,
+    kind_str, same_transfer,
 };
 use crate::backend::{
     BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
@@ -1232,7 +1232,7 @@ impl Store for SqliteStore {
         })
         .await
     }
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailPayment, BackendError> {
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
         self.write(move |c| rails::open_tx(c, rec, guards, now)).await
     }
 

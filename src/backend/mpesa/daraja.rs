@@ -46,7 +46,7 @@ const ERROR_CODE_INVALID_TOKEN: &str = "404.001.03";
 /// Spike arrest and quota violations: refused at Daraja's API gateway, before the request is processed.
 const ERROR_CODES_GATEWAY_REFUSAL: [&str; 2] = ["500.003.02", "500.003.03"];
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DarajaConfig {
     /// [`SANDBOX_BASE_URL`], [`PRODUCTION_BASE_URL`], or a local fake in tests.
     pub base_url: String,
@@ -66,6 +66,18 @@ pub struct DarajaConfig {
     pub request_timeout: Duration,
     /// Refresh the OAuth token this long before Daraja says it expires.
     pub token_refresh_margin_secs: i64,
+}
+
+/// The callback URL carries the deployment's path secret: Debug shows neither it nor the credentials.
+impl std::fmt::Debug for DarajaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DarajaConfig")
+            .field("base_url", &self.base_url)
+            .field("short_code", &self.short_code)
+            .field("transaction_type", &self.transaction_type)
+            .field("party_b", &self.party_b)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -104,21 +104,34 @@ impl MpesaRail {
             created_at: 0,
             updated_at: 0,
         };
-        let rec = self.store.rail_open(rec, c.guards.clone(), self.clock.now()).await?;
+        let opened = self.store.rail_open(rec, c.guards.clone(), self.clock.now()).await?;
+        let rec = opened.rec;
         if rec.from_account != payer || rec.amount_minor != c.amount.minor() || rec.to_account != self.account {
             return Err(BackendError::IdempotencyKeyReused);
         }
-        match rec.state {
-            RailState::Submitting => {}
-            RailState::Unknown => {
-                // Daraja cannot tell whether it got the first push; a second one could charge twice.
-                return Err(BackendError::OutcomeUnknown(
-                    "the STK push for this operation was sent and its answer lost; it is not sent again. \
-                     The customer may still complete it; reconciliation settles it"
-                        .into(),
-                ));
-            }
-            _ => return Ok(rec.payment()),
+        if !opened.created {
+            return match rec.state {
+                RailState::Submitting | RailState::Unknown => {
+                    // An earlier attempt opened this record and may have pushed (it crashed, or its
+                    // lease ran out mid-call). Daraja cannot tell us, and a second push could charge
+                    // twice: record it as unknown and never push again.
+                    let update = RailUpdate {
+                        reason: Some("an earlier attempt's push outcome is unknown".into()),
+                        ..Default::default()
+                    };
+                    let now = self.clock.now();
+                    let _ = self
+                        .store
+                        .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, now)
+                        .await;
+                    Err(BackendError::OutcomeUnknown(
+                        "the STK push for this operation may have been sent and its answer was lost; it is not sent \
+                         again. The customer may still complete it; reconciliation settles it"
+                            .into(),
+                    ))
+                }
+                _ => Ok(rec.payment()),
+            };
         }
         let push = StkPush {
             phone: c.phone.clone(),

@@ -10,7 +10,7 @@ use crate::backend::{Guards, PaymentKind};
 use crate::clock::UnixSecs;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Currency;
-use crate::store::{RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
+use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
 
 pub(super) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor, \
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone, \
@@ -91,18 +91,22 @@ pub(super) async fn open_once(
     rec: &RailPayment,
     guards: &Guards,
     now: UnixSecs,
-) -> Result<RailPayment, TxError> {
+) -> Result<RailOpened, TxError> {
     let mut client = pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
     let tx = client.transaction().await.map_err(TxError::pg)?;
-    if let Some(existing) =
-        load_rail(&tx, "idempotency_key", &rec.idempotency_key, false).await.map_err(TxError::store)?
-    {
+    let key = rec.idempotency_key.as_str();
+    if let Some(found) = load_rail(&tx, "idempotency_key", key, false).await.map_err(TxError::store)? {
         tx.commit().await.map_err(TxError::pg)?;
-        return Ok(existing);
+        return Ok(RailOpened { rec: found, created: false });
     }
-    apply_guards(&tx, guards, &rec.principal_sub, rec.amount_minor, rec.currency, now)
-        .await
-        .map_err(TxError::Backend)?;
+    if let Err(refusal) = apply_guards(&tx, guards, &rec.principal_sub, rec.amount_minor, rec.currency, now).await {
+        // A concurrent open of the same key (a retry that took over an expired lease) may have
+        // committed while we waited for the guards' locks: its record is the answer, not a refusal.
+        if let Some(found) = load_rail(&tx, "idempotency_key", key, false).await.map_err(TxError::store)? {
+            return Ok(RailOpened { rec: found, created: false });
+        }
+        return Err(TxError::Backend(refusal));
+    }
     let mut rec = rec.clone();
     rec.mandate_id = guards.mandate.as_ref().map(|m| m.mandate_id.clone());
     rec.created_at = now;
@@ -147,7 +151,7 @@ pub(super) async fn open_once(
     .await
     .map_err(TxError::pg)?;
     tx.commit().await.map_err(TxError::pg)?;
-    Ok(rec)
+    Ok(RailOpened { rec, created: true })
 }
 
 pub(super) async fn transition(

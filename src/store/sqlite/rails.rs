@@ -7,7 +7,7 @@ use crate::backend::{BackendError, Guards, PaymentKind};
 use crate::clock::UnixSecs;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Currency;
-use crate::store::{RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
+use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
 
 pub(super) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor, \
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone, \
@@ -82,11 +82,11 @@ pub(super) fn open_tx(
     mut rec: RailPayment,
     guards: Guards,
     now: UnixSecs,
-) -> Result<RailPayment, BackendError> {
+) -> Result<RailOpened, BackendError> {
     let tx = conn.savepoint().map_err(db)?;
     if let Some(existing) = load_rail(&tx, "idempotency_key", &rec.idempotency_key).map_err(db)? {
         tx.commit().map_err(db)?;
-        return Ok(existing);
+        return Ok(RailOpened { rec: existing, created: false });
     }
     apply_guards(&tx, &guards, &rec.principal_sub, rec.amount_minor, rec.currency, now)?;
     rec.mandate_id = guards.mandate.map(|m| m.mandate_id);
@@ -130,7 +130,7 @@ pub(super) fn open_tx(
     )
     .map_err(db)?;
     tx.commit().map_err(db)?;
-    Ok(rec)
+    Ok(RailOpened { rec, created: true })
 }
 
 pub(super) fn transition_tx(
