@@ -202,6 +202,7 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
     unknown_code["Body"]["stkCallback"]["ResultCode"] = json!(7777);
 
     let cases: Vec<(&str, String, Option<Value>, u16)> = vec![
+        ("missing secret", format!("{}/callbacks/mpesa/stk", r.app.base()), Some(good.clone()), 404),
         ("wrong secret", callback_url(&r.app, "not-the-secret-000000000000"), Some(good.clone()), 404),
         ("unknown checkout", url.clone(), Some(unknown_checkout), 404),
         ("amount mismatch", url.clone(), Some(wrong_amount), 422),
@@ -221,7 +222,15 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
     }
     assert_eq!(
         audit_codes(&r.app).await.iter().rev().cloned().collect::<Vec<_>>(),
-        ["BAD_SECRET", "UNKNOWN_CHECKOUT", "AMOUNT_MISMATCH", "PHONE_MISMATCH", "MALFORMED", "UNRECOGNISED_RESULT"],
+        [
+            "BAD_SECRET",
+            "BAD_SECRET",
+            "UNKNOWN_CHECKOUT",
+            "AMOUNT_MISMATCH",
+            "PHONE_MISMATCH",
+            "MALFORMED",
+            "UNRECOGNISED_RESULT"
+        ],
         "every refusal and the unknown code are audited, in order"
     );
 

@@ -76,3 +76,13 @@ pub async fn mpesa_stk(
     let a = g.mpesa_callback(&body).await;
     answer(a.status, a.outcome)
 }
+
+/// A callback that presents no secret at all: refused and audited like a wrong one.
+pub async fn mpesa_stk_without_secret(State(state): State<AppState>) -> Response {
+    if state.mpesa_callback.is_none() {
+        return answer(404, "mpesa_disabled");
+    }
+    state.gateway.metrics().callback("bad_secret");
+    state.gateway.audit_callback_refusal("BAD_SECRET", "no path secret".into()).await;
+    answer(404, "not_found")
+}
