@@ -16,7 +16,7 @@ use crate::backend::ledger::LedgerBackend;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::gateway::{Gateway, GatewayLimits};
-use crate::http::{self, AppState, RouterConfig, SessionBindings};
+use crate::http::{self, AppInner, AppState, RouterConfig, SessionBindings};
 use crate::idempotency::KeyDeriver;
 use crate::mandate::MandateKeys;
 use crate::money::{Currency, parse_minor};
@@ -448,7 +448,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
 
     let state_gateway = gateway.clone();
     let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
-    let state = AppState {
+    let state = AppState::new(AppInner {
         gateway,
         route_limits: route_limits.clone(),
         routes_per_minute: config.approvals.routes_per_minute as u32,
@@ -464,7 +464,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
         mpesa_callback,
-    };
+    });
     let shutdown = CancellationToken::new();
     let router = http::router(
         state,

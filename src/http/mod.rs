@@ -33,9 +33,25 @@ use crate::policy::Profiles;
 
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
-/// Everything a handler needs; cheap to clone.
+/// Everything a handler needs. Cloned by every middleware layer on every request, so it is one
+/// `Arc` (a clone is a reference-count bump, not a copy of its strings and lists).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppInner>);
+
+impl AppState {
+    pub fn new(inner: AppInner) -> Self {
+        AppState(Arc::new(inner))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppInner;
+    fn deref(&self) -> &AppInner {
+        &self.0
+    }
+}
+
+pub struct AppInner {
     pub gateway: Arc<Gateway>,
     /// Per-operator limits on the approval and principal routes.
     pub route_limits: Arc<crate::rate::KeyedLimits>,
