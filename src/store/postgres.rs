@@ -38,9 +38,53 @@ const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
 /// Connections per replica (the pool's bound).
 pub const POOL_SIZE_MAX: usize = 16;
 
+/// Every statement through the connection's prepared-statement cache: a statement is parsed and
+/// planned once per connection, and each call is one round trip instead of two (prepare, then
+/// execute). Under the account row locks, round trips are what other payments wait for.
+trait Cached: GenericClient {
+    async fn exec(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let stmt = self.prepare_cached(sql).await?;
+        self.execute(&stmt, params).await
+    }
+    async fn one(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        let stmt = self.prepare_cached(sql).await?;
+        self.query_one(&stmt, params).await
+    }
+    async fn opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        let stmt = self.prepare_cached(sql).await?;
+        self.query_opt(&stmt, params).await
+    }
+    async fn all(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let stmt = self.prepare_cached(sql).await?;
+        self.query(&stmt, params).await
+    }
+}
+
+impl<T: GenericClient> Cached for T {}
+
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
-        StoreError::Database(e.to_string())
+        // tokio-postgres displays a server error as just "db error"; say which (SQLSTATE and message).
+        match e.as_db_error() {
+            Some(d) => StoreError::Database(format!("{} ({}): {}", e, d.code().code(), d.message())),
+            None => StoreError::Database(e.to_string()),
+        }
     }
 }
 
@@ -90,13 +134,13 @@ impl PostgresStore {
         let mut client = self.pool.get().await?;
         client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+        tx.exec("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
         tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
             .await?;
-        let applied: i64 = tx.query_one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", &[]).await?.get(0);
+        let applied: i64 = tx.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", &[]).await?.get(0);
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
             tx.batch_execute(sql).await?;
-            tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[&((i + 1) as i64)]).await?;
+            tx.exec("INSERT INTO schema_migrations (version) VALUES ($1)", &[&((i + 1) as i64)]).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -139,7 +183,7 @@ async fn load_payment(
     lock: bool,
 ) -> Result<Option<Payment>, StoreError> {
     let lock = if lock { " FOR UPDATE" } else { "" };
-    let row = c.query_opt(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE {column} = $1{lock}"), &[&value]).await?;
+    let row = c.opt(&format!("SELECT {PAYMENT_COLS} FROM payments WHERE {column} = $1{lock}"), &[&value]).await?;
     row.map(|r| payment_from_row(&r).map(|(p, _)| p)).transpose()
 }
 
@@ -157,7 +201,7 @@ async fn lock_accounts(
 ) -> Result<(AccountRow, AccountRow), BackendError> {
     let ids = vec![a.as_str().to_string(), b.as_str().to_string()];
     let rows = c
-        .query(
+        .all(
             "SELECT id, currency, balance_minor, allow_overdraft FROM accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE",
             &[&ids],
         )
@@ -188,13 +232,13 @@ async fn post(
     now: UnixSecs,
 ) -> Result<i64, StoreError> {
     let balance: i64 = c
-        .query_one(
+        .one(
             "UPDATE accounts SET balance_minor = balance_minor + $1 WHERE id = $2 RETURNING balance_minor",
             &[&amount, &account],
         )
         .await?
         .get(0);
-    c.execute(
+    c.exec(
         "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
         &[&payment_id, &account, &amount, &currency.code(), &balance, &description, &now],
@@ -209,7 +253,7 @@ async fn insert_payment(
     key: &str,
     mandate_id: Option<&str>,
 ) -> Result<(), tokio_postgres::Error> {
-    c.execute(
+    c.exec(
         "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
                                refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
@@ -242,7 +286,7 @@ async fn complete_in_tx(
 ) -> Result<(), StoreError> {
     let outcome = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
     for k in std::iter::once(key).chain(alias) {
-        c.execute(
+        c.exec(
             "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'",
             &[&outcome, &k],
         )
@@ -261,11 +305,11 @@ async fn apply_guards(
 ) -> Result<(), BackendError> {
     if let Some(b) = &guards.budget {
         // One subject's autonomous payments serialise here, so the sum below cannot go stale.
-        c.execute("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&principal_sub])
+        c.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&principal_sub])
             .await
             .map_err(db)?;
         let row = c
-            .query_one(
+            .one(
                 "SELECT COALESCE(SUM(payments), 0)::BIGINT,
                         COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
                  FROM budget_usage WHERE subject = $1 AND day = $2",
@@ -291,7 +335,7 @@ async fn apply_guards(
     }
     if let Some(d) = &guards.mandate {
         let row = c
-            .query_opt(
+            .opt(
                 "SELECT currency, budget_minor, max_uses, spent_minor, uses, expires_at FROM mandates WHERE id = $1 FOR UPDATE",
                 &[&d.mandate_id],
             )
@@ -311,7 +355,7 @@ async fn apply_guards(
         if budget.is_some_and(|b| spent + amount > b) {
             return Err(BackendError::MandateExhausted("its budget is spent".into()));
         }
-        c.execute(
+        c.exec(
             "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2",
             &[&amount, &d.mandate_id],
         )
@@ -322,7 +366,7 @@ async fn apply_guards(
 }
 
 async fn insert_audit(c: &impl GenericClient, r: &AuditRecord, payment_id: Option<&str>) -> Result<(), StoreError> {
-    c.execute(
+    c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                     idempotency_key, payment_id, approval_id, detail)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -393,7 +437,7 @@ fn approval_from_row(r: &Row) -> Result<ApprovalRecord, StoreError> {
 }
 
 async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord) -> Result<(), StoreError> {
-    c.execute(
+    c.exec(
         "INSERT INTO approvals (id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, intent,
                                 amount_minor, currency, reason, created_at, expires_at, kind, reviewers_required,
                                 requested_by, mandate_id, mandate, decided_at, decision_reason)
@@ -427,7 +471,7 @@ async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord) -> Result
 
 async fn load_reviews(c: &impl GenericClient, id: &str) -> Result<Vec<Review>, StoreError> {
     let rows = c
-        .query(
+        .all(
             "SELECT reviewer_iss, reviewer_sub, decision, reason, at FROM approval_reviews WHERE approval_id = $1 ORDER BY at, seq",
             &[&id],
         )
@@ -446,8 +490,7 @@ async fn load_reviews(c: &impl GenericClient, id: &str) -> Result<Vec<Review>, S
 
 async fn load_approval(c: &impl GenericClient, id: &str, lock: bool) -> Result<Option<ApprovalRecord>, StoreError> {
     let lock = if lock { " FOR UPDATE" } else { "" };
-    let Some(row) = c.query_opt(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = $1{lock}"), &[&id]).await?
-    else {
+    let Some(row) = c.opt(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = $1{lock}"), &[&id]).await? else {
         return Ok(None);
     };
     let mut a = approval_from_row(&row)?;
@@ -464,7 +507,7 @@ impl PostgresStore {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let row = tx
-            .query_one(
+            .one(
                 "INSERT INTO idempotency_records
                    (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
                  VALUES ($1, $2, $3, $4, $5, 'in_flight', NULL, $6, $7, $8)
@@ -484,7 +527,7 @@ impl PostgresStore {
         let result = if inserted {
             Reservation::Acquired
         } else if expires_at <= now {
-            tx.execute(
+            tx.exec(
                 "UPDATE idempotency_records SET fingerprint = $2, tool = $3, principal_iss = $4, principal_sub = $5,
                         state = 'in_flight', outcome = NULL, lease_until = $6, created_at = $7, expires_at = $8 WHERE key = $1",
                 &[&rec.key, &rec.fingerprint, &rec.tool, &rec.principal_iss, &rec.principal_sub, &rec.lease_until, &now, &rec.expires_at],
@@ -498,7 +541,7 @@ impl PostgresStore {
                     Reservation::InFlight { fingerprint }
                 }
                 ("in_flight", _) => {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE idempotency_records SET lease_until = $1 WHERE key = $2",
                         &[&rec.lease_until, &rec.key],
                     )
@@ -567,25 +610,35 @@ impl PostgresStore {
             created_at: now,
         };
         let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
-        insert_payment(&tx, &payment, &req.idempotency_key, mandate_id).await.map_err(TxError::pg)?;
-        // Every payment counts toward its subject's day (mandated ones too), in the same transaction.
-        tx.execute(
-            "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
-             ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
-                                                                payments = budget_usage.payments + 1",
-            &[&req.principal_sub, &(now - now.rem_euclid(86_400)), &currency.code(), &amount],
-        )
-        .await
-        .map_err(TxError::pg)?;
         let desc = format!("payment {}", payment.id);
-        post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now)
-            .await
-            .map_err(TxError::store)?;
-        post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now)
-            .await
-            .map_err(TxError::store)?;
-        complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &payment).await.map_err(TxError::store)?;
-        audit_in_tx(&tx, &req.audit, &payment).await.map_err(TxError::store)?;
+        let day = now - now.rem_euclid(86_400);
+        let code = currency.code();
+        let usage_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&req.principal_sub, &day, &code, &amount];
+        // The account rows stay locked until COMMIT, so every round trip from here on is time other
+        // payments between these accounts wait. The payment row goes first (a lost race on the key
+        // fails here, and the postings name it); the statements after it do not depend on each
+        // other's results, so they are pipelined on the connection.
+        insert_payment(&tx, &payment, &req.idempotency_key, mandate_id).await.map_err(TxError::pg)?;
+        let (usage, debit, credit, completed, audited) = tokio::join!(
+            // Every payment counts toward its subject's day (mandated ones too), in the same transaction.
+            tx.exec(
+                "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
+                 ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
+                                                                    payments = budget_usage.payments + 1",
+                &usage_params,
+            ),
+            post(&tx, Some(payment.id.as_str()), req.from_account.as_str(), -amount, currency, &desc, now),
+            post(&tx, Some(payment.id.as_str()), req.to_account.as_str(), amount, currency, &desc, now),
+            complete_in_tx(&tx, &req.idempotency_key, req.alias_key.as_deref(), &payment),
+            audit_in_tx(&tx, &req.audit, &payment),
+        );
+        // Any failure aborts the transaction (later statements then only report that): none of
+        // these can be a lost race, so the first error found is reported as it is.
+        usage.map_err(TxError::pg)?;
+        debit.map_err(TxError::store)?;
+        credit.map_err(TxError::store)?;
+        completed.map_err(TxError::store)?;
+        audited.map_err(TxError::store)?;
         tx.commit().await.map_err(TxError::pg)?;
         Ok(payment)
     }
@@ -656,7 +709,7 @@ impl PostgresStore {
         };
         let mandate_id = req.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
         insert_payment(&tx, &refund, &req.idempotency_key, mandate_id).await.map_err(TxError::pg)?;
-        tx.execute(
+        tx.exec(
             "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2",
             &[&amount, &original.id.as_str()],
         )
@@ -710,14 +763,14 @@ macro_rules! with_retry {
 impl Store for PostgresStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        client.query_one("SELECT 1", &[]).await?;
+        client.one("SELECT 1", &[]).await?;
         Ok(())
     }
 
     async fn idem_peek(&self, key: &str, now: UnixSecs) -> Result<Option<(String, Option<String>)>, StoreError> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .opt(
                 "SELECT fingerprint, outcome FROM idempotency_records WHERE key = $1 AND expires_at > $2",
                 &[&key, &now],
             )
@@ -732,7 +785,7 @@ impl Store for PostgresStore {
     async fn idem_complete(&self, key: &str, outcome: &str) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         client
-            .execute(
+            .exec(
                 "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'",
                 &[&outcome, &key],
             )
@@ -742,23 +795,23 @@ impl Store for PostgresStore {
 
     async fn idem_release(&self, key: &str) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        client.execute("DELETE FROM idempotency_records WHERE key = $1 AND state = 'in_flight'", &[&key]).await?;
+        client.exec("DELETE FROM idempotency_records WHERE key = $1 AND state = 'in_flight'", &[&key]).await?;
         Ok(())
     }
 
     async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError> {
         let client = self.pool.get().await?;
-        Ok(client.execute("DELETE FROM idempotency_records WHERE expires_at <= $1", &[&now]).await?)
+        Ok(client.exec("DELETE FROM idempotency_records WHERE expires_at <= $1", &[&now]).await?)
     }
 
     async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         // Concurrent requests for one operation create one approval.
-        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended('approval:' || $1, 0))", &[&rec.idempotency_key])
+        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('approval:' || $1, 0))", &[&rec.idempotency_key])
             .await?;
         let existing = tx
-            .query_opt(
+            .opt(
                 &format!(
                     "SELECT {APPROVAL_COLS} FROM approvals
                      WHERE idempotency_key = $1 AND ((status = 'pending' AND expires_at > $2) OR status = 'approved')
@@ -785,7 +838,7 @@ impl Store for PostgresStore {
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
         let client = self.pool.get().await?;
         Ok(client
-            .query_one("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > $1", &[&now])
+            .one("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > $1", &[&now])
             .await?
             .get(0))
     }
@@ -793,7 +846,7 @@ impl Store for PostgresStore {
     async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError> {
         let client = self.pool.get().await?;
         Ok(client
-            .execute(
+            .exec(
                 "UPDATE approvals SET status = 'expired', decided_at = $1 WHERE status = 'pending' AND expires_at <= $1",
                 &[&now],
             )
@@ -815,7 +868,7 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         let limit = i64::from(limit);
         let rows = client
-            .query(
+            .all(
                 &format!(
                     "SELECT {APPROVAL_COLS} FROM approvals
                      WHERE ($1::TEXT IS NULL
@@ -857,7 +910,7 @@ impl Store for PostgresStore {
             return Err(ReviewError::Terminal(rec.status));
         }
         if now >= rec.expires_at {
-            tx.execute("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2", &[&now, &id.as_str()])
+            tx.exec("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2", &[&now, &id.as_str()])
                 .await
                 .map_err(StoreError::from)?;
             tx.commit().await.map_err(StoreError::from)?;
@@ -869,14 +922,14 @@ impl Store for PostgresStore {
         if rec.reviews.iter().any(|r| r.reviewer_iss == review.reviewer_iss && r.reviewer_sub == review.reviewer_sub) {
             return Err(ReviewError::AlreadyReviewed);
         }
-        tx.execute(
+        tx.exec(
             "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES ($1, $2, $3, $4, $5, $6)",
             &[&id.as_str(), &review.reviewer_iss, &review.reviewer_sub, &review.decision, &review.reason, &now],
         )
         .await
         .map_err(StoreError::from)?;
         if review.decision == "reject" {
-            tx.execute(
+            tx.exec(
                 "UPDATE approvals SET status = 'rejected', decided_at = $1, decision_reason = $2 WHERE id = $3",
                 &[&now, &review.reason, &id.as_str()],
             )
@@ -888,7 +941,7 @@ impl Store for PostgresStore {
             approvers.push(review.reviewer_sub.clone());
             if approvers.len() as i64 >= rec.reviewers_required {
                 let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
-                tx.execute(
+                tx.exec(
                     "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                     &[
@@ -905,7 +958,7 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(StoreError::from)?;
-                tx.execute(
+                tx.exec(
                     "UPDATE approvals SET status = 'approved', decided_at = $1, decision_reason = $2, mandate_id = $3, mandate = $4
                      WHERE id = $5",
                     &[&now, &review.reason, &issued.id, &issued.jws, &id.as_str()],
@@ -922,7 +975,7 @@ impl Store for PostgresStore {
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .opt(
                 "SELECT suspended_at, COALESCE(suspended_reason, '') FROM principal_state WHERE subject = $1 AND suspended_at IS NOT NULL",
                 &[&subject],
             )
@@ -933,7 +986,7 @@ impl Store for PostgresStore {
     async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         client
-            .execute(
+            .exec(
                 "INSERT INTO principal_state (subject, suspended_at, suspended_reason) VALUES ($1, $2, $3)
                  ON CONFLICT (subject) DO UPDATE SET suspended_at = excluded.suspended_at,
                      suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
@@ -946,7 +999,7 @@ impl Store for PostgresStore {
     async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
         Ok(client
-            .execute(
+            .exec(
                 "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = $1,
                         resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
                  WHERE subject = $2 AND suspended_at IS NOT NULL",
@@ -960,7 +1013,7 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         let codes: Vec<&str> = DENIAL_CODES.to_vec();
         Ok(client
-            .query_one(
+            .one(
                 "SELECT COUNT(*) FROM audit_records
                  WHERE principal_sub = $1 AND at >= $2
                    AND seq > COALESCE((SELECT resumed_seq FROM principal_state WHERE subject = $1), 0)
@@ -979,7 +1032,7 @@ impl Store for PostgresStore {
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
         let client = self.pool.get().await?;
         let rows = client
-            .query(
+            .all(
                 "SELECT seq, at, correlation_id, principal_iss, principal_sub, tool, decision, code, idempotency_key,
                         payment_id, approval_id, detail
                  FROM audit_records WHERE ($1::TEXT IS NULL OR principal_sub = $1) ORDER BY seq DESC LIMIT $2",
@@ -1009,7 +1062,7 @@ impl Store for PostgresStore {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let created = tx
-            .execute(
+            .exec(
                 "INSERT INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES ($1, $2, 0, $3, $4)
                  ON CONFLICT (id) DO NOTHING",
                 &[&seed.id.as_str(), &seed.currency.code(), &seed.allow_overdraft, &now],
@@ -1018,7 +1071,7 @@ impl Store for PostgresStore {
             == 1;
         if created && seed.opening_minor != 0 {
             let equity = format!("equity-opening-{}", seed.currency.code());
-            tx.execute(
+            tx.exec(
                 "INSERT INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES ($1, $2, 0, TRUE, $3)
                  ON CONFLICT (id) DO NOTHING",
                 &[&equity, &seed.currency.code(), &now],
@@ -1047,9 +1100,8 @@ impl Store for PostgresStore {
 
     async fn ledger_balance(&self, account: &AccountId) -> Result<Option<Balance>, StoreError> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt("SELECT currency, balance_minor FROM accounts WHERE id = $1", &[&account.as_str()])
-            .await?;
+        let row =
+            client.opt("SELECT currency, balance_minor FROM accounts WHERE id = $1", &[&account.as_str()]).await?;
         row.map(|r| {
             let currency = Currency::parse(r.get(0)).map_err(|_| corrupt("account currency"))?;
             Ok(Balance { account_id: account.clone(), currency, balance_minor: r.get(1) })
@@ -1065,7 +1117,7 @@ impl Store for PostgresStore {
         let accounts: Vec<&str> = q.accounts.iter().map(|a| a.as_str()).collect();
         let limit = i64::from(q.limit);
         let rows = client
-            .query(
+            .all(
                 &format!(
                     "SELECT {PAYMENT_COLS} FROM payments
                      WHERE (from_account = ANY($1) OR to_account = ANY($1))
@@ -1095,7 +1147,7 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         let limit = i64::from(limit);
         let rows = client
-            .query(
+            .all(
                 "SELECT seq, payment_id, amount_minor, currency, balance_after_minor, description, created_at
                  FROM postings WHERE account_id = $1 AND ($2::BIGINT IS NULL OR seq < $2) ORDER BY seq DESC LIMIT $3",
                 &[&account.as_str(), &before_seq, &(limit + 1)],
@@ -1135,7 +1187,7 @@ impl Store for PostgresStore {
         let mut problems = Vec::new();
         let mut currency_sums = Vec::new();
         for r in tx
-            .query("SELECT currency, SUM(amount_minor)::BIGINT FROM postings GROUP BY currency ORDER BY currency", &[])
+            .all("SELECT currency, SUM(amount_minor)::BIGINT FROM postings GROUP BY currency ORDER BY currency", &[])
             .await?
         {
             let (cur, sum): (String, i64) = (r.get(0), r.get(1));
@@ -1145,7 +1197,7 @@ impl Store for PostgresStore {
             currency_sums.push((cur, sum));
         }
         for r in tx
-            .query(
+            .all(
                 "SELECT a.id, a.balance_minor, COALESCE(SUM(p.amount_minor), 0)::BIGINT
                  FROM accounts a LEFT JOIN postings p ON p.account_id = a.id GROUP BY a.id, a.balance_minor",
                 &[],
@@ -1158,7 +1210,7 @@ impl Store for PostgresStore {
             }
         }
         for r in tx
-            .query(
+            .all(
                 "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
                  UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor",
                 &[],
@@ -1168,7 +1220,7 @@ impl Store for PostgresStore {
             problems.push(format!("{} violates its bounds", r.get::<_, String>(0)));
         }
         for r in tx
-            .query(
+            .all(
                 "SELECT payment_id FROM postings WHERE payment_id IS NOT NULL GROUP BY payment_id
                  HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
                 &[],
@@ -1177,8 +1229,8 @@ impl Store for PostgresStore {
         {
             problems.push(format!("payment {} is not one balanced debit/credit pair", r.get::<_, String>(0)));
         }
-        let accounts_checked: i64 = tx.query_one("SELECT COUNT(*) FROM accounts", &[]).await?.get(0);
-        let postings_checked: i64 = tx.query_one("SELECT COUNT(*) FROM postings", &[]).await?.get(0);
+        let accounts_checked: i64 = tx.one("SELECT COUNT(*) FROM accounts", &[]).await?.get(0);
+        let postings_checked: i64 = tx.one("SELECT COUNT(*) FROM postings", &[]).await?.get(0);
         tx.commit().await?;
         Ok(IntegrityReport { ok: problems.is_empty(), accounts_checked, postings_checked, currency_sums, problems })
     }
@@ -1214,7 +1266,7 @@ impl Store for PostgresStore {
     async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .opt(
                 &format!("SELECT {} FROM rail_payments WHERE rail = $1 AND rail_ref = $2", rails::RAIL_COLS),
                 &[&rail, &rail_ref],
             )

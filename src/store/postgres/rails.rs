@@ -5,7 +5,7 @@
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-use super::{TxError, apply_guards, corrupt, db};
+use super::{Cached, TxError, apply_guards, corrupt, db};
 use crate::backend::{Guards, PaymentKind};
 use crate::clock::UnixSecs;
 use crate::ids::{AccountId, PaymentId};
@@ -58,8 +58,7 @@ pub(super) async fn load_rail(
 ) -> Result<Option<RailPayment>, StoreError> {
     // `column` is one of a few fixed names chosen by this module, never input.
     let lock = if for_update { " FOR UPDATE" } else { "" };
-    let row =
-        c.query_opt(&format!("SELECT {RAIL_COLS} FROM rail_payments WHERE {column} = $1{lock}"), &[&value]).await?;
+    let row = c.opt(&format!("SELECT {RAIL_COLS} FROM rail_payments WHERE {column} = $1{lock}"), &[&value]).await?;
     row.map(|r| rail_from_row(&r).map(|(_, p)| p)).transpose()
 }
 
@@ -69,7 +68,7 @@ fn day_of(t: UnixSecs) -> UnixSecs {
 
 async fn give_back(tx: &impl GenericClient, rec: &RailPayment) -> Result<(), StoreError> {
     if rec.kind == PaymentKind::Payment {
-        tx.execute(
+        tx.exec(
             "UPDATE budget_usage SET spent_minor = spent_minor - $1, payments = payments - 1
              WHERE subject = $2 AND day = $3 AND currency = $4",
             &[&rec.amount_minor, &rec.principal_sub, &day_of(rec.created_at), &rec.currency.code()],
@@ -77,7 +76,7 @@ async fn give_back(tx: &impl GenericClient, rec: &RailPayment) -> Result<(), Sto
         .await?;
     }
     if let Some(m) = &rec.mandate_id {
-        tx.execute(
+        tx.exec(
             "UPDATE mandates SET uses = uses - 1, spent_minor = spent_minor - $1 WHERE id = $2",
             &[&rec.amount_minor, m],
         )
@@ -112,7 +111,7 @@ pub(super) async fn open_once(
     rec.created_at = now;
     rec.updated_at = now;
     if rec.kind == PaymentKind::Payment {
-        tx.execute(
+        tx.exec(
             "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
              ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
                                                                 payments = budget_usage.payments + 1",
@@ -121,7 +120,7 @@ pub(super) async fn open_once(
         .await
         .map_err(TxError::pg)?;
     }
-    tx.execute(
+    tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
                                     reason, created_at, updated_at)
@@ -167,16 +166,16 @@ pub(super) async fn transition(
     let Some(rec) = load_rail(&tx, "id", id, false).await? else { return Ok(None) };
     // Budget and mandate rows are locked before the record (the engine's lock order).
     if to == RailState::Failed && rec.kind == PaymentKind::Payment {
-        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&rec.principal_sub]).await?;
+        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&rec.principal_sub]).await?;
     }
     if let (RailState::Failed, Some(m)) = (to, &rec.mandate_id) {
-        tx.execute("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[m]).await?;
+        tx.exec("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[m]).await?;
     }
     let Some(rec) = load_rail(&tx, "id", id, true).await? else { return Ok(None) };
     if !from.contains(&rec.state) {
         return Ok(None);
     }
-    tx.execute(
+    tx.exec(
         "UPDATE rail_payments SET state = $1, rail_ref = COALESCE($2, rail_ref), receipt = COALESCE($3, receipt),
                                   reason = COALESCE($4, reason), updated_at = $5
          WHERE id = $6",
@@ -196,17 +195,17 @@ pub(super) async fn abandon(pool: &deadpool_postgres::Pool, id: &str) -> Result<
     let tx = client.transaction().await?;
     let Some(rec) = load_rail(&tx, "id", id, false).await? else { return Ok(false) };
     if rec.kind == PaymentKind::Payment {
-        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&rec.principal_sub]).await?;
+        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&rec.principal_sub]).await?;
     }
     if let Some(m) = &rec.mandate_id {
-        tx.execute("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[m]).await?;
+        tx.exec("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[m]).await?;
     }
     let Some(rec) = load_rail(&tx, "id", id, true).await? else { return Ok(false) };
     if rec.state != RailState::Submitting {
         return Ok(false);
     }
     give_back(&tx, &rec).await?;
-    tx.execute("DELETE FROM rail_payments WHERE id = $1", &[&id]).await?;
+    tx.exec("DELETE FROM rail_payments WHERE id = $1", &[&id]).await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -219,7 +218,7 @@ pub(super) async fn list(
 ) -> Result<Vec<RailPayment>, StoreError> {
     let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
     let rows = c
-        .query(
+        .all(
             &format!(
                 "SELECT {RAIL_COLS} FROM rail_payments WHERE state = ANY($1) AND updated_at <= $2
                  ORDER BY updated_at, seq LIMIT $3"
@@ -237,7 +236,7 @@ pub(super) async fn since(
     limit: u32,
 ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
     let rows = c
-        .query(
+        .all(
             &format!("SELECT {RAIL_COLS} FROM rail_payments WHERE created_at >= $1 AND seq > $2 ORDER BY seq LIMIT $3"),
             &[&since, &after_seq, &i64::from(limit)],
         )
@@ -251,7 +250,7 @@ pub(super) async fn summary(c: &impl GenericClient, q: &SummaryQuery) -> Result<
     }
     let accounts: Vec<&str> = q.accounts.iter().map(|a| a.as_str()).collect();
     let rows = c
-        .query(
+        .all(
             "SELECT kind, status, currency, COUNT(*), COALESCE(SUM(amount_minor), 0)::BIGINT FROM (
                  SELECT kind, status, currency, amount_minor, from_account, to_account, created_at FROM payments
                  UNION ALL
@@ -283,7 +282,7 @@ pub(super) async fn lease(
     now: UnixSecs,
     secs: i64,
 ) -> Result<bool, StoreError> {
-    Ok(c.execute(
+    Ok(c.exec(
         "INSERT INTO job_leases (kind, holder, lease_until) VALUES ($1, $2, $3)
          ON CONFLICT (kind) DO UPDATE SET holder = excluded.holder, lease_until = excluded.lease_until
          WHERE job_leases.lease_until <= $4 OR job_leases.holder = excluded.holder",
