@@ -180,22 +180,8 @@ impl Gateway {
             Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
         };
         let p = &caller.principal;
-        let mandate = match &args.mandate {
-            None => None,
-            Some(jws) => {
-                let call = CallIntent {
-                    tool: TOOL,
-                    agent_iss: &p.issuer,
-                    agent_sub: &p.subject,
-                    payer: from.as_str(),
-                    payee: to.as_str(),
-                    amount_minor: amount.minor(),
-                    currency: amount.currency().code(),
-                    payment_id: None,
-                };
-                Some(self.verify_mandate(caller, TOOL, jws, &call).await?)
-            }
-        };
+        let mandate =
+            self.mandate_for(caller, TOOL, args.mandate.as_deref(), from.as_str(), to.as_str(), amount, None).await?;
         let idem = self.idem_for(
             caller,
             TOOL,
@@ -283,22 +269,17 @@ impl Gateway {
         };
         // Money flows back: from the original payee to the original payer.
         let (payer, payee) = (&original.to_account, &original.from_account);
-        let mandate = match &args.mandate {
-            None => None,
-            Some(jws) => {
-                let call = CallIntent {
-                    tool: TOOL,
-                    agent_iss: &p.issuer,
-                    agent_sub: &p.subject,
-                    payer: payer.as_str(),
-                    payee: payee.as_str(),
-                    amount_minor: amount.minor(),
-                    currency: amount.currency().code(),
-                    payment_id: Some(pid.as_str()),
-                };
-                Some(self.verify_mandate(caller, TOOL, jws, &call).await?)
-            }
-        };
+        let mandate = self
+            .mandate_for(
+                caller,
+                TOOL,
+                args.mandate.as_deref(),
+                payer.as_str(),
+                payee.as_str(),
+                amount,
+                Some(pid.as_str()),
+            )
+            .await?;
         // An omitted amount fingerprints as "everything", not as today's remaining amount.
         let idem = self.idem_for(
             caller,
@@ -386,22 +367,9 @@ impl Gateway {
         };
         let p = &caller.principal;
         let (payer, payee) = (crate::backend::mpesa::payer_account(&phone), rail.account().clone());
-        let mandate = match &args.mandate {
-            None => None,
-            Some(jws) => {
-                let call = CallIntent {
-                    tool: TOOL,
-                    agent_iss: &p.issuer,
-                    agent_sub: &p.subject,
-                    payer: payer.as_str(),
-                    payee: payee.as_str(),
-                    amount_minor: amount.minor(),
-                    currency: amount.currency().code(),
-                    payment_id: None,
-                };
-                Some(self.verify_mandate(caller, TOOL, jws, &call).await?)
-            }
-        };
+        let mandate = self
+            .mandate_for(caller, TOOL, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
+            .await?;
         let idem = self.idem_for(
             caller,
             TOOL,
@@ -467,6 +435,33 @@ impl Gateway {
             },
             _ => operation,
         }
+    }
+
+    /// The mandate passed with a call, verified against exactly this call (`None` without one).
+    #[allow(clippy::too_many_arguments)]
+    async fn mandate_for(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        jws: Option<&str>,
+        payer: &str,
+        payee: &str,
+        amount: Money,
+        payment_id: Option<&str>,
+    ) -> Result<Option<Authorized>, AgentError> {
+        let Some(jws) = jws else { return Ok(None) };
+        let p = &caller.principal;
+        let call = CallIntent {
+            tool,
+            agent_iss: &p.issuer,
+            agent_sub: &p.subject,
+            payer,
+            payee,
+            amount_minor: amount.minor(),
+            currency: amount.currency().code(),
+            payment_id,
+        };
+        Ok(Some(self.verify_mandate(caller, tool, jws, &call).await?))
     }
 
     /// Signature, expiry, subject and intent; every refusal is audited and counts toward the stop rule.
