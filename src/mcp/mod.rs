@@ -152,7 +152,9 @@ fn parse<T: DeserializeOwned>(caller: &Caller, args: JsonObject) -> Result<T, Ca
 #[derive(Clone)]
 pub struct PaygateMcp {
     gateway: Arc<Gateway>,
-    tool_router: ToolRouter<Self>,
+    /// Shared: a 2026-07-28 request gets a fresh handler (a clone of this struct), and cloning the
+    /// router itself would copy every tool definition per request.
+    tool_router: Arc<ToolRouter<Self>>,
 }
 
 impl PaygateMcp {
@@ -162,7 +164,7 @@ impl PaygateMcp {
         for name in disabled {
             tool_router.disable_route(name.clone());
         }
-        PaygateMcp { gateway, tool_router }
+        PaygateMcp { gateway, tool_router: Arc::new(tool_router) }
     }
 
     /// Every tool's name, description, scope and annotations (for `paygate tools`).
