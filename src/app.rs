@@ -246,6 +246,9 @@ pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Resu
     if !config.ledger.demo {
         return Ok(());
     }
+    // Concurrently: each account is its own transaction (the pool or SQLite's group commit takes
+    // them together), so start-up does not pay one round trip per configured account.
+    let mut opening = tokio::task::JoinSet::new();
     for a in &config.ledger.accounts {
         // Validated at load; a parse failure here would be a bug, so skip rather than guess.
         let (Ok(id), Ok(currency)) = (crate::ids::AccountId::parse(&a.id), Currency::parse(&a.currency)) else {
@@ -253,8 +256,16 @@ pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Resu
         };
         let Ok(opening_minor) = parse_minor(&a.opening_balance, currency) else { continue };
         let seed = AccountSeed { id, currency, opening_minor, allow_overdraft: a.allow_overdraft };
-        if store.ledger_open_account(seed, SystemClock.now()).await? {
-            tracing::info!(account.id = %a.id, "opened demo account");
+        let store = store.clone();
+        opening.spawn(async move {
+            let id = seed.id.clone();
+            store.ledger_open_account(seed, SystemClock.now()).await.map(|created| (id, created))
+        });
+    }
+    while let Some(done) = opening.join_next().await {
+        let (id, created) = done.map_err(|e| StartError::Backend(format!("opening demo accounts: {e}")))??;
+        if created {
+            tracing::info!(account.id = %id, "opened demo account");
         }
     }
     Ok(())

@@ -18,6 +18,10 @@ const ISSUER: &str = "https://bench.idp.test";
 const KID: &str = "bench";
 
 /// What the benchmark changes from the defaults, and why. Nothing weakens durability or checks.
+/// Payer and payee accounts (and agents) of the "many payers" scenario: payments that share no row
+/// lock and no budget, as when many customers pay many merchants.
+const PAIRS: usize = 64;
+
 const BENCH_CONFIG: &str = r#"
 # Quotas and budgets raised so the limiter and the daily budget are not what is measured.
 [[policy.profiles]]
@@ -47,6 +51,27 @@ id = "acct-B"
 currency = "KES"
 opening_balance = "0.00"
 "#;
+
+/// BENCH_CONFIG plus the many-payers scenario's agents and accounts.
+fn bench_config() -> String {
+    let mut out = BENCH_CONFIG.to_string();
+    let subjects: Vec<String> = (0..PAIRS).map(|i| format!("\"bench-agent-{i}\"")).collect();
+    let accounts: Vec<String> = (0..PAIRS).flat_map(|i| [format!("\"acct-P{i}\""), format!("\"acct-Q{i}\"")]).collect();
+    out.push_str(&format!(
+        "\n[[policy.profiles]]\nname = \"bench-pairs\"\nsubjects = [{}]\nallowed_accounts = [{}]\n\
+         autonomous_limit = {{ KES = \"1000.00\" }}\ndaily_limit = {{ KES = \"100000000.00\" }}\n\
+         daily_payments_max = 1000000\ncalls_per_minute = 100000\ntool_calls_per_minute = {{}}\n",
+        subjects.join(", "),
+        accounts.join(", ")
+    ));
+    for i in 0..PAIRS {
+        out.push_str(&format!(
+            "[[ledger.accounts]]\nid = \"acct-P{i}\"\ncurrency = \"KES\"\nopening_balance = \"1000000.00\"\n\
+             [[ledger.accounts]]\nid = \"acct-Q{i}\"\ncurrency = \"KES\"\nopening_balance = \"0.00\"\n"
+        ));
+    }
+    out
+}
 
 struct Args {
     secs: u64,
@@ -116,7 +141,7 @@ fn start_paygate(data_dir: &std::path::Path, jwks_url: &str, database: Option<(&
     let exe = std::env::current_exe().expect("exe").with_file_name("paygate");
     let config = data_dir.join("bench.toml");
     std::fs::create_dir_all(data_dir).expect("data dir");
-    std::fs::write(&config, BENCH_CONFIG).expect("config");
+    std::fs::write(&config, bench_config()).expect("config");
     let mut cmd = Command::new(&exe);
     cmd.env("PAYGATE_CONFIG", &config)
         .env("PAYGATE_SERVER__BIND", "127.0.0.1:0")
@@ -166,11 +191,15 @@ mod probe {
 }
 
 fn token(aud: &str) -> String {
+    token_for(aud, "bench-agent")
+}
+
+fn token_for(aud: &str, sub: &str) -> String {
     let key = EncodingKey::from_rsa_pem(RSA_KEY.as_bytes()).expect("rsa key");
     let mut header = Header::new(Algorithm::RS256);
     header.kid = Some(KID.into());
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("time").as_secs() as i64;
-    let claims = json!({"iss": ISSUER, "sub": "bench-agent", "aud": aud, "iat": now, "exp": now + 3600,
+    let claims = json!({"iss": ISSUER, "sub": sub, "aud": aud, "iat": now, "exp": now + 3600,
                         "scope": "payments:read payments:create payments:admin"});
     jsonwebtoken::encode(&header, &claims, &key).expect("sign")
 }
@@ -197,6 +226,7 @@ enum Era {
 enum Scenario {
     Balance,
     UniquePayments,
+    ManyPayers,
     RetryStorm,
     OverLimit,
     Baseline,
@@ -207,6 +237,7 @@ impl Scenario {
         match self {
             Scenario::Balance => "get_balance",
             Scenario::UniquePayments => "create_payment (unique)",
+            Scenario::ManyPayers => "create_payment (64 agents, 64 account pairs)",
             Scenario::RetryStorm => "retry storm (one op id)",
             Scenario::OverLimit => "over limit (APPROVAL_REQUIRED)",
             Scenario::Baseline => "bare axum baseline",
@@ -313,7 +344,9 @@ fn check(s: Scenario, r: &Value) -> Result<(), String> {
     let sc = &r["structuredContent"];
     let good = match s {
         Scenario::Balance => r["isError"] != true && sc["account_id"] == "acct-A",
-        Scenario::UniquePayments => r["isError"] != true && sc["replayed"] == false && sc["status"] == "succeeded",
+        Scenario::UniquePayments | Scenario::ManyPayers => {
+            r["isError"] != true && sc["replayed"] == false && sc["status"] == "succeeded"
+        }
         Scenario::RetryStorm => r["isError"] != true && sc["payment_id"].is_string(),
         Scenario::OverLimit => r["isError"] == true && sc["error"]["code"] == "APPROVAL_REQUIRED",
         Scenario::Baseline => sc["ok"] == true,
@@ -333,6 +366,9 @@ async fn run(s: Scenario, url: &str, token: &str, era: Era, a: &Args, run_id: &s
         let (url, token, run_id) = (url.to_string(), token.to_string(), run_id.to_string());
         tasks.spawn(async move {
             let mut out = Outcome::default();
+            // Many payers: each connection is its own agent paying between its own two accounts.
+            let token =
+                if s == Scenario::ManyPayers { token_for(&url, &format!("bench-agent-{}", c % PAIRS)) } else { token };
             let mut conn = Conn::open(&url, &token, era).await;
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -348,6 +384,15 @@ async fn run(s: Scenario, url: &str, token: &str, era: Era, a: &Args, run_id: &s
                             "create_payment",
                             json!({"operation_id": format!("{run_id}-{c}-{n}"), "from_account": "acct-A",
                                                        "to_account": "acct-B", "amount": "1.00", "currency": "KES"}),
+                        )
+                        .await
+                    }
+                    Scenario::ManyPayers => {
+                        let i = c % PAIRS;
+                        conn.call(
+                            "create_payment",
+                            json!({"operation_id": format!("{run_id}-{c}-{n}"), "from_account": format!("acct-P{i}"),
+                                   "to_account": format!("acct-Q{i}"), "amount": "1.00", "currency": "KES"}),
                         )
                         .await
                     }
@@ -408,6 +453,17 @@ async fn balance_b(url: &str, token: &str) -> f64 {
     let mut c = Conn::open(url, token, Era::Modern).await;
     let r = c.call("get_balance", json!({"account_id": "acct-B"})).await.expect("balance");
     r["structuredContent"]["balance"].as_str().and_then(|b| b.parse().ok()).expect("decimal balance")
+}
+
+/// The many-payers scenario's payees, summed (each read by its own agent: allow-lists hold).
+async fn payees_sum(url: &str) -> f64 {
+    let mut sum = 0.0;
+    for i in 0..PAIRS {
+        let mut c = Conn::open(url, &token_for(url, &format!("bench-agent-{i}")), Era::Modern).await;
+        let r = c.call("get_balance", json!({"account_id": format!("acct-Q{i}")})).await.expect("balance");
+        sum += r["structuredContent"]["balance"].as_str().and_then(|b| b.parse::<f64>().ok()).expect("decimal balance");
+    }
+    sum
 }
 
 async fn integrity(url: &str, token: &str) -> bool {
@@ -477,14 +533,22 @@ async fn main() {
         ));
         let tok = token(&server.url);
         for era in [Era::Modern, Era::Legacy] {
-            for s in [Scenario::Balance, Scenario::UniquePayments, Scenario::RetryStorm, Scenario::OverLimit] {
+            for s in [
+                Scenario::Balance,
+                Scenario::UniquePayments,
+                Scenario::ManyPayers,
+                Scenario::RetryStorm,
+                Scenario::OverLimit,
+            ] {
                 let run_id = format!("{engine}-{era:?}-{s:?}-{}", uuid::Uuid::new_v4().simple());
-                let before = balance_b(&server.url, &tok).await;
+                let payees = if s == Scenario::ManyPayers { payees_sum(&server.url).await } else { 0.0 };
+                let before = balance_b(&server.url, &tok).await + payees;
                 let (o, secs) = run(s, &server.url, &tok, era, &a, &run_id).await;
-                let after = balance_b(&server.url, &tok).await;
+                let payees = if s == Scenario::ManyPayers { payees_sum(&server.url).await } else { 0.0 };
+                let after = balance_b(&server.url, &tok).await + payees;
                 let moved = ((after - before) * 100.0).round() as u64;
                 let ledger_ok = match s {
-                    Scenario::UniquePayments => moved == o.ok * 100,
+                    Scenario::UniquePayments | Scenario::ManyPayers => moved == o.ok * 100,
                     Scenario::RetryStorm => moved == 100,
                     _ => moved == 0,
                 } && integrity(&server.url, &tok).await;
