@@ -174,17 +174,23 @@ impl Gateway {
     ) -> Result<(Payment, Option<Receipt>), AgentError> {
         let id = PaymentId::parse(payment_id)?;
         let not_found = || AgentError::new(ErrorCode::NotFound, format!("payment {id} does not exist"));
-        let rec = self.store.rail_get(&id).await.map_err(|error| {
-            tracing::error!(correlation_id = %caller.correlation_id, %error, "rail record read failed");
-            AgentError::internal()
-        })?;
-        let payment = match &rec {
-            Some(r) if r.rail == mpesa::RAIL => r.payment(),
-            _ => match self.backend.payment(&id).await {
-                Ok(Some(p)) => p,
-                Ok(None) => return Err(not_found()),
-                Err(e) => return Err(map_backend_error(&e)),
+        let rail_record = || async {
+            self.store.rail_get(&id).await.map_err(|error| {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "rail record read failed");
+                AgentError::internal()
+            })
+        };
+        // The backend first: on the embedded ledger (the common case) that is the only read. The
+        // gateway's record is read for a payment the backend does not hold (an M-Pesa collection)
+        // and for an external backend's receipt.
+        let (payment, rec) = match self.backend.payment(&id).await {
+            Ok(Some(p)) if self.backend.records_in_transaction() || p.status != PaymentStatus::Succeeded => (p, None),
+            Ok(Some(p)) => (p, rail_record().await?),
+            Ok(None) => match rail_record().await? {
+                Some(r) if r.rail == mpesa::RAIL => (r.payment(), Some(r)),
+                _ => return Err(not_found()),
             },
+            Err(e) => return Err(map_backend_error(&e)),
         };
         if !payment.touches_any(&caller.principal.profile.allowed_accounts) {
             return Err(not_found());
