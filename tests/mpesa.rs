@@ -13,7 +13,7 @@ use paygate::clock::{Clock, ManualClock, SystemClock};
 use serde_json::{Value, json};
 
 const SECRET: &str = "cb-secret-0123456789abcdefghij";
-const SCOPES: &str = "payments:read payments:collect payments:admin";
+const SCOPES: &str = "payments:read payments:collect payments:refund payments:admin";
 
 fn overlay(fake: &DarajaFake, extra: &str) -> String {
     format!(
@@ -125,6 +125,10 @@ async fn a_collection_is_pending_until_the_callback_settles_it() {
     let number = receipt["reference"].as_str().unwrap();
     assert!(!number.is_empty() && number.chars().all(|ch| ch.is_ascii_alphanumeric()), "{number}");
     assert_eq!(receipt["phone"], "25471****678", "the phone is masked");
+    // Collections cannot be refunded here (that would be an M-Pesa B2C payment): said plainly.
+    let refund = call(c, "refund_payment", json!({"operation_id": "refund-1", "payment_id": id})).await;
+    assert_eq!(code(&refund), "INVALID_ARGUMENT");
+    assert!(err(&refund)["message"].as_str().unwrap().contains("M-Pesa"));
     // A replay now shows where it stands.
     let replay = call(c, "request_mpesa_payment", collect("order-1001", "150")).await;
     assert_eq!(ok(&replay)["status"], "succeeded");

@@ -249,6 +249,18 @@ impl Gateway {
         // The original must be visible to this agent: a payment it cannot see does not exist for it.
         let original = match self.backend.payment(&pid).await {
             Ok(Some(pay)) if pay.touches_any(&p.profile.allowed_accounts) => pay,
+            Ok(None)
+                if matches!(
+                    self.store.rail_get(&pid).await,
+                    Ok(Some(r)) if r.rail == crate::backend::mpesa::RAIL && r.payment().touches_any(&p.profile.allowed_accounts)
+                ) =>
+            {
+                // Reversing an M-Pesa collection is a B2C payment this gateway does not make.
+                let e = AgentError::invalid(format!(
+                    "payment {pid} is an M-Pesa collection; this gateway cannot refund M-Pesa payments"
+                ));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
             Ok(_) => {
                 let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
                 return Err(self.refuse(caller, TOOL, None, e).await);
