@@ -36,10 +36,6 @@ impl Journaled {
         Journaled { inner, store, clock }
     }
 
-    pub fn inner(&self) -> &Arc<dyn PaymentBackend> {
-        &self.inner
-    }
-
     /// Record the backend's answer to a send of `rec`. `created`: this call opened the record, so
     /// no earlier attempt can have sent it.
     async fn settle(

@@ -200,10 +200,7 @@ impl Gateway {
             policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
             mandate.is_some(),
         );
-        let guards = match &mandate {
-            Some(m) => m.guards(),
-            None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
-        };
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, amount.currency());
         self.execute(
             caller,
             TOOL,
@@ -399,10 +396,7 @@ impl Gateway {
         let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
         let decision =
             authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
-        let guards = match &mandate {
-            Some(m) => m.guards(),
-            None => Guards { budget: self.budget_for(&p.profile, amount.currency()), mandate: None },
-        };
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, amount.currency());
         self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit| {
             let c = crate::backend::mpesa::Collection {
                 idempotency_key: key,
@@ -498,6 +492,14 @@ impl Gateway {
                 Ok(Authorized { claims })
             }
             Err(e) => Err(self.refuse(caller, tool, None, e).await),
+        }
+    }
+
+    /// What a payment draws on where it commits: its mandate, or else today's autonomous budget.
+    fn guards_for(&self, mandate: Option<&Authorized>, profile: &Profile, currency: Currency) -> Guards {
+        match mandate {
+            Some(m) => m.guards(),
+            None => Guards { budget: self.budget_for(profile, currency), mandate: None },
         }
     }
 

@@ -139,7 +139,7 @@ pub fn parse_instant_arg(s: &str) -> Result<UnixSecs, String> {
 
 impl Gateway {
     /// The receipt of a completed payment, from the gateway's records.
-    pub(crate) async fn receipt(&self, payment: &Payment, rec: Option<&RailPayment>) -> Option<Receipt> {
+    fn receipt(&self, payment: &Payment, rec: Option<&RailPayment>) -> Option<Receipt> {
         if payment.status != PaymentStatus::Succeeded {
             return None;
         }
@@ -195,7 +195,7 @@ impl Gateway {
         if !payment.touches_any(&caller.principal.profile.allowed_accounts) {
             return Err(not_found());
         }
-        let receipt = self.receipt(&payment, rec.as_ref()).await;
+        let receipt = self.receipt(&payment, rec.as_ref());
         Ok((payment, receipt))
     }
 

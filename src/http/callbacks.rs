@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -53,7 +53,6 @@ pub async fn mpesa_stk(
     State(state): State<AppState>,
     Path(secret): Path<String>,
     peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
-    _headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let g = &state.gateway;
