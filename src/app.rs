@@ -241,6 +241,40 @@ async fn serve_tls(
     Ok(())
 }
 
+/// The Daraja client's settings from `[mpesa]`: base URL by environment, callback URL with its
+/// path secret under `mpesa.callback_base_url` (or the public URL).
+pub fn daraja_config(config: &Config, public_url: &str) -> crate::backend::mpesa::daraja::DarajaConfig {
+    use crate::backend::mpesa::daraja::{DarajaConfig, PRODUCTION_BASE_URL, SANDBOX_BASE_URL};
+    let m = &config.mpesa;
+    let callback_base = if m.callback_base_url.is_empty() { public_url } else { m.callback_base_url.as_str() };
+    DarajaConfig {
+        base_url: match (m.base_url.as_str(), m.environment.as_str()) {
+            ("", "production") => PRODUCTION_BASE_URL.to_string(),
+            ("", _) => SANDBOX_BASE_URL.to_string(),
+            (url, _) => url.trim_end_matches('/').to_string(),
+        },
+        consumer_key: m.consumer_key.clone(),
+        consumer_secret: m.consumer_secret.clone(),
+        short_code: m.short_code.clone(),
+        passkey: m.passkey.clone(),
+        callback_url: format!(
+            "{}/callbacks/mpesa/stk/{}",
+            callback_base.trim_end_matches('/'),
+            m.callback_secret.expose()
+        ),
+        transaction_type: m.transaction_type.clone(),
+        party_b: if m.party_b.is_empty() { m.short_code.clone() } else { m.party_b.clone() },
+        connect_timeout: Duration::from_millis(m.connect_timeout_ms as u64),
+        request_timeout: Duration::from_millis(m.request_timeout_ms as u64),
+        token_refresh_margin_secs: m.token_refresh_margin_secs,
+    }
+}
+
+/// The public base URL clients use: configured, or derived from the bound address.
+pub fn public_url(config: &Config, scheme: &str, addr: &str) -> String {
+    if config.server.public_url.is_empty() { format!("{scheme}://{addr}") } else { config.server.public_url.clone() }
+}
+
 /// Open the configured demo accounts that do not exist yet (when `ledger.demo` is on).
 pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Result<(), StartError> {
     if !config.ledger.demo {
@@ -300,11 +334,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         Some(tls_acceptor(&config.server.tls_cert_file, &config.server.tls_key_file)?)
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let public_url = if config.server.public_url.is_empty() {
-        format!("{scheme}://{addr}")
-    } else {
-        config.server.public_url.clone()
-    };
+    let public_url = public_url(&config, scheme, &addr.to_string());
     let resource_url = format!("{public_url}/mcp");
 
     let data_dir = config.storage.data_dir.clone();
@@ -408,34 +438,10 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     let mut mpesa_callback = None;
     if config.mpesa.enabled {
         let m = &config.mpesa;
-        let callback_base =
-            if m.callback_base_url.is_empty() { public_url.clone() } else { m.callback_base_url.clone() };
         let secret = m.callback_secret.clone();
-        let client = crate::backend::mpesa::daraja::DarajaClient::new(
-            crate::backend::mpesa::daraja::DarajaConfig {
-                base_url: match (m.base_url.as_str(), m.environment.as_str()) {
-                    ("", "production") => crate::backend::mpesa::daraja::PRODUCTION_BASE_URL.to_string(),
-                    ("", _) => crate::backend::mpesa::daraja::SANDBOX_BASE_URL.to_string(),
-                    (url, _) => url.trim_end_matches('/').to_string(),
-                },
-                consumer_key: m.consumer_key.clone(),
-                consumer_secret: m.consumer_secret.clone(),
-                short_code: m.short_code.clone(),
-                passkey: m.passkey.clone(),
-                callback_url: format!(
-                    "{}/callbacks/mpesa/stk/{}",
-                    callback_base.trim_end_matches('/'),
-                    secret.expose()
-                ),
-                transaction_type: m.transaction_type.clone(),
-                party_b: if m.party_b.is_empty() { m.short_code.clone() } else { m.party_b.clone() },
-                connect_timeout: Duration::from_millis(m.connect_timeout_ms as u64),
-                request_timeout: Duration::from_millis(m.request_timeout_ms as u64),
-                token_refresh_margin_secs: m.token_refresh_margin_secs,
-            },
-            clock.clone(),
-        )
-        .map_err(|e| StartError::Backend(e.to_string()))?;
+        let client =
+            crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(&config, &public_url), clock.clone())
+                .map_err(|e| StartError::Backend(e.to_string()))?;
         let account =
             crate::ids::AccountId::parse(&m.account).map_err(|e| StartError::Backend(format!("mpesa.account: {e}")))?;
         let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), account);

@@ -50,6 +50,27 @@ enum Command {
         #[arg(long)]
         since: Option<String>,
     },
+    /// Write a commented config for local development or production, and print client configuration
+    /// (Claude Code and Desktop, Cursor, VS Code, Python, TypeScript) for this gateway. Never overwrites.
+    Init {
+        #[arg(long, value_enum, default_value = "dev")]
+        mode: paygate::init::Mode,
+        /// Directory to write paygate.toml into (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The URL clients use, scheme://host[:port] (production default: a placeholder to replace).
+        #[arg(long)]
+        public_url: Option<String>,
+        /// Production: your identity provider's issuer.
+        #[arg(long)]
+        issuer: Option<String>,
+        /// Production: your identity provider's JWKS URL.
+        #[arg(long)]
+        jwks_url: Option<String>,
+    },
+    /// Check a config before starting: validity, dev key vs identity provider, JWKS, store and
+    /// migrations, backend and M-Pesa credentials, URLs and origins, secrets, clock. Exit 1 on any ✗.
+    Doctor,
     /// Work with mandates signed by this gateway.
     Mandate {
         #[command(subcommand)]
@@ -68,25 +89,60 @@ enum MandateCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::from_env(cli.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("paygate: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let file = cli.config.as_deref();
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(config),
-        Command::Token { sub, scope, ttl_secs } => token(&config, &sub, &scope, ttl_secs),
+        // These two work without a valid config: init writes one, doctor reports what is wrong with it.
+        Command::Init { mode, dir, public_url, issuer, jwks_url } => {
+            init(paygate::init::InitOptions { mode, dir, public_url, issuer, jwks_url })
+        }
+        Command::Doctor => doctor(file),
+        Command::Serve => with_config(file, serve),
+        Command::Token { sub, scope, ttl_secs } => with_config(file, |c| token(&c, &sub, &scope, ttl_secs)),
         Command::Tools => {
             tools();
             ExitCode::SUCCESS
         }
-        Command::Mandate { command: MandateCommand::Verify { jws } } => verify_mandate(&config, &jws),
-        Command::Migrate => migrate(&config),
-        Command::LedgerServe { bind } => ledger_serve(config, &bind),
-        Command::Reconcile { since } => reconcile(config, since.as_deref()),
+        Command::Mandate { command: MandateCommand::Verify { jws } } => with_config(file, |c| verify_mandate(&c, &jws)),
+        Command::Migrate => with_config(file, |c| migrate(&c)),
+        Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
+        Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
     }
+}
+
+/// Load the config (defaults → file → environment) and run `f` with it; exit 2 when it is invalid.
+fn with_config(file: Option<&std::path::Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    match Config::from_env(file) {
+        Ok(c) => f(c),
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init(opts: paygate::init::InitOptions) -> ExitCode {
+    let mode = opts.mode;
+    let dir = opts.dir.clone();
+    match paygate::init::write_config(&opts) {
+        Ok(written) => {
+            println!("wrote {}", written.config_path.display());
+            println!("check it:  paygate doctor --config {}", written.config_path.display());
+            println!("run it:    paygate serve --config {}\n", written.config_path.display());
+            print!("{}", paygate::init::client_snippets(mode, &written.mcp_url, &dir));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("paygate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn doctor(file: Option<&std::path::Path>) -> ExitCode {
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    let report = rt.block_on(paygate::doctor::run(file, std::env::vars()));
+    print!("{}", report.render());
+    if report.failed() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }
 
 fn runtime() -> Option<tokio::runtime::Runtime> {
@@ -304,11 +360,7 @@ fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> Exit
             return ExitCode::FAILURE;
         }
     };
-    let public_url = if config.server.public_url.is_empty() {
-        format!("http://{}", config.server.bind)
-    } else {
-        config.server.public_url.clone()
-    };
+    let public_url = paygate::app::public_url(config, "http", &config.server.bind);
     let audience = format!("{public_url}/mcp");
     let issuer = paygate::app::dev_issuer(config, &public_url);
     match paygate::auth::mint_dev_token(&key, &issuer, &audience, sub, scope, SystemClock.now(), ttl) {

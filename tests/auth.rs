@@ -711,7 +711,8 @@ async fn sessions_are_bound_to_their_principal() {
 
     // A can end its own session; afterwards it is unknown.
     let r = send(delete(&a).header("mcp-protocol-version", "2025-11-25")).await;
-    assert!(r.status.is_success(), "A deleting its own session: {} {}", r.status, r.body);
+    // 204, not rmcp's 202: official clients treat anything but 200/204 as a failed termination.
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "A deleting its own session: {}", r.body);
     let r = send(on_session(&a, TOOLS_LIST)).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "A's deleted session: {}", r.body);
 

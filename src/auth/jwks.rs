@@ -101,18 +101,7 @@ impl JwksCache {
         s.last_attempt = Some(started);
         match result {
             Ok(set) => {
-                let mut keys = HashMap::new();
-                for jwk in &set.keys {
-                    // Symmetric keys never come from a JWKS.
-                    if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
-                        continue;
-                    }
-                    let (Some(kid), Ok(key)) = (jwk.common.key_id.clone(), DecodingKey::from_jwk(jwk)) else {
-                        continue;
-                    };
-                    let alg = jwk.common.key_algorithm.map(|a| format!("{a:?}"));
-                    keys.insert(kid, CachedKey { key, alg });
-                }
+                let keys = usable_keys(&set);
                 tracing::info!(jwks.url = %self.url, jwks.keys = keys.len(), "fetched JWKS");
                 let mut old: Vec<&String> = s.keys.keys().collect();
                 let mut new: Vec<&String> = keys.keys().collect();
@@ -130,4 +119,28 @@ impl JwksCache {
             }
         }
     }
+}
+
+/// The keys of a JWKS that can verify tokens, by key id: asymmetric keys with a `kid` that parse.
+/// Symmetric keys never come from a JWKS; keys without a `kid` cannot be selected by a token.
+fn usable_keys(set: &JwkSet) -> HashMap<String, CachedKey> {
+    let mut keys = HashMap::new();
+    for jwk in &set.keys {
+        if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
+            continue;
+        }
+        let (Some(kid), Ok(key)) = (jwk.common.key_id.clone(), DecodingKey::from_jwk(jwk)) else {
+            continue;
+        };
+        let alg = jwk.common.key_algorithm.map(|a| format!("{a:?}"));
+        keys.insert(kid, CachedKey { key, alg });
+    }
+    keys
+}
+
+/// The key ids of `set` this gateway would accept tokens from (what `paygate doctor` reports).
+pub fn usable_key_ids(set: &JwkSet) -> Vec<String> {
+    let mut ids: Vec<String> = usable_keys(set).into_keys().collect();
+    ids.sort();
+    ids
 }

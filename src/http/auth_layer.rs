@@ -224,7 +224,13 @@ pub async fn session_binding(State(state): State<AppState>, req: Request, next: 
                 state.sessions.bind(id.to_string(), principal.issuer, principal.subject);
             }
         }
-        Some(id) if method == Method::DELETE && resp.status().is_success() => state.sessions.unbind(&id),
+        Some(id) if method == Method::DELETE && resp.status().is_success() => {
+            state.sessions.unbind(&id);
+            // rmcp answers a session DELETE with 202 Accepted; the official clients expect 200 or 204
+            // (the Python SDK logs "Session termination failed: 202" otherwise). The session is gone
+            // by now, so say so plainly.
+            return StatusCode::NO_CONTENT.into_response();
+        }
         Some(_) => {}
     }
     resp

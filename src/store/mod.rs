@@ -34,6 +34,15 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
+/// How far a database's schema is migrated, read without changing anything (`paygate doctor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaStatus {
+    /// Migrations the database has applied.
+    pub applied: i64,
+    /// Migrations this binary knows.
+    pub known: i64,
+}
+
 /// Audited refusals that count toward a subject's stop rule: policy denials, not argument typos or
 /// business outcomes such as insufficient funds.
 pub const DENIAL_CODES: &[&str] = &[

@@ -130,6 +130,33 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// The schema version in `schema`, read over one short connection: nothing is created or migrated.
+    pub async fn schema_status(
+        url: &str,
+        schema: &str,
+        timeout: std::time::Duration,
+    ) -> Result<super::SchemaStatus, StoreError> {
+        let mut cfg: tokio_postgres::Config =
+            url.parse().map_err(|e: tokio_postgres::Error| StoreError::Database(e.to_string()))?;
+        if !schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || schema.is_empty() {
+            return Err(StoreError::Database("storage.postgres_schema must be letters, digits and _".into()));
+        }
+        cfg.connect_timeout(timeout);
+        let (client, connection) = tokio::time::timeout(timeout, cfg.connect(NoTls))
+            .await
+            .map_err(|_| StoreError::Database(format!("no answer within {} ms", timeout.as_millis())))??;
+        let driver = tokio::spawn(connection);
+        let table = format!("{schema}.schema_migrations");
+        let applied = match client.query_one(&format!("SELECT COALESCE(MAX(version), 0) FROM {table}"), &[]).await {
+            Ok(row) => row.get::<_, i64>(0),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        drop(client);
+        let _ = driver.await;
+        Ok(super::SchemaStatus { applied, known: MIGRATIONS.len() as i64 })
+    }
+
     async fn migrate(&self, schema: &str) -> Result<(), StoreError> {
         let mut client = self.pool.get().await?;
         client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await?;

@@ -111,6 +111,16 @@ impl SqliteStore {
         Self::init(path, None)
     }
 
+    /// The schema version of the database at `path`, opened read-only: nothing is created or migrated.
+    /// A file that is not an SQLite database is an error.
+    pub fn schema_status(path: &Path) -> Result<super::SchemaStatus, StoreError> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        // Reading the schema table makes SQLite check the file header.
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))?;
+        let applied: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        Ok(super::SchemaStatus { applied, known: MIGRATIONS.len() as i64 })
+    }
+
     /// A private throwaway database (a temporary file, so readers and the writer share it).
     pub fn open_in_memory() -> Result<Self, StoreError> {
         let path = std::env::temp_dir().join(format!("paygate-{}.sqlite3", uuid::Uuid::new_v4().simple()));

@@ -101,6 +101,14 @@ for era in legacy modern; do
   client "typescript client 2.4.0 $era" node ts_client.mjs --url "$mcp" --token "$tok" --era "$era" --op-prefix "ts-$era-$run_id"
   client "inspector 2.12.0 $era" node inspector.mjs --url "$mcp" --token "$tok" --era "$era" --op-prefix "in-$era-$run_id"
 done
+# The Python SDK logs "Session termination failed: <status>" when a session DELETE answers anything
+# but 200/204: its sessions must close cleanly in both eras.
+for era in legacy modern; do
+  log="$work/python_mcp_2.3.0_$era.log"
+  if [ -f "$log" ] && ! grep -q 'Session termination failed' "$log"; then ok=0; else ok=1; fi
+  result "python mcp 2.3.0 $era closes its session cleanly" $ok
+  [ "$ok" = 0 ] || grep 'Session termination failed' "$log" | head -3 | sed 's/^/    /'
+done
 client "typescript sdk 1.32.2 legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "sdk1-$run_id"
 client "mcp-remote 0.15.1 stdio legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "remote-$run_id" --via mcp-remote
 

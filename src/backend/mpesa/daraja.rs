@@ -650,6 +650,12 @@ impl DarajaClient {
         }
     }
 
+    /// Ask Daraja for a fresh OAuth token with the configured app credentials (`paygate doctor`).
+    /// The token itself is dropped, never shown.
+    pub async fn check_credentials(&self) -> Result<(), DarajaError> {
+        self.fetch_token().await.map(drop)
+    }
+
     /// The cached token, or a fresh one. Callers arriving during a fetch wait for it.
     async fn token(&self) -> Result<Secret, DarajaError> {
         let mut guard = self.inner.token.lock().await;

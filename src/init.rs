@@ -1,0 +1,316 @@
+//! `paygate init`: a commented starting config for one of two modes, and ready-to-paste client
+//! configuration pointing at that gateway. It writes one file and never overwrites one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Which kind of deployment the written config is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// SQLite in a local data directory, the embedded ledger, the dev signing key.
+    Dev,
+    /// Tokens from your identity provider (issuer + JWKS), PostgreSQL, secrets by environment.
+    Production,
+}
+
+/// What `init` needs to fill in. Production values default to placeholders the doctor flags.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    pub mode: Mode,
+    pub dir: PathBuf,
+    /// `scheme://host[:port]` clients use; dev: derived from the bind address.
+    pub public_url: Option<String>,
+    pub issuer: Option<String>,
+    pub jwks_url: Option<String>,
+}
+
+pub const CONFIG_FILE: &str = "paygate.toml";
+const DEV_BIND: &str = "127.0.0.1:8080";
+const PLACEHOLDER_PUBLIC_URL: &str = "https://pay.example.com";
+const PLACEHOLDER_ISSUER: &str = "https://idp.example.com/";
+const PLACEHOLDER_JWKS_URL: &str = "https://idp.example.com/.well-known/jwks.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("{0} exists; paygate init never overwrites a file (move it away or pick another --dir)")]
+    Exists(PathBuf),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// What was written, and the gateway URL the snippets point at.
+#[derive(Debug)]
+pub struct Written {
+    pub config_path: PathBuf,
+    pub mcp_url: String,
+}
+
+/// Write `<dir>/paygate.toml` for the mode. Refuses to overwrite (the check and the create are one
+/// `create_new` open, so two concurrent inits cannot both write).
+pub fn write_config(opts: &InitOptions) -> Result<Written, InitError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| InitError::Io { path, source }
+    };
+    std::fs::create_dir_all(&opts.dir).map_err(io(&opts.dir))?;
+    let path = opts.dir.join(CONFIG_FILE);
+    let (text, public_url) = render(opts);
+    let mut file = match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(InitError::Exists(path)),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    file.write_all(text.as_bytes()).map_err(io(&path))?;
+    file.sync_all().map_err(io(&path))?;
+    Ok(Written { config_path: path, mcp_url: format!("{public_url}/mcp") })
+}
+
+/// The config text and the public URL it serves at.
+fn render(opts: &InitOptions) -> (String, String) {
+    match opts.mode {
+        Mode::Dev => {
+            let public_url = opts.public_url.clone().unwrap_or_else(|| format!("http://{DEV_BIND}"));
+            let data_dir = opts.dir.join("data");
+            let public_line = match &opts.public_url {
+                Some(u) => format!("public_url = {}", toml_str(u)),
+                None => "# public_url = \"\"   # empty: derived from bind (http://127.0.0.1:8080)".to_string(),
+            };
+            let text = DEV_TEMPLATE
+                .replace("{bind}", &toml_str(DEV_BIND))
+                .replace("{public_url_line}", &public_line)
+                .replace("{data_dir}", &toml_str(&data_dir.to_string_lossy()));
+            (text, public_url)
+        }
+        Mode::Production => {
+            let public_url = opts.public_url.clone().unwrap_or_else(|| PLACEHOLDER_PUBLIC_URL.to_string());
+            let issuer = opts.issuer.clone().unwrap_or_else(|| PLACEHOLDER_ISSUER.to_string());
+            let jwks = opts.jwks_url.clone().unwrap_or_else(|| PLACEHOLDER_JWKS_URL.to_string());
+            let text = PRODUCTION_TEMPLATE
+                .replace("{public_url}", &toml_str(&public_url))
+                .replace("{issuer}", &toml_str(&issuer))
+                .replace("{jwks_url}", &toml_str(&jwks))
+                .replace("{data_dir}", &toml_str(&opts.dir.join("data").to_string_lossy()));
+            (text, public_url)
+        }
+    }
+}
+
+/// A TOML basic string. JSON's string escapes (\", \\, \n, \uXXXX, …) are all valid in TOML basic strings.
+fn toml_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+const DEV_TEMPLATE: &str = r#"# paygate configuration, written by `paygate init --mode dev`.
+# Local development: SQLite in data_dir, the embedded reference ledger with demo accounts, and a dev
+# signing key (generated into data_dir) that `paygate token` mints agent tokens with.
+# Every key, its default and its bounds: config/default.toml. Environment variables
+# PAYGATE_<SECTION>__<KEY> override this file.
+#
+#   paygate serve --config paygate.toml        (from a checkout: cargo run --release -- --config paygate.toml)
+#   paygate doctor --config paygate.toml       checks this file, the store and the keys
+
+[server]
+bind = {bind}
+{public_url_line}
+
+[storage]
+# The SQLite database and the generated keys (dev-signing.key, idempotency.key, mandate.key; mode 0600).
+data_dir = {data_dir}
+
+[auth]
+# Accept HS256 tokens signed with the dev key. Never in production: `paygate init --mode production`.
+dev_key_enabled = true
+
+[dev]
+# Print a ready-to-use token for this subject at start.
+print_token = true
+subject = "dev-agent"
+scopes = "payments:read payments:create payments:refund"
+
+[ledger]
+# Opens acct-A (KES 1,000,000.00), acct-B and acct-Z on first start. The compiled-in "dev" policy
+# profile lets dev-agent pay between acct-A and acct-B, up to KES 1,000.00 per payment alone.
+demo = true
+"#;
+
+const PRODUCTION_TEMPLATE: &str = r#"# paygate configuration, written by `paygate init --mode production`.
+# Agents' tokens come from your identity provider; state lives in PostgreSQL (shared by replicas);
+# secrets come from the environment, never from this file. Every key, its default and its bounds:
+# config/default.toml. Check everything before the first start:
+#
+#   paygate doctor --config paygate.toml
+#
+# Secrets, from your secret store, the same values on every replica:
+#   PAYGATE_STORAGE__URL=postgres://paygate:<password>@db:5432/paygate   (overrides storage.url below)
+#   PAYGATE_IDEMPOTENCY__SECRET=<at least 32 random characters, e.g. `openssl rand -base64 32`>
+#   PAYGATE_MANDATES__SECRET=<another 32+ random characters>
+
+[server]
+bind = "0.0.0.0:8080"
+# The URL clients use. Tokens must carry "<public_url>/mcp" as their audience. Behind a proxy this is
+# the proxy's https URL.
+public_url = {public_url}
+# Browser origins allowed to call /mcp, e.g. ["https://console.example.com"].
+allowed_origins = []
+
+[storage]
+# Without a password here; PAYGATE_STORAGE__URL with the password replaces this value.
+url = "postgres://paygate@127.0.0.1:5432/paygate"
+postgres_schema = "paygate"
+data_dir = {data_dir}
+
+[auth]
+# Your authorization server: its issuer ("iss") and JWKS. RS*, PS*, ES* and EdDSA keys.
+issuer = {issuer}
+jwks_url = {jwks_url}
+# The dev key must stay off when an identity provider issues the tokens.
+dev_key_enabled = false
+
+[dev]
+print_token = false
+
+[policy]
+# Agents no profile names get nothing (fail closed).
+default_profile = "none"
+
+[[policy.profiles]]
+name = "none"
+allowed_accounts = []
+daily_payments_max = 1
+calls_per_minute = 60
+
+# One profile per agent (or kind of agent), matched by token subject or client id.
+[[policy.profiles]]
+name = "billing-agent"
+issuer = {issuer}
+client_ids = ["billing-agent"]
+allowed_accounts = ["acct-operating", "acct-vendors"]
+# Per payment without a human; above it the call returns APPROVAL_REQUIRED.
+autonomous_limit = { USD = "100.00" }
+daily_limit = { USD = "1000.00" }
+daily_payments_max = 100
+calls_per_minute = 120
+
+[ledger]
+# No demo accounts in production.
+demo = false
+"#;
+
+/// Ready-to-paste client configuration for `mcp_url`, with the token kept out of files the client
+/// shares (an environment variable, a prompt, or a 0600 header file).
+pub fn client_snippets(mode: Mode, mcp_url: &str, dir: &Path) -> String {
+    let headers = dir.join("paygate.headers");
+    let headers = headers.to_string_lossy();
+    let get_token = match mode {
+        Mode::Dev => format!(
+            "export PAYGATE_TOKEN=$(paygate --config {} token --sub dev-agent --scope \"payments:read payments:create\")",
+            dir.join(CONFIG_FILE).to_string_lossy()
+        ),
+        Mode::Production => {
+            "export PAYGATE_TOKEN=<an access token from your identity provider, audience = the URL above>".to_string()
+        }
+    };
+    let url = mcp_url;
+    format!(
+        r#"MCP endpoint: {url}
+
+A token for the agent:
+  {get_token}
+
+Claude Code:
+  claude mcp add --transport http paygate {url} --header "Authorization: Bearer $PAYGATE_TOKEN"
+
+Claude Desktop (stdio bridge through mcp-remote; the token stays in a 0600 header file):
+  (umask 077; printf 'Authorization: Bearer %s\n' "$PAYGATE_TOKEN" > {headers})
+  claude_desktop_config.json:
+  {{ "mcpServers": {{ "paygate": {{ "command": "npx",
+      "args": ["mcp-remote@0.15.1", "{url}", "--header-file", "{headers}"] }} }} }}
+
+Cursor (~/.cursor/mcp.json):
+  {{ "mcpServers": {{ "paygate": {{ "url": "{url}",
+      "headers": {{ "Authorization": "Bearer ${{env:PAYGATE_TOKEN}}" }} }} }} }}
+
+VS Code (.vscode/mcp.json; asks for the token once and keeps it in its secret storage):
+  {{ "inputs": [{{ "type": "promptString", "id": "paygate-token", "description": "paygate token", "password": true }}],
+    "servers": {{ "paygate": {{ "type": "http", "url": "{url}",
+      "headers": {{ "Authorization": "Bearer ${{input:paygate-token}}" }} }} }} }}
+
+Python (pip install mcp==2.3.0):
+  import asyncio, os, httpx2
+  from mcp.client import Client
+  from mcp.client.streamable_http import streamable_http_client
+
+  async def main():
+      http = httpx2.AsyncClient(headers={{"Authorization": f"Bearer {{os.environ['PAYGATE_TOKEN']}}"}})
+      async with http, Client(streamable_http_client("{url}", http_client=http), mode="auto") as client:
+          print(await client.call_tool("get_balance", {{"account_id": "acct-A"}}))
+
+  asyncio.run(main())
+
+TypeScript (npm install @modelcontextprotocol/client@2.4.0):
+  import {{ Client, StreamableHTTPClientTransport }} from '@modelcontextprotocol/client';
+  const transport = new StreamableHTTPClientTransport(new URL('{url}'), {{
+      authProvider: {{ token: async () => process.env.PAYGATE_TOKEN }} }});
+  const client = new Client({{ name: 'my-agent', version: '1.0.0' }});
+  await client.connect(transport);
+  console.log(await client.callTool({{ name: 'get_balance', arguments: {{ account_id: 'acct-A' }} }}));
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(mode: Mode, dir: &Path) -> InitOptions {
+        InitOptions { mode, dir: dir.to_path_buf(), public_url: None, issuer: None, jwks_url: None }
+    }
+
+    #[test]
+    fn both_templates_load_as_valid_config_and_say_what_they_promise() {
+        let dir = tempfile::tempdir().unwrap();
+        for mode in [Mode::Dev, Mode::Production] {
+            let sub = dir.path().join(format!("{mode:?}"));
+            let w = write_config(&opts(mode, &sub)).unwrap();
+            let c = crate::config::Config::load(Some(&w.config_path), Vec::<(String, String)>::new())
+                .unwrap_or_else(|e| panic!("{mode:?} template: {e}"));
+            match mode {
+                Mode::Dev => {
+                    assert!(c.auth.dev_key_enabled);
+                    assert_eq!(c.storage.url, "", "dev is SQLite");
+                    assert_eq!(w.mcp_url, "http://127.0.0.1:8080/mcp");
+                }
+                Mode::Production => {
+                    assert!(!c.auth.dev_key_enabled, "production never accepts the dev key");
+                    assert!(!c.dev.print_token);
+                    assert!(c.storage.url.starts_with("postgres://"));
+                    assert!(!c.auth.issuer.is_empty() && !c.auth.jwks_url.is_empty());
+                    assert!(!c.ledger.demo);
+                    // The compiled-in dev profile does not survive into production.
+                    assert!(c.policy.profiles.iter().all(|p| p.name != "dev"), "{:?}", c.policy.profiles);
+                    assert!(c.idempotency.secret.is_none(), "secrets are not in the file");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn init_never_overwrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = write_config(&opts(Mode::Dev, dir.path())).unwrap();
+        let before = std::fs::read(&first.config_path).unwrap();
+        let again = write_config(&opts(Mode::Production, dir.path()));
+        assert!(matches!(again, Err(InitError::Exists(_))), "{again:?}");
+        assert_eq!(std::fs::read(&first.config_path).unwrap(), before);
+    }
+
+    #[test]
+    fn values_are_escaped_into_toml() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(Mode::Production, dir.path());
+        o.issuer = Some("https://idp.example.com/\"\nx = 1".into());
+        let (text, _) = render(&o);
+        let parsed: toml::Table = text.parse().unwrap();
+        assert_eq!(parsed["auth"]["issuer"].as_str(), Some("https://idp.example.com/\"\nx = 1"));
+    }
+}
