@@ -524,7 +524,10 @@ fn clock(c: &Config, remote: &[(String, time::OffsetDateTime)], r: &mut Report) 
             "synchronise the system clock (NTP) on this host or the other",
         ),
         Some((who, skew)) => r.pass("clock", format!("within {} s of {who}'s clock", skew.abs())),
-        None => r.pass("clock", format!("{now:.0}, no remote clock to compare with")),
+        None => {
+            let shown = now.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+            r.pass("clock", format!("{shown}, no remote clock to compare with"))
+        }
     }
 }
 

@@ -73,26 +73,26 @@ fn bench_config() -> String {
     out
 }
 
+/// Load benchmark of the release binary against a same-run bare-axum baseline; prints a table.
+#[derive(clap::Parser)]
+#[command(name = "paygate-bench")]
 struct Args {
+    /// Seconds per scenario (1 ..= 120).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=120))]
     secs: u64,
-    connections: usize,
+    /// Concurrent connections (1 ..= 1024).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    connections: u64,
+    /// Internal: run as the bare axum baseline server (the benchmark starts itself with this).
+    #[arg(long, hide = true)]
+    baseline_server: bool,
+    /// PostgreSQL rows run when PAYGATE_BENCH_DATABASE_URL (or PAYGATE_TEST_DATABASE_URL) is set.
+    #[arg(skip)]
     database_url: Option<String>,
 }
 
 fn args() -> Args {
-    let mut a = Args { secs: 10, connections: 64, database_url: None };
-    let argv: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < argv.len() {
-        match argv[i].as_str() {
-            "--secs" => a.secs = argv.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(10).clamp(1, 120),
-            "--connections" => {
-                a.connections = argv.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(64).clamp(1, 1024)
-            }
-            _ => {}
-        }
-        i += 1;
-    }
+    let mut a = <Args as clap::Parser>::parse();
     a.database_url = std::env::var("PAYGATE_BENCH_DATABASE_URL")
         .or_else(|_| std::env::var("PAYGATE_TEST_DATABASE_URL"))
         .ok()
@@ -362,7 +362,7 @@ async fn run(s: Scenario, url: &str, token: &str, era: Era, a: &Args, run_id: &s
     let deadline = Instant::now() + Duration::from_secs(a.secs);
     let mut tasks = tokio::task::JoinSet::new();
     let started = Instant::now();
-    for c in 0..a.connections {
+    for c in 0..a.connections as usize {
         let (url, token, run_id) = (url.to_string(), token.to_string(), run_id.to_string());
         tasks.spawn(async move {
             let mut out = Outcome::default();
@@ -474,12 +474,12 @@ async fn integrity(url: &str, token: &str) -> bool {
 
 #[tokio::main]
 async fn main() {
-    if std::env::args().any(|a| a == "--baseline-server") {
+    let a = args();
+    if a.baseline_server {
         baseline_server().await;
         return;
     }
     paygate::install_crypto_provider();
-    let a = args();
     let jwks = jwks_server().await;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!(

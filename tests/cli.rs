@@ -1,0 +1,393 @@
+//! `paygate init` and `paygate doctor`, black-box: the real binary, real config files, and real
+//! misconfigurations (closed ports, a JWKS with no usable key, an IdP whose clock is an hour off,
+//! a database that is not migrated, Daraja refusing the credentials, …). Each ✗ doctor can print is
+//! produced here by the mistake it is meant to catch.
+
+mod common;
+#[path = "common/daraja.rs"]
+mod daraja;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, EncodingKey};
+
+fn paygate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_paygate"));
+    // Only what the test says: no PAYGATE_* from the developer's shell.
+    cmd.env_clear().args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("paygate runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `paygate doctor --config <dir>/paygate.toml` with `toml` as the file.
+fn doctor(dir: &Path, toml: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let file = dir.join("paygate.toml");
+    std::fs::write(&file, toml).unwrap();
+    let o = paygate(&["doctor", "--config", file.to_str().unwrap()], env);
+    (o.status.code().unwrap_or(-1), stdout(&o))
+}
+
+/// The line of check `name`, asserting its mark.
+fn line<'a>(out: &'a str, mark: char, name: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(mark) && l[mark.len_utf8()..].trim_start().starts_with(name))
+        .unwrap_or_else(|| panic!("no `{mark} {name}` line in:\n{out}"))
+}
+
+fn assert_fails(code: i32, out: &str, name: &str, says: &str) {
+    assert_eq!(code, 1, "doctor exits 1 on a failed check:\n{out}");
+    let l = line(out, '✗', name);
+    assert!(l.contains(says), "`{name}` should say {says:?}:\n{out}");
+    assert!(out.contains("fix: "), "a fix hint under the ✗:\n{out}");
+}
+
+/// A data directory in the temp dir (so the default ./data of the test's cwd is never touched).
+fn base_toml(dir: &Path) -> String {
+    format!("[storage]\ndata_dir = {:?}\n", dir.join("data").to_str().unwrap())
+}
+
+fn rsa_jwk(kid: &str) -> Jwk {
+    let pem = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rsa1.pem")).unwrap();
+    let mut jwk = Jwk::from_encoding_key(&EncodingKey::from_rsa_pem(&pem).unwrap(), Algorithm::RS256).unwrap();
+    jwk.common.key_id = Some(kid.to_string());
+    jwk
+}
+
+/// An identity provider's JWKS endpoint serving `set`, whose HTTP `Date` is `skew_secs` off ours.
+async fn idp(set: serde_json::Value, skew_secs: i64) -> (String, tokio::task::JoinHandle<()>) {
+    let router = axum::Router::new().route(
+        "/jwks.json",
+        axum::routing::get(move || {
+            let set = set.clone();
+            async move {
+                let at = time::OffsetDateTime::now_utc() + time::Duration::seconds(skew_secs);
+                let date = at.format(&time::format_description::well_known::Rfc2822).unwrap();
+                ([(axum::http::header::DATE, date)], axum::Json(set))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    (url, task)
+}
+
+fn good_jwks() -> serde_json::Value {
+    serde_json::to_value(JwkSet { keys: vec![rsa_jwk("k1")] }).unwrap()
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// In a blocking task: the child process must not hold a runtime worker while the test's own
+/// servers (JWKS, Daraja fake) need it to answer.
+async fn doctor_async(dir: &Path, toml: String, env: Vec<(String, String)>) -> (i32, String) {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        doctor(&dir, &toml, &env)
+    })
+    .await
+    .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// init
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn init_writes_a_dev_config_that_doctor_passes_and_refuses_to_overwrite_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gw");
+    let o = paygate(&["init", "--dir", target.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "init: {}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    let file = target.join("paygate.toml");
+    assert!(out.contains(&format!("wrote {}", file.display())), "{out}");
+    for client in [
+        "claude mcp add --transport http paygate http://127.0.0.1:8080/mcp",
+        "mcp-remote@0.15.1",
+        "Cursor",
+        "VS Code",
+        "streamable_http_client(",
+        "StreamableHTTPClientTransport",
+    ] {
+        assert!(out.contains(client), "snippet for {client:?} in:\n{out}");
+    }
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(written.contains("dev_key_enabled = true"), "{written}");
+
+    // The fresh dev config is ready to run: every check passes before the first start.
+    let o = paygate(&["doctor", "--config", file.to_str().unwrap()], &[]);
+    let report = stdout(&o);
+    assert!(o.status.success(), "doctor on a fresh dev config:\n{report}");
+    assert!(!report.contains('✗'), "{report}");
+    assert!(line(&report, '✓', "store").contains("created on first start"), "{report}");
+
+    // Again: refused, exit 1, the file unchanged.
+    let o = paygate(&["init", "--mode", "production", "--dir", target.to_str().unwrap()], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("never overwrites"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), written);
+}
+
+#[tokio::test]
+async fn init_production_config_runs_against_a_real_idp_once_its_secrets_are_set() {
+    let (jwks_url, _idp) = idp(good_jwks(), 0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = "http://127.0.0.1/issuer";
+    let (d, j) = (dir.path().to_str().unwrap().to_string(), jwks_url.clone());
+    let o = tokio::task::spawn_blocking(move || {
+        paygate(
+            &[
+                "init",
+                "--mode",
+                "production",
+                "--dir",
+                &d,
+                "--public-url",
+                "https://pay.example.com",
+                "--issuer",
+                issuer,
+                "--jwks-url",
+                &j,
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).contains("https://pay.example.com/mcp"), "{}", stdout(&o));
+    let toml = std::fs::read_to_string(dir.path().join("paygate.toml")).unwrap();
+    // Without its secrets and database, the production config is not ready, and doctor says why.
+    let env =
+        vec![("PAYGATE_STORAGE__URL".to_string(), format!("postgres://paygate@127.0.0.1:{}/paygate", closed_port()))];
+    let (code, out) = doctor_async(dir.path(), toml.clone(), env).await;
+    assert_eq!(code, 1, "{out}");
+    line(&out, '✓', "dev key");
+    line(&out, '✓', "identity");
+    line(&out, '✗', "store");
+    assert!(line(&out, '✗', "secrets").contains("idempotency.secret is not set while the store is shared"), "{out}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// doctor: each ✗ from a real mistake
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn doctor_rejects_an_invalid_config_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = doctor(dir.path(), "[server]\nbody_bytes_max = 1\n", &[]);
+    assert_fails(code, &out, "config", "server.body_bytes_max");
+    let (code, out) = doctor(dir.path(), "[server\n", &[]);
+    assert_fails(code, &out, "config", "not valid TOML");
+}
+
+#[tokio::test]
+async fn doctor_flags_the_dev_key_left_on_beside_an_identity_provider() {
+    let (jwks, _idp) = idp(good_jwks(), 0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!("{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {jwks:?}\n", base_toml(dir.path()));
+    let (code, out) = doctor_async(dir.path(), toml.clone(), vec![]).await;
+    assert_fails(code, &out, "dev key", "on while an identity provider is configured");
+    assert!(line(&out, '✓', "identity").contains("k1"), "{out}");
+    // Switched off: that check passes.
+    let (_, out) = doctor_async(dir.path(), toml, vec![("PAYGATE_AUTH__DEV_KEY_ENABLED".into(), "false".into())]).await;
+    line(&out, '✓', "dev key");
+}
+
+#[tokio::test]
+async fn doctor_flags_an_unreachable_jwks_and_one_without_usable_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = vec![("PAYGATE_AUTH__DEV_KEY_ENABLED".to_string(), "false".to_string())];
+    let url = format!("http://127.0.0.1:{}/jwks.json", closed_port());
+    let toml = format!("{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {url:?}\n", base_toml(dir.path()));
+    let (code, out) = doctor_async(dir.path(), toml, off.clone()).await;
+    assert_fails(code, &out, "identity", "unreachable");
+
+    // Only a symmetric key, and an RSA key without a kid: nothing a token could be verified with.
+    let mut no_kid = rsa_jwk("x");
+    no_kid.common.key_id = None;
+    let oct = serde_json::json!({"kty": "oct", "k": "c2VjcmV0", "kid": "h1", "alg": "HS256"});
+    let set = serde_json::json!({"keys": [oct, serde_json::to_value(no_kid).unwrap()]});
+    let (jwks, _idp) = idp(set, 0).await;
+    let toml = format!("{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {jwks:?}\n", base_toml(dir.path()));
+    let (code, out) = doctor_async(dir.path(), toml, off).await;
+    assert_fails(code, &out, "identity", "no usable signing key");
+}
+
+#[tokio::test]
+async fn doctor_flags_a_clock_an_hour_off_the_identity_providers() {
+    let (jwks, _idp) = idp(good_jwks(), 3600).await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {jwks:?}\ndev_key_enabled = false\n",
+        base_toml(dir.path())
+    );
+    let (code, out) = doctor_async(dir.path(), toml, vec![]).await;
+    assert_fails(code, &out, "clock", "off the identity provider's clock");
+    // Within the leeway: fine.
+    let (ok_jwks, _ok_idp) = idp(good_jwks(), 0).await;
+    let toml = format!(
+        "{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {ok_jwks:?}\ndev_key_enabled = false\n",
+        base_toml(dir.path())
+    );
+    let (code, out) = doctor_async(dir.path(), toml, vec![]).await;
+    assert_eq!(code, 0, "{out}");
+    line(&out, '✓', "clock");
+}
+
+#[test]
+fn doctor_flags_a_database_it_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let db = data.join("paygate.sqlite3");
+
+    // Not a database at all.
+    std::fs::write(&db, b"this is not sqlite, it is a text file that someone put here").unwrap();
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &[]);
+    assert_fails(code, &out, "store", "SQLite");
+
+    // A database an older paygate left behind (schema version 1): not migrated.
+    std::fs::remove_file(&db).unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("CREATE TABLE t (x INTEGER); PRAGMA user_version = 1;").unwrap();
+    drop(conn);
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &[]);
+    assert_fails(code, &out, "store", "not migrated");
+
+    // `paygate migrate` is the fix the doctor names; afterwards the store passes.
+    std::fs::remove_file(&db).unwrap();
+    let file = dir.path().join("paygate.toml");
+    let o = paygate(&["migrate", "--config", file.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, '✓', "store").contains("schema version"), "{out}");
+
+    // A newer paygate's database: this binary must not run on it.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("PRAGMA user_version = 999;").unwrap();
+    drop(conn);
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &[]);
+    assert_fails(code, &out, "store", "newer than this binary");
+
+    // PostgreSQL that does not answer.
+    let url = format!("postgres://paygate@127.0.0.1:{}/paygate", closed_port());
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &[("PAYGATE_STORAGE__URL", &url)]);
+    assert_fails(code, &out, "store", "PostgreSQL unreachable");
+}
+
+#[test]
+fn doctor_checks_postgres_migrations() {
+    let Some(db) = common::database("doctor_checks_postgres_migrations") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "0123456789abcdef0123456789abcdef";
+    let env = [
+        ("PAYGATE_STORAGE__URL", db.url.as_str()),
+        ("PAYGATE_STORAGE__POSTGRES_SCHEMA", db.schema.as_str()),
+        ("PAYGATE_IDEMPOTENCY__SECRET", secret),
+        ("PAYGATE_MANDATES__SECRET", secret),
+    ];
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &env);
+    assert_fails(code, &out, "store", "schema version 0 of");
+    let file = dir.path().join("paygate.toml");
+    let o = paygate(&["migrate", "--config", file.to_str().unwrap()], &env);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (code, out) = doctor(dir.path(), &base_toml(dir.path()), &env);
+    assert_eq!(code, 0, "{out}");
+    line(&out, '✓', "store");
+    line(&out, '✓', "secrets");
+}
+
+#[tokio::test]
+async fn doctor_flags_an_unhealthy_ledger_service_and_refused_daraja_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("http://127.0.0.1:{}", closed_port());
+    let env = vec![
+        ("PAYGATE_BACKEND__KIND".to_string(), "http".to_string()),
+        ("PAYGATE_BACKEND__HTTP_URL".to_string(), url),
+        ("PAYGATE_BACKEND__HTTP_CREDENTIAL".to_string(), "a-long-ledger-credential".to_string()),
+    ];
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), env).await;
+    assert_fails(code, &out, "backend", "unreachable");
+
+    let fake = daraja::DarajaFake::start(daraja::FakeConfig::default()).await;
+    let mpesa = |key: &str| {
+        vec![
+            ("PAYGATE_SERVER__PUBLIC_URL".to_string(), "https://pay.example.com".to_string()),
+            ("PAYGATE_MPESA__ENABLED".to_string(), "true".to_string()),
+            ("PAYGATE_MPESA__BASE_URL".to_string(), fake.base_url()),
+            ("PAYGATE_MPESA__CONSUMER_KEY".to_string(), key.to_string()),
+            ("PAYGATE_MPESA__CONSUMER_SECRET".to_string(), "fake-consumer-secret".to_string()),
+            ("PAYGATE_MPESA__SHORT_CODE".to_string(), daraja::SANDBOX_SHORT_CODE.to_string()),
+            ("PAYGATE_MPESA__PASSKEY".to_string(), daraja::SANDBOX_PASSKEY.to_string()),
+            ("PAYGATE_MPESA__CALLBACK_SECRET".to_string(), "cb-secret-0123456789abcdefgh".to_string()),
+        ]
+    };
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), mpesa("someone-elses-key")).await;
+    assert_fails(code, &out, "m-pesa", "refused");
+    assert!(!out.contains("someone-elses-key") && !out.contains("fake-consumer-secret"), "no secret printed:\n{out}");
+    let (_, out) = doctor_async(dir.path(), base_toml(dir.path()), mpesa("fake-consumer-key")).await;
+    line(&out, '✓', "m-pesa");
+}
+
+#[test]
+fn doctor_flags_urls_clients_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = base_toml(dir.path());
+    let (code, out) = doctor(dir.path(), &format!("{base}[server]\nbind = \"0.0.0.0:8080\"\n"), &[]);
+    assert_fails(code, &out, "urls", "server.public_url is empty while binding 0.0.0.0:8080");
+    let (code, out) = doctor(dir.path(), &format!("{base}[server]\npublic_url = \"http://pay.example.com\"\n"), &[]);
+    assert_fails(code, &out, "urls", "plain http on a non-loopback host");
+    let (code, out) =
+        doctor(dir.path(), &format!("{base}[server]\nallowed_origins = [\"https://console.example.com/\"]\n"), &[]);
+    assert_fails(code, &out, "urls", "is not an origin");
+    let (code, out) = doctor(
+        dir.path(),
+        &format!(
+            "{base}[server]\npublic_url = \"https://pay.example.com\"\nallowed_origins = [\"https://console.example.com\"]\n"
+        ),
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    line(&out, '✓', "urls");
+}
+
+#[test]
+fn doctor_flags_short_missing_and_exposed_secrets_without_printing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = base_toml(dir.path());
+    let short = "c2hvcnQtc2VjcmV0";
+    let (code, out) = doctor(dir.path(), &base, &[("PAYGATE_IDEMPOTENCY__SECRET", short)]);
+    assert_fails(code, &out, "secrets", "idempotency.secret is 16 characters");
+    assert!(!out.contains(short), "the secret itself is never printed:\n{out}");
+
+    // A generated key file others can read.
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key = data.join("mandate.key");
+    std::fs::write(&key, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, out) = doctor(dir.path(), &base, &[]);
+    assert_fails(code, &out, "secrets", "readable by others");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out) = doctor(dir.path(), &base, &[]);
+    assert_eq!(code, 0, "{out}");
+}
