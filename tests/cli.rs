@@ -391,3 +391,109 @@ fn doctor_flags_short_missing_and_exposed_secrets_without_printing_them() {
     let (code, out) = doctor(dir.path(), &base, &[]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[tokio::test]
+async fn doctor_flags_identity_keys_it_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = vec![("PAYGATE_AUTH__DEV_KEY_ENABLED".to_string(), "false".to_string())];
+    // A "public key file" that holds no key.
+    let not_a_key = dir.path().join("idp.pub.pem");
+    std::fs::write(&not_a_key, "-----BEGIN CERTIFICATE REQUEST-----\nnope\n-----END CERTIFICATE REQUEST-----\n")
+        .unwrap();
+    let toml = format!(
+        "{}[auth]\nissuer = \"http://127.0.0.1/idp\"\npublic_key_files = [{:?}]\n",
+        base_toml(dir.path()),
+        not_a_key.to_str().unwrap()
+    );
+    let (code, out) = doctor_async(dir.path(), toml, off.clone()).await;
+    assert_fails(code, &out, "identity", "not an RSA, EC or Ed25519 public key");
+
+    // The JWKS URL is wrong (404), or answers something that is not a key set.
+    let (jwks, _idp) = idp(serde_json::json!({"issuer": "not a key set"}), 0).await;
+    let wrong_path = jwks.replace("/jwks.json", "/.well-known/jwks");
+    for (url, says) in [(wrong_path.as_str(), "answered HTTP 404"), (jwks.as_str(), "is not a JSON Web Key Set")] {
+        let toml = format!("{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {url:?}\n", base_toml(dir.path()));
+        let (code, out) = doctor_async(dir.path(), toml, off.clone()).await;
+        assert_fails(code, &out, "identity", says);
+    }
+}
+
+#[test]
+fn doctor_flags_a_data_directory_that_cannot_be_created() {
+    let dir = tempfile::tempdir().unwrap();
+    // data_dir points below a regular file.
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let toml = format!("[storage]\ndata_dir = {:?}\n", file.join("data").to_str().unwrap());
+    let (code, out) = doctor(dir.path(), &toml, &[]);
+    assert_fails(code, &out, "store", "cannot be created");
+}
+
+#[tokio::test]
+async fn doctor_flags_a_ledger_service_that_is_not_healthy() {
+    // Something answers at the URL, but not the ledger contract's /v1/health.
+    let (jwks, _server) = idp(good_jwks(), 0).await;
+    let base = jwks.trim_end_matches("/jwks.json").to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("PAYGATE_BACKEND__KIND".to_string(), "http".to_string()),
+        ("PAYGATE_BACKEND__HTTP_URL".to_string(), base),
+        ("PAYGATE_BACKEND__HTTP_CREDENTIAL".to_string(), "a-long-ledger-credential".to_string()),
+    ];
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), env).await;
+    assert_fails(code, &out, "backend", "answered HTTP 404");
+}
+
+#[test]
+fn doctor_flags_plain_http_identity_urls_and_callbacks_daraja_cannot_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = base_toml(dir.path());
+    let toml = format!(
+        "{base}[auth]\nissuer = \"http://idp.example.com/\"\npublic_key_files = [{:?}]\ndev_key_enabled = false\n",
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rsa1.pub.pem").to_str().unwrap()
+    );
+    let (code, out) = doctor(dir.path(), &toml, &[]);
+    assert_fails(code, &out, "urls", "auth.issuer http://idp.example.com/ is plain http");
+
+    // M-Pesa on a gateway with no public https URL: Daraja could never call back.
+    let env = [
+        ("PAYGATE_MPESA__ENABLED", "true"),
+        ("PAYGATE_MPESA__BASE_URL", "http://127.0.0.1:1"),
+        ("PAYGATE_MPESA__CONSUMER_KEY", "k"),
+        ("PAYGATE_MPESA__CONSUMER_SECRET", "s"),
+        ("PAYGATE_MPESA__SHORT_CODE", "174379"),
+        ("PAYGATE_MPESA__PASSKEY", "p"),
+        ("PAYGATE_MPESA__CALLBACK_SECRET", "cb-secret-0123456789abcdefgh"),
+    ];
+    let (code, out) = doctor(dir.path(), &base, &env);
+    assert_fails(code, &out, "urls", "Daraja calls back only on public https URLs");
+}
+
+#[test]
+fn doctor_flags_weak_keys_and_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = base_toml(dir.path());
+    // A generated key file someone truncated.
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key = data.join("idempotency.key");
+    std::fs::write(&key, "short").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out) = doctor(dir.path(), &base, &[]);
+    assert_fails(code, &out, "secrets", "idempotency.key holds 5 characters");
+    std::fs::remove_file(&key).unwrap();
+
+    let (code, out) = doctor(dir.path(), &base, &[("PAYGATE_AUTH__DEV_KEY", "dev")]);
+    assert_fails(code, &out, "secrets", "auth.dev_key is 3 characters");
+
+    let ledger = format!("http://127.0.0.1:{}", closed_port());
+    let env = [
+        ("PAYGATE_BACKEND__KIND", "http"),
+        ("PAYGATE_BACKEND__HTTP_URL", ledger.as_str()),
+        ("PAYGATE_BACKEND__HTTP_CREDENTIAL", "s3cret"),
+    ];
+    let (code, out) = doctor(dir.path(), &base, &env);
+    assert_fails(code, &out, "secrets", "backend.http_credential is shorter than 16 characters");
+    assert!(!out.contains("s3cret"), "{out}");
+}
