@@ -14,13 +14,11 @@ use crate::auth::jwks::JwksCache;
 use crate::auth::{Secret, Verifier, mint_dev_token};
 use crate::backend::ledger::LedgerBackend;
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
+use crate::config::{BackendKind, Config, MpesaEnvironment};
 use crate::gateway::{Gateway, GatewayLimits};
 use crate::http::{self, AppInner, AppState, RouterConfig, SessionBindings};
 use crate::idempotency::KeyDeriver;
 use crate::mandate::MandateKeys;
-use crate::money::{Currency, parse_minor};
-use crate::policy::Profiles;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AccountSeed, Store};
@@ -50,7 +48,7 @@ fn backend(
     store: &Arc<dyn Store>,
     clock: &Arc<dyn Clock>,
 ) -> Result<(Arc<dyn crate::backend::PaymentBackend>, Option<Arc<crate::backend::http::HttpLedger>>), StartError> {
-    if config.backend.kind != "http" {
+    if config.backend.kind == BackendKind::Ledger {
         return Ok((Arc::new(LedgerBackend::new(store.clone(), clock.clone())), None));
     }
     let b = &config.backend;
@@ -74,13 +72,8 @@ fn backend(
 
 /// Every account some profile may use: what reconciliation asks an external ledger about.
 fn known_accounts(config: &Config) -> Vec<crate::ids::AccountId> {
-    let mut v: Vec<crate::ids::AccountId> = config
-        .policy
-        .profiles
-        .iter()
-        .flat_map(|p| p.allowed_accounts.iter())
-        .filter_map(|a| crate::ids::AccountId::parse(a).ok())
-        .collect();
+    let mut v: Vec<crate::ids::AccountId> =
+        config.policy.profiles.iter().flat_map(|p| p.allowed_accounts.iter().cloned()).collect();
     v.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     v.dedup();
     v
@@ -248,9 +241,9 @@ pub fn daraja_config(config: &Config, public_url: &str) -> crate::backend::mpesa
     let m = &config.mpesa;
     let callback_base = if m.callback_base_url.is_empty() { public_url } else { m.callback_base_url.as_str() };
     DarajaConfig {
-        base_url: match (m.base_url.as_str(), m.environment.as_str()) {
-            ("", "production") => PRODUCTION_BASE_URL.to_string(),
-            ("", _) => SANDBOX_BASE_URL.to_string(),
+        base_url: match (m.base_url.as_str(), m.environment) {
+            ("", MpesaEnvironment::Production) => PRODUCTION_BASE_URL.to_string(),
+            ("", MpesaEnvironment::Sandbox) => SANDBOX_BASE_URL.to_string(),
             (url, _) => url.trim_end_matches('/').to_string(),
         },
         consumer_key: m.consumer_key.clone(),
@@ -284,12 +277,12 @@ pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Resu
     // them together), so start-up does not pay one round trip per configured account.
     let mut opening = tokio::task::JoinSet::new();
     for a in &config.ledger.accounts {
-        // Validated at load; a parse failure here would be a bug, so skip rather than guess.
-        let (Ok(id), Ok(currency)) = (crate::ids::AccountId::parse(&a.id), Currency::parse(&a.currency)) else {
-            continue;
+        let seed = AccountSeed {
+            id: a.id.clone(),
+            currency: a.currency,
+            opening_minor: a.opening_minor,
+            allow_overdraft: a.allow_overdraft,
         };
-        let Ok(opening_minor) = parse_minor(&a.opening_balance, currency) else { continue };
-        let seed = AccountSeed { id, currency, opening_minor, allow_overdraft: a.allow_overdraft };
         let store = store.clone();
         opening.spawn(async move {
             let id = seed.id.clone();
@@ -321,43 +314,77 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     Ok(Arc::new(SqliteStore::open(&path)?))
 }
 
-/// Start the gateway: bind, open state, serve in the background.
+/// Start the gateway: bind, open state, serve in the background. Each step is a function below.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
     crate::install_crypto_provider();
-    let listener = TcpListener::bind(&config.server.bind)
-        .await
-        .map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.server.bind.clone(), source })?;
+    let bound = bind(&config).await?;
+    let public_url = bound.public_url.clone();
+    let data_dir = config.storage.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+    let store = open_store(&config).await?;
+    if config.backend.kind == BackendKind::Ledger {
+        seed_demo_accounts(&config, &store).await?;
+    }
+    let identity = identity(&config, &clock, &public_url)?;
+    let assembled = gateway(&config, &store, &clock, &public_url)?;
+    let shutdown = CancellationToken::new();
+    // Per-operator limits on the approval routes; the scheduler evicts their idle keys.
+    let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
+    let dev_key = identity.dev_key.clone();
+    let router = router(&config, &bound, identity, route_limits.clone(), &assembled, &shutdown);
+    spawn_jobs(&config, &assembled, route_limits, bound.addr, &shutdown);
+    let server = serve(bound.listener, bound.tls, router, shutdown.clone());
+    tracing::info!(http.addr = %bound.addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
+    Ok(Running {
+        addr: bound.addr,
+        public_url,
+        store,
+        gateway: assembled.gateway,
+        dev_key,
+        config,
+        clock,
+        shutdown,
+        server,
+    })
+}
+
+/// The listening socket, TLS when configured, and the public URL clients use.
+struct Bound {
+    listener: TcpListener,
+    addr: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    public_url: String,
+}
+
+async fn bind(config: &Config) -> Result<Bound, StartError> {
+    let bind_err = |source| StartError::Bind { addr: config.server.bind.clone(), source };
+    let listener = TcpListener::bind(&config.server.bind).await.map_err(bind_err)?;
+    let addr = listener.local_addr().map_err(bind_err)?;
     let tls = if config.server.tls_cert_file.is_empty() {
         None
     } else {
         Some(tls_acceptor(&config.server.tls_cert_file, &config.server.tls_key_file)?)
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let public_url = public_url(&config, scheme, &addr.to_string());
-    let resource_url = format!("{public_url}/mcp");
+    let public_url = public_url(config, scheme, &addr.to_string());
+    Ok(Bound { listener, addr, tls, public_url })
+}
 
-    let data_dir = config.storage.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
-    let store = open_store(&config).await?;
+/// Token verification: the dev key (when on) and the identity provider's keys.
+struct Identity {
+    verifier: Verifier,
+    dev_key: Option<Secret>,
+    /// For the RFC 9728 document.
+    authorization_servers: Vec<String>,
+}
 
-    if config.backend.kind == "ledger" {
-        seed_demo_accounts(&config, &store).await?;
-    }
-
-    let idem_secret = match &config.idempotency.secret {
-        Some(s) => s.clone(),
-        None => {
-            let path = data_dir.join("idempotency.key");
-            load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })?
-        }
-    };
-
+fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result<Identity, StartError> {
     let a = &config.auth;
-    let dev_issuer = dev_issuer(&config, &public_url);
-    let mut verifier = Verifier::new(resource_url.clone(), a.leeway_secs, clock.clone())
-        .with_cache(a.verified_token_cache_max as usize);
-    let dev_key = if a.dev_key_enabled { Some(dev_key(&config)?) } else { None };
+    let resource_url = format!("{public_url}/mcp");
+    let dev_issuer = dev_issuer(config, public_url);
+    let mut verifier =
+        Verifier::new(resource_url, a.leeway_secs, clock.clone()).with_cache(a.verified_token_cache_max as usize);
+    let dev_key = if a.dev_key_enabled { Some(dev_key(config)?) } else { None };
     if let Some(k) = &dev_key {
         verifier = verifier.with_dev_key(dev_issuer.clone(), k).map_err(StartError::Auth)?;
     }
@@ -391,36 +418,50 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         authorization_servers.push(a.issuer.clone());
     }
     if dev_key.is_some() {
-        authorization_servers.push(dev_issuer.clone());
+        authorization_servers.push(dev_issuer);
     }
+    Ok(Identity { verifier, dev_key, authorization_servers })
+}
 
-    let (backend, http_ledger) = backend(&config, &store, &clock)?;
-    let mandate_secret = match &config.mandates.secret {
-        Some(s) => s.clone(),
+/// The gateway over its backend and rails, and what the HTTP edge needs to know of the rails.
+struct Assembled {
+    gateway: Arc<Gateway>,
+    http_ledger: Option<Arc<crate::backend::http::HttpLedger>>,
+    disabled_tools: Vec<String>,
+    mpesa_callback: Option<Arc<http::CallbackGuard>>,
+}
+
+/// A key generated into the data directory unless configured (replicas configure a shared one).
+fn secret_or_file(config: &Config, configured: &Option<Secret>, file: &str) -> Result<Secret, StartError> {
+    match configured {
+        Some(s) => Ok(s.clone()),
         None => {
-            let path = data_dir.join("mandate.key");
-            load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })?
+            let path = config.storage.data_dir.join(file);
+            load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })
         }
-    };
+    }
+}
+
+fn gateway(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    clock: &Arc<dyn Clock>,
+    public_url: &str,
+) -> Result<Assembled, StartError> {
+    let idem_secret = secret_or_file(config, &config.idempotency.secret, "idempotency.key")?;
+    let mandate_secret = secret_or_file(config, &config.mandates.secret, "mandate.key")?;
     let mandate_keys =
         Arc::new(MandateKeys::new(config.mandates.key_id.clone(), &mandate_secret).map_err(StartError::Auth)?);
+    let (backend, http_ledger) = backend(config, store, clock)?;
     let limits = GatewayLimits {
-        public_url: public_url.clone(),
+        public_url: public_url.to_string(),
         idempotency_retention_secs: config.idempotency.retention_secs,
         idempotency_lease_secs: config.idempotency.lease_secs,
         idempotency_wait: Duration::from_millis(config.idempotency.wait_ms_max as u64),
         approval_ttl_secs: config.approvals.ttl_secs,
         reviewers_required: config.approvals.reviewers_required,
         high_risk_reviewers: config.approvals.high_risk_reviewers,
-        high_risk_amount_minor: config
-            .approvals
-            .high_risk_amount
-            .iter()
-            .filter_map(|(c, a)| {
-                let c = Currency::parse(c).ok()?;
-                Some((c, parse_minor(a, c).ok()?))
-            })
-            .collect(),
+        high_risk_amount_minor: config.approvals.high_risk_amount.iter().collect(),
         mandate_ttl_secs: config.mandates.ttl_secs,
         open_mandate_valid_max_secs: config.mandates.open_valid_max_secs,
         stop_denials_max: config.stop_rules.denials_max,
@@ -433,79 +474,96 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     };
     let mut gateway =
         Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)
-            .with_known_accounts(known_accounts(&config));
+            .with_known_accounts(known_accounts(config));
     let mut disabled_tools = config.tools.disabled.clone();
     let mut mpesa_callback = None;
     if config.mpesa.enabled {
         let m = &config.mpesa;
-        let secret = m.callback_secret.clone();
-        let client =
-            crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(&config, &public_url), clock.clone())
-                .map_err(|e| StartError::Backend(e.to_string()))?;
-        let account =
-            crate::ids::AccountId::parse(&m.account).map_err(|e| StartError::Backend(format!("mpesa.account: {e}")))?;
-        let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), account);
+        let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(config, public_url), clock.clone())
+            .map_err(|e| StartError::Backend(e.to_string()))?;
+        let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), m.account.clone());
         gateway = gateway.with_mpesa(Arc::new(rail));
-        let ips = m.callback_allowed_ips.iter().filter_map(|ip| ip.parse().ok()).collect();
-        mpesa_callback = Some(Arc::new(http::CallbackGuard::new(&secret, ips)));
+        mpesa_callback = Some(Arc::new(http::CallbackGuard::new(&m.callback_secret, m.callback_allowed_ips.clone())));
     } else {
         // Not configured: not offered.
         disabled_tools.push("request_mpesa_payment".to_string());
     }
-    let gateway = Arc::new(gateway);
+    Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, mpesa_callback })
+}
 
-    let public_origin = public_url.trim_end_matches('/').to_string();
-    let mut allowed_origins = vec![public_origin];
+/// The HTTP edge: the app state every handler shares, and the router over it.
+fn router(
+    config: &Config,
+    bound: &Bound,
+    identity: Identity,
+    route_limits: Arc<crate::rate::KeyedLimits>,
+    assembled: &Assembled,
+    shutdown: &CancellationToken,
+) -> axum::Router {
+    let public_url = &bound.public_url;
+    let mut allowed_origins = vec![public_url.trim_end_matches('/').to_string()];
     allowed_origins.extend(config.server.allowed_origins.iter().cloned());
-    let host = authority(&public_url).to_string();
-    let mut allowed_hosts = vec![host.clone(), addr.to_string()];
+    let host = authority(public_url).to_string();
+    let mut allowed_hosts = vec![host.clone(), bound.addr.to_string()];
     if let Some((h, _port)) = host.rsplit_once(':') {
         allowed_hosts.push(h.to_string());
     }
-
-    let state_gateway = gateway.clone();
-    let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
     let state = AppState::new(AppInner {
-        gateway,
-        route_limits: route_limits.clone(),
+        gateway: assembled.gateway.clone(),
+        route_limits,
         routes_per_minute: config.approvals.routes_per_minute as u32,
-        verifier: Arc::new(verifier),
-        profiles: Arc::new(Profiles::from_config(&config.policy)),
+        verifier: Arc::new(identity.verifier),
+        profiles: Arc::new(config.policy.profiles()),
         sessions: Arc::new(SessionBindings::new(
             Duration::from_secs(config.server.session_idle_secs as u64),
             config.server.sessions_max as usize,
         )),
-        resource_url,
+        resource_url: format!("{public_url}/mcp"),
         metadata_url: format!("{public_url}{}/mcp", http::METADATA_PATH),
-        authorization_servers,
+        authorization_servers: identity.authorization_servers,
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
-        mpesa_callback,
+        mpesa_callback: assembled.mpesa_callback.clone(),
     });
-    let shutdown = CancellationToken::new();
-    let router = http::router(
+    http::router(
         state,
         RouterConfig {
             request_timeout: Duration::from_millis(config.server.request_timeout_ms as u64),
             session_idle: Duration::from_secs(config.server.session_idle_secs as u64),
             allowed_hosts,
             shutdown: shutdown.clone(),
-            disabled_tools,
+            disabled_tools: assembled.disabled_tools.clone(),
         },
-    );
+    )
+}
 
+/// The in-process scheduler (M-Pesa polling, idempotency purge, reconciliation).
+fn spawn_jobs(
+    config: &Config,
+    assembled: &Assembled,
+    route_limits: Arc<crate::rate::KeyedLimits>,
+    addr: SocketAddr,
+    shutdown: &CancellationToken,
+) {
     tokio::spawn(crate::jobs::run(crate::jobs::Scheduler {
-        gateway: state_gateway.clone(),
-        route_limits: route_limits.clone(),
-        http_ledger,
+        gateway: assembled.gateway.clone(),
+        route_limits,
+        http_ledger: assembled.http_ledger.clone(),
         config: config.jobs.clone(),
         mpesa_query_after_secs: config.mpesa.query_after_secs,
         holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
     }));
+}
 
-    let stop = shutdown.clone();
-    let server = match tls {
+/// Serve plain HTTP (or HTTPS) until `stop` is cancelled; in-flight requests finish.
+fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    router: axum::Router,
+    stop: CancellationToken,
+) -> JoinHandle<std::io::Result<()>> {
+    match tls {
         None => tokio::spawn(async move {
             use axum::serve::ListenerExt;
             // Small SSE frames must not wait for Nagle and delayed ACKs (a ~40 ms stall per response).
@@ -517,9 +575,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
                 .await
         }),
         Some(acceptor) => tokio::spawn(serve_tls(listener, acceptor, router, stop)),
-    };
-    tracing::info!(http.addr = %addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
-    Ok(Running { addr, public_url, store, gateway: state_gateway, dev_key, config, clock, shutdown, server })
+    }
 }
 
 /// Start with the system clock.

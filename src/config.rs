@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::money::{Currency, parse_minor};
+use crate::ids::AccountId;
+use crate::money::{Currency, MoneyMap, parse_minor};
 
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 const ENV_PREFIX: &str = "PAYGATE_";
@@ -83,7 +84,7 @@ pub struct AuthConfig {
     pub dev_issuer: String,
     /// The dev HS256 key itself (base64). Normally absent: generated into data_dir. Never logged.
     #[serde(default)]
-    pub dev_key: Option<crate::auth::Secret>,
+    pub dev_key: Option<crate::secret::Secret>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -104,7 +105,7 @@ pub struct IdempotencyConfig {
     /// HMAC secret for idempotency keys (base64). Normally absent: generated into data_dir.
     /// Replicas sharing a database must share it. Never logged.
     #[serde(default)]
-    pub secret: Option<crate::auth::Secret>,
+    pub secret: Option<crate::secret::Secret>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -113,7 +114,7 @@ pub struct ApprovalsConfig {
     pub ttl_secs: i64,
     pub reviewers_required: i64,
     pub high_risk_reviewers: i64,
-    pub high_risk_amount: BTreeMap<String, String>,
+    pub high_risk_amount: MoneyMap,
     pub routes_per_minute: i64,
 }
 
@@ -125,7 +126,7 @@ pub struct MandatesConfig {
     pub open_valid_max_secs: i64,
     /// HMAC key (base64). Normally absent: generated into data_dir. Never logged.
     #[serde(default)]
-    pub secret: Option<crate::auth::Secret>,
+    pub secret: Option<crate::secret::Secret>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -165,11 +166,11 @@ pub struct ProfileConfig {
     #[serde(default)]
     pub client_ids: Vec<String>,
     #[serde(default)]
-    pub allowed_accounts: Vec<String>,
+    pub allowed_accounts: Vec<AccountId>,
     #[serde(default)]
-    pub autonomous_limit: BTreeMap<String, String>,
+    pub autonomous_limit: MoneyMap,
     #[serde(default)]
-    pub daily_limit: BTreeMap<String, String>,
+    pub daily_limit: MoneyMap,
     #[serde(default = "default_daily_payments_max")]
     pub daily_payments_max: i64,
     #[serde(default = "default_calls_per_minute")]
@@ -192,17 +193,16 @@ fn default_calls_per_minute() -> i64 {
 pub struct LedgerConfig {
     pub demo: bool,
     #[serde(default)]
-    pub accounts: Vec<AccountSeed>,
+    pub accounts: Vec<DemoAccount>,
 }
 
 /// Where money moves: the embedded reference ledger, or a ledger service over HTTP.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
-    /// "ledger" or "http".
-    pub kind: String,
+    pub kind: BackendKind,
     pub http_url: String,
-    pub http_credential: crate::auth::Secret,
+    pub http_credential: crate::secret::Secret,
     pub http_connect_timeout_ms: i64,
     pub http_request_timeout_ms: i64,
     pub http_retries_max: i64,
@@ -215,19 +215,19 @@ pub struct BackendConfig {
 #[serde(deny_unknown_fields)]
 pub struct MpesaConfig {
     pub enabled: bool,
-    /// "sandbox" or "production"; `base_url` overrides it.
-    pub environment: String,
+    /// `base_url` overrides it.
+    pub environment: MpesaEnvironment,
     pub base_url: String,
-    pub consumer_key: crate::auth::Secret,
-    pub consumer_secret: crate::auth::Secret,
+    pub consumer_key: crate::secret::Secret,
+    pub consumer_secret: crate::secret::Secret,
     pub short_code: String,
-    pub passkey: crate::auth::Secret,
+    pub passkey: crate::secret::Secret,
     pub transaction_type: String,
     pub party_b: String,
-    pub account: String,
-    pub callback_secret: crate::auth::Secret,
+    pub account: AccountId,
+    pub callback_secret: crate::secret::Secret,
     pub callback_base_url: String,
-    pub callback_allowed_ips: Vec<String>,
+    pub callback_allowed_ips: Vec<std::net::IpAddr>,
     pub connect_timeout_ms: i64,
     pub request_timeout_ms: i64,
     pub token_refresh_margin_secs: i64,
@@ -248,14 +248,75 @@ pub struct JobsConfig {
     pub lease_secs: i64,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The embedded double-entry reference ledger, in the store's database.
+    Ledger,
+    /// A ledger service over docs/ledger-api.yaml.
+    Http,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpesaEnvironment {
+    Sandbox,
+    Production,
+}
+
+/// A demo account opened on first start (`ledger.demo`), its opening balance parsed by currency.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AccountSeed {
-    pub id: String,
-    pub currency: String,
-    pub opening_balance: String,
-    #[serde(default)]
+#[serde(try_from = "RawDemoAccount")]
+pub struct DemoAccount {
+    pub id: AccountId,
+    pub currency: Currency,
+    pub opening_minor: i64,
     pub allow_overdraft: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDemoAccount {
+    id: AccountId,
+    currency: Currency,
+    opening_balance: String,
+    #[serde(default)]
+    allow_overdraft: bool,
+}
+
+impl TryFrom<RawDemoAccount> for DemoAccount {
+    type Error = String;
+    fn try_from(raw: RawDemoAccount) -> Result<Self, String> {
+        let opening_minor =
+            parse_minor(&raw.opening_balance, raw.currency).map_err(|e| format!("ledger account {}: {e}", raw.id))?;
+        Ok(DemoAccount { id: raw.id, currency: raw.currency, opening_minor, allow_overdraft: raw.allow_overdraft })
+    }
+}
+
+impl PolicyConfig {
+    /// The policy profiles, matched by subject and client id. Every value was parsed when the config
+    /// loaded; this only arranges them.
+    pub fn profiles(&self) -> crate::policy::Profiles {
+        let mut profiles = crate::policy::Profiles::new();
+        for p in &self.profiles {
+            let profile = crate::policy::Profile {
+                name: p.name.clone(),
+                issuer: (!p.issuer.is_empty()).then(|| p.issuer.clone()),
+                allowed_accounts: p.allowed_accounts.clone(),
+                autonomous_limit_minor: p.autonomous_limit.iter().collect(),
+                daily_limit_minor: p.daily_limit.iter().collect(),
+                daily_payments_max: p.daily_payments_max,
+                calls_per_minute: p.calls_per_minute.clamp(1, u32::MAX as i64) as u32,
+                tool_calls_per_minute: p
+                    .tool_calls_per_minute
+                    .iter()
+                    .map(|(t, n)| (t.clone(), (*n).clamp(1, u32::MAX as i64) as u32))
+                    .collect(),
+            };
+            profiles.add(profile, &p.subjects, &p.client_ids, p.name == self.default_profile);
+        }
+        profiles
+    }
 }
 
 impl Config {
@@ -279,8 +340,11 @@ impl Config {
             }
             set_from_env(&mut root, &path[0], &path[1], &value).map_err(|_| ConfigError::UnknownEnv(name.clone()))?;
         }
-        let config: Config =
-            toml::Value::Table(root).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        // Values are parsed into their types here (amounts by currency, account ids, enums, IP
+        // addresses), so an invalid one names its key and nothing re-parses config later.
+        let config: Config = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string().trim().replace('\n', " ")))?;
         config.validate()?;
         Ok(config)
     }
@@ -297,24 +361,16 @@ impl Config {
         range("backend.http_retries_max", b.http_retries_max, 0, 10)?;
         range("backend.http_breaker_failures_max", b.http_breaker_failures_max, 1, 1000)?;
         range("backend.http_breaker_open_ms", b.http_breaker_open_ms, 10, 3_600_000)?;
-        match b.kind.as_str() {
-            "ledger" => {}
-            "http" => {
-                if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
-                    return Err(ConfigError::Invalid(
-                        "backend.http_url must be an http(s) URL with backend.kind = \"http\"".into(),
-                    ));
-                }
-                if b.http_credential.expose().is_empty() {
-                    return Err(ConfigError::Invalid(
-                        "backend.http_credential is required with backend.kind = \"http\"".into(),
-                    ));
-                }
+        if b.kind == BackendKind::Http {
+            if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(
+                    "backend.http_url must be an http(s) URL with backend.kind = \"http\"".into(),
+                ));
             }
-            other => {
-                return Err(ConfigError::Invalid(format!(
-                    "backend.kind must be \"ledger\" or \"http\", got {other:?}"
-                )));
+            if b.http_credential.expose().is_empty() {
+                return Err(ConfigError::Invalid(
+                    "backend.http_credential is required with backend.kind = \"http\"".into(),
+                ));
             }
         }
         let m = &self.mpesa;
@@ -324,9 +380,6 @@ impl Config {
         range("mpesa.query_after_secs", m.query_after_secs, 1, 86_400)?;
         range("mpesa.pending_timeout_secs", m.pending_timeout_secs, 60, 2_592_000)?;
         if m.enabled {
-            if !matches!(m.environment.as_str(), "sandbox" | "production") {
-                return Err(ConfigError::Invalid("mpesa.environment must be \"sandbox\" or \"production\"".into()));
-            }
             for (key, v) in [
                 ("mpesa.consumer_key", m.consumer_key.expose()),
                 ("mpesa.consumer_secret", m.consumer_secret.expose()),
@@ -345,20 +398,13 @@ impl Config {
                     "mpesa.callback_secret must be at least 24 URL-safe characters (letters, digits, - and _)".into(),
                 ));
             }
-            crate::ids::AccountId::parse(&m.account)
-                .map_err(|e| ConfigError::Invalid(format!("mpesa.account: {e}")))?;
-            for ip in &m.callback_allowed_ips {
-                ip.parse::<std::net::IpAddr>().map_err(|_| {
-                    ConfigError::Invalid(format!("mpesa.callback_allowed_ips: {ip:?} is not an IP address"))
-                })?;
-            }
         }
         // One call must end within the idempotency lease; otherwise a retry takes the operation over
         // while the first attempt is still talking to the rail (safe, but it turns a slow success
         // into OUTCOME_UNKNOWN).
         let lease_ms = self.idempotency.lease_secs * 1000;
         let http_worst_ms = (b.http_retries_max + 1) * (b.http_request_timeout_ms + 1000);
-        if b.kind == "http" && http_worst_ms >= lease_ms {
+        if b.kind == BackendKind::Http && http_worst_ms >= lease_ms {
             return Err(ConfigError::Invalid(format!(
                 "backend: (http_retries_max + 1) × (http_request_timeout_ms + 1 s backoff) = {http_worst_ms} ms must be \
                  under idempotency.lease_secs ({lease_ms} ms)"
@@ -418,7 +464,6 @@ impl Config {
         range("approvals.reviewers_required", ap.reviewers_required, 1, 10)?;
         range("approvals.high_risk_reviewers", ap.high_risk_reviewers, ap.reviewers_required, 10)?;
         range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
-        money_map("approvals.high_risk_amount", &ap.high_risk_amount)?;
         let m = &self.mandates;
         range("mandates.ttl_secs", m.ttl_secs, 60, 604_800)?;
         range("mandates.open_valid_max_secs", m.open_valid_max_secs, 60, 31_536_000)?;
@@ -428,12 +473,12 @@ impl Config {
         range("stop_rules.denials_max", self.stop_rules.denials_max, 1, 10_000)?;
         range("stop_rules.window_secs", self.stop_rules.window_secs, 10, 86_400)?;
         for t in self.tools.disabled.iter().chain(&self.tools.approval_required) {
-            if crate::policy::scope_for_tool(t).is_none() {
+            if crate::catalogue::scope_for_tool(t).is_none() {
                 return Err(ConfigError::Invalid(format!("tools: no tool named {t:?}")));
             }
         }
         for t in &self.tools.approval_required {
-            if !crate::policy::MONEY_TOOLS.contains(&t.as_str()) {
+            if !crate::catalogue::moves_money(t) {
                 return Err(ConfigError::Invalid(format!("tools.approval_required: {t:?} moves no money")));
             }
         }
@@ -467,13 +512,7 @@ impl Config {
             if !names.insert(p.name.as_str()) {
                 return Err(ConfigError::Invalid(format!("policy profile {:?} is defined twice", p.name)));
             }
-            for acct in &p.allowed_accounts {
-                crate::ids::AccountId::parse(acct)
-                    .map_err(|e| ConfigError::Invalid(format!("profile {:?}: {e}", p.name)))?;
-            }
-            money_map("policy.profiles.autonomous_limit", &p.autonomous_limit)?;
-            money_map("policy.profiles.daily_limit", &p.daily_limit)?;
-            if let Some(cur) = p.autonomous_limit.keys().find(|c| !p.daily_limit.contains_key(*c)) {
+            if let Some((cur, _)) = p.autonomous_limit.iter().find(|(c, _)| !p.daily_limit.contains(*c)) {
                 return Err(ConfigError::Invalid(format!(
                     "profile {:?}: {cur} has an autonomous_limit but no daily_limit",
                     p.name
@@ -482,7 +521,7 @@ impl Config {
             range("policy.profiles.daily_payments_max", p.daily_payments_max, 1, 1_000_000)?;
             range("policy.profiles.calls_per_minute", p.calls_per_minute, 1, 100_000)?;
             for (tool, n) in &p.tool_calls_per_minute {
-                if crate::policy::scope_for_tool(tool).is_none() {
+                if crate::catalogue::scope_for_tool(tool).is_none() {
                     return Err(ConfigError::Invalid(format!("profile {:?}: no tool named {tool:?}", p.name)));
                 }
                 range("policy.profiles.tool_calls_per_minute", *n, 1, 100_000)?;
@@ -494,23 +533,8 @@ impl Config {
                 self.policy.default_profile
             )));
         }
-        for acct in &self.ledger.accounts {
-            crate::ids::AccountId::parse(&acct.id).map_err(|e| ConfigError::Invalid(format!("ledger account: {e}")))?;
-            let c = Currency::parse(&acct.currency)
-                .map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
-            parse_minor(&acct.opening_balance, c)
-                .map_err(|e| ConfigError::Invalid(format!("ledger account {}: {e}", acct.id)))?;
-        }
         Ok(())
     }
-}
-
-fn money_map(key: &str, map: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-    for (cur, amount) in map {
-        let c = Currency::parse(cur).map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))?;
-        parse_minor(amount, c).map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))?;
-    }
-    Ok(())
 }
 
 fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), ConfigError> {

@@ -279,7 +279,7 @@ fn writable_dir(path: &Path) -> Result<(), String> {
 
 async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mut Vec<(String, time::OffsetDateTime)>) {
     let b = &c.backend;
-    if b.kind == "http" {
+    if b.kind == crate::config::BackendKind::Http {
         let url = format!("{}/v1/health", b.http_url.trim_end_matches('/'));
         match http.get(&url).send().await {
             Ok(resp) => {
@@ -461,7 +461,9 @@ fn secrets(c: &Config, r: &mut Report) {
             }
         }
     }
-    if c.backend.kind == "http" && c.backend.http_credential.expose().chars().count() < CREDENTIAL_CHARS_MIN {
+    if c.backend.kind == crate::config::BackendKind::Http
+        && c.backend.http_credential.expose().chars().count() < CREDENTIAL_CHARS_MIN
+    {
         problems.push((
             format!("backend.http_credential is shorter than {CREDENTIAL_CHARS_MIN} characters"),
             "set PAYGATE_BACKEND__HTTP_CREDENTIAL to the ledger service's long random credential".into(),

@@ -4,6 +4,7 @@
 pub mod app;
 pub mod auth;
 pub mod backend;
+pub mod catalogue;
 pub mod clock;
 pub mod config;
 pub mod doctor;
@@ -18,6 +19,7 @@ pub mod ledger_service;
 pub mod mcp;
 pub mod money;
 pub mod policy;
+pub mod secret;
 pub mod store;
 
 /// Install rustls' ring provider for outbound HTTPS (JWKS). Idempotent; called at start.

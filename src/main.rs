@@ -377,7 +377,7 @@ fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> Exit
 
 fn tools() {
     for tool in paygate::mcp::PaygateMcp::tool_list() {
-        let scope = paygate::policy::scope_for_tool(&tool.name).unwrap_or("-");
+        let scope = paygate::catalogue::scope_for_tool(&tool.name).unwrap_or("-");
         let hints = tool
             .annotations
             .as_ref()

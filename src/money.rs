@@ -218,3 +218,34 @@ mod tests {
         assert_eq!(format_minor(7, Currency::parse("JPY").unwrap()), "7");
     }
 }
+
+/// Amounts per currency in minor units, read from config as `{ KES = "1000.00" }`: each amount is
+/// parsed exactly by its currency's exponent when the config loads, and never again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MoneyMap(std::collections::BTreeMap<Currency, i64>);
+
+impl MoneyMap {
+    pub fn get(&self, currency: Currency) -> Option<i64> {
+        self.0.get(&currency).copied()
+    }
+    pub fn contains(&self, currency: Currency) -> bool {
+        self.0.contains_key(&currency)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (Currency, i64)> + '_ {
+        self.0.iter().map(|(c, m)| (*c, *m))
+    }
+}
+
+impl<'de> Deserialize<'de> for MoneyMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+        let mut map = std::collections::BTreeMap::new();
+        for (code, amount) in raw {
+            let currency = Currency::parse(&code).map_err(serde::de::Error::custom)?;
+            let minor = parse_minor(&amount, currency)
+                .map_err(|e| serde::de::Error::custom(format!("{code} {amount:?}: {e}")))?;
+            map.insert(currency, minor);
+        }
+        Ok(MoneyMap(map))
+    }
+}

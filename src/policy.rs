@@ -4,36 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::auth::scopes;
-use crate::config::PolicyConfig;
+use crate::catalogue::scopes;
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::AccountId;
-use crate::money::{Currency, Money, format_minor, parse_minor};
-
-/// Which scope each tool needs. `tools/list` shows every tool; calling one needs its scope.
-pub const TOOL_SCOPES: &[(&str, &str)] = &[
-    ("get_balance", scopes::READ),
-    ("get_payment", scopes::READ),
-    ("list_payments", scopes::READ),
-    ("get_account_ledger", scopes::READ),
-    ("create_payment", scopes::CREATE),
-    ("refund_payment", scopes::REFUND),
-    ("check_ledger_integrity", scopes::ADMIN),
-    ("get_approval", scopes::READ),
-    ("request_mpesa_payment", scopes::COLLECT),
-    ("get_payment_summary", scopes::READ),
-    ("reconcile", scopes::ADMIN),
-];
-
-/// Tools that move money: governed by budgets, stop rules and approvals.
-pub const MONEY_TOOLS: &[&str] = &["create_payment", "refund_payment", "request_mpesa_payment"];
-
-/// Scope needed to read resources and prompts.
-pub const READ_SCOPE: &str = scopes::READ;
-
-pub fn scope_for_tool(tool: &str) -> Option<&'static str> {
-    TOOL_SCOPES.iter().find(|(t, _)| *t == tool).map(|(_, s)| *s)
-}
+use crate::money::{Currency, Money, format_minor};
 
 /// What an agent may do without a human: its accounts, per-payment autonomous limits, daily
 /// budgets and call quotas.
@@ -69,59 +43,41 @@ pub struct Profiles {
     default: Arc<Profile>,
 }
 
-fn money_map(map: &std::collections::BTreeMap<String, String>) -> HashMap<Currency, i64> {
-    map.iter()
-        .filter_map(|(c, a)| {
-            let c = Currency::parse(c).ok()?;
-            Some((c, parse_minor(a, c).ok()?))
-        })
-        .collect()
+impl Default for Profiles {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Profiles {
-    /// Config has been validated; anything unparseable here is skipped rather than trusted.
-    pub fn from_config(cfg: &PolicyConfig) -> Profiles {
-        let mut by_subject = HashMap::new();
-        let mut by_client = HashMap::new();
-        let mut default = None;
-        for p in &cfg.profiles {
-            let profile = Arc::new(Profile {
-                name: p.name.clone(),
-                issuer: (!p.issuer.is_empty()).then(|| p.issuer.clone()),
-                allowed_accounts: p.allowed_accounts.iter().filter_map(|a| AccountId::parse(a).ok()).collect(),
-                autonomous_limit_minor: money_map(&p.autonomous_limit),
-                daily_limit_minor: money_map(&p.daily_limit),
-                daily_payments_max: p.daily_payments_max,
-                calls_per_minute: p.calls_per_minute.clamp(1, u32::MAX as i64) as u32,
-                tool_calls_per_minute: p
-                    .tool_calls_per_minute
-                    .iter()
-                    .map(|(t, n)| (t.clone(), (*n).clamp(1, u32::MAX as i64) as u32))
-                    .collect(),
-            });
-            for s in &p.subjects {
-                by_subject.entry(s.clone()).or_insert_with(Vec::new).push(profile.clone());
-            }
-            for c in &p.client_ids {
-                by_client.entry(c.clone()).or_insert_with(Vec::new).push(profile.clone());
-            }
-            if p.name == cfg.default_profile {
-                default = Some(profile);
-            }
+    /// No profiles yet; until one is added as the default, unmatched agents get a profile that
+    /// allows nothing (fail closed).
+    pub fn new() -> Profiles {
+        let none = Profile {
+            name: "none".into(),
+            issuer: None,
+            allowed_accounts: vec![],
+            autonomous_limit_minor: HashMap::new(),
+            daily_limit_minor: HashMap::new(),
+            daily_payments_max: 1,
+            calls_per_minute: 1,
+            tool_calls_per_minute: HashMap::new(),
+        };
+        Profiles { by_subject: HashMap::new(), by_client: HashMap::new(), default: Arc::new(none) }
+    }
+
+    /// Add a profile matched by these subjects and client ids; `default` makes it the fallback.
+    pub fn add(&mut self, profile: Profile, subjects: &[String], client_ids: &[String], default: bool) {
+        let profile = Arc::new(profile);
+        for s in subjects {
+            self.by_subject.entry(s.clone()).or_default().push(profile.clone());
         }
-        let default = default.unwrap_or_else(|| {
-            Arc::new(Profile {
-                name: "none".into(),
-                issuer: None,
-                allowed_accounts: vec![],
-                autonomous_limit_minor: HashMap::new(),
-                daily_limit_minor: HashMap::new(),
-                daily_payments_max: 1,
-                calls_per_minute: 1,
-                tool_calls_per_minute: HashMap::new(),
-            })
-        });
-        Profiles { by_subject, by_client, default }
+        for c in client_ids {
+            self.by_client.entry(c.clone()).or_default().push(profile.clone());
+        }
+        if default {
+            self.default = profile;
+        }
     }
 
     /// Subject first (most specific), then client id, then the default. A profile bound to an
@@ -330,10 +286,29 @@ mod tests {
 
     #[test]
     fn profiles_resolve_subject_then_client_then_default() {
-        let cfg = crate::config::Config::load(None, Vec::<(String, String)>::new()).unwrap();
-        let profiles = Profiles::from_config(&cfg.policy);
-        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "dev-agent", None).name, "dev");
-        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "stranger", Some("nobody")).name, "default");
-        assert!(profiles.resolve("http://127.0.0.1:8080", "stranger", None).allowed_accounts.is_empty());
+        let named = |name: &str, issuer: Option<&str>| Profile {
+            name: name.into(),
+            issuer: issuer.map(str::to_string),
+            allowed_accounts: vec![acct(name)],
+            autonomous_limit_minor: HashMap::new(),
+            daily_limit_minor: HashMap::new(),
+            daily_payments_max: 1,
+            calls_per_minute: 1,
+            tool_calls_per_minute: HashMap::new(),
+        };
+        let mut profiles = Profiles::new();
+        assert!(profiles.resolve("iss", "anyone", None).allowed_accounts.is_empty(), "no default: nothing allowed");
+        profiles.add(named("dev", None), &["dev-agent".into()], &[], false);
+        profiles.add(named("by-client", None), &[], &["billing".into()], false);
+        profiles.add(named("dev-at-idp", Some("https://idp")), &["dev-agent".into()], &[], false);
+        profiles.add(named("default", None), &[], &[], true);
+        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "dev-agent", Some("billing")).name, "dev");
+        assert_eq!(
+            profiles.resolve("https://idp", "dev-agent", None).name,
+            "dev-at-idp",
+            "an issuer-bound profile wins"
+        );
+        assert_eq!(profiles.resolve("iss", "stranger", Some("billing")).name, "by-client");
+        assert_eq!(profiles.resolve("iss", "stranger", Some("nobody")).name, "default");
     }
 }

@@ -54,7 +54,7 @@ async fn tools_list_is_the_contract_in_both_eras() {
                 assert_eq!(a.idempotent_hint, Some(true), "{} idempotent", t.name);
             }
             assert!(t.output_schema.is_some(), "{} has an output schema", t.name);
-            let scope = paygate::policy::scope_for_tool(&t.name).unwrap();
+            let scope = paygate::catalogue::scope_for_tool(&t.name).unwrap();
             assert!(t.description.as_deref().unwrap_or("").contains(scope), "{} names its scope", t.name);
         }
         let create = tools.iter().find(|t| t.name == "create_payment").unwrap();

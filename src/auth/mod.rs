@@ -9,32 +9,13 @@ pub mod jwt;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use serde::Deserialize;
-
 pub use jwt::{AuthError, Verifier, mint_dev_token};
+// Re-exported: the scope vocabulary and secrets are used by auth but live with the tool catalogue
+// and in their own module.
+pub use crate::catalogue::scopes;
+pub use crate::secret::Secret;
 
 use crate::policy::Profile;
-
-/// A secret string whose `Debug` and `Display` never show it.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(s: String) -> Self {
-        Secret(s)
-    }
-    /// The only way to read it. Call sites are few and greppable.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
 
 /// Who is calling: resolved from a verified token on every request.
 #[derive(Debug, Clone)]
@@ -50,16 +31,4 @@ impl AgentPrincipal {
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.contains(scope)
     }
-}
-
-pub mod scopes {
-    pub const READ: &str = "payments:read";
-    pub const CREATE: &str = "payments:create";
-    pub const REFUND: &str = "payments:refund";
-    pub const COLLECT: &str = "payments:collect";
-    pub const ADMIN: &str = "payments:admin";
-    pub const APPROVE: &str = "payments:approve";
-    pub const AUDIT: &str = "payments:audit";
-    /// Every scope an agent token can carry, for the RFC 9728 document.
-    pub const AGENT_SCOPES: &[&str] = &[READ, CREATE, REFUND, COLLECT, ADMIN];
 }

@@ -12,10 +12,10 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::sessions::SessionCheck;
-use crate::auth::scopes::AGENT_SCOPES;
 use crate::auth::{AgentPrincipal, AuthError};
+use crate::catalogue::scopes::AGENT_SCOPES;
+use crate::catalogue::{READ_SCOPE, scope_for_tool};
 use crate::gateway::CorrelationId;
-use crate::policy::{READ_SCOPE, scope_for_tool};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 

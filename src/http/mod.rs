@@ -26,7 +26,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::auth::Verifier;
-use crate::auth::scopes::AGENT_SCOPES;
+use crate::catalogue::scopes::AGENT_SCOPES;
 use crate::gateway::Gateway;
 use crate::mcp::PaygateMcp;
 use crate::policy::Profiles;

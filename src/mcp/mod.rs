@@ -160,7 +160,7 @@ pub struct PaygateMcp {
 impl PaygateMcp {
     /// `disabled`: tools switched off by config (tool governance); hidden and uncallable.
     pub fn new(gateway: Arc<Gateway>, disabled: &[String]) -> Self {
-        let mut tool_router = Self::tool_router();
+        let mut tool_router = Self::catalogued_router();
         for name in disabled {
             tool_router.disable_route(name.clone());
         }
@@ -170,8 +170,31 @@ impl PaygateMcp {
     /// Every tool's name, description, scope and annotations (for `paygate tools`).
     pub fn tool_list() -> Vec<rmcp::model::Tool> {
         // (every tool, before config disables any)
-        Self::tool_router().list_all()
+        Self::catalogued_router().list_all()
     }
+
+    /// The tools with the hints the catalogue gives them (title, read-only, destructive, idempotent,
+    /// open world): the catalogue is the one place a tool's effect is written down.
+    fn catalogued_router() -> ToolRouter<Self> {
+        let mut router = Self::tool_router();
+        for route in router.map.values_mut() {
+            route.attr.annotations = crate::catalogue::tool(&route.attr.name).map(annotations);
+        }
+        router
+    }
+}
+
+/// MCP's hints for a catalogued tool. Destructive and idempotent mean something only for tools
+/// that change things, so read-only tools carry neither.
+fn annotations(spec: &'static crate::catalogue::ToolSpec) -> rmcp::model::ToolAnnotations {
+    use crate::catalogue::Effect;
+    let hints = rmcp::model::ToolAnnotations::with_title(spec.title);
+    let hints = match spec.effect {
+        Effect::Read => hints.read_only(true),
+        Effect::MovesMoney { destructive } => hints.read_only(false).destructive(destructive).idempotent(true),
+        Effect::Settles => hints.read_only(false).destructive(false).idempotent(true),
+    };
+    hints.open_world(spec.open_world)
 }
 
 #[tool_router]
@@ -180,8 +203,7 @@ impl PaygateMcp {
         name = "get_balance",
         output_schema = result_schema::<BalanceView>(),
         description = "Current balance of one of your accounts. Needs scope payments:read.",
-        input_schema = schema_for_type::<AccountArgs>(),
-        annotations(title = "Get balance", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<AccountArgs>()
     )]
     async fn get_balance(&self, caller: Caller, args: JsonObject) -> Result<Json<BalanceView>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "get_balance");
@@ -195,8 +217,7 @@ impl PaygateMcp {
         name = "get_payment",
         output_schema = result_schema::<PaymentView>(),
         description = "One payment or refund by id, if it touches one of your accounts. Needs scope payments:read.",
-        input_schema = schema_for_type::<PaymentIdArgs>(),
-        annotations(title = "Get payment", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<PaymentIdArgs>()
     )]
     async fn get_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentView>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "get_payment");
@@ -210,8 +231,7 @@ impl PaygateMcp {
         name = "list_payments",
         output_schema = result_schema::<PaymentList>(),
         description = "Payments touching your accounts, newest first, paginated (limit ≤ 100). Needs scope payments:read.",
-        input_schema = schema_for_type::<ListPaymentsArgs>(),
-        annotations(title = "List payments", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<ListPaymentsArgs>()
     )]
     async fn list_payments(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentList>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "list_payments");
@@ -228,8 +248,7 @@ impl PaygateMcp {
         name = "get_account_ledger",
         output_schema = result_schema::<AccountLedger>(),
         description = "Postings of one of your accounts, newest first, paginated (limit ≤ 100). Needs scope payments:read.",
-        input_schema = schema_for_type::<AccountLedgerArgs>(),
-        annotations(title = "Account ledger", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<AccountLedgerArgs>()
     )]
     async fn get_account_ledger(
         &self,
@@ -253,14 +272,7 @@ impl PaygateMcp {
         output_schema = result_schema::<PaymentResult>(),
         description = "Move money between two of your accounts, exactly once per operation_id. Over your autonomous \
                        limit it returns APPROVAL_REQUIRED with an approval_id and moves nothing. Needs scope payments:create.",
-        input_schema = schema_for_type::<CreatePaymentArgs>(),
-        annotations(
-            title = "Create payment",
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
+        input_schema = schema_for_type::<CreatePaymentArgs>()
     )]
     async fn create_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "create_payment");
@@ -274,14 +286,7 @@ impl PaygateMcp {
         name = "refund_payment",
         output_schema = result_schema::<PaymentResult>(),
         description = "Refund all or part of a succeeded payment, exactly once per operation_id. Needs scope payments:refund.",
-        input_schema = schema_for_type::<RefundPaymentArgs>(),
-        annotations(
-            title = "Refund payment",
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
+        input_schema = schema_for_type::<RefundPaymentArgs>()
     )]
     async fn refund_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "refund_payment");
@@ -296,8 +301,7 @@ impl PaygateMcp {
         output_schema = result_schema::<ApprovalView>(),
         description = "Status of one of your approvals; once approved, the signed mandate to pass as `mandate` to \
                        create_payment or refund_payment. Needs scope payments:read.",
-        input_schema = schema_for_type::<ApprovalIdArgs>(),
-        annotations(title = "Get approval", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<ApprovalIdArgs>()
     )]
     async fn get_approval(&self, caller: Caller, args: JsonObject) -> Result<Json<ApprovalView>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "get_approval");
@@ -312,8 +316,7 @@ impl PaygateMcp {
         output_schema = result_schema::<IntegrityView>(),
         description = "Verify the ledger: postings sum to zero per currency and every balance equals its postings. \
                        Needs scope payments:admin.",
-        input_schema = schema_for_type::<NoArgs>(),
-        annotations(title = "Check ledger integrity", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<NoArgs>()
     )]
     async fn check_ledger_integrity(
         &self,
@@ -334,14 +337,7 @@ impl PaygateMcp {
                        payment as pending; it settles when the customer answers (check with get_payment). Exactly \
                        one prompt per operation_id, even on retries. Over your autonomous limit it returns \
                        APPROVAL_REQUIRED. Needs scope payments:collect.",
-        input_schema = schema_for_type::<RequestMpesaPaymentArgs>(),
-        annotations(
-            title = "Request M-Pesa payment",
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = true,
-            open_world_hint = true
-        )
+        input_schema = schema_for_type::<RequestMpesaPaymentArgs>()
     )]
     async fn request_mpesa_payment(
         &self,
@@ -360,8 +356,7 @@ impl PaygateMcp {
         output_schema = result_schema::<SummaryView>(),
         description = "Counts and totals of payments touching your accounts by kind, status and currency over a \
                        window (default: today, UTC), e.g. today's revenue or what failed today. Needs scope payments:read.",
-        input_schema = schema_for_type::<PaymentSummaryArgs>(),
-        annotations(title = "Payment summary", read_only_hint = true, open_world_hint = false)
+        input_schema = schema_for_type::<PaymentSummaryArgs>()
     )]
     async fn get_payment_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "get_payment_summary");
@@ -377,8 +372,7 @@ impl PaygateMcp {
         description = "Compare the gateway's payment records with the backend and the rails: payments missing on \
                        either side, amount or status mismatches, outcomes still unknown. Settles unknown outcomes \
                        the backend can answer and reports the rest. Needs scope payments:admin.",
-        input_schema = schema_for_type::<ReconcileArgs>(),
-        annotations(title = "Reconcile", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true)
+        input_schema = schema_for_type::<ReconcileArgs>()
     )]
     async fn reconcile(&self, caller: Caller, args: JsonObject) -> Result<Json<ReconcileView>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "reconcile");
@@ -472,8 +466,8 @@ impl ServerHandler for PaygateMcp {
                 "scopes": p.scopes,
                 "allowed_accounts": p.profile.allowed_accounts,
                 "autonomous_limits": limits,
-                "tools": crate::policy::TOOL_SCOPES.iter()
-                    .map(|(t, s)| json!({"tool": t, "scope": s, "allowed": p.has_scope(s)}))
+                "tools": crate::catalogue::TOOLS.iter()
+                    .map(|t| json!({"tool": t.name, "scope": t.scope, "allowed": p.has_scope(t.scope)}))
                     .collect::<Vec<_>>(),
             })
         } else if let Some(id) = uri.strip_prefix(PAYMENT_URI_PREFIX) {
@@ -529,5 +523,25 @@ impl ServerHandler for PaygateMcp {
         Ok(GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)])
             .with_description(format!("Explain payment {}", payment.id))
             .into())
+    }
+}
+
+#[cfg(test)]
+mod catalogue_tests {
+    use super::*;
+
+    #[test]
+    fn every_routed_tool_is_catalogued_and_every_catalogued_tool_is_routed() {
+        let mut routed: Vec<String> = PaygateMcp::tool_list().into_iter().map(|t| t.name.to_string()).collect();
+        let mut catalogued: Vec<String> = crate::catalogue::TOOLS.iter().map(|t| t.name.to_string()).collect();
+        routed.sort();
+        catalogued.sort();
+        assert_eq!(routed, catalogued);
+        for t in PaygateMcp::tool_list() {
+            let hints = t.annotations.unwrap_or_else(|| panic!("{} has no annotations", t.name));
+            let spec = crate::catalogue::tool(&t.name).unwrap();
+            assert_eq!(hints.read_only_hint, Some(spec.effect == crate::catalogue::Effect::Read), "{}", t.name);
+            assert_eq!(hints.title.as_deref(), Some(spec.title));
+        }
     }
 }
