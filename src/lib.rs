@@ -7,6 +7,7 @@ pub mod backend;
 pub mod clock;
 pub mod config;
 pub mod doctor;
+pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod http;
