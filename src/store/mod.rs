@@ -29,6 +29,27 @@ pub(crate) fn completed_outcome(p: &Payment) -> String {
     crate::idempotency::StoredOutcome::Succeeded { payment: p.clone() }.to_json()
 }
 
+/// What a posting transaction writes besides the payment itself: the idempotency records it
+/// completes and the audit record it appends, and the guards it draws.
+pub(crate) struct Posting<'a> {
+    pub key: &'a str,
+    pub alias: Option<&'a str>,
+    pub guards: &'a Guards,
+    pub audit: &'a Option<AuditRecord>,
+}
+
+impl<'a> From<&'a TransferRequest> for Posting<'a> {
+    fn from(r: &'a TransferRequest) -> Self {
+        Posting { key: &r.idempotency_key, alias: r.alias_key.as_deref(), guards: &r.guards, audit: &r.audit }
+    }
+}
+
+impl<'a> From<&'a RefundRequest> for Posting<'a> {
+    fn from(r: &'a RefundRequest) -> Self {
+        Posting { key: &r.idempotency_key, alias: r.alias_key.as_deref(), guards: &r.guards, audit: &r.audit }
+    }
+}
+
 /// How far a database's schema is migrated, read without changing anything (`paygate doctor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchemaStatus {

@@ -4,6 +4,9 @@
 //!
 //! Lock order inside a posting transaction: accounts (by id) → the subject's budget (advisory) →
 //! the mandate row. Every transaction takes them in that order, so they cannot deadlock.
+//!
+//! Like every engine, it holds no business rule: it takes its locks, loads rows, asks
+//! `domain::rules`, and writes the plan (`postings.rs`, `approvals.rs`, `rails.rs`).
 
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
@@ -12,6 +15,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
+mod approvals;
+mod postings;
 mod rails;
 
 use super::rows::{self, Columns, Value};
@@ -22,16 +27,12 @@ use super::{
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::{
-    AccountRow, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest,
-    TransferRequest,
+    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
-use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
 use crate::domain::rules::integrity::{self, IntegrityFacts};
+use crate::domain::rules::ledger;
 use crate::domain::rules::reservation::{self, ReserveStep};
-use crate::domain::rules::review::ReviewPlan;
-use crate::domain::rules::{PostingPlan, ledger, refund, review, transfer};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
-use crate::money::Currency;
 
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
@@ -210,120 +211,6 @@ impl PostgresStore {
     }
 }
 
-/// `column` is one of a few fixed names chosen by this module, never input.
-async fn load_payment(
-    c: &impl GenericClient,
-    column: &str,
-    value: &str,
-    lock: bool,
-) -> Result<Option<Payment>, StoreError> {
-    let lock = if lock { " FOR UPDATE" } else { "" };
-    let sql = format!("SELECT {} FROM payments WHERE {column} = $1{lock}", rows::PAYMENT_COLS);
-    Ok(c.get(&sql, &[&value], rows::payment).await?.map(|(p, _)| p))
-}
-
-/// Lock both accounts (in id order) and return them (`None`: no such account).
-async fn lock_accounts(
-    c: &impl GenericClient,
-    a: &AccountId,
-    b: &AccountId,
-) -> Result<(Option<AccountRow>, Option<AccountRow>), StoreError> {
-    let ids = vec![a.as_str().to_string(), b.as_str().to_string()];
-    let found = c
-        .list(
-            "SELECT id, currency, balance_minor, allow_overdraft FROM accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-            &[&ids],
-            |r| Ok((r.text(0)?, rows::account(r, 1)?)),
-        )
-        .await?;
-    let find = |id: &AccountId| found.iter().find(|(i, _)| i == id.as_str()).map(|(_, row)| row.clone());
-    Ok((find(a), find(b)))
-}
-
-async fn post(
-    c: &impl GenericClient,
-    payment_id: Option<&str>,
-    account: &str,
-    amount: i64,
-    currency: Currency,
-    description: &str,
-    now: UnixSecs,
-) -> Result<i64, StoreError> {
-    let balance: i64 = c
-        .one(
-            "UPDATE accounts SET balance_minor = balance_minor + $1 WHERE id = $2 RETURNING balance_minor",
-            &[&amount, &account],
-        )
-        .await?
-        .get(0);
-    c.exec(
-        "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[&payment_id, &account, &amount, &currency.code(), &balance, &description, &now],
-    )
-    .await?;
-    Ok(balance)
-}
-
-async fn complete_in_tx(c: &impl GenericClient, key: &str, alias: Option<&str>, p: &Payment) -> Result<(), StoreError> {
-    let outcome = super::completed_outcome(p);
-    for k in std::iter::once(key).chain(alias) {
-        c.exec(
-            "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'",
-            &[&outcome, &k],
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// Count a payment toward its subject's day.
-async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<u64, tokio_postgres::Error> {
-    c.exec(
-        "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
-         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
-                                                            payments = budget_usage.payments + 1",
-        &[&d.subject, &d.day, &d.currency.code(), &d.amount_minor],
-    )
-    .await
-}
-
-async fn apply_guards(
-    c: &impl GenericClient,
-    g: &Guards,
-    subject: &str,
-    amount: i64,
-    currency: Currency,
-    now: UnixSecs,
-) -> Result<(), BackendError> {
-    if let Some(b) = &g.budget {
-        // One subject's autonomous payments serialise here, so the sum below cannot go stale.
-        c.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&subject]).await.map_err(db)?;
-        let row = c
-            .one(
-                "SELECT COALESCE(SUM(payments), 0)::BIGINT,
-                        COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
-                 FROM budget_usage WHERE subject = $1 AND day = $2",
-                &[&subject, &b.since, &currency.code()],
-            )
-            .await
-            .map_err(db)?;
-        guards::check_budget(b, BudgetUsage { payments: row.get(0), spent_minor: row.get(1) }, amount, currency)?;
-    }
-    if let Some(d) = &g.mandate {
-        let sql = format!("SELECT {} FROM mandates WHERE id = $1 FOR UPDATE", rows::MANDATE_COLS);
-        let mandate = c.get(&sql, &[&d.mandate_id], rows::mandate).await.map_err(db)?;
-        guards::check_mandate(mandate.as_ref(), amount, currency, now)?;
-        c.exec(
-            "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2",
-            &[&amount, &d.mandate_id],
-        )
-        .await
-        .map_err(db)?;
-    }
-    Ok(())
-}
-
 async fn insert_audit(c: &impl GenericClient, r: &AuditRecord, payment_id: Option<&str>) -> Result<(), StoreError> {
     c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
@@ -335,120 +222,8 @@ async fn insert_audit(c: &impl GenericClient, r: &AuditRecord, payment_id: Optio
     Ok(())
 }
 
-/// The request's audit record, with the payment it produced, in the posting transaction.
-async fn audit_in_tx(c: &impl GenericClient, audit: &Option<AuditRecord>, payment: &Payment) -> Result<(), StoreError> {
-    match audit {
-        Some(r) => insert_audit(c, r, Some(payment.id.as_str())).await,
-        None => Ok(()),
-    }
-}
-
 fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-}
-
-/// What a posting transaction writes besides the payment: its records and its guards.
-struct Posting<'a> {
-    key: &'a str,
-    alias: Option<&'a str>,
-    guards: &'a Guards,
-    audit: &'a Option<AuditRecord>,
-}
-
-/// Write a transfer's or refund's plan: a replay completes the key's records; a new payment draws
-/// its guards and posts. The request's audit record goes in with it. Commits.
-async fn write_posting(
-    tx: deadpool_postgres::Transaction<'_>,
-    plan: PostingPlan,
-    w: Posting<'_>,
-    now: UnixSecs,
-) -> Result<Payment, TxError> {
-    let p = match plan {
-        PostingPlan::Replay(existing) => {
-            complete_in_tx(&tx, w.key, w.alias, &existing).await.map_err(TxError::store)?;
-            audit_in_tx(&tx, w.audit, &existing).await.map_err(TxError::store)?;
-            tx.commit().await.map_err(TxError::pg)?;
-            return Ok(existing);
-        }
-        PostingPlan::Post(p) => p,
-    };
-    apply_guards(&tx, w.guards, &p.principal_sub, p.amount_minor, p.currency, now).await.map_err(TxError::Backend)?;
-    let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
-    // The account rows stay locked until COMMIT, so every round trip from here on is time other
-    // payments between these accounts wait. The payment row goes first (a lost race on the key
-    // fails here, and the postings name it); the statements after it do not depend on each
-    // other's results, so they are pipelined on the connection.
-    tx.exec(
-        "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-                               refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-        &bind(&rows::payment_values(&p, w.key, mandate_id)),
-    )
-    .await
-    .map_err(TxError::pg)?;
-    let usage = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now);
-    let desc = ledger::posting_description(&p);
-    let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
-    let (counted, refunded, debit, credit, completed, audited) = tokio::join!(
-        async {
-            match &usage {
-                Some(u) => add_usage(&tx, u).await,
-                None => Ok(0),
-            }
-        },
-        async {
-            match &p.refund_of {
-                Some(original) => {
-                    tx.exec(
-                        "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2",
-                        &[&amount, &original.as_str()],
-                    )
-                    .await
-                }
-                None => Ok(0),
-            }
-        },
-        post(&tx, id, p.from_account.as_str(), -amount, p.currency, &desc, now),
-        post(&tx, id, p.to_account.as_str(), amount, p.currency, &desc, now),
-        complete_in_tx(&tx, w.key, w.alias, &p),
-        audit_in_tx(&tx, w.audit, &p),
-    );
-    // Any failure aborts the transaction (later statements then only report that): none of
-    // these can be a lost race, so the first error found is reported as it is.
-    counted.map_err(TxError::pg)?;
-    refunded.map_err(TxError::pg)?;
-    debit.map_err(TxError::store)?;
-    credit.map_err(TxError::store)?;
-    completed.map_err(TxError::store)?;
-    audited.map_err(TxError::store)?;
-    tx.commit().await.map_err(TxError::pg)?;
-    Ok(p)
-}
-
-async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord) -> Result<(), StoreError> {
-    c.exec(
-        &format!(
-            "INSERT INTO approvals ({})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-            rows::APPROVAL_COLS
-        ),
-        &bind(&rows::approval_values(rec)),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn load_reviews(c: &impl GenericClient, id: &str) -> Result<Vec<Review>, StoreError> {
-    let sql = format!("SELECT {} FROM approval_reviews WHERE approval_id = $1 ORDER BY at, seq", rows::REVIEW_COLS);
-    c.list(&sql, &[&id], rows::review).await
-}
-
-async fn load_approval(c: &impl GenericClient, id: &str, lock: bool) -> Result<Option<ApprovalRecord>, StoreError> {
-    let lock = if lock { " FOR UPDATE" } else { "" };
-    let sql = format!("SELECT {} FROM approvals WHERE id = $1{lock}", rows::APPROVAL_COLS);
-    let Some(mut a) = c.get(&sql, &[&id], rows::approval).await? else { return Ok(None) };
-    a.reviews = load_reviews(c, a.id.as_str()).await?;
-    Ok(Some(a))
 }
 
 impl PostgresStore {
@@ -495,44 +270,6 @@ impl PostgresStore {
         };
         tx.commit().await?;
         Ok(reservation)
-    }
-
-    async fn transfer_once(&self, req: &TransferRequest, now: UnixSecs) -> Result<Payment, TxError> {
-        let mut client = self.pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
-        let tx = client.transaction().await.map_err(TxError::pg)?;
-        let (from, to) = lock_accounts(&tx, &req.from_account, &req.to_account).await.map_err(TxError::store)?;
-        // Under the account locks: a committed payment with this key is visible now.
-        let existing =
-            load_payment(&tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
-        let plan = transfer::plan(req, existing, from.as_ref(), to.as_ref(), now).map_err(TxError::Backend)?;
-        let w = Posting {
-            key: &req.idempotency_key,
-            alias: req.alias_key.as_deref(),
-            guards: &req.guards,
-            audit: &req.audit,
-        };
-        write_posting(tx, plan, w, now).await
-    }
-
-    async fn refund_once(&self, req: &RefundRequest, now: UnixSecs) -> Result<Payment, TxError> {
-        let mut client = self.pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
-        let tx = client.transaction().await.map_err(TxError::pg)?;
-        // The original payment's row lock serialises refunds of it; accounts follow in id order.
-        let original = load_payment(&tx, "id", req.payment_id.as_str(), true).await.map_err(TxError::store)?;
-        let payee = match &original {
-            Some(o) => lock_accounts(&tx, &o.to_account, &o.from_account).await.map_err(TxError::store)?.0,
-            None => None,
-        };
-        let existing =
-            load_payment(&tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
-        let plan = refund::plan(req, existing, original.as_ref(), payee.as_ref(), now).map_err(TxError::Backend)?;
-        let w = Posting {
-            key: &req.idempotency_key,
-            alias: req.alias_key.as_deref(),
-            guards: &req.guards,
-            audit: &req.audit,
-        };
-        write_posting(tx, plan, w, now).await
     }
 }
 
@@ -633,14 +370,14 @@ impl Store for PostgresStore {
             tx.commit().await?;
             return Ok(a);
         }
-        insert_approval(&tx, &rec).await?;
+        approvals::insert_approval(&tx, &rec).await?;
         tx.commit().await?;
         Ok(rec)
     }
 
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
         let client = self.pool.get().await?;
-        load_approval(&client, id.as_str(), false).await
+        approvals::load_approval(&client, id.as_str(), false).await
     }
 
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
@@ -663,7 +400,7 @@ impl Store for PostgresStore {
 
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        insert_approval(&client, &rec).await
+        approvals::insert_approval(&client, &rec).await
     }
 
     async fn approval_list(
@@ -693,7 +430,7 @@ impl Store for PostgresStore {
             found.iter().map(|r| Ok((r.int(20)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
         let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
         for (_, a) in &mut page.items {
-            a.reviews = load_reviews(&client, a.id.as_str()).await?;
+            a.reviews = approvals::load_reviews(&client, a.id.as_str()).await?;
         }
         Ok(page)
     }
@@ -705,53 +442,7 @@ impl Store for PostgresStore {
         now: UnixSecs,
         issue: MandateIssuer,
     ) -> Result<ApprovalRecord, ReviewError> {
-        let mut client = self.pool.get().await.map_err(StoreError::from)?;
-        let tx = client.transaction().await.map_err(StoreError::from)?;
-        let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?;
-        let (plan, id) = (review::plan(&rec, &review, now)?, id.as_str());
-        if plan == ReviewPlan::Expire {
-            tx.exec("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2", &[&now, &id])
-                .await
-                .map_err(StoreError::from)?;
-            tx.commit().await.map_err(StoreError::from)?;
-            return Err(ReviewError::Expired);
-        }
-        tx.exec(
-            "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES ($1, $2, $3, $4, $5, $6)",
-            &[&id, &review.reviewer_iss, &review.reviewer_sub, &review.decision, &review.reason, &now],
-        )
-        .await
-        .map_err(StoreError::from)?;
-        match plan {
-            ReviewPlan::Reject => {
-                tx.exec(
-                    "UPDATE approvals SET status = 'rejected', decided_at = $1, decision_reason = $2 WHERE id = $3",
-                    &[&now, &review.reason, &id],
-                )
-                .await
-            }
-            ReviewPlan::Approve { issue: Some(approvers) } => {
-                let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
-                tx.exec(
-                    "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                    &bind(&rows::mandate_values(&issued, &rec, now)),
-                )
-                .await
-                .map_err(StoreError::from)?;
-                tx.exec(
-                    "UPDATE approvals SET status = 'approved', decided_at = $1, decision_reason = $2, mandate_id = $3, mandate = $4
-                     WHERE id = $5",
-                    &[&now, &review.reason, &issued.id, &issued.jws, &id],
-                )
-                .await
-            }
-            ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(0),
-        }
-        .map_err(StoreError::from)?;
-        let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
-        tx.commit().await.map_err(StoreError::from)?;
-        Ok(updated)
+        approvals::review(&self.pool, id, review, now, issue).await
     }
 
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
@@ -840,24 +531,24 @@ impl Store for PostgresStore {
             )
             .await?;
             let desc = ledger::opening_description(&seed.id);
-            post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now).await?;
-            post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now).await?;
+            postings::post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now).await?;
+            postings::post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now).await?;
         }
         tx.commit().await?;
         Ok(created)
     }
 
     async fn ledger_transfer(&self, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-        with_retry!(self.transfer_once(&req, now).await)
+        with_retry!(postings::transfer_once(&self.pool, &req, now).await)
     }
 
     async fn ledger_refund(&self, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-        with_retry!(self.refund_once(&req, now).await)
+        with_retry!(postings::refund_once(&self.pool, &req, now).await)
     }
 
     async fn ledger_payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
         let client = self.pool.get().await?;
-        load_payment(&client, "id", id.as_str(), false).await
+        postings::load_payment(&client, "id", id.as_str(), false).await
     }
 
     async fn ledger_balance(&self, account: &AccountId) -> Result<Option<Balance>, StoreError> {

@@ -1,5 +1,8 @@
 //! The embedded SQLite engine. One connection serialises writes (SQLite allows one writer anyway);
 //! calls run on tokio's blocking pool so the async runtime never waits on disk.
+//!
+//! Like every engine, it holds no business rule: it loads rows, asks `domain::rules`, and writes the
+//! plan (`postings.rs` for the ledger, `approvals.rs` for reviews, `rails.rs` for rail records).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -8,6 +11,8 @@ use async_trait::async_trait;
 use rusqlite::types::ToSqlOutput;
 use rusqlite::{Connection, OptionalExtension, Params, Row, TransactionBehavior, params, params_from_iter};
 
+mod approvals;
+mod postings;
 mod rails;
 
 use super::rows::{self, Columns, Value};
@@ -18,13 +23,10 @@ use super::{
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::{
-    AccountRow, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest,
-    TransferRequest,
+    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
-use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
 use crate::domain::rules::integrity::{self, IntegrityFacts};
-use crate::domain::rules::review::ReviewPlan;
-use crate::domain::rules::{PostingPlan, ledger, refund, reservation, review, transfer};
+use crate::domain::rules::{ledger, reservation};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
 
 const MIGRATIONS: &[&str] = &[
@@ -300,41 +302,6 @@ fn db(e: impl Into<StoreError>) -> BackendError {
     BackendError::from(e.into())
 }
 
-/// `column` is one of a few fixed names chosen by this module, never input.
-fn load_payment(c: &Connection, column: &str, value: &str) -> Result<Option<Payment>, StoreError> {
-    let sql = format!("SELECT {} FROM payments WHERE {column} = ?1", rows::PAYMENT_COLS);
-    Ok(c.opt(&sql, [value], rows::payment)?.map(|(p, _)| p))
-}
-
-fn load_account(c: &Connection, id: &AccountId) -> Result<Option<AccountRow>, StoreError> {
-    c.opt("SELECT currency, balance_minor, allow_overdraft FROM accounts WHERE id = ?1", [id.as_str()], |r| {
-        rows::account(r, 0)
-    })
-}
-
-/// Apply one signed posting and return the balance after it.
-fn post(
-    tx: &Connection,
-    payment_id: Option<&str>,
-    account: &str,
-    amount: i64,
-    currency: crate::money::Currency,
-    description: &str,
-    now: UnixSecs,
-) -> rusqlite::Result<i64> {
-    let balance: i64 = tx.q_row(
-        "UPDATE accounts SET balance_minor = balance_minor + ?1 WHERE id = ?2 RETURNING balance_minor",
-        params![amount, account],
-        |r| r.get(0),
-    )?;
-    tx.exec(
-        "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![payment_id, account, amount, currency.code(), balance, description, now],
-    )?;
-    Ok(balance)
-}
-
 fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<usize> {
     c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
@@ -342,203 +309,6 @@ fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> ru
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params_from_iter(rows::audit_values(r, payment_id)),
     )
-}
-
-/// Count a payment toward its subject's day.
-fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<usize> {
-    tx.exec(
-        "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, 1)
-         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
-                                                            payments = payments + 1",
-        params![d.subject, d.day, d.currency.code(), d.amount_minor],
-    )
-}
-
-/// Check the guards that must hold where the payment commits, and record mandate draws.
-fn apply_guards(
-    tx: &Connection,
-    g: &Guards,
-    subject: &str,
-    amount: i64,
-    currency: crate::money::Currency,
-    now: UnixSecs,
-) -> Result<(), BackendError> {
-    if let Some(b) = &g.budget {
-        let usage = tx
-            .q_row(
-                "SELECT (SELECT COALESCE(SUM(payments), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2),
-                        (SELECT COALESCE(SUM(spent_minor), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2 AND currency = ?3)",
-                params![subject, b.since, currency.code()],
-                |r| Ok(BudgetUsage { payments: r.get(0)?, spent_minor: r.get(1)? }),
-            )
-            .map_err(db)?;
-        guards::check_budget(b, usage, amount, currency)?;
-    }
-    if let Some(d) = &g.mandate {
-        let sql = format!("SELECT {} FROM mandates WHERE id = ?1", rows::MANDATE_COLS);
-        let mandate = tx.opt(&sql, [&d.mandate_id], rows::mandate).map_err(db)?;
-        guards::check_mandate(mandate.as_ref(), amount, currency, now)?;
-        tx.exec(
-            "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + ?1 WHERE id = ?2",
-            params![amount, d.mandate_id],
-        )
-        .map_err(db)?;
-    }
-    Ok(())
-}
-
-/// What a posting transaction writes besides the payment: its records and its guards.
-struct Posting<'a> {
-    key: &'a str,
-    alias: Option<&'a str>,
-    guards: &'a Guards,
-    audit: &'a Option<AuditRecord>,
-}
-
-/// Write a transfer's or refund's plan in its savepoint: a replay completes the key's records; a
-/// new payment draws its guards and posts. The request's audit record goes in with it.
-fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSecs) -> Result<Payment, BackendError> {
-    let p = match plan {
-        PostingPlan::Replay(existing) => existing,
-        PostingPlan::Post(p) => {
-            apply_guards(tx, w.guards, &p.principal_sub, p.amount_minor, p.currency, now)?;
-            let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
-            tx.exec(
-                "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-                                       refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-                params_from_iter(rows::payment_values(&p, w.key, mandate_id)),
-            )
-            .map_err(db)?;
-            if let Some(draw) = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now) {
-                add_usage(tx, &draw).map_err(db)?;
-            }
-            if let Some(original) = &p.refund_of {
-                tx.exec(
-                    "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",
-                    params![p.amount_minor, original.as_str()],
-                )
-                .map_err(db)?;
-            }
-            let desc = ledger::posting_description(&p);
-            let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
-            post(tx, id, p.from_account.as_str(), -amount, p.currency, &desc, now).map_err(db)?;
-            post(tx, id, p.to_account.as_str(), amount, p.currency, &desc, now).map_err(db)?;
-            p
-        }
-    };
-    let outcome = super::completed_outcome(&p);
-    for k in std::iter::once(w.key).chain(w.alias) {
-        tx.exec(
-            "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
-            params![outcome, k],
-        )
-        .map_err(db)?;
-    }
-    if let Some(r) = w.audit {
-        insert_audit(tx, r, Some(p.id.as_str())).map_err(db)?;
-    }
-    Ok(p)
-}
-
-fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    let tx = conn.savepoint().map_err(db)?;
-    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key)?;
-    let from = load_account(&tx, &req.from_account)?;
-    let to = load_account(&tx, &req.to_account)?;
-    let plan = transfer::plan(&req, existing, from.as_ref(), to.as_ref(), now)?;
-    let w =
-        Posting { key: &req.idempotency_key, alias: req.alias_key.as_deref(), guards: &req.guards, audit: &req.audit };
-    let payment = write_posting(&tx, plan, w, now)?;
-    tx.commit().map_err(db)?;
-    Ok(payment)
-}
-
-fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    let tx = conn.savepoint().map_err(db)?;
-    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key)?;
-    let original = load_payment(&tx, "id", req.payment_id.as_str())?;
-    let payee = match &original {
-        Some(o) => load_account(&tx, &o.to_account)?,
-        None => None,
-    };
-    let plan = refund::plan(&req, existing, original.as_ref(), payee.as_ref(), now)?;
-    let w =
-        Posting { key: &req.idempotency_key, alias: req.alias_key.as_deref(), guards: &req.guards, audit: &req.audit };
-    let payment = write_posting(&tx, plan, w, now)?;
-    tx.commit().map_err(db)?;
-    Ok(payment)
-}
-
-fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<usize> {
-    tx.exec(
-        &format!(
-            "INSERT INTO approvals ({})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
-            rows::APPROVAL_COLS
-        ),
-        params_from_iter(rows::approval_values(rec)),
-    )
-}
-
-fn load_reviews(c: &Connection, id: &str) -> Result<Vec<Review>, StoreError> {
-    let sql = format!("SELECT {} FROM approval_reviews WHERE approval_id = ?1 ORDER BY at, rowid", rows::REVIEW_COLS);
-    c.all(&sql, [id], rows::review)
-}
-
-fn load_approval(c: &Connection, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
-    let sql = format!("SELECT {} FROM approvals WHERE id = ?1", rows::APPROVAL_COLS);
-    let Some(mut a) = c.opt(&sql, [id], rows::approval)? else { return Ok(None) };
-    a.reviews = load_reviews(c, a.id.as_str())?;
-    Ok(Some(a))
-}
-
-fn review_tx(
-    c: &mut Connection,
-    id: &ApprovalId,
-    r: Review,
-    now: UnixSecs,
-    issue: MandateIssuer,
-) -> Result<ApprovalRecord, ReviewError> {
-    let tx = c.savepoint().map_err(StoreError::from)?;
-    let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?;
-    let (plan, id) = (review::plan(&rec, &r, now)?, id.as_str());
-    if plan == ReviewPlan::Expire {
-        tx.exec("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id])
-            .map_err(StoreError::from)?;
-        tx.commit().map_err(StoreError::from)?;
-        return Err(ReviewError::Expired);
-    }
-    tx.exec(
-        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![id, r.reviewer_iss, r.reviewer_sub, r.decision, r.reason, now],
-    )
-    .map_err(StoreError::from)?;
-    match plan {
-        ReviewPlan::Reject => tx.exec(
-            "UPDATE approvals SET status = 'rejected', decided_at = ?1, decision_reason = ?2 WHERE id = ?3",
-            params![now, r.reason, id],
-        ),
-        ReviewPlan::Approve { issue: Some(approvers) } => {
-            let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
-            tx.exec(
-                "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params_from_iter(rows::mandate_values(&issued, &rec, now)),
-            )
-            .map_err(StoreError::from)?;
-            tx.exec(
-                "UPDATE approvals SET status = 'approved', decided_at = ?1, decision_reason = ?2, mandate_id = ?3, mandate = ?4
-                 WHERE id = ?5",
-                params![now, r.reason, issued.id, issued.jws, id],
-            )
-        }
-        ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(0),
-    }
-    .map_err(StoreError::from)?;
-    let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
-    tx.commit().map_err(StoreError::from)?;
-    Ok(updated)
 }
 
 #[async_trait]
@@ -634,7 +404,7 @@ impl Store for SqliteStore {
             if let Some(existing) = tx.opt(&sql, params![rec.idempotency_key, now], rows::approval)? {
                 return Ok(existing);
             }
-            insert_approval(&tx, &rec)?;
+            approvals::insert_approval(&tx, &rec)?;
             tx.commit()?;
             Ok(rec)
         })
@@ -643,7 +413,7 @@ impl Store for SqliteStore {
 
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
         let id = id.clone();
-        self.run(move |c| load_approval(c, id.as_str())).await
+        self.run(move |c| approvals::load_approval(c, id.as_str())).await
     }
 
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
@@ -666,7 +436,7 @@ impl Store for SqliteStore {
     }
 
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
-        self.write(move |c| Ok(insert_approval(c, &rec).map(|_| ())?)).await
+        self.write(move |c| Ok(approvals::insert_approval(c, &rec).map(|_| ())?)).await
     }
 
     async fn approval_list(
@@ -694,7 +464,7 @@ impl Store for SqliteStore {
             })?;
             let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
             for (_, a) in &mut page.items {
-                a.reviews = load_reviews(c, a.id.as_str())?;
+                a.reviews = approvals::load_reviews(c, a.id.as_str())?;
             }
             Ok(page)
         })
@@ -709,7 +479,7 @@ impl Store for SqliteStore {
         issue: MandateIssuer,
     ) -> Result<ApprovalRecord, ReviewError> {
         let id = id.clone();
-        self.write(move |c| review_tx(c, &id, review, now, issue)).await
+        self.write(move |c| approvals::review_tx(c, &id, review, now, issue)).await
     }
 
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
@@ -801,8 +571,8 @@ impl Store for SqliteStore {
                     params![equity, seed.currency.code(), now],
                 )?;
                 let desc = ledger::opening_description(&seed.id);
-                post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now)?;
-                post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now)?;
+                postings::post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now)?;
+                postings::post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now)?;
             }
             tx.commit()?;
             Ok(created)
@@ -811,22 +581,22 @@ impl Store for SqliteStore {
     }
 
     async fn ledger_transfer(&self, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-        self.write(move |c| transfer_tx(c, req, now)).await
+        self.write(move |c| postings::transfer_tx(c, req, now)).await
     }
 
     async fn ledger_refund(&self, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-        self.write(move |c| refund_tx(c, req, now)).await
+        self.write(move |c| postings::refund_tx(c, req, now)).await
     }
 
     async fn ledger_payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
         let id = id.clone();
-        self.run(move |c| load_payment(c, "id", id.as_str())).await
+        self.run(move |c| postings::load_payment(c, "id", id.as_str())).await
     }
 
     async fn ledger_balance(&self, account: &AccountId) -> Result<Option<Balance>, StoreError> {
         let account = account.clone();
         self.run(move |c| {
-            let row = load_account(c, &account)?;
+            let row = postings::load_account(c, &account)?;
             Ok(row.map(|a| Balance {
                 account_id: account.clone(),
                 currency: a.currency,

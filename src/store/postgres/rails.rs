@@ -4,7 +4,8 @@
 
 use deadpool_postgres::GenericClient;
 
-use super::{Cached, Mapped, TxError, add_usage, apply_guards, bind, db};
+use super::postings::{add_usage, apply_guards};
+use super::{Cached, Mapped, TxError, bind, db};
 use crate::clock::UnixSecs;
 use crate::domain::payment::Guards;
 use crate::domain::rules::rail::{self as rules, Draws};

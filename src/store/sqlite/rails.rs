@@ -2,7 +2,8 @@
 
 use rusqlite::{Connection, params, params_from_iter};
 
-use super::{Cached, add_usage, apply_guards, db};
+use super::postings::{add_usage, apply_guards};
+use super::{Cached, db};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::Guards;
