@@ -48,6 +48,14 @@ pub struct ApprovalRecord {
     pub reviews: Vec<Review>,
 }
 
+impl ApprovalRecord {
+    /// The status as of `now`: a pending approval past its expiry is expired, whether or not anyone
+    /// has touched it since.
+    pub fn status_at(&self, now: UnixSecs) -> &str {
+        if self.status == PENDING && now >= self.expires_at { EXPIRED } else { &self.status }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Review {
     pub reviewer_iss: String,

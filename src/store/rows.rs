@@ -74,14 +74,6 @@ fn currency(r: &dyn Columns, i: usize, what: &str) -> Result<Currency, StoreErro
     Currency::parse(&r.text(i)?).map_err(|_| corrupt(what))
 }
 
-/// The `kind` column of approvals and mandates.
-pub(crate) fn kind_str(k: MandateKind) -> &'static str {
-    match k {
-        MandateKind::Closed => "closed",
-        MandateKind::Open => "open",
-    }
-}
-
 pub(crate) const PAYMENT_COLS: &str = "id, kind, status, from_account, to_account, amount_minor, currency, \
                                        refunded_minor, refund_of, memo, principal_sub, created_at, seq";
 
@@ -144,11 +136,7 @@ pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
     Ok(ApprovalRecord {
         id: ApprovalId::parse(&r.text(0)?).map_err(|_| corrupt("approvals.id"))?,
         status: r.text(1)?,
-        kind: match r.text(13)?.as_str() {
-            "closed" => MandateKind::Closed,
-            "open" => MandateKind::Open,
-            _ => return Err(corrupt("approvals.kind")),
-        },
+        kind: MandateKind::parse(&r.text(13)?).ok_or_else(|| corrupt("approvals.kind"))?,
         idempotency_key: r.text(2)?,
         fingerprint: r.text(3)?,
         principal_iss: r.text(4)?,
@@ -317,7 +305,7 @@ pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
         text(&rec.reason),
         int(rec.created_at),
         int(rec.expires_at),
-        text(kind_str(rec.kind)),
+        text(rec.kind.as_str()),
         int(rec.reviewers_required),
         text(&rec.requested_by),
         opt_text(rec.mandate_id.as_deref()),
@@ -373,7 +361,7 @@ pub(crate) fn rail_values(rec: &RailPayment) -> Vec<Value> {
 pub(crate) fn mandate_values(m: &IssuedMandate, approval: &ApprovalRecord, now: UnixSecs) -> Vec<Value> {
     vec![
         text(&m.id),
-        text(kind_str(approval.kind)),
+        text(approval.kind.as_str()),
         text(approval.id.as_str()),
         text(&approval.principal_sub),
         text(approval.currency.code()),

@@ -132,4 +132,17 @@ mod tests {
             assert_eq!(got, want.map_err(str::to_string), "{} {r:?} at {now}", rec.status);
         }
     }
+
+    #[test]
+    fn a_pending_approval_reads_expired_past_its_expiry() {
+        let cases = [
+            (PENDING, 99, PENDING),
+            (PENDING, 100, "expired"),
+            ("approved", 1_000, "approved"),
+            ("rejected", 0, "rejected"),
+        ];
+        for (status, now, read) in cases {
+            assert_eq!(approval(status, 1, vec![]).status_at(now), read, "{status} at {now}");
+        }
+    }
 }
