@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::auth::Secret;
-use crate::backend::Payment;
+use crate::domain::payment::Payment;
 use crate::error::{AgentError, ErrorCode};
 
 /// Derives keys; holds the server secret (never printed).

@@ -8,6 +8,7 @@ pub mod catalogue;
 pub mod clock;
 pub mod config;
 pub mod doctor;
+pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod http;

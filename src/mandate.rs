@@ -29,6 +29,23 @@ pub enum MandateKind {
     Open,
 }
 
+impl MandateKind {
+    /// Its name in claims, views and the `kind` column of approvals and mandates.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MandateKind::Closed => "closed",
+            MandateKind::Open => "open",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "closed" => Some(MandateKind::Closed),
+            "open" => Some(MandateKind::Open),
+            _ => None,
+        }
+    }
+}
+
 /// The signed claims. Amounts are integer minor units.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

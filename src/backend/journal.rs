@@ -22,8 +22,9 @@ use super::{
     PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
+use crate::domain::rail::{RailPayment, RailState, RailUpdate};
 use crate::ids::{AccountId, PaymentId};
-use crate::store::{RailPayment, RailState, RailUpdate, Store};
+use crate::store::Store;
 
 pub struct Journaled {
     inner: Arc<dyn PaymentBackend>,

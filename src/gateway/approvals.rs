@@ -123,22 +123,13 @@ pub const OPEN_MANDATE_USES_MAX: i64 = 100_000;
 /// Longest review reason kept, in characters.
 pub const REASON_CHARS_MAX: usize = 500;
 
-fn kind_str(k: MandateKind) -> &'static str {
-    match k {
-        MandateKind::Closed => "closed",
-        MandateKind::Open => "open",
-    }
-}
-
 impl Gateway {
     fn view(&self, a: &ApprovalRecord, now: UnixSecs, with_mandate: bool) -> ApprovalView {
-        // A pending approval past its expiry is expired whether or not anyone has touched it since.
-        let status =
-            if a.status == "pending" && now >= a.expires_at { "expired".to_string() } else { a.status.clone() };
+        let status = a.status_at(now).to_string();
         ApprovalView {
             approval_id: a.id.to_string(),
             status,
-            kind: kind_str(a.kind).into(),
+            kind: a.kind.as_str().into(),
             tool: a.tool.clone(),
             agent_subject: a.principal_sub.clone(),
             requested_by: a.requested_by.clone(),

@@ -6,31 +6,47 @@
 //! split them.
 
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
-use crate::backend::{
-    BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery,
-    PaymentStatus, RefundRequest, TransferRequest,
-};
 use crate::clock::UnixSecs;
+pub use crate::domain::approval::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
+pub use crate::domain::audit::{AuditRecord, DENIAL_CODES};
+use crate::domain::error::BackendError;
+pub use crate::domain::error::StoreError;
+pub use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+pub use crate::domain::payment::{AccountSeed, SummaryQuery, SummaryRow};
+use crate::domain::payment::{
+    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
+};
+pub use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
-use crate::mandate::MandateKind;
-use crate::money::Currency;
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Database(String),
-    #[error("stored data is inconsistent: {0}")]
-    Corrupt(String),
+/// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.
+pub(crate) fn completed_outcome(p: &Payment) -> String {
+    crate::idempotency::StoredOutcome::Succeeded { payment: p.clone() }.to_json()
 }
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError::Database(e.to_string())
+/// What a posting transaction writes besides the payment itself: the idempotency records it
+/// completes and the audit record it appends, and the guards it draws.
+pub(crate) struct Posting<'a> {
+    pub key: &'a str,
+    pub alias: Option<&'a str>,
+    pub guards: &'a Guards,
+    pub audit: &'a Option<AuditRecord>,
+}
+
+impl<'a> From<&'a TransferRequest> for Posting<'a> {
+    fn from(r: &'a TransferRequest) -> Self {
+        Posting { key: &r.idempotency_key, alias: r.alias_key.as_deref(), guards: &r.guards, audit: &r.audit }
+    }
+}
+
+impl<'a> From<&'a RefundRequest> for Posting<'a> {
+    fn from(r: &'a RefundRequest) -> Self {
+        Posting { key: &r.idempotency_key, alias: r.alias_key.as_deref(), guards: &r.guards, audit: &r.audit }
     }
 }
 
@@ -41,285 +57,6 @@ pub struct SchemaStatus {
     pub applied: i64,
     /// Migrations this binary knows.
     pub known: i64,
-}
-
-/// Audited refusals that count toward a subject's stop rule: policy denials, not argument typos or
-/// business outcomes such as insufficient funds.
-pub const DENIAL_CODES: &[&str] = &[
-    "ACCOUNT_NOT_ALLOWED",
-    "INSUFFICIENT_SCOPE",
-    "MANDATE_INVALID",
-    "MANDATE_EXPIRED",
-    "MANDATE_MISMATCH",
-    "BUDGET_EXCEEDED",
-    "IDEMPOTENCY_CONFLICT",
-];
-
-/// What a reservation found under an idempotency key.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reservation {
-    /// The key is now ours (fresh, expired, or taken over from a crashed holder whose lease ran out).
-    Acquired,
-    /// Someone completed it; `outcome` is the stored result.
-    Completed { fingerprint: String, outcome: String },
-    /// Someone holds it and their lease is live.
-    InFlight { fingerprint: String },
-}
-
-#[derive(Debug, Clone)]
-pub struct NewIdempotencyRecord {
-    pub key: String,
-    pub fingerprint: String,
-    pub tool: String,
-    pub principal_iss: String,
-    pub principal_sub: String,
-    pub lease_until: UnixSecs,
-    pub expires_at: UnixSecs,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApprovalRecord {
-    pub id: ApprovalId,
-    /// pending | approved | rejected | expired
-    pub status: String,
-    /// closed (one payment) | open (constraints)
-    pub kind: MandateKind,
-    pub idempotency_key: String,
-    pub fingerprint: String,
-    pub principal_iss: String,
-    pub principal_sub: String,
-    pub tool: String,
-    pub intent: serde_json::Value,
-    pub amount_minor: i64,
-    pub currency: Currency,
-    pub reason: String,
-    pub created_at: UnixSecs,
-    pub expires_at: UnixSecs,
-    pub reviewers_required: i64,
-    /// Who asked: the agent subject, or the operator who pre-authorized.
-    pub requested_by: String,
-    pub mandate_id: Option<String>,
-    pub mandate: Option<String>,
-    pub decided_at: Option<UnixSecs>,
-    pub decision_reason: Option<String>,
-    /// Filled by `approval_get` / `approval_list`.
-    #[serde(default)]
-    pub reviews: Vec<Review>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Review {
-    pub reviewer_iss: String,
-    pub reviewer_sub: String,
-    /// approve | reject
-    pub decision: String,
-    pub reason: Option<String>,
-    pub at: UnixSecs,
-}
-
-/// Why a review was not recorded.
-#[derive(Debug, thiserror::Error)]
-pub enum ReviewError {
-    #[error("no such approval")]
-    NotFound,
-    #[error("the approval is already {0}")]
-    Terminal(String),
-    #[error("the approval has expired")]
-    Expired,
-    #[error("the requesting agent cannot review its own request")]
-    SelfReview,
-    #[error("this reviewer has already reviewed this approval")]
-    AlreadyReviewed,
-    #[error("cannot issue the mandate: {0}")]
-    Mandate(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// The mandate an approval turns into once enough reviewers approve: signed by the caller (who
-/// holds the key) inside the review transaction, given the record and its approvers.
-pub type MandateIssuer = Box<dyn FnOnce(&ApprovalRecord, &[String]) -> Result<IssuedMandate, String> + Send + 'static>;
-
-#[derive(Debug, Clone)]
-pub struct IssuedMandate {
-    pub id: String,
-    pub jws: String,
-    pub budget_minor: Option<i64>,
-    pub max_uses: i64,
-    pub expires_at: UnixSecs,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AuditRecord {
-    pub seq: i64,
-    pub at: UnixSecs,
-    pub correlation_id: String,
-    pub principal_iss: String,
-    pub principal_sub: String,
-    pub tool: String,
-    pub decision: String,
-    pub code: Option<String>,
-    pub idempotency_key: Option<String>,
-    pub payment_id: Option<String>,
-    pub approval_id: Option<String>,
-    pub detail: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct AccountSeed {
-    pub id: AccountId,
-    pub currency: Currency,
-    pub opening_minor: i64,
-    pub allow_overdraft: bool,
-}
-
-/// The `kind` column of approvals and mandates.
-pub(crate) fn kind_str(k: MandateKind) -> &'static str {
-    match k {
-        MandateKind::Closed => "closed",
-        MandateKind::Open => "open",
-    }
-}
-
-/// Whether an existing payment under an idempotency key is the transfer now asked for.
-pub(crate) fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
-    existing.kind == crate::backend::PaymentKind::Payment
-        && existing.from_account == req.from_account
-        && existing.to_account == req.to_account
-        && existing.amount_minor == req.amount.minor()
-        && existing.currency == req.amount.currency()
-}
-
-/// Where a payment made through an external rail stands, in the gateway's own record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RailState {
-    /// Guards drawn, the rail not yet answered (or answered "unavailable": nothing moved yet).
-    Submitting,
-    /// Sent, and the rail's answer was lost: maybe moved. Reconciliation settles it.
-    Unknown,
-    /// Accepted by the rail, waiting for its asynchronous outcome (an M-Pesa STK push).
-    Pending,
-    Succeeded,
-    Failed,
-}
-
-impl RailState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RailState::Submitting => "submitting",
-            RailState::Unknown => "unknown",
-            RailState::Pending => "pending",
-            RailState::Succeeded => "succeeded",
-            RailState::Failed => "failed",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "submitting" => RailState::Submitting,
-            "unknown" => RailState::Unknown,
-            "pending" => RailState::Pending,
-            "succeeded" => RailState::Succeeded,
-            "failed" => RailState::Failed,
-            _ => return None,
-        })
-    }
-    /// The status an agent sees: anything not settled is `pending`.
-    pub fn status(self) -> PaymentStatus {
-        match self {
-            RailState::Succeeded => PaymentStatus::Succeeded,
-            RailState::Failed => PaymentStatus::Failed,
-            _ => PaymentStatus::Pending,
-        }
-    }
-    pub fn is_terminal(self) -> bool {
-        matches!(self, RailState::Succeeded | RailState::Failed)
-    }
-}
-
-/// The gateway's record of one payment made through an external rail (`rail_payments`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RailPayment {
-    pub id: PaymentId,
-    pub idempotency_key: String,
-    /// "http" or "mpesa".
-    pub rail: String,
-    pub kind: PaymentKind,
-    pub state: RailState,
-    pub from_account: AccountId,
-    pub to_account: AccountId,
-    pub amount_minor: i64,
-    pub currency: Currency,
-    pub refund_of: Option<PaymentId>,
-    pub memo: Option<String>,
-    pub principal_sub: String,
-    pub mandate_id: Option<String>,
-    /// The rail's own reference (an M-Pesa CheckoutRequestID).
-    pub rail_ref: Option<String>,
-    /// The rail's receipt for a settled payment (an M-Pesa receipt number).
-    pub receipt: Option<String>,
-    /// The payer's phone (M-Pesa), normalized.
-    pub phone: Option<String>,
-    /// Why it failed, or what is still unknown.
-    pub reason: Option<String>,
-    pub created_at: UnixSecs,
-    pub updated_at: UnixSecs,
-}
-
-impl RailPayment {
-    /// The payment as agents see it.
-    pub fn payment(&self) -> Payment {
-        Payment {
-            id: self.id.clone(),
-            kind: self.kind,
-            status: self.state.status(),
-            from_account: self.from_account.clone(),
-            to_account: self.to_account.clone(),
-            amount_minor: self.amount_minor,
-            currency: self.currency,
-            refunded_minor: 0,
-            refund_of: self.refund_of.clone(),
-            memo: self.memo.clone(),
-            principal_sub: self.principal_sub.clone(),
-            created_at: self.created_at,
-        }
-    }
-}
-
-/// The record `rail_open` found or made.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RailOpened {
-    pub rec: RailPayment,
-    /// True when this call opened it (and drew its guards); false when an earlier attempt did.
-    pub created: bool,
-}
-
-/// A settled (or newly learned) fact about a rail payment.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RailUpdate {
-    pub rail_ref: Option<String>,
-    pub receipt: Option<String>,
-    pub reason: Option<String>,
-}
-
-/// Counts and totals of payments by kind, status and currency (`get_payment_summary`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SummaryRow {
-    pub kind: String,
-    pub status: String,
-    pub currency: String,
-    pub count: i64,
-    pub total_minor: i64,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct SummaryQuery {
-    /// Only payments touching one of these accounts.
-    pub accounts: Vec<AccountId>,
-    /// `created_at` in `[from, to)`.
-    pub from: UnixSecs,
-    pub to: UnixSecs,
-    pub currency: Option<Currency>,
 }
 
 #[async_trait]

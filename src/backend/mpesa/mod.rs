@@ -15,9 +15,11 @@ use std::sync::Arc;
 use self::daraja::{DarajaClient, DarajaError, Msisdn, StkPush, StkQueryOutcome};
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
+use crate::domain::error::StoreError;
+use crate::domain::rail::{RailPayment, RailState, RailUpdate};
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Money;
-use crate::store::{RailPayment, RailState, RailUpdate, Store, StoreError};
+use crate::store::Store;
 
 /// The `rail` column of M-Pesa records.
 pub const RAIL: &str = "mpesa";

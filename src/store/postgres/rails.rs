@@ -3,52 +3,14 @@
 //! the rail record.
 
 use deadpool_postgres::GenericClient;
-use tokio_postgres::Row;
 
-use super::{Cached, TxError, apply_guards, corrupt, db};
-use crate::backend::{Guards, PaymentKind};
+use super::postings::{add_usage, apply_guards};
+use super::{Cached, Mapped, TxError, bind, db};
 use crate::clock::UnixSecs;
-use crate::ids::{AccountId, PaymentId};
-use crate::money::Currency;
+use crate::domain::payment::Guards;
+use crate::domain::rules::rail::{self as rules, Draws};
+use crate::store::rows::{self, RAIL_COLS};
 use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
-
-pub(super) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor, \
-                                    currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone, \
-                                    reason, created_at, updated_at";
-
-pub(super) fn rail_from_row(r: &Row) -> Result<(i64, RailPayment), StoreError> {
-    let kind = match r.get::<_, &str>(4) {
-        "payment" => PaymentKind::Payment,
-        "refund" => PaymentKind::Refund,
-        _ => return Err(corrupt("rail payment kind")),
-    };
-    let rec = RailPayment {
-        id: PaymentId::parse(r.get(1)).map_err(|_| corrupt("rail payment id"))?,
-        idempotency_key: r.get(2),
-        rail: r.get(3),
-        kind,
-        state: RailState::parse(r.get(5)).ok_or_else(|| corrupt("rail payment state"))?,
-        from_account: AccountId::parse(r.get(6)).map_err(|_| corrupt("rail payment account"))?,
-        to_account: AccountId::parse(r.get(7)).map_err(|_| corrupt("rail payment account"))?,
-        amount_minor: r.get(8),
-        currency: Currency::parse(r.get(9)).map_err(|_| corrupt("rail payment currency"))?,
-        refund_of: r
-            .get::<_, Option<&str>>(10)
-            .map(PaymentId::parse)
-            .transpose()
-            .map_err(|_| corrupt("rail refund_of"))?,
-        memo: r.get(11),
-        principal_sub: r.get(12),
-        mandate_id: r.get(13),
-        rail_ref: r.get(14),
-        receipt: r.get(15),
-        phone: r.get(16),
-        reason: r.get(17),
-        created_at: r.get(18),
-        updated_at: r.get(19),
-    };
-    Ok((r.get(0), rec))
-}
 
 pub(super) async fn load_rail(
     c: &impl GenericClient,
@@ -58,27 +20,36 @@ pub(super) async fn load_rail(
 ) -> Result<Option<RailPayment>, StoreError> {
     // `column` is one of a few fixed names chosen by this module, never input.
     let lock = if for_update { " FOR UPDATE" } else { "" };
-    let row = c.opt(&format!("SELECT {RAIL_COLS} FROM rail_payments WHERE {column} = $1{lock}"), &[&value]).await?;
-    row.map(|r| rail_from_row(&r).map(|(_, p)| p)).transpose()
+    let sql = format!("SELECT {RAIL_COLS} FROM rail_payments WHERE {column} = $1{lock}");
+    Ok(c.get(&sql, &[&value], rows::rail).await?.map(|(_, p)| p))
 }
 
-fn day_of(t: UnixSecs) -> UnixSecs {
-    t - t.rem_euclid(86_400)
+/// Lock what giving back `draws` will update, in the engine's order: the subject's budget
+/// (advisory), then the mandate row; the caller locks the record after.
+async fn lock_draws(tx: &impl GenericClient, draws: &Draws) -> Result<(), StoreError> {
+    if let Some(u) = &draws.usage {
+        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&u.subject]).await?;
+    }
+    if let Some((mandate, _)) = &draws.mandate {
+        tx.exec("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[mandate]).await?;
+    }
+    Ok(())
 }
 
-async fn give_back(tx: &impl GenericClient, rec: &RailPayment) -> Result<(), StoreError> {
-    if rec.kind == PaymentKind::Payment {
+/// Give back what a record drew when it opened: its day's usage and its mandate use.
+async fn give_back(tx: &impl GenericClient, draws: &Draws) -> Result<(), StoreError> {
+    if let Some(u) = &draws.usage {
         tx.exec(
             "UPDATE budget_usage SET spent_minor = spent_minor - $1, payments = payments - 1
              WHERE subject = $2 AND day = $3 AND currency = $4",
-            &[&rec.amount_minor, &rec.principal_sub, &day_of(rec.created_at), &rec.currency.code()],
+            &[&u.amount_minor, &u.subject, &u.day, &u.currency.code()],
         )
         .await?;
     }
-    if let Some(m) = &rec.mandate_id {
+    if let Some((mandate, amount)) = &draws.mandate {
         tx.exec(
             "UPDATE mandates SET uses = uses - 1, spent_minor = spent_minor - $1 WHERE id = $2",
-            &[&rec.amount_minor, m],
+            &[amount, mandate],
         )
         .await?;
     }
@@ -106,46 +77,16 @@ pub(super) async fn open_once(
         }
         return Err(TxError::Backend(refusal));
     }
-    let mut rec = rec.clone();
-    rec.mandate_id = guards.mandate.as_ref().map(|m| m.mandate_id.clone());
-    rec.created_at = now;
-    rec.updated_at = now;
-    if rec.kind == PaymentKind::Payment {
-        tx.exec(
-            "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
-             ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
-                                                                payments = budget_usage.payments + 1",
-            &[&rec.principal_sub, &day_of(now), &rec.currency.code(), &rec.amount_minor],
-        )
-        .await
-        .map_err(TxError::pg)?;
+    let rec = rules::opened(rec.clone(), guards, now);
+    if let Some(draw) = Draws::of(&rec).usage {
+        add_usage(&tx, &draw).await.map_err(TxError::pg)?;
     }
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
                                     reason, created_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
-        &[
-            &rec.id.as_str(),
-            &rec.idempotency_key,
-            &rec.rail,
-            &rec.kind.as_str(),
-            &rec.state.as_str(),
-            &rec.from_account.as_str(),
-            &rec.to_account.as_str(),
-            &rec.amount_minor,
-            &rec.currency.code(),
-            &rec.refund_of.as_ref().map(|p| p.as_str()),
-            &rec.memo,
-            &rec.principal_sub,
-            &rec.mandate_id,
-            &rec.rail_ref,
-            &rec.receipt,
-            &rec.phone,
-            &rec.reason,
-            &rec.created_at,
-            &rec.updated_at,
-        ],
+        &bind(&rows::rail_values(&rec)),
     )
     .await
     .map_err(TxError::pg)?;
@@ -165,14 +106,11 @@ pub(super) async fn transition(
     let tx = client.transaction().await?;
     let Some(rec) = load_rail(&tx, "id", id, false).await? else { return Ok(None) };
     // Budget and mandate rows are locked before the record (the engine's lock order).
-    if to == RailState::Failed && rec.kind == PaymentKind::Payment {
-        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&rec.principal_sub]).await?;
-    }
-    if let (RailState::Failed, Some(m)) = (to, &rec.mandate_id) {
-        tx.exec("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[m]).await?;
+    if let Some(draws) = rules::released_by(&rec, to) {
+        lock_draws(&tx, &draws).await?;
     }
     let Some(rec) = load_rail(&tx, "id", id, true).await? else { return Ok(None) };
-    if !from.contains(&rec.state) {
+    if !rules::may_move(&rec, from) {
         return Ok(None);
     }
     tx.exec(
@@ -182,8 +120,8 @@ pub(super) async fn transition(
         &[&to.as_str(), &update.rail_ref, &update.receipt, &update.reason, &now, &id],
     )
     .await?;
-    if to == RailState::Failed {
-        give_back(&tx, &rec).await?;
+    if let Some(draws) = rules::released_by(&rec, to) {
+        give_back(&tx, &draws).await?;
     }
     let updated = load_rail(&tx, "id", id, false).await?;
     tx.commit().await?;
@@ -194,17 +132,12 @@ pub(super) async fn abandon(pool: &deadpool_postgres::Pool, id: &str) -> Result<
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let Some(rec) = load_rail(&tx, "id", id, false).await? else { return Ok(false) };
-    if rec.kind == PaymentKind::Payment {
-        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&rec.principal_sub]).await?;
-    }
-    if let Some(m) = &rec.mandate_id {
-        tx.exec("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[m]).await?;
-    }
+    lock_draws(&tx, &Draws::of(&rec)).await?;
     let Some(rec) = load_rail(&tx, "id", id, true).await? else { return Ok(false) };
-    if rec.state != RailState::Submitting {
+    if !rules::may_abandon(&rec) {
         return Ok(false);
     }
-    give_back(&tx, &rec).await?;
+    give_back(&tx, &Draws::of(&rec)).await?;
     tx.exec("DELETE FROM rail_payments WHERE id = $1", &[&id]).await?;
     tx.commit().await?;
     Ok(true)
@@ -217,16 +150,14 @@ pub(super) async fn list(
     limit: u32,
 ) -> Result<Vec<RailPayment>, StoreError> {
     let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-    let rows = c
-        .all(
-            &format!(
-                "SELECT {RAIL_COLS} FROM rail_payments WHERE state = ANY($1) AND updated_at <= $2
-                 ORDER BY updated_at, seq LIMIT $3"
-            ),
-            &[&states, &updated_before, &i64::from(limit)],
-        )
-        .await?;
-    rows.iter().map(|r| rail_from_row(r).map(|(_, p)| p)).collect()
+    let sql = format!(
+        "SELECT {RAIL_COLS} FROM rail_payments WHERE state = ANY($1) AND updated_at <= $2 ORDER BY updated_at, seq LIMIT $3"
+    );
+    Ok(c.list(&sql, &[&states, &updated_before, &i64::from(limit)], rows::rail)
+        .await?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect())
 }
 
 pub(super) async fn since(
@@ -235,13 +166,9 @@ pub(super) async fn since(
     after_seq: i64,
     limit: u32,
 ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
-    let rows = c
-        .all(
-            &format!("SELECT {RAIL_COLS} FROM rail_payments WHERE created_at >= $1 AND seq > $2 ORDER BY seq LIMIT $3"),
-            &[&since, &after_seq, &i64::from(limit)],
-        )
-        .await?;
-    rows.iter().map(rail_from_row).collect()
+    let sql =
+        format!("SELECT {RAIL_COLS} FROM rail_payments WHERE created_at >= $1 AND seq > $2 ORDER BY seq LIMIT $3");
+    c.list(&sql, &[&since, &after_seq, &i64::from(limit)], rows::rail).await
 }
 
 pub(super) async fn summary(c: &impl GenericClient, q: &SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
@@ -249,8 +176,7 @@ pub(super) async fn summary(c: &impl GenericClient, q: &SummaryQuery) -> Result<
         return Ok(vec![]);
     }
     let accounts: Vec<&str> = q.accounts.iter().map(|a| a.as_str()).collect();
-    let rows = c
-        .all(
+    c.list(
             "SELECT kind, status, currency, COUNT(*), COALESCE(SUM(amount_minor), 0)::BIGINT FROM (
                  SELECT kind, status, currency, amount_minor, from_account, to_account, created_at FROM payments
                  UNION ALL
@@ -261,18 +187,9 @@ pub(super) async fn summary(c: &impl GenericClient, q: &SummaryQuery) -> Result<
                AND (from_account = ANY($4) OR to_account = ANY($4))
              GROUP BY kind, status, currency ORDER BY kind, status, currency",
             &[&q.from, &q.to, &q.currency.map(|c| c.code()), &accounts],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| SummaryRow {
-            kind: r.get(0),
-            status: r.get(1),
-            currency: r.get(2),
-            count: r.get(3),
-            total_minor: r.get(4),
-        })
-        .collect())
+        rows::summary,
+    )
+    .await
 }
 
 pub(super) async fn lease(

@@ -1,0 +1,99 @@
+//! Approvals: a human decision on a request over the autonomous limit, its reviews, and the
+//! mandate it turns into.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::UnixSecs;
+use crate::domain::error::StoreError;
+use crate::ids::ApprovalId;
+use crate::mandate::MandateKind;
+use crate::money::Currency;
+
+/// `ApprovalRecord::status` values.
+pub const PENDING: &str = "pending";
+pub const APPROVED: &str = "approved";
+pub const REJECTED: &str = "rejected";
+pub const EXPIRED: &str = "expired";
+/// `Review::decision` values.
+pub const APPROVE: &str = "approve";
+pub const REJECT: &str = "reject";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    pub id: ApprovalId,
+    /// pending | approved | rejected | expired
+    pub status: String,
+    /// closed (one payment) | open (constraints)
+    pub kind: MandateKind,
+    pub idempotency_key: String,
+    pub fingerprint: String,
+    pub principal_iss: String,
+    pub principal_sub: String,
+    pub tool: String,
+    pub intent: serde_json::Value,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub reason: String,
+    pub created_at: UnixSecs,
+    pub expires_at: UnixSecs,
+    pub reviewers_required: i64,
+    /// Who asked: the agent subject, or the operator who pre-authorized.
+    pub requested_by: String,
+    pub mandate_id: Option<String>,
+    pub mandate: Option<String>,
+    pub decided_at: Option<UnixSecs>,
+    pub decision_reason: Option<String>,
+    /// Filled by `approval_get` / `approval_list`.
+    #[serde(default)]
+    pub reviews: Vec<Review>,
+}
+
+impl ApprovalRecord {
+    /// The status as of `now`: a pending approval past its expiry is expired, whether or not anyone
+    /// has touched it since.
+    pub fn status_at(&self, now: UnixSecs) -> &str {
+        if self.status == PENDING && now >= self.expires_at { EXPIRED } else { &self.status }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Review {
+    pub reviewer_iss: String,
+    pub reviewer_sub: String,
+    /// approve | reject
+    pub decision: String,
+    pub reason: Option<String>,
+    pub at: UnixSecs,
+}
+
+/// Why a review was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("no such approval")]
+    NotFound,
+    #[error("the approval is already {0}")]
+    Terminal(String),
+    #[error("the approval has expired")]
+    Expired,
+    #[error("the requesting agent cannot review its own request")]
+    SelfReview,
+    #[error("this reviewer has already reviewed this approval")]
+    AlreadyReviewed,
+    #[error("cannot issue the mandate: {0}")]
+    Mandate(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The mandate an approval turns into once enough reviewers approve: signed by the caller (who
+/// holds the key) inside the review transaction, given the record and its approvers.
+pub type MandateIssuer = Box<dyn FnOnce(&ApprovalRecord, &[String]) -> Result<IssuedMandate, String> + Send + 'static>;
+
+#[derive(Debug, Clone)]
+pub struct IssuedMandate {
+    pub id: String,
+    pub jws: String,
+    pub budget_minor: Option<i64>,
+    pub max_uses: i64,
+    pub expires_at: UnixSecs,
+}

@@ -1,0 +1,33 @@
+//! Audit records: append-only, one per decision, with the correlation id.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::UnixSecs;
+
+/// Audited refusals that count toward a subject's stop rule: policy denials, not argument typos or
+/// business outcomes such as insufficient funds.
+pub const DENIAL_CODES: &[&str] = &[
+    "ACCOUNT_NOT_ALLOWED",
+    "INSUFFICIENT_SCOPE",
+    "MANDATE_INVALID",
+    "MANDATE_EXPIRED",
+    "MANDATE_MISMATCH",
+    "BUDGET_EXCEEDED",
+    "IDEMPOTENCY_CONFLICT",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub seq: i64,
+    pub at: UnixSecs,
+    pub correlation_id: String,
+    pub principal_iss: String,
+    pub principal_sub: String,
+    pub tool: String,
+    pub decision: String,
+    pub code: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub payment_id: Option<String>,
+    pub approval_id: Option<String>,
+    pub detail: Option<String>,
+}

@@ -1,0 +1,14 @@
+//! The shared nouns of paygate: payments, rail records, approvals, audit and idempotency records,
+//! and the pure rules over them (`rules`). Store engines, backends and the gateway all speak
+//! these types.
+//!
+//! Architecture Invariant: `domain` imports nothing above it (no `store`, `backend`, `gateway`,
+//! `http` or `mcp`), and does no I/O. Storage engines load rows, call a rule, and write its plan.
+
+pub mod approval;
+pub mod audit;
+pub mod error;
+pub mod idempotency;
+pub mod payment;
+pub mod rail;
+pub mod rules;

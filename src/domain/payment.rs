@@ -1,0 +1,243 @@
+//! Payments as every layer sees them: the reference ledger's rows, the requests that move money,
+//! the guards drawn with them, and the pages and reports read back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
+use crate::ids::{AccountId, PaymentId};
+use crate::money::{Currency, Money, format_minor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentKind {
+    Payment,
+    Refund,
+}
+
+impl PaymentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaymentKind::Payment => "payment",
+            PaymentKind::Refund => "refund",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "payment" => Some(PaymentKind::Payment),
+            "refund" => Some(PaymentKind::Refund),
+            _ => None,
+        }
+    }
+}
+
+/// Payment states. `Succeeded` and `Failed` are terminal; `Pending` waits for a rail to settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentStatus {
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+impl PaymentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaymentStatus::Pending => "pending",
+            PaymentStatus::Succeeded => "succeeded",
+            PaymentStatus::Failed => "failed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(PaymentStatus::Pending),
+            "succeeded" => Some(PaymentStatus::Succeeded),
+            "failed" => Some(PaymentStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Payment {
+    pub id: PaymentId,
+    pub kind: PaymentKind,
+    pub status: PaymentStatus,
+    pub from_account: AccountId,
+    pub to_account: AccountId,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub refunded_minor: i64,
+    pub refund_of: Option<PaymentId>,
+    pub memo: Option<String>,
+    pub principal_sub: String,
+    pub created_at: UnixSecs,
+}
+
+impl Payment {
+    pub fn amount(&self) -> String {
+        format_minor(self.amount_minor, self.currency)
+    }
+    pub fn refundable_minor(&self) -> i64 {
+        match (self.kind, self.status) {
+            (PaymentKind::Payment, PaymentStatus::Succeeded) => self.amount_minor - self.refunded_minor,
+            _ => 0,
+        }
+    }
+    pub fn touches_any(&self, accounts: &[AccountId]) -> bool {
+        accounts.contains(&self.from_account) || accounts.contains(&self.to_account)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Balance {
+    pub account_id: AccountId,
+    pub currency: Currency,
+    pub balance_minor: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub seq: i64,
+    pub payment_id: Option<PaymentId>,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub balance_after_minor: i64,
+    pub description: String,
+    pub created_at: UnixSecs,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntegrityReport {
+    pub ok: bool,
+    pub accounts_checked: i64,
+    pub postings_checked: i64,
+    /// Per currency: the sum of all postings (must be zero).
+    pub currency_sums: Vec<(String, i64)>,
+    /// Human-readable violations; empty when `ok`.
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Opaque: pass back to get the next page. `None` on the last page.
+    pub next_cursor: Option<i64>,
+}
+
+impl<T> Page<T> {
+    /// A page from up to `limit + 1` rows read newest first: the extra row, when there, only says
+    /// that another page follows, whose cursor is the last kept row's.
+    pub fn from_overfetch(mut rows: Vec<T>, limit: u32, cursor: impl Fn(&T) -> i64) -> Page<T> {
+        let limit = limit as usize;
+        let next_cursor = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(cursor)
+        } else {
+            None
+        };
+        Page { items: rows, next_cursor }
+    }
+}
+
+/// A reference-ledger account as a posting transaction reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountRow {
+    pub currency: Currency,
+    pub balance_minor: i64,
+    pub allow_overdraft: bool,
+}
+
+/// A UTC day's autonomous spending cap for one subject, checked where payments commit so
+/// concurrent calls cannot overshoot it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DailyBudget {
+    /// Start of the current UTC day.
+    pub since: UnixSecs,
+    pub max_minor: i64,
+    pub max_payments: i64,
+}
+
+/// A draw on an issued mandate: its uses and spend are checked and recorded with the payment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MandateDraw {
+    pub mandate_id: String,
+}
+
+/// Checks that must hold in the same transaction as the posting.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Guards {
+    pub budget: Option<DailyBudget>,
+    pub mandate: Option<MandateDraw>,
+}
+
+/// Move `amount` from one account to another, exactly once per `idempotency_key`.
+#[derive(Debug, Clone)]
+pub struct TransferRequest {
+    pub idempotency_key: String,
+    /// A second idempotency record completed with the same outcome (the operation's own key when
+    /// `idempotency_key` is anchored on a closed mandate).
+    pub alias_key: Option<String>,
+    pub payment_id: PaymentId,
+    pub from_account: AccountId,
+    pub to_account: AccountId,
+    pub amount: Money,
+    pub memo: Option<String>,
+    pub principal_sub: String,
+    pub guards: Guards,
+    /// The "allowed" audit record, appended with the postings by backends that record in the
+    /// transaction (its payment id is filled in there).
+    pub audit: Option<AuditRecord>,
+}
+
+/// Return (part of) a succeeded payment, exactly once per `idempotency_key`.
+#[derive(Debug, Clone)]
+pub struct RefundRequest {
+    pub idempotency_key: String,
+    pub alias_key: Option<String>,
+    pub refund_id: PaymentId,
+    pub payment_id: PaymentId,
+    /// `None` refunds everything still refundable.
+    pub amount_minor: Option<i64>,
+    pub reason: Option<String>,
+    pub principal_sub: String,
+    pub guards: Guards,
+    pub audit: Option<AuditRecord>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PaymentQuery {
+    /// Only payments touching one of these accounts (the principal's allow-list, or one of it).
+    pub accounts: Vec<AccountId>,
+    pub status: Option<PaymentStatus>,
+    pub before_seq: Option<i64>,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct AccountSeed {
+    pub id: AccountId,
+    pub currency: Currency,
+    pub opening_minor: i64,
+    pub allow_overdraft: bool,
+}
+
+/// Counts and totals of payments by kind, status and currency (`get_payment_summary`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SummaryRow {
+    pub kind: String,
+    pub status: String,
+    pub currency: String,
+    pub count: i64,
+    pub total_minor: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SummaryQuery {
+    /// Only payments touching one of these accounts.
+    pub accounts: Vec<AccountId>,
+    /// `created_at` in `[from, to)`.
+    pub from: UnixSecs,
+    pub to: UnixSecs,
+    pub currency: Option<Currency>,
+}

@@ -1,0 +1,120 @@
+//! The gateway's own record of a payment made through an external rail (`rail_payments`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::UnixSecs;
+use crate::domain::payment::{Payment, PaymentKind, PaymentStatus};
+use crate::ids::{AccountId, PaymentId};
+use crate::money::Currency;
+
+/// Where a payment made through an external rail stands, in the gateway's own record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RailState {
+    /// Guards drawn, the rail not yet answered (or answered "unavailable": nothing moved yet).
+    Submitting,
+    /// Sent, and the rail's answer was lost: maybe moved. Reconciliation settles it.
+    Unknown,
+    /// Accepted by the rail, waiting for its asynchronous outcome (an M-Pesa STK push).
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+impl RailState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RailState::Submitting => "submitting",
+            RailState::Unknown => "unknown",
+            RailState::Pending => "pending",
+            RailState::Succeeded => "succeeded",
+            RailState::Failed => "failed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "submitting" => RailState::Submitting,
+            "unknown" => RailState::Unknown,
+            "pending" => RailState::Pending,
+            "succeeded" => RailState::Succeeded,
+            "failed" => RailState::Failed,
+            _ => return None,
+        })
+    }
+    /// The status an agent sees: anything not settled is `pending`.
+    pub fn status(self) -> PaymentStatus {
+        match self {
+            RailState::Succeeded => PaymentStatus::Succeeded,
+            RailState::Failed => PaymentStatus::Failed,
+            _ => PaymentStatus::Pending,
+        }
+    }
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RailState::Succeeded | RailState::Failed)
+    }
+}
+
+/// The gateway's record of one payment made through an external rail (`rail_payments`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailPayment {
+    pub id: PaymentId,
+    pub idempotency_key: String,
+    /// "http" or "mpesa".
+    pub rail: String,
+    pub kind: PaymentKind,
+    pub state: RailState,
+    pub from_account: AccountId,
+    pub to_account: AccountId,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub refund_of: Option<PaymentId>,
+    pub memo: Option<String>,
+    pub principal_sub: String,
+    pub mandate_id: Option<String>,
+    /// The rail's own reference (an M-Pesa CheckoutRequestID).
+    pub rail_ref: Option<String>,
+    /// The rail's receipt for a settled payment (an M-Pesa receipt number).
+    pub receipt: Option<String>,
+    /// The payer's phone (M-Pesa), normalized.
+    pub phone: Option<String>,
+    /// Why it failed, or what is still unknown.
+    pub reason: Option<String>,
+    pub created_at: UnixSecs,
+    pub updated_at: UnixSecs,
+}
+
+impl RailPayment {
+    /// The payment as agents see it.
+    pub fn payment(&self) -> Payment {
+        Payment {
+            id: self.id.clone(),
+            kind: self.kind,
+            status: self.state.status(),
+            from_account: self.from_account.clone(),
+            to_account: self.to_account.clone(),
+            amount_minor: self.amount_minor,
+            currency: self.currency,
+            refunded_minor: 0,
+            refund_of: self.refund_of.clone(),
+            memo: self.memo.clone(),
+            principal_sub: self.principal_sub.clone(),
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// The record `rail_open` found or made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailOpened {
+    pub rec: RailPayment,
+    /// True when this call opened it (and drew its guards); false when an earlier attempt did.
+    pub created: bool,
+}
+
+/// A settled (or newly learned) fact about a rail payment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RailUpdate {
+    pub rail_ref: Option<String>,
+    pub receipt: Option<String>,
+    pub reason: Option<String>,
+}

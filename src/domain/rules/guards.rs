@@ -1,0 +1,186 @@
+//! Guards drawn where a payment commits: the subject's daily budget and an issued mandate's uses,
+//! budget and expiry. The engine loads the usage and the mandate row (under its locks), asks here,
+//! and records the draw.
+
+use crate::clock::UnixSecs;
+use crate::domain::error::BackendError;
+use crate::domain::payment::{DailyBudget, PaymentKind};
+use crate::money::{Currency, format_minor};
+
+/// Seconds in a budget day (UTC).
+const DAY_SECS: i64 = 86_400;
+
+/// The start of the UTC day holding `t`: the `day` of `budget_usage`.
+pub fn day_of(t: UnixSecs) -> UnixSecs {
+    t - t.rem_euclid(DAY_SECS)
+}
+
+/// A subject's committed usage for one day: payments in every currency, spend in the payment's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetUsage {
+    pub payments: i64,
+    pub spent_minor: i64,
+}
+
+/// Refuse a payment of `amount` that would take the day past the budget's count or spend.
+pub fn check_budget(
+    budget: &DailyBudget,
+    usage: BudgetUsage,
+    amount: i64,
+    currency: Currency,
+) -> Result<(), BackendError> {
+    let BudgetUsage { payments: count, spent_minor: spent } = usage;
+    if count >= budget.max_payments {
+        return Err(BackendError::BudgetExceeded(format!(
+            "{count} payments today reach the daily maximum of {}",
+            budget.max_payments
+        )));
+    }
+    if spent + amount > budget.max_minor {
+        return Err(BackendError::BudgetExceeded(format!(
+            "{currency} {} spent today plus {} exceeds the daily limit of {}",
+            format_minor(spent, currency),
+            format_minor(amount, currency),
+            format_minor(budget.max_minor, currency)
+        )));
+    }
+    Ok(())
+}
+
+/// An issued mandate as stored (`mandates`), with what has been drawn on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MandateRow {
+    pub currency: String,
+    pub budget_minor: Option<i64>,
+    pub max_uses: i64,
+    pub spent_minor: i64,
+    pub uses: i64,
+    pub expires_at: UnixSecs,
+}
+
+/// Refuse a draw of `amount` on a mandate (`None`: not one this gateway issued). On `Ok` the engine
+/// records one use and the spend.
+pub fn check_mandate(
+    mandate: Option<&MandateRow>,
+    amount: i64,
+    currency: Currency,
+    now: UnixSecs,
+) -> Result<(), BackendError> {
+    let Some(m) = mandate else {
+        return Err(BackendError::MandateExhausted("this gateway did not issue it".into()));
+    };
+    if m.currency != currency.code() || now >= m.expires_at {
+        return Err(BackendError::MandateExhausted("it does not cover this payment".into()));
+    }
+    if m.uses >= m.max_uses {
+        return Err(BackendError::MandateExhausted(format!("all {} uses are spent", m.max_uses)));
+    }
+    if m.budget_minor.is_some_and(|b| m.spent_minor + amount > b) {
+        return Err(BackendError::MandateExhausted("its budget is spent".into()));
+    }
+    Ok(())
+}
+
+/// What a payment adds to its subject's day in `budget_usage`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageDraw {
+    pub subject: String,
+    pub day: UnixSecs,
+    pub currency: Currency,
+    pub amount_minor: i64,
+}
+
+/// Every payment counts toward its subject's day (mandated ones too); refunds do not.
+pub fn usage_draw(
+    kind: PaymentKind,
+    subject: &str,
+    currency: Currency,
+    amount_minor: i64,
+    at: UnixSecs,
+) -> Option<UsageDraw> {
+    match kind {
+        PaymentKind::Payment => {
+            Some(UsageDraw { subject: subject.to_string(), day: day_of(at), currency, amount_minor })
+        }
+        PaymentKind::Refund => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kes() -> Currency {
+        Currency::parse("KES").unwrap()
+    }
+
+    #[test]
+    fn days_start_at_utc_midnight() {
+        for (t, day) in [(0, 0), (86_399, 0), (86_400, 86_400), (90_000, 86_400), (-1, -86_400)] {
+            assert_eq!(day_of(t), day, "{t}");
+        }
+    }
+
+    #[test]
+    fn budget_refusals() {
+        let budget = DailyBudget { since: 0, max_minor: 10_000, max_payments: 3 };
+        let cases: &[(i64, i64, i64, Option<&str>)] = &[
+            // (payments today, spent today, amount, refusal)
+            (0, 0, 10_000, None),
+            (2, 9_000, 1_000, None),
+            (3, 0, 1, Some("daily budget exceeded: 3 payments today reach the daily maximum of 3")),
+            (
+                1,
+                9_000,
+                1_001,
+                Some("daily budget exceeded: KES 90.00 spent today plus 10.01 exceeds the daily limit of 100.00"),
+            ),
+        ];
+        for &(payments, spent_minor, amount, refusal) in cases {
+            let got = check_budget(&budget, BudgetUsage { payments, spent_minor }, amount, kes());
+            assert_eq!(got.err().map(|e| e.to_string()).as_deref(), refusal, "{payments} {spent_minor} {amount}");
+        }
+    }
+
+    #[test]
+    fn mandate_refusals() {
+        let row = MandateRow {
+            currency: "KES".into(),
+            budget_minor: Some(5_000),
+            max_uses: 2,
+            spent_minor: 1_000,
+            uses: 1,
+            expires_at: 100,
+        };
+        // (mandate, amount, currency, now, refusal)
+        type Case = (Option<MandateRow>, i64, &'static str, i64, Option<&'static str>);
+        let cases: Vec<Case> = vec![
+            (Some(row.clone()), 4_000, "KES", 99, None),
+            (None, 1, "KES", 0, Some("mandate cannot be drawn on: this gateway did not issue it")),
+            (Some(row.clone()), 1, "USD", 0, Some("mandate cannot be drawn on: it does not cover this payment")),
+            (Some(row.clone()), 1, "KES", 100, Some("mandate cannot be drawn on: it does not cover this payment")),
+            (
+                Some(MandateRow { uses: 2, ..row.clone() }),
+                1,
+                "KES",
+                0,
+                Some("mandate cannot be drawn on: all 2 uses are spent"),
+            ),
+            (Some(row.clone()), 4_001, "KES", 0, Some("mandate cannot be drawn on: its budget is spent")),
+            (Some(MandateRow { budget_minor: None, ..row }), 1_000_000, "KES", 0, None),
+        ];
+        for (m, amount, cur, now, refusal) in cases {
+            let got = check_mandate(m.as_ref(), amount, Currency::parse(cur).unwrap(), now);
+            assert_eq!(got.err().map(|e| e.to_string()).as_deref(), refusal, "{m:?} {amount} {cur} {now}");
+        }
+    }
+
+    #[test]
+    fn only_payments_count_toward_the_day() {
+        assert_eq!(
+            usage_draw(PaymentKind::Payment, "sub", kes(), 500, 86_401),
+            Some(UsageDraw { subject: "sub".into(), day: 86_400, currency: kes(), amount_minor: 500 })
+        );
+        assert_eq!(usage_draw(PaymentKind::Refund, "sub", kes(), 500, 86_401), None);
+    }
+}

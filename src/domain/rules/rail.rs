@@ -1,0 +1,134 @@
+//! Rail records (`rail_payments`): opening draws the guards once per key; a record moves only from
+//! the states its caller expects (compare-and-set), so a duplicate or late update changes nothing;
+//! moving to `Failed`, or abandoning a record that never left, gives back what it drew.
+
+use super::guards::{UsageDraw, usage_draw};
+use crate::clock::UnixSecs;
+use crate::domain::payment::Guards;
+use crate::domain::rail::{RailPayment, RailState};
+
+/// What a record drew when it opened, to be given back: its day's usage and one mandate use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Draws {
+    pub usage: Option<UsageDraw>,
+    /// (mandate id, amount)
+    pub mandate: Option<(String, i64)>,
+}
+
+impl Draws {
+    pub fn of(rec: &RailPayment) -> Draws {
+        Draws {
+            usage: usage_draw(rec.kind, &rec.principal_sub, rec.currency, rec.amount_minor, rec.created_at),
+            mandate: rec.mandate_id.clone().map(|m| (m, rec.amount_minor)),
+        }
+    }
+}
+
+/// The record as `rail_open` stores it once its guards are drawn: stamped now, naming its mandate.
+pub fn opened(mut rec: RailPayment, guards: &Guards, now: UnixSecs) -> RailPayment {
+    rec.mandate_id = guards.mandate.as_ref().map(|m| m.mandate_id.clone());
+    rec.created_at = now;
+    rec.updated_at = now;
+    rec
+}
+
+/// What a transition to `to` gives back (the draws a failed payment never used), known before the
+/// record is locked so that the engine can lock those rows first.
+pub fn released_by(rec: &RailPayment, to: RailState) -> Option<Draws> {
+    (to == RailState::Failed).then(|| Draws::of(rec))
+}
+
+/// Whether the record may move: only from one of the states the caller expects.
+pub fn may_move(rec: &RailPayment, from: &[RailState]) -> bool {
+    from.contains(&rec.state)
+}
+
+/// Whether the record may be abandoned (deleted, its draws given back): only while `Submitting`,
+/// before anything reached the rail.
+pub fn may_abandon(rec: &RailPayment) -> bool {
+    rec.state == RailState::Submitting
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::payment::{MandateDraw, PaymentKind};
+    use crate::ids::{AccountId, PaymentId};
+    use crate::money::Currency;
+
+    fn rec(kind: PaymentKind, state: RailState, mandate: Option<&str>) -> RailPayment {
+        RailPayment {
+            id: PaymentId::generate(),
+            idempotency_key: "idk".into(),
+            rail: "mpesa".into(),
+            kind,
+            state,
+            from_account: AccountId::parse("a").unwrap(),
+            to_account: AccountId::parse("b").unwrap(),
+            amount_minor: 700,
+            currency: Currency::parse("KES").unwrap(),
+            refund_of: None,
+            memo: None,
+            principal_sub: "agent".into(),
+            mandate_id: mandate.map(str::to_string),
+            rail_ref: None,
+            receipt: None,
+            phone: None,
+            reason: None,
+            created_at: 86_400 * 3 + 5,
+            updated_at: 86_400 * 3 + 5,
+        }
+    }
+
+    #[test]
+    fn what_a_record_gives_back() {
+        let kes = Currency::parse("KES").unwrap();
+        let usage = Some(UsageDraw { subject: "agent".into(), day: 86_400 * 3, currency: kes, amount_minor: 700 });
+        let cases = [
+            (rec(PaymentKind::Payment, RailState::Submitting, None), Draws { usage: usage.clone(), mandate: None }),
+            (
+                rec(PaymentKind::Payment, RailState::Pending, Some("mdt_1")),
+                Draws { usage: usage.clone(), mandate: Some(("mdt_1".into(), 700)) },
+            ),
+            (
+                rec(PaymentKind::Refund, RailState::Pending, Some("mdt_1")),
+                Draws { usage: None, mandate: Some(("mdt_1".into(), 700)) },
+            ),
+            (rec(PaymentKind::Refund, RailState::Pending, None), Draws { usage: None, mandate: None }),
+        ];
+        for (r, draws) in cases {
+            assert_eq!(released_by(&r, RailState::Failed), Some(draws.clone()));
+            for to in [RailState::Succeeded, RailState::Pending, RailState::Unknown, RailState::Submitting] {
+                assert_eq!(released_by(&r, to), None, "{to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn compare_and_set() {
+        use RailState::*;
+        let cases: &[(RailState, &[RailState], bool)] = &[
+            (Pending, &[Pending], true),
+            (Pending, &[Submitting, Unknown], false),
+            (Succeeded, &[Pending, Unknown], false),
+            (Unknown, &[Pending, Unknown], true),
+            (Failed, &[], false),
+        ];
+        for &(state, from, ok) in cases {
+            assert_eq!(may_move(&rec(PaymentKind::Payment, state, None), from), ok, "{state:?} {from:?}");
+        }
+        for (state, ok) in [(Submitting, true), (Unknown, false), (Pending, false), (Succeeded, false), (Failed, false)]
+        {
+            assert_eq!(may_abandon(&rec(PaymentKind::Payment, state, None)), ok, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn opening_stamps_the_record() {
+        let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: "mdt_9".into() }) };
+        let r = opened(rec(PaymentKind::Payment, RailState::Submitting, None), &guards, 42);
+        assert_eq!((r.mandate_id.as_deref(), r.created_at, r.updated_at), (Some("mdt_9"), 42, 42));
+        let r = opened(rec(PaymentKind::Payment, RailState::Submitting, Some("stale")), &Guards::default(), 43);
+        assert_eq!(r.mandate_id, None);
+    }
+}

@@ -1,0 +1,148 @@
+//! The approval review state machine: pending → approved | rejected | expired. Terminal states
+//! never change; the requesting agent never reviews its own request (maker/checker); a reviewer
+//! counts once; enough distinct approvals issue the mandate.
+
+use crate::clock::UnixSecs;
+use crate::domain::approval::{APPROVE, ApprovalRecord, PENDING, REJECT, Review, ReviewError};
+
+/// What to write for a review the rules accept.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReviewPlan {
+    /// The approval outlived its expiry while pending: mark it expired (and commit that), then
+    /// refuse the review with [`ReviewError::Expired`].
+    Expire,
+    /// Record the review and reject the approval.
+    Reject,
+    /// Record the review; with `Some(approvers)` it completes the count: issue the mandate naming
+    /// these approvers and mark the approval approved.
+    Approve { issue: Option<Vec<String>> },
+}
+
+pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<ReviewPlan, ReviewError> {
+    if rec.status != PENDING {
+        return Err(ReviewError::Terminal(rec.status.clone()));
+    }
+    if now >= rec.expires_at {
+        return Ok(ReviewPlan::Expire);
+    }
+    // Maker/checker: the agent a payment is for never reviews it. (An operator's pre-authorization
+    // records the operator's own approval at creation, so it cannot count twice.)
+    if review.reviewer_sub == rec.principal_sub {
+        return Err(ReviewError::SelfReview);
+    }
+    if rec.reviews.iter().any(|r| r.reviewer_iss == review.reviewer_iss && r.reviewer_sub == review.reviewer_sub) {
+        return Err(ReviewError::AlreadyReviewed);
+    }
+    if review.decision == REJECT {
+        return Ok(ReviewPlan::Reject);
+    }
+    let mut approvers: Vec<String> =
+        rec.reviews.iter().filter(|r| r.decision == APPROVE).map(|r| r.reviewer_sub.clone()).collect();
+    approvers.push(review.reviewer_sub.clone());
+    let complete = approvers.len() as i64 >= rec.reviewers_required;
+    Ok(ReviewPlan::Approve { issue: complete.then_some(approvers) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ApprovalId;
+    use crate::mandate::MandateKind;
+    use crate::money::Currency;
+
+    fn approval(status: &str, reviewers_required: i64, reviews: Vec<Review>) -> ApprovalRecord {
+        ApprovalRecord {
+            id: ApprovalId::generate(),
+            status: status.into(),
+            kind: MandateKind::Closed,
+            idempotency_key: "idk".into(),
+            fingerprint: "fp".into(),
+            principal_iss: "iss".into(),
+            principal_sub: "agent".into(),
+            tool: "create_payment".into(),
+            intent: serde_json::json!({}),
+            amount_minor: 500_000,
+            currency: Currency::parse("KES").unwrap(),
+            reason: "over the limit".into(),
+            created_at: 0,
+            expires_at: 100,
+            reviewers_required,
+            requested_by: "agent".into(),
+            mandate_id: None,
+            mandate: None,
+            decided_at: None,
+            decision_reason: None,
+            reviews,
+        }
+    }
+
+    fn review(iss: &str, sub: &str, decision: &str) -> Review {
+        Review { reviewer_iss: iss.into(), reviewer_sub: sub.into(), decision: decision.into(), reason: None, at: 1 }
+    }
+
+    #[test]
+    fn the_state_machine() {
+        let alice_ok = review("ops", "alice", APPROVE);
+        type Want = Result<ReviewPlan, &'static str>;
+        let issue =
+            |subs: &[&str]| Ok(ReviewPlan::Approve { issue: Some(subs.iter().map(|s| s.to_string()).collect()) });
+        let cases: Vec<(ApprovalRecord, Review, UnixSecs, Want)> = vec![
+            // One approval of one required issues the mandate.
+            (approval(PENDING, 1, vec![]), alice_ok.clone(), 99, issue(&["alice"])),
+            // One of two: recorded, still pending.
+            (approval(PENDING, 2, vec![]), alice_ok.clone(), 0, Ok(ReviewPlan::Approve { issue: None })),
+            // The second distinct approver completes it, earlier approvers first.
+            (approval(PENDING, 2, vec![alice_ok.clone()]), review("ops", "bob", APPROVE), 0, issue(&["alice", "bob"])),
+            // A rejection by anyone decides it, whatever the count.
+            (approval(PENDING, 2, vec![alice_ok.clone()]), review("ops", "bob", REJECT), 0, Ok(ReviewPlan::Reject)),
+            // A rejection recorded earlier does not count as an approval.
+            (
+                approval(PENDING, 2, vec![review("ops", "carol", REJECT)]),
+                alice_ok.clone(),
+                0,
+                Ok(ReviewPlan::Approve { issue: None }),
+            ),
+            // Expiry is checked before who reviews.
+            (approval(PENDING, 1, vec![]), review("iss", "agent", APPROVE), 100, Ok(ReviewPlan::Expire)),
+            (
+                approval(PENDING, 1, vec![]),
+                review("iss", "agent", APPROVE),
+                99,
+                Err("the requesting agent cannot review its own request"),
+            ),
+            (
+                approval(PENDING, 2, vec![alice_ok.clone()]),
+                review("ops", "alice", REJECT),
+                0,
+                Err("this reviewer has already reviewed this approval"),
+            ),
+            // The same subject from another issuer is another reviewer.
+            (
+                approval(PENDING, 2, vec![alice_ok.clone()]),
+                review("other-idp", "alice", APPROVE),
+                0,
+                issue(&["alice", "alice"]),
+            ),
+            (approval("approved", 1, vec![]), alice_ok.clone(), 0, Err("the approval is already approved")),
+            (approval("rejected", 1, vec![]), alice_ok.clone(), 0, Err("the approval is already rejected")),
+            (approval("expired", 1, vec![]), alice_ok.clone(), 0, Err("the approval is already expired")),
+        ];
+        for (rec, r, now, want) in cases {
+            let got = plan(&rec, &r, now).map_err(|e| e.to_string());
+            assert_eq!(got, want.map_err(str::to_string), "{} {r:?} at {now}", rec.status);
+        }
+    }
+
+    #[test]
+    fn a_pending_approval_reads_expired_past_its_expiry() {
+        let cases = [
+            (PENDING, 99, PENDING),
+            (PENDING, 100, "expired"),
+            ("approved", 1_000, "approved"),
+            ("rejected", 0, "rejected"),
+        ];
+        for (status, now, read) in cases {
+            assert_eq!(approval(status, 1, vec![]).status_at(now), read, "{status} at {now}");
+        }
+    }
+}

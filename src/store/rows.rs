@@ -1,0 +1,373 @@
+//! Rows → domain types, once for both engines. Each engine's row type implements [`Columns`]
+//! (typed access by column index); every mapper, column list and "corrupt" label lives here.
+
+use crate::clock::UnixSecs;
+use crate::domain::approval::{ApprovalRecord, IssuedMandate, Review};
+use crate::domain::audit::AuditRecord;
+use crate::domain::error::StoreError;
+use crate::domain::payment::{AccountRow, LedgerEntry, Payment, PaymentKind, PaymentStatus, SummaryRow};
+use crate::domain::rail::{RailPayment, RailState};
+use crate::domain::rules::guards::MandateRow;
+use crate::domain::rules::reservation::IdempotencyRow;
+use crate::ids::{AccountId, ApprovalId, PaymentId};
+use crate::mandate::MandateKind;
+use crate::money::Currency;
+
+/// Typed access to one result row by column index.
+pub(crate) trait Columns {
+    fn text(&self, i: usize) -> Result<String, StoreError>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError>;
+    fn int(&self, i: usize) -> Result<i64, StoreError>;
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError>;
+    fn boolean(&self, i: usize) -> Result<bool, StoreError>;
+}
+
+impl Columns for rusqlite::Row<'_> {
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        Ok(self.get(i)?)
+    }
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        Ok(self.get(i)?)
+    }
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        Ok(self.get(i)?)
+    }
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        Ok(self.get(i)?)
+    }
+    fn boolean(&self, i: usize) -> Result<bool, StoreError> {
+        Ok(self.get(i)?)
+    }
+}
+
+impl Columns for tokio_postgres::Row {
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+    fn boolean(&self, i: usize) -> Result<bool, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+fn account_id(r: &dyn Columns, i: usize, what: &str) -> Result<AccountId, StoreError> {
+    AccountId::parse(&r.text(i)?).map_err(|_| corrupt(what))
+}
+
+fn payment_id(r: &dyn Columns, i: usize, what: &str) -> Result<Option<PaymentId>, StoreError> {
+    r.opt_text(i)?.map(|s| PaymentId::parse(&s).map_err(|_| corrupt(what))).transpose()
+}
+
+fn currency(r: &dyn Columns, i: usize, what: &str) -> Result<Currency, StoreError> {
+    Currency::parse(&r.text(i)?).map_err(|_| corrupt(what))
+}
+
+pub(crate) const PAYMENT_COLS: &str = "id, kind, status, from_account, to_account, amount_minor, currency, \
+                                       refunded_minor, refund_of, memo, principal_sub, created_at, seq";
+
+/// A `PAYMENT_COLS` row: the payment and its `seq` (the paging cursor).
+pub(crate) fn payment(r: &dyn Columns) -> Result<(Payment, i64), StoreError> {
+    let payment = Payment {
+        id: payment_id(r, 0, "payments.id")?.ok_or_else(|| corrupt("payments.id"))?,
+        kind: PaymentKind::parse(&r.text(1)?).ok_or_else(|| corrupt("payments.kind"))?,
+        status: PaymentStatus::parse(&r.text(2)?).ok_or_else(|| corrupt("payments.status"))?,
+        from_account: account_id(r, 3, "payments.from_account")?,
+        to_account: account_id(r, 4, "payments.to_account")?,
+        amount_minor: r.int(5)?,
+        currency: currency(r, 6, "payments.currency")?,
+        refunded_minor: r.int(7)?,
+        refund_of: payment_id(r, 8, "payments.refund_of")?,
+        memo: r.opt_text(9)?,
+        principal_sub: r.text(10)?,
+        created_at: r.int(11)?,
+    };
+    Ok((payment, r.int(12)?))
+}
+
+pub(crate) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, \
+                                    amount_minor, currency, refund_of, memo, principal_sub, mandate_id, rail_ref, \
+                                    receipt, phone, reason, created_at, updated_at";
+
+/// A `RAIL_COLS` row: its `seq` and the record.
+pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
+    let rec = RailPayment {
+        id: payment_id(r, 1, "rail payment id")?.ok_or_else(|| corrupt("rail payment id"))?,
+        idempotency_key: r.text(2)?,
+        rail: r.text(3)?,
+        kind: PaymentKind::parse(&r.text(4)?).ok_or_else(|| corrupt("rail payment kind"))?,
+        state: RailState::parse(&r.text(5)?).ok_or_else(|| corrupt("rail payment state"))?,
+        from_account: account_id(r, 6, "rail payment account")?,
+        to_account: account_id(r, 7, "rail payment account")?,
+        amount_minor: r.int(8)?,
+        currency: currency(r, 9, "rail payment currency")?,
+        refund_of: payment_id(r, 10, "rail refund_of")?,
+        memo: r.opt_text(11)?,
+        principal_sub: r.text(12)?,
+        mandate_id: r.opt_text(13)?,
+        rail_ref: r.opt_text(14)?,
+        receipt: r.opt_text(15)?,
+        phone: r.opt_text(16)?,
+        reason: r.opt_text(17)?,
+        created_at: r.int(18)?,
+        updated_at: r.int(19)?,
+    };
+    Ok((r.int(0)?, rec))
+}
+
+pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, \
+                                        intent, amount_minor, currency, reason, created_at, expires_at, kind, \
+                                        reviewers_required, requested_by, mandate_id, mandate, decided_at, \
+                                        decision_reason";
+
+/// An `APPROVAL_COLS` row, without its reviews.
+pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
+    Ok(ApprovalRecord {
+        id: ApprovalId::parse(&r.text(0)?).map_err(|_| corrupt("approvals.id"))?,
+        status: r.text(1)?,
+        kind: MandateKind::parse(&r.text(13)?).ok_or_else(|| corrupt("approvals.kind"))?,
+        idempotency_key: r.text(2)?,
+        fingerprint: r.text(3)?,
+        principal_iss: r.text(4)?,
+        principal_sub: r.text(5)?,
+        tool: r.text(6)?,
+        intent: serde_json::from_str(&r.text(7)?).map_err(|_| corrupt("approvals.intent"))?,
+        amount_minor: r.int(8)?,
+        currency: currency(r, 9, "approvals.currency")?,
+        reason: r.text(10)?,
+        created_at: r.int(11)?,
+        expires_at: r.int(12)?,
+        reviewers_required: r.int(14)?,
+        requested_by: r.text(15)?,
+        mandate_id: r.opt_text(16)?,
+        mandate: r.opt_text(17)?,
+        decided_at: r.opt_int(18)?,
+        decision_reason: r.opt_text(19)?,
+        reviews: vec![],
+    })
+}
+
+pub(crate) const REVIEW_COLS: &str = "reviewer_iss, reviewer_sub, decision, reason, at";
+
+pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
+    Ok(Review {
+        reviewer_iss: r.text(0)?,
+        reviewer_sub: r.text(1)?,
+        decision: r.text(2)?,
+        reason: r.opt_text(3)?,
+        at: r.int(4)?,
+    })
+}
+
+pub(crate) const AUDIT_COLS: &str = "seq, at, correlation_id, principal_iss, principal_sub, tool, decision, code, \
+                                     idempotency_key, payment_id, approval_id, detail";
+
+pub(crate) fn audit(r: &dyn Columns) -> Result<AuditRecord, StoreError> {
+    Ok(AuditRecord {
+        seq: r.int(0)?,
+        at: r.int(1)?,
+        correlation_id: r.text(2)?,
+        principal_iss: r.text(3)?,
+        principal_sub: r.text(4)?,
+        tool: r.text(5)?,
+        decision: r.text(6)?,
+        code: r.opt_text(7)?,
+        idempotency_key: r.opt_text(8)?,
+        payment_id: r.opt_text(9)?,
+        approval_id: r.opt_text(10)?,
+        detail: r.opt_text(11)?,
+    })
+}
+
+pub(crate) const ENTRY_COLS: &str =
+    "seq, payment_id, amount_minor, currency, balance_after_minor, description, created_at";
+
+pub(crate) fn entry(r: &dyn Columns) -> Result<LedgerEntry, StoreError> {
+    Ok(LedgerEntry {
+        seq: r.int(0)?,
+        payment_id: payment_id(r, 1, "postings.payment_id")?,
+        amount_minor: r.int(2)?,
+        currency: currency(r, 3, "postings.currency")?,
+        balance_after_minor: r.int(4)?,
+        description: r.text(5)?,
+        created_at: r.int(6)?,
+    })
+}
+
+pub(crate) fn summary(r: &dyn Columns) -> Result<SummaryRow, StoreError> {
+    Ok(SummaryRow {
+        kind: r.text(0)?,
+        status: r.text(1)?,
+        currency: r.text(2)?,
+        count: r.int(3)?,
+        total_minor: r.int(4)?,
+    })
+}
+
+/// `currency, balance_minor, allow_overdraft` from column `first` on.
+pub(crate) fn account(r: &dyn Columns, first: usize) -> Result<AccountRow, StoreError> {
+    Ok(AccountRow {
+        currency: currency(r, first, "account currency")?,
+        balance_minor: r.int(first + 1)?,
+        allow_overdraft: r.boolean(first + 2)?,
+    })
+}
+
+pub(crate) const MANDATE_COLS: &str = "currency, budget_minor, max_uses, spent_minor, uses, expires_at";
+
+pub(crate) fn mandate(r: &dyn Columns) -> Result<MandateRow, StoreError> {
+    Ok(MandateRow {
+        currency: r.text(0)?,
+        budget_minor: r.opt_int(1)?,
+        max_uses: r.int(2)?,
+        spent_minor: r.int(3)?,
+        uses: r.int(4)?,
+        expires_at: r.int(5)?,
+    })
+}
+
+/// `fingerprint, state, outcome, lease_until, expires_at` from column `first` on.
+pub(crate) fn idempotency(r: &dyn Columns, first: usize) -> Result<IdempotencyRow, StoreError> {
+    Ok(IdempotencyRow {
+        fingerprint: r.text(first)?,
+        state: r.text(first + 1)?,
+        outcome: r.opt_text(first + 2)?,
+        lease_until: r.int(first + 3)?,
+        expires_at: r.int(first + 4)?,
+    })
+}
+
+/// One statement parameter, engine-neutral: each engine binds it as its own type. The `*_values`
+/// functions below list a row's columns once, in the order of their `INSERT` statements.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Value {
+    Text(Option<String>),
+    Int(Option<i64>),
+}
+
+fn text(s: &str) -> Value {
+    Value::Text(Some(s.to_string()))
+}
+
+fn opt_text(s: Option<&str>) -> Value {
+    Value::Text(s.map(str::to_string))
+}
+
+fn int(i: i64) -> Value {
+    Value::Int(Some(i))
+}
+
+/// `id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
+/// refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id`
+pub(crate) fn payment_values(p: &Payment, key: &str, mandate_id: Option<&str>) -> Vec<Value> {
+    vec![
+        text(p.id.as_str()),
+        text(key),
+        text(p.kind.as_str()),
+        text(p.status.as_str()),
+        text(p.from_account.as_str()),
+        text(p.to_account.as_str()),
+        int(p.amount_minor),
+        text(p.currency.code()),
+        int(p.refunded_minor),
+        opt_text(p.refund_of.as_ref().map(|r| r.as_str())),
+        opt_text(p.memo.as_deref()),
+        text(&p.principal_sub),
+        int(p.created_at),
+        opt_text(mandate_id),
+    ]
+}
+
+/// `APPROVAL_COLS`, in order.
+pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
+    vec![
+        text(rec.id.as_str()),
+        text(&rec.status),
+        text(&rec.idempotency_key),
+        text(&rec.fingerprint),
+        text(&rec.principal_iss),
+        text(&rec.principal_sub),
+        text(&rec.tool),
+        text(&rec.intent.to_string()),
+        int(rec.amount_minor),
+        text(rec.currency.code()),
+        text(&rec.reason),
+        int(rec.created_at),
+        int(rec.expires_at),
+        text(rec.kind.as_str()),
+        int(rec.reviewers_required),
+        text(&rec.requested_by),
+        opt_text(rec.mandate_id.as_deref()),
+        opt_text(rec.mandate.as_deref()),
+        Value::Int(rec.decided_at),
+        opt_text(rec.decision_reason.as_deref()),
+    ]
+}
+
+/// `AUDIT_COLS` without `seq`; `payment_id` (the payment the posting made) overrides the record's.
+pub(crate) fn audit_values(r: &AuditRecord, payment_id: Option<&str>) -> Vec<Value> {
+    vec![
+        int(r.at),
+        text(&r.correlation_id),
+        text(&r.principal_iss),
+        text(&r.principal_sub),
+        text(&r.tool),
+        text(&r.decision),
+        opt_text(r.code.as_deref()),
+        opt_text(r.idempotency_key.as_deref()),
+        opt_text(payment_id.or(r.payment_id.as_deref())),
+        opt_text(r.approval_id.as_deref()),
+        opt_text(r.detail.as_deref()),
+    ]
+}
+
+/// `RAIL_COLS` without `seq`.
+pub(crate) fn rail_values(rec: &RailPayment) -> Vec<Value> {
+    vec![
+        text(rec.id.as_str()),
+        text(&rec.idempotency_key),
+        text(&rec.rail),
+        text(rec.kind.as_str()),
+        text(rec.state.as_str()),
+        text(rec.from_account.as_str()),
+        text(rec.to_account.as_str()),
+        int(rec.amount_minor),
+        text(rec.currency.code()),
+        opt_text(rec.refund_of.as_ref().map(|p| p.as_str())),
+        opt_text(rec.memo.as_deref()),
+        text(&rec.principal_sub),
+        opt_text(rec.mandate_id.as_deref()),
+        opt_text(rec.rail_ref.as_deref()),
+        opt_text(rec.receipt.as_deref()),
+        opt_text(rec.phone.as_deref()),
+        opt_text(rec.reason.as_deref()),
+        int(rec.created_at),
+        int(rec.updated_at),
+    ]
+}
+
+/// `id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at`
+pub(crate) fn mandate_values(m: &IssuedMandate, approval: &ApprovalRecord, now: UnixSecs) -> Vec<Value> {
+    vec![
+        text(&m.id),
+        text(approval.kind.as_str()),
+        text(approval.id.as_str()),
+        text(&approval.principal_sub),
+        text(approval.currency.code()),
+        Value::Int(m.budget_minor),
+        int(m.max_uses),
+        int(m.expires_at),
+        int(now),
+    ]
+}

@@ -1,0 +1,168 @@
+//! The reference ledger's posting transactions (SQLite): load what a rule needs, ask it, write its
+//! plan. Every payment is one savepoint inside the writer's batch transaction.
+
+use rusqlite::{Connection, params, params_from_iter};
+
+use super::{Cached, db, insert_audit};
+use crate::clock::UnixSecs;
+use crate::domain::error::BackendError;
+use crate::domain::payment::{AccountRow, Guards, Payment, RefundRequest, TransferRequest};
+use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
+use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
+use crate::ids::AccountId;
+use crate::money::Currency;
+use crate::store::rows;
+use crate::store::{Posting, StoreError, completed_outcome};
+
+/// `column` is one of a few fixed names chosen by this module, never input.
+pub(super) fn load_payment(c: &Connection, column: &str, value: &str) -> Result<Option<Payment>, StoreError> {
+    let sql = format!("SELECT {} FROM payments WHERE {column} = ?1", rows::PAYMENT_COLS);
+    Ok(c.opt(&sql, [value], rows::payment)?.map(|(p, _)| p))
+}
+
+pub(super) fn load_account(c: &Connection, id: &AccountId) -> Result<Option<AccountRow>, StoreError> {
+    c.opt("SELECT currency, balance_minor, allow_overdraft FROM accounts WHERE id = ?1", [id.as_str()], |r| {
+        rows::account(r, 0)
+    })
+}
+
+/// Apply one signed posting and return the balance after it.
+pub(super) fn post(
+    tx: &Connection,
+    payment_id: Option<&str>,
+    account: &str,
+    amount: i64,
+    currency: Currency,
+    description: &str,
+    now: UnixSecs,
+) -> rusqlite::Result<i64> {
+    let balance: i64 = tx.q_row(
+        "UPDATE accounts SET balance_minor = balance_minor + ?1 WHERE id = ?2 RETURNING balance_minor",
+        params![amount, account],
+        |r| r.get(0),
+    )?;
+    tx.exec(
+        "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![payment_id, account, amount, currency.code(), balance, description, now],
+    )?;
+    Ok(balance)
+}
+
+/// Count a payment toward its subject's day.
+pub(super) fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<usize> {
+    tx.exec(
+        "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, 1)
+         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
+                                                            payments = payments + 1",
+        params![d.subject, d.day, d.currency.code(), d.amount_minor],
+    )
+}
+
+/// Check the guards that must hold where the payment commits, and record mandate draws.
+pub(super) fn apply_guards(
+    tx: &Connection,
+    g: &Guards,
+    subject: &str,
+    amount: i64,
+    currency: Currency,
+    now: UnixSecs,
+) -> Result<(), BackendError> {
+    if let Some(b) = &g.budget {
+        let usage = tx
+            .q_row(
+                "SELECT (SELECT COALESCE(SUM(payments), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2),
+                        (SELECT COALESCE(SUM(spent_minor), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2 AND currency = ?3)",
+                params![subject, b.since, currency.code()],
+                |r| Ok(BudgetUsage { payments: r.get(0)?, spent_minor: r.get(1)? }),
+            )
+            .map_err(db)?;
+        guards::check_budget(b, usage, amount, currency)?;
+    }
+    if let Some(d) = &g.mandate {
+        let sql = format!("SELECT {} FROM mandates WHERE id = ?1", rows::MANDATE_COLS);
+        let mandate = tx.opt(&sql, [&d.mandate_id], rows::mandate).map_err(db)?;
+        guards::check_mandate(mandate.as_ref(), amount, currency, now)?;
+        tx.exec(
+            "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + ?1 WHERE id = ?2",
+            params![amount, d.mandate_id],
+        )
+        .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Write a transfer's or refund's plan in its savepoint: a replay completes the key's records; a
+/// new payment draws its guards and posts. The request's audit record goes in with it.
+fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSecs) -> Result<Payment, BackendError> {
+    let p = match plan {
+        PostingPlan::Replay(existing) => existing,
+        PostingPlan::Post(p) => {
+            apply_guards(tx, w.guards, &p.principal_sub, p.amount_minor, p.currency, now)?;
+            let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
+            tx.exec(
+                "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
+                                       refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                params_from_iter(rows::payment_values(&p, w.key, mandate_id)),
+            )
+            .map_err(db)?;
+            if let Some(draw) = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now) {
+                add_usage(tx, &draw).map_err(db)?;
+            }
+            if let Some(original) = &p.refund_of {
+                tx.exec(
+                    "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",
+                    params![p.amount_minor, original.as_str()],
+                )
+                .map_err(db)?;
+            }
+            let desc = ledger::posting_description(&p);
+            let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
+            post(tx, id, p.from_account.as_str(), -amount, p.currency, &desc, now).map_err(db)?;
+            post(tx, id, p.to_account.as_str(), amount, p.currency, &desc, now).map_err(db)?;
+            p
+        }
+    };
+    let outcome = completed_outcome(&p);
+    for k in std::iter::once(w.key).chain(w.alias) {
+        tx.exec(
+            "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
+            params![outcome, k],
+        )
+        .map_err(db)?;
+    }
+    if let Some(r) = w.audit {
+        insert_audit(tx, r, Some(p.id.as_str())).map_err(db)?;
+    }
+    Ok(p)
+}
+
+pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+    let tx = conn.savepoint().map_err(db)?;
+    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key)?;
+    let from = load_account(&tx, &req.from_account)?;
+    let to = load_account(&tx, &req.to_account)?;
+    let plan = transfer::plan(&req, existing, from.as_ref(), to.as_ref(), now)?;
+    let w =
+        Posting { key: &req.idempotency_key, alias: req.alias_key.as_deref(), guards: &req.guards, audit: &req.audit };
+    let payment = write_posting(&tx, plan, w, now)?;
+    tx.commit().map_err(db)?;
+    Ok(payment)
+}
+
+pub(super) fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+    let tx = conn.savepoint().map_err(db)?;
+    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key)?;
+    let original = load_payment(&tx, "id", req.payment_id.as_str())?;
+    let payee = match &original {
+        Some(o) => load_account(&tx, &o.to_account)?,
+        None => None,
+    };
+    let plan = refund::plan(&req, existing, original.as_ref(), payee.as_ref(), now)?;
+    let w =
+        Posting { key: &req.idempotency_key, alias: req.alias_key.as_deref(), guards: &req.guards, audit: &req.audit };
+    let payment = write_posting(&tx, plan, w, now)?;
+    tx.commit().map_err(db)?;
+    Ok(payment)
+}

@@ -1,0 +1,141 @@
+//! The SQLite engine's own tests (the shared contract is tests/store_contract.rs).
+
+use super::*;
+use crate::idempotency::StoredOutcome;
+use crate::money::{Currency, Money};
+
+fn rec(key: &str, fp: &str, now: UnixSecs) -> NewIdempotencyRecord {
+    NewIdempotencyRecord {
+        key: key.into(),
+        fingerprint: fp.into(),
+        tool: "create_payment".into(),
+        principal_iss: "iss".into(),
+        principal_sub: "sub".into(),
+        lease_until: now + 30,
+        expires_at: now + 3600,
+    }
+}
+
+async fn store_with_accounts() -> SqliteStore {
+    let s = SqliteStore::open_in_memory().unwrap();
+    let kes = Currency::parse("KES").unwrap();
+    for (id, opening) in [("acct-A", 10_000), ("acct-B", 0)] {
+        let seed = AccountSeed {
+            id: AccountId::parse(id).unwrap(),
+            currency: kes,
+            opening_minor: opening,
+            allow_overdraft: false,
+        };
+        assert!(s.ledger_open_account(seed.clone(), 0).await.unwrap());
+        assert!(!s.ledger_open_account(seed, 0).await.unwrap(), "opening twice is a no-op");
+    }
+    s
+}
+
+fn transfer(key: &str, minor: i64) -> TransferRequest {
+    TransferRequest {
+        idempotency_key: key.into(),
+        alias_key: None,
+        payment_id: PaymentId::generate(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: Money::from_minor(minor, Currency::parse("KES").unwrap()).unwrap(),
+        memo: None,
+        principal_sub: "sub".into(),
+        guards: Guards::default(),
+        audit: None,
+    }
+}
+
+#[tokio::test]
+async fn reservation_states() {
+    let s = SqliteStore::open_in_memory().unwrap();
+    assert_eq!(s.idem_reserve(rec("k", "fp", 100), 100).await.unwrap(), Reservation::Acquired);
+    // Live lease: a duplicate sees it in flight.
+    assert_eq!(
+        s.idem_reserve(rec("k", "fp", 101), 101).await.unwrap(),
+        Reservation::InFlight { fingerprint: "fp".into() }
+    );
+    // The holder crashed: after the lease, a retry with the same arguments takes over ...
+    assert_eq!(s.idem_reserve(rec("k", "fp", 131), 131).await.unwrap(), Reservation::Acquired);
+    // ... but one with other arguments does not.
+    assert_eq!(
+        s.idem_reserve(rec("k", "other", 200), 200).await.unwrap(),
+        Reservation::InFlight { fingerprint: "fp".into() }
+    );
+    s.idem_complete("k", "{\"done\":1}").await.unwrap();
+    assert_eq!(
+        s.idem_reserve(rec("k", "fp", 201), 201).await.unwrap(),
+        Reservation::Completed { fingerprint: "fp".into(), outcome: "{\"done\":1}".into() }
+    );
+    // Completion is final: a second completion changes nothing.
+    s.idem_complete("k", "{\"done\":2}").await.unwrap();
+    assert_eq!(s.idem_peek("k", 202).await.unwrap(), Some(("fp".into(), Some("{\"done\":1}".into()))));
+    // Past retention the key is free again, and purge removes it.
+    assert_eq!(s.idem_peek("k", 100 + 3600).await.unwrap(), None);
+    assert_eq!(s.idem_purge(100 + 3600).await.unwrap(), 1);
+    // Release gives back an in-flight key only.
+    assert_eq!(s.idem_reserve(rec("r", "fp", 0), 0).await.unwrap(), Reservation::Acquired);
+    s.idem_release("r").await.unwrap();
+    assert_eq!(s.idem_peek("r", 1).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn the_ledger_applies_a_key_once_and_completes_its_record_in_the_same_transaction() {
+    let s = store_with_accounts().await;
+    assert_eq!(s.idem_reserve(rec("key-1", "fp", 0), 0).await.unwrap(), Reservation::Acquired);
+    let p1 = s.ledger_transfer(transfer("key-1", 2_500), 1).await.unwrap();
+    let (_, outcome) = s.idem_peek("key-1", 1).await.unwrap().unwrap();
+    let stored = StoredOutcome::from_json(&outcome.expect("completed with the posting")).unwrap();
+    assert_eq!(stored, StoredOutcome::Succeeded { payment: p1.clone() });
+    // The same key again (e.g. after the idempotency record expired) returns the same payment.
+    let p2 = s.ledger_transfer(transfer("key-1", 2_500), 2).await.unwrap();
+    assert_eq!(p1.id, p2.id);
+    // The same key for a different transfer is refused.
+    assert_eq!(s.ledger_transfer(transfer("key-1", 999), 3).await, Err(BackendError::IdempotencyKeyReused));
+    let b = s.ledger_balance(&AccountId::parse("acct-B").unwrap()).await.unwrap().unwrap();
+    assert_eq!(b.balance_minor, 2_500);
+    assert!(s.ledger_integrity().await.unwrap().ok);
+}
+
+#[tokio::test]
+async fn overdrafts_and_refunds_are_bounded() {
+    let s = store_with_accounts().await;
+    assert!(matches!(s.ledger_transfer(transfer("big", 10_001), 0).await, Err(BackendError::InsufficientFunds { .. })));
+    let p = s.ledger_transfer(transfer("ok", 10_000), 0).await.unwrap();
+    let refund = |key: &str, amount: Option<i64>| RefundRequest {
+        idempotency_key: key.into(),
+        alias_key: None,
+        refund_id: PaymentId::generate(),
+        payment_id: p.id.clone(),
+        amount_minor: amount,
+        reason: None,
+        principal_sub: "sub".into(),
+        guards: Guards::default(),
+        audit: None,
+    };
+    assert!(matches!(
+        s.ledger_refund(refund("r0", Some(10_001)), 1).await,
+        Err(BackendError::RefundExceedsRemaining { .. })
+    ));
+    s.ledger_refund(refund("r1", Some(4_000)), 1).await.unwrap();
+    let rest = s.ledger_refund(refund("r2", None), 1).await.unwrap();
+    assert_eq!(rest.amount_minor, 6_000);
+    assert!(matches!(s.ledger_refund(refund("r3", None), 1).await, Err(BackendError::NotRefundable(_))));
+    let report = s.ledger_integrity().await.unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+    assert_eq!(report.currency_sums, vec![("KES".to_string(), 0)]);
+}
+
+#[tokio::test]
+async fn integrity_notices_a_tampered_balance() {
+    let s = store_with_accounts().await;
+    s.run(|c| {
+        Ok::<_, StoreError>(c.execute("UPDATE accounts SET balance_minor = balance_minor + 1 WHERE id = 'acct-B'", [])?)
+    })
+    .await
+    .unwrap();
+    let report = s.ledger_integrity().await.unwrap();
+    assert!(!report.ok);
+    assert!(report.problems.iter().any(|p| p.contains("acct-B")), "{:?}", report.problems);
+}
