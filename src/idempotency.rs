@@ -8,9 +8,9 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::auth::Secret;
 use crate::domain::payment::Payment;
 use crate::error::{AgentError, ErrorCode};
+use crate::secret::Secret;
 
 /// Derives keys; holds the server secret (never printed).
 #[derive(Clone)]

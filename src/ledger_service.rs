@@ -23,11 +23,11 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::auth::Secret;
 use crate::backend::{BackendError, Guards, Payment, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
 use crate::clock::Clock;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money};
+use crate::secret::Secret;
 use crate::store::{Store, StoreError};
 
 /// Largest request body accepted, in bytes (a transfer is a few hundred).

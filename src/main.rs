@@ -223,7 +223,9 @@ fn reconcile(mut config: Config, since: Option<&str>) -> ExitCode {
         let g = running.gateway.clone();
         let code = match g.reconcile(since).await {
             Ok(report) => {
-                let _ = g.store().audit_append(g.reconcile_audit(&report)).await;
+                if let Err(e) = g.store().audit_append(g.reconcile_audit(&report)).await {
+                    eprintln!("paygate: the reconciliation report could not be audited: {e}");
+                }
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
                 if report.problems() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
             }

@@ -11,9 +11,9 @@ use std::collections::HashSet;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, decode, decode_header, encode};
 use serde::{Deserialize, Serialize};
 
-use crate::auth::Secret;
 use crate::clock::UnixSecs;
 use crate::error::{AgentError, ErrorCode};
+use crate::secret::Secret;
 
 /// The JWS `typ` of paygate mandates; anything else is not a mandate.
 pub const MANDATE_TYP: &str = "paygate-mandate+jwt";

@@ -52,6 +52,7 @@ struct Inner {
     reconcile_runs: u64,
     reconcile_last_problems: u64,
     breaker_state: Option<&'static str>,
+    bookkeeping_failures: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Default)]
@@ -120,9 +121,27 @@ impl Metrics {
         });
     }
 
+    /// A bookkeeping write that failed after money moved or was refused (an audit record, an
+    /// idempotency completion or release, a rail record): logged where it happens, counted here
+    /// so it can be alerted on. `write` is one of a fixed set of names.
+    pub fn bookkeeping_failure(&self, write: &'static str) {
+        self.with(|m| *m.bookkeeping_failures.entry(write).or_default() += 1);
+    }
+
     /// The HTTP ledger's circuit breaker, as last seen.
     pub fn breaker(&self, state: &'static str) {
         self.with(|m| m.breaker_state = Some(state));
+    }
+
+    fn render_bookkeeping(&self, out: &mut String) {
+        let failures = self.with(|m| m.bookkeeping_failures.clone());
+        out.push_str(
+            "# HELP paygate_bookkeeping_failures_total Audit, idempotency or rail-record writes that failed (logged where they happened).\n",
+        );
+        out.push_str("# TYPE paygate_bookkeeping_failures_total counter\n");
+        for (write, n) in &failures {
+            let _ = writeln!(out, "paygate_bookkeeping_failures_total{{write=\"{write}\"}} {n}");
+        }
     }
 
     fn render_rails(&self, out: &mut String) {
@@ -230,6 +249,7 @@ impl Metrics {
             let _ = writeln!(out, "paygate_store_ping_seconds {}", d.as_secs_f64());
         }
         self.render_rails(&mut out);
+        self.render_bookkeeping(&mut out);
         out
     }
 }

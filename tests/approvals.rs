@@ -1,6 +1,7 @@
 //! The human side of approvals, black box: operator routes over HTTP against a real gateway.
 //! Maker/checker, reviewer tiers, expiry, terminal states, scopes, rejection, listing and audit.
 //! Every refusal is checked to have moved nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! The approval flow end to end: an agent over MCP, a human over HTTP, a signed mandate, one payment.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -3,6 +3,7 @@
 //!
 //! Every test starts its own paygate on 127.0.0.1:0 and talks HTTP to it: raw reqwest where the
 //! HTTP status and `WWW-Authenticate` are the contract, rmcp's client where an MCP client is.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! misconfigurations (closed ports, a JWKS with no usable key, an IdP whose clock is an hour off,
 //! a database that is not migrated, Daraja refusing the credentials, …). Each ✗ doctor can print is
 //! produced here by the mistake it is meant to catch.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 #[path = "common/daraja.rs"]

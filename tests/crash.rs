@@ -1,5 +1,6 @@
 //! Crash for real: run the paygate binary, SIGKILL it under load, restart it on the same data
 //! directory, retry every operation_id, and check that each moved money exactly once.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

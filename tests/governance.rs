@@ -1,4 +1,5 @@
 //! Budgets, stop rules, tool governance and rate limits, through the real server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! `HttpLedger` against a real `ledger-serve` (SQLite) behind a fault proxy: the contract round
 //! trip, typed refusals, and the failure rules — a maybe-applied request is `OutcomeUnknown` and a
 //! retry with the same key replays it; nothing-sent is `Unavailable`; the breaker fails fast.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 #[path = "common/fault_proxy.rs"]

@@ -2,6 +2,7 @@
 //! driven by an MCP client: the whole flow, a response lost after the ledger committed, guards
 //! drawn on the gateway side, and reconciliation of the two sides. Plus the payment summary
 //! against the embedded ledger.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 #[path = "common/fault_proxy.rs"]

@@ -1,6 +1,7 @@
 //! Mandates from the agent's side, black box: a real gateway over HTTP. Tampering, theft, expiry,
 //! intent mismatch, reuse, open-mandate constraints (also under concurrency) and the
 //! `paygate mandate verify` CLI. Every refusal is checked to have moved nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

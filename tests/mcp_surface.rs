@@ -1,4 +1,5 @@
 //! The whole MCP surface through rmcp's client over HTTP, in both protocol eras.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The M-Pesa rail end to end: an MCP agent asks for a collection, the local Daraja fake receives the
 //! STK push and calls back, and the gateway settles, refuses or keeps the payment pending.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 #[path = "common/daraja.rs"]

@@ -1,5 +1,6 @@
 //! The Daraja client against the local Daraja fake (tests/common/daraja.rs): OAuth caching and
 //! refresh, STK push and query, and how each failure maps to Rejected / Unavailable / OutcomeUnknown.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 #[path = "common/daraja.rs"]
 mod daraja;

@@ -1,4 +1,5 @@
 //! /metrics moves with traffic; /readyz follows the store.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Two paygate processes on one PostgreSQL database: exactly-once, closed mandates and budgets
 //! hold when duplicates land on different replicas. Needs PAYGATE_TEST_DATABASE_URL (skipped
 //! without it, saying so); `.ci/run` sets it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! One store contract, two engines: every case runs against SQLite and, when
 //! PAYGATE_TEST_DATABASE_URL is set, against PostgreSQL (each case in its own schema).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 use std::sync::Arc;
 

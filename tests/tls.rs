@@ -1,4 +1,5 @@
 //! paygate serves HTTPS itself when a certificate and key are configured.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
 

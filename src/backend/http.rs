@@ -28,10 +28,10 @@ use super::{
     BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind, PaymentQuery,
     RefundRequest, TransferRequest,
 };
-use crate::auth::Secret;
 use crate::clock::Clock;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Currency;
+use crate::secret::Secret;
 
 /// First retry waits this long; each further retry doubles it, up to `RETRY_BACKOFF_MAX_MS`.
 const RETRY_BACKOFF_BASE_MS: u64 = 50;

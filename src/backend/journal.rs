@@ -62,11 +62,7 @@ impl Journaled {
                 Ok(payment)
             }
             Err(BackendError::OutcomeUnknown(detail)) => {
-                let update = RailUpdate { reason: Some(detail.clone()), ..Default::default() };
-                let _ = self
-                    .store
-                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, now)
-                    .await;
+                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
                 Err(BackendError::OutcomeUnknown(detail))
             }
             Err(BackendError::Unavailable(detail)) if created => {
@@ -80,14 +76,22 @@ impl Journaled {
             Err(BackendError::Unavailable(detail)) => {
                 // An earlier attempt may have been applied, and this one did not get through: still
                 // unknown. The record (and what it drew) stays until the backend answers.
-                let update = RailUpdate { reason: Some(detail.clone()), ..Default::default() };
-                let _ = self
-                    .store
-                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, self.clock.now())
-                    .await;
+                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
                 Err(BackendError::OutcomeUnknown(format!("an earlier attempt's outcome is still unknown ({detail})")))
             }
-            Err(refusal) => {
+            Err(
+                refusal @ (BackendError::AccountNotFound(_)
+                | BackendError::CurrencyMismatch { .. }
+                | BackendError::SameAccount
+                | BackendError::InsufficientFunds { .. }
+                | BackendError::PaymentNotFound(_)
+                | BackendError::NotRefundable(_)
+                | BackendError::RefundExceedsRemaining { .. }
+                | BackendError::IdempotencyKeyReused
+                | BackendError::BudgetExceeded(_)
+                | BackendError::MandateExhausted(_)
+                | BackendError::Rejected(_)),
+            ) => {
                 // The backend refused this key for good (had an earlier attempt been applied, the
                 // key would have returned its payment): nothing moved.
                 let given_back = match rec.state {

@@ -41,3 +41,20 @@ pub trait PaymentBackend: Send + Sync + 'static {
     ) -> Result<Page<LedgerEntry>, BackendError>;
     async fn check_integrity(&self) -> Result<IntegrityReport, BackendError>;
 }
+
+/// Mark a rail record whose send may have reached the other side as `unknown` (from
+/// `submitting`): it keeps its draws, is never sent again, and reconciliation settles it. A failed
+/// write is logged: the record then stays `submitting`, which a retry and reconciliation also
+/// treat as maybe-sent.
+pub(crate) async fn mark_unknown(
+    store: &dyn crate::store::Store,
+    id: &PaymentId,
+    reason: String,
+    now: crate::clock::UnixSecs,
+) {
+    use crate::domain::rail::{RailState, RailUpdate};
+    let update = RailUpdate { reason: Some(reason), ..Default::default() };
+    if let Err(error) = store.rail_transition(id, &[RailState::Submitting], RailState::Unknown, update, now).await {
+        tracing::error!(payment_id = %id, %error, "marking a rail payment's outcome unknown failed");
+    }
+}

@@ -5,6 +5,7 @@
 //!   cargo build --release && target/release/paygate-bench [--secs 10] [--connections 64]
 //!
 //! PostgreSQL rows run when PAYGATE_BENCH_DATABASE_URL (or PAYGATE_TEST_DATABASE_URL) is set.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark, not a request path: a panic aborts the run
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{Caller, Decision, Gateway, decode_cursor, encode_cursor};
-use crate::auth::scopes;
+use crate::catalogue::scopes;
 use crate::clock::{UnixSecs, rfc3339};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::{AccountId, ApprovalId};

@@ -2,6 +2,7 @@
 //! backend → bookkeeping → audit. No MCP or HTTP types here; `mcp` shapes the results.
 
 mod approvals;
+mod exactly_once;
 mod payments;
 
 /// Operator-facing approval types for the HTTP layer.
@@ -200,6 +201,7 @@ impl Gateway {
         self.metrics.decision(d.tool, d.decision, d.code.map(|c| c.as_str()));
         let rec = self.audit_record(issuer, subject, correlation_id, d);
         if let Err(error) = self.store.audit_append(rec).await {
+            self.metrics.bookkeeping_failure("audit");
             tracing::error!(%correlation_id, %error, "audit append failed");
         }
     }

@@ -10,6 +10,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::exactly_once::{self, Fate};
 use super::{Caller, Decision, Gateway, map_backend_error};
 use crate::backend::mpesa::daraja::{ACCOUNT_REFERENCE_CHARS_MAX, TRANSACTION_DESC_CHARS_MAX};
 use crate::backend::{BackendError, DailyBudget, Guards, MandateDraw, Payment, RefundRequest, TransferRequest};
@@ -375,7 +376,11 @@ impl Gateway {
             Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
         };
         let p = &caller.principal;
-        let (payer, payee) = (crate::backend::mpesa::payer_account(&phone), rail.account().clone());
+        let payer = match crate::backend::mpesa::payer_account(&phone) {
+            Ok(a) => a,
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
+        };
+        let payee = rail.account().clone();
         let mandate = self
             .mandate_for(caller, TOOL, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
             .await?;
@@ -621,13 +626,9 @@ impl Gateway {
             if let Some(alias) = idem.alias.as_deref() {
                 // The mandate already paid for this very operation: record that under its own key too;
                 // anything else leaves the operation free to try again.
-                match outcome {
-                    Some(o) => {
-                        let _ = self.store.idem_complete(&alias.key, &o).await;
-                    }
-                    None => {
-                        let _ = self.store.idem_release(&alias.key).await;
-                    }
+                match outcome.as_deref() {
+                    Some(o) => self.complete_keys(caller, &[&alias.key], o).await,
+                    None => self.release_keys(caller, &[&alias.key]).await,
                 }
                 self.wake(&alias.key);
             }
@@ -647,80 +648,55 @@ impl Gateway {
         self.metrics.ledger(started.elapsed());
         let keys: Vec<&str> =
             idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)).map(|i| i.key.as_str()).collect();
-        let complete = |outcome: String| {
-            let keys = keys.clone();
-            async move {
-                for key in keys {
-                    self.store.idem_complete(key, &outcome).await?;
+        if let Err(BackendError::Unavailable(detail) | BackendError::OutcomeUnknown(detail)) = &result {
+            tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend did not move money or did not say");
+        }
+        let settled = exactly_once::settle(result, in_tx);
+        match settled.fate {
+            Fate::Recorded => self.metrics.decision(tool, settled.decision, None),
+            Fate::Complete(outcome) => {
+                self.complete_keys(caller, &keys, &outcome.to_json()).await;
+                if settled.result.is_ok() {
+                    // The gateway's own "allowed" record (the backend did not write it).
+                    let mut d = Decision::new(tool, settled.decision);
+                    d.idempotency_key = Some(&idem.key);
+                    d.payment_id = settled.result.as_ref().ok().map(|p| p.id.as_str());
+                    self.audit(caller, d).await;
                 }
-                Ok::<_, crate::store::StoreError>(())
             }
-        };
-        let release = || {
-            let keys = keys.clone();
-            async move {
-                for key in keys {
-                    let _ = self.store.idem_release(key).await;
-                }
-            }
-        };
-        let outcome = match result {
-            Ok(payment) if in_tx => {
-                self.metrics.decision(tool, "allowed", None);
-                Ok(Executed { payment, replayed: false })
-            }
-            Ok(payment) => {
-                let stored = StoredOutcome::Succeeded { payment: payment.clone() }.to_json();
-                if let Err(error) = complete(stored).await {
-                    // The lease expires and a retry re-asks the backend with the same key.
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
-                }
-                let mut d = Decision::new(tool, "allowed");
-                d.idempotency_key = Some(&idem.key);
-                d.payment_id = Some(payment.id.as_str());
-                self.audit(caller, d).await;
-                Ok(Executed { payment, replayed: false })
-            }
-            Err(BackendError::Unavailable(detail)) => {
-                // Nothing moved: give the key back so the same operation_id can try again.
-                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend unavailable");
-                release().await;
-                let e = map_backend_error(&BackendError::Unavailable(detail));
-                Err(self.refuse_as(caller, tool, &idem, "backend_unavailable", e).await)
-            }
-            Err(BackendError::BudgetExceeded(detail)) => {
-                // Nothing moved and the budget resets: give the key back (not this operation's fate).
-                release().await;
-                let e = map_backend_error(&BackendError::BudgetExceeded(detail));
-                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
-            }
-            Err(BackendError::MandateExhausted(detail)) => {
-                let e = map_backend_error(&BackendError::MandateExhausted(detail));
-                if let Err(error) = complete(StoredOutcome::failed(&e).to_json()).await {
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
-                }
-                Err(self.refuse_as(caller, tool, &idem, "denied", e).await)
-            }
-            Err(BackendError::OutcomeUnknown(detail)) => {
-                // Maybe moved. Keep the key in flight: once its lease ends, a retry asks the backend
-                // again with the same key, and reconciliation settles it.
-                tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend outcome unknown");
-                let e = map_backend_error(&BackendError::OutcomeUnknown(detail));
-                Err(self.refuse_as(caller, tool, &idem, "outcome_unknown", e).await)
-            }
-            Err(business) => {
-                // A business refusal is this operation_id's outcome for good (TigerBeetle's rule).
-                let e = map_backend_error(&business);
-                if let Err(error) = complete(StoredOutcome::failed(&e).to_json()).await {
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
-                }
-                Err(self.refuse_as(caller, tool, &idem, "failed", e).await)
-            }
+            Fate::Release => self.release_keys(caller, &keys).await,
+            Fate::KeepInFlight => {}
+        }
+        let outcome = match settled.result {
+            Ok(payment) => Ok(Executed { payment, replayed: false }),
+            Err(e) => Err(self.refuse_as(caller, tool, &idem, settled.decision, e).await),
         };
         for key in keys {
             self.wake(key);
         }
         outcome
+    }
+
+    /// Store an outcome under each key. A failed write is logged and counted, never dropped
+    /// silently: the key stays in flight, its lease ends, and a retry asks the backend again with
+    /// the same key (which applies it at most once).
+    async fn complete_keys(&self, caller: &Caller, keys: &[&str], outcome_json: &str) {
+        for key in keys {
+            if let Err(error) = self.store.idem_complete(key, outcome_json).await {
+                self.metrics.bookkeeping_failure("idempotency_complete");
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency completion failed");
+            }
+        }
+    }
+
+    /// Give keys back (nothing moved). A failed write leaves the key in flight until its lease ends.
+    async fn release_keys(&self, caller: &Caller, keys: &[&str]) {
+        for key in keys {
+            if let Err(error) = self.store.idem_release(key).await {
+                self.metrics.bookkeeping_failure("idempotency_release");
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "idempotency release failed");
+            }
+        }
     }
 
     /// Reserve one key, waiting (bounded) for a live holder and replaying its outcome.

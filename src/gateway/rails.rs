@@ -5,9 +5,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Caller, Decision, Gateway, map_backend_error};
-use crate::auth::scopes;
 use crate::backend::mpesa::{self, Settlement, daraja};
 use crate::backend::{Payment, PaymentKind, PaymentQuery, PaymentStatus};
+use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::PaymentId;
@@ -238,6 +238,7 @@ impl Gateway {
     async fn audit_callback(&self, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) {
         let a = self.rail_audit(rec, decision, code, detail);
         if let Err(error) = self.store.audit_append(a).await {
+            self.metrics.bookkeeping_failure("audit");
             tracing::error!(%error, "audit append failed");
         }
     }
@@ -449,8 +450,7 @@ impl Gateway {
                 Ok(Some(updated)) if updated.state.is_terminal() => {
                     settled += 1;
                     let code = if updated.state == RailState::Succeeded { "SUCCEEDED" } else { "FAILED" };
-                    let a = self.rail_audit(Some(&updated), "query_settled", code, format!("{settlement:?}"));
-                    let _ = self.store.audit_append(a).await;
+                    self.audit_callback(Some(&updated), "query_settled", code, format!("{settlement:?}")).await;
                 }
                 Ok(_) => {}
                 Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording an STK query result failed"),

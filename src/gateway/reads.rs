@@ -5,8 +5,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{Caller, Decision, Gateway, decode_cursor, map_backend_error};
-use crate::auth::scopes;
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
+use crate::catalogue::scopes;
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::AccountId;
 use crate::policy;

@@ -23,7 +23,7 @@ pub struct CallbackGuard {
 }
 
 impl CallbackGuard {
-    pub fn new(secret: &crate::auth::Secret, allowed_ips: Vec<IpAddr>) -> Self {
+    pub fn new(secret: &crate::secret::Secret, allowed_ips: Vec<IpAddr>) -> Self {
         CallbackGuard { secret_digest: Sha256::digest(secret.expose().as_bytes()).into(), allowed_ips }
     }
 

@@ -18,8 +18,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::auth::Secret;
 use crate::clock::{Clock, UnixSecs};
+use crate::secret::Secret;
 
 pub const SANDBOX_BASE_URL: &str = "https://sandbox.safaricom.co.ke";
 pub const PRODUCTION_BASE_URL: &str = "https://api.safaricom.co.ke";

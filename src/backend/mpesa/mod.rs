@@ -61,8 +61,9 @@ pub fn classify(result_code: i64, result_desc: &str) -> Settlement {
 }
 
 /// The payer's side of a collection, as an account id (`mpesa-2547…`).
-pub fn payer_account(phone: &Msisdn) -> AccountId {
-    AccountId::parse(&format!("mpesa-{phone}")).expect("a normalized MSISDN makes a valid account id")
+pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::ids::IdError> {
+    // A normalized MSISDN is 12 digits, so this always parses; the error is typed all the same.
+    AccountId::parse(&format!("mpesa-{phone}"))
 }
 
 pub struct MpesaRail {
@@ -84,7 +85,7 @@ impl MpesaRail {
 
     /// Open the record and send the STK push, once per idempotency key.
     pub async fn collect(&self, c: Collection) -> Result<Payment, BackendError> {
-        let payer = payer_account(&c.phone);
+        let payer = payer_account(&c.phone).map_err(|e| BackendError::Rejected(e.to_string()))?;
         let rec = RailPayment {
             id: c.payment_id.clone(),
             idempotency_key: c.idempotency_key.clone(),
@@ -117,15 +118,8 @@ impl MpesaRail {
                     // An earlier attempt opened this record and may have pushed (it crashed, or its
                     // lease ran out mid-call). Daraja cannot tell us, and a second push could charge
                     // twice: record it as unknown and never push again.
-                    let update = RailUpdate {
-                        reason: Some("an earlier attempt's push outcome is unknown".into()),
-                        ..Default::default()
-                    };
-                    let now = self.clock.now();
-                    let _ = self
-                        .store
-                        .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, now)
-                        .await;
+                    let reason = "an earlier attempt's push outcome is unknown".to_string();
+                    super::mark_unknown(self.store.as_ref(), &rec.id, reason, self.clock.now()).await;
                     Err(BackendError::OutcomeUnknown(
                         "the STK push for this operation may have been sent and its answer was lost; it is not sent \
                          again. The customer may still complete it; reconciliation settles it"
@@ -169,12 +163,7 @@ impl MpesaRail {
                 Err(BackendError::Unavailable(format!("M-Pesa: {detail}")))
             }
             Err(DarajaError::OutcomeUnknown(detail)) => {
-                let update = RailUpdate { reason: Some(detail.clone()), ..Default::default() };
-                let now = self.clock.now();
-                let _ = self
-                    .store
-                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Unknown, update, now)
-                    .await;
+                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), self.clock.now()).await;
                 Err(BackendError::OutcomeUnknown(format!("M-Pesa: {detail}")))
             }
         }
