@@ -125,7 +125,7 @@ async fn over_the_limit_needs_approval_and_moves_nothing() {
         .await
         .unwrap()
         .expect("approval stored");
-    assert_eq!(stored.status, "pending");
+    assert_eq!(stored.status.as_str(), "pending");
     assert_eq!(stored.amount_minor, 100_001);
     // Retrying the same operation names the same approval rather than piling up new ones.
     let again = call(&c, "create_payment", pay("big-1", "acct-A", "acct-B", "1000.01")).await;

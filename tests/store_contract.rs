@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use paygate::backend::{BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, RefundRequest, TransferRequest};
+use paygate::domain::approval::{ApprovalStatus, ReviewDecision};
 use paygate::idempotency::StoredOutcome;
 use paygate::ids::{AccountId, ApprovalId, PaymentId};
 use paygate::mandate::MandateKind;
@@ -298,7 +299,7 @@ contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async
 fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64) -> ApprovalRecord {
     ApprovalRecord {
         id: id.clone(),
-        status: "pending".into(),
+        status: ApprovalStatus::Pending,
         kind,
         idempotency_key: format!("key-{id}"),
         fingerprint: "fp".into(),
@@ -325,7 +326,7 @@ fn review(sub: &str, decision: &str) -> Review {
     Review {
         reviewer_iss: "ops".into(),
         reviewer_sub: sub.into(),
-        decision: decision.into(),
+        decision: ReviewDecision::parse(decision).unwrap(),
         reason: Some("r".into()),
         at: 0,
     }
@@ -351,13 +352,13 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         Err(ReviewError::SelfReview)
     ));
     let a = store.approval_review(&id, review("alice", "approve"), 2, issuer(1, None)).await.unwrap();
-    assert_eq!(a.status, "pending", "{label}: one of two reviewers");
+    assert_eq!(a.status.as_str(), "pending", "{label}: one of two reviewers");
     assert!(matches!(
         store.approval_review(&id, review("alice", "approve"), 3, issuer(1, None)).await,
         Err(ReviewError::AlreadyReviewed)
     ));
     let a = store.approval_review(&id, review("bob", "approve"), 4, issuer(1, None)).await.unwrap();
-    assert_eq!(a.status, "approved");
+    assert_eq!(a.status.as_str(), "approved");
     assert_eq!(a.mandate.as_deref(), Some("signed-by-alice+bob"));
     assert!(matches!(
         store.approval_review(&id, review("carol", "reject"), 5, issuer(1, None)).await,
@@ -370,12 +371,12 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         store.approval_review(&expired, review("alice", "approve"), 100, issuer(1, None)).await,
         Err(ReviewError::Expired)
     ));
-    assert_eq!(store.approval_get(&expired).await.unwrap().unwrap().status, "expired");
+    assert_eq!(store.approval_get(&expired).await.unwrap().unwrap().status.as_str(), "expired");
 
     let rejected = ApprovalId::generate();
     store.approval_insert(approval(&rejected, MandateKind::Closed, 1, 1_000)).await.unwrap();
     let r = store.approval_review(&rejected, review("alice", "reject"), 6, issuer(1, None)).await.unwrap();
-    assert_eq!(r.status, "rejected");
+    assert_eq!(r.status.as_str(), "rejected");
     assert!(r.mandate.is_none());
 
     // get_or_create: the live approval for a key is returned, not duplicated.
@@ -604,5 +605,5 @@ contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {
     store.approval_insert(approval(&id, MandateKind::Closed, 1, 150)).await.unwrap();
     assert_eq!(store.approvals_expire(149).await.unwrap(), 0);
     assert_eq!(store.approvals_expire(150).await.unwrap(), 1);
-    assert_eq!(store.approval_get(&id).await.unwrap().unwrap().status, "expired");
+    assert_eq!(store.approval_get(&id).await.unwrap().unwrap().status.as_str(), "expired");
 });

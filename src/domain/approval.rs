@@ -9,20 +9,60 @@ use crate::ids::ApprovalId;
 use crate::mandate::MandateKind;
 use crate::money::Currency;
 
-/// `ApprovalRecord::status` values.
-pub const PENDING: &str = "pending";
-pub const APPROVED: &str = "approved";
-pub const REJECTED: &str = "rejected";
-pub const EXPIRED: &str = "expired";
-/// `Review::decision` values.
-pub const APPROVE: &str = "approve";
-pub const REJECT: &str = "reject";
+/// Where an approval stands. Stored as its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Expired => "expired",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Pending, Self::Approved, Self::Rejected, Self::Expired].into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for ApprovalStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One reviewer's decision. Stored as its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReviewDecision {
+    Approve,
+    Reject,
+}
+
+impl ReviewDecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReviewDecision::Approve => "approve",
+            ReviewDecision::Reject => "reject",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Approve, Self::Reject].into_iter().find(|v| v.as_str() == s)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRecord {
     pub id: ApprovalId,
-    /// pending | approved | rejected | expired
-    pub status: String,
+    pub status: ApprovalStatus,
     /// closed (one payment) | open (constraints)
     pub kind: MandateKind,
     pub idempotency_key: String,
@@ -51,8 +91,12 @@ pub struct ApprovalRecord {
 impl ApprovalRecord {
     /// The status as of `now`: a pending approval past its expiry is expired, whether or not anyone
     /// has touched it since.
-    pub fn status_at(&self, now: UnixSecs) -> &str {
-        if self.status == PENDING && now >= self.expires_at { EXPIRED } else { &self.status }
+    pub fn status_at(&self, now: UnixSecs) -> ApprovalStatus {
+        if self.status == ApprovalStatus::Pending && now >= self.expires_at {
+            ApprovalStatus::Expired
+        } else {
+            self.status
+        }
     }
 }
 
@@ -60,8 +104,7 @@ impl ApprovalRecord {
 pub struct Review {
     pub reviewer_iss: String,
     pub reviewer_sub: String,
-    /// approve | reject
-    pub decision: String,
+    pub decision: ReviewDecision,
     pub reason: Option<String>,
     pub at: UnixSecs,
 }
@@ -72,7 +115,7 @@ pub enum ReviewError {
     #[error("no such approval")]
     NotFound,
     #[error("the approval is already {0}")]
-    Terminal(String),
+    Terminal(ApprovalStatus),
     #[error("the approval has expired")]
     Expired,
     #[error("the requesting agent cannot review its own request")]

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::{Caller, Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::{UnixSecs, rfc3339};
+use crate::domain::approval::{ApprovalStatus, ReviewDecision};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::{AccountId, ApprovalId};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
@@ -27,12 +28,6 @@ pub struct Operator {
     pub subject: String,
     pub scopes: BTreeSet<String>,
     pub correlation_id: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReviewDecision {
-    Approve,
-    Reject,
 }
 
 /// Operator-side refusals; the HTTP layer maps each to one status.
@@ -125,7 +120,7 @@ pub const REASON_CHARS_MAX: usize = 500;
 
 impl Gateway {
     fn view(&self, a: &ApprovalRecord, now: UnixSecs, with_mandate: bool) -> ApprovalView {
-        let status = a.status_at(now).to_string();
+        let status = a.status_at(now).as_str().to_string();
         ApprovalView {
             approval_id: a.id.to_string(),
             status,
@@ -138,8 +133,17 @@ impl Gateway {
             currency: a.currency.to_string(),
             reason: a.reason.clone(),
             reviewers_required: a.reviewers_required,
-            approved_by: a.reviews.iter().filter(|r| r.decision == "approve").map(|r| r.reviewer_sub.clone()).collect(),
-            rejected_by: a.reviews.iter().find(|r| r.decision == "reject").map(|r| r.reviewer_sub.clone()),
+            approved_by: a
+                .reviews
+                .iter()
+                .filter(|r| r.decision == ReviewDecision::Approve)
+                .map(|r| r.reviewer_sub.clone())
+                .collect(),
+            rejected_by: a
+                .reviews
+                .iter()
+                .find(|r| r.decision == ReviewDecision::Reject)
+                .map(|r| r.reviewer_sub.clone()),
             decision_reason: a.decision_reason.clone(),
             created_at: rfc3339(a.created_at),
             expires_at: rfc3339(a.expires_at),
@@ -180,7 +184,7 @@ impl Gateway {
     ) -> Result<(Vec<ApprovalView>, Option<String>), OpError> {
         self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
         if let Some(s) = status
-            && !matches!(s, "pending" | "approved" | "rejected" | "expired")
+            && ApprovalStatus::parse(s).is_none()
         {
             return Err(OpError::Invalid("status must be pending, approved, rejected or expired".into()));
         }
@@ -225,10 +229,7 @@ impl Gateway {
         let review = Review {
             reviewer_iss: op.issuer.clone(),
             reviewer_sub: op.subject.clone(),
-            decision: match decision {
-                ReviewDecision::Approve => "approve".into(),
-                ReviewDecision::Reject => "reject".into(),
-            },
+            decision,
             reason: reason.clone(),
             at: now,
         };
@@ -337,7 +338,7 @@ impl Gateway {
         };
         let rec = ApprovalRecord {
             id: id.clone(),
-            status: "pending".into(),
+            status: ApprovalStatus::Pending,
             kind,
             idempotency_key: format!("preauth:{id}"),
             fingerprint: String::new(),

@@ -12,7 +12,8 @@ pub mod approvals_api {
 mod rails;
 mod reads;
 
-pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, ReviewDecision};
+pub use crate::domain::approval::ReviewDecision;
+pub use approvals::{ApprovalView, Operator, PreauthorizeArgs};
 pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs};
 pub use rails::{
     CallbackAnswer, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,

@@ -826,7 +826,7 @@ impl Gateway {
         };
         let rec = ApprovalRecord {
             id: ApprovalId::generate(),
-            status: "pending".into(),
+            status: crate::domain::approval::ApprovalStatus::Pending,
             kind: MandateKind::Closed,
             reviewers_required,
             requested_by: p.subject.clone(),
@@ -860,7 +860,7 @@ impl Gateway {
         d.approval_id = Some(approval.id.as_str());
         d.detail = Some(reason.clone());
         self.audit(caller, d).await;
-        let message = if approval.status == "approved" {
+        let message = if approval.status == crate::domain::approval::ApprovalStatus::Approved {
             "approved: fetch the mandate with get_approval and repeat this call with it as `mandate`. Nothing moved."
                 .to_string()
         } else {
@@ -868,7 +868,7 @@ impl Gateway {
         };
         AgentError::new(ErrorCode::ApprovalRequired, message)
             .with_detail("approval_id", approval.id.to_string())
-            .with_detail("approval_status", approval.status.clone())
+            .with_detail("approval_status", approval.status.as_str())
             .with_detail("approval_url", self.approval_url(&approval.id))
             .with_detail("reviewers_required", approval.reviewers_required)
             .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))

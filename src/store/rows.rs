@@ -2,7 +2,7 @@
 //! (typed access by column index); every mapper, column list and "corrupt" label lives here.
 
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, IssuedMandate, Review};
+use crate::domain::approval::{ApprovalRecord, ApprovalStatus, IssuedMandate, Review, ReviewDecision};
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
 use crate::domain::payment::{AccountRow, LedgerEntry, Payment, PaymentKind, PaymentStatus, SummaryRow};
@@ -135,7 +135,7 @@ pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint
 pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
     Ok(ApprovalRecord {
         id: ApprovalId::parse(&r.text(0)?).map_err(|_| corrupt("approvals.id"))?,
-        status: r.text(1)?,
+        status: ApprovalStatus::parse(&r.text(1)?).ok_or_else(|| corrupt("approvals.status"))?,
         kind: MandateKind::parse(&r.text(13)?).ok_or_else(|| corrupt("approvals.kind"))?,
         idempotency_key: r.text(2)?,
         fingerprint: r.text(3)?,
@@ -164,7 +164,7 @@ pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
     Ok(Review {
         reviewer_iss: r.text(0)?,
         reviewer_sub: r.text(1)?,
-        decision: r.text(2)?,
+        decision: ReviewDecision::parse(&r.text(2)?).ok_or_else(|| corrupt("approval_reviews.decision"))?,
         reason: r.opt_text(3)?,
         at: r.int(4)?,
     })
@@ -293,7 +293,7 @@ pub(crate) fn payment_values(p: &Payment, key: &str, mandate_id: Option<&str>) -
 pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
     vec![
         text(rec.id.as_str()),
-        text(&rec.status),
+        text(rec.status.as_str()),
         text(&rec.idempotency_key),
         text(&rec.fingerprint),
         text(&rec.principal_iss),
@@ -323,7 +323,7 @@ pub(crate) fn audit_values(r: &AuditRecord, payment_id: Option<&str>) -> Vec<Val
         text(&r.principal_iss),
         text(&r.principal_sub),
         text(&r.tool),
-        text(&r.decision),
+        text(r.decision.as_str()),
         opt_text(r.code.as_deref()),
         opt_text(r.idempotency_key.as_deref()),
         opt_text(payment_id.or(r.payment_id.as_deref())),

@@ -3,7 +3,7 @@
 //! counts once; enough distinct approvals issue the mandate.
 
 use crate::clock::UnixSecs;
-use crate::domain::approval::{APPROVE, ApprovalRecord, PENDING, REJECT, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalStatus, Review, ReviewDecision, ReviewError};
 
 /// What to write for a review the rules accept.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,8 +19,8 @@ pub enum ReviewPlan {
 }
 
 pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<ReviewPlan, ReviewError> {
-    if rec.status != PENDING {
-        return Err(ReviewError::Terminal(rec.status.clone()));
+    if rec.status != ApprovalStatus::Pending {
+        return Err(ReviewError::Terminal(rec.status));
     }
     if now >= rec.expires_at {
         return Ok(ReviewPlan::Expire);
@@ -33,11 +33,11 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
     if rec.reviews.iter().any(|r| r.reviewer_iss == review.reviewer_iss && r.reviewer_sub == review.reviewer_sub) {
         return Err(ReviewError::AlreadyReviewed);
     }
-    if review.decision == REJECT {
+    if review.decision == ReviewDecision::Reject {
         return Ok(ReviewPlan::Reject);
     }
     let mut approvers: Vec<String> =
-        rec.reviews.iter().filter(|r| r.decision == APPROVE).map(|r| r.reviewer_sub.clone()).collect();
+        rec.reviews.iter().filter(|r| r.decision == ReviewDecision::Approve).map(|r| r.reviewer_sub.clone()).collect();
     approvers.push(review.reviewer_sub.clone());
     let complete = approvers.len() as i64 >= rec.reviewers_required;
     Ok(ReviewPlan::Approve { issue: complete.then_some(approvers) })
@@ -50,10 +50,14 @@ mod tests {
     use crate::mandate::MandateKind;
     use crate::money::Currency;
 
+    const PENDING: &str = "pending";
+    const APPROVE: &str = "approve";
+    const REJECT: &str = "reject";
+
     fn approval(status: &str, reviewers_required: i64, reviews: Vec<Review>) -> ApprovalRecord {
         ApprovalRecord {
             id: ApprovalId::generate(),
-            status: status.into(),
+            status: ApprovalStatus::parse(status).unwrap(),
             kind: MandateKind::Closed,
             idempotency_key: "idk".into(),
             fingerprint: "fp".into(),
@@ -77,7 +81,13 @@ mod tests {
     }
 
     fn review(iss: &str, sub: &str, decision: &str) -> Review {
-        Review { reviewer_iss: iss.into(), reviewer_sub: sub.into(), decision: decision.into(), reason: None, at: 1 }
+        Review {
+            reviewer_iss: iss.into(),
+            reviewer_sub: sub.into(),
+            decision: ReviewDecision::parse(decision).unwrap(),
+            reason: None,
+            at: 1,
+        }
     }
 
     #[test]
@@ -142,7 +152,7 @@ mod tests {
             ("rejected", 0, "rejected"),
         ];
         for (status, now, read) in cases {
-            assert_eq!(approval(status, 1, vec![]).status_at(now), read, "{status} at {now}");
+            assert_eq!(approval(status, 1, vec![]).status_at(now).as_str(), read, "{status} at {now}");
         }
     }
 }

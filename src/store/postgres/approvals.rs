@@ -60,7 +60,7 @@ pub(super) async fn review(
     }
     tx.exec(
         "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES ($1, $2, $3, $4, $5, $6)",
-        &[&id, &review.reviewer_iss, &review.reviewer_sub, &review.decision, &review.reason, &now],
+        &[&id, &review.reviewer_iss, &review.reviewer_sub, &review.decision.as_str(), &review.reason, &now],
     )
     .await
     .map_err(StoreError::from)?;

@@ -50,7 +50,7 @@ pub(super) fn review_tx(
     }
     tx.exec(
         "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![id, r.reviewer_iss, r.reviewer_sub, r.decision, r.reason, now],
+        params![id, r.reviewer_iss, r.reviewer_sub, r.decision.as_str(), r.reason, now],
     )
     .map_err(StoreError::from)?;
     match plan {
