@@ -524,6 +524,7 @@ fn router(
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
         mpesa_callback: assembled.mpesa_callback.clone(),
+        metrics_token: Some(config.server.metrics_token.clone()).filter(|t| !t.expose().is_empty()),
     });
     http::router(
         state,

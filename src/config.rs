@@ -58,6 +58,7 @@ pub struct ServerConfig {
     pub sessions_max: i64,
     pub tls_cert_file: String,
     pub tls_key_file: String,
+    pub metrics_token: crate::secret::Secret,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -433,6 +434,10 @@ impl Config {
         range("server.request_timeout_ms", s.request_timeout_ms, 100, 300_000)?;
         range("server.session_idle_secs", s.session_idle_secs, 10, 86_400)?;
         range("server.sessions_max", s.sessions_max, 100, 1_000_000)?;
+        let metrics_token_chars = s.metrics_token.expose().chars().count();
+        if metrics_token_chars > 0 && metrics_token_chars < 16 {
+            return Err(ConfigError::Invalid("server.metrics_token must be at least 16 characters".into()));
+        }
         if s.tls_cert_file.is_empty() != s.tls_key_file.is_empty() {
             return Err(ConfigError::Invalid("server.tls_cert_file and server.tls_key_file go together".into()));
         }

@@ -288,6 +288,11 @@ impl Gateway {
         if args.subject.is_empty() || args.subject.len() > 256 {
             return Err(bad("subject is required".into()));
         }
+        // Maker/checker before anything is written: an operator never pre-authorizes themself
+        // (the review below would refuse, and the pending approval would be left for a colleague).
+        if args.subject == op.subject {
+            return Err(OpError::SelfReview("an operator cannot pre-authorize a mandate for themself".into()));
+        }
         let now = self.clock.now();
         let payer = account("payer", &args.payer)?;
         let (kind, intent, amount_minor) = match args.kind.as_str() {
@@ -332,10 +337,7 @@ impl Gateway {
             _ => return Err(bad("kind must be closed or open".into())),
         };
         let id = ApprovalId::generate();
-        let reviewers_required = match self.limits.high_risk_amount_minor.get(&currency) {
-            Some(t) if amount_minor >= *t => self.limits.high_risk_reviewers,
-            _ => self.limits.reviewers_required,
-        };
+        let reviewers_required = self.reviewers_for(amount_minor, currency);
         let rec = ApprovalRecord {
             id: id.clone(),
             status: ApprovalStatus::Pending,
@@ -368,6 +370,16 @@ impl Gateway {
         d.detail = Some(format!("{} for {}", args.kind, args.subject));
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
         self.review(op, id.as_str(), ReviewDecision::Approve, args.reason).await
+    }
+
+    /// Distinct reviewers an approval of `amount_minor` needs: `high_risk_reviewers` at or above the
+    /// currency's `approvals.high_risk_amount`, and for a currency with no threshold configured
+    /// (an unknown risk counts as high); `reviewers_required` otherwise.
+    pub(crate) fn reviewers_for(&self, amount_minor: i64, currency: Currency) -> i64 {
+        match self.limits.high_risk_amount_minor.get(&currency) {
+            Some(threshold) if amount_minor < *threshold => self.limits.reviewers_required,
+            Some(_) | None => self.limits.high_risk_reviewers,
+        }
     }
 
     /// Lift a stop-rule suspension.

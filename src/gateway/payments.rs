@@ -820,10 +820,7 @@ impl Gateway {
     ) -> AgentError {
         let now = self.clock.now();
         let p = &caller.principal;
-        let reviewers_required = match self.limits.high_risk_amount_minor.get(&amount.currency()) {
-            Some(t) if amount.minor() >= *t => self.limits.high_risk_reviewers,
-            _ => self.limits.reviewers_required,
-        };
+        let reviewers_required = self.reviewers_for(amount.minor(), amount.currency());
         let rec = ApprovalRecord {
             id: ApprovalId::generate(),
             status: crate::domain::approval::ApprovalStatus::Pending,

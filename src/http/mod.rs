@@ -30,6 +30,7 @@ use crate::catalogue::scopes::AGENT_SCOPES;
 use crate::gateway::Gateway;
 use crate::mcp::PaygateMcp;
 use crate::policy::Profiles;
+use crate::secret::Secret;
 
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
@@ -69,6 +70,8 @@ pub struct AppInner {
     pub body_bytes_max: usize,
     /// The M-Pesa callback's path secret and source allow-list (when the rail is enabled).
     pub mpesa_callback: Option<Arc<CallbackGuard>>,
+    /// Bearer token /metrics asks for; `None`: loopback peers only.
+    pub metrics_token: Option<Secret>,
 }
 
 pub struct RouterConfig {
@@ -172,8 +175,38 @@ async fn protected_resource_metadata(State(state): State<AppState>) -> Response 
     ([(header::CACHE_CONTROL, "public, max-age=300")], axum::Json(doc)).into_response()
 }
 
+/// Who may read /metrics: with a token configured, whoever presents it; without, loopback peers only.
+fn metrics_access(
+    token: Option<&Secret>,
+    peer: Option<std::net::IpAddr>,
+    authorization: Option<&str>,
+) -> Result<(), StatusCode> {
+    match token {
+        Some(t) => match authorization.and_then(|h| h.strip_prefix("Bearer ")) {
+            Some(presented) if t.matches(presented) => Ok(()),
+            _ => Err(StatusCode::UNAUTHORIZED),
+        },
+        None if peer.is_some_and(|ip| ip.is_loopback()) => Ok(()),
+        None => Err(StatusCode::FORBIDDEN),
+    }
+}
+
 /// Prometheus text (this replica's counters; the queue depth and store ping come from the store).
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(
+    State(state): State<AppState>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a.ip());
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if let Err(status) = metrics_access(state.metrics_token.as_ref(), peer, authorization) {
+        return match status {
+            StatusCode::UNAUTHORIZED => {
+                (status, [(header::WWW_AUTHENTICATE, "Bearer realm=\"metrics\"")]).into_response()
+            }
+            _ => status.into_response(),
+        };
+    }
     let g = &state.gateway;
     let started = std::time::Instant::now();
     let ping = g.store().ping().await.ok().map(|()| started.elapsed());
@@ -189,5 +222,27 @@ async fn readyz(State(state): State<AppState>) -> Response {
             tracing::warn!(%error, "readiness check failed");
             (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_need_the_token_or_a_loopback_peer() {
+        let local = Some("127.0.0.1".parse().unwrap());
+        let remote = Some("203.0.113.7".parse().unwrap());
+        assert_eq!(metrics_access(None, local, None), Ok(()));
+        assert_eq!(metrics_access(None, remote, None), Err(StatusCode::FORBIDDEN));
+        assert_eq!(metrics_access(None, None, Some("Bearer x")), Err(StatusCode::FORBIDDEN), "unknown peer: closed");
+        let t = Secret::new("metrics-token-0123456789".into());
+        assert_eq!(metrics_access(Some(&t), remote, Some("Bearer metrics-token-0123456789")), Ok(()));
+        assert_eq!(
+            metrics_access(Some(&t), local, None),
+            Err(StatusCode::UNAUTHORIZED),
+            "a token, once set, is needed"
+        );
+        assert_eq!(metrics_access(Some(&t), remote, Some("Bearer wrong")), Err(StatusCode::UNAUTHORIZED));
     }
 }

@@ -30,7 +30,9 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
     if review.reviewer_sub == rec.principal_sub {
         return Err(ReviewError::SelfReview);
     }
-    if rec.reviews.iter().any(|r| r.reviewer_iss == review.reviewer_iss && r.reviewer_sub == review.reviewer_sub) {
+    // One person counts once: a reviewer is their subject, whichever trusted issuer vouches for it
+    // (the same subject under two issuers is not a second pair of eyes).
+    if rec.reviews.iter().any(|r| r.reviewer_sub == review.reviewer_sub) {
         return Err(ReviewError::AlreadyReviewed);
     }
     if review.decision == ReviewDecision::Reject {
@@ -126,12 +128,12 @@ mod tests {
                 0,
                 Err("this reviewer has already reviewed this approval"),
             ),
-            // The same subject from another issuer is another reviewer.
+            // One person counts once: the same subject under another trusted issuer is not a second reviewer.
             (
                 approval(PENDING, 2, vec![alice_ok.clone()]),
                 review("other-idp", "alice", APPROVE),
                 0,
-                issue(&["alice", "alice"]),
+                Err("this reviewer has already reviewed this approval"),
             ),
             (approval("approved", 1, vec![]), alice_ok.clone(), 0, Err("the approval is already approved")),
             (approval("rejected", 1, vec![]), alice_ok.clone(), 0, Err("the approval is already rejected")),

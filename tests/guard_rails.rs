@@ -1,0 +1,67 @@
+//! Holes a security review found (issue "guard rails that hold against a hostile agent"), each
+//! reproduced against the real server and shown closed. One test per hole, named after it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+mod common;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+/// Hole 4: an open USD mandate of any size was approved by one operator alone, because only KES had
+/// a high-risk threshold. A currency with no threshold now counts as high risk.
+#[tokio::test]
+async fn an_unlisted_currency_needs_the_high_risk_reviewers() {
+    let (app, _dir) = spawn_app().await;
+    let alice = app.token("alice", "payments:approve");
+    let body = json!({"subject": "dev-agent", "kind": "open", "currency": "USD", "payer": "acct-A",
+                      "payees": ["acct-B"], "per_payment_max": "1000000000.00", "budget": "1000000000.00",
+                      "max_uses": 100000, "valid_for_secs": 2592000});
+    let (status, view) = operator(&app, Method::POST, "/approvals", &alice, Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    assert_eq!(view["reviewers_required"], 2, "{view}");
+    assert_eq!(view["status"], "pending", "one operator alone issues no USD mandate: {view}");
+    assert!(view.get("mandate_id").is_none_or(|m| m.is_null()), "{view}");
+    let id = view["approval_id"].as_str().unwrap().to_string();
+    let (status, view) = approve(&app, &id, "bob").await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["status"], "approved", "a second reviewer completes it: {view}");
+    app.stop().await;
+}
+
+/// Hole 13: an operator pre-authorizing a mandate for themself got 403 SELF_REVIEW, but the
+/// pending approval stayed behind for a colleague to approve.
+#[tokio::test]
+async fn self_pre_authorization_is_refused_before_anything_is_written() {
+    let (app, _dir) = spawn_app().await;
+    let mallory = app.token("mallory", "payments:approve payments:audit");
+    let body = json!({"subject": "mallory", "kind": "closed", "currency": "KES",
+                      "payer": "acct-A", "payee": "acct-B", "amount": "50.00"});
+    let (status, view) = operator(&app, Method::POST, "/approvals", &mallory, Some(body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{view}");
+    assert_eq!(view["error"]["code"], "SELF_REVIEW", "{view}");
+    let (status, list) = operator(&app, Method::GET, "/approvals?status=pending", &mallory, None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(list["approvals"], json!([]), "nothing left pending for a colleague: {list}");
+    app.stop().await;
+}
+
+/// Hole 14: /metrics (decision counts, approval queue depth) was open to anyone on the public port.
+/// Without a token only loopback peers may read it (unit-tested in http); with one, only its holder.
+#[tokio::test]
+async fn metrics_need_the_configured_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "metrics-token-0123456789";
+    let app = spawn_on(dir.path(), &[("PAYGATE_SERVER__METRICS_TOKEN", token)]).await;
+    let url = format!("{}/metrics", app.base());
+    let http = reqwest::Client::new();
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "no token, even from loopback");
+    assert!(r.headers().contains_key("www-authenticate"));
+    let r = http.get(&url).bearer_auth("metrics-token-wrong-guess").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http.get(&url).bearer_auth(token).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("paygate_payments_moved_total"));
+    app.stop().await;
+}
