@@ -627,6 +627,45 @@ async fn jwks_key_rotation_is_picked_up() {
     assert_never_logged(&url, &[old, new]);
 }
 
+/// Guard-rails hole 11: the verified-token cache was emptied only when the set of key ids changed, so
+/// a key replaced under the same `kid` (a compromised key swapped out) kept its tokens accepted.
+#[tokio::test]
+async fn a_key_replaced_under_the_same_kid_stops_its_old_tokens() {
+    let http = http();
+    let jwks = JwksServer::start(vec![jwk("rsa1.pem", Algorithm::RS256, "k1")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_idp(dir.path(), &jwks, "1").await;
+    let base = claims(&app, IDP, "idp-agent", "payments:read");
+    let old = sign_with("rsa1.pem", Algorithm::RS256, Some("k1"), &base);
+    // Used twice: the second use is answered from the verified-token cache.
+    for _ in 0..2 {
+        let r = initialize_with(&http, &app, &old).await;
+        assert_eq!(r.status, StatusCode::OK, "k1 (rsa1): {}", r.body);
+    }
+
+    // The IdP replaces k1's key material; the set of key ids stays {k1}. A token with an unknown
+    // kid makes paygate refetch (at most once a second); the fetch counter shows when it has.
+    jwks.replace(vec![jwk("rsa2.pem", Algorithm::RS256, "k1")]);
+    let fetched = jwks.fetches();
+    let probe = sign_with("rsa2.pem", Algorithm::RS256, Some("unpublished"), &base);
+    for _ in 0..20 {
+        assert_invalid_token(&app, &initialize_with(&http, &app, &probe).await, "an unpublished kid", &probe);
+        if jwks.fetches() > fetched {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(jwks.fetches() > fetched, "the unknown kid never triggered a refetch");
+    let r = initialize_with(&http, &app, &old).await;
+    assert_invalid_token(&app, &r, "a token signed by k1's replaced key", &old);
+    let new = sign_with("rsa2.pem", Algorithm::RS256, Some("k1"), &base);
+    assert_eq!(initialize_with(&http, &app, &new).await.status, StatusCode::OK, "k1's new key verifies");
+
+    let url = app.url.clone();
+    app.stop().await;
+    assert_never_logged(&url, &[old, new, probe]);
+}
+
 #[tokio::test]
 async fn unknown_kid_is_rejected_without_refetch_flood() {
     let http = http();

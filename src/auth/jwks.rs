@@ -14,6 +14,8 @@ struct CachedKey {
     key: DecodingKey,
     /// The JWK's `alg`, when it names one: tokens must then use exactly it.
     alg: Option<String>,
+    /// The JWK as published (canonical JSON): a key replaced under the same `kid` differs here.
+    material: String,
 }
 
 #[derive(Default)]
@@ -103,11 +105,14 @@ impl JwksCache {
             Ok(set) => {
                 let keys = usable_keys(&set);
                 tracing::info!(jwks.url = %self.url, jwks.keys = keys.len(), "fetched JWKS");
-                let mut old: Vec<&String> = s.keys.keys().collect();
-                let mut new: Vec<&String> = keys.keys().collect();
-                old.sort();
-                new.sort();
-                if old != new {
+                // Any change of the key set, a key replaced under the same kid included, starts a new
+                // generation: tokens verified against the old keys are verified again.
+                let fingerprint = |m: &HashMap<String, CachedKey>| {
+                    let mut v: Vec<(&String, &String)> = m.iter().map(|(k, c)| (k, &c.material)).collect();
+                    v.sort();
+                    v.into_iter().map(|(k, m)| format!("{k}={m}")).collect::<Vec<_>>()
+                };
+                if fingerprint(&s.keys) != fingerprint(&keys) {
                     self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
                 s.keys = keys;
@@ -133,7 +138,8 @@ fn usable_keys(set: &JwkSet) -> HashMap<String, CachedKey> {
             continue;
         };
         let alg = jwk.common.key_algorithm.map(|a| format!("{a:?}"));
-        keys.insert(kid, CachedKey { key, alg });
+        let material = serde_json::to_string(jwk).unwrap_or_default();
+        keys.insert(kid, CachedKey { key, alg, material });
     }
     keys
 }
