@@ -374,6 +374,8 @@ async fn bind(config: &Config) -> Result<Bound, StartError> {
 struct Identity {
     verifier: Verifier,
     dev_key: Option<Secret>,
+    /// The dev key's issuer, while the dev key is on.
+    dev_issuer: Option<String>,
     /// For the RFC 9728 document.
     authorization_servers: Vec<String>,
 }
@@ -384,7 +386,7 @@ fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result
     let dev_issuer = dev_issuer(config, public_url);
     let mut verifier =
         Verifier::new(resource_url, a.leeway_secs, clock.clone()).with_cache(a.verified_token_cache_max as usize);
-    let dev_key = if a.dev_key_enabled { Some(dev_key(config)?) } else { None };
+    let dev_key = if a.dev_key_on() { Some(dev_key(config)?) } else { None };
     if let Some(k) = &dev_key {
         verifier = verifier.with_dev_key(dev_issuer.clone(), k).map_err(StartError::Auth)?;
     }
@@ -417,10 +419,11 @@ fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result
         verifier = verifier.with_idp(a.issuer.clone(), pem_keys, jwks);
         authorization_servers.push(a.issuer.clone());
     }
-    if dev_key.is_some() {
-        authorization_servers.push(dev_issuer);
+    let dev_issuer = dev_key.is_some().then_some(dev_issuer);
+    if let Some(i) = &dev_issuer {
+        authorization_servers.push(i.clone());
     }
-    Ok(Identity { verifier, dev_key, authorization_servers })
+    Ok(Identity { verifier, dev_key, dev_issuer, authorization_servers })
 }
 
 /// The gateway over its backend and rails, and what the HTTP edge needs to know of the rails.
@@ -513,7 +516,7 @@ fn router(
         route_limits,
         routes_per_minute: config.approvals.routes_per_minute as u32,
         verifier: Arc::new(identity.verifier),
-        profiles: Arc::new(config.policy.profiles()),
+        profiles: Arc::new(config.policy.profiles(identity.dev_issuer.as_deref())),
         sessions: Arc::new(SessionBindings::new(
             Duration::from_secs(config.server.session_idle_secs as u64),
             config.server.sessions_max as usize,

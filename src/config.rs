@@ -81,7 +81,9 @@ pub struct AuthConfig {
     pub jwks_fetch_timeout_ms: i64,
     pub leeway_secs: i64,
     pub verified_token_cache_max: i64,
-    pub dev_key_enabled: bool,
+    /// `None`: on exactly while no identity provider is configured ([`AuthConfig::dev_key_on`]).
+    #[serde(default)]
+    pub dev_key_enabled: Option<bool>,
     pub dev_issuer: String,
     /// The dev HS256 key itself (base64). Normally absent: generated into data_dir. Never logged.
     #[serde(default)]
@@ -180,6 +182,9 @@ pub struct ProfileConfig {
     pub tool_calls_per_minute: BTreeMap<String, i64>,
     #[serde(default)]
     pub issuer: String,
+    /// Matches only tokens signed with the dev key (the compiled-in "dev" profile).
+    #[serde(default)]
+    pub dev_key_only: bool,
 }
 
 fn default_daily_payments_max() -> i64 {
@@ -294,15 +299,36 @@ impl TryFrom<RawDemoAccount> for DemoAccount {
     }
 }
 
+impl AuthConfig {
+    /// An identity provider issues agents' tokens: an issuer and keys to verify them with.
+    pub fn idp_configured(&self) -> bool {
+        !self.issuer.is_empty() && (!self.jwks_url.is_empty() || !self.public_key_files.is_empty())
+    }
+
+    /// Whether dev-key tokens are accepted: as configured, else only without an identity provider.
+    pub fn dev_key_on(&self) -> bool {
+        self.dev_key_enabled.unwrap_or(!self.idp_configured())
+    }
+}
+
 impl PolicyConfig {
     /// The policy profiles, matched by subject and client id. Every value was parsed when the config
-    /// loaded; this only arranges them.
-    pub fn profiles(&self) -> crate::policy::Profiles {
+    /// loaded; this only arranges them. `dev_issuer`: the dev key's issuer while the dev key is on;
+    /// a `dev_key_only` profile matches only its tokens (and, with the dev key off, no subject at all,
+    /// though it may still be the default profile).
+    pub fn profiles(&self, dev_issuer: Option<&str>) -> crate::policy::Profiles {
         let mut profiles = crate::policy::Profiles::new();
+        let none: &[String] = &[];
         for p in &self.profiles {
+            let issuer = match (p.dev_key_only, dev_issuer) {
+                (true, Some(dev)) => Some(dev.to_string()),
+                _ => (!p.issuer.is_empty()).then(|| p.issuer.clone()),
+            };
+            let matchable = !p.dev_key_only || dev_issuer.is_some();
+            let (subjects, client_ids) = if matchable { (&p.subjects[..], &p.client_ids[..]) } else { (none, none) };
             let profile = crate::policy::Profile {
                 name: p.name.clone(),
-                issuer: (!p.issuer.is_empty()).then(|| p.issuer.clone()),
+                issuer,
                 allowed_accounts: p.allowed_accounts.clone(),
                 autonomous_limit_minor: p.autonomous_limit.iter().collect(),
                 daily_limit_minor: p.daily_limit.iter().collect(),
@@ -314,7 +340,7 @@ impl PolicyConfig {
                     .map(|(t, n)| (t.clone(), (*n).clamp(1, u32::MAX as i64) as u32))
                     .collect(),
             };
-            profiles.add(profile, &p.subjects, &p.client_ids, p.name == self.default_profile);
+            profiles.add(profile, subjects, client_ids, p.name == self.default_profile);
         }
         profiles
     }
@@ -490,7 +516,7 @@ impl Config {
         range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
         self.validate_rails()?;
         range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
-        if !a.dev_key_enabled && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
+        if !a.dev_key_on() && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
             return Err(ConfigError::Invalid(
                 "no token can ever verify: enable auth.dev_key_enabled or set auth.jwks_url / auth.public_key_files"
                     .into(),
@@ -567,11 +593,12 @@ fn set_from_env(root: &mut toml::Table, section: &str, key: &str, raw: &str) -> 
         None if matches!((section, key), ("auth", "dev_key") | ("idempotency", "secret") | ("mandates", "secret")) => {
             toml::Value::String(raw.to_string())
         }
-        Some(_) => {
+        // Keys whose default is "not set" (auth.dev_key_enabled) read as TOML values too.
+        Some(_) | None if table.contains_key(key) || (section, key) == ("auth", "dev_key_enabled") => {
             let doc: toml::Table = format!("v = {raw}").parse().map_err(|_| ())?;
             doc.get("v").cloned().ok_or(())?
         }
-        None => return Err(()),
+        Some(_) | None => return Err(()),
     };
     table.insert(key.to_string(), new);
     Ok(())

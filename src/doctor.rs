@@ -103,16 +103,12 @@ pub async fn run(file: Option<&Path>, env: impl IntoIterator<Item = (String, Str
     report
 }
 
-fn idp_configured(c: &Config) -> bool {
-    !c.auth.issuer.is_empty() && (!c.auth.jwks_url.is_empty() || !c.auth.public_key_files.is_empty())
-}
-
 fn dev_key(c: &Config, r: &mut Report) {
-    match (c.auth.dev_key_enabled, idp_configured(c)) {
+    match (c.auth.dev_key_on(), c.auth.idp_configured()) {
         (true, true) => r.fail(
             "dev key",
             "on while an identity provider is configured: tokens signed with the local dev key would be accepted",
-            "set auth.dev_key_enabled = false (PAYGATE_AUTH__DEV_KEY_ENABLED=false) and dev.print_token = false",
+            "remove auth.dev_key_enabled = true (PAYGATE_AUTH__DEV_KEY_ENABLED); with an identity provider it is off by default",
         ),
         (true, false) => r.pass("dev key", "on, no identity provider (local development only)"),
         (false, _) => r.pass("dev key", "off"),
@@ -444,7 +440,7 @@ fn secrets(c: &Config, r: &mut Report) {
             }
         }
     }
-    if c.auth.dev_key_enabled {
+    if c.auth.dev_key_on() {
         match &c.auth.dev_key {
             Some(k) if k.expose().chars().count() < SECRET_CHARS_MIN => problems.push((
                 format!(

@@ -276,12 +276,12 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{mode:?} template: {e}"));
             match mode {
                 Mode::Dev => {
-                    assert!(c.auth.dev_key_enabled);
+                    assert!(c.auth.dev_key_on());
                     assert_eq!(c.storage.url, "", "dev is SQLite");
                     assert_eq!(w.mcp_url, "http://127.0.0.1:8080/mcp");
                 }
                 Mode::Production => {
-                    assert!(!c.auth.dev_key_enabled, "production never accepts the dev key");
+                    assert!(!c.auth.dev_key_on(), "production never accepts the dev key");
                     assert!(!c.dev.print_token);
                     assert!(c.storage.url.starts_with("postgres://"));
                     assert!(!c.auth.issuer.is_empty() && !c.auth.jwks_url.is_empty());

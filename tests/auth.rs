@@ -505,6 +505,8 @@ async fn spawn_with_idp(dir: &std::path::Path, jwks: &JwksServer, refetch_secs: 
             ("PAYGATE_AUTH__JWKS_URL", &jwks.url),
             ("PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS", refetch_secs),
             ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev"),
+            // These tests also mint dev-key tokens; beside an IdP the dev key is on only when asked.
+            ("PAYGATE_AUTH__DEV_KEY_ENABLED", "true"),
         ],
     )
     .await
@@ -705,8 +707,16 @@ async fn sessions_are_bound_to_their_principal() {
     let http = http();
     let dir = tempfile::tempdir().unwrap();
     let pub_files = format!(r#"["{}"]"#, fixture("rsa1.pub.pem").display());
-    let app =
-        spawn_on(dir.path(), &[("PAYGATE_AUTH__ISSUER", IDP), ("PAYGATE_AUTH__PUBLIC_KEY_FILES", &pub_files)]).await;
+    // The dev key beside an identity provider: on only because this test says so.
+    let app = spawn_on(
+        dir.path(),
+        &[
+            ("PAYGATE_AUTH__ISSUER", IDP),
+            ("PAYGATE_AUTH__PUBLIC_KEY_FILES", &pub_files),
+            ("PAYGATE_AUTH__DEV_KEY_ENABLED", "true"),
+        ],
+    )
+    .await;
     let a = app.dev_token();
     let a_refreshed = app.token("dev-agent", "payments:read");
     let b = app.token("other-agent", ALL_AGENT_SCOPES);

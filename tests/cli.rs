@@ -203,12 +203,13 @@ async fn doctor_flags_the_dev_key_left_on_beside_an_identity_provider() {
     let (jwks, _idp) = idp(good_jwks(), 0).await;
     let dir = tempfile::tempdir().unwrap();
     let toml = format!("{}[auth]\nissuer = \"http://127.0.0.1/idp\"\njwks_url = {jwks:?}\n", base_toml(dir.path()));
-    let (code, out) = doctor_async(dir.path(), toml.clone(), vec![]).await;
+    let on = vec![("PAYGATE_AUTH__DEV_KEY_ENABLED".to_string(), "true".to_string())];
+    let (code, out) = doctor_async(dir.path(), toml.clone(), on).await;
     assert_fails(code, &out, "dev key", "on while an identity provider is configured");
     assert!(line(&out, '✓', "identity").contains("k1"), "{out}");
-    // Switched off: that check passes.
-    let (_, out) = doctor_async(dir.path(), toml, vec![("PAYGATE_AUTH__DEV_KEY_ENABLED".into(), "false".into())]).await;
-    line(&out, '✓', "dev key");
+    // Not forced on: beside an identity provider the dev key is off, and that check passes.
+    let (_, out) = doctor_async(dir.path(), toml, vec![]).await;
+    assert!(line(&out, '✓', "dev key").contains("off"), "{out}");
 }
 
 #[tokio::test]

@@ -65,3 +65,43 @@ async fn metrics_need_the_configured_token() {
     assert!(r.text().await.unwrap().contains("paygate_payments_moved_total"));
     app.stop().await;
 }
+
+/// Hole 10: with an identity provider configured and the dev key not switched off explicitly, the
+/// dev key stayed on (the gateway listed itself as an authorization server and accepted its own
+/// HS256 tokens), and the compiled-in dev profile applied to any issuer's "dev-agent".
+#[tokio::test]
+async fn an_identity_provider_switches_the_dev_key_and_the_dev_profile_off() {
+    const IDP: &str = "https://idp.guard-rails.test";
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let keys = format!(r#"["{}"]"#, fixtures.join("rsa1.pub.pem").display());
+    let app = spawn_on(dir.path(), &[("PAYGATE_AUTH__ISSUER", IDP), ("PAYGATE_AUTH__PUBLIC_KEY_FILES", &keys)]).await;
+    assert!(app.running.mint_token("dev-agent", "payments:read", 600).is_none(), "no dev key to mint with");
+    assert!(!dir.path().join("dev-signing.key").exists(), "no dev key was even generated");
+    let meta: serde_json::Value = reqwest::get(format!("{}/.well-known/oauth-protected-resource/mcp", app.base()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["authorization_servers"], json!([IDP]), "{meta}");
+
+    // The IdP's token for a subject named dev-agent gets the default profile, not the dev one.
+    let now = now_secs();
+    let claims = json!({"iss": IDP, "sub": "dev-agent", "aud": app.url, "iat": now, "exp": now + 600,
+                        "scope": "payments:read payments:create"});
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(&std::fs::read(fixtures.join("rsa1.pem")).unwrap()).unwrap();
+    let token =
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &key).unwrap();
+    let agent = connect(&app.url, &token, Era::Modern).await;
+    let r = call(&agent, "get_balance", json!({"account_id": "acct-A"})).await;
+    assert_eq!(code(&r), "ACCOUNT_NOT_ALLOWED", "{r:?}");
+    let r = call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "gr-10", "from_account": "acct-A", "to_account": "acct-B", "amount": "1.00", "currency": "KES"}),
+    )
+    .await;
+    assert_eq!(code(&r), "ACCOUNT_NOT_ALLOWED", "{r:?}");
+    app.stop().await;
+}
