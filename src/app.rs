@@ -520,7 +520,9 @@ fn router(
         sessions: Arc::new(SessionBindings::new(
             Duration::from_secs(config.server.session_idle_secs as u64),
             config.server.sessions_max as usize,
+            config.server.sessions_per_principal_max as usize,
         )),
+        session_idle_secs: config.server.session_idle_secs as u64,
         resource_url: format!("{public_url}/mcp"),
         metadata_url: format!("{public_url}{}/mcp", http::METADATA_PATH),
         authorization_servers: identity.authorization_servers,

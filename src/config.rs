@@ -56,6 +56,7 @@ pub struct ServerConfig {
     pub request_timeout_ms: i64,
     pub session_idle_secs: i64,
     pub sessions_max: i64,
+    pub sessions_per_principal_max: i64,
     pub tls_cert_file: String,
     pub tls_key_file: String,
     pub metrics_token: crate::secret::Secret,
@@ -460,6 +461,7 @@ impl Config {
         range("server.request_timeout_ms", s.request_timeout_ms, 100, 300_000)?;
         range("server.session_idle_secs", s.session_idle_secs, 10, 86_400)?;
         range("server.sessions_max", s.sessions_max, 100, 1_000_000)?;
+        range("server.sessions_per_principal_max", s.sessions_per_principal_max, 1, 10_000)?;
         let metrics_token_chars = s.metrics_token.expose().chars().count();
         if metrics_token_chars > 0 && metrics_token_chars < 16 {
             return Err(ConfigError::Invalid("server.metrics_token must be at least 16 characters".into()));

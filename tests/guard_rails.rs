@@ -105,3 +105,66 @@ async fn an_identity_provider_switches_the_dev_key_and_the_dev_profile_off() {
     assert_eq!(code(&r), "ACCOUNT_NOT_ALLOWED", "{r:?}");
     app.stop().await;
 }
+
+/// An `initialize` over raw HTTP: the status and the session id it opened.
+async fn initialize(app: &TestApp, token: &str) -> (StatusCode, Option<String>) {
+    let r = reqwest::Client::new()
+        .post(&app.url)
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "flood", "version": "1"}}}))
+        .send()
+        .await
+        .unwrap();
+    let sid = r.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    (r.status(), sid)
+}
+
+/// Hole 1: any valid token could open sessions until `sessions_max`; then every new client in both
+/// eras got 503. Now each agent has its own bound, and only `initialize` needs a place.
+#[tokio::test]
+async fn one_agent_cannot_fill_the_session_table_and_stateless_requests_never_need_a_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(
+        dir.path(),
+        &[("PAYGATE_SERVER__SESSIONS_MAX", "100"), ("PAYGATE_SERVER__SESSIONS_PER_PRINCIPAL_MAX", "2")],
+    )
+    .await;
+    // A token with no scopes at all: two sessions, then 429 for the third.
+    let flooder = app.token("flooder", "");
+    let mut opened = Vec::new();
+    for _ in 0..2 {
+        let (status, sid) = initialize(&app, &flooder).await;
+        assert_eq!(status, StatusCode::OK);
+        opened.push(sid.unwrap());
+    }
+    let (status, sid) = initialize(&app, &flooder).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(sid.is_none(), "no session was opened");
+    // Ending one frees its place.
+    let r = reqwest::Client::new()
+        .delete(&app.url)
+        .bearer_auth(&flooder)
+        .header("mcp-session-id", &opened[0])
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(initialize(&app, &flooder).await.0, StatusCode::OK);
+
+    // Fill the whole table with many agents (each within its own bound) ...
+    for i in 0..49 {
+        let t = app.token(&format!("agent-{i}"), "");
+        for _ in 0..2 {
+            assert_eq!(initialize(&app, &t).await.0, StatusCode::OK, "agent-{i}");
+        }
+    }
+    let newcomer = app.token("newcomer", "payments:read");
+    assert_eq!(initialize(&app, &newcomer).await.0, StatusCode::SERVICE_UNAVAILABLE, "the table is full");
+    // ... and a 2026-07-28 client, which needs no session, is still served.
+    let modern = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    assert_eq!(balance(&modern, "acct-A").await, "1000000.00");
+    app.stop().await;
+}

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::sessions::SessionCheck;
+use super::sessions::{Admission, SessionCheck};
 use crate::auth::{AgentPrincipal, AuthError};
 use crate::catalogue::scopes::AGENT_SCOPES;
 use crate::catalogue::{READ_SCOPE, scope_for_tool};
@@ -144,14 +144,23 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     next.run(req).await
 }
 
-/// Scopes the JSON-RPC message(s) in this body need: a tool's scope for tools/call, read for
-/// resources/read and prompts/get.
-fn required_scopes(body: &[u8]) -> Vec<&'static str> {
-    let Ok(value) = serde_json::from_slice::<Value>(body) else { return vec![] };
+/// Marks a request whose body holds `initialize`: it opens a session (2025-11-25 era).
+#[derive(Clone, Copy)]
+pub struct OpensSession;
+
+/// Scopes the JSON-RPC message(s) in this body need (a tool's scope for tools/call, read for
+/// resources/read and prompts/get), and whether one of them is `initialize`.
+fn inspect(body: &[u8]) -> (Vec<&'static str>, bool) {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else { return (vec![], false) };
     let messages = match &value {
         Value::Array(items) => items.iter().collect::<Vec<_>>(),
         single => vec![single],
     };
+    let opens_session = messages.iter().any(|m| m.get("method").and_then(Value::as_str) == Some("initialize"));
+    (required_scopes(&messages), opens_session)
+}
+
+fn required_scopes(messages: &[&Value]) -> Vec<&'static str> {
     let mut needed = Vec::new();
     for m in messages {
         let scope = match m.get("method").and_then(Value::as_str) {
@@ -182,7 +191,7 @@ pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next
                 .into_response();
         }
     };
-    let needed = required_scopes(&bytes);
+    let (needed, opens_session) = inspect(&bytes);
     if let Some(principal) = parts.extensions.get::<AgentPrincipal>()
         && needed.iter().any(|s| !principal.has_scope(s))
     {
@@ -194,6 +203,10 @@ pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next
             &[("error", "insufficient_scope".into()), ("scope", scope)],
             Some(&description),
         );
+    }
+    let mut parts = parts;
+    if opens_session {
+        parts.extensions.insert(OpensSession);
     }
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
@@ -211,9 +224,25 @@ pub async fn session_binding(State(state): State<AppState>, req: Request, next: 
             return (StatusCode::NOT_FOUND, axum::Json(json!({"error": "session not found"}))).into_response();
         }
         Some(_) => {}
-        None if method == Method::POST && !state.sessions.has_capacity() => {
-            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"})))
-                .into_response();
+        // Only a request that opens a session (initialize) needs a place in the table: stateless
+        // 2026-07-28 requests carry no session and are never turned away for a full table.
+        None if req.extensions().get::<OpensSession>().is_some() => {
+            match state.sessions.admit(&principal.issuer, &principal.subject) {
+                Admission::Open => {}
+                Admission::PrincipalFull => {
+                    let retry = state.session_idle_secs.to_string();
+                    return (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [(header::RETRY_AFTER, retry)],
+                        axum::Json(json!({"error": "this agent holds too many open sessions; end unused ones (DELETE) or reuse one"})),
+                    )
+                        .into_response();
+                }
+                Admission::Full => {
+                    return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"})))
+                        .into_response();
+                }
+            }
         }
         None => {}
     }
@@ -255,18 +284,22 @@ mod tests {
 
     #[test]
     fn scopes_follow_the_method_and_tool() {
+        let scopes = |body: &[u8]| inspect(body).0;
         let call =
             |name: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}"}}}}"#);
-        assert_eq!(required_scopes(call("create_payment").as_bytes()), vec!["payments:create"]);
-        assert_eq!(required_scopes(call("check_ledger_integrity").as_bytes()), vec!["payments:admin"]);
-        assert!(required_scopes(call("no_such_tool").as_bytes()).is_empty());
-        assert!(required_scopes(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).is_empty());
+        assert_eq!(scopes(call("create_payment").as_bytes()), vec!["payments:create"]);
+        assert_eq!(scopes(call("check_ledger_integrity").as_bytes()), vec!["payments:admin"]);
+        assert!(scopes(call("no_such_tool").as_bytes()).is_empty());
+        assert!(scopes(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).is_empty());
         assert_eq!(
-            required_scopes(br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x"}}"#),
+            scopes(br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x"}}"#),
             vec!["payments:read"]
         );
         let batch = format!("[{},{}]", call("create_payment"), call("refund_payment"));
-        assert_eq!(required_scopes(batch.as_bytes()), vec!["payments:create", "payments:refund"]);
-        assert!(required_scopes(b"not json").is_empty());
+        assert_eq!(scopes(batch.as_bytes()), vec!["payments:create", "payments:refund"]);
+        assert!(scopes(b"not json").is_empty());
+        let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#;
+        assert!(inspect(init).1, "initialize opens a session");
+        assert!(!inspect(call("create_payment").as_bytes()).1);
     }
 }

@@ -68,6 +68,8 @@ pub struct AppInner {
     /// Browser origins allowed on /mcp (the public URL's own origin and configured extras).
     pub allowed_origins: Vec<String>,
     pub body_bytes_max: usize,
+    /// How long an idle session lives: the Retry-After of an agent at its session cap.
+    pub session_idle_secs: u64,
     /// The M-Pesa callback's path secret and source allow-list (when the rail is enabled).
     pub mpesa_callback: Option<Arc<CallbackGuard>>,
     /// Bearer token /metrics asks for; `None`: loopback peers only.
