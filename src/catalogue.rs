@@ -90,6 +90,18 @@ pub const TOOLS: &[ToolSpec] = &[
 
 /// Scope needed to read resources and prompts.
 pub const READ_SCOPE: &str = scopes::READ;
+/// Names for the non-tool requests the gateway admits (scope and rate limit) like tools.
+pub const RESOURCES_READ: &str = "resources/read";
+pub const PROMPTS_GET: &str = "prompts/get";
+
+/// The scope a request needs: a tool's, or read for resources and prompts; `None` for no such
+/// request (refused: fail closed).
+pub fn scope_for_request(name: &str) -> Option<&'static str> {
+    match name {
+        RESOURCES_READ | PROMPTS_GET => Some(READ_SCOPE),
+        tool => scope_for_tool(tool),
+    }
+}
 
 pub fn tool(name: &str) -> Option<&'static ToolSpec> {
     TOOLS.iter().find(|t| t.name == name)

@@ -106,7 +106,7 @@ pub enum Decision {
     Deny(AgentError),
 }
 
-fn require_scope(scopes: &[&str], have: impl Fn(&str) -> bool, tool: &str) -> Result<(), AgentError> {
+pub fn require_scope(scopes: &[&str], have: impl Fn(&str) -> bool, tool: &str) -> Result<(), AgentError> {
     match scopes.iter().find(|s| !have(s)) {
         Some(missing) => Err(AgentError::new(ErrorCode::InsufficientScope, format!("{tool} needs scope {missing}"))
             .with_detail("required_scopes", scopes.to_vec())),

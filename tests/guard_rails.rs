@@ -168,3 +168,49 @@ async fn one_agent_cannot_fill_the_session_table_and_stateless_requests_never_ne
     assert_eq!(balance(&modern, "acct-A").await, "1000000.00");
     app.stop().await;
 }
+
+/// Hole 12: resources and prompts skipped the rate limit, and the read scope was enforced only by
+/// the HTTP layer's look at the body. Both now go through the gateway's one admission step.
+#[tokio::test]
+async fn resources_and_prompts_are_rate_limited_and_the_gateway_checks_scopes_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "slow"
+subjects = ["slow-agent"]
+allowed_accounts = ["acct-A"]
+calls_per_minute = 2
+"#;
+    let app = spawn_with_toml(dir.path(), toml, &[], std::sync::Arc::new(paygate::clock::SystemClock)).await;
+    let agent = connect(&app.url, &app.token("slow-agent", "payments:read"), Era::Legacy).await;
+    let read = || agent.read_resource(rmcp::model::ReadResourceRequestParams::new("payments://capabilities"));
+    read().await.unwrap();
+    read().await.unwrap();
+    let err = read().await.expect_err("the third read in a minute is over calls_per_minute = 2");
+    assert!(format!("{err:?}").contains("RATE_LIMITED"), "{err:?}");
+    let _ = agent.cancel().await;
+
+    // In process, past the HTTP layer: a principal without payments:read is refused by the gateway.
+    let profile = paygate::policy::Profiles::new().resolve("iss", "nobody", None);
+    let caller = paygate::gateway::Caller {
+        principal: paygate::auth::AgentPrincipal {
+            issuer: "iss".into(),
+            subject: "nobody".into(),
+            client_id: None,
+            scopes: ["payments:create".to_string()].into(),
+            profile,
+        },
+        correlation_id: "corr_test".into(),
+    };
+    let g = &app.running.gateway;
+    for name in ["get_payment", "list_payments", "get_approval", "get_payment_summary", "resources/read", "prompts/get"]
+    {
+        let e = g.admit(&caller, name).await.expect_err(name);
+        assert_eq!(e.code.as_str(), "INSUFFICIENT_SCOPE", "{name}: {e:?}");
+    }
+    assert_eq!(g.admit(&caller, "no_such_tool").await.unwrap_err().code.as_str(), "INVALID_ARGUMENT");
+    app.stop().await;
+}

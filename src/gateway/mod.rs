@@ -163,8 +163,16 @@ impl Gateway {
     }
 
     /// Rate limits, checked before any work: `RATE_LIMITED` with the limiter's own wait.
+    /// Before any tool, resource read or prompt: the scope it needs (checked here as well as by the
+    /// HTTP layer's 403, so no path into the gateway skips it), then the rate limits.
     pub async fn admit(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
         let p = &caller.principal;
+        let Some(scope) = crate::catalogue::scope_for_request(tool) else {
+            return Err(AgentError::invalid(format!("no tool named {tool}")));
+        };
+        if let Err(e) = crate::policy::require_scope(&[scope], |s| p.has_scope(s), tool) {
+            return Err(self.refuse(caller, tool, None, e).await);
+        }
         let key = format!("{}\u{0}{}", p.issuer, p.subject);
         match self.rate.check(&key, &p.profile, tool) {
             Ok(()) => Ok(()),

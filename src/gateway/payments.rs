@@ -566,7 +566,7 @@ impl Gateway {
     }
 
     /// Audit a refusal and hand the error back; policy denials count toward the stop rule.
-    async fn refuse(&self, caller: &Caller, tool: &str, key: Option<&str>, e: AgentError) -> AgentError {
+    pub(super) async fn refuse(&self, caller: &Caller, tool: &str, key: Option<&str>, e: AgentError) -> AgentError {
         let mut d = Decision::new(tool, "denied");
         d.code = Some(e.code);
         d.idempotency_key = key;

@@ -451,6 +451,10 @@ impl ServerHandler for PaygateMcp {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let caller = caller_from(&context)?;
         let uri = request.uri.as_str();
+        self.gateway
+            .admit(&caller, crate::catalogue::RESOURCES_READ)
+            .await
+            .map_err(|e| resource_error(&caller, uri, e))?;
         let value = if uri == CAPABILITIES_URI {
             let p = &caller.principal;
             let mut limits: Vec<_> = p
@@ -504,6 +508,10 @@ impl ServerHandler for PaygateMcp {
             return Err(ErrorData::invalid_params(format!("no prompt named {}", request.name), None));
         }
         let caller = caller_from(&context)?;
+        self.gateway
+            .admit(&caller, crate::catalogue::PROMPTS_GET)
+            .await
+            .map_err(|e| resource_error(&caller, "prompt:explain_payment", e))?;
         let id = request
             .arguments
             .as_ref()
