@@ -473,7 +473,7 @@ fn gateway(
         list_limit_max: config.limits.list_limit_max as u32,
         list_limit_default: config.limits.list_limit_default as u32,
         reconcile_window_secs: config.jobs.reconcile_window_secs,
-        mpesa_pending_timeout_secs: config.mpesa.pending_timeout_secs,
+        collection_pending_timeout_secs: config.mpesa.pending_timeout_secs,
     };
     let mut gateway =
         Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)
@@ -485,7 +485,7 @@ fn gateway(
         let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(config, public_url), clock.clone())
             .map_err(|e| StartError::Backend(e.to_string()))?;
         let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), m.account.clone());
-        gateway = gateway.with_mpesa(Arc::new(rail));
+        gateway = gateway.with_collection_rail(Arc::new(rail));
         mpesa_callback = Some(Arc::new(http::CallbackGuard::new(&m.callback_secret, m.callback_allowed_ips.clone())));
     } else {
         // Not configured: not offered.

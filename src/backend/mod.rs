@@ -1,5 +1,6 @@
 //! The `PaymentBackend` seam: where money actually moves. The embedded double-entry reference
-//! ledger is the default; later rails (HTTP ledger, M-Pesa) implement the same trait.
+//! ledger is the default; the HTTP ledger implements the same trait. Collection rails (M-Pesa)
+//! implement the narrower [`rail::CollectionRail`] seam.
 //!
 //! Architecture Invariant: every money-moving call carries the idempotency key, and a backend must
 //! apply one key at most once. An unknown external outcome is never reported as success.
@@ -8,6 +9,7 @@ pub mod http;
 pub mod journal;
 pub mod ledger;
 pub mod mpesa;
+pub mod rail;
 
 use async_trait::async_trait;
 

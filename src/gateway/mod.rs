@@ -16,7 +16,7 @@ pub use crate::domain::approval::ReviewDecision;
 pub use approvals::{ApprovalView, Operator, PreauthorizeArgs};
 pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs};
 pub use rails::{
-    CallbackAnswer, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
+    CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
     parse_instant_arg,
 };
 pub use reads::{AccountLedgerArgs, ListPaymentsArgs};
@@ -28,6 +28,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::auth::AgentPrincipal;
+use crate::backend::rail::CollectionRail;
 use crate::backend::{BackendError, PaymentBackend};
 use crate::clock::Clock;
 use crate::error::{AgentError, ErrorCode};
@@ -65,8 +66,8 @@ pub struct GatewayLimits {
     pub list_limit_default: u32,
     /// Reconciliation looks this far back by default.
     pub reconcile_window_secs: i64,
-    /// An M-Pesa payment pending longer than this is a reconciliation finding.
-    pub mpesa_pending_timeout_secs: i64,
+    /// A collection pending at its rail longer than this is a reconciliation finding.
+    pub collection_pending_timeout_secs: i64,
 }
 
 pub struct Gateway {
@@ -78,8 +79,8 @@ pub struct Gateway {
     limits: GatewayLimits,
     rate: AgentLimits,
     metrics: Arc<crate::metrics::Metrics>,
-    /// The M-Pesa rail, when enabled.
-    mpesa: Option<Arc<crate::backend::mpesa::MpesaRail>>,
+    /// The collection rail, when one is enabled. The gateway sees it only through the seam.
+    rail: Option<Arc<dyn CollectionRail>>,
     /// Every account an agent profile may use (what reconciliation asks an external ledger about).
     known_accounts: Vec<crate::ids::AccountId>,
     /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
@@ -132,15 +133,15 @@ impl Gateway {
             limits,
             rate,
             metrics,
-            mpesa: None,
+            rail: None,
             known_accounts: Vec::new(),
             waiters: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Enable the M-Pesa rail.
-    pub fn with_mpesa(mut self, rail: Arc<crate::backend::mpesa::MpesaRail>) -> Self {
-        self.mpesa = Some(rail);
+    /// Enable a collection rail (`request_mpesa_payment`, its callbacks and queries).
+    pub fn with_collection_rail(mut self, rail: Arc<dyn CollectionRail>) -> Self {
+        self.rail = Some(rail);
         self
     }
 

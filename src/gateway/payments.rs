@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::exactly_once::{self, Fate};
 use super::{Caller, Decision, Gateway, map_backend_error};
-use crate::backend::mpesa::daraja::{ACCOUNT_REFERENCE_CHARS_MAX, TRANSACTION_DESC_CHARS_MAX};
+use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
 use crate::backend::{BackendError, DailyBudget, Guards, MandateDraw, Payment, RefundRequest, TransferRequest};
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::{StoredOutcome, fingerprint};
@@ -86,16 +86,14 @@ pub struct RequestMpesaPaymentArgs {
     pub mandate: Option<String>,
 }
 
-/// Text the customer sees on their phone: printable, non-empty, within Daraja's length.
-fn mpesa_text(field: &str, value: &str, max: usize) -> Result<String, AgentError> {
-    let v = value.trim();
-    if v.is_empty() || v.chars().count() > max {
-        return Err(AgentError::invalid(format!("{field} must be 1-{max} characters")));
-    }
-    if v.chars().any(|c| c.is_control()) {
-        return Err(AgentError::invalid(format!("{field} must not contain control characters")));
-    }
-    Ok(v.to_string())
+/// A rail's refusal of a collection argument, named as the agent wrote it.
+fn collection_refusal(refusal: CollectionRefusal) -> AgentError {
+    AgentError::invalid(match refusal {
+        CollectionRefusal::Payer(why) => format!("phone_number: {why}"),
+        CollectionRefusal::Amount(why) => why,
+        CollectionRefusal::Reference(why) => format!("account_reference {why}"),
+        CollectionRefusal::Description(why) => format!("description {why}"),
+    })
 }
 
 /// A payment and whether this call replayed an earlier outcome.
@@ -250,12 +248,14 @@ impl Gateway {
             Ok(None)
                 if matches!(
                     self.store.rail_get(&pid).await,
-                    Ok(Some(r)) if r.rail == crate::backend::mpesa::RAIL && r.payment().touches_any(&p.profile.allowed_accounts)
+                    Ok(Some(r)) if self.is_collection_record(&r) && r.payment().touches_any(&p.profile.allowed_accounts)
                 ) =>
             {
-                // Reversing an M-Pesa collection is a B2C payment this gateway does not make.
+                // Reversing a collection is a payout to the payer, which this gateway does not make.
+                // (A rail turned off since keeps its records: they are still collections.)
+                let rail = self.rail.as_ref().map_or("external", |r| r.display_name());
                 let e = AgentError::invalid(format!(
-                    "payment {pid} is an M-Pesa collection; this gateway cannot refund M-Pesa payments"
+                    "payment {pid} is an {rail} collection; this gateway cannot refund {rail} payments"
                 ));
                 return Err(self.refuse(caller, TOOL, None, e).await);
             }
@@ -355,31 +355,30 @@ impl Gateway {
     ) -> Result<Executed, AgentError> {
         const TOOL: &str = "request_mpesa_payment";
         self.check_suspended(caller, TOOL).await?;
-        let Some(rail) = self.mpesa.clone() else {
+        let Some(rail) = self.rail.clone() else {
             let e = AgentError::invalid("M-Pesa collections are not enabled on this gateway");
             return Err(self.refuse(caller, TOOL, None, e).await);
         };
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
-            let phone = crate::backend::mpesa::daraja::normalize_phone(&args.phone_number)
-                .map_err(|m| AgentError::invalid(format!("phone_number: {m}")))?;
-            let amount = Money::parse(&args.amount, Currency::parse("KES")?)?;
-            if amount.minor() % 100 != 0 {
-                return Err(AgentError::invalid("M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\""));
-            }
-            let reference = mpesa_text("account_reference", &args.account_reference, ACCOUNT_REFERENCE_CHARS_MAX)?;
-            let description = mpesa_text("description", &args.description, TRANSACTION_DESC_CHARS_MAX)?;
-            Ok::<_, AgentError>((op, phone, amount, reference, description))
+            // The rail's own rules: payer handle, currency and granularity, text limits.
+            let collection = rail
+                .validate_collection(CollectionArgs {
+                    payer: &args.phone_number,
+                    amount: &args.amount,
+                    reference: &args.account_reference,
+                    description: &args.description,
+                })
+                .map_err(collection_refusal)?;
+            Ok::<_, AgentError>((op, collection))
         })();
-        let (op, phone, amount, reference, description) = match parsed {
+        let (op, collection) = match parsed {
             Ok(p) => p,
             Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
         };
         let p = &caller.principal;
-        let payer = match crate::backend::mpesa::payer_account(&phone) {
-            Ok(a) => a,
-            Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
-        };
+        let (payer, amount) = (collection.payer_account().clone(), collection.amount());
+        let (reference, description) = (collection.reference(), collection.description());
         let payee = rail.account().clone();
         let mandate = self
             .mandate_for(caller, TOOL, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
@@ -389,8 +388,9 @@ impl Gateway {
             TOOL,
             &op,
             mandate.as_ref(),
+            // The field names are part of stored fingerprints: kept as they were.
             json!({
-                "phone": phone.as_str(), "amount_minor": amount.minor(), "reference": reference, "description": description,
+                "phone": collection.payer(), "amount_minor": amount.minor(), "reference": reference, "description": description,
             }),
         );
         let intent = json!({
@@ -403,17 +403,14 @@ impl Gateway {
             authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
         let guards = self.guards_for(mandate.as_ref(), &p.profile, amount.currency());
         self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit| {
-            let c = crate::backend::mpesa::Collection {
+            let req = CollectionRequest {
                 idempotency_key: key,
                 payment_id: PaymentId::generate(),
-                phone: phone.clone(),
-                amount,
-                account_reference: reference.clone(),
-                description: description.clone(),
+                collection: collection.clone(),
                 principal_sub: p.subject.clone(),
                 guards,
             };
-            async move { rail.collect(c).await }
+            async move { rail.collect(req).await }
         })
         .await
     }

@@ -1,11 +1,16 @@
-//! External rails seen from the gateway: receipts, the payment summary, M-Pesa callbacks and
-//! polling, and reconciliation of the gateway's records with the backend and the rails.
+//! External rails seen from the gateway: receipts, the payment summary, collection-rail callbacks
+//! and polling, and reconciliation of the gateway's records with the backend and the rails.
+//!
+//! Architecture Invariant: the collection rail is reached only through `backend::rail`: no vendor
+//! wire field, result code or limit appears here. The rail parses its callbacks and status answers
+//! into a `RailEvent` / `Settlement`; this file decides what they do to the gateway's record, and
+//! returns a `CallbackOutcome` whose HTTP answer `http` chooses.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Caller, Decision, Gateway, map_backend_error};
-use crate::backend::mpesa::{self, Settlement, daraja};
+use crate::backend::rail::Settlement;
 use crate::backend::{Payment, PaymentKind, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
@@ -18,7 +23,7 @@ use crate::store::{AuditRecord, RailPayment, RailState, SummaryQuery, SummaryRow
 const RECONCILE_PAGE: u32 = 200;
 /// Most findings one reconciliation reports (the rest are counted).
 pub const RECONCILE_FINDINGS_MAX: usize = 500;
-/// Pending M-Pesa payments queried per scheduler run.
+/// Pending collections queried per scheduler run.
 const POLL_BATCH_MAX: u32 = 50;
 /// Longest summary window (`to - from`).
 const SUMMARY_WINDOW_MAX_SECS: i64 = 366 * 86_400;
@@ -102,11 +107,38 @@ impl ReconcileReport {
     }
 }
 
-/// How a callback was answered: HTTP status and a short reason (never echoing the body).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallbackAnswer {
-    pub status: u16,
-    pub outcome: &'static str,
+/// How a rail callback ended. Rail-neutral and HTTP-free: `http::callbacks` maps each to a status
+/// and a short body (never echoing the callback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackOutcome {
+    /// No collection rail is enabled.
+    RailDisabled,
+    /// The rail could not parse it.
+    Malformed,
+    /// It answers a request the gateway has no record of.
+    UnknownReference,
+    /// The store could not be read or written: the rail should send it again.
+    StoreUnavailable,
+    /// A payment a query had already settled as succeeded learned its receipt.
+    ReceiptRecorded,
+    /// The payment is already settled (a duplicate or late callback), or was settled concurrently.
+    Terminal,
+    /// The payment is not waiting for a callback (not yet pushed, or its outcome unknown).
+    NotPending,
+    /// A success for another amount than the one asked for.
+    AmountMismatch,
+    /// A success paid by another payer than the one prompted.
+    PayerMismatch,
+    /// A success without the rail's receipt.
+    ReceiptMissing,
+    /// A success the rail's own status query contradicts.
+    NotConfirmed,
+    /// A success the rail cannot confirm yet: kept pending with its receipt.
+    AwaitingConfirmation,
+    Succeeded,
+    Failed,
+    /// Still pending (the rail's answer is not final, or not one this gateway knows).
+    StillPending,
 }
 
 fn mask_phone(phone: &str) -> String {
@@ -138,13 +170,21 @@ pub fn parse_instant_arg(s: &str) -> Result<UnixSecs, String> {
 }
 
 impl Gateway {
+    /// Whether a gateway record is a collection rail's rather than the payment backend's (the
+    /// external ledger's records carry the backend's name). Decided by the record, not by which
+    /// rail is enabled now: a rail turned off keeps its records' meaning (shown, refused for
+    /// refund, reconciled as collections).
+    pub(crate) fn is_collection_record(&self, rec: &RailPayment) -> bool {
+        rec.rail != self.backend.name()
+    }
+
     /// The receipt of a completed payment, from the gateway's records.
     fn receipt(&self, payment: &Payment, rec: Option<&RailPayment>) -> Option<Receipt> {
         if payment.status != PaymentStatus::Succeeded {
             return None;
         }
         Some(match rec {
-            Some(r) if r.rail == mpesa::RAIL => Receipt {
+            Some(r) if self.is_collection_record(r) => Receipt {
                 rail: r.rail.clone(),
                 reference: r.receipt.clone()?,
                 checkout_request_id: r.rail_ref.clone(),
@@ -165,8 +205,8 @@ impl Gateway {
         })
     }
 
-    /// A payment visible to this agent, with its receipt when completed. M-Pesa collections live
-    /// in the gateway's records; everything else is asked of the backend (the system of record).
+    /// A payment visible to this agent, with its receipt when completed. Collections live in the
+    /// gateway's records; everything else is asked of the backend (the system of record).
     pub async fn get_payment(
         &self,
         caller: &Caller,
@@ -181,13 +221,13 @@ impl Gateway {
             })
         };
         // The backend first: on the embedded ledger (the common case) that is the only read. The
-        // gateway's record is read for a payment the backend does not hold (an M-Pesa collection)
+        // gateway's record is read for a payment the backend does not hold (a collection)
         // and for an external backend's receipt.
         let (payment, rec) = match self.backend.payment(&id).await {
             Ok(Some(p)) if self.backend.records_in_transaction() || p.status != PaymentStatus::Succeeded => (p, None),
             Ok(Some(p)) => (p, rail_record().await?),
             Ok(None) => match rail_record().await? {
-                Some(r) if r.rail == mpesa::RAIL => (r.payment(), Some(r)),
+                Some(r) if self.is_collection_record(&r) => (r.payment(), Some(r)),
                 _ => return Err(not_found()),
             },
             Err(e) => return Err(map_backend_error(&e)),
@@ -226,11 +266,14 @@ impl Gateway {
         Ok(PaymentSummary { from, to, rows })
     }
 
+    /// Callback and query decisions are audited under the rail's name (`<rail>_callback`, issuer `<rail>`).
     fn rail_audit(&self, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) -> AuditRecord {
-        let mut d = Decision::new("mpesa_callback", decision);
+        let rail = self.rail.as_ref().map_or("rail", |r| r.name());
+        let tool = format!("{rail}_callback");
+        let mut d = Decision::new(&tool, decision);
         d.payment_id = rec.map(|r| r.id.as_str());
         d.detail = Some(detail);
-        let mut a = self.audit_record("mpesa", rec.map_or("-", |r| r.principal_sub.as_str()), "-", d);
+        let mut a = self.audit_record(rail, rec.map_or("-", |r| r.principal_sub.as_str()), "-", d);
         a.code = Some(code.to_string());
         a
     }
@@ -248,44 +291,44 @@ impl Gateway {
         self.audit_callback(None, "callback_refused", code, detail).await;
     }
 
-    /// A Daraja STK callback, already past the path secret and source check. Refusals change
-    /// nothing and are audited; only a matching ResultCode 0 settles a payment as succeeded.
-    pub async fn mpesa_callback(&self, body: &[u8]) -> CallbackAnswer {
-        let answer = |status, outcome| CallbackAnswer { status, outcome };
-        let Some(rail) = self.mpesa.clone() else { return answer(404, "mpesa_disabled") };
-        let cb = match daraja::parse_callback(body) {
-            Ok(cb) => cb,
+    /// A collection rail's callback, already past the path secret and source check. The rail parses
+    /// it; refusals change nothing and are audited; only a matching success that the rail's own
+    /// status query confirms settles a payment as succeeded. The HTTP answer is `http`'s choice.
+    pub async fn rail_callback(&self, body: &[u8]) -> CallbackOutcome {
+        let Some(rail) = self.rail.clone() else { return CallbackOutcome::RailDisabled };
+        let event = match rail.parse_callback(body) {
+            Ok(event) => event,
             Err(reason) => {
                 self.audit_callback(None, "callback_refused", "MALFORMED", reason).await;
                 self.metrics.callback("malformed");
-                return answer(400, "malformed");
+                return CallbackOutcome::Malformed;
             }
         };
-        let rec = match self.store.rail_by_ref(mpesa::RAIL, &cb.checkout_request_id).await {
+        let rec = match self.store.rail_by_ref(rail.name(), &event.rail_ref).await {
             Ok(Some(r)) => r,
             Ok(None) => {
-                let detail = format!("unknown CheckoutRequestID {}", clip(&cb.checkout_request_id));
+                let detail = format!("unknown rail reference {}", clip(&event.rail_ref));
                 self.audit_callback(None, "callback_refused", "UNKNOWN_CHECKOUT", detail).await;
                 self.metrics.callback("unknown");
-                return answer(404, "unknown_checkout");
+                return CallbackOutcome::UnknownReference;
             }
             Err(error) => {
                 tracing::error!(%error, "callback lookup failed");
-                return answer(503, "store_unavailable");
+                return CallbackOutcome::StoreUnavailable;
             }
         };
-        let settlement = mpesa::classify(cb.result_code, &cb.result_desc);
+        let paid = event.settlement == Settlement::Succeeded;
         if rec.state != RailState::Pending {
             // A payment a query already settled as succeeded learns its receipt from the callback
             // (the query carries none); nothing else about a terminal payment ever changes.
             let fills_receipt = rec.state == RailState::Succeeded
                 && rec.receipt.is_none()
-                && settlement == Settlement::Succeeded
-                && cb.amount_minor == Some(rec.amount_minor)
-                && cb.phone.as_deref() == rec.phone.as_deref()
-                && cb.receipt.is_some();
+                && paid
+                && event.amount_minor == Some(rec.amount_minor)
+                && event.payer.as_deref() == rec.phone.as_deref()
+                && event.receipt.is_some();
             if fills_receipt {
-                let update = crate::store::RailUpdate { receipt: cb.receipt.clone(), ..Default::default() };
+                let update = crate::store::RailUpdate { receipt: event.receipt.clone(), ..Default::default() };
                 let now = self.clock.now();
                 let from = [RailState::Succeeded];
                 if let Ok(Some(updated)) =
@@ -299,67 +342,72 @@ impl Gateway {
                     )
                     .await;
                     self.metrics.callback("receipt");
-                    return answer(200, "receipt_recorded");
+                    return CallbackOutcome::ReceiptRecorded;
                 }
             }
             let (code, outcome) = if rec.state.is_terminal() {
-                ("DUPLICATE_OR_LATE", "terminal")
+                ("DUPLICATE_OR_LATE", CallbackOutcome::Terminal)
             } else {
-                ("NOT_PENDING", "not_pending")
+                ("NOT_PENDING", CallbackOutcome::NotPending)
             };
             let detail = format!("callback for a payment already {}", rec.state.as_str());
             self.audit_callback(Some(&rec), "callback_refused", code, detail).await;
             self.metrics.callback("duplicate");
-            return answer(409, outcome);
+            return outcome;
         }
-        let settlement = mpesa::classify(cb.result_code, &cb.result_desc);
-        if settlement == Settlement::Succeeded {
+        if paid {
             // A success must say what was paid, by whom: both must match what was asked.
-            if cb.amount_minor != Some(rec.amount_minor) {
+            if event.amount_minor != Some(rec.amount_minor) {
                 let detail = format!(
                     "amount {} does not match the {} asked for",
-                    cb.amount_minor.map_or("missing".to_string(), |a| a.to_string()),
+                    event.amount_minor.map_or("missing".to_string(), |a| a.to_string()),
                     rec.amount_minor
                 );
                 self.audit_callback(Some(&rec), "callback_refused", "AMOUNT_MISMATCH", detail).await;
                 self.metrics.callback("mismatch");
-                return answer(422, "amount_mismatch");
+                return CallbackOutcome::AmountMismatch;
             }
-            if cb.phone.as_deref() != rec.phone.as_deref() {
+            if event.payer.as_deref() != rec.phone.as_deref() {
                 let detail = "the paying phone does not match the one prompted".to_string();
                 self.audit_callback(Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
                 self.metrics.callback("mismatch");
-                return answer(422, "phone_mismatch");
+                return CallbackOutcome::PayerMismatch;
             }
-            if cb.receipt.is_none() {
-                let detail = "a success without an M-Pesa receipt number".to_string();
+            if event.receipt.is_none() {
+                let detail = format!("a success without an {} receipt number", rail.display_name());
                 self.audit_callback(Some(&rec), "callback_refused", "RECEIPT_MISSING", detail).await;
                 self.metrics.callback("mismatch");
-                return answer(422, "receipt_missing");
+                return CallbackOutcome::ReceiptMissing;
             }
         }
-        let settlement = if settlement == Settlement::Succeeded {
-            // Callbacks are unsigned: confirm a success with Daraja before crediting it.
+        let settlement = if paid {
+            // Callbacks are unsigned: confirm a success with the rail before crediting it.
             match rail.query(&rec).await {
-                Ok(Some((0, _))) => Settlement::Succeeded,
-                Ok(Some((code, desc))) => {
-                    let detail = format!("a success callback that Daraja's query contradicts (result {code})");
+                Settlement::Succeeded => Settlement::Succeeded,
+                queried @ (Settlement::Failed(_) | Settlement::Unrecognised(_)) => {
+                    let detail = format!(
+                        "a success callback that {}'s query contradicts: {}",
+                        rail.display_name(),
+                        queried.reason().unwrap_or("-")
+                    );
                     self.audit_callback(Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
                     self.metrics.callback("mismatch");
-                    // The query is Daraja's own answer: a known failure settles the payment.
-                    let queried = mpesa::classify(code, &desc);
+                    // The query is the rail's own answer: a known failure settles the payment.
                     if let Settlement::Failed(_) = queried
                         && let Ok(Some(updated)) = rail.settle(&rec, &queried, None).await
                     {
                         self.audit_callback(Some(&updated), "query_settled", "FAILED", format!("{queried:?}")).await;
                     }
-                    return answer(422, "not_confirmed");
+                    return CallbackOutcome::NotConfirmed;
                 }
-                Ok(None) | Err(_) => {
+                Settlement::Pending(_) => {
                     // Not confirmable yet: keep the receipt, stay pending; the scheduled query settles it.
                     let update = crate::store::RailUpdate {
-                        receipt: cb.receipt.clone(),
-                        reason: Some("success callback received; awaiting Daraja's confirmation".into()),
+                        receipt: event.receipt.clone(),
+                        reason: Some(format!(
+                            "success callback received; awaiting {}'s confirmation",
+                            rail.display_name()
+                        )),
                         ..Default::default()
                     };
                     let now = self.clock.now();
@@ -375,75 +423,75 @@ impl Gateway {
                             )
                             .await;
                             self.metrics.callback("awaiting_confirmation");
-                            answer(200, "awaiting_confirmation")
+                            CallbackOutcome::AwaitingConfirmation
                         }
-                        Ok(None) => answer(409, "terminal"),
+                        Ok(None) => CallbackOutcome::Terminal,
                         Err(error) => {
                             tracing::error!(%error, "recording a callback failed");
-                            answer(503, "store_unavailable")
+                            CallbackOutcome::StoreUnavailable
                         }
                     };
                 }
             }
         } else {
-            settlement
+            event.settlement
         };
-        match rail.settle(&rec, &settlement, cb.receipt.clone()).await {
+        match rail.settle(&rec, &settlement, event.receipt.clone()).await {
             Ok(Some(updated)) => {
-                let (decision, code, outcome) = match &settlement {
-                    Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded"),
-                    Settlement::Failed(_) => ("callback_settled", "FAILED", "failed"),
-                    Settlement::Unrecognised(_) => ("callback_unrecognised", "UNRECOGNISED_RESULT", "still_pending"),
+                let (decision, code, metric, outcome) = match &settlement {
+                    Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded", CallbackOutcome::Succeeded),
+                    Settlement::Failed(_) => ("callback_settled", "FAILED", "failed", CallbackOutcome::Failed),
+                    Settlement::Pending(_) => {
+                        ("callback_pending", "STILL_PENDING", "still_pending", CallbackOutcome::StillPending)
+                    }
+                    Settlement::Unrecognised(_) => {
+                        ("callback_unrecognised", "UNRECOGNISED_RESULT", "still_pending", CallbackOutcome::StillPending)
+                    }
                 };
-                let detail = match &settlement {
-                    Settlement::Succeeded => format!("settled; receipt {}", updated.receipt.as_deref().unwrap_or("-")),
-                    Settlement::Failed(r) | Settlement::Unrecognised(r) => r.clone(),
+                let detail = match settlement.reason() {
+                    None => format!("settled; receipt {}", updated.receipt.as_deref().unwrap_or("-")),
+                    Some(reason) => reason.to_string(),
                 };
                 self.audit_callback(Some(&updated), decision, code, detail).await;
-                self.metrics.callback(outcome);
-                answer(200, outcome)
+                self.metrics.callback(metric);
+                outcome
             }
             Ok(None) => {
                 // Settled by a concurrent callback or query between our read and write.
                 self.audit_callback(Some(&rec), "callback_refused", "DUPLICATE_OR_LATE", "settled concurrently".into())
                     .await;
                 self.metrics.callback("duplicate");
-                answer(409, "terminal")
+                CallbackOutcome::Terminal
             }
             Err(error) => {
                 tracing::error!(%error, "settling a callback failed");
-                answer(503, "store_unavailable")
+                CallbackOutcome::StoreUnavailable
             }
         }
     }
 
-    /// Query pending M-Pesa payments not touched for `older_than_secs` (the scheduler's job), until
-    /// `budget` has passed (a run stays within its job lease). Returns how many settled.
+    /// Query the collection rail about pending payments not touched for `older_than_secs` (the
+    /// scheduler's job), until `budget` has passed (a run stays within its job lease). Returns how
+    /// many settled.
     pub async fn poll_mpesa(&self, older_than_secs: i64, budget: std::time::Duration) -> usize {
         let deadline = std::time::Instant::now() + budget;
-        let Some(rail) = self.mpesa.clone() else { return 0 };
+        let Some(rail) = self.rail.clone() else { return 0 };
         let now = self.clock.now();
         let due = match self.store.rail_list(&[RailState::Pending], now - older_than_secs, POLL_BATCH_MAX).await {
             Ok(d) => d,
             Err(error) => {
-                tracing::error!(%error, "listing pending M-Pesa payments failed");
+                tracing::error!(%error, rail = rail.name(), "listing pending collections failed");
                 return 0;
             }
         };
         let mut settled = 0;
-        for rec in due.iter().filter(|r| r.rail == mpesa::RAIL) {
+        for rec in due.iter().filter(|r| r.rail == rail.name()) {
             if std::time::Instant::now() >= deadline {
                 break;
             }
-            let settlement = match rail.query(rec).await {
-                Ok(None) => Settlement::Unrecognised("still being processed".into()),
-                // Daraja's own answer: success, a known failure, or a code kept for reconciliation.
-                Ok(Some((code, desc))) => mpesa::classify(code, &desc),
-                Err(error) => {
-                    tracing::warn!(payment_id = %rec.id, %error, "STK push query failed");
-                    Settlement::Unrecognised("STK push query failed; will ask again".into())
-                }
-            };
+            // The rail's own answer: success, a known failure, still pending (or not answerable
+            // now), or an answer kept for reconciliation.
+            let settlement = rail.query(rec).await;
             // Every queried record is touched (updated_at), so records that keep failing to answer
             // do not starve newer ones out of the oldest-first batch.
             match rail.settle(rec, &settlement, None).await {
@@ -453,7 +501,7 @@ impl Gateway {
                     self.audit_callback(Some(&updated), "query_settled", code, format!("{settlement:?}")).await;
                 }
                 Ok(_) => {}
-                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording an STK query result failed"),
+                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording a rail query result failed"),
             }
         }
         settled
@@ -500,7 +548,7 @@ impl Gateway {
             findings: vec![],
             findings_omitted: 0,
         };
-        // 1. Every gateway record against the backend (or, for M-Pesa, its own state).
+        // 1. Every gateway record against the backend (or, for a collection, its own state).
         let mut after = 0;
         loop {
             let page = self.store.rail_since(since, after, RECONCILE_PAGE).await?;
@@ -508,8 +556,8 @@ impl Gateway {
             after = *last;
             for (_, rec) in &page {
                 report.checked += 1;
-                if rec.rail == mpesa::RAIL {
-                    self.reconcile_mpesa(rec, now, &mut report);
+                if self.is_collection_record(rec) {
+                    self.reconcile_collection(rec, now, &mut report);
                 } else {
                     self.reconcile_record(rec, now, &mut report).await?;
                 }
@@ -565,16 +613,21 @@ impl Gateway {
         Ok(report)
     }
 
-    fn reconcile_mpesa(&self, rec: &RailPayment, now: UnixSecs, report: &mut ReconcileReport) {
+    /// A collection's record against its own state: the rail is its system of record, and the
+    /// scheduled query (not reconciliation) asks it.
+    fn reconcile_collection(&self, rec: &RailPayment, now: UnixSecs, report: &mut ReconcileReport) {
         match rec.state {
             RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
                 report.push(
                     "outcome_unknown",
                     Some(&rec.id),
-                    "an STK push whose answer was lost: check the M-Pesa statement for this phone and amount".into(),
+                    format!(
+                        "a collection request whose answer was lost: check the {} statement for this payer and amount",
+                        rec.rail
+                    ),
                 )
             }
-            RailState::Pending if now - rec.created_at > self.limits.mpesa_pending_timeout_secs => report.push(
+            RailState::Pending if now - rec.created_at > self.limits.collection_pending_timeout_secs => report.push(
                 "pending_too_long",
                 Some(&rec.id),
                 format!("pending since {} s; {}", now - rec.created_at, rec.reason.as_deref().unwrap_or("no callback")),

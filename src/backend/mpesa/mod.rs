@@ -1,4 +1,5 @@
-//! The Safaricom M-Pesa rail: collections by STK push (Lipa Na M-Pesa Online).
+//! The Safaricom M-Pesa rail: collections by STK push (Lipa Na M-Pesa Online), behind the
+//! [`CollectionRail`] seam.
 //!
 //! Daraja has no idempotency key, so the gateway's own `rail_payments` record is what keeps one
 //! operation to one push: the record is opened (guards drawn) before the push, and a retry that
@@ -6,23 +7,38 @@
 //! callback, or an STK push query by the scheduler); only ResultCode 0 settles as success, known
 //! failure codes settle as failed, anything else stays pending for reconciliation.
 //!
-//! Wire types live in [`daraja`] only.
+//! Wire types live in [`daraja`] only; this file turns them into the seam's rail-neutral values
+//! ([`collection_from_args`], [`classify`], [`event_from_callback`], [`settlement_from_query`]).
 
 pub mod daraja;
 
 use std::sync::Arc;
 
-use self::daraja::{DarajaClient, DarajaError, Msisdn, StkPush, StkQueryOutcome};
+use async_trait::async_trait;
+
+use self::daraja::{
+    ACCOUNT_REFERENCE_CHARS_MAX, DarajaClient, DarajaError, Msisdn, StkCallback, StkPush, StkQueryOutcome,
+    TRANSACTION_DESC_CHARS_MAX,
+};
+use super::rail::{
+    CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Settlement, ValidCollection,
+};
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::error::StoreError;
 use crate::domain::rail::{RailPayment, RailState, RailUpdate};
 use crate::ids::{AccountId, PaymentId};
-use crate::money::Money;
+use crate::money::{Currency, Money};
 use crate::store::Store;
 
 /// The `rail` column of M-Pesa records.
 pub const RAIL: &str = "mpesa";
+/// M-Pesa collects Kenyan shillings only.
+const CURRENCY: &str = "KES";
+/// The reason a pending record keeps while the prompt is still open on the handset.
+const STILL_PROCESSING: &str = "still being processed";
+/// The reason a pending record keeps when the STK push query could not be made.
+const QUERY_FAILED: &str = "STK push query failed; will ask again";
 
 /// One collection asked for by an agent.
 #[derive(Debug, Clone)]
@@ -30,7 +46,7 @@ pub struct Collection {
     pub idempotency_key: String,
     pub payment_id: PaymentId,
     pub phone: Msisdn,
-    /// KES, whole shillings (checked by the caller).
+    /// KES, whole shillings (checked by [`collection_from_args`]).
     pub amount: Money,
     pub account_reference: String,
     pub description: String,
@@ -38,15 +54,36 @@ pub struct Collection {
     pub guards: Guards,
 }
 
-/// What a result code means for a pending payment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settlement {
-    Succeeded,
-    Failed(String),
-    /// Not a code this gateway knows: never success; reconciliation looks at it.
-    Unrecognised(String),
+/// The agent's arguments → a collection Daraja will take, checked in the order the agent wrote them:
+/// the phone (normalized), the amount (KES, whole shillings), then the two texts the customer sees.
+pub fn collection_from_args(args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
+    let phone = daraja::normalize_phone(args.payer).map_err(CollectionRefusal::Payer)?;
+    let kes = Currency::parse(CURRENCY).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
+    let amount = Money::parse(args.amount, kes).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
+    if amount.minor() % 100 != 0 {
+        return Err(CollectionRefusal::Amount("M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\"".into()));
+    }
+    let reference = customer_text(args.reference, ACCOUNT_REFERENCE_CHARS_MAX).map_err(CollectionRefusal::Reference)?;
+    let description =
+        customer_text(args.description, TRANSACTION_DESC_CHARS_MAX).map_err(CollectionRefusal::Description)?;
+    let payer_account = payer_account(&phone).map_err(|e| CollectionRefusal::Payer(e.to_string()))?;
+    Ok(ValidCollection::new(phone.to_string(), payer_account, amount, reference, description))
 }
 
+/// Text the customer sees on their phone: printable, non-empty, within Daraja's length. The
+/// refusal reads after the argument's name.
+fn customer_text(value: &str, chars_max: usize) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() || v.chars().count() > chars_max {
+        return Err(format!("must be 1-{chars_max} characters"));
+    }
+    if v.chars().any(|c| c.is_control()) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(v.to_string())
+}
+
+/// What a result code means for a pending payment.
 pub fn classify(result_code: i64, result_desc: &str) -> Settlement {
     if result_code == daraja::RESULT_CODE_SUCCESS {
         return Settlement::Succeeded;
@@ -57,6 +94,28 @@ pub fn classify(result_code: i64, result_desc: &str) -> Settlement {
             "unrecognised M-Pesa result {result_code}: {}",
             result_desc.chars().filter(|c| !c.is_control()).take(120).collect::<String>()
         )),
+    }
+}
+
+/// An STK callback → the rail-neutral event: the CheckoutRequestID finds the record, the result
+/// code says what happened, the metadata says what was paid, by whom, under which receipt.
+pub fn event_from_callback(cb: StkCallback) -> RailEvent {
+    RailEvent {
+        settlement: classify(cb.result_code, &cb.result_desc),
+        rail_ref: cb.checkout_request_id,
+        amount_minor: cb.amount_minor,
+        payer: cb.phone,
+        receipt: cb.receipt,
+    }
+}
+
+/// An STK push query's answer → where the payment stands. A query that failed, or a prompt still
+/// open, is pending: never guessed.
+pub fn settlement_from_query(answer: &Result<StkQueryOutcome, DarajaError>) -> Settlement {
+    match answer {
+        Ok(StkQueryOutcome::Pending) => Settlement::Pending(STILL_PROCESSING.into()),
+        Ok(StkQueryOutcome::Completed { result_code, result_desc }) => classify(*result_code, result_desc),
+        Err(_) => Settlement::Pending(QUERY_FAILED.into()),
     }
 }
 
@@ -76,11 +135,6 @@ pub struct MpesaRail {
 impl MpesaRail {
     pub fn new(client: DarajaClient, store: Arc<dyn Store>, clock: Arc<dyn Clock>, account: AccountId) -> Self {
         MpesaRail { client, store, clock, account }
-    }
-
-    /// The gateway account collections are booked to.
-    pub fn account(&self) -> &AccountId {
-        &self.account
     }
 
     /// Open the record and send the STK push, once per idempotency key.
@@ -174,9 +228,60 @@ impl MpesaRail {
             tracing::error!(payment_id = %rec.id, %error, "abandoning a refused STK push failed");
         }
     }
+}
 
-    /// Settle a pending record. `None` when it was not pending (a duplicate or late outcome).
-    pub async fn settle(
+#[async_trait]
+impl CollectionRail for MpesaRail {
+    fn name(&self) -> &'static str {
+        RAIL
+    }
+
+    fn display_name(&self) -> &'static str {
+        "M-Pesa"
+    }
+
+    fn account(&self) -> &AccountId {
+        &self.account
+    }
+
+    fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
+        collection_from_args(args)
+    }
+
+    async fn collect(&self, req: CollectionRequest) -> Result<Payment, BackendError> {
+        let v = &req.collection;
+        // Already normal: parsing again is the identity, and keeps `Msisdn` made only by parsing.
+        let phone = daraja::normalize_phone(v.payer()).map_err(BackendError::Rejected)?;
+        let c = Collection {
+            idempotency_key: req.idempotency_key,
+            payment_id: req.payment_id,
+            phone,
+            amount: v.amount(),
+            account_reference: v.reference().to_string(),
+            description: v.description().to_string(),
+            principal_sub: req.principal_sub,
+            guards: req.guards,
+        };
+        // The inherent `collect`, in Daraja's terms.
+        MpesaRail::collect(self, c).await
+    }
+
+    fn parse_callback(&self, body: &[u8]) -> Result<RailEvent, String> {
+        daraja::parse_callback(body).map(event_from_callback)
+    }
+
+    async fn query(&self, rec: &RailPayment) -> Settlement {
+        let answer = match rec.rail_ref.as_deref() {
+            Some(checkout) => self.client.stk_query(checkout).await,
+            None => Err(DarajaError::Unavailable("no CheckoutRequestID recorded".into())),
+        };
+        if let Err(error) = &answer {
+            tracing::warn!(payment_id = %rec.id, %error, "STK push query failed");
+        }
+        settlement_from_query(&answer)
+    }
+
+    async fn settle(
         &self,
         rec: &RailPayment,
         settlement: &Settlement,
@@ -193,22 +298,140 @@ impl MpesaRail {
                 let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
                 self.store.rail_transition(&rec.id, &from, RailState::Failed, update, now).await
             }
-            Settlement::Unrecognised(reason) => {
-                // Stays pending; the reason is kept for reconciliation.
+            Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
+                // Stays pending; the reason is kept for reconciliation, and `updated_at` moves on so
+                // records that keep not answering do not starve newer ones out of the query batch.
                 let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
                 self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await
             }
         }
     }
+}
 
-    /// Ask Daraja where a pending push stands (STK push query). `Ok(None)`: still processing.
-    pub async fn query(&self, rec: &RailPayment) -> Result<Option<(i64, String)>, DarajaError> {
-        let Some(checkout) = rec.rail_ref.as_deref() else {
-            return Err(DarajaError::Unavailable("no CheckoutRequestID recorded".into()));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args<'a>(payer: &'a str, amount: &'a str, reference: &'a str, description: &'a str) -> CollectionArgs<'a> {
+        CollectionArgs { payer, amount, reference, description }
+    }
+
+    #[test]
+    fn a_valid_collection_is_normalized() {
+        let v = collection_from_args(args("0712 345 678", "150.00", " INV-1001 ", "Order 1001")).unwrap();
+        assert_eq!(v.payer(), "254712345678");
+        assert_eq!(v.payer_account().as_str(), "mpesa-254712345678");
+        assert_eq!((v.amount().minor(), v.amount().currency().to_string()), (15_000, "KES".to_string()));
+        assert_eq!((v.reference(), v.description()), ("INV-1001", "Order 1001"));
+        // Exactly at Daraja's limits (characters, not bytes).
+        let v = collection_from_args(args("254110345678", "1", "ABCDEFGHIJKL", "Malipo ya ñéü")).unwrap();
+        assert_eq!((v.reference(), v.description()), ("ABCDEFGHIJKL", "Malipo ya ñéü"));
+    }
+
+    #[test]
+    fn collection_refusals_name_the_argument_and_come_in_order() {
+        let cases = [
+            (args("+1 555 0100", "cents", "", ""), CollectionRefusal::Payer(String::new())),
+            (args("0712345678", "150.50", "", ""), CollectionRefusal::Amount(String::new())),
+            (args("0712345678", "-1", "", ""), CollectionRefusal::Amount(String::new())),
+            (args("0712345678", "150", "THIRTEEN-CHAR", ""), CollectionRefusal::Reference(String::new())),
+            (args("0712345678", "150", "INV-1", "  "), CollectionRefusal::Description(String::new())),
+            (args("0712345678", "150", "INV\u{7}1", "d"), CollectionRefusal::Reference(String::new())),
+        ];
+        for (a, want) in cases {
+            let got = collection_from_args(a).unwrap_err();
+            assert_eq!(std::mem::discriminant(&got), std::mem::discriminant(&want), "{a:?}: {got:?}");
+        }
+        let reason = |a| match collection_from_args(a).unwrap_err() {
+            CollectionRefusal::Payer(r)
+            | CollectionRefusal::Amount(r)
+            | CollectionRefusal::Reference(r)
+            | CollectionRefusal::Description(r) => r,
         };
-        match self.client.stk_query(checkout).await? {
-            StkQueryOutcome::Pending => Ok(None),
-            StkQueryOutcome::Completed { result_code, result_desc } => Ok(Some((result_code, result_desc))),
+        // The texts the agent has always seen (the gateway adds the argument's name).
+        assert!(reason(args("+1 555 0100", "150", "r", "d")).starts_with("phone number must be Kenyan (+254)"));
+        assert_eq!(
+            reason(args("0712345678", "150.50", "r", "d")),
+            "M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\""
+        );
+        assert_eq!(reason(args("0712345678", "0", "r", "d")), "amount must be greater than zero");
+        assert_eq!(reason(args("0712345678", "150", "THIRTEEN-CHAR", "d")), "must be 1-12 characters");
+        assert_eq!(reason(args("0712345678", "150", "r", "Fourteen chars")), "must be 1-13 characters");
+        assert_eq!(reason(args("0712345678", "150", "r", "a\tb")), "must not contain control characters");
+    }
+
+    #[test]
+    fn result_codes_map_to_settlements() {
+        assert_eq!(classify(0, "The service request is processed successfully."), Settlement::Succeeded);
+        assert_eq!(
+            classify(1032, "Request cancelled by user"),
+            Settlement::Failed("cancelled by the customer (M-Pesa result 1032)".into())
+        );
+        assert_eq!(
+            classify(1037, "DS timeout user cannot be reached"),
+            Settlement::Failed(
+                "the customer's phone could not be reached (offline or did not respond) (M-Pesa result 1037)".into()
+            )
+        );
+        // Unknown codes (4999 is Daraja's "still under processing") are never success nor failure.
+        assert_eq!(
+            classify(4999, "still\nunder processing"),
+            Settlement::Unrecognised("unrecognised M-Pesa result 4999: stillunder processing".into())
+        );
+        let Settlement::Unrecognised(long) = classify(7777, &"x".repeat(500)) else { panic!("unrecognised") };
+        assert_eq!(long.len(), "unrecognised M-Pesa result 7777: ".len() + 120);
+    }
+
+    #[test]
+    fn callbacks_map_to_rail_events() {
+        let paid = StkCallback {
+            merchant_request_id: "29115-34620561-1".into(),
+            checkout_request_id: "ws_CO_191220191020363925".into(),
+            result_code: 0,
+            result_desc: "The service request is processed successfully.".into(),
+            amount_minor: Some(100),
+            receipt: Some("NLJ7RT61SV".into()),
+            phone: Some("254708374149".into()),
+            transaction_date: Some("20191219102115".into()),
+        };
+        assert_eq!(
+            event_from_callback(paid.clone()),
+            RailEvent {
+                rail_ref: "ws_CO_191220191020363925".into(),
+                settlement: Settlement::Succeeded,
+                amount_minor: Some(100),
+                payer: Some("254708374149".into()),
+                receipt: Some("NLJ7RT61SV".into()),
+            }
+        );
+        let cancelled = StkCallback {
+            result_code: 1032,
+            result_desc: "Request cancelled by user".into(),
+            amount_minor: None,
+            receipt: None,
+            phone: None,
+            transaction_date: None,
+            ..paid
+        };
+        let event = event_from_callback(cancelled);
+        assert_eq!(event.settlement, Settlement::Failed("cancelled by the customer (M-Pesa result 1032)".into()));
+        assert_eq!((event.amount_minor, event.payer, event.receipt), (None, None, None));
+    }
+
+    #[test]
+    fn query_answers_map_to_settlements() {
+        assert_eq!(settlement_from_query(&Ok(StkQueryOutcome::Pending)), Settlement::Pending(STILL_PROCESSING.into()));
+        let done = |code: i64| Ok(StkQueryOutcome::Completed { result_code: code, result_desc: "d".into() });
+        assert_eq!(settlement_from_query(&done(0)), Settlement::Succeeded);
+        assert!(matches!(settlement_from_query(&done(1037)), Settlement::Failed(_)));
+        assert!(matches!(settlement_from_query(&done(4999)), Settlement::Unrecognised(_)));
+        // A query that could not be made is never a guess: pending, asked again.
+        for error in [
+            DarajaError::Unavailable("503".into()),
+            DarajaError::OutcomeUnknown("timeout".into()),
+            DarajaError::Rejected { code: "400.002.02".into(), message: "Bad Request".into() },
+        ] {
+            assert_eq!(settlement_from_query(&Err(error)), Settlement::Pending(QUERY_FAILED.into()));
         }
     }
 }

@@ -1,0 +1,161 @@
+//! The collection-rail seam: a rail that collects money from outside (a customer's phone wallet)
+//! into a gateway account, asynchronously. M-Pesa (`backend::mpesa`) is the one implementation.
+//!
+//! Architecture Invariant: nothing here names a vendor. A rail validates its own arguments (payer
+//! handle, amount granularity, text limits), sends its own requests, and parses its own callbacks
+//! and status answers into [`RailEvent`] and [`Settlement`]; the gateway sees no wire field and no
+//! result code. What a settlement does to the gateway's record (`rail_payments`) is the same for
+//! every rail: only `pending` moves, by compare-and-set.
+
+use async_trait::async_trait;
+
+use super::{BackendError, Guards, Payment};
+use crate::domain::error::StoreError;
+use crate::domain::rail::RailPayment;
+use crate::ids::{AccountId, PaymentId};
+use crate::money::Money;
+
+/// A collection as the agent asked for it, before the rail has looked at it.
+#[derive(Debug, Clone, Copy)]
+pub struct CollectionArgs<'a> {
+    /// Who pays: a handle in the rail's own forms (a phone number for M-Pesa).
+    pub payer: &'a str,
+    /// A decimal string in major units; the rail decides the currency and the granularity.
+    pub amount: &'a str,
+    /// Shown to the payer as the account being paid.
+    pub reference: &'a str,
+    /// Shown to the payer.
+    pub description: &'a str,
+}
+
+/// Which argument a rail refused, and why. The gateway names the argument for the agent; the
+/// reason never echoes a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CollectionRefusal {
+    /// The payer handle is not one this rail can reach (a whole sentence).
+    Payer(String),
+    /// Malformed, or not an amount this rail can collect (a whole sentence).
+    Amount(String),
+    /// The reference: the reason reads after the argument's name ("must be 1-12 characters").
+    Reference(String),
+    /// The description: the reason reads after the argument's name.
+    Description(String),
+}
+
+/// A collection a rail accepted: the payer handle normalized, the amount in the rail's currency,
+/// the texts within the rail's limits. Only a rail makes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidCollection {
+    payer: String,
+    payer_account: AccountId,
+    amount: Money,
+    reference: String,
+    description: String,
+}
+
+impl ValidCollection {
+    pub(crate) fn new(
+        payer: String,
+        payer_account: AccountId,
+        amount: Money,
+        reference: String,
+        description: String,
+    ) -> Self {
+        ValidCollection { payer, payer_account, amount, reference, description }
+    }
+    /// The payer handle in the rail's normal form (what the record and a callback's payer hold).
+    pub fn payer(&self) -> &str {
+        &self.payer
+    }
+    /// The payer's side of the collection, as an account id.
+    pub fn payer_account(&self) -> &AccountId {
+        &self.payer_account
+    }
+    pub fn amount(&self) -> Money {
+        self.amount
+    }
+    pub fn reference(&self) -> &str {
+        &self.reference
+    }
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+}
+
+/// One collection to send, after policy, with the idempotency key it is sent under.
+#[derive(Debug, Clone)]
+pub struct CollectionRequest {
+    pub idempotency_key: String,
+    pub payment_id: PaymentId,
+    pub collection: ValidCollection,
+    pub principal_sub: String,
+    pub guards: Guards,
+}
+
+/// Where a collection stands by the rail's word (a callback or a status query).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// Paid.
+    Succeeded,
+    /// Definitely not paid, and why: the record fails and its draws are given back.
+    Failed(String),
+    /// Still open at the rail (the payer has not answered), or the rail could not be asked: stays
+    /// pending with the reason; the next query asks again.
+    Pending(String),
+    /// An answer this gateway does not know. Never success: stays pending with the reason, and
+    /// reconciliation looks at it.
+    Unrecognised(String),
+}
+
+impl Settlement {
+    /// Why it is not (yet) a success; `None` for a success.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Settlement::Succeeded => None,
+            Settlement::Failed(reason) | Settlement::Pending(reason) | Settlement::Unrecognised(reason) => Some(reason),
+        }
+    }
+}
+
+/// A callback, parsed by the rail that sent the request it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailEvent {
+    /// The rail's reference for the request (what `collect` recorded as `rail_ref`).
+    pub rail_ref: String,
+    pub settlement: Settlement,
+    /// What the rail says was paid, in minor units (a success must carry it).
+    pub amount_minor: Option<i64>,
+    /// Who paid, in the rail's normal form (a success must carry it).
+    pub payer: Option<String>,
+    /// The rail's receipt for the payment (a success must carry it).
+    pub receipt: Option<String>,
+}
+
+/// A rail that collects from a payer into one gateway account. Callbacks are assumed unsigned: a
+/// success is confirmed by [`CollectionRail::query`] before the gateway credits it.
+#[async_trait]
+pub trait CollectionRail: Send + Sync + 'static {
+    /// The `rail` column of this rail's records, and the receipt's `rail` field.
+    fn name(&self) -> &'static str;
+    /// How agents and people know the rail ("M-Pesa").
+    fn display_name(&self) -> &'static str;
+    /// The gateway account collections are booked to.
+    fn account(&self) -> &AccountId;
+    /// Parse the agent's arguments against this rail's rules, first refusal first.
+    fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal>;
+    /// Open the gateway's record and send the request, at most once per idempotency key.
+    async fn collect(&self, req: CollectionRequest) -> Result<Payment, BackendError>;
+    /// Parse a callback body. `Err`: a sentence saying why it is malformed (never the body).
+    fn parse_callback(&self, body: &[u8]) -> Result<RailEvent, String>;
+    /// Ask the rail where a pending collection stands. A query that fails is `Pending` (logged by
+    /// the rail): it is asked again, never guessed.
+    async fn query(&self, rec: &RailPayment) -> Settlement;
+    /// Apply a settlement to a pending record (a receipt with a success). `None` when the record
+    /// was not pending (a duplicate or late outcome): nothing changed.
+    async fn settle(
+        &self,
+        rec: &RailPayment,
+        settlement: &Settlement,
+        receipt: Option<String>,
+    ) -> Result<Option<RailPayment>, StoreError>;
+}
