@@ -462,6 +462,7 @@ fn gateway(
         idempotency_lease_secs: config.idempotency.lease_secs,
         idempotency_wait: Duration::from_millis(config.idempotency.wait_ms_max as u64),
         approval_ttl_secs: config.approvals.ttl_secs,
+        pending_approvals_per_agent_max: config.approvals.pending_per_agent_max,
         reviewers_required: config.approvals.reviewers_required,
         high_risk_reviewers: config.approvals.high_risk_reviewers,
         high_risk_amount_minor: config.approvals.high_risk_amount.iter().collect(),

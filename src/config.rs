@@ -120,6 +120,7 @@ pub struct ApprovalsConfig {
     pub high_risk_reviewers: i64,
     pub high_risk_amount: MoneyMap,
     pub routes_per_minute: i64,
+    pub pending_per_agent_max: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -497,6 +498,7 @@ impl Config {
         range("approvals.reviewers_required", ap.reviewers_required, 1, 10)?;
         range("approvals.high_risk_reviewers", ap.high_risk_reviewers, ap.reviewers_required, 10)?;
         range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
+        range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
         let m = &self.mandates;
         range("mandates.ttl_secs", m.ttl_secs, 60, 604_800)?;
         range("mandates.open_valid_max_secs", m.open_valid_max_secs, 60, 31_536_000)?;

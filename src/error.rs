@@ -13,6 +13,7 @@ pub enum ErrorCode {
     InsufficientScope,
     AccountNotAllowed,
     ApprovalRequired,
+    ApprovalRejected,
     MandateInvalid,
     MandateExpired,
     MandateMismatch,
@@ -35,6 +36,7 @@ impl ErrorCode {
             ErrorCode::InsufficientScope => "INSUFFICIENT_SCOPE",
             ErrorCode::AccountNotAllowed => "ACCOUNT_NOT_ALLOWED",
             ErrorCode::ApprovalRequired => "APPROVAL_REQUIRED",
+            ErrorCode::ApprovalRejected => "APPROVAL_REJECTED",
             ErrorCode::MandateInvalid => "MANDATE_INVALID",
             ErrorCode::MandateExpired => "MANDATE_EXPIRED",
             ErrorCode::MandateMismatch => "MANDATE_MISMATCH",
@@ -58,6 +60,7 @@ impl ErrorCode {
             InsufficientScope,
             AccountNotAllowed,
             ApprovalRequired,
+            ApprovalRejected,
             MandateInvalid,
             MandateExpired,
             MandateMismatch,
@@ -100,6 +103,9 @@ impl ErrorCode {
             ErrorCode::AccountNotAllowed => "This agent may not use that account. Do not retry; tell the user.",
             ErrorCode::ApprovalRequired => {
                 "A human must approve this payment. Tell the user the approval_id; do not retry or split the amount."
+            }
+            ErrorCode::ApprovalRejected => {
+                "A human rejected this operation. Do not retry it, rephrase it or split it; tell the user."
             }
             ErrorCode::MandateInvalid => "The mandate is not valid. Do not retry with it; ask for a new approval.",
             ErrorCode::MandateExpired => "The mandate has expired. Ask the user for a new approval.",

@@ -214,3 +214,60 @@ calls_per_minute = 2
     assert_eq!(g.admit(&caller, "no_such_tool").await.unwrap_err().code.as_str(), "INVALID_ARGUMENT");
     app.stop().await;
 }
+
+async fn over_limit(agent: &Client, op: &str) -> rmcp::model::CallToolResult {
+    call(
+        agent,
+        "create_payment",
+        json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": "5000.00", "currency": "KES"}),
+    )
+    .await
+}
+
+async fn pending_approvals(app: &TestApp) -> usize {
+    let ops = app.token("auditor", "payments:audit");
+    let (status, list) = operator(app, Method::GET, "/approvals?status=pending", &ops, None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    list["approvals"].as_array().unwrap().len()
+}
+
+/// Hole 6: the retry of a rejected operation opened a new pending approval, and an agent could open
+/// approvals without end (30 operation_ids, 31 approvals, no suspension).
+#[tokio::test]
+async fn a_rejection_sticks_and_an_agent_cannot_flood_the_approval_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_APPROVALS__PENDING_PER_AGENT_MAX", "3")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Legacy).await;
+
+    let r = over_limit(&agent, "gr6-rejected").await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED");
+    let id = err(&r)["approval_id"].as_str().unwrap().to_string();
+    let carol = app.token("carol", "payments:approve");
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        &format!("/approvals/{id}/reject"),
+        &carol,
+        Some(json!({"reason": "not an invoice we owe"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for _ in 0..2 {
+        let r = over_limit(&agent, "gr6-rejected").await;
+        assert_eq!(code(&r), "APPROVAL_REJECTED", "{r:?}");
+        assert_eq!(err(&r)["approval_id"], json!(id));
+    }
+    assert_eq!(pending_approvals(&app).await, 0, "asking again opened no new approval");
+
+    // Three approvals may wait at once; the fourth operation is refused, not queued.
+    for i in 0..3 {
+        assert_eq!(code(&over_limit(&agent, &format!("gr6-flood-{i}")).await), "APPROVAL_REQUIRED");
+    }
+    let r = over_limit(&agent, "gr6-flood-3").await;
+    assert_eq!(code(&r), "RATE_LIMITED", "{r:?}");
+    assert_eq!(pending_approvals(&app).await, 3);
+    // A retry of a waiting operation is still answered (it needs no new place).
+    assert_eq!(code(&over_limit(&agent, "gr6-flood-0").await), "APPROVAL_REQUIRED");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}

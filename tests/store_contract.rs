@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use paygate::backend::{BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, RefundRequest, TransferRequest};
-use paygate::domain::approval::{ApprovalStatus, ReviewDecision};
+use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision};
 use paygate::idempotency::StoredOutcome;
 use paygate::ids::{AccountId, ApprovalId, PaymentId};
 use paygate::mandate::MandateKind;
@@ -382,13 +382,36 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
     // get_or_create: the live approval for a key is returned, not duplicated.
     let fresh = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
     let key = fresh.idempotency_key.clone();
-    let first = store.approval_get_or_create(fresh.clone(), 10).await.unwrap();
+    let record = |r: ApprovalRequest| match r {
+        ApprovalRequest::Existing(a) | ApprovalRequest::Created(a) => a,
+        ApprovalRequest::TooManyPending => panic!("{label}: too many pending"),
+    };
+    let first = record(store.approval_get_or_create(fresh.clone(), 10, 100).await.unwrap());
     let again =
-        store.approval_get_or_create(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10).await;
-    assert_ne!(again.unwrap().idempotency_key, key, "{label}: another key is another approval");
+        store.approval_get_or_create(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10, 100).await;
+    assert_ne!(record(again.unwrap()).idempotency_key, key, "{label}: another key is another approval");
     let mut same_key = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
-    same_key.idempotency_key = key;
-    assert_eq!(store.approval_get_or_create(same_key, 11).await.unwrap().id, first.id);
+    same_key.idempotency_key = key.clone();
+    assert_eq!(
+        store.approval_get_or_create(same_key.clone(), 11, 100).await.unwrap(),
+        ApprovalRequest::Existing(first.clone())
+    );
+    // A rejection sticks to its operation: asking again answers with the rejected approval.
+    store.approval_review(&first.id, review("carol", "reject"), 12, issuer(1, None)).await.unwrap();
+    match store.approval_get_or_create(same_key, 13, 100).await.unwrap() {
+        ApprovalRequest::Existing(a) => {
+            assert_eq!((a.id, a.status.as_str()), (first.id.clone(), "rejected"), "{label}")
+        }
+        other => panic!("{label}: a rejected operation got {other:?}"),
+    }
+    // The agent's live pending approvals are bounded (this store holds two for "agent" by now).
+    let pending_now = store.approval_list(Some("pending"), None, 100, 14).await.unwrap().items.len() as i64;
+    let flood = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
+    assert_eq!(
+        store.approval_get_or_create(flood, 14, pending_now).await.unwrap(),
+        ApprovalRequest::TooManyPending,
+        "{label}"
+    );
 
     // Listing: status as of now (an untouched pending approval past expiry is expired); pages.
     let page = store.approval_list(Some("expired"), None, 10, 1_500).await.unwrap();

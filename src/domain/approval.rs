@@ -109,6 +109,17 @@ pub struct Review {
     pub at: UnixSecs,
 }
 
+/// What asking for an approval found or did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApprovalRequest {
+    /// The operation already has one (pending, approved, or rejected: a rejection sticks).
+    Existing(ApprovalRecord),
+    /// A new pending approval.
+    Created(ApprovalRecord),
+    /// The agent already has `approvals.pending_per_agent_max` approvals waiting for a human.
+    TooManyPending,
+}
+
 /// Why a review was not recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {

@@ -14,6 +14,8 @@ pub const DENIAL_CODES: &[&str] = &[
     "MANDATE_MISMATCH",
     "BUDGET_EXCEEDED",
     "IDEMPOTENCY_CONFLICT",
+    // Asking again for what a human rejected.
+    "APPROVAL_REJECTED",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

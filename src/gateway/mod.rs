@@ -53,6 +53,8 @@ pub struct GatewayLimits {
     pub idempotency_lease_secs: i64,
     pub idempotency_wait: Duration,
     pub approval_ttl_secs: i64,
+    /// Approvals one agent may have waiting for a human at once.
+    pub pending_approvals_per_agent_max: i64,
     pub reviewers_required: i64,
     pub high_risk_reviewers: i64,
     pub high_risk_amount_minor: HashMap<crate::money::Currency, i64>,

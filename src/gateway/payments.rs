@@ -14,13 +14,14 @@ use super::exactly_once::{self, Fate};
 use super::{Caller, Decision, Gateway, map_backend_error};
 use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
 use crate::backend::{BackendError, DailyBudget, Guards, MandateDraw, Payment, RefundRequest, TransferRequest};
+use crate::domain::approval::ApprovalStatus;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::{StoredOutcome, fingerprint};
 use crate::ids::{AccountId, ApprovalId, OperationId, PaymentId};
 use crate::mandate::{CallIntent, MandateClaims, MandateKind, authorizes};
 use crate::money::{Currency, Money};
 use crate::policy::{self, Decision as Policy, Profile};
-use crate::store::{ApprovalRecord, DENIAL_CODES, NewIdempotencyRecord, Reservation};
+use crate::store::{ApprovalRecord, ApprovalRequest, DENIAL_CODES, NewIdempotencyRecord, Reservation};
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
 pub const MEMO_CHARS_MAX: usize = 140;
@@ -820,7 +821,7 @@ impl Gateway {
         let reviewers_required = self.reviewers_for(amount.minor(), amount.currency());
         let rec = ApprovalRecord {
             id: ApprovalId::generate(),
-            status: crate::domain::approval::ApprovalStatus::Pending,
+            status: ApprovalStatus::Pending,
             kind: MandateKind::Closed,
             reviewers_required,
             requested_by: p.subject.clone(),
@@ -841,12 +842,34 @@ impl Gateway {
             created_at: now,
             expires_at: now + self.limits.approval_ttl_secs,
         };
-        let approval = match self.store.approval_get_or_create(rec, now).await {
-            Ok(a) => a,
-            Err(error) => return self.internal(caller, tool, idem, error).await,
-        };
+        let approval =
+            match self.store.approval_get_or_create(rec, now, self.limits.pending_approvals_per_agent_max).await {
+                Ok(ApprovalRequest::Existing(a) | ApprovalRequest::Created(a)) => a,
+                Ok(ApprovalRequest::TooManyPending) => {
+                    // An approval flood: the queue a human works through is bounded per agent.
+                    let e = AgentError::new(
+                        ErrorCode::RateLimited,
+                        format!(
+                            "{} approvals of this agent are already waiting for a human; wait for them to be decided",
+                            self.limits.pending_approvals_per_agent_max
+                        ),
+                    )
+                    .with_retry_after(60);
+                    return self.refuse_as(caller, tool, idem, "denied", e).await;
+                }
+                Err(error) => return self.internal(caller, tool, idem, error).await,
+            };
         if approval.fingerprint != idem.fingerprint {
             return self.conflict(caller, tool, idem).await;
+        }
+        if approval.status == ApprovalStatus::Rejected {
+            // A rejection sticks to its operation: asking again is refused (and counts toward the stop rule).
+            let e = AgentError::new(
+                ErrorCode::ApprovalRejected,
+                "a human rejected this operation; it will not be approved again. Nothing moved.",
+            )
+            .with_detail("approval_id", approval.id.to_string());
+            return self.refuse_as(caller, tool, idem, "denied", e).await;
         }
         let mut d = Decision::new(tool, "approval_required");
         d.code = Some(ErrorCode::ApprovalRequired);
@@ -854,7 +877,7 @@ impl Gateway {
         d.approval_id = Some(approval.id.as_str());
         d.detail = Some(reason.clone());
         self.audit(caller, d).await;
-        let message = if approval.status == crate::domain::approval::ApprovalStatus::Approved {
+        let message = if approval.status == ApprovalStatus::Approved {
             "approved: fetch the mandate with get_approval and repeat this call with it as `mandate`. Nothing moved."
                 .to_string()
         } else {

@@ -12,7 +12,7 @@ pub mod sqlite;
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-pub use crate::domain::approval::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
+pub use crate::domain::approval::{ApprovalRecord, ApprovalRequest, IssuedMandate, MandateIssuer, Review, ReviewError};
 pub use crate::domain::audit::{AuditRecord, DENIAL_CODES};
 use crate::domain::error::BackendError;
 pub use crate::domain::error::StoreError;
@@ -77,9 +77,15 @@ pub trait Store: Send + Sync + 'static {
     async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError>;
 
     // --- approvals ---
-    /// The live (pending and unexpired, or approved) approval for `rec.idempotency_key`, or `rec`
-    /// inserted as a new one. A rejected or expired request needs a new human decision.
-    async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError>;
+    /// The approval for `rec.idempotency_key` (`domain::rules::review::on_request` decides which
+    /// answers: pending, approved or rejected; an expired one is asked again), or `rec` inserted as a
+    /// new one unless its agent has `pending_max` approvals waiting already.
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        now: UnixSecs,
+        pending_max: i64,
+    ) -> Result<ApprovalRequest, StoreError>;
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Pending, unexpired approvals (the human queue's depth).
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError>;

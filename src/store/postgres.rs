@@ -21,8 +21,9 @@ mod rails;
 
 use super::rows::{self, Columns, Value};
 use super::{
-    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailOpened,
-    RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow,
+    AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
+    RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
+    SummaryRow,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -32,6 +33,7 @@ use crate::domain::payment::{
 use crate::domain::rules::integrity::{self, IntegrityFacts};
 use crate::domain::rules::ledger;
 use crate::domain::rules::reservation::{self, ReserveStep};
+use crate::domain::rules::review::{self, RequestPlan};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
 
 const MIGRATIONS: &[&str] = &[
@@ -348,31 +350,48 @@ impl Store for PostgresStore {
         Ok(client.exec("DELETE FROM idempotency_records WHERE expires_at <= $1", &[&now]).await?)
     }
 
-    async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError> {
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        now: UnixSecs,
+        pending_max: i64,
+    ) -> Result<ApprovalRequest, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        // Concurrent requests for one operation create one approval.
-        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('approval:' || $1, 0))", &[&rec.idempotency_key])
-            .await?;
-        let existing = tx
-            .opt(
-                &format!(
-                    "SELECT {} FROM approvals
-                     WHERE idempotency_key = $1 AND ((status = 'pending' AND expires_at > $2) OR status = 'approved')
-                     ORDER BY created_at DESC, seq DESC LIMIT 1",
-                    rows::APPROVAL_COLS
-                ),
-                &[&rec.idempotency_key, &now],
+        // Concurrent requests for one operation, and one agent's concurrent requests (its pending
+        // count), serialise here.
+        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('approval:' || $1, 0))", &[&rec.principal_sub]).await?;
+        let sql = format!(
+            "SELECT {} FROM approvals WHERE idempotency_key = $1 ORDER BY created_at DESC, seq DESC LIMIT 1",
+            rows::APPROVAL_COLS
+        );
+        let latest = match tx.opt(&sql, &[&rec.idempotency_key]).await? {
+            Some(row) => Some(rows::approval(&row)?),
+            None => None,
+        };
+        let pending: i64 = tx
+            .one(
+                "SELECT COUNT(*) FROM approvals
+                 WHERE principal_iss = $1 AND principal_sub = $2 AND status = 'pending' AND expires_at > $3",
+                &[&rec.principal_iss, &rec.principal_sub, &now],
             )
-            .await?;
-        if let Some(row) = existing {
-            let a = rows::approval(&row)?;
-            tx.commit().await?;
-            return Ok(a);
+            .await?
+            .get(0);
+        match (review::on_request(latest.as_ref(), pending, pending_max, now), latest) {
+            (RequestPlan::Existing, Some(existing)) => {
+                tx.commit().await?;
+                Ok(ApprovalRequest::Existing(existing))
+            }
+            (RequestPlan::TooManyPending, _) => {
+                tx.commit().await?;
+                Ok(ApprovalRequest::TooManyPending)
+            }
+            (RequestPlan::Create | RequestPlan::Existing, _) => {
+                approvals::insert_approval(&tx, &rec).await?;
+                tx.commit().await?;
+                Ok(ApprovalRequest::Created(rec))
+            }
         }
-        approvals::insert_approval(&tx, &rec).await?;
-        tx.commit().await?;
-        Ok(rec)
     }
 
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {

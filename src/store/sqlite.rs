@@ -17,8 +17,9 @@ mod rails;
 
 use super::rows::{self, Columns, Value};
 use super::{
-    AccountSeed, ApprovalRecord, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord, RailOpened,
-    RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery, SummaryRow,
+    AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
+    RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
+    SummaryRow,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -26,6 +27,7 @@ use crate::domain::payment::{
     Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
 use crate::domain::rules::integrity::{self, IntegrityFacts};
+use crate::domain::rules::review::{self, RequestPlan};
 use crate::domain::rules::{ledger, reservation};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
 
@@ -392,21 +394,34 @@ impl Store for SqliteStore {
         self.write(move |c| Ok(c.exec("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64)).await
     }
 
-    async fn approval_get_or_create(&self, rec: ApprovalRecord, now: UnixSecs) -> Result<ApprovalRecord, StoreError> {
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        now: UnixSecs,
+        pending_max: i64,
+    ) -> Result<ApprovalRequest, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
             let sql = format!(
-                "SELECT {} FROM approvals
-                 WHERE idempotency_key = ?1 AND ((status = 'pending' AND expires_at > ?2) OR status = 'approved')
-                 ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                "SELECT {} FROM approvals WHERE idempotency_key = ?1 ORDER BY created_at DESC, rowid DESC LIMIT 1",
                 rows::APPROVAL_COLS
             );
-            if let Some(existing) = tx.opt(&sql, params![rec.idempotency_key, now], rows::approval)? {
-                return Ok(existing);
+            let latest = tx.opt(&sql, params![rec.idempotency_key], rows::approval)?;
+            let pending: i64 = tx.q_row(
+                "SELECT COUNT(*) FROM approvals
+                 WHERE principal_iss = ?1 AND principal_sub = ?2 AND status = 'pending' AND expires_at > ?3",
+                params![rec.principal_iss, rec.principal_sub, now],
+                |r| r.get(0),
+            )?;
+            match (review::on_request(latest.as_ref(), pending, pending_max, now), latest) {
+                (RequestPlan::Existing, Some(existing)) => Ok(ApprovalRequest::Existing(existing)),
+                (RequestPlan::TooManyPending, _) => Ok(ApprovalRequest::TooManyPending),
+                (RequestPlan::Create | RequestPlan::Existing, _) => {
+                    approvals::insert_approval(&tx, &rec)?;
+                    tx.commit()?;
+                    Ok(ApprovalRequest::Created(rec))
+                }
             }
-            approvals::insert_approval(&tx, &rec)?;
-            tx.commit()?;
-            Ok(rec)
         })
         .await
     }

@@ -18,6 +18,28 @@ pub enum ReviewPlan {
     Approve { issue: Option<Vec<String>> },
 }
 
+/// What to do when an agent's call needs an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestPlan {
+    /// Answer with the operation's latest approval.
+    Existing,
+    /// Insert the new pending approval.
+    Create,
+    /// Refuse: the agent has too many approvals waiting already (an approval flood).
+    TooManyPending,
+}
+
+/// `latest`: the operation's newest approval, if any; `pending`: the agent's live pending approvals.
+/// A pending or approved approval is the answer to a retry, and so is a rejected one (a rejection
+/// sticks to its operation); only an expired one lets the same operation ask a human again.
+pub fn on_request(latest: Option<&ApprovalRecord>, pending: i64, pending_max: i64, now: UnixSecs) -> RequestPlan {
+    match latest.map(|a| a.status_at(now)) {
+        Some(ApprovalStatus::Pending | ApprovalStatus::Approved | ApprovalStatus::Rejected) => RequestPlan::Existing,
+        Some(ApprovalStatus::Expired) | None if pending >= pending_max => RequestPlan::TooManyPending,
+        Some(ApprovalStatus::Expired) | None => RequestPlan::Create,
+    }
+}
+
 pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<ReviewPlan, ReviewError> {
     if rec.status != ApprovalStatus::Pending {
         return Err(ReviewError::Terminal(rec.status));
@@ -79,6 +101,25 @@ mod tests {
             decided_at: None,
             decision_reason: None,
             reviews,
+        }
+    }
+
+    #[test]
+    fn a_rejection_sticks_and_pending_approvals_are_bounded() {
+        // (latest status, agent's pending count, max 3, now) → plan; expires_at is 100.
+        let cases = [
+            (None, 0, 0, RequestPlan::Create),
+            (None, 3, 0, RequestPlan::TooManyPending),
+            (Some(PENDING), 3, 0, RequestPlan::Existing),
+            (Some("approved"), 9, 0, RequestPlan::Existing),
+            (Some("rejected"), 0, 0, RequestPlan::Existing),
+            (Some("expired"), 0, 0, RequestPlan::Create),
+            (Some(PENDING), 0, 100, RequestPlan::Create),
+            (Some(PENDING), 3, 100, RequestPlan::TooManyPending),
+        ];
+        for (status, pending, now, want) in cases {
+            let latest = status.map(|s| approval(s, 1, vec![]));
+            assert_eq!(on_request(latest.as_ref(), pending, 3, now), want, "{status:?} {pending} at {now}");
         }
     }
 
