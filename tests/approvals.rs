@@ -192,8 +192,10 @@ async fn the_high_risk_tier_needs_two_distinct_reviewers() {
     assert_eq!(ok(&r)["replayed"], false);
     let after = Books { a: before.a - 15_000_000, b: before.b + 15_000_000, payments: before.payments + 1 };
     assert_eq!(books(&agent).await, after);
+    // Another operation with the same mandate: refused (the mandate pins the approved operation,
+    // and a closed mandate pays once).
     let r = pay(&agent, "big-2", "150000.00", Some(&mandate)).await;
-    assert_eq!(code(&r), "MANDATE_INVALID", "a closed mandate pays once");
+    assert_eq!(code(&r), "MANDATE_MISMATCH", "a closed mandate pays once");
     assert_eq!(books(&agent).await, after);
 
     agent.cancel().await.unwrap();

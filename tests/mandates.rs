@@ -406,10 +406,11 @@ async fn a_closed_mandate_pays_once_and_replays() {
     let after = paid(&before, 500_000, 1);
     assert_eq!(books(&agent).await, after);
 
-    // A new operation_id with the same (single-use) mandate is a second payment: refused.
+    // A new operation_id with the same mandate is a second payment: refused (the mandate pins the
+    // operation the human approved; the race test below covers single use without that pin).
     for op in ["once-2", "once-3"] {
         let r = pay(&agent, op, "acct-A", "acct-B", "5000.00", "KES", Some(&mandate)).await;
-        assert_eq!(code(&r), "MANDATE_INVALID", "{op}");
+        assert_eq!(code(&r), "MANDATE_MISMATCH", "{op}");
         assert_eq!(books(&agent).await, after, "{op}: nothing moved");
     }
     // The same operation_id is a retry: it replays the one payment.
@@ -429,7 +430,16 @@ async fn a_closed_mandate_raced_under_distinct_operation_ids_pays_once() {
     let dir = tempfile::tempdir().unwrap();
     let app = spawn_on(dir.path(), &[NO_STOP]).await;
     let agent = Arc::new(connect(&app.url, &app.dev_token(), Era::Modern).await);
-    let (_, mandate) = approved_mandate(&app, &agent, "race-closed", "5000.00").await;
+    // An operator's closed pre-authorization names no operation, so every racer below passes the
+    // mandate's checks and single use is left to the posting transaction.
+    let view = preauthorize(
+        &app,
+        json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
+               "payer": "acct-A", "payee": "acct-B", "amount": "5000.00"}),
+    )
+    .await;
+    assert_eq!(view["status"], "approved", "{view}");
+    let mandate = agent_mandate(&agent, view["approval_id"].as_str().unwrap()).await;
     let before = books(&agent).await;
 
     let mut set = tokio::task::JoinSet::new();

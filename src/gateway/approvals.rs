@@ -419,6 +419,7 @@ impl Gateway {
                 payee: None,
                 amount_minor: None,
                 payment_id: None,
+                intent_sha256: None,
                 payees: None,
                 per_payment_max_minor: None,
                 budget_minor: None,
@@ -430,6 +431,11 @@ impl Gateway {
                     claims.payee = s("payee");
                     claims.amount_minor = Some(rec.amount_minor);
                     claims.payment_id = s("payment_id");
+                    // An agent's request carries its operation: the mandate pins the whole intent the
+                    // reviewers saw (an operator's pre-authorization names no operation).
+                    if rec.intent.get("operation_id").is_some() {
+                        claims.intent_sha256 = Some(crate::mandate::intent_digest(&rec.intent));
+                    }
                     (None, 1)
                 }
                 MandateKind::Open => {

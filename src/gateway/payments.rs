@@ -148,6 +148,26 @@ const REUSED_OPERATION: (ErrorCode, &str) =
 const REUSED_MANDATE: (ErrorCode, &str) =
     (ErrorCode::MandateInvalid, "this mandate was already used for another operation; nothing moved");
 
+/// What a call asks for, before its mandate is looked at: the operation, the arguments that
+/// identify it (its fingerprint), and the intent a human sees when it needs approval (which a closed
+/// mandate pins whole: operation_id, memo or reason included).
+struct Asked<'a> {
+    tool: &'static str,
+    op: &'a OperationId,
+    args: serde_json::Value,
+    intent: serde_json::Value,
+}
+
+/// What the call's mandate (if any) means.
+enum MandateCheck {
+    /// No mandate passed.
+    Absent,
+    /// Verified against this very call.
+    Authorized(Authorized),
+    /// It did not verify, but the operation already has its outcome: that outcome, replayed.
+    Settled(Executed),
+}
+
 /// A verified mandate, ready to anchor the key and draw on.
 struct Authorized {
     claims: MandateClaims,
@@ -180,21 +200,27 @@ impl Gateway {
             Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
         };
         let p = &caller.principal;
-        let mandate =
-            self.mandate_for(caller, TOOL, args.mandate.as_deref(), from.as_str(), to.as_str(), amount, None).await?;
-        let idem = self.idem_for(
-            caller,
-            TOOL,
-            &op,
-            mandate.as_ref(),
-            json!({
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
+            args: json!({
                 "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
             }),
-        );
-        let intent = json!({
-            "tool": TOOL, "operation_id": op, "payer": from, "payee": to,
-            "amount": amount.to_decimal(), "currency": amount.currency(), "memo": memo,
-        });
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payer": from, "payee": to,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "memo": memo,
+            }),
+        };
+        let mandate = match self
+            .mandate_for(caller, &asked, args.mandate.as_deref(), from.as_str(), to.as_str(), amount, None)
+            .await?
+        {
+            MandateCheck::Settled(done) => return Ok(done),
+            MandateCheck::Authorized(m) => Some(m),
+            MandateCheck::Absent => None,
+        };
+        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let intent = asked.intent;
         let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
         let decision = authorize(
             policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
@@ -280,31 +306,36 @@ impl Gateway {
         };
         // Money flows back: from the original payee to the original payer.
         let (payer, payee) = (&original.to_account, &original.from_account);
-        let mandate = self
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
+            // An omitted amount fingerprints as "everything", not as today's remaining amount.
+            args: json!({
+                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
+            }),
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
+            }),
+        };
+        let mandate = match self
             .mandate_for(
                 caller,
-                TOOL,
+                &asked,
                 args.mandate.as_deref(),
                 payer.as_str(),
                 payee.as_str(),
                 amount,
                 Some(pid.as_str()),
             )
-            .await?;
-        // An omitted amount fingerprints as "everything", not as today's remaining amount.
-        let idem = self.idem_for(
-            caller,
-            TOOL,
-            &op,
-            mandate.as_ref(),
-            json!({
-                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
-            }),
-        );
-        let intent = json!({
-            "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
-            "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
-        });
+            .await?
+        {
+            MandateCheck::Settled(done) => return Ok(done),
+            MandateCheck::Authorized(m) => Some(m),
+            MandateCheck::Absent => None,
+        };
+        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let intent = asked.intent;
         let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
         let decision = authorize(
             policy::decide_refund(
@@ -381,24 +412,29 @@ impl Gateway {
         let (payer, amount) = (collection.payer_account().clone(), collection.amount());
         let (reference, description) = (collection.reference(), collection.description());
         let payee = rail.account().clone();
-        let mandate = self
-            .mandate_for(caller, TOOL, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
-            .await?;
-        let idem = self.idem_for(
-            caller,
-            TOOL,
-            &op,
-            mandate.as_ref(),
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
             // The field names are part of stored fingerprints: kept as they were.
-            json!({
+            args: json!({
                 "phone": collection.payer(), "amount_minor": amount.minor(), "reference": reference, "description": description,
             }),
-        );
-        let intent = json!({
-            "tool": TOOL, "operation_id": op, "payer": payer, "payee": payee,
-            "amount": amount.to_decimal(), "currency": amount.currency(),
-            "account_reference": reference, "description": description,
-        });
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(),
+                "account_reference": reference, "description": description,
+            }),
+        };
+        let mandate = match self
+            .mandate_for(caller, &asked, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
+            .await?
+        {
+            MandateCheck::Settled(done) => return Ok(done),
+            MandateCheck::Authorized(m) => Some(m),
+            MandateCheck::Absent => None,
+        };
+        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let intent = asked.intent;
         let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
         let decision =
             authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
@@ -446,22 +482,25 @@ impl Gateway {
         }
     }
 
-    /// The mandate passed with a call, verified against exactly this call (`None` without one).
+    /// The mandate passed with a call, verified against exactly this call. A mandate that no longer
+    /// verifies (expired, say) does not hide an operation that already went through: when the
+    /// operation's key holds an outcome for these very arguments, the call replays it.
     #[allow(clippy::too_many_arguments)]
     async fn mandate_for(
         &self,
         caller: &Caller,
-        tool: &'static str,
+        asked: &Asked<'_>,
         jws: Option<&str>,
         payer: &str,
         payee: &str,
         amount: Money,
         payment_id: Option<&str>,
-    ) -> Result<Option<Authorized>, AgentError> {
-        let Some(jws) = jws else { return Ok(None) };
+    ) -> Result<MandateCheck, AgentError> {
+        let Some(jws) = jws else { return Ok(MandateCheck::Absent) };
         let p = &caller.principal;
+        let intent_sha256 = crate::mandate::intent_digest(&asked.intent);
         let call = CallIntent {
-            tool,
+            tool: asked.tool,
             agent_iss: &p.issuer,
             agent_sub: &p.subject,
             payer,
@@ -469,32 +508,30 @@ impl Gateway {
             amount_minor: amount.minor(),
             currency: amount.currency().code(),
             payment_id,
+            intent_sha256: &intent_sha256,
         };
-        Ok(Some(self.verify_mandate(caller, tool, jws, &call).await?))
-    }
-
-    /// Signature, expiry, subject and intent; every refusal is audited and counts toward the stop rule.
-    async fn verify_mandate(
-        &self,
-        caller: &Caller,
-        tool: &str,
-        jws: &str,
-        call: &CallIntent<'_>,
-    ) -> Result<Authorized, AgentError> {
         let verified = self
             .mandates
             .verify(jws.trim(), self.clock.now())
             .map_err(AgentError::from)
-            .and_then(|claims| authorizes(&claims, call).map(|()| claims));
+            .and_then(|claims| authorizes(&claims, &call).map(|()| claims));
         match verified {
             Ok(claims) => {
-                let mut d = Decision::new(tool, "mandate_accepted");
+                let mut d = Decision::new(asked.tool, "mandate_accepted");
                 d.approval_id = Some(&claims.approval_id);
                 d.detail = Some(format!("mandate {}", claims.jti));
                 self.audit(caller, d).await;
-                Ok(Authorized { claims })
+                Ok(MandateCheck::Authorized(Authorized { claims }))
             }
-            Err(e) => Err(self.refuse(caller, tool, None, e).await),
+            Err(e) => {
+                let operation = self.idem_for(caller, asked.tool, asked.op, None, asked.args.clone());
+                match self.store.idem_peek(&operation.key, self.clock.now()).await {
+                    Ok(Some((fp, Some(outcome)))) if fp == operation.fingerprint => {
+                        self.replay(caller, asked.tool, &operation, &outcome).await.map(MandateCheck::Settled)
+                    }
+                    _ => Err(self.refuse(caller, asked.tool, None, e).await),
+                }
+            }
         }
     }
 
