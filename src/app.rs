@@ -487,7 +487,11 @@ fn gateway(
             .map_err(|e| StartError::Backend(e.to_string()))?;
         let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), m.account.clone());
         gateway = gateway.with_collection_rail(Arc::new(rail));
-        mpesa_callback = Some(Arc::new(http::CallbackGuard::new(&m.callback_secret, m.callback_allowed_ips.clone())));
+        mpesa_callback = Some(Arc::new(http::CallbackGuard::new(
+            &m.callback_secret,
+            m.callback_allowed_ips.clone(),
+            m.callback_trusted_proxies.clone(),
+        )));
     } else {
         // Not configured: not offered.
         disabled_tools.push("request_mpesa_payment".to_string());

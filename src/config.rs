@@ -236,6 +236,7 @@ pub struct MpesaConfig {
     pub callback_secret: crate::secret::Secret,
     pub callback_base_url: String,
     pub callback_allowed_ips: Vec<std::net::IpAddr>,
+    pub callback_trusted_proxies: Vec<std::net::IpAddr>,
     pub connect_timeout_ms: i64,
     pub request_timeout_ms: i64,
     pub token_refresh_margin_secs: i64,

@@ -228,7 +228,8 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
     assert_eq!(
         audit_codes(&r.app).await.iter().rev().cloned().collect::<Vec<_>>(),
         [
-            "BAD_SECRET",
+            // The missing and the wrong secret: refusals before the body is read are audited at
+            // most once a minute (the next audit record counts the rest).
             "BAD_SECRET",
             "UNKNOWN_CHECKOUT",
             "AMOUNT_MISMATCH",
@@ -406,4 +407,41 @@ async fn policy_and_input_checks_come_before_any_push() {
 async fn try_call(client: &Client, tool: &str, args: Value) -> Result<rmcp::model::CallToolResult, rmcp::ServiceError> {
     let args = args.as_object().cloned().unwrap_or_default();
     client.call_tool(rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(args)).await
+}
+
+/// Guard-rails hole 7: every wrong-secret POST wrote an audit row (2,000 requests, 2,000 rows), the
+/// source check came after the secret check, and behind a proxy the source was always the proxy.
+#[tokio::test]
+async fn a_flood_of_secret_guesses_writes_one_audit_record_and_a_trusted_proxy_names_the_sender() {
+    let r = rig_with(
+        "callback_allowed_ips = [\"10.9.9.9\"]\ncallback_trusted_proxies = [\"127.0.0.1\"]",
+        &[],
+        Arc::new(SystemClock),
+    )
+    .await;
+    let p = ok(&call(&r.client, "request_mpesa_payment", collect("flood-1", "150")).await).clone();
+    let id = p["payment_id"].as_str().unwrap().to_string();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    let good = r.fake.callback_body(&checkout, 0);
+    let http = reqwest::Client::new();
+    let post = |secret: &str, forwarded: &str| {
+        http.post(callback_url(&r.app, secret)).header("x-forwarded-for", forwarded.to_string()).json(&good).send()
+    };
+
+    // 200 guesses from an allowed sender: one audit record.
+    for i in 0..200 {
+        let resp = post(&format!("guess-{i:020}"), "10.9.9.9").await.unwrap();
+        assert_eq!(resp.status(), 404);
+    }
+    assert_eq!(audit_codes(&r.app).await, ["BAD_SECRET"], "one record for the whole flood");
+    // The right secret from a sender that is not allowed: refused on the source (checked first).
+    assert_eq!(post(SECRET, "10.1.1.1").await.unwrap().status(), 403);
+    // A forged X-Forwarded-For prefix does not help: the proxy appended the real sender last.
+    assert_eq!(post(SECRET, "10.9.9.9, 10.1.1.1").await.unwrap().status(), 403);
+    assert_eq!(payment(&r.client, &id).await["status"], "pending", "nothing settled");
+    // The allowed sender through the trusted proxy, with the secret: taken in.
+    r.fake.set_query(&checkout, QueryAnswer::Result(0, "processed successfully".into()));
+    assert_eq!(post(SECRET, "10.9.9.9").await.unwrap().status(), 200);
+    assert_eq!(payment(&r.client, &id).await["status"], "succeeded");
+    r.app.stop().await;
 }

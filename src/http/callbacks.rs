@@ -6,10 +6,12 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use sha2::{Digest, Sha256};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::AppState;
 use crate::gateway::CallbackOutcome;
@@ -17,25 +19,83 @@ use crate::gateway::CallbackOutcome;
 /// Largest callback body accepted (a real one is about 1 KiB).
 pub const CALLBACK_BODY_BYTES_MAX: usize = 16 * 1024;
 
+/// Refusals before a callback is read (source not allowed, wrong or missing secret) are audited at
+/// most once per this interval, the audit record counting those not audited since. Every refusal is
+/// still counted in `/metrics` and logged: a flood of guesses cannot flood the audit trail.
+pub const REFUSAL_AUDIT_EVERY: Duration = Duration::from_secs(60);
+
 /// What a callback must present.
 pub struct CallbackGuard {
-    secret_digest: [u8; 32],
+    secret: crate::secret::Secret,
     allowed_ips: Vec<IpAddr>,
+    /// Proxies in front of the gateway whose `X-Forwarded-For` is believed (the compose nginx).
+    trusted_proxies: Vec<IpAddr>,
+    refusals: Mutex<RefusalLog>,
+}
+
+#[derive(Default)]
+struct RefusalLog {
+    last_audit: Option<Instant>,
+    not_audited: u64,
 }
 
 impl CallbackGuard {
-    pub fn new(secret: &crate::secret::Secret, allowed_ips: Vec<IpAddr>) -> Self {
-        CallbackGuard { secret_digest: Sha256::digest(secret.expose().as_bytes()).into(), allowed_ips }
+    pub fn new(secret: &crate::secret::Secret, allowed_ips: Vec<IpAddr>, trusted_proxies: Vec<IpAddr>) -> Self {
+        CallbackGuard { secret: secret.clone(), allowed_ips, trusted_proxies, refusals: Mutex::default() }
     }
 
-    fn secret_matches(&self, presented: &str) -> bool {
-        // Equal-length digests compared without an early exit: timing says nothing about the secret.
-        let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        d.iter().zip(self.secret_digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    /// The sender: the TCP peer, or, when the peer is a trusted proxy, the nearest address in
+    /// `X-Forwarded-For` that is not one (a client cannot forge past the proxies it went through).
+    fn sender(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
+        let peer = peer?;
+        if !self.trusted_proxies.contains(&peer) {
+            return Some(peer);
+        }
+        let forwarded: Vec<IpAddr> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|a| a.trim().parse::<IpAddr>())
+            .collect::<Result<_, _>>()
+            .ok()?; // A malformed header names no one.
+        forwarded.into_iter().rev().find(|ip| !self.trusted_proxies.contains(ip))
     }
 
-    fn source_allowed(&self, peer: Option<IpAddr>) -> bool {
-        self.allowed_ips.is_empty() || peer.is_some_and(|ip| self.allowed_ips.contains(&ip))
+    fn source_allowed(&self, sender: Option<IpAddr>) -> bool {
+        self.allowed_ips.is_empty() || sender.is_some_and(|ip| self.allowed_ips.contains(&ip))
+    }
+
+    /// Whether this refusal gets an audit record, and how many went unaudited before it.
+    fn refusal_audit(&self) -> Option<u64> {
+        let mut log = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        match log.last_audit {
+            Some(t) if t.elapsed() < REFUSAL_AUDIT_EVERY => {
+                log.not_audited += 1;
+                None
+            }
+            _ => {
+                log.last_audit = Some(Instant::now());
+                Some(std::mem::take(&mut log.not_audited))
+            }
+        }
+    }
+}
+
+/// Count, log and (throttled) audit a callback refused before it was read.
+async fn refuse_unread(
+    state: &AppState,
+    guard: Option<&CallbackGuard>,
+    code: &str,
+    metric: &'static str,
+    what: String,
+) {
+    let g = &state.gateway;
+    g.metrics().callback(metric);
+    tracing::warn!(reason = %what, "M-Pesa callback refused");
+    if let Some(unaudited) = guard.map_or(Some(0), CallbackGuard::refusal_audit) {
+        let detail = if unaudited > 0 { format!("{what} ({unaudited} earlier refusals not audited)") } else { what };
+        g.audit_callback_refusal(code, detail).await;
     }
 }
 
@@ -76,40 +136,37 @@ pub async fn mpesa_stk(
     State(state): State<AppState>,
     Path(secret): Path<String>,
     peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let g = &state.gateway;
     let Some(guard) = state.mpesa_callback.as_ref() else {
         let (status, outcome) = status_of(CallbackOutcome::RailDisabled);
         return answer(status, outcome);
     };
-    let peer_ip = peer.map(|axum::Extension(ConnectInfo(a))| a.ip());
-    if !guard.secret_matches(&secret) {
-        // Not audited per request with the path (it holds the guess); counted and logged without it.
-        tracing::warn!(peer = ?peer_ip, "M-Pesa callback with a wrong path secret refused");
-        g.metrics().callback("bad_secret");
-        g.audit_callback_refusal("BAD_SECRET", format!("wrong path secret from {peer_ip:?}")).await;
-        return answer(StatusCode::NOT_FOUND, "not_found");
-    }
-    if !guard.source_allowed(peer_ip) {
-        tracing::warn!(peer = ?peer_ip, "M-Pesa callback from an address not allowed");
-        g.metrics().callback("bad_source");
-        g.audit_callback_refusal("SOURCE_NOT_ALLOWED", format!("source {peer_ip:?} not in mpesa.callback_allowed_ips"))
-            .await;
+    // The source first: it costs nothing and says nothing about the secret.
+    let sender = guard.sender(peer.map(|axum::Extension(ConnectInfo(a))| a.ip()), &headers);
+    if !guard.source_allowed(sender) {
+        let what = format!("source {sender:?} not in mpesa.callback_allowed_ips");
+        refuse_unread(&state, Some(guard), "SOURCE_NOT_ALLOWED", "bad_source", what).await;
         return answer(StatusCode::FORBIDDEN, "source_not_allowed");
     }
-    let (status, outcome) = status_of(g.rail_callback(&body).await);
+    if !guard.secret.matches(&secret) {
+        // The path holds the guess: never logged or audited, only that it was wrong.
+        refuse_unread(&state, Some(guard), "BAD_SECRET", "bad_secret", format!("wrong path secret from {sender:?}"))
+            .await;
+        return answer(StatusCode::NOT_FOUND, "not_found");
+    }
+    let (status, outcome) = status_of(state.gateway.rail_callback(&body).await);
     answer(status, outcome)
 }
 
 /// A callback that presents no secret at all: refused and audited like a wrong one.
 pub async fn mpesa_stk_without_secret(State(state): State<AppState>) -> Response {
-    if state.mpesa_callback.is_none() {
+    let Some(guard) = state.mpesa_callback.as_ref() else {
         let (status, outcome) = status_of(CallbackOutcome::RailDisabled);
         return answer(status, outcome);
-    }
-    state.gateway.metrics().callback("bad_secret");
-    state.gateway.audit_callback_refusal("BAD_SECRET", "no path secret".into()).await;
+    };
+    refuse_unread(&state, Some(guard), "BAD_SECRET", "bad_secret", "no path secret".into()).await;
     answer(StatusCode::NOT_FOUND, "not_found")
 }
 
