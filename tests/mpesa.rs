@@ -138,6 +138,7 @@ async fn a_collection_is_pending_until_the_callback_settles_it() {
     let second = call(c, "request_mpesa_payment", collect("order-1002", "20.00")).await;
     let id2 = ok(&second)["payment_id"].as_str().unwrap().to_string();
     let push2 = r.fake.pushes()[1].clone();
+    // (The fake's callback() also makes its STK query answer the same: a failure is confirmed too.)
     assert_eq!(r.fake.callback(&push2.checkout_request_id, 1032).await, 200);
     let failed = payment(c, &id2).await;
     assert_eq!(failed["status"], "failed");
@@ -443,5 +444,49 @@ async fn a_flood_of_secret_guesses_writes_one_audit_record_and_a_trusted_proxy_n
     r.fake.set_query(&checkout, QueryAnswer::Result(0, "processed successfully".into()));
     assert_eq!(post(SECRET, "10.9.9.9").await.unwrap().status(), 200);
     assert_eq!(payment(&r.client, &id).await["status"], "succeeded");
+    r.app.stop().await;
+}
+
+/// Guard-rails hole 8: failure callbacks were trusted without asking Daraja. A forged failure for a
+/// collection the customer paid is now refused (the query says it succeeded) and changes nothing.
+#[tokio::test]
+async fn a_failure_callback_the_query_contradicts_changes_nothing() {
+    let r = rig().await;
+    let p = ok(&call(&r.client, "request_mpesa_payment", collect("forged-fail", "150")).await).clone();
+    let id = p["payment_id"].as_str().unwrap().to_string();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    // Daraja's query says the customer paid; a "cancelled" callback arrives all the same.
+    r.fake.set_query(&checkout, QueryAnswer::Result(0, "processed successfully".into()));
+    let forged = r.fake.callback_body(&checkout, 1032);
+    assert_eq!(r.fake.callback_to(&callback_url(&r.app, SECRET), forged).await, 422);
+    assert_eq!(payment(&r.client, &id).await["status"], "pending", "not marked failed");
+    assert!(audit_codes(&r.app).await.contains(&"NOT_CONFIRMED".to_string()));
+    // The real success callback then settles it.
+    assert_eq!(r.fake.callback(&checkout, 0).await, 200);
+    assert_eq!(payment(&r.client, &id).await["status"], "succeeded");
+    r.app.stop().await;
+}
+
+/// Guard-rails hole 8, second half: reconciliation never looked at finished collections again. A
+/// collection recorded failed that the rail now calls paid is reported for a human.
+#[tokio::test]
+async fn reconciliation_asks_again_about_failed_collections() {
+    let r = rig().await;
+    let p = ok(&call(&r.client, "request_mpesa_payment", collect("recheck-1", "150")).await).clone();
+    let id = p["payment_id"].as_str().unwrap().to_string();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    assert_eq!(r.fake.callback(&checkout, 1032).await, 200);
+    assert_eq!(payment(&r.client, &id).await["status"], "failed");
+    let clean = r.app.running.gateway.reconcile(None).await.unwrap();
+    assert!(!clean.findings.iter().any(|f| f.kind == "status_mismatch"), "{:?}", clean.findings);
+    // Later Daraja says the customer paid after all.
+    r.fake.set_query(&checkout, QueryAnswer::Result(0, "processed successfully".into()));
+    let report = r.app.running.gateway.reconcile(None).await.unwrap();
+    assert!(
+        report.findings.iter().any(|f| f.kind == "status_mismatch" && f.payment_id.as_deref() == Some(id.as_str())),
+        "{:?}",
+        report.findings
+    );
+    assert_eq!(payment(&r.client, &id).await["status"], "failed", "terminal states never change: a human decides");
     r.app.stop().await;
 }

@@ -20,6 +20,9 @@ use crate::money::Currency;
 use crate::store::{AuditRecord, RailPayment, RailState, SummaryQuery, SummaryRow};
 
 /// Rail records examined per reconciliation page.
+/// Finished (failed) collections a reconciliation run asks the rail about again, at most: each is
+/// one query to the rail.
+const RECHECK_FINISHED_MAX: usize = 50;
 const RECONCILE_PAGE: u32 = 200;
 /// Most findings one reconciliation reports (the rest are counted).
 pub const RECONCILE_FINDINGS_MAX: usize = 500;
@@ -433,6 +436,22 @@ impl Gateway {
                     };
                 }
             }
+        } else if let Settlement::Failed(_) = event.settlement {
+            // A failure is confirmed too: a forged or mistaken one would mark a paid collection
+            // failed (and the customer might be asked to pay again).
+            match rail.query(&rec).await {
+                confirmed @ Settlement::Failed(_) => confirmed,
+                other => {
+                    let detail = format!(
+                        "a failure callback that {}'s query does not confirm: {}",
+                        rail.display_name(),
+                        other.reason().unwrap_or("it reports the payment succeeded")
+                    );
+                    self.audit_callback(Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
+                    self.metrics.callback("mismatch");
+                    return CallbackOutcome::NotConfirmed;
+                }
+            }
         } else {
             event.settlement
         };
@@ -550,6 +569,7 @@ impl Gateway {
         };
         // 1. Every gateway record against the backend (or, for a collection, its own state).
         let mut after = 0;
+        let mut rechecks_left = RECHECK_FINISHED_MAX;
         loop {
             let page = self.store.rail_since(since, after, RECONCILE_PAGE).await?;
             let Some((last, _)) = page.last() else { break };
@@ -557,7 +577,7 @@ impl Gateway {
             for (_, rec) in &page {
                 report.checked += 1;
                 if self.is_collection_record(rec) {
-                    self.reconcile_collection(rec, now, &mut report);
+                    self.reconcile_collection(rec, now, &mut report, &mut rechecks_left).await;
                 } else {
                     self.reconcile_record(rec, now, &mut report).await?;
                 }
@@ -614,8 +634,29 @@ impl Gateway {
     }
 
     /// A collection's record against its own state: the rail is its system of record, and the
-    /// scheduled query (not reconciliation) asks it.
-    fn reconcile_collection(&self, rec: &RailPayment, now: UnixSecs, report: &mut ReconcileReport) {
+    /// scheduled query settles what is open. A collection recorded failed is asked about again
+    /// (at most `RECHECK_FINISHED_MAX` a run): a failure the rail now calls a success is for a human.
+    async fn reconcile_collection(
+        &self,
+        rec: &RailPayment,
+        now: UnixSecs,
+        report: &mut ReconcileReport,
+        rechecks_left: &mut usize,
+    ) {
+        if rec.state == RailState::Failed
+            && *rechecks_left > 0
+            && let Some(rail) = self.rail.as_ref().filter(|r| r.name() == rec.rail)
+        {
+            *rechecks_left -= 1;
+            if rail.query(rec).await == Settlement::Succeeded {
+                report.push(
+                    "status_mismatch",
+                    Some(&rec.id),
+                    format!("recorded failed, but {} now says the customer paid", rail.display_name()),
+                );
+            }
+            return;
+        }
         match rec.state {
             RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
                 report.push(
