@@ -481,6 +481,7 @@ async fn create_refund(
         principal_sub: b.principal_sub,
         guards: Guards::default(),
         audit: None,
+        autonomous_cap_minor: None,
     };
     match svc.store.ledger_refund(req, svc.clock.now()).await {
         Ok(refund) => {

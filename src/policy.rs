@@ -162,16 +162,31 @@ pub fn decide_collect(
     decide(&has_scope, profile, scopes::COLLECT, "request_mpesa_payment", [account, account], amount, force_approval)
 }
 
-/// May this principal refund `amount` of a payment between `payer` and `payee`?
+/// May this principal refund `amount` of `original`? Alone only while the refunds of that payment
+/// *together* stay within the autonomous limit (five refunds of 1,000 are one of 5,000), and never
+/// for a payment that itself needed a human (over the limit): undoing it needs one too.
 pub fn decide_refund(
     has_scope: impl Fn(&str) -> bool,
     profile: &Profile,
-    payer: &AccountId,
-    payee: &AccountId,
+    original: &crate::domain::payment::Payment,
     amount: Money,
     force_approval: bool,
 ) -> Decision {
-    decide(&has_scope, profile, scopes::REFUND, "refund_payment", [payer, payee], amount, force_approval)
+    let currency = amount.currency();
+    let over_limit_original =
+        profile.autonomous_limit_minor.get(&currency).is_some_and(|limit| original.amount_minor > *limit);
+    let together =
+        Money::from_minor(original.refunded_minor.saturating_add(amount.minor()), currency).unwrap_or(amount);
+    let accounts = [&original.from_account, &original.to_account];
+    decide(
+        &has_scope,
+        profile,
+        scopes::REFUND,
+        "refund_payment",
+        accounts,
+        together,
+        force_approval || over_limit_original,
+    )
 }
 
 fn decide(
@@ -264,22 +279,47 @@ mod tests {
         }
     }
 
+    /// A succeeded payment acct-A → acct-B of `minor` KES cents, `refunded` of it refunded already.
+    fn paid(minor: i64, refunded: i64) -> crate::domain::payment::Payment {
+        use crate::domain::payment::{Payment, PaymentKind, PaymentStatus};
+        Payment {
+            id: crate::ids::PaymentId::generate(),
+            kind: PaymentKind::Payment,
+            status: PaymentStatus::Succeeded,
+            from_account: acct("acct-A"),
+            to_account: acct("acct-B"),
+            amount_minor: minor,
+            currency: Currency::parse("KES").unwrap(),
+            refunded_minor: refunded,
+            refund_of: None,
+            memo: None,
+            principal_sub: "agent".into(),
+            created_at: 0,
+        }
+    }
+
     #[test]
     fn refund_and_read_rules() {
-        let p = profile();
+        let p = profile(); // autonomous limit KES 1,000.00
         let only_read = |s: &str| s == scopes::READ;
+        let all = |_: &str| true;
         assert_eq!(
-            code(&decide_refund(only_read, &p, &acct("acct-A"), &acct("acct-B"), kes("1"), false)),
+            code(&decide_refund(only_read, &p, &paid(10_000, 0), kes("1"), false)),
             Some(ErrorCode::InsufficientScope)
         );
-        assert_eq!(
-            decide_refund(|_: &str| true, &p, &acct("acct-A"), &acct("acct-B"), kes("1"), false),
-            Decision::Allow
-        );
-        assert!(matches!(
-            decide_refund(|_: &str| true, &p, &acct("acct-A"), &acct("acct-B"), kes("1"), true),
-            Decision::RequireApproval { .. }
-        ));
+        assert_eq!(decide_refund(all, &p, &paid(10_000, 0), kes("1"), false), Decision::Allow);
+        assert!(matches!(decide_refund(all, &p, &paid(10_000, 0), kes("1"), true), Decision::RequireApproval { .. }));
+        // (payment, already refunded, this refund) → needs a human?
+        let cases = [
+            (100_000, 0, "1000.00", false),     // the whole limit at once
+            (100_000, 90_000, "100.00", false), // together exactly the limit
+            (100_000, 90_000, "100.01", true),  // together over it: no splitting past the limit
+            (500_000, 0, "1.00", true),         // the payment itself needed a human: so does its refund
+        ];
+        for (minor, refunded, amount, human) in cases {
+            let d = decide_refund(all, &p, &paid(minor, refunded), kes(amount), false);
+            assert_eq!(matches!(d, Decision::RequireApproval { .. }), human, "{minor} {refunded} {amount}: {d:?}");
+        }
         assert!(check_read(only_read, &p, &acct("acct-A")).is_ok());
         assert_eq!(check_read(only_read, &p, &acct("acct-Z")).unwrap_err().code, ErrorCode::AccountNotAllowed);
     }

@@ -346,3 +346,118 @@ async fn a_retry_with_an_expired_mandate_replays_the_payment_it_made() {
     let _ = agent.cancel().await;
     app.stop().await;
 }
+
+/// Hole 5: nothing could stop what was approved (no mandate revocation; reject on an approved
+/// approval is 409), and an agent could not be suspended by hand (only resumed).
+#[tokio::test]
+async fn an_operator_can_revoke_a_mandate_and_an_admin_can_suspend_an_agent() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Legacy).await;
+    let mandate = approved_mandate(&app, &agent, "rv-1", "invoice 9").await;
+    let approval_id = {
+        let c = mandate.split('.').nth(1).unwrap();
+        use base64::Engine;
+        let claims: serde_json::Value =
+            serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).unwrap()).unwrap();
+        claims["approval_id"].as_str().unwrap().to_string()
+    };
+    // An auditor may read but not revoke or suspend.
+    let auditor = app.token("auditor", "payments:audit");
+    let path = format!("/approvals/{approval_id}/revoke");
+    let (status, _) = operator(&app, Method::POST, &path, &auditor, Some(json!({"reason": "x"}))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = operator(&app, Method::POST, "/principals/dev-agent/suspend", &auditor, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    let bob = app.token("bob", "payments:approve");
+    let (status, body) = operator(&app, Method::POST, &path, &bob, Some(json!({"reason": "invoice disputed"}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = operator(&app, Method::POST, &path, &bob, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "revoked once");
+    let before = balance(&agent, "acct-B").await;
+    let r = call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "rv-1", "from_account": "acct-A", "to_account": "acct-B",
+               "amount": "5000.00", "currency": "KES", "memo": "invoice 9", "mandate": mandate}),
+    )
+    .await;
+    assert_eq!(code(&r), "MANDATE_INVALID", "{r:?}");
+    assert_eq!(balance(&agent, "acct-B").await, before, "nothing moved");
+
+    // Suspension by hand, then resume.
+    let admin = app.token("root", "payments:admin");
+    let (status, body) =
+        operator(&app, Method::POST, "/principals/dev-agent/suspend", &admin, Some(json!({"reason": "odd activity"})))
+            .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["suspended"], true);
+    let r = call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "rv-2", "from_account": "acct-A", "to_account": "acct-B", "amount": "1.00", "currency": "KES"}),
+    )
+    .await;
+    assert_eq!(code(&r), "PRINCIPAL_SUSPENDED", "{r:?}");
+    let (status, _) = operator(&app, Method::POST, "/principals/dev-agent/resume", &admin, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "rv-3", "from_account": "acct-A", "to_account": "acct-B", "amount": "1.00", "currency": "KES"}),
+    )
+    .await;
+    assert_eq!(ok(&r)["status"], "succeeded");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// Hole 2: a 5,000 payment made with a mandate could be refunded as five autonomous refunds of 1,000
+/// (the limit was checked per call). Undoing a payment that needed a human needs one too, and
+/// without a human a payment's refunds together stay within the autonomous limit.
+#[tokio::test]
+async fn a_mandated_payment_cannot_be_refunded_in_autonomous_slices() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Legacy).await;
+    let mandate = approved_mandate(&app, &agent, "big-9", "invoice 9").await;
+    let r = call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "big-9", "from_account": "acct-A", "to_account": "acct-B",
+               "amount": "5000.00", "currency": "KES", "memo": "invoice 9", "mandate": mandate}),
+    )
+    .await;
+    let pid = ok(&r)["payment_id"].as_str().unwrap().to_string();
+    let before = balance(&agent, "acct-A").await;
+    for i in 0..5 {
+        let r = call(
+            &agent,
+            "refund_payment",
+            json!({"operation_id": format!("slice-{i}"), "payment_id": pid, "amount": "1000.00"}),
+        )
+        .await;
+        assert_eq!(code(&r), "APPROVAL_REQUIRED", "slice {i}: {r:?}");
+    }
+    assert_eq!(balance(&agent, "acct-A").await, before, "nothing came back without a human");
+    // A payment within the limit is refunded alone, in parts, up to what was paid.
+    let small = ok(&call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "small-9", "from_account": "acct-A", "to_account": "acct-B", "amount": "800.00", "currency": "KES"}),
+    )
+    .await)["payment_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (i, amount) in ["500.00", "300.00"].iter().enumerate() {
+        let r = call(
+            &agent,
+            "refund_payment",
+            json!({"operation_id": format!("part-{i}"), "payment_id": small, "amount": amount}),
+        )
+        .await;
+        assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+    }
+    let _ = agent.cancel().await;
+    app.stop().await;
+}

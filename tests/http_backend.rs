@@ -166,6 +166,7 @@ fn refund(key: &str, payment_id: &PaymentId, amount_minor: Option<i64>) -> Refun
         principal_sub: "agent-1".into(),
         guards: Guards::default(),
         audit: None,
+        autonomous_cap_minor: None,
     }
 }
 

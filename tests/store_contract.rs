@@ -463,6 +463,7 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
         principal_sub: "agent".into(),
         guards: Guards::default(),
         audit: None,
+        autonomous_cap_minor: None,
     };
     assert!(matches!(
         store.ledger_refund(refund("r0", Some(10_001)), 1).await,

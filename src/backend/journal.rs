@@ -245,6 +245,7 @@ impl PaymentBackend for Journaled {
             amount_minor: Some(rec.amount_minor),
             guards: Guards::default(),
             audit: None,
+            autonomous_cap_minor: None,
             alias_key: None,
             ..req
         };

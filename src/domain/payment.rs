@@ -203,6 +203,9 @@ pub struct RefundRequest {
     pub principal_sub: String,
     pub guards: Guards,
     pub audit: Option<AuditRecord>,
+    /// Without a human: the most this payment's refunds may total (the agent's autonomous limit),
+    /// checked in the posting transaction so concurrent partial refunds cannot pass it together.
+    pub autonomous_cap_minor: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -382,6 +382,62 @@ impl Gateway {
         }
     }
 
+    /// Revoke the mandate an approval issued: every later draw on it is refused (MANDATE_INVALID),
+    /// in the same transaction that would have moved the money.
+    pub async fn revoke(
+        &self,
+        op: &Operator,
+        approval_id: &str,
+        reason: Option<String>,
+    ) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::APPROVE])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let now = self.clock.now();
+        let internal = |error: crate::store::StoreError| {
+            tracing::error!(%error, "mandate revocation failed");
+            OpError::Internal
+        };
+        let rec = self.store.approval_get(&id).await.map_err(internal)?.ok_or(OpError::NotFound)?;
+        if rec.mandate_id.is_none() {
+            return Err(OpError::Conflict(format!("the approval is {} and issued no mandate", rec.status_at(now))));
+        }
+        let revoked = self.store.mandate_revoke(&id, &op.subject, now).await.map_err(internal)?;
+        let Some(mandate_id) = revoked else {
+            return Err(OpError::Conflict("its mandate is already revoked".into()));
+        };
+        let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
+        let mut d = Decision::new("mandates.revoke", "revoked");
+        d.approval_id = Some(id.as_str());
+        d.detail = Some(format!("mandate {mandate_id}: {}", reason.as_deref().unwrap_or("no reason given")));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        Ok(self.view(&rec, now, false))
+    }
+
+    /// Suspend an agent by hand (as the stop rule does by itself) until an admin resumes it.
+    pub async fn suspend_principal(
+        &self,
+        op: &Operator,
+        subject: &str,
+        reason: Option<String>,
+    ) -> Result<bool, OpError> {
+        self.require(op, &[scopes::ADMIN])?;
+        if subject.is_empty() || subject.len() > 256 {
+            return Err(OpError::Invalid("subject is required".into()));
+        }
+        let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
+        let why = format!("suspended by {}: {}", op.subject, reason.as_deref().unwrap_or("no reason given"));
+        let now = self.clock.now();
+        let already = self.store.suspension(subject).await.map_err(|_| OpError::Internal)?.is_some();
+        self.store.suspend(subject, &why, now).await.map_err(|error| {
+            tracing::error!(%error, "suspend failed");
+            OpError::Internal
+        })?;
+        let mut d = Decision::new("principals.suspend", if already { "already_suspended" } else { "suspended" });
+        d.detail = Some(format!("subject {subject}"));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        Ok(!already)
+    }
+
     /// Lift a stop-rule suspension.
     pub async fn resume_principal(&self, op: &Operator, subject: &str) -> Result<bool, OpError> {
         self.require(op, &[scopes::ADMIN])?;

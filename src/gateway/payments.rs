@@ -338,17 +338,13 @@ impl Gateway {
         let intent = asked.intent;
         let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
         let decision = authorize(
-            policy::decide_refund(
-                |s| p.has_scope(s),
-                &p.profile,
-                &original.from_account,
-                &original.to_account,
-                amount,
-                force,
-            ),
+            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
             mandate.is_some(),
         );
         let guards = mandate.as_ref().map(Authorized::guards).unwrap_or_default();
+        // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
+        let autonomous_cap_minor =
+            if mandate.is_none() { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() } else { None };
         let explicit_amount = match (&args.amount, &mandate) {
             (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
             (None, None) => None,
@@ -372,6 +368,7 @@ impl Gateway {
                     reason: reason.clone(),
                     principal_sub: p.subject.clone(),
                     guards,
+                    autonomous_cap_minor,
                 };
                 let backend = self.backend.clone();
                 async move { backend.refund(req).await }

@@ -194,6 +194,37 @@ pub async fn preauthorize(State(state): State<AppState>, Authed(op): Authed, bod
     respond(state.gateway.preauthorize(&op, args).await, &op.correlation_id, StatusCode::CREATED)
 }
 
+pub async fn revoke(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    respond(state.gateway.revoke(&op, &id, body.reason).await, &op.correlation_id, StatusCode::OK)
+}
+
+pub async fn suspend(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    Path(subject): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    let result = state
+        .gateway
+        .suspend_principal(&op, &subject, body.reason)
+        .await
+        .map(|suspended| json!({"subject": subject, "suspended": suspended}));
+    respond(result, &op.correlation_id, StatusCode::OK)
+}
+
 pub async fn resume(State(state): State<AppState>, Authed(op): Authed, Path(subject): Path<String>) -> Response {
     let result = state
         .gateway

@@ -133,6 +133,8 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route("/approvals/{id}", get(approvals::get))
         .route("/approvals/{id}/approve", post(approvals::approve))
         .route("/approvals/{id}/reject", post(approvals::reject))
+        .route("/approvals/{id}/revoke", post(approvals::revoke))
+        .route("/principals/{subject}/suspend", post(approvals::suspend))
         .route("/principals/{subject}/resume", post(approvals::resume))
         .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));

@@ -114,6 +114,14 @@ pub trait Store: Send + Sync + 'static {
 
     // --- stop rules ---
     /// `Some((suspended_at, reason))` while suspended.
+    /// Revoke the mandate an approval issued (`None`: none, or it was revoked already). Draws on it
+    /// are refused from then on, in the posting transaction.
+    async fn mandate_revoke(
+        &self,
+        approval_id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+    ) -> Result<Option<String>, StoreError>;
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError>;
     async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError>;
     /// Returns whether it was suspended.

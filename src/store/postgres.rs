@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_init.sql"),
     include_str!("../../migrations/postgres/0002_budget_usage.sql"),
     include_str!("../../migrations/postgres/0003_rails.sql"),
+    include_str!("../../migrations/postgres/0004_revocation.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
@@ -462,6 +463,18 @@ impl Store for PostgresStore {
         issue: MandateIssuer,
     ) -> Result<ApprovalRecord, ReviewError> {
         approvals::review(&self.pool, id, review, now, issue).await
+    }
+
+    async fn mandate_revoke(
+        &self,
+        approval_id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = "UPDATE mandates SET revoked_at = $1, revoked_by = $2
+                   WHERE approval_id = $3 AND revoked_at IS NULL RETURNING id";
+        Ok(client.opt(sql, &[&now, &by, &approval_id.as_str()]).await?.map(|r| r.get(0)))
     }
 
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {

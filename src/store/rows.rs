@@ -224,7 +224,7 @@ pub(crate) fn account(r: &dyn Columns, first: usize) -> Result<AccountRow, Store
     })
 }
 
-pub(crate) const MANDATE_COLS: &str = "currency, budget_minor, max_uses, spent_minor, uses, expires_at";
+pub(crate) const MANDATE_COLS: &str = "currency, budget_minor, max_uses, spent_minor, uses, expires_at, revoked_at";
 
 pub(crate) fn mandate(r: &dyn Columns) -> Result<MandateRow, StoreError> {
     Ok(MandateRow {
@@ -234,6 +234,7 @@ pub(crate) fn mandate(r: &dyn Columns) -> Result<MandateRow, StoreError> {
         spent_minor: r.int(3)?,
         uses: r.int(4)?,
         expires_at: r.int(5)?,
+        revoked_at: r.opt_int(6)?,
     })
 }
 

@@ -36,6 +36,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0002_approvals_mandates.sql"),
     include_str!("../../migrations/sqlite/0003_budget_usage.sql"),
     include_str!("../../migrations/sqlite/0004_rails.sql"),
+    include_str!("../../migrations/sqlite/0005_revocation.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -495,6 +496,21 @@ impl Store for SqliteStore {
     ) -> Result<ApprovalRecord, ReviewError> {
         let id = id.clone();
         self.write(move |c| approvals::review_tx(c, &id, review, now, issue)).await
+    }
+
+    async fn mandate_revoke(
+        &self,
+        approval_id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+    ) -> Result<Option<String>, StoreError> {
+        let (id, by) = (approval_id.to_string(), by.to_string());
+        self.write(move |c| {
+            let sql = "UPDATE mandates SET revoked_at = ?1, revoked_by = ?2
+                       WHERE approval_id = ?3 AND revoked_at IS NULL RETURNING id";
+            Ok(c.q_row(sql, params![now, by, id], |r| r.get(0)).optional()?)
+        })
+        .await
     }
 
     async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {

@@ -56,6 +56,8 @@ pub struct MandateRow {
     pub spent_minor: i64,
     pub uses: i64,
     pub expires_at: UnixSecs,
+    /// When an operator revoked it, if one did.
+    pub revoked_at: Option<UnixSecs>,
 }
 
 /// Refuse a draw of `amount` on a mandate (`None`: not one this gateway issued). On `Ok` the engine
@@ -69,6 +71,9 @@ pub fn check_mandate(
     let Some(m) = mandate else {
         return Err(BackendError::MandateExhausted("this gateway did not issue it".into()));
     };
+    if m.revoked_at.is_some() {
+        return Err(BackendError::MandateExhausted("an operator revoked it".into()));
+    }
     if m.currency != currency.code() || now >= m.expires_at {
         return Err(BackendError::MandateExhausted("it does not cover this payment".into()));
     }
@@ -151,6 +156,7 @@ mod tests {
             spent_minor: 1_000,
             uses: 1,
             expires_at: 100,
+            revoked_at: None,
         };
         // (mandate, amount, currency, now, refusal)
         type Case = (Option<MandateRow>, i64, &'static str, i64, Option<&'static str>);
@@ -167,6 +173,13 @@ mod tests {
                 Some("mandate cannot be drawn on: all 2 uses are spent"),
             ),
             (Some(row.clone()), 4_001, "KES", 0, Some("mandate cannot be drawn on: its budget is spent")),
+            (
+                Some(MandateRow { revoked_at: Some(50), ..row.clone() }),
+                1,
+                "KES",
+                0,
+                Some("mandate cannot be drawn on: an operator revoked it"),
+            ),
             (Some(MandateRow { budget_minor: None, ..row }), 1_000_000, "KES", 0, None),
         ];
         for (m, amount, cur, now, refusal) in cases {

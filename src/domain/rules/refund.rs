@@ -43,6 +43,15 @@ pub fn plan(
             remaining: format_minor(remaining, original.currency),
         });
     }
+    if let Some(cap) = req.autonomous_cap_minor
+        && original.refunded_minor + amount > cap
+    {
+        return Err(BackendError::BudgetExceeded(format!(
+            "refunds of one payment without a human total at most {} {}",
+            format_minor(cap, original.currency),
+            original.currency
+        )));
+    }
     let payee = payee.ok_or_else(|| BackendError::AccountNotFound(original.to_account.clone()))?;
     if !payee.allow_overdraft && payee.balance_minor < amount {
         return Err(BackendError::InsufficientFunds {
@@ -106,6 +115,7 @@ mod tests {
             principal_sub: "agent".into(),
             guards: Guards::default(),
             audit: None,
+            autonomous_cap_minor: None,
         }
     }
 
@@ -147,6 +157,14 @@ mod tests {
         assert_eq!(
             plan(&missing, None, Some(&paid), None, 5),
             Err(BackendError::AccountNotFound(AccountId::parse("payee").unwrap()))
+        );
+        // Without a human, the refunds of one payment together stay within the cap (40.00 refunded
+        // already): concurrent partial refunds serialise on the payment row and cannot pass it together.
+        let capped = |amount| RefundRequest { autonomous_cap_minor: Some(5_000), ..req(&paid, Some(amount)) };
+        assert!(plan(&capped(1_000), None, Some(&paid), Some(&payee(99_999)), 5).is_ok());
+        assert_eq!(
+            plan(&capped(1_001), None, Some(&paid), Some(&payee(99_999)), 5),
+            Err(BackendError::BudgetExceeded("refunds of one payment without a human total at most 50.00 KES".into()))
         );
         // What an agent reads.
         assert_eq!(exceeds("60.01", "60.00").to_string(), "refund of 60.01 exceeds the 60.00 still refundable");

@@ -113,6 +113,7 @@ async fn overdrafts_and_refunds_are_bounded() {
         principal_sub: "sub".into(),
         guards: Guards::default(),
         audit: None,
+        autonomous_cap_minor: None,
     };
     assert!(matches!(
         s.ledger_refund(refund("r0", Some(10_001)), 1).await,
