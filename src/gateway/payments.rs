@@ -168,6 +168,17 @@ enum MandateCheck {
     Settled(Executed),
 }
 
+impl MandateCheck {
+    /// The verified mandate, if one was passed; or the replayed outcome that answers the call.
+    fn verified(self) -> Result<Option<Authorized>, Executed> {
+        match self {
+            MandateCheck::Absent => Ok(None),
+            MandateCheck::Authorized(m) => Ok(Some(m)),
+            MandateCheck::Settled(done) => Err(done),
+        }
+    }
+}
+
 /// A verified mandate, ready to anchor the key and draw on.
 struct Authorized {
     claims: MandateClaims,
@@ -214,10 +225,10 @@ impl Gateway {
         let mandate = match self
             .mandate_for(caller, &asked, args.mandate.as_deref(), from.as_str(), to.as_str(), amount, None)
             .await?
+            .verified()
         {
-            MandateCheck::Settled(done) => return Ok(done),
-            MandateCheck::Authorized(m) => Some(m),
-            MandateCheck::Absent => None,
+            Ok(m) => m,
+            Err(replayed) => return Ok(replayed),
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
@@ -329,10 +340,10 @@ impl Gateway {
                 Some(pid.as_str()),
             )
             .await?
+            .verified()
         {
-            MandateCheck::Settled(done) => return Ok(done),
-            MandateCheck::Authorized(m) => Some(m),
-            MandateCheck::Absent => None,
+            Ok(m) => m,
+            Err(replayed) => return Ok(replayed),
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
@@ -425,10 +436,10 @@ impl Gateway {
         let mandate = match self
             .mandate_for(caller, &asked, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
             .await?
+            .verified()
         {
-            MandateCheck::Settled(done) => return Ok(done),
-            MandateCheck::Authorized(m) => Some(m),
-            MandateCheck::Absent => None,
+            Ok(m) => m,
+            Err(replayed) => return Ok(replayed),
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
