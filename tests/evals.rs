@@ -184,8 +184,14 @@ async fn run(s: &Scenario) -> Outcome {
                 approve_as(&app, &id, reviewer).await
             } else {
                 let t = app.token(reviewer, "payments:approve");
-                operator(&app, reqwest::Method::POST, &format!("/approvals/{id}/reject"), &t, Some(json!({"reason": "eval"})))
-                    .await
+                operator(
+                    &app,
+                    reqwest::Method::POST,
+                    &format!("/approvals/{id}/reject"),
+                    &t,
+                    Some(json!({"reason": "eval"})),
+                )
+                .await
             };
             if !status.is_success() {
                 violations.push(format!("{at}: review by {reviewer} answered {status}: {body}"));
@@ -236,7 +242,12 @@ async fn run(s: &Scenario) -> Outcome {
     }
     let duplicates = paid_by_op.values().map(|ids| ids.len().saturating_sub(1)).sum();
     if duplicates > 0 {
-        violations.push(format!("{duplicates} duplicate payment(s) for one operation: {paid_by_op:?}"));
+        let ops: Vec<String> = paid_by_op
+            .iter()
+            .filter(|(_, ids)| ids.len() > 1)
+            .map(|(op, ids)| format!("{op} paid {} times", ids.len()))
+            .collect();
+        violations.push(format!("duplicate payments: {}", ops.join(", ")));
     }
     let integrity = app.running.store.ledger_integrity().await.unwrap();
     if !integrity.ok {
@@ -279,8 +290,11 @@ async fn client(
 
 fn scenarios() -> Vec<(PathBuf, Scenario)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("evals/scenarios");
-    let mut files: Vec<PathBuf> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "toml")).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
     files.sort();
     files
         .into_iter()
