@@ -170,11 +170,11 @@ enum MandateCheck {
 
 impl MandateCheck {
     /// The verified mandate, if one was passed; or the replayed outcome that answers the call.
-    fn verified(self) -> Result<Option<Authorized>, Executed> {
+    fn verified(self) -> Result<Option<Authorized>, Box<Executed>> {
         match self {
             MandateCheck::Absent => Ok(None),
             MandateCheck::Authorized(m) => Ok(Some(m)),
-            MandateCheck::Settled(done) => Err(done),
+            MandateCheck::Settled(done) => Err(Box::new(done)),
         }
     }
 }
@@ -228,7 +228,7 @@ impl Gateway {
             .verified()
         {
             Ok(m) => m,
-            Err(replayed) => return Ok(replayed),
+            Err(replayed) => return Ok(*replayed),
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
@@ -343,7 +343,7 @@ impl Gateway {
             .verified()
         {
             Ok(m) => m,
-            Err(replayed) => return Ok(replayed),
+            Err(replayed) => return Ok(*replayed),
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
@@ -439,7 +439,7 @@ impl Gateway {
             .verified()
         {
             Ok(m) => m,
-            Err(replayed) => return Ok(replayed),
+            Err(replayed) => return Ok(*replayed),
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
