@@ -151,7 +151,9 @@ pub struct OpensSession;
 /// Scopes the JSON-RPC message(s) in this body need (a tool's scope for tools/call, read for
 /// resources/read and prompts/get), and whether one of them is `initialize`.
 fn inspect(body: &[u8]) -> (Vec<&'static str>, bool) {
-    let Ok(value) = serde_json::from_slice::<Value>(body) else { return (vec![], false) };
+    // A body this peek cannot read might still open a session downstream: count it as one (fail
+    // closed), so no crafted body skips the session bounds.
+    let Ok(value) = serde_json::from_slice::<Value>(body) else { return (vec![], true) };
     let messages = match &value {
         Value::Array(items) => items.iter().collect::<Vec<_>>(),
         single => vec![single],
@@ -301,5 +303,6 @@ mod tests {
         let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#;
         assert!(inspect(init).1, "initialize opens a session");
         assert!(!inspect(call("create_payment").as_bytes()).1);
+        assert!(inspect(b"not json").1, "an unreadable body is counted as opening a session");
     }
 }
