@@ -310,6 +310,11 @@ impl Gateway {
         let amount = match amount {
             Ok(a) => a,
             Err(_) if args.amount.is_none() => {
+                // Nothing left: perhaps because this very operation refunded it. Its retry replays.
+                let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
+                if let Some(done) = self.recorded_outcome(caller, TOOL, &op, args).await {
+                    return done;
+                }
                 let e = AgentError::invalid(format!("payment {pid} has nothing left to refund"));
                 return Err(self.refuse(caller, TOOL, None, e).await);
             }
@@ -540,15 +545,29 @@ impl Gateway {
                 self.audit(caller, d).await;
                 Ok(MandateCheck::Authorized(Authorized { claims }))
             }
-            Err(e) => {
-                let operation = self.idem_for(caller, asked.tool, asked.op, None, asked.args.clone());
-                match self.store.idem_peek(&operation.key, self.clock.now()).await {
-                    Ok(Some((fp, Some(outcome)))) if fp == operation.fingerprint => {
-                        self.replay(caller, asked.tool, &operation, &outcome).await.map(MandateCheck::Settled)
-                    }
-                    _ => Err(self.refuse(caller, asked.tool, None, e).await),
-                }
+            Err(e) => match self.recorded_outcome(caller, asked.tool, asked.op, asked.args.clone()).await {
+                Some(done) => done.map(MandateCheck::Settled),
+                None => Err(self.refuse(caller, asked.tool, None, e).await),
+            },
+        }
+    }
+
+    /// The outcome already recorded for this operation with these very arguments, replayed; `None`
+    /// when there is none. For a call that would be refused for what the operation itself changed
+    /// (an expired mandate it used, a payment it refunded whole): its retry must still replay.
+    async fn recorded_outcome(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        op: &OperationId,
+        args: serde_json::Value,
+    ) -> Option<Result<Executed, AgentError>> {
+        let operation = self.idem_for(caller, tool, op, None, args);
+        match self.store.idem_peek(&operation.key, self.clock.now()).await {
+            Ok(Some((fp, Some(outcome)))) if fp == operation.fingerprint => {
+                Some(self.replay(caller, tool, &operation, &outcome).await)
             }
+            _ => None,
         }
     }
 
