@@ -176,6 +176,11 @@ pub struct ProfileConfig {
     pub autonomous_limit: MoneyMap,
     #[serde(default)]
     pub daily_limit: MoneyMap,
+    /// What autonomous refunds may total per UTC day, per currency; a currency not listed takes
+    /// its `daily_limit`. Refunds count apart from payments, and their number is capped by
+    /// `daily_payments_max` too.
+    #[serde(default)]
+    pub daily_refund_limit: MoneyMap,
     #[serde(default = "default_daily_payments_max")]
     pub daily_payments_max: i64,
     #[serde(default = "default_calls_per_minute")]
@@ -335,6 +340,7 @@ impl PolicyConfig {
                 allowed_accounts: p.allowed_accounts.clone(),
                 autonomous_limit_minor: p.autonomous_limit.iter().collect(),
                 daily_limit_minor: p.daily_limit.iter().collect(),
+                daily_refund_limit_minor: p.daily_limit.iter().chain(p.daily_refund_limit.iter()).collect(),
                 daily_payments_max: p.daily_payments_max,
                 calls_per_minute: p.calls_per_minute.clamp(1, u32::MAX as i64) as u32,
                 tool_calls_per_minute: p

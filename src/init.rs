@@ -188,6 +188,8 @@ allowed_accounts = ["acct-operating", "acct-vendors"]
 # Per payment without a human; above it the call returns APPROVAL_REQUIRED.
 autonomous_limit = { USD = "100.00" }
 daily_limit = { USD = "1000.00" }
+# Refunds without a human per day, apart from payments (a currency not listed takes daily_limit).
+daily_refund_limit = { USD = "300.00" }
 daily_payments_max = 100
 calls_per_minute = 120
 

@@ -21,6 +21,8 @@ pub struct Profile {
     pub autonomous_limit_minor: HashMap<Currency, i64>,
     /// Per currency, in minor units per UTC day.
     pub daily_limit_minor: HashMap<Currency, i64>,
+    /// Autonomous refunds per currency, in minor units per UTC day (counted apart from payments).
+    pub daily_refund_limit_minor: HashMap<Currency, i64>,
     pub daily_payments_max: i64,
     pub calls_per_minute: u32,
     pub tool_calls_per_minute: HashMap<String, u32>,
@@ -59,6 +61,7 @@ impl Profiles {
             allowed_accounts: vec![],
             autonomous_limit_minor: HashMap::new(),
             daily_limit_minor: HashMap::new(),
+            daily_refund_limit_minor: HashMap::new(),
             daily_payments_max: 1,
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
@@ -233,6 +236,7 @@ mod tests {
             allowed_accounts: vec![acct("acct-A"), acct("acct-B")],
             autonomous_limit_minor: [(Currency::parse("KES").unwrap(), 100_000)].into_iter().collect(),
             daily_limit_minor: HashMap::new(),
+            daily_refund_limit_minor: HashMap::new(),
             daily_payments_max: 10,
             calls_per_minute: 10,
             tool_calls_per_minute: HashMap::new(),
@@ -332,6 +336,7 @@ mod tests {
             allowed_accounts: vec![acct(name)],
             autonomous_limit_minor: HashMap::new(),
             daily_limit_minor: HashMap::new(),
+            daily_refund_limit_minor: HashMap::new(),
             daily_payments_max: 1,
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),

@@ -461,3 +461,76 @@ async fn a_mandated_payment_cannot_be_refunded_in_autonomous_slices() {
     let _ = agent.cancel().await;
     app.stop().await;
 }
+
+/// Hole 2, the rest: refunds drew on no daily budget, so an agent could refund one autonomous
+/// payment after another all day. Autonomous refunds now draw on a daily refund budget of their
+/// own (`daily_refund_limit`), held where they commit (concurrent refunds cannot overshoot it), and
+/// kept apart from the payment budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn autonomous_refunds_draw_on_a_daily_refund_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = paygate::clock::ManualClock::new(now_secs());
+    let profiles = r#"
+[policy]
+default_profile = "default"
+
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_refund_limit = { KES = "1500.00" }
+daily_payments_max = 1000
+calls_per_minute = 10000
+"#;
+    let app = spawn_with_toml(dir.path(), profiles, &[], std::sync::Arc::new(clock.clone())).await;
+    let agent = std::sync::Arc::new(connect(&app.url, &app.dev_token(), Era::Modern).await);
+    let pay = |op: String| json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": "500.00", "currency": "KES"});
+    let mut paid = Vec::new();
+    for i in 0..9 {
+        let r = call(&agent, "create_payment", pay(format!("sale-{i}"))).await;
+        paid.push(ok(&r)["payment_id"].as_str().unwrap().to_string());
+    }
+    let before = balance(&agent, "acct-A").await;
+    // Eight full refunds of eight different payments at once: three fit in 1,500.00.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, pid) in paid.iter().take(8).enumerate() {
+        let (agent, barrier, pid) = (agent.clone(), barrier.clone(), pid.clone());
+        tasks.spawn(async move {
+            barrier.wait().await;
+            call(&agent, "refund_payment", json!({"operation_id": format!("back-{i}"), "payment_id": pid})).await
+        });
+    }
+    let (mut refunded, mut refused) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        let r = r.unwrap();
+        if r.is_error == Some(true) {
+            assert_eq!(code(&r), "BUDGET_EXCEEDED", "{r:?}");
+            let text = err(&r)["message"].as_str().unwrap().to_string();
+            assert!(text.contains("daily refund limit of 1500.00"), "{text}");
+            refused += 1;
+        } else {
+            refunded += 1;
+        }
+    }
+    assert_eq!((refunded, refused), (3, 5));
+    // KES balances always carry two decimals: compare them in minor units.
+    let minor = |s: String| s.replace('.', "").parse::<i64>().unwrap();
+    let back = minor(balance(&agent, "acct-A").await) - minor(before);
+    assert_eq!(back, 150_000, "exactly the day's refund budget came back");
+    // The payment budget is its own: paying still works.
+    let r = call(&agent, "create_payment", pay("after-refunds".into())).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+    // On the next UTC day the refund budget is fresh.
+    clock.advance(86_400);
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let r = call(&agent, "refund_payment", json!({"operation_id": "next-day", "payment_id": paid[8]})).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+    app.assert_integrity().await;
+    app.stop().await;
+}

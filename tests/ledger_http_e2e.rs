@@ -373,8 +373,10 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
     .unwrap();
     let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone());
     let today = r.clock.now() - r.clock.now().rem_euclid(86_400);
-    let budget =
-        || Guards { budget: Some(DailyBudget { since: today, max_minor: 1_000_000, max_payments: 1 }), mandate: None };
+    let budget = || Guards {
+        budget: Some(DailyBudget { kind: PaymentKind::Payment, since: today, max_minor: 1_000_000, max_payments: 1 }),
+        mandate: None,
+    };
     let first_id = PaymentId::generate();
     let request = |id: &PaymentId| TransferRequest {
         idempotency_key: "k-dead".into(),

@@ -264,7 +264,7 @@ contract!(concurrent_transfers_never_overdraw, |store, label| async move {
 
 contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async move {
     with_accounts(&store, 1_000_000).await;
-    let budget = DailyBudget { since: 0, max_minor: 5_000, max_payments: 1_000 };
+    let budget = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 5_000, max_payments: 1_000 };
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..32 {
         let (s, b) = (store.clone(), budget.clone());
@@ -282,7 +282,7 @@ contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async
     }
     assert_eq!(ok, 5, "{label}");
     // The count limit holds too.
-    let counted = DailyBudget { since: 0, max_minor: i64::MAX / 4, max_payments: 6 };
+    let counted = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: i64::MAX / 4, max_payments: 6 };
     assert!(
         store
             .ledger_transfer(transfer("c1", 1, Guards { budget: Some(counted.clone()), mandate: None }), 11)
@@ -481,6 +481,53 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
     assert_integrity(&store, label).await;
 });
 
+contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label| async move {
+    with_accounts(&store, 1_000_000).await;
+    // A day of payments fills the payment budget; refunds draw on their own.
+    let paid_budget = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 16_000, max_payments: 1_000 };
+    let mut paid = Vec::new();
+    for n in 0..16 {
+        let guards = Guards { budget: Some(paid_budget.clone()), mandate: None };
+        paid.push(store.ledger_transfer(transfer(&format!("p{n}"), 1_000, guards), 10).await.unwrap());
+    }
+    let budget = DailyBudget { kind: PaymentKind::Refund, since: 0, max_minor: 5_000, max_payments: 1_000 };
+    let mut tasks = tokio::task::JoinSet::new();
+    for (n, p) in paid.iter().enumerate() {
+        let (s, b, pid) = (store.clone(), budget.clone(), p.id.clone());
+        tasks.spawn(async move {
+            let req = RefundRequest {
+                idempotency_key: format!("r{n}"),
+                alias_key: None,
+                refund_id: PaymentId::generate(),
+                payment_id: pid,
+                amount_minor: None,
+                reason: None,
+                principal_sub: "agent".into(),
+                guards: Guards { budget: Some(b), mandate: None },
+                audit: None,
+                autonomous_cap_minor: None,
+            };
+            s.ledger_refund(req, 10).await
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(_) => ok += 1,
+            Err(BackendError::BudgetExceeded(_)) => {}
+            Err(e) => panic!("{label}: {e}"),
+        }
+    }
+    assert_eq!(ok, 5, "{label}: a refund budget of 50.00 allows five full refunds of 10.00");
+    // Refunding freed nothing of the payment budget: it is still spent.
+    let guards = Guards { budget: Some(paid_budget), mandate: None };
+    assert!(matches!(
+        store.ledger_transfer(transfer("p-late", 1, guards), 10).await,
+        Err(BackendError::BudgetExceeded(_))
+    ));
+    assert_integrity(&store, label).await;
+});
+
 contract!(suspension_and_denials, |store, label| async move {
     let audit = |seq_at: i64, decision: &str, code: &str| AuditRecord {
         seq: 0,
@@ -564,8 +611,10 @@ fn rail(id: &PaymentId, key: &str, minor: i64) -> RailPayment {
 // The gateway's record of external-rail payments: guards drawn once per key, given back when
 // nothing moved, and states that only move forward from what the caller expects.
 contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |store, label| async move {
-    let budget =
-        || Guards { budget: Some(DailyBudget { since: 0, max_minor: 3_000, max_payments: 10 }), mandate: None };
+    let budget = || Guards {
+        budget: Some(DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 3_000, max_payments: 10 }),
+        mandate: None,
+    };
     let (p1, p2, p3) = (PaymentId::generate(), PaymentId::generate(), PaymentId::generate());
     let r1 = store.rail_open(rail(&p1, "k1", 2_000), budget(), 10).await.unwrap();
     assert_eq!((r1.rec.state, r1.rec.created_at, r1.created), (RailState::Submitting, 10, true));

@@ -148,10 +148,12 @@ pub struct AccountRow {
     pub allow_overdraft: bool,
 }
 
-/// A UTC day's autonomous spending cap for one subject, checked where payments commit so
-/// concurrent calls cannot overshoot it.
+/// A UTC day's autonomous spending (or refunding) cap for one subject, checked where payments
+/// commit so concurrent calls cannot overshoot it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DailyBudget {
+    /// Which day's usage it caps: payments and refunds have separate budgets.
+    pub kind: PaymentKind,
     /// Start of the current UTC day.
     pub since: UnixSecs,
     pub max_minor: i64,

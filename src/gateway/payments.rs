@@ -13,8 +13,11 @@ use tokio::time::Instant;
 use super::exactly_once::{self, Fate};
 use super::{Caller, Decision, Gateway, map_backend_error};
 use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
-use crate::backend::{BackendError, DailyBudget, Guards, MandateDraw, Payment, RefundRequest, TransferRequest};
+use crate::backend::{
+    BackendError, DailyBudget, Guards, MandateDraw, Payment, PaymentKind, RefundRequest, TransferRequest,
+};
 use crate::domain::approval::ApprovalStatus;
+use crate::domain::rules::guards;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::{StoredOutcome, fingerprint};
 use crate::ids::{AccountId, ApprovalId, OperationId, PaymentId};
@@ -237,7 +240,7 @@ impl Gateway {
             policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
             mandate.is_some(),
         );
-        let guards = self.guards_for(mandate.as_ref(), &p.profile, amount.currency());
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
         self.execute(
             caller,
             TOOL,
@@ -357,7 +360,7 @@ impl Gateway {
             policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
             mandate.is_some(),
         );
-        let guards = mandate.as_ref().map(Authorized::guards).unwrap_or_default();
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
         // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
         let autonomous_cap_minor =
             if mandate.is_none() { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() } else { None };
@@ -451,7 +454,7 @@ impl Gateway {
         let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
         let decision =
             authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
-        let guards = self.guards_for(mandate.as_ref(), &p.profile, amount.currency());
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
         self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit| {
             let req = CollectionRequest {
                 idempotency_key: key,
@@ -571,19 +574,31 @@ impl Gateway {
         }
     }
 
-    /// What a payment draws on where it commits: its mandate, or else today's autonomous budget.
-    fn guards_for(&self, mandate: Option<&Authorized>, profile: &Profile, currency: Currency) -> Guards {
+    /// What a payment or refund draws on where it commits: its mandate, or else today's
+    /// autonomous budget for its kind.
+    fn guards_for(
+        &self,
+        mandate: Option<&Authorized>,
+        profile: &Profile,
+        kind: PaymentKind,
+        currency: Currency,
+    ) -> Guards {
         match mandate {
             Some(m) => m.guards(),
-            None => Guards { budget: self.budget_for(profile, currency), mandate: None },
+            None => Guards { budget: self.budget_for(profile, kind, currency), mandate: None },
         }
     }
 
-    /// Today's (UTC) autonomous budget in this currency.
-    fn budget_for(&self, profile: &Profile, currency: Currency) -> Option<DailyBudget> {
+    /// Today's (UTC) autonomous budget for payments or for refunds in this currency.
+    fn budget_for(&self, profile: &Profile, kind: PaymentKind, currency: Currency) -> Option<DailyBudget> {
         let now = self.clock.now();
-        profile.daily_limit_minor.get(&currency).map(|max| DailyBudget {
-            since: now - now.rem_euclid(86_400),
+        let limits = match kind {
+            PaymentKind::Payment => &profile.daily_limit_minor,
+            PaymentKind::Refund => &profile.daily_refund_limit_minor,
+        };
+        limits.get(&currency).map(|max| DailyBudget {
+            kind,
+            since: guards::day_of(now),
             max_minor: *max,
             max_payments: profile.daily_payments_max,
         })

@@ -37,6 +37,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0003_budget_usage.sql"),
     include_str!("../../migrations/sqlite/0004_rails.sql"),
     include_str!("../../migrations/sqlite/0005_revocation.sql"),
+    include_str!("../../migrations/sqlite/0006_refund_usage.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

@@ -22,7 +22,17 @@ pub struct BudgetUsage {
     pub spent_minor: i64,
 }
 
-/// Refuse a payment of `amount` that would take the day past the budget's count or spend.
+/// Where a kind's daily usage is kept. Payments and refunds count against separate budgets, so a
+/// refund neither frees nor spends the day's payment budget (engines put this name in their SQL).
+pub fn usage_table(kind: PaymentKind) -> &'static str {
+    match kind {
+        PaymentKind::Payment => "budget_usage",
+        PaymentKind::Refund => "refund_usage",
+    }
+}
+
+/// Refuse a payment (or refund) of `amount` that would take the day past the budget's count or
+/// spend.
 pub fn check_budget(
     budget: &DailyBudget,
     usage: BudgetUsage,
@@ -30,15 +40,19 @@ pub fn check_budget(
     currency: Currency,
 ) -> Result<(), BackendError> {
     let BudgetUsage { payments: count, spent_minor: spent } = usage;
+    let (things, spent_verb, limit) = match budget.kind {
+        PaymentKind::Payment => ("payments", "spent", "daily limit"),
+        PaymentKind::Refund => ("refunds", "refunded", "daily refund limit"),
+    };
     if count >= budget.max_payments {
         return Err(BackendError::BudgetExceeded(format!(
-            "{count} payments today reach the daily maximum of {}",
+            "{count} {things} today reach the daily maximum of {}",
             budget.max_payments
         )));
     }
     if spent + amount > budget.max_minor {
         return Err(BackendError::BudgetExceeded(format!(
-            "{currency} {} spent today plus {} exceeds the daily limit of {}",
+            "{currency} {} {spent_verb} today plus {} exceeds the {limit} of {}",
             format_minor(spent, currency),
             format_minor(amount, currency),
             format_minor(budget.max_minor, currency)
@@ -86,29 +100,20 @@ pub fn check_mandate(
     Ok(())
 }
 
-/// What a payment adds to its subject's day in `budget_usage`.
+/// What a payment or refund adds to its subject's day (in its kind's `usage_table`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageDraw {
+    pub kind: PaymentKind,
     pub subject: String,
     pub day: UnixSecs,
     pub currency: Currency,
     pub amount_minor: i64,
 }
 
-/// Every payment counts toward its subject's day (mandated ones too); refunds do not.
-pub fn usage_draw(
-    kind: PaymentKind,
-    subject: &str,
-    currency: Currency,
-    amount_minor: i64,
-    at: UnixSecs,
-) -> Option<UsageDraw> {
-    match kind {
-        PaymentKind::Payment => {
-            Some(UsageDraw { subject: subject.to_string(), day: day_of(at), currency, amount_minor })
-        }
-        PaymentKind::Refund => None,
-    }
+/// Every payment and every refund counts toward its subject's day of its kind (mandated ones too,
+/// though only autonomous ones are checked against the budget).
+pub fn usage_draw(kind: PaymentKind, subject: &str, currency: Currency, amount_minor: i64, at: UnixSecs) -> UsageDraw {
+    UsageDraw { kind, subject: subject.to_string(), day: day_of(at), currency, amount_minor }
 }
 
 #[cfg(test)]
@@ -128,7 +133,7 @@ mod tests {
 
     #[test]
     fn budget_refusals() {
-        let budget = DailyBudget { since: 0, max_minor: 10_000, max_payments: 3 };
+        let budget = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 10_000, max_payments: 3 };
         let cases: &[(i64, i64, i64, Option<&str>)] = &[
             // (payments today, spent today, amount, refusal)
             (0, 0, 10_000, None),
@@ -145,6 +150,18 @@ mod tests {
             let got = check_budget(&budget, BudgetUsage { payments, spent_minor }, amount, kes());
             assert_eq!(got.err().map(|e| e.to_string()).as_deref(), refusal, "{payments} {spent_minor} {amount}");
         }
+        // A refund budget refuses in its own words.
+        let refunds = DailyBudget { kind: PaymentKind::Refund, ..budget };
+        let got = check_budget(&refunds, BudgetUsage { payments: 1, spent_minor: 9_000 }, 1_001, kes());
+        assert_eq!(
+            got.err().map(|e| e.to_string()).as_deref(),
+            Some("daily budget exceeded: KES 90.00 refunded today plus 10.01 exceeds the daily refund limit of 100.00")
+        );
+        let got = check_budget(&refunds, BudgetUsage { payments: 3, spent_minor: 0 }, 1, kes());
+        assert_eq!(
+            got.err().map(|e| e.to_string()).as_deref(),
+            Some("daily budget exceeded: 3 refunds today reach the daily maximum of 3")
+        );
     }
 
     #[test]
@@ -189,11 +206,13 @@ mod tests {
     }
 
     #[test]
-    fn only_payments_count_toward_the_day() {
-        assert_eq!(
-            usage_draw(PaymentKind::Payment, "sub", kes(), 500, 86_401),
-            Some(UsageDraw { subject: "sub".into(), day: 86_400, currency: kes(), amount_minor: 500 })
-        );
-        assert_eq!(usage_draw(PaymentKind::Refund, "sub", kes(), 500, 86_401), None);
+    fn payments_and_refunds_count_toward_separate_days() {
+        for kind in [PaymentKind::Payment, PaymentKind::Refund] {
+            assert_eq!(
+                usage_draw(kind, "sub", kes(), 500, 86_401),
+                UsageDraw { kind, subject: "sub".into(), day: 86_400, currency: kes(), amount_minor: 500 }
+            );
+        }
+        assert_ne!(usage_table(PaymentKind::Payment), usage_table(PaymentKind::Refund));
     }
 }

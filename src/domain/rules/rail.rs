@@ -10,7 +10,7 @@ use crate::domain::rail::{RailPayment, RailState};
 /// What a record drew when it opened, to be given back: its day's usage and one mandate use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Draws {
-    pub usage: Option<UsageDraw>,
+    pub usage: UsageDraw,
     /// (mandate id, amount)
     pub mandate: Option<(String, i64)>,
 }
@@ -83,18 +83,20 @@ mod tests {
     #[test]
     fn what_a_record_gives_back() {
         let kes = Currency::parse("KES").unwrap();
-        let usage = Some(UsageDraw { subject: "agent".into(), day: 86_400 * 3, currency: kes, amount_minor: 700 });
+        let usage =
+            |kind| UsageDraw { kind, subject: "agent".into(), day: 86_400 * 3, currency: kes, amount_minor: 700 };
+        let (payment, refund) = (usage(PaymentKind::Payment), usage(PaymentKind::Refund));
         let cases = [
-            (rec(PaymentKind::Payment, RailState::Submitting, None), Draws { usage: usage.clone(), mandate: None }),
+            (rec(PaymentKind::Payment, RailState::Submitting, None), Draws { usage: payment.clone(), mandate: None }),
             (
                 rec(PaymentKind::Payment, RailState::Pending, Some("mdt_1")),
-                Draws { usage: usage.clone(), mandate: Some(("mdt_1".into(), 700)) },
+                Draws { usage: payment, mandate: Some(("mdt_1".into(), 700)) },
             ),
             (
                 rec(PaymentKind::Refund, RailState::Pending, Some("mdt_1")),
-                Draws { usage: None, mandate: Some(("mdt_1".into(), 700)) },
+                Draws { usage: refund.clone(), mandate: Some(("mdt_1".into(), 700)) },
             ),
-            (rec(PaymentKind::Refund, RailState::Pending, None), Draws { usage: None, mandate: None }),
+            (rec(PaymentKind::Refund, RailState::Pending, None), Draws { usage: refund, mandate: None }),
         ];
         for (r, draws) in cases {
             assert_eq!(released_by(&r, RailState::Failed), Some(draws.clone()));

@@ -86,12 +86,15 @@ pub(super) async fn complete_in_tx(
     Ok(())
 }
 
-/// Count a payment toward its subject's day.
+/// Count a payment or refund toward its subject's day.
 pub(super) async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<u64, tokio_postgres::Error> {
+    let table = guards::usage_table(d.kind);
     c.exec(
-        "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
-         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = budget_usage.spent_minor + excluded.spent_minor,
-                                                            payments = budget_usage.payments + 1",
+        &format!(
+            "INSERT INTO {table} (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
+             ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = {table}.spent_minor + excluded.spent_minor,
+                                                                payments = {table}.payments + 1"
+        ),
         &[&d.subject, &d.day, &d.currency.code(), &d.amount_minor],
     )
     .await
@@ -110,9 +113,12 @@ pub(super) async fn apply_guards(
         c.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&subject]).await.map_err(db)?;
         let row = c
             .one(
-                "SELECT COALESCE(SUM(payments), 0)::BIGINT,
-                        COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
-                 FROM budget_usage WHERE subject = $1 AND day = $2",
+                &format!(
+                    "SELECT COALESCE(SUM(payments), 0)::BIGINT,
+                            COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
+                     FROM {} WHERE subject = $1 AND day = $2",
+                    guards::usage_table(b.kind)
+                ),
                 &[&subject, &b.since, &currency.code()],
             )
             .await
@@ -176,12 +182,7 @@ async fn write_posting(
     let desc = ledger::posting_description(&p);
     let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
     let (counted, refunded, debit, credit, completed, audited) = tokio::join!(
-        async {
-            match &usage {
-                Some(u) => add_usage(&tx, u).await,
-                None => Ok(0),
-            }
-        },
+        async { add_usage(&tx, &usage).await },
         async {
             match &p.refund_of {
                 Some(original) => {

@@ -8,6 +8,7 @@ use super::postings::{add_usage, apply_guards};
 use super::{Cached, Mapped, TxError, bind, db};
 use crate::clock::UnixSecs;
 use crate::domain::payment::Guards;
+use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
 use crate::store::rows::{self, RAIL_COLS};
 use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
@@ -27,9 +28,7 @@ pub(super) async fn load_rail(
 /// Lock what giving back `draws` will update, in the engine's order: the subject's budget
 /// (advisory), then the mandate row; the caller locks the record after.
 async fn lock_draws(tx: &impl GenericClient, draws: &Draws) -> Result<(), StoreError> {
-    if let Some(u) = &draws.usage {
-        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&u.subject]).await?;
-    }
+    tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&draws.usage.subject]).await?;
     if let Some((mandate, _)) = &draws.mandate {
         tx.exec("SELECT 1 FROM mandates WHERE id = $1 FOR UPDATE", &[mandate]).await?;
     }
@@ -38,14 +37,16 @@ async fn lock_draws(tx: &impl GenericClient, draws: &Draws) -> Result<(), StoreE
 
 /// Give back what a record drew when it opened: its day's usage and its mandate use.
 async fn give_back(tx: &impl GenericClient, draws: &Draws) -> Result<(), StoreError> {
-    if let Some(u) = &draws.usage {
-        tx.exec(
-            "UPDATE budget_usage SET spent_minor = spent_minor - $1, payments = payments - 1
+    let u = &draws.usage;
+    tx.exec(
+        &format!(
+            "UPDATE {} SET spent_minor = spent_minor - $1, payments = payments - 1
              WHERE subject = $2 AND day = $3 AND currency = $4",
-            &[&u.amount_minor, &u.subject, &u.day, &u.currency.code()],
-        )
-        .await?;
-    }
+            guards::usage_table(u.kind)
+        ),
+        &[&u.amount_minor, &u.subject, &u.day, &u.currency.code()],
+    )
+    .await?;
     if let Some((mandate, amount)) = &draws.mandate {
         tx.exec(
             "UPDATE mandates SET uses = uses - 1, spent_minor = spent_minor - $1 WHERE id = $2",
@@ -78,9 +79,7 @@ pub(super) async fn open_once(
         return Err(TxError::Backend(refusal));
     }
     let rec = rules::opened(rec.clone(), guards, now);
-    if let Some(draw) = Draws::of(&rec).usage {
-        add_usage(&tx, &draw).await.map_err(TxError::pg)?;
-    }
+    add_usage(&tx, &Draws::of(&rec).usage).await.map_err(TxError::pg)?;
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,

@@ -49,12 +49,15 @@ pub(super) fn post(
     Ok(balance)
 }
 
-/// Count a payment toward its subject's day.
+/// Count a payment or refund toward its subject's day.
 pub(super) fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<usize> {
+    let table = guards::usage_table(d.kind);
     tx.exec(
-        "INSERT INTO budget_usage (subject, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, 1)
-         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
-                                                            payments = payments + 1",
+        &format!(
+            "INSERT INTO {table} (subject, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, 1)
+             ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
+                                                                payments = payments + 1"
+        ),
         params![d.subject, d.day, d.currency.code(), d.amount_minor],
     )
 }
@@ -69,10 +72,13 @@ pub(super) fn apply_guards(
     now: UnixSecs,
 ) -> Result<(), BackendError> {
     if let Some(b) = &g.budget {
+        let table = guards::usage_table(b.kind);
         let usage = tx
             .q_row(
-                "SELECT (SELECT COALESCE(SUM(payments), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2),
-                        (SELECT COALESCE(SUM(spent_minor), 0) FROM budget_usage WHERE subject = ?1 AND day = ?2 AND currency = ?3)",
+                &format!(
+                    "SELECT (SELECT COALESCE(SUM(payments), 0) FROM {table} WHERE subject = ?1 AND day = ?2),
+                            (SELECT COALESCE(SUM(spent_minor), 0) FROM {table} WHERE subject = ?1 AND day = ?2 AND currency = ?3)"
+                ),
                 params![subject, b.since, currency.code()],
                 |r| Ok(BudgetUsage { payments: r.get(0)?, spent_minor: r.get(1)? }),
             )
@@ -107,9 +113,8 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
                 params_from_iter(rows::payment_values(&p, w.key, mandate_id)),
             )
             .map_err(db)?;
-            if let Some(draw) = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now) {
-                add_usage(tx, &draw).map_err(db)?;
-            }
+            let draw = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now);
+            add_usage(tx, &draw).map_err(db)?;
             if let Some(original) = &p.refund_of {
                 tx.exec(
                     "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",

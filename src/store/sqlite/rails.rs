@@ -7,6 +7,7 @@ use super::{Cached, db};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::Guards;
+use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
 use crate::store::rows::{self, RAIL_COLS};
 use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
@@ -19,13 +20,15 @@ pub(super) fn load_rail(c: &Connection, column: &str, value: &str) -> Result<Opt
 
 /// Give back what a record drew when it opened: its day's usage and its mandate use.
 fn give_back(tx: &Connection, draws: &Draws) -> rusqlite::Result<()> {
-    if let Some(u) = &draws.usage {
-        tx.exec(
-            "UPDATE budget_usage SET spent_minor = spent_minor - ?1, payments = payments - 1
+    let u = &draws.usage;
+    tx.exec(
+        &format!(
+            "UPDATE {} SET spent_minor = spent_minor - ?1, payments = payments - 1
              WHERE subject = ?2 AND day = ?3 AND currency = ?4",
-            params![u.amount_minor, u.subject, u.day, u.currency.code()],
-        )?;
-    }
+            guards::usage_table(u.kind)
+        ),
+        params![u.amount_minor, u.subject, u.day, u.currency.code()],
+    )?;
     if let Some((mandate, amount)) = &draws.mandate {
         tx.exec(
             "UPDATE mandates SET uses = uses - 1, spent_minor = spent_minor - ?1 WHERE id = ?2",
@@ -48,9 +51,7 @@ pub(super) fn open_tx(
     }
     apply_guards(&tx, &guards, &rec.principal_sub, rec.amount_minor, rec.currency, now)?;
     let rec = rules::opened(rec, &guards, now);
-    if let Some(draw) = Draws::of(&rec).usage {
-        add_usage(&tx, &draw).map_err(db)?;
-    }
+    add_usage(&tx, &Draws::of(&rec).usage).map_err(db)?;
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
