@@ -1,0 +1,1028 @@
+// paygate operator console: one ES module, no framework, no build step.
+//
+// Architecture Invariant: the access token lives in `session.token` (module memory) and nowhere
+// else: not in localStorage, sessionStorage, cookies, URLs or logs. Only the PKCE verifier and the
+// OAuth `state` cross the sign-in redirect in sessionStorage, and they are removed on return.
+//
+// Architecture Invariant: text from the server is rendered with text nodes only (never innerHTML).
+// Agents write memos, reasons and payee names, so that text is hostile: it may hold HTML,
+// instructions aimed at a reviewer, bidi overrides or invisible characters. `clean()` makes those
+// characters visible; the page never interprets any of it.
+
+const PENDING_KEY = 'paygate.console.oidc'; // sessionStorage: {verifier, state} across the redirect only
+const PAGE_LIMIT = 50;
+const SUMMARY_POLL_MS = 15000;
+const SCOPE = { audit: 'payments:audit', approve: 'payments:approve', admin: 'payments:admin' };
+
+const session = { token: null, claims: null, scopes: new Set() };
+let config = null;
+let currentView = null;
+let pollTimer = null;
+
+// ---- small DOM helpers ------------------------------------------------------------------------
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+
+// Control characters, zero-width and bidi-control characters: shown as ⟨U+XXXX⟩ so a reviewer sees
+// them instead of being fooled by them.
+const INVISIBLE = /[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb]/gu;
+function clean(value) {
+  if (value === null || value === undefined) return '';
+  const s = typeof value === 'string' ? value : String(value);
+  return s.replace(INVISIBLE, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`);
+}
+
+// h('tag', {attr: value, class: 'x', on: {click: fn}}, ...children). Children are nodes or text;
+// text always becomes a text node. Attributes are set with setAttribute, never as HTML.
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs ?? {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'on') for (const [ev, fn] of Object.entries(v)) el.addEventListener(ev, fn);
+    else if (k === 'text') el.textContent = clean(v);
+    else el.setAttribute(k, v === true ? '' : String(v));
+  }
+  append(el, children);
+  return el;
+}
+function append(el, children) {
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(clean(c)));
+  }
+  return el;
+}
+function clear(el) {
+  while (el.firstChild) el.firstChild.remove();
+  return el;
+}
+const SVG_NS = 'http://www.w3.org/2000/svg';
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs ?? {})) el.setAttribute(k, String(v));
+  for (const c of children) el.append(c instanceof Node ? c : document.createTextNode(clean(c)));
+  return el;
+}
+
+function fmtTime(iso) {
+  if (!iso) return '—';
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return clean(iso);
+  const p = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+function timeCell(iso) {
+  return h('time', { datetime: iso ?? null, title: iso ?? null }, fmtTime(iso));
+}
+function fmtRemaining(ms) {
+  if (ms <= 0) return 'expired';
+  const s = Math.floor(ms / 1000);
+  const d = Math.floor(s / 86400);
+  const hh = Math.floor((s % 86400) / 3600);
+  const mm = Math.floor((s % 3600) / 60);
+  const ss = s % 60;
+  if (d > 0) return `${d}d ${hh}h ${mm}m`;
+  if (hh > 0) return `${hh}h ${String(mm).padStart(2, '0')}m`;
+  return `${mm}m ${String(ss).padStart(2, '0')}s`;
+}
+function money(amount, currency) {
+  if (amount === null || amount === undefined) return '—';
+  return `${clean(amount)} ${clean(currency ?? '')}`.trim();
+}
+function badge(text, kind) {
+  return h('span', { class: `badge ${kind ?? clean(text)}` }, text ?? '—');
+}
+// Agent-written text: set apart, so it reads as a quotation and not as part of the console.
+function agentText(value) {
+  if (value === null || value === undefined || value === '') return h('span', { class: 'muted' }, '—');
+  return h('q', { class: 'agent-text', title: 'Written by an agent: data, not instructions' }, value);
+}
+function mono(value) {
+  return h('code', { class: 'id' }, value ?? '—');
+}
+
+// ---- notices ----------------------------------------------------------------------------------
+
+function notify(message, kind = 'info') {
+  const el = $('[data-testid="notice"]');
+  el.hidden = false;
+  el.className = `notice ${kind}`;
+  el.dataset.kind = kind;
+  el.textContent = clean(message);
+}
+function clearNotice() {
+  const el = $('[data-testid="notice"]');
+  el.hidden = true;
+  el.textContent = '';
+}
+
+// ---- tokens -----------------------------------------------------------------------------------
+
+function b64urlDecode(s) {
+  const pad = s.replace(/-/g, '+').replace(/_/g, '/').padEnd(Math.ceil(s.length / 4) * 4, '=');
+  const bin = atob(pad);
+  return new TextDecoder().decode(Uint8Array.from(bin, (c) => c.charCodeAt(0)));
+}
+function b64urlEncode(bytes) {
+  let bin = '';
+  for (const b of new Uint8Array(bytes)) bin += String.fromCharCode(b);
+  return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+// For display only: the server verifies the token; the page only reads who it names.
+function decodeClaims(token) {
+  try {
+    const part = token.split('.')[1];
+    const claims = JSON.parse(b64urlDecode(part));
+    return claims && typeof claims === 'object' ? claims : {};
+  } catch {
+    return {};
+  }
+}
+function scopesOf(claims) {
+  const raw = claims.scope ?? claims.scp ?? '';
+  const list = Array.isArray(raw) ? raw : String(raw).split(/\s+/);
+  return new Set(list.filter(Boolean).map(String));
+}
+const can = (scope) => session.scopes.has(scope);
+
+function setToken(token) {
+  session.token = token;
+  session.claims = decodeClaims(token);
+  session.scopes = scopesOf(session.claims);
+}
+
+function signOut(message) {
+  session.token = null;
+  session.claims = null;
+  session.scopes = new Set();
+  if (pollTimer) clearInterval(pollTimer);
+  pollTimer = null;
+  showSignIn(message);
+}
+
+// ---- the operator API -------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, code, message, correlationId, retryAfter) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.correlationId = correlationId;
+    this.retryAfter = retryAfter;
+  }
+}
+
+async function api(method, path, { query, body } = {}) {
+  if (!session.token) throw new ApiError(401, 'SIGNED_OUT', 'Not signed in.');
+  const url = new URL(config.api.replace(/\/$/, '') + path, location.origin);
+  for (const [k, v] of Object.entries(query ?? {})) {
+    if (v !== undefined && v !== null && v !== '') url.searchParams.set(k, v);
+  }
+  const headers = { accept: 'application/json', authorization: `Bearer ${session.token}` };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  let resp;
+  try {
+    resp = await fetch(url, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+      credentials: 'omit',
+      referrerPolicy: 'no-referrer',
+    });
+  } catch {
+    throw new ApiError(0, 'NETWORK', 'The gateway did not answer.');
+  }
+  let data = null;
+  const text = await resp.text();
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (resp.ok) return data;
+  const err = data?.error ?? {};
+  const e = new ApiError(
+    resp.status,
+    typeof err.code === 'string' ? err.code : `HTTP_${resp.status}`,
+    typeof err.message === 'string' ? err.message : resp.statusText || `HTTP ${resp.status}`,
+    typeof err.correlation_id === 'string' ? err.correlation_id : null,
+    resp.headers.get('retry-after'),
+  );
+  if (resp.status === 401) {
+    signOut('The gateway refused the token (401): it expired or is not valid here. Sign in again.');
+  }
+  throw e;
+}
+
+// One place that explains an API failure to the operator. `needs` names the scope the action needs,
+// so a 403 can say which one the token lacks; `control` is disabled on a 403.
+function explain(e, { needs, control, what } = {}) {
+  const where = what ? `${what}: ` : '';
+  const ref = e.correlationId ? ` (ref ${e.correlationId})` : '';
+  if (e.status === 401) return; // signOut already said so
+  if (e.status === 403 && e.code !== 'SELF_REVIEW') {
+    const scope = needs ?? 'for this action';
+    if (control) disable(control, `Your token lacks scope ${scope}`);
+    notify(`${where}your token lacks scope ${scope}. ${clean(e.message)}${ref}`, 'error');
+    return;
+  }
+  if (e.status === 429) {
+    const wait = e.retryAfter ? ` Try again in ${e.retryAfter} s.` : ' Try again shortly.';
+    notify(`${where}too many requests.${wait}${ref}`, 'warn');
+    return;
+  }
+  notify(`${where}${clean(e.message)} [${clean(e.code)}]${ref}`, 'error');
+}
+
+function disable(control, why) {
+  control.disabled = true;
+  control.title = why;
+  control.setAttribute('aria-disabled', 'true');
+  control.dataset.reason = why;
+}
+// Buttons for actions the token's scopes do not allow are disabled up front, with the reason.
+function guard(button, scope) {
+  if (!can(scope)) disable(button, `Your token lacks scope ${scope}`);
+  return button;
+}
+
+// ---- sign-in ----------------------------------------------------------------------------------
+
+function showSignIn(message) {
+  $('[data-testid="who"]').hidden = true;
+  $('[data-testid="nav"]').hidden = true;
+  for (const v of $$('main > .view')) v.hidden = true;
+  clearNotice();
+  const box = $('[data-testid="signin"]');
+  box.hidden = false;
+  const err = $('[data-testid="signin-error"]');
+  err.hidden = !message;
+  err.textContent = message ? clean(message) : '';
+  const oidc = config?.oidc;
+  $('[data-testid="oidc-block"]').hidden = !oidc;
+  if (oidc) $('[data-testid="oidc-issuer"]').textContent = clean(oidc.issuer);
+  $('[data-testid="dev-signin"]').hidden = !config?.dev_sign_in;
+  $('[data-testid="signin-unavailable"]').hidden = Boolean(oidc || config?.dev_sign_in);
+  currentView = null;
+}
+
+async function discover(issuer) {
+  const base = issuer.replace(/\/$/, '');
+  const resp = await fetch(`${base}/.well-known/openid-configuration`, { credentials: 'omit', cache: 'no-store' });
+  if (!resp.ok) throw new Error(`the issuer's discovery document answered ${resp.status}`);
+  const doc = await resp.json();
+  // Mix-up defence: the document must be the configured issuer's own.
+  if (String(doc.issuer).replace(/\/$/, '') !== base) throw new Error('the discovery document names another issuer');
+  for (const k of ['authorization_endpoint', 'token_endpoint']) {
+    if (typeof doc[k] !== 'string') throw new Error(`the discovery document has no ${k}`);
+  }
+  return doc;
+}
+
+function randomToken(bytes = 32) {
+  return b64urlEncode(crypto.getRandomValues(new Uint8Array(bytes)));
+}
+function redirectUri() {
+  return `${location.origin}/console/callback`;
+}
+
+async function startOidc() {
+  const oidc = config.oidc;
+  try {
+    const doc = await discover(oidc.issuer);
+    const verifier = randomToken(32);
+    const state = randomToken(16);
+    const challenge = b64urlEncode(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(verifier)));
+    sessionStorage.setItem(PENDING_KEY, JSON.stringify({ verifier, state }));
+    const url = new URL(doc.authorization_endpoint);
+    const params = {
+      response_type: 'code',
+      client_id: oidc.client_id,
+      redirect_uri: redirectUri(),
+      scope: oidc.scopes,
+      state,
+      code_challenge: challenge,
+      code_challenge_method: 'S256',
+      resource: config.resource,
+    };
+    for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v);
+    location.assign(url.toString());
+  } catch (e) {
+    showSignIn(`Sign-in could not start: ${e.message}`);
+  }
+}
+
+// The redirect back from the issuer: /console/callback?code=…&state=…
+async function finishOidc() {
+  const params = new URLSearchParams(location.search);
+  const pendingRaw = sessionStorage.getItem(PENDING_KEY);
+  sessionStorage.removeItem(PENDING_KEY);
+  // The code leaves the address bar (and history) before anything else happens.
+  history.replaceState(null, '', '/console');
+  if (params.get('error')) {
+    throw new Error(`the identity provider said ${params.get('error')}: ${params.get('error_description') ?? ''}`);
+  }
+  let pending = null;
+  try {
+    pending = JSON.parse(pendingRaw ?? 'null');
+  } catch {
+    pending = null;
+  }
+  const code = params.get('code');
+  if (!pending || !code) throw new Error('no sign-in was in progress in this tab');
+  if (params.get('state') !== pending.state) throw new Error('the sign-in response does not match this tab (state)');
+  const doc = await discover(config.oidc.issuer);
+  const form = new URLSearchParams({
+    grant_type: 'authorization_code',
+    code,
+    redirect_uri: redirectUri(),
+    client_id: config.oidc.client_id,
+    code_verifier: pending.verifier,
+    resource: config.resource,
+  });
+  const resp = await fetch(doc.token_endpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
+    body: form,
+    credentials: 'omit',
+    cache: 'no-store',
+  });
+  let data = null;
+  try {
+    data = await resp.json();
+  } catch {
+    data = null;
+  }
+  if (!resp.ok || typeof data?.access_token !== 'string') {
+    const why = data?.error ? `${data.error}${data.error_description ? `: ${data.error_description}` : ''}` : `HTTP ${resp.status}`;
+    throw new Error(`the token endpoint refused the code (${why})`);
+  }
+  return data.access_token;
+}
+
+function signedIn() {
+  $('[data-testid="signin"]').hidden = true;
+  const who = $('[data-testid="who"]');
+  who.hidden = false;
+  const c = session.claims ?? {};
+  const name = c.preferred_username ?? c.email ?? c.sub ?? 'unknown';
+  $('[data-testid="whoami"]').textContent = clean(name);
+  $('[data-testid="whoami"]').title = clean(`sub ${c.sub ?? '?'} · iss ${c.iss ?? '?'}`);
+  const scopes = clear($('[data-testid="scopes"]'));
+  for (const s of [...session.scopes].filter((x) => x.startsWith('payments:')).sort()) {
+    scopes.append(h('span', { class: 'chip', 'data-scope': s }, s.replace('payments:', '')));
+  }
+  if (!session.scopes.size) scopes.append(h('span', { class: 'chip warn' }, 'no scopes'));
+  const exp = $('[data-testid="token-expiry"]');
+  exp.dataset.exp = c.exp ? String(c.exp * 1000) : '';
+  $('[data-testid="nav"]').hidden = false;
+  tickClocks();
+  if (pollTimer) clearInterval(pollTimer);
+  pollTimer = setInterval(refreshPendingCount, SUMMARY_POLL_MS);
+  refreshPendingCount();
+  route();
+}
+
+// ---- routing ----------------------------------------------------------------------------------
+
+const VIEWS = {
+  overview: loadOverview,
+  approvals: loadApprovals,
+  payments: loadPayments,
+  audit: loadAudit,
+  agents: loadAgents,
+  mandates: loadMandates,
+  reconciliation: loadReconciliation,
+  health: loadHealth,
+};
+
+function route() {
+  if (!session.token) return;
+  const name = location.hash.replace(/^#/, '').split('/')[0];
+  const view = Object.hasOwn(VIEWS, name) ? name : 'overview';
+  for (const a of $$('nav.tabs a')) {
+    if (a.dataset.view === view) a.setAttribute('aria-current', 'page');
+    else a.removeAttribute('aria-current');
+  }
+  for (const v of $$('main > .view')) v.hidden = v.dataset.view !== view;
+  if (currentView !== view) clearNotice();
+  currentView = view;
+  VIEWS[view]();
+}
+
+function section(name) {
+  return $(`main > .view[data-view="${name}"]`);
+}
+
+async function load(name, fn) {
+  const el = section(name);
+  el.setAttribute('aria-busy', 'true');
+  try {
+    await fn(el);
+    el.dataset.loaded = String(Date.now());
+  } catch (e) {
+    if (e instanceof ApiError) explain(e, { needs: SCOPE.audit, what: 'Loading failed' });
+    else notify(`Loading failed: ${e.message}`, 'error');
+  } finally {
+    el.removeAttribute('aria-busy');
+  }
+}
+
+// Lists with a cursor: `more` appends the next page.
+function pager(el, fetchPage, renderItems) {
+  const moreBtn = $('button.more', el);
+  let cursor = null;
+  async function page(first) {
+    const data = await fetchPage(first ? null : cursor);
+    const items = Array.isArray(data?.items) ? data.items : [];
+    renderItems(items, first);
+    cursor = data?.next_cursor ?? null;
+    moreBtn.hidden = !cursor;
+  }
+  moreBtn.onclick = () => load(el.dataset.view, () => page(false));
+  return page(true);
+}
+
+// ---- overview ---------------------------------------------------------------------------------
+
+async function refreshPendingCount() {
+  if (!session.token) return;
+  try {
+    const s = await api('GET', '/summary');
+    const n = Number(s?.pending_approvals ?? 0);
+    $('[data-testid="nav-pending"]').textContent = n > 0 ? String(n) : '';
+  } catch {
+    /* the view that needs it says why */
+  }
+}
+
+function loadOverview() {
+  return load('overview', async (el) => {
+    const s = await api('GET', '/summary');
+    $('[data-testid="summary-date"]').textContent = clean(s.date ?? '');
+    $('[data-testid="nav-pending"]').textContent = s.pending_approvals > 0 ? String(s.pending_approvals) : '';
+    const cards = clear($('[data-testid="summary-cards"]'));
+    cards.append(
+      card('Pending approvals', String(s.pending_approvals ?? 0), 'waiting for a human', 'card-pending', s.pending_approvals > 0 ? 'attention' : ''),
+      card('Suspended agents', String(s.suspended_agents ?? 0), 'stopped until resumed', 'card-suspended', s.suspended_agents > 0 ? 'attention' : ''),
+    );
+    const totals = Array.isArray(s.totals) ? s.totals : [];
+    const currencies = [...new Set([...totals.map((t) => t.currency), ...(s.hourly ?? []).map((x) => x.currency)])].filter(Boolean).sort();
+    for (const cur of currencies) {
+      const pick = (kind, status) => totals.find((t) => t.kind === kind && t.status === status && t.currency === cur);
+      const paid = pick('payment', 'succeeded');
+      const pending = pick('payment', 'pending');
+      const failed = pick('payment', 'failed');
+      const refunds = pick('refund', 'succeeded');
+      cards.append(
+        card(`Paid · ${cur}`, paid?.amount ?? '0', `${paid?.count ?? 0} payments`, `card-paid-${cur}`),
+        card(`Pending · ${cur}`, pending?.amount ?? '0', `${pending?.count ?? 0} payments`, `card-pending-${cur}`),
+        card(`Failed · ${cur}`, String(failed?.count ?? 0), `${failed?.amount ?? '0'} ${cur}`, `card-failed-${cur}`, failed?.count > 0 ? 'attention' : ''),
+        card(`Refunded · ${cur}`, refunds?.amount ?? '0', `${refunds?.count ?? 0} refunds`, `card-refunds-${cur}`),
+      );
+    }
+    const select = $('[data-testid="chart-currency"]');
+    const previous = select.value;
+    clear(select);
+    for (const cur of currencies) select.append(h('option', { value: cur }, cur));
+    if (currencies.includes(previous)) select.value = previous;
+    select.onchange = () => drawChart(s.hourly ?? [], select.value);
+    drawChart(s.hourly ?? [], select.value);
+  });
+}
+
+function card(label, value, sub, testid, extra) {
+  return h('div', { class: `card ${extra ?? ''}`, 'data-testid': testid },
+    h('div', { class: 'card-label' }, label),
+    h('div', { class: 'card-value' }, value),
+    h('div', { class: 'card-sub muted' }, sub));
+}
+
+// Today's volume as inline SVG bars: 24 hours, amount per hour in one currency.
+function drawChart(hourly, currency) {
+  const box = clear($('[data-testid="chart"]'));
+  const hours = Array.from({ length: 24 }, (_, hr) => ({ hour: hr, amount: 0, count: 0, label: '0' }));
+  for (const x of hourly) {
+    if (x.currency !== currency || !(x.hour >= 0 && x.hour < 24)) continue;
+    const slot = hours[x.hour];
+    slot.amount += Number(x.amount) || 0;
+    slot.count += Number(x.count) || 0;
+    slot.label = String(x.amount);
+  }
+  const max = Math.max(0, ...hours.map((x) => x.amount));
+  const W = 960;
+  const H = 220;
+  const left = 64;
+  const bottom = 28;
+  const top = 12;
+  const plotH = H - bottom - top;
+  const step = (W - left - 8) / 24;
+  const total = hours.reduce((a, x) => a + x.amount, 0);
+  const chart = svg('svg', {
+    viewBox: `0 0 ${W} ${H}`, class: 'bars', role: 'img', 'data-testid': 'volume-chart',
+    'aria-label': currency ? `Volume by hour in ${currency}; ${hours.filter((x) => x.count).length} hours with payments, peak ${max.toFixed(2)}` : 'No payments today',
+  });
+  const niceMax = max > 0 ? niceCeil(max) : 1;
+  for (let i = 0; i <= 4; i++) {
+    const v = (niceMax * i) / 4;
+    const y = top + plotH - (plotH * i) / 4;
+    chart.append(svg('line', { x1: left, x2: W - 8, y1: y, y2: y, class: 'gridline' }));
+    chart.append(svg('text', { x: left - 8, y: y + 4, 'text-anchor': 'end', class: 'axis' }, compact(v)));
+  }
+  for (const x of hours) {
+    const bh = x.amount > 0 ? Math.max(2, (plotH * x.amount) / niceMax) : 0;
+    const bx = left + x.hour * step + step * 0.15;
+    const bar = svg('rect', {
+      x: bx.toFixed(1), y: (top + plotH - bh).toFixed(1), width: (step * 0.7).toFixed(1), height: bh.toFixed(1),
+      rx: 2, class: 'bar', 'data-hour': x.hour,
+    });
+    bar.append(svg('title', {}, `${String(x.hour).padStart(2, '0')}:00 UTC — ${x.label} ${currency} in ${x.count} payments`));
+    chart.append(bar);
+    if (x.hour % 3 === 0) {
+      chart.append(svg('text', { x: (left + x.hour * step + step / 2).toFixed(1), y: H - 8, 'text-anchor': 'middle', class: 'axis' }, `${String(x.hour).padStart(2, '0')}h`));
+    }
+  }
+  box.append(chart);
+  box.append(h('p', { class: 'muted small' }, currency ? `Total today: ${total.toFixed(2)} ${currency}` : 'No payments today.'));
+}
+function niceCeil(v) {
+  const p = 10 ** Math.floor(Math.log10(v));
+  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+  return 10 * p;
+}
+function compact(v) {
+  if (v >= 1e6) return `${(v / 1e6).toFixed(v % 1e6 ? 1 : 0)}M`;
+  if (v >= 1e3) return `${(v / 1e3).toFixed(v % 1e3 ? 1 : 0)}k`;
+  return String(Math.round(v * 100) / 100);
+}
+
+// ---- approvals --------------------------------------------------------------------------------
+
+function loadApprovals() {
+  return load('approvals', async (el) => {
+    const status = $('[data-testid="approvals-status"]').value;
+    const list = $('[data-testid="approvals-list"]');
+    await pager(el, (cursor) => api('GET', '/approvals', { query: { status, cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(list);
+      for (const a of items) list.append(approvalCard(a));
+      if (first && !items.length) list.append(h('p', { class: 'empty muted', 'data-testid': 'approvals-empty' }, `No ${status} approvals.`));
+    });
+    tickClocks();
+  });
+}
+
+function approvalCard(a) {
+  const reviewers = Array.isArray(a.approved_by) ? a.approved_by : [];
+  const pending = a.status === 'pending';
+  const intent = a.intent && typeof a.intent === 'object' ? a.intent : {};
+  const cardEl = h('article', {
+    class: `approval panel status-${clean(a.status)}`, 'data-testid': 'approval', 'data-approval-id': a.approval_id,
+    'aria-label': `Approval ${clean(a.approval_id)}`,
+  });
+  const head = h('header', { class: 'approval-head' },
+    h('span', { class: 'amount', 'data-testid': 'approval-amount' }, money(a.amount ?? intent.amount, a.currency ?? intent.currency)),
+    h('span', { class: 'muted' }, `${clean(a.tool ?? intent.tool ?? '')} · ${clean(a.kind ?? '')}`),
+    badge(a.status),
+    pending
+      ? h('span', { class: 'countdown', 'data-testid': 'approval-expiry', 'data-expires': a.expires_at, title: `Expires ${a.expires_at}` }, '')
+      : h('span', { class: 'muted small' }, `decided ${fmtTime(a.decided_at)}`));
+  const facts = h('dl', { class: 'facts' },
+    fact('Requesting agent', h('strong', { 'data-testid': 'approval-agent' }, a.agent_subject ?? a.requested_by ?? '—')),
+    a.requested_by && a.requested_by !== a.agent_subject ? fact('Requested by', a.requested_by) : null,
+    fact('Why a human', a.reason ? agentOrGateway(a.reason) : '—'),
+    fact('Reviewers', h('span', { 'data-testid': 'approval-reviewers' },
+      `${reviewers.length} of ${a.reviewers_required ?? '?'}`,
+      reviewers.length ? ` — ${reviewers.map(clean).join(', ')}` : '')),
+    a.rejected_by ? fact('Rejected by', a.rejected_by) : null,
+    a.decision_reason ? fact('Decision reason', agentText(a.decision_reason)) : null,
+    fact('Approval', mono(a.approval_id)),
+    a.mandate_id ? fact('Mandate', mono(a.mandate_id)) : null,
+    fact('Requested', timeCell(a.created_at)));
+  const pinned = h('div', { class: 'intent', 'data-testid': 'approval-intent' },
+    h('h3', {}, 'Pinned intent'),
+    h('p', { class: 'muted small' }, 'Approving allows exactly this call, once.'),
+    intentList(intent));
+  append(cardEl, [head, h('div', { class: 'approval-body' }, facts, pinned)]);
+  if (pending) cardEl.append(reviewForm(a));
+  return cardEl;
+}
+
+function agentOrGateway(text) {
+  return h('span', {}, text);
+}
+
+function fact(label, value) {
+  return [h('dt', {}, label), h('dd', {}, value instanceof Node ? value : clean(value))];
+}
+
+const AGENT_FIELDS = new Set(['memo', 'reason', 'description', 'account_reference', 'payee_name', 'name']);
+function intentList(intent) {
+  const dl = h('dl', { class: 'facts intent-facts' });
+  for (const [k, v] of Object.entries(intent)) {
+    let value;
+    if (v !== null && typeof v === 'object') value = h('code', {}, JSON.stringify(v));
+    else if (AGENT_FIELDS.has(k)) value = agentText(v);
+    else value = h('span', {}, v === null ? '—' : String(v));
+    value.dataset.field = k;
+    dl.append(h('dt', {}, k), h('dd', {}, value));
+  }
+  if (!dl.childElementCount) dl.append(h('dd', { class: 'muted' }, 'No intent recorded.'));
+  return dl;
+}
+
+function reviewForm(a) {
+  const id = `reason-${clean(a.approval_id).replace(/[^A-Za-z0-9_-]/g, '')}`;
+  const input = h('input', { id, name: 'reason', type: 'text', maxlength: 500, autocomplete: 'off', 'data-testid': 'approval-reason', placeholder: 'What you checked, or why not' });
+  const approve = guard(h('button', { type: 'submit', class: 'primary', value: 'approve', 'data-testid': 'approve' }, 'Approve'), SCOPE.approve);
+  const reject = guard(h('button', { type: 'submit', class: 'danger', value: 'reject', 'data-testid': 'reject' }, 'Reject'), SCOPE.approve);
+  const form = h('form', { class: 'review', 'data-testid': 'review-form' },
+    h('label', { for: id }, 'Reason'), input, approve, reject);
+  if (!can(SCOPE.approve)) form.append(h('span', { class: 'muted small', 'data-testid': 'approve-disabled-why' }, `Your token lacks scope ${SCOPE.approve}.`));
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    const decision = ev.submitter?.value === 'reject' ? 'reject' : 'approve';
+    const button = decision === 'reject' ? reject : approve;
+    const reason = input.value.trim();
+    if (decision === 'reject' && !reason) {
+      notify('Say why you reject it: the agent and the audit trail get the reason.', 'warn');
+      input.focus();
+      return;
+    }
+    approve.disabled = true;
+    reject.disabled = true;
+    try {
+      const updated = await api('POST', `/approvals/${encodeURIComponent(a.approval_id)}/${decision}`, { body: { reason } });
+      const verb = decision === 'approve' ? 'Approved' : 'Rejected';
+      const still = updated?.status === 'pending' ? ` — still needs ${updated.reviewers_required - (updated.approved_by?.length ?? 0)} more reviewer(s)` : '';
+      notify(`${verb} ${clean(a.approval_id)}${still}.`, 'ok');
+      const card = form.closest('[data-testid="approval"]');
+      card.replaceWith(approvalCard(updated ?? a));
+      tickClocks();
+      refreshPendingCount();
+    } catch (e) {
+      if (e instanceof ApiError) {
+        if (e.code === 'SELF_REVIEW') notify(`You requested this payment yourself: someone else must review it. [SELF_REVIEW]`, 'error');
+        else if (e.status === 409) notify(`Already decided by someone else. Refresh to see the outcome. [${clean(e.code)}]`, 'warn');
+        else if (e.status === 410) notify('This approval expired before the decision. The agent may ask again.', 'warn');
+        else explain(e, { needs: SCOPE.approve, control: button, what: `${decision === 'approve' ? 'Approve' : 'Reject'} failed` });
+      } else notify(e.message, 'error');
+      if (e.status !== 403) {
+        approve.disabled = !can(SCOPE.approve);
+        reject.disabled = !can(SCOPE.approve);
+      } else {
+        disable(approve, `Your token lacks scope ${SCOPE.approve}`);
+        disable(reject, `Your token lacks scope ${SCOPE.approve}`);
+      }
+    }
+  });
+  return form;
+}
+
+// One clock for every countdown on the page.
+function tickClocks() {
+  const now = Date.now();
+  for (const el of $$('[data-expires]')) {
+    const at = Date.parse(el.dataset.expires);
+    if (Number.isNaN(at)) continue;
+    const left = at - now;
+    el.textContent = left > 0 ? `expires in ${fmtRemaining(left)}` : 'expired';
+    el.classList.toggle('soon', left > 0 && left < 10 * 60 * 1000);
+    el.classList.toggle('gone', left <= 0);
+    if (left <= 0) for (const b of $$('button', el.closest('[data-testid="approval"]') ?? document.createElement('div'))) b.disabled = true;
+  }
+  const exp = $('[data-testid="token-expiry"]');
+  if (exp?.dataset.exp) {
+    const left = Number(exp.dataset.exp) - now;
+    exp.textContent = left > 0 ? `token ${fmtRemaining(left)} left` : 'token expired';
+  }
+}
+setInterval(tickClocks, 1000);
+
+// ---- payments ---------------------------------------------------------------------------------
+
+function formQuery(form) {
+  const q = {};
+  for (const [k, v] of new FormData(form).entries()) if (String(v).trim()) q[k] = String(v).trim();
+  return q;
+}
+
+function loadPayments() {
+  return load('payments', async (el) => {
+    const q = formQuery($('[data-testid="payments-filters"]'));
+    const body = $('[data-testid="payments-table"] tbody');
+    await pager(el, (cursor) => api('GET', '/payments', { query: { ...q, cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(body);
+      for (const p of items) body.append(paymentRow(p));
+      if (first && !items.length) body.append(h('tr', {}, h('td', { colspan: 9, class: 'empty muted' }, 'No payments match.')));
+    });
+  });
+}
+
+function paymentRow(p) {
+  const open = h('button', { type: 'button', class: 'link', 'data-testid': 'payment-open', title: 'Show the timeline' }, p.payment_id);
+  open.addEventListener('click', () => showPayment(p.payment_id));
+  return h('tr', { 'data-testid': 'payment-row', 'data-payment-id': p.payment_id },
+    h('td', {}, timeCell(p.created_at)),
+    h('td', {}, open),
+    h('td', {}, p.kind, p.refund_of ? h('span', { class: 'muted small' }, ` of ${clean(p.refund_of)}`) : null),
+    h('td', {}, badge(p.status)),
+    h('td', {}, p.rail),
+    h('td', {}, h('span', {}, p.from_account), ' → ', h('span', {}, p.to_account)),
+    h('td', { class: 'num' }, money(p.amount, p.currency)),
+    h('td', {}, p.agent_subject),
+    h('td', { class: 'memo' }, agentText(p.memo)));
+}
+
+async function showPayment(id) {
+  const pane = $('[data-testid="payment-detail"]');
+  pane.hidden = false;
+  clear(pane).append(h('p', { class: 'muted' }, 'Loading…'));
+  for (const r of $$('[data-testid="payment-row"]')) r.classList.toggle('selected', r.dataset.paymentId === id);
+  try {
+    const d = await api('GET', `/payments/${encodeURIComponent(id)}`);
+    const p = d.payment ?? {};
+    const close = h('button', { type: 'button', class: 'ghost', 'aria-label': 'Close the detail' }, '✕');
+    close.addEventListener('click', () => { pane.hidden = true; });
+    clear(pane).append(
+      h('div', { class: 'view-head' }, h('h2', {}, 'Payment'), close),
+      h('dl', { class: 'facts' },
+        fact('Payment', mono(p.payment_id)),
+        fact('Status', badge(p.status)),
+        fact('Amount', money(p.amount, p.currency)),
+        fact('From → to', `${clean(p.from_account)} → ${clean(p.to_account)}`),
+        fact('Agent', p.agent_subject),
+        fact('Rail', `${clean(p.rail)}${p.rail_ref ? ` · ${clean(p.rail_ref)}` : ''}`),
+        p.mandate_id ? fact('Mandate', mono(p.mandate_id)) : null,
+        p.refund_of ? fact('Refund of', mono(p.refund_of)) : null,
+        p.refunded ? fact('Refunded', clean(p.refunded)) : null,
+        p.receipt ? fact('Receipt', typeof p.receipt === 'object' ? JSON.stringify(p.receipt) : p.receipt) : null,
+        fact('Memo', agentText(p.memo)),
+        fact('Created', timeCell(p.created_at))),
+      h('h3', {}, 'Timeline'),
+      timeline(Array.isArray(d.timeline) ? d.timeline : []));
+    pane.focus?.();
+  } catch (e) {
+    clear(pane).append(h('p', { class: 'error' }, 'Could not load this payment.'));
+    if (e instanceof ApiError) explain(e, { needs: SCOPE.audit, what: 'Payment' });
+  }
+}
+
+function timeline(events) {
+  const ol = h('ol', { class: 'timeline', 'data-testid': 'timeline' });
+  for (const ev of events) {
+    const step = ev.step ?? 'other';
+    ol.append(h('li', { 'data-testid': 'timeline-event', 'data-step': step, class: `step-${clean(step)}` },
+      h('div', { class: 'tl-head' }, badge(step.replace(/_/g, ' '), `step ${clean(step)}`), ' ', timeCell(ev.at)),
+      h('div', { class: 'tl-body' },
+        h('span', {}, clean(ev.actor ?? '')), ' · ', h('code', {}, ev.tool ?? ''), ' · ', h('span', {}, ev.decision ?? ''),
+        ev.code ? [' · ', h('code', { class: 'code' }, ev.code)] : null,
+        ev.approval_id ? [' · ', mono(ev.approval_id)] : null),
+      ev.detail ? h('div', { class: 'tl-detail' }, agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail)) : null));
+  }
+  if (!events.length) ol.append(h('li', { class: 'muted' }, 'No events recorded.'));
+  return ol;
+}
+
+// ---- audit ------------------------------------------------------------------------------------
+
+function loadAudit() {
+  return load('audit', async (el) => {
+    const q = formQuery($('[data-testid="audit-filters"]'));
+    const body = $('[data-testid="audit-table"] tbody');
+    await pager(el, (cursor) => api('GET', '/audit', { query: { ...q, cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(body);
+      for (const ev of items) body.append(auditRow(ev));
+      if (first && !items.length) body.append(h('tr', {}, h('td', { colspan: 8, class: 'empty muted' }, 'No audit records match.')));
+    });
+  });
+}
+
+function auditRow(ev) {
+  const ids = h('div', { class: 'ids' },
+    ev.payment_id ? h('div', {}, 'pay ', mono(ev.payment_id)) : null,
+    ev.approval_id ? h('div', {}, 'apr ', mono(ev.approval_id)) : null,
+    ev.idempotency_key ? h('div', {}, 'key ', mono(ev.idempotency_key)) : null,
+    ev.correlation_id ? h('div', { class: 'muted' }, 'cid ', mono(ev.correlation_id)) : null);
+  return h('tr', { 'data-testid': 'audit-row' },
+    h('td', {}, timeCell(ev.at)),
+    h('td', {}, ev.step ? badge(ev.step.replace(/_/g, ' '), `step ${clean(ev.step)}`) : '—'),
+    h('td', {}, ev.actor ?? ''),
+    h('td', {}, h('code', {}, ev.tool ?? '')),
+    h('td', {}, ev.decision ?? ''),
+    h('td', {}, ev.code ? h('code', { class: 'code' }, ev.code) : ''),
+    h('td', {}, ids),
+    h('td', { class: 'memo' }, ev.detail ? agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail) : ''));
+}
+
+// ---- agents -----------------------------------------------------------------------------------
+
+function loadAgents() {
+  return load('agents', async (el) => {
+    const body = $('[data-testid="agents-table"] tbody');
+    await pager(el, (cursor) => api('GET', '/principals', { query: { cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(body);
+      for (const p of items) body.append(agentRow(p));
+      if (first && !items.length) body.append(h('tr', {}, h('td', { colspan: 6, class: 'empty muted' }, 'No agents seen yet.')));
+    });
+  });
+}
+
+function agentRow(p) {
+  const input = h('input', { type: 'text', name: 'reason', maxlength: 500, autocomplete: 'off', placeholder: 'Reason', 'aria-label': `Reason to suspend ${clean(p.subject)}`, 'data-testid': 'agent-reason' });
+  const action = p.suspended
+    ? guard(h('button', { type: 'button', class: 'primary', 'data-testid': 'agent-resume' }, 'Resume'), SCOPE.admin)
+    : guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'agent-suspend' }, 'Suspend'), SCOPE.admin);
+  action.addEventListener('click', async () => {
+    const verb = p.suspended ? 'resume' : 'suspend';
+    action.disabled = true;
+    try {
+      await api('POST', `/principals/${encodeURIComponent(p.subject)}/${verb}`, verb === 'suspend' ? { body: { reason: input.value.trim() } } : { body: {} });
+      notify(`${verb === 'suspend' ? 'Suspended' : 'Resumed'} ${clean(p.subject)}.`, 'ok');
+      await loadAgents();
+      refreshPendingCount();
+    } catch (e) {
+      if (e instanceof ApiError) explain(e, { needs: SCOPE.admin, control: action, what: `${verb} failed` });
+      if (e.status !== 403) action.disabled = !can(SCOPE.admin);
+    }
+  });
+  return h('tr', { 'data-testid': 'agent-row', 'data-subject': p.subject },
+    h('td', {}, h('strong', {}, p.subject)),
+    h('td', {}, p.suspended ? badge('suspended') : badge('active')),
+    h('td', {}, p.suspended ? timeCell(p.suspended_at) : '—'),
+    h('td', { class: 'memo' }, p.suspended_reason ? agentText(p.suspended_reason) : '—'),
+    h('td', {}, timeCell(p.last_seen)),
+    h('td', { class: 'actions' }, p.suspended ? null : input, action));
+}
+
+// ---- mandates ---------------------------------------------------------------------------------
+
+function loadMandates() {
+  return load('mandates', async (el) => {
+    const status = $('[data-testid="mandates-status"]').value;
+    const body = $('[data-testid="mandates-table"] tbody');
+    await pager(el, (cursor) => api('GET', '/mandates', { query: { status, cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(body);
+      for (const m of items) body.append(mandateRow(m));
+      if (first && !items.length) body.append(h('tr', {}, h('td', { colspan: 9, class: 'empty muted' }, `No ${status === 'all' ? '' : `${status} `}mandates.`)));
+    });
+  });
+}
+
+function mandateRow(m) {
+  const live = m.status === 'active';
+  const input = h('input', { type: 'text', name: 'reason', maxlength: 500, autocomplete: 'off', placeholder: 'Reason', 'aria-label': `Reason to revoke ${clean(m.mandate_id)}`, 'data-testid': 'mandate-reason' });
+  const revoke = guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'mandate-revoke' }, 'Revoke'), SCOPE.approve);
+  revoke.addEventListener('click', async () => {
+    revoke.disabled = true;
+    try {
+      await api('POST', `/mandates/${encodeURIComponent(m.mandate_id)}/revoke`, { body: { reason: input.value.trim() } });
+      notify(`Revoked ${clean(m.mandate_id)}: the agent can no longer draw on it.`, 'ok');
+      await loadMandates();
+    } catch (e) {
+      if (e instanceof ApiError) explain(e, { needs: SCOPE.approve, control: revoke, what: 'Revoke failed' });
+      if (e.status !== 403) revoke.disabled = !can(SCOPE.approve);
+    }
+  });
+  const budget = m.budget === null || m.budget === undefined ? 'no budget' : money(m.budget, m.currency);
+  return h('tr', { 'data-testid': 'mandate-row', 'data-mandate-id': m.mandate_id, 'data-approval-id': m.approval_id ?? '' },
+    h('td', {}, mono(m.mandate_id)),
+    h('td', {}, mono(m.approval_id)),
+    h('td', {}, m.kind ?? ''),
+    h('td', {}, m.agent_subject ?? ''),
+    h('td', { class: 'num' }, `${money(m.spent, m.currency)} / ${budget}`),
+    h('td', { class: 'num' }, `${clean(m.uses ?? 0)} / ${clean(m.max_uses ?? '∞')}`),
+    h('td', {}, timeCell(m.expires_at)),
+    h('td', {}, badge(m.status), m.revoked_by ? h('div', { class: 'muted small' }, `by ${clean(m.revoked_by)}`) : null),
+    h('td', { class: 'actions' }, live ? [input, revoke] : '—'));
+}
+
+// ---- reconciliation ---------------------------------------------------------------------------
+
+function loadReconciliation() {
+  return load('reconciliation', async () => {
+    guard($('[data-testid="recon-run"]'), SCOPE.admin);
+    const data = await api('GET', '/reconciliation');
+    renderRecon(data?.last ?? null);
+  });
+}
+
+function renderRecon(last) {
+  const box = clear($('[data-testid="recon-report"]'));
+  if (!last) {
+    box.append(h('p', { class: 'panel muted', 'data-testid': 'recon-none' }, 'Reconciliation has not run yet.'));
+    return;
+  }
+  const r = last.report ?? {};
+  const findings = Array.isArray(r.findings) ? r.findings : [];
+  box.append(
+    h('div', { class: 'cards' },
+      card('Last run', fmtTime(last.at), `by ${clean(last.by ?? '?')}`, 'recon-at'),
+      card('Checked', String(r.checked ?? 0), `since ${fmtTime(r.since)}`, 'recon-checked'),
+      card('Resolved', String(r.resolved ?? 0), 'settled by this run', 'recon-resolved'),
+      card('Findings', String(findings.length + (r.findings_omitted ?? 0)), `backend ${clean(r.backend ?? '?')}`, 'recon-findings', findings.length ? 'attention' : '')),
+    h('div', { class: 'table-wrap' }, h('table', { class: 'grid', 'data-testid': 'recon-findings-table' },
+      h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Kind'), h('th', { scope: 'col' }, 'Payment'), h('th', { scope: 'col' }, 'Detail'))),
+      h('tbody', {}, findings.length
+        ? findings.map((f) => h('tr', { 'data-testid': 'recon-finding' }, h('td', {}, badge(f.kind, 'finding')), h('td', {}, mono(f.payment_id)), h('td', { class: 'memo' }, f.detail ?? '')))
+        : h('tr', {}, h('td', { colspan: 3, class: 'empty muted' }, 'No findings: the gateway and the backend agree.'))))),
+    r.findings_omitted ? h('p', { class: 'muted small' }, `${r.findings_omitted} more findings not shown.`) : null,
+  );
+}
+
+async function runRecon(button) {
+  button.disabled = true;
+  notify('Reconciliation running…', 'info');
+  try {
+    const run = await api('POST', '/reconciliation/run', { body: {} });
+    renderRecon(run);
+    notify('Reconciliation finished.', 'ok');
+  } catch (e) {
+    if (e instanceof ApiError) explain(e, { needs: SCOPE.admin, control: button, what: 'Reconciliation' });
+  } finally {
+    if (can(SCOPE.admin) && !button.dataset.reason) button.disabled = false;
+  }
+}
+
+// ---- health -----------------------------------------------------------------------------------
+
+function loadHealth() {
+  return load('health', async () => {
+    const data = await api('GET', '/health');
+    const box = clear($('[data-testid="health-report"]'));
+    const checks = Array.isArray(data?.checks) ? data.checks : [];
+    box.append(
+      h('div', { class: 'cards' },
+        card('Status', data?.status ?? '?', `version ${clean(data?.version ?? '?')}`, 'health-status', data?.status === 'ok' ? 'good' : 'attention'),
+        card('Server time', fmtTime(data?.time), clean(data?.time ?? ''), 'health-time')),
+      h('div', { class: 'table-wrap' }, h('table', { class: 'grid', 'data-testid': 'health-checks' },
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Check'), h('th', { scope: 'col' }, 'State'), h('th', { scope: 'col' }, 'Detail'))),
+        h('tbody', {}, checks.map((c) => h('tr', { 'data-testid': 'health-check', 'data-check': c.name },
+          h('td', {}, h('strong', {}, c.name)),
+          h('td', {}, c.ok ? badge('ok', 'ok') : badge('failing', 'failed')),
+          h('td', { class: 'memo' }, c.detail ?? '')))))));
+  });
+}
+
+// ---- start ------------------------------------------------------------------------------------
+
+function wire() {
+  window.addEventListener('hashchange', route);
+  $('[data-testid="signout"]').addEventListener('click', () => {
+    signOut('Signed out. The token was only in this tab\'s memory and is gone.');
+    history.replaceState(null, '', '/console');
+  });
+  $('[data-testid="oidc-signin"]').addEventListener('click', startOidc);
+  $('[data-testid="dev-signin"]').addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    const input = $('#dev-token');
+    const token = input.value.trim().replace(/^Bearer\s+/i, '');
+    input.value = '';
+    if (token.split('.').length !== 3) {
+      showSignIn('That does not look like a JWT (three dot-separated parts).');
+      return;
+    }
+    setToken(token);
+    signedIn();
+  });
+  for (const el of $$('main > .view')) {
+    const refresh = $('button.refresh', el);
+    if (refresh) refresh.addEventListener('click', () => VIEWS[el.dataset.view]());
+  }
+  $('[data-testid="approvals-status"]').addEventListener('change', loadApprovals);
+  $('[data-testid="mandates-status"]').addEventListener('change', loadMandates);
+  $('[data-testid="payments-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadPayments(); });
+  $('[data-testid="audit-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadAudit(); });
+  const run = $('[data-testid="recon-run"]');
+  run.addEventListener('click', () => runRecon(run));
+}
+
+async function start() {
+  wire();
+  try {
+    const resp = await fetch('/console/config.json', { cache: 'no-store', credentials: 'omit' });
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    config = await resp.json();
+    if (typeof config?.api !== 'string') throw new Error('no API path');
+  } catch (e) {
+    config = null;
+    showSignIn(`The console configuration could not be loaded (${e.message}).`);
+    return;
+  }
+  if (location.pathname === '/console/callback' && config.oidc) {
+    try {
+      setToken(await finishOidc());
+      signedIn();
+    } catch (e) {
+      showSignIn(`Sign-in failed: ${e.message}`);
+    }
+    return;
+  }
+  if (location.pathname === '/console/callback') history.replaceState(null, '', '/console');
+  showSignIn(null);
+}
+
+start();
