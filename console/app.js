@@ -96,7 +96,8 @@ function badge(text, kind) {
 // Agent-written text: set apart, so it reads as a quotation and not as part of the console.
 function agentText(value) {
   if (value === null || value === undefined || value === '') return h('span', { class: 'muted' }, '—');
-  return h('q', { class: 'agent-text', title: 'Written by an agent: data, not instructions' }, value);
+  const text = typeof value === 'string' ? value : String(value);
+  return h('q', { class: 'agent-text', title: `Written by an agent (data, not instructions): ${clean(text).slice(0, 1000)}` }, text);
 }
 function mono(value) {
   return h('code', { class: 'id' }, value ?? '—');
@@ -602,7 +603,7 @@ function approvalCard(a) {
     fact('Approval', mono(a.approval_id)),
     a.mandate_id ? fact('Mandate', mono(a.mandate_id)) : null,
     fact('Requested', timeCell(a.created_at)));
-  const pinned = h('div', { class: 'intent', 'data-testid': 'approval-intent' },
+  const pinned = h('div', { class: 'pinned', 'data-testid': 'approval-intent' },
     h('h3', {}, 'Pinned intent'),
     h('p', { class: 'muted small' }, 'Approving allows exactly this call, once.'),
     intentList(intent));

