@@ -496,10 +496,11 @@ function loadOverview() {
   });
 }
 
-function card(label, value, sub, testid, extra) {
+function card(label, raw, sub, testid, extra) {
+  const value = String(raw ?? '—');
   return h('div', { class: `card ${extra ?? ''}`, 'data-testid': testid },
     h('div', { class: 'card-label' }, label),
-    h('div', { class: 'card-value' }, value),
+    h('div', { class: `card-value${value.length > 14 ? ' long' : ''}` }, value),
     h('div', { class: 'card-sub muted' }, sub));
 }
 
@@ -638,14 +639,16 @@ function intentList(intent) {
 function reviewForm(a) {
   const id = `reason-${clean(a.approval_id).replace(/[^A-Za-z0-9_-]/g, '')}`;
   const input = h('input', { id, name: 'reason', type: 'text', maxlength: 500, autocomplete: 'off', 'data-testid': 'approval-reason', placeholder: 'What you checked, or why not' });
-  const approve = guard(h('button', { type: 'submit', class: 'primary', value: 'approve', 'data-testid': 'approve' }, 'Approve'), SCOPE.approve);
-  const reject = guard(h('button', { type: 'submit', class: 'danger', value: 'reject', 'data-testid': 'reject' }, 'Reject'), SCOPE.approve);
+  // type=button: Enter in the reason field never approves by accident.
+  const approve = guard(h('button', { type: 'button', class: 'primary', 'data-testid': 'approve' }, 'Approve'), SCOPE.approve);
+  const reject = guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'reject' }, 'Reject'), SCOPE.approve);
   const form = h('form', { class: 'review', 'data-testid': 'review-form' },
     h('label', { for: id }, 'Reason'), input, approve, reject);
   if (!can(SCOPE.approve)) form.append(h('span', { class: 'muted small', 'data-testid': 'approve-disabled-why' }, `Your token lacks scope ${SCOPE.approve}.`));
-  form.addEventListener('submit', async (ev) => {
-    ev.preventDefault();
-    const decision = ev.submitter?.value === 'reject' ? 'reject' : 'approve';
+  form.addEventListener('submit', (ev) => ev.preventDefault());
+  approve.addEventListener('click', () => decide('approve'));
+  reject.addEventListener('click', () => decide('reject'));
+  async function decide(decision) {
     const button = decision === 'reject' ? reject : approve;
     const reason = input.value.trim();
     if (decision === 'reject' && !reason) {
@@ -671,7 +674,10 @@ function reviewForm(a) {
         else if (e.status === 410) notify('This approval expired before the decision. The agent may ask again.', 'warn');
         else explain(e, { needs: SCOPE.approve, control: button, what: `${decision === 'approve' ? 'Approve' : 'Reject'} failed` });
       } else notify(e.message, 'error');
-      if (e.status !== 403) {
+      if (e.code === 'SELF_REVIEW') {
+        disable(approve, 'You requested this payment: someone else must review it');
+        disable(reject, 'You requested this payment: someone else must review it');
+      } else if (e.status !== 403) {
         approve.disabled = !can(SCOPE.approve);
         reject.disabled = !can(SCOPE.approve);
       } else {
@@ -679,7 +685,7 @@ function reviewForm(a) {
         disable(reject, `Your token lacks scope ${SCOPE.approve}`);
       }
     }
-  });
+  }
   return form;
 }
 
@@ -919,7 +925,7 @@ function renderRecon(last) {
   }
   const r = last.report ?? {};
   const findings = Array.isArray(r.findings) ? r.findings : [];
-  box.append(
+  append(box, [
     h('div', { class: 'cards' },
       card('Last run', fmtTime(last.at), `by ${clean(last.by ?? '?')}`, 'recon-at'),
       card('Checked', String(r.checked ?? 0), `since ${fmtTime(r.since)}`, 'recon-checked'),
@@ -931,7 +937,7 @@ function renderRecon(last) {
         ? findings.map((f) => h('tr', { 'data-testid': 'recon-finding' }, h('td', {}, badge(f.kind, 'finding')), h('td', {}, mono(f.payment_id)), h('td', { class: 'memo' }, f.detail ?? '')))
         : h('tr', {}, h('td', { colspan: 3, class: 'empty muted' }, 'No findings: the gateway and the backend agree.'))))),
     r.findings_omitted ? h('p', { class: 'muted small' }, `${r.findings_omitted} more findings not shown.`) : null,
-  );
+  ]);
 }
 
 async function runRecon(button) {
