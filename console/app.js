@@ -978,6 +978,12 @@ function loadHealth() {
 
 function wire() {
   window.addEventListener('hashchange', route);
+  // A click on the tab already shown reloads it (no hashchange fires for the same hash).
+  for (const a of $$('nav.tabs a')) {
+    a.addEventListener('click', () => {
+      if (session.token && a.dataset.view === currentView && location.hash === `#${currentView}`) VIEWS[currentView]();
+    });
+  }
   $('[data-testid="signout"]').addEventListener('click', () => {
     signOut('Signed out. The token was only in this tab\'s memory and is gone.');
     history.replaceState(null, '', '/console');
