@@ -1,0 +1,1 @@
+// paygate operator console
