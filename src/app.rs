@@ -535,6 +535,11 @@ fn router(
         body_bytes_max: config.server.body_bytes_max as usize,
         mpesa_callback: assembled.mpesa_callback.clone(),
         metrics_token: Some(config.server.metrics_token.clone()).filter(|t| !t.expose().is_empty()),
+        console: config.console.enabled.then(|| http::ConsoleSettings {
+            oidc: (!config.console.client_id.is_empty())
+                .then(|| (config.auth.issuer.clone(), config.console.client_id.clone())),
+            dev_sign_in: identity.dev_issuer.is_some(),
+        }),
     });
     http::router(
         state,

@@ -44,6 +44,7 @@ pub struct Config {
     pub backend: BackendConfig,
     pub mpesa: MpesaConfig,
     pub jobs: JobsConfig,
+    pub console: ConsoleConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -247,6 +248,15 @@ pub struct MpesaConfig {
     pub token_refresh_margin_secs: i64,
     pub query_after_secs: i64,
     pub pending_timeout_secs: i64,
+}
+
+/// The operator console (`/console`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleConfig {
+    pub enabled: bool,
+    /// OpenID Connect public client id at `auth.issuer`; empty: sign in by pasting a token.
+    pub client_id: String,
 }
 
 /// The in-process scheduler: one run of each job at a time across replicas (a lease in the store).
@@ -460,6 +470,15 @@ impl Config {
         range("jobs.reconcile_every_secs", j.reconcile_every_secs, 1, 86_400)?;
         range("jobs.reconcile_window_secs", j.reconcile_window_secs, 60, 2_592_000)?;
         range("jobs.lease_secs", j.lease_secs, 1, 3600)?;
+        let c = &self.console;
+        if !c.client_id.is_empty() && self.auth.issuer.is_empty() {
+            return Err(ConfigError::Invalid(
+                "console.client_id needs auth.issuer: the console signs operators in there".into(),
+            ));
+        }
+        if c.client_id.len() > 256 || c.client_id.chars().any(char::is_control) {
+            return Err(ConfigError::Invalid("console.client_id must be at most 256 printable characters".into()));
+        }
         Ok(())
     }
 

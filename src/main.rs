@@ -23,13 +23,18 @@ enum Command {
     Serve,
     /// Mint a token with the dev key, for local use.
     Token {
-        #[arg(long)]
-        sub: String,
-        /// Space-separated scopes, e.g. "payments:read payments:create".
-        #[arg(long)]
-        scope: String,
+        /// The token's subject (with --console: "operator" unless given).
+        #[arg(long, required_unless_present = "console")]
+        sub: Option<String>,
+        /// Space-separated scopes, e.g. "payments:read payments:create" (with --console: every
+        /// operator scope unless given).
+        #[arg(long, required_unless_present = "console")]
+        scope: Option<String>,
         #[arg(long)]
         ttl_secs: Option<i64>,
+        /// An operator's token for the console: prints the token, and where to paste it on stderr.
+        #[arg(long)]
+        console: bool,
     },
     /// Print every tool with the scope it needs and its annotations.
     Tools,
@@ -97,7 +102,16 @@ fn main() -> ExitCode {
         }
         Command::Doctor => doctor(file),
         Command::Serve => with_config(file, serve),
-        Command::Token { sub, scope, ttl_secs } => with_config(file, |c| token(&c, &sub, &scope, ttl_secs)),
+        Command::Token { sub, scope, ttl_secs, console } => with_config(file, |c| {
+            let sub = sub.unwrap_or_else(|| "operator".into());
+            let scope = scope.unwrap_or_else(|| OPERATOR_SCOPES.into());
+            let code = token(&c, &sub, &scope, ttl_secs);
+            if console && code == ExitCode::SUCCESS {
+                let public_url = paygate::app::public_url(&c, "http", &c.server.bind);
+                eprintln!("paste it at {public_url}/console (the page keeps it in memory only)");
+            }
+            code
+        }),
         Command::Tools => {
             tools();
             ExitCode::SUCCESS
@@ -316,6 +330,7 @@ fn serve(config: Config) -> ExitCode {
     };
     runtime.block_on(async move {
         let dev = config.dev.clone();
+        let console_on = config.console.enabled;
         let running = match paygate::app::start_default(config).await {
             Ok(r) => r,
             Err(e) => {
@@ -324,6 +339,12 @@ fn serve(config: Config) -> ExitCode {
             }
         };
         println!("paygate MCP endpoint: {}", running.mcp_url());
+        if console_on {
+            println!(
+                "operator console: {}/console (paygate token --console prints a token for it)",
+                running.public_url
+            );
+        }
         if running.public_url != format!("http://{}", running.addr) {
             println!("paygate listening on: http://{}", running.addr);
         }
@@ -348,6 +369,9 @@ fn serve(config: Config) -> ExitCode {
         }
     })
 }
+
+/// Every operator scope: what `paygate token --console` grants unless told otherwise.
+const OPERATOR_SCOPES: &str = "payments:audit payments:approve payments:admin";
 
 fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> ExitCode {
     let ttl = ttl_secs.unwrap_or(config.dev.token_ttl_secs);

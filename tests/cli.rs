@@ -499,3 +499,25 @@ fn doctor_flags_weak_keys_and_credentials() {
     assert_fails(code, &out, "secrets", "backend.http_credential is shorter than 16 characters");
     assert!(!out.contains("s3cret"), "{out}");
 }
+
+/// `paygate token --console` mints an operator's token (every operator scope) and says where to
+/// paste it; a plain `token` still needs its subject and scope.
+#[test]
+fn token_for_the_console() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("paygate.toml");
+    std::fs::write(&file, base_toml(dir.path())).unwrap();
+    let o = paygate(&["--config", file.to_str().unwrap(), "token", "--console"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let token = stdout(&o).trim().to_string();
+    let payload = token.split('.').nth(1).unwrap();
+    let claims: serde_json::Value =
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+    assert_eq!(claims["sub"], "operator");
+    assert_eq!(claims["scope"], "payments:audit payments:approve payments:admin");
+    let hint = String::from_utf8_lossy(&o.stderr);
+    assert!(hint.contains("/console") && !hint.contains(&token), "the hint names the page, never the token: {hint}");
+    let o = paygate(&["--config", file.to_str().unwrap(), "token", "--scope", "payments:read"], &[]);
+    assert_eq!(o.status.code(), Some(2), "no subject: a usage error");
+}

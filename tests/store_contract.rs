@@ -13,8 +13,8 @@ use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{
-    AccountSeed, ApprovalRecord, AuditRecord, IssuedMandate, NewIdempotencyRecord, RailPayment, RailState, RailUpdate,
-    Reservation, Review, ReviewError, Store,
+    AccountSeed, ApprovalRecord, AuditQuery, AuditRecord, AuditRelated, IssuedMandate, MandateQuery, MandateStatus,
+    NewIdempotencyRecord, OpsPaymentQuery, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store,
 };
 use serde_json::json;
 
@@ -526,6 +526,136 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
         Err(BackendError::BudgetExceeded(_))
     ));
     assert_integrity(&store, label).await;
+});
+
+contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label| async move {
+    with_accounts(&store, 100_000).await;
+    // Three ledger payments at t = 3600, 3601, 7300 and one refund; one M-Pesa record, pending.
+    let mut paid = Vec::new();
+    for (i, at) in [3_600, 3_601, 7_300].into_iter().enumerate() {
+        paid.push(store.ledger_transfer(transfer(&format!("op{i}"), 1_000, Guards::default()), at).await.unwrap());
+    }
+    let refund = RefundRequest {
+        idempotency_key: "op-r".into(),
+        alias_key: None,
+        refund_id: PaymentId::generate(),
+        payment_id: paid[0].id.clone(),
+        amount_minor: Some(400),
+        reason: None,
+        principal_sub: "agent".into(),
+        guards: Guards::default(),
+        audit: None,
+        autonomous_cap_minor: None,
+    };
+    store.ledger_refund(refund, 7_400).await.unwrap();
+    let rec = RailPayment { rail: "mpesa".into(), ..rail(&PaymentId::generate(), "mpesa-op", 2_500) };
+    store.rail_open(rec, Guards::default(), 7_500).await.unwrap();
+
+    let all = store.ops_payments(OpsPaymentQuery { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 5, "{label}");
+    let times: Vec<i64> = all.iter().map(|p| p.payment.created_at).collect();
+    assert!(times.windows(2).all(|w| w[0] >= w[1]), "{label}: newest first {times:?}");
+    assert_eq!((all[0].rail.as_str(), all[0].rail_state.as_deref()), ("mpesa", Some("submitting")), "{label}");
+    assert_eq!(all[0].payment.status, paygate::backend::PaymentStatus::Pending, "{label}");
+    assert!(all[1..].iter().all(|p| p.rail == "ledger" && p.rail_state.is_none()), "{label}");
+    let q = |f: fn(&mut OpsPaymentQuery)| {
+        let mut q = OpsPaymentQuery { limit: 10, ..Default::default() };
+        f(&mut q);
+        q
+    };
+    for (query, n) in [
+        (q(|q| q.kind = Some(PaymentKind::Refund)), 1),
+        (q(|q| q.rail = Some("ledger".into())), 4),
+        (q(|q| q.status = Some(paygate::backend::PaymentStatus::Succeeded)), 4),
+        (q(|q| q.agent = Some("nobody".into())), 0),
+        (q(|q| q.account = Some(acct("acct-B"))), 5),
+        (q(|q| q.account = Some(acct("acct-Z"))), 0),
+        (q(|q| (q.from, q.to) = (Some(3_601), Some(7_400))), 2),
+        (q(|q| q.before = Some((3_601, "zzz".into()))), 2),
+        (q(|q| q.limit = 2), 2),
+    ] {
+        assert_eq!(store.ops_payments(query.clone()).await.unwrap().len(), n, "{label}: {query:?}");
+    }
+    let one = store.ops_payment(&paid[0].id).await.unwrap().unwrap();
+    assert_eq!((one.payment.refunded_minor, one.idempotency_key.as_str()), (400, "op0"), "{label}");
+    assert!(store.ops_payment(&PaymentId::generate()).await.unwrap().is_none());
+
+    // Volume by hour from 0: hour 1 holds two payments, hour 2 the third, a refund and the rail record.
+    let volume = store.volume(0, 86_400).await.unwrap();
+    let paid_by_hour: Vec<(i64, i64, i64)> = volume
+        .iter()
+        .filter(|v| v.kind == "payment" && v.status == "succeeded")
+        .map(|v| (v.hour, v.count, v.amount_minor))
+        .collect();
+    assert_eq!(paid_by_hour, vec![(1, 2, 2_000), (2, 1, 1_000)], "{label}");
+    assert!(volume.iter().any(|v| v.kind == "refund" && v.amount_minor == 400), "{label}");
+
+    // Audit: filters, the related trail, approvals by key.
+    let audit = |sub: &str, tool: &str, payment: Option<&str>, key: Option<&str>, approval: Option<&str>, at: i64| {
+        AuditRecord {
+            seq: 0,
+            at,
+            correlation_id: format!("corr-{at}"),
+            principal_iss: "iss".into(),
+            principal_sub: sub.into(),
+            tool: tool.into(),
+            decision: "allowed".into(),
+            code: None,
+            idempotency_key: key.map(str::to_string),
+            payment_id: payment.map(str::to_string),
+            approval_id: approval.map(str::to_string),
+            detail: None,
+        }
+    };
+    let pid = paid[1].id.to_string();
+    store.audit_append(audit("agent", "create_payment", None, Some("k1"), Some("apr_1"), 10)).await.unwrap();
+    store.audit_append(audit("alice", "approvals.approve", None, None, Some("apr_1"), 11)).await.unwrap();
+    store.audit_append(audit("agent", "create_payment", Some(&pid), Some("k2"), None, 12)).await.unwrap();
+    store.audit_append(audit("other", "get_balance", None, None, None, 13)).await.unwrap();
+    let found =
+        store.audit_query(AuditQuery { agent: Some("agent".into()), limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(found.iter().map(|r| r.at).collect::<Vec<_>>(), vec![12, 10], "{label}");
+    let q = AuditQuery { correlation_id: Some("corr-11".into()), limit: 10, ..Default::default() };
+    assert_eq!(store.audit_query(q).await.unwrap().len(), 1, "{label}");
+    let q = AuditQuery { from: Some(11), to: Some(13), limit: 10, ..Default::default() };
+    assert_eq!(store.audit_query(q).await.unwrap().len(), 2, "{label}");
+    let first = store.audit_query(AuditQuery { limit: 1, ..Default::default() }).await.unwrap();
+    let q = AuditQuery { before_seq: Some(first[0].seq), limit: 10, ..Default::default() };
+    assert_eq!(store.audit_query(q).await.unwrap().len(), 3, "{label}");
+    let trail = AuditRelated {
+        payment_id: pid.clone(),
+        keys: vec!["k1".into()],
+        approval_ids: vec!["apr_1".into()],
+        limit: 10,
+    };
+    let trail = store.audit_related(trail).await.unwrap();
+    assert_eq!(trail.iter().map(|r| r.at).collect::<Vec<_>>(), vec![10, 11, 12], "{label}: oldest first");
+    assert!(store.approvals_for_keys(vec![]).await.unwrap().is_empty());
+    let id = ApprovalId::generate();
+    store.approval_insert(approval(&id, MandateKind::Closed, 1, 50_000)).await.unwrap();
+    assert_eq!(store.approvals_for_keys(vec![format!("key-{id}")]).await.unwrap(), vec![id.to_string()], "{label}");
+
+    // Mandates by status as of a moment; principals; agents seen.
+    store.approval_review(&id, review("alice", "approve"), 20, issuer(2, Some(9_000))).await.unwrap();
+    let mq = |status, now| MandateQuery { status, now, before: None, limit: 10 };
+    let active = store.mandate_list(mq(Some(MandateStatus::Active), 100)).await.unwrap();
+    assert_eq!(active.len(), 1, "{label}");
+    assert_eq!(
+        (active[0].approval_id.as_str(), active[0].max_uses, active[0].budget_minor),
+        (id.as_str(), 2, Some(9_000))
+    );
+    assert_eq!(store.mandate_list(mq(Some(MandateStatus::Expired), 10_000)).await.unwrap().len(), 1, "{label}");
+    assert!(store.mandate_list(mq(Some(MandateStatus::Revoked), 100)).await.unwrap().is_empty());
+    store.mandate_revoke(&id, "bob", 30).await.unwrap();
+    let got = store.mandate_get(&active[0].id, 100).await.unwrap().unwrap();
+    assert_eq!((got.status, got.revoked_by.as_deref()), (MandateStatus::Revoked, Some("bob")), "{label}");
+    assert!(store.mandate_get("mdt_none", 100).await.unwrap().is_none());
+    store.suspend("agent", "too many", 40).await.unwrap();
+    let states = store.principal_states(10).await.unwrap();
+    assert_eq!((states[0].subject.as_str(), states[0].suspended_at), ("agent", Some(40)), "{label}");
+    let seen = store.agents_seen(0, &["create_payment", "get_balance"], 10).await.unwrap();
+    assert_eq!(seen, vec![("other".to_string(), 13), ("agent".to_string(), 12)], "{label}");
+    assert!(store.agents_seen(0, &[], 10).await.unwrap().is_empty());
 });
 
 contract!(suspension_and_denials, |store, label| async move {

@@ -9,6 +9,7 @@ pub mod approval;
 pub mod audit;
 pub mod error;
 pub mod idempotency;
+pub mod ops;
 pub mod payment;
 pub mod rail;
 pub mod rules;

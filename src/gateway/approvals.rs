@@ -41,6 +41,9 @@ pub enum OpError {
     SelfReview(String),
     #[error("no such approval")]
     NotFound,
+    /// No such payment, mandate, … (what is named).
+    #[error("no such {0}")]
+    Missing(&'static str),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]

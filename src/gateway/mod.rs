@@ -3,6 +3,7 @@
 
 mod approvals;
 mod exactly_once;
+mod operator;
 mod payments;
 
 /// Operator-facing approval types for the HTTP layer.
@@ -14,6 +15,10 @@ mod reads;
 
 pub use crate::domain::approval::ReviewDecision;
 pub use approvals::{ApprovalView, Operator, PreauthorizeArgs};
+pub use operator::{
+    AuditFilters, AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PaymentFilters, PrincipalView,
+    ReconciliationRun, SummaryView,
+};
 pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs};
 pub use rails::{
     CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,

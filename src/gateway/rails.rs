@@ -96,6 +96,14 @@ pub struct ReconcileReport {
     pub findings_omitted: i64,
 }
 
+/// A reconciliation's audit decision; its detail is the report itself (JSON, findings bounded by
+/// `RECONCILE_FINDINGS_MAX`), which the operator console shows as the last results.
+pub(crate) fn reconcile_decision(report: &ReconcileReport) -> Decision<'static> {
+    let mut d = Decision::new("reconcile", if report.problems() == 0 { "reconciled" } else { "reconcile_findings" });
+    d.detail = Some(serde_json::to_string(report).unwrap_or_else(|e| format!("report not serializable: {e}")));
+    d
+}
+
 impl ReconcileReport {
     fn push(&mut self, kind: &str, payment_id: Option<&PaymentId>, detail: String) {
         if self.findings.len() >= RECONCILE_FINDINGS_MAX {
@@ -150,7 +158,7 @@ fn mask_phone(phone: &str) -> String {
 }
 
 /// "2026-11-29T10:00:00Z" or "2026-11-29" (start of that UTC day; `end_of_day` gives its end).
-fn parse_instant(field: &str, s: &str, end_of_day: bool) -> Result<UnixSecs, AgentError> {
+pub(crate) fn parse_instant(field: &str, s: &str, end_of_day: bool) -> Result<UnixSecs, AgentError> {
     use time::format_description::well_known::Rfc3339;
     if let Ok(t) = time::OffsetDateTime::parse(s, &Rfc3339) {
         return Ok(t.unix_timestamp());
@@ -528,11 +536,7 @@ impl Gateway {
 
     /// The audit record of a scheduled (or CLI) reconciliation.
     pub fn reconcile_audit(&self, report: &ReconcileReport) -> AuditRecord {
-        let mut d =
-            Decision::new("reconcile", if report.problems() == 0 { "reconciled" } else { "reconcile_findings" });
-        d.detail =
-            Some(format!("{} checked, {} resolved, {} findings", report.checked, report.resolved, report.problems()));
-        self.audit_record("paygate", "scheduler", "-", d)
+        self.audit_record("paygate", "scheduler", "-", reconcile_decision(report))
     }
 
     /// `reconcile` tool: admin only; audited.
@@ -545,11 +549,7 @@ impl Gateway {
             None => None,
         };
         let report = self.reconcile(since).await.map_err(|e| map_backend_error(&e))?;
-        let mut d =
-            Decision::new("reconcile", if report.problems() == 0 { "reconciled" } else { "reconcile_findings" });
-        d.detail =
-            Some(format!("{} checked, {} resolved, {} findings", report.checked, report.resolved, report.problems()));
-        self.audit(caller, d).await;
+        self.audit(caller, reconcile_decision(&report)).await;
         Ok(report)
     }
 

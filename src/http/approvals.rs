@@ -18,7 +18,7 @@ use crate::gateway::{CorrelationId, Operator, PreauthorizeArgs, ReviewDecision};
 /// Body size of operator requests, in bytes: they are small JSON documents.
 pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
 
-fn envelope(status: StatusCode, code: &str, message: &str, correlation_id: &str) -> Response {
+pub(super) fn envelope(status: StatusCode, code: &str, message: &str, correlation_id: &str) -> Response {
     (status, Json(json!({"error": {"code": code, "message": message, "correlation_id": correlation_id}})))
         .into_response()
 }
@@ -28,7 +28,7 @@ fn op_error(e: OpError, correlation_id: &str) -> Response {
         OpError::Invalid(_) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
         OpError::Forbidden(_) => (StatusCode::FORBIDDEN, "INSUFFICIENT_SCOPE"),
         OpError::SelfReview(_) => (StatusCode::FORBIDDEN, "SELF_REVIEW"),
-        OpError::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        OpError::NotFound | OpError::Missing(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
         OpError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT"),
         OpError::Gone(_) => (StatusCode::GONE, "EXPIRED"),
         OpError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
@@ -94,10 +94,14 @@ pub struct ListQuery {
 #[serde(deny_unknown_fields)]
 pub struct ReviewBody {
     #[serde(default)]
-    reason: Option<String>,
+    pub(super) reason: Option<String>,
 }
 
-fn respond<T: serde::Serialize>(result: Result<T, OpError>, correlation_id: &str, ok: StatusCode) -> Response {
+pub(super) fn respond<T: serde::Serialize>(
+    result: Result<T, OpError>,
+    correlation_id: &str,
+    ok: StatusCode,
+) -> Response {
     match result {
         Ok(v) => (ok, Json(v)).into_response(),
         Err(e) => op_error(e, correlation_id),
@@ -105,7 +109,7 @@ fn respond<T: serde::Serialize>(result: Result<T, OpError>, correlation_id: &str
 }
 
 /// A JSON body (empty means the default), or a 400 in the one envelope.
-fn parse_body<T: serde::de::DeserializeOwned + Default>(
+pub(super) fn parse_body<T: serde::de::DeserializeOwned + Default>(
     bytes: &[u8],
     correlation_id: &str,
 ) -> Result<T, Box<Response>> {

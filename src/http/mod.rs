@@ -4,9 +4,12 @@
 mod approvals;
 mod auth_layer;
 mod callbacks;
+mod console;
+mod operator;
 mod sessions;
 
 pub use callbacks::CallbackGuard;
+pub use console::ConsoleSettings;
 pub use sessions::SessionBindings;
 
 use std::sync::Arc;
@@ -74,6 +77,8 @@ pub struct AppInner {
     pub mpesa_callback: Option<Arc<CallbackGuard>>,
     /// Bearer token /metrics asks for; `None`: loopback peers only.
     pub metrics_token: Option<Secret>,
+    /// The operator console's sign-in settings; `None`: the console is off.
+    pub console: Option<ConsoleSettings>,
 }
 
 pub struct RouterConfig {
@@ -136,6 +141,7 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route("/approvals/{id}/revoke", post(approvals::revoke))
         .route("/principals/{subject}/suspend", post(approvals::suspend))
         .route("/principals/{subject}/resume", post(approvals::resume))
+        .nest("/operator/v1", operator_api())
         .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
 
@@ -153,8 +159,17 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(RequestBodyLimitLayer::new(callbacks::CALLBACK_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
 
+    let console_routes = Router::new()
+        .route("/console", get(console::index))
+        .route("/console/", get(console::index))
+        .route("/console/callback", get(console::index))
+        .route("/console/app.js", get(console::script))
+        .route("/console/app.css", get(console::style))
+        .route("/console/config.json", get(console::config));
+
     Router::new()
         .merge(operator_routes)
+        .merge(console_routes)
         .merge(callback_routes)
         .merge(metadata_routes)
         .route("/healthz", get(|| async { "ok" }))
@@ -163,6 +178,27 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .merge(mcp_routes)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::correlation_id))
         .with_state(state)
+}
+
+/// `/operator/v1`: what the console calls (`docs/operator-api.yaml`).
+fn operator_api() -> Router<AppState> {
+    Router::new()
+        .route("/health", get(operator::health))
+        .route("/summary", get(operator::summary))
+        .route("/payments", get(operator::payments))
+        .route("/payments/{payment_id}", get(operator::payment))
+        .route("/audit", get(operator::audit))
+        .route("/approvals", get(operator::approvals))
+        .route("/approvals/{approval_id}", get(approvals::get))
+        .route("/approvals/{approval_id}/approve", post(approvals::approve))
+        .route("/approvals/{approval_id}/reject", post(approvals::reject))
+        .route("/mandates", get(operator::mandates))
+        .route("/mandates/{mandate_id}/revoke", post(operator::revoke_mandate))
+        .route("/principals", get(operator::principals))
+        .route("/principals/{subject}/suspend", post(approvals::suspend))
+        .route("/principals/{subject}/resume", post(approvals::resume))
+        .route("/reconciliation", get(operator::reconciliation))
+        .route("/reconciliation/run", post(operator::reconcile))
 }
 
 /// RFC 9728 protected resource metadata.

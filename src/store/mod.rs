@@ -6,6 +6,7 @@
 //! split them.
 
 pub mod postgres;
+mod queries;
 mod rows;
 pub mod sqlite;
 
@@ -17,6 +18,10 @@ pub use crate::domain::audit::{AuditRecord, DENIAL_CODES};
 use crate::domain::error::BackendError;
 pub use crate::domain::error::StoreError;
 pub use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+pub use crate::domain::ops::{
+    AuditQuery, AuditRelated, MandateListing, MandateQuery, MandateStatus, OpsPayment, OpsPaymentQuery, PrincipalState,
+    VolumeRow,
+};
 pub use crate::domain::payment::{AccountSeed, SummaryQuery, SummaryRow};
 use crate::domain::payment::{
     Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
@@ -189,6 +194,31 @@ pub trait Store: Send + Sync + 'static {
         after_seq: i64,
         limit: u32,
     ) -> Result<Vec<(i64, RailPayment)>, StoreError>;
+
+    // --- operator reads (statements built once in `store::queries`) ---
+    /// Every payment the gateway knows (reference ledger and rail records), newest first.
+    async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError>;
+    async fn ops_payment(&self, id: &PaymentId) -> Result<Option<OpsPayment>, StoreError>;
+    /// Audit records, newest first.
+    async fn audit_query(&self, q: AuditQuery) -> Result<Vec<AuditRecord>, StoreError>;
+    /// One payment's audit trail, oldest first.
+    async fn audit_related(&self, q: AuditRelated) -> Result<Vec<AuditRecord>, StoreError>;
+    /// Ids of the approvals asked for under these idempotency keys, oldest first.
+    async fn approvals_for_keys(&self, keys: Vec<String>) -> Result<Vec<String>, StoreError>;
+    /// Issued mandates, newest first.
+    async fn mandate_list(&self, q: MandateQuery) -> Result<Vec<MandateListing>, StoreError>;
+    async fn mandate_get(&self, id: &str, now: UnixSecs) -> Result<Option<MandateListing>, StoreError>;
+    /// Subjects with stop-rule state, suspended ones first.
+    async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError>;
+    /// Subjects that called one of `tools` since `since`, with their last call, latest first.
+    async fn agents_seen(
+        &self,
+        since: UnixSecs,
+        tools: &[&str],
+        limit: u32,
+    ) -> Result<Vec<(String, UnixSecs)>, StoreError>;
+    /// Every payment in `[from, to)` counted by hour, kind, status and currency.
+    async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError>;
 
     // --- analytics and jobs ---
     /// Counts and totals over every payment the gateway knows (the reference ledger's and the rails').

@@ -5,6 +5,7 @@ use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalStatus, IssuedMandate, Review, ReviewDecision};
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
+use crate::domain::ops::{MandateListing, MandateStatus, OpsPayment, PrincipalState, VolumeRow};
 use crate::domain::payment::{AccountRow, LedgerEntry, Payment, PaymentKind, PaymentStatus, SummaryRow};
 use crate::domain::rail::{RailPayment, RailState};
 use crate::domain::rules::guards::MandateRow;
@@ -124,6 +125,82 @@ pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
         updated_at: r.int(19)?,
     };
     Ok((r.int(0)?, rec))
+}
+
+pub(crate) const OPS_PAYMENT_COLS: &str = "rail, id, kind, status, rail_state, from_account, to_account, amount_minor, \
+                                           currency, refunded_minor, refund_of, memo, principal_sub, created_at, \
+                                           mandate_id, idempotency_key, rail_ref, receipt";
+
+/// An `OPS_PAYMENT_COLS` row (`store::queries`): a payment from the ledger or a rail record.
+pub(crate) fn ops_payment(r: &dyn Columns) -> Result<OpsPayment, StoreError> {
+    let payment = Payment {
+        id: payment_id(r, 1, "payment id")?.ok_or_else(|| corrupt("payment id"))?,
+        kind: PaymentKind::parse(&r.text(2)?).ok_or_else(|| corrupt("payment kind"))?,
+        status: PaymentStatus::parse(&r.text(3)?).ok_or_else(|| corrupt("payment status"))?,
+        from_account: account_id(r, 5, "payment from_account")?,
+        to_account: account_id(r, 6, "payment to_account")?,
+        amount_minor: r.int(7)?,
+        currency: currency(r, 8, "payment currency")?,
+        refunded_minor: r.int(9)?,
+        refund_of: payment_id(r, 10, "payment refund_of")?,
+        memo: r.opt_text(11)?,
+        principal_sub: r.text(12)?,
+        created_at: r.int(13)?,
+    };
+    Ok(OpsPayment {
+        rail: r.text(0)?,
+        payment,
+        rail_state: r.opt_text(4)?,
+        mandate_id: r.opt_text(14)?,
+        idempotency_key: r.text(15)?,
+        rail_ref: r.opt_text(16)?,
+        receipt: r.opt_text(17)?,
+    })
+}
+
+/// Followed by the status column `store::queries` computes.
+pub(crate) const MANDATE_LISTING_COLS: &str = "id, kind, approval_id, subject, currency, budget_minor, max_uses, \
+                                               spent_minor, uses, expires_at, created_at, revoked_at, revoked_by";
+
+pub(crate) fn mandate_listing(r: &dyn Columns) -> Result<MandateListing, StoreError> {
+    Ok(MandateListing {
+        id: r.text(0)?,
+        kind: r.text(1)?,
+        approval_id: r.text(2)?,
+        subject: r.text(3)?,
+        currency: r.text(4)?,
+        budget_minor: r.opt_int(5)?,
+        max_uses: r.int(6)?,
+        spent_minor: r.int(7)?,
+        uses: r.int(8)?,
+        expires_at: r.int(9)?,
+        created_at: r.int(10)?,
+        revoked_at: r.opt_int(11)?,
+        revoked_by: r.opt_text(12)?,
+        status: MandateStatus::parse(&r.text(13)?).ok_or_else(|| corrupt("mandate status"))?,
+    })
+}
+
+/// `subject, suspended_at, suspended_reason, resumed_at`
+pub(crate) fn principal_state(r: &dyn Columns) -> Result<PrincipalState, StoreError> {
+    Ok(PrincipalState {
+        subject: r.text(0)?,
+        suspended_at: r.opt_int(1)?,
+        suspended_reason: r.opt_text(2)?,
+        resumed_at: r.opt_int(3)?,
+    })
+}
+
+/// `hour, kind, status, currency, count, amount`
+pub(crate) fn volume(r: &dyn Columns) -> Result<VolumeRow, StoreError> {
+    Ok(VolumeRow {
+        hour: r.int(0)?,
+        kind: r.text(1)?,
+        status: r.text(2)?,
+        currency: r.text(3)?,
+        count: r.int(4)?,
+        amount_minor: r.int(5)?,
+    })
 }
 
 pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, \

@@ -15,11 +15,15 @@ mod approvals;
 mod postings;
 mod rails;
 
+use super::queries::{self, Dialect, Statement};
 use super::rows::{self, Columns, Value};
 use super::{
     AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
     RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
     SummaryRow,
+};
+use super::{
+    AuditQuery, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState, VolumeRow,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -38,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0004_rails.sql"),
     include_str!("../../migrations/sqlite/0005_revocation.sql"),
     include_str!("../../migrations/sqlite/0006_refund_usage.sql"),
+    include_str!("../../migrations/sqlite/0007_operator_reads.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -210,6 +215,16 @@ impl SqliteStore {
             }
         }
         self.run_heavy(f).await
+    }
+
+    /// Run a statement built by `store::queries` through a shared row mapper, on the blocking pool
+    /// (operator reads may scan).
+    async fn select<T: Send + 'static>(
+        &self,
+        st: Statement,
+        f: fn(&dyn Columns) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        self.run_heavy(move |c| c.all(&st.text, params_from_iter(st.params), f)).await
     }
 
     /// A read that may take long (integrity, summaries, scans): always on the blocking pool.
@@ -773,6 +788,51 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
         self.run_heavy(move |c| rails::since(c, since, after_seq, limit)).await
+    }
+
+    async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError> {
+        self.select(queries::ops_payments(&q, Dialect::Sqlite), rows::ops_payment).await
+    }
+
+    async fn ops_payment(&self, id: &PaymentId) -> Result<Option<OpsPayment>, StoreError> {
+        Ok(self.select(queries::ops_payment(id.as_str(), Dialect::Sqlite), rows::ops_payment).await?.pop())
+    }
+
+    async fn audit_query(&self, q: AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+        self.select(queries::audit(&q, Dialect::Sqlite), rows::audit).await
+    }
+
+    async fn audit_related(&self, q: AuditRelated) -> Result<Vec<AuditRecord>, StoreError> {
+        self.select(queries::audit_related(&q, Dialect::Sqlite), rows::audit).await
+    }
+
+    async fn approvals_for_keys(&self, keys: Vec<String>) -> Result<Vec<String>, StoreError> {
+        self.select(queries::approvals_for_keys(&keys, Dialect::Sqlite), |r| r.text(0)).await
+    }
+
+    async fn mandate_list(&self, q: MandateQuery) -> Result<Vec<MandateListing>, StoreError> {
+        self.select(queries::mandates(&q, Dialect::Sqlite), rows::mandate_listing).await
+    }
+
+    async fn mandate_get(&self, id: &str, now: UnixSecs) -> Result<Option<MandateListing>, StoreError> {
+        Ok(self.select(queries::mandate(id, now, Dialect::Sqlite), rows::mandate_listing).await?.pop())
+    }
+
+    async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError> {
+        self.select(queries::principal_states(limit, Dialect::Sqlite), rows::principal_state).await
+    }
+
+    async fn agents_seen(
+        &self,
+        since: UnixSecs,
+        tools: &[&str],
+        limit: u32,
+    ) -> Result<Vec<(String, UnixSecs)>, StoreError> {
+        self.select(queries::agents_seen(since, tools, limit, Dialect::Sqlite), |r| Ok((r.text(0)?, r.int(1)?))).await
+    }
+
+    async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError> {
+        self.select(queries::volume(from, to, Dialect::Sqlite), rows::volume).await
     }
 
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {

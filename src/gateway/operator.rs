@@ -1,0 +1,674 @@
+//! What the operator console reads and runs, behind the same operator tokens and scopes as the
+//! approval routes: `payments:audit` reads, `payments:approve` reviews and revokes,
+//! `payments:admin` suspends, resumes and reconciles. Every action is audited under the operator.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::approvals_api::OpError;
+use super::rails::{ReconcileReport, parse_instant, reconcile_decision};
+use super::{ApprovalView, Gateway, Operator};
+use crate::catalogue::{self, scopes};
+use crate::clock::{UnixSecs, rfc3339};
+use crate::domain::payment::{PaymentKind, PaymentStatus};
+use crate::domain::rules::guards::day_of;
+use crate::ids::{AccountId, ApprovalId, PaymentId};
+use crate::money::{Currency, format_minor};
+use crate::store::{
+    AuditQuery, AuditRecord, AuditRelated, MandateListing, MandateQuery, MandateStatus, OpsPayment, OpsPaymentQuery,
+    RailState, StoreError,
+};
+
+/// Audit records one payment's timeline shows at most.
+pub const TIMELINE_EVENTS_MAX: u32 = 200;
+/// Agents the principals view lists at most, and how far back it looks for them.
+pub const AGENTS_LISTED_MAX: u32 = 500;
+pub const AGENTS_SEEN_WINDOW_SECS: i64 = 7 * 86_400;
+
+/// A payment as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpsPaymentView {
+    pub payment_id: String,
+    pub kind: &'static str,
+    pub status: &'static str,
+    /// `ledger` (the embedded reference ledger) or the rail that carried it.
+    pub rail: String,
+    /// A rail record's own state (submitting, unknown, pending, …).
+    pub rail_state: Option<String>,
+    pub from_account: String,
+    pub to_account: String,
+    pub amount: String,
+    pub currency: String,
+    pub agent_subject: String,
+    pub memo: Option<String>,
+    pub refund_of: Option<String>,
+    pub refunded: Option<String>,
+    pub mandate_id: Option<String>,
+    pub created_at: String,
+    pub rail_ref: Option<String>,
+    pub receipt: Option<String>,
+}
+
+/// One audit record, with the timeline step it stands for.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditView {
+    pub seq: i64,
+    pub at: String,
+    pub step: &'static str,
+    pub actor: String,
+    pub actor_issuer: String,
+    pub tool: String,
+    pub decision: String,
+    pub code: Option<String>,
+    pub correlation_id: String,
+    pub idempotency_key: Option<String>,
+    pub approval_id: Option<String>,
+    pub payment_id: Option<String>,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PaymentDetail {
+    pub payment: OpsPaymentView,
+    /// Oldest first: request, approval, reviews, mandate, payment, receipt, refunds.
+    pub timeline: Vec<AuditView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MandateView {
+    pub mandate_id: String,
+    pub approval_id: String,
+    pub kind: String,
+    pub agent_subject: String,
+    pub currency: String,
+    pub budget: Option<String>,
+    pub spent: String,
+    pub max_uses: i64,
+    pub uses: i64,
+    pub expires_at: String,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+    pub revoked_by: Option<String>,
+    pub status: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PrincipalView {
+    pub subject: String,
+    pub suspended: bool,
+    pub suspended_at: Option<String>,
+    pub suspended_reason: Option<String>,
+    pub resumed_at: Option<String>,
+    pub last_seen: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TotalView {
+    pub kind: String,
+    pub status: String,
+    pub currency: String,
+    pub count: i64,
+    pub amount: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HourView {
+    pub hour: i64,
+    pub currency: String,
+    pub count: i64,
+    pub amount: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SummaryView {
+    /// The UTC day summed.
+    pub date: String,
+    pub totals: Vec<TotalView>,
+    /// Succeeded payments (not refunds) per UTC hour of the day.
+    pub hourly: Vec<HourView>,
+    pub pending_approvals: i64,
+    pub suspended_agents: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckView {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthView {
+    pub status: &'static str,
+    pub checks: Vec<CheckView>,
+    pub version: &'static str,
+    pub time: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconciliationRun {
+    pub at: String,
+    pub by: String,
+    /// The report as audited (`reconcile_decision`).
+    pub report: Value,
+}
+
+/// Filters of `GET /payments`, as the query string gave them.
+#[derive(Debug, Clone, Default)]
+pub struct PaymentFilters {
+    pub account: Option<String>,
+    pub status: Option<String>,
+    pub kind: Option<String>,
+    pub rail: Option<String>,
+    pub agent: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+/// Filters of `GET /audit`.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilters {
+    pub agent: Option<String>,
+    pub tool: Option<String>,
+    pub decision: Option<String>,
+    pub code: Option<String>,
+    pub payment_id: Option<String>,
+    pub approval_id: Option<String>,
+    pub correlation_id: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+/// What one audit record means on a payment's timeline.
+pub fn step_of(rec: &AuditRecord) -> &'static str {
+    match (rec.tool.as_str(), rec.decision.as_str()) {
+        ("approvals.preauthorize", _) | (_, "approval_required") => "approval_requested",
+        ("approvals.approve", "recorded") => "approved",
+        ("approvals.reject", "recorded") => "rejected",
+        ("mandates.issue", _) => "mandate_issued",
+        ("mandates.revoke", _) => "revoked",
+        (_, "mandate_accepted") => "mandate_accepted",
+        ("refund_payment", "allowed") => "refunded",
+        (_, "allowed") => "paid",
+        (_, "replayed") => "replayed",
+        (tool, _) if tool.ends_with("_callback") => "receipt",
+        (_, "denied" | "failed" | "conflict" | "refused" | "suspended" | "rate_limited") => "refused",
+        _ => "other",
+    }
+}
+
+fn audit_view(rec: AuditRecord) -> AuditView {
+    AuditView {
+        seq: rec.seq,
+        at: rfc3339(rec.at),
+        step: step_of(&rec),
+        actor: rec.principal_sub,
+        actor_issuer: rec.principal_iss,
+        tool: rec.tool,
+        decision: rec.decision,
+        code: rec.code,
+        correlation_id: rec.correlation_id,
+        idempotency_key: rec.idempotency_key,
+        approval_id: rec.approval_id,
+        payment_id: rec.payment_id,
+        detail: rec.detail,
+    }
+}
+
+fn payment_view(p: OpsPayment) -> OpsPaymentView {
+    let pay = p.payment;
+    OpsPaymentView {
+        payment_id: pay.id.to_string(),
+        kind: pay.kind.as_str(),
+        status: pay.status.as_str(),
+        rail: p.rail,
+        rail_state: p.rail_state,
+        from_account: pay.from_account.to_string(),
+        to_account: pay.to_account.to_string(),
+        amount: format_minor(pay.amount_minor, pay.currency),
+        currency: pay.currency.to_string(),
+        agent_subject: pay.principal_sub,
+        memo: pay.memo,
+        refund_of: pay.refund_of.map(|r| r.to_string()),
+        refunded: (pay.kind == PaymentKind::Payment).then(|| format_minor(pay.refunded_minor, pay.currency)),
+        mandate_id: p.mandate_id,
+        created_at: rfc3339(pay.created_at),
+        rail_ref: p.rail_ref,
+        receipt: p.receipt,
+    }
+}
+
+fn minor_text(minor: i64, currency: &str) -> String {
+    match Currency::parse(currency) {
+        Ok(c) => format_minor(minor, c),
+        Err(_) => minor.to_string(),
+    }
+}
+
+fn mandate_view(m: MandateListing) -> MandateView {
+    MandateView {
+        budget: m.budget_minor.map(|b| minor_text(b, &m.currency)),
+        spent: minor_text(m.spent_minor, &m.currency),
+        mandate_id: m.id,
+        approval_id: m.approval_id,
+        kind: m.kind,
+        agent_subject: m.subject,
+        currency: m.currency,
+        max_uses: m.max_uses,
+        uses: m.uses,
+        expires_at: rfc3339(m.expires_at),
+        created_at: rfc3339(m.created_at),
+        revoked_at: m.revoked_at.map(rfc3339),
+        revoked_by: m.revoked_by,
+        status: m.status.as_str(),
+    }
+}
+
+/// Keyset cursors over (created_at, id), opaque to clients.
+fn encode_key_cursor(at: UnixSecs, id: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("k1:{at}:{id}"))
+}
+
+fn decode_key_cursor(cursor: Option<&str>) -> Result<Option<(UnixSecs, String)>, OpError> {
+    use base64::Engine;
+    let Some(c) = cursor else { return Ok(None) };
+    let bad = || OpError::Invalid("cursor is not one this server issued; pass next_cursor back unchanged".into());
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).map_err(|_| bad())?;
+    let text = String::from_utf8(raw).map_err(|_| bad())?;
+    let (at, id) = text.strip_prefix("k1:").and_then(|s| s.split_once(':')).ok_or_else(bad)?;
+    let at = at.parse::<UnixSecs>().map_err(|_| bad())?;
+    if id.is_empty() || id.len() > 128 {
+        return Err(bad());
+    }
+    Ok(Some((at, id.to_string())))
+}
+
+fn internal(what: &'static str) -> impl Fn(StoreError) -> OpError {
+    move |error| {
+        tracing::error!(%error, "{what} failed");
+        OpError::Internal
+    }
+}
+
+/// A filter value: at most this many characters, or the request is refused.
+const FILTER_CHARS_MAX: usize = 256;
+
+fn filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError> {
+    match v {
+        Some(s) if s.is_empty() => Ok(None),
+        Some(s) if s.chars().count() > FILTER_CHARS_MAX => {
+            Err(OpError::Invalid(format!("{name} is longer than {FILTER_CHARS_MAX} characters")))
+        }
+        other => Ok(other),
+    }
+}
+
+fn instant(name: &str, v: Option<String>, end_of_day: bool) -> Result<Option<UnixSecs>, OpError> {
+    filter(name, v)?.map(|s| parse_instant(name, &s, end_of_day).map_err(|e| OpError::Invalid(e.message))).transpose()
+}
+
+impl Gateway {
+    fn require_op(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
+        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::Forbidden(any_of[0])) }
+    }
+
+    fn op_page_limit(&self, limit: Option<u32>) -> Result<u32, OpError> {
+        self.page_limit(limit).map_err(|e| OpError::Invalid(e.message))
+    }
+
+    /// Every payment the gateway knows, newest first.
+    pub async fn ops_payments(
+        &self,
+        op: &Operator,
+        f: PaymentFilters,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<OpsPaymentView>, Option<String>), OpError> {
+        self.require_op(op, &[scopes::AUDIT])?;
+        let account = filter("account", f.account)?
+            .map(|a| AccountId::parse(&a).map_err(|_| OpError::Invalid(format!("no account can be named {a:?}"))))
+            .transpose()?;
+        let status = filter("status", f.status)?
+            .map(|s| {
+                PaymentStatus::parse(&s)
+                    .ok_or_else(|| OpError::Invalid("status must be succeeded, pending or failed".into()))
+            })
+            .transpose()?;
+        let kind = filter("kind", f.kind)?
+            .map(|k| PaymentKind::parse(&k).ok_or_else(|| OpError::Invalid("kind must be payment or refund".into())))
+            .transpose()?;
+        let limit = self.op_page_limit(limit)?;
+        let q = OpsPaymentQuery {
+            account,
+            status,
+            kind,
+            rail: filter("rail", f.rail)?,
+            agent: filter("agent", f.agent)?,
+            from: instant("from", f.from, false)?,
+            to: instant("to", f.to, true)?,
+            before: decode_key_cursor(cursor)?,
+            limit: limit + 1,
+        };
+        let mut rows = self.store.ops_payments(q).await.map_err(internal("payment list"))?;
+        let next = if rows.len() > limit as usize {
+            rows.truncate(limit as usize);
+            rows.last().map(|p| encode_key_cursor(p.payment.created_at, p.payment.id.as_str()))
+        } else {
+            None
+        };
+        Ok((rows.into_iter().map(payment_view).collect(), next))
+    }
+
+    /// One payment and everything audited about it, oldest first: the request under its
+    /// idempotency keys, the approval and its reviews, the mandate, the payment, receipts, refunds.
+    pub async fn ops_payment(&self, op: &Operator, payment_id: &str) -> Result<PaymentDetail, OpError> {
+        self.require_op(op, &[scopes::AUDIT])?;
+        let id = PaymentId::parse(payment_id).map_err(|_| OpError::Missing("payment"))?;
+        let p = self.store.ops_payment(&id).await.map_err(internal("payment read"))?;
+        let p = p.ok_or(OpError::Missing("payment"))?;
+        let mut keys = vec![p.idempotency_key.clone()];
+        let mut approvals = self.store.approvals_for_keys(keys.clone()).await.map_err(internal("approval lookup"))?;
+        // A mandated payment's key is anchored on its mandate; the approval that issued it was
+        // asked for under the operation's own key.
+        if let Some(mid) = &p.mandate_id
+            && let Some(m) = self.store.mandate_get(mid, self.clock.now()).await.map_err(internal("mandate read"))?
+            && !approvals.contains(&m.approval_id)
+        {
+            approvals.push(m.approval_id);
+        }
+        for a in &approvals {
+            if let Ok(aid) = ApprovalId::parse(a)
+                && let Some(rec) = self.store.approval_get(&aid).await.map_err(internal("approval read"))?
+                && !keys.contains(&rec.idempotency_key)
+            {
+                keys.push(rec.idempotency_key);
+            }
+        }
+        let related =
+            AuditRelated { payment_id: id.to_string(), keys, approval_ids: approvals, limit: TIMELINE_EVENTS_MAX };
+        let timeline = self.store.audit_related(related).await.map_err(internal("audit read"))?;
+        Ok(PaymentDetail { payment: payment_view(p), timeline: timeline.into_iter().map(audit_view).collect() })
+    }
+
+    /// Audit records, newest first.
+    pub async fn ops_audit(
+        &self,
+        op: &Operator,
+        f: AuditFilters,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<AuditView>, Option<String>), OpError> {
+        self.require_op(op, &[scopes::AUDIT])?;
+        let limit = self.op_page_limit(limit)?;
+        let q = AuditQuery {
+            agent: filter("agent", f.agent)?,
+            tool: filter("tool", f.tool)?,
+            decision: filter("decision", f.decision)?,
+            code: filter("code", f.code)?,
+            payment_id: filter("payment_id", f.payment_id)?,
+            approval_id: filter("approval_id", f.approval_id)?,
+            correlation_id: filter("correlation_id", f.correlation_id)?,
+            idempotency_key: None,
+            from: instant("from", f.from, false)?,
+            to: instant("to", f.to, true)?,
+            before_seq: super::decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?,
+            limit: limit + 1,
+        };
+        let mut rows = self.store.audit_query(q).await.map_err(internal("audit search"))?;
+        let next = if rows.len() > limit as usize {
+            rows.truncate(limit as usize);
+            rows.last().map(|r| super::encode_cursor(r.seq))
+        } else {
+            None
+        };
+        Ok((rows.into_iter().map(audit_view).collect(), next))
+    }
+
+    /// Issued mandates, newest first.
+    pub async fn ops_mandates(
+        &self,
+        op: &Operator,
+        status: Option<String>,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<MandateView>, Option<String>), OpError> {
+        self.require_op(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        let status =
+            match filter("status", status)?.as_deref() {
+                None | Some("all") => None,
+                Some(s) => Some(MandateStatus::parse(s).ok_or_else(|| {
+                    OpError::Invalid("status must be active, revoked, used_up, expired or all".into())
+                })?),
+            };
+        let limit = self.op_page_limit(limit)?;
+        let q = MandateQuery { status, now: self.clock.now(), before: decode_key_cursor(cursor)?, limit: limit + 1 };
+        let mut rows = self.store.mandate_list(q).await.map_err(internal("mandate list"))?;
+        let next = if rows.len() > limit as usize {
+            rows.truncate(limit as usize);
+            rows.last().map(|m| encode_key_cursor(m.created_at, &m.id))
+        } else {
+            None
+        };
+        Ok((rows.into_iter().map(mandate_view).collect(), next))
+    }
+
+    /// Revoke a mandate by its id (the approval route revokes by the approval that issued it).
+    pub async fn ops_revoke_mandate(
+        &self,
+        op: &Operator,
+        mandate_id: &str,
+        reason: Option<String>,
+    ) -> Result<MandateView, OpError> {
+        self.require_op(op, &[scopes::APPROVE])?;
+        if mandate_id.is_empty() || mandate_id.len() > 128 {
+            return Err(OpError::Missing("mandate"));
+        }
+        let m = self.store.mandate_get(mandate_id, self.clock.now()).await.map_err(internal("mandate read"))?;
+        let m = m.ok_or(OpError::Missing("mandate"))?;
+        self.revoke(op, &m.approval_id, reason).await?;
+        let m = self.store.mandate_get(mandate_id, self.clock.now()).await.map_err(internal("mandate read"))?;
+        Ok(mandate_view(m.ok_or(OpError::Missing("mandate"))?))
+    }
+
+    /// Agents seen in the last week and every subject with stop-rule state, suspended first.
+    pub async fn ops_principals(&self, op: &Operator) -> Result<Vec<PrincipalView>, OpError> {
+        self.require_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
+        let now = self.clock.now();
+        let states = self.store.principal_states(AGENTS_LISTED_MAX).await.map_err(internal("principal list"))?;
+        let tools: Vec<&str> = catalogue::TOOLS.iter().map(|t| t.name).collect();
+        let seen = self
+            .store
+            .agents_seen(now - AGENTS_SEEN_WINDOW_SECS, &tools, AGENTS_LISTED_MAX)
+            .await
+            .map_err(internal("agent list"))?;
+        let mut out: Vec<PrincipalView> = states
+            .into_iter()
+            .map(|s| PrincipalView {
+                last_seen: seen.iter().find(|(sub, _)| *sub == s.subject).map(|(_, at)| rfc3339(*at)),
+                suspended: s.suspended_at.is_some(),
+                suspended_at: s.suspended_at.map(rfc3339),
+                suspended_reason: s.suspended_reason,
+                resumed_at: s.resumed_at.map(rfc3339),
+                subject: s.subject,
+            })
+            .collect();
+        for (subject, at) in seen {
+            if !out.iter().any(|p| p.subject == subject) {
+                out.push(PrincipalView {
+                    subject,
+                    suspended: false,
+                    suspended_at: None,
+                    suspended_reason: None,
+                    resumed_at: None,
+                    last_seen: Some(rfc3339(at)),
+                });
+            }
+        }
+        out.sort_by(|a, b| b.suspended.cmp(&a.suspended).then(b.last_seen.cmp(&a.last_seen)));
+        out.truncate(AGENTS_LISTED_MAX as usize);
+        Ok(out)
+    }
+
+    /// Today's (UTC) totals, hourly volume, approval queue and suspended agents.
+    pub async fn ops_summary(&self, op: &Operator) -> Result<SummaryView, OpError> {
+        self.require_op(op, &[scopes::AUDIT])?;
+        let now = self.clock.now();
+        let from = day_of(now);
+        let rows = self.store.volume(from, from + 86_400).await.map_err(internal("volume"))?;
+        // Rows come per hour: the day's totals add them up by kind, status and currency.
+        let mut sums: std::collections::BTreeMap<(&str, &str, &str), (i64, i64)> = Default::default();
+        for r in &rows {
+            let sum = sums.entry((&r.kind, &r.status, &r.currency)).or_default();
+            *sum = (sum.0 + r.count, sum.1 + r.amount_minor);
+        }
+        let totals = sums
+            .into_iter()
+            .map(|((kind, status, currency), (count, minor))| TotalView {
+                kind: kind.into(),
+                status: status.into(),
+                currency: currency.into(),
+                count,
+                amount: minor_text(minor, currency),
+            })
+            .collect();
+        let hourly = rows
+            .iter()
+            .filter(|r| r.kind == PaymentKind::Payment.as_str() && r.status == PaymentStatus::Succeeded.as_str())
+            .map(|r| HourView {
+                hour: r.hour,
+                currency: r.currency.clone(),
+                count: r.count,
+                amount: minor_text(r.amount_minor, &r.currency),
+            })
+            .collect();
+        let pending = self.store.approvals_pending(now).await.map_err(internal("approval count"))?;
+        let states = self.store.principal_states(AGENTS_LISTED_MAX).await.map_err(internal("principal list"))?;
+        Ok(SummaryView {
+            date: rfc3339(from).chars().take(10).collect(),
+            totals,
+            hourly,
+            pending_approvals: pending,
+            suspended_agents: states.iter().filter(|s| s.suspended_at.is_some()).count() as i64,
+        })
+    }
+
+    /// The store, the payment backend, the rail and the queues, checked now.
+    pub async fn ops_health(&self, op: &Operator) -> Result<HealthView, OpError> {
+        self.require_op(op, &[scopes::AUDIT, scopes::APPROVE, scopes::ADMIN])?;
+        let now = self.clock.now();
+        let mut checks = Vec::new();
+        checks.push(match self.store.ping().await {
+            Ok(()) => CheckView { name: "store", ok: true, detail: "answers".into() },
+            Err(e) => CheckView { name: "store", ok: false, detail: e.to_string() },
+        });
+        // Asking for a payment no one made reaches the backend without moving anything.
+        checks.push(match self.backend.payment(&PaymentId::generate()).await {
+            Ok(_) => CheckView { name: "backend", ok: true, detail: format!("{} answers", self.backend.name()) },
+            Err(e) => CheckView { name: "backend", ok: false, detail: format!("{}: {e}", self.backend.name()) },
+        });
+        if let Some(rail) = &self.rail {
+            let stuck = self
+                .store
+                .rail_list(&[RailState::Unknown], now, 100)
+                .await
+                .map(|r| r.len())
+                .map_err(internal("rail list"))?;
+            checks.push(CheckView {
+                name: "rail",
+                ok: stuck == 0,
+                detail: format!("{}: {stuck} payments with an unknown outcome", rail.display_name()),
+            });
+        }
+        let pending = self.store.approvals_pending(now).await.map_err(internal("approval count"))?;
+        checks.push(CheckView { name: "approvals", ok: true, detail: format!("{pending} pending") });
+        let status = if checks.iter().all(|c| c.ok) { "ok" } else { "degraded" };
+        Ok(HealthView { status, checks, version: env!("CARGO_PKG_VERSION"), time: rfc3339(now) })
+    }
+
+    /// The last reconciliation (scheduled, CLI or console), as audited.
+    pub async fn ops_last_reconciliation(&self, op: &Operator) -> Result<Option<ReconciliationRun>, OpError> {
+        self.require_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
+        let q = AuditQuery { tool: Some("reconcile".into()), limit: 1, ..Default::default() };
+        let last = self.store.audit_query(q).await.map_err(internal("audit search"))?;
+        Ok(last.into_iter().next().map(|r| ReconciliationRun {
+            at: rfc3339(r.at),
+            by: r.principal_sub,
+            report: r.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or(Value::Null),
+        }))
+    }
+
+    /// Run reconciliation now (admin), audited under the operator.
+    pub async fn ops_reconcile(&self, op: &Operator) -> Result<ReconciliationRun, OpError> {
+        self.require_op(op, &[scopes::ADMIN])?;
+        let report: ReconcileReport = self.reconcile(None).await.map_err(|error| {
+            tracing::error!(%error, "reconciliation failed");
+            OpError::Internal
+        })?;
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, reconcile_decision(&report)).await;
+        Ok(ReconciliationRun {
+            at: rfc3339(self.clock.now()),
+            by: op.subject.clone(),
+            report: serde_json::to_value(&report).unwrap_or(Value::Null),
+        })
+    }
+
+    /// An approval by id, for the console's routes (same checks as `/approvals/{id}`).
+    pub async fn ops_approval(&self, op: &Operator, id: &str) -> Result<ApprovalView, OpError> {
+        self.approval(op, id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(tool: &str, decision: &str) -> AuditRecord {
+        AuditRecord {
+            seq: 1,
+            at: 0,
+            correlation_id: "c".into(),
+            principal_iss: "i".into(),
+            principal_sub: "s".into(),
+            tool: tool.into(),
+            decision: decision.into(),
+            code: None,
+            idempotency_key: None,
+            payment_id: None,
+            approval_id: None,
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn timeline_steps() {
+        let cases = [
+            ("create_payment", "approval_required", "approval_requested"),
+            ("approvals.preauthorize", "created", "approval_requested"),
+            ("approvals.approve", "recorded", "approved"),
+            ("approvals.approve", "refused", "refused"),
+            ("approvals.reject", "recorded", "rejected"),
+            ("mandates.issue", "issued", "mandate_issued"),
+            ("mandates.revoke", "revoked", "revoked"),
+            ("create_payment", "mandate_accepted", "mandate_accepted"),
+            ("create_payment", "allowed", "paid"),
+            ("refund_payment", "allowed", "refunded"),
+            ("create_payment", "replayed", "replayed"),
+            ("mpesa_callback", "settled", "receipt"),
+            ("create_payment", "denied", "refused"),
+            ("reconcile", "reconciled", "other"),
+        ];
+        for (tool, decision, step) in cases {
+            assert_eq!(step_of(&rec(tool, decision)), step, "{tool} {decision}");
+        }
+    }
+
+    #[test]
+    fn key_cursors_round_trip_and_refuse_forgeries() {
+        let c = encode_key_cursor(1_700_000_000, "pay_abc");
+        assert_eq!(decode_key_cursor(Some(&c)).unwrap(), Some((1_700_000_000, "pay_abc".into())));
+        for bad in ["", "!!", "djE6MTA", "azE6eDpwYXk"] {
+            assert!(decode_key_cursor(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
