@@ -65,15 +65,16 @@ function svg(tag, attrs, ...children) {
   return el;
 }
 
+// RFC 3339 strings; a number is Unix seconds (the reconciliation report's `since`).
 function fmtTime(iso) {
-  if (!iso) return '—';
-  const d = new Date(iso);
+  if (iso === null || iso === undefined || iso === '') return '—';
+  const d = typeof iso === 'number' ? new Date(iso * 1000) : new Date(iso);
   if (Number.isNaN(d.getTime())) return clean(iso);
   const p = (n) => String(n).padStart(2, '0');
   return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
 }
 function timeCell(iso) {
-  return h('time', { datetime: iso ?? null, title: iso ?? null }, fmtTime(iso));
+  return h('time', { datetime: typeof iso === 'string' ? iso : null, title: iso ?? null }, fmtTime(iso));
 }
 function fmtRemaining(ms) {
   if (ms <= 0) return 'expired';
@@ -765,7 +766,8 @@ async function showPayment(id) {
         fact('Rail', `${clean(p.rail)}${p.rail_ref ? ` · ${clean(p.rail_ref)}` : ''}`),
         p.mandate_id ? fact('Mandate', mono(p.mandate_id)) : null,
         p.refund_of ? fact('Refund of', mono(p.refund_of)) : null,
-        p.refunded ? fact('Refunded', clean(p.refunded)) : null,
+        Number(p.refunded) > 0 ? fact('Refunded', money(p.refunded, p.currency)) : null,
+        p.rail_state ? fact('Rail state', p.rail_state) : null,
         p.receipt ? fact('Receipt', typeof p.receipt === 'object' ? JSON.stringify(p.receipt) : p.receipt) : null,
         fact('Memo', agentText(p.memo)),
         fact('Created', timeCell(p.created_at))),

@@ -181,9 +181,7 @@ async function setLogin(sub, scopes) {
 async function signIn(page, sub) {
   await page.goto(`${base}/console`);
   await page.getByTestId('oidc-signin').waitFor();
-  const token = page.waitForResponse((r) => r.url() === `${issuer}/token`);
-  await page.getByTestId('oidc-signin').click();
-  const tr = await token;
+  const tr = await clickFor(page, (r) => r.url() === `${issuer}/token`, page.getByTestId('oidc-signin'));
   assert(tr.status() === 200, `token endpoint answered ${tr.status()}: ${await tr.text()}`);
   await page.getByTestId('whoami').filter({ hasText: sub }).waitFor();
 }
@@ -213,6 +211,11 @@ async function refresh(page, name) {
     [name, before],
   );
 }
+// Click and wait for the response the click causes (both settle, or the check fails cleanly).
+async function clickFor(page, pred, locator) {
+  const [resp] = await Promise.all([page.waitForResponse(pred), locator.click()]);
+  return resp;
+}
 const shot = (page, name) => page.screenshot({ path: `${args.shots}/${name}.png` });
 
 async function approveInPage(page, approvalId, reason) {
@@ -221,9 +224,7 @@ async function approveInPage(page, approvalId, reason) {
   if (!(await card.count())) await refresh(page, 'approvals');
   await card.waitFor();
   await card.getByTestId('approval-reason').fill(reason);
-  const resp = page.waitForResponse((r) => r.url().endsWith(`/approvals/${approvalId}/approve`) && r.request().method() === 'POST');
-  await card.getByTestId('approve').click();
-  const r = await resp;
+  const r = await clickFor(page, (x) => x.url().endsWith(`/approvals/${approvalId}/approve`) && x.request().method() === 'POST', card.getByTestId('approve'));
   assert(r.status() === 200, `approve answered ${r.status()}: ${await r.text()}`);
   await page.locator(`[data-testid="approval"][data-approval-id="${approvalId}"].status-approved`).waitFor();
 }
@@ -263,14 +264,15 @@ try {
 
   await check('operator signs in with authorization code + PKCE (S256) at the issuer', async () => {
     await setLogin(ALICE, ALL_SCOPES);
-    const authorize = page.waitForRequest((r) => r.url().startsWith(`${issuer}/authorize`));
-    const signedIn = signIn(page, ALICE);
-    const q = new URL((await authorize).url()).searchParams;
+    const [authorize] = await Promise.all([
+      page.waitForRequest((r) => r.url().startsWith(`${issuer}/authorize`)),
+      signIn(page, ALICE),
+    ]);
+    const q = new URL(authorize.url()).searchParams;
     assert(q.get('code_challenge_method') === 'S256' && q.get('code_challenge'), 'no S256 challenge');
     assert(q.get('client_id') === 'paygate-console', `client_id ${q.get('client_id')}`);
     assert(q.get('resource') === mcpUrl, `resource ${q.get('resource')}`);
     assert(q.get('redirect_uri') === `${base}/console/callback`, `redirect_uri ${q.get('redirect_uri')}`);
-    await signedIn;
     const scopes = await page.getByTestId('scopes').textContent();
     assert(/approve/.test(scopes) && /audit/.test(scopes) && /admin/.test(scopes), `scopes shown: ${scopes}`);
   });
@@ -330,9 +332,7 @@ try {
   await check('the payment timeline shows approval requested, approved, mandate issued, paid', async () => {
     await view(page, 'payments');
     await page.getByTestId('payments-filters').locator('input[name="agent"]').fill(AGENT);
-    const listed = page.waitForResponse((r) => r.url().includes('/operator/v1/payments?'));
-    await page.getByTestId('payments-filters').getByRole('button', { name: 'Search' }).click();
-    await listed;
+    await clickFor(page, (r) => r.url().includes('/operator/v1/payments?'), page.getByTestId('payments-filters').getByRole('button', { name: 'Search' }));
     const row = page.locator(`[data-testid="payment-row"][data-payment-id="${p1}"]`);
     await row.waitFor();
     await row.getByTestId('payment-open').click();
@@ -355,9 +355,7 @@ try {
     const row = page.locator(`[data-testid="mandate-row"][data-approval-id="${a2}"]`);
     await row.waitFor();
     await row.getByTestId('mandate-reason').fill('customer cancelled the order');
-    const resp = page.waitForResponse((x) => /\/mandates\/[^/]+\/revoke$/.test(x.url()));
-    await row.getByTestId('mandate-revoke').click();
-    const rr = await resp;
+    const rr = await clickFor(page, (x) => /\/mandates\/[^/]+\/revoke$/.test(x.url()), row.getByTestId('mandate-revoke'));
     assert(rr.status() === 200, `revoke answered ${rr.status()}: ${await rr.text()}`);
     await page.locator(`[data-testid="mandate-row"][data-approval-id="${a2}"]`).waitFor({ state: 'detached' });
     const used = await tool(agent, 'create_payment', payArgs(`c2-${run}`, '6000.00', { mandate: m2 }));
@@ -371,9 +369,8 @@ try {
   await check('audit search finds the operator decision', async () => {
     await view(page, 'audit');
     await page.getByTestId('audit-filters').locator('input[name="approval_id"]').fill(a1);
-    const listed = page.waitForResponse((r) => r.url().includes('/operator/v1/audit?'));
-    await page.getByTestId('audit-filters').getByRole('button', { name: 'Search' }).click();
-    assert((await listed).status() === 200, 'audit search failed');
+    const listed = await clickFor(page, (r) => r.url().includes('/operator/v1/audit?'), page.getByTestId('audit-filters').getByRole('button', { name: 'Search' }));
+    assert(listed.status() === 200, 'audit search failed');
     await page.getByTestId('audit-row').first().waitFor();
     const text = await page.getByTestId('audit-table').textContent();
     assert(text.includes(ALICE), `no decision by ${ALICE} in the audit rows`);
@@ -385,27 +382,25 @@ try {
     let row = page.locator(`[data-testid="agent-row"][data-subject="${AGENT}"]`);
     await row.waitFor();
     await row.getByTestId('agent-reason').fill('investigating odd memos');
-    let resp = page.waitForResponse((r) => r.url().endsWith(`/principals/${AGENT}/suspend`));
-    await row.getByTestId('agent-suspend').click();
-    assert((await resp).status() === 200, 'suspend failed');
+    const suspended = await clickFor(page, (r) => r.url().endsWith(`/principals/${AGENT}/suspend`), row.getByTestId('agent-suspend'));
+    assert(suspended.status() === 200, 'suspend failed');
     row = page.locator(`[data-testid="agent-row"][data-subject="${AGENT}"]`);
     await row.getByTestId('agent-resume').waitFor();
-    const refused = await tool(agent, 'get_balance', { account_id: 'acct-A' });
+    // A suspended agent moves no money (reads still answer).
+    const refused = await tool(agent, 'create_payment', payArgs(`c-susp-${run}`, '1.00'));
     assert(!refused.ok && refused.error.code === 'PRINCIPAL_SUSPENDED', `suspended agent: ${dump(refused.raw)}`);
     await shot(page, 'agents');
-    resp = page.waitForResponse((r) => r.url().endsWith(`/principals/${AGENT}/resume`));
-    await row.getByTestId('agent-resume').click();
-    assert((await resp).status() === 200, 'resume failed');
+    const resumed = await clickFor(page, (r) => r.url().endsWith(`/principals/${AGENT}/resume`), row.getByTestId('agent-resume'));
+    assert(resumed.status() === 200, 'resume failed');
     await page.locator(`[data-testid="agent-row"][data-subject="${AGENT}"]`).getByTestId('agent-suspend').waitFor();
-    const back = await tool(agent, 'get_balance', { account_id: 'acct-A' });
-    assert(back.ok, `resumed agent: ${dump(back.raw)}`);
+    const back = await tool(agent, 'create_payment', payArgs(`c-resumed-${run}`, '1.00'));
+    assert(back.ok && back.value.payment_id, `resumed agent: ${dump(back.raw)}`);
   });
 
   await check('reconciliation runs from the page', async () => {
     await view(page, 'reconciliation');
-    const resp = page.waitForResponse((r) => r.url().endsWith('/reconciliation/run'));
-    await page.getByTestId('recon-run').click();
-    assert((await resp).status() === 200, 'run failed');
+    const ran = await clickFor(page, (r) => r.url().endsWith('/reconciliation/run'), page.getByTestId('recon-run'));
+    assert(ran.status() === 200, 'run failed');
     await page.getByTestId('recon-at').waitFor();
     await shot(page, 'reconciliation');
   });
@@ -432,10 +427,12 @@ try {
       assert((await card.getByTestId('approve').getAttribute('title')).includes('payments:approve'), 'no reason on the button');
       await shot(bob.page, 'audit-only');
       // Force the click past the disabled button: the server answers 403 and the page says which scope.
-      await card.getByTestId('approve').evaluate((b) => { b.disabled = false; });
-      const resp = bob.page.waitForResponse((r) => r.url().endsWith(`/approvals/${a3}/approve`));
-      await card.getByTestId('approve').click();
-      assert((await resp).status() === 403, 'the gateway did not answer 403');
+      await card.getByTestId('approve').evaluate((b) => {
+        b.disabled = false;
+        b.removeAttribute('aria-disabled');
+      });
+      const forced = await clickFor(bob.page, (r) => r.url().endsWith(`/approvals/${a3}/approve`), card.getByTestId('approve'));
+      assert(forced.status() === 403, `the gateway answered ${forced.status()}, not 403`);
       await bob.page.getByTestId('notice').filter({ hasText: 'lacks scope payments:approve' }).waitFor();
       assert(await card.getByTestId('approve').isDisabled(), 'approve re-enabled after 403');
       await view(bob.page, 'mandates');

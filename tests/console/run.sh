@@ -77,6 +77,7 @@ PAYGATE_DEV__PRINT_TOKEN=false \
 PAYGATE_POLICY__DEFAULT_PROFILE=dev \
 PAYGATE_CONSOLE__CLIENT_ID=paygate-console \
 PAYGATE_LOG=info \
+NO_COLOR=1 \
   "$bin" >"$work/paygate.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
@@ -86,7 +87,7 @@ say "== console: $base/console (issuer $issuer); screenshots in $shots"
 rc=0
 node "$here/console.mjs" --base "$base" --issuer "$issuer" --shots "$shots" --paygate-log "$work/paygate.log" || rc=$?
 if [ "$rc" != 0 ]; then
-  say "-- paygate log (last 40 lines)"
-  tail -n 40 "$work/paygate.log" | sed 's/^/    /'
+  say "-- paygate log (last 20 lines)"
+  tail -n 20 "$work/paygate.log" | sed 's/\x1b\[[0-9;]*m//g; s/^/    /'
 fi
 exit "$rc"
