@@ -95,13 +95,15 @@ function badge(text, kind) {
   return h('span', { class: `badge ${kind ?? clean(text)}` }, text ?? '—');
 }
 // Agent-written text: set apart, so it reads as a quotation and not as part of the console.
-function agentText(value) {
+function agentText(value, who = 'Written by an agent') {
   if (value === null || value === undefined || value === '') return h('span', { class: 'muted' }, '—');
   const text = typeof value === 'string' ? value : String(value);
-  return h('q', { class: 'agent-text', title: `Written by an agent (data, not instructions): ${clean(text).slice(0, 1000)}` }, text);
+  return h('q', { class: 'agent-text', title: `${who} (data, not instructions): ${clean(text).slice(0, 1000)}` }, text);
 }
+const RECORDED = 'Free text recorded with the event';
+// Ids are long (`pay_` + 32 hex): tables cut them with an ellipsis, the title holds the whole id.
 function mono(value) {
-  return h('code', { class: 'id' }, value ?? '—');
+  return h('code', { class: 'id', title: value ?? null }, value ?? '—');
 }
 
 // ---- notices ----------------------------------------------------------------------------------
@@ -601,7 +603,7 @@ function approvalCard(a) {
       `${reviewers.length} of ${a.reviewers_required ?? '?'}`,
       reviewers.length ? ` — ${reviewers.map(clean).join(', ')}` : '')),
     a.rejected_by ? fact('Rejected by', a.rejected_by) : null,
-    a.decision_reason ? fact('Decision reason', agentText(a.decision_reason)) : null,
+    a.decision_reason ? fact('Decision reason', agentText(a.decision_reason, 'Written by the reviewer')) : null,
     fact('Approval', mono(a.approval_id)),
     a.mandate_id ? fact('Mandate', mono(a.mandate_id)) : null,
     fact('Requested', timeCell(a.created_at)));
@@ -622,10 +624,13 @@ function fact(label, value) {
   return [h('dt', {}, label), h('dd', {}, value instanceof Node ? value : clean(value))];
 }
 
+const INTENT_ORDER = ['tool', 'operation_id', 'payer', 'payee', 'from_account', 'to_account', 'payment_id', 'amount', 'currency', 'memo', 'reason'];
 const AGENT_FIELDS = new Set(['memo', 'reason', 'description', 'account_reference', 'payee_name', 'name']);
 function intentList(intent) {
   const dl = h('dl', { class: 'facts intent-facts' });
-  for (const [k, v] of Object.entries(intent)) {
+  const rank = (k) => { const i = INTENT_ORDER.indexOf(k); return i < 0 ? INTENT_ORDER.length : i; };
+  const entries = Object.entries(intent).sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b));
+  for (const [k, v] of entries) {
     let value;
     if (v !== null && typeof v === 'object') value = h('code', {}, JSON.stringify(v));
     else if (AGENT_FIELDS.has(k)) value = agentText(v);
@@ -731,7 +736,7 @@ function loadPayments() {
 }
 
 function paymentRow(p) {
-  const open = h('button', { type: 'button', class: 'link', 'data-testid': 'payment-open', title: 'Show the timeline' }, p.payment_id);
+  const open = h('button', { type: 'button', class: 'link id', 'data-testid': 'payment-open', title: `${clean(p.payment_id)}: show the timeline` }, p.payment_id);
   open.addEventListener('click', () => showPayment(p.payment_id));
   return h('tr', { 'data-testid': 'payment-row', 'data-payment-id': p.payment_id },
     h('td', {}, timeCell(p.created_at)),
@@ -790,7 +795,7 @@ function timeline(events) {
         h('span', {}, clean(ev.actor ?? '')), ' · ', h('code', {}, ev.tool ?? ''), ' · ', h('span', {}, ev.decision ?? ''),
         ev.code ? [' · ', h('code', { class: 'code' }, ev.code)] : null,
         ev.approval_id ? [' · ', mono(ev.approval_id)] : null),
-      ev.detail ? h('div', { class: 'tl-detail' }, agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail)) : null));
+      ev.detail ? h('div', { class: 'tl-detail' }, agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail, RECORDED)) : null));
   }
   if (!events.length) ol.append(h('li', { class: 'muted' }, 'No events recorded.'));
   return ol;
@@ -812,10 +817,10 @@ function loadAudit() {
 
 function auditRow(ev) {
   const ids = h('div', { class: 'ids' },
-    ev.payment_id ? h('div', {}, 'pay ', mono(ev.payment_id)) : null,
-    ev.approval_id ? h('div', {}, 'apr ', mono(ev.approval_id)) : null,
-    ev.idempotency_key ? h('div', {}, 'key ', mono(ev.idempotency_key)) : null,
-    ev.correlation_id ? h('div', { class: 'muted' }, 'cid ', mono(ev.correlation_id)) : null);
+    ev.payment_id ? h('div', {}, mono(ev.payment_id)) : null,
+    ev.approval_id ? h('div', {}, mono(ev.approval_id)) : null,
+    ev.idempotency_key ? h('div', {}, mono(ev.idempotency_key)) : null,
+    ev.correlation_id ? h('div', { class: 'muted' }, mono(ev.correlation_id)) : null);
   return h('tr', { 'data-testid': 'audit-row' },
     h('td', {}, timeCell(ev.at)),
     h('td', {}, ev.step ? badge(ev.step.replace(/_/g, ' '), `step ${clean(ev.step)}`) : '—'),
@@ -824,7 +829,7 @@ function auditRow(ev) {
     h('td', {}, ev.decision ?? ''),
     h('td', {}, ev.code ? h('code', { class: 'code' }, ev.code) : ''),
     h('td', {}, ids),
-    h('td', { class: 'memo' }, ev.detail ? agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail) : ''));
+    h('td', { class: 'memo' }, ev.detail ? agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail, RECORDED) : ''));
 }
 
 // ---- agents -----------------------------------------------------------------------------------

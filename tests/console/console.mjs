@@ -342,6 +342,7 @@ try {
     for (const s of ['approval_requested', 'approved', 'mandate_issued', 'paid']) assert(steps.includes(s), `no ${s} in ${dump(steps)}`);
     const order = ['approval_requested', 'approved', 'mandate_issued', 'paid'].map((s) => steps.indexOf(s));
     assert(order.every((v, i) => i === 0 || v > order[i - 1]), `steps out of order: ${dump(steps)}`);
+    await tl.locator('[data-testid="timeline-event"]').last().scrollIntoViewIfNeeded();
     await shot(page, 'payments');
   });
 
