@@ -2,7 +2,10 @@
 // third-party issuer of tests/interop (oauth2-mock-server). Started by tests/console/run.sh:
 //
 //   node console.mjs --base http://127.0.0.1:PORT --issuer http://127.0.0.1:IPORT \
-//        --shots DIR --paygate-log FILE
+//        [--dev-base http://127.0.0.1:DPORT] --shots DIR --paygate-log FILE...
+//
+// --dev-base: a second paygate with the dev key and no identity provider; PAYGATE_DEV_OPERATOR_TOKEN
+// holds an operator token from `paygate token --console` to paste there.
 //
 // An agent (plain JSON-RPC over fetch, MCP 2026-07-28 stateless) asks for over-limit payments;
 // an operator signs in to /console through authorization_code + PKCE and approves them in the
@@ -20,7 +23,8 @@ const { values: args } = parseArgs({
     base: { type: 'string' },
     issuer: { type: 'string' },
     shots: { type: 'string' },
-    'paygate-log': { type: 'string' },
+    'dev-base': { type: 'string' },
+    'paygate-log': { type: 'string', multiple: true, default: [] },
     chromium: { type: 'string', default: '/usr/bin/chromium' },
   },
 });
@@ -460,6 +464,33 @@ try {
     await shot(page, 'approvals');
   });
 
+  if (args['dev-base'] && process.env.PAYGATE_DEV_OPERATOR_TOKEN) {
+    await check('dev sign-in: a pasted `paygate token --console` token works; a bad one is sent back to sign-in', async () => {
+      const devToken = process.env.PAYGATE_DEV_OPERATOR_TOKEN;
+      seenTokens.add(devToken);
+      const dev = await operatorPage('dev');
+      try {
+        const devBase = args['dev-base'].replace(/\/$/, '');
+        await dev.page.goto(`${devBase}/console`);
+        await dev.page.getByTestId('dev-signin').waitFor();
+        assert(await dev.page.getByTestId('oidc-block').isHidden(), 'an OIDC button without an identity provider');
+        // A token the gateway refuses: the page goes back to sign-in and says why (401).
+        await dev.page.locator('#dev-token').fill('eyJhbGciOiJub25lIn0.eyJzdWIiOiJtYWxsb3J5In0.');
+        await dev.page.getByRole('button', { name: 'Use this token' }).click();
+        await dev.page.getByTestId('signin-error').filter({ hasText: '401' }).waitFor();
+        await dev.page.locator('#dev-token').fill(devToken);
+        await dev.page.getByRole('button', { name: 'Use this token' }).click();
+        await dev.page.getByTestId('whoami').filter({ hasText: 'dev-operator' }).waitFor();
+        await view(dev.page, 'health');
+        await dev.page.getByTestId('health-check').first().waitFor();
+        await view(dev.page, 'overview');
+        assert((await dev.page.locator('#dev-token').inputValue()) === '', 'the token stays in the input');
+      } finally {
+        await dev.context.close();
+      }
+    });
+  }
+
   await check('reloading the page signs the operator out', async () => {
     await page.reload();
     await page.getByTestId('signin').waitFor();
@@ -473,7 +504,7 @@ try {
 
   await check('no operator token in any URL or in paygate\'s log', async () => {
     assert(seenTokens.size >= 2, `saw ${seenTokens.size} tokens`);
-    const log = args['paygate-log'] ? readFileSync(args['paygate-log'], 'utf8') : '';
+    const log = args['paygate-log'].map((f) => readFileSync(f, 'utf8')).join('\n');
     for (const t of seenTokens) {
       assert(!requestUrls.some((u) => u.includes(t)), 'a token appeared in a request URL');
       assert(!log.includes(t) && !log.includes(t.split('.')[2]), "a token appeared in paygate's log");

@@ -83,9 +83,27 @@ pids+=($!)
 for _ in $(seq 1 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
 curl -sf "$base/readyz" >/dev/null || { say "paygate did not start"; cat "$work/paygate.log"; exit 1; }
 
-say "== console: $base/console (issuer $issuer); screenshots in $shots"
+# --- a second paygate in dev mode (no identity provider): operators paste a dev-key token ---------
+dev_port=$(free_port)
+dev_base="http://127.0.0.1:$dev_port"
+PAYGATE_SERVER__BIND="127.0.0.1:$dev_port" \
+PAYGATE_SERVER__PUBLIC_URL="$dev_base" \
+PAYGATE_STORAGE__DATA_DIR="$work/dev" \
+PAYGATE_DEV__PRINT_TOKEN=false \
+PAYGATE_LOG=info \
+NO_COLOR=1 \
+  "$bin" >"$work/paygate-dev.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do curl -sf "$dev_base/readyz" >/dev/null && break; sleep 0.1; done
+curl -sf "$dev_base/readyz" >/dev/null || { say "dev paygate did not start"; cat "$work/paygate-dev.log"; exit 1; }
+PAYGATE_DEV_OPERATOR_TOKEN=$(PAYGATE_STORAGE__DATA_DIR="$work/dev" PAYGATE_SERVER__PUBLIC_URL="$dev_base" \
+  "$bin" token --console --sub dev-operator 2>/dev/null) || { say "paygate token --console failed"; exit 1; }
+export PAYGATE_DEV_OPERATOR_TOKEN
+
+say "== console: $base/console (issuer $issuer), $dev_base/console (dev); screenshots in $shots"
 rc=0
-node "$here/console.mjs" --base "$base" --issuer "$issuer" --shots "$shots" --paygate-log "$work/paygate.log" || rc=$?
+node "$here/console.mjs" --base "$base" --issuer "$issuer" --dev-base "$dev_base" --shots "$shots" \
+  --paygate-log "$work/paygate.log" --paygate-log "$work/paygate-dev.log" || rc=$?
 if [ "$rc" != 0 ]; then
   say "-- paygate log (last 20 lines)"
   tail -n 20 "$work/paygate.log" | sed 's/\x1b\[[0-9;]*m//g; s/^/    /'
