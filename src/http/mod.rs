@@ -6,6 +6,7 @@ mod auth_layer;
 mod callbacks;
 mod sessions;
 
+pub use auth_layer::{Peeked, peek};
 pub use callbacks::CallbackGuard;
 pub use sessions::SessionBindings;
 
