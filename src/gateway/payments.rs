@@ -513,7 +513,8 @@ impl Gateway {
         };
         match mandate {
             Some(m) if m.claims.kind == MandateKind::Closed => Idem {
-                key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate:{}", m.claims.jti)),
+                // '/' cannot appear in an operation_id, so no operation can land on a mandate's key.
+                key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate/{}", m.claims.jti)),
                 fingerprint: fingerprint(&json!({"args": args, "operation_id": op})),
                 conflict: REUSED_MANDATE,
                 alias: Some(Box::new(operation)),
