@@ -260,6 +260,11 @@ impl From<BackendError> for ApiError {
                 tracing::error!(error = %detail, "ledger-serve: outcome unknown");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "internal error")
             }
+            // Requests here claim no keys, so the store cannot answer this; should it, an opaque 500.
+            BackendError::KeyHeld { .. } => {
+                tracing::error!(error = %e, "ledger-serve: a key claim it never made");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "internal error")
+            }
         }
     }
 }
@@ -443,6 +448,7 @@ async fn create_payment(State(svc): State<Svc>, headers: HeaderMap, body: Body) 
         principal_sub: b.principal_sub,
         guards: Guards::default(),
         audit: None,
+        claim: None,
     };
     match svc.store.ledger_transfer(req, svc.clock.now()).await {
         Ok(payment) => {
@@ -482,6 +488,7 @@ async fn create_refund(
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
+        claim: None,
     };
     match svc.store.ledger_refund(req, svc.clock.now()).await {
         Ok(refund) => {

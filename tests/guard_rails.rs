@@ -534,3 +534,31 @@ calls_per_minute = 10000
     app.assert_integrity().await;
     app.stop().await;
 }
+
+/// A closed mandate's idempotency key is derived from its id; an operation_id spelled like that
+/// derivation's input (`mandate:<id>`) once landed on the same key and blocked the mandate.
+/// Operation ids can no longer reach a mandate's key.
+#[tokio::test]
+async fn an_operation_id_cannot_squat_a_mandates_key() {
+    use base64::Engine;
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let mandate = approved_mandate(&app, &agent, "inv-squat", "invoice squat").await;
+    let payload = mandate.split('.').nth(1).unwrap();
+    let claims: serde_json::Value =
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+    let jti = claims["jti"].as_str().unwrap();
+    let squat = json!({"operation_id": format!("mandate:{jti}"), "from_account": "acct-A", "to_account": "acct-B",
+                       "amount": "1.00", "currency": "KES"});
+    assert_eq!(ok(&call(&agent, "create_payment", squat).await)["status"], "succeeded");
+    let r = call(
+        &agent,
+        "create_payment",
+        json!({"operation_id": "inv-squat", "from_account": "acct-A", "to_account": "acct-B", "amount": "5000.00",
+               "currency": "KES", "memo": "invoice squat", "mandate": mandate}),
+    )
+    .await;
+    assert_eq!(ok(&r)["status"], "succeeded", "the mandate still pays what the human approved: {r:?}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}

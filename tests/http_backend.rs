@@ -152,6 +152,7 @@ fn transfer(key: &str, payment_id: &PaymentId, from: &str, to: &str, amount: Mon
         principal_sub: "agent-1".into(),
         guards: Guards::default(),
         audit: None,
+        claim: None,
     }
 }
 
@@ -167,6 +168,7 @@ fn refund(key: &str, payment_id: &PaymentId, amount_minor: Option<i64>) -> Refun
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
+        claim: None,
     }
 }
 

@@ -389,6 +389,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         principal_sub: "dev-agent".into(),
         guards: budget(),
         audit: None,
+        claim: None,
     };
     // Attempt 1: opened the record, the ledger applied it, and the attempt died before recording.
     let rec = paygate::store::RailPayment {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use paygate::backend::{BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, RefundRequest, TransferRequest};
 use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision};
+use paygate::domain::payment::Claim;
 use paygate::idempotency::StoredOutcome;
 use paygate::ids::{AccountId, ApprovalId, PaymentId};
 use paygate::mandate::MandateKind;
@@ -108,6 +109,7 @@ fn transfer(key: &str, minor: i64, guards: Guards) -> TransferRequest {
         principal_sub: "agent".into(),
         guards,
         audit: None,
+        claim: None,
     }
 }
 
@@ -464,6 +466,7 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
+        claim: None,
     };
     assert!(matches!(
         store.ledger_refund(refund("r0", Some(10_001)), 1).await,
@@ -506,6 +509,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
                 guards: Guards { budget: Some(b), mandate: None },
                 audit: None,
                 autonomous_cap_minor: None,
+                claim: None,
             };
             s.ledger_refund(req, 10).await
         });
@@ -546,6 +550,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
+        claim: None,
     };
     store.ledger_refund(refund, 7_400).await.unwrap();
     let rec = RailPayment { rail: "mpesa".into(), ..rail(&PaymentId::generate(), "mpesa-op", 2_500) };
@@ -656,6 +661,85 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     let seen = store.agents_seen(0, &["create_payment", "get_balance"], 10).await.unwrap();
     assert_eq!(seen, vec![("other".to_string(), 13), ("agent".to_string(), 12)], "{label}");
     assert!(store.agents_seen(0, &[], 10).await.unwrap().is_empty());
+});
+
+/// `Claim::refusal_outcome` for the tests: a spent budget gives the key back, anything else is the
+/// operation's fate.
+fn fate(e: &BackendError) -> Option<String> {
+    match e {
+        BackendError::BudgetExceeded(_) => None,
+        other => Some(format!("{{\"failed\":{:?}}}", other.to_string())),
+    }
+}
+
+fn claimed(key: &str, fp: &str, minor: i64, guards: Guards) -> TransferRequest {
+    TransferRequest {
+        claim: Some(Claim { records: vec![rec(key, fp, 100)], refusal_outcome: fate }),
+        ..transfer(key, minor, guards)
+    }
+}
+
+// One write per payment: the posting transaction claims its key, posts, completes the key and
+// appends the audit record together. Duplicates replay, a refusal's fate sticks to its key, a
+// spent budget gives the key back, and one bad payment in a group commit spoils none of the others.
+contract!(claimed_postings_are_one_write_and_exactly_once, |store, label| async move {
+    with_accounts(&store, 10_000).await;
+    // 32 concurrent payments, two of which cannot be paid; every good one exactly once, even with
+    // a duplicate of each racing it.
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..32 {
+        for _copy in 0..2 {
+            let s = store.clone();
+            let minor = if n % 16 == 7 { 1_000_000 } else { 100 };
+            tasks.spawn(async move {
+                (n, s.ledger_transfer(claimed(&format!("c{n}"), "fp", minor, Guards::default()), 10).await)
+            });
+        }
+    }
+    let mut by_key: std::collections::HashMap<i32, Vec<Result<String, BackendError>>> = Default::default();
+    while let Some(r) = tasks.join_next().await {
+        let (n, result) = r.unwrap();
+        by_key.entry(n).or_default().push(result.map(|p| p.id.to_string()));
+    }
+    for (n, results) in &by_key {
+        let paid: Vec<&String> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let held = results.iter().filter(|r| matches!(r, Err(BackendError::KeyHeld { .. }))).count();
+        if n % 16 == 7 {
+            assert!(paid.is_empty(), "{label}: c{n} cannot be paid");
+            let refused = results.iter().filter(|r| matches!(r, Err(BackendError::InsufficientFunds { .. }))).count();
+            assert_eq!((refused, held), (1, 1), "{label}: c{n}: refused once, then its fate replays: {results:?}");
+            let (_, outcome) = store.idem_peek(&format!("c{n}"), 11).await.unwrap().unwrap();
+            assert!(outcome.unwrap().contains("insufficient funds"), "{label}: the refusal sticks to the key");
+        } else {
+            assert_eq!((paid.len(), held), (1, 1), "{label}: c{n}: paid once, the duplicate answered by the key");
+            let (fp, outcome) = store.idem_peek(&format!("c{n}"), 11).await.unwrap().unwrap();
+            assert_eq!(fp, "fp");
+            assert!(outcome.unwrap().contains(paid[0].as_str()), "{label}: completed in the same write");
+        }
+    }
+    assert_eq!(balance(&store, "acct-B").await, 30 * 100, "{label}");
+    // The same key with other arguments: the stored answer comes back for the caller to refuse.
+    match store.ledger_transfer(claimed("c0", "other-fp", 100, Guards::default()), 12).await {
+        Err(BackendError::KeyHeld { key, reservation: Reservation::Completed { fingerprint, .. } }) => {
+            assert_eq!((key.as_str(), fingerprint.as_str()), ("c0", "fp"), "{label}");
+        }
+        other => panic!("{label}: {other:?}"),
+    }
+    // A spent budget moves nothing and keeps nothing: the key is free to try again tomorrow.
+    let spent = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 50, max_payments: 10 };
+    let r = store.ledger_transfer(claimed("b1", "fp", 100, Guards { budget: Some(spent), mandate: None }), 13).await;
+    assert!(matches!(r, Err(BackendError::BudgetExceeded(_))), "{label}: {r:?}");
+    assert_eq!(store.idem_peek("b1", 14).await.unwrap(), None, "{label}: given back");
+    // A mandate's key that already paid this very operation completes the operation's own key too.
+    let both = |op: &str| Claim { records: vec![rec(op, "op-fp", 100), rec("c1", "fp", 100)], refusal_outcome: fate };
+    let r = store
+        .ledger_transfer(TransferRequest { claim: Some(both("op-1")), ..transfer("c1", 100, Guards::default()) }, 15)
+        .await;
+    assert!(matches!(r, Err(BackendError::KeyHeld { ref key, .. }) if key == "c1"), "{label}: {r:?}");
+    let (fp, outcome) = store.idem_peek("op-1", 16).await.unwrap().unwrap();
+    assert_eq!(fp, "op-fp", "{label}");
+    assert_eq!(outcome, store.idem_peek("c1", 16).await.unwrap().unwrap().1, "{label}: the same outcome");
+    assert_integrity(&store, label).await;
 });
 
 contract!(suspension_and_denials, |store, label| async move {

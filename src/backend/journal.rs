@@ -65,6 +65,13 @@ impl Journaled {
                 super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
                 Err(BackendError::OutcomeUnknown(detail))
             }
+            Err(held @ BackendError::KeyHeld { .. }) => {
+                // Requests to an external backend claim no keys, so it cannot answer this; if it
+                // does, nothing is known about the payment.
+                let detail = held.to_string();
+                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
+                Err(BackendError::OutcomeUnknown(detail))
+            }
             Err(BackendError::Unavailable(detail)) if created => {
                 // Nothing reached the backend, and no earlier attempt existed: give the draws back;
                 // a retry starts afresh.
@@ -197,6 +204,7 @@ impl PaymentBackend for Journaled {
             guards: Guards::default(),
             audit: None,
             alias_key: None,
+            claim: None,
             memo: rec.memo.clone(),
             ..req
         };
@@ -247,6 +255,7 @@ impl PaymentBackend for Journaled {
             audit: None,
             autonomous_cap_minor: None,
             alias_key: None,
+            claim: None,
             ..req
         };
         let answer = self.inner.refund(send).await;

@@ -35,6 +35,10 @@ pub enum BackendError {
     Unavailable(String),
     #[error("backend outcome unknown: {0}")]
     OutcomeUnknown(String),
+    /// A posting transaction's claim found its key (`key`) already answering: nothing was done.
+    /// Only the gateway sees this; it replays, reports the conflict, or waits.
+    #[error("idempotency key {key} is already taken")]
+    KeyHeld { key: String, reservation: crate::domain::idempotency::Reservation },
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::error::BackendError;
+use crate::domain::idempotency::NewIdempotencyRecord;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money, format_minor};
 
@@ -173,6 +175,18 @@ pub struct Guards {
     pub mandate: Option<MandateDraw>,
 }
 
+/// Keys a posting transaction claims itself (backends that record in it): claiming the keys, the
+/// posting, completing the keys and the audit record then commit together, as one write.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// In order: the operation's own key when the payment's key is anchored on a mandate, then the
+    /// payment's key (`idempotency_key`).
+    pub records: Vec<NewIdempotencyRecord>,
+    /// What a refusal leaves under the keys: the failed outcome retries replay (its fate), or
+    /// `None` to leave them free (nothing moved and the operation may be tried again).
+    pub refusal_outcome: fn(&BackendError) -> Option<String>,
+}
+
 /// Move `amount` from one account to another, exactly once per `idempotency_key`.
 #[derive(Debug, Clone)]
 pub struct TransferRequest {
@@ -190,6 +204,8 @@ pub struct TransferRequest {
     /// The "allowed" audit record, appended with the postings by backends that record in the
     /// transaction (its payment id is filled in there).
     pub audit: Option<AuditRecord>,
+    /// `Some`: the keys are not reserved yet; the posting transaction claims them.
+    pub claim: Option<Claim>,
 }
 
 /// Return (part of) a succeeded payment, exactly once per `idempotency_key`.
@@ -208,6 +224,8 @@ pub struct RefundRequest {
     /// Without a human: the most this payment's refunds may total (the agent's autonomous limit),
     /// checked in the posting transaction so concurrent partial refunds cannot pass it together.
     pub autonomous_cap_minor: Option<i64>,
+    /// `Some`: the keys are not reserved yet; the posting transaction claims them.
+    pub claim: Option<Claim>,
 }
 
 #[derive(Debug, Clone, Default)]

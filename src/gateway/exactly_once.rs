@@ -56,6 +56,8 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
         BackendError::Unavailable(_) => (Fate::Release, "backend_unavailable"),
         BackendError::BudgetExceeded(_) => (Fate::Release, "denied"),
         BackendError::OutcomeUnknown(_) => (Fate::KeepInFlight, "outcome_unknown"),
+        // The gateway handles a held key before settling; should one reach here, leave the key be.
+        BackendError::KeyHeld { .. } => (Fate::KeepInFlight, "key_held"),
         // A mandate used up stays used up for this operation.
         BackendError::MandateExhausted(_) => (Fate::Complete(StoredOutcome::failed(&agent)), "denied"),
         BackendError::AccountNotFound(_)
@@ -69,6 +71,16 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
         | BackendError::Rejected(_) => (Fate::Complete(StoredOutcome::failed(&agent)), "failed"),
     };
     Settled { fate, decision, result: Err(agent) }
+}
+
+/// What a refusal inside a posting transaction that claimed its keys leaves under them
+/// (`Claim::refusal_outcome`): the failed outcome when the refusal is the operation's fate, or
+/// `None` to give the keys back (nothing moved: the posting rolled back with them).
+pub(crate) fn refusal_outcome(e: &BackendError) -> Option<String> {
+    match settle(Err(e.clone()), true).fate {
+        Fate::Complete(outcome) => Some(outcome.to_json()),
+        Fate::Recorded | Fate::Release | Fate::KeepInFlight => None,
+    }
 }
 
 #[cfg(test)]

@@ -292,6 +292,8 @@ pub(crate) fn map_backend_error(e: &BackendError) -> AgentError {
             AgentError::new(ErrorCode::BackendUnavailable, "the payment system is unavailable; nothing moved")
                 .with_retry_after(1)
         }
+        // The gateway answers a held key itself (replay, conflict, wait) before mapping anything.
+        BackendError::KeyHeld { .. } => AgentError::new(ErrorCode::Internal, "internal error"),
         BackendError::OutcomeUnknown(_) => AgentError::new(
             ErrorCode::OutcomeUnknown,
             "the payment system did not confirm the outcome; retry with the same operation_id",

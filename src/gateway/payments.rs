@@ -17,6 +17,7 @@ use crate::backend::{
     BackendError, DailyBudget, Guards, MandateDraw, Payment, PaymentKind, RefundRequest, TransferRequest,
 };
 use crate::domain::approval::ApprovalStatus;
+use crate::domain::payment::Claim;
 use crate::domain::rules::guards;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::{StoredOutcome, fingerprint};
@@ -139,6 +140,17 @@ struct Idem {
     alias: Option<Box<Idem>>,
 }
 
+/// Where a call's keys stand when the backend answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// Reserved before the call; the gateway completes or releases them.
+    Reserved,
+    /// Reserved before the call; the backend completes them with a success in its transaction.
+    ReservedRecordedInTx,
+    /// Claimed by the posting transaction, which also completed or gave them back.
+    Claimed,
+}
+
 /// How a reservation ended.
 enum Reserved {
     Acquired,
@@ -249,18 +261,19 @@ impl Gateway {
             decision,
             amount,
             intent,
-            |key, alias_key, audit| {
+            |key, alias_key, audit, claim| {
                 let req = TransferRequest {
                     idempotency_key: key,
                     alias_key,
                     audit,
+                    claim,
                     payment_id: PaymentId::generate(),
                     from_account: from.clone(),
                     to_account: to.clone(),
                     amount,
                     memo: memo.clone(),
                     principal_sub: p.subject.clone(),
-                    guards,
+                    guards: guards.clone(),
                 };
                 let backend = self.backend.clone();
                 async move { backend.transfer(req).await }
@@ -376,17 +389,18 @@ impl Gateway {
             decision,
             amount,
             intent,
-            |key, alias_key, audit| {
+            |key, alias_key, audit, claim| {
                 let req = RefundRequest {
                     idempotency_key: key,
                     alias_key,
                     audit,
+                    claim,
                     refund_id: PaymentId::generate(),
                     payment_id: pid.clone(),
                     amount_minor: explicit_amount,
                     reason: reason.clone(),
                     principal_sub: p.subject.clone(),
-                    guards,
+                    guards: guards.clone(),
                     autonomous_cap_minor,
                 };
                 let backend = self.backend.clone();
@@ -455,14 +469,15 @@ impl Gateway {
         let decision =
             authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
         let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
-        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit| {
+        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
             let req = CollectionRequest {
                 idempotency_key: key,
                 payment_id: PaymentId::generate(),
                 collection: collection.clone(),
                 principal_sub: p.subject.clone(),
-                guards,
+                guards: guards.clone(),
             };
+            let rail = rail.clone();
             async move { rail.collect(req).await }
         })
         .await
@@ -498,7 +513,8 @@ impl Gateway {
         };
         match mandate {
             Some(m) if m.claims.kind == MandateKind::Closed => Idem {
-                key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate:{}", m.claims.jti)),
+                // '/' cannot appear in an operation_id, so no operation can land on a mandate's key.
+                key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate/{}", m.claims.jti)),
                 fingerprint: fingerprint(&json!({"args": args, "operation_id": op})),
                 conflict: REUSED_MANDATE,
                 alias: Some(Box::new(operation)),
@@ -678,7 +694,7 @@ impl Gateway {
         call_backend: F,
     ) -> Result<Executed, AgentError>
     where
-        F: FnOnce(String, Option<String>, Option<crate::store::AuditRecord>) -> Fut,
+        F: Fn(String, Option<String>, Option<crate::store::AuditRecord>, Option<Claim>) -> Fut,
         Fut: Future<Output = Result<Payment, BackendError>>,
     {
         let now = self.clock.now();
@@ -701,7 +717,37 @@ impl Gateway {
                 return Err(self.require_approval(caller, tool, operation, amount, intent, reason).await);
             }
         }
-        // 3. Reserve the operation's key, then the mandate's; duplicates wait and replay.
+        // 3. Backends that record in the posting transaction claim the keys there: claim, posting,
+        //    completion and audit are one write. Others reserve the operation's key, then the
+        //    mandate's, first; duplicates wait and replay.
+        if in_tx {
+            let claim = self.claim_for(caller, tool, &idem);
+            let audit = self.allowed_audit(caller, tool, &idem);
+            let started = std::time::Instant::now();
+            let alias_key = idem.alias.as_ref().map(|a| a.key.clone());
+            let result = call_backend(idem.key.clone(), alias_key, Some(audit), Some(claim)).await;
+            self.metrics.ledger(started.elapsed());
+            match result {
+                Err(BackendError::KeyHeld { key, reservation }) => {
+                    let held = idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)).find(|i| i.key == key);
+                    match (held, reservation) {
+                        (
+                            Some(id),
+                            Reservation::Completed { fingerprint, .. } | Reservation::InFlight { fingerprint },
+                        ) if fingerprint != id.fingerprint => {
+                            return Err(self.conflict(caller, tool, id).await);
+                        }
+                        (Some(id), Reservation::Completed { outcome, .. }) => {
+                            return self.replay(caller, tool, id, &outcome).await;
+                        }
+                        // Held by an attempt that reserved it the other way (a replica on an
+                        // older version, or one whose lease is still live): wait for it below.
+                        _ => {}
+                    }
+                }
+                result => return self.settle_call(caller, tool, &idem, Keys::Claimed, result).await,
+            }
+        }
         if let Some(alias) = idem.alias.as_deref()
             && let Reserved::Finished(done) = self.reserve(caller, tool, alias).await
         {
@@ -722,24 +768,63 @@ impl Gateway {
         }
         // 4. Move the money. The key travels to the backend, which applies it at most once.
         // Backends that record in the posting transaction complete the key(s) and append the
-        // "allowed" audit record there: one commit per payment instead of three.
-        let allowed_audit = in_tx.then(|| {
-            let mut d = Decision::new(tool, "allowed");
-            d.idempotency_key = Some(&idem.key);
-            let p = &caller.principal;
-            self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d)
-        });
+        // "allowed" audit record there.
+        let allowed_audit = in_tx.then(|| self.allowed_audit(caller, tool, &idem));
         let started = std::time::Instant::now();
-        let result = call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone()), allowed_audit).await;
+        let result =
+            call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone()), allowed_audit, None).await;
         self.metrics.ledger(started.elapsed());
+        let keys = if in_tx { Keys::ReservedRecordedInTx } else { Keys::Reserved };
+        self.settle_call(caller, tool, &idem, keys, result).await
+    }
+
+    /// The "allowed" audit record a backend that records in the posting transaction appends there.
+    fn allowed_audit(&self, caller: &Caller, tool: &str, idem: &Idem) -> crate::store::AuditRecord {
+        let mut d = Decision::new(tool, "allowed");
+        d.idempotency_key = Some(&idem.key);
+        let p = &caller.principal;
+        self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d)
+    }
+
+    /// The keys a posting transaction claims: the operation's own (when anchored on a mandate),
+    /// then the payment's.
+    fn claim_for(&self, caller: &Caller, tool: &str, idem: &Idem) -> Claim {
+        let now = self.clock.now();
+        let record = |id: &Idem| NewIdempotencyRecord {
+            key: id.key.clone(),
+            fingerprint: id.fingerprint.clone(),
+            tool: tool.to_string(),
+            principal_iss: caller.principal.issuer.clone(),
+            principal_sub: caller.principal.subject.clone(),
+            lease_until: now + self.limits.idempotency_lease_secs,
+            expires_at: now + self.limits.idempotency_retention_secs,
+        };
+        Claim {
+            records: idem.alias.as_deref().into_iter().chain(std::iter::once(idem)).map(record).collect(),
+            refusal_outcome: exactly_once::refusal_outcome,
+        }
+    }
+
+    /// What the backend's answer means for the keys, the audit trail and the agent.
+    async fn settle_call(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        how: Keys,
+        result: Result<Payment, BackendError>,
+    ) -> Result<Executed, AgentError> {
+        let in_tx = how != Keys::Reserved;
         let keys: Vec<&str> =
-            idem.alias.as_deref().into_iter().chain(std::iter::once(&idem)).map(|i| i.key.as_str()).collect();
+            idem.alias.as_deref().into_iter().chain(std::iter::once(idem)).map(|i| i.key.as_str()).collect();
         if let Err(BackendError::Unavailable(detail) | BackendError::OutcomeUnknown(detail)) = &result {
             tracing::warn!(correlation_id = %caller.correlation_id, %detail, "backend did not move money or did not say");
         }
         let settled = exactly_once::settle(result, in_tx);
         match settled.fate {
             Fate::Recorded => self.metrics.decision(tool, settled.decision, None),
+            // The posting transaction completed or gave back the keys it claimed itself.
+            Fate::Complete(_) | Fate::Release if how == Keys::Claimed => {}
             Fate::Complete(outcome) => {
                 self.complete_keys(caller, &keys, &outcome.to_json()).await;
                 if settled.result.is_ok() {
@@ -755,7 +840,7 @@ impl Gateway {
         }
         let outcome = match settled.result {
             Ok(payment) => Ok(Executed { payment, replayed: false }),
-            Err(e) => Err(self.refuse_as(caller, tool, &idem, settled.decision, e).await),
+            Err(e) => Err(self.refuse_as(caller, tool, idem, settled.decision, e).await),
         };
         for key in keys {
             self.wake(key);

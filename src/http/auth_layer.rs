@@ -148,25 +148,48 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
 #[derive(Clone, Copy)]
 pub struct OpensSession;
 
+/// What the scope peek reads from one JSON-RPC message: its `method`, and for any message its
+/// `params.name` (the tool, when the method is `tools/call`). rmcp parses the same body again
+/// downstream; the two readings must agree (tests/properties.rs), or a body could be checked as
+/// one call and run as another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peeked {
+    pub method: Option<String>,
+    pub name: Option<String>,
+}
+
+/// The peek: the message(s) of a request body as the scope check reads them, or `None` for a body
+/// that is not JSON at all.
+pub fn peek(body: &[u8]) -> Option<Vec<Peeked>> {
+    let value = serde_json::from_slice::<Value>(body).ok()?;
+    let messages = match &value {
+        Value::Array(items) => items.iter().collect::<Vec<_>>(),
+        single => vec![single],
+    };
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    Some(
+        messages
+            .iter()
+            .map(|m| Peeked { method: text(m.get("method")), name: text(m.pointer("/params/name")) })
+            .collect(),
+    )
+}
+
 /// Scopes the JSON-RPC message(s) in this body need (a tool's scope for tools/call, read for
 /// resources/read and prompts/get), and whether one of them is `initialize`.
 fn inspect(body: &[u8]) -> (Vec<&'static str>, bool) {
     // A body this peek cannot read might still open a session downstream: count it as one (fail
     // closed), so no crafted body skips the session bounds.
-    let Ok(value) = serde_json::from_slice::<Value>(body) else { return (vec![], true) };
-    let messages = match &value {
-        Value::Array(items) => items.iter().collect::<Vec<_>>(),
-        single => vec![single],
-    };
-    let opens_session = messages.iter().any(|m| m.get("method").and_then(Value::as_str) == Some("initialize"));
+    let Some(messages) = peek(body) else { return (vec![], true) };
+    let opens_session = messages.iter().any(|m| m.method.as_deref() == Some("initialize"));
     (required_scopes(&messages), opens_session)
 }
 
-fn required_scopes(messages: &[&Value]) -> Vec<&'static str> {
+fn required_scopes(messages: &[Peeked]) -> Vec<&'static str> {
     let mut needed = Vec::new();
     for m in messages {
-        let scope = match m.get("method").and_then(Value::as_str) {
-            Some("tools/call") => m.pointer("/params/name").and_then(Value::as_str).and_then(scope_for_tool),
+        let scope = match m.method.as_deref() {
+            Some("tools/call") => m.name.as_deref().and_then(scope_for_tool),
             Some("resources/read" | "prompts/get") => Some(READ_SCOPE),
             _ => None,
         };

@@ -8,6 +8,7 @@ mod console;
 mod operator;
 mod sessions;
 
+pub use auth_layer::{Peeked, peek};
 pub use callbacks::CallbackGuard;
 pub use console::ConsoleSettings;
 pub use sessions::SessionBindings;

@@ -252,6 +252,20 @@ impl PostgresStore {
     async fn reserve_locked(&self, rec: &NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
+        let reservation = reserve_key(&tx, rec, now).await?;
+        tx.commit().await?;
+        Ok(reservation)
+    }
+}
+
+/// Reserve one idempotency key (`domain::rules::reservation::decide`) in the caller's transaction;
+/// the key's row stays locked until it ends.
+pub(super) async fn reserve_key(
+    tx: &impl GenericClient,
+    rec: &NewIdempotencyRecord,
+    now: UnixSecs,
+) -> Result<Reservation, StoreError> {
+    {
         let row = tx
             .one(
                 "INSERT INTO idempotency_records
@@ -287,7 +301,6 @@ impl PostgresStore {
             }
             step.reservation()
         };
-        tx.commit().await?;
         Ok(reservation)
     }
 }

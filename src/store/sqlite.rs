@@ -31,8 +31,8 @@ use crate::domain::payment::{
     Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
 use crate::domain::rules::integrity::{self, IntegrityFacts};
+use crate::domain::rules::ledger;
 use crate::domain::rules::review::{self, RequestPlan};
-use crate::domain::rules::{ledger, reservation};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
 
 const MIGRATIONS: &[&str] = &[
@@ -352,36 +352,9 @@ impl Store for SqliteStore {
     async fn idem_reserve(&self, rec: NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
-            let existing = tx.opt(
-                "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
-                [&rec.key],
-                |r| rows::idempotency(r, 0),
-            )?;
-            let step = reservation::decide(existing, &rec.fingerprint, now)?;
-            match &step {
-                reservation::ReserveStep::Claim => tx.exec(
-                    "INSERT OR REPLACE INTO idempotency_records
-                       (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'in_flight', NULL, ?6, ?7, ?8)",
-                    params![
-                        rec.key,
-                        rec.fingerprint,
-                        rec.tool,
-                        rec.principal_iss,
-                        rec.principal_sub,
-                        rec.lease_until,
-                        now,
-                        rec.expires_at
-                    ],
-                )?,
-                reservation::ReserveStep::TakeOver => tx.exec(
-                    "UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2",
-                    params![rec.lease_until, rec.key],
-                )?,
-                reservation::ReserveStep::Found(_) => 0,
-            };
+            let reservation = postings::reserve_key(&tx, &rec, now)?;
             tx.commit()?;
-            Ok(step.reservation())
+            Ok(reservation)
         })
         .await
     }

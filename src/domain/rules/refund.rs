@@ -116,6 +116,7 @@ mod tests {
             guards: Guards::default(),
             audit: None,
             autonomous_cap_minor: None,
+            claim: None,
         }
     }
 

@@ -57,9 +57,37 @@ pub fn decide(existing: Option<IdempotencyRow>, fingerprint: &str, now: UnixSecs
     }
 }
 
+/// A posting transaction claims its keys in order (the operation's own key, then the mandate's);
+/// when key `i` already answers (`answer`), what becomes of the keys it claimed before `i`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EarlierKeys {
+    /// The later key already paid for this very operation (same arguments): record that outcome
+    /// under the earlier keys too, so their retries replay it.
+    Complete(String),
+    /// Anything else: give them back (nothing is written).
+    Release,
+}
+
+pub fn on_claim_answered(answer: &Reservation, own_fingerprint: &str) -> EarlierKeys {
+    match answer {
+        Reservation::Completed { fingerprint, outcome } if fingerprint == own_fingerprint => {
+            EarlierKeys::Complete(outcome.clone())
+        }
+        _ => EarlierKeys::Release,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn earlier_keys_follow_a_later_keys_answer() {
+        let done = |fp: &str| Reservation::Completed { fingerprint: fp.into(), outcome: "{\"ok\":1}".into() };
+        assert_eq!(on_claim_answered(&done("fp"), "fp"), EarlierKeys::Complete("{\"ok\":1}".into()));
+        assert_eq!(on_claim_answered(&done("other"), "fp"), EarlierKeys::Release);
+        assert_eq!(on_claim_answered(&Reservation::InFlight { fingerprint: "fp".into() }, "fp"), EarlierKeys::Release);
+    }
 
     fn row(fingerprint: &str, state: &str, outcome: Option<&str>, lease_until: i64, expires_at: i64) -> IdempotencyRow {
         IdempotencyRow {

@@ -95,6 +95,7 @@ mod tests {
             principal_sub: "agent".into(),
             guards: Guards::default(),
             audit: None,
+            claim: None,
         }
     }
 

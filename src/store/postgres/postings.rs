@@ -6,8 +6,10 @@ use deadpool_postgres::{GenericClient, Pool};
 use super::{Cached, Mapped, TxError, bind, db, insert_audit};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
-use crate::domain::payment::{AccountRow, Guards, Payment, RefundRequest, TransferRequest};
+use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
+use crate::domain::rules::reservation::{self, EarlierKeys};
 use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
 use crate::ids::AccountId;
 use crate::money::Currency;
@@ -212,9 +214,102 @@ async fn write_posting(
     Ok(p)
 }
 
+/// Claim a request's keys in order. `Ok(Some(KeyHeld))`: one already answers; the keys claimed
+/// before it were completed with its outcome or given back (`rules::reservation::on_claim_answered`).
+async fn claim_keys(c: &impl GenericClient, claim: &Claim, now: UnixSecs) -> Result<Option<BackendError>, StoreError> {
+    for (i, rec) in claim.records.iter().enumerate() {
+        let reservation = super::reserve_key(c, rec, now).await?;
+        if reservation == Reservation::Acquired {
+            continue;
+        }
+        let earlier = &claim.records[..i];
+        match reservation::on_claim_answered(&reservation, &rec.fingerprint) {
+            EarlierKeys::Complete(outcome) => complete_keys(c, earlier, Some(&outcome)).await?,
+            EarlierKeys::Release => complete_keys(c, earlier, None).await?,
+        }
+        return Ok(Some(BackendError::KeyHeld { key: rec.key.clone(), reservation }));
+    }
+    Ok(None)
+}
+
+/// Complete claimed keys with `outcome`, or give them back (`None`).
+async fn complete_keys(
+    c: &impl GenericClient,
+    records: &[NewIdempotencyRecord],
+    outcome: Option<&str>,
+) -> Result<(), StoreError> {
+    for rec in records {
+        match outcome {
+            Some(o) => {
+                c.exec(
+                    "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'",
+                    &[&o, &rec.key],
+                )
+                .await?
+            }
+            None => c.exec("DELETE FROM idempotency_records WHERE key = $1 AND state = 'in_flight'", &[&rec.key]).await?,
+        };
+    }
+    Ok(())
+}
+
+/// A claimed posting's end: a success commits with its keys completed; a refusal rolled its
+/// savepoint back and leaves under the keys what the claim says (the failed outcome, or nothing).
+async fn finish_claimed(
+    tx: deadpool_postgres::Transaction<'_>,
+    claim: &Claim,
+    posted: Result<Payment, TxError>,
+) -> Result<Payment, TxError> {
+    match posted {
+        Ok(p) => {
+            tx.commit().await.map_err(TxError::pg)?;
+            Ok(p)
+        }
+        Err(TxError::Backend(refusal)) => {
+            let outcome = (claim.refusal_outcome)(&refusal);
+            complete_keys(&tx, &claim.records, outcome.as_deref()).await.map_err(TxError::store)?;
+            tx.commit().await.map_err(TxError::pg)?;
+            Err(TxError::Backend(refusal))
+        }
+        // A lost race: roll everything back and run the transaction again.
+        Err(TxError::Retry) => Err(TxError::Retry),
+    }
+}
+
+/// Claim the keys (when the request carries a `Claim`) and run the posting in a savepoint of its
+/// own; without a claim, the posting is the transaction. Keys lock before accounts.
+macro_rules! claimed_posting {
+    ($pool:expr, $req:expr, $now:expr, $post:path) => {{
+        let mut client = $pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
+        let mut tx = client.transaction().await.map_err(TxError::pg)?;
+        match &$req.claim {
+            None => $post(tx, $req, $now).await,
+            Some(claim) => {
+                if let Some(held) = claim_keys(&tx, claim, $now).await.map_err(TxError::store)? {
+                    tx.commit().await.map_err(TxError::pg)?;
+                    return Err(TxError::Backend(held));
+                }
+                let posting = tx.savepoint("posting").await.map_err(TxError::pg)?;
+                let posted = $post(posting, $req, $now).await;
+                finish_claimed(tx, claim, posted).await
+            }
+        }
+    }};
+}
+
 pub(super) async fn transfer_once(pool: &Pool, req: &TransferRequest, now: UnixSecs) -> Result<Payment, TxError> {
-    let mut client = pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
-    let tx = client.transaction().await.map_err(TxError::pg)?;
+    claimed_posting!(pool, req, now, transfer_in)
+}
+
+pub(super) async fn refund_once(pool: &Pool, req: &RefundRequest, now: UnixSecs) -> Result<Payment, TxError> {
+    claimed_posting!(pool, req, now, refund_in)
+}
+
+async fn transfer_in(
+    tx: deadpool_postgres::Transaction<'_>,
+    req: &TransferRequest,
+    now: UnixSecs,
+) -> Result<Payment, TxError> {
     let (from, to) = lock_accounts(&tx, &req.from_account, &req.to_account).await.map_err(TxError::store)?;
     // Under the account locks: a committed payment with this key is visible now.
     let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
@@ -222,9 +317,11 @@ pub(super) async fn transfer_once(pool: &Pool, req: &TransferRequest, now: UnixS
     write_posting(tx, plan, Posting::from(req), now).await
 }
 
-pub(super) async fn refund_once(pool: &Pool, req: &RefundRequest, now: UnixSecs) -> Result<Payment, TxError> {
-    let mut client = pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
-    let tx = client.transaction().await.map_err(TxError::pg)?;
+async fn refund_in(
+    tx: deadpool_postgres::Transaction<'_>,
+    req: &RefundRequest,
+    now: UnixSecs,
+) -> Result<Payment, TxError> {
     // The original payment's row lock serialises refunds of it; accounts follow in id order.
     let original = load_payment(&tx, "id", req.payment_id.as_str(), true).await.map_err(TxError::store)?;
     let payee = match &original {

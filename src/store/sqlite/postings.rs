@@ -6,8 +6,10 @@ use rusqlite::{Connection, params, params_from_iter};
 use super::{Cached, db, insert_audit};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
-use crate::domain::payment::{AccountRow, Guards, Payment, RefundRequest, TransferRequest};
+use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
+use crate::domain::rules::reservation::{self, EarlierKeys, ReserveStep};
 use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
 use crate::ids::AccountId;
 use crate::money::Currency;
@@ -143,31 +145,141 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
     Ok(p)
 }
 
+/// Reserve one idempotency key (`domain::rules::reservation::decide`) in the caller's transaction.
+pub(crate) fn reserve_key(
+    tx: &Connection,
+    rec: &NewIdempotencyRecord,
+    now: UnixSecs,
+) -> Result<Reservation, StoreError> {
+    let existing = tx.opt(
+        "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
+        [&rec.key],
+        |r| rows::idempotency(r, 0),
+    )?;
+    let step = reservation::decide(existing, &rec.fingerprint, now)?;
+    match &step {
+        ReserveStep::Claim => tx.exec(
+            "INSERT OR REPLACE INTO idempotency_records
+               (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'in_flight', NULL, ?6, ?7, ?8)",
+            params![
+                rec.key,
+                rec.fingerprint,
+                rec.tool,
+                rec.principal_iss,
+                rec.principal_sub,
+                rec.lease_until,
+                now,
+                rec.expires_at
+            ],
+        )?,
+        ReserveStep::TakeOver => {
+            tx.exec("UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2", params![rec.lease_until, rec.key])?
+        }
+        ReserveStep::Found(_) => 0,
+    };
+    Ok(step.reservation())
+}
+
+/// Claim a request's keys in order. `Ok(Some(KeyHeld))`: one already answers; the keys claimed
+/// before it were completed with its outcome or given back (`rules::reservation::on_claim_answered`).
+fn claim_keys(tx: &Connection, claim: &Claim, now: UnixSecs) -> Result<Option<BackendError>, StoreError> {
+    for (i, rec) in claim.records.iter().enumerate() {
+        let reservation = reserve_key(tx, rec, now)?;
+        if reservation == Reservation::Acquired {
+            continue;
+        }
+        let earlier = &claim.records[..i];
+        match reservation::on_claim_answered(&reservation, &rec.fingerprint) {
+            EarlierKeys::Complete(outcome) => complete_keys(tx, earlier, Some(&outcome))?,
+            EarlierKeys::Release => complete_keys(tx, earlier, None)?,
+        }
+        return Ok(Some(BackendError::KeyHeld { key: rec.key.clone(), reservation }));
+    }
+    Ok(None)
+}
+
+/// Complete claimed keys with `outcome`, or give them back (`None`).
+fn complete_keys(tx: &Connection, records: &[NewIdempotencyRecord], outcome: Option<&str>) -> Result<(), StoreError> {
+    for rec in records {
+        match outcome {
+            Some(o) => tx.exec(
+                "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
+                params![o, rec.key],
+            )?,
+            None => tx.exec("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [&rec.key])?,
+        };
+    }
+    Ok(())
+}
+
+/// One posting's transaction: claim its keys (when it carries a `Claim`), post in a savepoint of
+/// its own, and on a refusal leave under the keys what the claim says (the failed outcome, or
+/// nothing) while the posting rolls back.
+fn posting_tx(
+    conn: &mut Connection,
+    claim: Option<&Claim>,
+    now: UnixSecs,
+    post: impl FnOnce(&Connection) -> Result<Payment, BackendError>,
+) -> Result<Payment, BackendError> {
+    let mut tx = conn.savepoint().map_err(db)?;
+    if let Some(c) = claim
+        && let Some(held) = claim_keys(&tx, c, now)?
+    {
+        tx.commit().map_err(db)?;
+        return Err(held);
+    }
+    let posted = (|| {
+        let posting = tx.savepoint().map_err(db)?;
+        let p = post(&posting)?;
+        posting.commit().map_err(db)?;
+        Ok(p)
+    })();
+    match (posted, claim) {
+        (Ok(p), _) => {
+            tx.commit().map_err(db)?;
+            Ok(p)
+        }
+        (Err(refusal), Some(c)) => {
+            complete_keys(&tx, &c.records, (c.refusal_outcome)(&refusal).as_deref())?;
+            tx.commit().map_err(db)?;
+            Err(refusal)
+        }
+        (Err(refusal), None) => Err(refusal),
+    }
+}
+
 pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    let tx = conn.savepoint().map_err(db)?;
-    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key)?;
-    let from = load_account(&tx, &req.from_account)?;
-    let to = load_account(&tx, &req.to_account)?;
-    let plan = transfer::plan(&req, existing, from.as_ref(), to.as_ref(), now)?;
-    let w =
-        Posting { key: &req.idempotency_key, alias: req.alias_key.as_deref(), guards: &req.guards, audit: &req.audit };
-    let payment = write_posting(&tx, plan, w, now)?;
-    tx.commit().map_err(db)?;
-    Ok(payment)
+    posting_tx(conn, req.claim.as_ref(), now, |tx| {
+        let existing = load_payment(tx, "idempotency_key", &req.idempotency_key)?;
+        let from = load_account(tx, &req.from_account)?;
+        let to = load_account(tx, &req.to_account)?;
+        let plan = transfer::plan(&req, existing, from.as_ref(), to.as_ref(), now)?;
+        let w = Posting {
+            key: &req.idempotency_key,
+            alias: req.alias_key.as_deref(),
+            guards: &req.guards,
+            audit: &req.audit,
+        };
+        write_posting(tx, plan, w, now)
+    })
 }
 
 pub(super) fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    let tx = conn.savepoint().map_err(db)?;
-    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key)?;
-    let original = load_payment(&tx, "id", req.payment_id.as_str())?;
-    let payee = match &original {
-        Some(o) => load_account(&tx, &o.to_account)?,
-        None => None,
-    };
-    let plan = refund::plan(&req, existing, original.as_ref(), payee.as_ref(), now)?;
-    let w =
-        Posting { key: &req.idempotency_key, alias: req.alias_key.as_deref(), guards: &req.guards, audit: &req.audit };
-    let payment = write_posting(&tx, plan, w, now)?;
-    tx.commit().map_err(db)?;
-    Ok(payment)
+    posting_tx(conn, req.claim.as_ref(), now, |tx| {
+        let existing = load_payment(tx, "idempotency_key", &req.idempotency_key)?;
+        let original = load_payment(tx, "id", req.payment_id.as_str())?;
+        let payee = match &original {
+            Some(o) => load_account(tx, &o.to_account)?,
+            None => None,
+        };
+        let plan = refund::plan(&req, existing, original.as_ref(), payee.as_ref(), now)?;
+        let w = Posting {
+            key: &req.idempotency_key,
+            alias: req.alias_key.as_deref(),
+            guards: &req.guards,
+            audit: &req.audit,
+        };
+        write_posting(tx, plan, w, now)
+    })
 }

@@ -44,6 +44,7 @@ fn transfer(key: &str, minor: i64) -> TransferRequest {
         principal_sub: "sub".into(),
         guards: Guards::default(),
         audit: None,
+        claim: None,
     }
 }
 
@@ -114,6 +115,7 @@ async fn overdrafts_and_refunds_are_bounded() {
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
+        claim: None,
     };
     assert!(matches!(
         s.ledger_refund(refund("r0", Some(10_001)), 1).await,
