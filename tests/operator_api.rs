@@ -180,6 +180,7 @@ async fn a_payments_timeline_shows_every_step_and_revoking_a_mandate_stops_its_n
     assert_eq!(status, StatusCode::OK, "{run}");
     assert_eq!(run["by"], "ops-alice");
     assert!(run["report"]["checked"].is_i64(), "{run}");
+    assert!(run["report"]["since"].as_str().is_some_and(|s| s.ends_with('Z')), "RFC 3339 like every time: {run}");
     let (_, last) = get(&app, "/reconciliation", &ops).await;
     assert_eq!(last["last"]["by"], "ops-alice");
     app.assert_integrity().await;

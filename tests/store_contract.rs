@@ -658,9 +658,12 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     store.suspend("agent", "too many", 40).await.unwrap();
     let states = store.principal_states(10).await.unwrap();
     assert_eq!((states[0].subject.as_str(), states[0].suspended_at), ("agent", Some(40)), "{label}");
-    let seen = store.agents_seen(0, &["create_payment", "get_balance"], 10).await.unwrap();
+    let mut internal = audit("scheduler", "get_balance", None, None, None, 14);
+    internal.principal_iss = "paygate".into();
+    store.audit_append(internal).await.unwrap();
+    let seen = store.agents_seen(0, &["create_payment", "get_balance"], "paygate", 10).await.unwrap();
     assert_eq!(seen, vec![("other".to_string(), 13), ("agent".to_string(), 12)], "{label}");
-    assert!(store.agents_seen(0, &[], 10).await.unwrap().is_empty());
+    assert!(store.agents_seen(0, &[], "paygate", 10).await.unwrap().is_empty());
 });
 
 /// `Claim::refusal_outcome` for the tests: a spent budget gives the key back, anything else is the

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::approvals_api::OpError;
-use super::rails::{ReconcileReport, parse_instant, reconcile_decision};
+use super::rails::{GATEWAY_ISSUER, ReconcileReport, parse_instant, reconcile_decision};
 use super::{ApprovalView, Gateway, Operator};
 use crate::catalogue::{self, scopes};
 use crate::clock::{UnixSecs, rfc3339};
@@ -236,6 +236,14 @@ fn payment_view(p: OpsPayment) -> OpsPaymentView {
         rail_ref: p.rail_ref,
         receipt: p.receipt,
     }
+}
+
+/// A reconciliation report as operators read it: `since` in RFC 3339 like every other time here.
+fn report_view(mut report: Value) -> Value {
+    if let Some(since) = report.get("since").and_then(Value::as_i64) {
+        report["since"] = Value::String(rfc3339(since));
+    }
+    report
 }
 
 fn minor_text(minor: i64, currency: &str) -> String {
@@ -479,7 +487,7 @@ impl Gateway {
         let tools: Vec<&str> = catalogue::TOOLS.iter().map(|t| t.name).collect();
         let seen = self
             .store
-            .agents_seen(now - AGENTS_SEEN_WINDOW_SECS, &tools, AGENTS_LISTED_MAX)
+            .agents_seen(now - AGENTS_SEEN_WINDOW_SECS, &tools, GATEWAY_ISSUER, AGENTS_LISTED_MAX)
             .await
             .map_err(internal("agent list"))?;
         let mut out: Vec<PrincipalView> = states
@@ -594,7 +602,7 @@ impl Gateway {
         Ok(last.into_iter().next().map(|r| ReconciliationRun {
             at: rfc3339(r.at),
             by: r.principal_sub,
-            report: r.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or(Value::Null),
+            report: report_view(r.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or(Value::Null)),
         }))
     }
 
@@ -609,7 +617,7 @@ impl Gateway {
         Ok(ReconciliationRun {
             at: rfc3339(self.clock.now()),
             by: op.subject.clone(),
-            report: serde_json::to_value(&report).unwrap_or(Value::Null),
+            report: report_view(serde_json::to_value(&report).unwrap_or(Value::Null)),
         })
     }
 

@@ -96,6 +96,9 @@ pub struct ReconcileReport {
     pub findings_omitted: i64,
 }
 
+/// The issuer of the gateway's own audit records (the scheduler's), which are no agent's.
+pub(crate) const GATEWAY_ISSUER: &str = "paygate";
+
 /// A reconciliation's audit decision; its detail is the report itself (JSON, findings bounded by
 /// `RECONCILE_FINDINGS_MAX`), which the operator console shows as the last results.
 pub(crate) fn reconcile_decision(report: &ReconcileReport) -> Decision<'static> {
@@ -536,7 +539,7 @@ impl Gateway {
 
     /// The audit record of a scheduled (or CLI) reconciliation.
     pub fn reconcile_audit(&self, report: &ReconcileReport) -> AuditRecord {
-        self.audit_record("paygate", "scheduler", "-", reconcile_decision(report))
+        self.audit_record(GATEWAY_ISSUER, "scheduler", "-", reconcile_decision(report))
     }
 
     /// `reconcile` tool: admin only; audited.

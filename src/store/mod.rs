@@ -210,11 +210,13 @@ pub trait Store: Send + Sync + 'static {
     async fn mandate_get(&self, id: &str, now: UnixSecs) -> Result<Option<MandateListing>, StoreError>;
     /// Subjects with stop-rule state, suspended ones first.
     async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError>;
-    /// Subjects that called one of `tools` since `since`, with their last call, latest first.
+    /// Subjects that called one of `tools` since `since` under any issuer but `internal_issuer`,
+    /// with their last call, latest first.
     async fn agents_seen(
         &self,
         since: UnixSecs,
         tools: &[&str],
+        internal_issuer: &str,
         limit: u32,
     ) -> Result<Vec<(String, UnixSecs)>, StoreError>;
     /// Every payment in `[from, to)` counted by hour, kind, status and currency.

@@ -789,9 +789,11 @@ impl Store for PostgresStore {
         &self,
         since: UnixSecs,
         tools: &[&str],
+        internal_issuer: &str,
         limit: u32,
     ) -> Result<Vec<(String, UnixSecs)>, StoreError> {
-        self.select(queries::agents_seen(since, tools, limit, Dialect::Postgres), |r| Ok((r.text(0)?, r.int(1)?))).await
+        let st = queries::agents_seen(since, tools, internal_issuer, limit, Dialect::Postgres);
+        self.select(st, |r| Ok((r.text(0)?, r.int(1)?))).await
     }
 
     async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError> {

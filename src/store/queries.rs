@@ -233,14 +233,22 @@ pub(crate) fn principal_states(limit: u32, dialect: Dialect) -> Statement {
     b.finish(text)
 }
 
-/// Subjects that called any of `tools` since `since`, most recent first, with when they last did.
-pub(crate) fn agents_seen(since: i64, tools: &[&str], limit: u32, dialect: Dialect) -> Statement {
+/// Subjects that called any of `tools` since `since` (under any issuer but `internal_issuer`, the
+/// gateway's own), most recent first, with when they last did.
+pub(crate) fn agents_seen(
+    since: i64,
+    tools: &[&str],
+    internal_issuer: &str,
+    limit: u32,
+    dialect: Dialect,
+) -> Statement {
     let mut b = Builder::new(dialect);
     let since = b.int(since);
+    let internal = b.text(internal_issuer);
     let ps: Vec<String> = tools.iter().map(|t| b.text(t)).collect();
     let limit = b.int(i64::from(limit));
     let text = format!(
-        "SELECT principal_sub, MAX(at) FROM audit_records WHERE at >= {since} AND tool IN ({})
+        "SELECT principal_sub, MAX(at) FROM audit_records WHERE at >= {since} AND principal_iss <> {internal} AND tool IN ({})
          GROUP BY principal_sub ORDER BY MAX(at) DESC, principal_sub LIMIT {limit}",
         if ps.is_empty() { "NULL".to_string() } else { ps.join(", ") }
     );

@@ -799,9 +799,11 @@ impl Store for SqliteStore {
         &self,
         since: UnixSecs,
         tools: &[&str],
+        internal_issuer: &str,
         limit: u32,
     ) -> Result<Vec<(String, UnixSecs)>, StoreError> {
-        self.select(queries::agents_seen(since, tools, limit, Dialect::Sqlite), |r| Ok((r.text(0)?, r.int(1)?))).await
+        let st = queries::agents_seen(since, tools, internal_issuer, limit, Dialect::Sqlite);
+        self.select(st, |r| Ok((r.text(0)?, r.int(1)?))).await
     }
 
     async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError> {
