@@ -87,6 +87,9 @@ struct Args {
     /// Internal: run as the bare axum baseline server (the benchmark starts itself with this).
     #[arg(long, hide = true)]
     baseline_server: bool,
+    /// Internal: run as the minimal Rust ledger baseline (axum + RS256 + SQLite group commit).
+    #[arg(long, hide = true)]
+    ledger_baseline_server: bool,
     /// PostgreSQL rows run when PAYGATE_BENCH_DATABASE_URL (or PAYGATE_TEST_DATABASE_URL) is set.
     #[arg(skip)]
     database_url: Option<String>,
@@ -114,6 +117,197 @@ async fn baseline_server() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     println!("baseline http://{}/mcp", listener.local_addr().expect("addr"));
     axum::serve(listener, app).await.expect("serve");
+}
+
+/// The same job as paygate with nothing else: one axum handler reading the JSON-RPC body itself,
+/// an RS256 check of every token (no cache), and a SQLite ledger (WAL, `synchronous=FULL`) whose
+/// writer thread commits each batch of waiting payments together, answering only after COMMIT.
+/// It answers `get_balance` and `create_payment` in paygate's result shape, so the same load and
+/// checks drive both: how far paygate's own layers (MCP, policy, audit, approvals) are from this.
+mod minimal_ledger {
+    use std::sync::{Arc, Mutex};
+
+    use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Validation};
+    use rusqlite::{Connection, OptionalExtension, params};
+    use serde_json::{Value, json};
+
+    type Reply = tokio::sync::oneshot::Sender<Result<(String, bool), String>>;
+    struct Pay {
+        key: String,
+        from: String,
+        to: String,
+        minor: i64,
+        reply: Reply,
+    }
+
+    fn open(path: &std::path::Path) -> Connection {
+        let c = Connection::open(path).expect("open");
+        c.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
+            .expect("pragmas");
+        c
+    }
+
+    /// Group commit: every payment waiting when a batch starts shares its COMMIT.
+    fn writer(mut c: Connection, mut rx: tokio::sync::mpsc::Receiver<Pay>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < 256 {
+                match rx.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+            let tx = c.transaction().expect("begin");
+            let mut answers = Vec::with_capacity(batch.len());
+            for p in batch {
+                let answer = (|| -> Result<(String, bool), String> {
+                    let e = |e: rusqlite::Error| e.to_string();
+                    let found: Option<String> = tx
+                        .query_row("SELECT id FROM payments WHERE key = ?1", [&p.key], |r| r.get(0))
+                        .optional()
+                        .map_err(e)?;
+                    if let Some(id) = found {
+                        return Ok((id, true));
+                    }
+                    let balance: i64 = tx
+                        .query_row("SELECT balance FROM accounts WHERE id = ?1", [&p.from], |r| r.get(0))
+                        .map_err(e)?;
+                    if balance < p.minor {
+                        return Err("insufficient funds".into());
+                    }
+                    let id = format!("pay_{}", uuid::Uuid::new_v4().simple());
+                    tx.execute("UPDATE accounts SET balance = balance - ?1 WHERE id = ?2", params![p.minor, p.from])
+                        .map_err(e)?;
+                    tx.execute("UPDATE accounts SET balance = balance + ?1 WHERE id = ?2", params![p.minor, p.to])
+                        .map_err(e)?;
+                    tx.execute(
+                        "INSERT INTO payments (key, id, from_account, to_account, amount) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![p.key, id, p.from, p.to, p.minor],
+                    )
+                    .map_err(e)?;
+                    Ok((id, false))
+                })();
+                answers.push((p.reply, answer));
+            }
+            let committed = tx.commit().is_ok();
+            for (reply, answer) in answers {
+                let _ = reply.send(if committed { answer } else { Err("commit failed".into()) });
+            }
+        }
+    }
+
+    struct State {
+        key: DecodingKey,
+        validation: Validation,
+        readers: Vec<Mutex<Connection>>,
+        next: std::sync::atomic::AtomicUsize,
+        writes: tokio::sync::mpsc::Sender<Pay>,
+    }
+
+    fn result(sc: Value) -> Value {
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"structuredContent": sc, "isError": false}})
+    }
+
+    async fn handle(
+        axum::extract::State(s): axum::extract::State<Arc<State>>,
+        headers: axum::http::HeaderMap,
+        body: axum::body::Bytes,
+    ) -> Result<axum::Json<Value>, axum::http::StatusCode> {
+        let unauthorized = axum::http::StatusCode::UNAUTHORIZED;
+        let token = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or(unauthorized)?;
+        jsonwebtoken::decode::<Value>(token, &s.key, &s.validation).map_err(|_| unauthorized)?;
+        let req: Value = serde_json::from_slice(&body).map_err(|_| axum::http::StatusCode::BAD_REQUEST)?;
+        let args = &req["params"]["arguments"];
+        match req["params"]["name"].as_str() {
+            Some("get_balance") => {
+                let account = args["account_id"].as_str().unwrap_or_default();
+                let i = s.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % s.readers.len();
+                let balance: i64 = s.readers[i]
+                    .lock()
+                    .unwrap()
+                    .query_row("SELECT balance FROM accounts WHERE id = ?1", [account], |r| r.get(0))
+                    .map_err(|_| axum::http::StatusCode::NOT_FOUND)?;
+                Ok(axum::Json(result(json!({"account_id": account, "balance_minor": balance}))))
+            }
+            Some("create_payment") => {
+                let minor = args["amount"]
+                    .as_str()
+                    .and_then(|a| paygate::money::parse_minor(a, paygate::money::Currency::parse("KES").ok()?).ok())
+                    .ok_or(axum::http::StatusCode::BAD_REQUEST)?;
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let pay = Pay {
+                    key: args["operation_id"].as_str().unwrap_or_default().to_string(),
+                    from: args["from_account"].as_str().unwrap_or_default().to_string(),
+                    to: args["to_account"].as_str().unwrap_or_default().to_string(),
+                    minor,
+                    reply,
+                };
+                s.writes.send(pay).await.map_err(|_| axum::http::StatusCode::SERVICE_UNAVAILABLE)?;
+                match answer.await {
+                    Ok(Ok((id, replayed))) => {
+                        Ok(axum::Json(result(json!({"payment_id": id, "status": "succeeded", "replayed": replayed}))))
+                    }
+                    _ => Err(axum::http::StatusCode::CONFLICT),
+                }
+            }
+            _ => Err(axum::http::StatusCode::NOT_FOUND),
+        }
+    }
+
+    pub async fn serve(rsa_pem: &str, issuer: &str) {
+        let dir = std::env::temp_dir().join(format!("paygate-bench-minimal-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("ledger.db");
+        let c = open(&path);
+        c.execute_batch(
+            "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+             CREATE TABLE payments (key TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE, from_account TEXT NOT NULL,
+                                    to_account TEXT NOT NULL, amount INTEGER NOT NULL);
+             INSERT INTO accounts VALUES ('acct-A', 10000000000), ('acct-B', 0);",
+        )
+        .expect("schema");
+        let (writes, rx) = tokio::sync::mpsc::channel(4096);
+        std::thread::spawn(move || writer(c, rx));
+        let enc = EncodingKey::from_rsa_pem(rsa_pem.as_bytes()).expect("rsa key");
+        let jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&enc, Algorithm::RS256).expect("jwk");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+        let mut validation = Validation::new(Algorithm::RS256);
+        validation.set_issuer(&[issuer]);
+        validation.set_audience(&[&url]);
+        let state = Arc::new(State {
+            key: DecodingKey::from_jwk(&jwk).expect("decoding key"),
+            validation,
+            readers: (0..2).map(|_| Mutex::new(open(&path))).collect(),
+            next: Default::default(),
+            writes,
+        });
+        let app = axum::Router::new().route("/mcp", axum::routing::post(handle)).with_state(state);
+        println!("ledger {url}");
+        axum::serve(listener, app).await.expect("serve");
+    }
+
+    /// The machine's durable commit rate: one row per transaction, one thread, WAL + FULL.
+    pub fn fsync_probe(secs: f64) -> f64 {
+        let dir = std::env::temp_dir().join(format!("paygate-bench-fsync-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let c = open(&dir.join("probe.db"));
+        c.execute_batch("CREATE TABLE t (n INTEGER NOT NULL)").expect("table");
+        let started = std::time::Instant::now();
+        let mut n = 0u64;
+        while started.elapsed().as_secs_f64() < secs {
+            c.execute("INSERT INTO t (n) VALUES (?1)", [n as i64]).expect("insert");
+            n += 1;
+        }
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        drop(c);
+        let _ = std::fs::remove_dir_all(&dir);
+        rate
+    }
 }
 
 struct Server {
@@ -480,6 +674,10 @@ async fn main() {
         baseline_server().await;
         return;
     }
+    if a.ledger_baseline_server {
+        minimal_ledger::serve(RSA_KEY, ISSUER).await;
+        return;
+    }
     paygate::install_crypto_provider();
     let jwks = jwks_server().await;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -515,6 +713,39 @@ async fn main() {
         percentile(&lat, 0.99),
         b.errors
     );
+
+    // The machine's durable commit ceiling, then the minimal Rust ledger doing the same job.
+    let commits = minimal_ledger::fsync_probe(2.0);
+    println!(
+        "| sqlite | - | commit ceiling (1 row per commit, 1 thread, WAL + FULL) | {commits:.0} | {:.2} | - | - | 0 | - |",
+        commits / base_rps
+    );
+    let mut ledger = Command::new(std::env::current_exe().expect("exe"))
+        .arg("--ledger-baseline-server")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("minimal ledger");
+    let mut line = String::new();
+    std::io::BufReader::new(ledger.stdout.take().expect("stdout")).read_line(&mut line).expect("ledger url");
+    let ledger_url = line.trim().trim_start_matches("ledger ").to_string();
+    let ledger_token = token(&ledger_url);
+    for s in [Scenario::Balance, Scenario::UniquePayments, Scenario::RetryStorm] {
+        let run_id = format!("minimal-{s:?}-{}", uuid::Uuid::new_v4().simple());
+        let (o, secs) = run(s, &ledger_url, &ledger_token, Era::Modern, &a, &run_id).await;
+        let mut lat = o.latencies_us.clone();
+        lat.sort_unstable();
+        let rps = o.ok as f64 / secs;
+        println!(
+            "| minimal Rust ledger | - | {} | {rps:.0} | {:.2} | {:.2} | {:.2} | {} | - |",
+            s.label(),
+            rps / base_rps,
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            o.errors
+        );
+    }
+    let _ = ledger.kill();
+    let _ = ledger.wait();
 
     let mut engines: Vec<(&str, Option<(String, String)>)> = vec![("sqlite", None)];
     if let Some(url) = &a.database_url {
