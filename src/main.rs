@@ -319,6 +319,14 @@ fn init_tracing() {
     }
 }
 
+/// One line of the start banner on stdout. Whoever started the server may stop reading once it
+/// has the URL: a closed stdout must not take the server down (`println!` would panic).
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
 fn serve(config: Config) -> ExitCode {
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -338,21 +346,21 @@ fn serve(config: Config) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        println!("paygate MCP endpoint: {}", running.mcp_url());
+        say(format_args!("paygate MCP endpoint: {}", running.mcp_url()));
         if console_on {
-            println!(
+            say(format_args!(
                 "operator console: {}/console (paygate token --console prints a token for it)",
                 running.public_url
-            );
+            ));
         }
         if running.public_url != format!("http://{}", running.addr) {
-            println!("paygate listening on: http://{}", running.addr);
+            say(format_args!("paygate listening on: http://{}", running.addr));
         }
         if dev.print_token
             && let Some(token) = running.mint_token(&dev.subject, &dev.scopes, dev.token_ttl_secs)
         {
             // Printed to the terminal for the developer, never to the log.
-            println!("dev token (subject {}, scopes \"{}\"):\n{token}", dev.subject, dev.scopes);
+            say(format_args!("dev token (subject {}, scopes \"{}\"):\n{token}", dev.subject, dev.scopes));
         }
         let stop = running.shutdown_token();
         tokio::spawn(async move {

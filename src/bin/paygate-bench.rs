@@ -30,7 +30,8 @@ name = "default"
 
 [[policy.profiles]]
 name = "bench"
-subjects = ["bench-agent"]
+subjects = ["bench-agent", "bench-agent-s0", "bench-agent-s1", "bench-agent-s2", "bench-agent-s3", "bench-agent-s4",
+            "bench-agent-s5", "bench-agent-s6", "bench-agent-s7", "bench-agent-s8", "bench-agent-s9"]
 allowed_accounts = ["acct-A", "acct-B"]
 autonomous_limit = { KES = "1000.00" }
 daily_limit = { KES = "100000000.00" }
@@ -40,6 +41,10 @@ tool_calls_per_minute = {}
 
 [stop_rules]
 denials_max = 10000
+
+# The over-limit scenario keeps one approval waiting per connection.
+[approvals]
+pending_per_agent_max = 1000
 
 [ledger]
 demo = true
@@ -84,6 +89,10 @@ struct Args {
     /// Concurrent connections (1 ..= 1024).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     connections: u64,
+    /// Run only the paygate scenarios whose label contains this text (e.g. "unique"), and skip the
+    /// baselines: for profiling one scenario (`perf record -p <paygate pid>`).
+    #[arg(long)]
+    only: Option<String>,
     /// Internal: run as the bare axum baseline server (the benchmark starts itself with this).
     #[arg(long, hide = true)]
     baseline_server: bool,
@@ -599,10 +608,11 @@ async fn run(s: Scenario, url: &str, token: &str, era: Era, a: &Args, run_id: &s
                         )
                         .await
                     }
+                    // An agent retrying its over-limit call: the same approval answers every time.
                     Scenario::OverLimit => {
                         conn.call(
                             "create_payment",
-                            json!({"operation_id": format!("{run_id}-big-{c}-{n}"), "from_account": "acct-A",
+                            json!({"operation_id": format!("{run_id}-big-{c}"), "from_account": "acct-A",
                                                        "to_account": "acct-B", "amount": "5000.00", "currency": "KES"}),
                         )
                         .await
@@ -667,6 +677,41 @@ async fn integrity(url: &str, token: &str) -> bool {
     r["structuredContent"]["ok"] == true
 }
 
+/// The machine's durable commit ceiling, then the minimal Rust ledger doing the same job.
+async fn baselines(a: &Args, base_rps: f64) {
+    let commits = minimal_ledger::fsync_probe(2.0);
+    println!(
+        "| sqlite | - | commit ceiling (1 row per commit, 1 thread, WAL + FULL) | {commits:.0} | {:.2} | - | - | 0 | - |",
+        commits / base_rps
+    );
+    let mut ledger = Command::new(std::env::current_exe().expect("exe"))
+        .arg("--ledger-baseline-server")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("minimal ledger");
+    let mut line = String::new();
+    std::io::BufReader::new(ledger.stdout.take().expect("stdout")).read_line(&mut line).expect("ledger url");
+    let ledger_url = line.trim().trim_start_matches("ledger ").to_string();
+    let ledger_token = token(&ledger_url);
+    for s in [Scenario::Balance, Scenario::UniquePayments, Scenario::RetryStorm] {
+        let run_id = format!("minimal-{s:?}-{}", uuid::Uuid::new_v4().simple());
+        let (o, secs) = run(s, &ledger_url, &ledger_token, Era::Modern, a, &run_id).await;
+        let mut lat = o.latencies_us.clone();
+        lat.sort_unstable();
+        let rps = o.ok as f64 / secs;
+        println!(
+            "| minimal Rust ledger | - | {} | {rps:.0} | {:.2} | {:.2} | {:.2} | {} | - |",
+            s.label(),
+            rps / base_rps,
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            o.errors
+        );
+    }
+    let _ = ledger.kill();
+    let _ = ledger.wait();
+}
+
 #[tokio::main]
 async fn main() {
     let a = args();
@@ -714,38 +759,11 @@ async fn main() {
         b.errors
     );
 
-    // The machine's durable commit ceiling, then the minimal Rust ledger doing the same job.
-    let commits = minimal_ledger::fsync_probe(2.0);
-    println!(
-        "| sqlite | - | commit ceiling (1 row per commit, 1 thread, WAL + FULL) | {commits:.0} | {:.2} | - | - | 0 | - |",
-        commits / base_rps
-    );
-    let mut ledger = Command::new(std::env::current_exe().expect("exe"))
-        .arg("--ledger-baseline-server")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("minimal ledger");
-    let mut line = String::new();
-    std::io::BufReader::new(ledger.stdout.take().expect("stdout")).read_line(&mut line).expect("ledger url");
-    let ledger_url = line.trim().trim_start_matches("ledger ").to_string();
-    let ledger_token = token(&ledger_url);
-    for s in [Scenario::Balance, Scenario::UniquePayments, Scenario::RetryStorm] {
-        let run_id = format!("minimal-{s:?}-{}", uuid::Uuid::new_v4().simple());
-        let (o, secs) = run(s, &ledger_url, &ledger_token, Era::Modern, &a, &run_id).await;
-        let mut lat = o.latencies_us.clone();
-        lat.sort_unstable();
-        let rps = o.ok as f64 / secs;
-        println!(
-            "| minimal Rust ledger | - | {} | {rps:.0} | {:.2} | {:.2} | {:.2} | {} | - |",
-            s.label(),
-            rps / base_rps,
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99),
-            o.errors
-        );
+    if let Some(only) = &a.only {
+        println!("(only scenarios matching {only:?}; baselines skipped)");
+    } else {
+        baselines(&a, base_rps).await;
     }
-    let _ = ledger.kill();
-    let _ = ledger.wait();
 
     let mut engines: Vec<(&str, Option<(String, String)>)> = vec![("sqlite", None)];
     if let Some(url) = &a.database_url {
@@ -763,15 +781,23 @@ async fn main() {
             "{engine}: start to ready on an existing database {:.0} ms",
             server.started.as_secs_f64() * 1000.0
         ));
-        let tok = token(&server.url);
-        for era in [Era::Modern, Era::Legacy] {
-            for s in [
+        for (e, era) in [Era::Modern, Era::Legacy].into_iter().enumerate() {
+            for (k, s) in [
                 Scenario::Balance,
                 Scenario::UniquePayments,
                 Scenario::ManyPayers,
                 Scenario::RetryStorm,
                 Scenario::OverLimit,
-            ] {
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if a.only.as_deref().is_some_and(|o| !s.label().contains(o)) {
+                    continue;
+                }
+                // Each scenario is its own agent: one agent's per-minute quota (at most 100,000
+                // calls) would otherwise be spent by the scenarios before it.
+                let tok = token_for(&server.url, &format!("bench-agent-s{}", e * 5 + k));
                 let run_id = format!("{engine}-{era:?}-{s:?}-{}", uuid::Uuid::new_v4().simple());
                 let payees = if s == Scenario::ManyPayers { payees_sum(&server.url).await } else { 0.0 };
                 let before = balance_b(&server.url, &tok).await + payees;
