@@ -463,7 +463,7 @@ impl Gateway {
             let s = |k: &str| rec.intent.get(k).and_then(Value::as_str).map(str::to_string);
             let i = |k: &str| rec.intent.get(k).and_then(Value::as_i64);
             let mut claims = MandateClaims {
-                jti: format!("mdt_{}", uuid::Uuid::new_v4().simple()),
+                jti: format!("mdt_{}", uuid::Uuid::now_v7().simple()),
                 iss: MANDATE_ISSUER.into(),
                 sub: rec.principal_sub.clone(),
                 agent_iss: rec.principal_iss.clone(),

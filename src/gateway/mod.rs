@@ -323,6 +323,7 @@ pub struct CorrelationId(pub String);
 
 impl CorrelationId {
     pub fn generate() -> Self {
-        CorrelationId(format!("corr_{}", uuid::Uuid::new_v4().simple()))
+        // Time-ordered like payment ids: the audit index by correlation id appends.
+        CorrelationId(format!("corr_{}", uuid::Uuid::now_v7().simple()))
     }
 }
