@@ -226,3 +226,53 @@ async fn refunds_are_exactly_once_and_bounded() {
     app.assert_secrets_not_logged();
     app.stop().await;
 }
+
+/// A key another attempt holds in flight the old way (reserved before posting, its lease live: a
+/// replica on an older version, say) is waited for, never claimed over: nothing posts while it is
+/// held. Once it is given back, the operation posts exactly once, and retries replay.
+#[tokio::test]
+async fn a_key_held_in_flight_elsewhere_is_waited_for_then_paid_once() {
+    use paygate::idempotency::{KeyDeriver, fingerprint};
+    use paygate::store::NewIdempotencyRecord;
+    let secret = "idempotency-secret-for-this-test-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let app =
+        spawn_on(dir.path(), &[("PAYGATE_IDEMPOTENCY__SECRET", secret), ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")])
+            .await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let args = json!({"operation_id": "held-1", "from_account": "acct-A", "to_account": "acct-B",
+                      "amount": "50.00", "currency": "KES"});
+    // The key and fingerprint the gateway derives for this call, held elsewhere.
+    let key = KeyDeriver::new(paygate::secret::Secret::new(secret.into())).key(
+        DEV_ISSUER,
+        "dev-agent",
+        "create_payment",
+        "held-1",
+    );
+    let fp = fingerprint(&json!({"args": {"from": "acct-A", "to": "acct-B", "amount_minor": 5000,
+                                          "currency": "KES", "memo": null}}));
+    let now = now_secs();
+    let held = NewIdempotencyRecord {
+        key: key.clone(),
+        fingerprint: fp,
+        tool: "create_payment".into(),
+        principal_iss: DEV_ISSUER.into(),
+        principal_sub: "dev-agent".into(),
+        lease_until: now + 600,
+        expires_at: now + 3600,
+    };
+    assert_eq!(app.running.store.idem_reserve(held, now).await.unwrap(), paygate::store::Reservation::Acquired);
+    let before = balance(&agent, "acct-A").await;
+    let r = call(&agent, "create_payment", args.clone()).await;
+    assert_eq!(code(&r), "OPERATION_IN_PROGRESS", "{r:?}");
+    assert_eq!(balance(&agent, "acct-A").await, before, "nothing posted under a held key");
+    // Given back (nothing moved there): now it posts, once.
+    app.running.store.idem_release(&key).await.unwrap();
+    let first = call(&agent, "create_payment", args.clone()).await;
+    let again = call(&agent, "create_payment", args).await;
+    assert_eq!(ok(&first)["payment_id"], ok(&again)["payment_id"]);
+    assert_eq!(ok(&again)["replayed"], true);
+    app.assert_integrity().await;
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
