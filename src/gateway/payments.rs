@@ -786,19 +786,30 @@ impl Gateway {
         self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d)
     }
 
-    /// The keys a posting transaction claims: the operation's own (when anchored on a mandate),
-    /// then the payment's.
-    fn claim_for(&self, caller: &Caller, tool: &str, idem: &Idem) -> Claim {
-        let now = self.clock.now();
-        let record = |id: &Idem| NewIdempotencyRecord {
-            key: id.key.clone(),
-            fingerprint: id.fingerprint.clone(),
+    /// The idempotency record a reservation or claim of `idem` writes at `now`.
+    fn key_record(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        now: crate::clock::UnixSecs,
+    ) -> NewIdempotencyRecord {
+        NewIdempotencyRecord {
+            key: idem.key.clone(),
+            fingerprint: idem.fingerprint.clone(),
             tool: tool.to_string(),
             principal_iss: caller.principal.issuer.clone(),
             principal_sub: caller.principal.subject.clone(),
             lease_until: now + self.limits.idempotency_lease_secs,
             expires_at: now + self.limits.idempotency_retention_secs,
-        };
+        }
+    }
+
+    /// The keys a posting transaction claims: the operation's own (when anchored on a mandate),
+    /// then the payment's.
+    fn claim_for(&self, caller: &Caller, tool: &str, idem: &Idem) -> Claim {
+        let now = self.clock.now();
+        let record = |id: &Idem| self.key_record(caller, tool, id, now);
         Claim {
             records: idem.alias.as_deref().into_iter().chain(std::iter::once(idem)).map(record).collect(),
             refusal_outcome: exactly_once::refusal_outcome,
@@ -875,15 +886,7 @@ impl Gateway {
         let deadline = Instant::now() + self.limits.idempotency_wait;
         loop {
             let now = self.clock.now();
-            let rec = NewIdempotencyRecord {
-                key: idem.key.clone(),
-                fingerprint: idem.fingerprint.clone(),
-                tool: tool.to_string(),
-                principal_iss: caller.principal.issuer.clone(),
-                principal_sub: caller.principal.subject.clone(),
-                lease_until: now + self.limits.idempotency_lease_secs,
-                expires_at: now + self.limits.idempotency_retention_secs,
-            };
+            let rec = self.key_record(caller, tool, idem, now);
             let notify = self.waiter(&idem.key);
             let notified = notify.notified();
             tokio::pin!(notified);

@@ -255,13 +255,7 @@ pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: Unix
         let from = load_account(tx, &req.from_account)?;
         let to = load_account(tx, &req.to_account)?;
         let plan = transfer::plan(&req, existing, from.as_ref(), to.as_ref(), now)?;
-        let w = Posting {
-            key: &req.idempotency_key,
-            alias: req.alias_key.as_deref(),
-            guards: &req.guards,
-            audit: &req.audit,
-        };
-        write_posting(tx, plan, w, now)
+        write_posting(tx, plan, Posting::from(&req), now)
     })
 }
 
@@ -274,12 +268,6 @@ pub(super) fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs
             None => None,
         };
         let plan = refund::plan(&req, existing, original.as_ref(), payee.as_ref(), now)?;
-        let w = Posting {
-            key: &req.idempotency_key,
-            alias: req.alias_key.as_deref(),
-            guards: &req.guards,
-            audit: &req.audit,
-        };
-        write_posting(tx, plan, w, now)
+        write_posting(tx, plan, Posting::from(&req), now)
     })
 }
