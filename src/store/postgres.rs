@@ -19,15 +19,12 @@ mod approvals;
 mod postings;
 mod rails;
 
-use super::queries::{self, Dialect, Statement};
-use super::rows::{self, Columns, Value};
+use super::queries::{Dialect, Statement};
+use super::rows::{self, Cell, Columns, PlainRow, Value};
 use super::{
     AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
     RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
     SummaryRow,
-};
-use super::{
-    AuditQuery, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState, VolumeRow,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -236,16 +233,6 @@ fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
 }
 
 impl PostgresStore {
-    /// Run a statement built by `store::queries` through a shared row mapper.
-    async fn select<T>(
-        &self,
-        st: Statement,
-        f: fn(&dyn Columns) -> Result<T, StoreError>,
-    ) -> Result<Vec<T>, StoreError> {
-        let client = self.pool.get().await?;
-        client.list(&st.text, &bind(&st.params), f).await
-    }
-
     /// One statement inserts the record or locks the existing one: `ON CONFLICT DO UPDATE` never
     /// reports a conflict with a row that a concurrent release deleted (a plain `DO NOTHING` followed
     /// by a `SELECT` can find the row gone, and a herd of waiters on a hot key would keep finding that).
@@ -753,51 +740,32 @@ impl Store for PostgresStore {
         rails::since(&client, since, after_seq, limit).await
     }
 
-    async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError> {
-        self.select(queries::ops_payments(&q, Dialect::Postgres), rows::ops_payment).await
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
     }
 
-    async fn ops_payment(&self, id: &PaymentId) -> Result<Option<OpsPayment>, StoreError> {
-        Ok(self.select(queries::ops_payment(id.as_str(), Dialect::Postgres), rows::ops_payment).await?.pop())
-    }
-
-    async fn audit_query(&self, q: AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
-        self.select(queries::audit(&q, Dialect::Postgres), rows::audit).await
-    }
-
-    async fn audit_related(&self, q: AuditRelated) -> Result<Vec<AuditRecord>, StoreError> {
-        self.select(queries::audit_related(&q, Dialect::Postgres), rows::audit).await
-    }
-
-    async fn approvals_for_keys(&self, keys: Vec<String>) -> Result<Vec<String>, StoreError> {
-        self.select(queries::approvals_for_keys(&keys, Dialect::Postgres), |r| r.text(0)).await
-    }
-
-    async fn mandate_list(&self, q: MandateQuery) -> Result<Vec<MandateListing>, StoreError> {
-        self.select(queries::mandates(&q, Dialect::Postgres), rows::mandate_listing).await
-    }
-
-    async fn mandate_get(&self, id: &str, now: UnixSecs) -> Result<Option<MandateListing>, StoreError> {
-        Ok(self.select(queries::mandate(id, now, Dialect::Postgres), rows::mandate_listing).await?.pop())
-    }
-
-    async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError> {
-        self.select(queries::principal_states(limit, Dialect::Postgres), rows::principal_state).await
-    }
-
-    async fn agents_seen(
-        &self,
-        since: UnixSecs,
-        tools: &[&str],
-        internal_issuer: &str,
-        limit: u32,
-    ) -> Result<Vec<(String, UnixSecs)>, StoreError> {
-        let st = queries::agents_seen(since, tools, internal_issuer, limit, Dialect::Postgres);
-        self.select(st, |r| Ok((r.text(0)?, r.int(1)?))).await
-    }
-
-    async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError> {
-        self.select(queries::volume(from, to, Dialect::Postgres), rows::volume).await
+    async fn select_rows(&self, st: Statement) -> Result<Vec<PlainRow>, StoreError> {
+        use tokio_postgres::types::Type;
+        let client = self.pool.get().await?;
+        let mut out = Vec::new();
+        for row in client.all(&st.text, &bind(&st.params)).await? {
+            let cells = (0..row.len())
+                .map(|i| {
+                    let t = row.columns()[i].type_();
+                    Ok(if *t == Type::INT8 {
+                        row.try_get::<_, Option<i64>>(i)?.map_or(Cell::Null, Cell::Int)
+                    } else if *t == Type::INT4 {
+                        row.try_get::<_, Option<i32>>(i)?.map_or(Cell::Null, |v| Cell::Int(v.into()))
+                    } else if *t == Type::BOOL {
+                        row.try_get::<_, Option<bool>>(i)?.map_or(Cell::Null, Cell::Bool)
+                    } else {
+                        row.try_get::<_, Option<String>>(i)?.map_or(Cell::Null, Cell::Text)
+                    })
+                })
+                .collect::<Result<Vec<Cell>, tokio_postgres::Error>>()?;
+            out.push(PlainRow(cells));
+        }
+        Ok(out)
     }
 
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {

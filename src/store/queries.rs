@@ -6,8 +6,9 @@ use super::rows::{self, Value};
 use crate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, OpsPaymentQuery};
 
 /// How an engine writes its statement parameters.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dialect {
+pub enum Dialect {
     /// `?1`, `?2`, …
     Sqlite,
     /// `$1`, `$2`, …
@@ -15,10 +16,11 @@ pub(crate) enum Dialect {
 }
 
 /// A statement and its parameters, in order.
+#[doc(hidden)]
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Statement {
-    pub text: String,
-    pub params: Vec<Value>,
+pub struct Statement {
+    pub(crate) text: String,
+    pub(crate) params: Vec<Value>,
 }
 
 /// Builds a statement, numbering parameters as they are bound.

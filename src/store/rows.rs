@@ -14,6 +14,64 @@ use crate::ids::{AccountId, ApprovalId, PaymentId};
 use crate::mandate::MandateKind;
 use crate::money::Currency;
 
+/// One result row as plain values, whichever engine produced it: what `Store::select_rows` returns
+/// for the operator's reads, mapped by the same functions as the engines' own rows.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlainRow(pub(crate) Vec<Cell>);
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Cell {
+    Null,
+    Int(i64),
+    Text(String),
+    Bool(bool),
+}
+
+impl PlainRow {
+    fn cell(&self, i: usize) -> Result<&Cell, StoreError> {
+        self.0.get(i).ok_or_else(|| corrupt("result column"))
+    }
+}
+
+impl Columns for PlainRow {
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?.ok_or_else(|| corrupt("NULL text column"))
+    }
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Text(s) => Ok(Some(s.clone())),
+            _ => Err(corrupt("text column")),
+        }
+    }
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.opt_int(i)?.ok_or_else(|| corrupt("NULL integer column"))
+    }
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Int(n) => Ok(Some(*n)),
+            _ => Err(corrupt("integer column")),
+        }
+    }
+    fn boolean(&self, i: usize) -> Result<bool, StoreError> {
+        match self.cell(i)? {
+            Cell::Bool(b) => Ok(*b),
+            Cell::Int(n) => Ok(*n != 0),
+            _ => Err(corrupt("boolean column")),
+        }
+    }
+}
+
+/// Map plain rows through a shared mapper.
+pub(crate) fn map_plain<T>(
+    rows: Vec<PlainRow>,
+    f: impl Fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    rows.iter().map(|r| f(r)).collect()
+}
+
 /// Typed access to one result row by column index.
 pub(crate) trait Columns {
     fn text(&self, i: usize) -> Result<String, StoreError>;

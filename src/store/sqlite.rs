@@ -8,22 +8,19 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use rusqlite::types::ToSqlOutput;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Params, Row, TransactionBehavior, params, params_from_iter};
 
 mod approvals;
 mod postings;
 mod rails;
 
-use super::queries::{self, Dialect, Statement};
-use super::rows::{self, Columns, Value};
+use super::queries::{Dialect, Statement};
+use super::rows::{self, Cell, Columns, PlainRow, Value};
 use super::{
     AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
     RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
     SummaryRow,
-};
-use super::{
-    AuditQuery, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState, VolumeRow,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -215,16 +212,6 @@ impl SqliteStore {
             }
         }
         self.run_heavy(f).await
-    }
-
-    /// Run a statement built by `store::queries` through a shared row mapper, on the blocking pool
-    /// (operator reads may scan).
-    async fn select<T: Send + 'static>(
-        &self,
-        st: Statement,
-        f: fn(&dyn Columns) -> Result<T, StoreError>,
-    ) -> Result<Vec<T>, StoreError> {
-        self.run_heavy(move |c| c.all(&st.text, params_from_iter(st.params), f)).await
     }
 
     /// A read that may take long (integrity, summaries, scans): always on the blocking pool.
@@ -763,51 +750,32 @@ impl Store for SqliteStore {
         self.run_heavy(move |c| rails::since(c, since, after_seq, limit)).await
     }
 
-    async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError> {
-        self.select(queries::ops_payments(&q, Dialect::Sqlite), rows::ops_payment).await
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
     }
 
-    async fn ops_payment(&self, id: &PaymentId) -> Result<Option<OpsPayment>, StoreError> {
-        Ok(self.select(queries::ops_payment(id.as_str(), Dialect::Sqlite), rows::ops_payment).await?.pop())
-    }
-
-    async fn audit_query(&self, q: AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
-        self.select(queries::audit(&q, Dialect::Sqlite), rows::audit).await
-    }
-
-    async fn audit_related(&self, q: AuditRelated) -> Result<Vec<AuditRecord>, StoreError> {
-        self.select(queries::audit_related(&q, Dialect::Sqlite), rows::audit).await
-    }
-
-    async fn approvals_for_keys(&self, keys: Vec<String>) -> Result<Vec<String>, StoreError> {
-        self.select(queries::approvals_for_keys(&keys, Dialect::Sqlite), |r| r.text(0)).await
-    }
-
-    async fn mandate_list(&self, q: MandateQuery) -> Result<Vec<MandateListing>, StoreError> {
-        self.select(queries::mandates(&q, Dialect::Sqlite), rows::mandate_listing).await
-    }
-
-    async fn mandate_get(&self, id: &str, now: UnixSecs) -> Result<Option<MandateListing>, StoreError> {
-        Ok(self.select(queries::mandate(id, now, Dialect::Sqlite), rows::mandate_listing).await?.pop())
-    }
-
-    async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError> {
-        self.select(queries::principal_states(limit, Dialect::Sqlite), rows::principal_state).await
-    }
-
-    async fn agents_seen(
-        &self,
-        since: UnixSecs,
-        tools: &[&str],
-        internal_issuer: &str,
-        limit: u32,
-    ) -> Result<Vec<(String, UnixSecs)>, StoreError> {
-        let st = queries::agents_seen(since, tools, internal_issuer, limit, Dialect::Sqlite);
-        self.select(st, |r| Ok((r.text(0)?, r.int(1)?))).await
-    }
-
-    async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError> {
-        self.select(queries::volume(from, to, Dialect::Sqlite), rows::volume).await
+    async fn select_rows(&self, st: Statement) -> Result<Vec<PlainRow>, StoreError> {
+        self.run_heavy(move |c| {
+            let mut stmt = c.prepare_cached(&st.text)?;
+            let n = stmt.column_count();
+            let rows = stmt.query_map(params_from_iter(st.params), |r| {
+                (0..n)
+                    .map(|i| {
+                        Ok(match r.get_ref(i)? {
+                            ValueRef::Null => Cell::Null,
+                            ValueRef::Integer(v) => Cell::Int(v),
+                            ValueRef::Real(v) => Cell::Int(v as i64),
+                            ValueRef::Text(t) | ValueRef::Blob(t) => {
+                                Cell::Text(String::from_utf8_lossy(t).into_owned())
+                            }
+                        })
+                    })
+                    .collect::<rusqlite::Result<Vec<Cell>>>()
+                    .map(PlainRow)
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<PlainRow>>>()?)
+        })
+        .await
     }
 
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
