@@ -292,6 +292,23 @@ fn decode_key_cursor(cursor: Option<&str>) -> Result<Option<(UnixSecs, String)>,
     Ok(Some((at, id.to_string())))
 }
 
+/// A page of views from rows fetched with one extra (`limit + 1`): the extra row only says there
+/// is more, and the cursor names the last row kept.
+fn page_of<R, V>(
+    mut rows: Vec<R>,
+    limit: u32,
+    cursor: impl Fn(&R) -> String,
+    view: impl Fn(R) -> V,
+) -> (Vec<V>, Option<String>) {
+    let next = if rows.len() > limit as usize {
+        rows.truncate(limit as usize);
+        rows.last().map(cursor)
+    } else {
+        None
+    };
+    (rows.into_iter().map(view).collect(), next)
+}
+
 fn internal(what: &'static str) -> impl Fn(StoreError) -> OpError {
     move |error| {
         tracing::error!(%error, "{what} failed");
@@ -358,14 +375,8 @@ impl Gateway {
             before: decode_key_cursor(cursor)?,
             limit: limit + 1,
         };
-        let mut rows = self.store.ops_payments(q).await.map_err(internal("payment list"))?;
-        let next = if rows.len() > limit as usize {
-            rows.truncate(limit as usize);
-            rows.last().map(|p| encode_key_cursor(p.payment.created_at, p.payment.id.as_str()))
-        } else {
-            None
-        };
-        Ok((rows.into_iter().map(payment_view).collect(), next))
+        let rows = self.store.ops_payments(q).await.map_err(internal("payment list"))?;
+        Ok(page_of(rows, limit, |p| encode_key_cursor(p.payment.created_at, p.payment.id.as_str()), payment_view))
     }
 
     /// One payment and everything audited about it, oldest first: the request under its
@@ -423,14 +434,8 @@ impl Gateway {
             before_seq: super::decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?,
             limit: limit + 1,
         };
-        let mut rows = self.store.audit_query(q).await.map_err(internal("audit search"))?;
-        let next = if rows.len() > limit as usize {
-            rows.truncate(limit as usize);
-            rows.last().map(|r| super::encode_cursor(r.seq))
-        } else {
-            None
-        };
-        Ok((rows.into_iter().map(audit_view).collect(), next))
+        let rows = self.store.audit_query(q).await.map_err(internal("audit search"))?;
+        Ok(page_of(rows, limit, |r| super::encode_cursor(r.seq), audit_view))
     }
 
     /// Issued mandates, newest first.
@@ -451,14 +456,8 @@ impl Gateway {
             };
         let limit = self.op_page_limit(limit)?;
         let q = MandateQuery { status, now: self.clock.now(), before: decode_key_cursor(cursor)?, limit: limit + 1 };
-        let mut rows = self.store.mandate_list(q).await.map_err(internal("mandate list"))?;
-        let next = if rows.len() > limit as usize {
-            rows.truncate(limit as usize);
-            rows.last().map(|m| encode_key_cursor(m.created_at, &m.id))
-        } else {
-            None
-        };
-        Ok((rows.into_iter().map(mandate_view).collect(), next))
+        let rows = self.store.mandate_list(q).await.map_err(internal("mandate list"))?;
+        Ok(page_of(rows, limit, |m| encode_key_cursor(m.created_at, &m.id), mandate_view))
     }
 
     /// Revoke a mandate by its id (the approval route revokes by the approval that issued it).
