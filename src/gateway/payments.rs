@@ -247,7 +247,7 @@ impl Gateway {
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
-        let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
         let decision = authorize(
             policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
             mandate.is_some(),
@@ -368,7 +368,7 @@ impl Gateway {
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
-        let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
         let decision = authorize(
             policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
             mandate.is_some(),
@@ -465,7 +465,7 @@ impl Gateway {
         };
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
-        let force = mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == TOOL);
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
         let decision =
             authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
         let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
@@ -784,6 +784,11 @@ impl Gateway {
         d.idempotency_key = Some(&idem.key);
         let p = &caller.principal;
         self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d)
+    }
+
+    /// Tool governance: every call of `tool` needs a human, unless a mandate already carries one.
+    fn always_needs_a_human(&self, tool: &str, mandate: Option<&Authorized>) -> bool {
+        mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == tool)
     }
 
     /// The idempotency record a reservation or claim of `idem` writes at `now`.
