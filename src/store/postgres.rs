@@ -217,14 +217,13 @@ impl PostgresStore {
     }
 }
 
+const INSERT_AUDIT: &str =
+    "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
+                                                     idempotency_key, payment_id, approval_id, detail)
+                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+
 async fn insert_audit(c: &impl GenericClient, r: &AuditRecord, payment_id: Option<&str>) -> Result<(), StoreError> {
-    c.exec(
-        "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
-                                    idempotency_key, payment_id, approval_id, detail)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        &bind(&rows::audit_values(r, payment_id)),
-    )
-    .await?;
+    c.exec(INSERT_AUDIT, &bind(&rows::audit_values(r, payment_id))).await?;
     Ok(())
 }
 

@@ -3,12 +3,12 @@
 
 use deadpool_postgres::{GenericClient, Pool};
 
-use super::{Cached, Mapped, TxError, bind, db, insert_audit};
+use super::{Cached, INSERT_AUDIT, Mapped, TxError, bind, db, insert_audit};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
-use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
+use crate::domain::rules::guards::{self, BudgetUsage, MandateRow, UsageDraw};
 use crate::domain::rules::reservation::{self, EarlierKeys};
 use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
 use crate::ids::AccountId;
@@ -28,6 +28,34 @@ pub(super) async fn load_payment(
     Ok(c.get(&sql, &[&value], rows::payment).await?.map(|(p, _)| p))
 }
 
+const MOVE_AND_POST: &str =
+    "WITH moved AS (UPDATE accounts SET balance_minor = balance_minor + $3 WHERE id = $2 RETURNING balance_minor)
+     INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
+     SELECT $1::TEXT, $2, $3, $4::TEXT, moved.balance_minor, $5::TEXT, $6::BIGINT FROM moved
+     RETURNING balance_after_minor";
+const COMPLETE_KEY: &str =
+    "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'";
+const INSERT_PAYMENT: &str =
+    "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
+                           refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+const ADD_REFUNDED: &str = "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2";
+const DRAW_MANDATE: &str = "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2";
+
+/// Prepare every statement of a pipeline before sending any: a statement not yet prepared on this
+/// connection would otherwise go out only after its preparation's answer, behind statements that
+/// were meant to run after it (PostgreSQL runs a pipeline in the order it receives it).
+/// (Each is prepared once per connection; after that this finds them all in the cache.)
+async fn prepare_all(c: &impl GenericClient, statements: &[&str]) -> Result<(), tokio_postgres::Error> {
+    for sql in statements {
+        c.prepare_cached(sql).await?;
+    }
+    Ok(())
+}
+
+const LOCK_ACCOUNTS: &str =
+    "SELECT id, currency, balance_minor, allow_overdraft FROM accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+
 /// Lock both accounts (in id order) and return them (`None`: no such account).
 pub(super) async fn lock_accounts(
     c: &impl GenericClient,
@@ -35,13 +63,7 @@ pub(super) async fn lock_accounts(
     b: &AccountId,
 ) -> Result<(Option<AccountRow>, Option<AccountRow>), StoreError> {
     let ids = vec![a.as_str().to_string(), b.as_str().to_string()];
-    let found = c
-        .list(
-            "SELECT id, currency, balance_minor, allow_overdraft FROM accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-            &[&ids],
-            |r| Ok((r.text(0)?, rows::account(r, 1)?)),
-        )
-        .await?;
+    let found = c.list(LOCK_ACCOUNTS, &[&ids], |r| Ok((r.text(0)?, rows::account(r, 1)?))).await?;
     let find = |id: &AccountId| found.iter().find(|(i, _)| i == id.as_str()).map(|(_, row)| row.clone());
     Ok((find(a), find(b)))
 }
@@ -55,19 +77,9 @@ pub(super) async fn post(
     description: &str,
     now: UnixSecs,
 ) -> Result<i64, StoreError> {
-    let balance: i64 = c
-        .one(
-            "UPDATE accounts SET balance_minor = balance_minor + $1 WHERE id = $2 RETURNING balance_minor",
-            &[&amount, &account],
-        )
-        .await?
-        .get(0);
-    c.exec(
-        "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[&payment_id, &account, &amount, &currency.code(), &balance, &description, &now],
-    )
-    .await?;
+    // One statement: the balance moves and its posting records the balance after, in one round trip.
+    let balance: i64 =
+        c.one(MOVE_AND_POST, &[&payment_id, &account, &amount, &currency.code(), &description, &now]).await?.get(0);
     Ok(balance)
 }
 
@@ -78,30 +90,117 @@ pub(super) async fn complete_in_tx(
     p: &Payment,
 ) -> Result<(), StoreError> {
     let outcome = completed_outcome(p);
-    for k in std::iter::once(key).chain(alias) {
-        c.exec(
-            "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'",
-            &[&outcome, &k],
-        )
-        .await?;
-    }
+    let complete = |k: &str| {
+        let outcome = &outcome;
+        let k = k.to_string();
+        async move { c.exec(COMPLETE_KEY, &[outcome, &k]).await }
+    };
+    // Pipelined: the alias's update does not wait for the key's answer.
+    let (key_done, alias_done) = tokio::join!(complete(key), async {
+        match alias {
+            Some(a) => complete(a).await.map(Some),
+            None => Ok(None),
+        }
+    });
+    key_done?;
+    alias_done?;
     Ok(())
+}
+
+fn add_usage_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO {table} (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
+         ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = {table}.spent_minor + excluded.spent_minor,
+                                                            payments = {table}.payments + 1"
+    )
 }
 
 /// Count a payment or refund toward its subject's day.
 pub(super) async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<u64, tokio_postgres::Error> {
-    let table = guards::usage_table(d.kind);
-    c.exec(
-        &format!(
-            "INSERT INTO {table} (subject, day, currency, spent_minor, payments) VALUES ($1, $2, $3, $4, 1)
-             ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = {table}.spent_minor + excluded.spent_minor,
-                                                                payments = {table}.payments + 1"
-        ),
-        &[&d.subject, &d.day, &d.currency.code(), &d.amount_minor],
-    )
-    .await
+    c.exec(&add_usage_sql(guards::usage_table(d.kind)), &[&d.subject, &d.day, &d.currency.code(), &d.amount_minor])
+        .await
 }
 
+/// What the guards check, as read in the posting transaction: the subject's usage for the day
+/// (read under its budget lock) and the mandate row (locked).
+#[derive(Default)]
+pub(super) struct GuardState {
+    usage: Option<BudgetUsage>,
+    mandate: Option<MandateRow>,
+}
+
+impl GuardState {
+    /// The guards' verdict on this payment (`domain::rules::guards`); nothing is written.
+    fn check(&self, g: &Guards, amount: i64, currency: Currency, now: UnixSecs) -> Result<(), BackendError> {
+        if let (Some(b), Some(usage)) = (&g.budget, self.usage) {
+            guards::check_budget(b, usage, amount, currency)?;
+        }
+        if g.mandate.is_some() {
+            guards::check_mandate(self.mandate.as_ref(), amount, currency, now)?;
+        }
+        Ok(())
+    }
+}
+
+/// Take the guards' locks and read what they check. Its statements are sent without waiting for
+/// each other's answers (pipelined): PostgreSQL runs them in the order sent, so the lock order
+/// holds (budget, then mandate) and each read sees what committed before its lock was granted.
+pub(super) async fn read_guards(
+    c: &impl GenericClient,
+    g: &Guards,
+    subject: &str,
+    currency: Currency,
+) -> Result<GuardState, StoreError> {
+    let usage_sql = g.budget.as_ref().map(|b| {
+        format!(
+            "SELECT COALESCE(SUM(payments), 0)::BIGINT,
+                    COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
+             FROM {} WHERE subject = $1 AND day = $2",
+            guards::usage_table(b.kind)
+        )
+    });
+    let mandate_sql = format!("SELECT {} FROM mandates WHERE id = $1 FOR UPDATE", rows::MANDATE_COLS);
+    const BUDGET_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))";
+    let mut statements = vec![mandate_sql.as_str(), BUDGET_LOCK];
+    statements.extend(usage_sql.as_deref());
+    prepare_all(c, &statements).await?;
+    let (locked, usage, mandate) = tokio::join!(
+        async {
+            match &g.budget {
+                // One subject's autonomous payments serialise here, so the sum below cannot go stale.
+                Some(_) => c.exec(BUDGET_LOCK, &[&subject]).await.map(|_| ()),
+                None => Ok(()),
+            }
+        },
+        async {
+            match (&g.budget, &usage_sql) {
+                (Some(b), Some(sql)) => {
+                    let row = c.one(sql, &[&subject, &b.since, &currency.code()]).await?;
+                    Ok(Some(BudgetUsage { payments: row.get(0), spent_minor: row.get(1) }))
+                }
+                _ => Ok::<_, tokio_postgres::Error>(None),
+            }
+        },
+        async {
+            match &g.mandate {
+                Some(d) => c.get(&mandate_sql, &[&d.mandate_id], rows::mandate).await,
+                None => Ok(None),
+            }
+        },
+    );
+    locked?;
+    Ok(GuardState { usage: usage?, mandate: mandate? })
+}
+
+/// Record a mandate draw (its uses and spend), once the guards passed.
+async fn draw_mandate(c: &impl GenericClient, g: &Guards, amount: i64) -> Result<u64, tokio_postgres::Error> {
+    match &g.mandate {
+        Some(d) => c.exec(DRAW_MANDATE, &[&amount, &d.mandate_id]).await,
+        None => Ok(0),
+    }
+}
+
+/// Check the guards and record the draw (rails: one call, no pipeline to share).
 pub(super) async fn apply_guards(
     c: &impl GenericClient,
     g: &Guards,
@@ -110,34 +209,9 @@ pub(super) async fn apply_guards(
     currency: Currency,
     now: UnixSecs,
 ) -> Result<(), BackendError> {
-    if let Some(b) = &g.budget {
-        // One subject's autonomous payments serialise here, so the sum below cannot go stale.
-        c.exec("SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))", &[&subject]).await.map_err(db)?;
-        let row = c
-            .one(
-                &format!(
-                    "SELECT COALESCE(SUM(payments), 0)::BIGINT,
-                            COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
-                     FROM {} WHERE subject = $1 AND day = $2",
-                    guards::usage_table(b.kind)
-                ),
-                &[&subject, &b.since, &currency.code()],
-            )
-            .await
-            .map_err(db)?;
-        guards::check_budget(b, BudgetUsage { payments: row.get(0), spent_minor: row.get(1) }, amount, currency)?;
-    }
-    if let Some(d) = &g.mandate {
-        let sql = format!("SELECT {} FROM mandates WHERE id = $1 FOR UPDATE", rows::MANDATE_COLS);
-        let mandate = c.get(&sql, &[&d.mandate_id], rows::mandate).await.map_err(db)?;
-        guards::check_mandate(mandate.as_ref(), amount, currency, now)?;
-        c.exec(
-            "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2",
-            &[&amount, &d.mandate_id],
-        )
-        .await
-        .map_err(db)?;
-    }
+    let state = read_guards(c, g, subject, currency).await.map_err(db)?;
+    state.check(g, amount, currency, now)?;
+    draw_mandate(c, g, amount).await.map_err(db)?;
     Ok(())
 }
 
@@ -149,68 +223,123 @@ async fn audit_in_tx(c: &impl GenericClient, audit: &Option<AuditRecord>, paymen
     }
 }
 
-/// Write a transfer's or refund's plan: a replay completes the key's records; a new payment draws
-/// its guards and posts. The request's audit record goes in with it. Commits.
+/// What a posting's rules read, fetched under its locks in one pipelined round trip.
+struct Loaded {
+    from: Option<AccountRow>,
+    to: Option<AccountRow>,
+    existing: Option<Payment>,
+    guards: GuardState,
+}
+
+/// Lock the two accounts (in id order), then find a payment already made under the key (visible
+/// now that the accounts are locked), then take the guards' locks and read them: one round trip,
+/// because PostgreSQL runs pipelined statements in the order sent. `savepoint`: open the claimed
+/// posting's savepoint first, in the same round trip.
+#[allow(clippy::too_many_arguments)]
+async fn load_posting(
+    c: &impl GenericClient,
+    savepoint: bool,
+    a: &AccountId,
+    b: &AccountId,
+    key: &str,
+    g: &Guards,
+    subject: &str,
+    currency: Currency,
+) -> Result<Loaded, TxError> {
+    // Prepared first, so each statement goes out the moment it is polled, in this order.
+    let payment_sql = format!("SELECT {} FROM payments WHERE idempotency_key = $1", rows::PAYMENT_COLS);
+    prepare_all(c, &[LOCK_ACCOUNTS, &payment_sql]).await.map_err(TxError::pg)?;
+    let key_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
+    let (opened, accounts, existing, guards) = tokio::join!(
+        async {
+            match savepoint {
+                true => c.batch_execute("SAVEPOINT posting").await,
+                false => Ok(()),
+            }
+        },
+        lock_accounts(c, a, b),
+        c.get(&payment_sql, &key_param, rows::payment),
+        read_guards(c, g, subject, currency),
+    );
+    opened.map_err(TxError::pg)?;
+    let (from, to) = accounts.map_err(TxError::store)?;
+    let existing = existing.map_err(TxError::store)?.map(|(p, _)| p);
+    Ok(Loaded { from, to, existing, guards: guards.map_err(TxError::store)? })
+}
+
+/// Write a transfer's or refund's plan: a replay completes the key's records; a new payment passes
+/// its guards and posts. The request's audit record goes in with it. Every statement is sent in
+/// one pipelined round trip (with the claimed posting's `RELEASE SAVEPOINT` last); the caller
+/// commits. The first failure in the pipeline is the one reported: the statements after a failed
+/// one only say the transaction is aborted.
 async fn write_posting(
-    tx: deadpool_postgres::Transaction<'_>,
+    c: &impl GenericClient,
     plan: PostingPlan,
+    guard_state: &GuardState,
     w: Posting<'_>,
+    savepoint: bool,
     now: UnixSecs,
 ) -> Result<Payment, TxError> {
+    let release = || async {
+        match savepoint {
+            true => c.batch_execute("RELEASE SAVEPOINT posting").await,
+            false => Ok(()),
+        }
+    };
     let p = match plan {
         PostingPlan::Replay(existing) => {
-            complete_in_tx(&tx, w.key, w.alias, &existing).await.map_err(TxError::store)?;
-            audit_in_tx(&tx, w.audit, &existing).await.map_err(TxError::store)?;
-            tx.commit().await.map_err(TxError::pg)?;
+            prepare_all(c, &[COMPLETE_KEY, INSERT_AUDIT]).await.map_err(TxError::pg)?;
+            let (completed, audited, released) = tokio::join!(
+                complete_in_tx(c, w.key, w.alias, &existing),
+                audit_in_tx(c, w.audit, &existing),
+                release()
+            );
+            completed.map_err(TxError::store)?;
+            audited.map_err(TxError::store)?;
+            released.map_err(TxError::pg)?;
             return Ok(existing);
         }
         PostingPlan::Post(p) => p,
     };
-    apply_guards(&tx, w.guards, &p.principal_sub, p.amount_minor, p.currency, now).await.map_err(TxError::Backend)?;
+    guard_state.check(w.guards, p.amount_minor, p.currency, now).map_err(TxError::Backend)?;
     let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
-    // The account rows stay locked until COMMIT, so every round trip from here on is time other
-    // payments between these accounts wait. The payment row goes first (a lost race on the key
-    // fails here, and the postings name it); the statements after it do not depend on each
-    // other's results, so they are pipelined on the connection.
-    tx.exec(
-        "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-                               refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-        &bind(&rows::payment_values(&p, w.key, mandate_id)),
-    )
-    .await
-    .map_err(TxError::pg)?;
     let usage = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now);
     let desc = ledger::posting_description(&p);
     let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
-    let (counted, refunded, debit, credit, completed, audited) = tokio::join!(
-        async { add_usage(&tx, &usage).await },
+    let values = rows::payment_values(&p, w.key, mandate_id);
+    let values = bind(&values);
+    let usage_sql = add_usage_sql(guards::usage_table(usage.kind));
+    let statements =
+        [DRAW_MANDATE, INSERT_PAYMENT, &usage_sql, ADD_REFUNDED, MOVE_AND_POST, COMPLETE_KEY, INSERT_AUDIT];
+    prepare_all(c, &statements).await.map_err(TxError::pg)?;
+    // The account rows stay locked until COMMIT: every round trip from here on is time other
+    // payments between these accounts wait, so the writes go out together.
+    let (drawn, inserted, counted, refunded, debit, credit, completed, audited, released) = tokio::join!(
+        draw_mandate(c, w.guards, amount),
+        // The payment row goes first after the draw: a lost race on the key fails here (a retry).
+        c.exec(INSERT_PAYMENT, &values),
+        add_usage(c, &usage),
         async {
             match &p.refund_of {
-                Some(original) => {
-                    tx.exec(
-                        "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2",
-                        &[&amount, &original.as_str()],
-                    )
-                    .await
-                }
+                Some(original) => c.exec(ADD_REFUNDED, &[&amount, &original.as_str()]).await,
                 None => Ok(0),
             }
         },
-        post(&tx, id, p.from_account.as_str(), -amount, p.currency, &desc, now),
-        post(&tx, id, p.to_account.as_str(), amount, p.currency, &desc, now),
-        complete_in_tx(&tx, w.key, w.alias, &p),
-        audit_in_tx(&tx, w.audit, &p),
+        post(c, id, p.from_account.as_str(), -amount, p.currency, &desc, now),
+        post(c, id, p.to_account.as_str(), amount, p.currency, &desc, now),
+        complete_in_tx(c, w.key, w.alias, &p),
+        audit_in_tx(c, w.audit, &p),
+        release(),
     );
-    // Any failure aborts the transaction (later statements then only report that): none of
-    // these can be a lost race, so the first error found is reported as it is.
+    drawn.map_err(TxError::pg)?;
+    inserted.map_err(TxError::pg)?;
     counted.map_err(TxError::pg)?;
     refunded.map_err(TxError::pg)?;
     debit.map_err(TxError::store)?;
     credit.map_err(TxError::store)?;
     completed.map_err(TxError::store)?;
     audited.map_err(TxError::store)?;
-    tx.commit().await.map_err(TxError::pg)?;
+    released.map_err(TxError::pg)?;
     Ok(p)
 }
 
@@ -253,7 +382,7 @@ async fn complete_keys(
     Ok(())
 }
 
-/// A claimed posting's end: a success commits with its keys completed; a refusal rolled its
+/// A claimed posting's end: a success commits with its keys completed; a refusal rolls its
 /// savepoint back and leaves under the keys what the claim says (the failed outcome, or nothing).
 async fn finish_claimed(
     tx: deadpool_postgres::Transaction<'_>,
@@ -266,6 +395,7 @@ async fn finish_claimed(
             Ok(p)
         }
         Err(TxError::Backend(refusal)) => {
+            tx.batch_execute("ROLLBACK TO SAVEPOINT posting").await.map_err(TxError::pg)?;
             let outcome = (claim.refusal_outcome)(&refusal);
             complete_keys(&tx, &claim.records, outcome.as_deref()).await.map_err(TxError::store)?;
             tx.commit().await.map_err(TxError::pg)?;
@@ -277,20 +407,24 @@ async fn finish_claimed(
 }
 
 /// Claim the keys (when the request carries a `Claim`) and run the posting in a savepoint of its
-/// own; without a claim, the posting is the transaction. Keys lock before accounts.
+/// own; without a claim, the posting is the transaction. Keys lock before accounts. Dropping the
+/// transaction unfinished (an error, or the caller going away) rolls all of it back.
 macro_rules! claimed_posting {
     ($pool:expr, $req:expr, $now:expr, $post:path) => {{
         let mut client = $pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
-        let mut tx = client.transaction().await.map_err(TxError::pg)?;
+        let tx = client.transaction().await.map_err(TxError::pg)?;
         match &$req.claim {
-            None => $post(tx, $req, $now).await,
+            None => {
+                let p = $post(&tx, $req, $now, false).await?;
+                tx.commit().await.map_err(TxError::pg)?;
+                Ok(p)
+            }
             Some(claim) => {
                 if let Some(held) = claim_keys(&tx, claim, $now).await.map_err(TxError::store)? {
                     tx.commit().await.map_err(TxError::pg)?;
                     return Err(TxError::Backend(held));
                 }
-                let posting = tx.savepoint("posting").await.map_err(TxError::pg)?;
-                let posted = $post(posting, $req, $now).await;
+                let posted = $post(&tx, $req, $now, true).await;
                 finish_claimed(tx, claim, posted).await
             }
         }
@@ -305,30 +439,67 @@ pub(super) async fn refund_once(pool: &Pool, req: &RefundRequest, now: UnixSecs)
     claimed_posting!(pool, req, now, refund_in)
 }
 
+/// Round trips with the accounts locked: the reads (one), the writes (one), COMMIT.
 async fn transfer_in(
-    tx: deadpool_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     req: &TransferRequest,
     now: UnixSecs,
+    savepoint: bool,
 ) -> Result<Payment, TxError> {
-    let (from, to) = lock_accounts(&tx, &req.from_account, &req.to_account).await.map_err(TxError::store)?;
-    // Under the account locks: a committed payment with this key is visible now.
-    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
-    let plan = transfer::plan(req, existing, from.as_ref(), to.as_ref(), now).map_err(TxError::Backend)?;
-    write_posting(tx, plan, Posting::from(req), now).await
+    let currency = req.amount.currency();
+    let loaded = load_posting(
+        tx,
+        savepoint,
+        &req.from_account,
+        &req.to_account,
+        &req.idempotency_key,
+        &req.guards,
+        &req.principal_sub,
+        currency,
+    )
+    .await?;
+    let plan = transfer::plan(req, loaded.existing, loaded.from.as_ref(), loaded.to.as_ref(), now)
+        .map_err(TxError::Backend)?;
+    write_posting(tx, plan, &loaded.guards, Posting::from(req), savepoint, now).await
 }
 
 async fn refund_in(
-    tx: deadpool_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     req: &RefundRequest,
     now: UnixSecs,
+    savepoint: bool,
 ) -> Result<Payment, TxError> {
-    // The original payment's row lock serialises refunds of it; accounts follow in id order.
-    let original = load_payment(&tx, "id", req.payment_id.as_str(), true).await.map_err(TxError::store)?;
-    let payee = match &original {
-        Some(o) => lock_accounts(&tx, &o.to_account, &o.from_account).await.map_err(TxError::store)?.0,
-        None => None,
+    // The original payment's row lock serialises refunds of it; accounts follow in id order. The
+    // original names the accounts and the currency, so it is read first (with the savepoint).
+    let (opened, original) = tokio::join!(
+        async {
+            match savepoint {
+                true => tx.batch_execute("SAVEPOINT posting").await,
+                false => Ok(()),
+            }
+        },
+        load_payment(tx, "id", req.payment_id.as_str(), true),
+    );
+    opened.map_err(TxError::pg)?;
+    let original = original.map_err(TxError::store)?;
+    let Some(o) = &original else {
+        let existing =
+            load_payment(tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
+        let plan = refund::plan(req, existing, None, None, now).map_err(TxError::Backend)?;
+        return write_posting(tx, plan, &GuardState::default(), Posting::from(req), savepoint, now).await;
     };
-    let existing = load_payment(&tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
-    let plan = refund::plan(req, existing, original.as_ref(), payee.as_ref(), now).map_err(TxError::Backend)?;
-    write_posting(tx, plan, Posting::from(req), now).await
+    let loaded = load_posting(
+        tx,
+        false,
+        &o.to_account,
+        &o.from_account,
+        &req.idempotency_key,
+        &req.guards,
+        &req.principal_sub,
+        o.currency,
+    )
+    .await?;
+    let plan =
+        refund::plan(req, loaded.existing, original.as_ref(), loaded.from.as_ref(), now).map_err(TxError::Backend)?;
+    write_posting(tx, plan, &loaded.guards, Posting::from(req), savepoint, now).await
 }
