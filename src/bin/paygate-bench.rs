@@ -677,6 +677,30 @@ async fn integrity(url: &str, token: &str) -> bool {
     r["structuredContent"]["ok"] == true
 }
 
+/// PostgreSQL's commit round trip on this machine: one connection inserting one row per
+/// transaction (autocommit, `synchronous_commit` as configured: on by default), in a throwaway
+/// schema. Its inverse is the least time a posting holds its hot accounts' row locks, since their
+/// COMMIT is inside that time: the floor under the hot-pair scenario.
+async fn postgres_commit_probe(url: &str, secs: f64) -> f64 {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("postgres");
+    tokio::spawn(conn);
+    let schema = format!("bench_probe_{}", uuid::Uuid::new_v4().simple());
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.probe (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)"))
+        .await
+        .expect("probe table");
+    let insert = client.prepare(&format!("INSERT INTO {schema}.probe (v) VALUES (1)")).await.expect("prepare");
+    let started = std::time::Instant::now();
+    let mut commits = 0u64;
+    while started.elapsed().as_secs_f64() < secs {
+        client.execute(&insert, &[]).await.expect("insert");
+        commits += 1;
+    }
+    let rate = commits as f64 / started.elapsed().as_secs_f64();
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop probe");
+    rate
+}
+
 /// The machine's durable commit ceiling, then the minimal Rust ledger doing the same job.
 async fn baselines(a: &Args, base_rps: f64) {
     let commits = minimal_ledger::fsync_probe(2.0);
@@ -684,6 +708,13 @@ async fn baselines(a: &Args, base_rps: f64) {
         "| sqlite | - | commit ceiling (1 row per commit, 1 thread, WAL + FULL) | {commits:.0} | {:.2} | - | - | 0 | - |",
         commits / base_rps
     );
+    if let Some(url) = &a.database_url {
+        let commits = postgres_commit_probe(url, 2.0).await;
+        println!(
+            "| postgres | - | commit ceiling (1 row per commit, 1 connection, synchronous_commit on) | {commits:.0} | {:.2} | - | - | 0 | - |",
+            commits / base_rps
+        );
+    }
     let mut ledger = Command::new(std::env::current_exe().expect("exe"))
         .arg("--ledger-baseline-server")
         .stdout(Stdio::piped())
@@ -834,6 +865,13 @@ async fn main() {
         }
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
+        if let Some((url, schema)) = db {
+            // The run's schema holds only bench data: leave the database as it was.
+            if let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+                tokio::spawn(conn);
+                let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+            }
+        }
     }
     println!();
     for n in notes {
