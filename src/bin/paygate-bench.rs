@@ -686,7 +686,9 @@ async fn postgres_commit_probe(url: &str, secs: f64) -> f64 {
     tokio::spawn(conn);
     let schema = format!("bench_probe_{}", uuid::Uuid::new_v4().simple());
     client
-        .batch_execute(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.probe (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)"))
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema}; CREATE TABLE {schema}.probe (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)"
+        ))
         .await
         .expect("probe table");
     let insert = client.prepare(&format!("INSERT INTO {schema}.probe (v) VALUES (1)")).await.expect("prepare");

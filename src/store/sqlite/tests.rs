@@ -142,3 +142,41 @@ async fn integrity_notices_a_tampered_balance() {
     assert!(!report.ok);
     assert!(report.problems.iter().any(|p| p.contains("acct-B")), "{:?}", report.problems);
 }
+
+/// The WAL file's size after `commits` one-payment commits, with these checkpoint thresholds.
+async fn wal_bytes_after(commits: usize, checkpoints: Checkpoints) -> u64 {
+    let path = std::env::temp_dir().join(format!("paygate-wal-{}.sqlite3", uuid::Uuid::new_v4().simple()));
+    let s = SqliteStore::init_with(&path, Some(Arc::new(TempFile(path.clone()))), checkpoints).unwrap();
+    let kes = Currency::parse("KES").unwrap();
+    for (id, opening) in [("acct-A", 1_000_000), ("acct-B", 0)] {
+        let seed = AccountSeed {
+            id: AccountId::parse(id).unwrap(),
+            currency: kes,
+            opening_minor: opening,
+            allow_overdraft: false,
+        };
+        s.ledger_open_account(seed, 0).await.unwrap();
+    }
+    for n in 0..commits {
+        // Awaited one by one: each payment is a commit of its own.
+        s.ledger_transfer(transfer(&format!("wal-{n}"), 1), 1).await.unwrap();
+    }
+    let wal = std::fs::metadata(format!("{}-wal", path.display())).unwrap().len();
+    assert_eq!(
+        s.ledger_balance(&AccountId::parse("acct-B").unwrap()).await.unwrap().unwrap().balance_minor,
+        commits as i64
+    );
+    wal
+}
+
+#[tokio::test]
+async fn the_writer_bounds_the_wal_whatever_the_checkpointer_does() {
+    // The checkpointer thread never woken: only the writer's own bound can restart the WAL.
+    let never = i32::MAX;
+    let bounded = wal_bytes_after(300, Checkpoints { background_at: never, writer_at: 64 }).await;
+    let unbounded = wal_bytes_after(300, Checkpoints { background_at: never, writer_at: never }).await;
+    // A frame is a 4 KiB page and its 24-byte header; a commit of one payment writes a few.
+    let frame = 4096 + 24;
+    assert!(unbounded > 600 * frame, "without a bound the WAL holds every commit's frames: {unbounded}");
+    assert!(bounded < 4 * 64 * frame, "the writer checkpoints past 64 frames and the WAL restarts: {bounded}");
+}
