@@ -18,8 +18,14 @@ fn rec(key: &str, fp: &str, now: UnixSecs) -> NewIdempotencyRecord {
 
 async fn store_with_accounts() -> SqliteStore {
     let s = SqliteStore::open_in_memory().unwrap();
+    with_accounts(&s, 10_000).await;
+    s
+}
+
+/// acct-A holding `opening`, acct-B empty (KES).
+async fn with_accounts(s: &SqliteStore, opening: i64) {
     let kes = Currency::parse("KES").unwrap();
-    for (id, opening) in [("acct-A", 10_000), ("acct-B", 0)] {
+    for (id, opening) in [("acct-A", opening), ("acct-B", 0)] {
         let seed = AccountSeed {
             id: AccountId::parse(id).unwrap(),
             currency: kes,
@@ -29,7 +35,6 @@ async fn store_with_accounts() -> SqliteStore {
         assert!(s.ledger_open_account(seed.clone(), 0).await.unwrap());
         assert!(!s.ledger_open_account(seed, 0).await.unwrap(), "opening twice is a no-op");
     }
-    s
 }
 
 fn transfer(key: &str, minor: i64) -> TransferRequest {
@@ -147,16 +152,7 @@ async fn integrity_notices_a_tampered_balance() {
 async fn wal_bytes_after(commits: usize, checkpoints: Checkpoints) -> u64 {
     let path = std::env::temp_dir().join(format!("paygate-wal-{}.sqlite3", uuid::Uuid::new_v4().simple()));
     let s = SqliteStore::init_with(&path, Some(Arc::new(TempFile(path.clone()))), checkpoints).unwrap();
-    let kes = Currency::parse("KES").unwrap();
-    for (id, opening) in [("acct-A", 1_000_000), ("acct-B", 0)] {
-        let seed = AccountSeed {
-            id: AccountId::parse(id).unwrap(),
-            currency: kes,
-            opening_minor: opening,
-            allow_overdraft: false,
-        };
-        s.ledger_open_account(seed, 0).await.unwrap();
-    }
+    with_accounts(&s, 1_000_000).await;
     for n in 0..commits {
         // Awaited one by one: each payment is a commit of its own.
         s.ledger_transfer(transfer(&format!("wal-{n}"), 1), 1).await.unwrap();
