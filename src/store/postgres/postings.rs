@@ -42,6 +42,15 @@ const INSERT_PAYMENT: &str =
 const ADD_REFUNDED: &str = "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2";
 const DRAW_MANDATE: &str = "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2";
 
+/// A claimed posting's savepoint statement (`SAVEPOINT`, `RELEASE SAVEPOINT`), sent only when the
+/// posting has one; a pipeline step like any other.
+async fn savepoint_step(c: &impl GenericClient, savepoint: bool, sql: &str) -> Result<(), tokio_postgres::Error> {
+    match savepoint {
+        true => c.batch_execute(sql).await,
+        false => Ok(()),
+    }
+}
+
 /// Prepare every statement of a pipeline before sending any: a statement not yet prepared on this
 /// connection would otherwise go out only after its preparation's answer, behind statements that
 /// were meant to run after it (PostgreSQL runs a pipeline in the order it receives it).
@@ -90,11 +99,7 @@ pub(super) async fn complete_in_tx(
     p: &Payment,
 ) -> Result<(), StoreError> {
     let outcome = completed_outcome(p);
-    let complete = |k: &str| {
-        let outcome = &outcome;
-        let k = k.to_string();
-        async move { c.exec(COMPLETE_KEY, &[outcome, &k]).await }
-    };
+    let complete = |k| complete_key(c, &outcome, k);
     // Pipelined: the alias's update does not wait for the key's answer.
     let (key_done, alias_done) = tokio::join!(complete(key), async {
         match alias {
@@ -113,6 +118,10 @@ fn add_usage_sql(table: &str) -> String {
          ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = {table}.spent_minor + excluded.spent_minor,
                                                             payments = {table}.payments + 1"
     )
+}
+
+async fn complete_key(c: &impl GenericClient, outcome: &str, key: &str) -> Result<u64, tokio_postgres::Error> {
+    c.exec(COMPLETE_KEY, &[&outcome, &key]).await
 }
 
 /// Count a payment or refund toward its subject's day.
@@ -251,12 +260,7 @@ async fn load_posting(
     prepare_all(c, &[LOCK_ACCOUNTS, &payment_sql]).await.map_err(TxError::pg)?;
     let key_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
     let (opened, accounts, existing, guards) = tokio::join!(
-        async {
-            match savepoint {
-                true => c.batch_execute("SAVEPOINT posting").await,
-                false => Ok(()),
-            }
-        },
+        savepoint_step(c, savepoint, "SAVEPOINT posting"),
         lock_accounts(c, a, b),
         c.get(&payment_sql, &key_param, rows::payment),
         read_guards(c, g, subject, currency),
@@ -280,12 +284,7 @@ async fn write_posting(
     savepoint: bool,
     now: UnixSecs,
 ) -> Result<Payment, TxError> {
-    let release = || async {
-        match savepoint {
-            true => c.batch_execute("RELEASE SAVEPOINT posting").await,
-            false => Ok(()),
-        }
-    };
+    let release = || savepoint_step(c, savepoint, "RELEASE SAVEPOINT posting");
     let p = match plan {
         PostingPlan::Replay(existing) => {
             prepare_all(c, &[COMPLETE_KEY, INSERT_AUDIT]).await.map_err(TxError::pg)?;
@@ -472,12 +471,7 @@ async fn refund_in(
     // The original payment's row lock serialises refunds of it; accounts follow in id order. The
     // original names the accounts and the currency, so it is read first (with the savepoint).
     let (opened, original) = tokio::join!(
-        async {
-            match savepoint {
-                true => tx.batch_execute("SAVEPOINT posting").await,
-                false => Ok(()),
-            }
-        },
+        savepoint_step(tx, savepoint, "SAVEPOINT posting"),
         load_payment(tx, "id", req.payment_id.as_str(), true),
     );
     opened.map_err(TxError::pg)?;
