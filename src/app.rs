@@ -240,6 +240,15 @@ pub fn daraja_config(config: &Config, public_url: &str) -> crate::backend::mpesa
     use crate::backend::mpesa::daraja::{DarajaConfig, PRODUCTION_BASE_URL, SANDBOX_BASE_URL};
     let m = &config.mpesa;
     let callback_base = if m.callback_base_url.is_empty() { public_url } else { m.callback_base_url.as_str() };
+    // With a secret header, the proxy in front adds the secret: the URLs Daraja holds carry none.
+    let callback_url = |channel: &str| {
+        let base = callback_base.trim_end_matches('/');
+        if m.callback_secret_header.is_empty() {
+            format!("{base}/callbacks/mpesa/{channel}/{}", m.callback_secret.expose())
+        } else {
+            format!("{base}/callbacks/mpesa/{channel}")
+        }
+    };
     DarajaConfig {
         base_url: match (m.base_url.as_str(), m.environment) {
             ("", MpesaEnvironment::Production) => PRODUCTION_BASE_URL.to_string(),
@@ -250,11 +259,15 @@ pub fn daraja_config(config: &Config, public_url: &str) -> crate::backend::mpesa
         consumer_secret: m.consumer_secret.clone(),
         short_code: m.short_code.clone(),
         passkey: m.passkey.clone(),
-        callback_url: format!(
-            "{}/callbacks/mpesa/stk/{}",
-            callback_base.trim_end_matches('/'),
-            m.callback_secret.expose()
-        ),
+        callback_url: callback_url("stk"),
+        result_url: callback_url("result"),
+        timeout_url: callback_url("timeout"),
+        initiator_name: m.initiator_name.clone(),
+        security_credential: m.security_credential.clone(),
+        b2c_short_code: if m.b2c_short_code.is_empty() { m.short_code.clone() } else { m.b2c_short_code.clone() },
+        retries_max: m.retries_max as u32,
+        breaker_failures_max: m.breaker_failures_max as u32,
+        breaker_open: Duration::from_millis(m.breaker_open_ms as u64),
         transaction_type: m.transaction_type.clone(),
         party_b: if m.party_b.is_empty() { m.short_code.clone() } else { m.party_b.clone() },
         connect_timeout: Duration::from_millis(m.connect_timeout_ms as u64),
@@ -485,16 +498,22 @@ fn gateway(
         let m = &config.mpesa;
         let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(config, public_url), clock.clone())
             .map_err(|e| StartError::Backend(e.to_string()))?;
+        let client_offers_payouts = client.initiator_configured();
         let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), m.account.clone());
+        if !client_offers_payouts {
+            // No initiator configured: payouts are not offered (reversals are refused plainly).
+            disabled_tools.push("send_mpesa_payout".to_string());
+        }
         gateway = gateway.with_collection_rail(Arc::new(rail));
         mpesa_callback = Some(Arc::new(http::CallbackGuard::new(
             &m.callback_secret,
             m.callback_allowed_ips.clone(),
             m.callback_trusted_proxies.clone(),
+            &m.callback_secret_header,
         )));
     } else {
         // Not configured: not offered.
-        disabled_tools.push("request_mpesa_payment".to_string());
+        disabled_tools.extend(["request_mpesa_payment".to_string(), "send_mpesa_payout".to_string()]);
     }
     Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, mpesa_callback })
 }

@@ -11,11 +11,13 @@ pub mod scopes {
     pub const CREATE: &str = "payments:create";
     pub const REFUND: &str = "payments:refund";
     pub const COLLECT: &str = "payments:collect";
+    /// Money out to a customer through a rail (an M-Pesa B2C payout).
+    pub const PAYOUT: &str = "payments:payout";
     pub const ADMIN: &str = "payments:admin";
     pub const APPROVE: &str = "payments:approve";
     pub const AUDIT: &str = "payments:audit";
     /// Every scope an agent token can carry, for the RFC 9728 document.
-    pub const AGENT_SCOPES: &[&str] = &[READ, CREATE, REFUND, COLLECT, ADMIN];
+    pub const AGENT_SCOPES: &[&str] = &[READ, CREATE, REFUND, COLLECT, PAYOUT, ADMIN];
 }
 
 /// What kind of effect a tool has; the MCP hints follow from it.
@@ -84,6 +86,13 @@ pub const TOOLS: &[ToolSpec] = &[
         effect: Effect::MovesMoney { destructive: false },
         open_world: true,
     },
+    ToolSpec {
+        name: "send_mpesa_payout",
+        title: "Send M-Pesa payout",
+        scope: scopes::PAYOUT,
+        effect: Effect::MovesMoney { destructive: true },
+        open_world: true,
+    },
     read("get_payment_summary", "Payment summary"),
     ToolSpec { name: "reconcile", title: "Reconcile", scope: scopes::ADMIN, effect: Effect::Settles, open_world: true },
 ];
@@ -127,12 +136,12 @@ mod tests {
         assert_eq!(names.len(), TOOLS.len(), "duplicate tool names");
         for t in TOOLS {
             if t.moves_money() {
-                assert!([scopes::CREATE, scopes::REFUND, scopes::COLLECT].contains(&t.scope), "{t:?}");
+                assert!([scopes::CREATE, scopes::REFUND, scopes::COLLECT, scopes::PAYOUT].contains(&t.scope), "{t:?}");
             }
             assert!(scopes::AGENT_SCOPES.contains(&t.scope), "{t:?} needs a scope agents can hold");
         }
         let money: Vec<_> = TOOLS.iter().filter(|t| t.moves_money()).map(|t| t.name).collect();
-        assert_eq!(money, ["create_payment", "refund_payment", "request_mpesa_payment"]);
+        assert_eq!(money, ["create_payment", "refund_payment", "request_mpesa_payment", "send_mpesa_payout"]);
         assert_eq!(scope_for_tool("refund_payment"), Some(scopes::REFUND));
         assert_eq!(scope_for_tool("no_such_tool"), None);
     }

@@ -243,6 +243,15 @@ pub struct MpesaConfig {
     pub callback_base_url: String,
     pub callback_allowed_ips: Vec<std::net::IpAddr>,
     pub callback_trusted_proxies: Vec<std::net::IpAddr>,
+    /// Empty: the callback secret is in the path. Otherwise the header that carries it (put there
+    /// by a proxy), and the callback URLs sent to Daraja carry no secret.
+    pub callback_secret_header: String,
+    pub initiator_name: String,
+    pub security_credential: crate::secret::Secret,
+    pub b2c_short_code: String,
+    pub retries_max: i64,
+    pub breaker_failures_max: i64,
+    pub breaker_open_ms: i64,
     pub connect_timeout_ms: i64,
     pub request_timeout_ms: i64,
     pub token_refresh_margin_secs: i64,
@@ -425,6 +434,22 @@ impl Config {
         range("mpesa.token_refresh_margin_secs", m.token_refresh_margin_secs, 0, 3000)?;
         range("mpesa.query_after_secs", m.query_after_secs, 1, 86_400)?;
         range("mpesa.pending_timeout_secs", m.pending_timeout_secs, 60, 2_592_000)?;
+        range("mpesa.retries_max", m.retries_max, 0, i64::from(crate::backend::mpesa::daraja::RETRIES_MAX_LIMIT))?;
+        range("mpesa.breaker_failures_max", m.breaker_failures_max, 1, 1000)?;
+        range("mpesa.breaker_open_ms", m.breaker_open_ms, 10, 3_600_000)?;
+        if !m.callback_secret_header.is_empty()
+            && axum::http::HeaderName::from_bytes(m.callback_secret_header.as_bytes()).is_err()
+        {
+            return Err(ConfigError::Invalid("mpesa.callback_secret_header must be a valid header name".into()));
+        }
+        if !m.initiator_name.is_empty()
+            && (m.security_credential.expose().is_empty()
+                || !(m.b2c_short_code.is_empty() || m.b2c_short_code.bytes().all(|b| b.is_ascii_digit())))
+        {
+            return Err(ConfigError::Invalid(
+                "mpesa.initiator_name needs mpesa.security_credential, and mpesa.b2c_short_code must be digits".into(),
+            ));
+        }
         if m.enabled {
             for (key, v) in [
                 ("mpesa.consumer_key", m.consumer_key.expose()),
@@ -456,11 +481,14 @@ impl Config {
                  under idempotency.lease_secs ({lease_ms} ms)"
             )));
         }
-        // A push may take a token fetch, the push, a token refresh and the push again.
-        if m.enabled && 4 * m.request_timeout_ms >= lease_ms {
+        // A push may take a token fetch, the push, a token refresh and the push again; before that,
+        // each retry follows a quick failure (a refused connection or an overload answer) and a backoff.
+        let backoff_ms = crate::backend::mpesa::daraja::RETRY_BACKOFF_MAX.as_millis() as i64;
+        let mpesa_worst_ms = 4 * m.request_timeout_ms + m.retries_max * (2 * m.connect_timeout_ms + backoff_ms);
+        if m.enabled && mpesa_worst_ms >= lease_ms {
             return Err(ConfigError::Invalid(format!(
-                "mpesa: 4 × request_timeout_ms = {} ms must be under idempotency.lease_secs ({lease_ms} ms)",
-                4 * m.request_timeout_ms
+                "mpesa: 4 × request_timeout_ms + retries_max × (2 × connect_timeout_ms + 1 s backoff) = \
+                 {mpesa_worst_ms} ms must be under idempotency.lease_secs ({lease_ms} ms)"
             )));
         }
         let j = &self.jobs;
@@ -712,5 +740,21 @@ mod tests {
         with_secret.pop();
         with_secret.push(("PAYGATE_MPESA__CALLBACK_SECRET", "a-callback-secret-of-enough-length"));
         assert!(Config::load(None, env(&with_secret)).is_ok());
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = with_secret.clone();
+            v.extend_from_slice(extra);
+            Config::load(None, env(&v))
+        };
+        // Retries are bounded and must fit the lease with the worst push.
+        assert!(with(&[("PAYGATE_MPESA__RETRIES_MAX", "6")]).is_err(), "at most 5 retries");
+        assert!(with(&[("PAYGATE_MPESA__RETRIES_MAX", "2")]).is_err(), "20 s + 2 × 5 s is not under a 30 s lease");
+        assert!(with(&[("PAYGATE_MPESA__RETRIES_MAX", "0")]).is_ok());
+        assert!(with(&[("PAYGATE_MPESA__BREAKER_FAILURES_MAX", "0")]).is_err());
+        // The secret header must be a header name; an initiator needs its credential.
+        assert!(with(&[("PAYGATE_MPESA__CALLBACK_SECRET_HEADER", "bad header")]).is_err());
+        assert!(with(&[("PAYGATE_MPESA__CALLBACK_SECRET_HEADER", "x-paygate-callback-secret")]).is_ok());
+        assert!(with(&[("PAYGATE_MPESA__INITIATOR_NAME", "apiop")]).is_err(), "a credential is required");
+        let payouts = with(&[("PAYGATE_MPESA__INITIATOR_NAME", "apiop"), ("PAYGATE_MPESA__SECURITY_CREDENTIAL", "c")]);
+        assert_eq!(format!("{:?}", payouts.unwrap().mpesa.security_credential), "Secret(***)");
     }
 }

@@ -165,6 +165,19 @@ pub fn decide_collect(
     decide(&has_scope, profile, scopes::COLLECT, "request_mpesa_payment", [account, account], amount, force_approval)
 }
 
+/// May this principal pay `amount` out over M-Pesa from `account` (the rail's account) to a
+/// customer? The customer's phone is no account of the agent's: the autonomous limit, the daily
+/// budget and approvals are what bound it.
+pub fn decide_payout(
+    has_scope: impl Fn(&str) -> bool,
+    profile: &Profile,
+    account: &AccountId,
+    amount: Money,
+    force_approval: bool,
+) -> Decision {
+    decide(&has_scope, profile, scopes::PAYOUT, "send_mpesa_payout", [account, account], amount, force_approval)
+}
+
 /// May this principal refund `amount` of `original`? Alone only while the refunds of that payment
 /// *together* stay within the autonomous limit (five refunds of 1,000 are one of 5,000), and never
 /// for a payment that itself needed a human (over the limit): undoing it needs one too.

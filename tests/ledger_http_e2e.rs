@@ -412,6 +412,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         reason: None,
         created_at: 0,
         updated_at: 0,
+        flow: paygate::store::RailFlow::Ledger,
     };
     assert!(gateway_store.rail_open(rec, budget(), r.clock.now()).await.unwrap().created);
     let applied = r.ledger.ledger_transfer(request(&first_id), r.clock.now()).await.unwrap();

@@ -1,5 +1,7 @@
 //! The Daraja client against the local Daraja fake (tests/common/daraja.rs): OAuth caching and
-//! refresh, STK push and query, and how each failure maps to Rejected / Unavailable / OutcomeUnknown.
+//! refresh, STK push and query, payouts (B2C), reversals and the Transaction Status API, retries of
+//! transient failures and the circuit breaker, and how each failure maps to Rejected / Unavailable /
+//! OutcomeUnknown.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 #[path = "common/daraja.rs"]
@@ -11,10 +13,10 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use daraja::{DarajaFake, FakeConfig, PushMode, QueryAnswer};
+use daraja::{DarajaFake, FakeConfig, OutboundKind, OutboundMode, PushMode, QueryAnswer};
 use paygate::backend::mpesa::daraja::{
-    DarajaClient, DarajaConfig, DarajaError, StkPush, StkQueryOutcome, failure_reason, normalize_phone, parse_callback,
-    timestamp_eat,
+    B2cPayment, DarajaClient, DarajaConfig, DarajaError, Reversal, StkPush, StkQueryOutcome, failure_reason,
+    normalize_phone, parse_callback, parse_result, timestamp_eat,
 };
 use paygate::clock::{Clock, ManualClock};
 
@@ -379,5 +381,176 @@ async fn fake_callbacks_parse_with_the_client_parser() {
     assert_eq!(parse_callback(&serde_json::to_vec(&forged).unwrap()).unwrap().amount_minor, Some(100));
     assert_eq!(h.fake.callback_to(&cb_url, forged).await, reqwest::StatusCode::OK);
     assert_eq!(inbox.0.lock().unwrap().len(), 3);
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_request_refused_unprocessed_is_retried_a_bounded_number_of_times() {
+    let h = harness().await;
+    // Two 503s ("not processed"), then Daraja takes it: one push, three requests.
+    h.fake.fail_next(2);
+    bounded(h.client.stk_push(&push(10))).await.unwrap();
+    assert_eq!((h.fake.push_requests(), h.fake.pushes().len()), (3, 1));
+    // More failures than retries (retries_max = 2): unavailable after exactly three requests, no push.
+    h.fake.fail_next(10);
+    match bounded(h.client.stk_push(&push(11))).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("503"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((h.fake.push_requests(), h.fake.pushes().len()), (6, 1));
+    // A read-only query is retried the same way.
+    h.fake.fail_next(1);
+    let id = h.fake.pushes()[0].checkout_request_id.clone();
+    assert_eq!(bounded(h.client.stk_query(&id)).await.unwrap(), StkQueryOutcome::Pending);
+}
+
+#[tokio::test]
+async fn a_payout_whose_answer_is_lost_is_never_retried() {
+    let h = harness_with(|c| c.request_timeout = Duration::from_millis(300)).await;
+    h.fake.set_outbound_mode(OutboundMode::Hang);
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_lost".into(),
+        phone: normalize_phone("0712345678").unwrap(),
+        amount_whole: 50,
+        remarks: "Refund for order 7".into(),
+    };
+    match bounded(h.client.b2c_payment(&payout)).await {
+        Err(DarajaError::OutcomeUnknown(why)) => assert!(why.contains("timed out"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((h.fake.b2c_requests(), h.fake.payouts().len()), (1, 1), "processed once, sent once");
+}
+
+#[tokio::test]
+async fn the_circuit_opens_after_repeated_failures_and_a_probe_closes_it() {
+    let h = harness_with(|c| {
+        c.retries_max = 0;
+        c.breaker_failures_max = 2;
+        c.breaker_open = Duration::from_secs(30);
+    })
+    .await;
+    h.fake.fail_next(2);
+    for _ in 0..2 {
+        assert!(matches!(bounded(h.client.stk_push(&push(10))).await, Err(DarajaError::Unavailable(_))));
+    }
+    // Open: refused at once, nothing sent.
+    match bounded(h.client.stk_push(&push(10))).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("circuit is open"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fake.push_requests(), 2);
+    // After breaker_open, one probe goes through; Daraja answers, the circuit closes.
+    h.clock.advance(30);
+    bounded(h.client.stk_push(&push(10))).await.unwrap();
+    bounded(h.client.stk_push(&push(12))).await.unwrap();
+    assert_eq!((h.fake.push_requests(), h.fake.pushes().len()), (4, 2));
+}
+
+#[tokio::test]
+async fn payouts_reversals_and_status_queries_send_what_daraja_accepts() {
+    let h = harness().await;
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_0123456789".into(),
+        phone: normalize_phone("0712 345 678").unwrap(),
+        amount_whole: 75,
+        remarks: "Cashback\nfor order 9".into(),
+    };
+    let accepted = bounded(h.client.b2c_payment(&payout)).await.unwrap();
+    assert_eq!(accepted.originator_conversation_id, "pay_0123456789", "Daraja echoes the gateway's id");
+    let sent = &h.fake.payouts()[0];
+    assert_eq!((sent.phone.as_str(), sent.amount, sent.remarks.as_str()), ("254712345678", 75, "Cashbackfor order 9"));
+    assert_eq!(sent.occasion, "pay_0123456789");
+
+    // A reversal needs a collection the fake processed, by its receipt.
+    let collected = bounded(h.client.stk_push(&push(30))).await.unwrap();
+    let receipt = h.fake.callback_body(&collected.checkout_request_id, 0)["Body"]["stkCallback"]["CallbackMetadata"]
+        ["Item"][1]["Value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let reversal = Reversal {
+        transaction_id: receipt.clone(),
+        amount_whole: 30,
+        remarks: "Order cancelled".into(),
+        occasion: "pay_rev".into(),
+    };
+    let rev = bounded(h.client.reversal(&reversal)).await.unwrap();
+    assert!(!rev.originator_conversation_id.is_empty() && !rev.conversation_id.is_empty());
+    let sent = &h.fake.reversals()[0];
+    assert_eq!((sent.subject.as_str(), sent.amount, sent.phone.as_str()), (receipt.as_str(), 30, "254712345678"));
+    // Reversing another amount, or an unknown receipt, is refused: nothing recorded.
+    for (tx, amount) in [(receipt.as_str(), 29), ("NOSUCHRCPT", 30)] {
+        let bad = Reversal { transaction_id: tx.into(), amount_whole: amount, ..reversal.clone() };
+        assert!(matches!(bounded(h.client.reversal(&bad)).await, Err(DarajaError::Rejected { .. })));
+    }
+    assert_eq!(h.fake.reversals().len(), 1);
+
+    bounded(h.client.transaction_status("pay_0123456789", "pay_0123456789")).await.unwrap();
+    let asked = h.fake.outbound().into_iter().find(|o| o.kind == OutboundKind::Status).unwrap();
+    assert_eq!((asked.subject.as_str(), asked.occasion.as_str()), ("pay_0123456789", "pay_0123456789"));
+
+    // Without an initiator, none is offered and nothing is sent.
+    let bare = harness_with(|c| c.initiator_name = String::new()).await;
+    assert!(!bare.client.initiator_configured());
+    assert!(matches!(bare.client.b2c_payment(&payout).await, Err(DarajaError::Config(_))));
+    assert_eq!(bare.fake.b2c_requests(), 0);
+    // The fake's own validation holds: a wrong credential is refused.
+    let wrong = harness_with(|c| c.security_credential = paygate::auth::Secret::new("wrong".into())).await;
+    assert!(matches!(wrong.client.b2c_payment(&payout).await, Err(DarajaError::Rejected { .. })));
+}
+
+#[tokio::test]
+async fn fake_results_parse_with_the_client_parser() {
+    let inbox = Inbox::default();
+    let app = axum::Router::new().route("/cb/{kind}", axum::routing::post(receive)).with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/cb", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let h = harness_with(|c| {
+        c.result_url = format!("{base}/result");
+        c.timeout_url = format!("{base}/timeout");
+    })
+    .await;
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_abc".into(),
+        phone: normalize_phone("0712345678").unwrap(),
+        amount_whole: 75,
+        remarks: "Cashback".into(),
+    };
+    h.client.b2c_payment(&payout).await.unwrap();
+    let failed = B2cPayment { originator_conversation_id: "pay_def".into(), ..payout.clone() };
+    h.client.b2c_payment(&failed).await.unwrap();
+    assert_eq!(h.fake.post_result("pay_abc", 0).await, reqwest::StatusCode::OK);
+    assert_eq!(h.fake.post_result("pay_def", 2001).await, reqwest::StatusCode::OK);
+    h.client.transaction_status("pay_abc", "pay_abc").await.unwrap();
+    h.client.transaction_status("pay_never_sent", "pay_never_sent").await.unwrap();
+    assert_eq!(h.fake.answer_status_queries().await.len(), 2);
+    assert_eq!(h.fake.post_timeout("pay_def").await, reqwest::StatusCode::OK);
+
+    let received: Vec<_> = inbox.0.lock().unwrap().iter().map(|b| parse_result(b).unwrap()).collect();
+    assert_eq!(received.len(), 5);
+    let ok = &received[0];
+    assert_eq!((ok.result_code.as_str(), ok.originator_conversation_id.as_str()), ("0", "pay_abc"));
+    assert_eq!((ok.amount_minor, ok.party.as_deref()), (Some(7_500), Some("254712345678")));
+    assert_eq!(ok.receipt.as_ref().map(String::len), Some(10));
+    let no = &received[1];
+    assert_eq!((no.result_code.as_str(), no.amount_minor, no.receipt.as_deref()), ("2001", None, None));
+    let status = &received[2];
+    assert_eq!(
+        (status.transaction_status.as_deref(), status.occasion.as_deref()),
+        (Some("Completed"), Some("pay_abc"))
+    );
+    assert_eq!((status.receipt.clone(), status.amount_minor), (ok.receipt.clone(), Some(7_500)));
+    let unknown = &received[3];
+    assert_ne!(unknown.result_code, "0");
+    assert_eq!(unknown.occasion.as_deref(), Some("pay_never_sent"));
+    assert_eq!(received[4].occasion.as_deref(), Some("pay_def"));
+    for bad in [
+        &b"{}"[..],
+        br#"{"Result":{"ResultCode":0}}"#,
+        br#"{"Result":{"ResultCode":[],"ResultDesc":"d","OriginatorConversationID":"o","ConversationID":"c"}}"#,
+    ] {
+        assert!(parse_result(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+    }
     server.abort();
 }

@@ -15,7 +15,8 @@ use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{
     AccountSeed, ApprovalRecord, AuditQuery, AuditRecord, AuditRelated, IssuedMandate, MandateQuery, MandateStatus,
-    NewIdempotencyRecord, OpsPaymentQuery, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store,
+    NewIdempotencyRecord, OpsPaymentQuery, RailFlow, RailPayment, RailState, RailUpdate, Reservation, Review,
+    ReviewError, Store,
 };
 use serde_json::json;
 
@@ -822,8 +823,45 @@ fn rail(id: &PaymentId, key: &str, minor: i64) -> RailPayment {
         reason: None,
         created_at: 0,
         updated_at: 0,
+        flow: RailFlow::Ledger,
     }
 }
+
+// Money going out through a rail keeps its flow, is found by the reference it was sent under, and
+// settles from any open state (its result may beat the request's own answer, or follow a lost one),
+// once; a collection settles only once pushed.
+contract!(outbound_records_keep_their_flow_and_settle_once_from_any_open_state, |store, label| async move {
+    use paygate::domain::rules::rail::settles_from;
+    for (i, open) in [RailState::Submitting, RailState::Unknown, RailState::Pending].into_iter().enumerate() {
+        let id = PaymentId::generate();
+        let rec = RailPayment {
+            rail: "mpesa".into(),
+            flow: RailFlow::Payout,
+            rail_ref: Some(id.to_string()),
+            ..rail(&id, &format!("payout-{i}"), 500)
+        };
+        store.rail_open(rec, Guards::default(), 10).await.unwrap();
+        if open != RailState::Submitting {
+            let moved = store.rail_transition(&id, &[RailState::Submitting], open, RailUpdate::default(), 11).await;
+            assert_eq!(moved.unwrap().map(|r| r.state), Some(open), "{label}");
+        }
+        let found = store.rail_by_ref("mpesa", id.as_str()).await.unwrap().unwrap();
+        assert_eq!((found.flow, found.state), (RailFlow::Payout, open), "{label}");
+        let paid = RailUpdate { receipt: Some("TKRECEIPT1".into()), ..Default::default() };
+        let settled = store.rail_transition(&id, settles_from(found.flow), RailState::Succeeded, paid, 12).await;
+        let settled = settled.unwrap().unwrap();
+        assert_eq!((settled.state, settled.receipt.as_deref()), (RailState::Succeeded, Some("TKRECEIPT1")), "{label}");
+        let late = store.rail_transition(&id, settles_from(found.flow), RailState::Failed, RailUpdate::default(), 13);
+        assert_eq!(late.await.unwrap(), None, "{label}: a second result changes nothing");
+    }
+    let id = PaymentId::generate();
+    let rec = RailPayment { rail: "mpesa".into(), flow: RailFlow::Collection, ..rail(&id, "collect-1", 500) };
+    store.rail_open(rec, Guards::default(), 10).await.unwrap();
+    let early =
+        store.rail_transition(&id, settles_from(RailFlow::Collection), RailState::Succeeded, RailUpdate::default(), 11);
+    assert_eq!(early.await.unwrap(), None, "{label}: a collection not yet pushed does not settle");
+    assert_eq!(store.rail_get(&id).await.unwrap().unwrap().flow, RailFlow::Collection, "{label}");
+});
 
 // The gateway's record of external-rail payments: guards drawn once per key, given back when
 // nothing moved, and states that only move forward from what the caller expects.

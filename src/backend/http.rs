@@ -16,7 +16,7 @@
 //! Architecture Invariant: the backend sends its own configured credential, never an agent's token,
 //! and never logs it (the header value is marked sensitive).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,6 +24,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
+use super::breaker::{Breaker, backoff_with_jitter};
 use super::{
     BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind, PaymentQuery,
     RefundRequest, TransferRequest,
@@ -33,9 +34,9 @@ use crate::ids::{AccountId, PaymentId};
 use crate::money::Currency;
 use crate::secret::Secret;
 
-/// First retry waits this long; each further retry doubles it, up to `RETRY_BACKOFF_MAX_MS`.
-const RETRY_BACKOFF_BASE_MS: u64 = 50;
-const RETRY_BACKOFF_MAX_MS: u64 = 1_000;
+/// A retry waits up to this long (jittered); each further retry doubles the cap, up to `RETRY_BACKOFF_MAX`.
+const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(50);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
 /// Largest response body read, in bytes (a page of 1000 payments is well under 1 MiB).
 const RESPONSE_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Bounds on the configuration, checked in `HttpLedger::new` (config.rs range-checks too).
@@ -111,7 +112,7 @@ impl HttpLedger {
             auth,
             http,
             retries_max: cfg.retries_max,
-            breaker: Breaker::new(cfg.breaker_failures_max, cfg.breaker_open, clock),
+            breaker: Breaker::new("http ledger", cfg.breaker_failures_max, cfg.breaker_open, clock),
         })
     }
 
@@ -194,9 +195,7 @@ impl HttpLedger {
         let mut last = String::new();
         for attempt in 0..=self.retries_max {
             if attempt > 0 {
-                let backoff =
-                    RETRY_BACKOFF_BASE_MS.saturating_mul(1 << (attempt - 1).min(16)).min(RETRY_BACKOFF_MAX_MS);
-                tokio::time::sleep(Duration::from_millis(backoff)).await;
+                tokio::time::sleep(backoff_with_jitter(attempt, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX)).await;
             }
             let Some(permit) = self.breaker.acquire() else {
                 let detail =
@@ -552,160 +551,10 @@ impl PaymentBackend for HttpLedger {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Circuit breaker: counts consecutive failed attempts; open fails fast; after `open_millis` (by
-// the injected clock) one probe goes through, and its result closes or reopens the circuit.
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BreakerState {
-    Closed { failures: u32 },
-    Open { until_ms: u64 },
-    HalfOpen { probing: bool },
-}
-
-struct Breaker {
-    failures_max: u32,
-    open_ms: u64,
-    clock: Arc<dyn Clock>,
-    state: Mutex<BreakerState>,
-}
-
-/// Leave to try one attempt; report its result with `record`. A probe dropped unreported (its
-/// future cancelled) frees the probe slot.
-struct Permit<'a> {
-    breaker: &'a Breaker,
-    probe: bool,
-    recorded: bool,
-}
-
-impl Breaker {
-    fn new(failures_max: u32, open: Duration, clock: Arc<dyn Clock>) -> Self {
-        Breaker {
-            failures_max,
-            open_ms: u64::try_from(open.as_millis()).unwrap_or(u64::MAX),
-            clock,
-            state: Mutex::new(BreakerState::Closed { failures: 0 }),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, BreakerState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn acquire(&self) -> Option<Permit<'_>> {
-        let now = self.clock.monotonic_millis();
-        let mut s = self.lock();
-        let probe = match *s {
-            BreakerState::Closed { .. } => false,
-            BreakerState::Open { until_ms } if now < until_ms => return None,
-            BreakerState::Open { .. } | BreakerState::HalfOpen { probing: false } => {
-                *s = BreakerState::HalfOpen { probing: true };
-                tracing::info!("http ledger circuit half-open: sending one probe");
-                true
-            }
-            BreakerState::HalfOpen { probing: true } => return None,
-        };
-        Some(Permit { breaker: self, probe, recorded: false })
-    }
-
-    fn record(&self, probe: bool, ok: bool) {
-        let mut s = self.lock();
-        if ok {
-            if !matches!(*s, BreakerState::Closed { .. }) {
-                tracing::info!("http ledger circuit closed");
-            }
-            *s = BreakerState::Closed { failures: 0 };
-            return;
-        }
-        let until_ms = self.clock.monotonic_millis().saturating_add(self.open_ms);
-        match *s {
-            BreakerState::Closed { failures } => {
-                let failures = failures.saturating_add(1);
-                if failures >= self.failures_max {
-                    tracing::warn!(failures, open_ms = self.open_ms, "http ledger circuit opened");
-                    *s = BreakerState::Open { until_ms };
-                } else {
-                    *s = BreakerState::Closed { failures };
-                }
-            }
-            BreakerState::HalfOpen { .. } if probe => {
-                tracing::warn!(open_ms = self.open_ms, "http ledger probe failed: circuit reopened");
-                *s = BreakerState::Open { until_ms };
-            }
-            // A late failure of an attempt started before the circuit opened: the probe decides.
-            BreakerState::HalfOpen { .. } | BreakerState::Open { .. } => {}
-        }
-    }
-
-    fn state(&self) -> &'static str {
-        match *self.lock() {
-            BreakerState::Closed { .. } => "closed",
-            BreakerState::Open { until_ms } if self.clock.monotonic_millis() < until_ms => "open",
-            BreakerState::Open { .. } | BreakerState::HalfOpen { .. } => "half_open",
-        }
-    }
-}
-
-impl Permit<'_> {
-    fn record(mut self, ok: bool) {
-        self.recorded = true;
-        self.breaker.record(self.probe, ok);
-    }
-}
-
-impl Drop for Permit<'_> {
-    fn drop(&mut self) {
-        if self.probe && !self.recorded {
-            let mut s = self.breaker.lock();
-            if *s == (BreakerState::HalfOpen { probing: true }) {
-                *s = BreakerState::HalfOpen { probing: false };
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-
-    fn breaker(clock: &ManualClock) -> Breaker {
-        Breaker::new(2, Duration::from_secs(30), Arc::new(clock.clone()))
-    }
-
-    #[test]
-    fn opens_after_consecutive_failures_and_probes_once() {
-        let clock = ManualClock::new(1_000);
-        let b = breaker(&clock);
-        b.acquire().unwrap().record(false);
-        assert_eq!(b.state(), "closed");
-        b.acquire().unwrap().record(true);
-        b.acquire().unwrap().record(false);
-        assert_eq!(b.state(), "closed", "a success resets the count");
-        b.acquire().unwrap().record(false);
-        assert_eq!(b.state(), "open");
-        assert!(b.acquire().is_none());
-        clock.advance(30);
-        assert_eq!(b.state(), "half_open");
-        let probe = b.acquire().unwrap();
-        assert!(b.acquire().is_none(), "one probe at a time");
-        probe.record(false);
-        assert_eq!(b.state(), "open");
-        clock.advance(30);
-        b.acquire().unwrap().record(true);
-        assert_eq!(b.state(), "closed");
-    }
-
-    #[test]
-    fn a_cancelled_probe_frees_the_slot() {
-        let clock = ManualClock::new(1_000);
-        let b = breaker(&clock);
-        b.acquire().unwrap().record(false);
-        b.acquire().unwrap().record(false);
-        clock.advance(30);
-        drop(b.acquire().unwrap());
-        assert!(b.acquire().is_some());
-    }
 
     #[test]
     fn refusals_parse_into_typed_errors() {

@@ -22,7 +22,7 @@ use super::{
     PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
-use crate::domain::rail::{RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use crate::ids::{AccountId, PaymentId};
 use crate::store::Store;
 
@@ -159,6 +159,7 @@ fn record(
         reason: None,
         created_at: 0,
         updated_at: 0,
+        flow: RailFlow::Ledger,
     }
 }
 

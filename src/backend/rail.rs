@@ -1,5 +1,7 @@
-//! The collection-rail seam: a rail that collects money from outside (a customer's phone wallet)
-//! into a gateway account, asynchronously. M-Pesa (`backend::mpesa`) is the one implementation.
+//! The rail seam: a rail that collects money from outside (a customer's phone wallet) into a
+//! gateway account, asynchronously, and — when it offers them — pays out to a customer and
+//! reverses a collection. M-Pesa (`backend::mpesa`) is the one implementation in production code;
+//! the tests add a second (an Airtel Money-like fake) without touching the gateway.
 //!
 //! Architecture Invariant: nothing here names a vendor. A rail validates its own arguments (payer
 //! handle, amount granularity, text limits), sends its own requests, and parses its own callbacks
@@ -11,7 +13,7 @@ use async_trait::async_trait;
 
 use super::{BackendError, Guards, Payment};
 use crate::domain::error::StoreError;
-use crate::domain::rail::RailPayment;
+use crate::domain::rail::{RailFlow, RailPayment};
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Money;
 
@@ -82,6 +84,80 @@ impl ValidCollection {
     }
 }
 
+/// A payout as the agent asked for it, before the rail has looked at it.
+#[derive(Debug, Clone, Copy)]
+pub struct PayoutArgs<'a> {
+    /// Who is paid: a handle in the rail's own forms (a phone number for M-Pesa).
+    pub payee: &'a str,
+    /// A decimal string in major units; the rail decides the currency and the granularity.
+    pub amount: &'a str,
+    /// Shown on the payee's statement.
+    pub remarks: &'a str,
+}
+
+/// Which payout argument a rail refused, and why (the same sentence forms as [`CollectionRefusal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayoutRefusal {
+    Payee(String),
+    Amount(String),
+    Remarks(String),
+}
+
+/// A payout a rail accepted. Only a rail makes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidPayout {
+    payee: String,
+    payee_account: AccountId,
+    amount: Money,
+    remarks: String,
+}
+
+impl ValidPayout {
+    pub(crate) fn new(payee: String, payee_account: AccountId, amount: Money, remarks: String) -> Self {
+        ValidPayout { payee, payee_account, amount, remarks }
+    }
+    pub fn payee(&self) -> &str {
+        &self.payee
+    }
+    pub fn payee_account(&self) -> &AccountId {
+        &self.payee_account
+    }
+    pub fn amount(&self) -> Money {
+        self.amount
+    }
+    pub fn remarks(&self) -> &str {
+        &self.remarks
+    }
+}
+
+/// One payout to send, after policy, with the idempotency key it is sent under.
+#[derive(Debug, Clone)]
+pub struct PayoutRequest {
+    pub idempotency_key: String,
+    pub payment_id: PaymentId,
+    pub payout: ValidPayout,
+    pub principal_sub: String,
+    pub guards: Guards,
+}
+
+/// The reversal of a succeeded collection, in full, after policy.
+#[derive(Debug, Clone)]
+pub struct ReversalRequest {
+    /// The gateway's key for this call; the record itself is keyed by the collection (see
+    /// [`reversal_key`]), so a collection is reversed at most once whatever the operation_id.
+    pub idempotency_key: String,
+    pub payment_id: PaymentId,
+    pub original: RailPayment,
+    pub reason: Option<String>,
+    pub principal_sub: String,
+    pub guards: Guards,
+}
+
+/// The record key of a collection's reversal: one per collection.
+pub fn reversal_key(collection: &PaymentId) -> String {
+    format!("reversal/{collection}")
+}
+
 /// One collection to send, after policy, with the idempotency key it is sent under.
 #[derive(Debug, Clone)]
 pub struct CollectionRequest {
@@ -117,15 +193,54 @@ impl Settlement {
     }
 }
 
+/// Which of a rail's callback addresses a callback came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackChannel {
+    /// The answer to a collection prompt (M-Pesa: the STK callback).
+    Prompt,
+    /// The result of a payout, a reversal or a status query.
+    Result,
+    /// A request that timed out in the rail's queue: says nothing final.
+    Timeout,
+}
+
+impl CallbackChannel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallbackChannel::Prompt => "stk",
+            CallbackChannel::Result => "result",
+            CallbackChannel::Timeout => "timeout",
+        }
+    }
+}
+
+/// What a callback's word is worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// A collection prompt's answer: a success or failure is confirmed by [`CollectionRail::query`]
+    /// before it settles anything.
+    Confirm,
+    /// The result of money going out: the rail's final word (it has no synchronous query).
+    Final,
+    /// Informational only (a queue timeout): never settles.
+    Notice,
+}
+
 /// A callback, parsed by the rail that sent the request it answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RailEvent {
-    /// The rail's reference for the request (what `collect` recorded as `rail_ref`).
+    /// The rail's reference for the request (what the rail recorded as `rail_ref`).
     pub rail_ref: String,
+    /// The gateway's payment id when the callback echoes it (found by it when `rail_ref` is not
+    /// recorded: the request's answer was lost).
+    pub payment_ref: Option<PaymentId>,
+    /// Which records it may settle: collections (`Confirm`) or money going out (`Final`).
+    pub authority: Authority,
     pub settlement: Settlement,
     /// What the rail says was paid, in minor units (a success must carry it).
     pub amount_minor: Option<i64>,
-    /// Who paid, in the rail's normal form (a success must carry it).
+    /// The customer (who paid, or who was paid), in the rail's normal form. A collection's success
+    /// must carry it; a result's is checked when present.
     pub payer: Option<String>,
     /// The rail's receipt for the payment (a success must carry it).
     pub receipt: Option<String>,
@@ -141,17 +256,36 @@ pub trait CollectionRail: Send + Sync + 'static {
     fn display_name(&self) -> &'static str;
     /// The gateway account collections are booked to.
     fn account(&self) -> &AccountId;
+    /// Whether this rail, as configured, offers this flow (collections always).
+    fn offers(&self, flow: RailFlow) -> bool {
+        flow == RailFlow::Collection
+    }
     /// Parse the agent's arguments against this rail's rules, first refusal first.
     fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal>;
     /// Open the gateway's record and send the request, at most once per idempotency key.
     async fn collect(&self, req: CollectionRequest) -> Result<Payment, BackendError>;
-    /// Parse a callback body. `Err`: a sentence saying why it is malformed (never the body).
-    fn parse_callback(&self, body: &[u8]) -> Result<RailEvent, String>;
-    /// Ask the rail where a pending collection stands. A query that fails is `Pending` (logged by
-    /// the rail): it is asked again, never guessed.
+    /// Parse a payout's arguments (only called when [`CollectionRail::offers`] payouts).
+    fn validate_payout(&self, _args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
+        Err(PayoutRefusal::Payee(format!("{} payouts are not offered", self.display_name())))
+    }
+    /// Open the record and send the payout, at most once per idempotency key.
+    async fn pay_out(&self, _req: PayoutRequest) -> Result<Payment, BackendError> {
+        Err(BackendError::Rejected(format!("{} payouts are not offered", self.display_name())))
+    }
+    /// Open the record and send the reversal of a succeeded collection, at most once per collection.
+    async fn reverse(&self, _req: ReversalRequest) -> Result<Payment, BackendError> {
+        Err(BackendError::Rejected(format!("{} reversals are not offered", self.display_name())))
+    }
+    /// Parse a callback body that came to `channel`. `Err`: a sentence saying why it is malformed
+    /// (never the body).
+    fn parse_callback(&self, channel: CallbackChannel, body: &[u8]) -> Result<RailEvent, String>;
+    /// Ask the rail where an open record stands. A query that fails is `Pending` (logged by the
+    /// rail): it is asked again, never guessed. A rail whose status answers arrive by callback
+    /// sends the question and answers `Pending`.
     async fn query(&self, rec: &RailPayment) -> Settlement;
-    /// Apply a settlement to a pending record (a receipt with a success). `None` when the record
-    /// was not pending (a duplicate or late outcome): nothing changed.
+    /// Apply a settlement to an open record (a receipt with a success), from the states
+    /// `rules::rail::settles_from` allows for its flow. `None` when the record was not open (a
+    /// duplicate or late outcome): nothing changed.
     async fn settle(
         &self,
         rec: &RailPayment,

@@ -54,6 +54,45 @@ impl RailState {
     }
 }
 
+/// Which way money goes through a rail record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RailFlow {
+    /// In, from a customer (an M-Pesa STK push): settled when the rail confirms it.
+    Collection,
+    /// Out, to a customer (an M-Pesa B2C payment).
+    Payout,
+    /// Out: a collection given back in full.
+    Reversal,
+    /// An external ledger's own record of a payment sent to it.
+    Ledger,
+}
+
+impl RailFlow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RailFlow::Collection => "collection",
+            RailFlow::Payout => "payout",
+            RailFlow::Reversal => "reversal",
+            RailFlow::Ledger => "ledger",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "collection" => RailFlow::Collection,
+            "payout" => RailFlow::Payout,
+            "reversal" => RailFlow::Reversal,
+            "ledger" => RailFlow::Ledger,
+            _ => return None,
+        })
+    }
+    /// Money leaving through the rail: its result is the rail's final word (there is nothing to
+    /// ask synchronously), and it may arrive before the request's own answer, or after it was lost.
+    pub fn is_outbound(self) -> bool {
+        matches!(self, RailFlow::Payout | RailFlow::Reversal)
+    }
+}
+
 /// The gateway's record of one payment made through an external rail (`rail_payments`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RailPayment {
@@ -81,6 +120,7 @@ pub struct RailPayment {
     pub reason: Option<String>,
     pub created_at: UnixSecs,
     pub updated_at: UnixSecs,
+    pub flow: RailFlow,
 }
 
 impl RailPayment {

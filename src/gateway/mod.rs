@@ -19,7 +19,7 @@ pub use operator::{
     AuditFilters, AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PaymentFilters, PrincipalView,
     ReconciliationRun, SummaryView,
 };
-pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs};
+pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs};
 pub use rails::{
     CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
     parse_instant_arg,

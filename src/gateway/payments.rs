@@ -12,7 +12,9 @@ use tokio::time::Instant;
 
 use super::exactly_once::{self, Fate};
 use super::{Caller, Decision, Gateway, map_backend_error};
-use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
+use crate::backend::rail::{
+    CollectionArgs, CollectionRefusal, CollectionRequest, PayoutArgs, PayoutRefusal, PayoutRequest, ReversalRequest,
+};
 use crate::backend::{
     BackendError, DailyBudget, Guards, MandateDraw, Payment, PaymentKind, RefundRequest, TransferRequest,
 };
@@ -25,7 +27,9 @@ use crate::ids::{AccountId, ApprovalId, OperationId, PaymentId};
 use crate::mandate::{CallIntent, MandateClaims, MandateKind, authorizes};
 use crate::money::{Currency, Money};
 use crate::policy::{self, Decision as Policy, Profile};
-use crate::store::{ApprovalRecord, ApprovalRequest, DENIAL_CODES, NewIdempotencyRecord, Reservation};
+use crate::store::{
+    ApprovalRecord, ApprovalRequest, DENIAL_CODES, NewIdempotencyRecord, RailFlow, RailPayment, RailState, Reservation,
+};
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
 pub const MEMO_CHARS_MAX: usize = 140;
@@ -89,6 +93,32 @@ pub struct RequestMpesaPaymentArgs {
     /// A signed mandate from an approval, for collections over the autonomous limit.
     #[serde(default)]
     pub mandate: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMpesaPayoutArgs {
+    /// Your id for this payout. Reuse it to retry the SAME payout: the customer is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown on the customer's statement (at most 100 characters).
+    pub remarks: String,
+    /// A signed mandate from an approval, for payouts over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+/// A rail's refusal of a payout argument, named as the agent wrote it.
+fn payout_refusal(refusal: PayoutRefusal) -> AgentError {
+    AgentError::invalid(match refusal {
+        PayoutRefusal::Payee(why) => format!("phone_number: {why}"),
+        PayoutRefusal::Amount(why) => why,
+        PayoutRefusal::Remarks(why) => format!("remarks {why}"),
+    })
 }
 
 /// A rail's refusal of a collection argument, named as the agent wrote it.
@@ -299,20 +329,18 @@ impl Gateway {
         // The original must be visible to this agent: a payment it cannot see does not exist for it.
         let original = match self.backend.payment(&pid).await {
             Ok(Some(pay)) if pay.touches_any(&p.profile.allowed_accounts) => pay,
-            Ok(None)
-                if matches!(
-                    self.store.rail_get(&pid).await,
-                    Ok(Some(r)) if self.is_collection_record(&r) && r.payment().touches_any(&p.profile.allowed_accounts)
-                ) =>
-            {
-                // Reversing a collection is a payout to the payer, which this gateway does not make.
-                // (A rail turned off since keeps its records: they are still collections.)
-                let rail = self.rail.as_ref().map_or("external", |r| r.display_name());
-                let e = AgentError::invalid(format!(
-                    "payment {pid} is an {rail} collection; this gateway cannot refund {rail} payments"
-                ));
-                return Err(self.refuse(caller, TOOL, None, e).await);
-            }
+            Ok(None) => match self.store.rail_get(&pid).await {
+                Ok(Some(r))
+                    if self.is_collection_record(&r) && r.payment().touches_any(&p.profile.allowed_accounts) =>
+                {
+                    // A rail payment is given back through its rail: a collection by a reversal.
+                    return self.reverse_collection(caller, op, reason, args, r).await;
+                }
+                _ => {
+                    let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
+                    return Err(self.refuse(caller, TOOL, None, e).await);
+                }
+            },
             Ok(_) => {
                 let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
                 return Err(self.refuse(caller, TOOL, None, e).await);
@@ -479,6 +507,171 @@ impl Gateway {
             };
             let rail = rail.clone();
             async move { rail.collect(req).await }
+        })
+        .await
+    }
+
+    /// `refund_payment` of a rail record: a succeeded collection is reversed through its rail, in
+    /// full, at most once (the rail keys the reversal by the collection). Refunds' policy, mandates,
+    /// budgets and idempotency apply as to any refund.
+    async fn reverse_collection(
+        &self,
+        caller: &Caller,
+        op: OperationId,
+        reason: Option<String>,
+        args: RefundPaymentArgs,
+        rec: RailPayment,
+    ) -> Result<Executed, AgentError> {
+        const TOOL: &str = "refund_payment";
+        let p = &caller.principal;
+        let pid = rec.id.clone();
+        let rail = match self.rail.clone() {
+            Some(rail) if rail.name() == rec.rail && rail.offers(RailFlow::Reversal) => rail,
+            // (A rail turned off since keeps its records: they are still its payments.)
+            _ => {
+                let name = self.rail.as_ref().filter(|r| r.name() == rec.rail).map_or("external", |r| r.display_name());
+                let e = AgentError::invalid(format!(
+                    "payment {pid} is an {name} payment; this gateway does not reverse {name} payments"
+                ));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+        };
+        if rec.flow != RailFlow::Collection || rec.state != RailState::Succeeded || rec.receipt.is_none() {
+            let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
+            if let Some(done) = self.recorded_outcome(caller, TOOL, &op, args).await {
+                return done;
+            }
+            let e = AgentError::invalid(format!(
+                "payment {pid} is not a succeeded {} collection with a receipt; only those can be reversed",
+                rail.display_name()
+            ));
+            return Err(self.refuse(caller, TOOL, None, e).await);
+        }
+        let original = rec.payment();
+        let full = Money::from_minor(original.amount_minor, original.currency).map_err(AgentError::from)?;
+        if let Some(a) = &args.amount {
+            match Money::parse(a, original.currency) {
+                Ok(m) if m == full => {}
+                Ok(_) => {
+                    let e = AgentError::invalid(format!(
+                        "{} reverses a collection in full: omit amount, or give {}",
+                        rail.display_name(),
+                        full.to_decimal()
+                    ));
+                    return Err(self.refuse(caller, TOOL, None, e).await);
+                }
+                Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
+            }
+        }
+        let amount = full;
+        // Money flows back: from the rail's account to the customer who paid.
+        let (payer, payee) = (&original.to_account, &original.from_account);
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
+            args: json!({
+                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
+            }),
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
+            }),
+        };
+        let mandate = match self
+            .mandate_for(
+                caller,
+                &asked,
+                args.mandate.as_deref(),
+                payer.as_str(),
+                payee.as_str(),
+                amount,
+                Some(pid.as_str()),
+            )
+            .await?
+            .verified()
+        {
+            Ok(m) => m,
+            Err(replayed) => return Ok(*replayed),
+        };
+        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let intent = asked.intent;
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
+        let decision = authorize(
+            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
+            mandate.is_some(),
+        );
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
+        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
+            let req = ReversalRequest {
+                idempotency_key: key,
+                payment_id: PaymentId::generate(),
+                original: rec.clone(),
+                reason: reason.clone(),
+                principal_sub: p.subject.clone(),
+                guards: guards.clone(),
+            };
+            let rail = rail.clone();
+            async move { rail.reverse(req).await }
+        })
+        .await
+    }
+
+    pub async fn send_mpesa_payout(&self, caller: &Caller, args: SendMpesaPayoutArgs) -> Result<Executed, AgentError> {
+        const TOOL: &str = "send_mpesa_payout";
+        self.check_suspended(caller, TOOL).await?;
+        let rail = match self.rail.clone() {
+            Some(rail) if rail.offers(RailFlow::Payout) => rail,
+            _ => {
+                let e = AgentError::invalid("M-Pesa payouts are not enabled on this gateway");
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+        };
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            let payout = rail
+                .validate_payout(PayoutArgs { payee: &args.phone_number, amount: &args.amount, remarks: &args.remarks })
+                .map_err(payout_refusal)?;
+            Ok::<_, AgentError>((op, payout))
+        })();
+        let (op, payout) = match parsed {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+        };
+        let p = &caller.principal;
+        let (payer, payee, amount) = (rail.account().clone(), payout.payee_account().clone(), payout.amount());
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
+            args: json!({"phone": payout.payee(), "amount_minor": amount.minor(), "remarks": payout.remarks()}),
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "remarks": payout.remarks(),
+            }),
+        };
+        let mandate = match self
+            .mandate_for(caller, &asked, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
+            .await?
+            .verified()
+        {
+            Ok(m) => m,
+            Err(replayed) => return Ok(*replayed),
+        };
+        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let intent = asked.intent;
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
+        let decision =
+            authorize(policy::decide_payout(|s| p.has_scope(s), &p.profile, &payer, amount, force), mandate.is_some());
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
+        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
+            let req = PayoutRequest {
+                idempotency_key: key,
+                payment_id: PaymentId::generate(),
+                payout: payout.clone(),
+                principal_sub: p.subject.clone(),
+                guards: guards.clone(),
+            };
+            let rail = rail.clone();
+            async move { rail.pay_out(req).await }
         })
         .await
     }

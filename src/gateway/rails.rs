@@ -10,14 +10,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Caller, Decision, Gateway, map_backend_error};
-use crate::backend::rail::Settlement;
+use crate::backend::rail::{Authority, CallbackChannel, Settlement};
 use crate::backend::{Payment, PaymentKind, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
+use crate::domain::rules::rail as rail_rules;
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::PaymentId;
 use crate::money::Currency;
-use crate::store::{AuditRecord, RailPayment, RailState, SummaryQuery, SummaryRow};
+use crate::store::{AuditRecord, RailFlow, RailPayment, RailState, SummaryQuery, SummaryRow};
 
 /// Rail records examined per reconciliation page.
 /// Finished (failed) collections a reconciliation run asks the rail about again, at most: each is
@@ -305,12 +306,13 @@ impl Gateway {
         self.audit_callback(None, "callback_refused", code, detail).await;
     }
 
-    /// A collection rail's callback, already past the path secret and source check. The rail parses
-    /// it; refusals change nothing and are audited; only a matching success that the rail's own
-    /// status query confirms settles a payment as succeeded. The HTTP answer is `http`'s choice.
-    pub async fn rail_callback(&self, body: &[u8]) -> CallbackOutcome {
+    /// A rail's callback, already past the secret and source check. The rail parses it; refusals
+    /// change nothing and are audited. A collection's success settles only when the rail's own
+    /// status query confirms it; a payout's or reversal's result is the rail's final word (it must
+    /// still match the record); a queue timeout settles nothing. The HTTP answer is `http`'s choice.
+    pub async fn rail_callback(&self, channel: CallbackChannel, body: &[u8]) -> CallbackOutcome {
         let Some(rail) = self.rail.clone() else { return CallbackOutcome::RailDisabled };
-        let event = match rail.parse_callback(body) {
+        let event = match rail.parse_callback(channel, body) {
             Ok(event) => event,
             Err(reason) => {
                 self.audit_callback(None, "callback_refused", "MALFORMED", reason).await;
@@ -318,7 +320,21 @@ impl Gateway {
                 return CallbackOutcome::Malformed;
             }
         };
-        let rec = match self.store.rail_by_ref(rail.name(), &event.rail_ref).await {
+        let found = match self.store.rail_by_ref(rail.name(), &event.rail_ref).await {
+            // A record whose reference was never recorded (the request's answer was lost) is
+            // found by the payment id the rail echoes back.
+            Ok(None) if event.payment_ref.is_some() => match event.payment_ref.as_ref() {
+                Some(id) => self.store.rail_get(id).await.map(|r| r.filter(|r| r.rail == rail.name())),
+                None => Ok(None),
+            },
+            other => other,
+        };
+        // A callback answers one kind of request: a prompt's answer never settles money going
+        // out, and a payout's result never settles a collection.
+        let found = found.map(|r| {
+            r.filter(|r| r.flow != RailFlow::Ledger && r.flow.is_outbound() == (event.authority != Authority::Confirm))
+        });
+        let rec = match found {
             Ok(Some(r)) => r,
             Ok(None) => {
                 let detail = format!("unknown rail reference {}", clip(&event.rail_ref));
@@ -331,8 +347,16 @@ impl Gateway {
                 return CallbackOutcome::StoreUnavailable;
             }
         };
+        if event.authority == Authority::Notice {
+            // Settles nothing; the scheduled status query asks where it stands.
+            let detail = event.settlement.reason().unwrap_or("notice").to_string();
+            let touched = self.touch_open(rail.as_ref(), &rec, &event.settlement).await;
+            self.audit_callback(Some(&rec), "callback_notice", "QUEUE_TIMEOUT", detail).await;
+            self.metrics.callback("still_pending");
+            return touched;
+        }
         let paid = event.settlement == Settlement::Succeeded;
-        if rec.state != RailState::Pending {
+        if !rail_rules::settles_from(rec.flow).contains(&rec.state) {
             // A payment a query already settled as succeeded learns its receipt from the callback
             // (the query carries none); nothing else about a terminal payment ever changes.
             let fills_receipt = rec.state == RailState::Succeeded
@@ -381,7 +405,9 @@ impl Gateway {
                 self.metrics.callback("mismatch");
                 return CallbackOutcome::AmountMismatch;
             }
-            if event.payer.as_deref() != rec.phone.as_deref() {
+            // A collection's success must name the payer; a result names the customer when it can.
+            let party_required = event.authority == Authority::Confirm;
+            if (party_required || event.payer.is_some()) && event.payer.as_deref() != rec.phone.as_deref() {
                 let detail = "the paying phone does not match the one prompted".to_string();
                 self.audit_callback(Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
                 self.metrics.callback("mismatch");
@@ -394,7 +420,10 @@ impl Gateway {
                 return CallbackOutcome::ReceiptMissing;
             }
         }
-        let settlement = if paid {
+        let settlement = if event.authority == Authority::Final {
+            // Money going out has no synchronous query: its result, matched above, is final.
+            event.settlement
+        } else if paid {
             // Callbacks are unsigned: confirm a success with the rail before crediting it.
             match rail.query(&rec).await {
                 Settlement::Succeeded => Settlement::Succeeded,
@@ -500,6 +529,23 @@ impl Gateway {
         }
     }
 
+    /// A notice about an open record: it stays where it is, its reason and `updated_at` move.
+    async fn touch_open(
+        &self,
+        rail: &dyn crate::backend::rail::CollectionRail,
+        rec: &RailPayment,
+        settlement: &Settlement,
+    ) -> CallbackOutcome {
+        match rail.settle(rec, settlement, None).await {
+            Ok(Some(_)) => CallbackOutcome::StillPending,
+            Ok(None) => CallbackOutcome::Terminal,
+            Err(error) => {
+                tracing::error!(%error, "recording a callback notice failed");
+                CallbackOutcome::StoreUnavailable
+            }
+        }
+    }
+
     /// Query the collection rail about pending payments not touched for `older_than_secs` (the
     /// scheduler's job), until `budget` has passed (a run stays within its job lease). Returns how
     /// many settled.
@@ -507,7 +553,9 @@ impl Gateway {
         let deadline = std::time::Instant::now() + budget;
         let Some(rail) = self.rail.clone() else { return 0 };
         let now = self.clock.now();
-        let due = match self.store.rail_list(&[RailState::Pending], now - older_than_secs, POLL_BATCH_MAX).await {
+        // Pending records, and those whose answer was lost (a payout's status can be asked).
+        let open = [RailState::Pending, RailState::Unknown];
+        let due = match self.store.rail_list(&open, now - older_than_secs, POLL_BATCH_MAX).await {
             Ok(d) => d,
             Err(error) => {
                 tracing::error!(%error, rail = rail.name(), "listing pending collections failed");

@@ -1,6 +1,8 @@
-//! Rail callbacks. Daraja's STK callbacks are unsigned, so a callback is accepted only on a path
-//! holding the deployment's secret (compared in constant time) and, when configured, only from
-//! the allowed source addresses. No bearer token: Safaricom cannot hold one.
+//! Rail callbacks: `/callbacks/mpesa/{stk,result,timeout}/<secret>`. Daraja's callbacks are
+//! unsigned, so a callback is accepted only with the deployment's secret — in the path, or, when
+//! `mpesa.callback_secret_header` names one, in that header (set by a proxy) — compared in constant
+//! time, and, when configured, only from the allowed source addresses. No bearer token: Safaricom
+//! cannot hold one.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -14,6 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::AppState;
+use crate::backend::rail::CallbackChannel;
 use crate::gateway::CallbackOutcome;
 
 /// Largest callback body accepted (a real one is about 1 KiB).
@@ -30,6 +33,8 @@ pub struct CallbackGuard {
     allowed_ips: Vec<IpAddr>,
     /// Proxies in front of the gateway whose `X-Forwarded-For` is believed (the compose nginx).
     trusted_proxies: Vec<IpAddr>,
+    /// A header that may carry the secret instead of the path (put there by a proxy).
+    secret_header: Option<axum::http::HeaderName>,
     refusals: Mutex<RefusalLog>,
 }
 
@@ -40,8 +45,33 @@ struct RefusalLog {
 }
 
 impl CallbackGuard {
-    pub fn new(secret: &crate::secret::Secret, allowed_ips: Vec<IpAddr>, trusted_proxies: Vec<IpAddr>) -> Self {
-        CallbackGuard { secret: secret.clone(), allowed_ips, trusted_proxies, refusals: Mutex::default() }
+    /// `secret_header`: empty for none; config validated it as a header name (an invalid one is
+    /// treated as none, which only ever refuses more).
+    pub fn new(
+        secret: &crate::secret::Secret,
+        allowed_ips: Vec<IpAddr>,
+        trusted_proxies: Vec<IpAddr>,
+        secret_header: &str,
+    ) -> Self {
+        let secret_header = (!secret_header.is_empty())
+            .then(|| axum::http::HeaderName::from_bytes(secret_header.as_bytes()).ok())
+            .flatten();
+        CallbackGuard {
+            secret: secret.clone(),
+            allowed_ips,
+            trusted_proxies,
+            secret_header,
+            refusals: Mutex::default(),
+        }
+    }
+
+    /// Whether the callback presents the secret: in the path, or in the configured header.
+    fn presents_secret(&self, path_secret: Option<&str>, headers: &HeaderMap) -> bool {
+        let in_path = path_secret.is_some_and(|s| self.secret.matches(s));
+        let in_header = self.secret_header.as_ref().is_some_and(|name| {
+            headers.get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| self.secret.matches(v))
+        });
+        in_path || in_header
     }
 
     /// The sender: the TCP peer, or, when the peer is a trusted proxy, the nearest address in
@@ -132,9 +162,41 @@ fn status_of(outcome: CallbackOutcome) -> (StatusCode, &'static str) {
     }
 }
 
-pub async fn mpesa_stk(
+fn channel(name: &str) -> Option<CallbackChannel> {
+    match name {
+        "stk" => Some(CallbackChannel::Prompt),
+        "result" => Some(CallbackChannel::Result),
+        "timeout" => Some(CallbackChannel::Timeout),
+        _ => None,
+    }
+}
+
+/// `/callbacks/mpesa/{channel}/{secret}`.
+pub async fn mpesa_with_secret(
     State(state): State<AppState>,
-    Path(secret): Path<String>,
+    Path((channel_name, secret)): Path<(String, String)>,
+    peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    mpesa(state, &channel_name, Some(&secret), peer, headers, body).await
+}
+
+/// `/callbacks/mpesa/{channel}`: the secret must be in the configured header.
+pub async fn mpesa_without_path_secret(
+    State(state): State<AppState>,
+    Path(channel_name): Path<String>,
+    peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    mpesa(state, &channel_name, None, peer, headers, body).await
+}
+
+async fn mpesa(
+    state: AppState,
+    channel_name: &str,
+    secret: Option<&str>,
     peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Bytes,
@@ -143,6 +205,7 @@ pub async fn mpesa_stk(
         let (status, outcome) = status_of(CallbackOutcome::RailDisabled);
         return answer(status, outcome);
     };
+    let Some(channel) = channel(channel_name) else { return answer(StatusCode::NOT_FOUND, "not_found") };
     // The source first: it costs nothing and says nothing about the secret.
     let sender = guard.sender(peer.map(|axum::Extension(ConnectInfo(a))| a.ip()), &headers);
     if !guard.source_allowed(sender) {
@@ -150,24 +213,14 @@ pub async fn mpesa_stk(
         refuse_unread(&state, Some(guard), "SOURCE_NOT_ALLOWED", "bad_source", what).await;
         return answer(StatusCode::FORBIDDEN, "source_not_allowed");
     }
-    if !guard.secret.matches(&secret) {
-        // The path holds the guess: never logged or audited, only that it was wrong.
-        refuse_unread(&state, Some(guard), "BAD_SECRET", "bad_secret", format!("wrong path secret from {sender:?}"))
-            .await;
+    if !guard.presents_secret(secret, &headers) {
+        // The guess is never logged or audited, only that it was wrong.
+        let what = if secret.is_some() { "wrong callback secret" } else { "no callback secret" };
+        refuse_unread(&state, Some(guard), "BAD_SECRET", "bad_secret", format!("{what} from {sender:?}")).await;
         return answer(StatusCode::NOT_FOUND, "not_found");
     }
-    let (status, outcome) = status_of(state.gateway.rail_callback(&body).await);
+    let (status, outcome) = status_of(state.gateway.rail_callback(channel, &body).await);
     answer(status, outcome)
-}
-
-/// A callback that presents no secret at all: refused and audited like a wrong one.
-pub async fn mpesa_stk_without_secret(State(state): State<AppState>) -> Response {
-    let Some(guard) = state.mpesa_callback.as_ref() else {
-        let (status, outcome) = status_of(CallbackOutcome::RailDisabled);
-        return answer(status, outcome);
-    };
-    refuse_unread(&state, Some(guard), "BAD_SECRET", "bad_secret", "no path secret".into()).await;
-    answer(StatusCode::NOT_FOUND, "not_found")
 }
 
 #[cfg(test)]

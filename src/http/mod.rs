@@ -154,9 +154,9 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(CorsLayer::new().allow_origin(tower_http::cors::Any).allow_methods([Method::GET]));
 
     let callback_routes = Router::new()
-        .route("/callbacks/mpesa/stk", post(callbacks::mpesa_stk_without_secret))
-        .route("/callbacks/mpesa/stk/", post(callbacks::mpesa_stk_without_secret))
-        .route("/callbacks/mpesa/stk/{secret}", post(callbacks::mpesa_stk))
+        .route("/callbacks/mpesa/{channel}", post(callbacks::mpesa_without_path_secret))
+        .route("/callbacks/mpesa/{channel}/", post(callbacks::mpesa_without_path_secret))
+        .route("/callbacks/mpesa/{channel}/{secret}", post(callbacks::mpesa_with_secret))
         .layer(RequestBodyLimitLayer::new(callbacks::CALLBACK_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
 

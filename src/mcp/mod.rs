@@ -23,7 +23,7 @@ use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
 use crate::gateway::{
     AccountLedgerArgs, ApprovalView, Caller, CorrelationId, CreatePaymentArgs, Gateway, ListPaymentsArgs,
-    PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
+    PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReconcileView, SummaryView,
@@ -285,7 +285,9 @@ impl PaygateMcp {
     #[tool(
         name = "refund_payment",
         output_schema = result_schema::<PaymentResult>(),
-        description = "Refund all or part of a succeeded payment, exactly once per operation_id. Needs scope payments:refund.",
+        description = "Refund all or part of a succeeded payment, exactly once per operation_id. An M-Pesa collection \
+                       is reversed through M-Pesa, in full, once (pending until M-Pesa posts the result). Needs \
+                       scope payments:refund.",
         input_schema = schema_for_type::<RefundPaymentArgs>()
     )]
     async fn refund_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
@@ -348,6 +350,23 @@ impl PaygateMcp {
         self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
         let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
         let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(done.into()))
+    }
+
+    #[tool(
+        name = "send_mpesa_payout",
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Pay a customer over M-Pesa (B2C): money leaves the business's M-Pesa account for their \
+                       phone. Returns the payment as pending; it settles when M-Pesa posts the result (check with \
+                       get_payment). Exactly one payout per operation_id, even on retries and lost answers. Over \
+                       your autonomous limit it returns APPROVAL_REQUIRED. Needs scope payments:payout.",
+        input_schema = schema_for_type::<SendMpesaPayoutArgs>()
+    )]
+    async fn send_mpesa_payout(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "send_mpesa_payout");
+        self.gateway.admit(&caller, "send_mpesa_payout").await.map_err(|e| fail(&caller, e))?;
+        let a: SendMpesaPayoutArgs = parse(&caller, args)?;
+        let done = self.gateway.send_mpesa_payout(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
     }
 

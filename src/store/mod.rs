@@ -26,7 +26,7 @@ pub use crate::domain::payment::{AccountSeed, SummaryQuery, SummaryRow};
 use crate::domain::payment::{
     Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
-pub use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
+pub use crate::domain::rail::{RailFlow, RailOpened, RailPayment, RailState, RailUpdate};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
 
 /// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.

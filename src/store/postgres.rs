@@ -44,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0004_revocation.sql"),
     include_str!("../../migrations/postgres/0005_refund_usage.sql"),
     include_str!("../../migrations/postgres/0006_operator_reads.sql"),
+    include_str!("../../migrations/postgres/0007_rail_flows.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

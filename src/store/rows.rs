@@ -7,7 +7,7 @@ use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
 use crate::domain::ops::{MandateListing, MandateStatus, OpsPayment, PrincipalState, VolumeRow};
 use crate::domain::payment::{AccountRow, LedgerEntry, Payment, PaymentKind, PaymentStatus, SummaryRow};
-use crate::domain::rail::{RailPayment, RailState};
+use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::domain::rules::guards::MandateRow;
 use crate::domain::rules::reservation::IdempotencyRow;
 use crate::ids::{AccountId, ApprovalId, PaymentId};
@@ -157,7 +157,7 @@ pub(crate) fn payment(r: &dyn Columns) -> Result<(Payment, i64), StoreError> {
 
 pub(crate) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, \
                                     amount_minor, currency, refund_of, memo, principal_sub, mandate_id, rail_ref, \
-                                    receipt, phone, reason, created_at, updated_at";
+                                    receipt, phone, reason, created_at, updated_at, flow";
 
 /// A `RAIL_COLS` row: its `seq` and the record.
 pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
@@ -181,6 +181,7 @@ pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
         reason: r.opt_text(17)?,
         created_at: r.int(18)?,
         updated_at: r.int(19)?,
+        flow: RailFlow::parse(&r.text(20)?).ok_or_else(|| corrupt("rail payment flow"))?,
     };
     Ok((r.int(0)?, rec))
 }
@@ -490,6 +491,7 @@ pub(crate) fn rail_values(rec: &RailPayment) -> Vec<Value> {
         opt_text(rec.reason.as_deref()),
         int(rec.created_at),
         int(rec.updated_at),
+        text(rec.flow.as_str()),
     ]
 }
 

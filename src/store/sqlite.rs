@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0005_revocation.sql"),
     include_str!("../../migrations/sqlite/0006_refund_usage.sql"),
     include_str!("../../migrations/sqlite/0007_operator_reads.sql"),
+    include_str!("../../migrations/sqlite/0008_rail_flows.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

@@ -1,11 +1,17 @@
 //! A local Safaricom Daraja fake: a real HTTP server on 127.0.0.1:0 (axum), never the internet.
 //!
-//! It implements OAuth (`GET /oauth/v1/generate`), STK push (`POST /mpesa/stkpush/v1/processrequest`)
-//! and STK query (`POST /mpesa/stkpushquery/v1/query`) and validates requests the way Daraja does:
+//! It implements OAuth (`GET /oauth/v1/generate`), STK push (`POST /mpesa/stkpush/v1/processrequest`),
+//! STK query (`POST /mpesa/stkpushquery/v1/query`), B2C payouts (`POST /mpesa/b2c/v3/paymentrequest`),
+//! reversals (`POST /mpesa/reversal/v1/request`) and the Transaction Status API
+//! (`POST /mpesa/transactionstatus/v1/query`), and validates requests the way Daraja does:
 //! Basic auth, issued and unexpired Bearer tokens (by the injected clock), the STK password, field
 //! formats and lengths. Invalid requests get Daraja's `400.002.02` error body. Tests steer it with
 //! [`DarajaFake::set_push_mode`] and [`DarajaFake::set_query`], and play Daraja's result callback
-//! with [`DarajaFake::callback`].
+//! with [`DarajaFake::callback`]. Payouts and reversals are steered with
+//! [`DarajaFake::set_outbound_mode`]; their results are posted with [`DarajaFake::post_result`] and
+//! [`DarajaFake::post_timeout`], and status queries are answered (from what the fake processed) with
+//! [`DarajaFake::answer_status_queries`]. [`DarajaFake::fail_next`] makes the next API calls answer
+//! 503 unprocessed (transient failures).
 //!
 //! Include it from a test file with
 //! `#[path = "common/daraja.rs"] mod daraja;`
@@ -45,6 +51,10 @@ pub struct FakeConfig {
     pub token_ttl_secs: i64,
     /// Token expiry and `TransactionDate` read this clock; share a `ManualClock` with the client.
     pub clock: Arc<dyn Clock>,
+    /// The API operator and its credential that payouts, reversals and status queries must carry.
+    pub initiator_name: String,
+    pub security_credential: String,
+    pub b2c_short_code: String,
 }
 
 impl Default for FakeConfig {
@@ -56,6 +66,9 @@ impl Default for FakeConfig {
             passkey: SANDBOX_PASSKEY.into(),
             token_ttl_secs: 3599,
             clock: Arc::new(SystemClock),
+            initiator_name: "testapi".into(),
+            security_credential: "fake-security-credential".into(),
+            b2c_short_code: "600996".into(),
         }
     }
 }
@@ -82,6 +95,44 @@ pub enum QueryAnswer {
     Hang,
 }
 
+/// How the fake answers payouts and reversals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboundMode {
+    /// Record it (processed) and answer `ResponseCode "0"`.
+    Accept,
+    /// Record it (processed) and never answer.
+    Hang,
+    /// Refuse with HTTP 400; nothing is recorded.
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboundKind {
+    Payout,
+    Reversal,
+    Status,
+}
+
+/// A payout, reversal or status query the fake received (and, for the first two, processed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedOutbound {
+    pub kind: OutboundKind,
+    /// The payout's own (sent by the client) or one the fake made (reversals, status queries).
+    pub originator_conversation_id: String,
+    pub conversation_id: String,
+    /// Payouts: the customer (PartyB). Reversals: the customer the original payment came from.
+    pub phone: String,
+    pub amount: i64,
+    /// Reversals: the receipt reversed. Status queries: the `OriginatorConversationID` asked about.
+    pub subject: String,
+    pub remarks: String,
+    pub occasion: String,
+    pub result_url: String,
+    pub timeout_url: String,
+    /// The receipt the fake gives it (payouts, reversals).
+    pub receipt: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedPush {
     pub checkout_request_id: String,
@@ -103,6 +154,9 @@ struct FakeState {
     token_requests: AtomicUsize,
     push_requests: AtomicUsize,
     query_requests: AtomicUsize,
+    b2c_requests: AtomicUsize,
+    reversal_requests: AtomicUsize,
+    status_requests: AtomicUsize,
     pushed: tokio::sync::Notify,
 }
 
@@ -114,6 +168,14 @@ struct Inner {
     pushes: Vec<RecordedPush>,
     queries: HashMap<String, QueryAnswer>,
     seq: u64,
+    outbound_mode: OutboundMode,
+    outbound: Vec<RecordedOutbound>,
+    /// Status queries answered so far (by index into `outbound`).
+    answered_status: std::collections::HashSet<usize>,
+    /// The result each processed payout or reversal has (by originator id; default 0, success).
+    outcomes: HashMap<String, i64>,
+    /// API calls still to answer 503 before they are looked at.
+    fail_next: usize,
 }
 
 pub struct DarajaFake {
@@ -141,16 +203,27 @@ impl DarajaFake {
                 pushes: Vec::new(),
                 queries: HashMap::new(),
                 seq: 0,
+                outbound_mode: OutboundMode::Accept,
+                outbound: Vec::new(),
+                answered_status: Default::default(),
+                outcomes: HashMap::new(),
+                fail_next: 0,
             }),
             token_requests: AtomicUsize::new(0),
             push_requests: AtomicUsize::new(0),
             query_requests: AtomicUsize::new(0),
+            b2c_requests: AtomicUsize::new(0),
+            reversal_requests: AtomicUsize::new(0),
+            status_requests: AtomicUsize::new(0),
             pushed: tokio::sync::Notify::new(),
         });
         let app = Router::new()
             .route("/oauth/v1/generate", get(oauth))
             .route("/mpesa/stkpush/v1/processrequest", post(stk_push))
             .route("/mpesa/stkpushquery/v1/query", post(stk_query))
+            .route("/mpesa/b2c/v3/paymentrequest", post(b2c))
+            .route("/mpesa/reversal/v1/request", post(reversal))
+            .route("/mpesa/transactionstatus/v1/query", post(transaction_status))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind daraja fake");
         let addr = listener.local_addr().expect("daraja fake address");
@@ -180,7 +253,172 @@ impl DarajaFake {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             token_refresh_margin_secs: 60,
+            result_url: callback_url.replace("/stk/", "/result/"),
+            timeout_url: callback_url.replace("/stk/", "/timeout/"),
+            initiator_name: cfg.initiator_name.clone(),
+            security_credential: Secret::new(cfg.security_credential.clone()),
+            b2c_short_code: cfg.b2c_short_code.clone(),
+            retries_max: 2,
+            breaker_failures_max: 5,
+            breaker_open: Duration::from_secs(30),
         }
+    }
+
+    pub fn set_outbound_mode(&self, mode: OutboundMode) {
+        self.state.inner.lock().unwrap().outbound_mode = mode;
+    }
+
+    /// The next `n` API calls (push, query, payout, reversal, status; not OAuth) answer HTTP 503
+    /// before the fake looks at them: nothing is processed or recorded.
+    pub fn fail_next(&self, n: usize) {
+        self.state.inner.lock().unwrap().fail_next = n;
+    }
+
+    /// The result a processed payout or reversal has (success unless set).
+    pub fn set_outcome(&self, originator_conversation_id: &str, result_code: i64) {
+        self.state.inner.lock().unwrap().outcomes.insert(originator_conversation_id.to_string(), result_code);
+    }
+
+    /// Every payout, reversal and status query received and recorded, oldest first.
+    pub fn outbound(&self) -> Vec<RecordedOutbound> {
+        self.state.inner.lock().unwrap().outbound.clone()
+    }
+
+    pub fn payouts(&self) -> Vec<RecordedOutbound> {
+        self.outbound().into_iter().filter(|o| o.kind == OutboundKind::Payout).collect()
+    }
+
+    pub fn reversals(&self) -> Vec<RecordedOutbound> {
+        self.outbound().into_iter().filter(|o| o.kind == OutboundKind::Reversal).collect()
+    }
+
+    /// B2C, reversal and status requests received (valid or not, answered or failed).
+    pub fn b2c_requests(&self) -> usize {
+        self.state.b2c_requests.load(Ordering::SeqCst)
+    }
+
+    pub fn reversal_requests(&self) -> usize {
+        self.state.reversal_requests.load(Ordering::SeqCst)
+    }
+
+    pub fn status_requests(&self) -> usize {
+        self.state.status_requests.load(Ordering::SeqCst)
+    }
+
+    fn recorded(&self, originator_conversation_id: &str) -> RecordedOutbound {
+        self.outbound()
+            .into_iter()
+            .find(|o| o.kind != OutboundKind::Status && o.originator_conversation_id == originator_conversation_id)
+            .unwrap_or_else(|| panic!("daraja fake: no payout or reversal {originator_conversation_id}"))
+    }
+
+    /// The result Daraja would post for a processed payout or reversal with this result code.
+    pub fn result_body(&self, originator_conversation_id: &str, result_code: i64) -> Value {
+        let o = self.recorded(originator_conversation_id);
+        let mut r = json!({
+            "ResultType": 0,
+            "ResultCode": result_code,
+            "ResultDesc": result_desc(result_code),
+            "OriginatorConversationID": o.originator_conversation_id,
+            "ConversationID": o.conversation_id,
+            "TransactionID": if result_code == 0 { o.receipt.clone() } else { "NLJ0000000".to_string() },
+            "ReferenceData": {"ReferenceItem": [
+                {"Key": "QueueTimeoutURL", "Value": o.timeout_url},
+                {"Key": "Occasion", "Value": o.occasion},
+            ]},
+        });
+        if result_code == 0 {
+            let party = format!("{} - Jane Doe", o.phone);
+            r["ResultParameters"] = match o.kind {
+                OutboundKind::Payout => json!({"ResultParameter": [
+                    {"Key": "TransactionAmount", "Value": o.amount},
+                    {"Key": "TransactionReceipt", "Value": o.receipt},
+                    {"Key": "ReceiverPartyPublicName", "Value": party},
+                    {"Key": "TransactionCompletedDateTime", "Value": "01.12.2026 12:00:00"},
+                    {"Key": "B2CUtilityAccountAvailableFunds", "Value": 10116.00},
+                ]}),
+                _ => json!({"ResultParameter": [
+                    {"Key": "Amount", "Value": o.amount as f64},
+                    {"Key": "OriginalTransactionID", "Value": o.subject},
+                    {"Key": "CreditPartyPublicName", "Value": party},
+                    {"Key": "DebitPartyPublicName", "Value": format!("{} - Business", self.state.cfg.short_code)},
+                ]}),
+            };
+        }
+        json!({ "Result": r })
+    }
+
+    /// Posts a processed payout's or reversal's result to its ResultURL; the gateway's status.
+    pub async fn post_result(&self, originator_conversation_id: &str, result_code: i64) -> reqwest::StatusCode {
+        self.set_outcome(originator_conversation_id, result_code);
+        let url = self.recorded(originator_conversation_id).result_url;
+        self.callback_to(&url, self.result_body(originator_conversation_id, result_code)).await
+    }
+
+    /// Posts Daraja's queue-timeout notice for a payout or reversal to its QueueTimeOutURL.
+    pub async fn post_timeout(&self, originator_conversation_id: &str) -> reqwest::StatusCode {
+        let o = self.recorded(originator_conversation_id);
+        let body = json!({"Result": {
+            "ResultType": 1, "ResultCode": 1, "ResultDesc": "The request timed out in the queue",
+            "OriginatorConversationID": o.originator_conversation_id, "ConversationID": o.conversation_id,
+            "ReferenceData": {"ReferenceItem": {"Key": "Occasion", "Value": o.occasion}},
+        }});
+        self.callback_to(&o.timeout_url, body).await
+    }
+
+    /// Answers every status query not yet answered, from what the fake processed: a payout it
+    /// recorded is "Completed" (or "Failed" when its outcome is a failure); one it never received
+    /// gets a non-zero ResultCode ("no such transaction"). Returns the gateway's statuses.
+    pub async fn answer_status_queries(&self) -> Vec<reqwest::StatusCode> {
+        let to_answer: Vec<(usize, RecordedOutbound)> = {
+            let mut inner = self.state.inner.lock().unwrap();
+            let list: Vec<_> = inner
+                .outbound
+                .iter()
+                .enumerate()
+                .filter(|(i, o)| o.kind == OutboundKind::Status && !inner.answered_status.contains(i))
+                .map(|(i, o)| (i, o.clone()))
+                .collect();
+            inner.answered_status.extend(list.iter().map(|(i, _)| *i));
+            list
+        };
+        let mut statuses = vec![];
+        for (_, q) in to_answer {
+            let target = self
+                .outbound()
+                .into_iter()
+                .find(|o| o.kind != OutboundKind::Status && o.originator_conversation_id == q.subject);
+            let mut r = json!({
+                "ResultType": 0,
+                "OriginatorConversationID": q.originator_conversation_id,
+                "ConversationID": q.conversation_id,
+                "TransactionID": "NLJ0000000",
+                "ReferenceData": {"ReferenceItem": {"Key": "Occasion", "Value": q.occasion}},
+            });
+            match target {
+                Some(t) => {
+                    let code = self.state.inner.lock().unwrap().outcomes.get(&t.originator_conversation_id).copied();
+                    let status = if code.unwrap_or(0) == 0 { "Completed" } else { "Failed" };
+                    r["ResultCode"] = json!(0);
+                    r["ResultDesc"] = json!("The service request is processed successfully.");
+                    r["ResultParameters"] = json!({"ResultParameter": [
+                        {"Key": "ReceiptNo", "Value": t.receipt},
+                        {"Key": "TransactionStatus", "Value": status},
+                        {"Key": "Amount", "Value": t.amount},
+                        {"Key": "CreditPartyName", "Value": format!("{} - Jane Doe", t.phone)},
+                        {"Key": "DebitPartyName", "Value": format!("{} - Business", self.state.cfg.b2c_short_code)},
+                    ]});
+                }
+                None => {
+                    r["ResultCode"] = json!(2032);
+                    r["ResultDesc"] = json!("The transaction could not be found");
+                    r["ResultParameters"] =
+                        json!({"ResultParameter": [{"Key": "TransactionStatus", "Value": "Unknown"}]});
+                }
+            }
+            statuses.push(self.callback_to(&q.result_url, json!({ "Result": r })).await);
+        }
+        statuses
     }
 
     pub fn set_push_mode(&self, mode: PushMode) {
@@ -289,6 +527,7 @@ pub fn result_desc(code: i64) -> &'static str {
         1032 => "Request cancelled by user",
         1037 => "DS timeout user cannot be reached",
         2001 => "The initiator information is invalid.",
+        2040 => "Credit Party customer type (Unregistered or Registered Customer) can't be supported by the service.",
         _ => "Fake Daraja result",
     }
 }
@@ -382,7 +621,7 @@ fn check_credentials(st: &FakeState, v: &Value) -> Result<String, &'static str> 
 
 async fn stk_push(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
     st.push_requests.fetch_add(1, Ordering::SeqCst);
-    if let Some(refused) = check_bearer(&st, &headers) {
+    if let Some(refused) = failing(&st).or_else(|| check_bearer(&st, &headers)) {
         return refused;
     }
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
@@ -457,7 +696,7 @@ async fn stk_push(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: By
 
 async fn stk_query(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
     st.query_requests.fetch_add(1, Ordering::SeqCst);
-    if let Some(refused) = check_bearer(&st, &headers) {
+    if let Some(refused) = failing(&st).or_else(|| check_bearer(&st, &headers)) {
         return refused;
     }
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
@@ -492,4 +731,197 @@ async fn stk_query(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: B
         .into_response(),
         QueryAnswer::Hang => std::future::pending().await,
     }
+}
+
+/// `Some(503)` while `fail_next` lasts: the call is refused before it is looked at.
+fn failing(st: &FakeState) -> Option<Response> {
+    let mut inner = st.inner.lock().unwrap();
+    if inner.fail_next == 0 {
+        return None;
+    }
+    inner.fail_next -= 1;
+    Some(daraja_error(StatusCode::SERVICE_UNAVAILABLE, "503.001.01", "Service Unavailable"))
+}
+
+fn is_url(v: &Value, name: &str) -> Option<String> {
+    text(v, name)
+        .filter(|u| u.strip_prefix("https://").or_else(|| u.strip_prefix("http://")).is_some_and(|r| !r.is_empty()))
+}
+
+/// Initiator and credential, common to payouts, reversals and status queries: the bad field.
+fn check_initiator(st: &FakeState, v: &Value, name_field: &str) -> Result<(), &'static str> {
+    if text(v, name_field).as_deref() != Some(st.cfg.initiator_name.as_str()) {
+        return Err("Initiator");
+    }
+    if text(v, "SecurityCredential").as_deref() != Some(st.cfg.security_credential.as_str()) {
+        return Err("SecurityCredential");
+    }
+    Ok(())
+}
+
+fn accepted(o: &RecordedOutbound) -> Response {
+    axum::Json(json!({
+        "ConversationID": o.conversation_id,
+        "OriginatorConversationID": o.originator_conversation_id,
+        "ResponseCode": "0",
+        "ResponseDescription": "Accept the service request successfully.",
+    }))
+    .into_response()
+}
+
+/// Records a processed payout or reversal (or a status query) and answers by the outbound mode.
+async fn record_outbound(st: &FakeState, mut o: RecordedOutbound) -> Response {
+    let mode = {
+        let mut inner = st.inner.lock().unwrap();
+        let mode = if o.kind == OutboundKind::Status { OutboundMode::Accept } else { inner.outbound_mode };
+        if mode == OutboundMode::Reject {
+            drop(inner);
+            return bad_request("PartyB - rejected by the fake");
+        }
+        inner.seq += 1;
+        let seq = inner.seq;
+        o.conversation_id = format!("AG_20261201_{seq:020}");
+        if o.originator_conversation_id.is_empty() {
+            o.originator_conversation_id = format!("f1e2-4b95-a71d-{seq:012}");
+        }
+        o.receipt = receipt_for(&o.conversation_id);
+        inner.outbound.push(o.clone());
+        mode
+    };
+    match mode {
+        OutboundMode::Accept | OutboundMode::Reject => accepted(&o),
+        OutboundMode::Hang => std::future::pending().await,
+    }
+}
+
+async fn b2c(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    st.b2c_requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(refused) = failing(&st).or_else(|| check_bearer(&st, &headers)) {
+        return refused;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return daraja_error(StatusCode::BAD_REQUEST, "400.002.05", "Invalid Request Payload");
+    };
+    if let Err(field) = check_initiator(&st, &v, "InitiatorName") {
+        return bad_request(field);
+    }
+    let Some(originator) = text(&v, "OriginatorConversationID").filter(|o| !o.is_empty()) else {
+        return bad_request("OriginatorConversationID");
+    };
+    if !matches!(text(&v, "CommandID").as_deref(), Some("BusinessPayment" | "SalaryPayment" | "PromotionPayment")) {
+        return bad_request("CommandID");
+    }
+    let Some(amount) = text(&v, "Amount").and_then(|a| a.parse::<i64>().ok()).filter(|a| *a >= 1) else {
+        return bad_request("Amount");
+    };
+    if text(&v, "PartyA").as_deref() != Some(st.cfg.b2c_short_code.as_str()) {
+        return bad_request("PartyA");
+    }
+    let Some(phone) = text(&v, "PartyB").filter(|p| is_msisdn(p)) else { return bad_request("PartyB") };
+    let Some(remarks) = text(&v, "Remarks").filter(|r| !r.is_empty() && r.chars().count() <= 100) else {
+        return bad_request("Remarks");
+    };
+    let Some(result_url) = is_url(&v, "ResultURL") else { return bad_request("ResultURL") };
+    let Some(timeout_url) = is_url(&v, "QueueTimeOutURL") else { return bad_request("QueueTimeOutURL") };
+    let o = RecordedOutbound {
+        kind: OutboundKind::Payout,
+        originator_conversation_id: originator,
+        conversation_id: String::new(),
+        phone,
+        amount,
+        subject: String::new(),
+        remarks,
+        occasion: text(&v, "Occassion").unwrap_or_default(),
+        result_url,
+        timeout_url,
+        receipt: String::new(),
+    };
+    record_outbound(&st, o).await
+}
+
+async fn reversal(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    st.reversal_requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(refused) = failing(&st).or_else(|| check_bearer(&st, &headers)) {
+        return refused;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return daraja_error(StatusCode::BAD_REQUEST, "400.002.05", "Invalid Request Payload");
+    };
+    if let Err(field) = check_initiator(&st, &v, "Initiator") {
+        return bad_request(field);
+    }
+    if text(&v, "CommandID").as_deref() != Some("TransactionReversal") {
+        return bad_request("CommandID");
+    }
+    let Some(transaction_id) = text(&v, "TransactionID").filter(|t| !t.is_empty()) else {
+        return bad_request("TransactionID");
+    };
+    // The receipt must be one of the fake's own collections; its customer gets the money back.
+    let paid = {
+        let inner = st.inner.lock().unwrap();
+        inner.pushes.iter().find(|p| receipt_for(&p.checkout_request_id) == transaction_id).cloned()
+    };
+    let Some(paid) = paid else { return bad_request("TransactionID") };
+    let Some(amount) = text(&v, "Amount").and_then(|a| a.parse::<i64>().ok()).filter(|a| *a == paid.amount) else {
+        return bad_request("Amount");
+    };
+    if text(&v, "ReceiverParty").as_deref() != Some(st.cfg.short_code.as_str())
+        || text(&v, "RecieverIdentifierType").as_deref() != Some("11")
+    {
+        return bad_request("ReceiverParty");
+    }
+    let Some(result_url) = is_url(&v, "ResultURL") else { return bad_request("ResultURL") };
+    let Some(timeout_url) = is_url(&v, "QueueTimeOutURL") else { return bad_request("QueueTimeOutURL") };
+    let o = RecordedOutbound {
+        kind: OutboundKind::Reversal,
+        originator_conversation_id: String::new(),
+        conversation_id: String::new(),
+        phone: paid.phone,
+        amount,
+        subject: transaction_id,
+        remarks: text(&v, "Remarks").unwrap_or_default(),
+        occasion: text(&v, "Occasion").unwrap_or_default(),
+        result_url,
+        timeout_url,
+        receipt: String::new(),
+    };
+    record_outbound(&st, o).await
+}
+
+async fn transaction_status(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    st.status_requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(refused) = failing(&st).or_else(|| check_bearer(&st, &headers)) {
+        return refused;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return daraja_error(StatusCode::BAD_REQUEST, "400.002.05", "Invalid Request Payload");
+    };
+    if let Err(field) = check_initiator(&st, &v, "Initiator") {
+        return bad_request(field);
+    }
+    if text(&v, "CommandID").as_deref() != Some("TransactionStatusQuery") {
+        return bad_request("CommandID");
+    }
+    let by_originator = text(&v, "OriginatorConversationID").filter(|o| !o.is_empty());
+    let by_transaction = text(&v, "TransactionID").filter(|t| !t.is_empty());
+    let Some(subject) = by_originator.or(by_transaction) else { return bad_request("TransactionID") };
+    if text(&v, "PartyA").is_none_or(|p| p.is_empty()) || text(&v, "IdentifierType").as_deref() != Some("4") {
+        return bad_request("PartyA");
+    }
+    let Some(result_url) = is_url(&v, "ResultURL") else { return bad_request("ResultURL") };
+    let Some(timeout_url) = is_url(&v, "QueueTimeOutURL") else { return bad_request("QueueTimeOutURL") };
+    let o = RecordedOutbound {
+        kind: OutboundKind::Status,
+        originator_conversation_id: String::new(),
+        conversation_id: String::new(),
+        phone: String::new(),
+        amount: 0,
+        subject,
+        remarks: text(&v, "Remarks").unwrap_or_default(),
+        occasion: text(&v, "Occasion").unwrap_or_default(),
+        result_url,
+        timeout_url,
+        receipt: String::new(),
+    };
+    record_outbound(&st, o).await
 }

@@ -7,8 +7,14 @@
 //! been processed; keep the payment pending and reconcile by callback or query).
 //!
 //! Daraja has no idempotency key: a push retried after an unknown outcome may prompt the customer
-//! twice, so this client never retries a push except after a 401 (the request was refused at the
-//! gateway, before processing).
+//! (or pay a payee) twice, so this client retries a request only when it certainly was not
+//! processed: after a 401 (refused at Daraja's gateway), and — at most `retries_max` times, after a
+//! jittered backoff — after a transient failure that is also quick (no connection, HTTP 429 or 503,
+//! a spike-arrest refusal). A timeout is never retried here: for a money-moving request it is an
+//! unknown outcome. A circuit breaker fails fast while Daraja keeps failing.
+//!
+//! Payouts (B2C), reversals and transaction-status queries are asynchronous at Daraja: the answer
+//! only says *accepted*, and the result is posted to `result_url` ([`parse_result`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +24,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::backend::breaker::{Breaker, backoff_with_jitter};
 use crate::clock::{Clock, UnixSecs};
 use crate::secret::Secret;
 
@@ -37,6 +44,8 @@ pub const TRANSACTION_TYPE_BUY_GOODS: &str = "CustomerBuyGoodsOnline";
 
 /// ResultCode of a completed, successful STK transaction.
 pub const RESULT_CODE_SUCCESS: i64 = 0;
+/// ResultCode of an STK transaction M-Pesa is still processing: not an answer yet.
+pub const RESULT_CODE_STILL_PROCESSING: i64 = 4999;
 
 /// Daraja's `errorCode` for "The transaction is being processed" (query while the prompt is open).
 /// The same code also means "wrong credentials / subscriber locked", so the message is checked too.
@@ -45,6 +54,20 @@ const ERROR_CODE_PROCESSING: &str = "500.001.1001";
 const ERROR_CODE_INVALID_TOKEN: &str = "404.001.03";
 /// Spike arrest and quota violations: refused at Daraja's API gateway, before the request is processed.
 const ERROR_CODES_GATEWAY_REFUSAL: [&str; 2] = ["500.003.02", "500.003.03"];
+/// Retries of a quick transient failure wait up to this long (jittered), doubling up to the max.
+const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(100);
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+/// The most retries `retries_max` may ask for.
+pub const RETRIES_MAX_LIMIT: u32 = 5;
+/// Daraja rejects longer `Remarks` and `Occasion`.
+pub const REMARKS_CHARS_MAX: usize = 100;
+/// `CommandID` of a payout to a customer.
+const COMMAND_BUSINESS_PAYMENT: &str = "BusinessPayment";
+const COMMAND_REVERSAL: &str = "TransactionReversal";
+const COMMAND_STATUS: &str = "TransactionStatusQuery";
+/// `IdentifierType` / `RecieverIdentifierType` of a short code (organisation).
+const IDENTIFIER_SHORT_CODE: &str = "4";
+const IDENTIFIER_REVERSAL_RECEIVER: &str = "11";
 
 #[derive(Clone)]
 pub struct DarajaConfig {
@@ -66,6 +89,21 @@ pub struct DarajaConfig {
     pub request_timeout: Duration,
     /// Refresh the OAuth token this long before Daraja says it expires.
     pub token_refresh_margin_secs: i64,
+    /// Where Daraja posts the results of payouts, reversals and status queries (unsigned, like
+    /// `callback_url`), and where it reports a request that timed out in its queue.
+    pub result_url: String,
+    pub timeout_url: String,
+    /// The API operator ("initiator") for payouts, reversals and status queries, and its password
+    /// encrypted with Safaricom's certificate (made on the Daraja portal). Empty: none are offered.
+    pub initiator_name: String,
+    pub security_credential: Secret,
+    /// PartyA of payouts (the B2C short code).
+    pub b2c_short_code: String,
+    /// Retries of a request that certainly was not processed and failed quickly (0 ..= 5).
+    pub retries_max: u32,
+    /// Consecutive failed requests that open the circuit, and how long it stays open.
+    pub breaker_failures_max: u32,
+    pub breaker_open: Duration,
 }
 
 /// The callback URL carries the deployment's path secret: Debug shows neither it nor the credentials.
@@ -201,6 +239,161 @@ pub fn failure_reason(result_code: i64) -> Option<&'static str> {
         2001 => Some("wrong M-Pesa PIN"),
         2028 => Some("the request is not permitted for this product or short code"),
         8006 => Some("the customer's M-Pesa security credential is locked"),
+        _ => None,
+    }
+}
+
+/// One payout (B2C `BusinessPayment`) to a customer's phone.
+#[derive(Debug, Clone)]
+pub struct B2cPayment {
+    /// The gateway's own id for the request, chosen before sending: Daraja echoes it in the result,
+    /// and a status query can ask by it even when the answer to the request was lost.
+    pub originator_conversation_id: String,
+    pub phone: Msisdn,
+    /// Whole shillings, at least 1.
+    pub amount_whole: i64,
+    /// Cut to [`REMARKS_CHARS_MAX`] characters, control characters removed.
+    pub remarks: String,
+}
+
+/// The reversal of a completed customer payment (a collection), in full.
+#[derive(Debug, Clone)]
+pub struct Reversal {
+    /// The M-Pesa receipt (TransactionID) of the payment to reverse.
+    pub transaction_id: String,
+    pub amount_whole: i64,
+    pub remarks: String,
+    /// Echoed in the result's reference data.
+    pub occasion: String,
+}
+
+/// Daraja accepted an asynchronous request; its result is posted to `result_url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestAccepted {
+    pub conversation_id: String,
+    pub originator_conversation_id: String,
+}
+
+/// A result Daraja posts to `result_url` (or `timeout_url`): of a payout, a reversal or a
+/// transaction-status query. Unsigned, like the STK callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiResult {
+    /// "0" is success; codes may be numbers or text ("R000002").
+    pub result_code: String,
+    pub result_desc: String,
+    pub originator_conversation_id: String,
+    pub conversation_id: String,
+    pub transaction_id: Option<String>,
+    /// `TransactionAmount` (payout) or `Amount` (reversal, status), in cents.
+    pub amount_minor: Option<i64>,
+    /// `TransactionReceipt` (payout) or `ReceiptNo` (status); else the `TransactionID` of a success.
+    pub receipt: Option<String>,
+    /// The customer's number: the digits before " - " in `ReceiverPartyPublicName` (payout) or
+    /// `CreditPartyPublicName` / `CreditPartyName` (reversal, status).
+    pub party: Option<String>,
+    /// `TransactionStatus` of a status query's result ("Completed", "Failed", ...).
+    pub transaction_status: Option<String>,
+    /// `Occasion` from the reference data: the gateway's reference on status queries and reversals.
+    pub occasion: Option<String>,
+}
+
+/// Parses `{"Result":{…}}`. Strict on the fields every result has; `ResultParameters` and
+/// `ReferenceData` items are found by `Key` (a lone item may arrive as an object, not an array).
+pub fn parse_result(body: &[u8]) -> Result<ApiResult, String> {
+    let root: Value = serde_json::from_slice(body).map_err(|e| format!("result is not valid JSON: {e}"))?;
+    let r = root.get("Result").and_then(Value::as_object).ok_or("result has no Result object")?;
+    let text = |name: &str, required: bool| -> Result<Option<String>, String> {
+        match r.get(name) {
+            Some(v) => match json_text(v) {
+                Some(s) => Ok(Some(s)),
+                None if v.is_null() && !required => Ok(None),
+                None => Err(format!("result field {name} must be a non-empty string or number")),
+            },
+            None if required => Err(format!("result field {name} is missing")),
+            None => Ok(None),
+        }
+    };
+    let result_code = match r.get("ResultCode") {
+        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        Some(_) => return Err("result field ResultCode must be a number or a code".into()),
+        None => return Err("result field ResultCode is missing".into()),
+    };
+    let result_desc = match r.get("ResultDesc") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err("result field ResultDesc must be a string".into()),
+        None => return Err("result field ResultDesc is missing".into()),
+    };
+    let mut out = ApiResult {
+        result_code,
+        result_desc,
+        originator_conversation_id: text("OriginatorConversationID", true)?.unwrap_or_default(),
+        conversation_id: text("ConversationID", true)?.unwrap_or_default(),
+        transaction_id: text("TransactionID", false)?,
+        amount_minor: None,
+        receipt: None,
+        party: None,
+        transaction_status: None,
+        occasion: None,
+    };
+    for (key, value) in keyed_items(r.get("ResultParameters"), "ResultParameter")? {
+        match key {
+            "TransactionAmount" | "Amount" => {
+                out.amount_minor = Some(amount_to_minor(value).map_err(|e| format!("result {key} {value}: {e}"))?);
+            }
+            "TransactionReceipt" | "ReceiptNo" => out.receipt = json_text(value),
+            "ReceiverPartyPublicName" | "CreditPartyPublicName" | "CreditPartyName" => {
+                out.party = json_text(value).and_then(|s| {
+                    let digits = s.split(" - ").next().unwrap_or_default().trim().to_string();
+                    is_digits(&digits).then_some(digits)
+                });
+            }
+            "TransactionStatus" => out.transaction_status = json_text(value),
+            _ => {}
+        }
+    }
+    for (key, value) in keyed_items(r.get("ReferenceData"), "ReferenceItem")? {
+        if key == "Occasion" || key == "Occassion" {
+            out.occasion = json_text(value);
+        }
+    }
+    if out.result_code == "0" && out.receipt.is_none() {
+        out.receipt = out.transaction_id.clone().filter(|t| !t.is_empty());
+    }
+    Ok(out)
+}
+
+/// `{"<item>": [{"Key": k, "Value": v}, …]}` or `{"<item>": {"Key": k, "Value": v}}`; items
+/// without a value are skipped.
+fn keyed_items<'a>(holder: Option<&'a Value>, item: &str) -> Result<Vec<(&'a str, &'a Value)>, String> {
+    let items: Vec<&Value> = match holder.and_then(|h| h.get(item)) {
+        None | Some(Value::Null) => return Ok(vec![]),
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(o @ Value::Object(_)) => vec![o],
+        Some(_) => return Err(format!("result {item} must be an object or an array")),
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for i in items {
+        let key = i.get("Key").and_then(Value::as_str).ok_or_else(|| format!("result {item} without a Key"))?;
+        if let Some(v) = i.get("Value").filter(|v| !v.is_null()) {
+            out.push((key, v));
+        }
+    }
+    Ok(out)
+}
+
+/// Known failure ResultCodes of payouts and reversals → a human reason; `None` for success and
+/// unknown codes (kept pending for reconciliation, never guessed).
+pub fn result_failure_reason(result_code: i64) -> Option<&'static str> {
+    match result_code {
+        1 => Some("insufficient funds in the business's M-Pesa account"),
+        11 => Some("the business's M-Pesa account is not in a state to pay"),
+        17 => Some("M-Pesa rule limit: same amount to the same customer within 2 minutes"),
+        21 => Some("the initiator is not allowed to make this request"),
+        2001 => Some("the initiator information is invalid"),
+        2028 => Some("the request is not permitted for this product or short code"),
+        2040 => Some("the customer's M-Pesa account cannot receive this payment"),
+        8006 => Some("the initiator's security credential is locked"),
         _ => None,
     }
 }
@@ -393,6 +586,83 @@ struct StkQueryResponse {
     result_desc: String,
 }
 
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct B2cRequest<'a> {
+    #[serde(rename = "OriginatorConversationID")]
+    originator_conversation_id: &'a str,
+    initiator_name: &'a str,
+    security_credential: &'a str,
+    #[serde(rename = "CommandID")]
+    command_id: &'a str,
+    amount: i64,
+    party_a: &'a str,
+    party_b: &'a str,
+    remarks: &'a str,
+    #[serde(rename = "QueueTimeOutURL")]
+    queue_timeout_url: &'a str,
+    #[serde(rename = "ResultURL")]
+    result_url: &'a str,
+    /// Daraja's spelling.
+    occassion: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ReversalRequest<'a> {
+    initiator: &'a str,
+    security_credential: &'a str,
+    #[serde(rename = "CommandID")]
+    command_id: &'a str,
+    #[serde(rename = "TransactionID")]
+    transaction_id: &'a str,
+    amount: i64,
+    receiver_party: &'a str,
+    /// Daraja's spelling.
+    reciever_identifier_type: &'a str,
+    #[serde(rename = "ResultURL")]
+    result_url: &'a str,
+    #[serde(rename = "QueueTimeOutURL")]
+    queue_timeout_url: &'a str,
+    remarks: &'a str,
+    occasion: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct StatusRequest<'a> {
+    initiator: &'a str,
+    security_credential: &'a str,
+    #[serde(rename = "CommandID")]
+    command_id: &'a str,
+    /// Empty: the request is found by `OriginatorConversationID`.
+    #[serde(rename = "TransactionID")]
+    transaction_id: &'a str,
+    #[serde(rename = "OriginatorConversationID")]
+    originator_conversation_id: &'a str,
+    party_a: &'a str,
+    identifier_type: &'a str,
+    #[serde(rename = "ResultURL")]
+    result_url: &'a str,
+    #[serde(rename = "QueueTimeOutURL")]
+    queue_timeout_url: &'a str,
+    remarks: &'a str,
+    occasion: &'a str,
+}
+
+/// The synchronous answer of an asynchronous API: accepted or not.
+#[derive(Deserialize)]
+struct AcceptedResponse {
+    #[serde(rename = "ConversationID", default)]
+    conversation_id: String,
+    #[serde(rename = "OriginatorConversationID", default)]
+    originator_conversation_id: String,
+    #[serde(rename = "ResponseCode")]
+    response_code: Value,
+    #[serde(rename = "ResponseDescription", default)]
+    response_description: String,
+}
+
 /// Daraja's error body: `{requestId, errorCode, errorMessage}`.
 #[derive(Deserialize, Default)]
 struct ErrorBody {
@@ -425,6 +695,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Held across a refresh so concurrent callers wait for one token fetch instead of stampeding.
     token: tokio::sync::Mutex<Option<CachedToken>>,
+    breaker: Breaker,
 }
 
 #[derive(Clone)]
@@ -447,6 +718,9 @@ impl std::fmt::Debug for DarajaClient {
 enum Op {
     Push,
     Query,
+    Payout,
+    Reversal,
+    Status,
 }
 
 impl Op {
@@ -454,7 +728,35 @@ impl Op {
         match self {
             Op::Push => "stk_push",
             Op::Query => "stk_query",
+            Op::Payout => "b2c_payment",
+            Op::Reversal => "reversal",
+            Op::Status => "transaction_status",
         }
+    }
+    /// Whether Daraja processing it may move money: then a failure after sending is an unknown
+    /// outcome, never "unavailable".
+    fn moves_money(self) -> bool {
+        match self {
+            Op::Push | Op::Payout | Op::Reversal => true,
+            Op::Query | Op::Status => false,
+        }
+    }
+    /// The error for a failure after the request may have reached Daraja.
+    fn after_sending(self, why: String) -> DarajaError {
+        if self.moves_money() { DarajaError::OutcomeUnknown(why) } else { DarajaError::Unavailable(why) }
+    }
+}
+
+/// One attempt's failure, and whether it is safe and quick to try again: nothing was processed
+/// (no connection, 429, 503, a spike-arrest refusal, a token fetch refused likewise).
+struct Failure {
+    error: DarajaError,
+    transient: bool,
+}
+
+impl Failure {
+    fn fatal(error: DarajaError) -> Self {
+        Failure { error, transient: false }
     }
 }
 
@@ -493,6 +795,23 @@ impl DarajaClient {
         if cfg.token_refresh_margin_secs < 0 {
             return Err(DarajaError::Config("token_refresh_margin_secs must not be negative".into()));
         }
+        if cfg.retries_max > RETRIES_MAX_LIMIT || cfg.breaker_failures_max == 0 || cfg.breaker_open.is_zero() {
+            return Err(DarajaError::Config(format!(
+                "retries_max must be at most {RETRIES_MAX_LIMIT}; breaker_failures_max and breaker_open must be positive"
+            )));
+        }
+        if !cfg.initiator_name.is_empty() {
+            for (name, url) in [("result_url", &cfg.result_url), ("timeout_url", &cfg.timeout_url)] {
+                if !(url.starts_with("https://") || url.starts_with("http://")) {
+                    return Err(DarajaError::Config(format!("{name} must be an http(s) URL")));
+                }
+            }
+            if cfg.security_credential.expose().is_empty() || !is_digits(&cfg.b2c_short_code) {
+                return Err(DarajaError::Config(
+                    "with initiator_name, security_credential must be set and b2c_short_code must be digits".into(),
+                ));
+            }
+        }
         crate::install_crypto_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
@@ -501,7 +820,10 @@ impl DarajaClient {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| DarajaError::Config(format!("HTTP client: {e}")))?;
-        Ok(DarajaClient { inner: Arc::new(Inner { cfg, base, http, clock, token: tokio::sync::Mutex::new(None) }) })
+        let breaker = Breaker::new("daraja", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
+        Ok(DarajaClient {
+            inner: Arc::new(Inner { cfg, base, http, clock, token: tokio::sync::Mutex::new(None), breaker }),
+        })
     }
 
     /// Sends the payment prompt. `Ok` means only *accepted*: the result arrives by callback or query.
@@ -592,10 +914,174 @@ impl DarajaClient {
         Err(self.error_answer(Op::Query, &answer))
     }
 
-    /// Sends one API request with the cached token; on a 401 (or Daraja's invalid-token code) drops
-    /// the token, fetches a new one and sends once more. The token was refused at Daraja's gateway,
-    /// so nothing was processed and the retry cannot double a push.
+    /// Whether payouts, reversals and status queries are configured (an initiator and its credential).
+    pub fn initiator_configured(&self) -> bool {
+        !self.inner.cfg.initiator_name.is_empty()
+    }
+
+    /// Sends a payout. `Ok` means only *accepted*: the result is posted to `result_url`.
+    pub async fn b2c_payment(&self, p: &B2cPayment) -> Result<RequestAccepted, DarajaError> {
+        if p.amount_whole < 1 {
+            return Err(invalid("Amount", "must be a whole number of shillings, at least 1"));
+        }
+        let id = &p.originator_conversation_id;
+        if id.is_empty() || id.chars().any(char::is_control) {
+            return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
+        }
+        let remarks = clean_text(&p.remarks, REMARKS_CHARS_MAX);
+        if remarks.is_empty() {
+            return Err(invalid("Remarks", "is empty"));
+        }
+        let cfg = self.initiator()?;
+        let body = B2cRequest {
+            originator_conversation_id: id,
+            initiator_name: &cfg.initiator_name,
+            security_credential: cfg.security_credential.expose(),
+            command_id: COMMAND_BUSINESS_PAYMENT,
+            amount: p.amount_whole,
+            party_a: &cfg.b2c_short_code,
+            party_b: p.phone.as_str(),
+            remarks: &remarks,
+            queue_timeout_url: &cfg.timeout_url,
+            result_url: &cfg.result_url,
+            occassion: id,
+        };
+        self.accepted(Op::Payout, "/mpesa/b2c/v3/paymentrequest", &body).await
+    }
+
+    /// Asks Daraja to reverse a completed customer payment in full.
+    pub async fn reversal(&self, r: &Reversal) -> Result<RequestAccepted, DarajaError> {
+        if r.amount_whole < 1 {
+            return Err(invalid("Amount", "must be a whole number of shillings, at least 1"));
+        }
+        if r.transaction_id.is_empty() || !r.transaction_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(invalid("TransactionID", "must be an M-Pesa receipt number"));
+        }
+        let remarks = clean_text(&r.remarks, REMARKS_CHARS_MAX);
+        let cfg = self.initiator()?;
+        let body = ReversalRequest {
+            initiator: &cfg.initiator_name,
+            security_credential: cfg.security_credential.expose(),
+            command_id: COMMAND_REVERSAL,
+            transaction_id: &r.transaction_id,
+            amount: r.amount_whole,
+            receiver_party: &cfg.short_code,
+            reciever_identifier_type: IDENTIFIER_REVERSAL_RECEIVER,
+            result_url: &cfg.result_url,
+            queue_timeout_url: &cfg.timeout_url,
+            remarks: if remarks.is_empty() { "Reversal" } else { &remarks },
+            occasion: &clean_text(&r.occasion, REMARKS_CHARS_MAX),
+        };
+        self.accepted(Op::Reversal, "/mpesa/reversal/v1/request", &body).await
+    }
+
+    /// Asks where a payout stands, by the `OriginatorConversationID` it was sent with. Read-only
+    /// and asynchronous: `Ok` means the question was accepted; the answer is posted to
+    /// `result_url` with `occasion` in its reference data.
+    pub async fn transaction_status(
+        &self,
+        originator_conversation_id: &str,
+        occasion: &str,
+    ) -> Result<RequestAccepted, DarajaError> {
+        if originator_conversation_id.is_empty() || originator_conversation_id.chars().any(char::is_control) {
+            return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
+        }
+        let cfg = self.initiator()?;
+        let body = StatusRequest {
+            initiator: &cfg.initiator_name,
+            security_credential: cfg.security_credential.expose(),
+            command_id: COMMAND_STATUS,
+            transaction_id: "",
+            originator_conversation_id,
+            party_a: &cfg.b2c_short_code,
+            identifier_type: IDENTIFIER_SHORT_CODE,
+            result_url: &cfg.result_url,
+            queue_timeout_url: &cfg.timeout_url,
+            remarks: "status",
+            occasion: &clean_text(occasion, REMARKS_CHARS_MAX),
+        };
+        self.accepted(Op::Status, "/mpesa/transactionstatus/v1/query", &body).await
+    }
+
+    fn initiator(&self) -> Result<&DarajaConfig, DarajaError> {
+        if self.initiator_configured() {
+            Ok(&self.inner.cfg)
+        } else {
+            Err(DarajaError::Config("no initiator configured (mpesa.initiator_name)".into()))
+        }
+    }
+
+    /// An asynchronous request: accepted (`ResponseCode` "0"), refused, or its fate unknown.
+    async fn accepted<T: Serialize>(&self, op: Op, path: &str, body: &T) -> Result<RequestAccepted, DarajaError> {
+        let answer = self.call(op, path, body).await?;
+        if !answer.status.is_success() {
+            return Err(self.error_answer(op, &answer));
+        }
+        let what = op.as_str();
+        let ok: AcceptedResponse = serde_json::from_slice(&answer.body)
+            .map_err(|_| op.after_sending(format!("{what}: unparseable success body (HTTP {})", answer.status)))?;
+        let code = code_text(&ok.response_code);
+        if code != "0" {
+            return Err(DarajaError::Rejected { code, message: ok.response_description });
+        }
+        tracing::debug!(daraja.op = what, daraja.conversation_id = %ok.conversation_id, "daraja accepted the request");
+        Ok(RequestAccepted {
+            conversation_id: ok.conversation_id,
+            originator_conversation_id: ok.originator_conversation_id,
+        })
+    }
+
+    /// Sends one API request through the circuit breaker, retrying (after a jittered backoff, at
+    /// most `retries_max` times) only a failure that certainly left nothing processed and was quick.
     async fn call<T: Serialize>(&self, op: Op, path: &str, body: &T) -> Result<Answer, DarajaError> {
+        let cfg = &self.inner.cfg;
+        let mut retry = 0;
+        loop {
+            let Some(permit) = self.inner.breaker.acquire() else {
+                return Err(DarajaError::Unavailable(format!(
+                    "{}: not sent: Daraja failed repeatedly and the circuit is open",
+                    op.as_str()
+                )));
+            };
+            let failure = match self.call_once(op, path, body).await {
+                Ok(answer) => {
+                    // Daraja answered: it is up, even when it refused (a 4xx is about the request).
+                    let up =
+                        !(answer.status.is_server_error() || answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS);
+                    permit.record(up);
+                    if up || retry >= cfg.retries_max || !self.is_transient_answer(&answer) {
+                        return Ok(answer);
+                    }
+                    format!("HTTP {}", answer.status)
+                }
+                Err(f) => {
+                    permit.record(false);
+                    if !f.transient || retry >= cfg.retries_max {
+                        return Err(f.error);
+                    }
+                    f.error.to_string()
+                }
+            };
+            retry += 1;
+            tracing::warn!(daraja.op = op.as_str(), retry, retries_max = cfg.retries_max, error = %failure,
+                "daraja request not processed; retrying");
+            tokio::time::sleep(backoff_with_jitter(retry, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX)).await;
+        }
+    }
+
+    /// An answer that says the request was refused before processing, by overload.
+    fn is_transient_answer(&self, answer: &Answer) -> bool {
+        answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            || answer.status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+            || parse_error_body(&answer.body)
+                .error_code
+                .is_some_and(|c| ERROR_CODES_GATEWAY_REFUSAL.contains(&c.as_str()))
+    }
+
+    /// One attempt with the cached token; on a 401 (or Daraja's invalid-token code) drops the
+    /// token, fetches a new one and sends once more. The token was refused at Daraja's gateway,
+    /// so nothing was processed and the second send cannot double a request.
+    async fn call_once<T: Serialize>(&self, op: Op, path: &str, body: &T) -> Result<Answer, Failure> {
         let url = format!("{}{path}", self.inner.base);
         let mut refreshed = false;
         loop {
@@ -603,10 +1089,9 @@ impl DarajaClient {
             let sent = self.inner.http.post(&url).bearer_auth(token.expose()).json(body).send().await;
             let mut resp = sent.map_err(|e| send_error(op, &e))?;
             let status = resp.status();
-            let body = read_body(&mut resp).await.map_err(|why| match op {
-                Op::Push => DarajaError::OutcomeUnknown(format!("stk push: {why} (HTTP {status})")),
-                Op::Query => DarajaError::Unavailable(format!("stk query: {why} (HTTP {status})")),
-            })?;
+            let body = read_body(&mut resp)
+                .await
+                .map_err(|why| Failure::fatal(op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str()))))?;
             let answer = Answer { status, body };
             if token_refused(&answer) {
                 self.forget_token(&token).await;
@@ -643,21 +1128,19 @@ impl DarajaClient {
         if status.is_client_error() {
             return DarajaError::Rejected { code, message };
         }
-        match op {
-            // A 5xx (or anything unexpected) after Daraja read the push: it may have been processed.
-            Op::Push => DarajaError::OutcomeUnknown(format!("{what}: HTTP {status} {code}: {message}")),
-            Op::Query => DarajaError::Unavailable(format!("{what}: HTTP {status} {code}: {message}")),
-        }
+        // A 5xx (or anything unexpected) after Daraja read a money-moving request: it may have
+        // been processed.
+        op.after_sending(format!("{what}: HTTP {status} {code}: {message}"))
     }
 
     /// Ask Daraja for a fresh OAuth token with the configured app credentials (`paygate doctor`).
     /// The token itself is dropped, never shown.
     pub async fn check_credentials(&self) -> Result<(), DarajaError> {
-        self.fetch_token().await.map(drop)
+        self.fetch_token().await.map(drop).map_err(|f| f.error)
     }
 
     /// The cached token, or a fresh one. Callers arriving during a fetch wait for it.
-    async fn token(&self) -> Result<Secret, DarajaError> {
+    async fn token(&self) -> Result<Secret, Failure> {
         let mut guard = self.inner.token.lock().await;
         let now = self.inner.clock.now();
         if let Some(t) = guard.as_ref().filter(|t| now < t.use_until) {
@@ -679,12 +1162,12 @@ impl DarajaClient {
         }
     }
 
-    async fn fetch_token(&self) -> Result<CachedToken, DarajaError> {
+    async fn fetch_token(&self) -> Result<CachedToken, Failure> {
         let cfg = &self.inner.cfg;
         let url = format!("{}/oauth/v1/generate?grant_type=client_credentials", self.inner.base);
         let unavailable = |why: String| {
             tracing::warn!(error = %why, "daraja token fetch failed");
-            DarajaError::Unavailable(format!("oauth: {why}"))
+            Failure::fatal(DarajaError::Unavailable(format!("oauth: {why}")))
         };
         let mut resp = self
             .inner
@@ -693,12 +1176,14 @@ impl DarajaClient {
             .basic_auth(cfg.consumer_key.expose(), Some(cfg.consumer_secret.expose()))
             .send()
             .await
-            .map_err(|e| unavailable(describe_send_error(&e)))?;
+            .map_err(|e| Failure { transient: e.is_connect(), ..unavailable(describe_send_error(&e)) })?;
         let status = resp.status();
         // The body is not quoted in errors: only the status and a fixed text.
         let body = read_body(&mut resp).await.map_err(|why| unavailable(format!("{why} (HTTP {status})")))?;
         if !status.is_success() {
-            return Err(unavailable(format!("token request refused (HTTP {status})")));
+            let transient =
+                status == reqwest::StatusCode::TOO_MANY_REQUESTS || status == reqwest::StatusCode::SERVICE_UNAVAILABLE;
+            return Err(Failure { transient, ..unavailable(format!("token request refused (HTTP {status})")) });
         }
         let parsed: TokenResponse = serde_json::from_slice(&body)
             .map_err(|_| unavailable(format!("unparseable token response (HTTP {status})")))?;
@@ -746,17 +1231,14 @@ fn token_refused(answer: &Answer) -> bool {
             && parse_error_body(&answer.body).error_code.as_deref() == Some(ERROR_CODE_INVALID_TOKEN))
 }
 
-/// A failed send. A connect error means no byte of the request left; anything else (timeout after
-/// connecting, reset mid-response) may have reached Daraja.
-fn send_error(op: Op, e: &reqwest::Error) -> DarajaError {
+/// A failed send. A connect error means no byte of the request left (transient: try again);
+/// anything else (timeout after connecting, reset mid-response) may have reached Daraja.
+fn send_error(op: Op, e: &reqwest::Error) -> Failure {
     let why = format!("{}: {}", op.as_str(), describe_send_error(e));
     if e.is_connect() {
-        return DarajaError::Unavailable(why);
+        return Failure { error: DarajaError::Unavailable(why), transient: true };
     }
-    match op {
-        Op::Push => DarajaError::OutcomeUnknown(why),
-        Op::Query => DarajaError::Unavailable(why),
-    }
+    Failure::fatal(op.after_sending(why))
 }
 
 fn describe_send_error(e: &reqwest::Error) -> String {

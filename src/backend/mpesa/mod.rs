@@ -1,11 +1,17 @@
-//! The Safaricom M-Pesa rail: collections by STK push (Lipa Na M-Pesa Online), behind the
-//! [`CollectionRail`] seam.
+//! The Safaricom M-Pesa rail: collections by STK push (Lipa Na M-Pesa Online), payouts by B2C and
+//! reversals of collections, behind the [`CollectionRail`] seam.
 //!
 //! Daraja has no idempotency key, so the gateway's own `rail_payments` record is what keeps one
 //! operation to one push: the record is opened (guards drawn) before the push, and a retry that
 //! finds it never pushes again — whatever state it is in. Outcomes arrive asynchronously (the
 //! callback, or an STK push query by the scheduler); only ResultCode 0 settles as success, known
 //! failure codes settle as failed, anything else stays pending for reconciliation.
+//!
+//! Payouts and reversals are keyed the same way (a reversal by the collection it reverses: one per
+//! collection). Their results arrive at the result URL only; a payout is sent under an
+//! `OriginatorConversationID` the gateway chose (its payment id), so when the answer to the request
+//! is lost, the scheduler asks the Transaction Status API by that id and the answer settles it —
+//! the payout itself is never sent again.
 //!
 //! Wire types live in [`daraja`] only; this file turns them into the seam's rail-neutral values
 //! ([`collection_from_args`], [`classify`], [`event_from_callback`], [`settlement_from_query`]).
@@ -17,16 +23,18 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use self::daraja::{
-    ACCOUNT_REFERENCE_CHARS_MAX, DarajaClient, DarajaError, Msisdn, StkCallback, StkPush, StkQueryOutcome,
-    TRANSACTION_DESC_CHARS_MAX,
+    ACCOUNT_REFERENCE_CHARS_MAX, ApiResult, B2cPayment, DarajaClient, DarajaError, Msisdn, REMARKS_CHARS_MAX, Reversal,
+    StkCallback, StkPush, StkQueryOutcome, TRANSACTION_DESC_CHARS_MAX,
 };
 use super::rail::{
-    CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Settlement, ValidCollection,
+    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayoutArgs,
+    PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Settlement, ValidCollection, ValidPayout, reversal_key,
 };
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::error::StoreError;
-use crate::domain::rail::{RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rules::rail as rules;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money};
 use crate::store::Store;
@@ -39,6 +47,9 @@ const CURRENCY: &str = "KES";
 const STILL_PROCESSING: &str = "still being processed";
 /// The reason a pending record keeps when the STK push query could not be made.
 const QUERY_FAILED: &str = "STK push query failed; will ask again";
+/// The reason an open payout or reversal keeps once its status was asked (the answer is a callback).
+const STATUS_ASKED: &str = "transaction status asked; M-Pesa posts the answer";
+const STATUS_FAILED: &str = "transaction status query failed; will ask again";
 
 /// One collection asked for by an agent.
 #[derive(Debug, Clone)]
@@ -88,6 +99,10 @@ pub fn classify(result_code: i64, result_desc: &str) -> Settlement {
     if result_code == daraja::RESULT_CODE_SUCCESS {
         return Settlement::Succeeded;
     }
+    if result_code == daraja::RESULT_CODE_STILL_PROCESSING {
+        // Not an answer yet: kept pending, and the next query asks again.
+        return Settlement::Pending(format!("{STILL_PROCESSING} (M-Pesa result {result_code})"));
+    }
     match daraja::failure_reason(result_code) {
         Some(reason) => Settlement::Failed(format!("{reason} (M-Pesa result {result_code})")),
         None => Settlement::Unrecognised(format!(
@@ -103,10 +118,82 @@ pub fn event_from_callback(cb: StkCallback) -> RailEvent {
     RailEvent {
         settlement: classify(cb.result_code, &cb.result_desc),
         rail_ref: cb.checkout_request_id,
+        payment_ref: None,
+        authority: Authority::Confirm,
         amount_minor: cb.amount_minor,
         payer: cb.phone,
         receipt: cb.receipt,
     }
+}
+
+/// A payout's, reversal's or status query's result → where the payment stands. A status answer
+/// speaks of the transaction it was asked about; only "Completed" is a success.
+pub fn settlement_from_result(r: &ApiResult) -> Settlement {
+    let desc = || r.result_desc.chars().filter(|c| !c.is_control()).take(120).collect::<String>();
+    if let Some(status) = &r.transaction_status {
+        if r.result_code != "0" {
+            return Settlement::Unrecognised(format!(
+                "M-Pesa did not report the status (result {}): {}",
+                r.result_code,
+                desc()
+            ));
+        }
+        let status: String = status.chars().filter(|c| c.is_ascii_alphanumeric() || *c == ' ').take(40).collect();
+        return match status.to_ascii_lowercase().as_str() {
+            "completed" => Settlement::Succeeded,
+            "failed" | "cancelled" | "declined" | "expired" => {
+                Settlement::Failed(format!("M-Pesa reports the transaction {status}"))
+            }
+            _ => Settlement::Pending(format!("M-Pesa reports the transaction {status}")),
+        };
+    }
+    match r.result_code.parse::<i64>() {
+        Ok(daraja::RESULT_CODE_SUCCESS) => Settlement::Succeeded,
+        Ok(code) => match daraja::result_failure_reason(code) {
+            Some(reason) => Settlement::Failed(format!("{reason} (M-Pesa result {code})")),
+            None => Settlement::Unrecognised(format!("unrecognised M-Pesa result {code}: {}", desc())),
+        },
+        Err(_) => Settlement::Unrecognised(format!(
+            "unrecognised M-Pesa result {}: {}",
+            r.result_code.chars().filter(char::is_ascii_alphanumeric).take(20).collect::<String>(),
+            desc()
+        )),
+    }
+}
+
+/// A result posted to the result URL (or a queue timeout) → the rail-neutral event. The record is
+/// found by the `OriginatorConversationID`, or by the payment id the gateway put in `Occasion`.
+pub fn event_from_result(r: ApiResult, channel: CallbackChannel) -> RailEvent {
+    let (authority, settlement) = match channel {
+        CallbackChannel::Timeout => (
+            Authority::Notice,
+            Settlement::Pending("the request timed out in M-Pesa's queue; its status will be asked".into()),
+        ),
+        CallbackChannel::Prompt | CallbackChannel::Result => (Authority::Final, settlement_from_result(&r)),
+    };
+    RailEvent {
+        payment_ref: r.occasion.as_deref().and_then(|o| PaymentId::parse(o).ok()),
+        rail_ref: r.originator_conversation_id,
+        authority,
+        settlement,
+        amount_minor: r.amount_minor,
+        payer: r.party,
+        receipt: r.receipt,
+    }
+}
+
+/// A payout's arguments → one Daraja will take: the phone, the amount (KES, whole shillings), the
+/// remarks on the statement.
+pub fn payout_from_args(args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
+    let phone = daraja::normalize_phone(args.payee).map_err(PayoutRefusal::Payee)?;
+    let kes = Currency::parse(CURRENCY).map_err(|e| PayoutRefusal::Amount(e.to_string()))?;
+    let amount = Money::parse(args.amount, kes).map_err(|e| PayoutRefusal::Amount(e.to_string()))?;
+    if amount.minor() % 100 != 0 {
+        return Err(PayoutRefusal::Amount("M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\"".into()));
+    }
+    let remarks = customer_text(args.remarks, REMARKS_CHARS_MAX).map_err(PayoutRefusal::Remarks)?;
+    let payee_account = payer_account(&phone).map_err(|e| PayoutRefusal::Payee(e.to_string()))?;
+    Ok(ValidPayout::new(phone.to_string(), payee_account, amount, remarks))
 }
 
 /// An STK push query's answer → where the payment stands. A query that failed, or a prompt still
@@ -160,10 +247,15 @@ impl MpesaRail {
             reason: None,
             created_at: 0,
             updated_at: 0,
+            flow: RailFlow::Collection,
         };
         let opened = self.store.rail_open(rec, c.guards.clone(), self.clock.now()).await?;
         let rec = opened.rec;
-        if rec.from_account != payer || rec.amount_minor != c.amount.minor() || rec.to_account != self.account {
+        if rec.from_account != payer
+            || rec.amount_minor != c.amount.minor()
+            || rec.to_account != self.account
+            || rec.flow != RailFlow::Collection
+        {
             return Err(BackendError::IdempotencyKeyReused);
         }
         if !opened.created {
@@ -225,7 +317,77 @@ impl MpesaRail {
 
     async fn abandon(&self, rec: &RailPayment) {
         if let Err(error) = self.store.rail_abandon(&rec.id).await {
-            tracing::error!(payment_id = %rec.id, %error, "abandoning a refused STK push failed");
+            tracing::error!(payment_id = %rec.id, %error, "abandoning a refused M-Pesa request failed");
+        }
+    }
+
+    /// Open a payout's or reversal's record (guards drawn once per key) and send it once: `send`
+    /// runs only when this call opened the record. A record an earlier attempt opened is never
+    /// sent again; if that attempt's outcome is unknown, a status query settles it.
+    async fn send_out<F, Fut>(&self, rec: RailPayment, guards: Guards, send: F) -> Result<Payment, BackendError>
+    where
+        F: FnOnce(RailPayment) -> Fut,
+        Fut: std::future::Future<Output = Result<daraja::RequestAccepted, DarajaError>>,
+    {
+        let what = if rec.flow == RailFlow::Payout { "payout" } else { "reversal" };
+        let asked = rec.clone();
+        let opened = self.store.rail_open(rec, guards, self.clock.now()).await?;
+        let rec = opened.rec;
+        if rec.flow != asked.flow
+            || rec.to_account != asked.to_account
+            || rec.amount_minor != asked.amount_minor
+            || rec.refund_of != asked.refund_of
+        {
+            return Err(BackendError::IdempotencyKeyReused);
+        }
+        if !opened.created {
+            return match rec.state {
+                RailState::Submitting | RailState::Unknown => {
+                    let reason = format!("an earlier attempt's {what} outcome is unknown");
+                    super::mark_unknown(self.store.as_ref(), &rec.id, reason, self.clock.now()).await;
+                    Err(BackendError::OutcomeUnknown(format!(
+                        "the M-Pesa {what} for this operation may have been sent and its answer was lost; it is not \
+                         sent again. Its status is asked and settles it"
+                    )))
+                }
+                _ => Ok(rec.payment()),
+            };
+        }
+        match send(rec.clone()).await {
+            Ok(accepted) => {
+                // A payout's reference was chosen before sending; a reversal's is Daraja's.
+                let rail_ref = rec.rail_ref.is_none().then_some(accepted.originator_conversation_id);
+                let update = RailUpdate { rail_ref, ..Default::default() };
+                let now = self.clock.now();
+                match self
+                    .store
+                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Pending, update, now)
+                    .await
+                {
+                    Ok(Some(updated)) => Ok(updated.payment()),
+                    // The result came first and settled it.
+                    Ok(None) => match self.store.rail_get(&rec.id).await {
+                        Ok(Some(now)) => Ok(now.payment()),
+                        _ => Err(BackendError::OutcomeUnknown(format!("the {what} record changed while sending"))),
+                    },
+                    Err(error) => {
+                        tracing::error!(payment_id = %rec.id, %error, "recording an accepted M-Pesa {what} failed");
+                        Err(BackendError::OutcomeUnknown(format!("the {what} was accepted but could not be recorded")))
+                    }
+                }
+            }
+            Err(DarajaError::Rejected { code, .. }) => {
+                self.abandon(&rec).await;
+                Err(BackendError::Rejected(format!("M-Pesa refused the {what} (error {code}); no money moved")))
+            }
+            Err(DarajaError::Unavailable(detail) | DarajaError::Config(detail)) => {
+                self.abandon(&rec).await;
+                Err(BackendError::Unavailable(format!("M-Pesa: {detail}")))
+            }
+            Err(DarajaError::OutcomeUnknown(detail)) => {
+                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), self.clock.now()).await;
+                Err(BackendError::OutcomeUnknown(format!("M-Pesa: {detail}")))
+            }
         }
     }
 }
@@ -244,8 +406,104 @@ impl CollectionRail for MpesaRail {
         &self.account
     }
 
+    fn offers(&self, flow: RailFlow) -> bool {
+        match flow {
+            RailFlow::Collection => true,
+            RailFlow::Payout | RailFlow::Reversal => self.client.initiator_configured(),
+            RailFlow::Ledger => false,
+        }
+    }
+
     fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
         collection_from_args(args)
+    }
+
+    fn validate_payout(&self, args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
+        payout_from_args(args)
+    }
+
+    async fn pay_out(&self, req: PayoutRequest) -> Result<Payment, BackendError> {
+        let v = &req.payout;
+        let phone = daraja::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
+        let rec = RailPayment {
+            id: req.payment_id.clone(),
+            idempotency_key: req.idempotency_key,
+            rail: RAIL.to_string(),
+            kind: PaymentKind::Payment,
+            state: RailState::Submitting,
+            from_account: self.account.clone(),
+            to_account: v.payee_account().clone(),
+            amount_minor: v.amount().minor(),
+            currency: v.amount().currency(),
+            refund_of: None,
+            memo: Some(v.remarks().to_string()),
+            principal_sub: req.principal_sub,
+            mandate_id: None,
+            // Chosen before sending: what the result echoes, and what a status query asks by.
+            rail_ref: Some(req.payment_id.to_string()),
+            receipt: None,
+            phone: Some(phone.to_string()),
+            reason: None,
+            created_at: 0,
+            updated_at: 0,
+            flow: RailFlow::Payout,
+        };
+        let client = self.client.clone();
+        self.send_out(rec, req.guards, |rec| async move {
+            let payout = B2cPayment {
+                originator_conversation_id: rec.rail_ref.clone().unwrap_or_else(|| rec.id.to_string()),
+                phone,
+                amount_whole: rec.amount_minor / 100,
+                remarks: rec.memo.clone().unwrap_or_default(),
+            };
+            client.b2c_payment(&payout).await
+        })
+        .await
+    }
+
+    async fn reverse(&self, req: ReversalRequest) -> Result<Payment, BackendError> {
+        let o = &req.original;
+        let receipt = match (&o.receipt, o.flow, o.state) {
+            (Some(r), RailFlow::Collection, RailState::Succeeded) => r.clone(),
+            _ => {
+                return Err(BackendError::Rejected(
+                    "only a succeeded M-Pesa collection with a receipt can be reversed".into(),
+                ));
+            }
+        };
+        let rec = RailPayment {
+            id: req.payment_id.clone(),
+            idempotency_key: reversal_key(&o.id),
+            rail: RAIL.to_string(),
+            kind: PaymentKind::Refund,
+            state: RailState::Submitting,
+            from_account: o.to_account.clone(),
+            to_account: o.from_account.clone(),
+            amount_minor: o.amount_minor,
+            currency: o.currency,
+            refund_of: Some(o.id.clone()),
+            memo: req.reason.clone(),
+            principal_sub: req.principal_sub,
+            mandate_id: None,
+            rail_ref: None,
+            receipt: None,
+            phone: o.phone.clone(),
+            reason: None,
+            created_at: 0,
+            updated_at: 0,
+            flow: RailFlow::Reversal,
+        };
+        let client = self.client.clone();
+        self.send_out(rec, req.guards, |rec| async move {
+            let reversal = Reversal {
+                transaction_id: receipt,
+                amount_whole: rec.amount_minor / 100,
+                remarks: rec.memo.clone().unwrap_or_else(|| "Reversal".into()),
+                occasion: rec.id.to_string(),
+            };
+            client.reversal(&reversal).await
+        })
+        .await
     }
 
     async fn collect(&self, req: CollectionRequest) -> Result<Payment, BackendError> {
@@ -266,19 +524,41 @@ impl CollectionRail for MpesaRail {
         MpesaRail::collect(self, c).await
     }
 
-    fn parse_callback(&self, body: &[u8]) -> Result<RailEvent, String> {
-        daraja::parse_callback(body).map(event_from_callback)
+    fn parse_callback(&self, channel: CallbackChannel, body: &[u8]) -> Result<RailEvent, String> {
+        match channel {
+            CallbackChannel::Prompt => daraja::parse_callback(body).map(event_from_callback),
+            CallbackChannel::Result | CallbackChannel::Timeout => {
+                daraja::parse_result(body).map(|r| event_from_result(r, channel))
+            }
+        }
     }
 
     async fn query(&self, rec: &RailPayment) -> Settlement {
-        let answer = match rec.rail_ref.as_deref() {
-            Some(checkout) => self.client.stk_query(checkout).await,
-            None => Err(DarajaError::Unavailable("no CheckoutRequestID recorded".into())),
-        };
-        if let Err(error) = &answer {
-            tracing::warn!(payment_id = %rec.id, %error, "STK push query failed");
+        match (rec.flow, rec.rail_ref.as_deref()) {
+            (RailFlow::Collection, Some(checkout)) => {
+                let answer = self.client.stk_query(checkout).await;
+                if let Err(error) = &answer {
+                    tracing::warn!(payment_id = %rec.id, %error, "STK push query failed");
+                }
+                settlement_from_query(&answer)
+            }
+            // A push whose answer was lost has nothing to ask by: reconciliation reports it.
+            (RailFlow::Collection, None) => Settlement::Pending(QUERY_FAILED.into()),
+            (RailFlow::Payout | RailFlow::Reversal, Some(reference)) => {
+                match self.client.transaction_status(reference, rec.id.as_str()).await {
+                    Ok(_) => Settlement::Pending(STATUS_ASKED.into()),
+                    Err(error) => {
+                        tracing::warn!(payment_id = %rec.id, %error, "M-Pesa transaction status query failed");
+                        Settlement::Pending(STATUS_FAILED.into())
+                    }
+                }
+            }
+            // A reversal whose answer was lost: Daraja chose its reference, so there is nothing to
+            // ask by; its result still finds the record by the payment id in `Occasion`.
+            (RailFlow::Payout | RailFlow::Reversal, None) | (RailFlow::Ledger, _) => {
+                Settlement::Pending("no M-Pesa reference to ask by; reconciliation reports it".into())
+            }
         }
-        settlement_from_query(&answer)
     }
 
     async fn settle(
@@ -288,21 +568,24 @@ impl CollectionRail for MpesaRail {
         receipt: Option<String>,
     ) -> Result<Option<RailPayment>, StoreError> {
         let now = self.clock.now();
-        let from = [RailState::Pending];
+        let from = rules::settles_from(rec.flow);
         match settlement {
             Settlement::Succeeded => {
                 let update = RailUpdate { receipt, ..Default::default() };
-                self.store.rail_transition(&rec.id, &from, RailState::Succeeded, update, now).await
+                self.store.rail_transition(&rec.id, from, RailState::Succeeded, update, now).await
             }
             Settlement::Failed(reason) => {
                 let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
-                self.store.rail_transition(&rec.id, &from, RailState::Failed, update, now).await
+                self.store.rail_transition(&rec.id, from, RailState::Failed, update, now).await
             }
+            Settlement::Pending(_) | Settlement::Unrecognised(_) if rec.state.is_terminal() => Ok(None),
             Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
-                // Stays pending; the reason is kept for reconciliation, and `updated_at` moves on so
+                // Stays where it is; the reason is kept for reconciliation (a collection whose
+                // push outcome is unknown keeps the reason why), and `updated_at` moves on so
                 // records that keep not answering do not starve newer ones out of the query batch.
-                let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
-                self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await
+                let keep_reason = rec.state == RailState::Unknown && rec.flow == RailFlow::Collection;
+                let update = RailUpdate { reason: (!keep_reason).then(|| reason.clone()), ..Default::default() };
+                self.store.rail_transition(&rec.id, &[rec.state], rec.state, update, now).await
             }
         }
     }
@@ -373,10 +656,15 @@ mod tests {
                 "the customer's phone could not be reached (offline or did not respond) (M-Pesa result 1037)".into()
             )
         );
-        // Unknown codes (4999 is Daraja's "still under processing") are never success nor failure.
+        // 4999 is Daraja's "still under processing": pending, asked again.
         assert_eq!(
             classify(4999, "still\nunder processing"),
-            Settlement::Unrecognised("unrecognised M-Pesa result 4999: stillunder processing".into())
+            Settlement::Pending("still being processed (M-Pesa result 4999)".into())
+        );
+        // Unknown codes are never success nor failure.
+        assert_eq!(
+            classify(4998, "some\nnew code"),
+            Settlement::Unrecognised("unrecognised M-Pesa result 4998: somenew code".into())
         );
         let Settlement::Unrecognised(long) = classify(7777, &"x".repeat(500)) else { panic!("unrecognised") };
         assert_eq!(long.len(), "unrecognised M-Pesa result 7777: ".len() + 120);
@@ -398,6 +686,8 @@ mod tests {
             event_from_callback(paid.clone()),
             RailEvent {
                 rail_ref: "ws_CO_191220191020363925".into(),
+                payment_ref: None,
+                authority: Authority::Confirm,
                 settlement: Settlement::Succeeded,
                 amount_minor: Some(100),
                 payer: Some("254708374149".into()),
@@ -418,13 +708,76 @@ mod tests {
         assert_eq!((event.amount_minor, event.payer, event.receipt), (None, None, None));
     }
 
+    fn api_result(code: &str, status: Option<&str>) -> ApiResult {
+        ApiResult {
+            result_code: code.into(),
+            result_desc: "desc\n".into(),
+            originator_conversation_id: "pay_1".into(),
+            conversation_id: "AG_1".into(),
+            transaction_id: Some("NLJ41HAY6Q".into()),
+            amount_minor: Some(1_000),
+            receipt: Some("NLJ41HAY6Q".into()),
+            party: Some("254708374149".into()),
+            transaction_status: status.map(str::to_string),
+            occasion: Some(PaymentId::generate().to_string()),
+        }
+    }
+
+    #[test]
+    fn results_map_to_settlements_and_never_guess() {
+        assert_eq!(settlement_from_result(&api_result("0", None)), Settlement::Succeeded);
+        assert_eq!(
+            settlement_from_result(&api_result("2001", None)),
+            Settlement::Failed("the initiator information is invalid (M-Pesa result 2001)".into())
+        );
+        assert!(matches!(settlement_from_result(&api_result("26", None)), Settlement::Unrecognised(_)));
+        assert!(matches!(settlement_from_result(&api_result("R000002", None)), Settlement::Unrecognised(_)));
+        // A status query's answer speaks of the transaction asked about.
+        assert_eq!(settlement_from_result(&api_result("0", Some("Completed"))), Settlement::Succeeded);
+        assert!(matches!(settlement_from_result(&api_result("0", Some("Failed"))), Settlement::Failed(_)));
+        assert!(matches!(settlement_from_result(&api_result("0", Some("Pending"))), Settlement::Pending(_)));
+        // A status query M-Pesa could not answer ("no such transaction") is not a failure.
+        assert!(matches!(settlement_from_result(&api_result("2032", Some("Unknown"))), Settlement::Unrecognised(_)));
+    }
+
+    #[test]
+    fn results_map_to_final_events_and_timeouts_to_notices() {
+        let r = api_result("0", None);
+        let pid = r.occasion.clone();
+        let event = event_from_result(r.clone(), CallbackChannel::Result);
+        assert_eq!((event.authority, event.settlement.clone()), (Authority::Final, Settlement::Succeeded));
+        assert_eq!((event.rail_ref.as_str(), event.payment_ref.map(|p| p.to_string())), ("pay_1", pid));
+        assert_eq!((event.amount_minor, event.payer.as_deref()), (Some(1_000), Some("254708374149")));
+        let notice = event_from_result(r.clone(), CallbackChannel::Timeout);
+        assert_eq!(notice.authority, Authority::Notice);
+        assert!(matches!(notice.settlement, Settlement::Pending(_)), "a timeout never settles");
+        // An occasion that is not a payment id names no payment.
+        let other = ApiResult { occasion: Some("Christmas".into()), ..r };
+        assert_eq!(event_from_result(other, CallbackChannel::Result).payment_ref, None);
+    }
+
+    #[test]
+    fn payouts_are_checked_like_collections() {
+        let v =
+            payout_from_args(PayoutArgs { payee: "0712 345 678", amount: "150.00", remarks: " Cashback " }).unwrap();
+        assert_eq!((v.payee(), v.payee_account().as_str()), ("254712345678", "mpesa-254712345678"));
+        assert_eq!((v.amount().minor(), v.remarks()), (15_000, "Cashback"));
+        let refusal = |payee, amount, remarks| payout_from_args(PayoutArgs { payee, amount, remarks }).unwrap_err();
+        assert!(matches!(refusal("+1 555", "150", "r"), PayoutRefusal::Payee(_)));
+        assert!(matches!(refusal("0712345678", "150.50", "r"), PayoutRefusal::Amount(_)));
+        assert!(matches!(refusal("0712345678", "0", "r"), PayoutRefusal::Amount(_)));
+        assert!(matches!(refusal("0712345678", "150", " "), PayoutRefusal::Remarks(_)));
+        assert!(matches!(refusal("0712345678", "150", &"x".repeat(101)), PayoutRefusal::Remarks(_)));
+    }
+
     #[test]
     fn query_answers_map_to_settlements() {
         assert_eq!(settlement_from_query(&Ok(StkQueryOutcome::Pending)), Settlement::Pending(STILL_PROCESSING.into()));
         let done = |code: i64| Ok(StkQueryOutcome::Completed { result_code: code, result_desc: "d".into() });
         assert_eq!(settlement_from_query(&done(0)), Settlement::Succeeded);
         assert!(matches!(settlement_from_query(&done(1037)), Settlement::Failed(_)));
-        assert!(matches!(settlement_from_query(&done(4999)), Settlement::Unrecognised(_)));
+        assert!(matches!(settlement_from_query(&done(4999)), Settlement::Pending(_)));
+        assert!(matches!(settlement_from_query(&done(4998)), Settlement::Unrecognised(_)));
         // A query that could not be made is never a guess: pending, asked again.
         for error in [
             DarajaError::Unavailable("503".into()),

@@ -5,7 +5,7 @@
 use super::guards::{UsageDraw, usage_draw};
 use crate::clock::UnixSecs;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailPayment, RailState};
+use crate::domain::rail::{RailFlow, RailPayment, RailState};
 
 /// What a record drew when it opened, to be given back: its day's usage and one mandate use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,16 @@ pub fn may_move(rec: &RailPayment, from: &[RailState]) -> bool {
     from.contains(&rec.state)
 }
 
+/// The states a rail's word may settle a record from. A collection settles only once pushed and
+/// pending. Money going out settles from any open state: its result may arrive before the request's
+/// own answer was recorded (`Submitting`), or after that answer was lost (`Unknown`).
+pub fn settles_from(flow: RailFlow) -> &'static [RailState] {
+    match flow {
+        RailFlow::Collection | RailFlow::Ledger => &[RailState::Pending],
+        RailFlow::Payout | RailFlow::Reversal => &[RailState::Submitting, RailState::Pending, RailState::Unknown],
+    }
+}
+
 /// Whether the record may be abandoned (deleted, its draws given back): only while `Submitting`,
 /// before anything reached the rail.
 pub fn may_abandon(rec: &RailPayment) -> bool {
@@ -77,6 +87,7 @@ mod tests {
             reason: None,
             created_at: 86_400 * 3 + 5,
             updated_at: 86_400 * 3 + 5,
+            flow: RailFlow::Collection,
         }
     }
 

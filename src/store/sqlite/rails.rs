@@ -55,8 +55,8 @@ pub(super) fn open_tx(
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
-                                    reason, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+                                    reason, created_at, updated_at, flow)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
         params_from_iter(rows::rail_values(&rec)),
     )
     .map_err(db)?;
