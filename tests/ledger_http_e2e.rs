@@ -89,6 +89,7 @@ async fn ledger_payments(r: &Rig) -> Vec<paygate::backend::Payment> {
         status: None,
         before_seq: None,
         limit: 100,
+        ..Default::default()
     };
     r.ledger.ledger_list_payments(q).await.unwrap().items
 }
@@ -276,6 +277,7 @@ async fn the_summary_matches_the_embedded_ledger() {
         status: None,
         before_seq: None,
         limit: 100,
+        ..Default::default()
     };
     let held = store.ledger_list_payments(q).await.unwrap().items;
     for kind in [PaymentKind::Payment, PaymentKind::Refund] {

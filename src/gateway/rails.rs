@@ -603,6 +603,7 @@ impl Gateway {
                         status: None,
                         before_seq: before,
                         limit: RECONCILE_PAGE,
+                        ..Default::default()
                     })
                     .await?;
                 for p in &page.items {

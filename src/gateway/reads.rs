@@ -85,6 +85,8 @@ impl Gateway {
             status,
             before_seq: decode_cursor(args.cursor.as_deref())?,
             limit: self.page_limit(args.limit)?,
+            from: None,
+            to: None,
         };
         self.backend.list_payments(query).await.map_err(|e| map_backend_error(&e))
     }
