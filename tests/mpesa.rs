@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 const SECRET: &str = "cb-secret-0123456789abcdefghij";
 const SCOPES: &str = "payments:read payments:collect payments:refund payments:admin";
 
-fn overlay(fake: &DarajaFake, extra: &str) -> String {
+/// `tool_limits`: the dev profile's `tool_calls_per_minute`. A second profile, "other-agent", may
+/// use acct-A only (it sees no collection).
+fn overlay_with_limits(fake: &DarajaFake, extra: &str, tool_limits: &str) -> String {
     format!(
         r#"
 [mpesa]
@@ -45,6 +47,18 @@ autonomous_limit = {{ KES = "1000.00" }}
 daily_limit = {{ KES = "100000.00" }}
 daily_payments_max = 1000
 calls_per_minute = 600
+tool_calls_per_minute = {tool_limits}
+issuer = ""
+
+[[policy.profiles]]
+name = "other"
+subjects = ["other-agent"]
+client_ids = []
+allowed_accounts = ["acct-A"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
 tool_calls_per_minute = {{}}
 issuer = ""
 "#,
@@ -60,9 +74,13 @@ struct Rig {
 }
 
 async fn rig_with(extra: &str, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> Rig {
+    rig_limited(extra, "{}", overrides, clock).await
+}
+
+async fn rig_limited(extra: &str, tool_limits: &str, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> Rig {
     let fake = DarajaFake::start(FakeConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let app = spawn_with_toml(dir.path(), &overlay(&fake, extra), overrides, clock).await;
+    let app = spawn_with_toml(dir.path(), &overlay_with_limits(&fake, extra, tool_limits), overrides, clock).await;
     let client = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
     Rig { app, fake, client, _dir: dir }
 }
@@ -488,5 +506,79 @@ async fn reconciliation_asks_again_about_failed_collections() {
         report.findings
     );
     assert_eq!(payment(&r.client, &id).await["status"], "failed", "terminal states never change: a human decides");
+    r.app.stop().await;
+}
+
+// --- the M-Pesa MCP server's names, and the reads operators expect of it ---
+
+fn id_of(r: &rmcp::model::CallToolResult) -> String {
+    ok(r)["payment_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn initiate_stk_push_is_request_mpesa_payment_under_another_name() {
+    let r = rig().await;
+    let c = &r.client;
+    let first = call(c, "request_mpesa_payment", collect("alias-1", "150")).await;
+    assert_eq!(ok(&first)["replayed"], false);
+    // The same operation_id through the alias is the same operation: replayed, no second prompt.
+    let again = call(c, "initiate_stk_push", collect("alias-1", "150")).await;
+    assert_eq!((id_of(&again), ok(&again)["replayed"].as_bool()), (id_of(&first), Some(true)));
+    assert_eq!(r.fake.push_requests(), 1, "one STK push for one operation_id, whichever the name");
+    // ... and other arguments under it through the alias are a conflict, as through the tool.
+    let other = call(c, "initiate_stk_push", collect("alias-1", "151")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT");
+    // A new operation through the alias alone works like the tool.
+    let fresh = call(c, "initiate_stk_push", collect("alias-2", "20")).await;
+    assert_eq!((ok(&fresh)["status"].as_str(), ok(&fresh)["replayed"].as_bool()), (Some("pending"), Some(false)));
+    assert_eq!(r.fake.push_requests(), 2);
+    // Audited under the tool's own name only.
+    let audit = r.app.audit("dev-agent").await;
+    assert!(audit.iter().any(|a| a.tool == "request_mpesa_payment"));
+    assert!(audit.iter().all(|a| a.tool != "initiate_stk_push"), "an alias never appears as a tool of its own");
+    // Listed with the tool's input schema and hints.
+    let tools = c.list_all_tools().await.unwrap();
+    let find = |n: &str| tools.iter().find(|t| t.name == n).cloned().unwrap_or_else(|| panic!("{n} listed"));
+    let (tool, alias) = (find("request_mpesa_payment"), find("initiate_stk_push"));
+    assert_eq!(alias.input_schema, tool.input_schema);
+    assert_eq!(alias.annotations, tool.annotations);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn alternating_names_does_not_double_a_per_tool_rate_limit() {
+    let r = rig_limited("", "{ request_mpesa_payment = 3 }", &[], Arc::new(SystemClock)).await;
+    let c = &r.client;
+    for (n, name) in ["request_mpesa_payment", "initiate_stk_push", "request_mpesa_payment"].iter().enumerate() {
+        ok(&call(c, name, collect(&format!("limited-{n}"), "10")).await);
+    }
+    for (n, name) in ["initiate_stk_push", "request_mpesa_payment"].iter().enumerate() {
+        let refused = call(c, name, collect(&format!("over-{n}"), "10")).await;
+        assert_eq!(code(&refused), "RATE_LIMITED", "{name}: three calls of the tool, whatever the names");
+    }
+    assert_eq!(r.fake.push_requests(), 3);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn governance_of_the_tool_governs_its_alias() {
+    // approval_required on the tool: the alias needs a human too.
+    let r = rig_with("\n[tools]\napproval_required = [\"request_mpesa_payment\"]\n", &[], Arc::new(SystemClock)).await;
+    let refused = call(&r.client, "initiate_stk_push", collect("gov-1", "10")).await;
+    assert_eq!(code(&refused), "APPROVAL_REQUIRED");
+    // The alias needs the tool's scope: without payments:collect, the HTTP layer refuses it (403).
+    let reader = connect(&r.app.url, &r.app.token("dev-agent", "payments:read"), Era::Modern).await;
+    assert!(try_call(&reader, "initiate_stk_push", collect("gov-3", "10")).await.is_err());
+    assert_eq!(r.fake.push_requests(), 0);
+    r.app.stop().await;
+
+    // Disabling the tool hides and refuses the alias as well.
+    let r = rig_with("\n[tools]\ndisabled = [\"request_mpesa_payment\"]\n", &[], Arc::new(SystemClock)).await;
+    let names: Vec<String> = r.client.list_all_tools().await.unwrap().iter().map(|t| t.name.to_string()).collect();
+    assert!(!names.iter().any(|n| n == "request_mpesa_payment" || n == "initiate_stk_push"), "{names:?}");
+    assert!(names.iter().any(|n| n == "get_payment"), "other tools stay");
+    let refused = try_call(&r.client, "initiate_stk_push", collect("gov-2", "10")).await;
+    assert!(refused.is_err(), "a disabled tool's alias is no tool: {refused:?}");
+    assert_eq!(r.fake.push_requests(), 0, "nothing reached Daraja");
     r.app.stop().await;
 }

@@ -158,11 +158,15 @@ pub struct PaygateMcp {
 }
 
 impl PaygateMcp {
-    /// `disabled`: tools switched off by config (tool governance); hidden and uncallable.
+    /// `disabled`: tools switched off by config (tool governance); hidden and uncallable. A
+    /// disabled tool's aliases go with it (an alias named alone is hidden alone).
     pub fn new(gateway: Arc<Gateway>, disabled: &[String]) -> Self {
         let mut tool_router = Self::catalogued_router();
         for name in disabled {
             tool_router.disable_route(name.clone());
+            for alias in crate::catalogue::aliases_of(name) {
+                tool_router.disable_route(alias);
+            }
         }
         PaygateMcp { gateway, tool_router: Arc::new(tool_router) }
     }
@@ -344,11 +348,19 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<PaymentResult>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
-        self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
-        let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        self.collect(caller, args).await
+    }
+
+    #[tool(
+        name = "initiate_stk_push",
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Alias of request_mpesa_payment (the M-Pesa MCP server's name): the same STK push, arguments \
+                       and result. Both names are one tool: the same operation_id is one payment and one prompt \
+                       through either, and limits and approvals count them together. Needs scope payments:collect.",
+        input_schema = schema_for_type::<RequestMpesaPaymentArgs>()
+    )]
+    async fn initiate_stk_push(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        self.collect(caller, args).await
     }
 
     #[tool(
@@ -380,6 +392,18 @@ impl PaygateMcp {
         let a: ReconcileArgs = parse(&caller, args)?;
         let r = self.gateway.reconcile_tool(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(r.into()))
+    }
+}
+
+impl PaygateMcp {
+    /// `request_mpesa_payment` under either of its names: admitted, timed, keyed and audited as
+    /// `request_mpesa_payment` (the gateway's operation keys it under its own name too).
+    async fn collect(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
+        self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
+        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
+        let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(done.into()))
     }
 }
 
@@ -472,6 +496,11 @@ impl ServerHandler for PaygateMcp {
                 "autonomous_limits": limits,
                 "tools": crate::catalogue::TOOLS.iter()
                     .map(|t| json!({"tool": t.name, "scope": t.scope, "allowed": p.has_scope(t.scope)}))
+                    .chain(crate::catalogue::ALIASES.iter().filter_map(|a| {
+                        let t = crate::catalogue::tool(a.canonical)?;
+                        Some(json!({"tool": a.name, "alias_of": a.canonical, "scope": t.scope,
+                                    "allowed": p.has_scope(t.scope)}))
+                    }))
                     .collect::<Vec<_>>(),
             })
         } else if let Some(id) = uri.strip_prefix(PAYMENT_URI_PREFIX) {
@@ -541,7 +570,12 @@ mod catalogue_tests {
     #[test]
     fn every_routed_tool_is_catalogued_and_every_catalogued_tool_is_routed() {
         let mut routed: Vec<String> = PaygateMcp::tool_list().into_iter().map(|t| t.name.to_string()).collect();
-        let mut catalogued: Vec<String> = crate::catalogue::TOOLS.iter().map(|t| t.name.to_string()).collect();
+        let mut catalogued: Vec<String> = crate::catalogue::TOOLS
+            .iter()
+            .map(|t| t.name)
+            .chain(crate::catalogue::ALIASES.iter().map(|a| a.name))
+            .map(str::to_string)
+            .collect();
         routed.sort();
         catalogued.sort();
         assert_eq!(routed, catalogued);
