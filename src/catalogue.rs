@@ -90,6 +90,11 @@ pub const TOOLS: &[ToolSpec] = &[
         open_world: true,
     },
     read("get_payment_summary", "Payment summary"),
+    read("check_transaction_status", "Check transaction status"),
+    read("generate_receipt", "Generate receipt"),
+    read("get_today_summary", "Today's summary"),
+    read("get_today_transactions", "Today's transactions"),
+    read("get_failed_transactions", "Failed transactions"),
     ToolSpec { name: "reconcile", title: "Reconcile", scope: scopes::ADMIN, effect: Effect::Settles, open_world: true },
 ];
 

@@ -511,6 +511,10 @@ async fn reconciliation_asks_again_about_failed_collections() {
 
 // --- the M-Pesa MCP server's names, and the reads operators expect of it ---
 
+fn ids(page: &Value) -> Vec<String> {
+    page["payments"].as_array().unwrap().iter().map(|p| p["payment_id"].as_str().unwrap().to_string()).collect()
+}
+
 fn id_of(r: &rmcp::model::CallToolResult) -> String {
     ok(r)["payment_id"].as_str().unwrap().to_string()
 }
@@ -580,5 +584,175 @@ async fn governance_of_the_tool_governs_its_alias() {
     let refused = try_call(&r.client, "initiate_stk_push", collect("gov-2", "10")).await;
     assert!(refused.is_err(), "a disabled tool's alias is no tool: {refused:?}");
     assert_eq!(r.fake.push_requests(), 0, "nothing reached Daraja");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn check_transaction_status_and_generate_receipt_by_checkout_request_id() {
+    let r = rig().await;
+    let c = &r.client;
+    let id = id_of(&call(c, "request_mpesa_payment", collect("status-1", "150")).await);
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    let queries = r.fake.query_requests();
+
+    let by_ref = call(c, "check_transaction_status", json!({"checkout_request_id": checkout})).await;
+    assert_eq!((id_of(&by_ref), ok(&by_ref)["status"].as_str()), (id.clone(), Some("pending")));
+    let by_id = call(c, "check_transaction_status", json!({"payment_id": id})).await;
+    assert_eq!(ok(&by_id)["status"], "pending");
+    // Not (yet) succeeded: no receipt, said plainly.
+    let early = call(c, "generate_receipt", json!({"payment_id": id})).await;
+    assert_eq!(code(&early), "INVALID_ARGUMENT");
+    assert!(err(&early)["message"].as_str().unwrap().contains("pending"), "{:?}", err(&early));
+    assert_eq!(r.fake.query_requests(), queries, "status checks read the gateway's records, not Daraja");
+
+    // Unknown, malformed or ambiguous references.
+    let unknown = call(c, "check_transaction_status", json!({"checkout_request_id": "ws_CO_000000000000000000"})).await;
+    assert_eq!(code(&unknown), "NOT_FOUND");
+    for args in
+        [json!({}), json!({"payment_id": id, "checkout_request_id": checkout}), json!({"checkout_request_id": ""})]
+    {
+        let bad = call(c, "check_transaction_status", args.clone()).await;
+        assert_eq!(code(&bad), "INVALID_ARGUMENT", "{args}");
+    }
+    // Another agent, whose accounts the collection does not touch, cannot find it by either handle,
+    // and learns nothing about it (not even its payment id).
+    let other = connect(&r.app.url, &r.app.token("other-agent", "payments:read"), Era::Modern).await;
+    let foreign = call(&other, "check_transaction_status", json!({"checkout_request_id": checkout})).await;
+    assert_eq!(code(&foreign), "NOT_FOUND");
+    assert!(!err(&foreign)["message"].as_str().unwrap().contains(&id));
+    assert_eq!(code(&call(&other, "check_transaction_status", json!({"payment_id": id})).await), "NOT_FOUND");
+    assert_eq!(code(&call(&other, "generate_receipt", json!({"payment_id": id})).await), "NOT_FOUND");
+
+    // The customer pays: the status and the receipt show it.
+    assert_eq!(r.fake.callback(&checkout, 0).await, 200);
+    let settled = ok(&call(c, "check_transaction_status", json!({"checkout_request_id": checkout})).await).clone();
+    assert_eq!(settled["status"], "succeeded");
+    assert_eq!(settled["receipt"]["checkout_request_id"], checkout.as_str());
+    let number = settled["receipt"]["reference"].as_str().unwrap().to_string();
+    let receipt = ok(&call(c, "generate_receipt", json!({"payment_id": id})).await).clone();
+    assert_eq!(receipt["payment_id"], id.as_str());
+    assert_eq!((receipt["kind"].as_str(), receipt["amount"].as_str()), (Some("payment"), Some("150.00")));
+    assert_eq!(receipt["currency"], "KES");
+    assert_eq!(
+        (receipt["from_account"].as_str(), receipt["to_account"].as_str()),
+        (Some("mpesa-254712345678"), Some("mpesa-collections"))
+    );
+    assert_eq!((receipt["rail"].as_str(), receipt["reference"].as_str()), (Some("mpesa"), Some(number.as_str())));
+    assert_eq!(receipt["phone"], "25471****678");
+    assert!(receipt["created_at"].as_str().unwrap().ends_with('Z'), "RFC 3339 UTC");
+    let text = receipt["text"].as_str().unwrap();
+    for part in [id.as_str(), "KES 150.00", number.as_str(), "25471****678"] {
+        assert!(text.contains(part), "{part} in {text}");
+    }
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn list_payments_merges_collections_and_ledger_payments_newest_first_on_every_page() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", &[], clock.clone()).await;
+    let c = connect(&r.app.url, &r.app.token("dev-agent", &format!("{SCOPES} payments:create")), Era::Modern).await;
+    let mut created = Vec::new();
+    for n in 0..8 {
+        clock.advance(1);
+        let res = if n % 3 == 1 {
+            let args = json!({"operation_id": format!("ledger-{n}"), "from_account": "acct-A", "to_account": "acct-B",
+                              "amount": "1.00", "currency": "KES"});
+            call(&c, "create_payment", args).await
+        } else {
+            call(&c, "request_mpesa_payment", collect(&format!("merge-{n}"), "10")).await
+        };
+        created.push(id_of(&res));
+    }
+    created.reverse();
+    for limit in [1, 2, 3, 100] {
+        let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+        for _ in 0..=created.len() {
+            let mut args = json!({"limit": limit});
+            if let Some(cur) = &cursor {
+                args["cursor"] = json!(cur);
+            }
+            let page = ok(&call(&c, "list_payments", args).await).clone();
+            assert!(ids(&page).len() <= limit, "limit {limit}");
+            seen.extend(ids(&page));
+            cursor = page["next_cursor"].as_str().map(str::to_string);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert!(cursor.is_none(), "limit {limit}: the walk ends");
+        assert_eq!(seen, created, "limit {limit}: every payment once, newest first");
+    }
+    // Filters apply to both sources; a payment made after a walk began does not break it.
+    let collections = ok(&call(&c, "list_payments", json!({"account_id": "mpesa-collections"})).await).clone();
+    assert_eq!(ids(&collections).len(), 5);
+    let page = ok(&call(&c, "list_payments", json!({"limit": 3})).await).clone();
+    clock.advance(1);
+    call(&c, "request_mpesa_payment", collect("late", "10")).await;
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let rest = ok(&call(&c, "list_payments", json!({"limit": 100, "cursor": cursor})).await).clone();
+    assert_eq!([ids(&page), ids(&rest)].concat(), created);
+    let r2 = call(&c, "list_payments", json!({"cursor": "djI6eDp5"})).await;
+    assert_eq!(code(&r2), "INVALID_ARGUMENT");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn windows_and_the_today_tools_include_collections() {
+    let now = SystemClock.now();
+    let today = now - now.rem_euclid(86_400);
+    let date = |secs: i64| paygate::clock::rfc3339(secs)[..10].to_string();
+    // Yesterday, an hour before midnight (UTC): one collection that fails.
+    let clock = Arc::new(ManualClock::new(today - 3600));
+    let r = rig_with("", &[], clock.clone()).await;
+    let yday = id_of(&call(&r.client, "request_mpesa_payment", collect("yday", "5")).await);
+    assert_eq!(r.fake.callback(&r.fake.pushes()[0].checkout_request_id, 1032).await, 200);
+    // Today, 01:00: one paid, one cancelled, one still pending.
+    clock.advance(7200);
+    let c = &connect(&r.app.url, &r.app.token("dev-agent", SCOPES), Era::Modern).await;
+    let paid = id_of(&call(c, "request_mpesa_payment", collect("paid", "150")).await);
+    clock.advance(1);
+    let cancelled = id_of(&call(c, "request_mpesa_payment", collect("cancelled", "20")).await);
+    clock.advance(1);
+    let pending = id_of(&call(c, "request_mpesa_payment", collect("pending", "7")).await);
+    let pushes = r.fake.pushes();
+    assert_eq!(r.fake.callback(&pushes[1].checkout_request_id, 0).await, 200);
+    assert_eq!(r.fake.callback(&pushes[2].checkout_request_id, 1032).await, 200);
+
+    let list = |args: Value| async move { call(c, "list_payments", args).await };
+    let todays = vec![pending.clone(), cancelled.clone(), paid.clone()];
+    assert_eq!(ids(ok(&list(json!({"from": date(today)})).await)), todays);
+    assert_eq!(
+        ids(ok(&list(json!({"to": date(today - 1)})).await)),
+        vec![yday.clone()],
+        "a bare `to` date: through that day"
+    );
+    let rfc = paygate::clock::rfc3339;
+    assert_eq!(ids(ok(&list(json!({"from": rfc(today - 3600), "to": rfc(today)})).await)), vec![yday.clone()]);
+    assert_eq!(ids(ok(&list(json!({"from": rfc(today + 3601), "status": "failed"})).await)), vec![cancelled.clone()]);
+    for bad in [
+        json!({"from": rfc(today), "to": rfc(today)}),
+        json!({"from": "yesterday"}),
+        json!({"from": date(today - 400 * 86_400), "to": date(today)}),
+    ] {
+        assert_eq!(code(&list(bad.clone()).await), "INVALID_ARGUMENT", "{bad}");
+    }
+
+    let t = ok(&call(c, "get_today_transactions", json!({})).await).clone();
+    assert_eq!(ids(&t), todays, "today's transactions are today's collections");
+    let t = ok(&call(c, "get_today_transactions", json!({"status": "succeeded"})).await).clone();
+    assert_eq!(ids(&t), vec![paid.clone()]);
+    let f = ok(&call(c, "get_failed_transactions", json!({})).await).clone();
+    assert_eq!(ids(&f), vec![cancelled.clone()], "failed today");
+    assert_eq!(f["payments"][0]["status"], "failed");
+    let f = ok(&call(c, "get_failed_transactions", json!({"from": date(today - 1)})).await).clone();
+    assert_eq!(ids(&f), vec![cancelled.clone(), yday.clone()]);
+
+    let s = ok(&call(c, "get_today_summary", json!({"currency": "KES"})).await).clone();
+    let line = |status: &str| s["totals"].as_array().unwrap().iter().find(|l| l["status"] == status).cloned().unwrap();
+    assert_eq!((line("succeeded")["count"].as_i64(), line("succeeded")["total"].as_str()), (Some(1), Some("150.00")));
+    assert_eq!((line("failed")["count"].as_i64(), line("failed")["total"].as_str()), (Some(1), Some("20.00")));
+    assert_eq!((line("pending")["count"].as_i64(), line("pending")["total"].as_str()), (Some(1), Some("7.00")));
+    assert_eq!(s["from"], rfc(today).as_str());
     r.app.stop().await;
 }

@@ -22,9 +22,9 @@ pub use operator::{
 pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs};
 pub use rails::{
     CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
-    parse_instant_arg,
+    TodaySummaryArgs, TransactionStatusArgs, parse_instant_arg,
 };
-pub use reads::{AccountLedgerArgs, ListPaymentsArgs};
+pub use reads::{AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentPage, TodayTransactionsArgs};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
