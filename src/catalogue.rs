@@ -4,6 +4,11 @@
 //!
 //! Architecture Invariant: a tool that is not in this table cannot be called (the auth layer finds
 //! no scope for it and refuses), and `mcp`'s own tests fail if its router and this table disagree.
+//!
+//! Aliases (`ALIASES`) are second names for a catalogued tool, for operators used to another
+//! server's names. An alias is not a tool of its own: every lookup here answers for its canonical
+//! tool, and the gateway admits, rate-limits, audits and keys it under the canonical name, so
+//! alternating names gains nothing. Disabling the canonical tool disables its aliases too.
 
 /// OAuth scopes: what agents' and operators' tokens carry.
 pub mod scopes {
@@ -94,8 +99,39 @@ pub const TOOLS: &[ToolSpec] = &[
         open_world: true,
     },
     read("get_payment_summary", "Payment summary"),
+    read("check_transaction_status", "Check transaction status"),
+    read("generate_receipt", "Generate receipt"),
+    read("get_today_summary", "Today's summary"),
+    read("get_today_transactions", "Today's transactions"),
+    read("get_failed_transactions", "Failed transactions"),
     ToolSpec { name: "reconcile", title: "Reconcile", scope: scopes::ADMIN, effect: Effect::Settles, open_world: true },
 ];
+
+/// A second name for a catalogued tool: same arguments, same result, same scope, policy, rate
+/// limits, idempotency and audit (all under `canonical`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alias {
+    pub name: &'static str,
+    pub canonical: &'static str,
+}
+
+/// The names of the widely used M-Pesa MCP server.
+pub const ALIASES: &[Alias] = &[Alias { name: "initiate_stk_push", canonical: "request_mpesa_payment" }];
+
+/// The tool a name stands for: the canonical name of an alias, or the name itself.
+pub fn canonical(name: &str) -> &str {
+    ALIASES.iter().find(|a| a.name == name).map_or(name, |a| a.canonical)
+}
+
+/// The alias `name` is, if it is one.
+pub fn alias(name: &str) -> Option<&'static Alias> {
+    ALIASES.iter().find(|a| a.name == name)
+}
+
+/// The aliases of a canonical tool.
+pub fn aliases_of(canonical: &str) -> impl Iterator<Item = &'static str> + '_ {
+    ALIASES.iter().filter(move |a| a.canonical == canonical).map(|a| a.name)
+}
 
 /// Scope needed to read resources and prompts.
 pub const READ_SCOPE: &str = scopes::READ;
@@ -112,7 +148,9 @@ pub fn scope_for_request(name: &str) -> Option<&'static str> {
     }
 }
 
+/// A tool's spec, by its name or an alias's (an alias answers with its canonical tool's spec).
 pub fn tool(name: &str) -> Option<&'static ToolSpec> {
+    let name = canonical(name);
     TOOLS.iter().find(|t| t.name == name)
 }
 
@@ -144,5 +182,21 @@ mod tests {
         assert_eq!(money, ["create_payment", "refund_payment", "request_mpesa_payment", "send_mpesa_payout"]);
         assert_eq!(scope_for_tool("refund_payment"), Some(scopes::REFUND));
         assert_eq!(scope_for_tool("no_such_tool"), None);
+    }
+
+    #[test]
+    fn aliases_answer_for_their_canonical_tool_and_never_shadow_one() {
+        for a in ALIASES {
+            assert!(TOOLS.iter().all(|t| t.name != a.name), "alias {} shadows a tool", a.name);
+            let spec = tool(a.canonical).unwrap_or_else(|| panic!("{} aliases no tool", a.name));
+            assert_eq!(tool(a.name), Some(spec), "{}", a.name);
+            assert_eq!(canonical(a.name), a.canonical);
+            assert!(aliases_of(a.canonical).any(|n| n == a.name));
+            assert!(alias(a.canonical).is_none(), "{} is an alias of an alias", a.canonical);
+        }
+        assert_eq!(canonical("initiate_stk_push"), "request_mpesa_payment");
+        assert_eq!(scope_for_tool("initiate_stk_push"), Some(scopes::COLLECT));
+        assert!(moves_money("initiate_stk_push"), "an alias of a money tool is a money tool");
+        assert_eq!(canonical("get_payment"), "get_payment");
     }
 }

@@ -566,7 +566,9 @@ impl Config {
                 return Err(ConfigError::Invalid(format!("tools: no tool named {t:?}")));
             }
         }
+        // (An alias may be disabled alone, which hides that name only; governance is the tool's.)
         for t in &self.tools.approval_required {
+            not_an_alias("tools.approval_required", t)?;
             if !crate::catalogue::moves_money(t) {
                 return Err(ConfigError::Invalid(format!("tools.approval_required: {t:?} moves no money")));
             }
@@ -613,6 +615,7 @@ impl Config {
                 if crate::catalogue::scope_for_tool(tool).is_none() {
                     return Err(ConfigError::Invalid(format!("profile {:?}: no tool named {tool:?}", p.name)));
                 }
+                not_an_alias("policy.profiles.tool_calls_per_minute", tool)?;
                 range("policy.profiles.tool_calls_per_minute", *n, 1, 100_000)?;
             }
         }
@@ -623,6 +626,18 @@ impl Config {
             )));
         }
         Ok(())
+    }
+}
+
+/// Governance (approvals, per-tool rate limits) is set on a tool, never on an alias: an alias is
+/// admitted under its canonical tool's name, so a setting on the alias would never apply.
+fn not_an_alias(key: &str, name: &str) -> Result<(), ConfigError> {
+    match crate::catalogue::alias(name) {
+        Some(a) => Err(ConfigError::Invalid(format!(
+            "{key}: {name:?} is an alias of {:?}; set it on {:?}, which governs both names",
+            a.canonical, a.canonical
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -676,6 +691,21 @@ mod tests {
         assert_eq!(c.server.bind, "127.0.0.1:8080");
         assert_eq!(c.idempotency.retention_secs, 7 * 24 * 3600);
         assert!(c.ledger.demo);
+    }
+
+    #[test]
+    fn governance_names_tools_not_aliases() {
+        let mut c = Config::load(None, env(&[])).unwrap();
+        c.tools.disabled = vec!["initiate_stk_push".into()];
+        assert!(c.validate().is_ok(), "an alias may be hidden alone");
+        c.tools.approval_required = vec!["initiate_stk_push".into()];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("alias of \"request_mpesa_payment\""), "{e}");
+        c.tools.approval_required = vec!["request_mpesa_payment".into()];
+        assert!(c.validate().is_ok());
+        let profile = c.policy.profiles.first_mut().unwrap();
+        profile.tool_calls_per_minute.insert("initiate_stk_push".into(), 5);
+        assert!(c.validate().unwrap_err().to_string().contains("tool_calls_per_minute"));
     }
 
     #[test]

@@ -349,6 +349,11 @@ fn parse_before(raw: Option<&str>) -> Result<Option<i64>, ApiError> {
     raw.map(|s| s.parse::<i64>().map_err(|_| ApiError::invalid("before must be a cursor from next_cursor"))).transpose()
 }
 
+/// A `from` / `to` bound: Unix seconds.
+fn parse_instant(raw: Option<&str>, name: &str) -> Result<Option<i64>, ApiError> {
+    raw.map(|s| s.parse::<i64>().map_err(|_| ApiError::invalid(format!("{name} must be Unix seconds")))).transpose()
+}
+
 /// Query pairs in order (so `account` may repeat); any parameter outside `allowed` is refused.
 fn query_pairs(
     q: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -516,7 +521,7 @@ async fn list_payments(
     State(svc): State<Svc>,
     q: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let pairs = query_pairs(q, &["account", "status", "before", "limit"])?;
+    let pairs = query_pairs(q, &["account", "status", "from", "to", "before", "limit"])?;
     let accounts = pairs
         .iter()
         .filter(|(k, _)| k == "account")
@@ -535,6 +540,8 @@ async fn list_payments(
         status,
         before_seq: parse_before(single(&pairs, "before")?)?,
         limit: parse_limit(single(&pairs, "limit")?)?,
+        from: parse_instant(single(&pairs, "from")?, "from")?,
+        to: parse_instant(single(&pairs, "to")?, "to")?,
     };
     let page = svc.store.ledger_list_payments(query).await?;
     Ok(axum::Json(PageBody { items: page.items, next_cursor: page.next_cursor }).into_response())

@@ -126,6 +126,7 @@ impl Ledger {
             status: None,
             before_seq: None,
             limit: 100,
+            ..Default::default()
         };
         self.store.ledger_list_payments(q).await.unwrap().items
     }
@@ -193,12 +194,18 @@ async fn contract_round_trip_with_typed_refusals() {
     assert_eq!((bal.balance_minor, bal.currency.code()), (97_500, "KES"));
     assert_eq!(b.balance(&acct("acct-Z")).await.unwrap(), None);
 
-    let q = |status| PaymentQuery { accounts: vec![acct("acct-B")], status, before_seq: None, limit: 10 };
+    let q = |status| PaymentQuery {
+        accounts: vec![acct("acct-B")],
+        status,
+        before_seq: None,
+        limit: 10,
+        ..Default::default()
+    };
     let page = b.list_payments(q(None)).await.unwrap();
     assert_eq!(page.items, vec![p.clone()]);
     assert_eq!(page.next_cursor, None);
     assert_eq!(b.list_payments(q(Some(PaymentStatus::Pending))).await.unwrap().items, vec![]);
-    let none = PaymentQuery { accounts: vec![], status: None, before_seq: None, limit: 10 };
+    let none = PaymentQuery { accounts: vec![], status: None, before_seq: None, limit: 10, ..Default::default() };
     assert_eq!(b.list_payments(none).await.unwrap().items, vec![]);
 
     let entries = b.account_entries(&acct("acct-A"), None, 1).await.unwrap();

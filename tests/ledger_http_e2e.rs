@@ -89,6 +89,7 @@ async fn ledger_payments(r: &Rig) -> Vec<paygate::backend::Payment> {
         status: None,
         before_seq: None,
         limit: 100,
+        ..Default::default()
     };
     r.ledger.ledger_list_payments(q).await.unwrap().items
 }
@@ -116,8 +117,15 @@ async fn the_whole_flow_works_against_ledger_serve() {
         call(c, "refund_payment", json!({"operation_id": "http-r1", "payment_id": id, "amount": "50.00"})).await;
     assert_eq!(ok(&refund)["kind"], "refund");
     assert_eq!(balance(c, "acct-B").await, "200.00");
+    // Listed once each: the gateway's own records of the ledger's payments are not listed again.
     let list = ok(&call(c, "list_payments", json!({})).await).clone();
     assert_eq!(list["payments"].as_array().unwrap().len(), 2);
+    // The window reaches the ledger service.
+    let tomorrow = paygate::clock::rfc3339(now_secs() + 86_400)[..10].to_string();
+    let later = ok(&call(c, "list_payments", json!({"from": tomorrow})).await).clone();
+    assert!(later["payments"].as_array().unwrap().is_empty(), "{later}");
+    let until = ok(&call(c, "list_payments", json!({"to": tomorrow})).await).clone();
+    assert_eq!(until["payments"].as_array().unwrap().len(), 2);
     let ledger = ok(&call(c, "get_account_ledger", json!({"account_id": "acct-B"})).await).clone();
     assert_eq!(ledger["entries"].as_array().unwrap().len(), 2);
     assert_eq!(ok(&call(c, "check_ledger_integrity", json!({})).await)["ok"], true);
@@ -276,6 +284,7 @@ async fn the_summary_matches_the_embedded_ledger() {
         status: None,
         before_seq: None,
         limit: 100,
+        ..Default::default()
     };
     let held = store.ledger_list_payments(q).await.unwrap().items;
     for kind in [PaymentKind::Payment, PaymentKind::Refund] {

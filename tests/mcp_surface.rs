@@ -7,15 +7,21 @@ use common::*;
 use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Value, json};
 
-// request_mpesa_payment is offered only where the M-Pesa rail is configured (tests/mpesa.rs).
-const TOOLS: [&str; 10] = [
+// request_mpesa_payment and its alias initiate_stk_push are offered only where the M-Pesa rail is
+// configured (tests/mpesa.rs): mpesa.enabled = false disables the tool, and so its alias.
+const TOOLS: [&str; 15] = [
     "check_ledger_integrity",
+    "check_transaction_status",
     "create_payment",
+    "generate_receipt",
     "get_account_ledger",
     "get_approval",
     "get_balance",
+    "get_failed_transactions",
     "get_payment",
     "get_payment_summary",
+    "get_today_summary",
+    "get_today_transactions",
     "list_payments",
     "reconcile",
     "refund_payment",
@@ -49,6 +55,11 @@ async fn tools_list_is_the_contract_in_both_eras() {
                     | "check_ledger_integrity"
                     | "get_approval"
                     | "get_payment_summary"
+                    | "check_transaction_status"
+                    | "generate_receipt"
+                    | "get_today_summary"
+                    | "get_today_transactions"
+                    | "get_failed_transactions"
             );
             assert_eq!(a.read_only_hint, Some(read_only), "{} read_only", t.name);
             if !read_only {
@@ -129,6 +140,28 @@ async fn every_tool_resource_and_prompt_works_in_both_eras() {
         assert!(ids(&page2).iter().all(|id| !ids(&page1).contains(id)), "pages do not overlap");
         let r = call(&c, "list_payments", json!({"limit": 101})).await;
         assert_eq!(code(&r), "INVALID_ARGUMENT");
+
+        // the today tools, check_transaction_status and generate_receipt over the ledger's payments
+        let r = call(&c, "get_today_transactions", json!({"limit": 100})).await;
+        assert!(ids(ok(&r)).contains(&pid), "today's transactions list today's payment");
+        let r = call(&c, "get_failed_transactions", json!({})).await;
+        assert!(ok(&r)["payments"].as_array().unwrap().is_empty(), "nothing failed");
+        let r = call(&c, "get_today_summary", json!({"currency": "KES"})).await;
+        let line = ok(&r)["totals"].as_array().unwrap().iter().find(|l| l["status"] == "succeeded").cloned().unwrap();
+        assert!(line["count"].as_i64().unwrap() >= 4, "{line}");
+        let r = call(&c, "check_transaction_status", json!({"payment_id": pid})).await;
+        assert_eq!((ok(&r)["payment_id"].as_str(), ok(&r)["status"].as_str()), (Some(pid.as_str()), Some("succeeded")));
+        let r = call(&c, "generate_receipt", json!({"payment_id": pid})).await;
+        let receipt = ok(&r).clone();
+        assert_eq!((receipt["amount"].as_str(), receipt["currency"].as_str()), (Some("10.50"), Some("KES")));
+        assert_eq!(
+            (receipt["from_account"].as_str(), receipt["to_account"].as_str()),
+            (Some("acct-A"), Some("acct-B"))
+        );
+        assert_eq!((receipt["rail"].as_str(), receipt["reference"].as_str()), (Some("ledger"), Some(pid.as_str())));
+        let text = receipt["text"].as_str().unwrap();
+        assert!(text.contains(&pid) && text.contains("KES 10.50"), "{text}");
+        assert!(!text.contains("surface test"), "no memo (free text) in the gateway's own text");
 
         // get_account_ledger
         let r = call(&c, "get_account_ledger", json!({"account_id": "acct-B", "limit": 100})).await;

@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 const SECRET: &str = "cb-secret-0123456789abcdefghij";
 const SCOPES: &str = "payments:read payments:collect payments:refund payments:admin";
 
-fn overlay(fake: &DarajaFake, extra: &str) -> String {
+/// `tool_limits`: the dev profile's `tool_calls_per_minute`. A second profile, "other-agent", may
+/// use acct-A only (it sees no collection).
+fn overlay_with_limits(fake: &DarajaFake, extra: &str, tool_limits: &str) -> String {
     format!(
         r#"
 [mpesa]
@@ -45,6 +47,18 @@ autonomous_limit = {{ KES = "1000.00" }}
 daily_limit = {{ KES = "100000.00" }}
 daily_payments_max = 1000
 calls_per_minute = 600
+tool_calls_per_minute = {tool_limits}
+issuer = ""
+
+[[policy.profiles]]
+name = "other"
+subjects = ["other-agent"]
+client_ids = []
+allowed_accounts = ["acct-A"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
 tool_calls_per_minute = {{}}
 issuer = ""
 "#,
@@ -60,9 +74,13 @@ struct Rig {
 }
 
 async fn rig_with(extra: &str, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> Rig {
+    rig_limited(extra, "{}", overrides, clock).await
+}
+
+async fn rig_limited(extra: &str, tool_limits: &str, overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> Rig {
     let fake = DarajaFake::start(FakeConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let app = spawn_with_toml(dir.path(), &overlay(&fake, extra), overrides, clock).await;
+    let app = spawn_with_toml(dir.path(), &overlay_with_limits(&fake, extra, tool_limits), overrides, clock).await;
     let client = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
     Rig { app, fake, client, _dir: dir }
 }
@@ -488,5 +506,253 @@ async fn reconciliation_asks_again_about_failed_collections() {
         report.findings
     );
     assert_eq!(payment(&r.client, &id).await["status"], "failed", "terminal states never change: a human decides");
+    r.app.stop().await;
+}
+
+// --- the M-Pesa MCP server's names, and the reads operators expect of it ---
+
+fn ids(page: &Value) -> Vec<String> {
+    page["payments"].as_array().unwrap().iter().map(|p| p["payment_id"].as_str().unwrap().to_string()).collect()
+}
+
+fn id_of(r: &rmcp::model::CallToolResult) -> String {
+    ok(r)["payment_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn initiate_stk_push_is_request_mpesa_payment_under_another_name() {
+    let r = rig().await;
+    let c = &r.client;
+    let first = call(c, "request_mpesa_payment", collect("alias-1", "150")).await;
+    assert_eq!(ok(&first)["replayed"], false);
+    // The same operation_id through the alias is the same operation: replayed, no second prompt.
+    let again = call(c, "initiate_stk_push", collect("alias-1", "150")).await;
+    assert_eq!((id_of(&again), ok(&again)["replayed"].as_bool()), (id_of(&first), Some(true)));
+    assert_eq!(r.fake.push_requests(), 1, "one STK push for one operation_id, whichever the name");
+    // ... and other arguments under it through the alias are a conflict, as through the tool.
+    let other = call(c, "initiate_stk_push", collect("alias-1", "151")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT");
+    // A new operation through the alias alone works like the tool.
+    let fresh = call(c, "initiate_stk_push", collect("alias-2", "20")).await;
+    assert_eq!((ok(&fresh)["status"].as_str(), ok(&fresh)["replayed"].as_bool()), (Some("pending"), Some(false)));
+    assert_eq!(r.fake.push_requests(), 2);
+    // Audited under the tool's own name only.
+    let audit = r.app.audit("dev-agent").await;
+    assert!(audit.iter().any(|a| a.tool == "request_mpesa_payment"));
+    assert!(audit.iter().all(|a| a.tool != "initiate_stk_push"), "an alias never appears as a tool of its own");
+    // Listed with the tool's input schema and hints.
+    let tools = c.list_all_tools().await.unwrap();
+    let find = |n: &str| tools.iter().find(|t| t.name == n).cloned().unwrap_or_else(|| panic!("{n} listed"));
+    let (tool, alias) = (find("request_mpesa_payment"), find("initiate_stk_push"));
+    assert_eq!(alias.input_schema, tool.input_schema);
+    assert_eq!(alias.annotations, tool.annotations);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn alternating_names_does_not_double_a_per_tool_rate_limit() {
+    let r = rig_limited("", "{ request_mpesa_payment = 3 }", &[], Arc::new(SystemClock)).await;
+    let c = &r.client;
+    for (n, name) in ["request_mpesa_payment", "initiate_stk_push", "request_mpesa_payment"].iter().enumerate() {
+        ok(&call(c, name, collect(&format!("limited-{n}"), "10")).await);
+    }
+    for (n, name) in ["initiate_stk_push", "request_mpesa_payment"].iter().enumerate() {
+        let refused = call(c, name, collect(&format!("over-{n}"), "10")).await;
+        assert_eq!(code(&refused), "RATE_LIMITED", "{name}: three calls of the tool, whatever the names");
+    }
+    assert_eq!(r.fake.push_requests(), 3);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn governance_of_the_tool_governs_its_alias() {
+    // approval_required on the tool: the alias needs a human too.
+    let r = rig_with("\n[tools]\napproval_required = [\"request_mpesa_payment\"]\n", &[], Arc::new(SystemClock)).await;
+    let refused = call(&r.client, "initiate_stk_push", collect("gov-1", "10")).await;
+    assert_eq!(code(&refused), "APPROVAL_REQUIRED");
+    // The alias needs the tool's scope: without payments:collect, the HTTP layer refuses it (403).
+    let reader = connect(&r.app.url, &r.app.token("dev-agent", "payments:read"), Era::Modern).await;
+    assert!(try_call(&reader, "initiate_stk_push", collect("gov-3", "10")).await.is_err());
+    assert_eq!(r.fake.push_requests(), 0);
+    r.app.stop().await;
+
+    // Disabling the tool hides and refuses the alias as well.
+    let r = rig_with("\n[tools]\ndisabled = [\"request_mpesa_payment\"]\n", &[], Arc::new(SystemClock)).await;
+    let names: Vec<String> = r.client.list_all_tools().await.unwrap().iter().map(|t| t.name.to_string()).collect();
+    assert!(!names.iter().any(|n| n == "request_mpesa_payment" || n == "initiate_stk_push"), "{names:?}");
+    assert!(names.iter().any(|n| n == "get_payment"), "other tools stay");
+    let refused = try_call(&r.client, "initiate_stk_push", collect("gov-2", "10")).await;
+    assert!(refused.is_err(), "a disabled tool's alias is no tool: {refused:?}");
+    assert_eq!(r.fake.push_requests(), 0, "nothing reached Daraja");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn check_transaction_status_and_generate_receipt_by_checkout_request_id() {
+    let r = rig().await;
+    let c = &r.client;
+    let id = id_of(&call(c, "request_mpesa_payment", collect("status-1", "150")).await);
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    let queries = r.fake.query_requests();
+
+    let by_ref = call(c, "check_transaction_status", json!({"checkout_request_id": checkout})).await;
+    assert_eq!((id_of(&by_ref), ok(&by_ref)["status"].as_str()), (id.clone(), Some("pending")));
+    let by_id = call(c, "check_transaction_status", json!({"payment_id": id})).await;
+    assert_eq!(ok(&by_id)["status"], "pending");
+    // Not (yet) succeeded: no receipt, said plainly.
+    let early = call(c, "generate_receipt", json!({"payment_id": id})).await;
+    assert_eq!(code(&early), "INVALID_ARGUMENT");
+    assert!(err(&early)["message"].as_str().unwrap().contains("pending"), "{:?}", err(&early));
+    assert_eq!(r.fake.query_requests(), queries, "status checks read the gateway's records, not Daraja");
+
+    // Unknown, malformed or ambiguous references.
+    let unknown = call(c, "check_transaction_status", json!({"checkout_request_id": "ws_CO_000000000000000000"})).await;
+    assert_eq!(code(&unknown), "NOT_FOUND");
+    for args in
+        [json!({}), json!({"payment_id": id, "checkout_request_id": checkout}), json!({"checkout_request_id": ""})]
+    {
+        let bad = call(c, "check_transaction_status", args.clone()).await;
+        assert_eq!(code(&bad), "INVALID_ARGUMENT", "{args}");
+    }
+    // Another agent, whose accounts the collection does not touch, cannot find it by either handle,
+    // and learns nothing about it (not even its payment id).
+    let other = connect(&r.app.url, &r.app.token("other-agent", "payments:read"), Era::Modern).await;
+    let foreign = call(&other, "check_transaction_status", json!({"checkout_request_id": checkout})).await;
+    assert_eq!(code(&foreign), "NOT_FOUND");
+    assert!(!err(&foreign)["message"].as_str().unwrap().contains(&id));
+    assert_eq!(code(&call(&other, "check_transaction_status", json!({"payment_id": id})).await), "NOT_FOUND");
+    assert_eq!(code(&call(&other, "generate_receipt", json!({"payment_id": id})).await), "NOT_FOUND");
+
+    // The customer pays: the status and the receipt show it.
+    assert_eq!(r.fake.callback(&checkout, 0).await, 200);
+    let settled = ok(&call(c, "check_transaction_status", json!({"checkout_request_id": checkout})).await).clone();
+    assert_eq!(settled["status"], "succeeded");
+    assert_eq!(settled["receipt"]["checkout_request_id"], checkout.as_str());
+    let number = settled["receipt"]["reference"].as_str().unwrap().to_string();
+    let receipt = ok(&call(c, "generate_receipt", json!({"payment_id": id})).await).clone();
+    assert_eq!(receipt["payment_id"], id.as_str());
+    assert_eq!((receipt["kind"].as_str(), receipt["amount"].as_str()), (Some("payment"), Some("150.00")));
+    assert_eq!(receipt["currency"], "KES");
+    assert_eq!(
+        (receipt["from_account"].as_str(), receipt["to_account"].as_str()),
+        (Some("mpesa-254712345678"), Some("mpesa-collections"))
+    );
+    assert_eq!((receipt["rail"].as_str(), receipt["reference"].as_str()), (Some("mpesa"), Some(number.as_str())));
+    assert_eq!(receipt["phone"], "25471****678");
+    assert!(receipt["created_at"].as_str().unwrap().ends_with('Z'), "RFC 3339 UTC");
+    let text = receipt["text"].as_str().unwrap();
+    for part in [id.as_str(), "KES 150.00", number.as_str(), "25471****678"] {
+        assert!(text.contains(part), "{part} in {text}");
+    }
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn list_payments_merges_collections_and_ledger_payments_newest_first_on_every_page() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", &[], clock.clone()).await;
+    let c = connect(&r.app.url, &r.app.token("dev-agent", &format!("{SCOPES} payments:create")), Era::Modern).await;
+    let mut created = Vec::new();
+    for n in 0..8 {
+        clock.advance(1);
+        let res = if n % 3 == 1 {
+            let args = json!({"operation_id": format!("ledger-{n}"), "from_account": "acct-A", "to_account": "acct-B",
+                              "amount": "1.00", "currency": "KES"});
+            call(&c, "create_payment", args).await
+        } else {
+            call(&c, "request_mpesa_payment", collect(&format!("merge-{n}"), "10")).await
+        };
+        created.push(id_of(&res));
+    }
+    created.reverse();
+    for limit in [1, 2, 3, 100] {
+        let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+        for _ in 0..=created.len() {
+            let mut args = json!({"limit": limit});
+            if let Some(cur) = &cursor {
+                args["cursor"] = json!(cur);
+            }
+            let page = ok(&call(&c, "list_payments", args).await).clone();
+            assert!(ids(&page).len() <= limit, "limit {limit}");
+            seen.extend(ids(&page));
+            cursor = page["next_cursor"].as_str().map(str::to_string);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert!(cursor.is_none(), "limit {limit}: the walk ends");
+        assert_eq!(seen, created, "limit {limit}: every payment once, newest first");
+    }
+    // Filters apply to both sources; a payment made after a walk began does not break it.
+    let collections = ok(&call(&c, "list_payments", json!({"account_id": "mpesa-collections"})).await).clone();
+    assert_eq!(ids(&collections).len(), 5);
+    let page = ok(&call(&c, "list_payments", json!({"limit": 3})).await).clone();
+    clock.advance(1);
+    call(&c, "request_mpesa_payment", collect("late", "10")).await;
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let rest = ok(&call(&c, "list_payments", json!({"limit": 100, "cursor": cursor})).await).clone();
+    assert_eq!([ids(&page), ids(&rest)].concat(), created);
+    let r2 = call(&c, "list_payments", json!({"cursor": "djI6eDp5"})).await;
+    assert_eq!(code(&r2), "INVALID_ARGUMENT");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn windows_and_the_today_tools_include_collections() {
+    let now = SystemClock.now();
+    let today = now - now.rem_euclid(86_400);
+    let date = |secs: i64| paygate::clock::rfc3339(secs)[..10].to_string();
+    // Yesterday, an hour before midnight (UTC): one collection that fails.
+    let clock = Arc::new(ManualClock::new(today - 3600));
+    let r = rig_with("", &[], clock.clone()).await;
+    let yday = id_of(&call(&r.client, "request_mpesa_payment", collect("yday", "5")).await);
+    assert_eq!(r.fake.callback(&r.fake.pushes()[0].checkout_request_id, 1032).await, 200);
+    // Today, 01:00: one paid, one cancelled, one still pending.
+    clock.advance(7200);
+    let c = &connect(&r.app.url, &r.app.token("dev-agent", SCOPES), Era::Modern).await;
+    let paid = id_of(&call(c, "request_mpesa_payment", collect("paid", "150")).await);
+    clock.advance(1);
+    let cancelled = id_of(&call(c, "request_mpesa_payment", collect("cancelled", "20")).await);
+    clock.advance(1);
+    let pending = id_of(&call(c, "request_mpesa_payment", collect("pending", "7")).await);
+    let pushes = r.fake.pushes();
+    assert_eq!(r.fake.callback(&pushes[1].checkout_request_id, 0).await, 200);
+    assert_eq!(r.fake.callback(&pushes[2].checkout_request_id, 1032).await, 200);
+
+    let list = |args: Value| async move { call(c, "list_payments", args).await };
+    let todays = vec![pending.clone(), cancelled.clone(), paid.clone()];
+    assert_eq!(ids(ok(&list(json!({"from": date(today)})).await)), todays);
+    assert_eq!(
+        ids(ok(&list(json!({"to": date(today - 1)})).await)),
+        vec![yday.clone()],
+        "a bare `to` date: through that day"
+    );
+    let rfc = paygate::clock::rfc3339;
+    assert_eq!(ids(ok(&list(json!({"from": rfc(today - 3600), "to": rfc(today)})).await)), vec![yday.clone()]);
+    assert_eq!(ids(ok(&list(json!({"from": rfc(today + 3601), "status": "failed"})).await)), vec![cancelled.clone()]);
+    for bad in [
+        json!({"from": rfc(today), "to": rfc(today)}),
+        json!({"from": "yesterday"}),
+        json!({"from": date(today - 400 * 86_400), "to": date(today)}),
+    ] {
+        assert_eq!(code(&list(bad.clone()).await), "INVALID_ARGUMENT", "{bad}");
+    }
+
+    let t = ok(&call(c, "get_today_transactions", json!({})).await).clone();
+    assert_eq!(ids(&t), todays, "today's transactions are today's collections");
+    let t = ok(&call(c, "get_today_transactions", json!({"status": "succeeded"})).await).clone();
+    assert_eq!(ids(&t), vec![paid.clone()]);
+    let f = ok(&call(c, "get_failed_transactions", json!({})).await).clone();
+    assert_eq!(ids(&f), vec![cancelled.clone()], "failed today");
+    assert_eq!(f["payments"][0]["status"], "failed");
+    let f = ok(&call(c, "get_failed_transactions", json!({"from": date(today - 1)})).await).clone();
+    assert_eq!(ids(&f), vec![cancelled.clone(), yday.clone()]);
+
+    let s = ok(&call(c, "get_today_summary", json!({"currency": "KES"})).await).clone();
+    let line = |status: &str| s["totals"].as_array().unwrap().iter().find(|l| l["status"] == status).cloned().unwrap();
+    assert_eq!((line("succeeded")["count"].as_i64(), line("succeeded")["total"].as_str()), (Some(1), Some("150.00")));
+    assert_eq!((line("failed")["count"].as_i64(), line("failed")["total"].as_str()), (Some(1), Some("20.00")));
+    assert_eq!((line("pending")["count"].as_i64(), line("pending")["total"].as_str()), (Some(1), Some("7.00")));
+    assert_eq!(s["from"], rfc(today).as_str());
     r.app.stop().await;
 }

@@ -15,7 +15,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hmac::{Hmac, Mac};
 use paygate::auth::{Secret, Verifier, mint_dev_token};
-use paygate::catalogue::TOOLS;
+use paygate::catalogue::{ALIASES, TOOLS};
 use paygate::clock::ManualClock;
 use paygate::http::peek;
 use paygate::idempotency::{KeyDeriver, fingerprint};
@@ -1160,7 +1160,7 @@ fn method_name() -> BoxedStrategy<String> {
 
 /// Tool names: the real ones, near misses an attacker would try, and anything.
 fn tool_name() -> BoxedStrategy<String> {
-    let real: Vec<&'static str> = TOOLS.iter().map(|t| t.name).collect();
+    let real: Vec<&'static str> = TOOLS.iter().map(|t| t.name).chain(ALIASES.iter().map(|a| a.name)).collect();
     let near = |(name, how): (&str, usize)| match how {
         0 => name.to_uppercase(),
         1 => format!("{name} "),

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use paygate::backend::{BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, RefundRequest, TransferRequest};
+use paygate::backend::{
+    BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest,
+    TransferRequest,
+};
 use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision};
 use paygate::domain::payment::Claim;
 use paygate::idempotency::StoredOutcome;
@@ -920,6 +923,73 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
         (count("succeeded"), count("failed"), count("pending")),
         (Some((1, 2_000)), Some((1, 1_000)), Some((1, 1_000)))
     );
+});
+
+// Rail records as agents' payment listings see them: filtered by account, status (as agents see
+// it), window and rail, newest first, paged by their own seq.
+contract!(rail_records_list_as_payments_filtered_and_paged, |store, label| async move {
+    let mpesa = |to: &str, key: &str| RailPayment {
+        rail: "mpesa".into(),
+        from_account: acct("mpesa-254712345678"),
+        to_account: acct(to),
+        ..rail(&PaymentId::generate(), key, 100)
+    };
+    let open = |rec: RailPayment, at: i64| {
+        let store = store.clone();
+        async move { store.rail_open(rec, Guards::default(), at).await.unwrap().rec.id }
+    };
+    let a = open(mpesa("mpesa-collections", "a"), 10).await;
+    let b = open(mpesa("mpesa-collections", "b"), 20).await;
+    store.rail_transition(&b, &[RailState::Submitting], RailState::Failed, RailUpdate::default(), 21).await.unwrap();
+    let c = open(rail(&PaymentId::generate(), "c", 100), 30).await; // an external ledger's own record
+    open(mpesa("elsewhere", "d"), 40).await;
+    let e = open(mpesa("mpesa-collections", "e"), 50).await;
+    let q = |status, from, to, before_seq, limit| PaymentQuery {
+        accounts: vec![acct("mpesa-collections")],
+        status,
+        before_seq,
+        limit,
+        from,
+        to,
+    };
+    let ids = |rows: Vec<(i64, RailPayment)>| rows.into_iter().map(|(_, r)| r.id).collect::<Vec<_>>();
+    let all = store.rail_payments(q(None, None, None, None, 10), "http").await.unwrap();
+    assert!(all.windows(2).all(|w| w[0].0 > w[1].0), "{label}: newest first by seq");
+    assert_eq!(ids(all.clone()), vec![e.clone(), b.clone(), a.clone()], "{label}");
+    let failed = store.rail_payments(q(Some(PaymentStatus::Failed), None, None, None, 10), "http").await.unwrap();
+    assert_eq!(ids(failed), vec![b.clone()], "{label}");
+    let pending = store.rail_payments(q(Some(PaymentStatus::Pending), None, None, None, 10), "http").await.unwrap();
+    assert_eq!(ids(pending), vec![e.clone(), a.clone()], "{label}: unsettled states read as pending");
+    let window = store.rail_payments(q(None, Some(20), Some(50), None, 10), "http").await.unwrap();
+    assert_eq!(ids(window), vec![b.clone()], "{label}: from inclusive, to exclusive");
+    let after_e = store.rail_payments(q(None, None, None, Some(all[0].0), 1), "http").await.unwrap();
+    assert_eq!(ids(after_e), vec![b.clone()], "{label}: paged by seq");
+    // The except rail's records are left out (an external ledger lists its own payments).
+    let b_side = || PaymentQuery { accounts: vec![acct("acct-B")], limit: 10, ..Default::default() };
+    assert_eq!(ids(store.rail_payments(b_side(), "mpesa").await.unwrap()), vec![c], "{label}");
+    assert!(store.rail_payments(b_side(), "http").await.unwrap().is_empty(), "{label}");
+    let nobody = PaymentQuery { limit: 10, ..Default::default() };
+    assert!(store.rail_payments(nobody, "http").await.unwrap().is_empty(), "{label}: no account, nothing");
+});
+
+// The ledger's payment listing takes the same window: from inclusive, to exclusive.
+contract!(ledger_payments_list_within_a_window, |store, label| async move {
+    with_accounts(&store, 10_000).await;
+    let mut made = Vec::new();
+    for (n, at) in [10, 20, 30].into_iter().enumerate() {
+        made.push(store.ledger_transfer(transfer(&format!("w{n}"), 100, Guards::default()), at).await.unwrap().id);
+    }
+    let list = |from, to| {
+        let store = store.clone();
+        async move {
+            let q = PaymentQuery { accounts: vec![acct("acct-B")], limit: 10, from, to, ..Default::default() };
+            store.ledger_list_payments(q).await.unwrap().items.into_iter().map(|p| p.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(list(None, None).await, vec![made[2].clone(), made[1].clone(), made[0].clone()], "{label}");
+    assert_eq!(list(Some(20), Some(30)).await, vec![made[1].clone()], "{label}");
+    assert_eq!(list(Some(20), None).await, vec![made[2].clone(), made[1].clone()], "{label}");
+    assert_eq!(list(None, Some(20)).await, vec![made[0].clone()], "{label}");
 });
 
 contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {

@@ -521,6 +521,12 @@ impl PaymentBackend for HttpLedger {
         if let Some(b) = query.before_seq {
             q.push(("before", b.to_string()));
         }
+        if let Some(from) = query.from {
+            q.push(("from", from.to_string()));
+        }
+        if let Some(to) = query.to {
+            q.push(("to", to.to_string()));
+        }
         q.push(("limit", query.limit.to_string()));
         let url = self.url(&["v1", "payments"], &q)?;
         let page: Option<WirePage<Payment>> = self.get_json("list_payments", url, None).await?;

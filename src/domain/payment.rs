@@ -235,6 +235,10 @@ pub struct PaymentQuery {
     pub status: Option<PaymentStatus>,
     pub before_seq: Option<i64>,
     pub limit: u32,
+    /// Only payments created at or after this instant (inclusive).
+    pub from: Option<UnixSecs>,
+    /// Only payments created before this instant (exclusive).
+    pub to: Option<UnixSecs>,
 }
 
 #[derive(Debug, Clone)]

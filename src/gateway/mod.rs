@@ -22,9 +22,9 @@ pub use operator::{
 pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs};
 pub use rails::{
     CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
-    parse_instant_arg,
+    TodaySummaryArgs, TransactionStatusArgs, parse_instant_arg,
 };
-pub use reads::{AccountLedgerArgs, ListPaymentsArgs};
+pub use reads::{AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentPage, TodayTransactionsArgs};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -173,7 +173,10 @@ impl Gateway {
     /// Rate limits, checked before any work: `RATE_LIMITED` with the limiter's own wait.
     /// Before any tool, resource read or prompt: the scope it needs (checked here as well as by the
     /// HTTP layer's 403, so no path into the gateway skips it), then the rate limits.
+    ///
+    /// An alias is admitted as its canonical tool: one scope, one rate limit, one audit name.
     pub async fn admit(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
+        let tool = crate::catalogue::canonical(tool);
         let p = &caller.principal;
         let Some(scope) = crate::catalogue::scope_for_request(tool) else {
             return Err(AgentError::invalid(format!("no tool named {tool}")));

@@ -61,6 +61,29 @@ pub struct PaymentSummaryArgs {
 
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct TodaySummaryArgs {
+    /// Only this ISO 4217 currency.
+    #[serde(default)]
+    pub currency: Option<String>,
+}
+
+/// Exactly one of the two.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransactionStatusArgs {
+    /// The payment id (pay_…).
+    #[serde(default)]
+    pub payment_id: Option<String>,
+    /// The M-Pesa CheckoutRequestID of an STK push (e.g. "ws_CO_…").
+    #[serde(default)]
+    pub checkout_request_id: Option<String>,
+}
+
+/// Longest rail reference an agent may look a payment up by.
+const RAIL_REF_MAX_CHARS: usize = 128;
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReconcileArgs {
     /// Only payments created at or after this instant (RFC 3339 or a date). Default: the configured window.
     #[serde(default)]
@@ -179,6 +202,42 @@ pub(crate) fn parse_instant(field: &str, s: &str, end_of_day: bool) -> Result<Un
     }
 }
 
+/// Every window an agent gives is checked the same way: `from` before `to`, at most
+/// `SUMMARY_WINDOW_MAX_SECS` apart.
+fn check_window(from: UnixSecs, to: UnixSecs) -> Result<(), AgentError> {
+    if to <= from || to - from > SUMMARY_WINDOW_MAX_SECS {
+        return Err(AgentError::invalid("from must be before to, at most 366 days apart"));
+    }
+    Ok(())
+}
+
+/// Optional `from` (inclusive) and `to` (exclusive) arguments: RFC 3339 or a date, a bare `to`
+/// date meaning the end of that day. Both given: checked like every window.
+pub(crate) fn parse_window(
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<(Option<UnixSecs>, Option<UnixSecs>), AgentError> {
+    let from = from.map(|s| parse_instant("from", s, false)).transpose()?;
+    let to = to.map(|s| parse_instant("to", s, true)).transpose()?;
+    if let (Some(f), Some(t)) = (from, to) {
+        check_window(f, t)?;
+    }
+    Ok((from, to))
+}
+
+/// A window defaulting to today (UTC): a missing `from` is the start of today, a missing `to` now
+/// (inclusive).
+pub(crate) fn today_window(
+    now: UnixSecs,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<(UnixSecs, UnixSecs), AgentError> {
+    let (f, t) = parse_window(from, to)?;
+    let (from, to) = (f.unwrap_or(now - now.rem_euclid(86_400)), t.unwrap_or(now + 1));
+    check_window(from, to)?;
+    Ok((from, to))
+}
+
 /// `--since` of `paygate reconcile`: RFC 3339 or a date.
 pub fn parse_instant_arg(s: &str) -> Result<UnixSecs, String> {
     parse_instant("since", s, false).map_err(|e| e.message)
@@ -254,24 +313,79 @@ impl Gateway {
         Ok((payment, receipt))
     }
 
+    /// `check_transaction_status`: a payment as `get_payment` shows it, by its id or by the
+    /// collection rail's reference (an M-Pesa CheckoutRequestID). Read-only: it asks the rail
+    /// nothing (the scheduled query settles pending collections). A reference that is unknown, not
+    /// the rail's, or whose payment touches none of the caller's accounts is NOT_FOUND, like an id.
+    pub async fn transaction_status(
+        &self,
+        caller: &Caller,
+        args: TransactionStatusArgs,
+    ) -> Result<(Payment, Option<Receipt>), AgentError> {
+        match (args.payment_id.as_deref(), args.checkout_request_id.as_deref()) {
+            (Some(id), None) => self.get_payment(caller, id).await,
+            (None, Some(reference)) => {
+                if reference.is_empty() || reference.chars().count() > RAIL_REF_MAX_CHARS {
+                    return Err(AgentError::invalid(format!(
+                        "checkout_request_id must be 1-{RAIL_REF_MAX_CHARS} characters"
+                    )));
+                }
+                let not_found = || {
+                    AgentError::new(
+                        ErrorCode::NotFound,
+                        format!("no payment with checkout_request_id {}", clip(reference)),
+                    )
+                };
+                let Some(rail) = self.rail.as_ref() else { return Err(not_found()) };
+                let rec = self.store.rail_by_ref(rail.name(), reference).await.map_err(|error| {
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "rail record read failed");
+                    AgentError::internal()
+                })?;
+                match rec {
+                    // The payment as get_payment shows it, under get_payment's visibility rule.
+                    Some(rec) => self.get_payment(caller, rec.id.as_str()).await.map_err(|e| match e.code {
+                        ErrorCode::NotFound => not_found(),
+                        _ => e,
+                    }),
+                    None => Err(not_found()),
+                }
+            }
+            _ => Err(AgentError::invalid("give exactly one of payment_id and checkout_request_id")),
+        }
+    }
+
+    /// `generate_receipt`: a succeeded payment and its receipt. A payment not (yet) succeeded has
+    /// none, and neither has a collection whose rail receipt number has not arrived yet.
+    pub async fn payment_receipt(&self, caller: &Caller, payment_id: &str) -> Result<(Payment, Receipt), AgentError> {
+        let (payment, receipt) = self.get_payment(caller, payment_id).await?;
+        match (payment.status, receipt) {
+            (PaymentStatus::Succeeded, Some(receipt)) => Ok((payment, receipt)),
+            (PaymentStatus::Succeeded, None) => Err(AgentError::invalid(format!(
+                "payment {} succeeded, but the rail's receipt number has not arrived yet; ask again later",
+                payment.id
+            ))
+            .with_detail("status", payment.status.as_str())),
+            (status, _) => Err(AgentError::invalid(format!(
+                "payment {} is {}: only a succeeded payment has a receipt",
+                payment.id,
+                status.as_str()
+            ))
+            .with_detail("status", status.as_str())),
+        }
+    }
+
+    /// `get_today_summary`: the payment summary over today (UTC).
+    pub async fn today_summary(&self, caller: &Caller, args: TodaySummaryArgs) -> Result<PaymentSummary, AgentError> {
+        self.payment_summary(caller, PaymentSummaryArgs { from: None, to: None, currency: args.currency }).await
+    }
+
     /// Counts and totals by kind, status and currency over this agent's accounts.
     pub async fn payment_summary(
         &self,
         caller: &Caller,
         args: PaymentSummaryArgs,
     ) -> Result<PaymentSummary, AgentError> {
-        let now = self.clock.now();
-        let from = match &args.from {
-            Some(s) => parse_instant("from", s, false)?,
-            None => now - now.rem_euclid(86_400),
-        };
-        let to = match &args.to {
-            Some(s) => parse_instant("to", s, true)?,
-            None => now + 1,
-        };
-        if to <= from || to - from > SUMMARY_WINDOW_MAX_SECS {
-            return Err(AgentError::invalid("from must be before to, at most 366 days apart"));
-        }
+        let (from, to) = today_window(self.clock.now(), args.from.as_deref(), args.to.as_deref())?;
         let currency = args.currency.as_deref().map(Currency::parse).transpose()?;
         let query = SummaryQuery { accounts: caller.principal.profile.allowed_accounts.clone(), from, to, currency };
         let rows = self.store.payment_summary(query).await.map_err(|error| {
@@ -651,6 +765,7 @@ impl Gateway {
                         status: None,
                         before_seq: before,
                         limit: RECONCILE_PAGE,
+                        ..Default::default()
                     })
                     .await?;
                 for p in &page.items {

@@ -1,15 +1,25 @@
 //! Read-only operations. Reads are scoped to the principal's accounts: what it may not touch, it
 //! may not see (a foreign payment is NOT_FOUND, not "forbidden", so ids cannot be probed).
+//!
+//! Payments live in two places: the backend holds the ledger's payments, and the gateway's rail
+//! records hold the collections (M-Pesa) that no ledger holds. `list_payments` merges both, newest
+//! first, under one opaque cursor that keeps its place in each.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::rails::{parse_window, today_window};
 use super::{Caller, Decision, Gateway, decode_cursor, map_backend_error};
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
+use crate::clock::UnixSecs;
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::AccountId;
 use crate::policy;
+
+/// Attempts at a first page whose backend listing moved between its two reads (a payment posted
+/// meanwhile); the last attempt keeps what it read.
+const LIST_ATTEMPTS_MAX: u32 = 3;
 
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +36,137 @@ pub struct ListPaymentsArgs {
     /// `next_cursor` from the previous page.
     #[serde(default)]
     pub cursor: Option<String>,
+    /// Only payments created at or after this instant: RFC 3339 (e.g. "2026-11-29T00:00:00Z") or a
+    /// date ("2026-11-29", its start, UTC). Given with `to`: before it, at most 366 days apart.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Only payments created before this instant, in the same forms; a bare date means the end of that day.
+    #[serde(default)]
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TodayTransactionsArgs {
+    /// pending | succeeded | failed
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Page size, 1-100 (default 20).
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailedTransactionsArgs {
+    /// Start, inclusive: RFC 3339 or a date. Default: today (UTC).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// End, exclusive, in the same forms. Default: now. A bare date means the end of that day.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Page size, 1-100 (default 20).
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// `next_cursor` from the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// One page of payments; `next_cursor` is opaque (`ListCursor`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PaymentPage {
+    pub items: Vec<Payment>,
+    pub next_cursor: Option<String>,
+}
+
+/// Where a listing stands in one of its sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pos {
+    /// Nothing listed yet.
+    Start,
+    /// Next: rows before this sequence number (the source's own).
+    Before(i64),
+    /// Nothing left.
+    Done,
+}
+
+impl Pos {
+    fn before(self) -> Option<i64> {
+        match self {
+            Pos::Before(seq) => Some(seq),
+            Pos::Start | Pos::Done => None,
+        }
+    }
+    fn encode(self) -> String {
+        match self {
+            Pos::Start => "s".into(),
+            Pos::Before(seq) => seq.to_string(),
+            Pos::Done => "d".into(),
+        }
+    }
+    fn parse(s: &str) -> Option<Pos> {
+        match s {
+            "s" => Some(Pos::Start),
+            "d" => Some(Pos::Done),
+            n => n.parse::<i64>().ok().filter(|n| *n > 0).map(Pos::Before),
+        }
+    }
+}
+
+/// `list_payments`' cursor: its place in the backend's payments and in the gateway's rail records.
+/// Opaque to agents: base64url of `v2:<backend>:<rails>`. A `v1:<seq>` cursor, issued before rail
+/// records were listed, still continues the walk it began: the backend's payments only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ListCursor {
+    backend: Pos,
+    rails: Pos,
+}
+
+impl ListCursor {
+    const START: ListCursor = ListCursor { backend: Pos::Start, rails: Pos::Start };
+
+    fn encode(self) -> Option<String> {
+        use base64::Engine;
+        if self.backend == Pos::Done && self.rails == Pos::Done {
+            return None;
+        }
+        let text = format!("v2:{}:{}", self.backend.encode(), self.rails.encode());
+        Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text))
+    }
+
+    fn decode(cursor: Option<&str>) -> Result<ListCursor, AgentError> {
+        use base64::Engine;
+        let Some(c) = cursor else { return Ok(ListCursor::START) };
+        if let Ok(Some(seq)) = decode_cursor(Some(c)) {
+            return Ok(ListCursor { backend: Pos::Before(seq), rails: Pos::Done });
+        }
+        let bad = || AgentError::invalid("cursor is not one this server issued; pass next_cursor back unchanged");
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).map_err(|_| bad())?;
+        let text = String::from_utf8(raw).map_err(|_| bad())?;
+        let (backend, rails) = text.strip_prefix("v2:").and_then(|t| t.split_once(':')).ok_or_else(bad)?;
+        Ok(ListCursor { backend: Pos::parse(backend).ok_or_else(bad)?, rails: Pos::parse(rails).ok_or_else(bad)? })
+    }
+}
+
+/// A listing's filters, parsed.
+struct Listing {
+    accounts: Vec<AccountId>,
+    status: Option<PaymentStatus>,
+    from: Option<UnixSecs>,
+    to: Option<UnixSecs>,
+}
+
+fn parse_status(status: Option<&str>) -> Result<Option<PaymentStatus>, AgentError> {
+    status
+        .map(|s| {
+            PaymentStatus::parse(s)
+                .ok_or_else(|| AgentError::invalid("status must be one of pending, succeeded, failed"))
+        })
+        .transpose()
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -68,25 +209,157 @@ impl Gateway {
         }
     }
 
-    pub async fn list_payments(&self, caller: &Caller, args: ListPaymentsArgs) -> Result<Page<Payment>, AgentError> {
+    pub async fn list_payments(&self, caller: &Caller, args: ListPaymentsArgs) -> Result<PaymentPage, AgentError> {
         let accounts = match &args.account_id {
             Some(a) => vec![self.check_account(caller, "list_payments", a).await?],
             None => caller.principal.profile.allowed_accounts.clone(),
         };
-        let status = match args.status.as_deref() {
-            None => None,
-            Some(s) => Some(
-                PaymentStatus::parse(s)
-                    .ok_or_else(|| AgentError::invalid("status must be one of pending, succeeded, failed"))?,
-            ),
-        };
-        let query = PaymentQuery {
-            accounts,
+        let status = parse_status(args.status.as_deref())?;
+        let (from, to) = parse_window(args.from.as_deref(), args.to.as_deref())?;
+        let listing = Listing { accounts, status, from, to };
+        self.list(caller, listing, args.limit, args.cursor.as_deref()).await
+    }
+
+    /// `get_today_transactions`: `list_payments` over today (UTC).
+    pub async fn today_transactions(
+        &self,
+        caller: &Caller,
+        args: TodayTransactionsArgs,
+    ) -> Result<PaymentPage, AgentError> {
+        let status = parse_status(args.status.as_deref())?;
+        let (from, to) = today_window(self.clock.now(), None, None)?;
+        let listing = Listing {
+            accounts: caller.principal.profile.allowed_accounts.clone(),
             status,
-            before_seq: decode_cursor(args.cursor.as_deref())?,
-            limit: self.page_limit(args.limit)?,
+            from: Some(from),
+            to: Some(to),
         };
-        self.backend.list_payments(query).await.map_err(|e| map_backend_error(&e))
+        self.list(caller, listing, args.limit, args.cursor.as_deref()).await
+    }
+
+    /// `get_failed_transactions`: failed payments over a window (default: today, UTC).
+    pub async fn failed_transactions(
+        &self,
+        caller: &Caller,
+        args: FailedTransactionsArgs,
+    ) -> Result<PaymentPage, AgentError> {
+        let (from, to) = today_window(self.clock.now(), args.from.as_deref(), args.to.as_deref())?;
+        let listing = Listing {
+            accounts: caller.principal.profile.allowed_accounts.clone(),
+            status: Some(PaymentStatus::Failed),
+            from: Some(from),
+            to: Some(to),
+        };
+        self.list(caller, listing, args.limit, args.cursor.as_deref()).await
+    }
+
+    async fn list(
+        &self,
+        caller: &Caller,
+        listing: Listing,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<PaymentPage, AgentError> {
+        let at = ListCursor::decode(cursor)?;
+        let query = PaymentQuery {
+            accounts: listing.accounts,
+            status: listing.status,
+            before_seq: None,
+            limit: self.page_limit(limit)?,
+            from: listing.from,
+            to: listing.to,
+        };
+        let mut attempt = 1;
+        loop {
+            if let Some(page) = self.list_page(caller, &query, at, attempt >= LIST_ATTEMPTS_MAX).await? {
+                return Ok(page);
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One page merged from the backend's payments and the gateway's rail records (the
+    /// collections no ledger holds; an external ledger's own records are left to that ledger),
+    /// newest first. `None` when the backend's first page moved between its two reads and
+    /// `last_attempt` is false.
+    async fn list_page(
+        &self,
+        caller: &Caller,
+        q: &PaymentQuery,
+        at: ListCursor,
+        last_attempt: bool,
+    ) -> Result<Option<PaymentPage>, AgentError> {
+        let backend = match at.backend {
+            Pos::Done => Page { items: vec![], next_cursor: None },
+            pos => self
+                .backend
+                .list_payments(PaymentQuery { before_seq: pos.before(), ..q.clone() })
+                .await
+                .map_err(|e| map_backend_error(&e))?,
+        };
+        let rails = match at.rails {
+            Pos::Done => vec![],
+            pos => {
+                // One more than a page: whether another follows.
+                let rq = PaymentQuery { before_seq: pos.before(), limit: q.limit + 1, ..q.clone() };
+                self.store.rail_payments(rq, self.backend.name()).await.map_err(|error| {
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "rail records read failed");
+                    AgentError::internal()
+                })?
+            }
+        };
+        // Newest first by creation time (then id) across both sources; each source stays in its own order.
+        let (mut from_backend, mut from_rails) = (0usize, 0usize);
+        let mut items = Vec::with_capacity(q.limit as usize);
+        let mut b = backend.items.iter().peekable();
+        let mut r = rails.iter().peekable();
+        while items.len() < q.limit as usize {
+            let backend_next = match (b.peek(), r.peek()) {
+                (Some(p), Some((_, rec))) => (p.created_at, p.id.as_str()) >= (rec.created_at, rec.id.as_str()),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if backend_next {
+                items.extend(b.next().cloned());
+                from_backend += 1;
+            } else {
+                items.extend(r.next().map(|(_, rec)| rec.payment()));
+                from_rails += 1;
+            }
+        }
+        let backend_next = if from_backend == backend.items.len() {
+            backend.next_cursor.map_or(Pos::Done, Pos::Before)
+        } else if from_backend == 0 {
+            at.backend
+        } else {
+            // The backend's cursor after the last payment taken is the next cursor of a page
+            // exactly that long, read again from the same place.
+            let again = PaymentQuery { before_seq: at.backend.before(), limit: from_backend as u32, ..q.clone() };
+            let again = self.backend.list_payments(again).await.map_err(|e| map_backend_error(&e))?;
+            let same = again.items.iter().map(|p| &p.id).eq(backend.items.iter().take(from_backend).map(|p| &p.id));
+            match (again.next_cursor, same || last_attempt) {
+                (Some(seq), true) => Pos::Before(seq),
+                // Payments posted between the two reads of a first page: read the page again.
+                _ if !last_attempt => return Ok(None),
+                // (Never expected: the backend lost payments it just listed.) Repeat rather than skip.
+                _ => at.backend,
+            }
+        };
+        let rails_next = if from_rails == rails.len() {
+            Pos::Done
+        } else if let Some((seq, _)) = from_rails.checked_sub(1).and_then(|i| rails.get(i)) {
+            Pos::Before(*seq)
+        } else {
+            // None taken from a walk's start: pin it there, so records opened later are not
+            // listed among older payments on later pages.
+            match (at.rails, rails.first()) {
+                (Pos::Start, Some((seq, _))) => Pos::Before(seq + 1),
+                (pos, _) => pos,
+            }
+        };
+        let next = ListCursor { backend: backend_next, rails: rails_next };
+        Ok(Some(PaymentPage { items, next_cursor: next.encode() }))
     }
 
     pub async fn get_account_ledger(
@@ -110,5 +383,32 @@ impl Gateway {
         d.detail = (!report.ok).then(|| report.problems.join("; "));
         self.audit(caller, d).await;
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_cursors_round_trip_keep_old_cursors_working_and_reject_forgeries() {
+        for c in [
+            ListCursor { backend: Pos::Before(7), rails: Pos::Start },
+            ListCursor { backend: Pos::Done, rails: Pos::Before(3) },
+            ListCursor { backend: Pos::Start, rails: Pos::Done },
+        ] {
+            assert_eq!(ListCursor::decode(c.encode().as_deref()).unwrap(), c);
+        }
+        assert_eq!(ListCursor { backend: Pos::Done, rails: Pos::Done }.encode(), None, "the last page has no cursor");
+        assert_eq!(ListCursor::decode(None).unwrap(), ListCursor::START);
+        // A cursor issued before rail records were listed continues the backend's payments.
+        let v1 = super::super::encode_cursor(42);
+        assert_eq!(ListCursor::decode(Some(&v1)).unwrap(), ListCursor { backend: Pos::Before(42), rails: Pos::Done });
+        use base64::Engine;
+        for bad in ["v2:1", "v2:0:s", "v2:x:s", "v2:-1:d", "v3:s:s"] {
+            let forged = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bad);
+            assert!(ListCursor::decode(Some(&forged)).is_err(), "{bad}");
+        }
+        assert!(ListCursor::decode(Some("!!")).is_err());
     }
 }

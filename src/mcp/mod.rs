@@ -22,12 +22,13 @@ use serde_json::json;
 use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
 use crate::gateway::{
-    AccountLedgerArgs, ApprovalView, Caller, CorrelationId, CreatePaymentArgs, Gateway, ListPaymentsArgs,
-    PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs,
+    AccountLedgerArgs, ApprovalView, Caller, CorrelationId, CreatePaymentArgs, FailedTransactionsArgs, Gateway,
+    ListPaymentsArgs, PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
+    SendMpesaPayoutArgs, TodaySummaryArgs, TodayTransactionsArgs, TransactionStatusArgs,
 };
 use views::{
-    AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReconcileView, SummaryView,
-    cursor,
+    AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
+    SummaryView, cursor,
 };
 
 pub const CAPABILITIES_URI: &str = "payments://capabilities";
@@ -158,11 +159,15 @@ pub struct PaygateMcp {
 }
 
 impl PaygateMcp {
-    /// `disabled`: tools switched off by config (tool governance); hidden and uncallable.
+    /// `disabled`: tools switched off by config (tool governance); hidden and uncallable. A
+    /// disabled tool's aliases go with it (an alias named alone is hidden alone).
     pub fn new(gateway: Arc<Gateway>, disabled: &[String]) -> Self {
         let mut tool_router = Self::catalogued_router();
         for name in disabled {
             tool_router.disable_route(name.clone());
+            for alias in crate::catalogue::aliases_of(name) {
+                tool_router.disable_route(alias);
+            }
         }
         PaygateMcp { gateway, tool_router: Arc::new(tool_router) }
     }
@@ -238,10 +243,7 @@ impl PaygateMcp {
         self.gateway.admit(&caller, "list_payments").await.map_err(|e| fail(&caller, e))?;
         let a: ListPaymentsArgs = parse(&caller, args)?;
         let page = self.gateway.list_payments(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(PaymentList {
-            payments: page.items.iter().map(Into::into).collect(),
-            next_cursor: cursor(page.next_cursor),
-        }))
+        Ok(Json(page.into()))
     }
 
     #[tool(
@@ -346,11 +348,112 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<PaymentResult>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
-        self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
-        let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        self.collect(caller, args).await
+    }
+
+    #[tool(
+        name = "initiate_stk_push",
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Alias of request_mpesa_payment (the M-Pesa MCP server's name): the same STK push, arguments \
+                       and result. Both names are one tool: the same operation_id is one payment and one prompt \
+                       through either, and limits and approvals count them together. Needs scope payments:collect.",
+        input_schema = schema_for_type::<RequestMpesaPaymentArgs>()
+    )]
+    async fn initiate_stk_push(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        self.collect(caller, args).await
+    }
+
+    #[tool(
+        name = "check_transaction_status",
+        output_schema = result_schema::<PaymentView>(),
+        description = "Where a payment stands (status, and its receipt once succeeded), by payment_id or by the \
+                       M-Pesa checkout_request_id of an STK push; give exactly one. Reads the gateway's records: a \
+                       pending collection settles when the customer answers. Needs scope payments:read.",
+        input_schema = schema_for_type::<TransactionStatusArgs>()
+    )]
+    async fn check_transaction_status(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<PaymentView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "check_transaction_status");
+        self.gateway.admit(&caller, "check_transaction_status").await.map_err(|e| fail(&caller, e))?;
+        let a: TransactionStatusArgs = parse(&caller, args)?;
+        let (p, receipt) = self.gateway.transaction_status(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(PaymentView::with_receipt(&p, receipt)))
+    }
+
+    #[tool(
+        name = "generate_receipt",
+        output_schema = result_schema::<ReceiptDocument>(),
+        description = "A receipt for a succeeded payment: amount, accounts, date, where it settled and the rail's \
+                       reference (the M-Pesa receipt number), with a plain-text version to paste. Needs scope \
+                       payments:read.",
+        input_schema = schema_for_type::<PaymentIdArgs>()
+    )]
+    async fn generate_receipt(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<ReceiptDocument>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "generate_receipt");
+        self.gateway.admit(&caller, "generate_receipt").await.map_err(|e| fail(&caller, e))?;
+        let a: PaymentIdArgs = parse(&caller, args)?;
+        let (p, receipt) = self.gateway.payment_receipt(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(ReceiptDocument::new(&p, receipt)))
+    }
+
+    #[tool(
+        name = "get_today_summary",
+        output_schema = result_schema::<SummaryView>(),
+        description = "Today's (UTC) counts and totals of payments touching your accounts by kind, status and \
+                       currency: get_payment_summary over today. Needs scope payments:read.",
+        input_schema = schema_for_type::<TodaySummaryArgs>()
+    )]
+    async fn get_today_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_today_summary");
+        self.gateway.admit(&caller, "get_today_summary").await.map_err(|e| fail(&caller, e))?;
+        let a: TodaySummaryArgs = parse(&caller, args)?;
+        let s = self.gateway.today_summary(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(s.into()))
+    }
+
+    #[tool(
+        name = "get_today_transactions",
+        output_schema = result_schema::<PaymentList>(),
+        description = "Today's (UTC) payments touching your accounts, M-Pesa collections included, newest first, \
+                       paginated (limit ≤ 100): list_payments over today. Needs scope payments:read.",
+        input_schema = schema_for_type::<TodayTransactionsArgs>()
+    )]
+    async fn get_today_transactions(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<PaymentList>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_today_transactions");
+        self.gateway.admit(&caller, "get_today_transactions").await.map_err(|e| fail(&caller, e))?;
+        let a: TodayTransactionsArgs = parse(&caller, args)?;
+        let page = self.gateway.today_transactions(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(page.into()))
+    }
+
+    #[tool(
+        name = "get_failed_transactions",
+        output_schema = result_schema::<PaymentList>(),
+        description = "Failed payments touching your accounts (M-Pesa collections included) over a window \
+                       (default: today, UTC), newest first, paginated (limit ≤ 100). Needs scope payments:read.",
+        input_schema = schema_for_type::<FailedTransactionsArgs>()
+    )]
+    async fn get_failed_transactions(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<PaymentList>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "get_failed_transactions");
+        self.gateway.admit(&caller, "get_failed_transactions").await.map_err(|e| fail(&caller, e))?;
+        let a: FailedTransactionsArgs = parse(&caller, args)?;
+        let page = self.gateway.failed_transactions(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(page.into()))
     }
 
     #[tool(
@@ -399,6 +502,18 @@ impl PaygateMcp {
         let a: ReconcileArgs = parse(&caller, args)?;
         let r = self.gateway.reconcile_tool(&caller, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(r.into()))
+    }
+}
+
+impl PaygateMcp {
+    /// `request_mpesa_payment` under either of its names: admitted, timed, keyed and audited as
+    /// `request_mpesa_payment` (the gateway's operation keys it under its own name too).
+    async fn collect(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
+        self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
+        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
+        let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        Ok(Json(done.into()))
     }
 }
 
@@ -491,6 +606,11 @@ impl ServerHandler for PaygateMcp {
                 "autonomous_limits": limits,
                 "tools": crate::catalogue::TOOLS.iter()
                     .map(|t| json!({"tool": t.name, "scope": t.scope, "allowed": p.has_scope(t.scope)}))
+                    .chain(crate::catalogue::ALIASES.iter().filter_map(|a| {
+                        let t = crate::catalogue::tool(a.canonical)?;
+                        Some(json!({"tool": a.name, "alias_of": a.canonical, "scope": t.scope,
+                                    "allowed": p.has_scope(t.scope)}))
+                    }))
                     .collect::<Vec<_>>(),
             })
         } else if let Some(id) = uri.strip_prefix(PAYMENT_URI_PREFIX) {
@@ -560,7 +680,12 @@ mod catalogue_tests {
     #[test]
     fn every_routed_tool_is_catalogued_and_every_catalogued_tool_is_routed() {
         let mut routed: Vec<String> = PaygateMcp::tool_list().into_iter().map(|t| t.name.to_string()).collect();
-        let mut catalogued: Vec<String> = crate::catalogue::TOOLS.iter().map(|t| t.name.to_string()).collect();
+        let mut catalogued: Vec<String> = crate::catalogue::TOOLS
+            .iter()
+            .map(|t| t.name)
+            .chain(crate::catalogue::ALIASES.iter().map(|a| a.name))
+            .map(str::to_string)
+            .collect();
         routed.sort();
         catalogued.sort();
         assert_eq!(routed, catalogued);

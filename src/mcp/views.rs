@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Payment};
 use crate::clock::rfc3339;
-use crate::gateway::{Executed, Finding, PaymentSummary, Receipt, ReconcileReport, encode_cursor};
+use crate::gateway::{Executed, Finding, PaymentPage, PaymentSummary, Receipt, ReconcileReport, encode_cursor};
 use crate::money::format_minor;
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -55,6 +55,66 @@ impl From<&Payment> for PaymentView {
     }
 }
 
+/// A receipt a person can keep (`generate_receipt`): a succeeded payment, where it settled, and a
+/// plain-text rendering written by the gateway alone (no memo or other free text goes into it).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReceiptDocument {
+    pub payment_id: String,
+    /// payment | refund
+    pub kind: String,
+    pub amount: String,
+    pub currency: String,
+    pub from_account: String,
+    pub to_account: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Where it settled: ledger | http | mpesa
+    pub rail: String,
+    /// The rail's reference: the M-Pesa receipt number, or the ledger's payment id.
+    pub reference: String,
+    /// For M-Pesa: the STK push's CheckoutRequestID.
+    pub checkout_request_id: Option<String>,
+    /// For M-Pesa: the customer's number, masked.
+    pub phone: Option<String>,
+    /// The receipt as plain text, ready to paste.
+    pub text: String,
+}
+
+impl ReceiptDocument {
+    pub fn new(p: &Payment, r: Receipt) -> Self {
+        let created_at = rfc3339(p.created_at);
+        let mut lines = vec![
+            "PAYMENT RECEIPT".to_string(),
+            format!("Payment:   {}", p.id),
+            format!("Type:      {}", p.kind.as_str()),
+            format!("Amount:    {} {}", p.currency, p.amount()),
+            format!("From:      {}", p.from_account),
+            format!("To:        {}", p.to_account),
+            format!("Date:      {created_at}"),
+            format!("Status:    {}", p.status.as_str()),
+            format!("Rail:      {}", r.rail),
+            format!("Reference: {}", r.reference),
+        ];
+        if let Some(phone) = &r.phone {
+            lines.push(format!("Phone:     {phone}"));
+        }
+        ReceiptDocument {
+            payment_id: p.id.to_string(),
+            kind: p.kind.as_str().into(),
+            amount: p.amount(),
+            currency: p.currency.to_string(),
+            from_account: p.from_account.to_string(),
+            to_account: p.to_account.to_string(),
+            created_at,
+            rail: r.rail,
+            reference: r.reference,
+            checkout_request_id: r.checkout_request_id,
+            phone: r.phone,
+            text: lines.join("\n"),
+        }
+    }
+}
+
 /// The result of a money-moving call.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct PaymentResult {
@@ -93,6 +153,12 @@ pub struct PaymentList {
     pub payments: Vec<PaymentView>,
     /// Pass back as `cursor` for the next page; null on the last page.
     pub next_cursor: Option<String>,
+}
+
+impl From<PaymentPage> for PaymentList {
+    fn from(page: PaymentPage) -> Self {
+        PaymentList { payments: page.items.iter().map(Into::into).collect(), next_cursor: page.next_cursor }
+    }
 }
 
 #[derive(Debug, Serialize, JsonSchema)]

@@ -202,6 +202,15 @@ pub trait Store: Send + Sync + 'static {
     #[doc(hidden)]
     async fn select_rows(&self, st: queries::Statement) -> Result<Vec<rows::PlainRow>, StoreError>;
 
+    /// Rail records listed as payments (`list_payments`), newest first by `seq`, with their `seq`
+    /// (the listing's cursor): see `queries::rail_payments` for the filters. `q.limit` at most.
+    async fn rail_payments(&self, q: PaymentQuery, except_rail: &str) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        if q.accounts.is_empty() {
+            return Ok(vec![]);
+        }
+        rows::map_plain(self.select_rows(queries::rail_payments(&q, except_rail, self.dialect())).await?, rows::rail)
+    }
+
     /// Every payment the gateway knows (reference ledger and rail records), newest first.
     async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError> {
         rows::map_plain(self.select_rows(queries::ops_payments(&q, self.dialect())).await?, rows::ops_payment)

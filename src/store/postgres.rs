@@ -617,11 +617,13 @@ impl Store for PostgresStore {
              WHERE (from_account = ANY($1) OR to_account = ANY($1))
                AND ($2::TEXT IS NULL OR status = $2)
                AND ($3::BIGINT IS NULL OR seq < $3)
+               AND ($5::BIGINT IS NULL OR created_at >= $5)
+               AND ($6::BIGINT IS NULL OR created_at < $6)
              ORDER BY seq DESC LIMIT $4",
             rows::PAYMENT_COLS
         );
-        let params: [&(dyn ToSql + Sync); 4] =
-            [&accounts, &q.status.map(|s| s.as_str()), &q.before_seq, &(i64::from(q.limit) + 1)];
+        let params: [&(dyn ToSql + Sync); 6] =
+            [&accounts, &q.status.map(|s| s.as_str()), &q.before_seq, &(i64::from(q.limit) + 1), &q.from, &q.to];
         let page = Page::from_overfetch(client.list(&sql, &params, rows::payment).await?, q.limit, |(_, seq)| *seq);
         Ok(Page { items: page.items.into_iter().map(|(p, _)| p).collect(), next_cursor: page.next_cursor })
     }

@@ -1,9 +1,11 @@
-//! The operator's read queries, built once for both engines: each function returns the statement
-//! text in the engine's placeholder dialect and its parameters; the engines only run them through
-//! the shared row mappers in `store::rows`.
+//! The operator's read queries (and the agents' listing of rail records), built once for both
+//! engines: each function returns the statement text in the engine's placeholder dialect and its
+//! parameters; the engines only run them through the shared row mappers in `store::rows`.
 
 use super::rows::{self, Value};
 use crate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, OpsPaymentQuery};
+use crate::domain::payment::PaymentQuery;
+use crate::domain::rail::RailState;
 
 /// How an engine writes its statement parameters.
 #[doc(hidden)]
@@ -116,6 +118,42 @@ pub(crate) fn ops_payments(q: &OpsPaymentQuery, dialect: Dialect) -> Statement {
         rows::OPS_PAYMENT_COLS,
         b.where_clause()
     );
+    b.finish(text)
+}
+
+/// Rail records as `list_payments` lists them (`RAIL_COLS`, newest first by `seq`): touching one of
+/// `q.accounts`, in `[q.from, q.to)`, before `q.before_seq` (a rail record's seq), whose payment view
+/// has `q.status`, and not of rail `except_rail` (an external ledger's own records, which that
+/// ledger lists itself). At most `q.limit` rows.
+pub(crate) fn rail_payments(q: &PaymentQuery, except_rail: &str, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let accounts: Vec<String> = q.accounts.iter().map(|a| b.text(a.as_str())).collect();
+    let accounts = if accounts.is_empty() { "NULL".to_string() } else { accounts.join(", ") };
+    b.when(format!("(from_account IN ({accounts}) OR to_account IN ({accounts}))"));
+    let rail = b.text(except_rail);
+    b.when(format!("rail <> {rail}"));
+    if let Some(status) = q.status {
+        // The states whose payment view has this status (`RailState::status`, the one rule).
+        const STATES: [RailState; 5] =
+            [RailState::Submitting, RailState::Unknown, RailState::Pending, RailState::Succeeded, RailState::Failed];
+        let states: Vec<String> = STATES.iter().filter(|s| s.status() == status).map(|s| b.text(s.as_str())).collect();
+        b.when(format!("state IN ({})", states.join(", ")));
+    }
+    if let Some(from) = q.from {
+        let p = b.int(from);
+        b.when(format!("created_at >= {p}"));
+    }
+    if let Some(to) = q.to {
+        let p = b.int(to);
+        b.when(format!("created_at < {p}"));
+    }
+    if let Some(seq) = q.before_seq {
+        let p = b.int(seq);
+        b.when(format!("seq < {p}"));
+    }
+    let limit = b.int(i64::from(q.limit));
+    let text =
+        format!("SELECT {} FROM rail_payments{} ORDER BY seq DESC LIMIT {limit}", rows::RAIL_COLS, b.where_clause());
     b.finish(text)
 }
 

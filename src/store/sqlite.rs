@@ -718,10 +718,13 @@ impl Store for SqliteStore {
                  WHERE (from_account IN (SELECT value FROM json_each(?1)) OR to_account IN (SELECT value FROM json_each(?1)))
                    AND (?2 IS NULL OR status = ?2)
                    AND (?3 IS NULL OR seq < ?3)
+                   AND (?5 IS NULL OR created_at >= ?5)
+                   AND (?6 IS NULL OR created_at < ?6)
                  ORDER BY seq DESC LIMIT ?4",
                 rows::PAYMENT_COLS
             );
-            let params = params![accounts, q.status.map(|s| s.as_str()), q.before_seq, i64::from(q.limit) + 1];
+            let params =
+                params![accounts, q.status.map(|s| s.as_str()), q.before_seq, i64::from(q.limit) + 1, q.from, q.to];
             let page = Page::from_overfetch(c.all(&sql, params, rows::payment)?, q.limit, |(_, seq)| *seq);
             Ok(Page { items: page.items.into_iter().map(|(p, _)| p).collect(), next_cursor: page.next_cursor })
         })

@@ -32,7 +32,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 MODERN_VERSION = "2026-07-28"
 EXPECTED_TOOLS = ("create_payment", "get_balance", "get_approval")
-EXPECTED_TOOL_COUNT = 10
+EXPECTED_TOOL_COUNT = 15
 
 
 class StepFailed(Exception):
