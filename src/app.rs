@@ -1,5 +1,6 @@
 //! Assembly: config → keys → store → ledger → gateway → router → a running server.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -444,7 +445,7 @@ struct Assembled {
     gateway: Arc<Gateway>,
     http_ledger: Option<Arc<crate::backend::http::HttpLedger>>,
     disabled_tools: Vec<String>,
-    mpesa_callback: Option<Arc<http::CallbackGuard>>,
+    rail_callbacks: HashMap<String, Arc<http::CallbackGuard>>,
 }
 
 /// A key generated into the data directory unless configured (replicas configure a shared one).
@@ -493,7 +494,7 @@ fn gateway(
         Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)
             .with_known_accounts(known_accounts(config));
     let mut disabled_tools = config.tools.disabled.clone();
-    let mut mpesa_callback = None;
+    let mut rail_callbacks = HashMap::new();
     if config.mpesa.enabled {
         let m = &config.mpesa;
         let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(config, public_url), clock.clone())
@@ -505,17 +506,18 @@ fn gateway(
             disabled_tools.push("send_mpesa_payout".to_string());
         }
         gateway = gateway.with_collection_rail(Arc::new(rail));
-        mpesa_callback = Some(Arc::new(http::CallbackGuard::new(
+        let guard = http::CallbackGuard::new(
             &m.callback_secret,
             m.callback_allowed_ips.clone(),
             m.callback_trusted_proxies.clone(),
             &m.callback_secret_header,
-        )));
+        );
+        rail_callbacks.insert(crate::backend::mpesa::RAIL.to_string(), Arc::new(guard));
     } else {
         // Not configured: not offered.
         disabled_tools.extend(["request_mpesa_payment".to_string(), "send_mpesa_payout".to_string()]);
     }
-    Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, mpesa_callback })
+    Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, rail_callbacks })
 }
 
 /// The HTTP edge: the app state every handler shares, and the router over it.
@@ -552,7 +554,7 @@ fn router(
         authorization_servers: identity.authorization_servers,
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
-        mpesa_callback: assembled.mpesa_callback.clone(),
+        rail_callbacks: Arc::new(assembled.rail_callbacks.clone()),
         metrics_token: Some(config.server.metrics_token.clone()).filter(|t| !t.expose().is_empty()),
         console: config.console.enabled.then(|| http::ConsoleSettings {
             oidc: (!config.console.client_id.is_empty())

@@ -101,7 +101,7 @@ async fn run_job(s: &Scheduler, job: Job) {
             // Half the lease: the run ends before another replica may take the job over.
             let budget =
                 Duration::from_secs((s.config.mpesa_poll_every_secs.max(s.config.lease_secs) / 2).max(1) as u64);
-            let settled = g.poll_mpesa(s.mpesa_query_after_secs, budget).await;
+            let settled = g.poll_rails(s.mpesa_query_after_secs, budget).await;
             if settled > 0 {
                 tracing::info!(settled, "M-Pesa payments settled by STK push query");
             }

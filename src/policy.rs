@@ -157,12 +157,13 @@ pub fn decide_transfer(
 /// May this principal collect `amount` over M-Pesa into `account` (the rail's collection account)?
 pub fn decide_collect(
     has_scope: impl Fn(&str) -> bool,
+    tool: &str,
     profile: &Profile,
     account: &AccountId,
     amount: Money,
     force_approval: bool,
 ) -> Decision {
-    decide(&has_scope, profile, scopes::COLLECT, "request_mpesa_payment", [account, account], amount, force_approval)
+    decide(&has_scope, profile, scopes::COLLECT, tool, [account, account], amount, force_approval)
 }
 
 /// May this principal pay `amount` out over M-Pesa from `account` (the rail's account) to a
@@ -170,12 +171,13 @@ pub fn decide_collect(
 /// budget and approvals are what bound it.
 pub fn decide_payout(
     has_scope: impl Fn(&str) -> bool,
+    tool: &str,
     profile: &Profile,
     account: &AccountId,
     amount: Money,
     force_approval: bool,
 ) -> Decision {
-    decide(&has_scope, profile, scopes::PAYOUT, "send_mpesa_payout", [account, account], amount, force_approval)
+    decide(&has_scope, profile, scopes::PAYOUT, tool, [account, account], amount, force_approval)
 }
 
 /// May this principal refund `amount` of `original`? Alone only while the refunds of that payment

@@ -299,7 +299,7 @@ async fn the_scheduled_query_settles_pending_pushes_and_the_callback_adds_the_re
     r.fake.set_query(&pushes[1].checkout_request_id, QueryAnswer::Result(0, "processed successfully".into()));
     // pushes[2] is still being processed.
     let budget = std::time::Duration::from_secs(10);
-    assert_eq!(r.app.running.gateway.poll_mpesa(0, budget).await, 2);
+    assert_eq!(r.app.running.gateway.poll_rails(0, budget).await, 2);
     let status = |p: Value| p["status"].as_str().unwrap().to_string();
     assert_eq!(status(payment(c, a["payment_id"].as_str().unwrap()).await), "failed");
     assert_eq!(status(payment(c, d["payment_id"].as_str().unwrap()).await), "pending");
@@ -339,7 +339,7 @@ async fn a_success_callback_is_confirmed_by_query_before_it_credits() {
     let id = slow["payment_id"].as_str().unwrap();
     assert_eq!(payment(c, id).await["status"], "pending");
     r.fake.set_query(&pushes[1].checkout_request_id, QueryAnswer::Result(0, "processed successfully".into()));
-    assert_eq!(r.app.running.gateway.poll_mpesa(0, std::time::Duration::from_secs(10)).await, 1);
+    assert_eq!(r.app.running.gateway.poll_rails(0, std::time::Duration::from_secs(10)).await, 1);
     let settled = payment(c, id).await;
     assert_eq!(settled["status"], "succeeded");
     let receipt = body["Body"]["stkCallback"]["CallbackMetadata"]["Item"][1]["Value"].clone();

@@ -903,7 +903,9 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
     store.rail_transition(&p3, &[RailState::Submitting], RailState::Failed, RailUpdate::default(), 18).await.unwrap();
     store.rail_open(rail(&PaymentId::generate(), "k4", 1_000), budget(), 19).await.unwrap();
     // Listing and paging.
-    assert_eq!(store.rail_list(&[RailState::Submitting], 100, 10).await.unwrap().len(), 1);
+    assert_eq!(store.rail_list(None, &[RailState::Submitting], 100, 10).await.unwrap().len(), 1);
+    assert_eq!(store.rail_list(Some("http"), &[RailState::Submitting], 100, 10).await.unwrap().len(), 1, "{label}");
+    assert!(store.rail_list(Some("mpesa"), &[RailState::Submitting], 100, 10).await.unwrap().is_empty(), "{label}");
     let page = store.rail_since(0, 0, 2).await.unwrap();
     assert_eq!(page.len(), 2);
     let rest = store.rail_since(0, page[1].0, 10).await.unwrap();

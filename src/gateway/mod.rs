@@ -86,8 +86,8 @@ pub struct Gateway {
     limits: GatewayLimits,
     rate: AgentLimits,
     metrics: Arc<crate::metrics::Metrics>,
-    /// The collection rail, when one is enabled. The gateway sees it only through the seam.
-    rail: Option<Arc<dyn CollectionRail>>,
+    /// The rails enabled (M-Pesa, ...), by name. The gateway sees them only through the seam.
+    rails: Vec<Arc<dyn CollectionRail>>,
     /// Every account an agent profile may use (what reconciliation asks an external ledger about).
     known_accounts: Vec<crate::ids::AccountId>,
     /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
@@ -140,16 +140,27 @@ impl Gateway {
             limits,
             rate,
             metrics,
-            rail: None,
+            rails: Vec::new(),
             known_accounts: Vec::new(),
             waiters: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Enable a collection rail (`request_mpesa_payment`, its callbacks and queries).
+    /// Enable a rail: its tools, callbacks and queries. A rail of the same name replaces it.
     pub fn with_collection_rail(mut self, rail: Arc<dyn CollectionRail>) -> Self {
-        self.rail = Some(rail);
+        self.rails.retain(|r| r.name() != rail.name());
+        self.rails.push(rail);
         self
+    }
+
+    /// The enabled rail of this name.
+    pub(crate) fn rail(&self, name: &str) -> Option<&Arc<dyn CollectionRail>> {
+        self.rails.iter().find(|r| r.name() == name)
+    }
+
+    /// The enabled rails' names (for the capabilities resource).
+    pub fn rail_names(&self) -> Vec<&'static str> {
+        self.rails.iter().map(|r| r.name()).collect()
     }
 
     /// The accounts reconciliation asks an external ledger about (every profile's allow-list).

@@ -574,10 +574,10 @@ impl Gateway {
             Ok(_) => CheckView { name: "backend", ok: true, detail: format!("{} answers", self.backend.name()) },
             Err(e) => CheckView { name: "backend", ok: false, detail: format!("{}: {e}", self.backend.name()) },
         });
-        if let Some(rail) = &self.rail {
+        for rail in &self.rails {
             let stuck = self
                 .store
-                .rail_list(&[RailState::Unknown], now, 100)
+                .rail_list(Some(rail.name()), &[RailState::Unknown], now, 100)
                 .await
                 .map(|r| r.len())
                 .map_err(internal("rail list"))?;

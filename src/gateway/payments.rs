@@ -438,16 +438,19 @@ impl Gateway {
         .await
     }
 
-    pub async fn request_mpesa_payment(
+    /// A collection through the rail `rail_name`, for the tool `TOOL` (its name keys, audits and
+    /// governs the call).
+    pub async fn request_collection(
         &self,
         caller: &Caller,
+        tool: &'static str,
+        rail_name: &str,
         args: RequestMpesaPaymentArgs,
     ) -> Result<Executed, AgentError> {
-        const TOOL: &str = "request_mpesa_payment";
-        self.check_suspended(caller, TOOL).await?;
-        let Some(rail) = self.rail.clone() else {
-            let e = AgentError::invalid("M-Pesa collections are not enabled on this gateway");
-            return Err(self.refuse(caller, TOOL, None, e).await);
+        self.check_suspended(caller, tool).await?;
+        let Some(rail) = self.rail(rail_name).cloned() else {
+            let e = AgentError::invalid(format!("collections through {rail_name} are not enabled on this gateway"));
+            return Err(self.refuse(caller, tool, None, e).await);
         };
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
@@ -464,21 +467,21 @@ impl Gateway {
         })();
         let (op, collection) = match parsed {
             Ok(p) => p,
-            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+            Err(e) => return Err(self.refuse(caller, tool, None, e).await),
         };
         let p = &caller.principal;
         let (payer, amount) = (collection.payer_account().clone(), collection.amount());
         let (reference, description) = (collection.reference(), collection.description());
         let payee = rail.account().clone();
         let asked = Asked {
-            tool: TOOL,
+            tool,
             op: &op,
             // The field names are part of stored fingerprints: kept as they were.
             args: json!({
                 "phone": collection.payer(), "amount_minor": amount.minor(), "reference": reference, "description": description,
             }),
             intent: json!({
-                "tool": TOOL, "operation_id": op, "payer": payer, "payee": payee,
+                "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
                 "amount": amount.to_decimal(), "currency": amount.currency(),
                 "account_reference": reference, "description": description,
             }),
@@ -491,13 +494,15 @@ impl Gateway {
             Ok(m) => m,
             Err(replayed) => return Ok(*replayed),
         };
-        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let idem = self.idem_for(caller, tool, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
-        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
-        let decision =
-            authorize(policy::decide_collect(|s| p.has_scope(s), &p.profile, &payee, amount, force), mandate.is_some());
+        let force = self.always_needs_a_human(tool, mandate.as_ref());
+        let decision = authorize(
+            policy::decide_collect(|s| p.has_scope(s), tool, &p.profile, &payee, amount, force),
+            mandate.is_some(),
+        );
         let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
-        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
+        self.execute(caller, tool, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
             let req = CollectionRequest {
                 idempotency_key: key,
                 payment_id: PaymentId::generate(),
@@ -525,11 +530,11 @@ impl Gateway {
         const TOOL: &str = "refund_payment";
         let p = &caller.principal;
         let pid = rec.id.clone();
-        let rail = match self.rail.clone() {
-            Some(rail) if rail.name() == rec.rail && rail.offers(RailFlow::Reversal) => rail,
+        let rail = match self.rail(&rec.rail).cloned() {
+            Some(rail) if rail.offers(RailFlow::Reversal) => rail,
             // (A rail turned off since keeps its records: they are still its payments.)
             _ => {
-                let name = self.rail.as_ref().filter(|r| r.name() == rec.rail).map_or("external", |r| r.display_name());
+                let name = self.rail(&rec.rail).map_or("external", |r| r.display_name());
                 let e = AgentError::invalid(format!(
                     "payment {pid} is an {name} payment; this gateway does not reverse {name} payments"
                 ));
@@ -616,14 +621,20 @@ impl Gateway {
         .await
     }
 
-    pub async fn send_mpesa_payout(&self, caller: &Caller, args: SendMpesaPayoutArgs) -> Result<Executed, AgentError> {
-        const TOOL: &str = "send_mpesa_payout";
-        self.check_suspended(caller, TOOL).await?;
-        let rail = match self.rail.clone() {
+    /// A payout through the rail `rail_name`, for the tool `TOOL`.
+    pub async fn send_payout(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        rail_name: &str,
+        args: SendMpesaPayoutArgs,
+    ) -> Result<Executed, AgentError> {
+        self.check_suspended(caller, tool).await?;
+        let rail = match self.rail(rail_name).cloned() {
             Some(rail) if rail.offers(RailFlow::Payout) => rail,
             _ => {
-                let e = AgentError::invalid("M-Pesa payouts are not enabled on this gateway");
-                return Err(self.refuse(caller, TOOL, None, e).await);
+                let e = AgentError::invalid(format!("payouts through {rail_name} are not enabled on this gateway"));
+                return Err(self.refuse(caller, tool, None, e).await);
             }
         };
         let parsed = (|| {
@@ -635,16 +646,16 @@ impl Gateway {
         })();
         let (op, payout) = match parsed {
             Ok(p) => p,
-            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+            Err(e) => return Err(self.refuse(caller, tool, None, e).await),
         };
         let p = &caller.principal;
         let (payer, payee, amount) = (rail.account().clone(), payout.payee_account().clone(), payout.amount());
         let asked = Asked {
-            tool: TOOL,
+            tool,
             op: &op,
             args: json!({"phone": payout.payee(), "amount_minor": amount.minor(), "remarks": payout.remarks()}),
             intent: json!({
-                "tool": TOOL, "operation_id": op, "payer": payer, "payee": payee,
+                "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
                 "amount": amount.to_decimal(), "currency": amount.currency(), "remarks": payout.remarks(),
             }),
         };
@@ -656,13 +667,15 @@ impl Gateway {
             Ok(m) => m,
             Err(replayed) => return Ok(*replayed),
         };
-        let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
+        let idem = self.idem_for(caller, tool, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
-        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
-        let decision =
-            authorize(policy::decide_payout(|s| p.has_scope(s), &p.profile, &payer, amount, force), mandate.is_some());
+        let force = self.always_needs_a_human(tool, mandate.as_ref());
+        let decision = authorize(
+            policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force),
+            mandate.is_some(),
+        );
         let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
-        self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
+        self.execute(caller, tool, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
             let req = PayoutRequest {
                 idempotency_key: key,
                 payment_id: PaymentId::generate(),

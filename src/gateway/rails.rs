@@ -336,11 +336,16 @@ impl Gateway {
                         format!("no payment with checkout_request_id {}", clip(reference)),
                     )
                 };
-                let Some(rail) = self.rail.as_ref() else { return Err(not_found()) };
-                let rec = self.store.rail_by_ref(rail.name(), reference).await.map_err(|error| {
-                    tracing::error!(correlation_id = %caller.correlation_id, %error, "rail record read failed");
-                    AgentError::internal()
-                })?;
+                let mut rec = None;
+                for rail in &self.rails {
+                    rec = self.store.rail_by_ref(rail.name(), reference).await.map_err(|error| {
+                        tracing::error!(correlation_id = %caller.correlation_id, %error, "rail record read failed");
+                        AgentError::internal()
+                    })?;
+                    if rec.is_some() {
+                        break;
+                    }
+                }
                 match rec {
                     // The payment as get_payment shows it, under get_payment's visibility rule.
                     Some(rec) => self.get_payment(caller, rec.id.as_str()).await.map_err(|e| match e.code {
@@ -396,8 +401,14 @@ impl Gateway {
     }
 
     /// Callback and query decisions are audited under the rail's name (`<rail>_callback`, issuer `<rail>`).
-    fn rail_audit(&self, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) -> AuditRecord {
-        let rail = self.rail.as_ref().map_or("rail", |r| r.name());
+    fn rail_audit(
+        &self,
+        rail: &str,
+        rec: Option<&RailPayment>,
+        decision: &str,
+        code: &str,
+        detail: String,
+    ) -> AuditRecord {
         let tool = format!("{rail}_callback");
         let mut d = Decision::new(&tool, decision);
         d.payment_id = rec.map(|r| r.id.as_str());
@@ -407,8 +418,8 @@ impl Gateway {
         a
     }
 
-    async fn audit_callback(&self, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) {
-        let a = self.rail_audit(rec, decision, code, detail);
+    async fn audit_callback(&self, rail: &str, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) {
+        let a = self.rail_audit(rail, rec, decision, code, detail);
         if let Err(error) = self.store.audit_append(a).await {
             self.metrics.bookkeeping_failure("audit");
             tracing::error!(%error, "audit append failed");
@@ -416,20 +427,20 @@ impl Gateway {
     }
 
     /// A callback refused before it was read (wrong secret, source not allowed): audited.
-    pub async fn audit_callback_refusal(&self, code: &str, detail: String) {
-        self.audit_callback(None, "callback_refused", code, detail).await;
+    pub async fn audit_callback_refusal(&self, rail: &str, code: &str, detail: String) {
+        self.audit_callback(rail, None, "callback_refused", code, detail).await;
     }
 
     /// A rail's callback, already past the secret and source check. The rail parses it; refusals
     /// change nothing and are audited. A collection's success settles only when the rail's own
     /// status query confirms it; a payout's or reversal's result is the rail's final word (it must
     /// still match the record); a queue timeout settles nothing. The HTTP answer is `http`'s choice.
-    pub async fn rail_callback(&self, channel: CallbackChannel, body: &[u8]) -> CallbackOutcome {
-        let Some(rail) = self.rail.clone() else { return CallbackOutcome::RailDisabled };
+    pub async fn rail_callback(&self, rail_name: &str, channel: CallbackChannel, body: &[u8]) -> CallbackOutcome {
+        let Some(rail) = self.rail(rail_name).cloned() else { return CallbackOutcome::RailDisabled };
         let event = match rail.parse_callback(channel, body) {
             Ok(event) => event,
             Err(reason) => {
-                self.audit_callback(None, "callback_refused", "MALFORMED", reason).await;
+                self.audit_callback(rail.name(), None, "callback_refused", "MALFORMED", reason).await;
                 self.metrics.callback("malformed");
                 return CallbackOutcome::Malformed;
             }
@@ -452,7 +463,7 @@ impl Gateway {
             Ok(Some(r)) => r,
             Ok(None) => {
                 let detail = format!("unknown rail reference {}", clip(&event.rail_ref));
-                self.audit_callback(None, "callback_refused", "UNKNOWN_CHECKOUT", detail).await;
+                self.audit_callback(rail.name(), None, "callback_refused", "UNKNOWN_CHECKOUT", detail).await;
                 self.metrics.callback("unknown");
                 return CallbackOutcome::UnknownReference;
             }
@@ -465,7 +476,7 @@ impl Gateway {
             // Settles nothing; the scheduled status query asks where it stands.
             let detail = event.settlement.reason().unwrap_or("notice").to_string();
             let touched = self.touch_open(rail.as_ref(), &rec, &event.settlement).await;
-            self.audit_callback(Some(&rec), "callback_notice", "QUEUE_TIMEOUT", detail).await;
+            self.audit_callback(rail.name(), Some(&rec), "callback_notice", "QUEUE_TIMEOUT", detail).await;
             self.metrics.callback("still_pending");
             return touched;
         }
@@ -487,6 +498,7 @@ impl Gateway {
                     self.store.rail_transition(&rec.id, &from, RailState::Succeeded, update, now).await
                 {
                     self.audit_callback(
+                        rail.name(),
                         Some(&updated),
                         "callback_receipt",
                         "RECEIPT_RECORDED",
@@ -503,7 +515,7 @@ impl Gateway {
                 ("NOT_PENDING", CallbackOutcome::NotPending)
             };
             let detail = format!("callback for a payment already {}", rec.state.as_str());
-            self.audit_callback(Some(&rec), "callback_refused", code, detail).await;
+            self.audit_callback(rail.name(), Some(&rec), "callback_refused", code, detail).await;
             self.metrics.callback("duplicate");
             return outcome;
         }
@@ -515,7 +527,7 @@ impl Gateway {
                     event.amount_minor.map_or("missing".to_string(), |a| a.to_string()),
                     rec.amount_minor
                 );
-                self.audit_callback(Some(&rec), "callback_refused", "AMOUNT_MISMATCH", detail).await;
+                self.audit_callback(rail.name(), Some(&rec), "callback_refused", "AMOUNT_MISMATCH", detail).await;
                 self.metrics.callback("mismatch");
                 return CallbackOutcome::AmountMismatch;
             }
@@ -523,13 +535,13 @@ impl Gateway {
             let party_required = event.authority == Authority::Confirm;
             if (party_required || event.payer.is_some()) && event.payer.as_deref() != rec.phone.as_deref() {
                 let detail = "the paying phone does not match the one prompted".to_string();
-                self.audit_callback(Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
+                self.audit_callback(rail.name(), Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
                 self.metrics.callback("mismatch");
                 return CallbackOutcome::PayerMismatch;
             }
             if event.receipt.is_none() {
                 let detail = format!("a success without an {} receipt number", rail.display_name());
-                self.audit_callback(Some(&rec), "callback_refused", "RECEIPT_MISSING", detail).await;
+                self.audit_callback(rail.name(), Some(&rec), "callback_refused", "RECEIPT_MISSING", detail).await;
                 self.metrics.callback("mismatch");
                 return CallbackOutcome::ReceiptMissing;
             }
@@ -547,13 +559,20 @@ impl Gateway {
                         rail.display_name(),
                         queried.reason().unwrap_or("-")
                     );
-                    self.audit_callback(Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
+                    self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
                     self.metrics.callback("mismatch");
                     // The query is the rail's own answer: a known failure settles the payment.
                     if let Settlement::Failed(_) = queried
                         && let Ok(Some(updated)) = rail.settle(&rec, &queried, None).await
                     {
-                        self.audit_callback(Some(&updated), "query_settled", "FAILED", format!("{queried:?}")).await;
+                        self.audit_callback(
+                            rail.name(),
+                            Some(&updated),
+                            "query_settled",
+                            "FAILED",
+                            format!("{queried:?}"),
+                        )
+                        .await;
                     }
                     return CallbackOutcome::NotConfirmed;
                 }
@@ -573,6 +592,7 @@ impl Gateway {
                         Ok(Some(updated)) => {
                             let detail = "success callback not yet confirmed by query".to_string();
                             self.audit_callback(
+                                rail.name(),
                                 Some(&updated),
                                 "callback_unconfirmed",
                                 "AWAITING_CONFIRMATION",
@@ -601,7 +621,7 @@ impl Gateway {
                         rail.display_name(),
                         other.reason().unwrap_or("it reports the payment succeeded")
                     );
-                    self.audit_callback(Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
+                    self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
                     self.metrics.callback("mismatch");
                     return CallbackOutcome::NotConfirmed;
                 }
@@ -625,14 +645,20 @@ impl Gateway {
                     None => format!("settled; receipt {}", updated.receipt.as_deref().unwrap_or("-")),
                     Some(reason) => reason.to_string(),
                 };
-                self.audit_callback(Some(&updated), decision, code, detail).await;
+                self.audit_callback(rail.name(), Some(&updated), decision, code, detail).await;
                 self.metrics.callback(metric);
                 outcome
             }
             Ok(None) => {
                 // Settled by a concurrent callback or query between our read and write.
-                self.audit_callback(Some(&rec), "callback_refused", "DUPLICATE_OR_LATE", "settled concurrently".into())
-                    .await;
+                self.audit_callback(
+                    rail.name(),
+                    Some(&rec),
+                    "callback_refused",
+                    "DUPLICATE_OR_LATE",
+                    "settled concurrently".into(),
+                )
+                .await;
                 self.metrics.callback("duplicate");
                 CallbackOutcome::Terminal
             }
@@ -663,21 +689,33 @@ impl Gateway {
     /// Query the collection rail about pending payments not touched for `older_than_secs` (the
     /// scheduler's job), until `budget` has passed (a run stays within its job lease). Returns how
     /// many settled.
-    pub async fn poll_mpesa(&self, older_than_secs: i64, budget: std::time::Duration) -> usize {
+    pub async fn poll_rails(&self, older_than_secs: i64, budget: std::time::Duration) -> usize {
         let deadline = std::time::Instant::now() + budget;
-        let Some(rail) = self.rail.clone() else { return 0 };
+        let mut settled = 0;
+        for rail in &self.rails {
+            settled += self.poll_rail(rail.as_ref(), older_than_secs, deadline).await;
+        }
+        settled
+    }
+
+    async fn poll_rail(
+        &self,
+        rail: &dyn crate::backend::rail::CollectionRail,
+        older_than_secs: i64,
+        deadline: std::time::Instant,
+    ) -> usize {
         let now = self.clock.now();
         // Pending records, and those whose answer was lost (a payout's status can be asked).
         let open = [RailState::Pending, RailState::Unknown];
-        let due = match self.store.rail_list(&open, now - older_than_secs, POLL_BATCH_MAX).await {
+        let due = match self.store.rail_list(Some(rail.name()), &open, now - older_than_secs, POLL_BATCH_MAX).await {
             Ok(d) => d,
             Err(error) => {
-                tracing::error!(%error, rail = rail.name(), "listing pending collections failed");
+                tracing::error!(%error, rail = rail.name(), "listing open rail payments failed");
                 return 0;
             }
         };
         let mut settled = 0;
-        for rec in due.iter().filter(|r| r.rail == rail.name()) {
+        for rec in &due {
             if std::time::Instant::now() >= deadline {
                 break;
             }
@@ -690,7 +728,8 @@ impl Gateway {
                 Ok(Some(updated)) if updated.state.is_terminal() => {
                     settled += 1;
                     let code = if updated.state == RailState::Succeeded { "SUCCEEDED" } else { "FAILED" };
-                    self.audit_callback(Some(&updated), "query_settled", code, format!("{settlement:?}")).await;
+                    let detail = format!("{settlement:?}");
+                    self.audit_callback(rail.name(), Some(&updated), "query_settled", code, detail).await;
                 }
                 Ok(_) => {}
                 Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording a rail query result failed"),
@@ -811,7 +850,7 @@ impl Gateway {
     ) {
         if rec.state == RailState::Failed
             && *rechecks_left > 0
-            && let Some(rail) = self.rail.as_ref().filter(|r| r.name() == rec.rail)
+            && let Some(rail) = self.rail(&rec.rail)
         {
             *rechecks_left -= 1;
             if rail.query(rec).await == Settlement::Succeeded {

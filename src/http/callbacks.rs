@@ -1,4 +1,4 @@
-//! Rail callbacks: `/callbacks/mpesa/{stk,result,timeout}/<secret>`. Daraja's callbacks are
+//! Rail callbacks: `/callbacks/<rail>/{stk,result,timeout}/<secret>` (M-Pesa: `mpesa`). Daraja's callbacks are
 //! unsigned, so a callback is accepted only with the deployment's secret — in the path, or, when
 //! `mpesa.callback_secret_header` names one, in that header (set by a proxy) — compared in constant
 //! time, and, when configured, only from the allowed source addresses. No bearer token: Safaricom
@@ -115,6 +115,7 @@ impl CallbackGuard {
 /// Count, log and (throttled) audit a callback refused before it was read.
 async fn refuse_unread(
     state: &AppState,
+    rail: &str,
     guard: Option<&CallbackGuard>,
     code: &str,
     metric: &'static str,
@@ -122,10 +123,10 @@ async fn refuse_unread(
 ) {
     let g = &state.gateway;
     g.metrics().callback(metric);
-    tracing::warn!(reason = %what, "M-Pesa callback refused");
+    tracing::warn!(rail, reason = %what, "rail callback refused");
     if let Some(unaudited) = guard.map_or(Some(0), CallbackGuard::refusal_audit) {
         let detail = if unaudited > 0 { format!("{what} ({unaudited} earlier refusals not audited)") } else { what };
-        g.audit_callback_refusal(code, detail).await;
+        g.audit_callback_refusal(rail, code, detail).await;
     }
 }
 
@@ -171,37 +172,38 @@ fn channel(name: &str) -> Option<CallbackChannel> {
     }
 }
 
-/// `/callbacks/mpesa/{channel}/{secret}`.
-pub async fn mpesa_with_secret(
+/// `/callbacks/{rail}/{channel}/{secret}`.
+pub async fn with_secret(
     State(state): State<AppState>,
-    Path((channel_name, secret)): Path<(String, String)>,
+    Path((rail, channel_name, secret)): Path<(String, String, String)>,
     peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    mpesa(state, &channel_name, Some(&secret), peer, headers, body).await
+    callback(state, &rail, &channel_name, Some(&secret), peer, headers, body).await
 }
 
-/// `/callbacks/mpesa/{channel}`: the secret must be in the configured header.
-pub async fn mpesa_without_path_secret(
+/// `/callbacks/{rail}/{channel}`: the secret must be in the configured header.
+pub async fn without_path_secret(
     State(state): State<AppState>,
-    Path(channel_name): Path<String>,
+    Path((rail, channel_name)): Path<(String, String)>,
     peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    mpesa(state, &channel_name, None, peer, headers, body).await
+    callback(state, &rail, &channel_name, None, peer, headers, body).await
 }
 
-async fn mpesa(
+async fn callback(
     state: AppState,
+    rail: &str,
     channel_name: &str,
     secret: Option<&str>,
     peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Some(guard) = state.mpesa_callback.as_ref() else {
+    let Some(guard) = state.rail_callbacks.get(rail).cloned() else {
         let (status, outcome) = status_of(CallbackOutcome::RailDisabled);
         return answer(status, outcome);
     };
@@ -209,17 +211,18 @@ async fn mpesa(
     // The source first: it costs nothing and says nothing about the secret.
     let sender = guard.sender(peer.map(|axum::Extension(ConnectInfo(a))| a.ip()), &headers);
     if !guard.source_allowed(sender) {
-        let what = format!("source {sender:?} not in mpesa.callback_allowed_ips");
-        refuse_unread(&state, Some(guard), "SOURCE_NOT_ALLOWED", "bad_source", what).await;
+        let what = format!("source {sender:?} not in {rail}.callback_allowed_ips");
+        refuse_unread(&state, rail, Some(&guard), "SOURCE_NOT_ALLOWED", "bad_source", what).await;
         return answer(StatusCode::FORBIDDEN, "source_not_allowed");
     }
     if !guard.presents_secret(secret, &headers) {
         // The guess is never logged or audited, only that it was wrong.
         let what = if secret.is_some() { "wrong callback secret" } else { "no callback secret" };
-        refuse_unread(&state, Some(guard), "BAD_SECRET", "bad_secret", format!("{what} from {sender:?}")).await;
+        let detail = format!("{what} from {sender:?}");
+        refuse_unread(&state, rail, Some(&guard), "BAD_SECRET", "bad_secret", detail).await;
         return answer(StatusCode::NOT_FOUND, "not_found");
     }
-    let (status, outcome) = status_of(state.gateway.rail_callback(channel, &body).await);
+    let (status, outcome) = status_of(state.gateway.rail_callback(rail, channel, &body).await);
     answer(status, outcome)
 }
 

@@ -74,8 +74,8 @@ pub struct AppInner {
     pub body_bytes_max: usize,
     /// How long an idle session lives: the Retry-After of an agent at its session cap.
     pub session_idle_secs: u64,
-    /// The M-Pesa callback's path secret and source allow-list (when the rail is enabled).
-    pub mpesa_callback: Option<Arc<CallbackGuard>>,
+    /// Each enabled rail's callback secret and source allow-list, by rail name.
+    pub rail_callbacks: Arc<std::collections::HashMap<String, Arc<CallbackGuard>>>,
     /// Bearer token /metrics asks for; `None`: loopback peers only.
     pub metrics_token: Option<Secret>,
     /// The operator console's sign-in settings; `None`: the console is off.
@@ -154,9 +154,9 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(CorsLayer::new().allow_origin(tower_http::cors::Any).allow_methods([Method::GET]));
 
     let callback_routes = Router::new()
-        .route("/callbacks/mpesa/{channel}", post(callbacks::mpesa_without_path_secret))
-        .route("/callbacks/mpesa/{channel}/", post(callbacks::mpesa_without_path_secret))
-        .route("/callbacks/mpesa/{channel}/{secret}", post(callbacks::mpesa_with_secret))
+        .route("/callbacks/{rail}/{channel}", post(callbacks::without_path_secret))
+        .route("/callbacks/{rail}/{channel}/", post(callbacks::without_path_secret))
+        .route("/callbacks/{rail}/{channel}/{secret}", post(callbacks::with_secret))
         .layer(RequestBodyLimitLayer::new(callbacks::CALLBACK_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
 

@@ -32,6 +32,8 @@ use views::{
 };
 
 pub const CAPABILITIES_URI: &str = "payments://capabilities";
+/// The M-Pesa rail's name: its tools name the rail they use.
+const MPESA: &str = crate::backend::mpesa::RAIL;
 pub const PAYMENT_URI_PREFIX: &str = "payments://payment/";
 
 const INSTRUCTIONS: &str = "paygate moves money for you under a human-set policy. Every money-moving tool takes an \
@@ -469,7 +471,8 @@ impl PaygateMcp {
         let _timed = Timed::new(&self.gateway, "send_mpesa_payout");
         self.gateway.admit(&caller, "send_mpesa_payout").await.map_err(|e| fail(&caller, e))?;
         let a: SendMpesaPayoutArgs = parse(&caller, args)?;
-        let done = self.gateway.send_mpesa_payout(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        let done =
+            self.gateway.send_payout(&caller, "send_mpesa_payout", MPESA, a).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
     }
 
@@ -512,7 +515,11 @@ impl PaygateMcp {
         let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
         self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
         let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
-        let done = self.gateway.request_mpesa_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
+        let done = self
+            .gateway
+            .request_collection(&caller, "request_mpesa_payment", MPESA, a)
+            .await
+            .map_err(|e| fail(&caller, e))?;
         Ok(Json(done.into()))
     }
 }

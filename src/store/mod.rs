@@ -180,9 +180,11 @@ pub trait Store: Send + Sync + 'static {
     async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError>;
     async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError>;
     async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError>;
-    /// Records in one of `states` last updated at or before `updated_before`, oldest first.
+    /// Records (of `rail`, or of every rail) in one of `states` last updated at or before
+    /// `updated_before`, oldest first.
     async fn rail_list(
         &self,
+        rail: Option<&str>,
         states: &[RailState],
         updated_before: UnixSecs,
         limit: u32,

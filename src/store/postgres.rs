@@ -724,12 +724,13 @@ impl Store for PostgresStore {
 
     async fn rail_list(
         &self,
+        rail: Option<&str>,
         states: &[RailState],
         updated_before: UnixSecs,
         limit: u32,
     ) -> Result<Vec<RailPayment>, StoreError> {
         let client = self.pool.get().await?;
-        rails::list(&client, states, updated_before, limit).await
+        rails::list(&client, rail, states, updated_before, limit).await
     }
 
     async fn rail_since(

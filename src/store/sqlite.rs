@@ -829,12 +829,13 @@ impl Store for SqliteStore {
 
     async fn rail_list(
         &self,
+        rail: Option<&str>,
         states: &[RailState],
         updated_before: UnixSecs,
         limit: u32,
     ) -> Result<Vec<RailPayment>, StoreError> {
-        let states = states.to_vec();
-        self.run_heavy(move |c| rails::list(c, &states, updated_before, limit)).await
+        let (rail, states) = (rail.map(str::to_string), states.to_vec());
+        self.run_heavy(move |c| rails::list(c, rail.as_deref(), &states, updated_before, limit)).await
     }
 
     async fn rail_since(

@@ -144,15 +144,17 @@ pub(super) async fn abandon(pool: &deadpool_postgres::Pool, id: &str) -> Result<
 
 pub(super) async fn list(
     c: &impl GenericClient,
+    rail: Option<&str>,
     states: &[RailState],
     updated_before: UnixSecs,
     limit: u32,
 ) -> Result<Vec<RailPayment>, StoreError> {
     let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
     let sql = format!(
-        "SELECT {RAIL_COLS} FROM rail_payments WHERE state = ANY($1) AND updated_at <= $2 ORDER BY updated_at, seq LIMIT $3"
+        "SELECT {RAIL_COLS} FROM rail_payments WHERE state = ANY($1) AND updated_at <= $2
+           AND ($4::text IS NULL OR rail = $4) ORDER BY updated_at, seq LIMIT $3"
     );
-    Ok(c.list(&sql, &[&states, &updated_before, &i64::from(limit)], rows::rail)
+    Ok(c.list(&sql, &[&states, &updated_before, &i64::from(limit), &rail], rows::rail)
         .await?
         .into_iter()
         .map(|(_, p)| p)

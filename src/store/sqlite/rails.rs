@@ -105,6 +105,7 @@ pub(super) fn abandon_tx(conn: &mut Connection, id: &str) -> Result<bool, StoreE
 
 pub(super) fn list(
     c: &Connection,
+    rail: Option<&str>,
     states: &[RailState],
     updated_before: UnixSecs,
     limit: u32,
@@ -113,9 +114,10 @@ pub(super) fn list(
         .map_err(|e| StoreError::Database(e.to_string()))?;
     let sql = format!(
         "SELECT {RAIL_COLS} FROM rail_payments
-         WHERE state IN (SELECT value FROM json_each(?1)) AND updated_at <= ?2 ORDER BY updated_at, seq LIMIT ?3"
+         WHERE state IN (SELECT value FROM json_each(?1)) AND updated_at <= ?2 AND (?4 IS NULL OR rail = ?4)
+         ORDER BY updated_at, seq LIMIT ?3"
     );
-    Ok(c.all(&sql, params![states, updated_before, limit], rows::rail)?.into_iter().map(|(_, p)| p).collect())
+    Ok(c.all(&sql, params![states, updated_before, limit, rail], rows::rail)?.into_iter().map(|(_, p)| p).collect())
 }
 
 pub(super) fn since(
