@@ -256,6 +256,13 @@ pub trait CollectionRail: Send + Sync + 'static {
     fn display_name(&self) -> &'static str;
     /// The gateway account collections are booked to.
     fn account(&self) -> &AccountId;
+    /// Whether a collection's success callback names what was paid and by whom (M-Pesa's does).
+    /// When it does, a success missing either is refused; when it does not, the rail's own status
+    /// query — asked before any success settles — is the only confirmation. A claim that is present
+    /// must always match the record.
+    fn callbacks_name_the_payment(&self) -> bool {
+        true
+    }
     /// Whether this rail, as configured, offers this flow (collections always).
     fn offers(&self, flow: RailFlow) -> bool {
         flow == RailFlow::Collection

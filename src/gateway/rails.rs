@@ -520,8 +520,12 @@ impl Gateway {
             return outcome;
         }
         if paid {
-            // A success must say what was paid, by whom: both must match what was asked.
-            if event.amount_minor != Some(rec.amount_minor) {
+            // A success must say what was paid, by whom (where the rail's callbacks do), and what
+            // it says must match what was asked.
+            let claims_required = event.authority == Authority::Confirm && rail.callbacks_name_the_payment();
+            // A result is the rail's final word on money going out: it must name the amount.
+            let amount_required = claims_required || event.authority == Authority::Final;
+            if (amount_required || event.amount_minor.is_some()) && event.amount_minor != Some(rec.amount_minor) {
                 let detail = format!(
                     "amount {} does not match the {} asked for",
                     event.amount_minor.map_or("missing".to_string(), |a| a.to_string()),
@@ -531,9 +535,7 @@ impl Gateway {
                 self.metrics.callback("mismatch");
                 return CallbackOutcome::AmountMismatch;
             }
-            // A collection's success must name the payer; a result names the customer when it can.
-            let party_required = event.authority == Authority::Confirm;
-            if (party_required || event.payer.is_some()) && event.payer.as_deref() != rec.phone.as_deref() {
+            if (claims_required || event.payer.is_some()) && event.payer.as_deref() != rec.phone.as_deref() {
                 let detail = "the paying phone does not match the one prompted".to_string();
                 self.audit_callback(rail.name(), Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
                 self.metrics.callback("mismatch");

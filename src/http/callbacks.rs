@@ -165,7 +165,8 @@ fn status_of(outcome: CallbackOutcome) -> (StatusCode, &'static str) {
 
 fn channel(name: &str) -> Option<CallbackChannel> {
     match name {
-        "stk" => Some(CallbackChannel::Prompt),
+        // M-Pesa names its collection callback after the STK push; other rails say "collection".
+        "stk" | "collection" => Some(CallbackChannel::Prompt),
         "result" => Some(CallbackChannel::Result),
         "timeout" => Some(CallbackChannel::Timeout),
         _ => None,
