@@ -207,6 +207,34 @@ pub fn decide_refund(
     )
 }
 
+/// May this principal reverse `original`, a collection through a rail, in full? As a refund (scope,
+/// autonomous limit, a human when the collection itself was over it), except that the account is
+/// the rail's alone: the customer's side is no account of the agent's.
+pub fn decide_reversal(
+    has_scope: impl Fn(&str) -> bool,
+    profile: &Profile,
+    original: &crate::domain::payment::Payment,
+    force_approval: bool,
+) -> Decision {
+    let currency = original.currency;
+    let over_limit_original =
+        profile.autonomous_limit_minor.get(&currency).is_some_and(|limit| original.amount_minor > *limit);
+    let amount = Money::from_minor(original.amount_minor, currency);
+    let Ok(amount) = amount else {
+        return Decision::Deny(AgentError::invalid("the collection's amount is not a valid amount"));
+    };
+    let account = &original.to_account;
+    decide(
+        &has_scope,
+        profile,
+        scopes::REFUND,
+        "refund_payment",
+        [account, account],
+        amount,
+        force_approval || over_limit_original,
+    )
+}
+
 fn decide(
     has_scope: &impl Fn(&str) -> bool,
     profile: &Profile,
@@ -341,6 +369,40 @@ mod tests {
         }
         assert!(check_read(only_read, &p, &acct("acct-A")).is_ok());
         assert_eq!(check_read(only_read, &p, &acct("acct-Z")).unwrap_err().code, ErrorCode::AccountNotAllowed);
+    }
+
+    #[test]
+    fn rail_rules_name_only_the_rails_account() {
+        let p = profile(); // acct-A and acct-B; autonomous limit KES 1,000.00
+        let all = |_: &str| true;
+        let collect_only = |s: &str| s == scopes::COLLECT;
+        // A collection into acct-B from a customer: acct-B, and the customer is no account of ours.
+        let mut collection = paid(50_000, 0);
+        collection.from_account = acct("mpesa-254712345678");
+        assert_eq!(decide_reversal(all, &p, &collection, false), Decision::Allow);
+        assert_eq!(code(&decide_reversal(collect_only, &p, &collection, false)), Some(ErrorCode::InsufficientScope));
+        collection.to_account = acct("acct-Z");
+        assert_eq!(code(&decide_reversal(all, &p, &collection, false)), Some(ErrorCode::AccountNotAllowed));
+        // Reversing a collection that itself needed a human needs one too.
+        let mut big = paid(500_000, 0);
+        big.from_account = acct("mpesa-254712345678");
+        assert!(matches!(decide_reversal(all, &p, &big, false), Decision::RequireApproval { .. }));
+        // Payouts: their own scope, the rail's account, the autonomous limit.
+        let b = acct("acct-B");
+        assert_eq!(decide_payout(all, "send_mpesa_payout", &p, &b, kes("1000.00"), false), Decision::Allow);
+        assert!(matches!(
+            decide_payout(all, "send_mpesa_payout", &p, &b, kes("1000.01"), false),
+            Decision::RequireApproval { .. }
+        ));
+        let no_payout = |s: &str| s != scopes::PAYOUT;
+        assert_eq!(
+            code(&decide_payout(no_payout, "send_mpesa_payout", &p, &b, kes("1"), false)),
+            Some(ErrorCode::InsufficientScope)
+        );
+        assert_eq!(
+            code(&decide_payout(all, "send_mpesa_payout", &p, &acct("acct-Z"), kes("1"), false)),
+            Some(ErrorCode::AccountNotAllowed)
+        );
     }
 
     #[test]

@@ -95,6 +95,19 @@ pub struct Gateway {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
 }
 
+/// What one enabled rail offers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RailOffer {
+    pub rail: &'static str,
+    pub display_name: &'static str,
+    /// The gateway account its money goes through.
+    pub account: String,
+    pub collections: bool,
+    pub payouts: bool,
+    /// A succeeded collection given back in full through `refund_payment`.
+    pub reversals: bool,
+}
+
 /// A decision worth an audit record.
 pub(crate) struct Decision<'a> {
     pub tool: &'a str,
@@ -158,9 +171,20 @@ impl Gateway {
         self.rails.iter().find(|r| r.name() == name)
     }
 
-    /// The enabled rails' names (for the capabilities resource).
-    pub fn rail_names(&self) -> Vec<&'static str> {
-        self.rails.iter().map(|r| r.name()).collect()
+    /// What each enabled rail offers (the capabilities resource).
+    pub fn rail_offers(&self) -> Vec<RailOffer> {
+        use crate::domain::rail::RailFlow;
+        self.rails
+            .iter()
+            .map(|r| RailOffer {
+                rail: r.name(),
+                display_name: r.display_name(),
+                account: r.account().to_string(),
+                collections: r.offers(RailFlow::Collection),
+                payouts: r.offers(RailFlow::Payout),
+                reversals: r.offers(RailFlow::Reversal),
+            })
+            .collect()
     }
 
     /// The accounts reconciliation asks an external ledger about (every profile's allow-list).

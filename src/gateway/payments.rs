@@ -601,10 +601,8 @@ impl Gateway {
         let idem = self.idem_for(caller, TOOL, &op, mandate.as_ref(), asked.args);
         let intent = asked.intent;
         let force = self.always_needs_a_human(TOOL, mandate.as_ref());
-        let decision = authorize(
-            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
-            mandate.is_some(),
-        );
+        let decision =
+            authorize(policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force), mandate.is_some());
         let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
         self.execute(caller, TOOL, false, idem, decision, amount, intent, |key, _alias_key, _audit, _claim| {
             let req = ReversalRequest {

@@ -261,7 +261,8 @@ impl Gateway {
             Some(r) if self.is_collection_record(r) => Receipt {
                 rail: r.rail.clone(),
                 reference: r.receipt.clone()?,
-                checkout_request_id: r.rail_ref.clone(),
+                // A collection's prompt reference; money going out has none the customer saw.
+                checkout_request_id: r.rail_ref.clone().filter(|_| r.flow == RailFlow::Collection),
                 phone: r.phone.as_deref().map(mask_phone),
             },
             Some(r) => Receipt {

@@ -611,6 +611,7 @@ impl ServerHandler for PaygateMcp {
                 "scopes": p.scopes,
                 "allowed_accounts": p.profile.allowed_accounts,
                 "autonomous_limits": limits,
+                "rails": self.gateway.rail_offers(),
                 "tools": crate::catalogue::TOOLS.iter()
                     .map(|t| json!({"tool": t.name, "scope": t.scope, "allowed": p.has_scope(t.scope)}))
                     .chain(crate::catalogue::ALIASES.iter().filter_map(|a| {

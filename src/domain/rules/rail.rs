@@ -137,6 +137,17 @@ mod tests {
     }
 
     #[test]
+    fn money_going_out_settles_from_any_open_state_a_collection_only_from_pending() {
+        use RailState::*;
+        assert_eq!(settles_from(RailFlow::Collection), [Pending]);
+        assert_eq!(settles_from(RailFlow::Ledger), [Pending]);
+        for flow in [RailFlow::Payout, RailFlow::Reversal] {
+            assert_eq!(settles_from(flow), [Submitting, Pending, Unknown], "{flow:?}");
+            assert!(!settles_from(flow).iter().any(|s| s.is_terminal()), "a settled record never settles again");
+        }
+    }
+
+    #[test]
     fn opening_stamps_the_record() {
         let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: "mdt_9".into() }) };
         let r = opened(rec(PaymentKind::Payment, RailState::Submitting, None), &guards, 42);

@@ -1,0 +1,446 @@
+//! Money going out through M-Pesa, end to end: payouts (B2C) and reversals of collections, their
+//! asynchronous results, lost answers settled by the Transaction Status API, queue timeouts, the
+//! header-secret option and Daraja's "still processing" answer — an MCP agent against the real
+//! server on port 0 and the local Daraja fake (tests/common/daraja.rs).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+mod common;
+#[path = "common/daraja.rs"]
+mod daraja;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use daraja::{DarajaFake, FakeConfig, OutboundMode, QueryAnswer, SANDBOX_PASSKEY};
+use paygate::clock::{Clock, ManualClock, SystemClock};
+use paygate::ids::PaymentId;
+use paygate::store::RailState;
+use serde_json::{Value, json};
+
+const SECRET: &str = "cb-secret-0123456789abcdefghij";
+const SCOPES: &str = "payments:read payments:collect payments:refund payments:payout payments:admin";
+const HEADER: &str = "x-paygate-callback-secret";
+
+fn overlay(fake: &DarajaFake, extra: &str) -> String {
+    format!(
+        r#"
+[mpesa]
+enabled = true
+base_url = "{base}"
+consumer_key = "fake-consumer-key"
+consumer_secret = "fake-consumer-secret"
+short_code = "174379"
+passkey = "{SANDBOX_PASSKEY}"
+callback_secret = "{SECRET}"
+initiator_name = "testapi"
+security_credential = "fake-security-credential"
+b2c_short_code = "600996"
+request_timeout_ms = 500
+{extra}
+
+[jobs]
+enabled = false
+
+[policy]
+default_profile = "dev"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+client_ids = []
+allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "1500.00" }}
+daily_refund_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
+tool_calls_per_minute = {{}}
+issuer = ""
+"#,
+        base = fake.base_url()
+    )
+}
+
+struct Rig {
+    app: TestApp,
+    fake: DarajaFake,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn rig_with(extra: &str, clock: Arc<dyn Clock>) -> Rig {
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")];
+    let app = spawn_with_toml(dir.path(), &overlay(&fake, extra), &overrides, clock).await;
+    let client = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    Rig { app, fake, client, _dir: dir }
+}
+
+async fn rig() -> Rig {
+    rig_with("", Arc::new(SystemClock)).await
+}
+
+fn payout(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "phone_number": "0712 345 678", "amount": amount, "remarks": "Cashback for order 7"})
+}
+
+fn collect(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "phone_number": "0712 345 678", "amount": amount,
+           "account_reference": "INV-1001", "description": "Order 1001"})
+}
+
+async fn payment(c: &Client, id: &str) -> Value {
+    ok(&call(c, "get_payment", json!({"payment_id": id})).await).clone()
+}
+
+async fn audit_codes(app: &TestApp) -> Vec<String> {
+    let records = app.running.store.audit_list(None, 500).await.unwrap();
+    records.iter().filter(|r| r.tool == "mpesa_callback").filter_map(|r| r.code.clone()).collect()
+}
+
+/// A collection the customer paid (callback confirmed by the fake's query).
+async fn paid_collection(r: &Rig, op: &str, amount: &str) -> String {
+    let p = ok(&call(&r.client, "request_mpesa_payment", collect(op, amount)).await).clone();
+    let push = r.fake.pushes().last().cloned().unwrap();
+    assert_eq!(r.fake.callback(&push.checkout_request_id, 0).await, 200);
+    p["payment_id"].as_str().unwrap().to_string()
+}
+
+async fn poll(app: &TestApp) -> usize {
+    app.running.gateway.poll_rails(0, Duration::from_secs(10)).await
+}
+
+#[tokio::test]
+async fn a_payout_is_pending_until_its_result_settles_it_and_is_sent_once() {
+    let r = rig().await;
+    let c = &r.client;
+    let first = ok(&call(c, "send_mpesa_payout", payout("payout-1", "150")).await).clone();
+    assert_eq!((first["status"].as_str(), first["replayed"].as_bool()), (Some("pending"), Some(false)));
+    assert_eq!(
+        (first["from_account"].as_str(), first["to_account"].as_str()),
+        (Some("mpesa-collections"), Some("mpesa-254712345678"))
+    );
+    let id = first["payment_id"].as_str().unwrap().to_string();
+    let sent = r.fake.payouts();
+    assert_eq!(sent.len(), 1);
+    assert_eq!((sent[0].phone.as_str(), sent[0].amount), ("254712345678", 150));
+    assert_eq!(sent[0].originator_conversation_id, id, "sent under the gateway's own id");
+    assert!(sent[0].result_url.ends_with(&format!("/callbacks/mpesa/result/{SECRET}")), "{}", sent[0].result_url);
+    assert!(sent[0].timeout_url.ends_with(&format!("/callbacks/mpesa/timeout/{SECRET}")));
+
+    // The agent retries: the same payout, not a second one.
+    let again = ok(&call(c, "send_mpesa_payout", payout("payout-1", "150")).await).clone();
+    assert_eq!((again["payment_id"].as_str(), again["replayed"].as_bool()), (Some(id.as_str()), Some(true)));
+    assert_eq!(r.fake.b2c_requests(), 1);
+
+    // A queue-timeout notice settles nothing.
+    assert_eq!(r.fake.post_timeout(&id).await, 200);
+    assert_eq!(payment(c, &id).await["status"], "pending");
+    // A result for another amount is refused and changes nothing.
+    let mut forged = r.fake.result_body(&id, 0);
+    forged["Result"]["ResultParameters"]["ResultParameter"][0]["Value"] = json!(1500);
+    let result_url = sent[0].result_url.clone();
+    assert_eq!(r.fake.callback_to(&result_url, forged).await, 422);
+    assert_eq!(payment(c, &id).await["status"], "pending");
+
+    // M-Pesa posts the result: paid, with its receipt.
+    assert_eq!(r.fake.post_result(&id, 0).await, 200);
+    let settled = payment(c, &id).await;
+    assert_eq!(settled["status"], "succeeded");
+    assert_eq!(settled["receipt"]["rail"], "mpesa");
+    assert_eq!(settled["receipt"]["reference"].as_str(), Some(r.fake.payouts()[0].receipt.as_str()));
+    assert!(settled["receipt"].get("checkout_request_id").is_none_or(Value::is_null), "{settled}");
+    assert_eq!(settled["receipt"]["phone"], "25471****678");
+    // A duplicate or contrary late result changes nothing.
+    assert_eq!(r.fake.post_result(&id, 2001).await, 409);
+    assert_eq!(payment(c, &id).await["status"], "succeeded");
+
+    // A payout M-Pesa refuses in its result fails, and gives back its share of the daily budget:
+    // 1,500 a day: 150 paid + 1,000 failed + 1,000 more fits only because the failure gave back.
+    let second = ok(&call(c, "send_mpesa_payout", payout("payout-2", "1000")).await).clone();
+    let id2 = second["payment_id"].as_str().unwrap().to_string();
+    assert_eq!(r.fake.post_result(&id2, 2001).await, 200);
+    let failed = payment(c, &id2).await;
+    assert_eq!(failed["status"], "failed");
+    let third = call(c, "send_mpesa_payout", payout("payout-3", "1000")).await;
+    assert_eq!(ok(&third)["status"], "pending", "{third:?}");
+    let over = call(c, "send_mpesa_payout", payout("payout-4", "500")).await;
+    assert_eq!(code(&over), "BUDGET_EXCEEDED");
+    assert_eq!(r.fake.payouts().len(), 3, "a refused payout is never sent");
+    let codes = audit_codes(&r.app).await;
+    for c in ["QUEUE_TIMEOUT", "AMOUNT_MISMATCH", "SUCCEEDED", "DUPLICATE_OR_LATE", "FAILED"] {
+        assert!(codes.iter().any(|x| x == c), "{c} not audited: {codes:?}");
+    }
+    r.app.assert_secrets_not_logged();
+    assert_not_logged(&[SECRET, "fake-security-credential", "fake-consumer-secret"]);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_payout_whose_answer_is_lost_is_settled_by_its_status_and_never_sent_again() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", clock.clone()).await;
+    let c = &r.client;
+    r.fake.set_outbound_mode(OutboundMode::Hang);
+    let first = call(c, "send_mpesa_payout", payout("lost-1", "200")).await;
+    assert_eq!(code(&first), "OUTCOME_UNKNOWN");
+    r.fake.set_outbound_mode(OutboundMode::Accept);
+    // After the first attempt's lease, the retry takes the operation over and does not send again.
+    clock.advance(120);
+    let retry = call(c, "send_mpesa_payout", payout("lost-1", "200")).await;
+    assert_eq!(code(&retry), "OUTCOME_UNKNOWN");
+    assert_eq!((r.fake.b2c_requests(), r.fake.payouts().len()), (1, 1), "processed once, sent once");
+    let id = r.fake.payouts()[0].originator_conversation_id.clone();
+    assert_eq!(payment(c, &id).await["status"], "pending");
+
+    // The scheduler asks M-Pesa where it stands; M-Pesa's answer settles it.
+    assert_eq!(poll(&r.app).await, 0, "the answer comes by callback");
+    assert_eq!(r.fake.status_requests(), 1);
+    assert_eq!(r.fake.answer_status_queries().await, [200]);
+    let settled = payment(c, &id).await;
+    assert_eq!(settled["status"], "succeeded");
+    assert_eq!(settled["receipt"]["reference"].as_str(), Some(r.fake.payouts()[0].receipt.as_str()));
+    // The late B2C result itself changes nothing more.
+    assert_eq!(r.fake.post_result(&id, 0).await, 409);
+    clock.advance(120);
+    let replay = ok(&call(c, "send_mpesa_payout", payout("lost-1", "200")).await).clone();
+    assert_eq!((replay["payment_id"].as_str(), replay["status"].as_str()), (Some(id.as_str()), Some("succeeded")));
+    assert_eq!(r.fake.b2c_requests(), 1);
+
+    // Daraja refusing unprocessed (503) is safe to retry: nothing was sent, the retry sends once.
+    r.fake.fail_next(2);
+    let refused = call(c, "send_mpesa_payout", payout("busy-1", "300")).await;
+    assert_eq!(code(&refused), "BACKEND_UNAVAILABLE");
+    assert_eq!(r.fake.payouts().len(), 1);
+    let sent = call(c, "send_mpesa_payout", payout("busy-1", "300")).await;
+    assert_eq!(ok(&sent)["status"], "pending");
+    assert_eq!(r.fake.payouts().len(), 2);
+
+    // A status M-Pesa cannot answer ("no such transaction") never settles: it stays open for
+    // reconciliation.
+    let busy_id = r.fake.payouts()[1].originator_conversation_id.clone();
+    let unanswered = json!({
+        "Result": {"ResultType": 0, "ResultCode": 2032, "ResultDesc": "The transaction could not be found",
+                   "OriginatorConversationID": "x", "ConversationID": "y",
+                   "ResultParameters": {"ResultParameter": [{"Key": "TransactionStatus", "Value": "Unknown"}]},
+                   "ReferenceData": {"ReferenceItem": {"Key": "Occasion", "Value": busy_id}}}
+    });
+    let result_url = r.fake.payouts()[1].result_url.clone();
+    assert_eq!(r.fake.callback_to(&result_url, unanswered).await, 200);
+    assert_eq!(payment(c, &busy_id).await["status"], "pending");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn payouts_need_their_scope_and_a_human_over_the_limit() {
+    let r = rig().await;
+    let c = &r.client;
+    // Without payments:payout: refused, nothing sent.
+    let collector = connect(&r.app.url, &r.app.token("dev-agent", "payments:read payments:collect"), Era::Modern).await;
+    let denied = collector
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("send_mpesa_payout")
+                .with_arguments(payout("scope-1", "10").as_object().unwrap().clone()),
+        )
+        .await;
+    assert!(format!("{denied:?}").contains(r#"required_scope: Some("payments:payout")"#), "{denied:?}");
+    assert!(r.fake.payouts().is_empty());
+    // Bad input is named and sends nothing.
+    for (args, needle) in [
+        (
+            json!({"operation_id": "bad-1", "phone_number": "+1 555 0100", "amount": "10", "remarks": "r"}),
+            "phone_number",
+        ),
+        (
+            json!({"operation_id": "bad-2", "phone_number": "0712345678", "amount": "10.50", "remarks": "r"}),
+            "whole shillings",
+        ),
+        (
+            json!({"operation_id": "bad-3", "phone_number": "0712345678", "amount": "10", "remarks": "a\u{7}b"}),
+            "remarks",
+        ),
+    ] {
+        let bad = call(c, "send_mpesa_payout", args).await;
+        assert_eq!(code(&bad), "INVALID_ARGUMENT");
+        assert!(err(&bad)["message"].as_str().unwrap().contains(needle), "{bad:?}");
+    }
+    // Over the autonomous limit: a human approves, the gateway issues the mandate, the payout goes
+    // out once.
+    let over = call(c, "send_mpesa_payout", payout("big-1", "1200")).await;
+    assert_eq!(code(&over), "APPROVAL_REQUIRED");
+    assert!(r.fake.payouts().is_empty(), "nothing leaves before approval");
+    let approval_id = err(&over)["approval_id"].as_str().unwrap().to_string();
+    let (status, body) = approve(&r.app, &approval_id, "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let approved = ok(&call(c, "get_approval", json!({"approval_id": approval_id})).await).clone();
+    let mut with_mandate = payout("big-1", "1200");
+    with_mandate["mandate"] = approved["mandate"].clone();
+    let paid = ok(&call(c, "send_mpesa_payout", with_mandate.clone()).await).clone();
+    assert_eq!(paid["status"], "pending");
+    let again = ok(&call(c, "send_mpesa_payout", with_mandate).await).clone();
+    assert_eq!((again["payment_id"].clone(), again["replayed"].as_bool()), (paid["payment_id"].clone(), Some(true)));
+    // The mandate pins the payee: another phone is refused.
+    let mut elsewhere = payout("big-2", "1200");
+    elsewhere["phone_number"] = json!("0798765432");
+    elsewhere["mandate"] = approved["mandate"].clone();
+    let refused = call(c, "send_mpesa_payout", elsewhere).await;
+    assert!(code(&refused).starts_with("MANDATE_"), "{refused:?}");
+    assert_eq!(r.fake.payouts().len(), 1);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_collection_is_reversed_in_full_once() {
+    let r = rig().await;
+    let c = &r.client;
+    // A pending collection cannot be reversed yet.
+    let pending = ok(&call(c, "request_mpesa_payment", collect("open-1", "50")).await).clone();
+    let not_yet =
+        call(c, "refund_payment", json!({"operation_id": "rev-0", "payment_id": pending["payment_id"]})).await;
+    assert_eq!(code(&not_yet), "INVALID_ARGUMENT");
+
+    let id = paid_collection(&r, "order-1", "300").await;
+    let partial = call(c, "refund_payment", json!({"operation_id": "rev-1", "payment_id": id, "amount": "100"})).await;
+    assert_eq!(code(&partial), "INVALID_ARGUMENT");
+    assert!(err(&partial)["message"].as_str().unwrap().contains("in full"), "{partial:?}");
+    let rev =
+        ok(&call(c, "refund_payment", json!({"operation_id": "rev-2", "payment_id": id, "reason": "cancelled"})).await)
+            .clone();
+    assert_eq!((rev["kind"].as_str(), rev["status"].as_str()), (Some("refund"), Some("pending")));
+    assert_eq!(
+        (rev["from_account"].as_str(), rev["to_account"].as_str()),
+        (Some("mpesa-collections"), Some("mpesa-254712345678"))
+    );
+    assert_eq!(rev["refund_of"].as_str(), Some(id.as_str()));
+    let sent = r.fake.reversals();
+    assert_eq!(sent.len(), 1);
+    let receipt = payment(c, &id).await["receipt"]["reference"].as_str().unwrap().to_string();
+    assert_eq!((sent[0].subject.as_str(), sent[0].amount), (receipt.as_str(), 300));
+    // Another operation_id (the agent "forgot" it asked) does not reverse twice: the same reversal.
+    let twice = ok(&call(c, "refund_payment", json!({"operation_id": "rev-3", "payment_id": id})).await).clone();
+    assert_eq!(twice["payment_id"], rev["payment_id"]);
+    assert_eq!(r.fake.reversal_requests(), 1);
+
+    let rev_id = rev["payment_id"].as_str().unwrap().to_string();
+    assert_eq!(r.fake.post_result(&sent[0].originator_conversation_id, 0).await, 200);
+    let done = payment(c, &rev_id).await;
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(done["receipt"]["reference"].as_str(), Some(r.fake.reversals()[0].receipt.as_str()));
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_reversal_whose_answer_is_lost_is_found_by_its_result_and_never_sent_again() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", clock.clone()).await;
+    let c = &r.client;
+    let id = paid_collection(&r, "order-9", "120").await;
+    r.fake.set_outbound_mode(OutboundMode::Hang);
+    let lost = call(c, "refund_payment", json!({"operation_id": "rev-9", "payment_id": id})).await;
+    assert_eq!(code(&lost), "OUTCOME_UNKNOWN");
+    r.fake.set_outbound_mode(OutboundMode::Accept);
+    clock.advance(120);
+    for op in ["rev-9", "rev-10"] {
+        let retry = call(c, "refund_payment", json!({"operation_id": op, "payment_id": id})).await;
+        assert_eq!(code(&retry), "OUTCOME_UNKNOWN", "{op}");
+    }
+    assert_eq!(r.fake.reversal_requests(), 1, "never sent again, whatever the operation_id");
+    // Daraja chose the reversal's reference, which the gateway never learned; the result still
+    // finds it by the payment id the gateway put in Occasion.
+    let sent = r.fake.reversals()[0].clone();
+    let rev_id = sent.occasion.clone();
+    assert_eq!(r.fake.post_result(&sent.originator_conversation_id, 0).await, 200);
+    assert_eq!(payment(c, &rev_id).await["status"], "succeeded");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn results_and_prompts_never_settle_each_others_payments() {
+    let r = rig().await;
+    let c = &r.client;
+    let collection = ok(&call(c, "request_mpesa_payment", collect("order-2", "80")).await).clone();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    let out = ok(&call(c, "send_mpesa_payout", payout("payout-9", "80")).await).clone();
+    let out_id = out["payment_id"].as_str().unwrap().to_string();
+    let result_url = r.fake.payouts()[0].result_url.clone();
+    let stk_url = r.fake.pushes()[0].callback_url.clone();
+    // A payout's result naming the collection's reference: no such payout.
+    let mut cross = r.fake.result_body(&out_id, 0);
+    cross["Result"]["OriginatorConversationID"] = json!(checkout);
+    cross["Result"]["ReferenceData"] = json!({"ReferenceItem": {"Key": "Occasion", "Value": collection["payment_id"]}});
+    assert_eq!(r.fake.callback_to(&result_url, cross).await, 404);
+    // A prompt's answer naming the payout's reference: no such collection.
+    let mut prompt = r.fake.callback_body(&checkout, 0);
+    prompt["Body"]["stkCallback"]["CheckoutRequestID"] = json!(out_id);
+    assert_eq!(r.fake.callback_to(&stk_url, prompt).await, 404);
+    // Shapes sent to the wrong address are malformed there.
+    assert_eq!(r.fake.callback_to(&result_url, r.fake.callback_body(&checkout, 0)).await, 400);
+    assert_eq!(r.fake.callback_to(&stk_url, r.fake.result_body(&out_id, 0)).await, 400);
+    assert_eq!(payment(c, collection["payment_id"].as_str().unwrap()).await["status"], "pending");
+    assert_eq!(payment(c, &out_id).await["status"], "pending");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_secret_header_the_urls_carry_no_secret_and_the_header_is_required() {
+    let r = rig_with(&format!("callback_secret_header = \"{HEADER}\""), Arc::new(SystemClock)).await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_mpesa_payment", collect("hdr-1", "60")).await).clone();
+    let push = r.fake.pushes()[0].clone();
+    assert!(push.callback_url.ends_with("/callbacks/mpesa/stk"), "{}", push.callback_url);
+    assert!(!push.callback_url.contains(SECRET));
+    // Without the header (as Daraja sends it, with no proxy in front): refused.
+    assert_eq!(r.fake.callback(&push.checkout_request_id, 0).await, 404);
+    assert_eq!(payment(c, p["payment_id"].as_str().unwrap()).await["status"], "pending");
+    // The proxy adds it: accepted.
+    let body = r.fake.callback_body(&push.checkout_request_id, 0);
+    let http = reqwest::Client::new();
+    for (secret, status) in [("wrong-secret-0123456789abcdef", 404), (SECRET, 200)] {
+        let resp = http.post(&push.callback_url).header(HEADER, secret).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), status);
+    }
+    assert_eq!(payment(c, p["payment_id"].as_str().unwrap()).await["status"], "succeeded");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn still_processing_keeps_a_collection_pending_and_it_is_asked_again() {
+    let r = rig().await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_mpesa_payment", collect("slow-1", "70")).await).clone();
+    let id = p["payment_id"].as_str().unwrap();
+    let checkout = r.fake.pushes()[0].checkout_request_id.clone();
+    r.fake.set_query(&checkout, QueryAnswer::Result(4999, "The transaction is still under processing".into()));
+    assert_eq!(poll(&r.app).await, 0);
+    assert_eq!(payment(c, id).await["status"], "pending");
+    let rec = r.app.running.store.rail_get(&PaymentId::parse(id).unwrap()).await.unwrap().unwrap();
+    assert_eq!(rec.state, RailState::Pending);
+    assert!(rec.reason.as_deref().unwrap_or_default().contains("4999"), "{:?}", rec.reason);
+    let asked = r.fake.query_requests();
+    r.fake.set_query(&checkout, QueryAnswer::Result(0, "The service request is processed successfully.".into()));
+    assert_eq!(poll(&r.app).await, 1);
+    assert_eq!(r.fake.query_requests(), asked + 1);
+    assert_eq!(payment(c, id).await["status"], "succeeded");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn capabilities_list_the_rails_and_what_each_offers() {
+    let r = rig().await;
+    let caps =
+        r.client.read_resource(rmcp::model::ReadResourceRequestParams::new("payments://capabilities")).await.unwrap();
+    let rmcp::model::ResourceContents::TextResourceContents { text, .. } = &caps.contents[0] else { panic!("text") };
+    let v: Value = serde_json::from_str(text).unwrap();
+    let mpesa = v["rails"].as_array().unwrap().iter().find(|x| x["rail"] == "mpesa").cloned().expect("mpesa listed");
+    assert_eq!(
+        (mpesa["collections"].as_bool(), mpesa["payouts"].as_bool(), mpesa["reversals"].as_bool()),
+        (Some(true), Some(true), Some(true))
+    );
+    let tools: Vec<&str> = v["tools"].as_array().unwrap().iter().filter_map(|t| t["tool"].as_str()).collect();
+    for t in ["send_mpesa_payout", "request_mpesa_payment", "initiate_stk_push", "check_transaction_status"] {
+        assert!(tools.contains(&t), "{t} not in {tools:?}");
+    }
+    r.app.stop().await;
+}
