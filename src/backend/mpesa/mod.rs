@@ -285,11 +285,11 @@ impl MpesaRail {
             Ok(accepted) => {
                 let update = RailUpdate { rail_ref: Some(accepted.checkout_request_id), ..Default::default() };
                 let now = self.clock.now();
-                match self
-                    .store
-                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Pending, update, now)
-                    .await
-                {
+                // From `unknown` too: a retry that took the operation over (this attempt outlived its
+                // lease) found the record mid-push and marked it maybe-sent; the answer says what
+                // happened, and its CheckoutRequestID lets the callback match.
+                let from = [RailState::Submitting, RailState::Unknown];
+                match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
                     Ok(Some(updated)) => Ok(updated.payment()),
                     Ok(None) => Err(BackendError::OutcomeUnknown("the payment record changed while pushing".into())),
                     Err(error) => {
@@ -359,11 +359,11 @@ impl MpesaRail {
                 let rail_ref = rec.rail_ref.is_none().then_some(accepted.originator_conversation_id);
                 let update = RailUpdate { rail_ref, ..Default::default() };
                 let now = self.clock.now();
-                match self
-                    .store
-                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Pending, update, now)
-                    .await
-                {
+                // From `unknown` too: another attempt found the record mid-send (a retry after this
+                // attempt's lease, or another operation on the same reversal) and marked it
+                // maybe-sent; the answer says what happened.
+                let from = [RailState::Submitting, RailState::Unknown];
+                match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
                     Ok(Some(updated)) => Ok(updated.payment()),
                     // The result came first and settled it.
                     Ok(None) => match self.store.rail_get(&rec.id).await {
