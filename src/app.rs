@@ -235,6 +235,33 @@ async fn serve_tls(
     Ok(())
 }
 
+/// The Airtel client's settings from `[airtel]`. (Airtel's callback URL is set in its portal, not
+/// sent with each request.)
+pub fn airtel_config(config: &Config) -> crate::backend::airtel::wire::AirtelConfig {
+    let a = &config.airtel;
+    crate::backend::airtel::wire::AirtelConfig {
+        base_url: a.base_url.trim_end_matches('/').to_string(),
+        client_id: a.client_id.clone(),
+        client_secret: a.client_secret.clone(),
+        connect_timeout: Duration::from_millis(a.connect_timeout_ms as u64),
+        request_timeout: Duration::from_millis(a.request_timeout_ms as u64),
+        token_refresh_margin_secs: a.token_refresh_margin_secs,
+        retries_max: a.retries_max as u32,
+        breaker_failures_max: a.breaker_failures_max as u32,
+        breaker_open: Duration::from_millis(a.breaker_open_ms as u64),
+    }
+}
+
+/// How long an open collection waits before the scheduler asks its rail: the shortest among the
+/// enabled rails (the gateway polls every rail with one threshold).
+fn rail_query_after_secs(config: &Config) -> i64 {
+    let enabled = [
+        (config.mpesa.enabled, config.mpesa.query_after_secs),
+        (config.airtel.enabled, config.airtel.query_after_secs),
+    ];
+    enabled.iter().filter(|(on, _)| *on).map(|(_, secs)| *secs).min().unwrap_or(config.mpesa.query_after_secs)
+}
+
 /// The Daraja client's settings from `[mpesa]`: base URL by environment, callback URL with its
 /// path secret under `mpesa.callback_base_url` (or the public URL).
 pub fn daraja_config(config: &Config, public_url: &str) -> crate::backend::mpesa::daraja::DarajaConfig {
@@ -517,6 +544,22 @@ fn gateway(
         // Not configured: not offered.
         disabled_tools.extend(["request_mpesa_payment".to_string(), "send_mpesa_payout".to_string()]);
     }
+    if config.airtel.enabled {
+        let a = &config.airtel;
+        let client = crate::backend::airtel::wire::AirtelClient::new(airtel_config(config), clock.clone())
+            .map_err(|e| StartError::Backend(e.to_string()))?;
+        let rail = crate::backend::airtel::AirtelRail::new(client, store.clone(), clock.clone(), a.account.clone());
+        gateway = gateway.with_collection_rail(Arc::new(rail));
+        let guard = http::CallbackGuard::new(
+            &a.callback_secret,
+            a.callback_allowed_ips.clone(),
+            a.callback_trusted_proxies.clone(),
+            &a.callback_secret_header,
+        );
+        rail_callbacks.insert(crate::backend::airtel::RAIL.to_string(), Arc::new(guard));
+    } else {
+        disabled_tools.push("request_airtel_payment".to_string());
+    }
     Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, rail_callbacks })
 }
 
@@ -587,7 +630,7 @@ fn spawn_jobs(
         route_limits,
         http_ledger: assembled.http_ledger.clone(),
         config: config.jobs.clone(),
-        mpesa_query_after_secs: config.mpesa.query_after_secs,
+        mpesa_query_after_secs: rail_query_after_secs(config),
         holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
     }));

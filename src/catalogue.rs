@@ -92,6 +92,13 @@ pub const TOOLS: &[ToolSpec] = &[
         open_world: true,
     },
     ToolSpec {
+        name: "request_airtel_payment",
+        title: "Request Airtel Money payment",
+        scope: scopes::COLLECT,
+        effect: Effect::MovesMoney { destructive: false },
+        open_world: true,
+    },
+    ToolSpec {
         name: "send_mpesa_payout",
         title: "Send M-Pesa payout",
         scope: scopes::PAYOUT,
@@ -179,8 +186,18 @@ mod tests {
             assert!(scopes::AGENT_SCOPES.contains(&t.scope), "{t:?} needs a scope agents can hold");
         }
         let money: Vec<_> = TOOLS.iter().filter(|t| t.moves_money()).map(|t| t.name).collect();
-        assert_eq!(money, ["create_payment", "refund_payment", "request_mpesa_payment", "send_mpesa_payout"]);
+        assert_eq!(
+            money,
+            [
+                "create_payment",
+                "refund_payment",
+                "request_mpesa_payment",
+                "request_airtel_payment",
+                "send_mpesa_payout"
+            ]
+        );
         assert_eq!(scope_for_tool("refund_payment"), Some(scopes::REFUND));
+        assert_eq!(scope_for_tool("request_airtel_payment"), Some(scopes::COLLECT));
         assert_eq!(scope_for_tool("no_such_tool"), None);
     }
 

@@ -43,6 +43,7 @@ pub struct Config {
     pub ledger: LedgerConfig,
     pub backend: BackendConfig,
     pub mpesa: MpesaConfig,
+    pub airtel: AirtelConfig,
     pub jobs: JobsConfig,
     pub console: ConsoleConfig,
 }
@@ -257,6 +258,29 @@ pub struct MpesaConfig {
     pub token_refresh_margin_secs: i64,
     pub query_after_secs: i64,
     pub pending_timeout_secs: i64,
+}
+
+/// The Airtel Money (Kenya) rail: collections, callbacks at `/callbacks/airtel/collection/<secret>`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AirtelConfig {
+    pub enabled: bool,
+    pub base_url: String,
+    pub client_id: crate::secret::Secret,
+    pub client_secret: crate::secret::Secret,
+    pub account: AccountId,
+    pub callback_secret: crate::secret::Secret,
+    pub callback_allowed_ips: Vec<std::net::IpAddr>,
+    pub callback_trusted_proxies: Vec<std::net::IpAddr>,
+    /// Empty: the callback secret is in the path. Otherwise the header that carries it.
+    pub callback_secret_header: String,
+    pub retries_max: i64,
+    pub breaker_failures_max: i64,
+    pub breaker_open_ms: i64,
+    pub connect_timeout_ms: i64,
+    pub request_timeout_ms: i64,
+    pub token_refresh_margin_secs: i64,
+    pub query_after_secs: i64,
 }
 
 /// The operator console (`/console`).
@@ -491,6 +515,7 @@ impl Config {
                  {mpesa_worst_ms} ms must be under idempotency.lease_secs ({lease_ms} ms)"
             )));
         }
+        self.validate_airtel(lease_ms)?;
         let j = &self.jobs;
         range("jobs.tick_ms", j.tick_ms, 10, 60_000)?;
         range("jobs.mpesa_poll_every_secs", j.mpesa_poll_every_secs, 1, 86_400)?;
@@ -641,6 +666,59 @@ fn not_an_alias(key: &str, name: &str) -> Result<(), ConfigError> {
     }
 }
 
+impl Config {
+    fn validate_airtel(&self, lease_ms: i64) -> Result<(), ConfigError> {
+        let a = &self.airtel;
+        range("airtel.connect_timeout_ms", a.connect_timeout_ms, 10, 60_000)?;
+        range("airtel.request_timeout_ms", a.request_timeout_ms, 10, 300_000)?;
+        range("airtel.token_refresh_margin_secs", a.token_refresh_margin_secs, 0, 3000)?;
+        range("airtel.query_after_secs", a.query_after_secs, 1, 86_400)?;
+        range("airtel.retries_max", a.retries_max, 0, i64::from(crate::backend::airtel::wire::RETRIES_MAX_LIMIT))?;
+        range("airtel.breaker_failures_max", a.breaker_failures_max, 1, 1000)?;
+        range("airtel.breaker_open_ms", a.breaker_open_ms, 10, 3_600_000)?;
+        if !a.callback_secret_header.is_empty()
+            && axum::http::HeaderName::from_bytes(a.callback_secret_header.as_bytes()).is_err()
+        {
+            return Err(ConfigError::Invalid("airtel.callback_secret_header must be a valid header name".into()));
+        }
+        if !a.enabled {
+            return Ok(());
+        }
+        if !(a.base_url.starts_with("https://") || a.base_url.starts_with("http://")) {
+            return Err(ConfigError::Invalid("airtel.base_url must be an http(s) URL".into()));
+        }
+        for (key, v) in [("airtel.client_id", a.client_id.expose()), ("airtel.client_secret", a.client_secret.expose())]
+        {
+            if v.is_empty() {
+                return Err(ConfigError::Invalid(format!("{key} is required with airtel.enabled")));
+            }
+        }
+        // Airtel's callbacks are unsigned: the path secret is what tells a real one from a forgery.
+        if a.callback_secret.expose().len() < 24
+            || !a.callback_secret.expose().bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        {
+            return Err(ConfigError::Invalid(
+                "airtel.callback_secret must be at least 24 URL-safe characters (letters, digits, - and _)".into(),
+            ));
+        }
+        // Two rails booking to one account could not be told apart in balances and summaries.
+        if self.mpesa.enabled && a.account == self.mpesa.account {
+            return Err(ConfigError::Invalid("airtel.account must differ from mpesa.account".into()));
+        }
+        // A collection may take a token fetch, the request, a token refresh and the request again;
+        // before that, each retry follows a quick failure and a backoff. It must end within the lease.
+        let backoff_ms = crate::backend::airtel::wire::RETRY_BACKOFF_MAX.as_millis() as i64;
+        let worst_ms = 4 * a.request_timeout_ms + a.retries_max * (2 * a.connect_timeout_ms + backoff_ms);
+        if worst_ms >= lease_ms {
+            return Err(ConfigError::Invalid(format!(
+                "airtel: 4 × request_timeout_ms + retries_max × (2 × connect_timeout_ms + 1 s backoff) = \
+                 {worst_ms} ms must be under idempotency.lease_secs ({lease_ms} ms)"
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), ConfigError> {
     if (min..=max).contains(&value) { Ok(()) } else { Err(ConfigError::OutOfRange { key, value, min, max }) }
 }
@@ -786,5 +864,46 @@ mod tests {
         assert!(with(&[("PAYGATE_MPESA__INITIATOR_NAME", "apiop")]).is_err(), "a credential is required");
         let payouts = with(&[("PAYGATE_MPESA__INITIATOR_NAME", "apiop"), ("PAYGATE_MPESA__SECURITY_CREDENTIAL", "c")]);
         assert_eq!(format!("{:?}", payouts.unwrap().mpesa.security_credential), "Secret(***)");
+    }
+
+    #[test]
+    fn airtel_needs_its_credentials_a_long_secret_and_its_own_account() {
+        let airtel = [
+            ("PAYGATE_AIRTEL__ENABLED", "true"),
+            ("PAYGATE_AIRTEL__CLIENT_ID", "airtel-client"),
+            ("PAYGATE_AIRTEL__CLIENT_SECRET", "airtel-s3cret"),
+        ];
+        assert!(Config::load(None, env(&airtel)).is_err(), "a callback secret is required");
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = airtel.to_vec();
+            v.extend_from_slice(extra);
+            Config::load(None, env(&v))
+        };
+        let secret = ("PAYGATE_AIRTEL__CALLBACK_SECRET", "an-airtel-callback-secret-0123");
+        assert!(with(&[("PAYGATE_AIRTEL__CALLBACK_SECRET", "short")]).is_err(), "and it must be long");
+        assert!(with(&[("PAYGATE_AIRTEL__CALLBACK_SECRET", "not url safe: 0123456789abcd")]).is_err());
+        let c = with(&[secret]).unwrap();
+        assert_eq!(c.airtel.account.as_str(), "airtel-collections");
+        assert_eq!(format!("{:?}", c.airtel.client_secret), "Secret(***)", "secrets never print");
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__CLIENT_SECRET", "")]).is_err());
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__BASE_URL", "ftp://airtel")]).is_err());
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__RETRIES_MAX", "6")]).is_err(), "at most 5 retries");
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__RETRIES_MAX", "2")]).is_err(), "must fit the 30 s lease");
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__QUERY_AFTER_SECS", "0")]).is_err());
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__CALLBACK_SECRET_HEADER", "bad header")]).is_err());
+        // Beside M-Pesa, it books to its own account.
+        let mpesa = [
+            ("PAYGATE_MPESA__ENABLED", "true"),
+            ("PAYGATE_MPESA__CONSUMER_KEY", "k"),
+            ("PAYGATE_MPESA__CONSUMER_SECRET", "s"),
+            ("PAYGATE_MPESA__SHORT_CODE", "174379"),
+            ("PAYGATE_MPESA__PASSKEY", "p"),
+            ("PAYGATE_MPESA__CALLBACK_SECRET", "a-callback-secret-of-enough-length"),
+        ];
+        let mut both = mpesa.to_vec();
+        both.push(secret);
+        assert!(with(&both).is_ok());
+        both.push(("PAYGATE_AIRTEL__ACCOUNT", "mpesa-collections"));
+        assert!(with(&both).is_err(), "one account for two rails");
     }
 }

@@ -8,7 +8,8 @@ use rmcp::model::{GetPromptRequestParams, ReadResourceRequestParams, ResourceCon
 use serde_json::{Value, json};
 
 // request_mpesa_payment and its alias initiate_stk_push are offered only where the M-Pesa rail is
-// configured (tests/mpesa.rs): mpesa.enabled = false disables the tool, and so its alias.
+// configured (tests/mpesa.rs): mpesa.enabled = false disables the tool, and so its alias. Likewise
+// request_airtel_payment with airtel.enabled = false (tests/airtel.rs).
 const TOOLS: [&str; 15] = [
     "check_ledger_integrity",
     "check_transaction_status",

@@ -5,6 +5,7 @@
 //! Architecture Invariant: every money-moving call carries the idempotency key, and a backend must
 //! apply one key at most once. An unknown external outcome is never reported as success.
 
+pub mod airtel;
 pub mod breaker;
 pub mod http;
 pub mod journal;

@@ -1,7 +1,7 @@
 //! The rail seam: a rail that collects money from outside (a customer's phone wallet) into a
 //! gateway account, asynchronously, and — when it offers them — pays out to a customer and
-//! reverses a collection. M-Pesa (`backend::mpesa`) is the one implementation in production code;
-//! the tests add a second (an Airtel Money-like fake) without touching the gateway.
+//! reverses a collection. M-Pesa (`backend::mpesa`) and Airtel Money Kenya (`backend::airtel`,
+//! collections only) implement it; the second was added without touching the gateway.
 //!
 //! Architecture Invariant: nothing here names a vendor. A rail validates its own arguments (payer
 //! handle, amount granularity, text limits), sends its own requests, and parses its own callbacks

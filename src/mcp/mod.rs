@@ -354,6 +354,32 @@ impl PaygateMcp {
     }
 
     #[tool(
+        name = "request_airtel_payment",
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Ask a customer to pay over Airtel Money (Kenya, KES): their Airtel phone shows a PIN \
+                       prompt. phone_number is an Airtel Kenya number (073…, 075…, 078…, 010…). Returns the \
+                       payment as pending; it settles when the customer answers (check with get_payment). \
+                       Exactly one prompt per operation_id, even on retries. Over your autonomous limit it \
+                       returns APPROVAL_REQUIRED. Needs scope payments:collect.",
+        input_schema = schema_for_type::<RequestMpesaPaymentArgs>()
+    )]
+    async fn request_airtel_payment(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<PaymentResult>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, "request_airtel_payment");
+        self.gateway.admit(&caller, "request_airtel_payment").await.map_err(|e| fail(&caller, e))?;
+        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
+        let done = self
+            .gateway
+            .request_collection(&caller, "request_airtel_payment", crate::backend::airtel::RAIL, a)
+            .await
+            .map_err(|e| fail(&caller, e))?;
+        Ok(Json(done.into()))
+    }
+
+    #[tool(
         name = "initiate_stk_push",
         output_schema = result_schema::<PaymentResult>(),
         description = "Alias of request_mpesa_payment (the M-Pesa MCP server's name): the same STK push, arguments \

@@ -53,6 +53,17 @@ pub fn settles_from(flow: RailFlow) -> &'static [RailState] {
     }
 }
 
+/// The states a rail's own status answer may settle a record from when the rail asks by a
+/// reference the gateway chose and recorded before sending (Airtel Money's transaction id): a
+/// collection whose answer was lost (`Unknown`) can still be asked about, so the answer settles it
+/// as it would a pending one. Callbacks still settle a collection only from [`settles_from`].
+pub fn settles_from_asked_by_own_ref(flow: RailFlow) -> &'static [RailState] {
+    match flow {
+        RailFlow::Collection => &[RailState::Pending, RailState::Unknown],
+        RailFlow::Ledger | RailFlow::Payout | RailFlow::Reversal => settles_from(flow),
+    }
+}
+
 /// Whether the record may be abandoned (deleted, its draws given back): only while `Submitting`,
 /// before anything reached the rail.
 pub fn may_abandon(rec: &RailPayment) -> bool {
@@ -144,6 +155,22 @@ mod tests {
         for flow in [RailFlow::Payout, RailFlow::Reversal] {
             assert_eq!(settles_from(flow), [Submitting, Pending, Unknown], "{flow:?}");
             assert!(!settles_from(flow).iter().any(|s| s.is_terminal()), "a settled record never settles again");
+        }
+    }
+
+    #[test]
+    fn a_rail_asking_by_its_own_reference_settles_lost_collections_too() {
+        use RailState::*;
+        // Callbacks settle a collection only once it is pending; an answer asked by the reference
+        // the gateway chose also settles one whose request's answer was lost. Never a finished one.
+        assert_eq!(settles_from(RailFlow::Collection), &[Pending]);
+        assert_eq!(settles_from_asked_by_own_ref(RailFlow::Collection), &[Pending, Unknown]);
+        for flow in [RailFlow::Payout, RailFlow::Reversal, RailFlow::Ledger] {
+            assert_eq!(settles_from_asked_by_own_ref(flow), settles_from(flow), "{flow:?}");
+        }
+        for flow in [RailFlow::Collection, RailFlow::Payout, RailFlow::Reversal, RailFlow::Ledger] {
+            let from = settles_from_asked_by_own_ref(flow);
+            assert!(!from.contains(&Succeeded) && !from.contains(&Failed), "{flow:?}");
         }
     }
 

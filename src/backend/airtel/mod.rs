@@ -1,0 +1,429 @@
+//! The Airtel Money (Kenya) rail: collections only, behind the [`CollectionRail`] seam — the
+//! seam's second implementation, next to M-Pesa, with nothing in the gateway naming either.
+//!
+//! Airtel lets the merchant choose the transaction id, so the gateway sends its own payment id and
+//! records it as the rail reference *before* sending. The record is opened (guards drawn) first, and
+//! a retry that finds it never sends again, whatever state it is in: a collection whose answer was
+//! lost is marked unknown, and — unlike M-Pesa — can still be asked about by that id, so the
+//! scheduled enquiry settles it (from `rules::rail::settles_from_asked_by_own_ref`).
+//!
+//! Airtel's callback names neither amount nor payer ([`CollectionRail::callbacks_name_the_payment`]
+//! is false): a success or failure it reports settles only once the enquiry confirms it. Only `TS`
+//! is a success; `TF`/`TE` are failures; `TIP`/`TA` are still pending; anything else stays pending
+//! for reconciliation, never guessed.
+//!
+//! Wire types live in [`wire`] only; this file turns them into the seam's rail-neutral values
+//! ([`collection_from_args`], [`settlement_of`], [`event_from_callback`], [`settlement_from_enquiry`]).
+
+pub mod wire;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use self::wire::{AirtelClient, AirtelError, CallbackBody, Enquiry, Msisdn, REFERENCE_CHARS_MAX, TransactionStatus};
+use super::rail::{
+    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent,
+    Settlement, ValidCollection,
+};
+use super::{BackendError, Payment, PaymentKind};
+use crate::clock::Clock;
+use crate::domain::error::StoreError;
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rules::rail as rules;
+use crate::ids::{AccountId, PaymentId};
+use crate::money::{Currency, Money};
+use crate::store::Store;
+
+/// The `rail` column of Airtel Money records, and the rail's name in callback paths.
+pub const RAIL: &str = "airtel";
+/// The gateway's cap on a collection's description (kept as the record's memo; Airtel has no such field).
+pub const DESCRIPTION_CHARS_MAX: usize = 100;
+/// The reason a pending record keeps while the payer has not answered.
+const STILL_PROCESSING: &str = "still being processed by Airtel Money";
+/// The reason a pending record keeps when the enquiry could not be made.
+const ENQUIRY_FAILED: &str = "Airtel Money enquiry failed; will ask again";
+
+/// The agent's arguments → a collection Airtel will take, checked in the order the agent wrote them:
+/// the phone (an Airtel Kenya number, normalized), the amount (KES, whole shillings), the reference
+/// the payer sees, then the description (kept as the memo).
+pub fn collection_from_args(args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
+    let phone = wire::normalize_phone(args.payer).map_err(CollectionRefusal::Payer)?;
+    let kes = Currency::parse(wire::CURRENCY).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
+    let amount = Money::parse(args.amount, kes).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
+    if amount.minor() % 100 != 0 {
+        return Err(CollectionRefusal::Amount(
+            "Airtel Money amounts are whole shillings, e.g. \"150\" or \"150.00\"".into(),
+        ));
+    }
+    let reference = customer_text(args.reference, REFERENCE_CHARS_MAX).map_err(CollectionRefusal::Reference)?;
+    let description = customer_text(args.description, DESCRIPTION_CHARS_MAX).map_err(CollectionRefusal::Description)?;
+    let payer_account = payer_account(&phone).map_err(|e| CollectionRefusal::Payer(e.to_string()))?;
+    Ok(ValidCollection::new(phone.to_string(), payer_account, amount, reference, description))
+}
+
+/// Text the payer sees: printable, non-empty, within the limit. The refusal reads after the
+/// argument's name.
+fn customer_text(value: &str, chars_max: usize) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() || v.chars().count() > chars_max {
+        return Err(format!("must be 1-{chars_max} characters"));
+    }
+    if v.chars().any(|c| c.is_control()) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(v.to_string())
+}
+
+/// The payer's side of a collection, as an account id (`airtel-2547…`).
+pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::ids::IdError> {
+    AccountId::parse(&format!("{RAIL}-{phone}"))
+}
+
+/// What an Airtel transaction status means for an open collection. Every arm is named: a status
+/// this gateway does not know is never a success nor a failure.
+pub fn settlement_of(status: &TransactionStatus, message: &str) -> Settlement {
+    match status {
+        TransactionStatus::Success => Settlement::Succeeded,
+        TransactionStatus::Failed => {
+            Settlement::Failed(with_message("Airtel Money reports the payment failed", message))
+        }
+        TransactionStatus::Expired => {
+            Settlement::Failed("the payer did not answer the Airtel Money prompt in time (expired)".into())
+        }
+        TransactionStatus::InProgress => Settlement::Pending(format!("{STILL_PROCESSING} (TIP)")),
+        TransactionStatus::Ambiguous => Settlement::Pending(format!("{STILL_PROCESSING} (TA: being resolved)")),
+        TransactionStatus::Other(code) => {
+            Settlement::Unrecognised(with_message(&format!("unrecognised Airtel Money status {:?}", code), message))
+        }
+    }
+}
+
+fn with_message(what: &str, message: &str) -> String {
+    if message.is_empty() { what.to_string() } else { format!("{what}: {message}") }
+}
+
+/// A callback → the rail-neutral event. The transaction id is the gateway's payment id: it finds
+/// the record by reference (recorded before sending) or, failing that, by id. It names no amount
+/// and no payer; its word is confirmed by the enquiry.
+pub fn event_from_callback(cb: CallbackBody) -> RailEvent {
+    RailEvent {
+        settlement: settlement_of(&cb.status, &cb.message),
+        payment_ref: PaymentId::parse(&cb.id).ok(),
+        rail_ref: cb.id,
+        authority: Authority::Confirm,
+        amount_minor: None,
+        payer: None,
+        receipt: cb.airtel_money_id,
+    }
+}
+
+/// An enquiry's answer → where the payment stands. An enquiry that could not be made (or that
+/// Airtel refused, e.g. an id it does not know yet) is pending: asked again, never guessed.
+pub fn settlement_from_enquiry(answer: &Result<Enquiry, AirtelError>) -> Settlement {
+    match answer {
+        Ok(e) => settlement_of(&e.status, &e.message),
+        Err(_) => Settlement::Pending(ENQUIRY_FAILED.into()),
+    }
+}
+
+pub struct AirtelRail {
+    client: AirtelClient,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    account: AccountId,
+}
+
+impl AirtelRail {
+    pub fn new(client: AirtelClient, store: Arc<dyn Store>, clock: Arc<dyn Clock>, account: AccountId) -> Self {
+        AirtelRail { client, store, clock, account }
+    }
+
+    async fn abandon(&self, rec: &RailPayment) {
+        if let Err(error) = self.store.rail_abandon(&rec.id).await {
+            tracing::error!(payment_id = %rec.id, %error, "abandoning a refused Airtel Money collection failed");
+        }
+    }
+
+    /// Keep the receipt an enquiry reported on a still-open record: a success settled by the
+    /// scheduled enquiry has no callback to carry it, and Airtel's own answer outranks a callback's
+    /// (unsigned) claim. A failed write is logged; the settlement still stands.
+    async fn keep_receipt(&self, rec: &RailPayment, receipt: &str) {
+        if rec.receipt.as_deref() == Some(receipt)
+            || !rules::settles_from_asked_by_own_ref(rec.flow).contains(&rec.state)
+        {
+            return;
+        }
+        let update = RailUpdate { receipt: Some(receipt.to_string()), ..Default::default() };
+        if let Err(error) = self.store.rail_transition(&rec.id, &[rec.state], rec.state, update, self.clock.now()).await
+        {
+            tracing::warn!(payment_id = %rec.id, %error, "keeping an Airtel Money receipt failed");
+        }
+    }
+}
+
+#[async_trait]
+impl CollectionRail for AirtelRail {
+    fn name(&self) -> &'static str {
+        RAIL
+    }
+
+    fn display_name(&self) -> &'static str {
+        "Airtel Money"
+    }
+
+    fn account(&self) -> &AccountId {
+        &self.account
+    }
+
+    /// Airtel's callback carries only the transaction id, a status and Airtel's reference.
+    fn callbacks_name_the_payment(&self) -> bool {
+        false
+    }
+
+    fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
+        collection_from_args(args)
+    }
+
+    /// Open the record (its reference is the payment id, chosen now) and send the collection once.
+    async fn collect(&self, req: CollectionRequest) -> Result<Payment, BackendError> {
+        let v = &req.collection;
+        // Already normal: parsing again is the identity, and keeps `Msisdn` made only by parsing.
+        let msisdn = wire::normalize_phone(v.payer()).map_err(BackendError::Rejected)?;
+        let payer = payer_account(&msisdn).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let rec = RailPayment {
+            id: req.payment_id.clone(),
+            idempotency_key: req.idempotency_key.clone(),
+            rail: RAIL.to_string(),
+            kind: PaymentKind::Payment,
+            state: RailState::Submitting,
+            from_account: payer.clone(),
+            to_account: self.account.clone(),
+            amount_minor: v.amount().minor(),
+            currency: v.amount().currency(),
+            refund_of: None,
+            memo: Some(v.description().to_string()),
+            principal_sub: req.principal_sub.clone(),
+            mandate_id: None,
+            // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
+            rail_ref: Some(req.payment_id.to_string()),
+            receipt: None,
+            phone: Some(msisdn.to_string()),
+            reason: None,
+            created_at: 0,
+            updated_at: 0,
+            flow: RailFlow::Collection,
+        };
+        let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let rec = opened.rec;
+        if rec.from_account != payer
+            || rec.amount_minor != v.amount().minor()
+            || rec.to_account != self.account
+            || rec.flow != RailFlow::Collection
+            || rec.rail != RAIL
+        {
+            return Err(BackendError::IdempotencyKeyReused);
+        }
+        if !opened.created {
+            return match rec.state {
+                RailState::Submitting | RailState::Unknown => {
+                    // An earlier attempt opened this record and may have sent it (it crashed, or its
+                    // answer was lost). Sending again could charge twice: mark it unknown; the
+                    // scheduled enquiry asks by its id and settles it.
+                    let reason = "an earlier attempt's collection outcome is unknown".to_string();
+                    super::mark_unknown(self.store.as_ref(), &rec.id, reason, self.clock.now()).await;
+                    Err(BackendError::OutcomeUnknown(
+                        "the Airtel Money collection for this operation may have been sent and its answer was lost; \
+                         it is not sent again. Airtel is asked where it stands, and that settles it"
+                            .into(),
+                    ))
+                }
+                _ => Ok(rec.payment()),
+            };
+        }
+        let collection = wire::Collection {
+            id: rec.id.to_string(),
+            msisdn,
+            amount_whole: v.amount().minor() / 100,
+            reference: v.reference().to_string(),
+        };
+        match self.client.collect(&collection).await {
+            Ok(()) => {
+                let now = self.clock.now();
+                let moved = self
+                    .store
+                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Pending, RailUpdate::default(), now)
+                    .await;
+                match moved {
+                    Ok(Some(updated)) => Ok(updated.payment()),
+                    Ok(None) => Err(BackendError::OutcomeUnknown(
+                        "the payment record changed while sending the collection".into(),
+                    )),
+                    Err(error) => {
+                        // Sent and accepted, still `submitting`: a retry marks it unknown and the
+                        // enquiry (by the id recorded at opening) settles it.
+                        tracing::error!(payment_id = %rec.id, %error, "recording an accepted Airtel collection failed");
+                        Err(BackendError::OutcomeUnknown(
+                            "the collection was accepted but could not be recorded".into(),
+                        ))
+                    }
+                }
+            }
+            Err(AirtelError::Refused { code, .. }) => {
+                self.abandon(&rec).await;
+                Err(BackendError::Rejected(format!(
+                    "Airtel Money refused the collection (error {code}); nothing was charged"
+                )))
+            }
+            Err(AirtelError::Unavailable(detail) | AirtelError::Config(detail)) => {
+                self.abandon(&rec).await;
+                Err(BackendError::Unavailable(format!("Airtel Money: {detail}")))
+            }
+            Err(AirtelError::OutcomeUnknown(detail)) => {
+                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), self.clock.now()).await;
+                Err(BackendError::OutcomeUnknown(format!("Airtel Money: {detail}")))
+            }
+        }
+    }
+
+    fn parse_callback(&self, channel: CallbackChannel, body: &[u8]) -> Result<RailEvent, String> {
+        match channel {
+            CallbackChannel::Prompt => wire::parse_callback(body).map(event_from_callback),
+            CallbackChannel::Result | CallbackChannel::Timeout => {
+                Err(format!("Airtel Money posts collection callbacks only, not to {:?}", channel.as_str()))
+            }
+        }
+    }
+
+    /// Ask Airtel by the transaction id recorded at opening — for a pending collection and for one
+    /// whose answer was lost alike.
+    async fn query(&self, rec: &RailPayment) -> Settlement {
+        match (rec.flow, rec.rail_ref.as_deref()) {
+            (RailFlow::Collection, Some(id)) => {
+                let answer = self.client.enquire(id).await;
+                match &answer {
+                    Err(error) => tracing::warn!(payment_id = %rec.id, %error, "Airtel Money enquiry failed"),
+                    Ok(Enquiry { status: TransactionStatus::Success, airtel_money_id: Some(receipt), .. }) => {
+                        self.keep_receipt(rec, receipt).await;
+                    }
+                    Ok(_) => {}
+                }
+                settlement_from_enquiry(&answer)
+            }
+            (RailFlow::Collection, None) => Settlement::Pending("no Airtel transaction id to ask by".into()),
+            (RailFlow::Payout | RailFlow::Reversal | RailFlow::Ledger, _) => {
+                Settlement::Pending("Airtel Money payouts and reversals are not offered".into())
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        rec: &RailPayment,
+        settlement: &Settlement,
+        receipt: Option<String>,
+    ) -> Result<Option<RailPayment>, StoreError> {
+        let now = self.clock.now();
+        let from = rules::settles_from_asked_by_own_ref(rec.flow);
+        match settlement {
+            Settlement::Succeeded => {
+                // A receipt the enquiry kept is Airtel's own word; a callback's fills only a gap.
+                let kept = self.store.rail_get(&rec.id).await?.and_then(|r| r.receipt);
+                let update = RailUpdate { receipt: if kept.is_some() { None } else { receipt }, ..Default::default() };
+                self.store.rail_transition(&rec.id, from, RailState::Succeeded, update, now).await
+            }
+            Settlement::Failed(reason) => {
+                let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
+                self.store.rail_transition(&rec.id, from, RailState::Failed, update, now).await
+            }
+            Settlement::Pending(_) | Settlement::Unrecognised(_) if rec.state.is_terminal() => Ok(None),
+            Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
+                // Stays where it is; an unknown collection keeps the reason its outcome is unknown,
+                // and `updated_at` moves on so records that keep not answering do not starve newer
+                // ones out of the query batch.
+                let keep_reason = rec.state == RailState::Unknown;
+                let update = RailUpdate { reason: (!keep_reason).then(|| reason.clone()), ..Default::default() };
+                self.store.rail_transition(&rec.id, &[rec.state], rec.state, update, now).await
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args<'a>(payer: &'a str, amount: &'a str, reference: &'a str, description: &'a str) -> CollectionArgs<'a> {
+        CollectionArgs { payer, amount, reference, description }
+    }
+
+    #[test]
+    fn a_valid_collection_is_normalized() {
+        let v = collection_from_args(args("0733 123 456", "150.00", " INV-1001 ", "Order 1001")).unwrap();
+        assert_eq!(v.payer(), "254733123456");
+        assert_eq!(v.payer_account().as_str(), "airtel-254733123456");
+        assert_eq!((v.amount().minor(), v.amount().currency().to_string()), (15_000, "KES".to_string()));
+        assert_eq!((v.reference(), v.description()), ("INV-1001", "Order 1001"));
+    }
+
+    #[test]
+    fn collection_refusals_name_the_argument_and_come_in_order() {
+        let refusal = |a| collection_from_args(a).unwrap_err();
+        assert!(matches!(refusal(args("0712345678", "cents", "", "")), CollectionRefusal::Payer(_)), "Safaricom");
+        assert!(matches!(refusal(args("0733123456", "150.50", "", "")), CollectionRefusal::Amount(_)));
+        assert!(matches!(refusal(args("0733123456", "0", "", "")), CollectionRefusal::Amount(_)));
+        let long = "R".repeat(26);
+        assert!(matches!(refusal(args("0733123456", "150", &long, "")), CollectionRefusal::Reference(_)));
+        assert!(matches!(refusal(args("0733123456", "150", "INV-1", " ")), CollectionRefusal::Description(_)));
+        assert_eq!(
+            refusal(args("0733123456", "150.50", "r", "d")),
+            CollectionRefusal::Amount("Airtel Money amounts are whole shillings, e.g. \"150\" or \"150.00\"".into())
+        );
+    }
+
+    #[test]
+    fn statuses_map_to_settlements_and_never_guess() {
+        assert_eq!(settlement_of(&TransactionStatus::Success, ""), Settlement::Succeeded);
+        assert!(
+            matches!(settlement_of(&TransactionStatus::Failed, "declined"), Settlement::Failed(r) if r.contains("declined"))
+        );
+        assert!(matches!(settlement_of(&TransactionStatus::Expired, ""), Settlement::Failed(_)));
+        assert!(matches!(settlement_of(&TransactionStatus::InProgress, ""), Settlement::Pending(_)));
+        assert!(matches!(settlement_of(&TransactionStatus::Ambiguous, ""), Settlement::Pending(_)));
+        assert!(matches!(settlement_of(&TransactionStatus::Other("TX".into()), ""), Settlement::Unrecognised(_)));
+        // An enquiry that could not be made, or that Airtel refused, is asked again.
+        for error in [
+            AirtelError::Unavailable("503".into()),
+            AirtelError::OutcomeUnknown("timeout".into()),
+            AirtelError::Refused { code: "ESB000008".into(), message: "not found".into() },
+        ] {
+            assert_eq!(settlement_from_enquiry(&Err(error)), Settlement::Pending(ENQUIRY_FAILED.into()));
+        }
+    }
+
+    #[test]
+    fn callbacks_map_to_events_that_name_no_amount_nor_payer() {
+        let id = PaymentId::generate();
+        let cb = CallbackBody {
+            id: id.to_string(),
+            status: TransactionStatus::Success,
+            airtel_money_id: Some("MP210603.1234.L06941".into()),
+            message: "Paid".into(),
+        };
+        let event = event_from_callback(cb.clone());
+        assert_eq!(
+            event,
+            RailEvent {
+                rail_ref: id.to_string(),
+                payment_ref: Some(id.clone()),
+                authority: Authority::Confirm,
+                settlement: Settlement::Succeeded,
+                amount_minor: None,
+                payer: None,
+                receipt: Some("MP210603.1234.L06941".into()),
+            }
+        );
+        let other = event_from_callback(CallbackBody { id: "not-a-payment-id".into(), ..cb });
+        assert_eq!(other.payment_ref, None);
+    }
+}

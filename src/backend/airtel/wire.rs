@@ -1,0 +1,813 @@
+//! Airtel Money Open API (Kenya, KES collections): the wire types and an HTTP client for them.
+//!
+//! Architecture Invariant: Airtel's JSON shapes live only in this file. Callers see [`Msisdn`],
+//! [`Collection`], [`Enquiry`], [`TransactionStatus`], [`CallbackBody`] and [`AirtelError`], whose
+//! failure kinds say what the caller may conclude about money: `Refused` (Airtel answered and did not
+//! start anything), `Unavailable` (certainly not processed; safe to try again) and `OutcomeUnknown`
+//! (it may have been processed: keep the record, never send it again, ask by its transaction id).
+//!
+//! Airtel lets the merchant choose the transaction id: the gateway sends its own payment id, so a
+//! collection whose answer was lost can still be asked about (`GET /standard/v1/payments/{id}`).
+//! This client retries a request only when it certainly was not processed and failed quickly (no
+//! connection, HTTP 429 or 503) and once after a refused token (401); a timeout after sending a
+//! collection is never retried. A circuit breaker fails fast while Airtel keeps failing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::backend::breaker::{Breaker, backoff_with_jitter};
+use crate::clock::{Clock, UnixSecs};
+use crate::secret::Secret;
+
+/// Airtel's UAT (sandbox) and production hosts.
+pub const STAGING_BASE_URL: &str = "https://openapiuat.airtel.africa";
+pub const PRODUCTION_BASE_URL: &str = "https://openapi.airtel.africa";
+/// The only country and currency this rail speaks.
+pub const COUNTRY: &str = "KE";
+pub const CURRENCY: &str = "KES";
+/// Airtel's answers are a few hundred bytes; anything bigger is not Airtel.
+pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
+/// The gateway's cap on the `reference` the payer sees (Airtel shows it on the prompt and statement).
+pub const REFERENCE_CHARS_MAX: usize = 25;
+/// The longest transaction id this client sends or accepts back (the gateway's payment ids are shorter).
+pub const TRANSACTION_ID_CHARS_MAX: usize = 64;
+/// Retries of a quick transient failure wait up to this long (jittered), doubling up to the max.
+const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(100);
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+/// The most retries `retries_max` may ask for.
+pub const RETRIES_MAX_LIMIT: u32 = 5;
+
+const PATH_TOKEN: &str = "/auth/oauth2/token";
+const PATH_COLLECT: &str = "/merchant/v1/payments/";
+const PATH_ENQUIRY: &str = "/standard/v1/payments/";
+
+#[derive(Clone)]
+pub struct AirtelConfig {
+    /// [`STAGING_BASE_URL`], [`PRODUCTION_BASE_URL`], or a local fake in tests.
+    pub base_url: String,
+    pub client_id: Secret,
+    pub client_secret: Secret,
+    pub connect_timeout: Duration,
+    /// Whole request, connect to last byte. After sending, a collection timing out is `OutcomeUnknown`.
+    pub request_timeout: Duration,
+    /// Refresh the OAuth token this long before Airtel says it expires.
+    pub token_refresh_margin_secs: i64,
+    /// Retries of a request that certainly was not processed and failed quickly (0 ..= 5).
+    pub retries_max: u32,
+    /// Consecutive failed requests that open the circuit, and how long it stays open.
+    pub breaker_failures_max: u32,
+    pub breaker_open: Duration,
+}
+
+/// Debug shows neither credential.
+impl std::fmt::Debug for AirtelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AirtelConfig").field("base_url", &self.base_url).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AirtelError {
+    /// Airtel answered and refused (`status.success: false`, or a 4xx), or the request was invalid
+    /// before sending. Nothing was started.
+    #[error("airtel refused the request: {code}: {message}")]
+    Refused { code: String, message: String },
+    /// Definitely not processed: no connection, 429/503, OAuth failure, circuit open. Safe to retry.
+    #[error("airtel unavailable: {0}")]
+    Unavailable(String),
+    /// The request may have been processed: a timeout after sending, a connection lost mid-answer,
+    /// a 5xx or an unparseable answer to a collection. Never success nor failure: ask by its id.
+    #[error("airtel outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The configuration cannot work (returned only by [`AirtelClient::new`]).
+    #[error("invalid airtel config: {0}")]
+    Config(String),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parse-don't-validate inputs
+
+/// A Kenyan Airtel mobile number, kept as `2547XXXXXXXX` / `2541XXXXXXXX` (what records and
+/// payer accounts hold); Airtel's wire wants [`Msisdn::subscriber`] (no country code).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Msisdn(String);
+
+impl Msisdn {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The nine digits after the country code, as Airtel's `subscriber.msisdn` wants them.
+    pub fn subscriber(&self) -> &str {
+        &self.0[3..]
+    }
+}
+
+impl std::fmt::Display for Msisdn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The first two digits of the subscriber part of Airtel Kenya's mobile ranges (073X, 075X, 078X, 010X).
+const AIRTEL_KE_PREFIXES: [&str; 4] = ["73", "75", "78", "10"];
+
+/// Accepts `07XXXXXXXX`, `01XXXXXXXX`, `7XXXXXXXX`, `1XXXXXXXX`, `254…`, `+254…` in Airtel Kenya's
+/// ranges; spaces and dashes are ignored.
+pub fn normalize_phone(input: &str) -> Result<Msisdn, String> {
+    const EXPECTED: &str = "expected a Kenyan Airtel number such as 0733123456, 733123456 or 254733123456";
+    let compact: String = input.chars().filter(|c| !matches!(c, ' ' | '-')).collect();
+    if compact.is_empty() {
+        return Err(format!("phone number is empty: {EXPECTED}"));
+    }
+    let digits = compact.strip_prefix('+').unwrap_or(&compact);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("phone number may contain only digits, spaces, dashes and a leading '+': {EXPECTED}"));
+    }
+    if compact.starts_with('+') && !digits.starts_with("254") {
+        return Err(format!("phone number must be Kenyan (+254): {EXPECTED}"));
+    }
+    let subscriber = match digits.len() {
+        12 if digits.starts_with("254") => &digits[3..],
+        10 if digits.starts_with('0') => &digits[1..],
+        9 => digits,
+        _ => return Err(format!("phone number has the wrong number of digits: {EXPECTED}")),
+    };
+    if !AIRTEL_KE_PREFIXES.iter().any(|p| subscriber.starts_with(p)) {
+        return Err(format!("not an Airtel Money Kenya number (must start 073, 075, 078 or 010): {EXPECTED}"));
+    }
+    Ok(Msisdn(format!("254{subscriber}")))
+}
+
+/// One collection: prompt `msisdn` to pay `amount_whole` shillings, under the gateway's id.
+#[derive(Debug, Clone)]
+pub struct Collection {
+    /// The gateway's payment id: Airtel's `transaction.id`, what callbacks and enquiries name.
+    pub id: String,
+    pub msisdn: Msisdn,
+    /// Whole Kenyan shillings, at least 1.
+    pub amount_whole: i64,
+    /// Shown to the payer; control characters removed, cut to [`REFERENCE_CHARS_MAX`].
+    pub reference: String,
+}
+
+/// An Airtel transaction status code (enquiry `status`, callback `status_code`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransactionStatus {
+    /// `TS`: paid.
+    Success,
+    /// `TF`: failed (declined, cancelled, insufficient funds).
+    Failed,
+    /// `TE`: expired before the payer answered.
+    Expired,
+    /// `TIP`: in progress (the prompt is open).
+    InProgress,
+    /// `TA`: ambiguous at Airtel: still being resolved.
+    Ambiguous,
+    /// Anything else, as sent (cleaned, bounded): never guessed.
+    Other(String),
+}
+
+impl TransactionStatus {
+    fn parse(code: &str) -> Self {
+        match code.trim() {
+            "TS" => TransactionStatus::Success,
+            "TF" => TransactionStatus::Failed,
+            "TE" => TransactionStatus::Expired,
+            "TIP" => TransactionStatus::InProgress,
+            "TA" => TransactionStatus::Ambiguous,
+            other => TransactionStatus::Other(
+                other.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').take(20).collect(),
+            ),
+        }
+    }
+}
+
+/// Airtel's answer to an enquiry about one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enquiry {
+    pub status: TransactionStatus,
+    /// Airtel's own reference ("MP…"): the receipt of a success.
+    pub airtel_money_id: Option<String>,
+    pub message: String,
+}
+
+/// What Airtel posts to the callback URL configured in its portal (unsigned: confirm by enquiry).
+/// It names neither the amount nor the payer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallbackBody {
+    pub id: String,
+    pub status: TransactionStatus,
+    pub airtel_money_id: Option<String>,
+    pub message: String,
+}
+
+/// Parses `{"transaction":{"id","message","status_code","airtel_money_id"}}`. Strict on `id` and
+/// `status_code`; the rest is optional.
+pub fn parse_callback(body: &[u8]) -> Result<CallbackBody, String> {
+    let root: Value = serde_json::from_slice(body).map_err(|e| format!("callback is not valid JSON: {e}"))?;
+    let tx = root.get("transaction").and_then(Value::as_object).ok_or("callback has no transaction object")?;
+    let text = |name: &str| -> Result<Option<String>, String> {
+        match tx.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.trim().to_string())),
+            Some(_) => Err(format!("callback field transaction.{name} must be a string")),
+        }
+    };
+    let id = text("id")?.ok_or("callback field transaction.id is missing")?;
+    if id.chars().count() > TRANSACTION_ID_CHARS_MAX || id.chars().any(char::is_control) {
+        return Err("callback field transaction.id is too long or holds control characters".into());
+    }
+    let status = text("status_code")?.ok_or("callback field transaction.status_code is missing")?;
+    let airtel_money_id = text("airtel_money_id")?.filter(|r| is_reference(r));
+    Ok(CallbackBody {
+        id,
+        status: TransactionStatus::parse(&status),
+        airtel_money_id,
+        message: clean_text(&text("message")?.unwrap_or_default(), 120),
+    })
+}
+
+/// An Airtel reference ("MP210603.1234.L06941"): short; letters, digits, '.', '-' and '_' only
+/// (anything else is not kept as a receipt).
+fn is_reference(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= TRANSACTION_ID_CHARS_MAX
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wire types (requests and responses)
+
+#[derive(Serialize)]
+struct TokenRequest<'a> {
+    client_id: &'a str,
+    client_secret: &'a str,
+    grant_type: &'a str,
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    /// Airtel sends a number (or, in some environments, a string).
+    expires_in: Value,
+}
+
+#[derive(Serialize)]
+struct CollectRequest<'a> {
+    reference: &'a str,
+    subscriber: Subscriber<'a>,
+    transaction: TransactionOut<'a>,
+}
+
+#[derive(Serialize)]
+struct Subscriber<'a> {
+    country: &'a str,
+    currency: &'a str,
+    msisdn: &'a str,
+}
+
+#[derive(Serialize)]
+struct TransactionOut<'a> {
+    amount: i64,
+    country: &'a str,
+    currency: &'a str,
+    id: &'a str,
+}
+
+/// `status` of every answer.
+#[derive(Deserialize, Default)]
+struct StatusBlock {
+    #[serde(default)]
+    code: Option<Value>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    result_code: Option<String>,
+    #[serde(default)]
+    success: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+struct Envelope {
+    #[serde(default)]
+    data: Option<Data>,
+    #[serde(default)]
+    status: Option<StatusBlock>,
+}
+
+#[derive(Deserialize, Default)]
+struct Data {
+    #[serde(default)]
+    transaction: Option<TransactionIn>,
+}
+
+#[derive(Deserialize, Default)]
+struct TransactionIn {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    airtel_money_id: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+impl StatusBlock {
+    /// Airtel's own code for a refusal (`result_code`, else `code`, else the HTTP status).
+    fn code(&self, http: reqwest::StatusCode) -> String {
+        let code = self.result_code.clone().or_else(|| self.code.as_ref().map(code_text));
+        clean_text(&code.unwrap_or_else(|| format!("http_{}", http.as_u16())), 40)
+    }
+    fn message(&self) -> String {
+        clean_text(self.message.as_deref().unwrap_or("no message"), 120)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+/// An Airtel client: one reqwest client (timeouts set once) and a cached OAuth token. Cheap to clone.
+#[derive(Clone)]
+pub struct AirtelClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: AirtelConfig,
+    base: String,
+    http: reqwest::Client,
+    clock: Arc<dyn Clock>,
+    /// Held across a refresh so concurrent callers wait for one token fetch instead of stampeding.
+    token: tokio::sync::Mutex<Option<CachedToken>>,
+    breaker: Breaker,
+}
+
+#[derive(Clone)]
+struct CachedToken {
+    token: Secret,
+    /// Use until this instant (Airtel's expiry minus the refresh margin), by the injected clock.
+    use_until: UnixSecs,
+}
+
+impl std::fmt::Debug for AirtelClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AirtelClient").field("base_url", &self.inner.base).finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Collect,
+    Enquiry,
+}
+
+impl Op {
+    fn as_str(self) -> &'static str {
+        match self {
+            Op::Collect => "collection",
+            Op::Enquiry => "enquiry",
+        }
+    }
+    /// The error for a failure after the request may have reached Airtel: a collection may have
+    /// started (unknown); an enquiry moves nothing (ask again).
+    fn after_sending(self, why: String) -> AirtelError {
+        match self {
+            Op::Collect => AirtelError::OutcomeUnknown(why),
+            Op::Enquiry => AirtelError::Unavailable(why),
+        }
+    }
+}
+
+/// One attempt's failure, and whether it is safe and quick to try again (nothing was processed).
+struct Failure {
+    error: AirtelError,
+    transient: bool,
+}
+
+struct Answer {
+    status: reqwest::StatusCode,
+    body: Vec<u8>,
+}
+
+impl AirtelClient {
+    pub fn new(cfg: AirtelConfig, clock: Arc<dyn Clock>) -> Result<Self, AirtelError> {
+        let base = cfg.base_url.trim_end_matches('/').to_string();
+        if !(base.starts_with("https://") || base.starts_with("http://")) || base.contains(['?', '#']) {
+            return Err(AirtelError::Config(format!("base_url must be an http(s) URL without query: {base:?}")));
+        }
+        if cfg.client_id.expose().is_empty() || cfg.client_secret.expose().is_empty() {
+            return Err(AirtelError::Config("client_id and client_secret must be set".into()));
+        }
+        if cfg.connect_timeout.is_zero() || cfg.request_timeout.is_zero() {
+            return Err(AirtelError::Config("connect_timeout and request_timeout must be positive".into()));
+        }
+        if cfg.token_refresh_margin_secs < 0 {
+            return Err(AirtelError::Config("token_refresh_margin_secs must not be negative".into()));
+        }
+        if cfg.retries_max > RETRIES_MAX_LIMIT || cfg.breaker_failures_max == 0 || cfg.breaker_open.is_zero() {
+            return Err(AirtelError::Config(format!(
+                "retries_max must be at most {RETRIES_MAX_LIMIT}; breaker_failures_max and breaker_open must be positive"
+            )));
+        }
+        crate::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(cfg.connect_timeout)
+            .timeout(cfg.request_timeout)
+            // A redirect would re-send credentials elsewhere; Airtel never redirects.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| AirtelError::Config(format!("HTTP client: {e}")))?;
+        let breaker = Breaker::new("airtel", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
+        Ok(AirtelClient {
+            inner: Arc::new(Inner { cfg, base, http, clock, token: tokio::sync::Mutex::new(None), breaker }),
+        })
+    }
+
+    /// Sends the collection (the payer's prompt). `Ok` means only *accepted*: the outcome arrives
+    /// by callback or enquiry. Sent at most once per call: a timeout is `OutcomeUnknown`.
+    pub async fn collect(&self, c: &Collection) -> Result<(), AirtelError> {
+        if c.amount_whole < 1 {
+            return Err(invalid("transaction.amount", "must be a whole number of shillings, at least 1"));
+        }
+        if !is_transaction_id(&c.id) {
+            return Err(invalid("transaction.id", "is empty, too long or holds control characters"));
+        }
+        let reference = clean_text(&c.reference, REFERENCE_CHARS_MAX);
+        if reference.is_empty() {
+            return Err(invalid("reference", "is empty"));
+        }
+        let body = CollectRequest {
+            reference: &reference,
+            subscriber: Subscriber { country: COUNTRY, currency: CURRENCY, msisdn: c.msisdn.subscriber() },
+            transaction: TransactionOut { amount: c.amount_whole, country: COUNTRY, currency: CURRENCY, id: &c.id },
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| invalid("body", &e.to_string()))?;
+        let answer = self.call(Op::Collect, reqwest::Method::POST, PATH_COLLECT, Some(body)).await?;
+        let envelope: Envelope = serde_json::from_slice(&answer.body).unwrap_or_default();
+        let status = envelope.status.unwrap_or_default();
+        if answer.status.is_success() {
+            return match status.success {
+                Some(true) => {
+                    tracing::debug!(airtel.transaction_id = %c.id, "airtel accepted the collection");
+                    Ok(())
+                }
+                Some(false) => {
+                    Err(AirtelError::Refused { code: status.code(answer.status), message: status.message() })
+                }
+                None => Err(AirtelError::OutcomeUnknown(format!(
+                    "collection: unparseable success body (HTTP {})",
+                    answer.status
+                ))),
+            };
+        }
+        Err(error_answer(Op::Collect, &answer, &status))
+    }
+
+    /// Asks where a transaction stands, by the id it was sent with. Read-only: a timeout or 5xx is
+    /// `Unavailable` (ask again later), and `Refused` means only that this *enquiry* was refused
+    /// (e.g. an id Airtel does not know), never that the payment failed.
+    pub async fn enquire(&self, id: &str) -> Result<Enquiry, AirtelError> {
+        if !is_transaction_id(id) || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return Err(invalid("id", "is not a transaction id this gateway sends"));
+        }
+        let path = format!("{PATH_ENQUIRY}{id}");
+        let answer = self.call(Op::Enquiry, reqwest::Method::GET, &path, None).await?;
+        let unparseable = || AirtelError::Unavailable(format!("enquiry: unparseable answer (HTTP {})", answer.status));
+        let envelope: Envelope = serde_json::from_slice(&answer.body).map_err(|_| unparseable())?;
+        let status = envelope.status.unwrap_or_default();
+        if !answer.status.is_success() {
+            return Err(error_answer(Op::Enquiry, &answer, &status));
+        }
+        if status.success != Some(true) {
+            return Err(AirtelError::Refused { code: status.code(answer.status), message: status.message() });
+        }
+        let tx = envelope.data.and_then(|d| d.transaction).ok_or_else(unparseable)?;
+        // An answer about another transaction says nothing about this one.
+        if tx.id.as_deref().is_some_and(|echoed| echoed != id) {
+            return Err(AirtelError::Unavailable("enquiry: the answer names another transaction".into()));
+        }
+        let code = tx.status.ok_or_else(unparseable)?;
+        Ok(Enquiry {
+            status: TransactionStatus::parse(&code),
+            airtel_money_id: tx.airtel_money_id.filter(|r| is_reference(r)),
+            message: clean_text(tx.message.as_deref().unwrap_or_default(), 120),
+        })
+    }
+
+    /// Ask Airtel for a fresh OAuth token with the configured credentials. The token is dropped.
+    pub async fn check_credentials(&self) -> Result<(), AirtelError> {
+        self.fetch_token().await.map(drop).map_err(|f| f.error)
+    }
+
+    /// Sends one API request through the circuit breaker, retrying (after a jittered backoff, at
+    /// most `retries_max` times) only a failure that certainly left nothing processed and was quick.
+    async fn call(
+        &self,
+        op: Op,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, AirtelError> {
+        let retries_max = self.inner.cfg.retries_max;
+        let mut retry = 0;
+        loop {
+            let Some(permit) = self.inner.breaker.acquire() else {
+                return Err(AirtelError::Unavailable(format!(
+                    "{}: not sent: Airtel failed repeatedly and the circuit is open",
+                    op.as_str()
+                )));
+            };
+            let failure = match self.call_once(op, &method, path, body.as_deref()).await {
+                Ok(answer) => {
+                    let overloaded = is_overload(answer.status);
+                    let up = !(answer.status.is_server_error() || overloaded);
+                    permit.record(up);
+                    // Only an overload answer is certainly unprocessed; any other 5xx is not retried.
+                    if !overloaded || retry >= retries_max {
+                        return Ok(answer);
+                    }
+                    format!("HTTP {}", answer.status)
+                }
+                Err(f) => {
+                    permit.record(false);
+                    if !f.transient || retry >= retries_max {
+                        return Err(f.error);
+                    }
+                    f.error.to_string()
+                }
+            };
+            retry += 1;
+            tracing::warn!(airtel.op = op.as_str(), retry, retries_max, error = %failure,
+                "airtel request not processed; retrying");
+            tokio::time::sleep(backoff_with_jitter(retry, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX)).await;
+        }
+    }
+
+    /// One attempt with the cached token; on a 401 drops the token, fetches a new one and sends
+    /// once more (a refused token was refused at Airtel's gateway: nothing was processed).
+    async fn call_once(
+        &self,
+        op: Op,
+        method: &reqwest::Method,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<Answer, Failure> {
+        let url = format!("{}{path}", self.inner.base);
+        let mut refreshed = false;
+        loop {
+            let token = self.token().await?;
+            let mut request = self
+                .inner
+                .http
+                .request(method.clone(), &url)
+                .bearer_auth(token.expose())
+                .header("Accept", "application/json")
+                .header("X-Country", COUNTRY)
+                .header("X-Currency", CURRENCY);
+            if let Some(body) = body {
+                request = request.header("Content-Type", "application/json").body(body.to_vec());
+            }
+            let mut resp = request.send().await.map_err(|e| send_error(op, &e))?;
+            let status = resp.status();
+            let body = read_body(&mut resp).await.map_err(|why| Failure {
+                error: op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str())),
+                transient: false,
+            })?;
+            if status == reqwest::StatusCode::UNAUTHORIZED {
+                self.forget_token(&token).await;
+                if !refreshed {
+                    tracing::debug!(airtel.op = op.as_str(), "airtel refused the access token; refreshing once");
+                    refreshed = true;
+                    continue;
+                }
+            }
+            return Ok(Answer { status, body });
+        }
+    }
+
+    /// The cached token, or a fresh one. Callers arriving during a fetch wait for it.
+    async fn token(&self) -> Result<Secret, Failure> {
+        let mut guard = self.inner.token.lock().await;
+        let now = self.inner.clock.now();
+        if let Some(t) = guard.as_ref().filter(|t| now < t.use_until) {
+            return Ok(t.token.clone());
+        }
+        *guard = None;
+        let fresh = self.fetch_token().await?;
+        let token = fresh.token.clone();
+        *guard = Some(fresh);
+        Ok(token)
+    }
+
+    /// Drops the cached token if it is still the one that was refused.
+    async fn forget_token(&self, refused: &Secret) {
+        let mut guard = self.inner.token.lock().await;
+        if guard.as_ref().is_some_and(|t| t.token == *refused) {
+            *guard = None;
+        }
+    }
+
+    async fn fetch_token(&self) -> Result<CachedToken, Failure> {
+        let cfg = &self.inner.cfg;
+        let url = format!("{}{PATH_TOKEN}", self.inner.base);
+        let unavailable = |why: String, transient: bool| {
+            tracing::warn!(error = %why, "airtel token fetch failed");
+            Failure { error: AirtelError::Unavailable(format!("oauth: {why}")), transient }
+        };
+        let body = TokenRequest {
+            client_id: cfg.client_id.expose(),
+            client_secret: cfg.client_secret.expose(),
+            grant_type: "client_credentials",
+        };
+        let mut resp = self
+            .inner
+            .http
+            .post(&url)
+            .header("Accept", "application/json")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| unavailable(describe_send_error(&e), e.is_connect()))?;
+        let status = resp.status();
+        // The body is never quoted: only the status and a fixed text.
+        let body = read_body(&mut resp).await.map_err(|why| unavailable(format!("{why} (HTTP {status})"), false))?;
+        if !status.is_success() {
+            return Err(unavailable(format!("token request refused (HTTP {status})"), is_overload(status)));
+        }
+        let parsed: TokenResponse = serde_json::from_slice(&body)
+            .map_err(|_| unavailable(format!("unparseable token response (HTTP {status})"), false))?;
+        if parsed.access_token.is_empty() {
+            return Err(unavailable("empty access_token".into(), false));
+        }
+        let expires_in_secs = json_int(&parsed.expires_in)
+            .filter(|s| *s > 0)
+            .ok_or_else(|| unavailable("expires_in is not a positive integer".into(), false))?;
+        let lifetime_secs = expires_in_secs.saturating_sub(cfg.token_refresh_margin_secs).max(0);
+        tracing::debug!(airtel.token_lifetime_secs = lifetime_secs, "fetched airtel access token");
+        Ok(CachedToken {
+            token: Secret::new(parsed.access_token),
+            use_until: self.inner.clock.now().saturating_add(lifetime_secs),
+        })
+    }
+}
+
+/// A non-2xx answer → the error it means for this operation.
+fn error_answer(op: Op, answer: &Answer, status: &StatusBlock) -> AirtelError {
+    let http = answer.status;
+    let (code, message) = (status.code(http), status.message());
+    tracing::debug!(airtel.op = op.as_str(), http.status = http.as_u16(), airtel.code = %code, "airtel error");
+    let what = op.as_str();
+    if http == reqwest::StatusCode::UNAUTHORIZED {
+        return AirtelError::Unavailable(format!("{what}: access token refused twice ({code})"));
+    }
+    if is_overload(http) {
+        return AirtelError::Unavailable(format!("{what}: HTTP {http} {code}: {message}"));
+    }
+    if http.is_client_error() {
+        return AirtelError::Refused { code, message };
+    }
+    // A 5xx (or anything unexpected) after Airtel read a collection: it may have started.
+    op.after_sending(format!("{what}: HTTP {http} {code}: {message}"))
+}
+
+/// Refused before processing, by overload.
+fn is_overload(status: reqwest::StatusCode) -> bool {
+    status == reqwest::StatusCode::TOO_MANY_REQUESTS || status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+}
+
+fn invalid(field: &str, why: &str) -> AirtelError {
+    AirtelError::Refused { code: "paygate.invalid_request".into(), message: format!("{field} {why}") }
+}
+
+fn is_transaction_id(id: &str) -> bool {
+    !id.is_empty() && id.chars().count() <= TRANSACTION_ID_CHARS_MAX && !id.chars().any(char::is_control)
+}
+
+/// Control characters removed, whitespace trimmed, cut to `chars_max` characters.
+fn clean_text(s: &str, chars_max: usize) -> String {
+    let cleaned: String = s.chars().filter(|c| !c.is_control()).collect();
+    let cut: String = cleaned.trim().chars().take(chars_max).collect();
+    cut.trim_end().to_string()
+}
+
+/// `code` arrives as "200"; tolerate a number.
+fn code_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.trim().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// An integer sent as a JSON number or a string of digits.
+fn json_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// A failed send. A connect error means no byte of the request left (transient: try again);
+/// anything else (a timeout after connecting, a reset mid-answer) may have reached Airtel.
+fn send_error(op: Op, e: &reqwest::Error) -> Failure {
+    let why = format!("{}: {}", op.as_str(), describe_send_error(e));
+    if e.is_connect() {
+        return Failure { error: AirtelError::Unavailable(why), transient: true };
+    }
+    Failure { error: op.after_sending(why), transient: false }
+}
+
+fn describe_send_error(e: &reqwest::Error) -> String {
+    if e.is_connect() {
+        format!("could not connect ({})", source_chain(e))
+    } else if e.is_timeout() {
+        "timed out waiting for the answer".to_string()
+    } else {
+        format!("request failed ({})", source_chain(e))
+    }
+}
+
+/// The error's source chain without the URL (reqwest's own Display repeats it).
+fn source_chain(e: &reqwest::Error) -> String {
+    let mut parts = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    if parts.is_empty() { "no detail".to_string() } else { parts.join(": ") }
+}
+
+/// Reads the whole body, at most [`RESPONSE_BYTES_MAX`].
+async fn read_body(resp: &mut reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
+                    return Err(format!("response larger than {RESPONSE_BYTES_MAX} bytes"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(e) if e.is_timeout() => return Err("timed out reading the answer".into()),
+            Err(e) => return Err(format!("connection lost reading the answer ({})", source_chain(&e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_phone_accepts_airtel_kenya_forms() {
+        for input in ["0733123456", "733123456", "254733123456", "+254733123456", "+254 733-123-456"] {
+            let m = normalize_phone(input).unwrap();
+            assert_eq!((m.as_str(), m.subscriber()), ("254733123456", "733123456"), "{input}");
+        }
+        for input in ["0750123456", "0780123456", "0100123456", "254101123456"] {
+            assert!(normalize_phone(input).is_ok(), "{input}");
+        }
+    }
+
+    #[test]
+    fn normalize_phone_refuses_other_numbers() {
+        for input in ["", "0712345678", "0110345678", "+1 733 123 456", "07331234567", "0733a23456", "+0733123456"] {
+            assert!(normalize_phone(input).is_err(), "{input}");
+        }
+        assert!(normalize_phone("0712345678").unwrap_err().starts_with("not an Airtel Money Kenya number"));
+    }
+
+    #[test]
+    fn callbacks_parse_strictly() {
+        let body = br#"{"transaction":{"id":"pay_1","message":"Paid","status_code":"TS","airtel_money_id":"MP210603.1234.L06941"}}"#;
+        let cb = parse_callback(body).unwrap();
+        assert_eq!((cb.id.as_str(), cb.status.clone()), ("pay_1", TransactionStatus::Success));
+        assert_eq!(cb.airtel_money_id.as_deref(), Some("MP210603.1234.L06941"));
+        let body = br#"{"transaction":{"id":"pay_1","status_code":"TF","airtel_money_id":"MP 21<script>"}}"#;
+        let cb = parse_callback(body).unwrap();
+        assert_eq!((cb.status, cb.airtel_money_id), (TransactionStatus::Failed, None), "not kept as a receipt");
+        for bad in
+            [&b"not json"[..], br#"{}"#, br#"{"transaction":{"status_code":"TS"}}"#, br#"{"transaction":{"id":"p"}}"#]
+        {
+            assert!(parse_callback(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        // An M-Pesa STK callback is not an Airtel callback.
+        assert!(parse_callback(br#"{"Body":{"stkCallback":{"ResultCode":0}}}"#).is_err());
+    }
+
+    #[test]
+    fn status_codes_are_never_guessed() {
+        assert_eq!(TransactionStatus::parse("TS"), TransactionStatus::Success);
+        assert_eq!(TransactionStatus::parse("TIP"), TransactionStatus::InProgress);
+        assert_eq!(TransactionStatus::parse("TA"), TransactionStatus::Ambiguous);
+        assert_eq!(TransactionStatus::parse("ts"), TransactionStatus::Other("ts".into()));
+        assert_eq!(TransactionStatus::parse("T S\n"), TransactionStatus::Other("TS".into()), "cleaned, still not TS");
+    }
+}

@@ -1,0 +1,354 @@
+//! The Airtel Money (Kenya) rail end to end — the rail seam's second implementation: an MCP agent
+//! asks for a collection, the local Airtel fake receives it and calls back, and the gateway settles
+//! only what Airtel's own transaction enquiry confirms. Beside M-Pesa, the two rails' callbacks
+//! never cross.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+#[path = "common/airtel.rs"]
+mod airtel;
+mod common;
+#[path = "common/daraja.rs"]
+mod daraja;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use airtel::{AirtelFake, CLIENT_ID, CLIENT_SECRET, CollectMode, EnquiryAnswer};
+use common::*;
+use daraja::{DarajaFake, FakeConfig, SANDBOX_PASSKEY};
+use paygate::clock::{Clock, ManualClock, SystemClock};
+use serde_json::{Value, json};
+
+const SECRET: &str = "airtel-cb-secret-0123456789abcdef";
+const MPESA_SECRET: &str = "cb-secret-0123456789abcdefghij";
+const SCOPES: &str = "payments:read payments:collect payments:refund payments:admin";
+const POLL_BUDGET: Duration = Duration::from_secs(10);
+
+fn airtel_section(fake: &AirtelFake) -> String {
+    format!(
+        r#"
+[airtel]
+enabled = true
+base_url = "{base}"
+client_id = "{CLIENT_ID}"
+client_secret = "{CLIENT_SECRET}"
+callback_secret = "{SECRET}"
+request_timeout_ms = 500
+"#,
+        base = fake.base_url()
+    )
+}
+
+fn mpesa_section(fake: &DarajaFake) -> String {
+    format!(
+        r#"
+[mpesa]
+enabled = true
+base_url = "{base}"
+consumer_key = "fake-consumer-key"
+consumer_secret = "fake-consumer-secret"
+short_code = "174379"
+passkey = "{SANDBOX_PASSKEY}"
+callback_secret = "{MPESA_SECRET}"
+request_timeout_ms = 500
+"#,
+        base = fake.base_url()
+    )
+}
+
+fn overlay(rails: &str) -> String {
+    format!(
+        r#"
+{rails}
+
+[jobs]
+enabled = false
+
+[policy]
+default_profile = "dev"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+client_ids = []
+allowed_accounts = ["acct-A", "acct-B", "airtel-collections", "mpesa-collections"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
+tool_calls_per_minute = {{}}
+issuer = ""
+"#
+    )
+}
+
+struct Rig {
+    app: TestApp,
+    fake: AirtelFake,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn rig_with(overrides: &[(&str, &str)], clock: Arc<dyn Clock>) -> Rig {
+    let fake = AirtelFake::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), &overlay(&airtel_section(&fake)), overrides, clock).await;
+    // Airtel's callback URL is set once, in its portal.
+    fake.set_callback_url(&callback_url(&app, SECRET));
+    let client = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    Rig { app, fake, client, _dir: dir }
+}
+
+async fn rig() -> Rig {
+    rig_with(&[], Arc::new(SystemClock)).await
+}
+
+fn collect(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "phone_number": "0733 123 456", "amount": amount,
+           "account_reference": "INV-1001", "description": "Order 1001"})
+}
+
+async fn payment(c: &Client, id: &str) -> Value {
+    ok(&call(c, "get_payment", json!({"payment_id": id})).await).clone()
+}
+
+fn callback_url(app: &TestApp, secret: &str) -> String {
+    format!("{}/callbacks/airtel/collection/{secret}", app.base())
+}
+
+async fn audit_codes(app: &TestApp) -> Vec<String> {
+    let records = app.running.store.audit_list(None, 500).await.unwrap();
+    records.iter().filter(|r| r.tool == "airtel_callback").filter_map(|r| r.code.clone()).collect()
+}
+
+fn id_of(p: &Value) -> String {
+    p["payment_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_collection_is_pending_until_the_enquiry_confirms_the_callback() {
+    let r = rig().await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_airtel_payment", collect("order-1001", "150")).await).clone();
+    assert_eq!((p["status"].as_str(), p["replayed"].as_bool()), (Some("pending"), Some(false)));
+    assert_eq!((p["amount"].as_str(), p["currency"].as_str()), (Some("150.00"), Some("KES")));
+    assert_eq!(p["from_account"], "airtel-254733123456");
+    assert_eq!(p["to_account"], "airtel-collections");
+    let id = id_of(&p);
+    // Airtel received our payment id as its transaction id, the number without country code.
+    let sent = r.fake.collections();
+    assert_eq!(sent.len(), 1);
+    assert_eq!((sent[0].id.as_str(), sent[0].msisdn.as_str()), (id.as_str(), "733123456"));
+    assert_eq!((sent[0].amount, sent[0].reference.as_str()), (150, "INV-1001"));
+    assert!(payment(c, &id).await.get("receipt").is_none(), "no receipt before it settles");
+
+    // The agent retries (say the response was lost): the same payment, no second prompt.
+    let again = ok(&call(c, "request_airtel_payment", collect("order-1001", "150")).await).clone();
+    assert_eq!((again["payment_id"].as_str(), again["replayed"].as_bool()), (Some(id.as_str()), Some(true)));
+    assert_eq!(r.fake.collect_requests(), 1);
+
+    // The customer enters their PIN: Airtel calls back, and its enquiry confirms.
+    let enquiries = r.fake.enquiry_requests();
+    assert_eq!(r.fake.callback(&id, "TS").await, 200);
+    assert_eq!(r.fake.enquiry_requests(), enquiries + 1, "the callback was confirmed by enquiry");
+    let settled = payment(c, &id).await;
+    assert_eq!(settled["status"], "succeeded");
+    let receipt = &settled["receipt"];
+    assert_eq!(receipt["rail"], "airtel");
+    assert_eq!(receipt["reference"], sent[0].airtel_money_id.as_str(), "Airtel's reference is the receipt");
+    assert_eq!(receipt["phone"], "25473****456", "the phone is masked");
+    assert_eq!(r.fake.callback(&id, "TS").await, 409, "a duplicate changes nothing");
+
+    // A second customer's payment fails.
+    let second = ok(&call(c, "request_airtel_payment", collect("order-1002", "20.00")).await).clone();
+    let id2 = id_of(&second);
+    assert_eq!(r.fake.callback(&id2, "TF").await, 200);
+    let failed = payment(c, &id2).await;
+    assert_eq!(failed["status"], "failed");
+    assert!(failed.get("receipt").is_none());
+
+    let codes = audit_codes(&r.app).await;
+    assert_eq!(codes.iter().filter(|c| *c == "SUCCEEDED" || *c == "FAILED").count(), 2, "{codes:?}");
+    r.app.assert_secrets_not_logged();
+    assert_not_logged(&[SECRET, CLIENT_SECRET]);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_forged_success_the_enquiry_contradicts_is_refused() {
+    let r = rig().await;
+    let c = &r.client;
+    let url = callback_url(&r.app, SECRET);
+    let p = ok(&call(c, "request_airtel_payment", collect("forged-1", "150")).await).clone();
+    let id = id_of(&p);
+    let forged = r.fake.callback_body(&id, "TS");
+
+    // Airtel reports a status this gateway does not know: the success is refused, nothing changes.
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TZ".into()));
+    assert_eq!(r.fake.post(&url, forged.clone()).await, 422);
+    let still = payment(c, &id).await;
+    assert_eq!(still["status"], "pending");
+    assert!(still.get("receipt").is_none());
+    // Airtel does not know the transaction yet, or it is still in progress: not credited either.
+    r.fake.set_enquiry(&id, EnquiryAnswer::NotFound);
+    assert_eq!(r.fake.post(&url, forged.clone()).await, 200, "awaiting confirmation");
+    assert_eq!(payment(c, &id).await["status"], "pending");
+
+    // Airtel says it failed: the forged success is refused, and Airtel's own word settles it.
+    let q = ok(&call(c, "request_airtel_payment", collect("forged-2", "150")).await).clone();
+    let id2 = id_of(&q);
+    r.fake.set_enquiry(&id2, EnquiryAnswer::Status("TF".into()));
+    assert_eq!(r.fake.post(&url, r.fake.callback_body(&id2, "TS")).await, 422);
+    assert_eq!(payment(c, &id2).await["status"], "failed");
+
+    // A callback for a transaction the gateway never sent.
+    let stranger = r.fake.callback_body("pay_01JDZZZZZZZZZZZZZZZZZZZZZZ", "TS");
+    assert_eq!(r.fake.post(&url, stranger).await, 404);
+
+    let codes = audit_codes(&r.app).await;
+    assert_eq!(codes.iter().filter(|c| *c == "NOT_CONFIRMED").count(), 2, "{codes:?}");
+    assert!(codes.iter().any(|c| c == "AWAITING_CONFIRMATION"), "{codes:?}");
+    assert!(!codes.iter().any(|c| c == "SUCCEEDED"), "{codes:?}");
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn a_collection_whose_answer_is_lost_is_never_sent_again_and_the_enquiry_settles_it() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with(&[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")], clock.clone()).await;
+    let c = &r.client;
+    r.fake.set_collect_mode(CollectMode::Hang);
+    let first = call(c, "request_airtel_payment", collect("lost-1", "300")).await;
+    assert_eq!(code(&first), "OUTCOME_UNKNOWN");
+    assert_eq!(err(&first)["retryable"], true);
+    assert_eq!(r.fake.collect_requests(), 1);
+    let id = r.fake.collections()[0].id.clone();
+    r.fake.set_collect_mode(CollectMode::Accept);
+    // While the first attempt's lease lasts, a retry is told to wait.
+    let busy = call(c, "request_airtel_payment", collect("lost-1", "300")).await;
+    assert_eq!(code(&busy), "OPERATION_IN_PROGRESS");
+    // After it, the retry takes the operation over, finds the collection may have been sent, and
+    // does not send another.
+    clock.advance(120);
+    let retry = call(c, "request_airtel_payment", collect("lost-1", "300")).await;
+    assert_eq!(code(&retry), "OUTCOME_UNKNOWN");
+    assert_eq!(r.fake.collect_requests(), 1, "no second collection");
+
+    // The payer is still answering: the scheduled enquiry keeps it open.
+    clock.advance(1);
+    assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 0);
+    assert_eq!(payment(c, &id).await["status"], "pending");
+    // The payer paid: the enquiry — by the id we chose — settles it, with Airtel's receipt.
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TS".into()));
+    clock.advance(1);
+    assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 1);
+    let paid = payment(c, &id).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    assert_eq!(paid["receipt"]["reference"], r.fake.collections()[0].airtel_money_id.as_str());
+    assert_eq!(r.fake.collect_requests(), 1);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn refused_and_unavailable_collections_charge_nothing() {
+    let r = rig().await;
+    let c = &r.client;
+    r.fake.set_collect_mode(CollectMode::Refuse);
+    let refused = call(c, "request_airtel_payment", collect("refused-1", "150")).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT");
+    assert!(err(&refused)["message"].as_str().unwrap().contains("nothing was charged"), "{:?}", err(&refused));
+    r.fake.set_collect_mode(CollectMode::Unavailable);
+    let down = call(c, "request_airtel_payment", collect("down-1", "150")).await;
+    assert_eq!(code(&down), "BACKEND_UNAVAILABLE");
+    // One quick retry of a certainly-unprocessed 503 (retries_max = 1), then no more.
+    assert_eq!(r.fake.collect_requests(), 3);
+    assert!(r.fake.collections().is_empty());
+    // Airtel is back: the same operation is sent now (nothing was started before).
+    r.fake.set_collect_mode(CollectMode::Accept);
+    let p = ok(&call(c, "request_airtel_payment", collect("down-1", "150")).await).clone();
+    assert_eq!(p["status"], "pending");
+    assert_eq!(r.fake.collections().len(), 1);
+    // A number Airtel cannot reach is refused before anything is sent.
+    let safaricom = json!({"operation_id": "mpesa-number", "phone_number": "0712345678", "amount": "150",
+                           "account_reference": "INV-1", "description": "d"});
+    let wrong = call(c, "request_airtel_payment", safaricom).await;
+    assert_eq!(code(&wrong), "INVALID_ARGUMENT");
+    assert_eq!(r.fake.collect_requests(), 4);
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn callbacks_without_the_secret_are_refused_and_change_nothing() {
+    let r = rig().await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_airtel_payment", collect("secret-1", "150")).await).clone();
+    let id = id_of(&p);
+    // Even with Airtel's enquiry saying paid, a callback without the secret is never read.
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TS".into()));
+    let body = r.fake.callback_body(&id, "TS");
+    let enquiries = r.fake.enquiry_requests();
+    for wrong in [
+        callback_url(&r.app, "not-the-airtel-secret-000000000"),
+        callback_url(&r.app, MPESA_SECRET),
+        format!("{}/callbacks/airtel/collection", r.app.base()),
+    ] {
+        assert_eq!(r.fake.post(&wrong, body.clone()).await, 404, "{wrong}");
+    }
+    // Airtel posts collection callbacks only: another channel is malformed for this rail.
+    assert_eq!(r.fake.post(&format!("{}/callbacks/airtel/result/{SECRET}", r.app.base()), body.clone()).await, 400);
+    assert_eq!(r.fake.enquiry_requests(), enquiries, "nothing was asked");
+    assert_eq!(payment(c, &id).await["status"], "pending");
+    assert_eq!(
+        audit_codes(&r.app).await,
+        ["MALFORMED", "BAD_SECRET"],
+        "newest first; refusals before reading are throttled"
+    );
+    r.app.stop().await;
+}
+
+#[tokio::test]
+async fn mpesa_and_airtel_enabled_together_settle_their_own_and_never_cross() {
+    let airtel = AirtelFake::start().await;
+    let daraja = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rails = format!("{}\n{}", airtel_section(&airtel), mpesa_section(&daraja));
+    let app = spawn_with_toml(dir.path(), &overlay(&rails), &[], Arc::new(SystemClock)).await;
+    airtel.set_callback_url(&callback_url(&app, SECRET));
+    let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+
+    let a = ok(&call(c, "request_airtel_payment", collect("both-airtel", "150")).await).clone();
+    let mpesa_args = json!({"operation_id": "both-mpesa", "phone_number": "0712 345 678", "amount": "150",
+                            "account_reference": "INV-1001", "description": "Order 1001"});
+    let m = ok(&call(c, "request_mpesa_payment", mpesa_args).await).clone();
+    let (aid, mid) = (id_of(&a), id_of(&m));
+    assert_eq!(
+        (a["to_account"].as_str(), m["to_account"].as_str()),
+        (Some("airtel-collections"), Some("mpesa-collections"))
+    );
+    assert_eq!((airtel.collections().len(), daraja.pushes().len()), (1, 1), "each rail got its own request");
+    let checkout = daraja.pushes()[0].checkout_request_id.clone();
+
+    // An Airtel callback posted to M-Pesa's URL (with M-Pesa's secret) is not M-Pesa's: refused.
+    airtel.set_enquiry(&aid, EnquiryAnswer::Status("TS".into()));
+    let mpesa_url = format!("{}/callbacks/mpesa/stk/{MPESA_SECRET}", app.base());
+    assert_eq!(airtel.post(&mpesa_url, airtel.callback_body(&aid, "TS")).await, 400);
+    // And M-Pesa's callback posted to Airtel's URL is not Airtel's.
+    assert_eq!(airtel.post(&callback_url(&app, SECRET), daraja.callback_body(&checkout, 0)).await, 400);
+    assert_eq!(payment(c, &aid).await["status"], "pending", "nothing changed");
+    assert_eq!(payment(c, &mid).await["status"], "pending", "nothing changed");
+
+    // Each rail's own callback settles its own payment.
+    assert_eq!(airtel.callback(&aid, "TS").await, 200);
+    assert_eq!(daraja.callback(&checkout, 0).await, 200);
+    let (paid_a, paid_m) = (payment(c, &aid).await, payment(c, &mid).await);
+    assert_eq!((paid_a["status"].as_str(), paid_m["status"].as_str()), (Some("succeeded"), Some("succeeded")));
+    assert_eq!(
+        (paid_a["receipt"]["rail"].as_str(), paid_m["receipt"]["rail"].as_str()),
+        (Some("airtel"), Some("mpesa"))
+    );
+    // The scheduler asks each rail about its own records only: nothing is left to settle.
+    assert_eq!(app.running.gateway.poll_rails(0, POLL_BUDGET).await, 0);
+    app.assert_secrets_not_logged();
+    assert_not_logged(&[SECRET, MPESA_SECRET, CLIENT_SECRET, "fake-consumer-secret"]);
+    app.stop().await;
+}
