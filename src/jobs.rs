@@ -103,7 +103,7 @@ async fn run_job(s: &Scheduler, job: Job) {
                 Duration::from_secs((s.config.mpesa_poll_every_secs.max(s.config.lease_secs) / 2).max(1) as u64);
             let settled = g.poll_rails(s.mpesa_query_after_secs, budget).await;
             if settled > 0 {
-                tracing::info!(settled, "M-Pesa payments settled by STK push query");
+                tracing::info!(settled, "rail payments settled by their rails' status answers");
             }
         }
         Job::Purge => match g.store().idem_purge(now).await {
