@@ -11,6 +11,7 @@ pub mod http;
 pub mod journal;
 pub mod ledger;
 pub mod mpesa;
+pub(crate) mod outbound;
 pub mod rail;
 
 use async_trait::async_trait;

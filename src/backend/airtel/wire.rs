@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::backend::breaker::{Breaker, backoff_with_jitter};
+use crate::backend::outbound::{clean_text, code_text, describe_send_error, json_int, read_body};
 use crate::clock::{Clock, UnixSecs};
 use crate::secret::Secret;
 
@@ -574,7 +575,7 @@ impl AirtelClient {
             }
             let mut resp = request.send().await.map_err(|e| send_error(op, &e))?;
             let status = resp.status();
-            let body = read_body(&mut resp).await.map_err(|why| Failure {
+            let body = read_body(&mut resp, RESPONSE_BYTES_MAX).await.map_err(|why| Failure {
                 error: op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str())),
                 transient: false,
             })?;
@@ -635,7 +636,9 @@ impl AirtelClient {
             .map_err(|e| unavailable(describe_send_error(&e), e.is_connect()))?;
         let status = resp.status();
         // The body is never quoted: only the status and a fixed text.
-        let body = read_body(&mut resp).await.map_err(|why| unavailable(format!("{why} (HTTP {status})"), false))?;
+        let body = read_body(&mut resp, RESPONSE_BYTES_MAX)
+            .await
+            .map_err(|why| unavailable(format!("{why} (HTTP {status})"), false))?;
         if !status.is_success() {
             return Err(unavailable(format!("token request refused (HTTP {status})"), is_overload(status)));
         }
@@ -688,30 +691,6 @@ fn is_transaction_id(id: &str) -> bool {
     !id.is_empty() && id.chars().count() <= TRANSACTION_ID_CHARS_MAX && !id.chars().any(char::is_control)
 }
 
-/// Control characters removed, whitespace trimmed, cut to `chars_max` characters.
-fn clean_text(s: &str, chars_max: usize) -> String {
-    let cleaned: String = s.chars().filter(|c| !c.is_control()).collect();
-    let cut: String = cleaned.trim().chars().take(chars_max).collect();
-    cut.trim_end().to_string()
-}
-
-/// `code` arrives as "200"; tolerate a number.
-fn code_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.trim().to_string(),
-        other => other.to_string(),
-    }
-}
-
-/// An integer sent as a JSON number or a string of digits.
-fn json_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Number(n) => n.as_i64(),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
 /// A failed send. A connect error means no byte of the request left (transient: try again);
 /// anything else (a timeout after connecting, a reset mid-answer) may have reached Airtel.
 fn send_error(op: Op, e: &reqwest::Error) -> Failure {
@@ -720,45 +699,6 @@ fn send_error(op: Op, e: &reqwest::Error) -> Failure {
         return Failure { error: AirtelError::Unavailable(why), transient: true };
     }
     Failure { error: op.after_sending(why), transient: false }
-}
-
-fn describe_send_error(e: &reqwest::Error) -> String {
-    if e.is_connect() {
-        format!("could not connect ({})", source_chain(e))
-    } else if e.is_timeout() {
-        "timed out waiting for the answer".to_string()
-    } else {
-        format!("request failed ({})", source_chain(e))
-    }
-}
-
-/// The error's source chain without the URL (reqwest's own Display repeats it).
-fn source_chain(e: &reqwest::Error) -> String {
-    let mut parts = Vec::new();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
-    if parts.is_empty() { "no detail".to_string() } else { parts.join(": ") }
-}
-
-/// Reads the whole body, at most [`RESPONSE_BYTES_MAX`].
-async fn read_body(resp: &mut reqwest::Response) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    loop {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
-                if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
-                    return Err(format!("response larger than {RESPONSE_BYTES_MAX} bytes"));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(None) => return Ok(body),
-            Err(e) if e.is_timeout() => return Err("timed out reading the answer".into()),
-            Err(e) => return Err(format!("connection lost reading the answer ({})", source_chain(&e))),
-        }
-    }
 }
 
 #[cfg(test)]

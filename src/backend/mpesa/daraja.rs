@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::backend::breaker::{Breaker, backoff_with_jitter};
+use crate::backend::outbound::{clean_text, code_text, describe_send_error, json_int, read_body};
 use crate::clock::{Clock, UnixSecs};
 use crate::secret::Secret;
 
@@ -490,15 +491,6 @@ pub fn parse_callback(body: &[u8]) -> Result<StkCallback, String> {
 
 fn is_digits(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// An integer sent as a JSON number or a string of digits ("0", "1032").
-fn json_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Number(n) => n.as_i64(),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
 }
 
 /// A string, or a non-negative integer number written out (phones and dates arrive as numbers).
@@ -1089,7 +1081,7 @@ impl DarajaClient {
             let sent = self.inner.http.post(&url).bearer_auth(token.expose()).json(body).send().await;
             let mut resp = sent.map_err(|e| send_error(op, &e))?;
             let status = resp.status();
-            let body = read_body(&mut resp)
+            let body = read_body(&mut resp, RESPONSE_BYTES_MAX)
                 .await
                 .map_err(|why| Failure::fatal(op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str()))))?;
             let answer = Answer { status, body };
@@ -1179,7 +1171,9 @@ impl DarajaClient {
             .map_err(|e| Failure { transient: e.is_connect(), ..unavailable(describe_send_error(&e)) })?;
         let status = resp.status();
         // The body is not quoted in errors: only the status and a fixed text.
-        let body = read_body(&mut resp).await.map_err(|why| unavailable(format!("{why} (HTTP {status})")))?;
+        let body = read_body(&mut resp, RESPONSE_BYTES_MAX)
+            .await
+            .map_err(|why| unavailable(format!("{why} (HTTP {status})")))?;
         if !status.is_success() {
             let transient =
                 status == reqwest::StatusCode::TOO_MANY_REQUESTS || status == reqwest::StatusCode::SERVICE_UNAVAILABLE;
@@ -1206,21 +1200,6 @@ fn invalid(field: &str, why: &str) -> DarajaError {
     DarajaError::Rejected { code: "paygate.invalid_request".into(), message: format!("{field} {why}") }
 }
 
-/// Control characters removed, whitespace trimmed, cut to `chars_max` characters.
-fn clean_text(s: &str, chars_max: usize) -> String {
-    let cleaned: String = s.chars().filter(|c| !c.is_control()).collect();
-    let cut: String = cleaned.trim().chars().take(chars_max).collect();
-    cut.trim_end().to_string()
-}
-
-/// `ResponseCode` arrives as "0"; tolerate a number.
-fn code_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.trim().to_string(),
-        other => other.to_string(),
-    }
-}
-
 fn parse_error_body(body: &[u8]) -> ErrorBody {
     serde_json::from_slice(body).unwrap_or_default()
 }
@@ -1239,45 +1218,6 @@ fn send_error(op: Op, e: &reqwest::Error) -> Failure {
         return Failure { error: DarajaError::Unavailable(why), transient: true };
     }
     Failure::fatal(op.after_sending(why))
-}
-
-fn describe_send_error(e: &reqwest::Error) -> String {
-    if e.is_connect() {
-        format!("could not connect ({})", source_chain(e))
-    } else if e.is_timeout() {
-        "timed out waiting for the answer".to_string()
-    } else {
-        format!("request failed ({})", source_chain(e))
-    }
-}
-
-/// The error's source chain without the URL (reqwest's own Display repeats it).
-fn source_chain(e: &reqwest::Error) -> String {
-    let mut parts = Vec::new();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
-    if parts.is_empty() { "no detail".to_string() } else { parts.join(": ") }
-}
-
-/// Reads the whole body, at most [`RESPONSE_BYTES_MAX`].
-async fn read_body(resp: &mut reqwest::Response) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    loop {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
-                if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
-                    return Err(format!("response larger than {RESPONSE_BYTES_MAX} bytes"));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(None) => return Ok(body),
-            Err(e) if e.is_timeout() => return Err("timed out reading the answer".into()),
-            Err(e) => return Err(format!("connection lost reading the answer ({})", source_chain(&e))),
-        }
-    }
 }
 
 #[cfg(test)]
