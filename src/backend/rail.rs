@@ -9,13 +9,18 @@
 //! result code. What a settlement does to the gateway's record (`rail_payments`) is the same for
 //! every rail: only `pending` moves, by compare-and-set.
 
+use std::future::Future;
+
 use async_trait::async_trait;
 
 use super::{BackendError, Guards, Payment};
+use crate::clock::Clock;
 use crate::domain::error::StoreError;
-use crate::domain::rail::{RailFlow, RailPayment};
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rules::rail as rules;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Money;
+use crate::store::Store;
 
 /// A collection as the agent asked for it, before the rail has looked at it.
 #[derive(Debug, Clone, Copy)]
@@ -299,4 +304,100 @@ pub trait CollectionRail: Send + Sync + 'static {
         settlement: &Settlement,
         receipt: Option<String>,
     ) -> Result<Option<RailPayment>, StoreError>;
+}
+
+/// How a rail's request ended, in the terms that decide its record's fate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// Accepted. `rail_ref`: the rail's reference for it, when the rail chose one (recorded).
+    Accepted { rail_ref: Option<String> },
+    /// Refused before anything started (a sentence for the agent): the record is abandoned.
+    Refused(String),
+    /// Certainly not processed, safe to try again: the record is abandoned.
+    Unavailable(String),
+    /// It may have been processed: the record stays, marked unknown, and is never sent again.
+    Unknown(String),
+}
+
+/// Opens the gateway's record of `rec` (guards drawn once per key) and sends it **at most once**:
+/// `send` runs only when this call opened the record. A record found under the key must be the
+/// same request (else `IdempotencyKeyReused`); if an earlier attempt opened it and its fate is
+/// open (`submitting`, `unknown`), it may have been sent, so it is marked unknown and never sent
+/// again. `what` names the request for the agent ("M-Pesa payout").
+///
+/// Architecture Invariant: every rail request that can move money goes through here; no rail
+/// re-sends one whose answer was lost.
+pub async fn send_once<F, Fut>(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    rec: RailPayment,
+    guards: Guards,
+    what: &str,
+    send: F,
+) -> Result<Payment, BackendError>
+where
+    F: FnOnce(RailPayment) -> Fut,
+    Fut: Future<Output = Sent>,
+{
+    let asked = rec.clone();
+    let opened = store.rail_open(rec, guards, clock.now()).await?;
+    let rec = opened.rec;
+    if !rules::same_request(&asked, &rec) {
+        return Err(BackendError::IdempotencyKeyReused);
+    }
+    if !opened.created {
+        return match rec.state {
+            RailState::Submitting | RailState::Unknown => {
+                let reason = format!("an earlier attempt's {what} outcome is unknown");
+                super::mark_unknown(store, &rec.id, reason, clock.now()).await;
+                Err(BackendError::OutcomeUnknown(format!(
+                    "the {what} for this operation may have been sent and its answer was lost; it is not sent \
+                     again. The rail's answer or reconciliation settles it"
+                )))
+            }
+            _ => Ok(rec.payment()),
+        };
+    }
+    match send(rec.clone()).await {
+        Sent::Accepted { rail_ref } => {
+            let update = RailUpdate { rail_ref: rail_ref.filter(|_| rec.rail_ref.is_none()), ..Default::default() };
+            // From `unknown` too: another attempt found the record mid-send (a retry after this
+            // attempt's lease, or another operation on the same reversal) and marked it
+            // maybe-sent; the answer says what happened, and the reference lets callbacks match.
+            let from = [RailState::Submitting, RailState::Unknown];
+            match store.rail_transition(&rec.id, &from, RailState::Pending, update, clock.now()).await {
+                Ok(Some(updated)) => Ok(updated.payment()),
+                // The rail's result came first and settled it.
+                Ok(None) => match store.rail_get(&rec.id).await {
+                    Ok(Some(now)) => Ok(now.payment()),
+                    _ => Err(BackendError::OutcomeUnknown(format!("the {what} record changed while sending"))),
+                },
+                Err(error) => {
+                    // Accepted, and its reference could not be kept: the record stays open and is
+                    // reconciled (a retry marks it unknown; it is never sent again).
+                    tracing::error!(payment_id = %rec.id, %error, "recording an accepted {what} failed");
+                    Err(BackendError::OutcomeUnknown(format!("the {what} was accepted but could not be recorded")))
+                }
+            }
+        }
+        Sent::Refused(sentence) => {
+            abandon(store, &rec, what).await;
+            Err(BackendError::Rejected(sentence))
+        }
+        Sent::Unavailable(detail) => {
+            abandon(store, &rec, what).await;
+            Err(BackendError::Unavailable(detail))
+        }
+        Sent::Unknown(detail) => {
+            super::mark_unknown(store, &rec.id, detail.clone(), clock.now()).await;
+            Err(BackendError::OutcomeUnknown(detail))
+        }
+    }
+}
+
+/// Deletes a record nothing was sent for, giving its draws back.
+async fn abandon(store: &dyn Store, rec: &RailPayment, what: &str) {
+    if let Err(error) = store.rail_abandon(&rec.id).await {
+        tracing::error!(payment_id = %rec.id, %error, "abandoning an unsent {what} failed");
+    }
 }

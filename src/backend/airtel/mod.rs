@@ -23,8 +23,8 @@ use async_trait::async_trait;
 
 use self::wire::{AirtelClient, AirtelError, CallbackBody, Enquiry, Msisdn, REFERENCE_CHARS_MAX, TransactionStatus};
 use super::rail::{
-    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent,
-    Settlement, ValidCollection,
+    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Sent,
+    Settlement, ValidCollection, send_once,
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
@@ -139,12 +139,6 @@ impl AirtelRail {
         AirtelRail { client, store, clock, account }
     }
 
-    async fn abandon(&self, rec: &RailPayment) {
-        if let Err(error) = self.store.rail_abandon(&rec.id).await {
-            tracing::error!(payment_id = %rec.id, %error, "abandoning a refused Airtel Money collection failed");
-        }
-    }
-
     /// Keep the receipt an enquiry reported on a still-open record: a success settled by the
     /// scheduled enquiry has no callback to carry it, and Airtel's own answer outranks a callback's
     /// (unsigned) claim. A failed write is logged; the settlement still stands.
@@ -214,76 +208,28 @@ impl CollectionRail for AirtelRail {
             updated_at: 0,
             flow: RailFlow::Collection,
         };
-        let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
-        let rec = opened.rec;
-        if rec.from_account != payer
-            || rec.amount_minor != v.amount().minor()
-            || rec.to_account != self.account
-            || rec.flow != RailFlow::Collection
-            || rec.rail != RAIL
-        {
-            return Err(BackendError::IdempotencyKeyReused);
-        }
-        if !opened.created {
-            return match rec.state {
-                RailState::Submitting | RailState::Unknown => {
-                    // An earlier attempt opened this record and may have sent it (it crashed, or its
-                    // answer was lost). Sending again could charge twice: mark it unknown; the
-                    // scheduled enquiry asks by its id and settles it.
-                    let reason = "an earlier attempt's collection outcome is unknown".to_string();
-                    super::mark_unknown(self.store.as_ref(), &rec.id, reason, self.clock.now()).await;
-                    Err(BackendError::OutcomeUnknown(
-                        "the Airtel Money collection for this operation may have been sent and its answer was lost; \
-                         it is not sent again. Airtel is asked where it stands, and that settles it"
-                            .into(),
-                    ))
-                }
-                _ => Ok(rec.payment()),
-            };
-        }
         let collection = wire::Collection {
-            id: rec.id.to_string(),
+            id: req.payment_id.to_string(),
             msisdn,
             amount_whole: v.amount().minor() / 100,
             reference: v.reference().to_string(),
         };
-        match self.client.collect(&collection).await {
-            Ok(()) => {
-                let now = self.clock.now();
-                let moved = self
-                    .store
-                    .rail_transition(&rec.id, &[RailState::Submitting], RailState::Pending, RailUpdate::default(), now)
-                    .await;
-                match moved {
-                    Ok(Some(updated)) => Ok(updated.payment()),
-                    Ok(None) => Err(BackendError::OutcomeUnknown(
-                        "the payment record changed while sending the collection".into(),
-                    )),
-                    Err(error) => {
-                        // Sent and accepted, still `submitting`: a retry marks it unknown and the
-                        // enquiry (by the id recorded at opening) settles it.
-                        tracing::error!(payment_id = %rec.id, %error, "recording an accepted Airtel collection failed");
-                        Err(BackendError::OutcomeUnknown(
-                            "the collection was accepted but could not be recorded".into(),
-                        ))
-                    }
+        let client = self.client.clone();
+        let what = "Airtel Money collection";
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.guards, what, |_| async move {
+            match client.collect(&collection).await {
+                // The transaction id is ours, recorded at opening.
+                Ok(()) => Sent::Accepted { rail_ref: None },
+                Err(AirtelError::Refused { code, .. }) => {
+                    Sent::Refused(format!("Airtel Money refused the collection (error {code}); nothing was charged"))
                 }
+                Err(AirtelError::Unavailable(detail) | AirtelError::Config(detail)) => {
+                    Sent::Unavailable(format!("Airtel Money: {detail}"))
+                }
+                Err(AirtelError::OutcomeUnknown(detail)) => Sent::Unknown(format!("Airtel Money: {detail}")),
             }
-            Err(AirtelError::Refused { code, .. }) => {
-                self.abandon(&rec).await;
-                Err(BackendError::Rejected(format!(
-                    "Airtel Money refused the collection (error {code}); nothing was charged"
-                )))
-            }
-            Err(AirtelError::Unavailable(detail) | AirtelError::Config(detail)) => {
-                self.abandon(&rec).await;
-                Err(BackendError::Unavailable(format!("Airtel Money: {detail}")))
-            }
-            Err(AirtelError::OutcomeUnknown(detail)) => {
-                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), self.clock.now()).await;
-                Err(BackendError::OutcomeUnknown(format!("Airtel Money: {detail}")))
-            }
-        }
+        })
+        .await
     }
 
     fn parse_callback(&self, channel: CallbackChannel, body: &[u8]) -> Result<RailEvent, String> {

@@ -28,7 +28,8 @@ use self::daraja::{
 };
 use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayoutArgs,
-    PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Settlement, ValidCollection, ValidPayout, reversal_key,
+    PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Sent, Settlement, ValidCollection, ValidPayout,
+    reversal_key, send_once,
 };
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
@@ -249,146 +250,33 @@ impl MpesaRail {
             updated_at: 0,
             flow: RailFlow::Collection,
         };
-        let opened = self.store.rail_open(rec, c.guards.clone(), self.clock.now()).await?;
-        let rec = opened.rec;
-        if rec.from_account != payer
-            || rec.amount_minor != c.amount.minor()
-            || rec.to_account != self.account
-            || rec.flow != RailFlow::Collection
-        {
-            return Err(BackendError::IdempotencyKeyReused);
-        }
-        if !opened.created {
-            return match rec.state {
-                RailState::Submitting | RailState::Unknown => {
-                    // An earlier attempt opened this record and may have pushed (it crashed, or its
-                    // lease ran out mid-call). Daraja cannot tell us, and a second push could charge
-                    // twice: record it as unknown and never push again.
-                    let reason = "an earlier attempt's push outcome is unknown".to_string();
-                    super::mark_unknown(self.store.as_ref(), &rec.id, reason, self.clock.now()).await;
-                    Err(BackendError::OutcomeUnknown(
-                        "the STK push for this operation may have been sent and its answer was lost; it is not sent \
-                         again. The customer may still complete it; reconciliation settles it"
-                            .into(),
-                    ))
-                }
-                _ => Ok(rec.payment()),
-            };
-        }
         let push = StkPush {
             phone: c.phone.clone(),
             amount_whole: c.amount.minor() / 100,
             account_reference: c.account_reference.clone(),
             description: c.description.clone(),
         };
-        match self.client.stk_push(&push).await {
-            Ok(accepted) => {
-                let update = RailUpdate { rail_ref: Some(accepted.checkout_request_id), ..Default::default() };
-                let now = self.clock.now();
-                // From `unknown` too: a retry that took the operation over (this attempt outlived its
-                // lease) found the record mid-push and marked it maybe-sent; the answer says what
-                // happened, and its CheckoutRequestID lets the callback match.
-                let from = [RailState::Submitting, RailState::Unknown];
-                match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
-                    Ok(Some(updated)) => Ok(updated.payment()),
-                    Ok(None) => Err(BackendError::OutcomeUnknown("the payment record changed while pushing".into())),
-                    Err(error) => {
-                        // The push went out and its CheckoutRequestID could not be kept: the
-                        // callback will not match; the record stays "submitting" and is reconciled.
-                        tracing::error!(payment_id = %rec.id, %error, "recording an accepted STK push failed");
-                        Err(BackendError::OutcomeUnknown("the push was accepted but could not be recorded".into()))
-                    }
-                }
+        let client = self.client.clone();
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, c.guards, "M-Pesa STK push", |_| async move {
+            match client.stk_push(&push).await {
+                Ok(accepted) => Sent::Accepted { rail_ref: Some(accepted.checkout_request_id) },
+                Err(error) => sent(error, "STK push", "nothing was charged"),
             }
-            Err(DarajaError::Rejected { code, .. }) => {
-                self.abandon(&rec).await;
-                Err(BackendError::Rejected(format!("M-Pesa refused the STK push (error {code}); nothing was charged")))
-            }
-            Err(DarajaError::Unavailable(detail) | DarajaError::Config(detail)) => {
-                self.abandon(&rec).await;
-                Err(BackendError::Unavailable(format!("M-Pesa: {detail}")))
-            }
-            Err(DarajaError::OutcomeUnknown(detail)) => {
-                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), self.clock.now()).await;
-                Err(BackendError::OutcomeUnknown(format!("M-Pesa: {detail}")))
-            }
-        }
+        })
+        .await
     }
+}
 
-    async fn abandon(&self, rec: &RailPayment) {
-        if let Err(error) = self.store.rail_abandon(&rec.id).await {
-            tracing::error!(payment_id = %rec.id, %error, "abandoning a refused M-Pesa request failed");
+/// A Daraja failure → what it means for the request's record. `what` names the request.
+fn sent(error: DarajaError, what: &str, nothing_moved: &str) -> Sent {
+    match error {
+        DarajaError::Rejected { code, .. } => {
+            Sent::Refused(format!("M-Pesa refused the {what} (error {code}); {nothing_moved}"))
         }
-    }
-
-    /// Open a payout's or reversal's record (guards drawn once per key) and send it once: `send`
-    /// runs only when this call opened the record. A record an earlier attempt opened is never
-    /// sent again; if that attempt's outcome is unknown, a status query settles it.
-    async fn send_out<F, Fut>(&self, rec: RailPayment, guards: Guards, send: F) -> Result<Payment, BackendError>
-    where
-        F: FnOnce(RailPayment) -> Fut,
-        Fut: std::future::Future<Output = Result<daraja::RequestAccepted, DarajaError>>,
-    {
-        let what = if rec.flow == RailFlow::Payout { "payout" } else { "reversal" };
-        let asked = rec.clone();
-        let opened = self.store.rail_open(rec, guards, self.clock.now()).await?;
-        let rec = opened.rec;
-        if rec.flow != asked.flow
-            || rec.to_account != asked.to_account
-            || rec.amount_minor != asked.amount_minor
-            || rec.refund_of != asked.refund_of
-        {
-            return Err(BackendError::IdempotencyKeyReused);
+        DarajaError::Unavailable(detail) | DarajaError::Config(detail) => {
+            Sent::Unavailable(format!("M-Pesa: {detail}"))
         }
-        if !opened.created {
-            return match rec.state {
-                RailState::Submitting | RailState::Unknown => {
-                    let reason = format!("an earlier attempt's {what} outcome is unknown");
-                    super::mark_unknown(self.store.as_ref(), &rec.id, reason, self.clock.now()).await;
-                    Err(BackendError::OutcomeUnknown(format!(
-                        "the M-Pesa {what} for this operation may have been sent and its answer was lost; it is not \
-                         sent again. Its status is asked and settles it"
-                    )))
-                }
-                _ => Ok(rec.payment()),
-            };
-        }
-        match send(rec.clone()).await {
-            Ok(accepted) => {
-                // A payout's reference was chosen before sending; a reversal's is Daraja's.
-                let rail_ref = rec.rail_ref.is_none().then_some(accepted.originator_conversation_id);
-                let update = RailUpdate { rail_ref, ..Default::default() };
-                let now = self.clock.now();
-                // From `unknown` too: another attempt found the record mid-send (a retry after this
-                // attempt's lease, or another operation on the same reversal) and marked it
-                // maybe-sent; the answer says what happened.
-                let from = [RailState::Submitting, RailState::Unknown];
-                match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
-                    Ok(Some(updated)) => Ok(updated.payment()),
-                    // The result came first and settled it.
-                    Ok(None) => match self.store.rail_get(&rec.id).await {
-                        Ok(Some(now)) => Ok(now.payment()),
-                        _ => Err(BackendError::OutcomeUnknown(format!("the {what} record changed while sending"))),
-                    },
-                    Err(error) => {
-                        tracing::error!(payment_id = %rec.id, %error, "recording an accepted M-Pesa {what} failed");
-                        Err(BackendError::OutcomeUnknown(format!("the {what} was accepted but could not be recorded")))
-                    }
-                }
-            }
-            Err(DarajaError::Rejected { code, .. }) => {
-                self.abandon(&rec).await;
-                Err(BackendError::Rejected(format!("M-Pesa refused the {what} (error {code}); no money moved")))
-            }
-            Err(DarajaError::Unavailable(detail) | DarajaError::Config(detail)) => {
-                self.abandon(&rec).await;
-                Err(BackendError::Unavailable(format!("M-Pesa: {detail}")))
-            }
-            Err(DarajaError::OutcomeUnknown(detail)) => {
-                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), self.clock.now()).await;
-                Err(BackendError::OutcomeUnknown(format!("M-Pesa: {detail}")))
-            }
-        }
+        DarajaError::OutcomeUnknown(detail) => Sent::Unknown(format!("M-Pesa: {detail}")),
     }
 }
 
@@ -449,14 +337,18 @@ impl CollectionRail for MpesaRail {
             flow: RailFlow::Payout,
         };
         let client = self.client.clone();
-        self.send_out(rec, req.guards, |rec| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.guards, "M-Pesa payout", |rec| async move {
             let payout = B2cPayment {
                 originator_conversation_id: rec.rail_ref.clone().unwrap_or_else(|| rec.id.to_string()),
                 phone,
                 amount_whole: rec.amount_minor / 100,
                 remarks: rec.memo.clone().unwrap_or_default(),
             };
-            client.b2c_payment(&payout).await
+            match client.b2c_payment(&payout).await {
+                // The reference was chosen before sending.
+                Ok(_) => Sent::Accepted { rail_ref: None },
+                Err(error) => sent(error, "payout", "no money moved"),
+            }
         })
         .await
     }
@@ -494,14 +386,18 @@ impl CollectionRail for MpesaRail {
             flow: RailFlow::Reversal,
         };
         let client = self.client.clone();
-        self.send_out(rec, req.guards, |rec| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.guards, "M-Pesa reversal", |rec| async move {
             let reversal = Reversal {
                 transaction_id: receipt,
                 amount_whole: rec.amount_minor / 100,
                 remarks: rec.memo.clone().unwrap_or_else(|| "Reversal".into()),
                 occasion: rec.id.to_string(),
             };
-            client.reversal(&reversal).await
+            match client.reversal(&reversal).await {
+                // Daraja chose the reference: recorded so its result and a status query find it.
+                Ok(accepted) => Sent::Accepted { rail_ref: Some(accepted.originator_conversation_id) },
+                Err(error) => sent(error, "reversal", "no money moved"),
+            }
         })
         .await
     }

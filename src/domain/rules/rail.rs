@@ -43,6 +43,28 @@ pub fn may_move(rec: &RailPayment, from: &[RailState]) -> bool {
     from.contains(&rec.state)
 }
 
+/// Whether a record found under a request's key is that request: the same rail, flow, accounts,
+/// amount and original. Another is a reused key, refused.
+pub fn same_request(asked: &RailPayment, found: &RailPayment) -> bool {
+    (
+        &asked.rail,
+        asked.flow,
+        &asked.from_account,
+        &asked.to_account,
+        asked.amount_minor,
+        asked.currency,
+        &asked.refund_of,
+    ) == (
+        &found.rail,
+        found.flow,
+        &found.from_account,
+        &found.to_account,
+        found.amount_minor,
+        found.currency,
+        &found.refund_of,
+    )
+}
+
 /// The states a rail's word may settle a record from. A collection settles only once pushed and
 /// pending. Money going out settles from any open state: its result may arrive before the request's
 /// own answer was recorded (`Submitting`), or after that answer was lost (`Unknown`).
@@ -171,6 +193,30 @@ mod tests {
         for flow in [RailFlow::Collection, RailFlow::Payout, RailFlow::Reversal, RailFlow::Ledger] {
             let from = settles_from_asked_by_own_ref(flow);
             assert!(!from.contains(&Succeeded) && !from.contains(&Failed), "{flow:?}");
+        }
+    }
+
+    #[test]
+    fn a_key_finds_the_same_request_or_a_reused_key() {
+        let asked = rec(PaymentKind::Payment, RailState::Submitting, None);
+        // What the store adds (state, stamps, mandate, reference) does not make it another request.
+        let found =
+            RailPayment { state: RailState::Unknown, rail_ref: Some("r".into()), created_at: 9, ..asked.clone() };
+        assert!(same_request(&asked, &found));
+        let other = |f: fn(&mut RailPayment)| {
+            let mut r = asked.clone();
+            f(&mut r);
+            r
+        };
+        for changed in [
+            other(|r| r.amount_minor += 1),
+            other(|r| r.to_account = AccountId::parse("c").unwrap()),
+            other(|r| r.from_account = AccountId::parse("c").unwrap()),
+            other(|r| r.flow = RailFlow::Payout),
+            other(|r| r.rail = "airtel".into()),
+            other(|r| r.refund_of = Some(PaymentId::generate())),
+        ] {
+            assert!(!same_request(&asked, &changed), "{changed:?}");
         }
     }
 
