@@ -332,6 +332,39 @@ async fn a_collection_is_reversed_in_full_once() {
 }
 
 #[tokio::test]
+async fn only_after_a_reversal_failed_may_another_be_tried() {
+    let r = rig().await;
+    let c = &r.client;
+    let id = paid_collection(&r, "order-5", "90").await;
+    let first = ok(&call(c, "refund_payment", json!({"operation_id": "rev-a", "payment_id": id})).await).clone();
+    // M-Pesa refuses it in its result (say the initiator's credential was wrong): nothing moved.
+    let sent = r.fake.reversals()[0].originator_conversation_id.clone();
+    assert_eq!(r.fake.post_result(&sent, 2001).await, 200);
+    assert_eq!(payment(c, first["payment_id"].as_str().unwrap()).await["status"], "failed");
+    // Its own retry replays the failure; a new operation tries again, once.
+    let replay = ok(&call(c, "refund_payment", json!({"operation_id": "rev-a", "payment_id": id})).await).clone();
+    assert_eq!(
+        (replay["payment_id"].clone(), replay["status"].as_str()),
+        (first["payment_id"].clone(), Some("failed"))
+    );
+    let second = ok(&call(c, "refund_payment", json!({"operation_id": "rev-b", "payment_id": id})).await).clone();
+    assert_ne!(second["payment_id"], first["payment_id"]);
+    assert_eq!((second["status"].as_str(), r.fake.reversal_requests()), (Some("pending"), 2));
+    // While it is open, another operation finds it: still one at a time.
+    let third = ok(&call(c, "refund_payment", json!({"operation_id": "rev-c", "payment_id": id})).await).clone();
+    assert_eq!(third["payment_id"], second["payment_id"]);
+    let sent = r.fake.reversals()[1].originator_conversation_id.clone();
+    assert_eq!(r.fake.post_result(&sent, 0).await, 200);
+    let again = ok(&call(c, "refund_payment", json!({"operation_id": "rev-d", "payment_id": id})).await).clone();
+    assert_eq!(
+        (again["payment_id"].clone(), again["status"].as_str()),
+        (second["payment_id"].clone(), Some("succeeded"))
+    );
+    assert_eq!(r.fake.reversal_requests(), 2, "a succeeded reversal is never followed by another");
+    r.app.stop().await;
+}
+
+#[tokio::test]
 async fn a_reversal_whose_answer_is_lost_is_found_by_its_result_and_never_sent_again() {
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
     let r = rig_with("", clock.clone()).await;

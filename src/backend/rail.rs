@@ -149,7 +149,7 @@ pub struct PayoutRequest {
 #[derive(Debug, Clone)]
 pub struct ReversalRequest {
     /// The gateway's key for this call; the record itself is keyed by the collection (see
-    /// [`reversal_key`]), so a collection is reversed at most once whatever the operation_id.
+    /// [`reversal_key`]), so a collection has one reversal at a time whatever the operation_id.
     pub idempotency_key: String,
     pub payment_id: PaymentId,
     pub original: RailPayment,
@@ -158,9 +158,26 @@ pub struct ReversalRequest {
     pub guards: Guards,
 }
 
-/// The record key of a collection's reversal: one per collection.
-pub fn reversal_key(collection: &PaymentId) -> String {
-    format!("reversal/{collection}")
+/// Reversals of one collection a rail may try: after this many failed, it is for a person (the
+/// rail's own portal).
+pub const REVERSAL_ATTEMPTS_MAX: usize = 3;
+
+/// The record key a reversal of `collection` is sent under now: one reversal at a time per
+/// collection, whatever the operation_id. The first is `reversal/<collection>`; only after one
+/// *failed* (nothing moved) may another be tried, under `…/after/<failed reversal>`. A reversal
+/// pending, unknown or succeeded keeps its key, so a retry finds it and never sends another.
+pub async fn reversal_key(store: &dyn Store, collection: &PaymentId) -> Result<String, BackendError> {
+    let first = format!("reversal/{collection}");
+    let mut key = first.clone();
+    for _ in 0..REVERSAL_ATTEMPTS_MAX {
+        match store.rail_by_key(&key).await? {
+            Some(failed) if failed.state == RailState::Failed => key = format!("{first}/after/{}", failed.id),
+            _ => return Ok(key),
+        }
+    }
+    Err(BackendError::Rejected(format!(
+        "{REVERSAL_ATTEMPTS_MAX} reversals of payment {collection} failed; reverse it on the rail's own portal"
+    )))
 }
 
 /// One collection to send, after policy, with the idempotency key it is sent under.

@@ -365,7 +365,7 @@ impl CollectionRail for MpesaRail {
         };
         let rec = RailPayment {
             id: req.payment_id.clone(),
-            idempotency_key: reversal_key(&o.id),
+            idempotency_key: reversal_key(self.store.as_ref(), &o.id).await?,
             rail: RAIL.to_string(),
             kind: PaymentKind::Refund,
             state: RailState::Submitting,
