@@ -301,7 +301,7 @@ pub trait CollectionRail: Send + Sync + 'static {
     async fn pay_out(&self, _req: PayoutRequest) -> Result<Payment, BackendError> {
         Err(BackendError::Rejected(format!("{} payouts are not offered", self.display_name())))
     }
-    /// Open the record and send the reversal of a succeeded collection, at most once per collection.
+    /// Open the record and send the reversal of a succeeded collection, one at a time per collection.
     async fn reverse(&self, _req: ReversalRequest) -> Result<Payment, BackendError> {
         Err(BackendError::Rejected(format!("{} reversals are not offered", self.display_name())))
     }
