@@ -169,6 +169,10 @@ async fn a_payout_is_pending_until_its_result_settles_it_and_is_sent_once() {
     let over = call(c, "send_mpesa_payout", payout("payout-4", "500")).await;
     assert_eq!(code(&over), "BUDGET_EXCEEDED");
     assert_eq!(r.fake.payouts().len(), 3, "a refused payout is never sent");
+    // Reconciliation does not ask M-Pesa again about a payout its own result failed.
+    let asked = r.fake.status_requests();
+    let report = ok(&call(c, "reconcile", json!({})).await).clone();
+    assert_eq!(r.fake.status_requests(), asked, "{report}");
     let codes = audit_codes(&r.app).await;
     for c in ["QUEUE_TIMEOUT", "AMOUNT_MISMATCH", "SUCCEEDED", "DUPLICATE_OR_LATE", "FAILED"] {
         assert!(codes.iter().any(|x| x == c), "{c} not audited: {codes:?}");

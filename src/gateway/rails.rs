@@ -844,6 +844,8 @@ impl Gateway {
     /// A collection's record against its own state: the rail is its system of record, and the
     /// scheduled query settles what is open. A collection recorded failed is asked about again
     /// (at most `RECHECK_FINISHED_MAX` a run): a failure the rail now calls a success is for a human.
+    /// Money going out failed by the rail's own final result, and its status answer would come by
+    /// callback, not here: it is not asked again.
     async fn reconcile_collection(
         &self,
         rec: &RailPayment,
@@ -852,6 +854,7 @@ impl Gateway {
         rechecks_left: &mut usize,
     ) {
         if rec.state == RailState::Failed
+            && rec.flow == RailFlow::Collection
             && *rechecks_left > 0
             && let Some(rail) = self.rail(&rec.rail)
         {
@@ -871,7 +874,8 @@ impl Gateway {
                     "outcome_unknown",
                     Some(&rec.id),
                     format!(
-                        "a collection request whose answer was lost: check the {} statement for this payer and amount",
+                        "a {} request whose answer was lost: check the {} statement for this customer and amount",
+                        rec.flow.as_str(),
                         rec.rail
                     ),
                 )
