@@ -123,6 +123,10 @@ pub struct ApprovalsConfig {
     pub high_risk_amount: MoneyMap,
     pub routes_per_minute: i64,
     pub pending_per_agent_max: i64,
+    /// URL elicitation: how long a retry waits for a pending approval's decision, in seconds.
+    pub elicitation_wait_secs: i64,
+    /// URL elicitation: retries answered `input_required` while pending, per sealed state chain.
+    pub elicitation_rounds_max: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -578,6 +582,10 @@ impl Config {
         range("approvals.high_risk_reviewers", ap.high_risk_reviewers, ap.reviewers_required, 10)?;
         range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
         range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
+        range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
+        // A waiting retry must answer before the server's own request timeout cuts it off.
+        let wait_max = (self.server.request_timeout_ms / 1000 - 5).clamp(0, 55);
+        range("approvals.elicitation_wait_secs", ap.elicitation_wait_secs, 0, wait_max)?;
         let m = &self.mandates;
         range("mandates.ttl_secs", m.ttl_secs, 60, 604_800)?;
         range("mandates.open_valid_max_secs", m.open_valid_max_secs, 60, 31_536_000)?;

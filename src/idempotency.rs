@@ -38,6 +38,16 @@ impl KeyDeriver {
         }
         format!("idk_{}", hex(&mac.finalize().into_bytes()))
     }
+
+    /// A key for another purpose, derived from the secret under `label` (domain separation: no
+    /// label is a length-prefixed key tuple, so no subkey equals an idempotency key's MAC).
+    pub fn subkey(&self, label: &str) -> [u8; 32] {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.secret.expose().as_bytes())
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        mac.update(b"subkey\0");
+        mac.update(label.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
 }
 
 /// SHA-256 of a canonical JSON value (the caller builds it from parsed, normalized arguments, so

@@ -19,6 +19,7 @@ use crate::error::{AgentError, ErrorCode};
 use crate::ids::{AccountId, ApprovalId};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
 use crate::money::{Currency, Money, format_minor};
+use crate::request_state::{ApprovalState, Binding, OpenError};
 use crate::store::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
 
 /// An authenticated human operator (approver, auditor, admin).
@@ -120,6 +121,28 @@ pub struct PreauthorizeArgs {
 pub const OPEN_MANDATE_USES_MAX: i64 = 100_000;
 /// Longest review reason kept, in characters.
 pub const REASON_CHARS_MAX: usize = 500;
+/// Longest a sealed `requestState` stays valid, in seconds (a fresh one is sealed every round;
+/// never past the approval's own expiry).
+pub const REQUEST_STATE_TTL_SECS: i64 = 900;
+
+/// Where an agent's own approval stands, for resuming the call that asked for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    Pending {
+        expires_at: UnixSecs,
+    },
+    /// Approved: the closed mandate it issued, to pay under (it never leaves the server).
+    Approved {
+        mandate: String,
+    },
+    /// Rejected, expired, or approved without a mandate to use: the call itself says what holds.
+    Closed,
+}
+
+fn decision_key(id: &ApprovalId) -> String {
+    // Idempotency keys start with "idk_": no waiter key of theirs can equal this.
+    format!("decision/{id}")
+}
 
 impl Gateway {
     fn view(&self, a: &ApprovalRecord, now: UnixSecs, with_mandate: bool) -> ApprovalView {
@@ -172,6 +195,69 @@ impl Gateway {
                 Err(AgentError::internal())
             }
         }
+    }
+
+    /// Where the caller's approval for `tool` stands. Another agent's approval, or one asked for by
+    /// another tool, does not exist for this call.
+    pub async fn resume_approval(&self, caller: &Caller, tool: &str, approval_id: &str) -> Result<Resume, AgentError> {
+        let id = ApprovalId::parse(approval_id)?;
+        let p = &caller.principal;
+        let now = self.clock.now();
+        match self.store.approval_get(&id).await {
+            Ok(Some(a)) if a.principal_sub == p.subject && a.principal_iss == p.issuer && a.tool == tool => {
+                Ok(match (a.status_at(now), a.mandate) {
+                    (ApprovalStatus::Pending, _) => Resume::Pending { expires_at: a.expires_at },
+                    (ApprovalStatus::Approved, Some(mandate)) if a.kind == MandateKind::Closed => {
+                        Resume::Approved { mandate }
+                    }
+                    _ => Resume::Closed,
+                })
+            }
+            Ok(_) => Err(AgentError::new(ErrorCode::NotFound, format!("approval {id} does not exist"))),
+            Err(error) => {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "approval read failed");
+                Err(AgentError::internal())
+            }
+        }
+    }
+
+    /// Wait (at most `wait`) until the approval is no longer pending; whether it is not. Woken at
+    /// once by a decision on this replica; one on another is seen by re-reading the store every
+    /// `poll`. An approval that cannot be read counts as decided (the caller's next read says why).
+    pub async fn await_decision(
+        &self,
+        approval_id: &str,
+        wait: std::time::Duration,
+        poll: std::time::Duration,
+    ) -> bool {
+        let Ok(id) = ApprovalId::parse(approval_id) else { return true };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notify = self.waiter(&decision_key(&id));
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.store.approval_get(&id).await {
+                Ok(Some(a)) if a.status_at(self.clock.now()) == ApprovalStatus::Pending => {}
+                _ => return true,
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let _ = tokio::time::timeout(left.min(poll), notified).await;
+        }
+    }
+
+    /// Seal a `requestState` for this call (see [`crate::request_state`]).
+    pub fn seal_state(&self, binding: &Binding<'_>, approval_id: &str, expires_at: UnixSecs, round: u32) -> String {
+        let exp = expires_at.min(self.clock.now() + REQUEST_STATE_TTL_SECS);
+        self.states.seal(binding, &ApprovalState { apr: approval_id.to_string(), exp, n: round })
+    }
+
+    /// Open a `requestState` presented with this call.
+    pub fn open_state(&self, binding: &Binding<'_>, sealed: &str) -> Result<ApprovalState, OpenError> {
+        self.states.open(binding, sealed, self.clock.now())
     }
 
     fn require(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
@@ -258,6 +344,9 @@ impl Gateway {
                 (Err(mapped), Some(e.to_string()))
             }
         };
+        if outcome.as_ref().is_ok_and(|v| v.status != "pending") {
+            self.wake(&decision_key(&id));
+        }
         let mut d = Decision::new(action, if outcome.is_ok() { "recorded" } else { "refused" });
         d.approval_id = Some(id.as_str());
         d.detail = error.or(reason);

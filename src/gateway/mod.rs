@@ -14,7 +14,7 @@ mod rails;
 mod reads;
 
 pub use crate::domain::approval::ReviewDecision;
-pub use approvals::{ApprovalView, Operator, PreauthorizeArgs};
+pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, REQUEST_STATE_TTL_SECS, Resume};
 pub use operator::{
     AuditFilters, AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PaymentFilters, PrincipalView,
     ReconciliationRun, SummaryView,
@@ -54,6 +54,13 @@ pub struct Caller {
 pub struct GatewayLimits {
     /// Base of `approval_url`s.
     pub public_url: String,
+    /// Where a person opens one approval in a browser (URL elicitation sends them there): the
+    /// console's page for it when the console is on; `None`: the `/approvals/{id}` route.
+    pub approval_page_base: Option<String>,
+    /// How long a retry of a call whose approval is still pending waits for the decision before
+    /// answering `input_required` again, and how many such rounds one state allows.
+    pub elicitation_wait: Duration,
+    pub elicitation_rounds_max: u32,
     pub idempotency_retention_secs: i64,
     pub idempotency_lease_secs: i64,
     pub idempotency_wait: Duration,
@@ -93,6 +100,8 @@ pub struct Gateway {
     /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
     /// poll the store, which covers holders in other replicas.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Seals the `requestState` of approvals resumed through URL elicitation.
+    states: crate::request_state::StateSealer,
 }
 
 /// What one enabled rail offers.
@@ -144,6 +153,7 @@ impl Gateway {
     ) -> Self {
         let rate = AgentLimits::new(clock.clone());
         let metrics = Arc::new(crate::metrics::Metrics::default());
+        let states = crate::request_state::StateSealer::new(keys.subkey(crate::request_state::KEY_LABEL));
         Gateway {
             store,
             backend,
@@ -156,6 +166,7 @@ impl Gateway {
             rails: Vec::new(),
             known_accounts: Vec::new(),
             waiters: Mutex::new(HashMap::new()),
+            states,
         }
     }
 

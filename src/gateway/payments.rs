@@ -1135,12 +1135,20 @@ impl Gateway {
         format!("{}/approvals/{id}", self.limits.public_url)
     }
 
-    fn waiter(&self, key: &str) -> Arc<Notify> {
+    /// The page a person opens to decide one approval (the console's, when it is on).
+    pub fn approval_page(&self, id: &ApprovalId) -> String {
+        match &self.limits.approval_page_base {
+            Some(base) => format!("{base}{id}"),
+            None => self.approval_url(id),
+        }
+    }
+
+    pub(super) fn waiter(&self, key: &str) -> Arc<Notify> {
         let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key.to_string()).or_default().clone()
     }
 
-    fn wake(&self, key: &str) {
+    pub(super) fn wake(&self, key: &str) {
         let removed = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         if let Some(n) = removed {
             n.notify_waiters();

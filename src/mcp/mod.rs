@@ -1,15 +1,19 @@
 //! The MCP surface: tools, resources and the prompt. Argument parsing and result shaping only;
 //! every decision is the gateway's.
 
+mod elicitation;
 pub mod views;
+
+pub use elicitation::{INPUT_KEY, URL_ELICITATION_REQUIRED};
 
 use std::sync::Arc;
 
 use rmcp::handler::server::common::{AsRequestContext, FromContextPart, schema_for_output, schema_for_type};
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState};
 use rmcp::model::{
-    CallToolResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, JsonObject,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams, Prompt,
+    CallToolResponse, CallToolResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
+    JsonObject, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams, Prompt,
     PromptArgument, PromptMessage, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, ResourceTemplate, Role, ServerCapabilities, ServerConfig,
 };
@@ -148,8 +152,12 @@ fn fail(caller: &Caller, e: AgentError) -> CallToolResult {
 }
 
 fn parse<T: DeserializeOwned>(caller: &Caller, args: JsonObject) -> Result<T, CallToolResult> {
+    parse_args(args).map_err(|e| fail(caller, e))
+}
+
+fn parse_args<T: DeserializeOwned>(args: JsonObject) -> Result<T, AgentError> {
     serde_json::from_value(serde_json::Value::Object(args))
-        .map_err(|e| fail(caller, AgentError::invalid(format!("invalid arguments: {e}"))))
+        .map_err(|e| AgentError::invalid(format!("invalid arguments: {e}")))
 }
 
 #[derive(Clone)]
@@ -158,6 +166,8 @@ pub struct PaygateMcp {
     /// Shared: a 2026-07-28 request gets a fresh handler (a clone of this struct), and cloning the
     /// router itself would copy every tool definition per request.
     tool_router: Arc<ToolRouter<Self>>,
+    /// 2025-11-25 sessions waiting to hear an approval was decided (URL elicitation).
+    completions: Arc<elicitation::Completions>,
 }
 
 impl PaygateMcp {
@@ -171,7 +181,7 @@ impl PaygateMcp {
                 tool_router.disable_route(alias);
             }
         }
-        PaygateMcp { gateway, tool_router: Arc::new(tool_router) }
+        PaygateMcp { gateway, tool_router: Arc::new(tool_router), completions: Arc::default() }
     }
 
     /// Every tool's name, description, scope and annotations (for `paygate tools`).
@@ -278,12 +288,24 @@ impl PaygateMcp {
                        limit it returns APPROVAL_REQUIRED with an approval_id and moves nothing. Needs scope payments:create.",
         input_schema = schema_for_type::<CreatePaymentArgs>()
     )]
-    async fn create_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+    async fn create_payment(
+        &self,
+        caller: Caller,
+        ctx: RequestContext<RoleServer>,
+        state: RequestState,
+        responses: ToolInputResponses,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
         let _timed = Timed::new(&self.gateway, "create_payment");
-        self.gateway.admit(&caller, "create_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: CreatePaymentArgs = parse(&caller, args)?;
-        let done = self.gateway.create_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        if let Err(e) = self.gateway.admit(&caller, "create_payment").await {
+            return Ok(fail(&caller, e).into());
+        }
+        let (gateway, c) = (&self.gateway, &caller);
+        let round = elicitation::Round::new(&ctx, state, responses);
+        self.money(c, round, "create_payment", args, |args| async move {
+            gateway.create_payment(c, parse_args::<CreatePaymentArgs>(args)?).await
+        })
+        .await
     }
 
     #[tool(
@@ -294,12 +316,24 @@ impl PaygateMcp {
                        scope payments:refund.",
         input_schema = schema_for_type::<RefundPaymentArgs>()
     )]
-    async fn refund_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+    async fn refund_payment(
+        &self,
+        caller: Caller,
+        ctx: RequestContext<RoleServer>,
+        state: RequestState,
+        responses: ToolInputResponses,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
         let _timed = Timed::new(&self.gateway, "refund_payment");
-        self.gateway.admit(&caller, "refund_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: RefundPaymentArgs = parse(&caller, args)?;
-        let done = self.gateway.refund_payment(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        if let Err(e) = self.gateway.admit(&caller, "refund_payment").await {
+            return Ok(fail(&caller, e).into());
+        }
+        let (gateway, c) = (&self.gateway, &caller);
+        let round = elicitation::Round::new(&ctx, state, responses);
+        self.money(c, round, "refund_payment", args, |args| async move {
+            gateway.refund_payment(c, parse_args::<RefundPaymentArgs>(args)?).await
+        })
+        .await
     }
 
     #[tool(
@@ -348,9 +382,12 @@ impl PaygateMcp {
     async fn request_mpesa_payment(
         &self,
         caller: Caller,
+        ctx: RequestContext<RoleServer>,
+        state: RequestState,
+        responses: ToolInputResponses,
         args: JsonObject,
-    ) -> Result<Json<PaymentResult>, CallToolResult> {
-        self.collect(caller, args).await
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.collect(caller, elicitation::Round::new(&ctx, state, responses), args).await
     }
 
     #[tool(
@@ -366,17 +403,22 @@ impl PaygateMcp {
     async fn request_airtel_payment(
         &self,
         caller: Caller,
+        ctx: RequestContext<RoleServer>,
+        state: RequestState,
+        responses: ToolInputResponses,
         args: JsonObject,
-    ) -> Result<Json<PaymentResult>, CallToolResult> {
+    ) -> Result<CallToolResponse, ErrorData> {
         let _timed = Timed::new(&self.gateway, "request_airtel_payment");
-        self.gateway.admit(&caller, "request_airtel_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
-        let done = self
-            .gateway
-            .request_collection(&caller, "request_airtel_payment", crate::backend::airtel::RAIL, a)
-            .await
-            .map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        if let Err(e) = self.gateway.admit(&caller, "request_airtel_payment").await {
+            return Ok(fail(&caller, e).into());
+        }
+        let (gateway, c) = (&self.gateway, &caller);
+        let round = elicitation::Round::new(&ctx, state, responses);
+        self.money(c, round, "request_airtel_payment", args, |args| async move {
+            let a = parse_args::<RequestMpesaPaymentArgs>(args)?;
+            gateway.request_collection(c, "request_airtel_payment", crate::backend::airtel::RAIL, a).await
+        })
+        .await
     }
 
     #[tool(
@@ -387,8 +429,15 @@ impl PaygateMcp {
                        through either, and limits and approvals count them together. Needs scope payments:collect.",
         input_schema = schema_for_type::<RequestMpesaPaymentArgs>()
     )]
-    async fn initiate_stk_push(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
-        self.collect(caller, args).await
+    async fn initiate_stk_push(
+        &self,
+        caller: Caller,
+        ctx: RequestContext<RoleServer>,
+        state: RequestState,
+        responses: ToolInputResponses,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.collect(caller, elicitation::Round::new(&ctx, state, responses), args).await
     }
 
     #[tool(
@@ -493,13 +542,24 @@ impl PaygateMcp {
                        your autonomous limit it returns APPROVAL_REQUIRED. Needs scope payments:payout.",
         input_schema = schema_for_type::<SendMpesaPayoutArgs>()
     )]
-    async fn send_mpesa_payout(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+    async fn send_mpesa_payout(
+        &self,
+        caller: Caller,
+        ctx: RequestContext<RoleServer>,
+        state: RequestState,
+        responses: ToolInputResponses,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
         let _timed = Timed::new(&self.gateway, "send_mpesa_payout");
-        self.gateway.admit(&caller, "send_mpesa_payout").await.map_err(|e| fail(&caller, e))?;
-        let a: SendMpesaPayoutArgs = parse(&caller, args)?;
-        let done =
-            self.gateway.send_payout(&caller, "send_mpesa_payout", MPESA, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        if let Err(e) = self.gateway.admit(&caller, "send_mpesa_payout").await {
+            return Ok(fail(&caller, e).into());
+        }
+        let (gateway, c) = (&self.gateway, &caller);
+        let round = elicitation::Round::new(&ctx, state, responses);
+        self.money(c, round, "send_mpesa_payout", args, |args| async move {
+            gateway.send_payout(c, "send_mpesa_payout", MPESA, parse_args::<SendMpesaPayoutArgs>(args)?).await
+        })
+        .await
     }
 
     #[tool(
@@ -537,16 +597,22 @@ impl PaygateMcp {
 impl PaygateMcp {
     /// `request_mpesa_payment` under either of its names: admitted, timed, keyed and audited as
     /// `request_mpesa_payment` (the gateway's operation keys it under its own name too).
-    async fn collect(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentResult>, CallToolResult> {
+    async fn collect(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
         let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
-        self.gateway.admit(&caller, "request_mpesa_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: RequestMpesaPaymentArgs = parse(&caller, args)?;
-        let done = self
-            .gateway
-            .request_collection(&caller, "request_mpesa_payment", MPESA, a)
-            .await
-            .map_err(|e| fail(&caller, e))?;
-        Ok(Json(done.into()))
+        if let Err(e) = self.gateway.admit(&caller, "request_mpesa_payment").await {
+            return Ok(fail(&caller, e).into());
+        }
+        let (gateway, c) = (&self.gateway, &caller);
+        self.money(c, round, "request_mpesa_payment", args, |args| async move {
+            let a = parse_args::<RequestMpesaPaymentArgs>(args)?;
+            gateway.request_collection(c, "request_mpesa_payment", MPESA, a).await
+        })
+        .await
     }
 }
 
