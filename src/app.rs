@@ -499,7 +499,7 @@ fn gateway(
     let (backend, http_ledger) = backend(config, store, clock)?;
     let limits = GatewayLimits {
         public_url: public_url.to_string(),
-        approval_page_base: config.console.enabled.then(|| format!("{public_url}/console#approvals/")),
+        approval_page_base: config.console.enabled.then(|| format!("{public_url}/console")),
         elicitation_wait: Duration::from_secs(config.approvals.elicitation_wait_secs as u64),
         elicitation_rounds_max: config.approvals.elicitation_rounds_max as u32,
         idempotency_retention_secs: config.idempotency.retention_secs,

@@ -21,6 +21,9 @@ pub mod scopes {
     pub const ADMIN: &str = "payments:admin";
     pub const APPROVE: &str = "payments:approve";
     pub const AUDIT: &str = "payments:audit";
+    /// A person confirming their own payments (the user-approval tier): given to the console's
+    /// sign-in, never to an agent. /mcp refuses a token that carries it.
+    pub const CONFIRM: &str = "payments:confirm";
     /// Every scope an agent token can carry, for the RFC 9728 document.
     pub const AGENT_SCOPES: &[&str] = &[READ, CREATE, REFUND, COLLECT, PAYOUT, ADMIN];
 }

@@ -198,6 +198,16 @@ pub struct ProfileConfig {
     /// Matches only tokens signed with the dev key (the compiled-in "dev" profile).
     #[serde(default)]
     pub dev_key_only: bool,
+    /// Who approves this profile's payments over its limits: "operator" (default), or "user": the
+    /// person the agent acts for confirms it themselves, up to `user_approval_max` per currency.
+    #[serde(default = "default_approvals_by")]
+    pub approvals_by: String,
+    #[serde(default)]
+    pub user_approval_max: MoneyMap,
+}
+
+fn default_approvals_by() -> String {
+    "operator".into()
 }
 
 fn default_daily_payments_max() -> i64 {
@@ -395,6 +405,10 @@ impl PolicyConfig {
                     .iter()
                     .map(|(t, n)| (t.clone(), (*n).clamp(1, u32::MAX as i64) as u32))
                     .collect(),
+                user_approval_max_minor: match p.approvals_by.as_str() {
+                    "user" => p.user_approval_max.iter().collect(),
+                    _ => Default::default(),
+                },
             };
             profiles.add(profile, subjects, client_ids, p.name == self.default_profile);
         }
@@ -642,6 +656,39 @@ impl Config {
                     p.name
                 )));
             }
+            match p.approvals_by.as_str() {
+                "operator" if p.user_approval_max.iter().next().is_some() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "profile {:?}: user_approval_max needs approvals_by = \"user\"",
+                        p.name
+                    )));
+                }
+                "operator" => {}
+                "user" => {
+                    if p.user_approval_max.iter().next().is_none() {
+                        return Err(ConfigError::Invalid(format!(
+                            "profile {:?}: approvals_by = \"user\" needs user_approval_max (per currency)",
+                            p.name
+                        )));
+                    }
+                    // The user's tier stays below the high-risk amount: there, more than one
+                    // person decides, and a currency with no threshold counts as high risk.
+                    for (cur, max) in p.user_approval_max.iter() {
+                        if self.approvals.high_risk_amount.get(cur).is_none_or(|high| max >= high) {
+                            return Err(ConfigError::Invalid(format!(
+                                "profile {:?}: user_approval_max for {cur} must be under approvals.high_risk_amount",
+                                p.name
+                            )));
+                        }
+                    }
+                }
+                other => {
+                    return Err(ConfigError::Invalid(format!(
+                        "profile {:?}: approvals_by must be \"operator\" or \"user\", got {other:?}",
+                        p.name
+                    )));
+                }
+            }
             range("policy.profiles.daily_payments_max", p.daily_payments_max, 1, 1_000_000)?;
             range("policy.profiles.calls_per_minute", p.calls_per_minute, 1, 100_000)?;
             for (tool, n) in &p.tool_calls_per_minute {
@@ -792,6 +839,26 @@ mod tests {
         let profile = c.policy.profiles.first_mut().unwrap();
         profile.tool_calls_per_minute.insert("initiate_stk_push".into(), 5);
         assert!(c.validate().unwrap_err().to_string().contains("tool_calls_per_minute"));
+    }
+
+    #[test]
+    fn the_user_approval_tier_is_named_bounded_and_below_high_risk() {
+        let mut c = Config::load(None, env(&[])).unwrap();
+        let money = |t: &str| toml::from_str::<MoneyMap>(t).unwrap();
+        let err = |c: &Config| c.validate().unwrap_err().to_string();
+        let p = c.policy.profiles.first_mut().unwrap();
+        p.approvals_by = "user".into();
+        assert!(err(&c).contains("needs user_approval_max"), "user without a tier");
+        c.policy.profiles[0].user_approval_max = money(r#"KES = "100000.00""#);
+        assert!(err(&c).contains("under approvals.high_risk_amount"), "the tier reaches high risk");
+        c.policy.profiles[0].user_approval_max = money(r#"USD = "10.00""#);
+        assert!(err(&c).contains("under approvals.high_risk_amount"), "no threshold: counts as high risk");
+        c.policy.profiles[0].user_approval_max = money(r#"KES = "5000.00""#);
+        assert!(c.validate().is_ok());
+        c.policy.profiles[0].approvals_by = "operator".into();
+        assert!(err(&c).contains("needs approvals_by"), "a tier nobody uses");
+        c.policy.profiles[0].approvals_by = "agent".into();
+        assert!(err(&c).contains("approvals_by must be"));
     }
 
     #[test]

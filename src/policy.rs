@@ -26,11 +26,18 @@ pub struct Profile {
     pub daily_payments_max: i64,
     pub calls_per_minute: u32,
     pub tool_calls_per_minute: HashMap<String, u32>,
+    /// `approvals_by = "user"`: per currency, in minor units, the largest payment the user the
+    /// agent acts for may approve themselves (through the confirmation page). Empty: operators only.
+    pub user_approval_max_minor: HashMap<Currency, i64>,
 }
 
 impl Profile {
     pub fn allows_account(&self, account: &AccountId) -> bool {
         self.allowed_accounts.contains(account)
+    }
+    /// Whether the user may approve a payment of `amount` themselves (their user-approval tier).
+    pub fn user_may_approve(&self, amount: Money) -> bool {
+        self.user_approval_max_minor.get(&amount.currency()).is_some_and(|max| amount.minor() <= *max)
     }
     pub fn limit_decimal(&self, currency: Currency) -> Option<String> {
         self.autonomous_limit_minor.get(&currency).map(|m| format_minor(*m, currency))
@@ -65,6 +72,7 @@ impl Profiles {
             daily_payments_max: 1,
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
+            user_approval_max_minor: HashMap::new(),
         };
         Profiles { by_subject: HashMap::new(), by_client: HashMap::new(), default: Arc::new(none) }
     }
@@ -283,6 +291,7 @@ mod tests {
             daily_payments_max: 10,
             calls_per_minute: 10,
             tool_calls_per_minute: HashMap::new(),
+            user_approval_max_minor: HashMap::new(),
         }
     }
     fn code(d: &Decision) -> Option<ErrorCode> {
@@ -417,6 +426,7 @@ mod tests {
             daily_payments_max: 1,
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
+            user_approval_max_minor: HashMap::new(),
         };
         let mut profiles = Profiles::new();
         assert!(profiles.resolve("iss", "anyone", None).allowed_accounts.is_empty(), "no default: nothing allowed");

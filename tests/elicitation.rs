@@ -357,3 +357,97 @@ async fn clients_without_url_elicitation_see_todays_approval_required() {
         }
     }
 }
+
+/// The dev agent's profile with the user-approval tier: up to KES 10,000 the user confirms it.
+const USER_TIER: &str = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_payments_max = 1000
+calls_per_minute = 10000
+approvals_by = "user"
+user_approval_max = { KES = "10000.00" }
+"#;
+
+#[tokio::test]
+async fn in_their_tier_the_user_confirms_on_their_own_page_and_the_retry_pays_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), USER_TIER, &[], Arc::new(paygate::clock::SystemClock)).await;
+    let (conn, _) = agent(&app, &app.dev_token(), Era::Modern, Modes::Url).await;
+    let before = balance_of(&app, "acct-B").await;
+    let args = ask("user-tier", "5000.00");
+    let first = input_required(once(&conn, params("create_payment", &args)).await);
+    let (url, apr) = page(&first);
+    assert_eq!(url, format!("{}/console#confirm/{apr}", app.base()), "the user's own confirmation page");
+    let state = first.request_state.clone().unwrap();
+    let path = format!("/operator/v1/confirmations/{apr}");
+    let post = |token: String, decision: &'static str| {
+        let (app, path) = (&app, path.clone());
+        async move { operator(app, reqwest::Method::POST, &format!("{path}/{decision}"), &token, Some(json!({}))).await }
+    };
+
+    // The agent's own token cannot confirm: it lacks payments:confirm (the IdP gives that to the
+    // person's own sign-in, never to an agent).
+    let (status, body) = post(app.dev_token(), "approve").await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "INSUFFICIENT_SCOPE");
+    // And a token that can confirm is never an agent's: /mcp refuses it.
+    let confirm_token = app.token("dev-agent", "payments:confirm");
+    let as_agent = reqwest::Client::new()
+        .post(&app.url)
+        .bearer_auth(&confirm_token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(as_agent.status(), 401);
+    // Another person cannot see or confirm it; an operator-only scope does not help either.
+    let mallory = app.token("mallory", "payments:confirm");
+    let (status, _) = operator(&app, reqwest::Method::GET, &path, &mallory, None).await;
+    assert_eq!(status, 404);
+    assert_eq!(post(mallory, "approve").await.0, 404);
+    assert_eq!(balance_of(&app, "acct-B").await, before, "nothing moved");
+
+    // The user, signed in themselves: sees it and confirms it alone.
+    let (status, body) = operator(&app, reqwest::Method::GET, &path, &confirm_token, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["approver"], "user");
+    assert_eq!(body["amount"], "5000.00");
+    let (status, body) = post(confirm_token.clone(), "approve").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "approved");
+    assert_eq!(body["approved_by"], json!(["dev-agent"]));
+
+    let paid = completed(once(&conn, retry("create_payment", &args, &state, "accept")).await);
+    assert_eq!(ok(&paid)["replayed"], false);
+    let again = completed(once(&conn, retry("create_payment", &args, &state, "accept")).await);
+    assert_eq!(ok(&again)["payment_id"], ok(&paid)["payment_id"]);
+    assert_eq!(balance_of(&app, "acct-B").await - before, 500_000, "paid once");
+
+    // Over the tier: an operator's page, and the user's confirmation is refused.
+    let big = input_required(once(&conn, params("create_payment", &ask("over-tier", "20000.00"))).await);
+    let (url, big_apr) = page(&big);
+    assert_eq!(url, format!("{}/console#approvals/{big_apr}", app.base()));
+    let (status, body) = operator(
+        &app,
+        reqwest::Method::POST,
+        &format!("/operator/v1/confirmations/{big_apr}/approve"),
+        &confirm_token,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "NOT_USER_APPROVABLE");
+    let audit = app.audit("dev-agent").await;
+    assert!(audit.iter().any(|r| r.decision == "recorded" && r.tool == "approvals.user_confirm"), "audited");
+    conn.cancel().await.unwrap();
+    app.assert_integrity().await;
+    app.assert_secrets_not_logged();
+}

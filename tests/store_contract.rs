@@ -325,6 +325,7 @@ fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64)
         decided_at: None,
         decision_reason: None,
         reviews: vec![],
+        approver: Default::default(),
     }
 }
 
@@ -335,6 +336,7 @@ fn review(sub: &str, decision: &str) -> Review {
         decision: ReviewDecision::parse(decision).unwrap(),
         reason: Some("r".into()),
         at: 0,
+        as_user: false,
     }
 }
 

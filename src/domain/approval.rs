@@ -86,6 +86,37 @@ pub struct ApprovalRecord {
     /// Filled by `approval_get` / `approval_list`.
     #[serde(default)]
     pub reviews: Vec<Review>,
+    /// Who may decide it: operators always; with [`Approver::User`], also the person the agent acts
+    /// for (the token's subject), signed in themselves (see `rules::review::plan`).
+    #[serde(default)]
+    pub approver: Approver,
+}
+
+/// Who may decide an approval besides operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approver {
+    /// Operators only (the default).
+    #[default]
+    Operator,
+    /// The user themselves may confirm it too: within their profile's user-approval tier.
+    User,
+}
+
+impl Approver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approver::Operator => "operator",
+            Approver::User => "user",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Approver> {
+        match s {
+            "operator" => Some(Approver::Operator),
+            "user" => Some(Approver::User),
+            _ => None,
+        }
+    }
 }
 
 impl ApprovalRecord {
@@ -107,6 +138,10 @@ pub struct Review {
     pub decision: ReviewDecision,
     pub reason: Option<String>,
     pub at: UnixSecs,
+    /// Made by the user the agent acts for, through the confirmation route (not stored: only the
+    /// review being planned carries it).
+    #[serde(default, skip)]
+    pub as_user: bool,
 }
 
 /// What asking for an approval found or did.
@@ -133,6 +168,8 @@ pub enum ReviewError {
     SelfReview,
     #[error("this reviewer has already reviewed this approval")]
     AlreadyReviewed,
+    #[error("only the user the payment is for may confirm it, and only an approval in their user-approval tier")]
+    NotTheUser,
     #[error("cannot issue the mandate: {0}")]
     Mandate(String),
     #[error(transparent)]

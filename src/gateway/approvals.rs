@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::{Caller, Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::{UnixSecs, rfc3339};
-use crate::domain::approval::{ApprovalStatus, ReviewDecision};
+use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::{AccountId, ApprovalId};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
@@ -49,6 +49,9 @@ pub enum OpError {
     Conflict(String),
     #[error("{0}")]
     Gone(String),
+    /// A person confirming an approval that is not theirs to confirm (an operator's to decide).
+    #[error("{0}")]
+    NotTheUser(String),
     #[error("internal error")]
     Internal,
 }
@@ -77,6 +80,8 @@ pub struct ApprovalView {
     pub expires_at: String,
     pub decided_at: Option<String>,
     pub approval_url: String,
+    /// operator | user: whether the user the agent acts for may confirm it themselves.
+    pub approver: String,
     pub mandate_id: Option<String>,
     /// The signed mandate: only to the agent it was issued to, once approved.
     pub mandate: Option<String>,
@@ -130,6 +135,7 @@ pub const REQUEST_STATE_TTL_SECS: i64 = 900;
 pub enum Resume {
     Pending {
         expires_at: UnixSecs,
+        approver: Approver,
     },
     /// Approved: the closed mandate it issued, to pay under (it never leaves the server).
     Approved {
@@ -175,6 +181,7 @@ impl Gateway {
             expires_at: rfc3339(a.expires_at),
             decided_at: a.decided_at.map(rfc3339),
             approval_url: self.approval_url(&a.id),
+            approver: a.approver.as_str().into(),
             mandate_id: a.mandate_id.clone(),
             mandate: if with_mandate { a.mandate.clone() } else { None },
         }
@@ -206,7 +213,7 @@ impl Gateway {
         match self.store.approval_get(&id).await {
             Ok(Some(a)) if a.principal_sub == p.subject && a.principal_iss == p.issuer && a.tool == tool => {
                 Ok(match (a.status_at(now), a.mandate) {
-                    (ApprovalStatus::Pending, _) => Resume::Pending { expires_at: a.expires_at },
+                    (ApprovalStatus::Pending, _) => Resume::Pending { expires_at: a.expires_at, approver: a.approver },
                     (ApprovalStatus::Approved, Some(mandate)) if a.kind == MandateKind::Closed => {
                         Resume::Approved { mandate }
                     }
@@ -309,11 +316,66 @@ impl Gateway {
         reason: Option<String>,
     ) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::APPROVE])?;
-        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
         let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
         if decision == ReviewDecision::Reject && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
             return Err(OpError::Invalid("a rejection needs a reason".into()));
         }
+        self.decide(op, approval_id, decision, reason, false).await
+    }
+
+    /// A person's own approval, for the confirmation page: only the user the agent acts for (same
+    /// issuer and subject, a token with `payments:confirm`) sees it.
+    pub async fn user_approval(&self, person: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
+        let a = self.users_own(person, approval_id).await?;
+        Ok(self.view(&a, self.clock.now(), false))
+    }
+
+    /// The user confirms (or declines) a payment their agent asked for, within their profile's
+    /// user-approval tier: their confirmation alone issues the mandate.
+    pub async fn confirm(
+        &self,
+        person: &Operator,
+        approval_id: &str,
+        decision: ReviewDecision,
+        reason: Option<String>,
+    ) -> Result<ApprovalView, OpError> {
+        let a = self.users_own(person, approval_id).await?;
+        if a.approver != Approver::User {
+            return Err(OpError::NotTheUser(
+                "this payment is over your own approval limit: an operator decides it".into(),
+            ));
+        }
+        let reason = reason
+            .map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>())
+            .filter(|r| !r.trim().is_empty())
+            .or_else(|| (decision == ReviewDecision::Reject).then(|| "declined by the user".to_string()));
+        self.decide(person, approval_id, decision, reason, true).await
+    }
+
+    async fn users_own(&self, person: &Operator, approval_id: &str) -> Result<ApprovalRecord, OpError> {
+        self.require(person, &[scopes::CONFIRM])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        match self.store.approval_get(&id).await {
+            // Someone else's approval does not exist for this person.
+            Ok(Some(a)) if a.principal_sub == person.subject && a.principal_iss == person.issuer => Ok(a),
+            Ok(_) => Err(OpError::NotFound),
+            Err(error) => {
+                tracing::error!(%error, "approval read failed");
+                Err(OpError::Internal)
+            }
+        }
+    }
+
+    /// Record one review (an operator's, or the user's own) and audit it.
+    async fn decide(
+        &self,
+        op: &Operator,
+        approval_id: &str,
+        decision: ReviewDecision,
+        reason: Option<String>,
+        as_user: bool,
+    ) -> Result<ApprovalView, OpError> {
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
         let now = self.clock.now();
         let review = Review {
             reviewer_iss: op.issuer.clone(),
@@ -321,10 +383,16 @@ impl Gateway {
             decision,
             reason: reason.clone(),
             at: now,
+            as_user,
         };
         let issuer = self.mandate_issuer(now);
         let result = self.store.approval_review(&id, review, now, issuer).await;
-        let action = if decision == ReviewDecision::Approve { "approvals.approve" } else { "approvals.reject" };
+        let action = match (as_user, decision) {
+            (false, ReviewDecision::Approve) => "approvals.approve",
+            (false, ReviewDecision::Reject) => "approvals.reject",
+            (true, ReviewDecision::Approve) => "approvals.user_confirm",
+            (true, ReviewDecision::Reject) => "approvals.user_decline",
+        };
         let (outcome, error) = match result {
             Ok(a) => (Ok(self.view(&a, now, false)), None),
             Err(e) => {
@@ -336,6 +404,7 @@ impl Gateway {
                         OpError::SelfReview("the agent a payment is for cannot review it".into())
                     }
                     ReviewError::AlreadyReviewed => OpError::Conflict("this reviewer has already reviewed it".into()),
+                    ReviewError::NotTheUser => OpError::NotTheUser(e.to_string()),
                     ReviewError::Mandate(_) | ReviewError::Store(_) => {
                         tracing::error!(error = %e, "approval review failed");
                         OpError::Internal
@@ -452,6 +521,7 @@ impl Gateway {
             decided_at: None,
             decision_reason: None,
             reviews: vec![],
+            approver: Approver::Operator,
         };
         self.store.approval_insert(rec).await.map_err(|error| {
             tracing::error!(%error, "approval insert failed");

@@ -55,7 +55,7 @@ pub struct GatewayLimits {
     /// Base of `approval_url`s.
     pub public_url: String,
     /// Where a person opens one approval in a browser (URL elicitation sends them there): the
-    /// console's page for it when the console is on; `None`: the `/approvals/{id}` route.
+    /// console (`…/console`) when it is on; `None`: the routes.
     pub approval_page_base: Option<String>,
     /// How long a retry of a call whose approval is still pending waits for the decision before
     /// answering `input_required` again, and how many such rounds one state allows.

@@ -18,7 +18,7 @@ use crate::backend::rail::{
 use crate::backend::{
     BackendError, DailyBudget, Guards, MandateDraw, Payment, PaymentKind, RefundRequest, TransferRequest,
 };
-use crate::domain::approval::ApprovalStatus;
+use crate::domain::approval::{ApprovalStatus, Approver};
 use crate::domain::payment::Claim;
 use crate::domain::rules::guards;
 use crate::error::{AgentError, ErrorCode};
@@ -1135,11 +1135,14 @@ impl Gateway {
         format!("{}/approvals/{id}", self.limits.public_url)
     }
 
-    /// The page a person opens to decide one approval (the console's, when it is on).
-    pub fn approval_page(&self, id: &ApprovalId) -> String {
-        match &self.limits.approval_page_base {
-            Some(base) => format!("{base}{id}"),
-            None => self.approval_url(id),
+    /// The page a person opens to decide one approval (the console's, when it is on): an
+    /// operator's review, or the user's own confirmation page for an approval in their tier.
+    pub fn approval_page(&self, id: &ApprovalId, approver: Approver) -> String {
+        match (&self.limits.approval_page_base, approver) {
+            (Some(console), Approver::Operator) => format!("{console}#approvals/{id}"),
+            (Some(console), Approver::User) => format!("{console}#confirm/{id}"),
+            (None, Approver::Operator) => self.approval_url(id),
+            (None, Approver::User) => format!("{}/operator/v1/confirmations/{id}", self.limits.public_url),
         }
     }
 
@@ -1212,7 +1215,15 @@ impl Gateway {
         let now = self.clock.now();
         let p = &caller.principal;
         let reviewers_required = self.reviewers_for(amount.minor(), amount.currency());
+        // The user's own tier: below the high-risk amount (config checks it) and where one
+        // reviewer would do.
+        let approver = if p.profile.user_may_approve(amount) && reviewers_required == 1 {
+            Approver::User
+        } else {
+            Approver::Operator
+        };
         let rec = ApprovalRecord {
+            approver,
             id: ApprovalId::generate(),
             status: ApprovalStatus::Pending,
             kind: MandateKind::Closed,
@@ -1278,6 +1289,7 @@ impl Gateway {
         };
         AgentError::new(ErrorCode::ApprovalRequired, message)
             .with_detail("approval_id", approval.id.to_string())
+            .with_detail("approver", approval.approver.as_str())
             .with_detail("approval_status", approval.status.as_str())
             .with_detail("approval_url", self.approval_url(&approval.id))
             .with_detail("reviewers_required", approval.reviewers_required)

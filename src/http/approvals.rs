@@ -28,6 +28,7 @@ fn op_error(e: OpError, correlation_id: &str) -> Response {
         OpError::Invalid(_) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
         OpError::Forbidden(_) => (StatusCode::FORBIDDEN, "INSUFFICIENT_SCOPE"),
         OpError::SelfReview(_) => (StatusCode::FORBIDDEN, "SELF_REVIEW"),
+        OpError::NotTheUser(_) => (StatusCode::FORBIDDEN, "NOT_USER_APPROVABLE"),
         OpError::NotFound | OpError::Missing(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
         OpError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT"),
         OpError::Gone(_) => (StatusCode::GONE, "EXPIRED"),
@@ -181,6 +182,45 @@ pub async fn reject(
     body: axum::body::Bytes,
 ) -> Response {
     review(state, op, id, body, ReviewDecision::Reject).await
+}
+
+/// The user's own approval (the confirmation page): `GET /operator/v1/confirmations/{id}`.
+pub async fn user_get(State(state): State<AppState>, Authed(person): Authed, Path(id): Path<String>) -> Response {
+    respond(state.gateway.user_approval(&person, &id).await, &person.correlation_id, StatusCode::OK)
+}
+
+async fn user_decide(
+    state: AppState,
+    person: Operator,
+    id: String,
+    body: axum::body::Bytes,
+    decision: ReviewDecision,
+) -> Response {
+    let body: ReviewBody = match parse_body(&body, &person.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    respond(state.gateway.confirm(&person, &id, decision, body.reason).await, &person.correlation_id, StatusCode::OK)
+}
+
+/// The user confirms their own payment: `POST /operator/v1/confirmations/{id}/approve`.
+pub async fn user_approve(
+    State(state): State<AppState>,
+    Authed(person): Authed,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    user_decide(state, person, id, body, ReviewDecision::Approve).await
+}
+
+/// The user declines it: `POST /operator/v1/confirmations/{id}/reject`.
+pub async fn user_reject(
+    State(state): State<AppState>,
+    Authed(person): Authed,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    user_decide(state, person, id, body, ReviewDecision::Reject).await
 }
 
 pub async fn preauthorize(State(state): State<AppState>, Authed(op): Authed, body: axum::body::Bytes) -> Response {

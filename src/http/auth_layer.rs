@@ -132,6 +132,17 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             );
         }
     };
+    if claims.scopes.contains(crate::catalogue::scopes::CONFIRM) {
+        // A token a person confirms payments with is theirs, never an agent's: an agent holding
+        // one could approve its own requests.
+        let reason = "a token with payments:confirm is a person's and cannot be used by an agent";
+        return challenge(
+            &state,
+            StatusCode::UNAUTHORIZED,
+            &[("error", "invalid_token".into()), ("error_description", reason.into())],
+            Some(reason),
+        );
+    }
     let profile = state.profiles.resolve(&claims.issuer, &claims.subject, claims.client_id.as_deref());
     let principal = AgentPrincipal {
         issuer: claims.issuer,

@@ -202,11 +202,10 @@ impl PaygateMcp {
             // Approved already (a 2025-11-25 client retrying after the completion notice): pay under
             // the approval's mandate, which this agent could fetch with get_approval anyway.
             Ok(Resume::Approved { mandate }) => Ok(complete(caller, run(with_mandate(args, mandate)).await)),
-            Ok(Resume::Pending { expires_at }) => {
-                let page = self.gateway.approval_page(
-                    &crate::ids::ApprovalId::parse(&apr)
-                        .map_err(|_| ErrorData::internal_error("approval id unreadable", None))?,
-                );
+            Ok(Resume::Pending { expires_at, approver }) => {
+                let id = crate::ids::ApprovalId::parse(&apr)
+                    .map_err(|_| ErrorData::internal_error("approval id unreadable", None))?;
+                let page = self.gateway.approval_page(&id, approver);
                 let message = format!("{} Open the approval page to review it.", e.message);
                 if round.modern {
                     let state = self.gateway.seal_state(&binding, &apr, expires_at, 1);
@@ -266,7 +265,7 @@ impl PaygateMcp {
                 }
                 // Rejected or expired: the call itself answers (APPROVAL_REJECTED, or a new approval).
                 Ok(Resume::Closed) => return Ok(complete(caller, run(args).await)),
-                Ok(Resume::Pending { expires_at }) => {
+                Ok(Resume::Pending { expires_at, .. }) => {
                     if round.declined() || n >= limits.elicitation_rounds_max {
                         // Today's APPROVAL_REQUIRED: the agent may still follow the approval by hand.
                         return Ok(complete(caller, run(args).await));

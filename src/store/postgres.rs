@@ -45,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0005_refund_usage.sql"),
     include_str!("../../migrations/postgres/0006_operator_reads.sql"),
     include_str!("../../migrations/postgres/0007_rail_flows.sql"),
+    include_str!("../../migrations/postgres/0008_user_approvals.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
@@ -463,7 +464,7 @@ impl Store for PostgresStore {
             )
             .await?;
         let found =
-            found.iter().map(|r| Ok((r.int(20)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
+            found.iter().map(|r| Ok((r.int(21)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
         let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
         for (_, a) in &mut page.items {
             a.reviews = approvals::load_reviews(&client, a.id.as_str()).await?;

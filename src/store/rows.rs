@@ -2,7 +2,7 @@
 //! (typed access by column index); every mapper, column list and "corrupt" label lives here.
 
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalStatus, IssuedMandate, Review, ReviewDecision};
+use crate::domain::approval::{ApprovalRecord, ApprovalStatus, Approver, IssuedMandate, Review, ReviewDecision};
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
 use crate::domain::ops::{MandateListing, MandateStatus, OpsPayment, PrincipalState, VolumeRow};
@@ -265,7 +265,7 @@ pub(crate) fn volume(r: &dyn Columns) -> Result<VolumeRow, StoreError> {
 pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, \
                                         intent, amount_minor, currency, reason, created_at, expires_at, kind, \
                                         reviewers_required, requested_by, mandate_id, mandate, decided_at, \
-                                        decision_reason";
+                                        decision_reason, approver";
 
 /// An `APPROVAL_COLS` row, without its reviews.
 pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
@@ -291,6 +291,7 @@ pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
         decided_at: r.opt_int(18)?,
         decision_reason: r.opt_text(19)?,
         reviews: vec![],
+        approver: Approver::parse(&r.text(20)?).ok_or_else(|| corrupt("approvals.approver"))?,
     })
 }
 
@@ -303,6 +304,7 @@ pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
         decision: ReviewDecision::parse(&r.text(2)?).ok_or_else(|| corrupt("approval_reviews.decision"))?,
         reason: r.opt_text(3)?,
         at: r.int(4)?,
+        as_user: false,
     })
 }
 
@@ -449,6 +451,7 @@ pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
         opt_text(rec.mandate.as_deref()),
         Value::Int(rec.decided_at),
         opt_text(rec.decision_reason.as_deref()),
+        text(rec.approver.as_str()),
     ]
 }
 

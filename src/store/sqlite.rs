@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0006_refund_usage.sql"),
     include_str!("../../migrations/sqlite/0007_operator_reads.sql"),
     include_str!("../../migrations/sqlite/0008_rail_flows.sql"),
+    include_str!("../../migrations/sqlite/0009_user_approvals.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -545,7 +546,7 @@ impl Store for SqliteStore {
                 rows::APPROVAL_COLS
             );
             let found = c.all(&sql, params![status, before, i64::from(limit) + 1, now], |r| {
-                Ok((r.int(20)?, rows::approval(r)?))
+                Ok((r.int(21)?, rows::approval(r)?))
             })?;
             let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
             for (_, a) in &mut page.items {

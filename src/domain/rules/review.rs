@@ -3,7 +3,7 @@
 //! counts once; enough distinct approvals issue the mandate.
 
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalStatus, Review, ReviewDecision, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalStatus, Approver, Review, ReviewDecision, ReviewError};
 
 /// What to write for a review the rules accept.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,8 +47,23 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
     if now >= rec.expires_at {
         return Ok(ReviewPlan::Expire);
     }
-    // Maker/checker: the agent a payment is for never reviews it. (An operator's pre-authorization
-    // records the operator's own approval at creation, so it cannot count twice.)
+    // The user's own confirmation: only for an approval in their user-approval tier, only by the
+    // very identity (issuer and subject) the agent acts for, through the confirmation route. It
+    // decides alone: the profile owner chose that the user, not an operator, is the human here.
+    if review.as_user {
+        let theirs = rec.approver == Approver::User
+            && review.reviewer_sub == rec.principal_sub
+            && review.reviewer_iss == rec.principal_iss;
+        if !theirs {
+            return Err(ReviewError::NotTheUser);
+        }
+        return Ok(match review.decision {
+            ReviewDecision::Reject => ReviewPlan::Reject,
+            ReviewDecision::Approve => ReviewPlan::Approve { issue: Some(vec![review.reviewer_sub.clone()]) },
+        });
+    }
+    // Maker/checker: the agent a payment is for never reviews it as an operator. (An operator's
+    // pre-authorization records the operator's own approval at creation, so it cannot count twice.)
     if review.reviewer_sub == rec.principal_sub {
         return Err(ReviewError::SelfReview);
     }
@@ -101,6 +116,7 @@ mod tests {
             decided_at: None,
             decision_reason: None,
             reviews,
+            approver: Approver::Operator,
         }
     }
 
@@ -130,6 +146,33 @@ mod tests {
             decision: ReviewDecision::parse(decision).unwrap(),
             reason: None,
             at: 1,
+            as_user: false,
+        }
+    }
+
+    #[test]
+    fn the_user_confirms_only_their_own_approval_in_their_tier() {
+        let user = |iss: &str, sub: &str, decision: &str| Review { as_user: true, ..review(iss, sub, decision) };
+        let tiered = |required: i64| ApprovalRecord { approver: Approver::User, ..approval(PENDING, required, vec![]) };
+        let not_theirs =
+            "only the user the payment is for may confirm it, and only an approval in their user-approval tier";
+        let cases: Vec<(ApprovalRecord, Review, Result<ReviewPlan, &str>)> = vec![
+            // Their own, in the tier: decides alone (even where operators would need two).
+            (tiered(1), user("iss", "agent", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["agent".into()]) })),
+            (tiered(2), user("iss", "agent", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["agent".into()]) })),
+            (tiered(1), user("iss", "agent", REJECT), Ok(ReviewPlan::Reject)),
+            // Not in the tier: operators only.
+            (approval(PENDING, 1, vec![]), user("iss", "agent", APPROVE), Err(not_theirs)),
+            // Someone else, or the same subject under another issuer.
+            (tiered(1), user("iss", "mallory", APPROVE), Err(not_theirs)),
+            (tiered(1), user("other-idp", "agent", APPROVE), Err(not_theirs)),
+            // Through the operator route the agent's own subject is still refused.
+            (tiered(1), review("iss", "agent", APPROVE), Err("the requesting agent cannot review its own request")),
+            // And an operator may still decide a tiered approval.
+            (tiered(1), review("ops", "alice", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["alice".into()]) })),
+        ];
+        for (rec, r, want) in cases {
+            assert_eq!(plan(&rec, &r, 0).map_err(|e| e.to_string()), want.map_err(str::to_string), "{r:?}");
         }
     }
 

@@ -13,7 +13,7 @@ pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord
     c.exec(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
             rows::APPROVAL_COLS
         ),
         &bind(&rows::approval_values(rec)),

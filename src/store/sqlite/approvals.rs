@@ -13,7 +13,7 @@ pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite
     tx.exec(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
             rows::APPROVAL_COLS
         ),
         params_from_iter(rows::approval_values(rec)),
