@@ -1,8 +1,9 @@
 // paygate operator console: one ES module, no framework, no build step.
 //
 // Architecture Invariant: the access token lives in `session.token` (module memory) and nowhere
-// else: not in localStorage, sessionStorage, cookies, URLs or logs. Only the PKCE verifier and the
-// OAuth `state` cross the sign-in redirect in sessionStorage, and they are removed on return.
+// else: not in localStorage, sessionStorage, cookies, URLs or logs. Only the PKCE verifier, the
+// OAuth `state` and the approval link the person opened (#approvals/<id> or #confirm/<id>) cross the
+// sign-in redirect in sessionStorage, and they are removed on return.
 //
 // Architecture Invariant: text from the server is rendered with text nodes only (never innerHTML).
 // Agents write memos, reasons and payee names, so that text is hostile: it may hold HTML,
@@ -12,7 +13,10 @@
 const PENDING_KEY = 'paygate.console.oidc'; // sessionStorage: {verifier, state} across the redirect only
 const PAGE_LIMIT = 50;
 const SUMMARY_POLL_MS = 15000;
-const SCOPE = { audit: 'payments:audit', approve: 'payments:approve', admin: 'payments:admin' };
+const SCOPE = { audit: 'payments:audit', approve: 'payments:approve', admin: 'payments:admin', confirm: 'payments:confirm' };
+// A view with one approval in it: #approvals/<id> (an operator's review) or #confirm/<id> (the
+// user's own confirmation). Only these shapes survive the sign-in redirect.
+const DEEP_LINK = /^#(approvals|confirm)\/(apr_[A-Za-z0-9]+)$/;
 
 const session = { token: null, claims: null, scopes: new Set() };
 let config = null;
@@ -301,7 +305,9 @@ async function startOidc() {
     const verifier = randomToken(32);
     const state = randomToken(16);
     const challenge = b64urlEncode(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(verifier)));
-    sessionStorage.setItem(PENDING_KEY, JSON.stringify({ verifier, state }));
+    // The page the person was sent to (an approval, by URL elicitation) comes back with them.
+    const link = DEEP_LINK.test(location.hash) ? location.hash : null;
+    sessionStorage.setItem(PENDING_KEY, JSON.stringify({ verifier, state, link }));
     const url = new URL(doc.authorization_endpoint);
     const params = {
       response_type: 'code',
@@ -336,6 +342,7 @@ async function finishOidc() {
   } catch {
     pending = null;
   }
+  if (typeof pending?.link === 'string' && DEEP_LINK.test(pending.link)) history.replaceState(null, '', `/console${pending.link}`);
   const code = params.get('code');
   if (!pending || !code) throw new Error('no sign-in was in progress in this tab');
   if (params.get('state') !== pending.state) throw new Error('the sign-in response does not match this tab (state)');
@@ -396,6 +403,7 @@ function signedIn() {
 const VIEWS = {
   overview: loadOverview,
   approvals: loadApprovals,
+  confirm: loadConfirm,
   payments: loadPayments,
   audit: loadAudit,
   agents: loadAgents,
@@ -567,7 +575,24 @@ function compact(v) {
 
 // ---- approvals --------------------------------------------------------------------------------
 
+// The approval a deep link names, if the address is one.
+function linkedApproval(view) {
+  const m = DEEP_LINK.exec(location.hash);
+  return m && m[1] === view ? m[2] : null;
+}
+
 function loadApprovals() {
+  const one = linkedApproval('approvals');
+  if (one) {
+    return load('approvals', async (el) => {
+      const list = clear($('[data-testid="approvals-list"]'));
+      $('button.more', el).hidden = true;
+      const a = await api('GET', `/approvals/${encodeURIComponent(one)}`);
+      list.append(h('p', { class: 'small' }, h('a', { href: '#approvals', 'data-testid': 'approvals-all' }, 'All approvals')));
+      list.append(approvalCard(a));
+      tickClocks();
+    });
+  }
   return load('approvals', async (el) => {
     const status = $('[data-testid="approvals-status"]').value;
     const list = $('[data-testid="approvals-list"]');
@@ -693,6 +718,66 @@ function reviewForm(a) {
     }
   }
   return form;
+}
+
+// ---- the user's own confirmation (approvals_by = "user") ----------------------------------------
+
+async function loadConfirm() {
+  const el = section('confirm');
+  const box = clear($('[data-testid="confirm-card"]', el));
+  const id = linkedApproval('confirm');
+  if (!id) {
+    box.append(h('p', { class: 'empty muted' }, 'No payment to confirm: open the link your assistant gave you.'));
+    return;
+  }
+  el.setAttribute('aria-busy', 'true');
+  try {
+    renderConfirm(box, await api('GET', `/confirmations/${encodeURIComponent(id)}`));
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 404) box.append(h('p', { class: 'empty muted', 'data-testid': 'confirm-missing' }, 'There is no such payment waiting for you. Signed in as someone else?'));
+    else if (e instanceof ApiError) explain(e, { needs: SCOPE.confirm, what: 'Loading failed' });
+    else notify(`Loading failed: ${e.message}`, 'error');
+  } finally {
+    el.removeAttribute('aria-busy');
+  }
+}
+
+function renderConfirm(box, a) {
+  clear(box);
+  const intent = a.intent && typeof a.intent === 'object' ? a.intent : {};
+  const to = intent.payee ?? intent.to_account ?? intent.phone_number ?? '';
+  box.append(
+    h('p', { class: 'amount', 'data-testid': 'confirm-amount' }, money(a.amount, a.currency)),
+    h('dl', { class: 'facts' },
+      fact('To', to ? String(to) : '—'),
+      fact('Asked for by', a.agent_subject ?? ''),
+      fact('Why it needs you', a.reason ?? ''),
+      fact('Status', h('strong', { 'data-testid': 'confirm-status' }, a.status ?? ''))),
+    h('p', { class: 'muted small' }, 'Your assistant asked for this payment. Confirm only if you meant it; the text above came from the assistant.'));
+  if (a.status !== 'pending') return;
+  const yes = h('button', { type: 'button', class: 'primary', 'data-testid': 'confirm-approve' }, 'Confirm payment');
+  const no = h('button', { type: 'button', class: 'danger', 'data-testid': 'confirm-reject' }, 'Decline');
+  if (!can(SCOPE.confirm)) {
+    disable(yes, `Your sign-in lacks scope ${SCOPE.confirm}`);
+    disable(no, `Your sign-in lacks scope ${SCOPE.confirm}`);
+  }
+  async function decide(decision) {
+    yes.disabled = true;
+    no.disabled = true;
+    try {
+      const updated = await api('POST', `/confirmations/${encodeURIComponent(a.approval_id)}/${decision}`, { body: {} });
+      notify(decision === 'approve' ? 'Confirmed. Your assistant can finish the payment now.' : 'Declined. Nothing was paid.', 'ok');
+      renderConfirm(box, updated ?? a);
+    } catch (e) {
+      if (e instanceof ApiError) explain(e, { needs: SCOPE.confirm, control: decision === 'approve' ? yes : no, what: 'Confirmation failed' });
+      else notify(e.message, 'error');
+      yes.disabled = !can(SCOPE.confirm);
+      no.disabled = !can(SCOPE.confirm);
+    }
+  }
+  yes.addEventListener('click', () => decide('approve'));
+  no.addEventListener('click', () => decide('reject'));
+  box.append(h('div', { class: 'review' }, yes, no));
 }
 
 // One clock for every countdown on the page.

@@ -177,7 +177,12 @@ impl AgentError {
         e.insert("suggested_action".into(), self.code.suggested_action().into());
         e.insert("correlation_id".into(), correlation_id.into());
         for (k, v) in &self.details {
-            e.entry(k.clone()).or_insert_with(|| v.clone());
+            // Details never replace the standard fields, except a more precise suggested action.
+            if k == "suggested_action" {
+                e.insert(k.clone(), v.clone());
+            } else {
+                e.entry(k.clone()).or_insert_with(|| v.clone());
+            }
         }
         serde_json::json!({ "error": e })
     }

@@ -261,6 +261,8 @@ async fn a_forged_altered_expired_or_borrowed_request_state_moves_nothing() {
         let r = completed(r);
         assert_eq!(code(&r), "INVALID_ARGUMENT", "{:?}", r.structured_content);
         assert_eq!(err(&r)["request_state"], "invalid");
+        let action = err(&r)["suggested_action"].as_str().unwrap();
+        assert!(action.contains("same operation_id") && action.contains("without requestState"), "{action}");
     };
     // Forged: one character of the tag changed; a made-up state.
     let mut forged = state.clone();
@@ -286,6 +288,12 @@ async fn a_forged_altered_expired_or_borrowed_request_state_moves_nothing() {
     refused(once(&conn, retry("create_payment", &args, &state, "accept")).await);
 
     assert_eq!(balance_of(&app, "acct-B").await, before, "nothing moved");
+    // Each refusal is in the audit trail, under whoever presented the state.
+    let refusals = |audit: Vec<paygate::store::AuditRecord>| {
+        audit.iter().filter(|r| r.detail.as_deref().is_some_and(|d| d.starts_with("requestState refused"))).count()
+    };
+    assert_eq!(refusals(app.audit("dev-agent").await), 7);
+    assert_eq!(refusals(app.audit("mallory").await), 1);
     // The approval still pays its own call exactly once (through a fresh round).
     let again = once(&conn, params("create_payment", &args)).await;
     let paid = completed(again);

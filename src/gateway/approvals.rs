@@ -130,6 +130,28 @@ pub const REASON_CHARS_MAX: usize = 500;
 /// never past the approval's own expiry).
 pub const REQUEST_STATE_TTL_SECS: i64 = 900;
 
+/// Retries of one agent held waiting for a decision at once (on this replica); past it a retry
+/// answers at once instead of waiting, so an agent cannot pin down the server with held calls.
+pub const DECISION_WAITS_PER_AGENT_MAX: usize = 4;
+
+/// One held retry of an agent; released when dropped.
+pub struct DecisionWait<'a> {
+    gateway: &'a Gateway,
+    agent: String,
+}
+
+impl Drop for DecisionWait<'_> {
+    fn drop(&mut self) {
+        let mut waits = self.gateway.decision_waits.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = waits.get_mut(&self.agent) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                waits.remove(&self.agent);
+            }
+        }
+    }
+}
+
 /// Where an agent's own approval stands, for resuming the call that asked for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resume {
@@ -254,6 +276,38 @@ impl Gateway {
             }
             let _ = tokio::time::timeout(left.min(poll), notified).await;
         }
+    }
+
+    /// A slot for holding one of this agent's retries while its approval is pending, unless it
+    /// already has [`DECISION_WAITS_PER_AGENT_MAX`] held.
+    pub fn decision_wait(&self, caller: &Caller) -> Option<DecisionWait<'_>> {
+        let agent = format!("{}\u{0}{}", caller.principal.issuer, caller.principal.subject);
+        let mut waits = self.decision_waits.lock().unwrap_or_else(|p| p.into_inner());
+        let n = waits.entry(agent.clone()).or_default();
+        if *n >= DECISION_WAITS_PER_AGENT_MAX {
+            return None;
+        }
+        *n += 1;
+        Some(DecisionWait { gateway: self, agent })
+    }
+
+    /// Refuse a `requestState` that did not open, and audit it (a forged or borrowed state is an
+    /// attack on the approval, worth a line in the trail). Nothing moved.
+    pub async fn refuse_state(&self, caller: &Caller, tool: &str, why: OpenError) -> AgentError {
+        let e = AgentError::invalid(
+            "requestState is not valid for this call (altered, expired, or sealed for another agent or call); \
+             nothing moved",
+        )
+        .with_detail("request_state", "invalid")
+        .with_detail(
+            "suggested_action",
+            "Call again with the same operation_id and arguments, without requestState. Do not use a new operation_id.",
+        );
+        let mut d = Decision::new(tool, "denied");
+        d.code = Some(e.code);
+        d.detail = Some(format!("requestState refused: {why}"));
+        self.audit(caller, d).await;
+        e
     }
 
     /// Seal a `requestState` for this call (see [`crate::request_state`]).

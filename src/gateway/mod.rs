@@ -102,6 +102,8 @@ pub struct Gateway {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// Seals the `requestState` of approvals resumed through URL elicitation.
     states: crate::request_state::StateSealer,
+    /// Retries held waiting for an approval's decision, per agent (issuer, subject).
+    decision_waits: Mutex<HashMap<String, usize>>,
 }
 
 /// What one enabled rail offers.
@@ -167,6 +169,7 @@ impl Gateway {
             known_accounts: Vec::new(),
             waiters: Mutex::new(HashMap::new()),
             states,
+            decision_waits: Mutex::new(HashMap::new()),
         }
     }
 

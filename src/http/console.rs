@@ -96,7 +96,7 @@ pub async fn config(State(state): State<AppState>) -> Response {
         json!({
             "issuer": issuer,
             "client_id": client_id,
-            "scopes": "openid payments:audit payments:approve payments:admin",
+            "scopes": "openid payments:audit payments:approve payments:admin payments:confirm",
         })
     });
     let doc = json!({

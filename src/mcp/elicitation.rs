@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use super::{PaygateMcp, fail};
 use crate::error::{AgentError, ErrorCode};
 use crate::gateway::{Caller, Executed, Gateway, Resume};
-use crate::request_state::{Binding, args_fingerprint};
+use crate::request_state::{Binding, OpenError, args_fingerprint};
 
 /// JSON-RPC code of URLElicitationRequiredError (MCP 2025-11-25).
 pub const URL_ELICITATION_REQUIRED: i32 = -32042;
@@ -45,11 +45,12 @@ pub const URL_ELICITATION_REQUIRED: i32 = -32042;
 pub const INPUT_KEY: &str = "approval";
 /// Approvals whose decision is watched for 2025-11-25 sessions at once, on this replica; past it,
 /// no completion notice is sent (the client's retry still works).
-pub const WATCHED_APPROVALS_MAX: usize = 10_000;
+pub const WATCHED_APPROVALS_MAX: usize = 1_000;
 /// Sessions told about one approval's decision.
 pub const SESSIONS_PER_APPROVAL_MAX: usize = 8;
-/// How often a watch re-reads the store for a decision made on another replica.
-const WATCH_POLL: Duration = Duration::from_secs(5);
+/// How often a watch re-reads the store for a decision made on another replica (one on this
+/// replica wakes it at once).
+const WATCH_POLL: Duration = Duration::from_secs(30);
 
 /// What the client said about itself and sent back, for one money-tool call.
 pub(super) struct Round {
@@ -120,8 +121,17 @@ impl Completions {
         let this = self.clone();
         let id = approval_id.to_string();
         tokio::spawn(async move {
-            // Until the approval is decided or expires (a terminal state either way).
-            while !gateway.await_decision(&id, Duration::from_secs(3600), WATCH_POLL).await {}
+            // Until the approval is decided or expires (a terminal state either way), or no session
+            // waiting for it is still open.
+            while !gateway.await_decision(&id, Duration::from_secs(300), WATCH_POLL).await {
+                let mut waiting = this.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                let sessions = waiting.entry(id.clone()).or_default();
+                sessions.retain(|(_, peer)| !peer.is_transport_closed());
+                if sessions.is_empty() {
+                    waiting.remove(&id);
+                    return;
+                }
+            }
             let sessions = this.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(&id).unwrap_or_default();
             for (_, peer) in sessions {
                 if peer.is_transport_closed() {
@@ -147,14 +157,6 @@ fn complete(caller: &Caller, result: Result<Executed, AgentError>) -> CallToolRe
     }
 }
 
-fn state_refused() -> AgentError {
-    AgentError::invalid(
-        "requestState is not valid for this call (altered, expired, or sealed for another agent or call); nothing \
-         moved. Call again without it.",
-    )
-    .with_detail("request_state", "invalid")
-}
-
 impl PaygateMcp {
     /// A money tool's call, with URL elicitation for approvals. `run` makes the call through the
     /// gateway from (possibly mandate-completed) arguments.
@@ -173,7 +175,8 @@ impl PaygateMcp {
         if !round.url {
             // A state only ever goes to a client that declared URL elicitation.
             if round.state.is_some() {
-                return Ok(complete(caller, Err(state_refused())));
+                let e = self.gateway.refuse_state(caller, tool, OpenError::Forged).await;
+                return Ok(complete(caller, Err(e)));
             }
             return Ok(complete(caller, run(args).await));
         }
@@ -184,10 +187,7 @@ impl PaygateMcp {
         if let Some(sealed) = round.state.as_deref() {
             return match self.gateway.open_state(&binding, sealed) {
                 Ok(state) => self.resume(caller, &round, &binding, args, &state.apr, state.n, run).await,
-                Err(why) => {
-                    tracing::info!(correlation_id = %caller.correlation_id, tool, %why, "requestState refused");
-                    Ok(complete(caller, Err(state_refused())))
-                }
+                Err(why) => Ok(complete(caller, Err(self.gateway.refuse_state(caller, tool, why).await))),
             };
         }
         let first = run(args.clone()).await;
@@ -259,7 +259,8 @@ impl PaygateMcp {
                 Err(e) => return Ok(complete(caller, Err(e))),
                 Ok(Resume::Approved { mandate }) => {
                     if args.contains_key("mandate") {
-                        return Ok(complete(caller, Err(state_refused())));
+                        let e = self.gateway.refuse_state(caller, tool, OpenError::Forged).await;
+                        return Ok(complete(caller, Err(e)));
                     }
                     return Ok(complete(caller, run(with_mandate(args, mandate)).await));
                 }
@@ -270,10 +271,12 @@ impl PaygateMcp {
                         // Today's APPROVAL_REQUIRED: the agent may still follow the approval by hand.
                         return Ok(complete(caller, run(args).await));
                     }
-                    if waited {
+                    // Hold the retry for the decision, if this agent has a slot free.
+                    let slot = if waited { None } else { self.gateway.decision_wait(caller) };
+                    let Some(_slot) = slot else {
                         let state = self.gateway.seal_state(binding, apr, expires_at, n + 1);
                         return Ok(InputRequiredResult::from_request_state(state).into());
-                    }
+                    };
                     self.gateway.await_decision(apr, limits.elicitation_wait, Duration::from_secs(1)).await;
                     waited = true;
                 }

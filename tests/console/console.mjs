@@ -10,7 +10,9 @@
 // An agent (plain JSON-RPC over fetch, MCP 2026-07-28 stateless) asks for over-limit payments;
 // an operator signs in to /console through authorization_code + PKCE and approves them in the
 // page; the agent pays with the mandate; the payment's timeline shows every step; a mandate
-// revoked in the page stops the agent; an audit-only operator cannot approve. Prints one line per
+// revoked in the page stops the agent; an audit-only operator cannot approve; an approval link opens
+// that approval alone; an agent that declares URL elicitation sends its user to their own
+// confirmation page, which survives the sign-in redirect, and its retry pays once. Prints one line per
 // check ("console: <check>: pass" / "FAIL") and a closing "console: N passed, M failed".
 // Waits on selectors and responses, never on the clock.
 
@@ -80,14 +82,14 @@ async function issuerToken(clientId, scope) {
 }
 
 let rpcId = 0;
-async function mcp(token, method, params, name) {
+async function mcp(token, method, params, name, capabilities = {}) {
   const body = {
     jsonrpc: '2.0',
     id: ++rpcId,
     method,
     params: {
       ...params,
-      _meta: { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {} },
+      _meta: { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': capabilities },
     },
   };
   const headers = {
@@ -490,6 +492,55 @@ try {
       }
     });
   }
+
+  await check('an approval link (#approvals/<id>) opens that approval alone', async () => {
+    await page.goto(`${base}/console#approvals/${a3}`);
+    await page.getByTestId('approvals-all').waitFor();
+    await page.locator(`[data-testid="approval"][data-approval-id="${a3}"]`).waitFor();
+    const cards = await page.getByTestId('approval').count();
+    assert(cards === 1, `${cards} approval cards on an approval's own page`);
+    await page.getByTestId('approvals-all').click();
+    await page.waitForFunction(() => location.hash === '#approvals');
+  });
+
+  await check('URL elicitation: the user signs in on the page they are sent to, confirms, and the retry pays once', async () => {
+    // An agent whose profile lets its user confirm payments up to KES 10,000 declares URL elicitation.
+    const userAgent = await issuerToken('console-user', 'payments:read payments:create');
+    const caps = { elicitation: { url: {} } };
+    const args = payArgs(`elicit-${run}`, '5000.00');
+    const asked = await mcp(userAgent, 'tools/call', { name: 'create_payment', arguments: args }, 'create_payment', caps);
+    assert(asked.resultType === 'input_required', `want input_required, got ${dump(asked)}`);
+    const req = asked.inputRequests?.approval;
+    assert(req?.method === 'elicitation/create' && req.params?.mode === 'url', `no url elicitation: ${dump(asked)}`);
+    const m = /#confirm\/(apr_[A-Za-z0-9]+)$/.exec(req.params.url);
+    assert(m && req.params.url.startsWith(`${base}/console#confirm/`), `the user's page: ${req.params.url}`);
+    assert(typeof asked.requestState === 'string', 'no requestState');
+    // The person, signed out, opens the link and signs in at the issuer (their own login, scope
+    // payments:confirm); the page comes back to the same payment.
+    await setLogin('console-user', 'payments:confirm');
+    const user = await operatorPage('user');
+    try {
+      await user.page.goto(req.params.url);
+      await user.page.getByTestId('oidc-signin').waitFor();
+      const tr = await clickFor(user.page, (r) => r.url() === `${issuer}/token`, user.page.getByTestId('oidc-signin'));
+      assert(tr.status() === 200, `token endpoint answered ${tr.status()}`);
+      await user.page.getByTestId('whoami').filter({ hasText: 'console-user' }).waitFor();
+      await user.page.getByTestId('confirm-amount').filter({ hasText: '5000.00 KES' }).waitFor();
+      assert(new URL(user.page.url()).hash === `#confirm/${m[1]}`, `landed on ${user.page.url()}`);
+      const r = await clickFor(user.page, (x) => x.url().endsWith(`/confirmations/${m[1]}/approve`), user.page.getByTestId('confirm-approve'));
+      assert(r.status() === 200, `confirm answered ${r.status()}: ${await r.text()}`);
+      await user.page.getByTestId('confirm-status').filter({ hasText: 'approved' }).waitFor();
+      await shot(user.page, 'confirm');
+    } finally {
+      await user.context.close();
+    }
+    const retry = { name: 'create_payment', arguments: args, requestState: asked.requestState, inputResponses: { approval: { action: 'accept' } } };
+    const paid = await mcp(userAgent, 'tools/call', retry, 'create_payment', caps);
+    assert(!paid.isError && paid.structuredContent?.status === 'succeeded', `the retry: ${dump(paid)}`);
+    const again = await mcp(userAgent, 'tools/call', retry, 'create_payment', caps);
+    assert(again.structuredContent?.payment_id === paid.structuredContent.payment_id && again.structuredContent.replayed === true, `replay: ${dump(again)}`);
+    await setLogin(ALICE, ALL_SCOPES);
+  });
 
   await check('reloading the page signs the operator out', async () => {
     await page.reload();

@@ -65,6 +65,29 @@ wait_line "$work/issuer.log" '^issuer ' || { say "issuer did not start"; cat "$w
 issuer=$(awk '/^issuer /{print $2}' "$work/issuer.log")
 
 # --- paygate, trusting only that issuer; the console is its public client -------------------------
+# The compiled-in profiles, plus one agent whose user confirms their own payments (approvals_by).
+cat >"$work/console.toml" <<'TOML'
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "dev"
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_refund_limit = { KES = "10000.00" }
+daily_payments_max = 1000
+calls_per_minute = 600
+
+[[policy.profiles]]
+name = "self-approving"
+subjects = ["console-user"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+approvals_by = "user"
+user_approval_max = { KES = "10000.00" }
+TOML
 port=$(free_port)
 base="http://127.0.0.1:$port"
 PAYGATE_SERVER__BIND="127.0.0.1:$port" \
@@ -76,6 +99,7 @@ PAYGATE_AUTH__DEV_KEY_ENABLED=false \
 PAYGATE_DEV__PRINT_TOKEN=false \
 PAYGATE_POLICY__DEFAULT_PROFILE=dev \
 PAYGATE_CONSOLE__CLIENT_ID=paygate-console \
+PAYGATE_CONFIG="$work/console.toml" \
 PAYGATE_LOG=info \
 NO_COLOR=1 \
   "$bin" >"$work/paygate.log" 2>&1 &
