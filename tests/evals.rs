@@ -65,6 +65,13 @@ struct Step {
     /// Copies sent at once (a retry storm).
     #[serde(default = "one")]
     times: usize,
+    /// The call comes from a client that declares URL-mode elicitation: an approval answers
+    /// `INPUT_REQUIRED` (the page to open and a sealed requestState) instead of APPROVAL_REQUIRED.
+    #[serde(default)]
+    elicit: bool,
+    /// The requestState sent with the call: `"$state"` is the last one answered, `"$state-forged"`
+    /// the same with one character of its tag changed; anything else is sent as written.
+    request_state: Option<String>,
     /// Outcomes allowed for every copy: "ok" or an error code.
     #[serde(default)]
     expect: Vec<String>,
@@ -237,6 +244,35 @@ async fn try_call(c: &Client, tool: &str, args: Value) -> (String, Value) {
     }
 }
 
+/// A call from a client that declares URL elicitation, answered by hand: `INPUT_REQUIRED` with the
+/// input_required result as content, or the tool result's outcome.
+async fn try_call_once(c: &Client, tool: &str, args: Value, state: Option<String>) -> (String, Value) {
+    let mut params = rmcp::model::CallToolRequestParams::new(tool.to_string())
+        .with_arguments(args.as_object().cloned().unwrap_or_default());
+    if let Some(s) = state {
+        let accepted = [("approval".to_string(), json!({"action": "accept"}))].into();
+        params = params.with_request_state(s).with_input_responses(accepted);
+    }
+    match c.call_tool_once(params).await {
+        Ok(rmcp::model::CallToolResponse::Complete(r)) => (outcome(&r), r.structured_content.unwrap_or(Value::Null)),
+        Ok(rmcp::model::CallToolResponse::InputRequired(i)) => {
+            ("INPUT_REQUIRED".to_string(), serde_json::to_value(&i).unwrap_or(Value::Null))
+        }
+        Ok(_) | Err(_) => ("PROTOCOL_ERROR".to_string(), Value::Null),
+    }
+}
+
+/// A sealed state with one character of its tag changed.
+fn forged(state: &str) -> String {
+    let mut s = state.to_string();
+    match s.pop() {
+        Some('A') => s.push('B'),
+        Some(_) => s.push('A'),
+        None => s.push_str("v1.e30.AAAA"),
+    }
+    s
+}
+
 /// A tool result as an outcome: "ok" or its error code.
 fn outcome(r: &rmcp::model::CallToolResult) -> String {
     if r.is_error == Some(true) {
@@ -261,6 +297,7 @@ async fn run(s: &Scenario) -> Outcome {
     let mut last_approval: Option<String> = None;
     let mut mandate: Option<String> = None;
     let mut last_payment: Option<String> = None;
+    let mut last_state: Option<String> = None;
     let mut paid_by_op = PaidByOp::default();
 
     for (i, step) in s.steps.iter().enumerate() {
@@ -301,24 +338,39 @@ async fn run(s: &Scenario) -> Outcome {
                 violations.push(format!("{at}: review by {reviewer} answered {status}: {body}"));
             }
             if approve && body["status"] == "approved" {
-                let c = client(&app, &mut clients, &step.agent, &step.scopes).await;
+                let c = client(&app, &mut clients, &step.agent, &step.scopes, false).await;
                 let r = call(&c, "get_approval", json!({"approval_id": id})).await;
                 mandate = r.structured_content.as_ref().and_then(|v| v["mandate"].as_str()).map(str::to_string);
             }
         }
         let Some(tool) = &step.call else { continue };
-        let c = client(&app, &mut clients, &step.agent, &step.scopes).await;
+        let c = client(&app, &mut clients, &step.agent, &step.scopes, step.elicit).await;
         let args = substitute(&step.args, mandate.as_deref(), last_payment.as_deref());
+        let state = step.request_state.as_deref().map(|s| match s {
+            "$state" => last_state.clone().unwrap_or_default(),
+            "$state-forged" => forged(last_state.as_deref().unwrap_or_default()),
+            other => other.to_string(),
+        });
         let mut calls = tokio::task::JoinSet::new();
         for _ in 0..step.times {
-            let (c, tool, args) = (c.clone(), tool.clone(), args.clone());
-            calls.spawn(async move { try_call(&c, &tool, args).await });
+            let (c, tool, args, state) = (c.clone(), tool.clone(), args.clone(), state.clone());
+            if step.elicit {
+                calls.spawn(async move { try_call_once(&c, &tool, args, state).await });
+            } else {
+                calls.spawn(async move { try_call(&c, &tool, args).await });
+            }
         }
         for (outcome, content) in calls.join_all().await {
             if let Some(pid) = content["payment_id"].as_str() {
                 last_payment = Some(pid.to_string());
             }
             if let Some(id) = content["error"]["approval_id"].as_str() {
+                last_approval = Some(id.to_string());
+            }
+            if let Some(s) = content["requestState"].as_str() {
+                last_state = Some(s.to_string());
+            }
+            if let Some(id) = content["inputRequests"]["approval"]["params"]["url"].as_str().and_then(|u| u.rsplit('/').next()) {
                 last_approval = Some(id.to_string());
             }
             paid_by_op.record(&step.agent, tool, &args, &content);
@@ -364,12 +416,18 @@ async fn client(
     clients: &mut HashMap<(String, String), Arc<Client>>,
     agent: &str,
     scopes: &str,
+    elicit: bool,
 ) -> Arc<Client> {
-    let key = (agent.to_string(), scopes.to_string());
+    let key = (agent.to_string(), format!("{scopes}{}", if elicit { " +elicit" } else { "" }));
     if let Some(c) = clients.get(&key) {
         return c.clone();
     }
-    let c = Arc::new(connect(&app.url, &app.token(agent, scopes), Era::Modern).await);
+    let token = app.token(agent, scopes);
+    let c = Arc::new(if elicit {
+        connect_eliciting(&app.url, &token, Era::Modern).await
+    } else {
+        connect(&app.url, &token, Era::Modern).await
+    });
     clients.insert(key, c.clone());
     c
 }

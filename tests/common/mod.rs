@@ -166,16 +166,35 @@ pub async fn connect(url: &str, token: &str, era: Era) -> Client {
 }
 
 pub async fn try_connect(url: &str, token: &str, era: Era) -> Result<Client, rmcp::service::ClientInitializeError> {
+    try_connect_with(url, token, era, rmcp::model::ClientCapabilities::default()).await
+}
+
+/// A client that declares URL-mode elicitation (it answers input requests by hand: `call_tool_once`).
+pub async fn connect_eliciting(url: &str, token: &str, era: Era) -> Client {
+    let mut caps = rmcp::model::ClientCapabilities::default();
+    caps.elicitation = Some(
+        rmcp::model::ElicitationCapability::new().with_url(rmcp::model::UrlElicitationCapability::new()),
+    );
+    try_connect_with(url, token, era, caps).await.expect("MCP client connects")
+}
+
+pub async fn try_connect_with(
+    url: &str,
+    token: &str,
+    era: Era,
+    capabilities: rmcp::model::ClientCapabilities,
+) -> Result<Client, rmcp::service::ClientInitializeError> {
     paygate::install_crypto_provider();
     let transport = StreamableHttpClientTransport::from_config(transport_config(url, token));
     let mode = match era {
         Era::Legacy => ClientLifecycleMode::Initialize,
         Era::Modern => ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
     };
-    let client = ClientConfig::default().with_protocol_version(match era {
+    let mut client = ClientConfig::default().with_protocol_version(match era {
         Era::Legacy => ProtocolVersion::V_2025_11_25,
         Era::Modern => ProtocolVersion::V_2026_07_28,
     });
+    client.capabilities = capabilities;
     let running = client.serve_with_lifecycle(transport, mode).await?;
     running.set_response_cache_config(rmcp::service::ClientCacheConfig::disabled()).await;
     Ok(running)
