@@ -158,8 +158,8 @@ fn complete(caller: &Caller, result: Result<Executed, AgentError>) -> CallToolRe
 }
 
 impl PaygateMcp {
-    /// A money tool's call, with URL elicitation for approvals. `run` makes the call through the
-    /// gateway from (possibly mandate-completed) arguments.
+    /// A money tool's call (timed and admitted as `tool`), with URL elicitation for approvals.
+    /// `run` makes the call through the gateway from (possibly mandate-completed) arguments.
     pub(super) async fn money<F, Fut>(
         &self,
         caller: &Caller,
@@ -172,6 +172,10 @@ impl PaygateMcp {
         F: Fn(JsonObject) -> Fut,
         Fut: Future<Output = Result<Executed, AgentError>>,
     {
+        let _timed = super::Timed::new(&self.gateway, tool);
+        if let Err(e) = self.gateway.admit(caller, tool).await {
+            return Ok(fail(caller, e).into());
+        }
         if !round.url {
             // A state only ever goes to a client that declared URL elicitation.
             if round.state.is_some() {

@@ -296,10 +296,6 @@ impl PaygateMcp {
         responses: ToolInputResponses,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        let _timed = Timed::new(&self.gateway, "create_payment");
-        if let Err(e) = self.gateway.admit(&caller, "create_payment").await {
-            return Ok(fail(&caller, e).into());
-        }
         let (gateway, c) = (&self.gateway, &caller);
         let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "create_payment", args, |args| async move {
@@ -324,10 +320,6 @@ impl PaygateMcp {
         responses: ToolInputResponses,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        let _timed = Timed::new(&self.gateway, "refund_payment");
-        if let Err(e) = self.gateway.admit(&caller, "refund_payment").await {
-            return Ok(fail(&caller, e).into());
-        }
         let (gateway, c) = (&self.gateway, &caller);
         let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "refund_payment", args, |args| async move {
@@ -408,10 +400,6 @@ impl PaygateMcp {
         responses: ToolInputResponses,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        let _timed = Timed::new(&self.gateway, "request_airtel_payment");
-        if let Err(e) = self.gateway.admit(&caller, "request_airtel_payment").await {
-            return Ok(fail(&caller, e).into());
-        }
         let (gateway, c) = (&self.gateway, &caller);
         let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "request_airtel_payment", args, |args| async move {
@@ -550,10 +538,6 @@ impl PaygateMcp {
         responses: ToolInputResponses,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        let _timed = Timed::new(&self.gateway, "send_mpesa_payout");
-        if let Err(e) = self.gateway.admit(&caller, "send_mpesa_payout").await {
-            return Ok(fail(&caller, e).into());
-        }
         let (gateway, c) = (&self.gateway, &caller);
         let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "send_mpesa_payout", args, |args| async move {
@@ -603,10 +587,6 @@ impl PaygateMcp {
         round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        let _timed = Timed::new(&self.gateway, "request_mpesa_payment");
-        if let Err(e) = self.gateway.admit(&caller, "request_mpesa_payment").await {
-            return Ok(fail(&caller, e).into());
-        }
         let (gateway, c) = (&self.gateway, &caller);
         self.money(c, round, "request_mpesa_payment", args, |args| async move {
             let a = parse_args::<RequestMpesaPaymentArgs>(args)?;

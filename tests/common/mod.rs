@@ -172,9 +172,8 @@ pub async fn try_connect(url: &str, token: &str, era: Era) -> Result<Client, rmc
 /// A client that declares URL-mode elicitation (it answers input requests by hand: `call_tool_once`).
 pub async fn connect_eliciting(url: &str, token: &str, era: Era) -> Client {
     let mut caps = rmcp::model::ClientCapabilities::default();
-    caps.elicitation = Some(
-        rmcp::model::ElicitationCapability::new().with_url(rmcp::model::UrlElicitationCapability::new()),
-    );
+    caps.elicitation =
+        Some(rmcp::model::ElicitationCapability::new().with_url(rmcp::model::UrlElicitationCapability::new()));
     try_connect_with(url, token, era, caps).await.expect("MCP client connects")
 }
 
