@@ -370,7 +370,9 @@ async fn run(s: &Scenario) -> Outcome {
             if let Some(s) = content["requestState"].as_str() {
                 last_state = Some(s.to_string());
             }
-            if let Some(id) = content["inputRequests"]["approval"]["params"]["url"].as_str().and_then(|u| u.rsplit('/').next()) {
+            if let Some(id) =
+                content["inputRequests"]["approval"]["params"]["url"].as_str().and_then(|u| u.rsplit('/').next())
+            {
                 last_approval = Some(id.to_string());
             }
             paid_by_op.record(&step.agent, tool, &args, &content);
