@@ -260,22 +260,26 @@ impl Gateway {
         poll: std::time::Duration,
     ) -> bool {
         let Ok(id) = ApprovalId::parse(approval_id) else { return true };
+        let key = decision_key(&id);
         let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let notify = self.waiter(&decision_key(&id));
+        let decided = loop {
+            let notify = self.waiter(&key);
             let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             match self.store.approval_get(&id).await {
                 Ok(Some(a)) if a.status_at(self.clock.now()) == ApprovalStatus::Pending => {}
-                _ => return true,
+                _ => break true,
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
-                return false;
+                break false;
             }
             let _ = tokio::time::timeout(left.min(poll), notified).await;
-        }
+        };
+        // An approval that expires undecided is never woken: its entry must not outlive its waiters.
+        self.unwait(&key);
+        decided
     }
 
     /// A slot for holding one of this agent's retries while its approval is pending, unless it

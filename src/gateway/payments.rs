@@ -1151,6 +1151,14 @@ impl Gateway {
         map.entry(key.to_string()).or_default().clone()
     }
 
+    /// Forget a waiter entry that nobody waits on any more (one that will never be woken).
+    pub(super) fn unwait(&self, key: &str) {
+        let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(key).is_some_and(|n| Arc::strong_count(n) == 1) {
+            map.remove(key);
+        }
+    }
+
     pub(super) fn wake(&self, key: &str) {
         let removed = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         if let Some(n) = removed {
