@@ -13,6 +13,18 @@ Eras:
           if the negotiated version is not 2026-07-28, or if any HTTP exchange carried an
           Mcp-Session-Id header or an `initialize` request.
 
+Scenarios (--scenario, default `basic`):
+  basic            tools, resources, a payment and its replay, the over-limit APPROVAL_REQUIRED.
+  url-elicitation  the client declares URL-mode elicitation (the SDK declares form and url as soon as
+                   an elicitation_callback is given) and asks for an over-limit payment. modern: an
+                   `input_required` result sending the user to the approval page, with a
+                   requestState; legacy: the -32042 error naming the page. An operator approves it
+                   over HTTP (--approve-token: another subject, scope payments:approve); then the
+                   retry pays (modern: same call + request_state + input_responses; legacy: the plain
+                   retry, after notifications/elicitation/complete) and a further retry replays it.
+                   Rounds are driven by hand (session.call_tool(..., allow_input_required=True)): the
+                   SDK's automatic loop would give up long before a person approves.
+
 Prints one line per step (`ok   <step>` / `FAIL <step>: <why>`) and exits 0 only if
 every step passed.
 """
@@ -27,8 +39,10 @@ from typing import Any
 
 import anyio
 import httpx2
+from mcp import types
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 
 MODERN_VERSION = "2026-07-28"
 EXPECTED_TOOLS = ("create_payment", "get_balance", "get_approval")
@@ -70,6 +84,11 @@ class WireLog:
         self.methods: list[str] = []
         self.session_ids: set[str] = set()
         self.protocol_headers: set[str] = set()
+        # (method, declared elicitation.url) for each initialize / tools/call sent.
+        self.declared_url_elicitation: list[tuple[str, bool]] = []
+        # Set once the legacy session's standalone GET (SSE) stream has been answered: the
+        # channel notifications/elicitation/complete arrives on.
+        self.get_stream_open = anyio.Event()
 
     async def on_request(self, request: httpx2.Request) -> None:
         if sid := request.headers.get("mcp-session-id"):
@@ -84,10 +103,41 @@ class WireLog:
             for msg in body if isinstance(body, list) else [body]:
                 if isinstance(msg, dict) and isinstance(msg.get("method"), str):
                     self.methods.append(msg["method"])
+                    # Where URL elicitation is declared: initialize (2025-11-25), or each
+                    # request's _meta (2026-07-28).
+                    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+                    if msg["method"] == "initialize":
+                        caps = params.get("capabilities")
+                    elif msg["method"] == "tools/call":
+                        caps = (params.get("_meta") or {}).get("io.modelcontextprotocol/clientCapabilities")
+                    else:
+                        continue
+                    elicitation = caps.get("elicitation") if isinstance(caps, dict) else None
+                    declared = isinstance(elicitation, dict) and "url" in elicitation
+                    self.declared_url_elicitation.append((msg["method"], declared))
 
     async def on_response(self, response: httpx2.Response) -> None:
         if sid := response.headers.get("mcp-session-id"):
             self.session_ids.add(sid)
+        if response.request.method == "GET" and response.status_code == 200:
+            self.get_stream_open.set()
+
+
+class Completions:
+    """notifications/elicitation/complete as they arrive (2025-11-25 sessions)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.arrived = anyio.Event()
+
+    async def message_handler(self, message: Any) -> None:
+        if isinstance(message, types.ElicitCompleteNotification):
+            self.ids.append(message.params.elicitation_id)
+            self.arrived.set()
+
+    async def elicitation_callback(self, context: Any, params: types.ElicitRequestParams) -> Any:
+        # Rounds are driven by hand: the server must never send a live elicitation/create here.
+        return types.ErrorData(code=types.INVALID_REQUEST, message="this test client drives elicitation by hand")
 
 
 async def run(args: argparse.Namespace) -> bool:
@@ -105,6 +155,8 @@ async def run(args: argparse.Namespace) -> bool:
         event_hooks={"request": [wire.on_request], "response": [wire.on_response]},
     )
     mode = "legacy" if args.era == "legacy" else "auto"
+    url_elicitation = args.scenario == "url-elicitation"
+    completions = Completions()
 
     async with http_client:
         # Connecting performs the handshake (initialize or server/discover).
@@ -113,6 +165,8 @@ async def run(args: argparse.Namespace) -> bool:
                 streamable_http_client(args.url, http_client=http_client),
                 mode=mode,
                 cache=None,  # no response caching: every step must reach the server
+                elicitation_callback=completions.elicitation_callback if url_elicitation else None,
+                message_handler=completions.message_handler if url_elicitation else None,
             )
             client = await client_cm.__aenter__()
         except BaseException as e:  # noqa: BLE001 - report, then fail the run
@@ -142,7 +196,10 @@ async def run(args: argparse.Namespace) -> bool:
             except StepFailed as e:
                 report("handshake", False, str(e))
 
-            await run_steps(client, args, report)
+            if url_elicitation:
+                await run_url_elicitation(client, args, report, wire, completions)
+            else:
+                await run_steps(client, args, report)
 
             print(
                 f"info wire methods={sorted(set(wire.methods))} session_ids_seen={len(wire.session_ids)} "
@@ -252,13 +309,201 @@ async def run_steps(client: Client, args: argparse.Namespace, report: Any) -> No
     await step("over_limit", over_limit)
 
 
+async def run_url_elicitation(
+    client: Client, args: argparse.Namespace, report: Any, wire: WireLog, completions: Completions
+) -> None:
+    base = args.url.rstrip("/").removesuffix("/mcp")
+    session = client.session
+
+    async def step(name: str, fn: Any) -> None:
+        try:
+            await fn()
+            report(name, True)
+        except StepFailed as e:
+            report(name, False, str(e))
+        except Exception as e:  # protocol errors, validation errors, transport errors
+            report(name, False, describe(e))
+
+    async def balance_minor(account: str) -> int:
+        res = await client.call_tool("get_balance", {"account_id": account})
+        sc = res.structured_content
+        ok = not res.is_error and isinstance(sc, dict) and isinstance(sc.get("balance"), str)
+        check(ok, f"get_balance: {dump(res)}")
+        return round(float(sc["balance"]) * 100)
+
+    def approval_page(url: Any) -> str:
+        check(isinstance(url, str), f"no url: {url!r}")
+        apr = url.rsplit("/", 1)[-1]
+        check(apr.startswith("apr_"), f"the url names no approval: {url}")
+        check(url == f"{base}/console#approvals/{apr}", f"url {url} is not {base}/console#approvals/{apr}")
+        return apr
+
+    def paid(res: Any, replayed: bool) -> str:
+        check(isinstance(res, types.CallToolResult), f"not a complete result: {dump(res)}")
+        check(not res.is_error, f"isError: {dump(res)}")
+        sc = res.structured_content
+        check(isinstance(sc, dict), f"no structuredContent object: {dump(res)}")
+        check(sc.get("status") == "succeeded", f"status {sc.get('status')!r}, want succeeded: {dump(res)}")
+        check(sc.get("replayed") is replayed, f"replayed is {sc.get('replayed')!r}, want {replayed}: {dump(res)}")
+        check(isinstance(sc.get("payment_id"), str) and sc["payment_id"], f"no payment_id: {dump(res)}")
+        # The mandate it paid under is looked up server-side: no JWS ever reaches the client.
+        check("eyJ" not in res.model_dump_json(by_alias=True), f"a JWS in the result: {dump(res)}")
+        return sc["payment_id"]
+
+    args_ = {
+        "operation_id": f"{args.op_prefix}-approve",
+        "from_account": "acct-A",
+        "to_account": "acct-B",
+        "amount": "5000.00",
+        "currency": "KES",
+    }
+    found: dict[str, Any] = {}
+
+    async def list_tools() -> None:
+        names = [t.name for t in (await client.list_tools()).tools]
+        check("create_payment" in names, f"no create_payment: {names}")
+
+    async def balance_before() -> None:
+        found["before"] = await balance_minor("acct-B")
+
+    async def input_required_approval_page() -> None:
+        res = await session.call_tool("create_payment", args_, allow_input_required=True)
+        check(isinstance(res, types.InputRequiredResult), f"not input_required: {dump(res)}")
+        requests = res.input_requests or {}
+        check(list(requests) == ["approval"], f"inputRequests keys {list(requests)}: {dump(res)}")
+        req = requests["approval"]
+        check(isinstance(req, types.ElicitRequest), f"approval is not elicitation/create: {dump(res)}")
+        check(isinstance(req.params, types.ElicitRequestURLParams), f"not url mode: {dump(res)}")
+        check("approv" in req.params.message, f"message: {req.params.message!r}")
+        apr = approval_page(req.params.url)
+        check(isinstance(res.request_state, str) and res.request_state, f"no requestState: {dump(res)}")
+        check(apr not in res.request_state, "the requestState carries the approval id in clear")
+        found["apr"], found["state"] = apr, res.request_state
+
+    async def elicitation_error() -> MCPError:
+        try:
+            res = await session.call_tool("create_payment", args_)
+        except MCPError as e:
+            return e
+        raise StepFailed(f"no error, got a result: {dump(res)}")
+
+    async def url_elicitation_required_error() -> None:
+        e = await elicitation_error()
+        check(e.code == -32042, f"code {e.code}, want -32042: {e.data!r}")
+        typed = UrlElicitationRequiredError.from_error(e.error)
+        check(len(typed.elicitations) == 1, f"elicitations: {e.data!r}")
+        el = typed.elicitations[0]
+        check(el.mode == "url", f"mode {el.mode!r}")
+        apr = approval_page(el.url)
+        check(el.elicitation_id == apr, f"elicitationId {el.elicitation_id!r} is not the page's approval {apr}")
+        envelope = (e.data or {}).get("error") or {}
+        check(envelope.get("code") == "APPROVAL_REQUIRED", f"data.error: {envelope!r}")
+        found["apr"] = apr
+
+    async def retry_before_approval_same_elicitation() -> None:
+        e = await elicitation_error()
+        check(e.code == -32042, f"code {e.code}, want -32042")
+        ids = [el.elicitation_id for el in UrlElicitationRequiredError.from_error(e.error).elicitations]
+        check(ids == [found.get("apr")], f"another elicitation: {ids}")
+
+    async def declares_url_elicitation_on_the_wire() -> None:
+        where = "initialize" if args.era == "legacy" else "tools/call"
+        seen = [d for m, d in wire.declared_url_elicitation if m == where]
+        check(bool(seen) and all(seen), f"{where} without elicitation.url: {wire.declared_url_elicitation}")
+
+    async def nothing_moved_before_approval() -> None:
+        check("before" in found, "no balance before")
+        now = await balance_minor("acct-B")
+        check(now == found["before"], f"acct-B moved by {now - found['before']} minor units before any approval")
+
+    async def get_stream_open() -> None:
+        with anyio.move_on_after(10):
+            await wire.get_stream_open.wait()
+        check(wire.get_stream_open.is_set(), "no GET stream within 10 s")
+
+    async def operator_approves() -> None:
+        async with httpx2.AsyncClient(timeout=30.0) as http:
+            r = await http.post(
+                f"{base}/approvals/{found['apr']}/approve",
+                headers={"Authorization": f"Bearer {args.approve_token}"},
+                json={"reason": "ok"},
+            )
+        check(r.status_code == 200, f"POST /approvals/{found['apr']}/approve: HTTP {r.status_code} {r.text[:500]}")
+        check(r.json().get("status") == "approved", f"approval status after approve: {r.text[:500]}")
+
+    async def elicitation_complete_notice() -> None:
+        with anyio.move_on_after(20):
+            while found["apr"] not in completions.ids:
+                await completions.arrived.wait()
+                completions.arrived = anyio.Event()
+        check(
+            found["apr"] in completions.ids,
+            f"no notifications/elicitation/complete for it within 20 s: {completions.ids}",
+        )
+
+    async def retry(replayed: bool, plain: bool = False) -> str:
+        if args.era == "modern" and not plain:
+            res = await session.call_tool(
+                "create_payment",
+                args_,
+                request_state=found["state"],
+                input_responses={"approval": types.ElicitResult(action="accept")},
+            )
+        else:
+            res = await session.call_tool("create_payment", args_)
+        return paid(res, replayed)
+
+    async def retry_pays() -> None:
+        found["payment_id"] = await retry(False)
+
+    async def retry_again_replays() -> None:
+        pid = await retry(True)
+        check(pid == found.get("payment_id"), f"payment_id {pid} != first {found.get('payment_id')}")
+
+    async def plain_retry_replays() -> None:
+        pid = await retry(True, plain=True)
+        check(pid == found.get("payment_id"), f"payment_id {pid} != first {found.get('payment_id')}")
+
+    async def moved_exactly_once() -> None:
+        now = await balance_minor("acct-B")
+        moved = now - found["before"]
+        check(moved == 500_000, f"acct-B moved by {moved} minor units, want 500000 (KES 5000.00 once)")
+
+    await step("list_tools", list_tools)
+    await step("balance_before", balance_before)
+    if args.era == "modern":
+        await step("input_required_approval_page", input_required_approval_page)
+    else:
+        await step("url_elicitation_required_error", url_elicitation_required_error)
+        await step("retry_before_approval_same_elicitation", retry_before_approval_same_elicitation)
+    await step("declares_url_elicitation_on_the_wire", declares_url_elicitation_on_the_wire)
+    await step("nothing_moved_before_approval", nothing_moved_before_approval)
+    if "apr" not in found:
+        return
+    if args.era == "legacy":
+        # The notice goes out on the session's GET stream: make sure it is open first.
+        await step("get_stream_open", get_stream_open)
+    await step("operator_approves", operator_approves)
+    if args.era == "legacy":
+        await step("elicitation_complete_notice", elicitation_complete_notice)
+    await step("retry_pays", retry_pays)
+    await step("retry_again_replays", retry_again_replays)
+    if args.era == "modern":
+        await step("plain_retry_replays", plain_retry_replays)
+    await step("moved_exactly_once", moved_exactly_once)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True)
     parser.add_argument("--token", required=True)
     parser.add_argument("--era", required=True, choices=["legacy", "modern"])
     parser.add_argument("--op-prefix", required=True)
+    parser.add_argument("--scenario", default="basic", choices=["basic", "url-elicitation"])
+    parser.add_argument("--approve-token", help="an operator's token (scope payments:approve), for url-elicitation")
     args = parser.parse_args()
+    if args.scenario == "url-elicitation" and not args.approve_token:
+        parser.error("--scenario url-elicitation needs --approve-token")
     try:
         ok = anyio.run(run, args)
     except BaseException as e:  # noqa: BLE001 - any escape is a failure

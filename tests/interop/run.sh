@@ -79,12 +79,14 @@ pids+=($!)
 for _ in $(seq 1 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
 curl -sf "$base/readyz" >/dev/null || { say "paygate did not start"; cat "$work/paygate.log"; exit 1; }
 
-token() { # resource [client_id]
+token() { # resource [client_id [scope]]
   curl -sf -X POST "$issuer/token" -d grant_type=client_credentials -d "client_id=${2:-interop-agent}" \
-    -d "scope=payments:read payments:create payments:refund payments:admin" -d "resource=$1" |
+    -d "scope=${3:-payments:read payments:create payments:refund payments:admin}" -d "resource=$1" |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])'
 }
 tok=$(token "$mcp") || { say "no token from the issuer"; exit 1; }
+# An operator who approves over HTTP for the URL-elicitation checks: another subject than the agent.
+approver=$(token "$mcp" interop-operator payments:approve) || { say "no operator token from the issuer"; exit 1; }
 
 # --- clients x eras -------------------------------------------------------------------------
 client() { # name command...
@@ -108,6 +110,16 @@ for era in legacy modern; do
   if [ -f "$log" ] && ! grep -q 'Session termination failed' "$log"; then ok=0; else ok=1; fi
   result "python mcp 2.3.0 $era closes its session cleanly" $ok
   [ "$ok" = 0 ] || grep 'Session termination failed' "$log" | head -3 | sed 's/^/    /'
+done
+# URL-mode elicitation: an over-limit payment sends the client to the approval page (2026-07-28:
+# input_required; 2025-11-25: the -32042 error), an operator approves it over HTTP, the retry pays
+# once and a further retry replays it. Rounds driven by hand through each SDK's manual API.
+for era in legacy modern; do
+  era_name=$([ "$era" = modern ] && echo 2026-07-28 || echo 2025-11-25)
+  client "typescript client 2.4.0 url-elicitation $era_name" node ts_client.mjs --url "$mcp" --token "$tok" --era "$era" \
+    --op-prefix "ts-url-$era-$run_id" --scenario url-elicitation --approve-token "$approver"
+  client "python mcp 2.3.0 url-elicitation $era_name" .venv/bin/python py_client.py --url "$mcp" --token "$tok" --era "$era" \
+    --op-prefix "py-url-$era-$run_id" --scenario url-elicitation --approve-token "$approver"
 done
 client "typescript sdk 1.32.2 legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "sdk1-$run_id"
 client "mcp-remote 0.15.1 stdio legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "remote-$run_id" --via mcp-remote
