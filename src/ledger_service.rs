@@ -573,8 +573,18 @@ async fn get_entries(
     Ok(axum::Json(PageBody { items: page.items, next_cursor: page.next_cursor }).into_response())
 }
 
-async fn get_integrity(State(svc): State<Svc>) -> Result<Response, ApiError> {
-    Ok(axum::Json(svc.store.ledger_integrity().await?).into_response())
+async fn get_integrity(
+    State(svc): State<Svc>,
+    q: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let pairs = query_pairs(q, &["full"])?;
+    let full = match single(&pairs, "full")? {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::invalid("full must be true or false")),
+    };
+    let report = crate::store::check_ledger(&*svc.store, full, svc.clock.now()).await?;
+    Ok(axum::Json(report).into_response())
 }
 
 /// Unauthenticated (for probes); says only whether the store answers.

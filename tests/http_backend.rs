@@ -266,8 +266,13 @@ async fn contract_round_trip_with_typed_refusals() {
         Err(BackendError::IdempotencyKeyReused)
     );
 
-    let report = b.check_integrity().await.unwrap();
+    let report = b.check_integrity(true).await.unwrap();
     assert!(report.ok, "{:?}", report.problems);
+    assert_eq!(report.mode, "full");
+    // The full check left a checkpoint at the service: the next one is incremental, over HTTP too.
+    let report = b.check_integrity(false).await.unwrap();
+    assert!(report.ok, "{:?}", report.problems);
+    assert_eq!((report.mode.as_str(), report.postings_checked), ("incremental", 0));
     assert_eq!(l.payments().await.len(), 3, "one payment, two refunds");
     assert_eq!((l.balance("acct-A").await, l.balance("acct-B").await), (100_000, 0));
     assert_eq!(b.breaker_state(), "closed");

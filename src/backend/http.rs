@@ -550,8 +550,9 @@ impl PaymentBackend for HttpLedger {
         Ok(Page { items: page.items, next_cursor: page.next_cursor })
     }
 
-    async fn check_integrity(&self) -> Result<IntegrityReport, BackendError> {
-        let url = self.url(&["v1", "integrity"], &[])?;
+    async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError> {
+        let q: Vec<(&str, String)> = if full { vec![("full", "true".into())] } else { vec![] };
+        let url = self.url(&["v1", "integrity"], &q)?;
         let report: Option<IntegrityReport> = self.get_json("integrity", url, None).await?;
         report.ok_or_else(|| BackendError::Unavailable("empty integrity report".into()))
     }

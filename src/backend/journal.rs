@@ -284,7 +284,7 @@ impl PaymentBackend for Journaled {
         self.inner.account_entries(account, before_seq, limit).await
     }
 
-    async fn check_integrity(&self) -> Result<IntegrityReport, BackendError> {
-        self.inner.check_integrity().await
+    async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError> {
+        self.inner.check_integrity(full).await
     }
 }

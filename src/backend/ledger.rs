@@ -64,7 +64,7 @@ impl PaymentBackend for LedgerBackend {
         Ok(self.store.ledger_entries(account, before_seq, limit).await?)
     }
 
-    async fn check_integrity(&self) -> Result<IntegrityReport, BackendError> {
-        Ok(self.store.ledger_integrity().await?)
+    async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError> {
+        Ok(crate::store::check_ledger(&*self.store, full, self.clock.now()).await?)
     }
 }

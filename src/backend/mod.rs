@@ -44,7 +44,9 @@ pub trait PaymentBackend: Send + Sync + 'static {
         before_seq: Option<i64>,
         limit: u32,
     ) -> Result<Page<LedgerEntry>, BackendError>;
-    async fn check_integrity(&self) -> Result<IntegrityReport, BackendError>;
+    /// The ledger's integrity: incremental from its last verified checkpoint, or every posting
+    /// (`full`, or no checkpoint yet).
+    async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError>;
 }
 
 /// Mark a rail record whose send may have reached the other side as `unknown` (from

@@ -118,6 +118,16 @@ pub struct IntegrityReport {
     pub currency_sums: Vec<(String, i64)>,
     /// Human-readable violations; empty when `ok`.
     pub problems: Vec<String>,
+    /// "full" (every posting read) or "incremental" (from the last verified checkpoint on).
+    #[serde(default = "full_mode")]
+    pub mode: String,
+    /// Incremental: when the checkpoint it started from was taken.
+    #[serde(default)]
+    pub since: Option<crate::clock::UnixSecs>,
+}
+
+fn full_mode() -> String {
+    "full".into()
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -793,7 +793,7 @@ impl Gateway {
         // 2. Payments the backend holds that the gateway has no record of (external ledgers only:
         //    the embedded ledger *is* the gateway's record, checked by its integrity report).
         if self.backend.records_in_transaction() {
-            let integrity = self.backend.check_integrity().await?;
+            let integrity = self.backend.check_integrity(false).await?;
             for p in integrity.problems {
                 report.push("integrity", None, p);
             }

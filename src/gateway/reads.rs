@@ -373,11 +373,11 @@ impl Gateway {
         self.backend.account_entries(&account, before, limit).await.map_err(|e| map_backend_error(&e))
     }
 
-    pub async fn check_ledger_integrity(&self, caller: &Caller) -> Result<IntegrityReport, AgentError> {
+    pub async fn check_ledger_integrity(&self, caller: &Caller, full: bool) -> Result<IntegrityReport, AgentError> {
         if !caller.principal.has_scope(scopes::ADMIN) {
             return Err(AgentError::new(ErrorCode::InsufficientScope, "check_ledger_integrity needs payments:admin"));
         }
-        let report = self.backend.check_integrity().await.map_err(|e| map_backend_error(&e))?;
+        let report = self.backend.check_integrity(full).await.map_err(|e| map_backend_error(&e))?;
         let mut d =
             Decision::new("check_ledger_integrity", if report.ok { "integrity_ok" } else { "integrity_failed" });
         d.detail = (!report.ok).then(|| report.problems.join("; "));

@@ -65,6 +65,14 @@ pub struct NoArgs {}
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct IntegrityArgs {
+    /// Read every posting instead of only those since the last verified checkpoint.
+    #[serde(default)]
+    pub full: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ApprovalIdArgs {
     /// The approval id (apr_…) from an APPROVAL_REQUIRED error.
     pub approval_id: String,
@@ -347,8 +355,9 @@ impl PaygateMcp {
         name = "check_ledger_integrity",
         output_schema = result_schema::<IntegrityView>(),
         description = "Verify the ledger: postings sum to zero per currency and every balance equals its postings. \
+                       Incremental from the last verified checkpoint (fast); full = true reads every posting. \
                        Needs scope payments:admin.",
-        input_schema = schema_for_type::<NoArgs>()
+        input_schema = schema_for_type::<IntegrityArgs>()
     )]
     async fn check_ledger_integrity(
         &self,
@@ -357,8 +366,8 @@ impl PaygateMcp {
     ) -> Result<Json<IntegrityView>, CallToolResult> {
         let _timed = Timed::new(&self.gateway, "check_ledger_integrity");
         self.gateway.admit(&caller, "check_ledger_integrity").await.map_err(|e| fail(&caller, e))?;
-        let _: NoArgs = parse(&caller, args)?;
-        let r = self.gateway.check_ledger_integrity(&caller).await.map_err(|e| fail(&caller, e))?;
+        let a: IntegrityArgs = parse(&caller, args)?;
+        let r = self.gateway.check_ledger_integrity(&caller, a.full).await.map_err(|e| fail(&caller, e))?;
         Ok(Json(r.into()))
     }
 

@@ -206,6 +206,10 @@ pub struct IntegrityView {
     pub postings_checked: i64,
     pub currency_sums: Vec<CurrencySum>,
     pub problems: Vec<String>,
+    /// full (every posting read) | incremental (from the last verified checkpoint on)
+    pub mode: String,
+    /// Incremental: when the checkpoint it started from was taken (RFC 3339).
+    pub since: Option<String>,
 }
 
 impl From<IntegrityReport> for IntegrityView {
@@ -220,6 +224,8 @@ impl From<IntegrityReport> for IntegrityView {
                 .map(|(currency, sum_minor)| CurrencySum { currency, sum_minor })
                 .collect(),
             problems: r.problems,
+            mode: r.mode,
+            since: r.since.map(crate::clock::rfc3339),
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::domain::payment::{
     Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
 pub use crate::domain::rail::{RailFlow, RailOpened, RailPayment, RailState, RailUpdate};
+use crate::domain::rules::integrity::{self, Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
 
 /// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.
@@ -154,7 +155,20 @@ pub trait Store: Send + Sync + 'static {
         before_seq: Option<i64>,
         limit: u32,
     ) -> Result<Page<LedgerEntry>, StoreError>;
-    async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError>;
+    /// The full check's facts (every posting, one snapshot) and, from the same snapshot, the
+    /// engine's watermark with the per-account sums of the postings below it.
+    async fn integrity_full(&self) -> Result<(IntegrityFacts, Checkpoint), StoreError>;
+    /// The incremental check's facts: what was posted at or past `watermark`, every account's
+    /// balance, and the watermark now (one snapshot).
+    async fn integrity_since(&self, watermark: i64) -> Result<DeltaFacts, StoreError>;
+    /// The latest verified checkpoint.
+    async fn checkpoint_get(&self) -> Result<Option<Checkpoint>, StoreError>;
+    /// Record a verified checkpoint (the engine keeps the latest few).
+    async fn checkpoint_put(&self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+    /// The full check, judged (saves nothing).
+    async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError> {
+        Ok(integrity::report(self.integrity_full().await?.0))
+    }
 
     // --- external rails: the gateway's own record ---
     /// Open the record of a rail payment and draw its guards (budget, mandate) in one transaction;
@@ -271,4 +285,25 @@ pub trait Store: Send + Sync + 'static {
     /// Take (or keep) the lease on a scheduled job: `true` when `holder` may run `kind` now.
     /// One runner per kind across every replica sharing the store.
     async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError>;
+}
+
+/// Newest checkpoints kept; older ones are deleted when a new one is recorded.
+pub const CHECKPOINTS_KEPT: i64 = 8;
+
+/// The ledger check (one copy for every engine and for the ledger service): incremental from the
+/// last verified checkpoint, or a full scan when `full` is asked or there is no checkpoint yet. A
+/// clean result is recorded as the next checkpoint; a failed one leaves the last good one.
+pub async fn check_ledger(store: &dyn Store, full: bool, now: UnixSecs) -> Result<IntegrityReport, StoreError> {
+    let from = if full { None } else { store.checkpoint_get().await? };
+    let (report, next) = match from {
+        Some(from) => integrity::incremental(&from, store.integrity_since(from.watermark).await?, now),
+        None => {
+            let (facts, covered) = store.integrity_full().await?;
+            integrity::full(facts, Checkpoint { at: now, ..covered })
+        }
+    };
+    if let Some(next) = next {
+        store.checkpoint_put(&next).await?;
+    }
+    Ok(report)
 }

@@ -29,9 +29,9 @@ use super::{
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::{
-    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
+    Balance, Guards, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
-use crate::domain::rules::integrity::{self, IntegrityFacts};
+use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger;
 use crate::domain::rules::reservation::{self, ReserveStep};
 use crate::domain::rules::review::{self, RequestPlan};
@@ -46,11 +46,15 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0006_operator_reads.sql"),
     include_str!("../../migrations/postgres/0007_rail_flows.sql"),
     include_str!("../../migrations/postgres/0008_user_approvals.sql"),
+    include_str!("../../migrations/postgres/0009_integrity_checkpoints.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
 /// Connections per replica (the pool's bound).
 pub const POOL_SIZE_MAX: usize = 16;
+
+/// The current snapshot's xmin as a BIGINT: every transaction below it has ended.
+const SNAPSHOT_XMIN: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT";
 
 /// Every statement through the connection's prepared-statement cache: a statement is parsed and
 /// planned once per connection, and each call is one round trip instead of two (prepare, then
@@ -644,12 +648,26 @@ impl Store for PostgresStore {
         Ok(Page::from_overfetch(found, limit, |e| e.seq))
     }
 
-    async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError> {
+    async fn integrity_full(&self) -> Result<(IntegrityFacts, Checkpoint), StoreError> {
         let mut client = self.pool.get().await?;
         // One snapshot for every query, while payments keep posting.
         let tx =
             client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await?;
+        // The watermark: the snapshot's xmin. Every transaction below it has ended, so every posting
+        // below it is in this snapshot; postings at or above it (visible or not yet) are left to the
+        // next check. The first statement also fixes the snapshot.
+        let watermark: i64 = tx.one(SNAPSHOT_XMIN, &[]).await?.get(0);
         let text = |r: &dyn Columns| r.text(0);
+        let balances: Vec<(String, i64, i64, i64)> = tx
+            .list(
+                "SELECT a.id, a.balance_minor, COALESCE(SUM(p.amount_minor), 0)::BIGINT,
+                        COALESCE(SUM(p.amount_minor) FILTER (WHERE p.txid < $1), 0)::BIGINT
+                 FROM accounts a LEFT JOIN postings p ON p.account_id = a.id GROUP BY a.id, a.balance_minor",
+                &[&watermark],
+                |r| Ok((r.text(0)?, r.int(1)?, r.int(2)?, r.int(3)?)),
+            )
+            .await?;
+        let counts = tx.one("SELECT COUNT(*), COUNT(*) FILTER (WHERE txid < $1) FROM postings", &[&watermark]).await?;
         let facts = IntegrityFacts {
             currency_sums: tx
                 .list(
@@ -658,14 +676,7 @@ impl Store for PostgresStore {
                     |r| Ok((r.text(0)?, r.int(1)?)),
                 )
                 .await?,
-            balances: tx
-                .list(
-                    "SELECT a.id, a.balance_minor, COALESCE(SUM(p.amount_minor), 0)::BIGINT
-                     FROM accounts a LEFT JOIN postings p ON p.account_id = a.id GROUP BY a.id, a.balance_minor",
-                    &[],
-                    |r| Ok((r.text(0)?, r.int(1)?, r.int(2)?)),
-                )
-                .await?,
+            balances: balances.iter().map(|(id, balance, sum, _)| (id.clone(), *balance, *sum)).collect(),
             out_of_bounds: tx
                 .list(
                     "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
@@ -683,11 +694,93 @@ impl Store for PostgresStore {
                 )
                 .await?,
             accounts_checked: tx.one("SELECT COUNT(*) FROM accounts", &[]).await?.get(0),
-            postings_checked: tx.one("SELECT COUNT(*) FROM postings", &[]).await?.get(0),
+            postings_checked: counts.get(0),
         };
         tx.commit().await?;
-        Ok(integrity::report(facts))
+        let covered = Checkpoint {
+            watermark,
+            balances: balances.into_iter().map(|(id, _, _, below)| (id, below)).collect(),
+            postings: counts.get(1),
+            ..Default::default()
+        };
+        Ok((facts, covered))
     }
+
+    async fn integrity_since(&self, watermark: i64) -> Result<DeltaFacts, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx =
+            client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await?;
+        let now: i64 = tx.one(SNAPSHOT_XMIN, &[]).await?.get(0);
+        let text = |r: &dyn Columns| r.text(0);
+        let counts = tx
+            .one(
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE txid < $2) FROM postings WHERE txid >= $1",
+                &[&watermark, &now],
+            )
+            .await?;
+        let facts = DeltaFacts {
+            watermark: now.max(watermark),
+            deltas: tx
+                .list(
+                    "SELECT account_id, currency, SUM(amount_minor)::BIGINT,
+                            COALESCE(SUM(amount_minor) FILTER (WHERE txid < $2), 0)::BIGINT
+                     FROM postings WHERE txid >= $1 GROUP BY account_id, currency",
+                    &[&watermark, &now],
+                    |r| Ok((r.text(0)?, r.text(1)?, r.int(2)?, r.int(3)?)),
+                )
+                .await?,
+            balances: tx.list("SELECT id, balance_minor FROM accounts", &[], |r| Ok((r.text(0)?, r.int(1)?))).await?,
+            out_of_bounds: tx
+                .list(
+                    "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
+                     UNION ALL
+                     SELECT id FROM payments WHERE refunded_minor > amount_minor AND id IN (
+                         SELECT payment_id FROM postings WHERE txid >= $1
+                         UNION SELECT refund_of FROM payments
+                               WHERE id IN (SELECT payment_id FROM postings WHERE txid >= $1))",
+                    &[&watermark],
+                    text,
+                )
+                .await?,
+            unbalanced_payments: tx
+                .list(
+                    "SELECT payment_id FROM postings WHERE txid >= $1 AND payment_id IS NOT NULL GROUP BY payment_id
+                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
+                    &[&watermark],
+                    text,
+                )
+                .await?,
+            postings_checked: counts.get(0),
+            postings_covered: counts.get(1),
+        };
+        tx.commit().await?;
+        Ok(facts)
+    }
+
+    async fn checkpoint_get(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let client = self.pool.get().await?;
+        let body =
+            client.get("SELECT body FROM integrity_checkpoints ORDER BY seq DESC LIMIT 1", &[], |r| r.text(0)).await?;
+        body.map(|b| rows::checkpoint(&b)).transpose()
+    }
+
+    async fn checkpoint_put(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.exec(
+            "INSERT INTO integrity_checkpoints (created_at, body) VALUES ($1, $2)",
+            &[&checkpoint.at, &rows::checkpoint_body(checkpoint)],
+        )
+        .await?;
+        tx.exec(
+            "DELETE FROM integrity_checkpoints WHERE seq <= (SELECT MAX(seq) FROM integrity_checkpoints) - $1",
+            &[&crate::store::CHECKPOINTS_KEPT],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
         with_retry!(rails::open_once(&self.pool, &rec, &guards, now).await)
     }

@@ -512,3 +512,12 @@ pub(crate) fn mandate_values(m: &IssuedMandate, approval: &ApprovalRecord, now: 
         int(now),
     ]
 }
+
+/// A checkpoint as stored (JSON).
+pub(crate) fn checkpoint_body(c: &crate::domain::rules::integrity::Checkpoint) -> String {
+    serde_json::to_string(c).unwrap_or_else(|_| unreachable!("a checkpoint is plain data"))
+}
+
+pub(crate) fn checkpoint(body: &str) -> Result<crate::domain::rules::integrity::Checkpoint, StoreError> {
+    serde_json::from_str(body).map_err(|_| corrupt("integrity_checkpoints.body"))
+}

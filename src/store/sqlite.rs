@@ -25,9 +25,9 @@ use super::{
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::{
-    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
+    Balance, Guards, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
-use crate::domain::rules::integrity::{self, IntegrityFacts};
+use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger;
 use crate::domain::rules::review::{self, RequestPlan};
 use crate::ids::{AccountId, ApprovalId, PaymentId};
@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0007_operator_reads.sql"),
     include_str!("../../migrations/sqlite/0008_rail_flows.sql"),
     include_str!("../../migrations/sqlite/0009_user_approvals.sql"),
+    include_str!("../../migrations/sqlite/0010_integrity_checkpoints.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -750,11 +751,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError> {
+    async fn integrity_full(&self) -> Result<(IntegrityFacts, Checkpoint), StoreError> {
         self.run_heavy(|c| {
-            // One read transaction: a consistent snapshot even while payments post.
+            // One read transaction: a consistent snapshot even while payments post. One writer: the
+            // snapshot holds every posting up to its highest seq, and no other.
             let tx = c.transaction_with_behavior(TransactionBehavior::Deferred)?;
             let text = |r: &dyn Columns| r.text(0);
+            let watermark: i64 = tx.q_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM postings", [], |r| r.get(0))?;
             let facts = IntegrityFacts {
                 currency_sums: tx.all(
                     "SELECT currency, SUM(amount_minor) FROM postings GROUP BY currency ORDER BY currency",
@@ -783,7 +786,78 @@ impl Store for SqliteStore {
                 postings_checked: tx.q_row("SELECT COUNT(*) FROM postings", [], |r| r.get(0))?,
             };
             tx.commit()?;
-            Ok(integrity::report(facts))
+            let covered = Checkpoint {
+                watermark,
+                balances: facts.balances.iter().map(|(id, _, sum)| (id.clone(), *sum)).collect(),
+                postings: facts.postings_checked,
+                ..Default::default()
+            };
+            Ok((facts, covered))
+        })
+        .await
+    }
+
+    async fn integrity_since(&self, watermark: i64) -> Result<DeltaFacts, StoreError> {
+        self.run_heavy(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let text = |r: &dyn Columns| r.text(0);
+            let now: i64 = tx.q_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM postings", [], |r| r.get(0))?;
+            let facts = DeltaFacts {
+                watermark: now.max(watermark),
+                // Every posting in this snapshot lies below `now`.
+                deltas: tx.all(
+                    "SELECT account_id, currency, SUM(amount_minor), SUM(amount_minor) FROM postings
+                     WHERE seq >= ?1 GROUP BY account_id, currency",
+                    [watermark],
+                    |r| Ok((r.text(0)?, r.text(1)?, r.int(2)?, r.int(3)?)),
+                )?,
+                balances: tx.all("SELECT id, balance_minor FROM accounts", [], |r| Ok((r.text(0)?, r.int(1)?)))?,
+                out_of_bounds: tx.all(
+                    "SELECT id FROM accounts WHERE allow_overdraft = 0 AND balance_minor < 0
+                     UNION ALL
+                     SELECT id FROM payments WHERE refunded_minor > amount_minor AND id IN (
+                         SELECT payment_id FROM postings WHERE seq >= ?1
+                         UNION SELECT refund_of FROM payments
+                               WHERE id IN (SELECT payment_id FROM postings WHERE seq >= ?1))",
+                    [watermark],
+                    text,
+                )?,
+                unbalanced_payments: tx.all(
+                    "SELECT payment_id FROM postings WHERE seq >= ?1 AND payment_id IS NOT NULL GROUP BY payment_id
+                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
+                    [watermark],
+                    text,
+                )?,
+                postings_checked: tx
+                    .q_row("SELECT COUNT(*) FROM postings WHERE seq >= ?1", [watermark], |r| r.get(0))?,
+                postings_covered: 0,
+            };
+            tx.commit()?;
+            Ok(DeltaFacts { postings_covered: facts.postings_checked, ..facts })
+        })
+        .await
+    }
+
+    async fn checkpoint_get(&self) -> Result<Option<Checkpoint>, StoreError> {
+        self.run(|c| {
+            let body = c.opt("SELECT body FROM integrity_checkpoints ORDER BY seq DESC LIMIT 1", [], |r| r.text(0))?;
+            body.map(|b| rows::checkpoint(&b)).transpose()
+        })
+        .await
+    }
+
+    async fn checkpoint_put(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        let body = rows::checkpoint_body(checkpoint);
+        let at = checkpoint.at;
+        self.write(move |c| {
+            let sp = c.savepoint()?;
+            sp.exec("INSERT INTO integrity_checkpoints (created_at, body) VALUES (?1, ?2)", params![at, body])?;
+            sp.exec(
+                "DELETE FROM integrity_checkpoints WHERE seq <= (SELECT MAX(seq) FROM integrity_checkpoints) - ?1",
+                [crate::store::CHECKPOINTS_KEPT],
+            )?;
+            sp.commit()?;
+            Ok(())
         })
         .await
     }

@@ -1,0 +1,210 @@
+//! Incremental ledger integrity on both engines: a check reads only what was posted since the last
+//! verified checkpoint, catches a posting or a balance tampered with after it, agrees with the full
+//! check, and raises no false alarm while payments post concurrently. Tampering goes through a
+//! connection of its own, as an attacker with database access would.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+use std::sync::Arc;
+
+use paygate::backend::{Guards, TransferRequest};
+use paygate::domain::payment::IntegrityReport;
+use paygate::ids::{AccountId, PaymentId};
+use paygate::money::{Currency, Money};
+use paygate::store::postgres::PostgresStore;
+use paygate::store::sqlite::SqliteStore;
+use paygate::store::{AccountSeed, Store, check_ledger};
+
+/// A way into the engine's tables that bypasses the store.
+enum Raw {
+    Sqlite(std::path::PathBuf),
+    Postgres { url: String, schema: String },
+}
+
+impl Raw {
+    async fn exec(&self, sql: &str) {
+        match self {
+            Raw::Sqlite(path) => {
+                let c = rusqlite::Connection::open(path).unwrap();
+                c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+                c.execute_batch(sql).unwrap();
+            }
+            Raw::Postgres { url, schema } => {
+                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(conn);
+                client.batch_execute(&format!("SET search_path TO {schema}; {sql}")).await.unwrap();
+            }
+        }
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        if let Raw::Postgres { url, schema } = self {
+            let (url, schema) = (url.clone(), schema.clone());
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async move {
+                    if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                        tokio::spawn(conn);
+                        let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+async fn engines(dir: &std::path::Path) -> Vec<(Arc<dyn Store>, Raw, &'static str)> {
+    let path = dir.join("paygate.db");
+    let mut v: Vec<(Arc<dyn Store>, Raw, &'static str)> =
+        vec![(Arc::new(SqliteStore::open(&path).unwrap()), Raw::Sqlite(path), "sqlite")];
+    match std::env::var("PAYGATE_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => {
+            let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+            let store = PostgresStore::connect(&url, &schema).await.expect("PostgreSQL reachable");
+            v.push((Arc::new(store), Raw::Postgres { url, schema }, "postgres"));
+        }
+        _ => eprintln!("integrity: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)"),
+    }
+    v
+}
+
+fn kes() -> Currency {
+    Currency::parse("KES").unwrap()
+}
+
+async fn seed(store: &Arc<dyn Store>) {
+    for (id, opening) in [("acct-A", 100_000_000), ("acct-B", 0)] {
+        let seed = AccountSeed {
+            id: AccountId::parse(id).unwrap(),
+            currency: kes(),
+            opening_minor: opening,
+            allow_overdraft: false,
+        };
+        store.ledger_open_account(seed, 0).await.unwrap();
+    }
+}
+
+async fn pay(store: &Arc<dyn Store>, minor: i64) {
+    let req = TransferRequest {
+        idempotency_key: format!("idk_{}", uuid::Uuid::new_v4().simple()),
+        alias_key: None,
+        payment_id: PaymentId::generate(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: Money::from_minor(minor, kes()).unwrap(),
+        memo: None,
+        principal_sub: "agent".into(),
+        guards: Guards::default(),
+        audit: None,
+        claim: None,
+    };
+    store.ledger_transfer(req, 1).await.unwrap();
+}
+
+async fn check(store: &Arc<dyn Store>, full: bool) -> IntegrityReport {
+    check_ledger(&**store, full, 100).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_incremental_check_reads_only_what_is_new_and_catches_tampering_after_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    for (store, raw, label) in engines(dir.path()).await {
+        seed(&store).await;
+        for _ in 0..3 {
+            pay(&store, 100).await;
+        }
+        // No checkpoint yet: the first check reads everything and makes one.
+        let first = check(&store, false).await;
+        assert!(first.ok, "{label}: {:?}", first.problems);
+        assert_eq!(first.mode, "full", "{label}");
+        // Two payments later: only their four postings are read.
+        pay(&store, 200).await;
+        pay(&store, 300).await;
+        let next = check(&store, false).await;
+        assert!(next.ok, "{label}: {:?}", next.problems);
+        assert_eq!(next.mode, "incremental", "{label}");
+        // SQLite has one writer: exactly the new postings. PostgreSQL also re-reads what any
+        // transaction in the cluster still running at the checkpoint may have written.
+        if label == "sqlite" {
+            assert_eq!(next.postings_checked, 4);
+        } else {
+            assert!(next.postings_checked >= 4, "{label}: {}", next.postings_checked);
+        }
+        // The full check agrees, reading every posting.
+        let full = check(&store, true).await;
+        assert!(full.ok, "{label}: {:?}", full.problems);
+        assert!(full.postings_checked >= 10, "{label}");
+
+        // A posting changed after the checkpoint: caught, and the checkpoint does not move past it.
+        pay(&store, 400).await;
+        raw.exec("UPDATE postings SET amount_minor = amount_minor + 1 WHERE seq = (SELECT MAX(seq) FROM postings)")
+            .await;
+        for _ in 0..2 {
+            let r = check(&store, false).await;
+            assert!(!r.ok, "{label}: a tampered posting passed");
+            assert_eq!(r.mode, "incremental");
+            assert!(r.problems.iter().any(|p| p.contains("sum to 1, not 0")), "{label}: {:?}", r.problems);
+        }
+        assert!(!check(&store, true).await.ok, "{label}: the full check sees it too");
+        raw.exec("UPDATE postings SET amount_minor = amount_minor - 1 WHERE seq = (SELECT MAX(seq) FROM postings)")
+            .await;
+        assert!(check(&store, false).await.ok, "{label}: mended");
+
+        // A balance changed with no posting at all (an account untouched since the checkpoint).
+        let r = check(&store, false).await;
+        assert!(r.ok, "{label}: {:?}", r.problems);
+        if label == "sqlite" {
+            assert_eq!(r.postings_checked, 0, "nothing posted since");
+        }
+        raw.exec("UPDATE accounts SET balance_minor = balance_minor + 7 WHERE id = 'acct-B'").await;
+        let r = check(&store, false).await;
+        assert!(!r.ok, "{label}: a tampered balance passed");
+        assert!(r.problems.iter().any(|p| p.contains("account acct-B balance")), "{label}: {:?}", r.problems);
+        let full = check(&store, true).await;
+        assert_eq!(full.ok, r.ok, "{label}: the full check reports the same");
+        raw.exec("UPDATE accounts SET balance_minor = balance_minor - 7 WHERE id = 'acct-B'").await;
+
+        // A posting changed *before* the checkpoint is the full check's to find.
+        raw.exec("UPDATE postings SET amount_minor = amount_minor + 5 WHERE seq = (SELECT MIN(seq) FROM postings WHERE payment_id IS NOT NULL)")
+            .await;
+        let full = check(&store, true).await;
+        assert!(!full.ok, "{label}: the full check misses an old tampered posting");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn incremental_checks_raise_no_false_alarm_while_payments_post() {
+    let dir = tempfile::tempdir().unwrap();
+    for (store, _raw, label) in engines(dir.path()).await {
+        seed(&store).await;
+        assert!(check(&store, true).await.ok);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut writers = tokio::task::JoinSet::new();
+        for _ in 0..6 {
+            let (store, stop) = (store.clone(), stop.clone());
+            writers.spawn(async move {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    pay(&store, 1).await;
+                    n += 1;
+                }
+                n
+            });
+        }
+        let mut checked = 0;
+        for _ in 0..25 {
+            let r = check(&store, false).await;
+            assert!(r.ok, "{label}: a false alarm while payments post: {:?}", r.problems);
+            checked += r.postings_checked;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let paid: u32 = writers.join_all().await.into_iter().sum();
+        assert!(paid > 0 && checked > 0, "{label}: payments posted during the checks");
+        // Everything adds up at the end, incrementally and in full.
+        assert!(check(&store, false).await.ok, "{label}");
+        let full = check(&store, true).await;
+        assert!(full.ok, "{label}: {:?}", full.problems);
+    }
+}
