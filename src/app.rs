@@ -634,6 +634,7 @@ fn spawn_jobs(
         http_ledger: assembled.http_ledger.clone(),
         config: config.jobs.clone(),
         mpesa_query_after_secs: rail_query_after_secs(config),
+        audit_archive: config.audit_archive(),
         holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
     }));

@@ -45,7 +45,34 @@ pub struct Config {
     pub mpesa: MpesaConfig,
     pub airtel: AirtelConfig,
     pub jobs: JobsConfig,
+    pub audit: AuditConfig,
     pub console: ConsoleConfig,
+}
+
+/// Audit retention and archival (`crate::audit_archive`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    pub retention_days: i64,
+    /// Empty: `<storage.data_dir>/audit-archive`.
+    pub archive_dir: String,
+    pub archive_batch_max: i64,
+}
+
+impl Config {
+    /// The archival settings, when retention is on.
+    pub fn audit_archive(&self) -> Option<crate::audit_archive::Settings> {
+        let a = &self.audit;
+        (a.retention_days > 0).then(|| crate::audit_archive::Settings {
+            retention_secs: a.retention_days * 86_400,
+            dir: if a.archive_dir.is_empty() {
+                self.storage.data_dir.join("audit-archive")
+            } else {
+                PathBuf::from(&a.archive_dir)
+            },
+            batch_max: a.archive_batch_max as u32,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -597,6 +624,8 @@ impl Config {
         range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
         range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
         range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
+        range("audit.retention_days", self.audit.retention_days, 0, 36_500)?;
+        range("audit.archive_batch_max", self.audit.archive_batch_max, 100, 1_000_000)?;
         // A waiting retry must answer before the server's own request timeout cuts it off.
         let wait_max = (self.server.request_timeout_ms / 1000 - 5).clamp(0, 55);
         range("approvals.elicitation_wait_secs", ap.elicitation_wait_secs, 0, wait_max)?;

@@ -23,6 +23,8 @@ pub struct Scheduler {
     pub http_ledger: Option<Arc<HttpLedger>>,
     pub config: JobsConfig,
     pub mpesa_query_after_secs: i64,
+    /// Audit retention, when on.
+    pub audit_archive: Option<crate::audit_archive::Settings>,
     /// This replica's name in job leases.
     pub holder: String,
     pub stop: CancellationToken,
@@ -34,6 +36,7 @@ enum Job {
     Purge,
     ExpireApprovals,
     Reconcile,
+    ArchiveAudit,
 }
 
 impl Job {
@@ -43,6 +46,7 @@ impl Job {
             Job::Purge => "purge_idempotency",
             Job::ExpireApprovals => "expire_approvals",
             Job::Reconcile => "reconcile",
+            Job::ArchiveAudit => "archive_audit",
         }
     }
 }
@@ -53,7 +57,7 @@ pub async fn run(s: Scheduler) {
     let every = |job: Job| -> i64 {
         match job {
             Job::MpesaPoll => s.config.mpesa_poll_every_secs,
-            Job::Purge | Job::ExpireApprovals => s.config.purge_every_secs,
+            Job::Purge | Job::ExpireApprovals | Job::ArchiveAudit => s.config.purge_every_secs,
             Job::Reconcile => s.config.reconcile_every_secs,
         }
     };
@@ -76,7 +80,10 @@ pub async fn run(s: Scheduler) {
         if !s.config.enabled {
             continue;
         }
-        for job in [Job::MpesaPoll, Job::Purge, Job::ExpireApprovals, Job::Reconcile] {
+        for job in [Job::MpesaPoll, Job::Purge, Job::ExpireApprovals, Job::Reconcile, Job::ArchiveAudit] {
+            if job == Job::ArchiveAudit && s.audit_archive.is_none() {
+                continue;
+            }
             if next.get(&job).is_some_and(|t| now < *t) {
                 continue;
             }
@@ -116,6 +123,24 @@ async fn run_job(s: &Scheduler, job: Job) {
             Ok(n) => tracing::info!(approvals.expired = n, "expired pending approvals"),
             Err(error) => tracing::warn!(%error, "approval expiry failed"),
         },
+        Job::ArchiveAudit => {
+            let Some(settings) = &s.audit_archive else { return };
+            match crate::audit_archive::archive(&**g.store(), settings, now).await {
+                Ok(batches) => {
+                    for b in batches {
+                        tracing::info!(records = b.records, file = %b.file.display(), "audit records archived");
+                        let detail = format!("{} records up to seq {} to {}", b.deleted, b.last_seq, b.file.display());
+                        if let Err(error) =
+                            g.store().audit_append(g.system_audit("audit.archive", "archived", detail)).await
+                        {
+                            tracing::error!(%error, "audit append failed");
+                        }
+                    }
+                }
+                // Nothing was deleted: the records stay until a run can archive them.
+                Err(error) => tracing::error!(%error, "audit archival failed; nothing was deleted"),
+            }
+        }
         Job::Reconcile => match g.reconcile(None).await {
             Ok(report) => {
                 let problems = report.problems();

@@ -2,6 +2,7 @@
 //! human-set policy. See ARCHITECTURE.md for the code map and the invariants.
 
 pub mod app;
+pub mod audit_archive;
 pub mod auth;
 pub mod backend;
 pub mod catalogue;

@@ -1009,3 +1009,50 @@ contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {
     assert_eq!(store.approvals_expire(150).await.unwrap(), 1);
     assert_eq!(store.approval_get(&id).await.unwrap().unwrap().status.as_str(), "expired");
 });
+
+contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store, label| async move {
+    let record = |at: i64, detail: &str| AuditRecord {
+        seq: 0,
+        at,
+        correlation_id: format!("corr-{at}"),
+        principal_iss: "iss".into(),
+        principal_sub: "agent".into(),
+        tool: "create_payment".into(),
+        decision: "allowed".into(),
+        code: None,
+        idempotency_key: Some(format!("k{at}")),
+        payment_id: None,
+        approval_id: None,
+        detail: Some(detail.into()),
+    };
+    for at in 10..15 {
+        // Agent-written text survives the round trip byte for byte.
+        store.audit_append(record(at, &format!("memo \"{at}\"\n\u{202e}line"))).await.unwrap();
+    }
+    let before: Vec<AuditRecord> = store.audit_list(None, 100).await.unwrap().into_iter().rev().collect();
+    let dir = tempfile::tempdir().unwrap();
+    // Retention 100 s at now = 113: the records made before 13 go, in files of at most 2.
+    let settings =
+        paygate::audit_archive::Settings { retention_secs: 100, dir: dir.path().join("archive"), batch_max: 2 };
+
+    // A directory that cannot be written: an error, and nothing is deleted.
+    let blocked = paygate::audit_archive::Settings { dir: dir.path().join("file"), ..settings.clone() };
+    std::fs::write(dir.path().join("file"), b"not a directory").unwrap();
+    assert!(paygate::audit_archive::archive(&*store, &blocked, 113).await.is_err(), "{label}");
+    assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 5, "{label}: nothing deleted");
+
+    let done = paygate::audit_archive::archive(&*store, &settings, 113).await.unwrap();
+    assert_eq!(done.iter().map(|b| (b.records, b.deleted)).collect::<Vec<_>>(), vec![(2, 2), (1, 1)], "{label}");
+    let mut archived = Vec::new();
+    for b in &done {
+        archived.extend(paygate::audit_archive::read(&b.file).unwrap());
+    }
+    assert_eq!(archived, before[..3].to_vec(), "{label}: read back exactly");
+    let left = store.audit_list(None, 100).await.unwrap();
+    assert_eq!(left.iter().map(|r| r.at).collect::<Vec<_>>(), vec![14, 13], "{label}");
+    // Nothing more is due; retention 0 archives nothing.
+    assert!(paygate::audit_archive::archive(&*store, &settings, 113).await.unwrap().is_empty());
+    let off = paygate::audit_archive::Settings { retention_secs: 0, ..settings.clone() };
+    assert!(paygate::audit_archive::archive(&*store, &off, 10_000).await.unwrap().is_empty());
+    assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 2, "{label}");
+});

@@ -746,6 +746,13 @@ impl Gateway {
         self.audit_record(GATEWAY_ISSUER, "scheduler", "-", reconcile_decision(report))
     }
 
+    /// A record of the scheduler's own work (`tool`: what ran).
+    pub fn system_audit(&self, tool: &str, decision: &str, detail: String) -> AuditRecord {
+        let mut d = Decision::new(tool, decision);
+        d.detail = Some(detail);
+        self.audit_record(GATEWAY_ISSUER, "scheduler", "-", d)
+    }
+
     /// `reconcile` tool: admin only; audited.
     pub async fn reconcile_tool(&self, caller: &Caller, args: ReconcileArgs) -> Result<ReconcileReport, AgentError> {
         if !caller.principal.has_scope(scopes::ADMIN) {

@@ -139,6 +139,10 @@ pub trait Store: Send + Sync + 'static {
     async fn audit_append(&self, rec: AuditRecord) -> Result<(), StoreError>;
     /// Newest first; `principal_sub` filters when given.
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
+    /// The oldest records made before `cutoff`, oldest first, at most `limit` (for archival).
+    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
+    /// Delete the records `first_seq ..= last_seq` made before `cutoff` (once archived); how many.
+    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError>;
 
     // --- reference ledger ---
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError>;

@@ -564,6 +564,22 @@ impl Store for PostgresStore {
         client.list(&sql, &[&principal_sub, &i64::from(limit)], rows::audit).await
     }
 
+    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!("SELECT {} FROM audit_records WHERE at < $1 ORDER BY seq LIMIT $2", rows::AUDIT_COLS);
+        client.list(&sql, &[&cutoff, &i64::from(limit)], rows::audit).await
+    }
+
+    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .exec(
+                "DELETE FROM audit_records WHERE seq >= $1 AND seq <= $2 AND at < $3",
+                &[&first_seq, &last_seq, &cutoff],
+            )
+            .await?)
+    }
+
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;

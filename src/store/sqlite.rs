@@ -659,6 +659,25 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        self.run_heavy(move |c| {
+            let sql = format!("SELECT {} FROM audit_records WHERE at < ?1 ORDER BY seq LIMIT ?2", rows::AUDIT_COLS);
+            c.all(&sql, params![cutoff, limit], rows::audit)
+        })
+        .await
+    }
+
+    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError> {
+        self.write(move |c| {
+            let n = c.exec(
+                "DELETE FROM audit_records WHERE seq >= ?1 AND seq <= ?2 AND at < ?3",
+                params![first_seq, last_seq, cutoff],
+            )?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
