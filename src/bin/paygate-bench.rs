@@ -93,6 +93,12 @@ struct Args {
     /// baselines: for profiling one scenario (`perf record -p <paygate pid>`).
     #[arg(long)]
     only: Option<String>,
+    /// Growth: for each N (comma-separated, e.g. 0,1000000), pre-load N payments through the
+    /// store's own write path (no HTTP: payment, two postings, idempotency record and audit row
+    /// each), then measure get_balance, unique payments and the integrity checks on that ledger;
+    /// ratios are to the N = 0 row of the same run. Skips the usual table.
+    #[arg(long, value_delimiter = ',')]
+    growth: Vec<u64>,
     /// Internal: run as the bare axum baseline server (the benchmark starts itself with this).
     #[arg(long, hide = true)]
     baseline_server: bool,
@@ -758,6 +764,10 @@ async fn main() {
     }
     paygate::install_crypto_provider();
     let jwks = jwks_server().await;
+    if !a.growth.is_empty() {
+        growth::run(&a, &jwks).await;
+        return;
+    }
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!(
         "paygate-bench: {} connections, {} s per scenario, {cores} cores, RS256 tokens from a JWKS",
@@ -878,5 +888,232 @@ async fn main() {
     println!();
     for n in notes {
         println!("- {n}");
+    }
+}
+
+/// `--growth`: the same scenarios on ledgers of different sizes.
+mod growth {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use paygate::backend::{Guards, TransferRequest};
+    use paygate::domain::audit::AuditRecord;
+    use paygate::domain::payment::Claim;
+    use paygate::ids::{AccountId, PaymentId};
+    use paygate::money::{Currency, Money};
+    use paygate::store::{NewIdempotencyRecord, Store};
+    use serde_json::json;
+
+    use super::{Args, Conn, Era, PAIRS, Scenario, percentile, start_paygate, token_for};
+
+    /// Concurrent writers while pre-loading (each on its own account pair: no shared row lock).
+    const WRITERS: usize = 32;
+
+    struct Row {
+        engine: &'static str,
+        n: u64,
+        db_mb: f64,
+        preload_rate: f64,
+        balance_rps: f64,
+        unique_rps: f64,
+        unique_p99: f64,
+        full_ms: f64,
+        incremental_ms: f64,
+        incremental_postings: i64,
+    }
+
+    async fn open(engine: &str, dir: &std::path::Path, db: Option<(&str, &str)>) -> Arc<dyn Store> {
+        match (engine, db) {
+            ("postgres", Some((url, schema))) => {
+                Arc::new(paygate::store::postgres::PostgresStore::connect(url, schema).await.expect("postgres"))
+            }
+            _ => Arc::new(paygate::store::sqlite::SqliteStore::open(&dir.join("paygate.sqlite3")).expect("sqlite")),
+        }
+    }
+
+    /// N payments through `ledger_transfer`, as the gateway writes them (claim + audit in the posting
+    /// transaction); payments/s.
+    async fn preload(store: Arc<dyn Store>, n: u64) -> f64 {
+        let kes = Currency::parse("KES").unwrap();
+        let t0 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in 0..WRITERS {
+            let store = store.clone();
+            let share = n / WRITERS as u64 + u64::from((w as u64) < n % WRITERS as u64);
+            tasks.spawn(async move {
+                let (from, to) = (format!("acct-P{}", w % PAIRS), format!("acct-Q{}", w % PAIRS));
+                for i in 0..share {
+                    let key = format!("idk_growth_{w}_{i}_{}", uuid::Uuid::new_v4().simple());
+                    let now = 1_700_000_000 + i as i64;
+                    let req = TransferRequest {
+                        idempotency_key: key.clone(),
+                        alias_key: None,
+                        payment_id: PaymentId::generate(),
+                        from_account: AccountId::parse(&from).unwrap(),
+                        to_account: AccountId::parse(&to).unwrap(),
+                        amount: Money::from_minor(1, kes).unwrap(),
+                        memo: None,
+                        principal_sub: format!("bench-agent-{w}"),
+                        guards: Guards::default(),
+                        audit: Some(AuditRecord {
+                            seq: 0,
+                            at: now,
+                            correlation_id: uuid::Uuid::new_v4().simple().to_string(),
+                            principal_iss: super::ISSUER.into(),
+                            principal_sub: format!("bench-agent-{w}"),
+                            tool: "create_payment".into(),
+                            decision: "allowed".into(),
+                            code: None,
+                            idempotency_key: Some(key.clone()),
+                            payment_id: None,
+                            approval_id: None,
+                            detail: None,
+                        }),
+                        claim: Some(Claim {
+                            records: vec![NewIdempotencyRecord {
+                                key,
+                                fingerprint: "growth".into(),
+                                tool: "create_payment".into(),
+                                principal_iss: super::ISSUER.into(),
+                                principal_sub: format!("bench-agent-{w}"),
+                                lease_until: now + 30,
+                                // Far ahead: the records stay, as a busy gateway's would.
+                                expires_at: now + 10 * 365 * 86_400,
+                            }],
+                            refusal_outcome: |_| None,
+                        }),
+                    };
+                    store.ledger_transfer(req, now).await.expect("pre-load transfer");
+                }
+            });
+        }
+        tasks.join_all().await;
+        n as f64 / t0.elapsed().as_secs_f64().max(1e-9)
+    }
+
+    async fn db_mb(engine: &str, dir: &std::path::Path, db: Option<(&str, &str)>) -> f64 {
+        match (engine, db) {
+            ("postgres", Some((url, schema))) => {
+                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("postgres");
+                tokio::spawn(conn);
+                let row = client
+                    .query_one(
+                        "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::BIGINT FROM pg_class c
+                         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'",
+                        &[&schema],
+                    )
+                    .await
+                    .expect("size");
+                row.get::<_, i64>(0) as f64 / 1e6
+            }
+            _ => ["paygate.sqlite3", "paygate.sqlite3-wal"]
+                .iter()
+                .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+                .map(|m| m.len() as f64 / 1e6)
+                .sum(),
+        }
+    }
+
+    async fn timed_integrity(url: &str, token: &str, full: bool) -> (f64, i64) {
+        let mut c = Conn::open(url, token, Era::Modern).await;
+        let t0 = Instant::now();
+        let r = c.call("check_ledger_integrity", json!({"full": full})).await.expect("integrity");
+        let ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let sc = &r["structuredContent"];
+        assert_eq!(sc["ok"], true, "integrity failed: {sc}");
+        (ms, sc["postings_checked"].as_i64().unwrap_or(-1))
+    }
+
+    pub async fn run(a: &Args, jwks: &str) {
+        println!(
+            "paygate-bench --growth: {} connections, {} s per scenario, pre-load by {WRITERS} writers through the store",
+            a.connections, a.secs
+        );
+        let mut engines: Vec<(&'static str, Option<String>)> = vec![("sqlite", None)];
+        if let Some(url) = &a.database_url {
+            engines.push(("postgres", Some(url.clone())));
+        }
+        let mut rows: Vec<Row> = Vec::new();
+        for (engine, url) in &engines {
+            for &n in &a.growth {
+                let dir = std::env::temp_dir().join(format!("paygate-growth-{}", uuid::Uuid::new_v4().simple()));
+                let schema = format!("growth_{}", uuid::Uuid::new_v4().simple());
+                let db = url.as_deref().map(|u| (u, schema.as_str()));
+                drop(start_paygate(&dir, jwks, db)); // migrations and demo accounts
+                let store = open(engine, &dir, db).await;
+                let preload_rate = if n > 0 { preload(store.clone(), n).await } else { 0.0 };
+                drop(store);
+                let db_mb = db_mb(engine, &dir, db).await;
+                let server = start_paygate(&dir, jwks, db);
+                let tok = |k: usize| token_for(&server.url, &format!("bench-agent-s{k}"));
+                // A full check first: it also makes the checkpoint the incremental check starts from.
+                let (full_ms, _) = timed_integrity(&server.url, &tok(9), true).await;
+                let run_id = format!("growth-{engine}-{n}-{}", uuid::Uuid::new_v4().simple());
+                let (b, bs) = super::run(Scenario::Balance, &server.url, &tok(0), Era::Modern, a, &run_id).await;
+                let (u, us) = super::run(Scenario::UniquePayments, &server.url, &tok(1), Era::Modern, a, &run_id).await;
+                // What one scenario's payments added since the checkpoint.
+                let (incremental_ms, incremental_postings) = timed_integrity(&server.url, &tok(9), false).await;
+                let mut lat = u.latencies_us.clone();
+                lat.sort_unstable();
+                rows.push(Row {
+                    engine,
+                    n,
+                    db_mb,
+                    preload_rate,
+                    balance_rps: b.ok as f64 / bs,
+                    unique_rps: u.ok as f64 / us,
+                    unique_p99: percentile(&lat, 0.99),
+                    full_ms,
+                    incremental_ms,
+                    incremental_postings,
+                });
+                if b.errors + u.errors > 0 {
+                    println!(
+                        "- {engine} N={n}: {} errors; first: {:?}",
+                        b.errors + u.errors,
+                        b.first_error.or(u.first_error)
+                    );
+                }
+                drop(server);
+                let _ = std::fs::remove_dir_all(&dir);
+                if let Some(url) = url
+                    && let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(conn);
+                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+                }
+                print_rows(&rows);
+            }
+        }
+        println!("\nfinal:");
+        print_rows(&rows);
+    }
+
+    fn print_rows(rows: &[Row]) {
+        println!(
+            "| store | payments pre-loaded | db MB | pre-load/s | get_balance ok/s | × fresh | create_payment ok/s | × fresh | p99 ms | × fresh | integrity full ms | integrity incremental ms (postings read) |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in rows {
+            let fresh = rows.iter().find(|f| f.engine == r.engine && f.n == 0);
+            let ratio =
+                |x: f64, f: Option<f64>| f.filter(|f| *f > 0.0).map_or("-".to_string(), |f| format!("{:.2}", x / f));
+            println!(
+                "| {} | {} | {:.0} | {} | {:.0} | {} | {:.0} | {} | {:.1} | {} | {:.0} | {:.1} ({}) |",
+                r.engine,
+                r.n,
+                r.db_mb,
+                if r.n > 0 { format!("{:.0}", r.preload_rate) } else { "-".into() },
+                r.balance_rps,
+                ratio(r.balance_rps, fresh.map(|f| f.balance_rps)),
+                r.unique_rps,
+                ratio(r.unique_rps, fresh.map(|f| f.unique_rps)),
+                r.unique_p99,
+                ratio(r.unique_p99, fresh.map(|f| f.unique_p99)),
+                r.full_ms,
+                r.incremental_ms,
+                r.incremental_postings,
+            );
+        }
     }
 }
