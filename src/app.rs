@@ -352,7 +352,8 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|source| StartError::DataDir { path: parent.to_path_buf(), source })?;
     }
-    Ok(Arc::new(SqliteStore::open(&path)?))
+    let tuning = crate::store::sqlite::Tuning { cache_mib: st.sqlite_cache_mib, mmap_mib: st.sqlite_mmap_mib };
+    Ok(Arc::new(SqliteStore::open_tuned(&path, tuning)?))
 }
 
 /// Start the gateway: bind, open state, serve in the background. Each step is a function below.

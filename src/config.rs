@@ -98,6 +98,10 @@ pub struct StorageConfig {
     pub sqlite_file: String,
     pub url: String,
     pub postgres_schema: String,
+    /// SQLite page cache per connection (the writer and each reader), in MiB.
+    pub sqlite_cache_mib: i64,
+    /// SQLite memory-mapped reads, in MiB (0: none).
+    pub sqlite_mmap_mib: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -625,6 +629,8 @@ impl Config {
         range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
         range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
         range("audit.retention_days", self.audit.retention_days, 0, 36_500)?;
+        range("storage.sqlite_cache_mib", self.storage.sqlite_cache_mib, 1, 16_384)?;
+        range("storage.sqlite_mmap_mib", self.storage.sqlite_mmap_mib, 0, 65_536)?;
         range("audit.archive_batch_max", self.audit.archive_batch_max, 100, 1_000_000)?;
         // A waiting retry must answer before the server's own request timeout cuts it off.
         let wait_max = (self.server.request_timeout_ms / 1000 - 5).clamp(0, 55);

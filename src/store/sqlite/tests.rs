@@ -151,7 +151,8 @@ async fn integrity_notices_a_tampered_balance() {
 /// The WAL file's size after `commits` one-payment commits, with these checkpoint thresholds.
 async fn wal_bytes_after(commits: usize, checkpoints: Checkpoints) -> u64 {
     let path = std::env::temp_dir().join(format!("paygate-wal-{}.sqlite3", uuid::Uuid::new_v4().simple()));
-    let s = SqliteStore::init_with(&path, Some(Arc::new(TempFile(path.clone()))), checkpoints).unwrap();
+    let s =
+        SqliteStore::init_with(&path, Some(Arc::new(TempFile(path.clone()))), checkpoints, Tuning::default()).unwrap();
     with_accounts(&s, 1_000_000).await;
     for n in 0..commits {
         // Awaited one by one: each payment is a commit of its own.
@@ -175,4 +176,19 @@ async fn the_writer_bounds_the_wal_whatever_the_checkpointer_does() {
     let frame = 4096 + 24;
     assert!(unbounded > 600 * frame, "without a bound the WAL holds every commit's frames: {unbounded}");
     assert!(bounded < 4 * 64 * frame, "the writer checkpoints past 64 frames and the WAL restarts: {bounded}");
+}
+
+#[tokio::test]
+async fn the_page_cache_and_mmap_follow_the_configured_tuning() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open_tuned(&dir.path().join("t.db"), Tuning { cache_mib: 8, mmap_mib: 16 }).unwrap();
+    let (cache, mmap) = s
+        .run(|c| {
+            let cache: i64 = c.pragma_query_value(None, "cache_size", |r| r.get(0))?;
+            let mmap: i64 = c.pragma_query_value(None, "mmap_size", |r| r.get(0))?;
+            Ok::<_, StoreError>((cache, mmap))
+        })
+        .await
+        .unwrap();
+    assert_eq!((cache, mmap), (-8 * 1024, 16 * 1024 * 1024));
 }
