@@ -99,6 +99,9 @@ struct Args {
     /// ratios are to the N = 0 row of the same run. Skips the usual table.
     #[arg(long, value_delimiter = ',')]
     growth: Vec<u64>,
+    /// Which stores the growth rows run on (sqlite, postgres; postgres needs a database URL).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
+    stores: Vec<String>,
     /// Internal: run as the bare axum baseline server (the benchmark starts itself with this).
     #[arg(long, hide = true)]
     baseline_server: bool,
@@ -1033,6 +1036,7 @@ mod growth {
         if let Some(url) = &a.database_url {
             engines.push(("postgres", Some(url.clone())));
         }
+        engines.retain(|(e, _)| a.stores.iter().any(|s| s == e));
         let mut rows: Vec<Row> = Vec::new();
         for (engine, url) in &engines {
             for &n in &a.growth {
@@ -1043,6 +1047,13 @@ mod growth {
                 let store = open(engine, &dir, db).await;
                 let preload_rate = if n > 0 { preload(store.clone(), n).await } else { 0.0 };
                 drop(store);
+                if let Some((url, schema)) = db {
+                    // What autovacuum does on a ledger that grew over weeks: fresh planner statistics
+                    // (a bulk load minutes ago has none yet, and the planner would scan everything).
+                    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("postgres");
+                    tokio::spawn(conn);
+                    client.batch_execute(&format!("SET search_path TO {schema}; ANALYZE")).await.expect("analyze");
+                }
                 let db_mb = db_mb(engine, &dir, db).await;
                 let server = start_paygate(&dir, jwks, db);
                 let tok = |k: usize| token_for(&server.url, &format!("bench-agent-s{k}"));

@@ -47,6 +47,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0007_rail_flows.sql"),
     include_str!("../../migrations/postgres/0008_user_approvals.sql"),
     include_str!("../../migrations/postgres/0009_integrity_checkpoints.sql"),
+    include_str!("../../migrations/postgres/0010_storage_params.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
