@@ -74,7 +74,12 @@ fn write(dir: &Path, path: &Path, records: &[AuditRecord]) -> std::io::Result<()
     std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension("jsonl.partial");
     {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        // Owner-only, like the key files: the trail names agents, operators and what they wrote.
+        let mut open = std::fs::OpenOptions::new();
+        open.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+        let mut out = std::io::BufWriter::new(open.open(&tmp)?);
         for r in records {
             serde_json::to_writer(&mut out, r)?;
             out.write_all(b"\n")?;

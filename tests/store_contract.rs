@@ -1048,6 +1048,11 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
         archived.extend(paygate::audit_archive::read(&b.file).unwrap());
     }
     assert_eq!(archived, before[..3].to_vec(), "{label}: read back exactly");
+    #[cfg(unix)]
+    for b in &done {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&b.file).unwrap().permissions().mode() & 0o777, 0o600, "{label}: owner only");
+    }
     let left = store.audit_list(None, 100).await.unwrap();
     assert_eq!(left.iter().map(|r| r.at).collect::<Vec<_>>(), vec![14, 13], "{label}");
     // Nothing more is due; retention 0 archives nothing.
