@@ -347,6 +347,8 @@ pub struct JobsConfig {
     pub purge_every_secs: i64,
     pub reconcile_every_secs: i64,
     pub reconcile_window_secs: i64,
+    /// The incremental ledger check, whose clean result moves the checkpoint forward.
+    pub integrity_every_secs: i64,
     pub lease_secs: i64,
 }
 
@@ -571,6 +573,7 @@ impl Config {
         range("jobs.purge_every_secs", j.purge_every_secs, 1, 86_400)?;
         range("jobs.reconcile_every_secs", j.reconcile_every_secs, 1, 86_400)?;
         range("jobs.reconcile_window_secs", j.reconcile_window_secs, 60, 2_592_000)?;
+        range("jobs.integrity_every_secs", j.integrity_every_secs, 1, 86_400)?;
         range("jobs.lease_secs", j.lease_secs, 1, 3600)?;
         let c = &self.console;
         if !c.client_id.is_empty() && self.auth.issuer.is_empty() {

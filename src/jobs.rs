@@ -37,6 +37,7 @@ enum Job {
     ExpireApprovals,
     Reconcile,
     ArchiveAudit,
+    Integrity,
 }
 
 impl Job {
@@ -47,6 +48,7 @@ impl Job {
             Job::ExpireApprovals => "expire_approvals",
             Job::Reconcile => "reconcile",
             Job::ArchiveAudit => "archive_audit",
+            Job::Integrity => "check_integrity",
         }
     }
 }
@@ -59,6 +61,7 @@ pub async fn run(s: Scheduler) {
             Job::MpesaPoll => s.config.mpesa_poll_every_secs,
             Job::Purge | Job::ExpireApprovals | Job::ArchiveAudit => s.config.purge_every_secs,
             Job::Reconcile => s.config.reconcile_every_secs,
+            Job::Integrity => s.config.integrity_every_secs,
         }
     };
     let mut next: HashMap<Job, Instant> = HashMap::new();
@@ -80,7 +83,9 @@ pub async fn run(s: Scheduler) {
         if !s.config.enabled {
             continue;
         }
-        for job in [Job::MpesaPoll, Job::Purge, Job::ExpireApprovals, Job::Reconcile, Job::ArchiveAudit] {
+        let jobs =
+            [Job::MpesaPoll, Job::Purge, Job::ExpireApprovals, Job::Reconcile, Job::ArchiveAudit, Job::Integrity];
+        for job in jobs {
             if job == Job::ArchiveAudit && s.audit_archive.is_none() {
                 continue;
             }
@@ -141,6 +146,19 @@ async fn run_job(s: &Scheduler, job: Job) {
                 Err(error) => tracing::error!(%error, "audit archival failed; nothing was deleted"),
             }
         }
+        Job::Integrity => match g.scheduled_integrity().await {
+            Ok(report) if report.ok => {}
+            Ok(report) => {
+                let problems = report.problems.join("; ");
+                tracing::error!(%problems, "ledger integrity check failed");
+                if let Err(error) =
+                    g.store().audit_append(g.system_audit("check_ledger_integrity", "integrity_failed", problems)).await
+                {
+                    tracing::error!(%error, "audit append failed");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "ledger integrity check failed to run"),
+        },
         Job::Reconcile => match g.reconcile(None).await {
             Ok(report) => {
                 let problems = report.problems();

@@ -373,6 +373,11 @@ impl Gateway {
         self.backend.account_entries(&account, before, limit).await.map_err(|e| map_backend_error(&e))
     }
 
+    /// The scheduler's incremental check (no caller): a clean result moves the checkpoint forward.
+    pub async fn scheduled_integrity(&self) -> Result<IntegrityReport, crate::backend::BackendError> {
+        self.backend.check_integrity(false).await
+    }
+
     pub async fn check_ledger_integrity(&self, caller: &Caller, full: bool) -> Result<IntegrityReport, AgentError> {
         if !caller.principal.has_scope(scopes::ADMIN) {
             return Err(AgentError::new(ErrorCode::InsufficientScope, "check_ledger_integrity needs payments:admin"));

@@ -1,0 +1,127 @@
+//! The real server's scheduler: audit retention (records past `audit.retention_days` are written to a
+//! JSON Lines archive and only then leave the database; the run is audited), and the periodic
+//! incremental ledger check (it keeps the integrity checkpoint current, and a failure is audited and
+//! keeps being reported until the ledger is mended).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use paygate::clock::ManualClock;
+use serde_json::json;
+
+#[tokio::test]
+async fn the_scheduler_archives_audit_records_past_retention_and_they_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(now_secs()));
+    let overrides = [
+        ("PAYGATE_AUDIT__RETENTION_DAYS", "1"),
+        ("PAYGATE_JOBS__PURGE_EVERY_SECS", "1"),
+        ("PAYGATE_JOBS__TICK_MS", "20"),
+    ];
+    let app = spawn_with_clock(dir.path(), &overrides, clock.clone()).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let pay = json!({"operation_id": "old-1", "from_account": "acct-A", "to_account": "acct-B",
+                     "amount": "10.00", "currency": "KES"});
+    ok(&call(&agent, "create_payment", pay).await);
+    let old = app.audit("dev-agent").await;
+    assert!(!old.is_empty());
+
+    // Two days later the job finds them past retention: archived, then deleted.
+    clock.advance(2 * 86_400);
+    let archive = dir.path().join("audit-archive");
+    let file = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let found = std::fs::read_dir(&archive).ok().and_then(|d| {
+                d.filter_map(Result::ok).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            });
+            if let Some(f) = found {
+                return f;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("an archive file appears");
+    let archived = paygate::audit_archive::read(&file).unwrap();
+    for r in &old {
+        assert!(archived.contains(r), "archived: {r:?}");
+    }
+    // Gone from the database, and the archival itself is on record.
+    let trail = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let all = app.running.store.audit_list(None, 1000).await.unwrap();
+            if all.iter().any(|r| r.tool == "audit.archive") {
+                return all;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the archival is audited");
+    assert!(!trail.iter().any(|r| old.contains(r)), "archived records left the database");
+    agent.cancel().await.unwrap();
+}
+
+/// Wait (bounded) until `probe` answers something.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut probe: impl FnMut() -> F) -> T {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(v) = probe().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+#[tokio::test]
+async fn the_scheduled_integrity_check_keeps_the_checkpoint_current_and_audits_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("PAYGATE_JOBS__INTEGRITY_EVERY_SECS", "1"), ("PAYGATE_JOBS__TICK_MS", "20")];
+    let app = spawn_on(dir.path(), &overrides).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    for i in 0..3 {
+        let pay = json!({"operation_id": format!("p-{i}"), "from_account": "acct-A", "to_account": "acct-B",
+                         "amount": "10.00", "currency": "KES"});
+        ok(&call(&agent, "create_payment", pay).await);
+    }
+    let store = app.running.store.clone();
+    let postings = store.ledger_integrity().await.unwrap().postings_checked;
+    // The job's clean checks move the checkpoint past every posting made.
+    let covered = until("the checkpoint to cover every posting", || {
+        let store = store.clone();
+        async move { store.checkpoint_get().await.unwrap().filter(|c| c.postings >= postings) }
+    })
+    .await;
+    assert!(!covered.balances.is_empty());
+
+    // A balance changed behind the ledger's back: the next run audits the failure ...
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute("UPDATE accounts SET balance_minor = balance_minor + 1 WHERE id = 'acct-B'", []).unwrap();
+    let failed = until("an audited integrity failure", || {
+        let store = store.clone();
+        async move {
+            let all = store.audit_list(None, 1000).await.unwrap();
+            all.into_iter().find(|r| r.decision == "integrity_failed")
+        }
+    })
+    .await;
+    assert!(failed.detail.as_deref().is_some_and(|d| d.contains("acct-B")), "{failed:?}");
+    // ... and every run after it, until someone mends the ledger.
+    until("a second audited failure", || {
+        let store = store.clone();
+        async move {
+            let all = store.audit_list(None, 1000).await.unwrap();
+            (all.iter().filter(|r| r.decision == "integrity_failed").count() >= 2).then_some(())
+        }
+    })
+    .await;
+    agent.cancel().await.unwrap();
+}
