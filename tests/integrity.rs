@@ -14,10 +14,12 @@ use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{AccountSeed, Store, check_ledger};
 
-/// A way into the engine's tables that bypasses the store.
+mod common;
+
+/// A way into the engine's tables that bypasses the store. The PostgreSQL schema is dropped with it.
 enum Raw {
     Sqlite(std::path::PathBuf),
-    Postgres { url: String, schema: String },
+    Postgres(common::Db),
 }
 
 impl Raw {
@@ -28,29 +30,11 @@ impl Raw {
                 c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
                 c.execute_batch(sql).unwrap();
             }
-            Raw::Postgres { url, schema } => {
-                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            Raw::Postgres(db) => {
+                let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
                 tokio::spawn(conn);
-                client.batch_execute(&format!("SET search_path TO {schema}; {sql}")).await.unwrap();
+                client.batch_execute(&format!("SET search_path TO {}; {sql}", db.schema)).await.unwrap();
             }
-        }
-    }
-}
-
-impl Drop for Raw {
-    fn drop(&mut self) {
-        if let Raw::Postgres { url, schema } = self {
-            let (url, schema) = (url.clone(), schema.clone());
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                rt.block_on(async move {
-                    if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                        tokio::spawn(conn);
-                        let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
-                    }
-                });
-            })
-            .join();
         }
     }
 }
@@ -59,13 +43,9 @@ async fn engines(dir: &std::path::Path) -> Vec<(Arc<dyn Store>, Raw, &'static st
     let path = dir.join("paygate.db");
     let mut v: Vec<(Arc<dyn Store>, Raw, &'static str)> =
         vec![(Arc::new(SqliteStore::open(&path).unwrap()), Raw::Sqlite(path), "sqlite")];
-    match std::env::var("PAYGATE_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => {
-            let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-            let store = PostgresStore::connect(&url, &schema).await.expect("PostgreSQL reachable");
-            v.push((Arc::new(store), Raw::Postgres { url, schema }, "postgres"));
-        }
-        _ => eprintln!("integrity: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)"),
+    if let Some(db) = common::database("integrity") {
+        let store = PostgresStore::connect(&db.url, &db.schema).await.expect("PostgreSQL reachable");
+        v.push((Arc::new(store), Raw::Postgres(db), "postgres"));
     }
     v
 }
