@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use paygate::backend::{Guards, TransferRequest};
-use paygate::domain::payment::IntegrityReport;
+use paygate::domain::payment::{IntegrityReport, RefundRequest};
 use paygate::ids::{AccountId, PaymentId};
 use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
@@ -66,7 +66,7 @@ async fn seed(store: &Arc<dyn Store>) {
     }
 }
 
-async fn pay(store: &Arc<dyn Store>, minor: i64) {
+async fn pay(store: &Arc<dyn Store>, minor: i64) -> PaymentId {
     let req = TransferRequest {
         idempotency_key: format!("idk_{}", uuid::Uuid::new_v4().simple()),
         alias_key: None,
@@ -80,7 +80,7 @@ async fn pay(store: &Arc<dyn Store>, minor: i64) {
         audit: None,
         claim: None,
     };
-    store.ledger_transfer(req, 1).await.unwrap();
+    store.ledger_transfer(req, 1).await.unwrap().id
 }
 
 async fn check(store: &Arc<dyn Store>, full: bool) -> IntegrityReport {
@@ -151,6 +151,70 @@ async fn the_incremental_check_reads_only_what_is_new_and_catches_tampering_afte
             .await;
         let full = check(&store, true).await;
         assert!(!full.ok, "{label}: the full check misses an old tampered posting");
+    }
+}
+
+/// Lifts the schema's own `refunded_minor <= amount_minor` check on the tamperer's connection (SQLite)
+/// or table (PostgreSQL), as an attacker who owns the database can, so the gateway's check is all
+/// that is left to notice.
+fn without_refund_check(label: &str, sql: &str) -> String {
+    if label == "sqlite" {
+        format!("PRAGMA ignore_check_constraints = ON; {sql}")
+    } else {
+        format!(
+            "DO $$ DECLARE c text; BEGIN
+               FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = 'payments'::regclass AND contype = 'c'
+                          AND pg_get_constraintdef(oid) LIKE '%refunded_minor%' LOOP
+                 EXECUTE format('ALTER TABLE payments DROP CONSTRAINT %I', c);
+               END LOOP; END $$; {sql}"
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_incremental_check_catches_an_over_refunded_payment_that_a_new_refund_draws_on() {
+    let dir = tempfile::tempdir().unwrap();
+    for (store, raw, label) in engines(dir.path()).await {
+        seed(&store).await;
+        let original = pay(&store, 1_000).await;
+        assert!(check(&store, false).await.ok, "{label}: the checkpoint");
+        // After the checkpoint: a refund of the original (whose own postings are older), and a
+        // new payment.
+        let refund = RefundRequest {
+            idempotency_key: format!("idk_{}", uuid::Uuid::new_v4().simple()),
+            alias_key: None,
+            refund_id: PaymentId::generate(),
+            payment_id: original.clone(),
+            amount_minor: Some(300),
+            reason: None,
+            principal_sub: "agent".into(),
+            guards: Guards::default(),
+            audit: None,
+            autonomous_cap_minor: None,
+            claim: None,
+        };
+        store.ledger_refund(refund, 2).await.unwrap();
+        let newer = pay(&store, 50).await;
+        // The original draws on nothing new itself: found through the refund. The newer payment
+        // is found through its own postings.
+        raw.exec(&without_refund_check(
+            label,
+            &format!("UPDATE payments SET refunded_minor = amount_minor + 1 WHERE id IN ('{original}', '{newer}')"),
+        ))
+        .await;
+        let r = check(&store, false).await;
+        assert_eq!(r.mode, "incremental", "{label}");
+        assert!(!r.ok, "{label}: an over-refunded payment passed");
+        for id in [&original, &newer] {
+            assert!(r.problems.iter().any(|p| p == &format!("{id} violates its bounds")), "{label}: {:?}", r.problems);
+        }
+        assert!(!check(&store, true).await.ok, "{label}: the full check sees it too");
+        raw.exec(&format!(
+            "UPDATE payments SET refunded_minor = 300 WHERE id = '{original}';
+             UPDATE payments SET refunded_minor = 0 WHERE id = '{newer}'"
+        ))
+        .await;
+        assert!(check(&store, false).await.ok, "{label}: mended");
     }
 }
 

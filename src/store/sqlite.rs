@@ -173,13 +173,14 @@ impl Drop for TempFile {
 pub struct Tuning {
     /// Page cache of the writer and of each reader, in MiB.
     pub cache_mib: i64,
-    /// Bytes of the database file read through mmap, in MiB (0: none).
+    /// Bytes of the database file read through mmap, in MiB (0: none). The build raises SQLite's own
+    /// ceiling (2 GiB) to 64 GiB (`.cargo/config.toml`).
     pub mmap_mib: i64,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { cache_mib: 64, mmap_mib: 256 }
+        Tuning { cache_mib: 64, mmap_mib: 32 * 1024 }
     }
 }
 
@@ -858,32 +859,40 @@ impl Store for SqliteStore {
             let now: i64 = tx.q_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM postings", [], |r| r.get(0))?;
             let facts = DeltaFacts {
                 watermark: now.max(watermark),
-                // Every posting in this snapshot lies below `now`.
+                // Every posting in this snapshot lies below `now`. Each read of the new postings is a
+                // range of the table's own key (NOT INDEXED): left to itself, the planner walks all of
+                // postings_account to save the GROUP BY a sort (95 ms at 1M payments, measured).
                 deltas: tx.all(
-                    "SELECT account_id, currency, SUM(amount_minor), SUM(amount_minor) FROM postings
+                    "SELECT account_id, currency, SUM(amount_minor), SUM(amount_minor) FROM postings NOT INDEXED
                      WHERE seq >= ?1 GROUP BY account_id, currency",
                     [watermark],
                     |r| Ok((r.text(0)?, r.text(1)?, r.int(2)?, r.int(3)?)),
                 )?,
                 balances: tx.all("SELECT id, balance_minor FROM accounts", [], |r| Ok((r.text(0)?, r.int(1)?)))?,
+                // The payments with new postings, and the payments new refunds draw on: one
+                // primary-key probe each, never a scan of every payment.
                 out_of_bounds: tx.all(
-                    "SELECT id FROM accounts WHERE allow_overdraft = 0 AND balance_minor < 0
+                    "WITH touched AS MATERIALIZED (
+                         SELECT id, refund_of, refunded_minor > amount_minor AS over FROM payments
+                         WHERE id IN (SELECT payment_id FROM postings NOT INDEXED WHERE seq >= ?1))
+                     SELECT id FROM accounts WHERE allow_overdraft = 0 AND balance_minor < 0
                      UNION ALL
-                     SELECT id FROM payments WHERE refunded_minor > amount_minor AND id IN (
-                         SELECT payment_id FROM postings WHERE seq >= ?1
-                         UNION SELECT refund_of FROM payments
-                               WHERE id IN (SELECT payment_id FROM postings WHERE seq >= ?1))",
+                     SELECT * FROM (
+                         SELECT id FROM touched WHERE over
+                         UNION
+                         SELECT id FROM payments WHERE refunded_minor > amount_minor
+                             AND id IN (SELECT refund_of FROM touched WHERE refund_of IS NOT NULL))",
                     [watermark],
                     text,
                 )?,
                 unbalanced_payments: tx.all(
-                    "SELECT payment_id FROM postings WHERE seq >= ?1 AND payment_id IS NOT NULL GROUP BY payment_id
+                    "SELECT payment_id FROM postings NOT INDEXED WHERE seq >= ?1 AND payment_id IS NOT NULL GROUP BY payment_id
                      HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
                     [watermark],
                     text,
                 )?,
                 postings_checked: tx
-                    .q_row("SELECT COUNT(*) FROM postings WHERE seq >= ?1", [watermark], |r| r.get(0))?,
+                    .q_row("SELECT COUNT(*) FROM postings NOT INDEXED WHERE seq >= ?1", [watermark], |r| r.get(0))?,
                 postings_covered: 0,
             };
             tx.commit()?;
