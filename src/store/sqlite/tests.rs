@@ -181,7 +181,7 @@ async fn the_writer_bounds_the_wal_whatever_the_checkpointer_does() {
 #[tokio::test]
 async fn the_page_cache_and_mmap_follow_the_configured_tuning() {
     let dir = tempfile::tempdir().unwrap();
-    let s = SqliteStore::open_tuned(&dir.path().join("t.db"), Tuning { cache_mib: 8, mmap_mib: 16 }).unwrap();
+    let s = SqliteStore::open_tuned(&dir.path().join("t.db"), Tuning { cache_mib: 8, mmap_mib: 4096 }).unwrap();
     let (cache, mmap) = s
         .run(|c| {
             let cache: i64 = c.pragma_query_value(None, "cache_size", |r| r.get(0))?;
@@ -190,5 +190,6 @@ async fn the_page_cache_and_mmap_follow_the_configured_tuning() {
         })
         .await
         .unwrap();
-    assert_eq!((cache, mmap), (-8 * 1024, 16 * 1024 * 1024));
+    // 4 GiB: past the 2 GiB a stock SQLite build clamps mmap_size to (the build raises its ceiling).
+    assert_eq!((cache, mmap), (-8 * 1024, 4096 * 1024 * 1024));
 }
