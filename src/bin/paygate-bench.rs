@@ -99,6 +99,9 @@ struct Args {
     /// ratios are to the N = 0 row of the same run. Skips the usual table.
     #[arg(long, value_delimiter = ',')]
     growth: Vec<u64>,
+    /// Sizes for the PostgreSQL rows when they differ from --growth (its pre-load is slower).
+    #[arg(long, value_delimiter = ',')]
+    growth_postgres: Vec<u64>,
     /// Which stores the growth rows run on (sqlite, postgres; postgres needs a database URL).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
     stores: Vec<String>,
@@ -909,8 +912,9 @@ mod growth {
 
     use super::{Args, Conn, Era, PAIRS, Scenario, percentile, start_paygate, token_for};
 
-    /// Concurrent writers while pre-loading (each on its own account pair: no shared row lock).
-    const WRITERS: usize = 32;
+    /// Concurrent writers while pre-loading, each on its own account pair (no shared row lock); as
+    /// many as the SQLite writer batches into one commit.
+    const WRITERS: usize = super::PAIRS;
 
     struct Row {
         engine: &'static str,
@@ -921,6 +925,8 @@ mod growth {
         unique_rps: f64,
         unique_p99: f64,
         full_ms: f64,
+        catchup_ms: f64,
+        catchup_postings: i64,
         incremental_ms: f64,
         incremental_postings: i64,
     }
@@ -928,7 +934,11 @@ mod growth {
     async fn open(engine: &str, dir: &std::path::Path, db: Option<(&str, &str)>) -> Arc<dyn Store> {
         match (engine, db) {
             ("postgres", Some((url, schema))) => {
-                Arc::new(paygate::store::postgres::PostgresStore::connect(url, schema).await.expect("postgres"))
+                // The pre-load does not wait for each commit's WAL flush (this session only): it is
+                // set-up, not a measurement, and the gateway that is measured keeps its own settings.
+                let sep = if url.contains('?') { '&' } else { '?' };
+                let url = format!("{url}{sep}options=-c%20synchronous_commit%3Doff");
+                Arc::new(paygate::store::postgres::PostgresStore::connect(&url, schema).await.expect("postgres"))
             }
             _ => Arc::new(paygate::store::sqlite::SqliteStore::open(&dir.join("paygate.sqlite3")).expect("sqlite")),
         }
@@ -936,7 +946,7 @@ mod growth {
 
     /// N payments through `ledger_transfer`, as the gateway writes them (claim + audit in the posting
     /// transaction); payments/s.
-    async fn preload(store: Arc<dyn Store>, n: u64) -> f64 {
+    async fn preload(store: Arc<dyn Store>, already: u64, n: u64) -> f64 {
         let kes = Currency::parse("KES").unwrap();
         let t0 = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
@@ -947,7 +957,7 @@ mod growth {
                 let (from, to) = (format!("acct-P{}", w % PAIRS), format!("acct-Q{}", w % PAIRS));
                 for i in 0..share {
                     let key = format!("idk_growth_{w}_{i}_{}", uuid::Uuid::new_v4().simple());
-                    let now = 1_700_000_000 + i as i64;
+                    let now = 1_700_000_000 + (already / WRITERS as u64 + i) as i64;
                     let req = TransferRequest {
                         idempotency_key: key.clone(),
                         alias_key: None,
@@ -1017,6 +1027,34 @@ mod growth {
         }
     }
 
+    /// Payments in the fixed delta the incremental check is timed on (two postings each).
+    const DELTA_PAYMENTS: usize = 4_000;
+    /// Deltas timed per row; the table shows the median.
+    const DELTA_ROUNDS: usize = 3;
+
+    /// DELTA_PAYMENTS payments through MCP, by as many connections as account pairs (one pair each).
+    async fn write_delta(url: &str, run_id: &str) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for c in 0..PAIRS {
+            let (url, run_id) = (url.to_string(), run_id.to_string());
+            tasks.spawn(async move {
+                let mut conn = Conn::open(&url, &token_for(&url, &format!("bench-agent-{c}")), Era::Modern).await;
+                for n in (c..DELTA_PAYMENTS).step_by(PAIRS) {
+                    let r = conn
+                        .call(
+                            "create_payment",
+                            json!({"operation_id": format!("{run_id}-delta-{n}"), "from_account": format!("acct-P{c}"),
+                                   "to_account": format!("acct-Q{c}"), "amount": "1.00", "currency": "KES"}),
+                        )
+                        .await
+                        .expect("delta payment");
+                    assert_ne!(r["isError"], true, "delta payment refused: {r}");
+                }
+            });
+        }
+        tasks.join_all().await;
+    }
+
     async fn timed_integrity(url: &str, token: &str, full: bool) -> (f64, i64) {
         let mut c = Conn::open(url, token, Era::Modern).await;
         let t0 = Instant::now();
@@ -1039,13 +1077,22 @@ mod growth {
         engines.retain(|(e, _)| a.stores.iter().any(|s| s == e));
         let mut rows: Vec<Row> = Vec::new();
         for (engine, url) in &engines {
-            for &n in &a.growth {
-                let dir = std::env::temp_dir().join(format!("paygate-growth-{}", uuid::Uuid::new_v4().simple()));
-                let schema = format!("growth_{}", uuid::Uuid::new_v4().simple());
-                let db = url.as_deref().map(|u| (u, schema.as_str()));
-                drop(start_paygate(&dir, jwks, db)); // migrations and demo accounts
+            let mut sizes =
+                if *engine == "postgres" && !a.growth_postgres.is_empty() { &a.growth_postgres } else { &a.growth }
+                    .clone();
+            sizes.sort_unstable();
+            sizes.dedup();
+            // One ledger per engine that grows from row to row, as a real one does: the N = 1M row's
+            // payments are still there at 10M.
+            let dir = std::env::temp_dir().join(format!("paygate-growth-{}", uuid::Uuid::new_v4().simple()));
+            let schema = format!("growth_{}", uuid::Uuid::new_v4().simple());
+            let db = url.as_deref().map(|u| (u, schema.as_str()));
+            drop(start_paygate(&dir, jwks, db)); // migrations and demo accounts
+            let mut loaded = 0;
+            for &n in &sizes {
                 let store = open(engine, &dir, db).await;
-                let preload_rate = if n > 0 { preload(store.clone(), n).await } else { 0.0 };
+                let preload_rate = if n > loaded { preload(store.clone(), loaded, n - loaded).await } else { 0.0 };
+                loaded = loaded.max(n);
                 drop(store);
                 if let Some((url, schema)) = db {
                     // What autovacuum does on a ledger that grew over weeks: fresh planner statistics
@@ -1062,8 +1109,17 @@ mod growth {
                 let run_id = format!("growth-{engine}-{n}-{}", uuid::Uuid::new_v4().simple());
                 let (b, bs) = super::run(Scenario::Balance, &server.url, &tok(0), Era::Modern, a, &run_id).await;
                 let (u, us) = super::run(Scenario::UniquePayments, &server.url, &tok(1), Era::Modern, a, &run_id).await;
-                // What one scenario's payments added since the checkpoint.
-                let (incremental_ms, incremental_postings) = timed_integrity(&server.url, &tok(9), false).await;
+                // Catching up with everything the scenarios wrote since the full check; then the check
+                // the scheduled job keeps it to: a fixed delta of DELTA_PAYMENTS payments, the same at
+                // every N, so the rows compare the ledger's size and nothing else.
+                let (catchup_ms, catchup_postings) = timed_integrity(&server.url, &tok(9), false).await;
+                let mut timed = Vec::new();
+                for round in 0..DELTA_ROUNDS {
+                    write_delta(&server.url, &format!("{run_id}-{round}")).await;
+                    timed.push(timed_integrity(&server.url, &tok(9), false).await);
+                }
+                timed.sort_by(|x, y| x.0.total_cmp(&y.0));
+                let (incremental_ms, incremental_postings) = timed[DELTA_ROUNDS / 2];
                 let mut lat = u.latencies_us.clone();
                 lat.sort_unstable();
                 rows.push(Row {
@@ -1075,6 +1131,8 @@ mod growth {
                     unique_rps: u.ok as f64 / us,
                     unique_p99: percentile(&lat, 0.99),
                     full_ms,
+                    catchup_ms,
+                    catchup_postings,
                     incremental_ms,
                     incremental_postings,
                 });
@@ -1086,14 +1144,14 @@ mod growth {
                     );
                 }
                 drop(server);
-                let _ = std::fs::remove_dir_all(&dir);
-                if let Some(url) = url
-                    && let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(conn);
-                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
-                }
                 print_rows(&rows);
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            if let Some(url) = url
+                && let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await
+            {
+                tokio::spawn(conn);
+                let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
             }
         }
         println!("\nfinal:");
@@ -1102,15 +1160,16 @@ mod growth {
 
     fn print_rows(rows: &[Row]) {
         println!(
-            "| store | payments pre-loaded | db MB | pre-load/s | get_balance ok/s | × fresh | create_payment ok/s | × fresh | p99 ms | × fresh | integrity full ms | integrity incremental ms (postings read) |"
+            "| store | payments pre-loaded | db MB | pre-load/s | get_balance ok/s | × fresh | create_payment ok/s | × fresh | p99 ms | × fresh | integrity full ms | catch-up ms (postings) | incremental ms ({} postings, median of {DELTA_ROUNDS}) | × fresh |",
+            DELTA_PAYMENTS * 2
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in rows {
             let fresh = rows.iter().find(|f| f.engine == r.engine && f.n == 0);
             let ratio =
                 |x: f64, f: Option<f64>| f.filter(|f| *f > 0.0).map_or("-".to_string(), |f| format!("{:.2}", x / f));
             println!(
-                "| {} | {} | {:.0} | {} | {:.0} | {} | {:.0} | {} | {:.1} | {} | {:.0} | {:.1} ({}) |",
+                "| {} | {} | {:.0} | {} | {:.0} | {} | {:.0} | {} | {:.1} | {} | {:.0} | {:.0} ({}) | {:.1}{} | {} |",
                 r.engine,
                 r.n,
                 r.db_mb,
@@ -1122,8 +1181,16 @@ mod growth {
                 r.unique_p99,
                 ratio(r.unique_p99, fresh.map(|f| f.unique_p99)),
                 r.full_ms,
+                r.catchup_ms,
+                r.catchup_postings,
                 r.incremental_ms,
-                r.incremental_postings,
+                // Says so if the delta read was not the fixed one (a posting from elsewhere).
+                if r.incremental_postings == (DELTA_PAYMENTS * 2) as i64 {
+                    String::new()
+                } else {
+                    format!(" ({} read)", r.incremental_postings)
+                },
+                ratio(r.incremental_ms, fresh.map(|f| f.incremental_ms)),
             );
         }
     }
