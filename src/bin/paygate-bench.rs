@@ -42,6 +42,10 @@ tool_calls_per_minute = {}
 [stop_rules]
 denials_max = 10000
 
+# A full integrity check of a ledger of 10M payments (`--growth`) takes longer than the default 30 s.
+[server]
+request_timeout_ms = 300000
+
 # The over-limit scenario keeps one approval waiting per connection.
 [approvals]
 pending_per_agent_max = 1000
@@ -99,6 +103,11 @@ struct Args {
     /// ratios are to the N = 0 row of the same run. Skips the usual table.
     #[arg(long, value_delimiter = ',')]
     growth: Vec<u64>,
+    /// SQLite: the largest row's ledger lives in this directory, kept afterwards, instead of in the
+    /// temporary one the smaller rows grow; a ledger an earlier run loaded there is reused (counted,
+    /// then topped up to N), so a 10M row need not be pre-loaded again.
+    #[arg(long)]
+    growth_ledger: Option<std::path::PathBuf>,
     /// Sizes for the PostgreSQL rows when they differ from --growth (its pre-load is slower).
     #[arg(long, value_delimiter = ',')]
     growth_postgres: Vec<u64>,
@@ -919,6 +928,7 @@ mod growth {
     struct Row {
         engine: &'static str,
         n: u64,
+        payments: u64,
         db_mb: f64,
         preload_rate: f64,
         balance_rps: f64,
@@ -942,6 +952,13 @@ mod growth {
             }
             _ => Arc::new(paygate::store::sqlite::SqliteStore::open(&dir.join("paygate.sqlite3")).expect("sqlite")),
         }
+    }
+
+    /// Payments in the SQLite ledger in `dir` (0 when there is none yet).
+    fn count_payments(dir: &std::path::Path) -> u64 {
+        rusqlite::Connection::open(dir.join("paygate.sqlite3"))
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM payments", [], |r| r.get::<_, i64>(0)))
+            .map_or(0, |n| n as u64)
     }
 
     /// N payments through `ledger_transfer`, as the gateway writes them (claim + audit in the posting
@@ -1084,15 +1101,24 @@ mod growth {
             sizes.dedup();
             // One ledger per engine that grows from row to row, as a real one does: the N = 1M row's
             // payments are still there at 10M.
-            let dir = std::env::temp_dir().join(format!("paygate-growth-{}", uuid::Uuid::new_v4().simple()));
+            let temp = std::env::temp_dir().join(format!("paygate-growth-{}", uuid::Uuid::new_v4().simple()));
             let schema = format!("growth_{}", uuid::Uuid::new_v4().simple());
             let db = url.as_deref().map(|u| (u, schema.as_str()));
-            drop(start_paygate(&dir, jwks, db)); // migrations and demo accounts
+            drop(start_paygate(&temp, jwks, db)); // migrations and demo accounts
+            // --growth-ledger: the largest row grows (or reuses) a kept SQLite ledger instead.
+            let kept = a.growth_ledger.as_ref().filter(|_| *engine == "sqlite").map(|d| {
+                drop(start_paygate(d, jwks, None));
+                (d.clone(), count_payments(d))
+            });
             let mut loaded = 0;
             for &n in &sizes {
+                let (dir, already) = match &kept {
+                    Some((d, count)) if n > 0 && Some(&n) == sizes.last() => (d.clone(), *count),
+                    _ => (temp.clone(), loaded),
+                };
                 let store = open(engine, &dir, db).await;
-                let preload_rate = if n > loaded { preload(store.clone(), loaded, n - loaded).await } else { 0.0 };
-                loaded = loaded.max(n);
+                let preload_rate = if n > already { preload(store.clone(), already, n - already).await } else { 0.0 };
+                loaded = already.max(n);
                 drop(store);
                 if let Some((url, schema)) = db {
                     // What autovacuum does on a ledger that grew over weeks: fresh planner statistics
@@ -1102,6 +1128,16 @@ mod growth {
                     client.batch_execute(&format!("SET search_path TO {schema}; ANALYZE")).await.expect("analyze");
                 }
                 let db_mb = db_mb(engine, &dir, db).await;
+                let payments = match db {
+                    Some((url, schema)) => {
+                        let (client, conn) =
+                            tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("postgres");
+                        tokio::spawn(conn);
+                        let q = format!("SELECT COUNT(*) FROM {schema}.payments");
+                        client.query_one(&q, &[]).await.expect("count").get::<_, i64>(0) as u64
+                    }
+                    None => count_payments(&dir),
+                };
                 let server = start_paygate(&dir, jwks, db);
                 let tok = |k: usize| token_for(&server.url, &format!("bench-agent-s{k}"));
                 // A full check first: it also makes the checkpoint the incremental check starts from.
@@ -1125,6 +1161,7 @@ mod growth {
                 rows.push(Row {
                     engine,
                     n,
+                    payments,
                     db_mb,
                     preload_rate,
                     balance_rps: b.ok as f64 / bs,
@@ -1146,7 +1183,7 @@ mod growth {
                 drop(server);
                 print_rows(&rows);
             }
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = std::fs::remove_dir_all(&temp);
             if let Some(url) = url
                 && let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await
             {
@@ -1160,20 +1197,21 @@ mod growth {
 
     fn print_rows(rows: &[Row]) {
         println!(
-            "| store | payments pre-loaded | db MB | pre-load/s | get_balance ok/s | × fresh | create_payment ok/s | × fresh | p99 ms | × fresh | integrity full ms | catch-up ms (postings) | incremental ms ({} postings, median of {DELTA_ROUNDS}) | × fresh |",
+            "| store | N pre-loaded | payments in ledger | db MB | pre-load/s | get_balance ok/s | × fresh | create_payment ok/s | × fresh | p99 ms | × fresh | integrity full ms | catch-up ms (postings) | incremental ms ({} postings, median of {DELTA_ROUNDS}) | × fresh |",
             DELTA_PAYMENTS * 2
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in rows {
             let fresh = rows.iter().find(|f| f.engine == r.engine && f.n == 0);
             let ratio =
                 |x: f64, f: Option<f64>| f.filter(|f| *f > 0.0).map_or("-".to_string(), |f| format!("{:.2}", x / f));
             println!(
-                "| {} | {} | {:.0} | {} | {:.0} | {} | {:.0} | {} | {:.1} | {} | {:.0} | {:.0} ({}) | {:.1}{} | {} |",
+                "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {:.0} | {} | {:.1} | {} | {:.0} | {:.0} ({}) | {:.1}{} | {} |",
                 r.engine,
                 r.n,
+                r.payments,
                 r.db_mb,
-                if r.n > 0 { format!("{:.0}", r.preload_rate) } else { "-".into() },
+                if r.preload_rate > 0.0 { format!("{:.0}", r.preload_rate) } else { "-".into() },
                 r.balance_rps,
                 ratio(r.balance_rps, fresh.map(|f| f.balance_rps)),
                 r.unique_rps,
