@@ -55,6 +55,14 @@ enum Command {
         #[arg(long)]
         since: Option<String>,
     },
+    /// Check the ledger's integrity (what the check_ledger_integrity tool does, with no request
+    /// timeout): incremental from the last checkpoint, or every posting with --full. Prints the
+    /// report (JSON) and audits it. Exit code 1 when the ledger is not consistent.
+    CheckLedger {
+        /// Read every posting, not only those since the last verified checkpoint.
+        #[arg(long)]
+        full: bool,
+    },
     /// Write a commented config for local development or production, and print client configuration
     /// (Claude Code and Desktop, Cursor, VS Code, Python, TypeScript) for this gateway. Never overwrites.
     Init {
@@ -120,6 +128,7 @@ fn main() -> ExitCode {
         Command::Migrate => with_config(file, |c| migrate(&c)),
         Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
         Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
+        Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
     }
 }
 
@@ -245,6 +254,35 @@ fn reconcile(mut config: Config, since: Option<&str>) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("paygate: reconciliation failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+        running.shutdown().await;
+        code
+    })
+}
+
+fn check_ledger(mut config: Config, full: bool) -> ExitCode {
+    init_tracing();
+    // The gateway's own assembly, on a private port, with no scheduler (as `reconcile`).
+    config.server.bind = "127.0.0.1:0".into();
+    config.jobs.enabled = false;
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    rt.block_on(async move {
+        let running = match paygate::app::start_default(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("paygate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let code = match running.gateway.cli_integrity(full).await {
+            Ok(report) => {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            }
+            Err(e) => {
+                eprintln!("paygate: the ledger check failed: {e}");
                 ExitCode::FAILURE
             }
         };

@@ -252,3 +252,42 @@ async fn incremental_checks_raise_no_false_alarm_while_payments_post() {
         assert!(full.ok, "{label}: {:?}", full.problems);
     }
 }
+
+/// `paygate check-ledger`: the operator's check from the shell (no request timeout to cut off a full
+/// scan of a large ledger), reporting and exiting as a script needs, audited like the tool.
+#[test]
+fn the_check_ledger_command_reports_exits_nonzero_on_a_tampered_ledger_and_audits() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .arg("check-ledger")
+            .args(args)
+            .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+            .env("PAYGATE_LOG", "warn")
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("a JSON report: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), report)
+    };
+    let (code, report) = run(&["--full"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!((report["ok"].as_bool(), report["mode"].as_str()), (Some(true), Some("full")), "{report}");
+
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.execute("UPDATE accounts SET balance_minor = balance_minor + 7 WHERE id = 'acct-B'", []).unwrap();
+    let (code, report) = run(&[]);
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!((report["ok"].as_bool(), report["mode"].as_str()), (Some(false), Some("incremental")), "{report}");
+    assert!(report["problems"].to_string().contains("account acct-B balance"), "{report}");
+    let audited: (String, String) = db
+        .query_row(
+            "SELECT principal_sub, detail FROM audit_records
+             WHERE tool = 'check_ledger_integrity' AND decision = 'integrity_failed'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(audited.0, "cli");
+    assert!(audited.1.contains("acct-B"), "{audited:?}");
+}

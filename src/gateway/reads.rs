@@ -378,6 +378,17 @@ impl Gateway {
         self.backend.check_integrity(false).await
     }
 
+    /// `paygate check-ledger`: the same check from the operator's shell, where no request timeout
+    /// cuts off a full scan of a large ledger; audited like the tool, as the host's "cli".
+    pub async fn cli_integrity(&self, full: bool) -> Result<IntegrityReport, crate::backend::BackendError> {
+        let report = self.backend.check_integrity(full).await?;
+        let mut d =
+            Decision::new("check_ledger_integrity", if report.ok { "integrity_ok" } else { "integrity_failed" });
+        d.detail = (!report.ok).then(|| report.problems.join("; "));
+        self.audit_as(super::rails::GATEWAY_ISSUER, "cli", "-", d).await;
+        Ok(report)
+    }
+
     pub async fn check_ledger_integrity(&self, caller: &Caller, full: bool) -> Result<IntegrityReport, AgentError> {
         if !caller.principal.has_scope(scopes::ADMIN) {
             return Err(AgentError::new(ErrorCode::InsufficientScope, "check_ledger_integrity needs payments:admin"));
