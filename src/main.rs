@@ -222,7 +222,7 @@ fn ledger_serve(config: Config, bind: &str) -> ExitCode {
     })
 }
 
-fn reconcile(mut config: Config, since: Option<&str>) -> ExitCode {
+fn reconcile(config: Config, since: Option<&str>) -> ExitCode {
     init_tracing();
     let since = match since.map(paygate::gateway::parse_instant_arg).transpose() {
         Ok(s) => s,
@@ -231,20 +231,8 @@ fn reconcile(mut config: Config, since: Option<&str>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The gateway's own assembly (store, backend, rails), on a private port, with no scheduler.
-    config.server.bind = "127.0.0.1:0".into();
-    config.jobs.enabled = false;
-    let Some(rt) = runtime() else { return ExitCode::FAILURE };
-    rt.block_on(async move {
-        let running = match paygate::app::start_default(config).await {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("paygate: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let g = running.gateway.clone();
-        let code = match g.reconcile(since).await {
+    one_shot(config, |g| async move {
+        match g.reconcile(since).await {
             Ok(report) => {
                 if let Err(e) = g.store().audit_append(g.reconcile_audit(&report)).await {
                     eprintln!("paygate: the reconciliation report could not be audited: {e}");
@@ -256,15 +244,33 @@ fn reconcile(mut config: Config, since: Option<&str>) -> ExitCode {
                 eprintln!("paygate: reconciliation failed: {e}");
                 ExitCode::FAILURE
             }
-        };
-        running.shutdown().await;
-        code
+        }
     })
 }
 
-fn check_ledger(mut config: Config, full: bool) -> ExitCode {
+fn check_ledger(config: Config, full: bool) -> ExitCode {
     init_tracing();
-    // The gateway's own assembly, on a private port, with no scheduler (as `reconcile`).
+    one_shot(config, |g| async move {
+        match g.cli_integrity(full).await {
+            Ok(report) => {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            }
+            Err(e) => {
+                eprintln!("paygate: the ledger check failed: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// A one-shot command (`reconcile`, `check-ledger`): the gateway's own assembly (store, backend,
+/// rails) on a private port with no scheduler, `run` against it, then a clean shutdown.
+fn one_shot<F, Fut>(mut config: Config, run: F) -> ExitCode
+where
+    F: FnOnce(std::sync::Arc<paygate::gateway::Gateway>) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
     config.server.bind = "127.0.0.1:0".into();
     config.jobs.enabled = false;
     let Some(rt) = runtime() else { return ExitCode::FAILURE };
@@ -276,16 +282,7 @@ fn check_ledger(mut config: Config, full: bool) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let code = match running.gateway.cli_integrity(full).await {
-            Ok(report) => {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-                if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
-            }
-            Err(e) => {
-                eprintln!("paygate: the ledger check failed: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        let code = run(running.gateway.clone()).await;
         running.shutdown().await;
         code
     })
