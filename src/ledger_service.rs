@@ -50,6 +50,8 @@ struct Svc {
     clock: Arc<dyn Clock>,
     /// SHA-256 of the credential; `None` (an empty credential) refuses every request.
     credential_digest: Option<[u8; 32]>,
+    /// One ledger check at a time; concurrent callers share the next one.
+    checks: Arc<crate::store::LedgerChecks>,
 }
 
 /// The contract's routes over `store`. Every route but `/v1/health` needs `Authorization: Bearer
@@ -61,7 +63,7 @@ pub fn router(store: Arc<dyn Store>, clock: Arc<dyn Clock>, credential: Secret) 
     } else {
         Some(digest(credential.expose()))
     };
-    let svc = Svc { store, clock, credential_digest };
+    let svc = Svc { store, clock, credential_digest, checks: Default::default() };
     let api = Router::new()
         .route("/v1/payments", post(create_payment).get(list_payments))
         .route("/v1/payments/{id}", get(get_payment))
@@ -583,7 +585,7 @@ async fn get_integrity(
         Some("true") => true,
         Some(_) => return Err(ApiError::invalid("full must be true or false")),
     };
-    let report = crate::store::check_ledger(&*svc.store, full, svc.clock.now()).await?;
+    let report = svc.checks.check(&*svc.store, full, svc.clock.now()).await?;
     Ok(axum::Json(report).into_response())
 }
 

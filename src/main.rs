@@ -242,7 +242,7 @@ fn reconcile(config: Config, since: Option<&str>) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("paygate: reconciliation failed: {e}");
-                ExitCode::FAILURE
+                could_not_run()
             }
         }
     })
@@ -257,11 +257,18 @@ fn check_ledger(config: Config, full: bool) -> ExitCode {
                 if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
             }
             Err(e) => {
-                eprintln!("paygate: the ledger check failed: {e}");
-                ExitCode::FAILURE
+                eprintln!("paygate: the ledger could not be checked: {e}");
+                could_not_run()
             }
         }
     })
+}
+
+/// `reconcile` and `check-ledger` exit 0 when all is well, 1 when they found something a human must
+/// look at, and 2 when they could not look (the store or the backend did not answer), so a
+/// script can tell "inconsistent" from "unknown", as `diff` and `grep` do.
+fn could_not_run() -> ExitCode {
+    ExitCode::from(2)
 }
 
 /// A one-shot command (`reconcile`, `check-ledger`): the gateway's own assembly (store, backend,
@@ -273,13 +280,13 @@ where
 {
     config.server.bind = "127.0.0.1:0".into();
     config.jobs.enabled = false;
-    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    let Some(rt) = runtime() else { return could_not_run() };
     rt.block_on(async move {
         let running = match paygate::app::start_default(config).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("paygate: {e}");
-                return ExitCode::FAILURE;
+                return could_not_run();
             }
         };
         let code = run(running.gateway.clone()).await;

@@ -17,11 +17,12 @@ use crate::store::Store;
 pub struct LedgerBackend {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
+    checks: crate::store::LedgerChecks,
 }
 
 impl LedgerBackend {
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
-        LedgerBackend { store, clock }
+        LedgerBackend { store, clock, checks: Default::default() }
     }
 }
 
@@ -65,6 +66,6 @@ impl PaymentBackend for LedgerBackend {
     }
 
     async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError> {
-        Ok(crate::store::check_ledger(&*self.store, full, self.clock.now()).await?)
+        Ok(self.checks.check(&*self.store, full, self.clock.now()).await?)
     }
 }

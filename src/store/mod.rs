@@ -311,3 +311,154 @@ pub async fn check_ledger(store: &dyn Store, full: bool, now: UnixSecs) -> Resul
     }
     Ok(report)
 }
+
+/// One ledger check at a time in this process, shared by everything that asks for one (the tool,
+/// the scheduled job, reconciliation, the ledger service's route). A caller that arrives while a
+/// check runs waits for it and then shares the next one with everyone else who waited, so a flood
+/// of `full: true` calls costs at most two scans (the one running when they arrived and one that
+/// began after all of them) instead of one scan per call, and scans never run side by side. A shared report never predates the call:
+/// it comes from a check that began after the caller arrived, and a full call is only ever answered
+/// by a full check.
+#[derive(Default)]
+pub struct LedgerChecks {
+    /// Callers counted so far; a check that began when this read `n` covers callers `1..=n`.
+    arrivals: std::sync::atomic::AtomicU64,
+    last: tokio::sync::Mutex<Option<LastCheck>>,
+}
+
+struct LastCheck {
+    covers: u64,
+    full: bool,
+    report: IntegrityReport,
+}
+
+impl LedgerChecks {
+    pub async fn check(&self, store: &dyn Store, full: bool, now: UnixSecs) -> Result<IntegrityReport, StoreError> {
+        self.coalesce(full, || check_ledger(store, full, now)).await
+    }
+
+    async fn coalesce<E, F, Fut>(&self, full: bool, run: F) -> Result<IntegrityReport, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<IntegrityReport, E>>,
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        let ticket = self.arrivals.fetch_add(1, SeqCst) + 1;
+        // Tokio's mutex is fair: waiters take it in arrival order. A dropped holder (a request that
+        // timed out mid-scan) releases it, and the next waiter runs its own check.
+        let mut last = self.last.lock().await;
+        if let Some(l) = last.as_ref().filter(|l| l.covers >= ticket && (l.full || !full)) {
+            return Ok(l.report.clone());
+        }
+        let covers = self.arrivals.load(SeqCst);
+        let report = run().await?;
+        *last = Some(LastCheck { covers, full, report: report.clone() });
+        Ok(report)
+    }
+
+    /// Callers counted so far (for tests that wait until callers are queued).
+    #[cfg(test)]
+    fn arrived(&self) -> u64 {
+        self.arrivals.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+    use super::*;
+
+    fn report(run: u32, mode: &str) -> IntegrityReport {
+        IntegrityReport {
+            ok: true,
+            accounts_checked: 0,
+            postings_checked: i64::from(run),
+            currency_sums: vec![],
+            problems: vec![],
+            mode: mode.into(),
+            since: None,
+        }
+    }
+
+    /// Starts a full check that holds the gate until `release` fires; returns once it is running.
+    async fn hold(
+        checks: &Arc<LedgerChecks>,
+        runs: &Arc<AtomicU32>,
+        mode: &'static str,
+    ) -> (tokio::task::JoinHandle<IntegrityReport>, tokio::sync::oneshot::Sender<()>) {
+        let (started, running) = tokio::sync::oneshot::channel();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (c, r) = (checks.clone(), runs.clone());
+        let held = tokio::spawn(async move {
+            c.coalesce(mode == "full", || async move {
+                let n = r.fetch_add(1, SeqCst) + 1;
+                started.send(()).unwrap();
+                released.await.unwrap();
+                Ok::<_, ()>(report(n, mode))
+            })
+            .await
+            .unwrap()
+        });
+        running.await.unwrap();
+        (held, release)
+    }
+
+    fn call(checks: &Arc<LedgerChecks>, runs: &Arc<AtomicU32>, full: bool) -> tokio::task::JoinHandle<IntegrityReport> {
+        let (c, r) = (checks.clone(), runs.clone());
+        tokio::spawn(async move {
+            let mode = if full { "full" } else { "incremental" };
+            c.coalesce(full, || async move { Ok::<_, ()>(report(r.fetch_add(1, SeqCst) + 1, mode)) }).await.unwrap()
+        })
+    }
+
+    async fn queued(checks: &LedgerChecks, n: u64) {
+        while checks.arrived() < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_full_checks_costs_two_scans_and_none_is_answered_by_one_that_began_before_it() {
+        let (checks, runs) = (Arc::new(LedgerChecks::default()), Arc::new(AtomicU32::new(0)));
+        let (held, release) = hold(&checks, &runs, "full").await;
+        let flood: Vec<_> = (0..20).map(|_| call(&checks, &runs, true)).collect();
+        queued(&checks, 21).await;
+        assert_eq!(runs.load(SeqCst), 1, "nobody scans beside the running check");
+        release.send(()).unwrap();
+        assert_eq!(held.await.unwrap().postings_checked, 1);
+        for f in flood {
+            // Not the running check's report (it began before they called): the one after it.
+            assert_eq!(f.await.unwrap().postings_checked, 2);
+        }
+        assert_eq!(runs.load(SeqCst), 2);
+        // A call after the flood is answered by a check of its own, not by the stored report.
+        assert_eq!(call(&checks, &runs, true).await.unwrap().postings_checked, 3);
+    }
+
+    #[tokio::test]
+    async fn an_incremental_call_shares_a_full_check_but_a_full_call_never_shares_an_incremental_one() {
+        let (checks, runs) = (Arc::new(LedgerChecks::default()), Arc::new(AtomicU32::new(0)));
+        let (held, release) = hold(&checks, &runs, "incremental").await;
+        let full = call(&checks, &runs, true);
+        queued(&checks, 2).await;
+        release.send(()).unwrap();
+        assert_eq!(held.await.unwrap().mode, "incremental");
+        let full = full.await.unwrap();
+        assert_eq!((full.mode.as_str(), full.postings_checked), ("full", 2), "a full call gets a full check");
+
+        // Behind a running check: a full call first in line, then an incremental one.
+        let (held, release) = hold(&checks, &runs, "incremental").await;
+        let b = call(&checks, &runs, true);
+        queued(&checks, 4).await;
+        let a = call(&checks, &runs, false);
+        queued(&checks, 5).await;
+        release.send(()).unwrap();
+        held.await.unwrap();
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        assert_eq!((b.mode.as_str(), b.postings_checked), ("full", 4));
+        assert_eq!(a, b, "the incremental call waited through the full check, so it shares it");
+        assert_eq!(runs.load(SeqCst), 4);
+    }
+}
