@@ -292,24 +292,30 @@ fn the_check_ledger_command_reports_exits_nonzero_on_a_tampered_ledger_and_audit
     assert!(audited.1.contains("acct-B"), "{audited:?}");
 }
 
-/// When the ledger cannot be checked at all (its service does not answer) the command says so and
-/// exits 2, not 1, so a script never reads "unknown" as "inconsistent" (or as consistent).
+/// When the ledger cannot be checked at all (its service does not answer) `check-ledger` and
+/// `reconcile` say so and exit 2, not 1, so a script never reads "unknown" as "inconsistent" (or as
+/// consistent).
 #[test]
-fn the_check_ledger_command_exits_2_when_the_ledger_cannot_be_checked() {
+fn check_ledger_and_reconcile_exit_2_when_the_ledger_cannot_be_reached() {
     let dir = tempfile::tempdir().unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
-        .args(["check-ledger", "--full"])
-        .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
-        .env("PAYGATE_BACKEND__KIND", "http")
-        .env("PAYGATE_BACKEND__HTTP_URL", format!("http://{closed}"))
-        .env("PAYGATE_BACKEND__HTTP_CREDENTIAL", "not-a-real-credential-but-long-enough")
-        .env("PAYGATE_LOG", "warn")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(out.stdout.is_empty(), "no report when nothing was checked: {}", String::from_utf8_lossy(&out.stdout));
-    assert!(stderr.contains("the ledger could not be checked: backend unavailable"), "{stderr}");
-    assert!(!stderr.contains("not-a-real-credential"), "the credential is never logged");
+    for (args, says) in [
+        (&["check-ledger", "--full"][..], "the ledger could not be checked: backend unavailable"),
+        (&["reconcile"][..], "reconciliation failed: backend unavailable"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(args)
+            .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+            .env("PAYGATE_BACKEND__KIND", "http")
+            .env("PAYGATE_BACKEND__HTTP_URL", format!("http://{closed}"))
+            .env("PAYGATE_BACKEND__HTTP_CREDENTIAL", "not-a-real-credential-but-long-enough")
+            .env("PAYGATE_LOG", "warn")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: no report when nothing was checked");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("not-a-real-credential"), "{args:?}: the credential is never logged");
+    }
 }
