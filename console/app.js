@@ -153,6 +153,9 @@ function scopesOf(claims) {
   return new Set(list.filter(Boolean).map(String));
 }
 const can = (scope) => session.scopes.has(scope);
+// A person who only confirms their own payments (payments:confirm, no operator scope) sees the
+// confirmation view alone: the operator tabs are not theirs to see.
+const confirmOnly = () => can(SCOPE.confirm) && ![SCOPE.audit, SCOPE.approve, SCOPE.admin].some(can);
 
 function setToken(token) {
   session.token = token;
@@ -390,11 +393,13 @@ function signedIn() {
   if (!session.scopes.size) scopes.append(h('span', { class: 'chip warn' }, 'no scopes'));
   const exp = $('[data-testid="token-expiry"]');
   exp.dataset.exp = c.exp ? String(c.exp * 1000) : '';
-  $('[data-testid="nav"]').hidden = false;
+  $('[data-testid="nav"]').hidden = confirmOnly();
   tickClocks();
   if (pollTimer) clearInterval(pollTimer);
-  pollTimer = setInterval(refreshPendingCount, SUMMARY_POLL_MS);
-  refreshPendingCount();
+  if (!confirmOnly()) {
+    pollTimer = setInterval(refreshPendingCount, SUMMARY_POLL_MS);
+    refreshPendingCount();
+  }
   route();
 }
 
@@ -415,7 +420,7 @@ const VIEWS = {
 function route() {
   if (!session.token) return;
   const name = location.hash.replace(/^#/, '').split('/')[0];
-  const view = Object.hasOwn(VIEWS, name) ? name : 'overview';
+  const view = confirmOnly() ? 'confirm' : Object.hasOwn(VIEWS, name) ? name : 'overview';
   for (const a of $$('nav.tabs a')) {
     if (a.dataset.view === view) a.setAttribute('aria-current', 'page');
     else a.removeAttribute('aria-current');
@@ -742,18 +747,48 @@ async function loadConfirm() {
   }
 }
 
+// Every field the closed mandate will pin, in the words the person reads them: what they confirm
+// is exactly what the payment carries (payer, payee, amount, currency, tool, operation id, memo or
+// reason, the agent and the person it acts for).
+const TOOL_NAMES = {
+  create_payment: 'A payment',
+  refund_payment: 'A refund',
+  request_mpesa_payment: 'An M-Pesa collection',
+  request_airtel_payment: 'An Airtel Money collection',
+  send_mpesa_payout: 'An M-Pesa payout',
+};
+const INTENT_FIELDS = [
+  ['payer', 'From', 'confirm-payer'],
+  ['payee', 'To', 'confirm-payee'],
+  ['payment_id', 'Refund of', 'confirm-refund-of'],
+  ['operation_id', 'Operation', 'confirm-operation'],
+  ['memo', 'Memo', 'confirm-memo'],
+  ['reason', 'Reason', 'confirm-reason'],
+  ['account_reference', 'Account reference', 'confirm-reference'],
+  ['description', 'Description', 'confirm-description'],
+  ['remarks', 'Remarks', 'confirm-remarks'],
+];
+
 function renderConfirm(box, a) {
   clear(box);
   const intent = a.intent && typeof a.intent === 'object' ? a.intent : {};
-  const to = intent.payee ?? intent.to_account ?? intent.phone_number ?? '';
+  const tool = String(intent.tool ?? a.tool ?? '');
+  const facts = [
+    fact('What', h('span', { 'data-testid': 'confirm-tool', title: tool }, `${TOOL_NAMES[tool] ?? 'A money movement'} (${tool})`)),
+  ];
+  for (const [key, label, testid] of INTENT_FIELDS) {
+    if (intent[key] === undefined || intent[key] === null) continue;
+    facts.push(fact(label, h('span', { 'data-testid': testid }, String(intent[key]))));
+  }
+  facts.push(
+    fact('Asked for by', h('span', { 'data-testid': 'confirm-agent' }, a.agent_subject ?? '')),
+    fact('On behalf of', h('span', { 'data-testid': 'confirm-user' }, a.user ?? '—')),
+    fact('Why it needs you', a.reason ?? ''),
+    fact('Status', h('strong', { 'data-testid': 'confirm-status' }, a.status ?? '')));
   box.append(
     h('p', { class: 'amount', 'data-testid': 'confirm-amount' }, money(a.amount, a.currency)),
-    h('dl', { class: 'facts' },
-      fact('To', to ? String(to) : '—'),
-      fact('Asked for by', a.agent_subject ?? ''),
-      fact('Why it needs you', a.reason ?? ''),
-      fact('Status', h('strong', { 'data-testid': 'confirm-status' }, a.status ?? ''))),
-    h('p', { class: 'muted small' }, 'Your assistant asked for this payment. Confirm only if you meant it; the text above came from the assistant.'));
+    h('dl', { class: 'facts', 'data-testid': 'confirm-intent' }, ...facts),
+    h('p', { class: 'muted small' }, 'Your assistant asked for exactly this, and confirming pays exactly this: these parties, this amount, this operation and memo. Confirm only if you meant it; the memo and names above came from the assistant.'));
   if (a.status !== 'pending') return;
   const yes = h('button', { type: 'button', class: 'primary', 'data-testid': 'confirm-approve' }, 'Confirm payment');
   const no = h('button', { type: 'button', class: 'danger', 'data-testid': 'confirm-reject' }, 'Decline');
@@ -831,7 +866,7 @@ function paymentRow(p) {
     h('td', {}, p.rail),
     h('td', {}, h('span', {}, p.from_account), ' → ', h('span', {}, p.to_account)),
     h('td', { class: 'num' }, money(p.amount, p.currency)),
-    h('td', {}, p.agent_subject),
+    h('td', { 'data-testid': 'payment-agent' }, principal(p.agent_subject, p.user)),
     h('td', { class: 'memo' }, agentText(p.memo)));
 }
 
@@ -852,7 +887,8 @@ async function showPayment(id) {
         fact('Status', badge(p.status)),
         fact('Amount', money(p.amount, p.currency)),
         fact('From → to', `${clean(p.from_account)} → ${clean(p.to_account)}`),
-        fact('Agent', p.agent_subject),
+        fact('Agent', h('span', { 'data-testid': 'detail-agent' }, p.agent_subject ?? '')),
+        p.user ? fact('On behalf of', h('span', { 'data-testid': 'detail-user' }, p.user)) : null,
         fact('Rail', `${clean(p.rail)}${p.rail_ref ? ` · ${clean(p.rail_ref)}` : ''}`),
         p.mandate_id ? fact('Mandate', mono(p.mandate_id)) : null,
         p.refund_of ? fact('Refund of', mono(p.refund_of)) : null,
@@ -877,7 +913,8 @@ function timeline(events) {
     ol.append(h('li', { 'data-testid': 'timeline-event', 'data-step': step, class: `step-${clean(step)}` },
       h('div', { class: 'tl-head' }, badge(step.replace(/_/g, ' '), `step ${clean(step)}`), ' ', timeCell(ev.at)),
       h('div', { class: 'tl-body' },
-        h('span', {}, clean(ev.actor ?? '')), ' · ', h('code', {}, ev.tool ?? ''), ' · ', h('span', {}, ev.decision ?? ''),
+        h('span', { 'data-testid': 'timeline-actor' }, principal(ev.actor, ev.user)), ' · ', h('code', {}, ev.tool ?? ''), ' · ', h('span', {}, ev.decision ?? ''),
+        Number(ev.repeats) > 1 ? [' · ', h('span', { class: 'muted' }, `×${Number(ev.repeats)}`)] : null,
         ev.code ? [' · ', h('code', { class: 'code' }, ev.code)] : null,
         ev.approval_id ? [' · ', mono(ev.approval_id)] : null),
       ev.detail ? h('div', { class: 'tl-detail' }, agentText(typeof ev.detail === 'object' ? JSON.stringify(ev.detail) : ev.detail, RECORDED)) : null));
@@ -909,7 +946,7 @@ function auditRow(ev) {
   return h('tr', { 'data-testid': 'audit-row' },
     h('td', {}, timeCell(ev.at)),
     h('td', {}, ev.step ? badge(ev.step.replace(/_/g, ' '), `step ${clean(ev.step)}`) : '—'),
-    h('td', {}, ev.actor ?? ''),
+    h('td', { 'data-testid': 'audit-actor' }, principal(ev.actor, ev.user), Number(ev.repeats) > 1 ? h('span', { class: 'muted small' }, ` ×${Number(ev.repeats)}`) : null),
     h('td', {}, h('code', {}, ev.tool ?? '')),
     h('td', {}, ev.decision ?? ''),
     h('td', {}, ev.code ? h('code', { class: 'code' }, ev.code) : ''),
@@ -930,8 +967,17 @@ function loadAgents() {
   });
 }
 
+// An agent, and the person it acted for when it did (RFC 8693 delegation): "bot for alice".
+function principal(agent, user) {
+  return user ? [clean(agent ?? ''), h('span', { class: 'muted' }, ' for '), clean(user)] : clean(agent ?? '');
+}
+
 function agentRow(p) {
   const input = h('input', { type: 'text', name: 'reason', maxlength: 500, autocomplete: 'off', placeholder: 'Reason', 'aria-label': `Reason to suspend ${clean(p.subject)}`, 'data-testid': 'agent-reason' });
+  // Which suspension this row is: the agent (whoever it acts for), or it acting for one user.
+  const query = {};
+  if (p.issuer) query.issuer = p.issuer;
+  if (p.scope === 'pair' && p.user) query.user = p.user;
   const action = p.suspended
     ? guard(h('button', { type: 'button', class: 'primary', 'data-testid': 'agent-resume' }, 'Resume'), SCOPE.admin)
     : guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'agent-suspend' }, 'Suspend'), SCOPE.admin);
@@ -939,7 +985,7 @@ function agentRow(p) {
     const verb = p.suspended ? 'resume' : 'suspend';
     action.disabled = true;
     try {
-      await api('POST', `/principals/${encodeURIComponent(p.subject)}/${verb}`, verb === 'suspend' ? { body: { reason: input.value.trim() } } : { body: {} });
+      await api('POST', `/principals/${encodeURIComponent(p.subject)}/${verb}`, verb === 'suspend' ? { query, body: { reason: input.value.trim() } } : { query, body: {} });
       notify(`${verb === 'suspend' ? 'Suspended' : 'Resumed'} ${clean(p.subject)}.`, 'ok');
       await loadAgents();
       refreshPendingCount();
@@ -948,8 +994,9 @@ function agentRow(p) {
       if (e.status !== 403) action.disabled = !can(SCOPE.admin);
     }
   });
-  return h('tr', { 'data-testid': 'agent-row', 'data-subject': p.subject },
-    h('td', {}, h('strong', {}, p.subject)),
+  const scope = p.scope === 'pair' ? (p.user ? `acting for ${clean(p.user)}` : 'on its own token') : 'whoever it acts for';
+  return h('tr', { 'data-testid': 'agent-row', 'data-subject': p.subject, 'data-user': p.user ?? '' },
+    h('td', {}, h('strong', {}, p.subject), h('div', { class: 'muted small', 'data-testid': 'agent-scope' }, scope)),
     h('td', {}, p.suspended ? badge('suspended') : badge('active')),
     h('td', {}, p.suspended ? timeCell(p.suspended_at) : '—'),
     h('td', { class: 'memo' }, p.suspended_reason ? agentText(p.suspended_reason) : '—'),

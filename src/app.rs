@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::jwks::JwksCache;
-use crate::auth::{Secret, Verifier, mint_dev_token};
+use crate::auth::{Audience, DevToken, Secret, Verifier};
 use crate::backend::ledger::LedgerBackend;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{BackendKind, Config, MpesaEnvironment};
@@ -96,14 +96,37 @@ pub struct Running {
 
 impl Running {
     pub fn mcp_url(&self) -> String {
-        format!("{}/mcp", self.public_url)
+        agent_resource(&self.public_url)
     }
 
-    /// Mint a dev token for `subject` (dev key only).
+    /// Mint a dev token for `subject` (dev key only) for the MCP resource: an agent's.
     pub fn mint_token(&self, subject: &str, scope: &str, ttl_secs: i64) -> Option<String> {
+        self.mint(Audience::Agent, subject, None, scope, ttl_secs)
+    }
+
+    /// Mint a dev token for the operator resource: a person's own (dev key only).
+    pub fn mint_operator_token(&self, subject: &str, scope: &str, ttl_secs: i64) -> Option<String> {
+        self.mint(Audience::Operator, subject, None, scope, ttl_secs)
+    }
+
+    /// Mint a dev token for `audience`; with `actor`, a delegated token (RFC 8693: `sub` is the
+    /// user, `act.sub` the agent acting for them).
+    pub fn mint(
+        &self,
+        audience: Audience,
+        subject: &str,
+        actor: Option<&str>,
+        scope: &str,
+        ttl_secs: i64,
+    ) -> Option<String> {
         let key = self.dev_key.as_ref()?;
         let issuer = dev_issuer(&self.config, &self.public_url);
-        mint_dev_token(key, &issuer, &self.mcp_url(), subject, scope, self.clock.now(), ttl_secs).ok()
+        let audience = match audience {
+            Audience::Agent => agent_resource(&self.public_url),
+            Audience::Operator => operator_resource(&self.public_url),
+        };
+        let now = self.clock.now();
+        DevToken { issuer: &issuer, audience: &audience, subject, scope, actor, now, ttl_secs }.mint(key).ok()
     }
 
     /// Stop accepting, end open streams, wait for in-flight requests.
@@ -156,9 +179,20 @@ pub fn dev_key(config: &Config) -> Result<Secret, StartError> {
         return Ok(k.clone());
     }
     let dir = &config.storage.data_dir;
-    std::fs::create_dir_all(dir).map_err(|source| StartError::DataDir { path: dir.clone(), source })?;
+    crate::private_fs::create_dir(dir).map_err(|source| StartError::DataDir { path: dir.clone(), source })?;
     let path = dir.join("dev-signing.key");
     load_or_create_secret(&path).map_err(|source| StartError::DataDir { path, source })
+}
+
+/// The MCP resource's identifier: the audience of agents' tokens.
+pub fn agent_resource(public_url: &str) -> String {
+    format!("{public_url}/mcp")
+}
+
+/// The operator resource's identifier: the audience of operators' tokens (the approval routes,
+/// `/principals`, `/operator/v1` and the console). Not a path of its own: an identifier.
+pub fn operator_resource(public_url: &str) -> String {
+    format!("{public_url}/operator")
 }
 
 /// The dev key's issuer: configured, or the public URL (the gateway is the dev issuer).
@@ -343,14 +377,17 @@ pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Resu
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     let st = &config.storage;
     if st.url.starts_with("postgres://") || st.url.starts_with("postgresql://") {
-        return Ok(Arc::new(PostgresStore::connect(&st.url, &st.postgres_schema).await?));
+        let tls = st.postgres_tls();
+        let store = PostgresStore::connect_with(&st.url, &st.postgres_schema, &tls).await?;
+        return Ok(Arc::new(store));
     }
     let path = match st.url.strip_prefix("sqlite://") {
         Some(p) => PathBuf::from(p),
         None => st.data_dir.join(&st.sqlite_file),
     };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| StartError::DataDir { path: parent.to_path_buf(), source })?;
+        crate::private_fs::create_dir(parent)
+            .map_err(|source| StartError::DataDir { path: parent.to_path_buf(), source })?;
     }
     let tuning = crate::store::sqlite::Tuning { cache_mib: st.sqlite_cache_mib, mmap_mib: st.sqlite_mmap_mib };
     Ok(Arc::new(SqliteStore::open_tuned(&path, tuning)?))
@@ -362,7 +399,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     let bound = bind(&config).await?;
     let public_url = bound.public_url.clone();
     let data_dir = config.storage.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+    crate::private_fs::create_dir(&data_dir)
+        .map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
     let store = open_store(&config).await?;
     if config.backend.kind == BackendKind::Ledger {
         seed_demo_accounts(&config, &store).await?;
@@ -424,10 +462,10 @@ struct Identity {
 
 fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result<Identity, StartError> {
     let a = &config.auth;
-    let resource_url = format!("{public_url}/mcp");
     let dev_issuer = dev_issuer(config, public_url);
     let mut verifier =
-        Verifier::new(resource_url, a.leeway_secs, clock.clone()).with_cache(a.verified_token_cache_max as usize);
+        Verifier::new(agent_resource(public_url), operator_resource(public_url), a.leeway_secs, clock.clone())
+            .with_cache(a.verified_token_cache_max as usize);
     let dev_key = if a.dev_key_on() { Some(dev_key(config)?) } else { None };
     if let Some(k) = &dev_key {
         verifier = verifier.with_dev_key(dev_issuer.clone(), k).map_err(StartError::Auth)?;
@@ -451,12 +489,16 @@ fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|e| StartError::Auth(e.to_string()))?;
-            Some(JwksCache::new(
-                a.jwks_url.clone(),
-                http,
-                Duration::from_secs(a.jwks_cache_secs as u64),
-                Duration::from_secs(a.jwks_refetch_min_interval_secs as u64),
-            ))
+            Some(
+                JwksCache::new(
+                    a.jwks_url.clone(),
+                    http,
+                    Duration::from_secs(a.jwks_cache_secs as u64),
+                    Duration::from_secs(a.jwks_refetch_min_interval_secs as u64),
+                    clock.clone(),
+                )
+                .with_stale_max(Duration::from_secs(a.jwks_stale_max_secs as u64)),
+            )
         };
         verifier = verifier.with_idp(a.issuer.clone(), pem_keys, jwks);
         authorization_servers.push(a.issuer.clone());
@@ -515,6 +557,8 @@ fn gateway(
         open_mandate_valid_max_secs: config.mandates.open_valid_max_secs,
         stop_denials_max: config.stop_rules.denials_max,
         stop_window_secs: config.stop_rules.window_secs,
+        rate_limited_per_denial: config.stop_rules.rate_limited_per_denial,
+        refusal_audit_interval_secs: config.audit.refusals_interval_secs,
         approval_required_tools: config.tools.approval_required.clone(),
         list_limit_max: config.limits.list_limit_max as u32,
         list_limit_default: config.limits.list_limit_default as u32,
@@ -596,8 +640,11 @@ fn router(
             config.server.sessions_per_principal_max as usize,
         )),
         session_idle_secs: config.server.session_idle_secs as u64,
-        resource_url: format!("{public_url}/mcp"),
+        resource_url: agent_resource(public_url),
         metadata_url: format!("{public_url}{}/mcp", http::METADATA_PATH),
+        operator_resource_url: operator_resource(public_url),
+        operator_metadata_url: format!("{public_url}{}/operator", http::METADATA_PATH),
+        legacy_agent_admin_scope: config.auth.legacy_agent_admin_scope,
         authorization_servers: identity.authorization_servers,
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,

@@ -71,15 +71,18 @@ pub async fn archive(store: &dyn Store, s: &Settings, now: UnixSecs) -> Result<V
 
 /// Write the batch to a temporary file, sync it, rename it into place and sync the directory.
 fn write(dir: &Path, path: &Path, records: &[AuditRecord]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    // Owner-only, like the key files: the trail names agents, operators and what they wrote.
+    crate::private_fs::create_dir(dir)?;
     let tmp = path.with_extension("jsonl.partial");
     {
-        // Owner-only, like the key files: the trail names agents, operators and what they wrote.
-        let mut open = std::fs::OpenOptions::new();
-        open.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-        let mut out = std::io::BufWriter::new(open.open(&tmp)?);
+        // A leftover from a crashed run (or anything planted there) is removed, never written
+        // through: the new file is created exclusively and a symbolic link is not followed.
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut out = std::io::BufWriter::new(crate::private_fs::create_new_private(&tmp)?);
         for r in records {
             serde_json::to_writer(&mut out, r)?;
             out.write_all(b"\n")?;

@@ -10,22 +10,39 @@
 //! tool, and the gateway admits, rate-limits, audits and keys it under the canonical name, so
 //! alternating names gains nothing. Disabling the canonical tool disables its aliases too.
 
-/// OAuth scopes: what agents' and operators' tokens carry.
+/// OAuth scopes: what agents' and operators' tokens carry. The two sets share no name: an agent's
+/// scopes mean something only at the MCP resource, an operator's only at the operator resource, and
+/// each resource accepts only tokens whose audience is itself (`auth::Audience`).
 pub mod scopes {
+    // Agent scopes: tokens for the MCP resource (`<public_url>/mcp`).
     pub const READ: &str = "payments:read";
     pub const CREATE: &str = "payments:create";
     pub const REFUND: &str = "payments:refund";
     pub const COLLECT: &str = "payments:collect";
     /// Money out to a customer through a rail (an M-Pesa B2C payout).
     pub const PAYOUT: &str = "payments:payout";
-    pub const ADMIN: &str = "payments:admin";
+    /// The agent-side admin tools: `check_ledger_integrity` and `reconcile`. (Before agents and
+    /// operators were told apart this was `payments:admin`; see `LEGACY_AGENT_ADMIN`.)
+    pub const INTEGRITY: &str = "payments:integrity";
+
+    // Operator scopes: tokens for the operator resource (`<public_url>/operator`).
     pub const APPROVE: &str = "payments:approve";
     pub const AUDIT: &str = "payments:audit";
+    /// Suspend and resume agents, run reconciliation from the operator API.
+    pub const ADMIN: &str = "payments:admin";
     /// A person confirming their own payments (the user-approval tier): given to the console's
     /// sign-in, never to an agent. /mcp refuses a token that carries it.
     pub const CONFIRM: &str = "payments:confirm";
-    /// Every scope an agent token can carry, for the RFC 9728 document.
-    pub const AGENT_SCOPES: &[&str] = &[READ, CREATE, REFUND, COLLECT, PAYOUT, ADMIN];
+
+    /// The name the agent-side admin scope had before it became `payments:integrity`. On an agent
+    /// token it means nothing unless `auth.legacy_agent_admin_scope` is set (a migration switch for
+    /// identity providers not yet updated), and then it reads as `payments:integrity`.
+    pub const LEGACY_AGENT_ADMIN: &str = ADMIN;
+
+    /// Every scope an agent token can carry, for the MCP resource's RFC 9728 document.
+    pub const AGENT_SCOPES: &[&str] = &[READ, CREATE, REFUND, COLLECT, PAYOUT, INTEGRITY];
+    /// Every scope an operator token can carry, for the operator resource's RFC 9728 document.
+    pub const OPERATOR_SCOPES: &[&str] = &[AUDIT, APPROVE, ADMIN, CONFIRM];
 }
 
 /// What kind of effect a tool has; the MCP hints follow from it.
@@ -83,7 +100,7 @@ pub const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "check_ledger_integrity",
         title: "Check ledger integrity",
-        scope: scopes::ADMIN,
+        scope: scopes::INTEGRITY,
         effect: Effect::Read,
         open_world: false,
     },
@@ -114,7 +131,13 @@ pub const TOOLS: &[ToolSpec] = &[
     read("get_today_summary", "Today's summary"),
     read("get_today_transactions", "Today's transactions"),
     read("get_failed_transactions", "Failed transactions"),
-    ToolSpec { name: "reconcile", title: "Reconcile", scope: scopes::ADMIN, effect: Effect::Settles, open_world: true },
+    ToolSpec {
+        name: "reconcile",
+        title: "Reconcile",
+        scope: scopes::INTEGRITY,
+        effect: Effect::Settles,
+        open_world: true,
+    },
 ];
 
 /// A second name for a catalogued tool: same arguments, same result, same scope, policy, rate
@@ -187,6 +210,10 @@ mod tests {
                 assert!([scopes::CREATE, scopes::REFUND, scopes::COLLECT, scopes::PAYOUT].contains(&t.scope), "{t:?}");
             }
             assert!(scopes::AGENT_SCOPES.contains(&t.scope), "{t:?} needs a scope agents can hold");
+            assert!(!scopes::OPERATOR_SCOPES.contains(&t.scope), "{t:?}: no tool takes an operator scope");
+        }
+        for s in scopes::AGENT_SCOPES {
+            assert!(!scopes::OPERATOR_SCOPES.contains(s), "{s} is both an agent and an operator scope");
         }
         let money: Vec<_> = TOOLS.iter().filter(|t| t.moves_money()).map(|t| t.name).collect();
         assert_eq!(

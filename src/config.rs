@@ -57,6 +57,20 @@ pub struct AuditConfig {
     /// Empty: `<storage.data_dir>/audit-archive`.
     pub archive_dir: String,
     pub archive_batch_max: i64,
+    /// Refusals decided before a call's body runs are audited at most once per this many seconds
+    /// per principal, tool and code (the record carries the count).
+    pub refusals_interval_secs: i64,
+}
+
+impl StorageConfig {
+    /// How the PostgreSQL store is reached (validated at load).
+    pub fn postgres_tls(&self) -> crate::store::postgres::tls::TlsSettings {
+        use crate::store::postgres::tls::{SslMode, TlsSettings};
+        TlsSettings {
+            mode: SslMode::parse(&self.postgres_sslmode).unwrap_or(SslMode::VerifyFull),
+            ca_file: (!self.postgres_ssl_ca_file.is_empty()).then(|| PathBuf::from(&self.postgres_ssl_ca_file)),
+        }
+    }
 }
 
 impl Config {
@@ -98,6 +112,10 @@ pub struct StorageConfig {
     pub sqlite_file: String,
     pub url: String,
     pub postgres_schema: String,
+    /// "disable", "require" or "verify-full" (libpq's names); see `store::postgres::tls`.
+    pub postgres_sslmode: String,
+    /// PEM CA certificate(s) `verify-full` checks the server against; empty: the system's roots.
+    pub postgres_ssl_ca_file: String,
     /// SQLite page cache per connection (the writer and each reader), in MiB.
     pub sqlite_cache_mib: i64,
     /// SQLite memory-mapped reads, in MiB (0: none).
@@ -112,6 +130,8 @@ pub struct AuthConfig {
     pub public_key_files: Vec<PathBuf>,
     pub jwks_cache_secs: i64,
     pub jwks_refetch_min_interval_secs: i64,
+    /// How long past `jwks_cache_secs` the last key set keeps verifying while the IdP is unreachable.
+    pub jwks_stale_max_secs: i64,
     pub jwks_fetch_timeout_ms: i64,
     pub leeway_secs: i64,
     pub verified_token_cache_max: i64,
@@ -119,6 +139,9 @@ pub struct AuthConfig {
     #[serde(default)]
     pub dev_key_enabled: Option<bool>,
     pub dev_issuer: String,
+    /// Migration switch: an agent token's `payments:admin` (the agent-side admin scope's old name)
+    /// reads as `payments:integrity`. Off by default: `payments:admin` is an operator scope.
+    pub legacy_agent_admin_scope: bool,
     /// The dev HS256 key itself (base64). Normally absent: generated into data_dir. Never logged.
     #[serde(default)]
     pub dev_key: Option<crate::secret::Secret>,
@@ -176,6 +199,8 @@ pub struct MandatesConfig {
 pub struct StopRulesConfig {
     pub denials_max: i64,
     pub window_secs: i64,
+    /// This many RATE_LIMITED answers count as one denial (0: they never count).
+    pub rate_limited_per_denial: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -207,6 +232,10 @@ pub struct ProfileConfig {
     pub subjects: Vec<String>,
     #[serde(default)]
     pub client_ids: Vec<String>,
+    /// The users agents act for (RFC 8693 delegation: the token's `sub`, with `act.sub` the agent).
+    /// With `subjects` too, the profile matches only those agents acting for these users.
+    #[serde(default)]
+    pub users: Vec<String>,
     #[serde(default)]
     pub allowed_accounts: Vec<AccountId>,
     #[serde(default)]
@@ -423,7 +452,11 @@ impl PolicyConfig {
                 _ => (!p.issuer.is_empty()).then(|| p.issuer.clone()),
             };
             let matchable = !p.dev_key_only || dev_issuer.is_some();
-            let (subjects, client_ids) = if matchable { (&p.subjects[..], &p.client_ids[..]) } else { (none, none) };
+            let matchers = if matchable {
+                crate::policy::Matchers { subjects: &p.subjects, users: &p.users, client_ids: &p.client_ids }
+            } else {
+                crate::policy::Matchers { subjects: none, users: none, client_ids: none }
+            };
             let profile = crate::policy::Profile {
                 name: p.name.clone(),
                 issuer,
@@ -443,7 +476,7 @@ impl PolicyConfig {
                     _ => Default::default(),
                 },
             };
-            profiles.add(profile, subjects, client_ids, p.name == self.default_profile);
+            profiles.add(profile, matchers, p.name == self.default_profile);
         }
         profiles
     }
@@ -613,13 +646,37 @@ impl Config {
         {
             return Err(ConfigError::Invalid("storage.postgres_schema must be letters, digits and _".into()));
         }
+        if crate::store::postgres::tls::SslMode::parse(&st.postgres_sslmode).is_none() {
+            return Err(ConfigError::Invalid(
+                "storage.postgres_sslmode must be \"disable\", \"require\" or \"verify-full\"".into(),
+            ));
+        }
+        if !st.postgres_ssl_ca_file.is_empty() && st.postgres_sslmode != "verify-full" {
+            return Err(ConfigError::Invalid(
+                "storage.postgres_ssl_ca_file is used by storage.postgres_sslmode = \"verify-full\" only".into(),
+            ));
+        }
         let a = &self.auth;
         range("auth.jwks_cache_secs", a.jwks_cache_secs, 10, 86_400)?;
         range("auth.jwks_refetch_min_interval_secs", a.jwks_refetch_min_interval_secs, 1, 3600)?;
         range("auth.jwks_fetch_timeout_ms", a.jwks_fetch_timeout_ms, 100, 30_000)?;
+        range("auth.jwks_stale_max_secs", a.jwks_stale_max_secs, 0, 86_400)?;
         range("auth.leeway_secs", a.leeway_secs, 0, 300)?;
         range("auth.verified_token_cache_max", a.verified_token_cache_max, 0, 1_000_000)?;
         range("dev.token_ttl_secs", self.dev.token_ttl_secs, 60, 2_592_000)?;
+        for scope in self.dev.scopes.split_whitespace() {
+            if !crate::catalogue::scopes::AGENT_SCOPES.contains(&scope) {
+                let hint = if scope == crate::catalogue::scopes::LEGACY_AGENT_ADMIN {
+                    " (payments:admin is an operator scope now; the agent's admin tools need payments:integrity)"
+                } else {
+                    ""
+                };
+                return Err(ConfigError::Invalid(format!(
+                    "dev.scopes: {scope:?} is not an agent scope{hint}; agents' scopes are {}",
+                    crate::catalogue::scopes::AGENT_SCOPES.join(" ")
+                )));
+            }
+        }
         let i = &self.idempotency;
         range("idempotency.retention_secs", i.retention_secs, 3600, 31_536_000)?;
         range("idempotency.lease_secs", i.lease_secs, 1, 3600)?;
@@ -646,6 +703,8 @@ impl Config {
         }
         range("stop_rules.denials_max", self.stop_rules.denials_max, 1, 10_000)?;
         range("stop_rules.window_secs", self.stop_rules.window_secs, 10, 86_400)?;
+        range("stop_rules.rate_limited_per_denial", self.stop_rules.rate_limited_per_denial, 0, 1_000_000)?;
+        range("audit.refusals_interval_secs", self.audit.refusals_interval_secs, 1, 3600)?;
         for t in self.tools.disabled.iter().chain(&self.tools.approval_required) {
             if crate::catalogue::scope_for_tool(t).is_none() {
                 return Err(ConfigError::Invalid(format!("tools: no tool named {t:?}")));

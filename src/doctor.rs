@@ -96,6 +96,7 @@ pub async fn run(file: Option<&Path>, env: impl IntoIterator<Item = (String, Str
     dev_key(&config, &mut report);
     identity_provider(&config, &http, &mut report, &mut remote_clocks).await;
     store(&config, timeout, &mut report).await;
+    files(&config, &mut report);
     backend(&config, &http, &mut report, &mut remote_clocks).await;
     urls(&config, &mut report);
     secrets(&config, &mut report);
@@ -199,17 +200,23 @@ async fn identity_provider(
 async fn store(c: &Config, timeout: Duration, r: &mut Report) {
     let st = &c.storage;
     let result = if st.url.starts_with("postgres://") || st.url.starts_with("postgresql://") {
-        let shown = "PostgreSQL";
+        let tls = st.postgres_tls();
+        // Which TLS is in force, said on the line whatever the outcome.
+        let in_force = match st.url.parse::<tokio_postgres::Config>() {
+            Ok(cfg) => tls.describe(&cfg),
+            Err(_) => format!("sslmode {}", tls.mode.as_str()),
+        };
         match crate::store::postgres::PostgresStore::schema_status(
             &st.url,
             &st.postgres_schema,
+            &tls,
             timeout.max(Duration::from_secs(2)),
         )
         .await
         {
-            Ok(s) => Ok((shown.to_string(), Some(s))),
+            Ok(s) => Ok((format!("PostgreSQL, {in_force}"), Some(s))),
             Err(e) => Err((
-                format!("{shown} unreachable: {}", redact_url(&e.to_string(), &st.url)),
+                format!("PostgreSQL unreachable ({in_force}): {}", redact_url(&e.to_string(), &st.url)),
                 "check storage.url (PAYGATE_STORAGE__URL), that the server runs and accepts this user".to_string(),
             )),
         }
@@ -254,6 +261,36 @@ async fn store(c: &Config, timeout: Duration, r: &mut Report) {
             "run the paygate version that migrated this database, or a newer one",
         ),
         Err((detail, fix)) => r.fail("store", detail, fix),
+    }
+}
+
+/// The data directory, the SQLite files and the audit archive are owner-only: they hold the audit
+/// trail, memos, issued mandates and the keys.
+fn files(c: &Config, r: &mut Report) {
+    let st = &c.storage;
+    let mut paths = vec![st.data_dir.clone()];
+    if !(st.url.starts_with("postgres://") || st.url.starts_with("postgresql://")) {
+        let db = match st.url.strip_prefix("sqlite://") {
+            Some(p) => std::path::PathBuf::from(p),
+            None => st.data_dir.join(&st.sqlite_file),
+        };
+        paths.extend(crate::private_fs::database_files(&db));
+    }
+    if let Some(a) = c.audit_archive() {
+        paths.push(a.dir);
+    }
+    let open: Vec<String> = paths
+        .iter()
+        .filter_map(|p| crate::private_fs::open_to_others(p).map(|mode| format!("{} (mode {mode:o})", p.display())))
+        .collect();
+    if open.is_empty() {
+        r.pass("files", "data directory, database files and audit archive are owner-only (or not made yet)");
+    } else {
+        r.fail(
+            "files",
+            format!("readable by other users: {}", open.join(", ")),
+            "chmod 700 the directories and 600 the files (paygate tightens its database files when it opens them)",
+        );
     }
 }
 

@@ -30,9 +30,18 @@ impl KeyDeriver {
     }
 
     pub fn key(&self, issuer: &str, subject: &str, tool: &str, operation_id: &str) -> String {
+        self.key_for(issuer, subject, None, tool, operation_id)
+    }
+
+    /// The key of an agent acting for `user` (RFC 8693 delegation): the user is a fifth part, so one
+    /// agent's operation_id for two people, or for a person and on its own, are different keys. An
+    /// agent on its own token (`None`) keeps the four-part key it always had.
+    pub fn key_for(&self, issuer: &str, subject: &str, user: Option<&str>, tool: &str, operation_id: &str) -> String {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.secret.expose().as_bytes())
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
-        for part in [issuer, subject, tool, operation_id] {
+        // Length-prefixed parts: the encoding is injective across four and five parts alike (a
+        // parse of the bytes finds the parts, and with them their number).
+        for part in [Some(issuer), Some(subject), Some(tool), Some(operation_id), user].into_iter().flatten() {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part.as_bytes());
         }
@@ -106,6 +115,12 @@ mod tests {
         assert_ne!(k, d.key("iss", "sub", "create_payment", "op-2"));
         assert_ne!(k, d.key("iss", "sub2", "create_payment", "op-1"));
         assert_ne!(k, d.key("iss", "sub", "refund_payment", "op-1"));
+        // Delegation: the user is part of the key; an agent on its own keeps its four-part key.
+        assert_eq!(k, d.key_for("iss", "sub", None, "create_payment", "op-1"));
+        let alice = d.key_for("iss", "sub", Some("alice"), "create_payment", "op-1");
+        assert_ne!(k, alice);
+        assert_ne!(alice, d.key_for("iss", "sub", Some("bob"), "create_payment", "op-1"));
+        assert_ne!(alice, d.key_for("iss", "sub", Some(""), "create_payment", "op-1"));
         // Without length prefixes these two would collide.
         assert_ne!(d.key("a", "bc", "t", "o"), d.key("ab", "c", "t", "o"));
         let other = KeyDeriver::new(Secret::new("other".into()));

@@ -75,6 +75,8 @@ pub async fn run(s: Scheduler) {
         if now >= next_evict {
             s.gateway.evict_idle_limits();
             s.route_limits.evict_idle();
+            // The last refusals of a flood, if no later refusal wrote them (one record per window).
+            s.gateway.flush_refusals().await;
             next_evict = now + EVICT_INTERVAL;
         }
         if let Some(h) = &s.http_ledger {

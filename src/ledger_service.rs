@@ -391,6 +391,8 @@ struct TransferBody {
     #[serde(default)]
     memo: Option<String>,
     principal_sub: String,
+    #[serde(default)]
+    principal_user: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -402,6 +404,8 @@ struct RefundBody {
     #[serde(default)]
     reason: Option<String>,
     principal_sub: String,
+    #[serde(default)]
+    principal_user: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -442,6 +446,9 @@ async fn create_payment(State(svc): State<Svc>, headers: HeaderMap, body: Body) 
     let amount = Money::from_minor(b.amount_minor, b.currency).map_err(|e| ApiError::invalid(e.to_string()))?;
     check_text("memo", &b.memo)?;
     check_principal(&b.principal_sub)?;
+    if let Some(u) = &b.principal_user {
+        check_principal(u)?;
+    }
     // Only to tell a replay (200) from a creation (201), and an id conflict from an outage.
     let existed = svc.store.ledger_payment(&b.payment_id).await?.is_some();
     let req = TransferRequest {
@@ -453,6 +460,7 @@ async fn create_payment(State(svc): State<Svc>, headers: HeaderMap, body: Body) 
         amount,
         memo: b.memo,
         principal_sub: b.principal_sub,
+        principal_user: b.principal_user,
         guards: Guards::default(),
         audit: None,
         claim: None,
@@ -483,6 +491,9 @@ async fn create_refund(
     }
     check_text("reason", &b.reason)?;
     check_principal(&b.principal_sub)?;
+    if let Some(u) = &b.principal_user {
+        check_principal(u)?;
+    }
     let existed = svc.store.ledger_payment(&b.refund_id).await?.is_some();
     let req = RefundRequest {
         idempotency_key: key,
@@ -492,6 +503,7 @@ async fn create_refund(
         amount_minor: b.amount_minor,
         reason: b.reason,
         principal_sub: b.principal_sub,
+        principal_user: b.principal_user,
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,

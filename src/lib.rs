@@ -21,6 +21,7 @@ pub mod ledger_service;
 pub mod mcp;
 pub mod money;
 pub mod policy;
+pub mod private_fs;
 pub mod request_state;
 pub mod secret;
 pub mod store;

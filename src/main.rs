@@ -21,9 +21,11 @@ struct Cli {
 enum Command {
     /// Run the gateway (the default).
     Serve,
-    /// Mint a token with the dev key, for local use.
+    /// Mint a token with the dev key, for local use: an agent's (for <public_url>/mcp) unless
+    /// --operator or --console.
     Token {
-        /// The token's subject (with --console: "operator" unless given).
+        /// The token's subject (with --console: "operator" unless given). With --act, the user the
+        /// agent acts for.
         #[arg(long, required_unless_present = "console")]
         sub: Option<String>,
         /// Space-separated scopes, e.g. "payments:read payments:create" (with --console: every
@@ -32,7 +34,15 @@ enum Command {
         scope: Option<String>,
         #[arg(long)]
         ttl_secs: Option<i64>,
-        /// An operator's token for the console: prints the token, and where to paste it on stderr.
+        /// An operator's token (audience <public_url>/operator: the approval routes, /principals,
+        /// /operator/v1, the console) instead of an agent's.
+        #[arg(long)]
+        operator: bool,
+        /// A delegated agent token (RFC 8693): this agent acts for --sub, the user.
+        #[arg(long, conflicts_with_all = ["operator", "console"])]
+        act: Option<String>,
+        /// An operator's token for the console (implies --operator): prints the token, and where
+        /// to paste it on stderr.
         #[arg(long)]
         console: bool,
     },
@@ -110,10 +120,10 @@ fn main() -> ExitCode {
         }
         Command::Doctor => doctor(file),
         Command::Serve => with_config(file, serve),
-        Command::Token { sub, scope, ttl_secs, console } => with_config(file, |c| {
+        Command::Token { sub, scope, ttl_secs, operator, act, console } => with_config(file, |c| {
             let sub = sub.unwrap_or_else(|| "operator".into());
             let scope = scope.unwrap_or_else(|| OPERATOR_SCOPES.into());
-            let code = token(&c, &sub, &scope, ttl_secs);
+            let code = token(&c, &sub, act.as_deref(), &scope, ttl_secs, operator || console);
             if console && code == ExitCode::SUCCESS {
                 let public_url = paygate::app::public_url(&c, "http", &c.server.bind);
                 eprintln!("paste it at {public_url}/console (the page keeps it in memory only)");
@@ -423,10 +433,28 @@ fn serve(config: Config) -> ExitCode {
 /// Every operator scope: what `paygate token --console` grants unless told otherwise.
 const OPERATOR_SCOPES: &str = "payments:audit payments:approve payments:admin";
 
-fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> ExitCode {
+fn token(
+    config: &Config,
+    sub: &str,
+    act: Option<&str>,
+    scope: &str,
+    ttl_secs: Option<i64>,
+    operator: bool,
+) -> ExitCode {
     let ttl = ttl_secs.unwrap_or(config.dev.token_ttl_secs);
     if !(60..=2_592_000).contains(&ttl) {
         eprintln!("paygate: --ttl-secs must be 60..=2592000");
+        return ExitCode::from(2);
+    }
+    // Agents' and operators' scopes are different names: a token for one resource carrying the
+    // other's scopes is a mistake worth saying so about (it would be refused or mean nothing).
+    let (known, kind) = if operator {
+        (paygate::catalogue::scopes::OPERATOR_SCOPES, "an operator")
+    } else {
+        (paygate::catalogue::scopes::AGENT_SCOPES, "an agent")
+    };
+    if let Some(other) = scope.split_whitespace().find(|s| !known.contains(s)) {
+        eprintln!("paygate: {other:?} is not {kind} scope; {kind}'s scopes are {}", known.join(" "));
         return ExitCode::from(2);
     }
     let key = match paygate::app::dev_key(config) {
@@ -437,9 +465,19 @@ fn token(config: &Config, sub: &str, scope: &str, ttl_secs: Option<i64>) -> Exit
         }
     };
     let public_url = paygate::app::public_url(config, "http", &config.server.bind);
-    let audience = format!("{public_url}/mcp");
+    let audience =
+        if operator { paygate::app::operator_resource(&public_url) } else { paygate::app::agent_resource(&public_url) };
     let issuer = paygate::app::dev_issuer(config, &public_url);
-    match paygate::auth::mint_dev_token(&key, &issuer, &audience, sub, scope, SystemClock.now(), ttl) {
+    let token = paygate::auth::DevToken {
+        issuer: &issuer,
+        audience: &audience,
+        subject: sub,
+        scope,
+        actor: act,
+        now: SystemClock.now(),
+        ttl_secs: ttl,
+    };
+    match token.mint(&key) {
         Ok(t) => {
             println!("{t}");
             ExitCode::SUCCESS

@@ -56,6 +56,10 @@ pub struct MandateClaims {
     /// The agent subject it was issued to, and that subject's token issuer.
     pub sub: String,
     pub agent_iss: String,
+    /// The user the agent acts for under it (RFC 8693 delegation): a mandate issued to an agent
+    /// acting for one person is not the agent's for anyone else, nor on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     pub kind: MandateKind,
     pub iat: UnixSecs,
     pub exp: UnixSecs,
@@ -214,6 +218,8 @@ pub struct CallIntent<'a> {
     pub tool: &'a str,
     pub agent_iss: &'a str,
     pub agent_sub: &'a str,
+    /// The user the calling agent acts for, if it does.
+    pub agent_user: Option<&'a str>,
     pub payer: &'a str,
     pub payee: &'a str,
     pub amount_minor: i64,
@@ -236,6 +242,12 @@ pub fn intent_digest(intent: &serde_json::Value) -> String {
 pub fn authorizes(m: &MandateClaims, call: &CallIntent<'_>) -> Result<(), AgentError> {
     if m.sub != call.agent_sub || m.agent_iss != call.agent_iss {
         return Err(AgentError::new(ErrorCode::MandateInvalid, "this mandate was issued to another agent"));
+    }
+    if m.user.as_deref() != call.agent_user {
+        return Err(AgentError::new(
+            ErrorCode::MandateInvalid,
+            "this mandate was issued to this agent acting for someone else (or on its own)",
+        ));
     }
     let mismatch = |what: &str| {
         AgentError::new(ErrorCode::MandateMismatch, format!("the call's {what} differs from the mandate's"))
@@ -297,6 +309,7 @@ mod tests {
             iss: MANDATE_ISSUER.into(),
             sub: "agent".into(),
             agent_iss: "idp".into(),
+            user: None,
             kind: MandateKind::Closed,
             iat: 100,
             exp: 200,
@@ -323,6 +336,7 @@ mod tests {
             tool: "create_payment",
             agent_iss: "idp",
             agent_sub: "agent",
+            agent_user: None,
             payer: "acct-A",
             payee: "acct-B",
             amount_minor: 500_000,
@@ -383,6 +397,16 @@ mod tests {
         let code = |c: CallIntent<'_>| authorizes(&m, &c).unwrap_err().code;
         assert_eq!(code(CallIntent { agent_sub: "other", ..call() }), ErrorCode::MandateInvalid);
         assert_eq!(code(CallIntent { agent_iss: "other", ..call() }), ErrorCode::MandateInvalid);
+        // Delegation: a mandate for the agent on its own is not its mandate acting for a user, and
+        // one for the agent acting for alice is not its mandate acting for bob.
+        assert_eq!(code(CallIntent { agent_user: Some("alice"), ..call() }), ErrorCode::MandateInvalid);
+        let for_alice = MandateClaims { user: Some("alice".into()), ..closed() };
+        assert!(authorizes(&for_alice, &CallIntent { agent_user: Some("alice"), ..call() }).is_ok());
+        assert_eq!(
+            authorizes(&for_alice, &CallIntent { agent_user: Some("bob"), ..call() }).unwrap_err().code,
+            ErrorCode::MandateInvalid
+        );
+        assert_eq!(authorizes(&for_alice, &call()).unwrap_err().code, ErrorCode::MandateInvalid);
         assert_eq!(code(CallIntent { payer: "acct-Z", ..call() }), ErrorCode::MandateMismatch);
         assert_eq!(code(CallIntent { payee: "acct-Z", ..call() }), ErrorCode::MandateMismatch);
         assert_eq!(code(CallIntent { amount_minor: 499_999, ..call() }), ErrorCode::MandateMismatch);

@@ -44,10 +44,14 @@ impl Profile {
     }
 }
 
-/// Profiles by subject and by client id, with a default for everyone else.
+/// Profiles by agent subject, by the user an agent acts for, by both, and by client id, with a
+/// default for everyone else.
 #[derive(Debug, Clone)]
 pub struct Profiles {
     by_subject: HashMap<String, Vec<Arc<Profile>>>,
+    by_user: HashMap<String, Vec<Arc<Profile>>>,
+    /// (agent subject, user): profiles naming both match only that pair.
+    by_pair: HashMap<(String, String), Vec<Arc<Profile>>>,
     by_client: HashMap<String, Vec<Arc<Profile>>>,
     default: Arc<Profile>,
 }
@@ -56,6 +60,14 @@ impl Default for Profiles {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Who a profile is for: agent subjects, the users agents act for (RFC 8693 delegation), client ids.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Matchers<'a> {
+    pub subjects: &'a [String],
+    pub users: &'a [String],
+    pub client_ids: &'a [String],
 }
 
 impl Profiles {
@@ -74,16 +86,41 @@ impl Profiles {
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
         };
-        Profiles { by_subject: HashMap::new(), by_client: HashMap::new(), default: Arc::new(none) }
+        Profiles {
+            by_subject: HashMap::new(),
+            by_user: HashMap::new(),
+            by_pair: HashMap::new(),
+            by_client: HashMap::new(),
+            default: Arc::new(none),
+        }
     }
 
-    /// Add a profile matched by these subjects and client ids; `default` makes it the fallback.
-    pub fn add(&mut self, profile: Profile, subjects: &[String], client_ids: &[String], default: bool) {
+    /// Add a profile matched by these subjects, users and client ids; `default` makes it the
+    /// fallback. A profile naming both subjects and users matches only an agent in `subjects`
+    /// acting for a user in `users`.
+    pub fn add(&mut self, profile: Profile, m: Matchers<'_>, default: bool) {
         let profile = Arc::new(profile);
-        for s in subjects {
-            self.by_subject.entry(s.clone()).or_default().push(profile.clone());
+        match (m.subjects.is_empty(), m.users.is_empty()) {
+            (false, false) => {
+                for s in m.subjects {
+                    for u in m.users {
+                        self.by_pair.entry((s.clone(), u.clone())).or_default().push(profile.clone());
+                    }
+                }
+            }
+            (false, true) => {
+                for s in m.subjects {
+                    self.by_subject.entry(s.clone()).or_default().push(profile.clone());
+                }
+            }
+            (true, false) => {
+                for u in m.users {
+                    self.by_user.entry(u.clone()).or_default().push(profile.clone());
+                }
+            }
+            (true, true) => {}
         }
-        for c in client_ids {
+        for c in m.client_ids {
             self.by_client.entry(c.clone()).or_default().push(profile.clone());
         }
         if default {
@@ -91,9 +128,12 @@ impl Profiles {
         }
     }
 
-    /// Subject first (most specific), then client id, then the default. A profile bound to an
-    /// issuer matches only that issuer's tokens, and wins over an unbound one.
-    pub fn resolve(&self, issuer: &str, subject: &str, client_id: Option<&str>) -> Arc<Profile> {
+    /// Most specific first: the (agent, user) pair, the user the agent acts for, the agent's
+    /// subject, its client id, then the default. A user's profile bounds every agent acting for
+    /// them, whatever profile the agent has of its own (policy per person); name both to bound one
+    /// agent for one person. A profile bound to an issuer matches only that issuer's tokens, and wins
+    /// over an unbound one.
+    pub fn resolve(&self, issuer: &str, subject: &str, user: Option<&str>, client_id: Option<&str>) -> Arc<Profile> {
         let pick = |list: Option<&Vec<Arc<Profile>>>| -> Option<Arc<Profile>> {
             let list = list?;
             list.iter()
@@ -101,7 +141,9 @@ impl Profiles {
                 .or_else(|| list.iter().find(|p| p.issuer.is_none()))
                 .cloned()
         };
-        pick(self.by_subject.get(subject))
+        user.and_then(|u| pick(self.by_pair.get(&(subject.to_string(), u.to_string()))))
+            .or_else(|| user.and_then(|u| pick(self.by_user.get(u))))
+            .or_else(|| pick(self.by_subject.get(subject)))
             .or_else(|| client_id.and_then(|c| pick(self.by_client.get(c))))
             .unwrap_or_else(|| self.default.clone())
     }
@@ -350,6 +392,7 @@ mod tests {
             refund_of: None,
             memo: None,
             principal_sub: "agent".into(),
+            principal_user: None,
             created_at: 0,
         }
     }
@@ -429,18 +472,44 @@ mod tests {
             user_approval_max_minor: HashMap::new(),
         };
         let mut profiles = Profiles::new();
-        assert!(profiles.resolve("iss", "anyone", None).allowed_accounts.is_empty(), "no default: nothing allowed");
-        profiles.add(named("dev", None), &["dev-agent".into()], &[], false);
-        profiles.add(named("by-client", None), &[], &["billing".into()], false);
-        profiles.add(named("dev-at-idp", Some("https://idp")), &["dev-agent".into()], &[], false);
-        profiles.add(named("default", None), &[], &[], true);
-        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "dev-agent", Some("billing")).name, "dev");
+        assert!(
+            profiles.resolve("iss", "anyone", None, None).allowed_accounts.is_empty(),
+            "no default: nothing allowed"
+        );
+        let subjects = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let (dev, billing, idp_dev) = (subjects(&["dev-agent"]), subjects(&["billing"]), subjects(&["dev-agent"]));
+        profiles.add(named("dev", None), Matchers { subjects: &dev, ..Default::default() }, false);
+        profiles.add(named("by-client", None), Matchers { client_ids: &billing, ..Default::default() }, false);
+        profiles.add(
+            named("dev-at-idp", Some("https://idp")),
+            Matchers { subjects: &idp_dev, ..Default::default() },
+            false,
+        );
+        let (alice, bot) = (subjects(&["alice"]), subjects(&["bot"]));
+        profiles.add(named("alice", None), Matchers { users: &alice, ..Default::default() }, false);
+        profiles.add(
+            named("bot-for-alice", None),
+            Matchers { subjects: &bot, users: &alice, ..Default::default() },
+            false,
+        );
+        profiles.add(named("default", None), Matchers::default(), true);
+        assert_eq!(profiles.resolve("http://127.0.0.1:8080", "dev-agent", None, Some("billing")).name, "dev");
         assert_eq!(
-            profiles.resolve("https://idp", "dev-agent", None).name,
+            profiles.resolve("https://idp", "dev-agent", None, None).name,
             "dev-at-idp",
             "an issuer-bound profile wins"
         );
-        assert_eq!(profiles.resolve("iss", "stranger", Some("billing")).name, "by-client");
-        assert_eq!(profiles.resolve("iss", "stranger", Some("nobody")).name, "default");
+        assert_eq!(profiles.resolve("iss", "stranger", None, Some("billing")).name, "by-client");
+        assert_eq!(profiles.resolve("iss", "stranger", None, Some("nobody")).name, "default");
+        // Delegation: the pair, then the user, then the agent's own.
+        assert_eq!(profiles.resolve("iss", "bot", Some("alice"), None).name, "bot-for-alice");
+        assert_eq!(
+            profiles.resolve("iss", "dev-agent", Some("alice"), None).name,
+            "alice",
+            "the user's profile bounds any agent"
+        );
+        assert_eq!(profiles.resolve("iss", "dev-agent", Some("bob"), None).name, "dev");
+        assert_eq!(profiles.resolve("iss", "bot", None, None).name, "default", "a pair's profile needs the pair");
+        assert_eq!(profiles.resolve("iss", "alice", None, None).name, "default", "a user's profile is not an agent's");
     }
 }

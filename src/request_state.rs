@@ -46,6 +46,9 @@ pub struct ApprovalState {
 pub struct Binding<'a> {
     pub issuer: &'a str,
     pub subject: &'a str,
+    /// The user the agent acts for (delegation), if it does: a state sealed for the agent acting for
+    /// one person does not open for it acting for another, or on its own.
+    pub user: Option<&'a str>,
     pub tool: &'a str,
     pub operation_id: &'a str,
     /// [`args_fingerprint`] of the call's arguments.
@@ -85,7 +88,10 @@ impl StateSealer {
     fn mac(&self, binding: &Binding<'_>, payload: &[u8]) -> Hmac<Sha256> {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
-        for part in [binding.issuer, binding.subject, binding.tool, binding.operation_id, binding.args] {
+        let parts = [binding.issuer, binding.subject, binding.tool, binding.operation_id, binding.args];
+        // The user, when there is one, is a sixth length-prefixed part (the payload that follows is
+        // JSON, which never starts with a length prefix's zero bytes).
+        for part in parts.into_iter().chain(binding.user) {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part.as_bytes());
         }
@@ -139,7 +145,7 @@ mod tests {
     use super::*;
 
     fn binding<'a>(sub: &'a str, op: &'a str, args: &'a str) -> Binding<'a> {
-        Binding { issuer: "paygate-dev", subject: sub, tool: "create_payment", operation_id: op, args }
+        Binding { issuer: "paygate-dev", subject: sub, user: None, tool: "create_payment", operation_id: op, args }
     }
 
     fn state() -> ApprovalState {
@@ -171,6 +177,13 @@ mod tests {
         let shifted = Binding { subject: "agentop", operation_id: "-1", ..b };
         assert_eq!(s.open(&shifted, &sealed, 0), Err(OpenError::Forged));
         assert_eq!(StateSealer::new([8; 32]).open(&b, &sealed, 0), Err(OpenError::Forged));
+        // Delegation: the agent acting for a user is another binding than on its own, or for another.
+        let for_alice = Binding { user: Some("alice"), ..b };
+        assert_eq!(s.open(&for_alice, &sealed, 0), Err(OpenError::Forged));
+        let sealed_for_alice = s.seal(&for_alice, &state());
+        assert_eq!(s.open(&for_alice, &sealed_for_alice, 0), Ok(state()));
+        assert_eq!(s.open(&Binding { user: Some("bob"), ..b }, &sealed_for_alice, 0), Err(OpenError::Forged));
+        assert_eq!(s.open(&b, &sealed_for_alice, 0), Err(OpenError::Forged));
     }
 
     #[test]

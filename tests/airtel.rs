@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 const SECRET: &str = "airtel-cb-secret-0123456789abcdef";
 const MPESA_SECRET: &str = "cb-secret-0123456789abcdefghij";
-const SCOPES: &str = "payments:read payments:collect payments:refund payments:admin";
+const SCOPES: &str = "payments:read payments:collect payments:refund payments:integrity";
 const POLL_BUDGET: Duration = Duration::from_secs(10);
 
 fn airtel_section(fake: &AirtelFake) -> String {

@@ -71,7 +71,7 @@ async fn request_approval(agent: &Client, op: &str, amount: &str) -> String {
 
 /// GET /approvals/{id} as an auditor.
 async fn fetch(app: &TestApp, id: &str) -> Value {
-    let token = app.token("auditor", "payments:audit");
+    let token = app.operator_token("auditor", "payments:audit");
     let (status, body) = operator(app, Method::GET, &format!("/approvals/{id}"), &token, None).await;
     assert_eq!(status, 200, "{body}");
     body
@@ -79,7 +79,7 @@ async fn fetch(app: &TestApp, id: &str) -> Value {
 
 /// GET /approvals?{query} as an auditor: (ids, next_cursor).
 async fn list(app: &TestApp, query: &str) -> (Vec<String>, Option<String>) {
-    let token = app.token("auditor", "payments:audit");
+    let token = app.operator_token("auditor", "payments:audit");
     let (status, body) = operator(app, Method::GET, &format!("/approvals?{query}"), &token, None).await;
     assert_eq!(status, 200, "{query}: {body}");
     let items = body["approvals"].as_array().unwrap();
@@ -92,7 +92,7 @@ async fn list(app: &TestApp, query: &str) -> (Vec<String>, Option<String>) {
 
 /// POST /approvals/{id}/reject as `reviewer` with `body`.
 async fn reject(app: &TestApp, id: &str, reviewer: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let token = app.token(reviewer, "payments:approve");
+    let token = app.operator_token(reviewer, "payments:approve");
     operator(app, Method::POST, &format!("/approvals/{id}/reject"), &token, body).await
 }
 
@@ -319,7 +319,7 @@ async fn scopes_and_authentication_guard_the_operator_routes() {
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
     let before = books(&agent).await;
     let id = request_approval(&agent, "scope-1", "5000.00").await;
-    let viewer = app.token("viewer", "payments:audit");
+    let viewer = app.operator_token("viewer", "payments:audit");
 
     // A viewer reads the list and the item…
     let (status, body) = operator(&app, Method::GET, "/approvals", &viewer, None).await;
@@ -348,14 +348,12 @@ async fn scopes_and_authentication_guard_the_operator_routes() {
                          "payer": "acct-A", "payee": "acct-B", "amount": "2500.00"});
     refused(&operator(&app, Method::POST, "/approvals", &viewer, Some(preauth)).await, 403, "INSUFFICIENT_SCOPE");
 
-    // An agent token (no operator scope) reads nothing here.
+    // An agent's token is for the MCP resource: refused here whatever it carries.
     let agent_token = app.token("dev-agent", AGENT_SCOPES);
-    refused(&operator(&app, Method::GET, "/approvals", &agent_token, None).await, 403, "INSUFFICIENT_SCOPE");
-    refused(
-        &operator(&app, Method::GET, &format!("/approvals/{id}"), &agent_token, None).await,
-        403,
-        "INSUFFICIENT_SCOPE",
-    );
+    for path in ["/approvals".to_string(), format!("/approvals/{id}")] {
+        let (status, _) = operator(&app, Method::GET, &path, &agent_token, None).await;
+        assert_eq!(status, 401, "{path}");
+    }
 
     // No token, or a bad one: 401 with a challenge.
     paygate::install_crypto_provider();
@@ -370,7 +368,8 @@ async fn scopes_and_authentication_guard_the_operator_routes() {
         assert_eq!(resp.status(), 401, "{method} {path}");
         let challenge = resp.headers().get("www-authenticate").expect("WWW-Authenticate").to_str().unwrap();
         assert!(challenge.starts_with("Bearer "), "{challenge}");
-        assert!(challenge.contains("resource_metadata="), "{challenge}");
+        // The operator resource's own metadata, not the MCP resource's.
+        assert!(challenge.contains("/.well-known/oauth-protected-resource/operator\""), "{challenge}");
     }
     let resp = http.get(format!("{}/approvals", app.base())).bearer_auth("not-a-token").send().await.unwrap();
     assert_eq!(resp.status(), 401);
@@ -468,7 +467,7 @@ async fn listing_filters_by_status_and_paginates() {
     let (ids, next) = list(&app, "status=approved&limit=1").await;
     assert_eq!((ids, next), (vec![first.clone()], None));
 
-    let auditor = app.token("auditor", "payments:audit");
+    let auditor = app.operator_token("auditor", "payments:audit");
     for bad in ["status=bogus", "limit=0", "limit=101", "cursor=garbage", "colour=blue"] {
         let resp = operator(&app, Method::GET, &format!("/approvals?{bad}"), &auditor, None).await;
         refused(&resp, 400, "INVALID_ARGUMENT");
@@ -490,7 +489,7 @@ async fn operator_actions_are_audited_under_the_operator() {
     let before = books(&agent).await;
 
     // alice pre-authorizes a high-tier payment: her approval counts once, bob's completes it.
-    let alice = app.token("alice", "payments:approve");
+    let alice = app.operator_token("alice", "payments:approve");
     let body = json!({"subject": "dev-agent", "kind": "closed", "currency": "KES",
                       "payer": "acct-A", "payee": "acct-B", "amount": "150000.00"});
     let (status, view) = operator(&app, Method::POST, "/approvals", &alice, Some(body)).await;

@@ -108,6 +108,8 @@ struct JwksServer {
     url: String,
     set: Arc<Mutex<JwkSet>>,
     fetches: Arc<AtomicUsize>,
+    /// While set, the endpoint answers 503 (an identity provider outage).
+    down: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -115,15 +117,20 @@ impl JwksServer {
     async fn start(keys: Vec<Jwk>) -> Self {
         let set = Arc::new(Mutex::new(JwkSet { keys }));
         let fetches = Arc::new(AtomicUsize::new(0));
-        let (s, f) = (set.clone(), fetches.clone());
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, f, d) = (set.clone(), fetches.clone(), down.clone());
         let router = axum::Router::new().route(
             "/jwks.json",
             axum::routing::get(move || {
-                let (s, f) = (s.clone(), f.clone());
+                let (s, f, d) = (s.clone(), f.clone(), d.clone());
                 async move {
+                    use axum::response::IntoResponse;
                     f.fetch_add(1, Ordering::SeqCst);
+                    if d.load(Ordering::SeqCst) {
+                        return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
+                    }
                     let body = s.lock().unwrap().clone();
-                    axum::Json(body)
+                    axum::Json(body).into_response()
                 }
             }),
         );
@@ -132,7 +139,11 @@ impl JwksServer {
         let task = tokio::spawn(async move {
             axum::serve(listener, router).await.unwrap();
         });
-        JwksServer { url, set, fetches, task }
+        JwksServer { url, set, fetches, down, task }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
     }
 
     fn replace(&self, keys: Vec<Jwk>) {
@@ -627,6 +638,92 @@ async fn jwks_key_rotation_is_picked_up() {
     let url = app.url.clone();
     app.stop().await;
     assert_never_logged(&url, &[old, new]);
+}
+
+/// Finding 6 of the authority review: a verified-token cache hit never asked whether the key set was
+/// stale, so after the identity provider removed a key, a token already in the cache kept getting
+/// 200 past the refresh interval until an unrelated new token forced a refetch. Now a hit whose key
+/// set is older than `auth.jwks_cache_secs` revalidates against a fresh set (the clock is the
+/// gateway's, moved by the test).
+#[tokio::test]
+async fn a_key_the_idp_removed_stops_verifying_cached_tokens_within_the_refresh_interval() {
+    let http = http();
+    let jwks =
+        JwksServer::start(vec![jwk("rsa1.pem", Algorithm::RS256, "k1"), jwk("rsa2.pem", Algorithm::RS256, "k2")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = paygate::clock::ManualClock::new(now());
+    let app = spawn_with_clock(
+        dir.path(),
+        &[
+            ("PAYGATE_AUTH__ISSUER", IDP),
+            ("PAYGATE_AUTH__JWKS_URL", &jwks.url),
+            ("PAYGATE_AUTH__JWKS_CACHE_SECS", "60"),
+            ("PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS", "10"),
+            ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev"),
+        ],
+        Arc::new(clock.clone()),
+    )
+    .await;
+    let base = claims(&app, IDP, "idp-agent", "payments:read");
+    let cached = sign_with("rsa1.pem", Algorithm::RS256, Some("k1"), &base);
+    let kept = sign_with("rsa2.pem", Algorithm::RS256, Some("k2"), &base);
+    for t in [&cached, &kept] {
+        let r = initialize_with(&http, &app, t).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    let fetched = jwks.fetches();
+    // The IdP removes k1. Within the refresh interval the cached token still passes (the gateway
+    // cannot know yet) and no fetch is made per request.
+    jwks.replace(vec![jwk("rsa2.pem", Algorithm::RS256, "k2")]);
+    clock.advance(30);
+    assert_eq!(initialize_with(&http, &app, &cached).await.status, StatusCode::OK);
+    assert_eq!(jwks.fetches(), fetched, "a fresh key set is not fetched again");
+    // Past the interval: the next hit refreshes the set, finds k1 gone, and refuses the token.
+    clock.advance(31);
+    let r = initialize_with(&http, &app, &cached).await;
+    assert_invalid_token(&app, &r, "a cached token whose key the IdP removed", &cached);
+    assert_eq!(jwks.fetches(), fetched + 1, "one refresh");
+    // A token under a key still published keeps working.
+    assert_eq!(initialize_with(&http, &app, &kept).await.status, StatusCode::OK);
+    app.stop().await;
+}
+
+/// The last key set serves while the identity provider is down, but only up to
+/// `auth.jwks_stale_max_secs` past its refresh interval: then nothing from the IdP verifies.
+#[tokio::test]
+async fn stale_keys_serve_through_an_idp_outage_only_up_to_the_hard_limit() {
+    let http = http();
+    let jwks = JwksServer::start(vec![jwk("rsa1.pem", Algorithm::RS256, "k1")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = paygate::clock::ManualClock::new(now());
+    let app = spawn_with_clock(
+        dir.path(),
+        &[
+            ("PAYGATE_AUTH__ISSUER", IDP),
+            ("PAYGATE_AUTH__JWKS_URL", &jwks.url),
+            ("PAYGATE_AUTH__JWKS_CACHE_SECS", "60"),
+            ("PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS", "10"),
+            ("PAYGATE_AUTH__JWKS_STALE_MAX_SECS", "120"),
+            ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev"),
+        ],
+        Arc::new(clock.clone()),
+    )
+    .await;
+    let mut base = claims(&app, IDP, "idp-agent", "payments:read");
+    base["exp"] = json!(now() + 86_400);
+    let token = sign_with("rsa1.pem", Algorithm::RS256, Some("k1"), &base);
+    assert_eq!(initialize_with(&http, &app, &token).await.status, StatusCode::OK);
+    jwks.set_down(true);
+    clock.advance(100);
+    assert_eq!(initialize_with(&http, &app, &token).await.status, StatusCode::OK, "stale keys serve");
+    clock.advance(100); // 200 s: past 60 + 120
+    let r = initialize_with(&http, &app, &token).await;
+    assert_invalid_token(&app, &r, "keys past the stale-while-error limit", &token);
+    // The IdP answers again: the next refresh (past the refetch interval) restores it.
+    jwks.set_down(false);
+    clock.advance(11);
+    assert_eq!(initialize_with(&http, &app, &token).await.status, StatusCode::OK);
+    app.stop().await;
 }
 
 /// Guard-rails hole 11: the verified-token cache was emptied only when the set of key ids changed, so

@@ -257,7 +257,7 @@ async fn doctor_flags_a_clock_an_hour_off_the_identity_providers() {
 fn doctor_flags_a_database_it_cannot_use() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
+    paygate::private_fs::create_dir(&data).unwrap(); // as paygate makes it: owner-only
     let db = data.join("paygate.sqlite3");
 
     // Not a database at all.
@@ -382,7 +382,7 @@ fn doctor_flags_short_missing_and_exposed_secrets_without_printing_them() {
 
     // A generated key file others can read.
     let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
+    paygate::private_fs::create_dir(&data).unwrap(); // as paygate makes it: owner-only
     let key = data.join("mandate.key");
     std::fs::write(&key, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=").unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -477,7 +477,7 @@ fn doctor_flags_weak_keys_and_credentials() {
     let base = base_toml(dir.path());
     // A generated key file someone truncated.
     let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
+    paygate::private_fs::create_dir(&data).unwrap(); // as paygate makes it: owner-only
     let key = data.join("idempotency.key");
     std::fs::write(&key, "short").unwrap();
     use std::os::unix::fs::PermissionsExt;

@@ -168,6 +168,48 @@ async fn a_2026_client_is_sent_to_the_approval_page_and_its_retry_pays_exactly_o
     app.assert_secrets_not_logged();
 }
 
+/// Finding 4 of the authority review: each sealed state carried its own round number and nothing on
+/// the server counted, so replaying the round-1 state after the chain ended answered
+/// `input_required` again, forever (each answer a held retry). Now the rounds are counted per
+/// approval on the server: an old state, or a fresh chain with no state, gets APPROVAL_REQUIRED.
+#[tokio::test]
+async fn a_replayed_early_state_cannot_restart_the_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(
+        dir.path(),
+        &[("PAYGATE_APPROVALS__ELICITATION_WAIT_SECS", "0"), ("PAYGATE_APPROVALS__ELICITATION_ROUNDS_MAX", "3")],
+    )
+    .await;
+    let (conn, _) = agent(&app, &app.dev_token(), Era::Modern, Modes::Url).await;
+    let args = ask("replayed-round", "5000.00");
+    let first = input_required(once(&conn, params("create_payment", &args)).await);
+    let (_, apr) = page(&first);
+    let state1 = first.request_state.clone().unwrap();
+    let second = input_required(once(&conn, retry("create_payment", &args, &state1, "accept")).await);
+    let third = input_required(
+        once(&conn, retry("create_payment", &args, second.request_state.as_ref().unwrap(), "accept")).await,
+    );
+    // Three rounds answered: the chain's next retry gets APPROVAL_REQUIRED...
+    let done =
+        completed(once(&conn, retry("create_payment", &args, third.request_state.as_ref().unwrap(), "accept")).await);
+    assert_eq!(code(&done), "APPROVAL_REQUIRED");
+    // ...and so does the round-1 state replayed, and so does a new chain with no state at all.
+    for _ in 0..3 {
+        let replayed = completed(once(&conn, retry("create_payment", &args, &state1, "accept")).await);
+        assert_eq!(code(&replayed), "APPROVAL_REQUIRED", "{replayed:?}");
+        assert_eq!(err(&replayed)["approval_id"], apr.as_str());
+        let fresh = completed(once(&conn, params("create_payment", &args)).await);
+        assert_eq!(code(&fresh), "APPROVAL_REQUIRED", "{fresh:?}");
+    }
+    // The approval still stands for a human: approved, the by-hand path pays once.
+    let (status, body) = approve(&app, &apr, "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let paid = completed(once(&conn, retry("create_payment", &args, &state1, "accept")).await);
+    assert_eq!(ok(&paid)["replayed"], false);
+    conn.cancel().await.unwrap();
+    app.assert_integrity().await;
+}
+
 #[tokio::test]
 async fn a_retry_before_the_decision_is_held_then_answered_again_and_bounded() {
     let dir = tempfile::tempdir().unwrap();
@@ -200,7 +242,7 @@ async fn a_retry_before_the_decision_is_held_then_answered_again_and_bounded() {
     assert_eq!(code(&declined), "APPROVAL_REQUIRED");
 
     // A rejection: the retry gets the refusal, and nothing moved.
-    let token = app.token("bob", "payments:approve");
+    let token = app.operator_token("bob", "payments:approve");
     let (status, body) = operator(
         &app,
         reqwest::Method::POST,
@@ -386,7 +428,9 @@ user_approval_max = { KES = "10000.00" }
 async fn in_their_tier_the_user_confirms_on_their_own_page_and_the_retry_pays_once() {
     let dir = tempfile::tempdir().unwrap();
     let app = spawn_with_toml(dir.path(), USER_TIER, &[], Arc::new(paygate::clock::SystemClock)).await;
-    let (conn, _) = agent(&app, &app.dev_token(), Era::Modern, Modes::Url).await;
+    // The agent acts for pat (RFC 8693: sub = pat, act.sub = dev-agent): pat is the person to ask.
+    let agent_token = app.delegated_token("pat", "dev-agent", "payments:read payments:create payments:refund");
+    let (conn, _) = agent(&app, &agent_token, Era::Modern, Modes::Url).await;
     let before = balance_of(&app, "acct-B").await;
     let args = ask("user-tier", "5000.00");
     let first = input_required(once(&conn, params("create_payment", &args)).await);
@@ -399,38 +443,45 @@ async fn in_their_tier_the_user_confirms_on_their_own_page_and_the_retry_pays_on
         async move { operator(app, reqwest::Method::POST, &format!("{path}/{decision}"), &token, Some(json!({}))).await }
     };
 
-    // The agent's own token cannot confirm: it lacks payments:confirm (the IdP gives that to the
-    // person's own sign-in, never to an agent).
-    let (status, body) = post(app.dev_token(), "approve").await;
-    assert_eq!(status, 403, "{body}");
-    assert_eq!(body["error"]["code"], "INSUFFICIENT_SCOPE");
-    // And a token that can confirm is never an agent's: /mcp refuses it.
-    let confirm_token = app.token("dev-agent", "payments:confirm");
+    // The agent's own token is for the MCP resource: the confirmation route refuses it (401).
+    let (status, body) = post(agent_token.clone(), "approve").await;
+    assert_eq!(status, 401, "{body}");
+    // A delegated token for the operator side is still the agent's (act): refused too.
+    let acting = app.running.mint(paygate::auth::Audience::Operator, "pat", Some("dev-agent"), "payments:confirm", 600);
+    let (status, body) = post(acting.unwrap(), "approve").await;
+    assert_eq!(status, 401, "{body}");
+    // The agent signed in as itself is not the person it acts for.
+    let (status, _) = post(app.operator_token("dev-agent", "payments:confirm"), "approve").await;
+    assert_eq!(status, 404);
+    // A token that can confirm is never an agent's: /mcp refuses one even for its own audience.
+    let confirm_as_agent = app.token("pat", "payments:read payments:confirm");
     let as_agent = reqwest::Client::new()
         .post(&app.url)
-        .bearer_auth(&confirm_token)
+        .bearer_auth(&confirm_as_agent)
         .header("accept", "application/json, text/event-stream")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}}))
         .send()
         .await
         .unwrap();
     assert_eq!(as_agent.status(), 401);
-    // Another person cannot see or confirm it; an operator-only scope does not help either.
-    let mallory = app.token("mallory", "payments:confirm");
+    // Another person cannot see or confirm it.
+    let mallory = app.operator_token("mallory", "payments:confirm");
     let (status, _) = operator(&app, reqwest::Method::GET, &path, &mallory, None).await;
     assert_eq!(status, 404);
     assert_eq!(post(mallory, "approve").await.0, 404);
     assert_eq!(balance_of(&app, "acct-B").await, before, "nothing moved");
 
-    // The user, signed in themselves: sees it and confirms it alone.
+    // The user, signed in themselves for the operator resource: sees the whole intent, confirms alone.
+    let confirm_token = app.operator_token("pat", "payments:confirm");
     let (status, body) = operator(&app, reqwest::Method::GET, &path, &confirm_token, None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["approver"], "user");
     assert_eq!(body["amount"], "5000.00");
+    assert_eq!((body["agent_subject"].as_str(), body["user"].as_str()), (Some("dev-agent"), Some("pat")));
     let (status, body) = post(confirm_token.clone(), "approve").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "approved");
-    assert_eq!(body["approved_by"], json!(["dev-agent"]));
+    assert_eq!(body["approved_by"], json!(["pat"]));
 
     let paid = completed(once(&conn, retry("create_payment", &args, &state, "accept")).await);
     assert_eq!(ok(&paid)["replayed"], false);
@@ -452,7 +503,7 @@ async fn in_their_tier_the_user_confirms_on_their_own_page_and_the_retry_pays_on
     .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "NOT_USER_APPROVABLE");
-    let audit = app.audit("dev-agent").await;
+    let audit = app.audit("pat").await;
     assert!(audit.iter().any(|r| r.decision == "recorded" && r.tool == "approvals.user_confirm"), "audited");
     conn.cancel().await.unwrap();
     app.assert_integrity().await;

@@ -324,7 +324,7 @@ async fn run(s: &Scenario) -> Outcome {
             let (status, body) = if approve {
                 approve_as(&app, &id, reviewer).await
             } else {
-                let t = app.token(reviewer, "payments:approve");
+                let t = app.operator_token(reviewer, "payments:approve");
                 operator(
                     &app,
                     reqwest::Method::POST,

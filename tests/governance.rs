@@ -132,8 +132,9 @@ async fn repeated_denials_suspend_the_agent_until_an_admin_resumes_it() {
     }
     let r = call(&c, "create_payment", pay("after-1", "1.00")).await;
     assert_eq!(code(&r), "PRINCIPAL_SUSPENDED");
-    // Reads still work; money does not move.
-    assert_eq!(balance(&c, "acct-B").await, "1.00");
+    // A suspended agent is stopped: its reads are refused too (before any rate limit or scope).
+    let r = call(&c, "get_balance", json!({"account_id": "acct-B"})).await;
+    assert_eq!(code(&r), "PRINCIPAL_SUSPENDED");
     let audit = app.audit("dev-agent").await;
     assert_eq!(audit.iter().filter(|a| a.decision == "suspended").count(), 1);
 
@@ -142,7 +143,7 @@ async fn repeated_denials_suspend_the_agent_until_an_admin_resumes_it() {
         &app,
         reqwest::Method::POST,
         "/principals/dev-agent/resume",
-        &app.token("ops", "payments:approve"),
+        &app.operator_token("ops", "payments:approve"),
         None,
     )
     .await;
@@ -151,12 +152,14 @@ async fn repeated_denials_suspend_the_agent_until_an_admin_resumes_it() {
         &app,
         reqwest::Method::POST,
         "/principals/dev-agent/resume",
-        &app.token("root", "payments:admin"),
+        &app.operator_token("root", "payments:admin"),
         None,
     )
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["resumed"], true);
+    // Nothing moved while it was suspended.
+    assert_eq!(balance(&c, "acct-B").await, "1.00");
     ok(&call(&c, "create_payment", pay("after-1", "1.00")).await);
     // Denials from before the resume do not count again.
     let r = call(
@@ -241,7 +244,7 @@ async fn operator_routes_have_their_own_limit() {
     let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::new(now_secs()));
     let app =
         spawn_with_clock(dir.path(), &[("PAYGATE_APPROVALS__ROUTES_PER_MINUTE", "2")], Arc::new(clock.clone())).await;
-    let token = app.token("auditor", "payments:audit");
+    let token = app.operator_token("auditor", "payments:audit");
     for _ in 0..2 {
         let (status, _) = operator(&app, reqwest::Method::GET, "/approvals", &token, None).await;
         assert_eq!(status, 200);
@@ -250,7 +253,8 @@ async fn operator_routes_have_their_own_limit() {
     assert_eq!(status, 429);
     assert_eq!(body["error"]["code"], "RATE_LIMITED");
     let (status, _) =
-        operator(&app, reqwest::Method::GET, "/approvals", &app.token("auditor-2", "payments:audit"), None).await;
+        operator(&app, reqwest::Method::GET, "/approvals", &app.operator_token("auditor-2", "payments:audit"), None)
+            .await;
     assert_eq!(status, 200, "another operator is unaffected");
     clock.advance(30);
     let (status, _) = operator(&app, reqwest::Method::GET, "/approvals", &token, None).await;

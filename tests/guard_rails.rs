@@ -13,7 +13,7 @@ use serde_json::json;
 #[tokio::test]
 async fn an_unlisted_currency_needs_the_high_risk_reviewers() {
     let (app, _dir) = spawn_app().await;
-    let alice = app.token("alice", "payments:approve");
+    let alice = app.operator_token("alice", "payments:approve");
     let body = json!({"subject": "dev-agent", "kind": "open", "currency": "USD", "payer": "acct-A",
                       "payees": ["acct-B"], "per_payment_max": "1000000000.00", "budget": "1000000000.00",
                       "max_uses": 100000, "valid_for_secs": 2592000});
@@ -34,7 +34,7 @@ async fn an_unlisted_currency_needs_the_high_risk_reviewers() {
 #[tokio::test]
 async fn self_pre_authorization_is_refused_before_anything_is_written() {
     let (app, _dir) = spawn_app().await;
-    let mallory = app.token("mallory", "payments:approve payments:audit");
+    let mallory = app.operator_token("mallory", "payments:approve payments:audit");
     let body = json!({"subject": "mallory", "kind": "closed", "currency": "KES",
                       "payer": "acct-A", "payee": "acct-B", "amount": "50.00"});
     let (status, view) = operator(&app, Method::POST, "/approvals", &mallory, Some(body)).await;
@@ -194,11 +194,12 @@ calls_per_minute = 2
     let _ = agent.cancel().await;
 
     // In process, past the HTTP layer: a principal without payments:read is refused by the gateway.
-    let profile = paygate::policy::Profiles::new().resolve("iss", "nobody", None);
+    let profile = paygate::policy::Profiles::new().resolve("iss", "nobody", None, None);
     let caller = paygate::gateway::Caller {
         principal: paygate::auth::AgentPrincipal {
             issuer: "iss".into(),
             subject: "nobody".into(),
+            user: None,
             client_id: None,
             scopes: ["payments:create".to_string()].into(),
             profile,
@@ -225,7 +226,7 @@ async fn over_limit(agent: &Client, op: &str) -> rmcp::model::CallToolResult {
 }
 
 async fn pending_approvals(app: &TestApp) -> usize {
-    let ops = app.token("auditor", "payments:audit");
+    let ops = app.operator_token("auditor", "payments:audit");
     let (status, list) = operator(app, Method::GET, "/approvals?status=pending", &ops, None).await;
     assert_eq!(status, StatusCode::OK, "{list}");
     list["approvals"].as_array().unwrap().len()
@@ -242,7 +243,7 @@ async fn a_rejection_sticks_and_an_agent_cannot_flood_the_approval_queue() {
     let r = over_limit(&agent, "gr6-rejected").await;
     assert_eq!(code(&r), "APPROVAL_REQUIRED");
     let id = err(&r)["approval_id"].as_str().unwrap().to_string();
-    let carol = app.token("carol", "payments:approve");
+    let carol = app.operator_token("carol", "payments:approve");
     let (status, body) = operator(
         &app,
         Method::POST,
@@ -362,14 +363,14 @@ async fn an_operator_can_revoke_a_mandate_and_an_admin_can_suspend_an_agent() {
         claims["approval_id"].as_str().unwrap().to_string()
     };
     // An auditor may read but not revoke or suspend.
-    let auditor = app.token("auditor", "payments:audit");
+    let auditor = app.operator_token("auditor", "payments:audit");
     let path = format!("/approvals/{approval_id}/revoke");
     let (status, _) = operator(&app, Method::POST, &path, &auditor, Some(json!({"reason": "x"}))).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = operator(&app, Method::POST, "/principals/dev-agent/suspend", &auditor, None).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 
-    let bob = app.token("bob", "payments:approve");
+    let bob = app.operator_token("bob", "payments:approve");
     let (status, body) = operator(&app, Method::POST, &path, &bob, Some(json!({"reason": "invoice disputed"}))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _) = operator(&app, Method::POST, &path, &bob, None).await;
@@ -386,7 +387,7 @@ async fn an_operator_can_revoke_a_mandate_and_an_admin_can_suspend_an_agent() {
     assert_eq!(balance(&agent, "acct-B").await, before, "nothing moved");
 
     // Suspension by hand, then resume.
-    let admin = app.token("root", "payments:admin");
+    let admin = app.operator_token("root", "payments:admin");
     let (status, body) =
         operator(&app, Method::POST, "/principals/dev-agent/suspend", &admin, Some(json!({"reason": "odd activity"})))
             .await;

@@ -208,7 +208,7 @@ async fn budgets_are_drawn_on_the_gateway_side_and_given_back_when_nothing_moved
 async fn reconciliation_finds_what_the_gateway_and_the_ledger_disagree_on() {
     let r = rig().await;
     let c = &r.client;
-    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:admin"), Era::Modern).await;
+    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;
     let clean = ok(&call(&admin, "reconcile", json!({})).await).clone();
     assert_eq!(clean["problems"], 0, "{clean}");
 
@@ -256,7 +256,7 @@ async fn reconciliation_finds_what_the_gateway_and_the_ledger_disagree_on() {
     let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("paygate_reconcile_open_findings 2"), "{metrics}");
     assert!(metrics.contains("paygate_reconcile_findings_total{kind=\"missing_in_gateway\"} 1"));
-    // An agent without payments:admin cannot reconcile (403 at the HTTP layer).
+    // An agent without payments:integrity cannot reconcile (403 at the HTTP layer).
     let reader = connect(&r.app.url, &r.app.token("dev-agent", "payments:read"), Era::Modern).await;
     let denied =
         reader.call_tool(rmcp::model::CallToolRequestParams::new("reconcile").with_arguments(Default::default())).await;
@@ -396,6 +396,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         amount: paygate::money::Money::parse("10.00", Currency::parse("KES").unwrap()).unwrap(),
         memo: None,
         principal_sub: "dev-agent".into(),
+        principal_user: None,
         guards: budget(),
         audit: None,
         claim: None,
@@ -414,6 +415,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         refund_of: None,
         memo: None,
         principal_sub: "dev-agent".into(),
+        principal_user: None,
         mandate_id: None,
         rail_ref: None,
         receipt: None,

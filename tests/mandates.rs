@@ -124,7 +124,7 @@ async fn approved_mandate(app: &TestApp, agent: &Client, op: &str, amount: &str)
 
 /// POST /approvals as alice; returns the approval view (201).
 async fn preauthorize(app: &TestApp, body: Value) -> Value {
-    let token = app.token("alice", "payments:approve");
+    let token = app.operator_token("alice", "payments:approve");
     let (status, view) = operator(app, Method::POST, "/approvals", &token, Some(body)).await;
     assert_eq!(status, 201, "{view}");
     view

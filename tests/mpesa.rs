@@ -14,7 +14,7 @@ use paygate::clock::{Clock, ManualClock, SystemClock};
 use serde_json::{Value, json};
 
 const SECRET: &str = "cb-secret-0123456789abcdefghij";
-const SCOPES: &str = "payments:read payments:collect payments:refund payments:admin";
+const SCOPES: &str = "payments:read payments:collect payments:refund payments:integrity";
 
 /// `tool_limits`: the dev profile's `tool_calls_per_minute`. A second profile, "other-agent", may
 /// use acct-A only (it sees no collection).
@@ -377,6 +377,7 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
         account_reference: "INV-1".into(),
         description: "Order 1".into(),
         principal_sub: "dev-agent".into(),
+        principal_user: None,
         guards: Default::default(),
     };
     // Attempt 1 pushes and dies before recording Daraja's answer.

@@ -19,7 +19,7 @@ use paygate::store::RailState;
 use serde_json::{Value, json};
 
 const SECRET: &str = "cb-secret-0123456789abcdefghij";
-const SCOPES: &str = "payments:read payments:collect payments:refund payments:payout payments:admin";
+const SCOPES: &str = "payments:read payments:collect payments:refund payments:payout payments:integrity";
 const HEADER: &str = "x-paygate-callback-secret";
 
 fn overlay(fake: &DarajaFake, extra: &str) -> String {

@@ -42,8 +42,8 @@ async fn an_auditor_reads_but_cannot_approve_revoke_suspend_or_reconcile() {
     let (app, _dir) = spawn_app().await;
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
     let approval = ask(&agent, "scoped-1").await;
-    let auditor = app.token("auditor", "payments:audit");
-    let approver = app.token("approver", "payments:approve");
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let approver = app.operator_token("approver", "payments:approve");
 
     for path in
         ["/health", "/summary", "/payments", "/audit", "/approvals", "/mandates", "/principals", "/reconciliation"]
@@ -79,9 +79,9 @@ async fn an_auditor_reads_but_cannot_approve_revoke_suspend_or_reconcile() {
     let resp = reqwest::Client::new().get(format!("{}{API}/payments", app.base())).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert!(resp.headers().get("www-authenticate").unwrap().to_str().unwrap().starts_with("Bearer "));
-    // An agent token (no operator scope) reads nothing here.
+    // An agent's token is for another resource: refused here before any scope is looked at.
     let (status, _) = get(&app, "/audit", &app.dev_token()).await;
-    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     let _ = agent.cancel().await;
     app.stop().await;
 }
@@ -90,7 +90,7 @@ async fn an_auditor_reads_but_cannot_approve_revoke_suspend_or_reconcile() {
 async fn a_payments_timeline_shows_every_step_and_revoking_a_mandate_stops_its_next_use() {
     let (app, _dir) = spawn_app().await;
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
-    let ops = app.token("ops-alice", "payments:audit payments:approve payments:admin");
+    let ops = app.operator_token("ops-alice", "payments:audit payments:approve payments:admin");
 
     // Over the limit: the approval appears in the queue with the pinned intent.
     let approval = ask(&agent, "inv-77").await;
@@ -192,7 +192,7 @@ async fn a_payments_timeline_shows_every_step_and_revoking_a_mandate_stops_its_n
 async fn payments_filter_and_page_and_bad_input_is_refused() {
     let (app, _dir) = spawn_app().await;
     let agent = connect(&app.url, &app.dev_token(), Era::Legacy).await;
-    let ops = app.token("ops-bob", "payments:audit");
+    let ops = app.operator_token("ops-bob", "payments:audit");
     let mut ids = Vec::new();
     for i in 0..5 {
         ids.push(
@@ -292,7 +292,8 @@ async fn the_console_is_served_under_a_strict_policy_and_can_be_switched_off() {
     let config: Value =
         http.get(format!("{}/console/config.json", app.base())).send().await.unwrap().json().await.unwrap();
     assert_eq!(config["api"], "/operator/v1");
-    assert_eq!(config["resource"], app.url.as_str());
+    // The console signs in for the operator resource, never the agents' one.
+    assert_eq!(config["resource"], format!("{}/operator", app.base()));
     assert_eq!((config["dev_sign_in"].as_bool(), config["oidc"].is_null()), (Some(true), true));
     app.stop().await;
 
@@ -343,7 +344,7 @@ async fn the_openapi_file_lists_exactly_the_served_routes() {
 
     // And the server answers each one (a missing route is a bare 404; a missing thing is an envelope).
     let (app, _dir) = spawn_app().await;
-    let auditor = app.token("auditor", "payments:audit");
+    let auditor = app.operator_token("auditor", "payments:audit");
     for (method, path) in documented {
         let concrete = path
             .replace("{payment_id}", "pay_00000000000000000000000000")

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hmac::{Hmac, Mac};
-use paygate::auth::{Secret, Verifier, mint_dev_token};
+use paygate::auth::{Audience, Secret, Verifier, mint_dev_token};
 use paygate::catalogue::{ALIASES, TOOLS};
 use paygate::clock::ManualClock;
 use paygate::http::peek;
@@ -456,6 +456,7 @@ fn blank_mandate() -> MandateClaims {
         iss: MANDATE_ISSUER.into(),
         sub: String::new(),
         agent_iss: String::new(),
+        user: None,
         kind: MandateKind::Closed,
         iat: 0,
         exp: 0,
@@ -691,13 +692,15 @@ fn oversized_mandates_are_refused_before_parsing() {
 // ---------------------------------------------------------------------------------------------
 
 const RESOURCE: &str = "https://gw.example/mcp";
+/// The other protected resource: a token naming it (too) is not this resource's.
+const OPERATOR_RESOURCE: &str = "https://gw.example/operator";
 const DEV_ISS: &str = "https://dev.paygate.test";
 const DEV_SECRET: &str = "dev-key-dev-key-dev-key-dev-key!";
 const NOW: i64 = 1_700_000_000;
 const LEEWAY: i64 = 60;
 
 fn verifier(cache: usize) -> Verifier {
-    Verifier::new(RESOURCE.into(), LEEWAY, Arc::new(ManualClock::new(NOW)))
+    Verifier::new(RESOURCE.into(), OPERATOR_RESOURCE.into(), LEEWAY, Arc::new(ManualClock::new(NOW)))
         .with_dev_key(DEV_ISS.into(), &Secret::new(DEV_SECRET.into()))
         .unwrap()
         .with_cache(cache)
@@ -744,9 +747,18 @@ fn jwt_iss() -> impl Strategy<Value = Field> {
 
 fn jwt_sub() -> impl Strategy<Value = Field> {
     prop_oneof![
+        // A subject the gateway keys on: no control characters (they would forge log lines).
         12 => prop_oneof!["[a-z0-9-]{1,12}", any_text(8).prop_filter("non-empty", |s| !s.is_empty())]
-            .prop_map(|s| good(json!(s))),
-        1 => select(vec![(None, false), bad(json!("")), bad(json!(7)), bad(Value::Null), bad(json!(["agent"]))]),
+            .prop_map(|s| if s.chars().any(char::is_control) { bad(json!(s)) } else { good(json!(s)) }),
+        1 => select(vec![
+            (None, false),
+            bad(json!("")),
+            bad(json!(7)),
+            bad(Value::Null),
+            bad(json!(["agent"])),
+            bad(json!("a".repeat(257))),
+            good(json!("a".repeat(256))),
+        ]),
     ]
 }
 
@@ -770,6 +782,27 @@ fn jwt_aud() -> impl Strategy<Value = Field> {
             bad(json!(["https://other.example/mcp"])),
             bad(json!([RESOURCE, 5])),
             bad(json!(5)),
+            // The operator resource's token, or one naming both resources: an agent's token never
+            // carries operator power.
+            bad(json!(OPERATOR_RESOURCE)),
+            bad(json!([RESOURCE, OPERATOR_RESOURCE])),
+        ]),
+    ]
+}
+
+/// RFC 8693 `act`: absent, or an object whose `sub` is a subject (the agent acting for `sub`).
+fn jwt_act() -> impl Strategy<Value = Field> {
+    prop_oneof![
+        6 => Just((None, true)),
+        3 => "[a-z0-9-]{1,12}".prop_map(|s| good(json!({"sub": s}))),
+        1 => Just(good(json!({"sub": "bot", "act": {"sub": "older-bot"}}))),
+        2 => select(vec![
+            bad(json!("bot")),
+            bad(json!({})),
+            bad(json!({"sub": ""})),
+            bad(json!({"sub": 7})),
+            bad(json!({"sub": "b\u{7}ot"})),
+            bad(Value::Null),
         ]),
     ]
 }
@@ -922,9 +955,14 @@ fn jwt_case() -> impl Strategy<Value = JwtCase> {
         jwt_text_claim(),
         jwt_text_claim(),
         prop::option::of(edge_value()),
+        jwt_act(),
     );
     (header, claims, prop::bool::weighted(0.93)).prop_map(
-        |((alg, typ, kid, extra_header), (iss, sub, aud, exp, nbf, scope, scp, client_id, azp, iat), right_key)| {
+        |(
+            (alg, typ, kid, extra_header),
+            (iss, sub, aud, exp, nbf, scope, scp, client_id, azp, iat, act),
+            right_key,
+        )| {
             JwtCase {
                 header: vec![("alg", alg), ("typ", typ), ("kid", kid)],
                 extra_header,
@@ -938,6 +976,7 @@ fn jwt_case() -> impl Strategy<Value = JwtCase> {
                     ("scp", scp),
                     ("client_id", client_id),
                     ("azp", azp),
+                    ("act", act),
                     // A claim the verifier does not read: any value at all is fine.
                     ("iat", (iat, true)),
                 ],
@@ -981,14 +1020,15 @@ proptest! {
     #[test]
     fn bearer_tokens_verify_exactly_when_valid(case in jwt_case()) {
         let token = case.token();
-        let plain = block_on(verifier(0).verify(&token));
+        let plain = block_on(verifier(0).verify(&token, Audience::Agent));
         prop_assert_eq!(plain.is_ok(), case.acceptable(), "{:?}", plain);
         let cached = verifier(8);
-        prop_assert_eq!(&block_on(cached.verify(&token)), &plain);
-        prop_assert_eq!(&block_on(cached.verify(&token)), &plain);
+        prop_assert_eq!(&block_on(cached.verify(&token, Audience::Agent)), &plain);
+        prop_assert_eq!(&block_on(cached.verify(&token, Audience::Agent)), &plain);
         if let Ok(v) = plain {
             prop_assert_eq!(v.issuer.as_str(), DEV_ISS);
             prop_assert_eq!(Some(&json!(v.subject)), case.claim("sub"));
+            prop_assert_eq!(v.actor.as_ref().map(|a| json!(a)), case.claim("act").map(|a| a["sub"].clone()));
             let mut scopes = std::collections::BTreeSet::new();
             if let Some(Value::String(s)) = case.claim("scope") {
                 scopes.extend(s.split_whitespace().map(str::to_string));
@@ -1009,9 +1049,9 @@ proptest! {
     #[test]
     fn tampered_bearer_tokens_are_refused(sub in "[a-z0-9-]{1,12}", scope in "[a-z: ]{0,30}", m in mutation()) {
         let token = mint_dev_token(&Secret::new(DEV_SECRET.into()), DEV_ISS, RESOURCE, &sub, &scope, NOW, 300).unwrap();
-        prop_assert!(block_on(verifier(0).verify(&token)).is_ok());
+        prop_assert!(block_on(verifier(0).verify(&token, Audience::Agent)).is_ok());
         let forged = mutate(&token, &m);
-        prop_assert!(block_on(verifier(0).verify(&forged)).is_err(), "{:?} verified", m);
+        prop_assert!(block_on(verifier(0).verify(&forged, Audience::Agent)).is_err(), "{:?} verified", m);
     }
 
     /// Tokens made of anything at all (arbitrary text, base64 of arbitrary bytes, or any header and
@@ -1021,16 +1061,16 @@ proptest! {
     fn arbitrary_bearer_tokens_never_panic_and_never_pass_unchecked(
         text in prop_oneof![any_text(64), jws_shaped()],
         header in attacker_object(vec!["alg", "alg", "typ", "kid", "crit", "b64", "jwk", "x5c", "cty", "zip", "enc"]),
-        claims in attacker_object(vec!["iss", "sub", "aud", "exp", "nbf", "iat", "scope", "scp", "client_id", "azp", "jti"]),
+        claims in attacker_object(vec!["iss", "sub", "aud", "exp", "nbf", "iat", "scope", "scp", "client_id", "azp", "jti", "act"]),
         with_alg in prop::bool::ANY,
     ) {
-        prop_assert!(block_on(verifier(0).verify(&text)).is_err());
+        prop_assert!(block_on(verifier(0).verify(&text, Audience::Agent)).is_err());
         let mut header = header;
         if with_alg {
             header["alg"] = json!("HS256");
         }
         let token = compact(&header, claims.to_string().as_bytes(), "HS256", DEV_SECRET.as_bytes());
-        if block_on(verifier(0).verify(&token)).is_ok() {
+        if block_on(verifier(0).verify(&token, Audience::Agent)).is_ok() {
             prop_assert_eq!(&header["alg"], &json!("HS256"));
             prop_assert_eq!(&claims["iss"], &json!(DEV_ISS));
             prop_assert!(claims["sub"].as_str().is_some_and(|s| !s.is_empty()));

@@ -130,7 +130,7 @@ async fn a_closed_mandate_and_a_budget_hold_across_replicas() {
         paygate::auth::mint_dev_token(
             &paygate::auth::Secret::new(key.into()),
             DEV_ISSUER,
-            "http://127.0.0.1:9/mcp",
+            "http://127.0.0.1:9/operator",
             "alice",
             "payments:approve",
             now_secs(),

@@ -17,9 +17,9 @@ use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{
-    AccountSeed, ApprovalRecord, AuditQuery, AuditRecord, AuditRelated, IssuedMandate, MandateQuery, MandateStatus,
-    NewIdempotencyRecord, OpsPaymentQuery, RailFlow, RailPayment, RailState, RailUpdate, Reservation, Review,
-    ReviewError, Store,
+    AccountSeed, ApprovalRecord, AuditQuery, AuditRecord, AuditRelated, Denials, IssuedMandate, MandateQuery,
+    MandateStatus, NewIdempotencyRecord, OpsPaymentQuery, PrincipalRef, RailFlow, RailPayment, RailState, RailUpdate,
+    Reservation, Review, ReviewError, Store, SuspensionScope,
 };
 use serde_json::json;
 
@@ -111,6 +111,7 @@ fn transfer(key: &str, minor: i64, guards: Guards) -> TransferRequest {
         amount: Money::from_minor(minor, kes()).unwrap(),
         memo: None,
         principal_sub: "agent".into(),
+        principal_user: None,
         guards,
         audit: None,
         claim: None,
@@ -311,6 +312,7 @@ fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64)
         fingerprint: "fp".into(),
         principal_iss: "iss".into(),
         principal_sub: "agent".into(),
+        principal_user: None,
         tool: "create_payment".into(),
         intent: json!({"payer": "acct-A", "payee": "acct-B"}),
         amount_minor: 5_000,
@@ -469,6 +471,7 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
         amount_minor: amount,
         reason: None,
         principal_sub: "agent".into(),
+        principal_user: None,
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
@@ -512,6 +515,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
                 amount_minor: None,
                 reason: None,
                 principal_sub: "agent".into(),
+                principal_user: None,
                 guards: Guards { budget: Some(b), mandate: None },
                 audit: None,
                 autonomous_cap_minor: None,
@@ -553,6 +557,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
         amount_minor: Some(400),
         reason: None,
         principal_sub: "agent".into(),
+        principal_user: None,
         guards: Guards::default(),
         audit: None,
         autonomous_cap_minor: None,
@@ -609,6 +614,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
             correlation_id: format!("corr-{at}"),
             principal_iss: "iss".into(),
             principal_sub: sub.into(),
+            principal_user: None,
             tool: tool.into(),
             decision: "allowed".into(),
             code: None,
@@ -616,6 +622,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
             payment_id: payment.map(str::to_string),
             approval_id: approval.map(str::to_string),
             detail: None,
+            repeats: 1,
         }
     };
     let pid = paid[1].id.to_string();
@@ -661,9 +668,10 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     let got = store.mandate_get(&active[0].id, 100).await.unwrap().unwrap();
     assert_eq!((got.status, got.revoked_by.as_deref()), (MandateStatus::Revoked, Some("bob")), "{label}");
     assert!(store.mandate_get("mdt_none", 100).await.unwrap().is_none());
-    store.suspend("agent", "too many", 40).await.unwrap();
+    store.suspend("iss", "agent", &SuspensionScope::Agent, "too many", 40).await.unwrap();
     let states = store.principal_states(10).await.unwrap();
     assert_eq!((states[0].subject.as_str(), states[0].suspended_at), ("agent", Some(40)), "{label}");
+    assert_eq!((states[0].issuer.as_str(), &states[0].scope), ("iss", &SuspensionScope::Agent), "{label}");
     let mut internal = audit("scheduler", "get_balance", None, None, None, 14);
     internal.principal_iss = "paygate".into();
     store.audit_append(internal).await.unwrap();
@@ -752,12 +760,13 @@ contract!(claimed_postings_are_one_write_and_exactly_once, |store, label| async 
 });
 
 contract!(suspension_and_denials, |store, label| async move {
-    let audit = |seq_at: i64, decision: &str, code: &str| AuditRecord {
+    let audit = |at: i64, decision: &str, code: &str, user: Option<&str>, repeats: i64| AuditRecord {
         seq: 0,
-        at: seq_at,
+        at,
         correlation_id: "corr_x".into(),
         principal_iss: "iss".into(),
         principal_sub: "agent".into(),
+        principal_user: user.map(str::to_string),
         tool: "create_payment".into(),
         decision: decision.into(),
         code: Some(code.into()),
@@ -765,18 +774,62 @@ contract!(suspension_and_denials, |store, label| async move {
         payment_id: None,
         approval_id: None,
         detail: None,
+        repeats,
     };
-    store.audit_append(audit(100, "denied", "ACCOUNT_NOT_ALLOWED")).await.unwrap();
-    store.audit_append(audit(100, "denied", "INVALID_ARGUMENT")).await.unwrap();
-    store.audit_append(audit(100, "conflict", "IDEMPOTENCY_CONFLICT")).await.unwrap();
-    store.audit_append(audit(10, "denied", "ACCOUNT_NOT_ALLOWED")).await.unwrap();
-    assert_eq!(store.denials_since("agent", 50).await.unwrap(), 2, "{label}: typos and old denials do not count");
-    assert_eq!(store.suspension("agent").await.unwrap(), None);
-    store.suspend("agent", "too many", 101).await.unwrap();
-    assert_eq!(store.suspension("agent").await.unwrap(), Some((101, "too many".into())));
-    assert!(store.resume("agent", 102).await.unwrap());
-    assert!(!store.resume("agent", 103).await.unwrap(), "not suspended any more");
-    assert_eq!(store.denials_since("agent", 50).await.unwrap(), 0, "{label}: a resume forgives earlier denials");
+    let agent = PrincipalRef { issuer: "iss".into(), subject: "agent".into(), user: None };
+    let for_alice = PrincipalRef { user: Some("alice".into()), ..agent.clone() };
+    let for_bob = PrincipalRef { user: Some("bob".into()), ..agent.clone() };
+    let elsewhere = PrincipalRef { issuer: "other-iss".into(), ..agent.clone() };
+    for rec in [
+        audit(100, "denied", "ACCOUNT_NOT_ALLOWED", None, 1),
+        audit(100, "denied", "INVALID_ARGUMENT", None, 1),
+        audit(100, "conflict", "IDEMPOTENCY_CONFLICT", None, 1),
+        audit(10, "denied", "ACCOUNT_NOT_ALLOWED", None, 1),
+        audit(100, "denied", "ACCOUNT_NOT_ALLOWED", Some("alice"), 1),
+        // A throttled flood of RATE_LIMITED answers, and one approval-flood refusal.
+        audit(100, "rate_limited", "RATE_LIMITED", None, 45),
+        audit(100, "denied", "RATE_LIMITED", None, 1),
+    ] {
+        store.audit_append(rec).await.unwrap();
+    }
+    let counted = |d: i64, r: i64| Denials { denials: d, rate_limited: r };
+    assert_eq!(
+        store.denials_since(&agent, 50).await.unwrap(),
+        counted(2, 46),
+        "{label}: typos and old denials do not count; a throttled record counts its repeats"
+    );
+    assert_eq!(store.denials_since(&for_alice, 50).await.unwrap(), counted(1, 0), "{label}: the pair's own");
+    assert_eq!(store.denials_since(&elsewhere, 50).await.unwrap(), counted(0, 0), "{label}: another issuer's");
+
+    // The stop rule suspends a pair: the agent on its own token, or for anyone else, is not suspended.
+    assert_eq!(store.suspension(&agent).await.unwrap(), None);
+    let alice_only = SuspensionScope::Pair(Some("alice".into()));
+    assert!(store.suspend("iss", "agent", &alice_only, "too many", 101).await.unwrap(), "{label}");
+    assert!(!store.suspend("iss", "agent", &alice_only, "again", 101).await.unwrap(), "{label}: already");
+    assert_eq!(store.suspension(&for_alice).await.unwrap(), Some((101, "too many".into())), "{label}");
+    assert_eq!(store.suspension(&agent).await.unwrap(), None, "{label}");
+    assert_eq!(store.suspension(&for_bob).await.unwrap(), None, "{label}");
+    let alice_elsewhere = PrincipalRef { user: Some("alice".into()), ..elsewhere.clone() };
+    assert_eq!(store.suspension(&alice_elsewhere).await.unwrap(), None, "{label}: keyed by issuer too");
+    // An operator suspends the agent whoever it acts for.
+    assert!(store.suspend("iss", "agent", &SuspensionScope::Agent, "by hand", 102).await.unwrap());
+    for who in [&agent, &for_bob] {
+        assert_eq!(store.suspension(who).await.unwrap(), Some((102, "by hand".into())), "{label}: {who:?}");
+    }
+    assert_eq!(store.suspension(&elsewhere).await.unwrap(), None, "{label}: another issuer's subject");
+    // Resuming the pair leaves the agent-wide suspension standing; resuming the agent lifts all.
+    assert!(store.resume("iss", "agent", Some("alice"), 103).await.unwrap());
+    assert_eq!(store.suspension(&for_alice).await.unwrap(), Some((102, "by hand".into())), "{label}");
+    assert!(!store.resume("other-iss", "agent", None, 103).await.unwrap(), "{label}: not that issuer's");
+    assert!(store.resume("iss", "agent", None, 104).await.unwrap());
+    assert!(!store.resume("iss", "agent", None, 105).await.unwrap(), "{label}: not suspended any more");
+    for who in [&agent, &for_alice, &for_bob] {
+        assert_eq!(store.suspension(who).await.unwrap(), None, "{label}: {who:?}");
+    }
+    assert_eq!(store.denials_since(&agent, 50).await.unwrap(), counted(0, 0), "{label}: a resume forgives");
+    assert_eq!(store.denials_since(&for_alice, 50).await.unwrap(), counted(0, 0), "{label}");
+    let states = store.principal_states(10).await.unwrap();
+    assert_eq!(states.len(), 2, "{label}: one row per what was suspended");
     assert_eq!(store.audit_list(Some("agent"), 2).await.unwrap().len(), 2);
 });
 
@@ -821,6 +874,7 @@ fn rail(id: &PaymentId, key: &str, minor: i64) -> RailPayment {
         refund_of: None,
         memo: None,
         principal_sub: "agent".into(),
+        principal_user: None,
         mandate_id: None,
         rail_ref: None,
         receipt: None,
@@ -1012,11 +1066,13 @@ contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {
 
 contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store, label| async move {
     let record = |at: i64, detail: &str| AuditRecord {
+        repeats: 1,
         seq: 0,
         at,
         correlation_id: format!("corr-{at}"),
         principal_iss: "iss".into(),
         principal_sub: "agent".into(),
+        principal_user: None,
         tool: "create_payment".into(),
         decision: "allowed".into(),
         code: None,

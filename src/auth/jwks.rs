@@ -3,12 +3,13 @@
 //! kids cannot turn paygate into a load generator against the IdP.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::Clock;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use tokio::sync::{Mutex, RwLock};
-use tokio::time::Instant;
 
 struct CachedKey {
     key: DecodingKey,
@@ -21,11 +22,14 @@ struct CachedKey {
 #[derive(Default)]
 struct State {
     keys: HashMap<String, CachedKey>,
-    fetched_at: Option<Instant>,
-    last_attempt: Option<Instant>,
+    /// When the key set in use was fetched, and when a fetch was last tried: readings of the
+    /// injected clock's monotonic milliseconds (tests move it instead of sleeping).
+    fetched_at: Option<u64>,
+    last_attempt: Option<u64>,
 }
 
 pub struct JwksCache {
+    clock: Arc<dyn Clock>,
     /// Bumped whenever the set of key ids changes (rotation): verified-token cache entries from an
     /// older generation are verified again.
     generation: std::sync::atomic::AtomicU64,
@@ -33,21 +37,72 @@ pub struct JwksCache {
     http: reqwest::Client,
     cache_ttl: Duration,
     refetch_min_interval: Duration,
+    /// How long past `cache_ttl` the last key set still verifies tokens while the identity provider
+    /// cannot be reached (stale-while-error); after that, nothing does until a fetch succeeds.
+    stale_max: Duration,
     state: RwLock<State>,
     fetch_lock: Mutex<()>,
 }
 
 impl JwksCache {
-    pub fn new(url: String, http: reqwest::Client, cache_ttl: Duration, refetch_min_interval: Duration) -> Self {
+    pub fn new(
+        url: String,
+        http: reqwest::Client,
+        cache_ttl: Duration,
+        refetch_min_interval: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         JwksCache {
+            clock,
             generation: std::sync::atomic::AtomicU64::new(0),
             url,
             http,
             cache_ttl,
             refetch_min_interval,
+            stale_max: Duration::ZERO,
             state: RwLock::default(),
             fetch_lock: Mutex::new(()),
         }
+    }
+
+    /// Keep verifying with the last key set for this long past its refresh interval while fetches
+    /// fail (bounded stale-while-error).
+    pub fn with_stale_max(mut self, stale_max: Duration) -> Self {
+        self.stale_max = stale_max;
+        self
+    }
+
+    /// Make sure the key set is no older than its refresh interval before a token verified against it
+    /// (even one served from the verified-token cache) is accepted: a stale set is fetched again, one
+    /// fetch at a time (callers arriving meanwhile wait for it). `false` when no key set may be used:
+    /// the fetch failed and the last good set is past `stale_max`, or there never was one.
+    pub async fn ensure_fresh(&self) -> bool {
+        if self.age().await.is_some_and(|a| a < self.cache_ttl) {
+            return true;
+        }
+        let _guard = self.fetch_lock.lock().await;
+        let recently_tried = {
+            let s = self.state.read().await;
+            let fresh = s.fetched_at.is_some_and(|t| self.since(t) < self.cache_ttl);
+            if fresh {
+                return true;
+            }
+            s.last_attempt.is_some_and(|t| self.since(t) < self.refetch_min_interval)
+        };
+        if !recently_tried {
+            self.refresh().await;
+        }
+        self.age().await.is_some_and(|a| a < self.cache_ttl + self.stale_max)
+    }
+
+    /// How long ago a reading of the monotonic clock was.
+    fn since(&self, at: u64) -> Duration {
+        Duration::from_millis(self.clock.monotonic_millis().saturating_sub(at))
+    }
+
+    /// How long ago the key set in use was fetched (`None`: never).
+    async fn age(&self) -> Option<Duration> {
+        self.state.read().await.fetched_at.map(|t| self.since(t))
     }
 
     pub fn generation(&self) -> u64 {
@@ -67,7 +122,7 @@ impl JwksCache {
         }
         let may_fetch = {
             let s = self.state.read().await;
-            s.last_attempt.is_none_or(|t| t.elapsed() >= self.refetch_min_interval)
+            s.last_attempt.is_none_or(|t| self.since(t) >= self.refetch_min_interval)
         };
         if may_fetch {
             self.refresh().await;
@@ -78,7 +133,12 @@ impl JwksCache {
     /// `Some(answer)` when the cache can answer (fresh, or `require_fresh` is false); `None` to fetch.
     async fn cached(&self, kid: &str, alg: Algorithm, require_fresh: bool) -> Option<Option<DecodingKey>> {
         let s = self.state.read().await;
-        let fresh = s.fetched_at.is_some_and(|t| t.elapsed() < self.cache_ttl);
+        let fresh = s.fetched_at.is_some_and(|t| self.since(t) < self.cache_ttl);
+        // Past the stale-while-error bound, the last key set verifies nothing.
+        let usable = s.fetched_at.is_some_and(|t| self.since(t) < self.cache_ttl + self.stale_max);
+        if !require_fresh && !usable {
+            return Some(None);
+        }
         match s.keys.get(kid) {
             Some(k) if fresh || !require_fresh => {
                 let alg_ok = k.alg.as_deref().is_none_or(|a| a == format!("{alg:?}")) && k.key.family() == alg.family();
@@ -90,7 +150,7 @@ impl JwksCache {
     }
 
     async fn refresh(&self) {
-        let started = Instant::now();
+        let started = self.clock.monotonic_millis();
         let result = async {
             let resp = self.http.get(&self.url).send().await.map_err(|e| e.to_string())?;
             if !resp.status().is_success() {

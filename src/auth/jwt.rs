@@ -8,8 +8,8 @@ use std::sync::Arc;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, decode, decode_header, encode};
 use serde::{Deserialize, Serialize};
 
-use super::Secret;
 use super::jwks::JwksCache;
+use super::{Audience, Secret};
 use crate::clock::{Clock, UnixSecs};
 use sha2::Digest;
 
@@ -64,15 +64,49 @@ struct RawClaims {
     scp: Option<OneOrMany>,
     client_id: Option<String>,
     azp: Option<String>,
+    /// RFC 8693 actor: the party acting for `sub`. Any JSON here is read (`null` included), so a
+    /// malformed one is refused rather than ignored.
+    #[serde(default, deserialize_with = "present")]
+    act: Option<serde_json::Value>,
+}
+
+/// A claim that is there, whatever its value (`null` is `Some(Null)`, not absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 /// What a verified token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedClaims {
     pub issuer: String,
+    /// The token's `sub`: with delegation, the user the actor acts for.
     pub subject: String,
+    /// RFC 8693 `act.sub`: the current actor (the agent) when the token is delegated.
+    pub actor: Option<String>,
     pub client_id: Option<String>,
     pub scopes: BTreeSet<String>,
+}
+
+/// A fully verified token (but its audience): claims, normalized audiences, exp, nbf, and whether a
+/// JWKS key verified it.
+type Verified = (VerifiedClaims, Vec<String>, i64, Option<i64>, bool);
+
+/// Longest subject (or actor) accepted, in bytes.
+pub const SUBJECT_BYTES_MAX: usize = 256;
+
+/// A subject the gateway can key on: present, bounded, no control characters (they could forge
+/// log lines, and no identity provider issues them).
+fn subject_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= SUBJECT_BYTES_MAX && !s.chars().any(char::is_control)
+}
+
+/// The current actor of an RFC 8693 `act` claim: its `sub` (a nested `act` names earlier actors,
+/// which do not act now).
+fn actor_of(act: &serde_json::Value) -> Result<String, AuthError> {
+    match act.get("sub").and_then(serde_json::Value::as_str) {
+        Some(sub) if subject_ok(sub) => Ok(sub.to_string()),
+        _ => Err(AuthError::Invalid("act claim has no valid sub")),
+    }
 }
 
 struct Idp {
@@ -87,7 +121,10 @@ struct DevKey {
 }
 
 pub struct Verifier {
-    resource: String,
+    /// The canonical resource identifiers tokens must name as audience: the MCP resource and the
+    /// operator resource.
+    agent_resource: String,
+    operator_resource: String,
     dev: Option<DevKey>,
     idp: Option<Idp>,
     leeway_secs: i64,
@@ -105,15 +142,21 @@ struct TokenCache {
 
 struct CachedToken {
     claims: VerifiedClaims,
+    /// Verified with a key from the identity provider's JWKS: a hit first makes sure that key set
+    /// is fresh, so a key the IdP removed stops verifying within its refresh interval.
+    via_jwks: bool,
+    /// The token's audiences, normalized: checked against the resource on every hit.
+    audiences: Vec<String>,
     exp: i64,
     nbf: Option<i64>,
     generation: u64,
 }
 
 impl Verifier {
-    pub fn new(resource: String, leeway_secs: i64, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(agent_resource: String, operator_resource: String, leeway_secs: i64, clock: Arc<dyn Clock>) -> Self {
         Verifier {
-            resource: normalize_url(&resource),
+            agent_resource: normalize_url(&agent_resource),
+            operator_resource: normalize_url(&operator_resource),
             dev: None,
             idp: None,
             leeway_secs,
@@ -132,11 +175,26 @@ impl Verifier {
         self.idp.as_ref().and_then(|i| i.jwks.as_ref()).map_or(0, JwksCache::generation)
     }
 
-    pub async fn verify(&self, token: &str) -> Result<VerifiedClaims, AuthError> {
+    /// Verify `token` for `audience`: signature, issuer, time, and that its `aud` names this
+    /// resource and not the other one.
+    pub async fn verify(&self, token: &str, audience: Audience) -> Result<VerifiedClaims, AuthError> {
         if self.cache.max == 0 {
-            return self.verify_uncached(token).await.map(|(c, _, _)| c);
+            let (claims, audiences, _, _, _) = self.verify_uncached(token).await?;
+            self.check_audience(&audiences, audience)?;
+            return Ok(claims);
         }
         let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let via_jwks = {
+            let entries = self.cache.entries.lock().unwrap_or_else(|p| p.into_inner());
+            entries.get(&digest).is_some_and(|hit| hit.via_jwks)
+        };
+        if via_jwks && let Some(jwks) = self.idp.as_ref().and_then(|i| i.jwks.as_ref()) {
+            // A cache hit asks whether the key set is stale like a miss does: a refresh that finds
+            // the key gone starts a new generation, and the token is verified again (and refused).
+            if !jwks.ensure_fresh().await {
+                return Err(AuthError::Invalid("the identity provider's keys cannot be refreshed"));
+            }
+        }
         let now = self.clock.now();
         let generation = self.generation();
         {
@@ -150,16 +208,33 @@ impl Verifier {
                 if hit.nbf.is_some_and(|nbf| now < nbf.saturating_sub(self.leeway_secs)) {
                     return Err(AuthError::Invalid("token not yet valid"));
                 }
+                self.check_audience(&hit.audiences, audience)?;
                 return Ok(hit.claims.clone());
             }
         }
-        let (claims, exp, nbf) = self.verify_uncached(token).await?;
+        let (claims, audiences, exp, nbf, via_jwks) = self.verify_uncached(token).await?;
+        self.check_audience(&audiences, audience)?;
         let mut entries = self.cache.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= self.cache.max {
             entries.clear();
         }
-        entries.insert(digest, CachedToken { claims: claims.clone(), exp, nbf, generation });
+        entries.insert(digest, CachedToken { claims: claims.clone(), via_jwks, audiences, exp, nbf, generation });
         Ok(claims)
+    }
+
+    /// RFC 8707: the token must be meant for this resource, and not also for the other one.
+    fn check_audience(&self, audiences: &[String], audience: Audience) -> Result<(), AuthError> {
+        let (this, other) = match audience {
+            Audience::Agent => (&self.agent_resource, &self.operator_resource),
+            Audience::Operator => (&self.operator_resource, &self.agent_resource),
+        };
+        if !audiences.iter().any(|a| a == this) {
+            return Err(AuthError::Invalid("token audience is not this resource"));
+        }
+        if audiences.iter().any(|a| a == other) {
+            return Err(AuthError::Invalid("token names both the agent and the operator resource"));
+        }
+        Ok(())
     }
 
     pub fn with_dev_key(mut self, issuer: String, secret: &Secret) -> Result<Self, String> {
@@ -173,15 +248,19 @@ impl Verifier {
         self
     }
 
-    /// The canonical resource URL tokens must name as audience.
-    pub fn resource(&self) -> &str {
-        &self.resource
+    /// The canonical resource identifier tokens for `audience` must name.
+    pub fn resource(&self, audience: Audience) -> &str {
+        match audience {
+            Audience::Agent => &self.agent_resource,
+            Audience::Operator => &self.operator_resource,
+        }
     }
 
-    /// The full check: signature, issuer, time, audience. Returns the claims with exp and nbf.
-    async fn verify_uncached(&self, token: &str) -> Result<(VerifiedClaims, i64, Option<i64>), AuthError> {
+    /// The full check but the audience: signature, issuer, time, subject and actor. Returns the
+    /// claims with the normalized audiences, exp and nbf, and whether a JWKS key verified it.
+    async fn verify_uncached(&self, token: &str) -> Result<Verified, AuthError> {
         let header = decode_header(token).map_err(|_| AuthError::Invalid("malformed token"))?;
-        let (key, expected_issuer) = self.key_for(&header).await?;
+        let (key, expected_issuer, via_jwks) = self.key_for(&header).await?;
         let mut validation = Validation::new(header.alg);
         // exp/nbf/aud are checked below against the injected clock and the canonical resource.
         validation.validate_exp = false;
@@ -209,22 +288,26 @@ impl Verifier {
         {
             return Err(AuthError::Invalid("token not yet valid"));
         }
-        let audiences = c.aud.map(OneOrMany::into_vec).unwrap_or_default();
-        if !audiences.iter().any(|a| normalize_url(a) == self.resource) {
-            return Err(AuthError::Invalid("token audience is not this resource"));
-        }
+        let audiences: Vec<String> =
+            c.aud.map(OneOrMany::into_vec).unwrap_or_default().iter().map(|a| normalize_url(a)).collect();
         let subject = c.sub.filter(|s| !s.is_empty()).ok_or(AuthError::Invalid("token has no sub"))?;
+        if !subject_ok(&subject) {
+            return Err(AuthError::Invalid("token sub is too long or has control characters"));
+        }
+        let actor = c.act.as_ref().map(actor_of).transpose()?;
         let mut scopes: BTreeSet<String> = c.scope.unwrap_or_default().split_whitespace().map(str::to_string).collect();
         if let Some(scp) = c.scp {
             scopes.extend(scp.into_vec().iter().flat_map(|s| s.split_whitespace().map(str::to_string)));
         }
-        Ok((VerifiedClaims { issuer: expected_issuer, subject, client_id: c.client_id.or(c.azp), scopes }, exp, c.nbf))
+        let claims =
+            VerifiedClaims { issuer: expected_issuer, subject, actor, client_id: c.client_id.or(c.azp), scopes };
+        Ok((claims, audiences, exp, c.nbf, via_jwks))
     }
 
-    async fn key_for(&self, header: &Header) -> Result<(DecodingKey, String), AuthError> {
+    async fn key_for(&self, header: &Header) -> Result<(DecodingKey, String, bool), AuthError> {
         if header.alg == Algorithm::HS256 {
             let dev = self.dev.as_ref().ok_or(AuthError::Invalid("algorithm not allowed"))?;
-            return Ok((dev.key.clone(), dev.issuer.clone()));
+            return Ok((dev.key.clone(), dev.issuer.clone(), false));
         }
         if !IDP_ALGORITHMS.contains(&header.alg) {
             return Err(AuthError::Invalid("algorithm not allowed"));
@@ -234,13 +317,13 @@ impl Verifier {
         if let (Some(kid), Some(jwks)) = (header.kid.as_deref(), idp.jwks.as_ref())
             && let Some(key) = jwks.key(kid, header.alg).await
         {
-            return Ok((key, idp.issuer.clone()));
+            return Ok((key, idp.issuer.clone(), true));
         }
         // PEM keys carry no kid: the one whose family matches the algorithm.
         idp.pem_keys
             .iter()
             .find(|k| k.family() == family)
-            .map(|k| (k.clone(), idp.issuer.clone()))
+            .map(|k| (k.clone(), idp.issuer.clone(), false))
             .ok_or(AuthError::Invalid("no key for this token"))
     }
 }
@@ -265,6 +348,39 @@ struct DevClaims<'a> {
     nbf: UnixSecs,
     exp: UnixSecs,
     scope: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    act: Option<serde_json::Value>,
+}
+
+/// A token to mint with the dev key (local use and tests only).
+#[derive(Debug, Clone, Copy)]
+pub struct DevToken<'a> {
+    pub issuer: &'a str,
+    /// The resource it is for (`<public_url>/mcp` or `<public_url>/operator`).
+    pub audience: &'a str,
+    pub subject: &'a str,
+    pub scope: &'a str,
+    /// RFC 8693: the agent acting for `subject` (a delegated token), if any.
+    pub actor: Option<&'a str>,
+    pub now: UnixSecs,
+    pub ttl_secs: i64,
+}
+
+impl DevToken<'_> {
+    pub fn mint(&self, secret: &Secret) -> Result<String, String> {
+        let key = EncodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| e.to_string())?;
+        let claims = DevClaims {
+            iss: self.issuer,
+            sub: self.subject,
+            aud: self.audience,
+            iat: self.now,
+            nbf: self.now,
+            exp: self.now + self.ttl_secs,
+            scope: self.scope,
+            act: self.actor.map(|a| serde_json::json!({ "sub": a })),
+        };
+        encode(&Header::new(Algorithm::HS256), &claims, &key).map_err(|e| e.to_string())
+    }
 }
 
 /// Mint an HS256 token with the dev key (local use and tests only).
@@ -277,9 +393,7 @@ pub fn mint_dev_token(
     now: UnixSecs,
     ttl_secs: i64,
 ) -> Result<String, String> {
-    let key = EncodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| e.to_string())?;
-    let claims = DevClaims { iss: issuer, sub: subject, aud: audience, iat: now, nbf: now, exp: now + ttl_secs, scope };
-    encode(&Header::new(Algorithm::HS256), &claims, &key).map_err(|e| e.to_string())
+    DevToken { issuer, audience, subject, scope, actor: None, now, ttl_secs }.mint(secret)
 }
 
 #[cfg(test)]
@@ -291,13 +405,13 @@ mod tests {
     async fn cached_tokens_still_expire_and_are_keyed_by_hash() {
         let clock = ManualClock::new(1_000_000);
         let secret = Secret::new("k".repeat(32));
-        let v = Verifier::new("http://gw/mcp".into(), 30, Arc::new(clock.clone()))
+        let v = Verifier::new("http://gw/mcp".into(), "http://gw/operator".into(), 30, Arc::new(clock.clone()))
             .with_dev_key("iss".into(), &secret)
             .unwrap()
             .with_cache(2);
         let token = mint_dev_token(&secret, "iss", "http://gw/mcp", "agent", "payments:read", 1_000_000, 60).unwrap();
-        assert_eq!(v.verify(&token).await.unwrap().subject, "agent");
-        assert_eq!(v.verify(&token).await.unwrap().subject, "agent", "a cache hit");
+        assert_eq!(v.verify(&token, Audience::Agent).await.unwrap().subject, "agent");
+        assert_eq!(v.verify(&token, Audience::Agent).await.unwrap().subject, "agent", "a cache hit");
         {
             let entries = v.cache.entries.lock().unwrap();
             assert_eq!(entries.len(), 1);
@@ -305,17 +419,96 @@ mod tests {
             assert!(entries.contains_key(&digest), "keyed by the token's hash");
         }
         clock.advance(60 + 31);
-        assert_eq!(v.verify(&token).await, Err(AuthError::Invalid("token expired")), "expiry holds on a hit");
+        assert_eq!(
+            v.verify(&token, Audience::Agent).await,
+            Err(AuthError::Invalid("token expired")),
+            "expiry holds on a hit"
+        );
         // Bounded: a third token clears the full cache rather than growing it.
         for sub in ["b", "c", "d"] {
             let t = mint_dev_token(&secret, "iss", "http://gw/mcp", sub, "", clock.now(), 60).unwrap();
-            v.verify(&t).await.unwrap();
+            v.verify(&t, Audience::Agent).await.unwrap();
         }
         assert!(v.cache.entries.lock().unwrap().len() <= 2);
         // A forged token is never served from the cache of a genuine one.
         let mut forged = token.clone();
         forged.push('x');
-        assert!(v.verify(&forged).await.is_err());
+        assert!(v.verify(&forged, Audience::Agent).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn each_resource_takes_only_its_own_tokens_cached_or_not() {
+        let clock = ManualClock::new(1_000_000);
+        let secret = Secret::new("k".repeat(32));
+        for cache in [0, 10] {
+            let v = Verifier::new("http://gw/mcp".into(), "http://gw/operator".into(), 30, Arc::new(clock.clone()))
+                .with_dev_key("iss".into(), &secret)
+                .unwrap()
+                .with_cache(cache);
+            let mint = |aud: &str| mint_dev_token(&secret, "iss", aud, "who", "", 1_000_000, 60).unwrap();
+            let (agent, operator) = (mint("http://gw/mcp"), mint("HTTP://GW/operator"));
+            for _ in 0..2 {
+                // Twice: the second round is served from the cache when there is one.
+                assert!(v.verify(&agent, Audience::Agent).await.is_ok());
+                assert!(v.verify(&operator, Audience::Operator).await.is_ok());
+                let wrong = Err(AuthError::Invalid("token audience is not this resource"));
+                assert_eq!(v.verify(&agent, Audience::Operator).await, wrong);
+                assert_eq!(v.verify(&operator, Audience::Agent).await, wrong);
+            }
+            let key = EncodingKey::from_secret(secret.expose().as_bytes()).unwrap();
+            let both = serde_json::json!({"iss": "iss", "sub": "who", "exp": 1_000_060,
+                "aud": ["http://gw/mcp", "http://gw/operator"]});
+            let both = encode(&Header::new(Algorithm::HS256), &both, &key).unwrap();
+            for audience in [Audience::Agent, Audience::Operator] {
+                assert_eq!(
+                    v.verify(&both, audience).await,
+                    Err(AuthError::Invalid("token names both the agent and the operator resource"))
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delegated_token_names_its_actor_and_bad_subjects_are_refused() {
+        let clock = ManualClock::new(1_000_000);
+        let secret = Secret::new("k".repeat(32));
+        let v = Verifier::new("http://gw/mcp".into(), "http://gw/operator".into(), 30, Arc::new(clock.clone()))
+            .with_dev_key("iss".into(), &secret)
+            .unwrap();
+        let token = DevToken {
+            issuer: "iss",
+            audience: "http://gw/mcp",
+            subject: "alice",
+            scope: "payments:read",
+            actor: Some("billing-bot"),
+            now: 1_000_000,
+            ttl_secs: 60,
+        }
+        .mint(&secret)
+        .unwrap();
+        let claims = v.verify(&token, Audience::Agent).await.unwrap();
+        assert_eq!((claims.subject.as_str(), claims.actor.as_deref()), ("alice", Some("billing-bot")));
+        let key = EncodingKey::from_secret(secret.expose().as_bytes()).unwrap();
+        let with = |extra: serde_json::Value| {
+            let mut c = serde_json::json!({"iss": "iss", "sub": "alice", "exp": 1_000_060, "aud": "http://gw/mcp"});
+            for (k, val) in extra.as_object().unwrap() {
+                c[k] = val.clone();
+            }
+            encode(&Header::new(Algorithm::HS256), &c, &key).unwrap()
+        };
+        // A nested act names an earlier actor: the current one is the outer act's sub.
+        let nested = with(serde_json::json!({"act": {"sub": "bot", "act": {"sub": "older"}}}));
+        assert_eq!(v.verify(&nested, Audience::Agent).await.unwrap().actor.as_deref(), Some("bot"));
+        for bad in [
+            serde_json::json!({"act": "bot"}),
+            serde_json::json!({"act": {}}),
+            serde_json::json!({"act": {"sub": ""}}),
+            serde_json::json!({"act": {"sub": "bo\nt"}}),
+            serde_json::json!({"sub": "ali\u{1}ce"}),
+            serde_json::json!({"sub": "a".repeat(SUBJECT_BYTES_MAX + 1)}),
+        ] {
+            assert!(v.verify(&with(bad.clone()), Audience::Agent).await.is_err(), "{bad}");
+        }
     }
 
     #[test]

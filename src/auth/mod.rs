@@ -9,7 +9,7 @@ pub mod jwt;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-pub use jwt::{AuthError, Verifier, mint_dev_token};
+pub use jwt::{AuthError, DevToken, VerifiedClaims, Verifier, mint_dev_token};
 // Re-exported: the scope vocabulary and secrets are used by auth but live with the tool catalogue
 // and in their own module.
 pub use crate::catalogue::scopes;
@@ -17,11 +17,32 @@ pub use crate::secret::Secret;
 
 use crate::policy::Profile;
 
-/// Who is calling: resolved from a verified token on every request.
+/// The two protected resources, each with its own resource identifier, RFC 9728 document and
+/// scopes. A token is accepted only by the resource its `aud` names (RFC 8707), and a token naming
+/// both is accepted by neither: an agent's token never carries operator power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Audience {
+    /// `<public_url>/mcp`: agents, through MCP.
+    Agent,
+    /// `<public_url>/operator`: people, through the approval routes, `/operator/v1`, `/principals`
+    /// and the console.
+    Operator,
+}
+
+/// Who is calling /mcp: resolved from a verified agent-audience token on every request.
+///
+/// With delegation (RFC 8693: the token's `sub` is a user and its `act.sub` the agent acting for
+/// them) the principal is the pair: `subject` is the agent and `user` the person. Everything the
+/// gateway keys on a principal (idempotency keys, budgets, the stop rule, suspension, sessions,
+/// rate limits, approvals) is keyed on (issuer, subject, user).
 #[derive(Debug, Clone)]
 pub struct AgentPrincipal {
     pub issuer: String,
+    /// The agent: the token's `act.sub` when it acts for a user, else its `sub`.
     pub subject: String,
+    /// The user the agent acts for (the delegated token's `sub`); `None` for an agent acting on
+    /// its own token.
+    pub user: Option<String>,
     pub client_id: Option<String>,
     pub scopes: BTreeSet<String>,
     pub profile: Arc<Profile>,
@@ -31,4 +52,36 @@ impl AgentPrincipal {
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.contains(scope)
     }
+
+    /// One string per (issuer, subject, user), for in-process maps (sessions, rate limits, held
+    /// retries). Never stored; the parts are length-prefixed, so no two principals share one.
+    pub fn key(&self) -> String {
+        principal_key(&self.issuer, &self.subject, self.user.as_deref())
+    }
+
+    /// The principal as records are keyed on it.
+    pub fn principal_ref(&self) -> crate::domain::principal::PrincipalRef {
+        crate::domain::principal::PrincipalRef {
+            issuer: self.issuer.clone(),
+            subject: self.subject.clone(),
+            user: self.user.clone(),
+        }
+    }
+
+    /// How the principal is named to people: `agent`, or `agent for user`.
+    pub fn display(&self) -> String {
+        match &self.user {
+            Some(u) => format!("{} for {u}", self.subject),
+            None => self.subject.clone(),
+        }
+    }
+}
+
+/// See [`AgentPrincipal::key`].
+pub fn principal_key(issuer: &str, subject: &str, user: Option<&str>) -> String {
+    let mut key = format!("{}:{issuer}{}:{subject}", issuer.len(), subject.len());
+    if let Some(u) = user {
+        key.push_str(&format!("{}:{u}", u.len()));
+    }
+    key
 }

@@ -137,8 +137,9 @@ fn record(
     currency: crate::money::Currency,
     refund_of: Option<PaymentId>,
     memo: Option<String>,
-    principal_sub: &str,
+    principal: (&str, Option<&str>),
 ) -> RailPayment {
+    let (principal_sub, principal_user) = principal;
     RailPayment {
         id: id.clone(),
         idempotency_key: key.to_string(),
@@ -152,6 +153,7 @@ fn record(
         refund_of,
         memo,
         principal_sub: principal_sub.to_string(),
+        principal_user: principal_user.map(str::to_string),
         mandate_id: None,
         rail_ref: None,
         receipt: None,
@@ -184,7 +186,7 @@ impl PaymentBackend for Journaled {
             req.amount.currency(),
             None,
             req.memo.clone(),
-            &req.principal_sub,
+            (&req.principal_sub, req.principal_user.as_deref()),
         );
         let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
@@ -239,7 +241,7 @@ impl PaymentBackend for Journaled {
             original.currency,
             Some(req.payment_id.clone()),
             req.reason.clone(),
-            &req.principal_sub,
+            (&req.principal_sub, req.principal_user.as_deref()),
         );
         let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);

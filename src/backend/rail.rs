@@ -142,6 +142,8 @@ pub struct PayoutRequest {
     pub payment_id: PaymentId,
     pub payout: ValidPayout,
     pub principal_sub: String,
+    /// The user the agent acts for, if it does.
+    pub principal_user: Option<String>,
     pub guards: Guards,
 }
 
@@ -155,6 +157,8 @@ pub struct ReversalRequest {
     pub original: RailPayment,
     pub reason: Option<String>,
     pub principal_sub: String,
+    /// The user the agent acts for, if it does.
+    pub principal_user: Option<String>,
     pub guards: Guards,
 }
 
@@ -187,6 +191,8 @@ pub struct CollectionRequest {
     pub payment_id: PaymentId,
     pub collection: ValidCollection,
     pub principal_sub: String,
+    /// The user the agent acts for, if it does.
+    pub principal_user: Option<String>,
     pub guards: Guards,
 }
 

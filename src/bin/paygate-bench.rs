@@ -425,7 +425,7 @@ fn token_for(aud: &str, sub: &str) -> String {
     header.kid = Some(KID.into());
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("time").as_secs() as i64;
     let claims = json!({"iss": ISSUER, "sub": sub, "aud": aud, "iat": now, "exp": now + 3600,
-                        "scope": "payments:read payments:create payments:admin"});
+                        "scope": "payments:read payments:create payments:integrity"});
     jsonwebtoken::encode(&header, &claims, &key).expect("sign")
 }
 
@@ -984,6 +984,7 @@ mod growth {
                         amount: Money::from_minor(1, kes).unwrap(),
                         memo: None,
                         principal_sub: format!("bench-agent-{w}"),
+                        principal_user: None,
                         guards: Guards::default(),
                         audit: Some(AuditRecord {
                             seq: 0,
@@ -991,6 +992,7 @@ mod growth {
                             correlation_id: uuid::Uuid::new_v4().simple().to_string(),
                             principal_iss: super::ISSUER.into(),
                             principal_sub: format!("bench-agent-{w}"),
+                            principal_user: None,
                             tool: "create_payment".into(),
                             decision: "allowed".into(),
                             code: None,
@@ -998,6 +1000,7 @@ mod growth {
                             payment_id: None,
                             approval_id: None,
                             detail: None,
+                            repeats: 1,
                         }),
                         claim: Some(Claim {
                             records: vec![NewIdempotencyRecord {

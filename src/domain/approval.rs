@@ -69,6 +69,10 @@ pub struct ApprovalRecord {
     pub fingerprint: String,
     pub principal_iss: String,
     pub principal_sub: String,
+    /// The user the agent acts for (RFC 8693 delegation), if it does: with [`Approver::User`], the
+    /// person who may confirm it.
+    #[serde(default)]
+    pub principal_user: Option<String>,
     pub tool: String,
     pub intent: serde_json::Value,
     pub amount_minor: i64,

@@ -25,6 +25,9 @@ pub struct AuditRecord {
     pub correlation_id: String,
     pub principal_iss: String,
     pub principal_sub: String,
+    /// The user the agent acted for (RFC 8693 delegation), if it did.
+    #[serde(default)]
+    pub principal_user: Option<String>,
     pub tool: String,
     pub decision: String,
     pub code: Option<String>,
@@ -32,4 +35,12 @@ pub struct AuditRecord {
     pub payment_id: Option<String>,
     pub approval_id: Option<String>,
     pub detail: Option<String>,
+    /// How many decisions this record stands for: 1, or a throttled refusal's count (a flood of
+    /// RATE_LIMITED answers is one record per interval).
+    #[serde(default = "one")]
+    pub repeats: i64,
+}
+
+fn one() -> i64 {
+    1
 }

@@ -11,5 +11,6 @@ pub mod error;
 pub mod idempotency;
 pub mod ops;
 pub mod payment;
+pub mod principal;
 pub mod rail;
 pub mod rules;

@@ -17,6 +17,8 @@ pub struct OpsPaymentQuery {
     pub kind: Option<PaymentKind>,
     pub rail: Option<String>,
     pub agent: Option<String>,
+    /// The user the agent acted for.
+    pub user: Option<String>,
     /// `created_at` in `[from, to)`.
     pub from: Option<UnixSecs>,
     pub to: Option<UnixSecs>,
@@ -42,6 +44,8 @@ pub struct OpsPayment {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AuditQuery {
     pub agent: Option<String>,
+    /// The user the agent acted for.
+    pub user: Option<String>,
     pub tool: Option<String>,
     pub decision: Option<String>,
     pub code: Option<String>,
@@ -106,6 +110,8 @@ pub struct MandateListing {
     pub kind: String,
     pub approval_id: String,
     pub subject: String,
+    /// The user the agent acts for under it, if any.
+    pub user: Option<String>,
     pub currency: String,
     pub budget_minor: Option<i64>,
     pub max_uses: i64,
@@ -118,10 +124,13 @@ pub struct MandateListing {
     pub status: MandateStatus,
 }
 
-/// A subject's stop-rule state (`principal_state`).
+/// An agent's stop-rule state (`principal_state`): one row per what a suspension covered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrincipalState {
+    /// '' for a row from before issuers were recorded (it applies under any issuer).
+    pub issuer: String,
     pub subject: String,
+    pub scope: crate::domain::principal::SuspensionScope,
     pub suspended_at: Option<UnixSecs>,
     pub suspended_reason: Option<String>,
     pub resumed_at: Option<UnixSecs>,

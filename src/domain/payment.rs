@@ -72,11 +72,19 @@ pub struct Payment {
     pub refunded_minor: i64,
     pub refund_of: Option<PaymentId>,
     pub memo: Option<String>,
+    /// The agent that made it.
     pub principal_sub: String,
+    /// The user the agent acted for (RFC 8693 delegation), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal_user: Option<String>,
     pub created_at: UnixSecs,
 }
 
 impl Payment {
+    /// The subject its budget draw is kept under (`domain::principal::usage_subject`).
+    pub fn usage_subject(&self) -> String {
+        crate::domain::principal::usage_subject(&self.principal_sub, self.principal_user.as_deref())
+    }
     pub fn amount(&self) -> String {
         format_minor(self.amount_minor, self.currency)
     }
@@ -210,12 +218,28 @@ pub struct TransferRequest {
     pub amount: Money,
     pub memo: Option<String>,
     pub principal_sub: String,
+    /// The user the agent acts for, if it does.
+    pub principal_user: Option<String>,
     pub guards: Guards,
     /// The "allowed" audit record, appended with the postings by backends that record in the
     /// transaction (its payment id is filled in there).
     pub audit: Option<AuditRecord>,
     /// `Some`: the keys are not reserved yet; the posting transaction claims them.
     pub claim: Option<Claim>,
+}
+
+impl TransferRequest {
+    /// The subject its budget is drawn under (`domain::principal::usage_subject`).
+    pub fn usage_subject(&self) -> String {
+        crate::domain::principal::usage_subject(&self.principal_sub, self.principal_user.as_deref())
+    }
+}
+
+impl RefundRequest {
+    /// The subject its budget is drawn under (`domain::principal::usage_subject`).
+    pub fn usage_subject(&self) -> String {
+        crate::domain::principal::usage_subject(&self.principal_sub, self.principal_user.as_deref())
+    }
 }
 
 /// Return (part of) a succeeded payment, exactly once per `idempotency_key`.
@@ -229,6 +253,8 @@ pub struct RefundRequest {
     pub amount_minor: Option<i64>,
     pub reason: Option<String>,
     pub principal_sub: String,
+    /// The user the agent acts for, if it does.
+    pub principal_user: Option<String>,
     pub guards: Guards,
     pub audit: Option<AuditRecord>,
     /// Without a human: the most this payment's refunds may total (the agent's autonomous limit),

@@ -109,6 +109,8 @@ pub struct RailPayment {
     pub refund_of: Option<PaymentId>,
     pub memo: Option<String>,
     pub principal_sub: String,
+    /// The user the agent acted for, if it did.
+    pub principal_user: Option<String>,
     pub mandate_id: Option<String>,
     /// The rail's own reference (an M-Pesa CheckoutRequestID).
     pub rail_ref: Option<String>,
@@ -124,6 +126,11 @@ pub struct RailPayment {
 }
 
 impl RailPayment {
+    /// The subject its budget draw is kept under (`domain::principal::usage_subject`).
+    pub fn usage_subject(&self) -> String {
+        crate::domain::principal::usage_subject(&self.principal_sub, self.principal_user.as_deref())
+    }
+
     /// The payment as agents see it.
     pub fn payment(&self) -> Payment {
         Payment {
@@ -138,6 +145,7 @@ impl RailPayment {
             refund_of: self.refund_of.clone(),
             memo: self.memo.clone(),
             principal_sub: self.principal_sub.clone(),
+            principal_user: self.principal_user.clone(),
             created_at: self.created_at,
         }
     }

@@ -15,6 +15,8 @@ use super::{Caller, Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::{UnixSecs, rfc3339};
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
+use crate::domain::principal::{SuspensionScope, valid_subject};
+use crate::domain::rules::authority::{Target, acts_on_itself};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::{AccountId, ApprovalId};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
@@ -66,6 +68,8 @@ pub struct ApprovalView {
     pub kind: String,
     pub tool: String,
     pub agent_subject: String,
+    /// The user the agent acts for (RFC 8693 delegation), if it does.
+    pub user: Option<String>,
     pub requested_by: String,
     /// What was asked for, exactly as it will be pinned.
     pub intent: Value,
@@ -95,6 +99,10 @@ pub struct PreauthorizeArgs {
     /// That agent's token issuer; defaults to the operator's own.
     #[serde(default)]
     pub agent_issuer: Option<String>,
+    /// The user the agent acts for under it (RFC 8693 delegation); absent: the agent on its own
+    /// token. A mandate is only ever its own pair's.
+    #[serde(default)]
+    pub user: Option<String>,
     /// closed | open
     pub kind: String,
     pub currency: String,
@@ -120,6 +128,40 @@ pub struct PreauthorizeArgs {
     pub valid_for_secs: Option<i64>,
     #[serde(default)]
     pub reason: Option<String>,
+}
+
+/// An agent named by an operator (suspend, resume): its subject, its token issuer (default: the
+/// operator's own), and the user it acts for when the action is about that pair only.
+#[derive(Debug, Clone)]
+pub struct PrincipalArgs {
+    pub subject: String,
+    pub issuer: Option<String>,
+    pub user: Option<String>,
+}
+
+impl PrincipalArgs {
+    fn issuer<'a>(&'a self, op: &'a Operator) -> Result<&'a str, OpError> {
+        if !valid_subject(&self.subject) {
+            return Err(OpError::Invalid("subject is required: 1-256 bytes, no control characters".into()));
+        }
+        if self.user.as_deref().is_some_and(|u| !valid_subject(u)) {
+            return Err(OpError::Invalid("user must be 1-256 bytes, no control characters".into()));
+        }
+        match self.issuer.as_deref() {
+            Some(i) if i.is_empty() || i.len() > 512 || i.chars().any(char::is_control) => {
+                Err(OpError::Invalid("issuer must be 1-512 characters, no control characters".into()))
+            }
+            Some(i) => Ok(i),
+            None => Ok(&op.issuer),
+        }
+    }
+
+    fn describe(&self, issuer: &str) -> String {
+        match &self.user {
+            Some(u) => format!("subject {} (issuer {issuer}) acting for {u}", self.subject),
+            None => format!("subject {} (issuer {issuer})", self.subject),
+        }
+    }
 }
 
 /// Largest `max_uses` of an open mandate.
@@ -167,6 +209,12 @@ pub enum Resume {
     Closed,
 }
 
+/// Whether `a` is this principal's own approval: the same agent, under the same issuer, acting for
+/// the same user (or on its own). Anyone else's does not exist for it.
+fn owns(p: &crate::auth::AgentPrincipal, a: &ApprovalRecord) -> bool {
+    a.principal_sub == p.subject && a.principal_iss == p.issuer && a.principal_user == p.user
+}
+
 fn decision_key(id: &ApprovalId) -> String {
     // Idempotency keys start with "idk_": no waiter key of theirs can equal this.
     format!("decision/{id}")
@@ -181,6 +229,7 @@ impl Gateway {
             kind: a.kind.as_str().into(),
             tool: a.tool.clone(),
             agent_subject: a.principal_sub.clone(),
+            user: a.principal_user.clone(),
             requested_by: a.requested_by.clone(),
             intent: a.intent.clone(),
             amount: format_minor(a.amount_minor, a.currency),
@@ -214,9 +263,7 @@ impl Gateway {
         let id = ApprovalId::parse(approval_id)?;
         let p = &caller.principal;
         match self.store.approval_get(&id).await {
-            Ok(Some(a)) if a.principal_sub == p.subject && a.principal_iss == p.issuer => {
-                Ok(self.view(&a, self.clock.now(), true))
-            }
+            Ok(Some(a)) if owns(p, &a) => Ok(self.view(&a, self.clock.now(), true)),
             // Someone else's approval does not exist for this agent.
             Ok(_) => Err(AgentError::new(ErrorCode::NotFound, format!("approval {id} does not exist"))),
             Err(error) => {
@@ -233,15 +280,13 @@ impl Gateway {
         let p = &caller.principal;
         let now = self.clock.now();
         match self.store.approval_get(&id).await {
-            Ok(Some(a)) if a.principal_sub == p.subject && a.principal_iss == p.issuer && a.tool == tool => {
-                Ok(match (a.status_at(now), a.mandate) {
-                    (ApprovalStatus::Pending, _) => Resume::Pending { expires_at: a.expires_at, approver: a.approver },
-                    (ApprovalStatus::Approved, Some(mandate)) if a.kind == MandateKind::Closed => {
-                        Resume::Approved { mandate }
-                    }
-                    _ => Resume::Closed,
-                })
-            }
+            Ok(Some(a)) if owns(p, &a) && a.tool == tool => Ok(match (a.status_at(now), a.mandate) {
+                (ApprovalStatus::Pending, _) => Resume::Pending { expires_at: a.expires_at, approver: a.approver },
+                (ApprovalStatus::Approved, Some(mandate)) if a.kind == MandateKind::Closed => {
+                    Resume::Approved { mandate }
+                }
+                _ => Resume::Closed,
+            }),
             Ok(_) => Err(AgentError::new(ErrorCode::NotFound, format!("approval {id} does not exist"))),
             Err(error) => {
                 tracing::error!(correlation_id = %caller.correlation_id, %error, "approval read failed");
@@ -282,10 +327,24 @@ impl Gateway {
         decided
     }
 
+    /// Count one more URL-elicitation round answered for this approval: `false` once
+    /// `approvals.elicitation_rounds_max` were (the call then answers APPROVAL_REQUIRED as usual).
+    pub async fn elicitation_round(&self, caller: &Caller, approval_id: &str) -> Result<bool, AgentError> {
+        let id = ApprovalId::parse(approval_id)?;
+        let max = i64::from(self.limits.elicitation_rounds_max);
+        match self.store.approval_elicitation_round(&id, max).await {
+            Ok(counted) => Ok(counted.is_some()),
+            Err(error) => {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "elicitation round count failed");
+                Err(AgentError::internal())
+            }
+        }
+    }
+
     /// A slot for holding one of this agent's retries while its approval is pending, unless it
     /// already has [`DECISION_WAITS_PER_AGENT_MAX`] held.
     pub fn decision_wait(&self, caller: &Caller) -> Option<DecisionWait<'_>> {
-        let agent = format!("{}\u{0}{}", caller.principal.issuer, caller.principal.subject);
+        let agent = caller.principal.key();
         let mut waits = self.decision_waits.lock().unwrap_or_else(|p| p.into_inner());
         let n = waits.entry(agent.clone()).or_default();
         if *n >= DECISION_WAITS_PER_AGENT_MAX {
@@ -381,8 +440,9 @@ impl Gateway {
         self.decide(op, approval_id, decision, reason, false).await
     }
 
-    /// A person's own approval, for the confirmation page: only the user the agent acts for (same
-    /// issuer and subject, a token with `payments:confirm`) sees it.
+    /// A person's own approval, for the confirmation page: only the user the agent acts for (the
+    /// delegating subject, same issuer, their own operator-audience sign-in with `payments:confirm`)
+    /// sees it.
     pub async fn user_approval(&self, person: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
         let a = self.users_own(person, approval_id).await?;
         Ok(self.view(&a, self.clock.now(), false))
@@ -414,8 +474,13 @@ impl Gateway {
         self.require(person, &[scopes::CONFIRM])?;
         let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
         match self.store.approval_get(&id).await {
-            // Someone else's approval does not exist for this person.
-            Ok(Some(a)) if a.principal_sub == person.subject && a.principal_iss == person.issuer => Ok(a),
+            // Someone else's approval does not exist for this person, and neither does one the agent
+            // asked for on its own (there is no person to confirm it: an operator decides).
+            Ok(Some(a))
+                if a.principal_user.as_deref() == Some(person.subject.as_str()) && a.principal_iss == person.issuer =>
+            {
+                Ok(a)
+            }
             Ok(_) => Err(OpError::NotFound),
             Err(error) => {
                 tracing::error!(%error, "approval read failed");
@@ -504,12 +569,16 @@ impl Gateway {
             let s = v.as_deref().ok_or_else(|| bad(format!("{field} is required")))?;
             Money::parse(s, currency).map_err(|e| bad(format!("{field}: {e}")))
         };
-        if args.subject.is_empty() || args.subject.len() > 256 {
-            return Err(bad("subject is required".into()));
+        if !valid_subject(&args.subject) {
+            return Err(bad("subject is required: 1-256 bytes, no control characters".into()));
         }
-        // Maker/checker before anything is written: an operator never pre-authorizes themself
-        // (the review below would refuse, and the pending approval would be left for a colleague).
-        if args.subject == op.subject {
+        if args.user.as_deref().is_some_and(|u| !valid_subject(u)) {
+            return Err(bad("user must be 1-256 bytes, no control characters".into()));
+        }
+        // Maker/checker before anything is written: an operator never pre-authorizes themself, nor
+        // an agent acting for them (the review below would refuse, and the pending approval would be
+        // left for a colleague).
+        if acts_on_itself(&op.subject, Target { agent: &args.subject, user: args.user.as_deref() }) {
             return Err(OpError::SelfReview("an operator cannot pre-authorize a mandate for themself".into()));
         }
         let now = self.clock.now();
@@ -565,6 +634,7 @@ impl Gateway {
             fingerprint: String::new(),
             principal_iss: args.agent_issuer.clone().unwrap_or_else(|| op.issuer.clone()),
             principal_sub: args.subject.clone(),
+            principal_user: args.user.clone(),
             tool: "create_payment".into(),
             intent,
             amount_minor,
@@ -633,42 +703,61 @@ impl Gateway {
         Ok(self.view(&rec, now, false))
     }
 
-    /// Suspend an agent by hand (as the stop rule does by itself) until an admin resumes it.
+    /// Suspend an agent by hand (as the stop rule does by itself) until an admin resumes it: the
+    /// agent whoever it acts for (`user` absent), or only while it acts for `user`. `issuer` is the
+    /// agent's token issuer (default: the operator's own). No one suspends themself (nor an agent
+    /// acting for them): that is a colleague's call.
     pub async fn suspend_principal(
         &self,
         op: &Operator,
-        subject: &str,
+        who: &PrincipalArgs,
         reason: Option<String>,
     ) -> Result<bool, OpError> {
         self.require(op, &[scopes::ADMIN])?;
-        if subject.is_empty() || subject.len() > 256 {
-            return Err(OpError::Invalid("subject is required".into()));
-        }
+        let issuer = who.issuer(op)?;
+        self.not_itself(op, who)?;
         let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
         let why = format!("suspended by {}: {}", op.subject, reason.as_deref().unwrap_or("no reason given"));
         let now = self.clock.now();
-        let already = self.store.suspension(subject).await.map_err(|_| OpError::Internal)?.is_some();
-        self.store.suspend(subject, &why, now).await.map_err(|error| {
+        let scope = match &who.user {
+            Some(u) => SuspensionScope::Pair(Some(u.clone())),
+            None => SuspensionScope::Agent,
+        };
+        let newly = self.store.suspend(issuer, &who.subject, &scope, &why, now).await.map_err(|error| {
             tracing::error!(%error, "suspend failed");
             OpError::Internal
         })?;
-        let mut d = Decision::new("principals.suspend", if already { "already_suspended" } else { "suspended" });
-        d.detail = Some(format!("subject {subject}"));
+        let mut d = Decision::new("principals.suspend", if newly { "suspended" } else { "already_suspended" });
+        d.detail = Some(who.describe(issuer));
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
-        Ok(!already)
+        Ok(newly)
     }
 
-    /// Lift a stop-rule suspension.
-    pub async fn resume_principal(&self, op: &Operator, subject: &str) -> Result<bool, OpError> {
+    /// Lift an agent's suspensions (by hand or by the stop rule): every one (`user` absent), or
+    /// only that of the agent acting for `user`. No one resumes themself.
+    pub async fn resume_principal(&self, op: &Operator, who: &PrincipalArgs) -> Result<bool, OpError> {
         self.require(op, &[scopes::ADMIN])?;
-        let resumed = self.store.resume(subject, self.clock.now()).await.map_err(|error| {
-            tracing::error!(%error, "resume failed");
-            OpError::Internal
-        })?;
+        let issuer = who.issuer(op)?;
+        self.not_itself(op, who)?;
+        let resumed =
+            self.store.resume(issuer, &who.subject, who.user.as_deref(), self.clock.now()).await.map_err(|error| {
+                tracing::error!(%error, "resume failed");
+                OpError::Internal
+            })?;
+        self.forget_suspended();
         let mut d = Decision::new("principals.resume", if resumed { "resumed" } else { "not_suspended" });
-        d.detail = Some(format!("subject {subject}"));
+        d.detail = Some(who.describe(issuer));
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
         Ok(resumed)
+    }
+
+    fn not_itself(&self, op: &Operator, who: &PrincipalArgs) -> Result<(), OpError> {
+        if acts_on_itself(&op.subject, Target { agent: &who.subject, user: who.user.as_deref() }) {
+            return Err(OpError::SelfReview(
+                "no one suspends or resumes themself, nor an agent acting for them".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Signs the mandate inside the review transaction once enough reviewers approved.
@@ -684,6 +773,7 @@ impl Gateway {
                 iss: MANDATE_ISSUER.into(),
                 sub: rec.principal_sub.clone(),
                 agent_iss: rec.principal_iss.clone(),
+                user: rec.principal_user.clone(),
                 kind: rec.kind,
                 iat: now,
                 exp: now + ttl,

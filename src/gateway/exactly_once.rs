@@ -18,7 +18,7 @@ pub(crate) enum Fate {
     Recorded,
     /// This outcome is the operation's for good, replayed to every retry: a payment, or a business
     /// refusal (TigerBeetle's rule: an id that failed on a state error fails the same way forever).
-    Complete(StoredOutcome),
+    Complete(Box<StoredOutcome>),
     /// Nothing moved and the refusal is not the operation's fate (the backend was down, today's
     /// budget is spent): give the key back so the same operation_id can try again.
     Release,
@@ -45,7 +45,7 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
             let fate = if recorded_in_tx {
                 Fate::Recorded
             } else {
-                Fate::Complete(StoredOutcome::Succeeded { payment: payment.clone() })
+                Fate::Complete(Box::new(StoredOutcome::Succeeded { payment: payment.clone() }))
             };
             return Settled { fate, decision: "allowed", result: Ok(payment) };
         }
@@ -59,7 +59,7 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
         // The gateway handles a held key before settling; should one reach here, leave the key be.
         BackendError::KeyHeld { .. } => (Fate::KeepInFlight, "key_held"),
         // A mandate used up stays used up for this operation.
-        BackendError::MandateExhausted(_) => (Fate::Complete(StoredOutcome::failed(&agent)), "denied"),
+        BackendError::MandateExhausted(_) => (Fate::Complete(Box::new(StoredOutcome::failed(&agent))), "denied"),
         BackendError::AccountNotFound(_)
         | BackendError::CurrencyMismatch { .. }
         | BackendError::SameAccount
@@ -68,7 +68,7 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
         | BackendError::NotRefundable(_)
         | BackendError::RefundExceedsRemaining { .. }
         | BackendError::IdempotencyKeyReused
-        | BackendError::Rejected(_) => (Fate::Complete(StoredOutcome::failed(&agent)), "failed"),
+        | BackendError::Rejected(_) => (Fate::Complete(Box::new(StoredOutcome::failed(&agent))), "failed"),
     };
     Settled { fate, decision, result: Err(agent) }
 }
@@ -104,6 +104,7 @@ mod tests {
             refund_of: None,
             memo: None,
             principal_sub: "agent".into(),
+            principal_user: None,
             created_at: 0,
         }
     }
@@ -112,7 +113,7 @@ mod tests {
     fn a_success_is_completed_unless_the_posting_transaction_recorded_it() {
         let p = payment();
         let s = settle(Ok(p.clone()), false);
-        assert_eq!(s.fate, Fate::Complete(StoredOutcome::Succeeded { payment: p.clone() }));
+        assert_eq!(s.fate, Fate::Complete(Box::new(StoredOutcome::Succeeded { payment: p.clone() })));
         assert_eq!((s.decision, s.result.unwrap()), ("allowed", p.clone()));
         let s = settle(Ok(p.clone()), true);
         assert_eq!(s.fate, Fate::Recorded);
@@ -161,11 +162,17 @@ mod tests {
                 let s = settle(Err(error.clone()), in_tx);
                 let kind = match &s.fate {
                     Fate::Recorded => "recorded",
-                    Fate::Complete(StoredOutcome::Failed { code: stored, .. }) => {
-                        assert_eq!(stored, code.as_str(), "{error:?}: the stored refusal is the one the agent sees");
-                        "complete"
-                    }
-                    Fate::Complete(StoredOutcome::Succeeded { .. }) => "complete-success",
+                    Fate::Complete(outcome) => match outcome.as_ref() {
+                        StoredOutcome::Failed { code: stored, .. } => {
+                            assert_eq!(
+                                stored,
+                                code.as_str(),
+                                "{error:?}: the stored refusal is the one the agent sees"
+                            );
+                            "complete"
+                        }
+                        StoredOutcome::Succeeded { .. } => "complete-success",
+                    },
                     Fate::Release => "release",
                     Fate::KeepInFlight => "in_flight",
                 };

@@ -12,9 +12,10 @@ pub mod approvals_api {
 }
 mod rails;
 mod reads;
+mod refusals;
 
 pub use crate::domain::approval::ReviewDecision;
-pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, REQUEST_STATE_TTL_SECS, Resume};
+pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, PrincipalArgs, REQUEST_STATE_TTL_SECS, Resume};
 pub use operator::{
     AuditFilters, AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PaymentFilters, PrincipalView,
     ReconciliationRun, SummaryView,
@@ -74,6 +75,11 @@ pub struct GatewayLimits {
     pub open_mandate_valid_max_secs: i64,
     pub stop_denials_max: i64,
     pub stop_window_secs: i64,
+    /// This many RATE_LIMITED answers count as one denial toward the stop rule (0: none count).
+    pub rate_limited_per_denial: i64,
+    /// Pre-body refusals (RATE_LIMITED, PRINCIPAL_SUSPENDED, a missing scope) are audited at most once
+    /// per this many seconds per principal, tool and code; the record carries the count.
+    pub refusal_audit_interval_secs: i64,
     /// Money tools every call of which needs a human (tool governance).
     pub approval_required_tools: Vec<String>,
     pub list_limit_max: u32,
@@ -102,9 +108,20 @@ pub struct Gateway {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// Seals the `requestState` of approvals resumed through URL elicitation.
     states: crate::request_state::StateSealer,
-    /// Retries held waiting for an approval's decision, per agent (issuer, subject).
+    /// Retries held waiting for an approval's decision, per agent (issuer, subject, user).
     decision_waits: Mutex<HashMap<String, usize>>,
+    /// Pre-body refusals being throttled (`refusals`).
+    refusals: refusals::Throttle,
+    /// Principals found suspended recently, by [`AgentPrincipal::key`]: a suspended agent's flood is
+    /// refused without a store read per call for [`SUSPENDED_SEEN_SECS`].
+    suspended_seen: Mutex<HashMap<String, tokio::time::Instant>>,
 }
+
+/// How long a principal found suspended is refused without asking the store again, in seconds (a
+/// resume on another replica is seen after at most this long).
+pub const SUSPENDED_SEEN_SECS: u64 = 1;
+/// Principals remembered as suspended at once (bounded memory; past it the store is asked).
+const SUSPENDED_SEEN_MAX: usize = 10_000;
 
 /// What one enabled rail offers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -170,6 +187,8 @@ impl Gateway {
             waiters: Mutex::new(HashMap::new()),
             states,
             decision_waits: Mutex::new(HashMap::new()),
+            refusals: refusals::Throttle::default(),
+            suspended_seen: Mutex::new(HashMap::new()),
         }
     }
 
@@ -219,33 +238,74 @@ impl Gateway {
         &self.mandates
     }
 
-    /// Rate limits, checked before any work: `RATE_LIMITED` with the limiter's own wait.
-    /// Before any tool, resource read or prompt: the scope it needs (checked here as well as by the
-    /// HTTP layer's 403, so no path into the gateway skips it), then the rate limits.
+    /// Before any tool, resource read or prompt, in this order: a suspended principal is refused
+    /// (before the rate limiter, so a suspended agent's flood neither waits in it nor writes a record
+    /// per call); the scope it needs (checked here as well as by the HTTP layer's 403, so no path
+    /// into the gateway skips it); then the rate limits (`RATE_LIMITED` with the limiter's own wait).
+    /// Each refusal here is throttled in the audit trail (`refusals`).
     ///
     /// An alias is admitted as its canonical tool: one scope, one rate limit, one audit name.
     pub async fn admit(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
+        use refusals::Counts;
         let tool = crate::catalogue::canonical(tool);
         let p = &caller.principal;
         let Some(scope) = crate::catalogue::scope_for_request(tool) else {
             return Err(AgentError::invalid(format!("no tool named {tool}")));
         };
-        if let Err(e) = crate::policy::require_scope(&[scope], |s| p.has_scope(s), tool) {
-            return Err(self.refuse(caller, tool, None, e).await);
+        if self.is_suspended(caller).await? {
+            let e = AgentError::new(
+                ErrorCode::PrincipalSuspended,
+                "this agent is suspended; an operator must resume it before it can call anything",
+            );
+            return Err(self.refuse_early(caller, tool, "denied", e, Counts::No).await);
         }
-        let key = format!("{}\u{0}{}", p.issuer, p.subject);
-        match self.rate.check(&key, &p.profile, tool) {
+        if let Err(e) = crate::policy::require_scope(&[scope], |s| p.has_scope(s), tool) {
+            return Err(self.refuse_early(caller, tool, "denied", e, Counts::Denial).await);
+        }
+        match self.rate.check(&p.key(), &p.profile, tool) {
             Ok(()) => Ok(()),
             Err(wait) => {
                 let secs = crate::rate::retry_after_secs(wait);
                 let e = AgentError::new(ErrorCode::RateLimited, format!("too many calls; retry in {secs} s"))
                     .with_retry_after(secs);
-                let mut d = Decision::new(tool, "rate_limited");
-                d.code = Some(e.code);
-                self.audit(caller, d).await;
-                Err(e)
+                Err(self.refuse_early(caller, tool, "rate_limited", e, Counts::RateLimited).await)
             }
         }
+    }
+
+    /// Whether the caller is suspended: the agent as a whole, or this (agent, user) pair.
+    async fn is_suspended(&self, caller: &Caller) -> Result<bool, AgentError> {
+        let key = caller.principal.key();
+        let fresh = std::time::Duration::from_secs(SUSPENDED_SEEN_SECS);
+        {
+            let seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.get(&key).is_some_and(|at| at.elapsed() < fresh) {
+                return Ok(true);
+            }
+        }
+        match self.store.suspension(&caller.principal.principal_ref()).await {
+            Ok(None) => Ok(false),
+            Ok(Some(_)) => {
+                let mut seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
+                if seen.len() >= SUSPENDED_SEEN_MAX {
+                    seen.retain(|_, at| at.elapsed() < fresh);
+                }
+                if seen.len() < SUSPENDED_SEEN_MAX {
+                    seen.insert(key, tokio::time::Instant::now());
+                }
+                Ok(true)
+            }
+            Err(error) => {
+                // Fail closed: a principal whose suspension cannot be read does nothing.
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "suspension check failed");
+                Err(AgentError::internal())
+            }
+        }
+    }
+
+    /// Forget that these principals were seen suspended (an operator resumed them on this replica).
+    pub(crate) fn forget_suspended(&self) {
+        self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// Forget idle rate-limit keys (called periodically).
@@ -261,18 +321,34 @@ impl Gateway {
         &self.limits
     }
 
-    /// Append an audit record. An audit failure is logged, never silently dropped.
+    /// Append an audit record of an agent's call (naming the user it acts for, if any). An audit
+    /// failure is logged, never silently dropped.
     pub(crate) async fn audit(&self, caller: &Caller, d: Decision<'_>) {
-        self.audit_as(&caller.principal.issuer, &caller.principal.subject, &caller.correlation_id, d).await
+        self.metrics.decision(d.tool, d.decision, d.code.map(|c| c.as_str()));
+        let rec = self.agent_audit_record(caller, d);
+        self.append_audit(rec).await
     }
 
+    /// Append an audit record of an operator's (or the gateway's own) action.
     pub(crate) async fn audit_as(&self, issuer: &str, subject: &str, correlation_id: &str, d: Decision<'_>) {
         self.metrics.decision(d.tool, d.decision, d.code.map(|c| c.as_str()));
         let rec = self.audit_record(issuer, subject, correlation_id, d);
-        if let Err(error) = self.store.audit_append(rec).await {
+        self.append_audit(rec).await
+    }
+
+    async fn append_audit(&self, rec: AuditRecord) {
+        if let Err(error) = self.store.audit_append(rec.clone()).await {
             self.metrics.bookkeeping_failure("audit");
-            tracing::error!(%correlation_id, %error, "audit append failed");
+            tracing::error!(correlation_id = %rec.correlation_id, %error, "audit append failed");
         }
+    }
+
+    /// The record of an agent's decision: the agent and, with delegation, the user it acts for.
+    pub(crate) fn agent_audit_record(&self, caller: &Caller, d: Decision<'_>) -> AuditRecord {
+        let p = &caller.principal;
+        let mut rec = self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d);
+        rec.principal_user = p.user.clone();
+        rec
     }
 
     pub(crate) fn audit_record(
@@ -295,6 +371,8 @@ impl Gateway {
             payment_id: d.payment_id.map(str::to_string),
             approval_id: d.approval_id.map(str::to_string),
             detail: d.detail,
+            principal_user: None,
+            repeats: 1,
         }
     }
 

@@ -16,7 +16,7 @@ use crate::ids::{AccountId, ApprovalId, PaymentId};
 use crate::money::{Currency, format_minor};
 use crate::store::{
     AuditQuery, AuditRecord, AuditRelated, MandateListing, MandateQuery, MandateStatus, OpsPayment, OpsPaymentQuery,
-    RailState, StoreError,
+    RailState, StoreError, SuspensionScope,
 };
 
 /// Audit records one payment's timeline shows at most.
@@ -40,6 +40,8 @@ pub struct OpsPaymentView {
     pub amount: String,
     pub currency: String,
     pub agent_subject: String,
+    /// The user the agent acted for (RFC 8693 delegation), if it did.
+    pub user: Option<String>,
     pub memo: Option<String>,
     pub refund_of: Option<String>,
     pub refunded: Option<String>,
@@ -57,6 +59,8 @@ pub struct AuditView {
     pub step: &'static str,
     pub actor: String,
     pub actor_issuer: String,
+    /// The user the actor (an agent) acted for, if it did.
+    pub user: Option<String>,
     pub tool: String,
     pub decision: String,
     pub code: Option<String>,
@@ -65,6 +69,8 @@ pub struct AuditView {
     pub approval_id: Option<String>,
     pub payment_id: Option<String>,
     pub detail: Option<String>,
+    /// How many decisions this record stands for (a throttled refusal's count; 1 otherwise).
+    pub repeats: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -80,6 +86,8 @@ pub struct MandateView {
     pub approval_id: String,
     pub kind: String,
     pub agent_subject: String,
+    /// The user the agent acts for under it, if any.
+    pub user: Option<String>,
     pub currency: String,
     pub budget: Option<String>,
     pub spent: String,
@@ -92,9 +100,17 @@ pub struct MandateView {
     pub status: &'static str,
 }
 
+/// An agent as operators see it: one row per what a suspension covered (the agent as a whole, or
+/// the agent acting for one user), and agents seen lately.
 #[derive(Debug, Clone, Serialize)]
 pub struct PrincipalView {
     pub subject: String,
+    /// Its token issuer ('' for a suspension from before issuers were recorded: any issuer).
+    pub issuer: String,
+    /// `agent`: the agent whoever it acts for; `pair`: the agent acting for `user` (none: on its
+    /// own token).
+    pub scope: &'static str,
+    pub user: Option<String>,
     pub suspended: bool,
     pub suspended_at: Option<String>,
     pub suspended_reason: Option<String>,
@@ -161,6 +177,8 @@ pub struct PaymentFilters {
     pub kind: Option<String>,
     pub rail: Option<String>,
     pub agent: Option<String>,
+    /// The user agents acted for.
+    pub user: Option<String>,
     pub from: Option<String>,
     pub to: Option<String>,
 }
@@ -169,6 +187,7 @@ pub struct PaymentFilters {
 #[derive(Debug, Clone, Default)]
 pub struct AuditFilters {
     pub agent: Option<String>,
+    pub user: Option<String>,
     pub tool: Option<String>,
     pub decision: Option<String>,
     pub code: Option<String>,
@@ -204,6 +223,7 @@ fn audit_view(rec: AuditRecord) -> AuditView {
         step: step_of(&rec),
         actor: rec.principal_sub,
         actor_issuer: rec.principal_iss,
+        user: rec.principal_user,
         tool: rec.tool,
         decision: rec.decision,
         code: rec.code,
@@ -212,6 +232,7 @@ fn audit_view(rec: AuditRecord) -> AuditView {
         approval_id: rec.approval_id,
         payment_id: rec.payment_id,
         detail: rec.detail,
+        repeats: rec.repeats,
     }
 }
 
@@ -228,6 +249,7 @@ fn payment_view(p: OpsPayment) -> OpsPaymentView {
         amount: format_minor(pay.amount_minor, pay.currency),
         currency: pay.currency.to_string(),
         agent_subject: pay.principal_sub,
+        user: pay.principal_user,
         memo: pay.memo,
         refund_of: pay.refund_of.map(|r| r.to_string()),
         refunded: (pay.kind == PaymentKind::Payment).then(|| format_minor(pay.refunded_minor, pay.currency)),
@@ -261,6 +283,7 @@ fn mandate_view(m: MandateListing) -> MandateView {
         approval_id: m.approval_id,
         kind: m.kind,
         agent_subject: m.subject,
+        user: m.user,
         currency: m.currency,
         max_uses: m.max_uses,
         uses: m.uses,
@@ -370,6 +393,7 @@ impl Gateway {
             kind,
             rail: filter("rail", f.rail)?,
             agent: filter("agent", f.agent)?,
+            user: filter("user", f.user)?,
             from: instant("from", f.from, false)?,
             to: instant("to", f.to, true)?,
             before: decode_key_cursor(cursor)?,
@@ -422,6 +446,7 @@ impl Gateway {
         let limit = self.op_page_limit(limit)?;
         let q = AuditQuery {
             agent: filter("agent", f.agent)?,
+            user: filter("user", f.user)?,
             tool: filter("tool", f.tool)?,
             decision: filter("decision", f.decision)?,
             code: filter("code", f.code)?,
@@ -491,19 +516,31 @@ impl Gateway {
             .map_err(internal("agent list"))?;
         let mut out: Vec<PrincipalView> = states
             .into_iter()
-            .map(|s| PrincipalView {
-                last_seen: seen.iter().find(|(sub, _)| *sub == s.subject).map(|(_, at)| rfc3339(*at)),
-                suspended: s.suspended_at.is_some(),
-                suspended_at: s.suspended_at.map(rfc3339),
-                suspended_reason: s.suspended_reason,
-                resumed_at: s.resumed_at.map(rfc3339),
-                subject: s.subject,
+            .map(|s| {
+                let (scope, user) = match s.scope {
+                    SuspensionScope::Agent => ("agent", None),
+                    SuspensionScope::Pair(u) => ("pair", u),
+                };
+                PrincipalView {
+                    last_seen: seen.iter().find(|(sub, _)| *sub == s.subject).map(|(_, at)| rfc3339(*at)),
+                    suspended: s.suspended_at.is_some(),
+                    suspended_at: s.suspended_at.map(rfc3339),
+                    suspended_reason: s.suspended_reason,
+                    resumed_at: s.resumed_at.map(rfc3339),
+                    subject: s.subject,
+                    issuer: s.issuer,
+                    scope,
+                    user,
+                }
             })
             .collect();
         for (subject, at) in seen {
             if !out.iter().any(|p| p.subject == subject) {
                 out.push(PrincipalView {
                     subject,
+                    issuer: String::new(),
+                    scope: "agent",
+                    user: None,
                     suspended: false,
                     suspended_at: None,
                     suspended_reason: None,
@@ -637,6 +674,7 @@ mod tests {
             correlation_id: "c".into(),
             principal_iss: "i".into(),
             principal_sub: "s".into(),
+            principal_user: None,
             tool: tool.into(),
             decision: decision.into(),
             code: None,
@@ -644,6 +682,7 @@ mod tests {
             payment_id: None,
             approval_id: None,
             detail: None,
+            repeats: 1,
         }
     }
 

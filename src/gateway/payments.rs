@@ -150,6 +150,12 @@ fn parse_text(field: &str, value: Option<String>) -> Result<Option<String>, Agen
     }
 }
 
+/// What the stop rule counts: policy denials, and RATE_LIMITED answers (at their weight; an
+/// approval flood past `approvals.pending_per_agent_max` answers RATE_LIMITED too).
+fn counts_toward_stop_rule(code: ErrorCode) -> bool {
+    code == ErrorCode::RateLimited || DENIAL_CODES.contains(&code.as_str())
+}
+
 /// A valid mandate authorizes what policy would send to a human; it never overrides a denial.
 fn authorize(decision: Policy, has_mandate: bool) -> Policy {
     match decision {
@@ -238,7 +244,6 @@ impl Authorized {
 impl Gateway {
     pub async fn create_payment(&self, caller: &Caller, args: CreatePaymentArgs) -> Result<Executed, AgentError> {
         const TOOL: &str = "create_payment";
-        self.check_suspended(caller, TOOL).await?;
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
             let from = AccountId::parse(&args.from_account)?;
@@ -303,6 +308,7 @@ impl Gateway {
                     amount,
                     memo: memo.clone(),
                     principal_sub: p.subject.clone(),
+                    principal_user: p.user.clone(),
                     guards: guards.clone(),
                 };
                 let backend = self.backend.clone();
@@ -314,7 +320,6 @@ impl Gateway {
 
     pub async fn refund_payment(&self, caller: &Caller, args: RefundPaymentArgs) -> Result<Executed, AgentError> {
         const TOOL: &str = "refund_payment";
-        self.check_suspended(caller, TOOL).await?;
         let p = &caller.principal;
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
@@ -428,6 +433,7 @@ impl Gateway {
                     amount_minor: explicit_amount,
                     reason: reason.clone(),
                     principal_sub: p.subject.clone(),
+                    principal_user: p.user.clone(),
                     guards: guards.clone(),
                     autonomous_cap_minor,
                 };
@@ -447,7 +453,6 @@ impl Gateway {
         rail_name: &str,
         args: RequestMpesaPaymentArgs,
     ) -> Result<Executed, AgentError> {
-        self.check_suspended(caller, tool).await?;
         let Some(rail) = self.rail(rail_name).cloned() else {
             let e = AgentError::invalid(format!("collections through {rail_name} are not enabled on this gateway"));
             return Err(self.refuse(caller, tool, None, e).await);
@@ -508,6 +513,7 @@ impl Gateway {
                 payment_id: PaymentId::generate(),
                 collection: collection.clone(),
                 principal_sub: p.subject.clone(),
+                principal_user: p.user.clone(),
                 guards: guards.clone(),
             };
             let rail = rail.clone();
@@ -611,6 +617,7 @@ impl Gateway {
                 original: rec.clone(),
                 reason: reason.clone(),
                 principal_sub: p.subject.clone(),
+                principal_user: p.user.clone(),
                 guards: guards.clone(),
             };
             let rail = rail.clone();
@@ -627,7 +634,6 @@ impl Gateway {
         rail_name: &str,
         args: SendMpesaPayoutArgs,
     ) -> Result<Executed, AgentError> {
-        self.check_suspended(caller, tool).await?;
         let rail = match self.rail(rail_name).cloned() {
             Some(rail) if rail.offers(RailFlow::Payout) => rail,
             _ => {
@@ -679,6 +685,7 @@ impl Gateway {
                 payment_id: PaymentId::generate(),
                 payout: payout.clone(),
                 principal_sub: p.subject.clone(),
+                principal_user: p.user.clone(),
                 guards: guards.clone(),
             };
             let rail = rail.clone();
@@ -710,7 +717,7 @@ impl Gateway {
         ))
         .unwrap_or_else(|_| op.clone());
         let operation = Idem {
-            key: self.keys.key(&p.issuer, &p.subject, tool, op.as_str()),
+            key: self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), tool, op.as_str()),
             fingerprint: fingerprint(&json!({ "args": args })),
             conflict: REUSED_OPERATION,
             alias: None,
@@ -718,7 +725,13 @@ impl Gateway {
         match mandate {
             Some(m) if m.claims.kind == MandateKind::Closed => Idem {
                 // '/' cannot appear in an operation_id, so no operation can land on a mandate's key.
-                key: self.keys.key(&p.issuer, &p.subject, tool, &format!("mandate/{}", m.claims.jti)),
+                key: self.keys.key_for(
+                    &p.issuer,
+                    &p.subject,
+                    p.user.as_deref(),
+                    tool,
+                    &format!("mandate/{}", m.claims.jti),
+                ),
                 fingerprint: fingerprint(&json!({"args": args, "operation_id": op})),
                 conflict: REUSED_MANDATE,
                 alias: Some(Box::new(operation)),
@@ -748,6 +761,7 @@ impl Gateway {
             tool: asked.tool,
             agent_iss: &p.issuer,
             agent_sub: &p.subject,
+            agent_user: p.user.as_deref(),
             payer,
             payee,
             amount_minor: amount.minor(),
@@ -824,50 +838,43 @@ impl Gateway {
         })
     }
 
-    /// Stop rule: a suspended subject moves no money.
-    async fn check_suspended(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
-        match self.store.suspension(&caller.principal.subject).await {
-            Ok(None) => Ok(()),
-            Ok(Some(_)) => {
-                let e = AgentError::new(
-                    ErrorCode::PrincipalSuspended,
-                    "this agent is suspended after repeated policy denials; an administrator must resume it",
-                );
-                let mut d = Decision::new(tool, "denied");
-                d.code = Some(e.code);
-                self.audit(caller, d).await;
-                Err(e)
-            }
-            Err(error) => {
-                tracing::error!(correlation_id = %caller.correlation_id, %error, "suspension check failed");
-                Err(AgentError::internal())
-            }
-        }
-    }
-
-    /// After a counted denial: suspend the subject once it reaches the stop rule's threshold.
-    async fn enforce_stop_rule(&self, caller: &Caller, tool: &str) {
+    /// After a counted refusal: suspend the (agent, user) pair once what counts toward its stop
+    /// rule reaches the threshold. `pending`: counted refusals this replica has not written yet.
+    pub(super) async fn enforce_stop_rule(&self, caller: &Caller, tool: &str, pending: crate::store::Denials) {
         let now = self.clock.now();
-        let sub = &caller.principal.subject;
-        let count = match self.store.denials_since(sub, now - self.limits.stop_window_secs).await {
+        let who = caller.principal.principal_ref();
+        let counted = match self.store.denials_since(&who, now - self.limits.stop_window_secs).await {
             Ok(n) => n,
             Err(error) => {
                 tracing::error!(correlation_id = %caller.correlation_id, %error, "stop-rule count failed");
                 return;
             }
         };
-        if count >= self.limits.stop_denials_max {
-            let reason = format!("{count} policy denials within {} s", self.limits.stop_window_secs);
-            match self.store.suspend(sub, &reason, now).await {
-                Ok(()) => {
-                    tracing::warn!(principal.sub = %sub, %reason, "agent suspended by stop rule");
-                    let mut d = Decision::new(tool, "suspended");
-                    d.code = Some(ErrorCode::PrincipalSuspended);
-                    d.detail = Some(reason);
-                    self.audit(caller, d).await;
-                }
-                Err(error) => tracing::error!(correlation_id = %caller.correlation_id, %error, "suspend failed"),
+        let (denials, rate_limited) = (counted.denials + pending.denials, counted.rate_limited + pending.rate_limited);
+        let every = self.limits.rate_limited_per_denial;
+        let weighted = if every > 0 { rate_limited / every } else { 0 };
+        if denials + weighted < self.limits.stop_denials_max {
+            return;
+        }
+        let reason = if weighted > 0 {
+            format!(
+                "{denials} policy denials and {rate_limited} RATE_LIMITED answers (counted as {weighted}) within {} s",
+                self.limits.stop_window_secs
+            )
+        } else {
+            format!("{denials} policy denials within {} s", self.limits.stop_window_secs)
+        };
+        let scope = crate::store::SuspensionScope::Pair(who.user.clone());
+        match self.store.suspend(&who.issuer, &who.subject, &scope, &reason, now).await {
+            Ok(true) => {
+                tracing::warn!(principal.sub = %who.subject, %reason, "agent suspended by stop rule");
+                let mut d = Decision::new(tool, "suspended");
+                d.code = Some(ErrorCode::PrincipalSuspended);
+                d.detail = Some(reason);
+                self.audit(caller, d).await;
             }
+            Ok(false) => {}
+            Err(error) => tracing::error!(correlation_id = %caller.correlation_id, %error, "suspend failed"),
         }
     }
 
@@ -878,8 +885,8 @@ impl Gateway {
         d.idempotency_key = key;
         d.detail = Some(e.message.clone());
         self.audit(caller, d).await;
-        if DENIAL_CODES.contains(&e.code.as_str()) {
-            self.enforce_stop_rule(caller, tool).await;
+        if counts_toward_stop_rule(e.code) {
+            self.enforce_stop_rule(caller, tool, crate::store::Denials::default()).await;
         }
         e
     }
@@ -986,8 +993,7 @@ impl Gateway {
     fn allowed_audit(&self, caller: &Caller, tool: &str, idem: &Idem) -> crate::store::AuditRecord {
         let mut d = Decision::new(tool, "allowed");
         d.idempotency_key = Some(&idem.key);
-        let p = &caller.principal;
-        self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d)
+        self.agent_audit_record(caller, d)
     }
 
     /// Tool governance: every call of `tool` needs a human, unless a mandate already carries one.
@@ -1172,8 +1178,8 @@ impl Gateway {
         d.idempotency_key = Some(&idem.key);
         d.detail = Some(e.message.clone());
         self.audit(caller, d).await;
-        if matches!(decision, "denied" | "conflict") && DENIAL_CODES.contains(&e.code.as_str()) {
-            self.enforce_stop_rule(caller, tool).await;
+        if matches!(decision, "denied" | "conflict") && counts_toward_stop_rule(e.code) {
+            self.enforce_stop_rule(caller, tool, crate::store::Denials::default()).await;
         }
         e
     }
@@ -1223,9 +1229,9 @@ impl Gateway {
         let now = self.clock.now();
         let p = &caller.principal;
         let reviewers_required = self.reviewers_for(amount.minor(), amount.currency());
-        // The user's own tier: below the high-risk amount (config checks it) and where one
-        // reviewer would do.
-        let approver = if p.profile.user_may_approve(amount) && reviewers_required == 1 {
+        // The user's own tier: only for an agent acting for a user (delegation: there is a person
+        // to ask), below the high-risk amount (config checks it) and where one reviewer would do.
+        let approver = if p.user.is_some() && p.profile.user_may_approve(amount) && reviewers_required == 1 {
             Approver::User
         } else {
             Approver::Operator
@@ -1246,6 +1252,7 @@ impl Gateway {
             fingerprint: idem.fingerprint.clone(),
             principal_iss: p.issuer.clone(),
             principal_sub: p.subject.clone(),
+            principal_user: p.user.clone(),
             tool: tool.to_string(),
             intent,
             amount_minor: amount.minor(),

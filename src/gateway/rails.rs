@@ -755,8 +755,8 @@ impl Gateway {
 
     /// `reconcile` tool: admin only; audited.
     pub async fn reconcile_tool(&self, caller: &Caller, args: ReconcileArgs) -> Result<ReconcileReport, AgentError> {
-        if !caller.principal.has_scope(scopes::ADMIN) {
-            return Err(AgentError::new(ErrorCode::InsufficientScope, "reconcile needs payments:admin"));
+        if !caller.principal.has_scope(scopes::INTEGRITY) {
+            return Err(AgentError::new(ErrorCode::InsufficientScope, "reconcile needs payments:integrity"));
         }
         let since = match &args.since {
             Some(s) => Some(parse_instant("since", s, false)?),

@@ -390,8 +390,11 @@ impl Gateway {
     }
 
     pub async fn check_ledger_integrity(&self, caller: &Caller, full: bool) -> Result<IntegrityReport, AgentError> {
-        if !caller.principal.has_scope(scopes::ADMIN) {
-            return Err(AgentError::new(ErrorCode::InsufficientScope, "check_ledger_integrity needs payments:admin"));
+        if !caller.principal.has_scope(scopes::INTEGRITY) {
+            return Err(AgentError::new(
+                ErrorCode::InsufficientScope,
+                "check_ledger_integrity needs payments:integrity",
+            ));
         }
         let report = self.backend.check_integrity(full).await.map_err(|e| map_backend_error(&e))?;
         let mut d =

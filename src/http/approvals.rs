@@ -11,9 +11,10 @@ use serde_json::json;
 
 use super::AppState;
 use super::auth_layer::{bearer_challenge, bearer_token};
-use crate::auth::AuthError;
+use crate::auth::{Audience, AuthError};
+use crate::catalogue::scopes::OPERATOR_SCOPES;
 use crate::gateway::approvals_api::OpError;
-use crate::gateway::{CorrelationId, Operator, PreauthorizeArgs, ReviewDecision};
+use crate::gateway::{CorrelationId, Operator, PreauthorizeArgs, PrincipalArgs, ReviewDecision};
 
 /// Body size of operator requests, in bytes: they are small JSON documents.
 pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
@@ -37,7 +38,9 @@ fn op_error(e: OpError, correlation_id: &str) -> Response {
     envelope(status, code, &e.to_string(), correlation_id)
 }
 
-/// The authenticated, rate-limited operator behind a request.
+/// The authenticated, rate-limited operator behind a request: only a token for the operator
+/// resource, in a person's own name (no RFC 8693 `act`: an agent acting for someone is an agent,
+/// whatever it acts for), produces one.
 pub struct Authed(pub Operator);
 
 impl FromRequestParts<AppState> for Authed {
@@ -46,27 +49,25 @@ impl FromRequestParts<AppState> for Authed {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let correlation_id = parts.extensions.get::<CorrelationId>().map(|c| c.0.clone()).unwrap_or_default();
         let verified = match bearer_token(&parts.headers) {
-            Ok(token) => state.verifier.verify(token).await,
+            Ok(token) => state.verifier.verify(token, Audience::Operator).await,
             Err(e) => Err(e),
         };
         let claims = match verified {
+            Ok(c) if c.actor.is_some() => {
+                let reason = "an operator's token is their own: a delegated token (act) is an agent's";
+                return Err(invalid_token(state, reason, &correlation_id));
+            }
             Ok(c) => c,
             Err(AuthError::Missing) => {
                 return Err(bearer_challenge(
                     state,
+                    Audience::Operator,
                     StatusCode::UNAUTHORIZED,
-                    &[("scope", "payments:approve payments:audit".into())],
+                    &[("scope", OPERATOR_SCOPES.join(" "))],
                     None,
                 ));
             }
-            Err(AuthError::Invalid(reason)) => {
-                return Err(bearer_challenge(
-                    state,
-                    StatusCode::UNAUTHORIZED,
-                    &[("error", "invalid_token".into()), ("error_description", reason.into())],
-                    Some(reason),
-                ));
-            }
+            Err(AuthError::Invalid(reason)) => return Err(invalid_token(state, reason, &correlation_id)),
         };
         if let Err(wait) =
             state.route_limits.check(&format!("{}\u{0}{}", claims.issuer, claims.subject), state.routes_per_minute)
@@ -81,6 +82,17 @@ impl FromRequestParts<AppState> for Authed {
         }
         Ok(Authed(Operator { issuer: claims.issuer, subject: claims.subject, scopes: claims.scopes, correlation_id }))
     }
+}
+
+fn invalid_token(state: &AppState, reason: &'static str, correlation_id: &str) -> Response {
+    tracing::info!(correlation_id = %correlation_id, auth.reason = reason, "operator token rejected");
+    bearer_challenge(
+        state,
+        Audience::Operator,
+        StatusCode::UNAUTHORIZED,
+        &[("error", "invalid_token".into()), ("error_description", reason.into())],
+        Some(reason),
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -251,29 +263,78 @@ pub async fn revoke(
     respond(state.gateway.revoke(&op, &id, body.reason).await, &op.correlation_id, StatusCode::OK)
 }
 
+/// Which agent a suspend or resume is about, beyond its subject: `?issuer=` (its token issuer;
+/// default: the operator's own) and `?user=` (only while it acts for this user).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalQuery {
+    issuer: Option<String>,
+    user: Option<String>,
+}
+
+type PrincipalQueryResult = Result<Query<PrincipalQuery>, axum::extract::rejection::QueryRejection>;
+
+fn principal_args(
+    subject: String,
+    q: PrincipalQueryResult,
+    correlation_id: &str,
+) -> Result<PrincipalArgs, Box<Response>> {
+    let Ok(Query(q)) = q else {
+        return Err(Box::new(envelope(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            "unknown or malformed query parameter (issuer and user are known)",
+            correlation_id,
+        )));
+    };
+    Ok(PrincipalArgs { subject, issuer: q.issuer, user: q.user })
+}
+
+fn principal_json(who: &PrincipalArgs, key: &str, value: bool) -> serde_json::Value {
+    let mut v = json!({"subject": who.subject, key: value});
+    if let Some(i) = &who.issuer {
+        v["issuer"] = json!(i);
+    }
+    if let Some(u) = &who.user {
+        v["user"] = json!(u);
+    }
+    v
+}
+
 pub async fn suspend(
     State(state): State<AppState>,
     Authed(op): Authed,
     Path(subject): Path<String>,
+    query: PrincipalQueryResult,
     body: axum::body::Bytes,
 ) -> Response {
+    let who = match principal_args(subject, query, &op.correlation_id) {
+        Ok(w) => w,
+        Err(resp) => return *resp,
+    };
     let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
         Ok(b) => b,
         Err(resp) => return *resp,
     };
     let result = state
         .gateway
-        .suspend_principal(&op, &subject, body.reason)
+        .suspend_principal(&op, &who, body.reason)
         .await
-        .map(|suspended| json!({"subject": subject, "suspended": suspended}));
+        .map(|suspended| principal_json(&who, "suspended", suspended));
     respond(result, &op.correlation_id, StatusCode::OK)
 }
 
-pub async fn resume(State(state): State<AppState>, Authed(op): Authed, Path(subject): Path<String>) -> Response {
-    let result = state
-        .gateway
-        .resume_principal(&op, &subject)
-        .await
-        .map(|resumed| json!({"subject": subject, "resumed": resumed}));
+pub async fn resume(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    Path(subject): Path<String>,
+    query: PrincipalQueryResult,
+) -> Response {
+    let who = match principal_args(subject, query, &op.correlation_id) {
+        Ok(w) => w,
+        Err(resp) => return *resp,
+    };
+    let result =
+        state.gateway.resume_principal(&op, &who).await.map(|resumed| principal_json(&who, "resumed", resumed));
     respond(result, &op.correlation_id, StatusCode::OK)
 }

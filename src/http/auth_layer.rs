@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::sessions::{Admission, SessionCheck};
-use crate::auth::{AgentPrincipal, AuthError};
+use super::sessions::{Refused, SessionCheck};
+use crate::auth::{AgentPrincipal, Audience, AuthError};
 use crate::catalogue::scopes::AGENT_SCOPES;
 use crate::catalogue::{READ_SCOPE, scope_for_tool};
 use crate::gateway::CorrelationId;
@@ -68,20 +68,21 @@ pub async fn origin_check(State(state): State<AppState>, req: Request, next: Nex
     next.run(req).await
 }
 
-/// A bearer challenge (RFC 6750) naming this resource's metadata.
+/// A bearer challenge (RFC 6750) naming the metadata of the resource `audience` is for.
 pub fn bearer_challenge(
     state: &AppState,
+    audience: Audience,
     status: StatusCode,
     params: &[(&str, String)],
     description: Option<&str>,
 ) -> Response {
-    challenge(state, status, params, description)
-}
-
-fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], description: Option<&str>) -> Response {
     let mut value = String::from("Bearer ");
     let mut parts: Vec<String> = params.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-    parts.push(format!("resource_metadata=\"{}\"", state.metadata_url));
+    let metadata = match audience {
+        Audience::Agent => &state.metadata_url,
+        Audience::Operator => &state.operator_metadata_url,
+    };
+    parts.push(format!("resource_metadata=\"{metadata}\""));
     value.push_str(&parts.join(", "));
     let error = params.iter().find(|(k, _)| *k == "error").map(|(_, v)| v.as_str());
     let body = json!({
@@ -93,6 +94,10 @@ fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], de
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     resp
+}
+
+fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], description: Option<&str>) -> Response {
+    bearer_challenge(state, Audience::Agent, status, params, description)
 }
 
 fn bearer(req: &Request) -> Result<&str, AuthError> {
@@ -111,9 +116,10 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, AuthError> 
 }
 
 /// Verify the bearer token on every request (not only a session's first) and attach the principal.
+/// Only tokens for the MCP resource pass; an operator's token is a 401 here.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let verified = match bearer(&req) {
-        Ok(token) => state.verifier.verify(token).await,
+        Ok(token) => state.verifier.verify(token, Audience::Agent).await,
         Err(e) => Err(e),
     };
     let claims = match verified {
@@ -143,16 +149,25 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             Some(reason),
         );
     }
-    let profile = state.profiles.resolve(&claims.issuer, &claims.subject, claims.client_id.as_deref());
-    let principal = AgentPrincipal {
-        issuer: claims.issuer,
-        subject: claims.subject,
-        client_id: claims.client_id,
-        scopes: claims.scopes,
-        profile,
-    };
+    let principal = agent_principal(&state, claims);
     req.extensions_mut().insert(principal);
     next.run(req).await
+}
+
+/// The agent behind a verified agent-audience token: with `act`, the actor acting for the token's
+/// subject; its profile matched on the agent, the user, or both.
+fn agent_principal(state: &AppState, claims: crate::auth::VerifiedClaims) -> AgentPrincipal {
+    let (subject, user) = match claims.actor {
+        Some(actor) => (actor, Some(claims.subject)),
+        None => (claims.subject, None),
+    };
+    let mut scopes = claims.scopes;
+    // The migration switch: an identity provider still granting agents the old admin scope.
+    if state.legacy_agent_admin_scope && scopes.remove(crate::catalogue::scopes::LEGACY_AGENT_ADMIN) {
+        scopes.insert(crate::catalogue::scopes::INTEGRITY.to_string());
+    }
+    let profile = state.profiles.resolve(&claims.issuer, &subject, user.as_deref(), claims.client_id.as_deref());
+    AgentPrincipal { issuer: claims.issuer, subject, user, client_id: claims.client_id, scopes, profile }
 }
 
 /// Marks a request whose body holds `initialize`: it opens a session (2025-11-25 era).
@@ -247,46 +262,48 @@ pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
-/// Sessions belong to the (issuer, subject) that opened them; anyone else gets 404.
+/// Sessions belong to the principal (issuer, subject and, with delegation, user) that opened them;
+/// anyone else gets 404. An `initialize` reserves its place before it runs (the bound holds for
+/// concurrent ones) and binds it to the session rmcp opens, or gives it back.
 pub async fn session_binding(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(principal) = req.extensions().get::<AgentPrincipal>().cloned() else {
+    let Some(principal) = req.extensions().get::<AgentPrincipal>().map(AgentPrincipal::key) else {
         // Unreachable behind `authenticate`; fail closed all the same.
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let session = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
     let method = req.method().clone();
+    let mut slot = None;
     match &session {
-        Some(id) if state.sessions.check(id, &principal.issuer, &principal.subject) == SessionCheck::Unknown => {
+        Some(id) if state.sessions.check(id, &principal) == SessionCheck::Unknown => {
             return (StatusCode::NOT_FOUND, axum::Json(json!({"error": "session not found"}))).into_response();
         }
         Some(_) => {}
         // Only a request that opens a session (initialize) needs a place in the table: stateless
         // 2026-07-28 requests carry no session and are never turned away for a full table.
-        None if req.extensions().get::<OpensSession>().is_some() => {
-            match state.sessions.admit(&principal.issuer, &principal.subject) {
-                Admission::Open => {}
-                Admission::PrincipalFull => {
-                    let retry = state.session_idle_secs.to_string();
-                    return (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        [(header::RETRY_AFTER, retry)],
-                        axum::Json(json!({"error": "this agent holds too many open sessions; end unused ones (DELETE) or reuse one"})),
-                    )
-                        .into_response();
-                }
-                Admission::Full => {
-                    return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"})))
-                        .into_response();
-                }
+        None if req.extensions().get::<OpensSession>().is_some() => match state.sessions.reserve(&principal) {
+            Ok(s) => slot = Some(s),
+            Err(Refused::PrincipalFull) => {
+                let retry = state.session_idle_secs.to_string();
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, retry)],
+                    axum::Json(json!({"error": "this agent holds too many open sessions; end unused ones (DELETE) or reuse one"})),
+                )
+                    .into_response();
             }
-        }
+            Err(Refused::Full) => {
+                return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": "too many sessions"})))
+                    .into_response();
+            }
+        },
         None => {}
     }
     let resp = next.run(req).await;
     match session {
         None => {
-            if let Some(id) = resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
-                state.sessions.bind(id.to_string(), principal.issuer, principal.subject);
+            // The reserved place becomes the session's, or (no session came of it) is given back.
+            if let (Some(slot), Some(id)) = (slot, resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())) {
+                slot.bind(id.to_string());
             }
         }
         Some(id) if method == Method::DELETE && resp.status().is_success() => {
@@ -324,7 +341,7 @@ mod tests {
         let call =
             |name: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}"}}}}"#);
         assert_eq!(scopes(call("create_payment").as_bytes()), vec!["payments:create"]);
-        assert_eq!(scopes(call("check_ledger_integrity").as_bytes()), vec!["payments:admin"]);
+        assert_eq!(scopes(call("check_ledger_integrity").as_bytes()), vec!["payments:integrity"]);
         assert!(scopes(call("no_such_tool").as_bytes()).is_empty());
         assert!(scopes(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).is_empty());
         assert_eq!(

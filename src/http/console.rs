@@ -101,7 +101,7 @@ pub async fn config(State(state): State<AppState>) -> Response {
     });
     let doc = json!({
         "api": "/operator/v1",
-        "resource": state.resource_url,
+        "resource": state.operator_resource_url,
         "dev_sign_in": s.dev_sign_in,
         "oidc": oidc,
     });

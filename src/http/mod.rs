@@ -30,7 +30,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::auth::Verifier;
-use crate::catalogue::scopes::AGENT_SCOPES;
+use crate::catalogue::scopes::{AGENT_SCOPES, OPERATOR_SCOPES};
 use crate::gateway::Gateway;
 use crate::mcp::PaygateMcp;
 use crate::policy::Profiles;
@@ -64,10 +64,18 @@ pub struct AppInner {
     pub verifier: Arc<Verifier>,
     pub profiles: Arc<Profiles>,
     pub sessions: Arc<SessionBindings>,
-    /// Canonical resource URL (`<public_url>/mcp`): the audience every token must carry.
+    /// The MCP resource (`<public_url>/mcp`): the audience every agent token must carry.
     pub resource_url: String,
-    /// `<public_url>/.well-known/oauth-protected-resource/mcp`, named in every challenge.
+    /// `<public_url>/.well-known/oauth-protected-resource/mcp`, named in every /mcp challenge.
     pub metadata_url: String,
+    /// The operator resource (`<public_url>/operator`): the audience of operators' tokens (the
+    /// approval routes, `/principals`, `/operator/v1`, the console).
+    pub operator_resource_url: String,
+    /// `<public_url>/.well-known/oauth-protected-resource/operator`, named in operator challenges.
+    pub operator_metadata_url: String,
+    /// `auth.legacy_agent_admin_scope`: an agent token's `payments:admin` reads as
+    /// `payments:integrity` (a migration switch, off by default).
+    pub legacy_agent_admin_scope: bool,
     pub authorization_servers: Vec<String>,
     /// Browser origins allowed on /mcp (the public URL's own origin and configured extras).
     pub allowed_origins: Vec<String>,
@@ -151,6 +159,7 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
     let metadata_routes = Router::new()
         .route(METADATA_PATH, get(protected_resource_metadata))
         .route(&format!("{METADATA_PATH}/mcp"), get(protected_resource_metadata))
+        .route(&format!("{METADATA_PATH}/operator"), get(operator_resource_metadata))
         .layer(CorsLayer::new().allow_origin(tower_http::cors::Any).allow_methods([Method::GET]));
 
     let callback_routes = Router::new()
@@ -205,13 +214,22 @@ fn operator_api() -> Router<AppState> {
         .route("/reconciliation/run", post(operator::reconcile))
 }
 
-/// RFC 9728 protected resource metadata.
+/// RFC 9728 protected resource metadata of the MCP resource (agents).
 async fn protected_resource_metadata(State(state): State<AppState>) -> Response {
+    resource_metadata(&state, &state.resource_url, AGENT_SCOPES, "paygate")
+}
+
+/// RFC 9728 protected resource metadata of the operator resource (people).
+async fn operator_resource_metadata(State(state): State<AppState>) -> Response {
+    resource_metadata(&state, &state.operator_resource_url, OPERATOR_SCOPES, "paygate operator API")
+}
+
+fn resource_metadata(state: &AppState, resource: &str, scopes: &[&str], name: &str) -> Response {
     let mut doc = json!({
-        "resource": state.resource_url,
+        "resource": resource,
         "bearer_methods_supported": ["header"],
-        "scopes_supported": AGENT_SCOPES,
-        "resource_name": "paygate",
+        "scopes_supported": scopes,
+        "resource_name": name,
     });
     if !state.authorization_servers.is_empty() {
         doc["authorization_servers"] = json!(state.authorization_servers);

@@ -37,6 +37,7 @@ pub struct PaymentsQuery {
     kind: Option<String>,
     rail: Option<String>,
     agent: Option<String>,
+    user: Option<String>,
     from: Option<String>,
     to: Option<String>,
     cursor: Option<String>,
@@ -51,6 +52,7 @@ pub async fn payments(State(state): State<AppState>, Authed(op): Authed, q: Quer
         kind: q.kind,
         rail: q.rail,
         agent: q.agent,
+        user: q.user,
         from: q.from,
         to: q.to,
     };
@@ -66,6 +68,7 @@ pub async fn payment(State(state): State<AppState>, Authed(op): Authed, Path(id)
 #[serde(deny_unknown_fields)]
 pub struct AuditParams {
     agent: Option<String>,
+    user: Option<String>,
     tool: Option<String>,
     decision: Option<String>,
     code: Option<String>,
@@ -82,6 +85,7 @@ pub async fn audit(State(state): State<AppState>, Authed(op): Authed, q: QueryRe
     let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
     let filters = AuditFilters {
         agent: q.agent,
+        user: q.user,
         tool: q.tool,
         decision: q.decision,
         code: q.code,

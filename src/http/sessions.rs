@@ -2,40 +2,44 @@
 //! this, anyone holding a session id could ride another agent's session.
 //!
 //! The table is bounded twice: `server.sessions_max` in all, and `server.sessions_per_principal_max`
-//! per (issuer, subject), so one token cannot fill the table and lock every other client out.
+//! per principal (issuer, subject and, with delegation, the user), so one token cannot fill the
+//! table and lock every other client out. A place is reserved when `initialize` is admitted, in
+//! the same step that checks the bounds, and released if no session comes of it: concurrent
+//! `initialize` calls cannot pass the bound together.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 struct Binding {
-    issuer: String,
-    subject: String,
+    /// [`crate::auth::AgentPrincipal::key`] of the principal that opened it.
+    principal: String,
     last_seen: Instant,
 }
 
 #[derive(Default)]
 struct Table {
     bindings: HashMap<String, Binding>,
-    /// Live sessions per (issuer, subject), kept with `bindings`.
-    per_principal: HashMap<(String, String), usize>,
+    /// Live sessions and reserved places per principal, kept with `bindings` and `reserved`.
+    per_principal: HashMap<String, usize>,
+    /// Places reserved by `initialize` calls still in flight.
+    reserved: usize,
 }
 
 impl Table {
     fn remove(&mut self, session_id: &str) {
         if let Some(b) = self.bindings.remove(session_id) {
-            self.forget(b);
+            self.forget(&b.principal);
         }
     }
 
-    fn forget(&mut self, b: Binding) {
-        let key = (b.issuer, b.subject);
-        if let Some(n) = self.per_principal.get_mut(&key) {
-            *n -= 1;
+    fn forget(&mut self, principal: &str) {
+        if let Some(n) = self.per_principal.get_mut(principal) {
+            *n = n.saturating_sub(1);
             if *n == 0 {
-                self.per_principal.remove(&key);
+                self.per_principal.remove(principal);
             }
         }
     }
@@ -49,8 +53,12 @@ impl Table {
         }
     }
 
-    fn count(&self, issuer: &str, subject: &str) -> usize {
-        self.per_principal.get(&(issuer.to_string(), subject.to_string())).copied().unwrap_or(0)
+    fn count(&self, principal: &str) -> usize {
+        self.per_principal.get(principal).copied().unwrap_or(0)
+    }
+
+    fn total(&self) -> usize {
+        self.bindings.len() + self.reserved
     }
 }
 
@@ -72,14 +80,43 @@ pub enum SessionCheck {
     Unknown,
 }
 
-/// Whether a principal may open one more session.
+/// Why a principal may not open one more session.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Admission {
-    Open,
-    /// This principal holds `sessions_per_principal_max` live sessions already.
+pub enum Refused {
+    /// This principal holds (or is opening) `sessions_per_principal_max` sessions already.
     PrincipalFull,
     /// The table holds `sessions_max`.
     Full,
+}
+
+/// A place reserved for a session being opened. [`Slot::bind`] turns it into the session's
+/// binding; dropped unbound (`initialize` failed, or answered without a session), it is released.
+pub struct Slot {
+    sessions: Arc<SessionBindings>,
+    principal: String,
+    bound: bool,
+}
+
+impl Slot {
+    /// The session `initialize` opened belongs to the principal that reserved this place.
+    pub fn bind(mut self, session_id: String) {
+        let mut t = self.sessions.lock();
+        // Rebinding an id does not count it twice.
+        t.remove(&session_id);
+        t.reserved = t.reserved.saturating_sub(1);
+        t.bindings.insert(session_id, Binding { principal: self.principal.clone(), last_seen: Instant::now() });
+        self.bound = true;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.bound {
+            let mut t = self.sessions.lock();
+            t.reserved = t.reserved.saturating_sub(1);
+            t.forget(&self.principal);
+        }
+    }
 }
 
 impl SessionBindings {
@@ -91,10 +128,10 @@ impl SessionBindings {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn check(&self, session_id: &str, issuer: &str, subject: &str) -> SessionCheck {
+    pub fn check(&self, session_id: &str, principal: &str) -> SessionCheck {
         let mut t = self.lock();
         match t.bindings.get_mut(session_id) {
-            Some(b) if b.issuer == issuer && b.subject == subject => {
+            Some(b) if b.principal == principal => {
                 b.last_seen = Instant::now();
                 SessionCheck::Proceed
             }
@@ -102,31 +139,31 @@ impl SessionBindings {
         }
     }
 
-    /// Room for one more session of this principal? Idle bindings are pruned first when either
-    /// bound is reached.
-    pub fn admit(&self, issuer: &str, subject: &str) -> Admission {
+    /// Reserve a place for one more session of `principal`, in the same step that checks both
+    /// bounds (idle bindings are pruned first when either is reached).
+    pub fn reserve(self: &Arc<Self>, principal: &str) -> Result<Slot, Refused> {
         let mut t = self.lock();
-        if t.count(issuer, subject) >= self.per_principal_max || t.bindings.len() >= self.max {
+        if t.count(principal) >= self.per_principal_max || t.total() >= self.max {
             t.prune(self.idle);
         }
-        if t.count(issuer, subject) >= self.per_principal_max {
-            Admission::PrincipalFull
-        } else if t.bindings.len() >= self.max {
-            Admission::Full
-        } else {
-            Admission::Open
+        if t.count(principal) >= self.per_principal_max {
+            return Err(Refused::PrincipalFull);
         }
-    }
-
-    pub fn bind(&self, session_id: String, issuer: String, subject: String) {
-        let mut t = self.lock();
-        t.remove(&session_id);
-        *t.per_principal.entry((issuer.clone(), subject.clone())).or_default() += 1;
-        t.bindings.insert(session_id, Binding { issuer, subject, last_seen: Instant::now() });
+        if t.total() >= self.max {
+            return Err(Refused::Full);
+        }
+        *t.per_principal.entry(principal.to_string()).or_default() += 1;
+        t.reserved += 1;
+        Ok(Slot { sessions: self.clone(), principal: principal.to_string(), bound: false })
     }
 
     pub fn unbind(&self, session_id: &str) {
         self.lock().remove(session_id);
+    }
+
+    #[cfg(test)]
+    fn held(&self, principal: &str) -> usize {
+        self.lock().count(principal)
     }
 }
 
@@ -136,17 +173,32 @@ mod tests {
 
     #[test]
     fn each_principal_has_its_own_bound_and_the_table_its_total() {
-        let s = SessionBindings::new(Duration::from_secs(300), 3, 2);
-        assert_eq!(s.admit("iss", "a"), Admission::Open);
-        s.bind("s1".into(), "iss".into(), "a".into());
-        s.bind("s2".into(), "iss".into(), "a".into());
-        assert_eq!(s.admit("iss", "a"), Admission::PrincipalFull);
-        assert_eq!(s.admit("other-iss", "a"), Admission::Open, "a principal is issuer and subject");
-        s.bind("s3".into(), "iss".into(), "b".into());
-        assert_eq!(s.admit("iss", "c"), Admission::Full);
+        let s = Arc::new(SessionBindings::new(Duration::from_secs(300), 3, 2));
+        s.reserve("a").unwrap().bind("s1".into());
+        s.reserve("a").unwrap().bind("s2".into());
+        assert_eq!(s.reserve("a").err(), Some(Refused::PrincipalFull));
+        assert!(s.reserve("a-other-issuer").is_ok(), "another principal has its own bound");
+        s.reserve("b").unwrap().bind("s3".into());
+        assert_eq!(s.reserve("c").err(), Some(Refused::Full));
         s.unbind("s1");
-        assert_eq!(s.admit("iss", "a"), Admission::Open, "ending a session frees its place");
-        s.bind("s3".into(), "iss".into(), "b".into()); // rebinding an id does not count twice
-        assert_eq!(s.admit("iss", "c"), Admission::Open);
+        assert!(s.reserve("a").is_ok(), "ending a session frees its place");
+        s.reserve("b").unwrap().bind("s3".into()); // rebinding an id does not count it twice
+        assert_eq!(s.held("b"), 1);
+        assert_eq!(s.check("s3", "b"), SessionCheck::Proceed);
+        assert_eq!(s.check("s3", "a"), SessionCheck::Unknown, "another principal's session");
+    }
+
+    #[test]
+    fn reserved_places_count_at_once_and_an_unbound_one_is_given_back() {
+        let s = Arc::new(SessionBindings::new(Duration::from_secs(300), 100, 2));
+        // Two initialize calls in flight hold both places before either answered.
+        let first = s.reserve("a").unwrap();
+        let second = s.reserve("a").unwrap();
+        assert_eq!(s.reserve("a").err(), Some(Refused::PrincipalFull), "the bound holds while they run");
+        drop(second); // that initialize failed: its place is given back
+        assert_eq!(s.held("a"), 1);
+        first.bind("s1".into());
+        assert!(s.reserve("a").is_ok());
+        assert_eq!(s.held("a"), 1, "the slot just reserved and dropped is back");
     }
 }

@@ -187,7 +187,14 @@ impl PaygateMcp {
         let op = args.get("operation_id").and_then(Value::as_str).unwrap_or_default().to_string();
         let fp = args_fingerprint(&args);
         let p = &caller.principal;
-        let binding = Binding { issuer: &p.issuer, subject: &p.subject, tool, operation_id: &op, args: &fp };
+        let binding = Binding {
+            issuer: &p.issuer,
+            subject: &p.subject,
+            user: p.user.as_deref(),
+            tool,
+            operation_id: &op,
+            args: &fp,
+        };
         if let Some(sealed) = round.state.as_deref() {
             return match self.gateway.open_state(&binding, sealed) {
                 Ok(state) => self.resume(caller, &round, &binding, args, &state.apr, state.n, run).await,
@@ -212,6 +219,13 @@ impl PaygateMcp {
                 let page = self.gateway.approval_page(&id, approver);
                 let message = format!("{} Open the approval page to review it.", e.message);
                 if round.modern {
+                    // Rounds are counted per approval on the server: a fresh chain (no state) is no
+                    // way around the bound either.
+                    match self.gateway.elicitation_round(caller, &apr).await {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(complete(caller, first)),
+                        Err(e) => return Ok(complete(caller, Err(e))),
+                    }
                     let state = self.gateway.seal_state(&binding, &apr, expires_at, 1);
                     let params = ElicitRequestParams::UrlElicitationParams {
                         meta: None,
@@ -258,6 +272,7 @@ impl PaygateMcp {
         let tool = binding.tool;
         let limits = self.gateway.limits();
         let mut waited = false;
+        let mut counted = false;
         loop {
             match self.gateway.resume_approval(caller, tool, apr).await {
                 Err(e) => return Ok(complete(caller, Err(e))),
@@ -274,6 +289,15 @@ impl PaygateMcp {
                     if round.declined() || n >= limits.elicitation_rounds_max {
                         // Today's APPROVAL_REQUIRED: the agent may still follow the approval by hand.
                         return Ok(complete(caller, run(args).await));
+                    }
+                    // The bound is the server's count for this approval, not the round the state
+                    // says: replaying an early state cannot start the rounds over.
+                    if !counted {
+                        match self.gateway.elicitation_round(caller, apr).await {
+                            Ok(true) => counted = true,
+                            Ok(false) => return Ok(complete(caller, run(args).await)),
+                            Err(e) => return Ok(complete(caller, Err(e))),
+                        }
                     }
                     // Hold the retry for the decision, if this agent has a slot free.
                     let slot = if waited { None } else { self.gateway.decision_wait(caller) };

@@ -356,7 +356,7 @@ impl PaygateMcp {
         output_schema = result_schema::<IntegrityView>(),
         description = "Verify the ledger: postings sum to zero per currency and every balance equals its postings. \
                        Incremental from the last verified checkpoint (fast); full = true reads every posting. \
-                       Needs scope payments:admin.",
+                       Needs scope payments:integrity.",
         input_schema = schema_for_type::<IntegrityArgs>()
     )]
     async fn check_ledger_integrity(
@@ -575,7 +575,7 @@ impl PaygateMcp {
         output_schema = result_schema::<ReconcileView>(),
         description = "Compare the gateway's payment records with the backend and the rails: payments missing on \
                        either side, amount or status mismatches, outcomes still unknown. Settles unknown outcomes \
-                       the backend can answer and reports the rest. Needs scope payments:admin.",
+                       the backend can answer and reports the rest. Needs scope payments:integrity.",
         input_schema = schema_for_type::<ReconcileArgs>()
     )]
     async fn reconcile(&self, caller: Caller, args: JsonObject) -> Result<Json<ReconcileView>, CallToolResult> {
@@ -688,6 +688,7 @@ impl ServerHandler for PaygateMcp {
             limits.sort_by_key(|v| v["currency"].to_string());
             json!({
                 "subject": p.subject,
+                "acting_for": p.user,
                 "profile": p.profile.name,
                 "scopes": p.scopes,
                 "allowed_accounts": p.profile.allowed_accounts,

@@ -24,6 +24,11 @@ pub struct PaymentView {
     pub refund_of: Option<String>,
     pub memo: Option<String>,
     pub created_at: String,
+    /// The agent that made it (its token's subject, or `act.sub` when it acted for a user).
+    pub agent: String,
+    /// The user the agent acted for (RFC 8693 delegation), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// For a completed payment (get_payment): where it settled and the rail's reference, e.g. the
     /// M-Pesa receipt number.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -50,6 +55,8 @@ impl From<&Payment> for PaymentView {
             refund_of: p.refund_of.as_ref().map(ToString::to_string),
             memo: p.memo.clone(),
             created_at: rfc3339(p.created_at),
+            agent: p.principal_sub.clone(),
+            user: p.principal_user.clone(),
             receipt: None,
         }
     }

@@ -23,6 +23,17 @@ pub use crate::domain::ops::{
     VolumeRow,
 };
 pub use crate::domain::payment::{AccountSeed, SummaryQuery, SummaryRow};
+pub use crate::domain::principal::{PrincipalRef, SuspensionScope};
+
+/// What counts toward a principal's stop rule (`store::DENIAL_CODES` and throttled RATE_LIMITED
+/// records, counted by the refusals each stands for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Denials {
+    /// Audited policy denials.
+    pub denials: i64,
+    /// RATE_LIMITED answers (a throttled record counts its repeats).
+    pub rate_limited: i64,
+}
 use crate::domain::payment::{
     Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
@@ -118,6 +129,11 @@ pub trait Store: Send + Sync + 'static {
         issue: MandateIssuer,
     ) -> Result<ApprovalRecord, ReviewError>;
 
+    /// Count one more URL-elicitation round answered for this approval, unless `max` were answered
+    /// already: the round's number, or `None` once the bound is reached (whichever sealed state the
+    /// client presented: the count is the server's).
+    async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError>;
+
     // --- stop rules ---
     /// `Some((suspended_at, reason))` while suspended.
     /// Revoke the mandate an approval issued (`None`: none, or it was revoked already). Draws on it
@@ -128,12 +144,23 @@ pub trait Store: Send + Sync + 'static {
         by: &str,
         now: UnixSecs,
     ) -> Result<Option<String>, StoreError>;
-    async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError>;
-    async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError>;
-    /// Returns whether it was suspended.
-    async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError>;
-    /// Policy denials of `subject` audited since `since` (and since its last resume).
-    async fn denials_since(&self, subject: &str, since: UnixSecs) -> Result<i64, StoreError>;
+    /// `Some((suspended_at, reason))` while `who` is suspended: the agent as a whole, or this very
+    /// (agent, user) pair. A row from before issuers were recorded applies under any issuer.
+    async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError>;
+    /// Suspend (issuer, subject) for what `scope` covers; whether it was not suspended already.
+    async fn suspend(
+        &self,
+        issuer: &str,
+        subject: &str,
+        scope: &SuspensionScope,
+        reason: &str,
+        now: UnixSecs,
+    ) -> Result<bool, StoreError>;
+    /// Lift the agent's suspensions: every one (`user` = `None`), or only that of the agent acting
+    /// for `user`. Returns whether any was lifted.
+    async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError>;
+    /// What counts toward `who`'s stop rule, audited since `since` and since its last resume.
+    async fn denials_since(&self, who: &PrincipalRef, since: UnixSecs) -> Result<Denials, StoreError>;
 
     // --- audit (append-only) ---
     async fn audit_append(&self, rec: AuditRecord) -> Result<(), StoreError>;

@@ -18,13 +18,14 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 mod approvals;
 mod postings;
 mod rails;
+pub mod tls;
 
 use super::queries::{Dialect, Statement};
 use super::rows::{self, Cell, Columns, PlainRow, Value};
 use super::{
-    AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
-    RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
-    SummaryRow,
+    AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, Denials, MandateIssuer,
+    NewIdempotencyRecord, PrincipalRef, RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review,
+    ReviewError, Store, StoreError, SummaryQuery, SummaryRow, SuspensionScope,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -48,6 +49,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0008_user_approvals.sql"),
     include_str!("../../migrations/postgres/0009_integrity_checkpoints.sql"),
     include_str!("../../migrations/postgres/0010_storage_params.sql"),
+    include_str!("../../migrations/postgres/0011_principals.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
@@ -121,17 +123,39 @@ impl<T: GenericClient> Mapped for T {}
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
-        // tokio-postgres displays a server error as just "db error"; say which (SQLSTATE and message).
-        match e.as_db_error() {
-            Some(d) => StoreError::Database(format!("{} ({}): {}", e, d.code().code(), d.message())),
-            None => StoreError::Database(e.to_string()),
-        }
+        // tokio-postgres displays a server error as just "db error"; say which (SQLSTATE and
+        // message), and a connection's failure with its causes (a TLS handshake's, say).
+        StoreError::Database(pg_error_text(&e))
     }
 }
 
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        StoreError::Database(e.to_string())
+        // A failed connection is the pool's "error while creating a new object": say why (the
+        // server's refusal, a TLS failure), as a direct connection would.
+        match &e {
+            deadpool_postgres::PoolError::Backend(pg) => {
+                let why = pg_error_text(pg);
+                StoreError::Database(format!("connecting: {why}"))
+            }
+            _ => StoreError::Database(e.to_string()),
+        }
+    }
+}
+
+/// A tokio-postgres error as an operator can act on it.
+fn pg_error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} ({}): {}", e, d.code().code(), d.message()),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                text.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            text
+        }
     }
 }
 
@@ -159,7 +183,14 @@ pub struct PostgresStore {
 
 impl PostgresStore {
     /// Connect (lazily, through a pool) and run migrations. `schema` isolates tests and tenants.
+    /// TLS as the URL says (`sslmode=require`), else none: see [`PostgresStore::connect_with`].
     pub async fn connect(url: &str, schema: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, schema, &tls::TlsSettings::default()).await
+    }
+
+    /// Connect with `tls` (`storage.postgres_sslmode`, `storage.postgres_ssl_ca_file`).
+    pub async fn connect_with(url: &str, schema: &str, tls: &tls::TlsSettings) -> Result<Self, StoreError> {
+        tls::check_url(url)?;
         let mut cfg: tokio_postgres::Config =
             url.parse().map_err(|e: tokio_postgres::Error| StoreError::Database(e.to_string()))?;
         if !schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || schema.is_empty() {
@@ -172,7 +203,18 @@ impl PostgresStore {
         };
         cfg.options(options);
         cfg.connect_timeout(std::time::Duration::from_secs(5));
-        let manager = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let mode = tls.effective(&cfg);
+        let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match tls::connector(mode, tls.ca_file.as_deref())? {
+            Some(connector) => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+                Manager::from_config(cfg, connector, recycling)
+            }
+            None => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                Manager::from_config(cfg, NoTls, recycling)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE_MAX)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -189,18 +231,31 @@ impl PostgresStore {
     pub async fn schema_status(
         url: &str,
         schema: &str,
+        tls: &tls::TlsSettings,
         timeout: std::time::Duration,
     ) -> Result<super::SchemaStatus, StoreError> {
+        tls::check_url(url)?;
         let mut cfg: tokio_postgres::Config =
             url.parse().map_err(|e: tokio_postgres::Error| StoreError::Database(e.to_string()))?;
         if !schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || schema.is_empty() {
             return Err(StoreError::Database("storage.postgres_schema must be letters, digits and _".into()));
         }
         cfg.connect_timeout(timeout);
-        let (client, connection) = tokio::time::timeout(timeout, cfg.connect(NoTls))
-            .await
-            .map_err(|_| StoreError::Database(format!("no answer within {} ms", timeout.as_millis())))??;
-        let driver = tokio::spawn(connection);
+        let no_answer = |_| StoreError::Database(format!("no answer within {} ms", timeout.as_millis()));
+        let (client, driver) = match tls::connector(tls.effective(&cfg), tls.ca_file.as_deref())? {
+            Some(connector) => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let (client, connection) =
+                    tokio::time::timeout(timeout, cfg.connect(connector)).await.map_err(no_answer)??;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+            None => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                let (client, connection) =
+                    tokio::time::timeout(timeout, cfg.connect(NoTls)).await.map_err(no_answer)??;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+        };
         let table = format!("{schema}.schema_migrations");
         let applied = match client.query_one(&format!("SELECT COALESCE(MAX(version), 0) FROM {table}"), &[]).await {
             Ok(row) => row.get::<_, i64>(0),
@@ -231,8 +286,9 @@ impl PostgresStore {
 
 const INSERT_AUDIT: &str =
     "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
-                                                     idempotency_key, payment_id, approval_id, detail)
-                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+                                                     idempotency_key, payment_id, approval_id, detail, principal_user,
+                                                     repeats)
+                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
 async fn insert_audit(c: &impl GenericClient, r: &AuditRecord, payment_id: Option<&str>) -> Result<(), StoreError> {
     c.exec(INSERT_AUDIT, &bind(&rows::audit_values(r, payment_id))).await?;
@@ -400,8 +456,9 @@ impl Store for PostgresStore {
         let pending: i64 = tx
             .one(
                 "SELECT COUNT(*) FROM approvals
-                 WHERE principal_iss = $1 AND principal_sub = $2 AND status = 'pending' AND expires_at > $3",
-                &[&rec.principal_iss, &rec.principal_sub, &now],
+                 WHERE principal_iss = $1 AND principal_sub = $2 AND principal_user IS NOT DISTINCT FROM $4
+                   AND status = 'pending' AND expires_at > $3",
+                &[&rec.principal_iss, &rec.principal_sub, &now, &rec.principal_user],
             )
             .await?
             .get(0);
@@ -474,7 +531,7 @@ impl Store for PostgresStore {
             )
             .await?;
         let found =
-            found.iter().map(|r| Ok((r.int(21)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
+            found.iter().map(|r| Ok((r.int(22)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
         let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
         for (_, a) in &mut page.items {
             a.reviews = approvals::load_reviews(&client, a.id.as_str()).await?;
@@ -492,6 +549,13 @@ impl Store for PostgresStore {
         approvals::review(&self.pool, id, review, now, issue).await
     }
 
+    async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = "UPDATE approvals SET elicitation_rounds = elicitation_rounds + 1
+                   WHERE id = $1 AND elicitation_rounds < $2 RETURNING elicitation_rounds";
+        Ok(client.opt(sql, &[&id.as_str(), &max]).await?.map(|r| r.get(0)))
+    }
+
     async fn mandate_revoke(
         &self,
         approval_id: &ApprovalId,
@@ -504,56 +568,75 @@ impl Store for PostgresStore {
         Ok(client.opt(sql, &[&now, &by, &approval_id.as_str()]).await?.map(|r| r.get(0)))
     }
 
-    async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
+    async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError> {
         let client = self.pool.get().await?;
+        let user = who.user.as_deref().unwrap_or("");
         let row = client
             .opt(
-                "SELECT suspended_at, COALESCE(suspended_reason, '') FROM principal_state WHERE subject = $1 AND suspended_at IS NOT NULL",
-                &[&subject],
+                "SELECT suspended_at, COALESCE(suspended_reason, '') FROM principal_state
+                 WHERE subject = $1 AND issuer IN ($2, '') AND suspended_at IS NOT NULL
+                   AND (scope = 'agent' OR principal_user = $3)
+                 ORDER BY suspended_at LIMIT 1",
+                &[&who.subject, &who.issuer, &user],
             )
             .await?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
-    async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError> {
+    async fn suspend(
+        &self,
+        issuer: &str,
+        subject: &str,
+        scope: &SuspensionScope,
+        reason: &str,
+        now: UnixSecs,
+    ) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
-        client
-            .exec(
-                "INSERT INTO principal_state (subject, suspended_at, suspended_reason) VALUES ($1, $2, $3)
-                 ON CONFLICT (subject) DO UPDATE SET suspended_at = excluded.suspended_at,
-                     suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
-                &[&subject, &now, &reason],
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError> {
-        let client = self.pool.get().await?;
+        let (scope, user) = scope.columns();
         Ok(client
             .exec(
-                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = $1,
-                        resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
-                 WHERE subject = $2 AND suspended_at IS NOT NULL",
-                &[&now, &subject],
+                "INSERT INTO principal_state (issuer, subject, scope, principal_user, suspended_at, suspended_reason)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (issuer, subject, scope, principal_user) DO UPDATE SET suspended_at = excluded.suspended_at,
+                     suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
+                &[&issuer, &subject, &scope, &user, &now, &reason],
             )
             .await?
             == 1)
     }
 
-    async fn denials_since(&self, subject: &str, since: UnixSecs) -> Result<i64, StoreError> {
+    async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
-        let codes: Vec<&str> = DENIAL_CODES.to_vec();
         Ok(client
-            .one(
-                "SELECT COUNT(*) FROM audit_records
-                 WHERE principal_sub = $1 AND at >= $2
-                   AND seq > COALESCE((SELECT resumed_seq FROM principal_state WHERE subject = $1), 0)
-                   AND decision IN ('denied', 'conflict') AND code = ANY($3)",
-                &[&subject, &since, &codes],
+            .exec(
+                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = $1,
+                        resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
+                 WHERE subject = $2 AND issuer IN ($3, '') AND suspended_at IS NOT NULL
+                   AND ($4::TEXT IS NULL OR (scope = 'pair' AND principal_user = $4))",
+                &[&now, &subject, &issuer, &user],
             )
             .await?
-            .get(0))
+            > 0)
+    }
+
+    async fn denials_since(&self, who: &PrincipalRef, since: UnixSecs) -> Result<Denials, StoreError> {
+        let client = self.pool.get().await?;
+        let codes: Vec<&str> = DENIAL_CODES.to_vec();
+        let row = client
+            .one(
+                "SELECT COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN 0 ELSE 1 END), 0)::BIGINT,
+                        COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN repeats ELSE 0 END), 0)::BIGINT
+                 FROM audit_records
+                 WHERE principal_sub = $1 AND principal_iss = $2 AND principal_user IS NOT DISTINCT FROM $3
+                   AND at >= $4
+                   AND seq > (SELECT COALESCE(MAX(resumed_seq), 0) FROM principal_state
+                              WHERE subject = $1 AND issuer IN ($2, '')
+                                AND (scope = 'agent' OR principal_user = COALESCE($3, '')))
+                   AND ((decision IN ('denied', 'conflict') AND code = ANY($5)) OR code = 'RATE_LIMITED')",
+                &[&who.subject, &who.issuer, &who.user, &since, &codes],
+            )
+            .await?;
+        Ok(Denials { denials: row.get(0), rate_limited: row.get(1) })
     }
 
     async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {

@@ -81,13 +81,14 @@ impl Builder {
 const ALL_PAYMENTS: &str = "(SELECT 'ledger' AS rail, id, kind, status, CAST(NULL AS TEXT) AS rail_state, from_account,
                                     to_account, amount_minor, currency, refunded_minor, refund_of, memo, principal_sub,
                                     created_at, mandate_id, idempotency_key, CAST(NULL AS TEXT) AS rail_ref,
-                                    CAST(NULL AS TEXT) AS receipt
+                                    CAST(NULL AS TEXT) AS receipt, principal_user
                              FROM payments
                              UNION ALL
                              SELECT rail, id, kind,
                                     CASE state WHEN 'succeeded' THEN 'succeeded' WHEN 'failed' THEN 'failed' ELSE 'pending' END,
                                     state, from_account, to_account, amount_minor, currency, 0, refund_of, memo,
-                                    principal_sub, created_at, mandate_id, idempotency_key, rail_ref, receipt
+                                    principal_sub, created_at, mandate_id, idempotency_key, rail_ref, receipt,
+                                    principal_user
                              FROM rail_payments) AS p";
 
 pub(crate) fn ops_payments(q: &OpsPaymentQuery, dialect: Dialect) -> Statement {
@@ -100,6 +101,7 @@ pub(crate) fn ops_payments(q: &OpsPaymentQuery, dialect: Dialect) -> Statement {
     b.eq("kind", q.kind.map(|k| k.as_str()));
     b.eq("rail", q.rail.as_deref());
     b.eq("principal_sub", q.agent.as_deref());
+    b.eq("principal_user", q.user.as_deref());
     if let Some(from) = q.from {
         let p = b.int(from);
         b.when(format!("created_at >= {p}"));
@@ -169,6 +171,7 @@ pub(crate) fn ops_payment(id: &str, dialect: Dialect) -> Statement {
 pub(crate) fn audit(q: &AuditQuery, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
     b.eq("principal_sub", q.agent.as_deref());
+    b.eq("principal_user", q.user.as_deref());
     b.eq("tool", q.tool.as_deref());
     b.eq("decision", q.decision.as_deref());
     b.eq("code", q.code.as_deref());
@@ -267,8 +270,8 @@ pub(crate) fn principal_states(limit: u32, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
     let limit = b.int(i64::from(limit));
     let text = format!(
-        "SELECT subject, suspended_at, suspended_reason, resumed_at FROM principal_state
-         ORDER BY suspended_at IS NULL, subject LIMIT {limit}"
+        "SELECT subject, suspended_at, suspended_reason, resumed_at, issuer, scope, principal_user FROM principal_state
+         ORDER BY suspended_at IS NULL, subject, issuer, scope, principal_user LIMIT {limit}"
     );
     b.finish(text)
 }

@@ -134,7 +134,8 @@ fn currency(r: &dyn Columns, i: usize, what: &str) -> Result<Currency, StoreErro
 }
 
 pub(crate) const PAYMENT_COLS: &str = "id, kind, status, from_account, to_account, amount_minor, currency, \
-                                       refunded_minor, refund_of, memo, principal_sub, created_at, seq";
+                                       refunded_minor, refund_of, memo, principal_sub, created_at, seq, \
+                                       principal_user";
 
 /// A `PAYMENT_COLS` row: the payment and its `seq` (the paging cursor).
 pub(crate) fn payment(r: &dyn Columns) -> Result<(Payment, i64), StoreError> {
@@ -150,6 +151,7 @@ pub(crate) fn payment(r: &dyn Columns) -> Result<(Payment, i64), StoreError> {
         refund_of: payment_id(r, 8, "payments.refund_of")?,
         memo: r.opt_text(9)?,
         principal_sub: r.text(10)?,
+        principal_user: r.opt_text(13)?,
         created_at: r.int(11)?,
     };
     Ok((payment, r.int(12)?))
@@ -157,7 +159,7 @@ pub(crate) fn payment(r: &dyn Columns) -> Result<(Payment, i64), StoreError> {
 
 pub(crate) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, \
                                     amount_minor, currency, refund_of, memo, principal_sub, mandate_id, rail_ref, \
-                                    receipt, phone, reason, created_at, updated_at, flow";
+                                    receipt, phone, reason, created_at, updated_at, flow, principal_user";
 
 /// A `RAIL_COLS` row: its `seq` and the record.
 pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
@@ -174,6 +176,7 @@ pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
         refund_of: payment_id(r, 10, "rail refund_of")?,
         memo: r.opt_text(11)?,
         principal_sub: r.text(12)?,
+        principal_user: r.opt_text(21)?,
         mandate_id: r.opt_text(13)?,
         rail_ref: r.opt_text(14)?,
         receipt: r.opt_text(15)?,
@@ -188,7 +191,7 @@ pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
 
 pub(crate) const OPS_PAYMENT_COLS: &str = "rail, id, kind, status, rail_state, from_account, to_account, amount_minor, \
                                            currency, refunded_minor, refund_of, memo, principal_sub, created_at, \
-                                           mandate_id, idempotency_key, rail_ref, receipt";
+                                           mandate_id, idempotency_key, rail_ref, receipt, principal_user";
 
 /// An `OPS_PAYMENT_COLS` row (`store::queries`): a payment from the ledger or a rail record.
 pub(crate) fn ops_payment(r: &dyn Columns) -> Result<OpsPayment, StoreError> {
@@ -204,6 +207,7 @@ pub(crate) fn ops_payment(r: &dyn Columns) -> Result<OpsPayment, StoreError> {
         refund_of: payment_id(r, 10, "payment refund_of")?,
         memo: r.opt_text(11)?,
         principal_sub: r.text(12)?,
+        principal_user: r.opt_text(18)?,
         created_at: r.int(13)?,
     };
     Ok(OpsPayment {
@@ -219,7 +223,8 @@ pub(crate) fn ops_payment(r: &dyn Columns) -> Result<OpsPayment, StoreError> {
 
 /// Followed by the status column `store::queries` computes.
 pub(crate) const MANDATE_LISTING_COLS: &str = "id, kind, approval_id, subject, currency, budget_minor, max_uses, \
-                                               spent_minor, uses, expires_at, created_at, revoked_at, revoked_by";
+                                               spent_minor, uses, expires_at, created_at, revoked_at, revoked_by, \
+                                               principal_user";
 
 pub(crate) fn mandate_listing(r: &dyn Columns) -> Result<MandateListing, StoreError> {
     Ok(MandateListing {
@@ -236,14 +241,17 @@ pub(crate) fn mandate_listing(r: &dyn Columns) -> Result<MandateListing, StoreEr
         created_at: r.int(10)?,
         revoked_at: r.opt_int(11)?,
         revoked_by: r.opt_text(12)?,
-        status: MandateStatus::parse(&r.text(13)?).ok_or_else(|| corrupt("mandate status"))?,
+        user: r.opt_text(13)?,
+        status: MandateStatus::parse(&r.text(14)?).ok_or_else(|| corrupt("mandate status"))?,
     })
 }
 
-/// `subject, suspended_at, suspended_reason, resumed_at`
+/// `subject, suspended_at, suspended_reason, resumed_at, issuer, scope, principal_user`
 pub(crate) fn principal_state(r: &dyn Columns) -> Result<PrincipalState, StoreError> {
     Ok(PrincipalState {
+        issuer: r.text(4)?,
         subject: r.text(0)?,
+        scope: crate::domain::principal::SuspensionScope::from_columns(&r.text(5)?, &r.text(6)?),
         suspended_at: r.opt_int(1)?,
         suspended_reason: r.opt_text(2)?,
         resumed_at: r.opt_int(3)?,
@@ -265,7 +273,7 @@ pub(crate) fn volume(r: &dyn Columns) -> Result<VolumeRow, StoreError> {
 pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, \
                                         intent, amount_minor, currency, reason, created_at, expires_at, kind, \
                                         reviewers_required, requested_by, mandate_id, mandate, decided_at, \
-                                        decision_reason, approver";
+                                        decision_reason, approver, principal_user";
 
 /// An `APPROVAL_COLS` row, without its reviews.
 pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
@@ -277,6 +285,7 @@ pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
         fingerprint: r.text(3)?,
         principal_iss: r.text(4)?,
         principal_sub: r.text(5)?,
+        principal_user: r.opt_text(21)?,
         tool: r.text(6)?,
         intent: serde_json::from_str(&r.text(7)?).map_err(|_| corrupt("approvals.intent"))?,
         amount_minor: r.int(8)?,
@@ -309,7 +318,7 @@ pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
 }
 
 pub(crate) const AUDIT_COLS: &str = "seq, at, correlation_id, principal_iss, principal_sub, tool, decision, code, \
-                                     idempotency_key, payment_id, approval_id, detail";
+                                     idempotency_key, payment_id, approval_id, detail, principal_user, repeats";
 
 pub(crate) fn audit(r: &dyn Columns) -> Result<AuditRecord, StoreError> {
     Ok(AuditRecord {
@@ -318,6 +327,7 @@ pub(crate) fn audit(r: &dyn Columns) -> Result<AuditRecord, StoreError> {
         correlation_id: r.text(2)?,
         principal_iss: r.text(3)?,
         principal_sub: r.text(4)?,
+        principal_user: r.opt_text(12)?,
         tool: r.text(5)?,
         decision: r.text(6)?,
         code: r.opt_text(7)?,
@@ -325,6 +335,7 @@ pub(crate) fn audit(r: &dyn Columns) -> Result<AuditRecord, StoreError> {
         payment_id: r.opt_text(9)?,
         approval_id: r.opt_text(10)?,
         detail: r.opt_text(11)?,
+        repeats: r.int(13)?,
     })
 }
 
@@ -408,7 +419,7 @@ fn int(i: i64) -> Value {
 }
 
 /// `id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-/// refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id`
+/// refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id, principal_user`
 pub(crate) fn payment_values(p: &Payment, key: &str, mandate_id: Option<&str>) -> Vec<Value> {
     vec![
         text(p.id.as_str()),
@@ -425,6 +436,7 @@ pub(crate) fn payment_values(p: &Payment, key: &str, mandate_id: Option<&str>) -
         text(&p.principal_sub),
         int(p.created_at),
         opt_text(mandate_id),
+        opt_text(p.principal_user.as_deref()),
     ]
 }
 
@@ -452,6 +464,7 @@ pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
         Value::Int(rec.decided_at),
         opt_text(rec.decision_reason.as_deref()),
         text(rec.approver.as_str()),
+        opt_text(rec.principal_user.as_deref()),
     ]
 }
 
@@ -469,6 +482,8 @@ pub(crate) fn audit_values(r: &AuditRecord, payment_id: Option<&str>) -> Vec<Val
         opt_text(payment_id.or(r.payment_id.as_deref())),
         opt_text(r.approval_id.as_deref()),
         opt_text(r.detail.as_deref()),
+        opt_text(r.principal_user.as_deref()),
+        int(r.repeats),
     ]
 }
 
@@ -495,10 +510,12 @@ pub(crate) fn rail_values(rec: &RailPayment) -> Vec<Value> {
         int(rec.created_at),
         int(rec.updated_at),
         text(rec.flow.as_str()),
+        opt_text(rec.principal_user.as_deref()),
     ]
 }
 
-/// `id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at`
+/// `id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
+/// principal_user`
 pub(crate) fn mandate_values(m: &IssuedMandate, approval: &ApprovalRecord, now: UnixSecs) -> Vec<Value> {
     vec![
         text(&m.id),
@@ -510,6 +527,7 @@ pub(crate) fn mandate_values(m: &IssuedMandate, approval: &ApprovalRecord, now: 
         int(m.max_uses),
         int(m.expires_at),
         int(now),
+        opt_text(approval.principal_user.as_deref()),
     ]
 }
 

@@ -18,9 +18,9 @@ mod rails;
 use super::queries::{Dialect, Statement};
 use super::rows::{self, Cell, Columns, PlainRow, Value};
 use super::{
-    AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, MandateIssuer, NewIdempotencyRecord,
-    RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review, ReviewError, Store, StoreError, SummaryQuery,
-    SummaryRow,
+    AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, Denials, MandateIssuer,
+    NewIdempotencyRecord, PrincipalRef, RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review,
+    ReviewError, Store, StoreError, SummaryQuery, SummaryRow, SuspensionScope,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0008_rail_flows.sql"),
     include_str!("../../migrations/sqlite/0009_user_approvals.sql"),
     include_str!("../../migrations/sqlite/0010_integrity_checkpoints.sql"),
+    include_str!("../../migrations/sqlite/0011_principals.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
@@ -242,6 +243,11 @@ impl SqliteStore {
         checkpoints: Checkpoints,
         tuning: Tuning,
     ) -> Result<Self, StoreError> {
+        // Owner-only before SQLite opens it: its -wal and -shm files take the database file's mode.
+        let tightened = crate::private_fs::prepare_database(path).map_err(|e| StoreError::Database(e.to_string()))?;
+        for file in tightened {
+            tracing::warn!(file = %file, "database file was readable by others; now owner-only (0600)");
+        }
         let mut conn = Connection::open(path)?;
         configure(&conn)?;
         tune(&conn, tuning)?;
@@ -442,8 +448,8 @@ fn db(e: impl Into<StoreError>) -> BackendError {
 fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<usize> {
     c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
-                                    idempotency_key, payment_id, approval_id, detail)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                    idempotency_key, payment_id, approval_id, detail, principal_user, repeats)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         params_from_iter(rows::audit_values(r, payment_id)),
     )
 }
@@ -517,8 +523,9 @@ impl Store for SqliteStore {
             let latest = tx.opt(&sql, params![rec.idempotency_key], rows::approval)?;
             let pending: i64 = tx.q_row(
                 "SELECT COUNT(*) FROM approvals
-                 WHERE principal_iss = ?1 AND principal_sub = ?2 AND status = 'pending' AND expires_at > ?3",
-                params![rec.principal_iss, rec.principal_sub, now],
+                 WHERE principal_iss = ?1 AND principal_sub = ?2 AND principal_user IS ?4 AND status = 'pending'
+                   AND expires_at > ?3",
+                params![rec.principal_iss, rec.principal_sub, now, rec.principal_user],
                 |r| r.get(0),
             )?;
             match (review::on_request(latest.as_ref(), pending, pending_max, now), latest) {
@@ -583,7 +590,7 @@ impl Store for SqliteStore {
                 rows::APPROVAL_COLS
             );
             let found = c.all(&sql, params![status, before, i64::from(limit) + 1, now], |r| {
-                Ok((r.int(21)?, rows::approval(r)?))
+                Ok((r.int(22)?, rows::approval(r)?))
             })?;
             let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
             for (_, a) in &mut page.items {
@@ -605,6 +612,20 @@ impl Store for SqliteStore {
         self.write(move |c| approvals::review_tx(c, &id, review, now, issue)).await
     }
 
+    async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| {
+            Ok(c.q_row(
+                "UPDATE approvals SET elicitation_rounds = elicitation_rounds + 1
+                 WHERE id = ?1 AND elicitation_rounds < ?2 RETURNING elicitation_rounds",
+                params![id, max],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
     async fn mandate_revoke(
         &self,
         approval_id: &ApprovalId,
@@ -620,13 +641,15 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn suspension(&self, subject: &str) -> Result<Option<(UnixSecs, String)>, StoreError> {
-        let subject = subject.to_string();
+    async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError> {
+        let who = who.clone();
         self.run(move |c| {
             Ok(c.q_row(
                 "SELECT suspended_at, COALESCE(suspended_reason, '') FROM principal_state
-                 WHERE subject = ?1 AND suspended_at IS NOT NULL",
-                [subject],
+                 WHERE subject = ?1 AND issuer IN (?2, '') AND suspended_at IS NOT NULL
+                   AND (scope = 'agent' OR principal_user = ?3)
+                 ORDER BY suspended_at LIMIT 1",
+                params![who.subject, who.issuer, who.user.as_deref().unwrap_or("")],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?)
@@ -634,46 +657,60 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn suspend(&self, subject: &str, reason: &str, now: UnixSecs) -> Result<(), StoreError> {
-        let (subject, reason) = (subject.to_string(), reason.to_string());
-        self.write(move |c| {
-            c.exec(
-                "INSERT INTO principal_state (subject, suspended_at, suspended_reason) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (subject) DO UPDATE SET suspended_at = excluded.suspended_at,
-                     suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
-                params![subject, now, reason],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn resume(&self, subject: &str, now: UnixSecs) -> Result<bool, StoreError> {
-        let subject = subject.to_string();
+    async fn suspend(
+        &self,
+        issuer: &str,
+        subject: &str,
+        scope: &SuspensionScope,
+        reason: &str,
+        now: UnixSecs,
+    ) -> Result<bool, StoreError> {
+        let (scope, user) = scope.columns();
+        let (issuer, subject, user, reason) =
+            (issuer.to_string(), subject.to_string(), user.to_string(), reason.to_string());
         self.write(move |c| {
             Ok(c.exec(
-                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1,
-                        resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
-                 WHERE subject = ?2 AND suspended_at IS NOT NULL",
-                params![now, subject],
+                "INSERT INTO principal_state (issuer, subject, scope, principal_user, suspended_at, suspended_reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (issuer, subject, scope, principal_user) DO UPDATE SET suspended_at = excluded.suspended_at,
+                     suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
+                params![issuer, subject, scope, user, now, reason],
             )? == 1)
         })
         .await
     }
 
-    async fn denials_since(&self, subject: &str, since: UnixSecs) -> Result<i64, StoreError> {
-        let subject = subject.to_string();
+    async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError> {
+        let (issuer, subject, user) = (issuer.to_string(), subject.to_string(), user.map(str::to_string));
+        self.write(move |c| {
+            Ok(c.exec(
+                "UPDATE principal_state SET suspended_at = NULL, suspended_reason = NULL, resumed_at = ?1,
+                        resumed_seq = (SELECT COALESCE(MAX(seq), 0) FROM audit_records)
+                 WHERE subject = ?2 AND issuer IN (?3, '') AND suspended_at IS NOT NULL
+                   AND (?4 IS NULL OR (scope = 'pair' AND principal_user = ?4))",
+                params![now, subject, issuer, user],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn denials_since(&self, who: &PrincipalRef, since: UnixSecs) -> Result<Denials, StoreError> {
+        let who = who.clone();
         let codes = serde_json::to_string(DENIAL_CODES).map_err(|e| StoreError::Database(e.to_string()))?;
         self.run(move |c| {
             Ok(c.q_row(
-                "SELECT COUNT(*) FROM audit_records
-                 WHERE principal_sub = ?1
-                   AND at >= ?2
-                   AND seq > COALESCE((SELECT resumed_seq FROM principal_state WHERE subject = ?1), 0)
-                   AND decision IN ('denied', 'conflict')
-                   AND code IN (SELECT value FROM json_each(?3))",
-                params![subject, since, codes],
-                |r| r.get(0),
+                "SELECT COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN 0 ELSE 1 END), 0),
+                        COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN repeats ELSE 0 END), 0)
+                 FROM audit_records
+                 WHERE principal_sub = ?1 AND principal_iss = ?2 AND principal_user IS ?3
+                   AND at >= ?4
+                   AND seq > (SELECT COALESCE(MAX(resumed_seq), 0) FROM principal_state
+                              WHERE subject = ?1 AND issuer IN (?2, '')
+                                AND (scope = 'agent' OR principal_user = COALESCE(?3, '')))
+                   AND ((decision IN ('denied', 'conflict') AND code IN (SELECT value FROM json_each(?5)))
+                        OR code = 'RATE_LIMITED')",
+                params![who.subject, who.issuer, who.user, since, codes],
+                |r| Ok(Denials { denials: r.get(0)?, rate_limited: r.get(1)? }),
             )?)
         })
         .await

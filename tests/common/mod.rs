@@ -20,7 +20,7 @@ use serde_json::Value;
 /// restart on a new port. (By default it is the public URL.)
 pub const DEV_ISSUER: &str = "https://dev.paygate.test";
 
-pub const ALL_AGENT_SCOPES: &str = "payments:read payments:create payments:refund payments:admin";
+pub const ALL_AGENT_SCOPES: &str = "payments:read payments:create payments:refund payments:integrity";
 
 /// Everything the server logs in this test binary, so tests can assert no token leaks.
 static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
@@ -113,6 +113,23 @@ impl TestApp {
     /// A dev-key token for `sub` with `scope`.
     pub fn token(&self, sub: &str, scope: &str) -> String {
         let t = self.running.mint_token(sub, scope, 3600).expect("dev key enabled");
+        self.minted.lock().unwrap().push(t.clone());
+        t
+    }
+
+    /// A dev-key token for the operator resource: a person's own, for the approval routes,
+    /// `/principals`, `/operator/v1` and the console.
+    pub fn operator_token(&self, sub: &str, scope: &str) -> String {
+        let t = self.running.mint_operator_token(sub, scope, 3600).expect("dev key enabled");
+        self.minted.lock().unwrap().push(t.clone());
+        t
+    }
+
+    /// A delegated agent token (RFC 8693): `agent` acting for `user` (`sub` = the user,
+    /// `act.sub` = the agent), for the MCP resource.
+    pub fn delegated_token(&self, user: &str, agent: &str, scope: &str) -> String {
+        let t =
+            self.running.mint(paygate::auth::Audience::Agent, user, Some(agent), scope, 3600).expect("dev key enabled");
         self.minted.lock().unwrap().push(t.clone());
         t
     }
@@ -272,7 +289,7 @@ pub async fn operator(
 }
 
 pub async fn approve(app: &TestApp, approval_id: &str, reviewer: &str) -> (reqwest::StatusCode, Value) {
-    let token = app.token(reviewer, "payments:approve");
+    let token = app.operator_token(reviewer, "payments:approve");
     operator(
         app,
         reqwest::Method::POST,

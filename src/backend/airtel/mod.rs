@@ -198,6 +198,7 @@ impl CollectionRail for AirtelRail {
             refund_of: None,
             memo: Some(v.description().to_string()),
             principal_sub: req.principal_sub.clone(),
+            principal_user: req.principal_user.clone(),
             mandate_id: None,
             // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
             rail_ref: Some(req.payment_id.to_string()),

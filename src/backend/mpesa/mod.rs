@@ -63,6 +63,7 @@ pub struct Collection {
     pub account_reference: String,
     pub description: String,
     pub principal_sub: String,
+    pub principal_user: Option<String>,
     pub guards: Guards,
 }
 
@@ -241,6 +242,7 @@ impl MpesaRail {
             refund_of: None,
             memo: Some(c.description.clone()),
             principal_sub: c.principal_sub.clone(),
+            principal_user: c.principal_user.clone(),
             mandate_id: None,
             rail_ref: None,
             receipt: None,
@@ -326,6 +328,7 @@ impl CollectionRail for MpesaRail {
             refund_of: None,
             memo: Some(v.remarks().to_string()),
             principal_sub: req.principal_sub,
+            principal_user: req.principal_user,
             mandate_id: None,
             // Chosen before sending: what the result echoes, and what a status query asks by.
             rail_ref: Some(req.payment_id.to_string()),
@@ -376,6 +379,7 @@ impl CollectionRail for MpesaRail {
             refund_of: Some(o.id.clone()),
             memo: req.reason.clone(),
             principal_sub: req.principal_sub,
+            principal_user: req.principal_user,
             mandate_id: None,
             rail_ref: None,
             receipt: None,
@@ -414,6 +418,7 @@ impl CollectionRail for MpesaRail {
             account_reference: v.reference().to_string(),
             description: v.description().to_string(),
             principal_sub: req.principal_sub,
+            principal_user: req.principal_user,
             guards: req.guards,
         };
         // The inherent `collect`, in Daraja's terms.

@@ -43,6 +43,7 @@ mod tests {
             refund_of: None,
             memo: None,
             principal_sub: "s".into(),
+            principal_user: None,
             created_at: 0,
         };
         let refund = Payment { id: PaymentId::generate(), refund_of: Some(payment.id.clone()), ..payment.clone() };

@@ -5,6 +5,7 @@
 //! Architecture Invariant: no rule does I/O or reads a clock; `now` is always an argument, so each
 //! rule is tested table-driven without a database.
 
+pub mod authority;
 pub mod guards;
 pub mod integrity;
 pub mod ledger;

@@ -18,7 +18,7 @@ pub struct Draws {
 impl Draws {
     pub fn of(rec: &RailPayment) -> Draws {
         Draws {
-            usage: usage_draw(rec.kind, &rec.principal_sub, rec.currency, rec.amount_minor, rec.created_at),
+            usage: usage_draw(rec.kind, &rec.usage_subject(), rec.currency, rec.amount_minor, rec.created_at),
             mandate: rec.mandate_id.clone().map(|m| (m, rec.amount_minor)),
         }
     }
@@ -113,6 +113,7 @@ mod tests {
             refund_of: None,
             memo: None,
             principal_sub: "agent".into(),
+            principal_user: None,
             mandate_id: mandate.map(str::to_string),
             rail_ref: None,
             receipt: None,

@@ -72,6 +72,7 @@ pub fn plan(
         refund_of: Some(original.id.clone()),
         memo: req.reason.clone(),
         principal_sub: req.principal_sub.clone(),
+        principal_user: req.principal_user.clone(),
         created_at: now,
     }))
 }
@@ -100,6 +101,7 @@ mod tests {
             refund_of: None,
             memo: None,
             principal_sub: "agent".into(),
+            principal_user: None,
             created_at: 1,
         }
     }
@@ -113,6 +115,7 @@ mod tests {
             amount_minor,
             reason: Some("damaged".into()),
             principal_sub: "agent".into(),
+            principal_user: None,
             guards: Guards::default(),
             audit: None,
             autonomous_cap_minor: None,

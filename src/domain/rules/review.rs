@@ -2,6 +2,7 @@
 //! never change; the requesting agent never reviews its own request (maker/checker); a reviewer
 //! counts once; enough distinct approvals issue the mandate.
 
+use super::authority::{Target, acts_on_itself};
 use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalStatus, Approver, Review, ReviewDecision, ReviewError};
 
@@ -51,8 +52,9 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
     // very identity (issuer and subject) the agent acts for, through the confirmation route. It
     // decides alone: the profile owner chose that the user, not an operator, is the human here.
     if review.as_user {
+        // The person is the user the agent acts for (delegation): never the agent itself.
         let theirs = rec.approver == Approver::User
-            && review.reviewer_sub == rec.principal_sub
+            && rec.principal_user.as_deref() == Some(review.reviewer_sub.as_str())
             && review.reviewer_iss == rec.principal_iss;
         if !theirs {
             return Err(ReviewError::NotTheUser);
@@ -62,9 +64,11 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
             ReviewDecision::Approve => ReviewPlan::Approve { issue: Some(vec![review.reviewer_sub.clone()]) },
         });
     }
-    // Maker/checker: the agent a payment is for never reviews it as an operator. (An operator's
-    // pre-authorization records the operator's own approval at creation, so it cannot count twice.)
-    if review.reviewer_sub == rec.principal_sub {
+    // Maker/checker: neither the agent a payment is for nor the person it acts for reviews it as
+    // an operator. (An operator's pre-authorization records the operator's own approval at
+    // creation, so it cannot count twice.)
+    let target = Target { agent: &rec.principal_sub, user: rec.principal_user.as_deref() };
+    if acts_on_itself(&review.reviewer_sub, target) {
         return Err(ReviewError::SelfReview);
     }
     // One person counts once: a reviewer is their subject, whichever trusted issuer vouches for it
@@ -102,6 +106,7 @@ mod tests {
             fingerprint: "fp".into(),
             principal_iss: "iss".into(),
             principal_sub: "agent".into(),
+            principal_user: None,
             tool: "create_payment".into(),
             intent: serde_json::json!({}),
             amount_minor: 500_000,
@@ -153,21 +158,36 @@ mod tests {
     #[test]
     fn the_user_confirms_only_their_own_approval_in_their_tier() {
         let user = |iss: &str, sub: &str, decision: &str| Review { as_user: true, ..review(iss, sub, decision) };
-        let tiered = |required: i64| ApprovalRecord { approver: Approver::User, ..approval(PENDING, required, vec![]) };
+        // The agent acts for "pat" (delegation): pat is the person who may confirm.
+        let tiered = |required: i64| ApprovalRecord {
+            approver: Approver::User,
+            principal_user: Some("pat".into()),
+            ..approval(PENDING, required, vec![])
+        };
         let not_theirs =
             "only the user the payment is for may confirm it, and only an approval in their user-approval tier";
+        let self_review = "the requesting agent cannot review its own request";
         let cases: Vec<(ApprovalRecord, Review, Result<ReviewPlan, &str>)> = vec![
             // Their own, in the tier: decides alone (even where operators would need two).
-            (tiered(1), user("iss", "agent", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["agent".into()]) })),
-            (tiered(2), user("iss", "agent", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["agent".into()]) })),
-            (tiered(1), user("iss", "agent", REJECT), Ok(ReviewPlan::Reject)),
+            (tiered(1), user("iss", "pat", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["pat".into()]) })),
+            (tiered(2), user("iss", "pat", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["pat".into()]) })),
+            (tiered(1), user("iss", "pat", REJECT), Ok(ReviewPlan::Reject)),
             // Not in the tier: operators only.
-            (approval(PENDING, 1, vec![]), user("iss", "agent", APPROVE), Err(not_theirs)),
+            (
+                ApprovalRecord { principal_user: Some("pat".into()), ..approval(PENDING, 1, vec![]) },
+                user("iss", "pat", APPROVE),
+                Err(not_theirs),
+            ),
+            // The agent itself is not the person, on the confirmation route either.
+            (tiered(1), user("iss", "agent", APPROVE), Err(not_theirs)),
+            // An agent acting on its own token has no person to confirm.
+            (ApprovalRecord { principal_user: None, ..tiered(1) }, user("iss", "agent", APPROVE), Err(not_theirs)),
             // Someone else, or the same subject under another issuer.
             (tiered(1), user("iss", "mallory", APPROVE), Err(not_theirs)),
-            (tiered(1), user("other-idp", "agent", APPROVE), Err(not_theirs)),
-            // Through the operator route the agent's own subject is still refused.
-            (tiered(1), review("iss", "agent", APPROVE), Err("the requesting agent cannot review its own request")),
+            (tiered(1), user("other-idp", "pat", APPROVE), Err(not_theirs)),
+            // Through the operator route neither the agent nor the person it acts for reviews it.
+            (tiered(1), review("iss", "agent", APPROVE), Err(self_review)),
+            (tiered(1), review("ops", "pat", APPROVE), Err(self_review)),
             // And an operator may still decide a tiered approval.
             (tiered(1), review("ops", "alice", APPROVE), Ok(ReviewPlan::Approve { issue: Some(vec!["alice".into()]) })),
         ];

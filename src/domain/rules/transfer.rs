@@ -68,6 +68,7 @@ pub fn plan(
         refund_of: None,
         memo: req.memo.clone(),
         principal_sub: req.principal_sub.clone(),
+        principal_user: req.principal_user.clone(),
         created_at: now,
     }))
 }
@@ -93,6 +94,7 @@ mod tests {
             amount: Money::from_minor(minor, cur("KES")).unwrap(),
             memo: Some("rent".into()),
             principal_sub: "agent".into(),
+            principal_user: None,
             guards: Guards::default(),
             audit: None,
             claim: None,

@@ -13,7 +13,7 @@ pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord
     c.exec(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
             rows::APPROVAL_COLS
         ),
         &bind(&rows::approval_values(rec)),
@@ -75,8 +75,9 @@ pub(super) async fn review(
         ReviewPlan::Approve { issue: Some(approvers) } => {
             let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
             tx.exec(
-                "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
+                                       principal_user)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 &bind(&rows::mandate_values(&issued, &rec, now)),
             )
             .await

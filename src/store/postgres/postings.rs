@@ -37,8 +37,8 @@ const COMPLETE_KEY: &str =
     "UPDATE idempotency_records SET state = 'completed', outcome = $1 WHERE key = $2 AND state = 'in_flight'";
 const INSERT_PAYMENT: &str =
     "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-                           refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+                           refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id, principal_user)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 const ADD_REFUNDED: &str = "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2";
 const DRAW_MANDATE: &str = "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2";
 
@@ -302,7 +302,7 @@ async fn write_posting(
     };
     guard_state.check(w.guards, p.amount_minor, p.currency, now).map_err(TxError::Backend)?;
     let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
-    let usage = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now);
+    let usage = guards::usage_draw(p.kind, &p.usage_subject(), p.currency, p.amount_minor, now);
     let desc = ledger::posting_description(&p);
     let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
     let values = rows::payment_values(&p, w.key, mandate_id);
@@ -453,7 +453,7 @@ async fn transfer_in(
         &req.to_account,
         &req.idempotency_key,
         &req.guards,
-        &req.principal_sub,
+        &req.usage_subject(),
         currency,
     )
     .await?;
@@ -489,7 +489,7 @@ async fn refund_in(
         &o.from_account,
         &req.idempotency_key,
         &req.guards,
-        &req.principal_sub,
+        &req.usage_subject(),
         o.currency,
     )
     .await?;

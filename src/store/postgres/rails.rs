@@ -70,7 +70,7 @@ pub(super) async fn open_once(
         tx.commit().await.map_err(TxError::pg)?;
         return Ok(RailOpened { rec: found, created: false });
     }
-    if let Err(refusal) = apply_guards(&tx, guards, &rec.principal_sub, rec.amount_minor, rec.currency, now).await {
+    if let Err(refusal) = apply_guards(&tx, guards, &rec.usage_subject(), rec.amount_minor, rec.currency, now).await {
         // A concurrent open of the same key (a retry that took over an expired lease) may have
         // committed while we waited for the guards' locks: its record is the answer, not a refusal.
         if let Some(found) = load_rail(&tx, "idempotency_key", key, false).await.map_err(TxError::store)? {
@@ -83,8 +83,8 @@ pub(super) async fn open_once(
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
-                                    reason, created_at, updated_at, flow)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+                                    reason, created_at, updated_at, flow, principal_user)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
         &bind(&rows::rail_values(&rec)),
     )
     .await

@@ -106,16 +106,17 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
     let p = match plan {
         PostingPlan::Replay(existing) => existing,
         PostingPlan::Post(p) => {
-            apply_guards(tx, w.guards, &p.principal_sub, p.amount_minor, p.currency, now)?;
+            apply_guards(tx, w.guards, &p.usage_subject(), p.amount_minor, p.currency, now)?;
             let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
             tx.exec(
                 "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
-                                       refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                                       refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id,
+                                       principal_user)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params_from_iter(rows::payment_values(&p, w.key, mandate_id)),
             )
             .map_err(db)?;
-            let draw = guards::usage_draw(p.kind, &p.principal_sub, p.currency, p.amount_minor, now);
+            let draw = guards::usage_draw(p.kind, &p.usage_subject(), p.currency, p.amount_minor, now);
             add_usage(tx, &draw).map_err(db)?;
             if let Some(original) = &p.refund_of {
                 tx.exec(

@@ -49,14 +49,14 @@ pub(super) fn open_tx(
         tx.commit().map_err(db)?;
         return Ok(RailOpened { rec: existing, created: false });
     }
-    apply_guards(&tx, &guards, &rec.principal_sub, rec.amount_minor, rec.currency, now)?;
+    apply_guards(&tx, &guards, &rec.usage_subject(), rec.amount_minor, rec.currency, now)?;
     let rec = rules::opened(rec, &guards, now);
     add_usage(&tx, &Draws::of(&rec).usage).map_err(db)?;
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
-                                    reason, created_at, updated_at, flow)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                                    reason, created_at, updated_at, flow, principal_user)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
         params_from_iter(rows::rail_values(&rec)),
     )
     .map_err(db)?;
