@@ -56,9 +56,22 @@ struct Step {
     /// The agent (token subject, signed with the dev key) making a call.
     #[serde(default = "default_agent", rename = "as")]
     agent: String,
+    /// The agent acts for this user (a delegated token, RFC 8693: sub = the user, act.sub = `as`).
+    #[serde(rename = "for")]
+    for_user: Option<String>,
     #[serde(default = "default_scopes")]
     scopes: String,
-    /// A tool call; `"$mandate"` in an argument is the last mandate an approval issued.
+    /// An HTTP call to the gateway instead of a tool call, `"METHOD /path"` (`$approval` in the
+    /// path is the last approval asked for); its outcome is the HTTP status ("401").
+    http: Option<String>,
+    /// Whose token an `http` step carries: "agent" (the agent's own, for /mcp: the default),
+    /// "operator" (a token for the operator resource in the name of `as`), or "operator-acting" (a
+    /// token for the operator resource in the user's name with `act.sub` = `as`: still the agent's).
+    token: Option<String>,
+    /// The JSON body of an `http` step.
+    body: Option<toml::Table>,
+    /// A tool call; `"$mandate"` in an argument is the last mandate an approval issued, `$n` in a
+    /// string argument the copy's number (distinct operations in one burst).
     call: Option<String>,
     #[serde(default)]
     args: toml::Table,
@@ -69,8 +82,9 @@ struct Step {
     /// `INPUT_REQUIRED` (the page to open and a sealed requestState) instead of APPROVAL_REQUIRED.
     #[serde(default)]
     elicit: bool,
-    /// The requestState sent with the call: `"$state"` is the last one answered, `"$state-forged"`
-    /// the same with one character of its tag changed; anything else is sent as written.
+    /// The requestState sent with the call: `"$state"` is the last one answered, `"$first-state"`
+    /// the first one the scenario was answered (a replayed early round), `"$state-forged"` the last
+    /// with one character of its tag changed; anything else is sent as written.
     request_state: Option<String>,
     /// Outcomes allowed for every copy: "ok" or an error code.
     #[serde(default)]
@@ -234,6 +248,39 @@ fn substitute(args: &toml::Table, mandate: Option<&str>, payment: Option<&str>) 
     v
 }
 
+/// `$n` in the string arguments replaced by `n` (distinct operation ids in one burst).
+fn numbered(args: &Value, n: usize) -> Value {
+    let mut v = args.clone();
+    if let Some(obj) = v.as_object_mut() {
+        for value in obj.values_mut() {
+            if let Some(s) = value.as_str().filter(|s| s.contains("$n")) {
+                *value = json!(s.replace("$n", &n.to_string()));
+            }
+        }
+    }
+    v
+}
+
+/// An `http` step: the call, with the token the step names; the outcome is the HTTP status.
+async fn http_step(app: &TestApp, step: &Step, http: &str, approval: Option<&str>) -> String {
+    let (method, path) = http.split_once(' ').unwrap_or_else(|| panic!("http = \"METHOD /path\", got {http:?}"));
+    let path = path.replace("$approval", approval.unwrap_or("apr_noapprovalwasasked"));
+    let token = match step.token.as_deref().unwrap_or("agent") {
+        "agent" => agent_token(app, step),
+        "operator" => app.operator_token(&step.agent, &step.scopes),
+        "operator-acting" => {
+            let user = step.for_user.as_deref().unwrap_or("someone");
+            let t = app.running.mint(paygate::auth::Audience::Operator, user, Some(&step.agent), &step.scopes, 600);
+            t.expect("dev key enabled")
+        }
+        other => panic!("token = {other:?}: agent, operator or operator-acting"),
+    };
+    let body = step.body.as_ref().map(|b| to_json(&toml::Value::Table(b.clone())));
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let (status, _) = operator(app, method, &path, &token, body).await;
+    status.as_u16().to_string()
+}
+
 /// A tool call; a refusal at the HTTP or protocol level (403 for a missing scope) is `PROTOCOL_ERROR`.
 async fn try_call(c: &Client, tool: &str, args: Value) -> (String, Value) {
     let params = rmcp::model::CallToolRequestParams::new(tool.to_string())
@@ -298,6 +345,7 @@ async fn run(s: &Scenario) -> Outcome {
     let mut mandate: Option<String> = None;
     let mut last_payment: Option<String> = None;
     let mut last_state: Option<String> = None;
+    let mut first_state: Option<String> = None;
     let mut paid_by_op = PaidByOp::default();
 
     for (i, step) in s.steps.iter().enumerate() {
@@ -338,29 +386,45 @@ async fn run(s: &Scenario) -> Outcome {
                 violations.push(format!("{at}: review by {reviewer} answered {status}: {body}"));
             }
             if approve && body["status"] == "approved" {
-                let c = client(&app, &mut clients, &step.agent, &step.scopes, false).await;
+                let c = client(&app, &mut clients, step, false).await;
                 let r = call(&c, "get_approval", json!({"approval_id": id})).await;
                 mandate = r.structured_content.as_ref().and_then(|v| v["mandate"].as_str()).map(str::to_string);
             }
         }
+        if let Some(http) = &step.http {
+            let outcome = http_step(&app, step, http, last_approval.as_deref()).await;
+            if !step.expect.is_empty() && !step.expect.contains(&outcome) {
+                violations.push(format!("{at}: {http} answered {outcome}, expected one of {:?}", step.expect));
+            }
+            continue;
+        }
         let Some(tool) = &step.call else { continue };
-        let c = client(&app, &mut clients, &step.agent, &step.scopes, step.elicit).await;
+        let c = client(&app, &mut clients, step, step.elicit).await;
         let args = substitute(&step.args, mandate.as_deref(), last_payment.as_deref());
         let state = step.request_state.as_deref().map(|s| match s {
             "$state" => last_state.clone().unwrap_or_default(),
+            "$first-state" => first_state.clone().unwrap_or_default(),
             "$state-forged" => forged(last_state.as_deref().unwrap_or_default()),
             other => other.to_string(),
         });
+        let who = match &step.for_user {
+            Some(u) => format!("{} for {u}", step.agent),
+            None => step.agent.clone(),
+        };
         let mut calls = tokio::task::JoinSet::new();
-        for _ in 0..step.times {
-            let (c, tool, args, state) = (c.clone(), tool.clone(), args.clone(), state.clone());
-            if step.elicit {
-                calls.spawn(async move { try_call_once(&c, &tool, args, state).await });
-            } else {
-                calls.spawn(async move { try_call(&c, &tool, args).await });
-            }
+        for n in 0..step.times {
+            let (c, tool, args, state) = (c.clone(), tool.clone(), numbered(&args, n + 1), state.clone());
+            let elicit = step.elicit;
+            calls.spawn(async move {
+                let (outcome, content) = if elicit {
+                    try_call_once(&c, &tool, args.clone(), state).await
+                } else {
+                    try_call(&c, &tool, args.clone()).await
+                };
+                (outcome, content, args)
+            });
         }
-        for (outcome, content) in calls.join_all().await {
+        for (outcome, content, args) in calls.join_all().await {
             if let Some(pid) = content["payment_id"].as_str() {
                 last_payment = Some(pid.to_string());
             }
@@ -369,13 +433,14 @@ async fn run(s: &Scenario) -> Outcome {
             }
             if let Some(s) = content["requestState"].as_str() {
                 last_state = Some(s.to_string());
+                first_state.get_or_insert_with(|| s.to_string());
             }
             if let Some(id) =
                 content["inputRequests"]["approval"]["params"]["url"].as_str().and_then(|u| u.rsplit('/').next())
             {
                 last_approval = Some(id.to_string());
             }
-            paid_by_op.record(&step.agent, tool, &args, &content);
+            paid_by_op.record(&who, tool, &args, &content);
             if !step.expect.is_empty() && !step.expect.contains(&outcome) {
                 violations.push(format!("{at}: {tool} answered {outcome}, expected one of {:?}", step.expect));
             }
@@ -413,18 +478,26 @@ async fn approve_as(app: &TestApp, id: &str, reviewer: &str) -> (reqwest::Status
     approve(app, id, reviewer).await
 }
 
+/// The token an agent step's calls carry: its own, or a delegated one when it acts `for` a user.
+fn agent_token(app: &TestApp, step: &Step) -> String {
+    match &step.for_user {
+        Some(user) => app.delegated_token(user, &step.agent, &step.scopes),
+        None => app.token(&step.agent, &step.scopes),
+    }
+}
+
 async fn client(
     app: &TestApp,
     clients: &mut HashMap<(String, String), Arc<Client>>,
-    agent: &str,
-    scopes: &str,
+    step: &Step,
     elicit: bool,
 ) -> Arc<Client> {
-    let key = (agent.to_string(), format!("{scopes}{}", if elicit { " +elicit" } else { "" }));
+    let who = format!("{}\u{0}{}", step.agent, step.for_user.as_deref().unwrap_or(""));
+    let key = (who, format!("{}{}", step.scopes, if elicit { " +elicit" } else { "" }));
     if let Some(c) = clients.get(&key) {
         return c.clone();
     }
-    let token = app.token(agent, scopes);
+    let token = agent_token(app, step);
     let c = Arc::new(if elicit {
         connect_eliciting(&app.url, &token, Era::Modern).await
     } else {

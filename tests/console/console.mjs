@@ -71,11 +71,15 @@ const dump = (v) => JSON.stringify(v)?.slice(0, 800);
 
 // ---- the agent: JSON-RPC over fetch, MCP 2026-07-28 (stateless) ---------------------------------
 
-async function issuerToken(clientId, scope) {
+// A token from the issuer for `resource` (the MCP resource unless told); `onBehalfOf` makes it a
+// delegated agent token (sub = that user, act.sub = the client).
+async function issuerToken(clientId, scope, { resource = mcpUrl, onBehalfOf } = {}) {
+  const form = { grant_type: 'client_credentials', client_id: clientId, scope, resource };
+  if (onBehalfOf) form.on_behalf_of = onBehalfOf;
   const resp = await fetch(`${issuer}/token`, {
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded' },
-    body: new URLSearchParams({ grant_type: 'client_credentials', client_id: clientId, scope, resource: mcpUrl }),
+    body: new URLSearchParams(form),
   });
   assert(resp.ok, `issuer token: HTTP ${resp.status}`);
   return (await resp.json()).access_token;
@@ -277,7 +281,8 @@ try {
     const q = new URL(authorize.url()).searchParams;
     assert(q.get('code_challenge_method') === 'S256' && q.get('code_challenge'), 'no S256 challenge');
     assert(q.get('client_id') === 'paygate-console', `client_id ${q.get('client_id')}`);
-    assert(q.get('resource') === mcpUrl, `resource ${q.get('resource')}`);
+    // The console signs in for the operator resource, never the agents' one.
+    assert(q.get('resource') === `${base}/operator`, `resource ${q.get('resource')}`);
     assert(q.get('redirect_uri') === `${base}/console/callback`, `redirect_uri ${q.get('redirect_uri')}`);
     const scopes = await page.getByTestId('scopes').textContent();
     assert(/approve/.test(scopes) && /audit/.test(scopes) && /admin/.test(scopes), `scopes shown: ${scopes}`);
@@ -449,7 +454,7 @@ try {
     } finally {
       await bob.context.close();
     }
-    const bobApi = await issuerToken(BOB, 'payments:audit');
+    const bobApi = await issuerToken(BOB, 'payments:audit', { resource: `${base}/operator` });
     const r = await fetch(`${base}/operator/v1/approvals/${a3}/approve`, {
       method: 'POST',
       headers: { authorization: `Bearer ${bobApi}`, 'content-type': 'application/json' },
@@ -504,10 +509,11 @@ try {
   });
 
   await check('URL elicitation: the user signs in on the page they are sent to, confirms, and the retry pays once', async () => {
-    // An agent whose profile lets its user confirm payments up to KES 10,000 declares URL elicitation.
-    const userAgent = await issuerToken('console-user', 'payments:read payments:create');
+    // An agent acting for console-user (a delegated token), whose profile lets that user confirm
+    // payments up to KES 10,000, declares URL elicitation.
+    const userAgent = await issuerToken('console-agent', 'payments:read payments:create', { onBehalfOf: 'console-user' });
     const caps = { elicitation: { url: {} } };
-    const args = payArgs(`elicit-${run}`, '5000.00');
+    const args = payArgs(`elicit-${run}`, '5000.00', { memo: 'team dinner, March' });
     const asked = await mcp(userAgent, 'tools/call', { name: 'create_payment', arguments: args }, 'create_payment', caps);
     assert(asked.resultType === 'input_required', `want input_required, got ${dump(asked)}`);
     const req = asked.inputRequests?.approval;
@@ -527,6 +533,28 @@ try {
       await user.page.getByTestId('whoami').filter({ hasText: 'console-user' }).waitFor();
       await user.page.getByTestId('confirm-amount').filter({ hasText: '5000.00 KES' }).waitFor();
       assert(new URL(user.page.url()).hash === `#confirm/${m[1]}`, `landed on ${user.page.url()}`);
+      // The whole intent the mandate will pin, and who asked for whom.
+      const shown = async (id) => (await user.page.getByTestId(id).textContent())?.trim();
+      for (const [id, want] of [
+        ['confirm-payer', args.from_account],
+        ['confirm-payee', args.to_account],
+        ['confirm-operation', args.operation_id],
+        ['confirm-memo', args.memo],
+        ['confirm-agent', 'console-agent'],
+        ['confirm-user', 'console-user'],
+      ]) {
+        const got = await shown(id);
+        assert(got === want, `${id}: ${got} (want ${want})`);
+      }
+      assert(/create_payment/.test(await shown('confirm-tool')), 'the tool is named');
+      // A person who only confirms sees the confirmation view alone: no operator tabs, and the
+      // operator views are not reachable by address either.
+      assert(await user.page.getByTestId('nav').isHidden(), 'operator tabs shown to a confirm-only user');
+      await user.page.evaluate(() => { location.hash = '#payments'; });
+      await user.page.waitForFunction(() => location.hash === '#payments');
+      assert(await user.page.getByTestId('view-payments').isHidden(), 'the payments view opened for a confirm-only user');
+      assert(await user.page.getByTestId('view-confirm').isVisible(), 'the confirmation view left');
+      await user.page.evaluate((id) => { location.hash = `#confirm/${id}`; }, m[1]);
       const r = await clickFor(user.page, (x) => x.url().endsWith(`/confirmations/${m[1]}/approve`), user.page.getByTestId('confirm-approve'));
       assert(r.status() === 200, `confirm answered ${r.status()}: ${await r.text()}`);
       await user.page.getByTestId('confirm-status').filter({ hasText: 'approved' }).waitFor();

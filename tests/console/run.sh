@@ -65,7 +65,7 @@ wait_line "$work/issuer.log" '^issuer ' || { say "issuer did not start"; cat "$w
 issuer=$(awk '/^issuer /{print $2}' "$work/issuer.log")
 
 # --- paygate, trusting only that issuer; the console is its public client -------------------------
-# The compiled-in profiles, plus one agent whose user confirms their own payments (approvals_by).
+# The compiled-in profiles, plus one person whose agents' payments they confirm themselves (approvals_by).
 cat >"$work/console.toml" <<'TOML'
 [[policy.profiles]]
 name = "default"
@@ -81,7 +81,8 @@ calls_per_minute = 600
 
 [[policy.profiles]]
 name = "self-approving"
-subjects = ["console-user"]
+# The person's own profile: any agent acting for console-user (a delegated token) is bound by it.
+users = ["console-user"]
 allowed_accounts = ["acct-A", "acct-B"]
 autonomous_limit = { KES = "1000.00" }
 daily_limit = { KES = "100000.00" }

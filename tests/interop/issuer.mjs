@@ -11,7 +11,9 @@
 // the person may be granted; absent = anything asked for). For that flow this issuer insists on
 // PKCE S256, a one-time code, the same redirect_uri and client_id at /token, and it issues
 // aud = `resource`, sub = the signed-in person, scope = the scope asked at /authorize minus
-// `openid` (within the cap). client_credentials tokens are unchanged.
+// `openid` (within the cap). client_credentials tokens are unchanged, except that a request with
+// `on_behalf_of=<user>` gets a delegated token (RFC 8693's shape: sub = the user, act.sub = the
+// client), standing in for a token exchange.
 import { OAuth2Server } from 'oauth2-mock-server';
 
 const [port, kid] = [Number(process.argv[2] ?? 0), process.argv[3] ?? 'k1'];
@@ -74,6 +76,10 @@ server.service.on('beforeTokenSigning', (token, req) => {
     clientId = Buffer.from(basic.slice(6), 'base64').toString().split(':')[0];
   }
   token.payload.sub = clientId ?? 'interop-agent';
+  if (body.on_behalf_of) {
+    token.payload.act = { sub: token.payload.sub };
+    token.payload.sub = String(body.on_behalf_of);
+  }
   if (body.scope) token.payload.scope = body.scope;
 });
 

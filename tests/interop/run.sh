@@ -81,12 +81,13 @@ curl -sf "$base/readyz" >/dev/null || { say "paygate did not start"; cat "$work/
 
 token() { # resource [client_id [scope]]
   curl -sf -X POST "$issuer/token" -d grant_type=client_credentials -d "client_id=${2:-interop-agent}" \
-    -d "scope=${3:-payments:read payments:create payments:refund payments:admin}" -d "resource=$1" |
+    -d "scope=${3:-payments:read payments:create payments:refund payments:integrity}" -d "resource=$1" |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])'
 }
 tok=$(token "$mcp") || { say "no token from the issuer"; exit 1; }
-# An operator who approves over HTTP for the URL-elicitation checks: another subject than the agent.
-approver=$(token "$mcp" interop-operator payments:approve) || { say "no operator token from the issuer"; exit 1; }
+# An operator who approves over HTTP for the URL-elicitation checks: another subject than the agent,
+# with a token for the operator resource (an agent's token for /mcp is refused there).
+approver=$(token "$base/operator" interop-operator payments:approve) || { say "no operator token from the issuer"; exit 1; }
 
 # --- clients x eras -------------------------------------------------------------------------
 client() { # name command...
@@ -131,6 +132,20 @@ status() { curl -s -o /dev/null -w '%{http_code}' -X POST "$mcp" -H "authorizati
 other=$(token "https://other.example/mcp")
 [ "$(status "$other")" = 401 ]; result "issuer token for another resource is refused (401)" $?
 [ "$(status "$tok")" = 200 ]; result "issuer token for this resource is accepted" $?
+# Two resources, two audiences: the operator's token is refused by /mcp, the agent's by the
+# operator API, whatever scopes either carries.
+[ "$(status "$approver")" = 401 ]; result "operator-resource token is refused by /mcp (401)" $?
+ops_status() { curl -s -o /dev/null -w '%{http_code}' "$base/operator/v1/approvals" -H "authorization: Bearer $1"; }
+agent_all=$(token "$mcp" interop-agent "payments:read payments:approve payments:audit payments:admin")
+[ "$(ops_status "$agent_all")" = 401 ]; result "agent-resource token with operator scopes is refused by the operator API (401)" $?
+auditor=$(token "$base/operator" interop-auditor payments:audit)
+[ "$(ops_status "$auditor")" = 200 ]; result "operator-resource token is accepted by the operator API" $?
+curl -sf "$base/.well-known/oauth-protected-resource/operator" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["resource"].endswith("/operator") and "payments:approve" in d["scopes_supported"], d
+assert "payments:read" not in d["scopes_supported"], d'
+result "operator resource metadata names its own scopes" $?
 
 # The issuer rotates: new kid, old key gone from its JWKS.
 kill "$issuer_pid"; wait "$issuer_pid" 2>/dev/null
