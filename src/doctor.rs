@@ -114,6 +114,13 @@ fn dev_key(c: &Config, r: &mut Report) {
         (true, false) => r.pass("dev key", "on, no identity provider (local development only)"),
         (false, _) => r.pass("dev key", "off"),
     }
+    if c.auth.legacy_agent_admin_scope {
+        r.fail(
+            "scopes",
+            "auth.legacy_agent_admin_scope is on: agents' tokens carrying payments:admin are read as payments:integrity",
+            "grant agents payments:integrity at the identity provider (payments:admin is an operator scope), then turn it off",
+        );
+    }
 }
 
 async fn identity_provider(

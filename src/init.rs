@@ -147,8 +147,9 @@ const PRODUCTION_TEMPLATE: &str = r#"# paygate configuration, written by `paygat
 
 [server]
 bind = "0.0.0.0:8080"
-# The URL clients use. Tokens must carry "<public_url>/mcp" as their audience. Behind a proxy this is
-# the proxy's https URL.
+# The URL clients use. Agents' tokens must carry "<public_url>/mcp" as their audience, operators'
+# (the approval routes, /operator/v1, the console) "<public_url>/operator": register both as
+# resources (API audiences) at your authorization server. Behind a proxy this is the proxy's https URL.
 public_url = {public_url}
 # Browser origins allowed to call /mcp, e.g. ["https://console.example.com"].
 allowed_origins = []
@@ -157,6 +158,9 @@ allowed_origins = []
 # Without a password here; PAYGATE_STORAGE__URL with the password replaces this value.
 url = "postgres://paygate@127.0.0.1:5432/paygate"
 postgres_schema = "paygate"
+# A managed PostgreSQL needs TLS: "verify-full" with its CA bundle in postgres_ssl_ca_file.
+postgres_sslmode = "disable"
+postgres_ssl_ca_file = ""
 data_dir = {data_dir}
 
 [auth]

@@ -523,6 +523,25 @@ async fn spawn_with_idp(dir: &std::path::Path, jwks: &JwksServer, refetch_secs: 
     .await
 }
 
+/// paygate trusting `jwks` on the test's own clock: the key set is fresh for 60 s, refetched on an
+/// unknown kid at most every 10 s (of that clock), plus `extra` settings.
+async fn spawn_with_idp_clock(
+    dir: &std::path::Path,
+    jwks: &JwksServer,
+    clock: &paygate::clock::ManualClock,
+    extra: &[(&str, &str)],
+) -> TestApp {
+    let mut env = vec![
+        ("PAYGATE_AUTH__ISSUER", IDP),
+        ("PAYGATE_AUTH__JWKS_URL", jwks.url.as_str()),
+        ("PAYGATE_AUTH__JWKS_CACHE_SECS", "60"),
+        ("PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS", "10"),
+        ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev"),
+    ];
+    env.extend_from_slice(extra);
+    spawn_with_clock(dir, &env, Arc::new(clock.clone())).await
+}
+
 #[tokio::test]
 async fn rs256_and_es256_tokens_verify_from_the_jwks() {
     let http = http();
@@ -652,18 +671,7 @@ async fn a_key_the_idp_removed_stops_verifying_cached_tokens_within_the_refresh_
         JwksServer::start(vec![jwk("rsa1.pem", Algorithm::RS256, "k1"), jwk("rsa2.pem", Algorithm::RS256, "k2")]).await;
     let dir = tempfile::tempdir().unwrap();
     let clock = paygate::clock::ManualClock::new(now());
-    let app = spawn_with_clock(
-        dir.path(),
-        &[
-            ("PAYGATE_AUTH__ISSUER", IDP),
-            ("PAYGATE_AUTH__JWKS_URL", &jwks.url),
-            ("PAYGATE_AUTH__JWKS_CACHE_SECS", "60"),
-            ("PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS", "10"),
-            ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev"),
-        ],
-        Arc::new(clock.clone()),
-    )
-    .await;
+    let app = spawn_with_idp_clock(dir.path(), &jwks, &clock, &[]).await;
     let base = claims(&app, IDP, "idp-agent", "payments:read");
     let cached = sign_with("rsa1.pem", Algorithm::RS256, Some("k1"), &base);
     let kept = sign_with("rsa2.pem", Algorithm::RS256, Some("k2"), &base);
@@ -696,19 +704,7 @@ async fn stale_keys_serve_through_an_idp_outage_only_up_to_the_hard_limit() {
     let jwks = JwksServer::start(vec![jwk("rsa1.pem", Algorithm::RS256, "k1")]).await;
     let dir = tempfile::tempdir().unwrap();
     let clock = paygate::clock::ManualClock::new(now());
-    let app = spawn_with_clock(
-        dir.path(),
-        &[
-            ("PAYGATE_AUTH__ISSUER", IDP),
-            ("PAYGATE_AUTH__JWKS_URL", &jwks.url),
-            ("PAYGATE_AUTH__JWKS_CACHE_SECS", "60"),
-            ("PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS", "10"),
-            ("PAYGATE_AUTH__JWKS_STALE_MAX_SECS", "120"),
-            ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev"),
-        ],
-        Arc::new(clock.clone()),
-    )
-    .await;
+    let app = spawn_with_idp_clock(dir.path(), &jwks, &clock, &[("PAYGATE_AUTH__JWKS_STALE_MAX_SECS", "120")]).await;
     let mut base = claims(&app, IDP, "idp-agent", "payments:read");
     base["exp"] = json!(now() + 86_400);
     let token = sign_with("rsa1.pem", Algorithm::RS256, Some("k1"), &base);

@@ -516,8 +516,31 @@ fn token_for_the_console() {
         serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
     assert_eq!(claims["sub"], "operator");
     assert_eq!(claims["scope"], "payments:audit payments:approve payments:admin");
+    assert_eq!(claims["aud"], "http://127.0.0.1:8080/operator", "for the operator resource, not /mcp");
     let hint = String::from_utf8_lossy(&o.stderr);
     assert!(hint.contains("/console") && !hint.contains(&token), "the hint names the page, never the token: {hint}");
     let o = paygate(&["--config", file.to_str().unwrap(), "token", "--scope", "payments:read"], &[]);
     assert_eq!(o.status.code(), Some(2), "no subject: a usage error");
+    let decode = |o: &std::process::Output| -> serde_json::Value {
+        let token = stdout(o).trim().to_string();
+        let payload = token.split('.').nth(1).unwrap().to_string();
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
+    };
+    // An agent's token (the default) and a delegated one: for /mcp, the agent in act.
+    let cfg = file.to_str().unwrap();
+    let o = paygate(&["--config", cfg, "token", "--sub", "pat", "--act", "bot", "--scope", "payments:read"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let claims = decode(&o);
+    assert_eq!((claims["sub"].as_str(), claims["act"]["sub"].as_str()), (Some("pat"), Some("bot")));
+    assert_eq!(claims["aud"], "http://127.0.0.1:8080/mcp");
+    // Scopes of the other kind are a usage error, said plainly.
+    let o = paygate(&["--config", cfg, "token", "--sub", "a", "--scope", "payments:read payments:admin"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not an agent scope"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = paygate(&["--config", cfg, "token", "--operator", "--sub", "a", "--scope", "payments:create"], &[]);
+    assert_eq!(o.status.code(), Some(2), "an agent scope on an operator's token");
 }

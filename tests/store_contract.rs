@@ -786,8 +786,10 @@ contract!(suspension_and_denials, |store, label| async move {
         audit(100, "conflict", "IDEMPOTENCY_CONFLICT", None, 1),
         audit(10, "denied", "ACCOUNT_NOT_ALLOWED", None, 1),
         audit(100, "denied", "ACCOUNT_NOT_ALLOWED", Some("alice"), 1),
-        // A throttled flood of RATE_LIMITED answers, and one approval-flood refusal.
+        // A throttled flood of RATE_LIMITED answers, one approval-flood refusal, and a throttled
+        // record of three missing-scope refusals (each counts).
         audit(100, "rate_limited", "RATE_LIMITED", None, 45),
+        audit(100, "denied", "INSUFFICIENT_SCOPE", None, 3),
         audit(100, "denied", "RATE_LIMITED", None, 1),
     ] {
         store.audit_append(rec).await.unwrap();
@@ -795,7 +797,7 @@ contract!(suspension_and_denials, |store, label| async move {
     let counted = |d: i64, r: i64| Denials { denials: d, rate_limited: r };
     assert_eq!(
         store.denials_since(&agent, 50).await.unwrap(),
-        counted(2, 46),
+        counted(5, 46),
         "{label}: typos and old denials do not count; a throttled record counts its repeats"
     );
     assert_eq!(store.denials_since(&for_alice, 50).await.unwrap(), counted(1, 0), "{label}: the pair's own");

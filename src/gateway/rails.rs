@@ -416,6 +416,8 @@ impl Gateway {
         d.detail = Some(detail);
         let mut a = self.audit_record(rail, rec.map_or("-", |r| r.principal_sub.as_str()), "-", d);
         a.code = Some(code.to_string());
+        // A callback about an agent's payment made for a user names that user too.
+        a.principal_user = rec.and_then(|r| r.principal_user.clone());
         a
     }
 

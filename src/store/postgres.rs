@@ -624,7 +624,7 @@ impl Store for PostgresStore {
         let codes: Vec<&str> = DENIAL_CODES.to_vec();
         let row = client
             .one(
-                "SELECT COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN 0 ELSE 1 END), 0)::BIGINT,
+                "SELECT COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN 0 ELSE repeats END), 0)::BIGINT,
                         COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN repeats ELSE 0 END), 0)::BIGINT
                  FROM audit_records
                  WHERE principal_sub = $1 AND principal_iss = $2 AND principal_user IS NOT DISTINCT FROM $3

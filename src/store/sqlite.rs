@@ -699,7 +699,7 @@ impl Store for SqliteStore {
         let codes = serde_json::to_string(DENIAL_CODES).map_err(|e| StoreError::Database(e.to_string()))?;
         self.run(move |c| {
             Ok(c.q_row(
-                "SELECT COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN 0 ELSE 1 END), 0),
+                "SELECT COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN 0 ELSE repeats END), 0),
                         COALESCE(SUM(CASE WHEN code = 'RATE_LIMITED' THEN repeats ELSE 0 END), 0)
                  FROM audit_records
                  WHERE principal_sub = ?1 AND principal_iss = ?2 AND principal_user IS ?3

@@ -394,15 +394,18 @@ try {
     let row = page.locator(`[data-testid="agent-row"][data-subject="${AGENT}"]`);
     await row.waitFor();
     await row.getByTestId('agent-reason').fill('investigating odd memos');
-    const suspended = await clickFor(page, (r) => r.url().endsWith(`/principals/${AGENT}/suspend`), row.getByTestId('agent-suspend'));
+    // The row names which suspension it is: the agent's issuer (and a user, for a pair) in the query.
+    const path = (r) => new URL(r.url()).pathname;
+    const suspended = await clickFor(page, (r) => path(r).endsWith(`/principals/${AGENT}/suspend`), row.getByTestId('agent-suspend'));
     assert(suspended.status() === 200, 'suspend failed');
     row = page.locator(`[data-testid="agent-row"][data-subject="${AGENT}"]`);
     await row.getByTestId('agent-resume').waitFor();
-    // A suspended agent moves no money (reads still answer).
+    // A suspended agent is refused every call.
     const refused = await tool(agent, 'create_payment', payArgs(`c-susp-${run}`, '1.00'));
     assert(!refused.ok && refused.error.code === 'PRINCIPAL_SUSPENDED', `suspended agent: ${dump(refused.raw)}`);
     await shot(page, 'agents');
-    const resumed = await clickFor(page, (r) => r.url().endsWith(`/principals/${AGENT}/resume`), row.getByTestId('agent-resume'));
+    const resumed = await clickFor(page, (r) => path(r).endsWith(`/principals/${AGENT}/resume`), row.getByTestId('agent-resume'));
+    assert(new URL(resumed.url()).searchParams.get('issuer') === issuer, `resume names the agent's issuer: ${resumed.url()}`);
     assert(resumed.status() === 200, 'resume failed');
     await page.locator(`[data-testid="agent-row"][data-subject="${AGENT}"]`).getByTestId('agent-suspend').waitFor();
     const back = await tool(agent, 'create_payment', payArgs(`c-resumed-${run}`, '1.00'));
@@ -568,6 +571,23 @@ try {
     const again = await mcp(userAgent, 'tools/call', retry, 'create_payment', caps);
     assert(again.structuredContent?.payment_id === paid.structuredContent.payment_id && again.structuredContent.replayed === true, `replay: ${dump(again)}`);
     await setLogin(ALICE, ALL_SCOPES);
+    // The operator's console names both the agent and the person it paid for, in the list and on
+    // the payment's timeline.
+    const pid = paid.structuredContent.payment_id;
+    await view(page, 'payments');
+    await page.getByTestId('payments-filters').locator('input[name="agent"]').fill('console-agent');
+    await clickFor(page, (r) => r.url().includes('/operator/v1/payments?'), page.getByTestId('payments-filters').getByRole('button', { name: 'Search' }));
+    const row = page.locator(`[data-testid="payment-row"][data-payment-id="${pid}"]`);
+    await row.waitFor();
+    const who = (await row.getByTestId('payment-agent').textContent()) ?? '';
+    assert(/console-agent\s*for\s*console-user/.test(who), `the row names ${who}`);
+    await row.getByTestId('payment-open').click();
+    const detail = page.getByTestId('payment-detail');
+    await detail.getByTestId('detail-user').filter({ hasText: 'console-user' }).waitFor();
+    const paidStep = detail.locator('[data-testid="timeline-event"][data-step="paid"]');
+    await paidStep.waitFor();
+    const actor = (await paidStep.getByTestId('timeline-actor').textContent()) ?? '';
+    assert(/console-agent\s*for\s*console-user/.test(actor), `the timeline names ${actor}`);
   });
 
   await check('reloading the page signs the operator out', async () => {
