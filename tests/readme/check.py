@@ -314,9 +314,9 @@ def main() -> int:
     work = tmp / "paygate"
     fresh_copy(work)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAYGATE_")}
-    # This checkout's target/ stands in for the copy's, so the release build is made once (and
-    # `target/release/…` paths in the README resolve as written).
-    (work / "target").symlink_to(ROOT / "target")
+    # This checkout's target directory ($CARGO_TARGET_DIR when set) stands in for the copy's, so the
+    # release build is made once (and `target/release/…` paths in the README resolve as written).
+    (work / "target").symlink_to(Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target"))
     env["CARGO_TERM_COLOR"] = "never"
     r = Runner(work, env)
     print(f"README check on a fresh copy in {work}", flush=True)
