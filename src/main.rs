@@ -94,6 +94,15 @@ enum Command {
     /// Check a config before starting: validity, dev key vs identity provider, JWKS, store and
     /// migrations, backend and M-Pesa credentials, URLs and origins, secrets, clock. Exit 1 on any ✗.
     Doctor,
+    /// Health check for containers without curl: GET the URL (default the local /readyz) and exit
+    /// 0 on a 2xx answer within the timeout, 1 otherwise. Needs no config.
+    Probe {
+        #[arg(default_value = "http://127.0.0.1:8080/readyz")]
+        url: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3)]
+        timeout_secs: u64,
+    },
     /// Work with mandates signed by this gateway.
     Mandate {
         #[command(subcommand)]
@@ -119,6 +128,7 @@ fn main() -> ExitCode {
             init(paygate::init::InitOptions { mode, dir, public_url, issuer, jwks_url })
         }
         Command::Doctor => doctor(file),
+        Command::Probe { url, timeout_secs } => probe(&url, timeout_secs),
         Command::Serve => with_config(file, serve),
         Command::Token { sub, scope, ttl_secs, operator, act, console } => with_config(file, |c| {
             let sub = sub.unwrap_or_else(|| "operator".into());
@@ -176,6 +186,35 @@ fn doctor(file: Option<&std::path::Path>) -> ExitCode {
     let report = rt.block_on(paygate::doctor::run(file, std::env::vars()));
     print!("{}", report.render());
     if report.failed() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
+
+fn probe(url: &str, timeout_secs: u64) -> ExitCode {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        eprintln!("paygate probe: cannot start runtime");
+        return ExitCode::FAILURE;
+    };
+    paygate::install_crypto_provider();
+    let timeout = std::time::Duration::from_secs(timeout_secs.clamp(1, 60));
+    rt.block_on(async move {
+        let client = match reqwest::Client::builder().timeout(timeout).build() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("paygate probe: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match client.get(url).send().await {
+            Ok(r) if r.status().is_success() => ExitCode::SUCCESS,
+            Ok(r) => {
+                eprintln!("paygate probe: {url} answered {}", r.status());
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("paygate probe: {url}: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }
 
 fn runtime() -> Option<tokio::runtime::Runtime> {

@@ -544,3 +544,39 @@ fn token_for_the_console() {
     let o = paygate(&["--config", cfg, "token", "--operator", "--sub", "a", "--scope", "payments:create"], &[]);
     assert_eq!(o.status.code(), Some(2), "an agent scope on an operator's token");
 }
+
+// ---------------------------------------------------------------------------------------------
+// probe (the container health check: the image has no curl)
+// ---------------------------------------------------------------------------------------------
+
+/// `paygate probe <url>`, off the runtime's workers (the server under test must keep answering).
+async fn probe(url: String) -> (i32, String) {
+    tokio::task::spawn_blocking(move || {
+        let o = paygate(&["probe", &url, "--timeout-secs", "5"], &[]);
+        (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).into_owned())
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_passes_a_ready_gateway_and_fails_anything_else() {
+    let (app, _dir) = common::spawn_app().await;
+    let (code, err) = probe(format!("{}/readyz", app.base())).await;
+    assert_eq!(code, 0, "a ready gateway passes: {err}");
+
+    // Not ready (503), not found and nothing listening all fail, saying why.
+    let router = axum::Router::new()
+        .route("/readyz", axum::routing::get(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let (code, err) = probe(format!("http://{addr}/readyz")).await;
+    assert_eq!((code, err.contains("503")), (1, true), "{err}");
+    let (code, err) = probe(format!("http://{addr}/nothing-here")).await;
+    assert_eq!((code, err.contains("404")), (1, true), "{err}");
+    let (code, _) = probe(format!("http://127.0.0.1:{}/readyz", closed_port())).await;
+    assert_eq!(code, 1, "nothing listening");
+    task.abort();
+    app.stop().await;
+}
