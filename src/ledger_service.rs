@@ -380,12 +380,37 @@ fn single<'a>(pairs: &'a [(String, String)], name: &str) -> Result<Option<&'a st
 // ---------------------------------------------------------------------------------------------
 // Money-moving routes.
 
+/// Integral JSON numbers written with a fraction (`100.0`) are read as minor units below 2^53,
+/// where a double stops holding every integer (the schema's maximum is far below it).
+const EXACT_FLOAT_MAX: f64 = 9_007_199_254_740_992.0;
+
+/// `amount_minor` as JSON Schema reads `integer`: `100` and `100.0` are the same integer; `100.5`
+/// (or anything a double cannot hold exactly) is refused, never rounded.
+fn minor_units<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < EXACT_FLOAT_MAX => Ok(f as i64),
+        _ => Err(D::Error::custom(format!("amount_minor must be an integer number of minor units, got {n}"))),
+    }
+}
+
+fn optional_minor_units<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Minor(#[serde(deserialize_with = "minor_units")] i64);
+    Ok(Option::<Minor>::deserialize(d)?.map(|Minor(m)| m))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TransferBody {
     payment_id: PaymentId,
     from_account: AccountId,
     to_account: AccountId,
+    #[serde(deserialize_with = "minor_units")]
     amount_minor: i64,
     currency: Currency,
     #[serde(default)]
@@ -399,7 +424,7 @@ struct TransferBody {
 #[serde(deny_unknown_fields)]
 struct RefundBody {
     refund_id: PaymentId,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_minor_units")]
     amount_minor: Option<i64>,
     #[serde(default)]
     reason: Option<String>,
@@ -610,6 +635,32 @@ async fn health(State(svc): State<Svc>) -> Result<Response, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amount_minor_is_an_integer_however_it_is_written() {
+        let body = |amount: &str| {
+            serde_json::from_str::<TransferBody>(&format!(
+                r#"{{"payment_id":"pay_a1","from_account":"acct-A","to_account":"acct-B","amount_minor":{amount},
+                    "currency":"KES","principal_sub":"bot"}}"#
+            ))
+            .map(|b| b.amount_minor)
+        };
+        assert_eq!(body("5000").unwrap(), 5000);
+        assert_eq!(body("5000.0").unwrap(), 5000, "JSON Schema's integer includes 5000.0");
+        assert_eq!(body("5e3").unwrap(), 5000);
+        for refused in ["5000.5", "1e300", "\"5000\"", "9007199254740993.0"] {
+            assert!(body(refused).is_err(), "{refused} is not an exact integer");
+        }
+        let refund = |amount: &str| {
+            serde_json::from_str::<RefundBody>(&format!(
+                r#"{{"refund_id":"pay_r1","amount_minor":{amount},"principal_sub":"bot"}}"#
+            ))
+            .map(|b| b.amount_minor)
+        };
+        assert_eq!(refund("null").unwrap(), None);
+        assert_eq!(refund("250.0").unwrap(), Some(250));
+        assert!(refund("0.25").is_err());
+    }
 
     #[test]
     fn digests_compare_by_value() {

@@ -271,6 +271,116 @@ async fn payments_filter_and_page_and_bad_input_is_refused() {
     app.stop().await;
 }
 
+/// What a client reads of a raw operator request: status, the `WWW-Authenticate` header, the body.
+async fn raw(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, Option<String>, Value) {
+    let mut req = reqwest::Client::new().request(method, format!("{}{API}{path}", app.base()));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status();
+    let challenge = resp.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    (status, challenge, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn assert_envelope(body: &Value, code: &str, what: &str) {
+    assert_eq!(body["error"]["code"], code, "{what}: {body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {body}");
+    assert!(body["error"]["correlation_id"].as_str().is_some_and(|c| c.starts_with("corr_")), "{what}: {body}");
+}
+
+#[tokio::test]
+async fn every_operator_error_is_the_one_envelope_and_a_refused_body_changes_nothing() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let approval = ask(&agent, "envelope-1").await;
+    let ops = app.operator_token("ops", "payments:audit payments:approve payments:admin");
+
+    // 401s, missing and wrong tokens alike: the envelope, with the challenge in the header.
+    let agent_token = app.token("dev-agent", "payments:read payments:create");
+    for (token, what) in
+        [(None, "no token"), (Some(agent_token.as_str()), "an agent's token"), (Some("x.y.z"), "garbage")]
+    {
+        let (status, challenge, body) = raw(&app, Method::GET, "/payments", token, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}");
+        assert_envelope(&body, "UNAUTHORIZED", what);
+        let challenge = challenge.unwrap_or_default();
+        assert!(
+            challenge.starts_with("Bearer ") && challenge.contains("oauth-protected-resource/operator"),
+            "{what}: {challenge}"
+        );
+        assert_eq!(token.is_some(), challenge.contains("error=\"invalid_token\""), "{what}: {challenge}");
+    }
+    // What axum and tower-http answer by themselves: still the envelope.
+    let (status, _, body) = raw(&app, Method::DELETE, "/payments", Some(&ops), None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_envelope(&body, "METHOD_NOT_ALLOWED", "405");
+    let big = serde_json::to_vec(&json!({"reason": "x".repeat(20 * 1024)})).unwrap();
+    let (status, _, body) =
+        raw(&app, Method::POST, &format!("/approvals/{approval}/reject"), Some(&ops), Some(big)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_envelope(&body, "PAYLOAD_TOO_LARGE", "413");
+
+    // Bodies the spec refuses are refused, never read another way: a rejection without a reason,
+    // a reason over 500 characters (not cut to 500), an array where an object belongs.
+    let reject = format!("/approvals/{approval}/reject");
+    for (body, says) in [
+        (b"{}".to_vec(), "reason"),
+        (br#"{"reason": "   "}"#.to_vec(), "reason"),
+        (serde_json::to_vec(&json!({"reason": "y".repeat(501)})).unwrap(), "500"),
+        (br#"["not ours"]"#.to_vec(), "object"),
+    ] {
+        let (status, _, answer) = raw(&app, Method::POST, &reject, Some(&ops), Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&body));
+        assert_envelope(&answer, "INVALID_ARGUMENT", "bad body");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(says), "{answer}");
+    }
+    let long = serde_json::to_vec(&json!({"reason": "z".repeat(501)})).unwrap();
+    let (status, _, _) = raw(&app, Method::POST, "/principals/dev-agent/suspend", Some(&ops), Some(long)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a suspension's reason is bounded too");
+    let (_, a) = get(&app, &format!("/approvals/{approval}"), &ops).await;
+    assert_eq!(a["status"], "pending", "nothing was decided: {a}");
+    let (_, agents) = get(&app, "/principals", &ops).await;
+    assert!(agents["items"].as_array().unwrap().iter().all(|p| p["suspended"] == false), "{agents}");
+    // Exactly 500 characters is kept whole.
+    let (status, decided) = post(&app, &reject, &ops, json!({"reason": "r".repeat(500)})).await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    assert_eq!(decided["decision_reason"].as_str().map(|r| r.chars().count()), Some(500));
+
+    // Subjects: control characters are malformed; longer than any token's names no agent.
+    let (status, body) = post(&app, "/principals/bot%07/suspend", &ops, json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let long_subject = "é".repeat(200); // 200 characters, 400 bytes: no token's sub is that long
+    let (status, body) = post(&app, &format!("/principals/{long_subject}/suspend"), &ops, json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_envelope(&body, "NOT_FOUND", "long subject");
+    let (status, body) =
+        post(&app, &format!("/principals/dev-agent/resume?user={}", "u".repeat(257)), &ops, json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // An empty cursor is the first page; an empty status or date is malformed, not "all".
+    let (status, first) = get(&app, "/approvals?cursor=", &ops).await;
+    assert_eq!((status, first["items"].as_array().map(Vec::len)), (StatusCode::OK, Some(1)), "{first}");
+    for path in
+        ["/approvals?status=", "/mandates?status=", "/payments?status=", "/payments?from=", "/payments?account="]
+    {
+        let (status, body) = get(&app, path, &ops).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+    }
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_console_is_served_under_a_strict_policy_and_can_be_switched_off() {
     let (app, _dir) = spawn_app().await;

@@ -141,17 +141,12 @@ pub struct PrincipalArgs {
 
 impl PrincipalArgs {
     fn issuer<'a>(&'a self, op: &'a Operator) -> Result<&'a str, OpError> {
-        if !valid_subject(&self.subject) {
-            return Err(OpError::Invalid("subject is required: 1-256 bytes, no control characters".into()));
-        }
-        if self.user.as_deref().is_some_and(|u| !valid_subject(u)) {
-            return Err(OpError::Invalid("user must be 1-256 bytes, no control characters".into()));
+        named("subject", &self.subject, crate::auth::jwt::SUBJECT_BYTES_MAX)?;
+        if let Some(u) = &self.user {
+            named("user", u, crate::auth::jwt::SUBJECT_BYTES_MAX)?;
         }
         match self.issuer.as_deref() {
-            Some(i) if i.is_empty() || i.len() > 512 || i.chars().any(char::is_control) => {
-                Err(OpError::Invalid("issuer must be 1-512 characters, no control characters".into()))
-            }
-            Some(i) => Ok(i),
+            Some(i) => named("issuer", i, ISSUER_BYTES_MAX).map(|()| i),
             None => Ok(&op.issuer),
         }
     }
@@ -161,6 +156,33 @@ impl PrincipalArgs {
             Some(u) => format!("subject {} (issuer {issuer}) acting for {u}", self.subject),
             None => format!("subject {} (issuer {issuer})", self.subject),
         }
+    }
+}
+
+/// Longest token issuer an operator can name, in bytes.
+pub const ISSUER_BYTES_MAX: usize = 512;
+
+/// A subject, user or issuer an operator names: empty or with control characters is malformed
+/// (400); longer than any token's (in UTF-8 bytes) names no agent at all (404).
+fn named(field: &str, value: &str, bytes_max: usize) -> Result<(), OpError> {
+    if value.is_empty() || value.chars().any(char::is_control) {
+        return Err(OpError::Invalid(format!("{field} must be non-empty, without control characters")));
+    }
+    if value.len() > bytes_max {
+        // "no such agent": a token's subject, user or issuer is never this long.
+        return Err(OpError::Missing("agent (no token carries a name this long)"));
+    }
+    Ok(())
+}
+
+/// A reason an operator or user gives, as kept: at most [`REASON_CHARS_MAX`] characters (longer is
+/// refused, never cut: a cut reason could say something else).
+fn reason_text(reason: Option<String>) -> Result<Option<String>, OpError> {
+    match reason {
+        Some(r) if r.chars().count() > REASON_CHARS_MAX => {
+            Err(OpError::Invalid(format!("reason is at most {REASON_CHARS_MAX} characters")))
+        }
+        r => Ok(r),
     }
 }
 
@@ -433,7 +455,7 @@ impl Gateway {
         reason: Option<String>,
     ) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::APPROVE])?;
-        let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
+        let reason = reason_text(reason)?;
         if decision == ReviewDecision::Reject && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
             return Err(OpError::Invalid("a rejection needs a reason".into()));
         }
@@ -463,8 +485,7 @@ impl Gateway {
                 "this payment is over your own approval limit: an operator decides it".into(),
             ));
         }
-        let reason = reason
-            .map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>())
+        let reason = reason_text(reason)?
             .filter(|r| !r.trim().is_empty())
             .or_else(|| (decision == ReviewDecision::Reject).then(|| "declined by the user".to_string()));
         self.decide(person, approval_id, decision, reason, true).await
@@ -695,7 +716,7 @@ impl Gateway {
         let Some(mandate_id) = revoked else {
             return Err(OpError::Conflict("its mandate is already revoked".into()));
         };
-        let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
+        let reason = reason_text(reason)?;
         let mut d = Decision::new("mandates.revoke", "revoked");
         d.approval_id = Some(id.as_str());
         d.detail = Some(format!("mandate {mandate_id}: {}", reason.as_deref().unwrap_or("no reason given")));
@@ -716,7 +737,7 @@ impl Gateway {
         self.require(op, &[scopes::ADMIN])?;
         let issuer = who.issuer(op)?;
         self.not_itself(op, who)?;
-        let reason = reason.map(|r| r.chars().take(REASON_CHARS_MAX).collect::<String>());
+        let reason = reason_text(reason)?;
         let why = format!("suspended by {}: {}", op.subject, reason.as_deref().unwrap_or("no reason given"));
         let now = self.clock.now();
         let scope = match &who.user {

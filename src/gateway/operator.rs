@@ -352,8 +352,20 @@ fn filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError> {
     }
 }
 
+/// A filter with a closed form (an account id, a status, a kind): empty is malformed, not "none".
+fn typed_filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError> {
+    match v {
+        Some(s) if s.is_empty() => {
+            Err(OpError::Invalid(format!("{name} must not be empty (leave it out for every {name})")))
+        }
+        other => filter(name, other),
+    }
+}
+
+/// `from` / `to`: an instant or a date; unlike the text filters, empty is not "no filter" but a
+/// malformed value (the spec's `format`).
 fn instant(name: &str, v: Option<String>, end_of_day: bool) -> Result<Option<UnixSecs>, OpError> {
-    filter(name, v)?.map(|s| parse_instant(name, &s, end_of_day).map_err(|e| OpError::Invalid(e.message))).transpose()
+    v.map(|s| parse_instant(name, &s, end_of_day).map_err(|e| OpError::Invalid(e.message))).transpose()
 }
 
 impl Gateway {
@@ -374,16 +386,16 @@ impl Gateway {
         limit: Option<u32>,
     ) -> Result<(Vec<OpsPaymentView>, Option<String>), OpError> {
         self.require_op(op, &[scopes::AUDIT])?;
-        let account = filter("account", f.account)?
+        let account = typed_filter("account", f.account)?
             .map(|a| AccountId::parse(&a).map_err(|_| OpError::Invalid(format!("no account can be named {a:?}"))))
             .transpose()?;
-        let status = filter("status", f.status)?
+        let status = typed_filter("status", f.status)?
             .map(|s| {
                 PaymentStatus::parse(&s)
                     .ok_or_else(|| OpError::Invalid("status must be succeeded, pending or failed".into()))
             })
             .transpose()?;
-        let kind = filter("kind", f.kind)?
+        let kind = typed_filter("kind", f.kind)?
             .map(|k| PaymentKind::parse(&k).ok_or_else(|| OpError::Invalid("kind must be payment or refund".into())))
             .transpose()?;
         let limit = self.op_page_limit(limit)?;
@@ -473,7 +485,7 @@ impl Gateway {
     ) -> Result<(Vec<MandateView>, Option<String>), OpError> {
         self.require_op(op, &[scopes::AUDIT, scopes::APPROVE])?;
         let status =
-            match filter("status", status)?.as_deref() {
+            match typed_filter("status", status)?.as_deref() {
                 None | Some("all") => None,
                 Some(s) => Some(MandateStatus::parse(s).ok_or_else(|| {
                     OpError::Invalid("status must be active, revoked, used_up, expired or all".into())

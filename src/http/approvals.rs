@@ -65,6 +65,7 @@ impl FromRequestParts<AppState> for Authed {
                     StatusCode::UNAUTHORIZED,
                     &[("scope", OPERATOR_SCOPES.join(" "))],
                     None,
+                    &correlation_id,
                 ));
             }
             Err(AuthError::Invalid(reason)) => return Err(invalid_token(state, reason, &correlation_id)),
@@ -92,6 +93,7 @@ fn invalid_token(state: &AppState, reason: &'static str, correlation_id: &str) -
         StatusCode::UNAUTHORIZED,
         &[("error", "invalid_token".into()), ("error_description", reason.into())],
         Some(reason),
+        correlation_id,
     )
 }
 
@@ -129,14 +131,14 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + Default>(
     if bytes.is_empty() {
         return Ok(T::default());
     }
-    serde_json::from_slice(bytes).map_err(|e| {
-        Box::new(envelope(
-            StatusCode::BAD_REQUEST,
-            "INVALID_ARGUMENT",
-            &format!("invalid JSON body: {e}"),
-            correlation_id,
-        ))
-    })
+    let bad =
+        |message: String| Box::new(envelope(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message, correlation_id));
+    // An object only: serde would also read a struct from a JSON array (`["why"]`).
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
+    if !value.is_object() {
+        return Err(bad("the body must be a JSON object".into()));
+    }
+    serde_json::from_value(value).map_err(|e| bad(format!("invalid JSON body: {e}")))
 }
 
 pub async fn list(

@@ -68,13 +68,17 @@ pub async fn origin_check(State(state): State<AppState>, req: Request, next: Nex
     next.run(req).await
 }
 
-/// A bearer challenge (RFC 6750) naming the metadata of the resource `audience` is for.
+/// A bearer challenge (RFC 6750) naming the metadata of the resource `audience` is for. The body
+/// is each resource's own error shape: OAuth's `{error, error_description}` on /mcp, the operator
+/// API's one envelope `{"error": {code, message, correlation_id}}` for operators
+/// (`docs/operator-api.yaml`); the header carries the OAuth error code either way.
 pub fn bearer_challenge(
     state: &AppState,
     audience: Audience,
     status: StatusCode,
     params: &[(&str, String)],
     description: Option<&str>,
+    correlation_id: &str,
 ) -> Response {
     let mut value = String::from("Bearer ");
     let mut parts: Vec<String> = params.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
@@ -85,11 +89,17 @@ pub fn bearer_challenge(
     parts.push(format!("resource_metadata=\"{metadata}\""));
     value.push_str(&parts.join(", "));
     let error = params.iter().find(|(k, _)| *k == "error").map(|(_, v)| v.as_str());
-    let body = json!({
-        "error": error.unwrap_or("unauthorized"),
-        "error_description": description.unwrap_or("a bearer token is required"),
-    });
-    let mut resp = (status, axum::Json(body)).into_response();
+    let description = description.unwrap_or("a bearer token is required");
+    let mut resp = match audience {
+        Audience::Agent => {
+            let body = json!({"error": error.unwrap_or("unauthorized"), "error_description": description});
+            (status, axum::Json(body)).into_response()
+        }
+        Audience::Operator => {
+            let code = if status == StatusCode::FORBIDDEN { "INSUFFICIENT_SCOPE" } else { "UNAUTHORIZED" };
+            super::approvals::envelope(status, code, description, correlation_id)
+        }
+    };
     if let Ok(v) = HeaderValue::from_str(&value) {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
@@ -97,7 +107,7 @@ pub fn bearer_challenge(
 }
 
 fn challenge(state: &AppState, status: StatusCode, params: &[(&str, String)], description: Option<&str>) -> Response {
-    bearer_challenge(state, Audience::Agent, status, params, description)
+    bearer_challenge(state, Audience::Agent, status, params, description, "")
 }
 
 fn bearer(req: &Request) -> Result<&str, AuthError> {

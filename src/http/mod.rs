@@ -152,7 +152,8 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route("/principals/{subject}/resume", post(approvals::resume))
         .nest("/operator/v1", operator_api())
         .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout));
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
+        .layer(axum::middleware::from_fn(operator::json_errors));
 
     // The metadata is public: any browser origin may read it (that is how browser clients discover
     // the authorization server).

@@ -17,6 +17,11 @@ fn bad_query(correlation_id: &str) -> Response {
     envelope(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "unknown or malformed query parameter", correlation_id)
 }
 
+/// `cursor=` (empty) is the first page, as no cursor at all.
+fn cursor(c: &Option<String>) -> Option<&str> {
+    c.as_deref().filter(|c| !c.is_empty())
+}
+
 fn page<T: serde::Serialize>(items: Vec<T>, next_cursor: Option<String>) -> serde_json::Value {
     json!({"items": items, "next_cursor": next_cursor})
 }
@@ -56,7 +61,7 @@ pub async fn payments(State(state): State<AppState>, Authed(op): Authed, q: Quer
         from: q.from,
         to: q.to,
     };
-    let result = state.gateway.ops_payments(&op, filters, q.cursor.as_deref(), q.limit).await;
+    let result = state.gateway.ops_payments(&op, filters, cursor(&q.cursor), q.limit).await;
     respond(result.map(|(items, next)| page(items, next)), &op.correlation_id, StatusCode::OK)
 }
 
@@ -95,7 +100,7 @@ pub async fn audit(State(state): State<AppState>, Authed(op): Authed, q: QueryRe
         from: q.from,
         to: q.to,
     };
-    let result = state.gateway.ops_audit(&op, filters, q.cursor.as_deref(), q.limit).await;
+    let result = state.gateway.ops_audit(&op, filters, cursor(&q.cursor), q.limit).await;
     respond(result.map(|(items, next)| page(items, next)), &op.correlation_id, StatusCode::OK)
 }
 
@@ -109,14 +114,13 @@ pub struct StatusPage {
 
 pub async fn approvals(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<StatusPage>) -> Response {
     let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
-    let status = q.status.filter(|s| !s.is_empty());
-    let result = state.gateway.list_approvals(&op, status.as_deref(), q.cursor.as_deref(), q.limit).await;
+    let result = state.gateway.list_approvals(&op, q.status.as_deref(), cursor(&q.cursor), q.limit).await;
     respond(result.map(|(items, next)| page(items, next)), &op.correlation_id, StatusCode::OK)
 }
 
 pub async fn mandates(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<StatusPage>) -> Response {
     let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
-    let result = state.gateway.ops_mandates(&op, q.status, q.cursor.as_deref(), q.limit).await;
+    let result = state.gateway.ops_mandates(&op, q.status.clone(), cursor(&q.cursor), q.limit).await;
     respond(result.map(|(items, next)| page(items, next)), &op.correlation_id, StatusCode::OK)
 }
 
@@ -145,4 +149,39 @@ pub async fn reconciliation(State(state): State<AppState>, Authed(op): Authed) -
 
 pub async fn reconcile(State(state): State<AppState>, Authed(op): Authed) -> Response {
     respond(state.gateway.ops_reconcile(&op).await, &op.correlation_id, StatusCode::OK)
+}
+
+/// Every operator-route error in the one envelope: what axum and tower-http answer on their own
+/// (404 for an unknown route, 405, 408, 413, a malformed path) is plain text; it is rewritten here,
+/// status kept, so a client reads one error shape (`docs/operator-api.yaml`).
+pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let correlation_id =
+        req.extensions().get::<crate::gateway::CorrelationId>().map(|c| c.0.clone()).unwrap_or_default();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (code, message) = match status {
+        StatusCode::NOT_FOUND => ("NOT_FOUND", "no such operator route"),
+        StatusCode::METHOD_NOT_ALLOWED => ("METHOD_NOT_ALLOWED", "method not allowed on this route"),
+        StatusCode::REQUEST_TIMEOUT => ("TIMEOUT", "the request took longer than server.request_timeout_ms"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("PAYLOAD_TOO_LARGE", "the body is larger than 16 KiB"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("INVALID_ARGUMENT", "the body must be JSON"),
+        s if s.is_server_error() => ("INTERNAL", "internal error"),
+        _ => ("INVALID_ARGUMENT", "malformed request"),
+    };
+    let mut out = super::approvals::envelope(status, code, message, &correlation_id);
+    // Keep what the client needs beyond the body (Allow on a 405, Retry-After).
+    for name in [axum::http::header::ALLOW, axum::http::header::RETRY_AFTER, axum::http::header::WWW_AUTHENTICATE] {
+        if let Some(v) = resp.headers().get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
 }
