@@ -47,6 +47,37 @@ pub struct Config {
     pub jobs: JobsConfig,
     pub audit: AuditConfig,
     pub console: ConsoleConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+impl TelemetryConfig {
+    /// The exporter's settings (ranges were checked at load).
+    pub fn settings(&self) -> crate::telemetry::Settings {
+        let ms = |v: i64| std::time::Duration::from_millis(u64::try_from(v).unwrap_or(0));
+        crate::telemetry::Settings {
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            service_name: self.service_name.clone(),
+            export_interval: ms(self.export_interval_ms),
+            export_timeout: ms(self.export_timeout_ms),
+            queue_max: usize::try_from(self.queue_max).unwrap_or(2048),
+        }
+    }
+}
+
+/// OpenTelemetry traces (`crate::telemetry`): OTLP over HTTP/protobuf, off by default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    pub enabled: bool,
+    /// The collector's OTLP/HTTP traces URL, e.g. `http://otel-collector:4318/v1/traces`.
+    pub otlp_endpoint: String,
+    pub service_name: String,
+    /// Spans are sent in batches at least this often (and whenever a batch fills).
+    pub export_interval_ms: i64,
+    /// One export's deadline; a collector that does not answer in time loses that batch only.
+    pub export_timeout_ms: i64,
+    /// Spans waiting for export at most; past it new spans are dropped (counted), never blocking a request.
+    pub queue_max: i64,
 }
 
 /// Audit retention and archival (`crate::audit_archive`).
@@ -616,6 +647,18 @@ impl Config {
         }
         if c.client_id.len() > 256 || c.client_id.chars().any(char::is_control) {
             return Err(ConfigError::Invalid("console.client_id must be at most 256 printable characters".into()));
+        }
+        let t = &self.telemetry;
+        range("telemetry.export_interval_ms", t.export_interval_ms, 10, 60_000)?;
+        range("telemetry.export_timeout_ms", t.export_timeout_ms, 100, 60_000)?;
+        range("telemetry.queue_max", t.queue_max, 64, 1_000_000)?;
+        if t.enabled && !(t.otlp_endpoint.starts_with("http://") || t.otlp_endpoint.starts_with("https://")) {
+            return Err(ConfigError::Invalid(
+                "telemetry.otlp_endpoint must be an http(s) URL (the collector's /v1/traces)".into(),
+            ));
+        }
+        if t.service_name.is_empty() || t.service_name.len() > 128 || t.service_name.chars().any(char::is_control) {
+            return Err(ConfigError::Invalid("telemetry.service_name must be 1-128 printable characters".into()));
         }
         Ok(())
     }

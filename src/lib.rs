@@ -18,6 +18,7 @@ pub mod ids;
 pub mod init;
 pub mod jobs;
 pub mod ledger_service;
+pub mod logging;
 pub mod mcp;
 pub mod money;
 pub mod policy;
@@ -25,6 +26,7 @@ pub mod private_fs;
 pub mod request_state;
 pub mod secret;
 pub mod store;
+pub mod telemetry;
 
 /// Install rustls' ring provider for outbound HTTPS (JWKS). Idempotent; called at start.
 pub fn install_crypto_provider() {

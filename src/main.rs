@@ -157,7 +157,7 @@ fn with_config(file: Option<&std::path::Path>, f: impl FnOnce(Config) -> ExitCod
     match Config::from_env(file) {
         Ok(c) => f(c),
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             ExitCode::from(2)
         }
     }
@@ -175,7 +175,7 @@ fn init(opts: paygate::init::InitOptions) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             ExitCode::FAILURE
         }
     }
@@ -221,7 +221,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => Some(r),
         Err(e) => {
-            eprintln!("paygate: cannot start runtime: {e}");
+            paygate::logging::fatal(&format!("cannot start runtime: {e}"));
             None
         }
     }
@@ -230,7 +230,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 fn ledger_serve(config: Config, bind: &str) -> ExitCode {
     init_tracing();
     let Ok(credential) = std::env::var("PAYGATE_LEDGER_SERVE_CREDENTIAL") else {
-        eprintln!("paygate: set PAYGATE_LEDGER_SERVE_CREDENTIAL (the bearer credential gateways present)");
+        paygate::logging::fatal("set PAYGATE_LEDGER_SERVE_CREDENTIAL (the bearer credential gateways present)");
         return ExitCode::from(2);
     };
     let Some(rt) = runtime() else { return ExitCode::FAILURE };
@@ -238,33 +238,31 @@ fn ledger_serve(config: Config, bind: &str) -> ExitCode {
         let store = match paygate::app::open_store(&config).await {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("paygate: {e}");
+                paygate::logging::fatal(&e.to_string());
                 return ExitCode::FAILURE;
             }
         };
         if let Err(e) = paygate::app::seed_demo_accounts(&config, &store).await {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             return ExitCode::FAILURE;
         }
         let listener = match tokio::net::TcpListener::bind(bind).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("paygate: cannot bind {bind}: {e}");
+                paygate::logging::fatal(&format!("cannot bind {bind}: {e}"));
                 return ExitCode::FAILURE;
             }
         };
         if let Ok(addr) = listener.local_addr() {
             println!("paygate ledger service: http://{addr}");
         }
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
+        let shutdown = shutdown_signal();
         let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
         let secret = paygate::auth::Secret::new(credential);
         match paygate::ledger_service::serve(listener, store, clock, secret, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("paygate: {e}");
+                paygate::logging::fatal(&e.to_string());
                 ExitCode::FAILURE
             }
         }
@@ -276,7 +274,7 @@ fn reconcile(config: Config, since: Option<&str>) -> ExitCode {
     let since = match since.map(paygate::gateway::parse_instant_arg).transpose() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("paygate: --since: {e}");
+            paygate::logging::fatal(&format!("--since: {e}"));
             return ExitCode::from(2);
         }
     };
@@ -284,13 +282,13 @@ fn reconcile(config: Config, since: Option<&str>) -> ExitCode {
         match g.reconcile(since).await {
             Ok(report) => {
                 if let Err(e) = g.store().audit_append(g.reconcile_audit(&report)).await {
-                    eprintln!("paygate: the reconciliation report could not be audited: {e}");
+                    paygate::logging::fatal(&format!("the reconciliation report could not be audited: {e}"));
                 }
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
                 if report.problems() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
             }
             Err(e) => {
-                eprintln!("paygate: reconciliation failed: {e}");
+                paygate::logging::fatal(&format!("reconciliation failed: {e}"));
                 could_not_run()
             }
         }
@@ -306,7 +304,7 @@ fn check_ledger(config: Config, full: bool) -> ExitCode {
                 if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
             }
             Err(e) => {
-                eprintln!("paygate: the ledger could not be checked: {e}");
+                paygate::logging::fatal(&format!("the ledger could not be checked: {e}"));
                 could_not_run()
             }
         }
@@ -334,7 +332,7 @@ where
         let running = match paygate::app::start_default(config).await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("paygate: {e}");
+                paygate::logging::fatal(&e.to_string());
                 return could_not_run();
             }
         };
@@ -348,7 +346,7 @@ fn migrate(config: &Config) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             return ExitCode::FAILURE;
         }
     };
@@ -358,7 +356,7 @@ fn migrate(config: &Config) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             ExitCode::FAILURE
         }
     }
@@ -372,7 +370,7 @@ fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
             match std::fs::read_to_string(&path) {
                 Ok(t) => paygate::auth::Secret::new(t.trim().to_string()),
                 Err(e) => {
-                    eprintln!("paygate: no mandate key ({}): {e}", path.display());
+                    paygate::logging::fatal(&format!("no mandate key ({}): {e}", path.display()));
                     return ExitCode::FAILURE;
                 }
             }
@@ -381,7 +379,7 @@ fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
     let keys = match paygate::mandate::MandateKeys::new(config.mandates.key_id.clone(), &secret) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             return ExitCode::FAILURE;
         }
     };
@@ -400,14 +398,7 @@ fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
 /// Logs go to stderr: readable by default, one JSON object per line with PAYGATE_LOG_FORMAT=json
 /// (for log shippers). Filter with PAYGATE_LOG (e.g. "info", "paygate=debug").
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PAYGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr);
-    if std::env::var("PAYGATE_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
+    paygate::logging::init();
 }
 
 /// One line of the start banner on stdout. Whoever started the server may stop reading once it
@@ -419,21 +410,49 @@ fn say(line: std::fmt::Arguments<'_>) {
 }
 
 fn serve(config: Config) -> ExitCode {
-    init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("paygate: cannot start runtime: {e}");
+            init_tracing();
+            paygate::logging::fatal(&format!("cannot start runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     runtime.block_on(async move {
+        // Traces need the runtime (exports run on it); the logs start with them.
+        let telemetry = if config.telemetry.enabled {
+            match paygate::telemetry::start(&config.telemetry.settings()) {
+                Ok((telemetry, tracer)) => {
+                    paygate::logging::init_with(Some(tracer));
+                    tracing::info!(otlp.endpoint = %config.telemetry.otlp_endpoint, "exporting traces");
+                    Some(telemetry)
+                }
+                Err(e) => {
+                    init_tracing();
+                    paygate::logging::fatal(&e);
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            init_tracing();
+            None
+        };
+        let code = serve_on(config).await;
+        if let Some(t) = telemetry {
+            t.shutdown().await;
+        }
+        code
+    })
+}
+
+async fn serve_on(config: Config) -> ExitCode {
+    {
         let dev = config.dev.clone();
         let console_on = config.console.enabled;
         let running = match paygate::app::start_default(config).await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("paygate: {e}");
+                paygate::logging::fatal(&e.to_string());
                 return ExitCode::FAILURE;
             }
         };
@@ -455,18 +474,42 @@ fn serve(config: Config) -> ExitCode {
         }
         let stop = running.shutdown_token();
         tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            shutdown_signal().await;
             tracing::info!("shutting down");
             stop.cancel();
         });
         match running.wait().await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("paygate: {e}");
+                paygate::logging::fatal(&e.to_string());
                 ExitCode::FAILURE
             }
         }
-    })
+    }
+}
+
+/// Ctrl-C, or SIGTERM (what Kubernetes and `docker stop` send): stop taking requests, finish the
+/// ones in flight, flush what is queued.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// Every operator scope: what `paygate token --console` grants unless told otherwise.
@@ -482,7 +525,7 @@ fn token(
 ) -> ExitCode {
     let ttl = ttl_secs.unwrap_or(config.dev.token_ttl_secs);
     if !(60..=2_592_000).contains(&ttl) {
-        eprintln!("paygate: --ttl-secs must be 60..=2592000");
+        paygate::logging::fatal("--ttl-secs must be 60..=2592000");
         return ExitCode::from(2);
     }
     // Agents' and operators' scopes are different names: a token for one resource carrying the
@@ -493,13 +536,13 @@ fn token(
         (paygate::catalogue::scopes::AGENT_SCOPES, "an agent")
     };
     if let Some(other) = scope.split_whitespace().find(|s| !known.contains(s)) {
-        eprintln!("paygate: {other:?} is not {kind} scope; {kind}'s scopes are {}", known.join(" "));
+        paygate::logging::fatal(&format!("{other:?} is not {kind} scope; {kind}'s scopes are {}", known.join(" ")));
         return ExitCode::from(2);
     }
     let key = match paygate::app::dev_key(config) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             return ExitCode::FAILURE;
         }
     };
@@ -522,7 +565,7 @@ fn token(
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("paygate: {e}");
+            paygate::logging::fatal(&e.to_string());
             ExitCode::FAILURE
         }
     }

@@ -60,8 +60,12 @@ pub struct Metrics {
     inner: Mutex<Inner>,
 }
 
-/// Fold a request path to its route, so labels stay bounded.
+/// Fold a request path to its route, so labels stay bounded: the operator API by its route
+/// templates (`/operator/v1/payments/{payment_id}`), everything else by its prefix.
 pub fn route(path: &str) -> &'static str {
+    if let Some(rest) = path.strip_prefix("/operator/v1/") {
+        return operator_route(rest);
+    }
     match path {
         "/mcp" => "/mcp",
         "/healthz" => "/healthz",
@@ -71,8 +75,47 @@ pub fn route(path: &str) -> &'static str {
         p if p.starts_with("/approvals") => "/approvals",
         p if p.starts_with("/principals/") => "/principals",
         p if p.starts_with("/callbacks/mpesa/") => "/callbacks/mpesa",
+        p if p.starts_with("/callbacks/airtel/") => "/callbacks/airtel",
+        p if p == "/console" || p.starts_with("/console/") => "/console",
         _ => "other",
     }
+}
+
+/// `docs/operator-api.yaml`'s paths, ids folded (tests/operator_api.rs checks the two agree).
+pub const OPERATOR_ROUTES: &[&str] = &[
+    "/operator/v1/health",
+    "/operator/v1/summary",
+    "/operator/v1/payments",
+    "/operator/v1/payments/{payment_id}",
+    "/operator/v1/audit",
+    "/operator/v1/approvals",
+    "/operator/v1/approvals/{approval_id}",
+    "/operator/v1/approvals/{approval_id}/approve",
+    "/operator/v1/approvals/{approval_id}/reject",
+    "/operator/v1/confirmations/{approval_id}",
+    "/operator/v1/confirmations/{approval_id}/approve",
+    "/operator/v1/confirmations/{approval_id}/reject",
+    "/operator/v1/mandates",
+    "/operator/v1/mandates/{mandate_id}/revoke",
+    "/operator/v1/principals",
+    "/operator/v1/principals/{subject}/suspend",
+    "/operator/v1/principals/{subject}/resume",
+    "/operator/v1/reconciliation",
+    "/operator/v1/reconciliation/run",
+];
+
+fn operator_route(rest: &str) -> &'static str {
+    let segments: Vec<&str> = rest.split('/').collect();
+    // A template matches when every literal segment does and each `{…}` matches one non-empty one.
+    OPERATOR_ROUTES
+        .iter()
+        .find(|t| {
+            let template: Vec<&str> = t["/operator/v1/".len()..].split('/').collect();
+            template.len() == segments.len()
+                && template.iter().zip(&segments).all(|(t, s)| if t.starts_with('{') { !s.is_empty() } else { t == s })
+        })
+        .copied()
+        .unwrap_or("/operator/v1/other")
 }
 
 impl Metrics {
@@ -86,8 +129,8 @@ impl Metrics {
         self.with(|m| *m.decisions.entry(key).or_default() += 1);
     }
 
-    pub fn http(&self, path: &str, status: u16, took: Duration) {
-        let r = route(path);
+    /// One HTTP request, by its [`route`].
+    pub fn http(&self, r: &'static str, status: u16, took: Duration) {
         self.with(|m| {
             *m.http.entry((r, status)).or_default() += 1;
             m.http_latency.entry(r).or_default().observe(took.as_secs_f64());
@@ -250,7 +293,82 @@ impl Metrics {
         }
         self.render_rails(&mut out);
         self.render_bookkeeping(&mut out);
+        render_build(&mut out);
+        render_process(&mut out);
         out
+    }
+}
+
+fn render_build(out: &mut String) {
+    out.push_str("# HELP paygate_build_info The running build (always 1).\n# TYPE paygate_build_info gauge\n");
+    let _ = writeln!(out, "paygate_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+}
+
+/// The standard `process_*` metrics (Prometheus' process collector), from /proc; none elsewhere.
+fn render_process(out: &mut String) {
+    let Some(p) = process::read() else { return };
+    let mut gauge = |name: &str, kind: &str, help: &str, value: f64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    };
+    gauge("process_cpu_seconds_total", "counter", "User and system CPU time spent, in seconds.", p.cpu_seconds);
+    gauge("process_resident_memory_bytes", "gauge", "Resident memory size, in bytes.", p.resident_bytes);
+    gauge("process_virtual_memory_bytes", "gauge", "Virtual memory size, in bytes.", p.virtual_bytes);
+    gauge(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since the Unix epoch, in seconds.",
+        p.start_time,
+    );
+    gauge("process_open_fds", "gauge", "Open file descriptors.", p.open_fds);
+    if let Some(max) = p.max_fds {
+        gauge("process_max_fds", "gauge", "The limit on open file descriptors.", max);
+    }
+    gauge("process_threads", "gauge", "OS threads in the process.", p.threads);
+}
+
+mod process {
+    pub struct Process {
+        pub cpu_seconds: f64,
+        pub resident_bytes: f64,
+        pub virtual_bytes: f64,
+        pub start_time: f64,
+        pub open_fds: f64,
+        pub max_fds: Option<f64>,
+        pub threads: f64,
+    }
+
+    /// `/proc/self/stat` (fields after the command name, which may contain spaces), `/proc/stat`'s
+    /// boot time, `/proc/self/fd`, `/proc/self/limits`.
+    pub fn read() -> Option<Process> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        // After ")": state is field 3 of proc(5), so field n is fields[n - 3].
+        let num = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+        // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
+        if ticks <= 0.0 || page <= 0.0 {
+            return None;
+        }
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))?;
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as f64;
+        let max_fds = std::fs::read_to_string("/proc/self/limits").ok().and_then(|l| {
+            l.lines()
+                .find(|line| line.starts_with("Max open files"))
+                .and_then(|line| line.split_whitespace().nth(3).and_then(|v| v.parse::<f64>().ok()))
+        });
+        Some(Process {
+            cpu_seconds: (num(14)? + num(15)?) / ticks,
+            threads: num(20)?,
+            start_time: boot + num(22)? / ticks,
+            virtual_bytes: num(23)?,
+            resident_bytes: num(24)? * page,
+            open_fds,
+            max_fds,
+        })
     }
 }
 
@@ -259,21 +377,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn operator_routes_fold_to_their_templates() {
+        assert_eq!(route("/operator/v1/payments"), "/operator/v1/payments");
+        assert_eq!(route("/operator/v1/approvals/apr_1/approve"), "/operator/v1/approvals/{approval_id}/approve");
+        assert_eq!(route("/operator/v1/principals/bot%20x/resume"), "/operator/v1/principals/{subject}/resume");
+        assert_eq!(route("/operator/v1/reconciliation/run"), "/operator/v1/reconciliation/run");
+        for other in ["/operator/v1/payments/", "/operator/v1/nope", "/operator/v1/approvals/a/b/c"] {
+            assert_eq!(route(other), "/operator/v1/other", "{other}");
+        }
+        for t in OPERATOR_ROUTES {
+            assert_eq!(route(t), *t, "a template folds to itself");
+        }
+    }
+
+    #[test]
     fn renders_counters_and_histograms() {
         let m = Metrics::default();
         m.decision("create_payment", "allowed", None);
         m.decision("create_payment", "replayed", None);
         m.decision("create_payment", "denied", Some("ACCOUNT_NOT_ALLOWED"));
-        m.http("/approvals/apr_123/approve", 200, Duration::from_millis(3));
+        m.http(route("/approvals/apr_123/approve"), 200, Duration::from_millis(3));
+        m.http(route("/operator/v1/payments/pay_123"), 200, Duration::from_millis(3));
         m.tool("get_balance", Duration::from_micros(700));
         let text = m.render(Some(2), Some(Duration::from_millis(1)));
         assert!(text.contains("paygate_payments_moved_total 1"));
         assert!(text.contains("paygate_replays_total 1"));
         assert!(text.contains("paygate_denials_total{code=\"ACCOUNT_NOT_ALLOWED\"} 1"));
         assert!(text.contains("paygate_http_requests_total{route=\"/approvals\",status=\"200\"} 1"));
+        assert!(
+            text.contains("paygate_http_requests_total{route=\"/operator/v1/payments/{payment_id}\",status=\"200\"} 1")
+        );
         assert!(text.contains("paygate_tool_duration_seconds_bucket{tool=\"get_balance\",le=\"0.001\"} 1"));
         assert!(text.contains("paygate_tool_duration_seconds_bucket{tool=\"get_balance\",le=\"0.0005\"} 0"));
         assert!(text.contains("paygate_approvals_pending 2"));
         assert!(text.contains("paygate_store_up 1"));
+        assert!(text.contains(&format!("paygate_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))));
+        let value = |name: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert!(value("process_resident_memory_bytes") > 1e6, "a live process has resident memory");
+        assert!(value("process_threads") >= 1.0 && value("process_open_fds") >= 3.0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let started = value("process_start_time_seconds");
+        assert!(started <= now + 1.0 && started > now - 86_400.0, "started {started}, now {now}");
+        assert!(value("process_cpu_seconds_total") >= 0.0);
     }
 }

@@ -1,14 +1,22 @@
 //! A secret string whose `Debug` never shows it: keys, credentials, passkeys. Its own module (not
-//! `auth`'s) because config, the rails and the stores hold secrets too.
+//! `auth`'s) because config, the rails and the stores hold secrets too. Every secret, however it is
+//! made (config, a key file, a rail's access token), is registered with the log redactor, so even a
+//! dependency that prints it writes `[redacted:secret]`.
 
 use serde::Deserialize;
 
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret::new)
+    }
+}
 
 impl Secret {
     pub fn new(s: String) -> Self {
+        crate::logging::register_secret(&s);
         Secret(s)
     }
     /// Whether `presented` is this secret, compared as SHA-256 digests without an early exit, so

@@ -580,3 +580,31 @@ async fn probe_passes_a_ready_gateway_and_fails_anything_else() {
     task.abort();
     app.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// start-up failures under PAYGATE_LOG_FORMAT=json
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn startup_failures_are_json_when_the_log_format_is_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let bad = [("PAYGATE_STORAGE__DATA_DIR", data.to_str().unwrap()), ("PAYGATE_LIMITS__LIST_LIMIT_MAX", "0")];
+    let mut env = bad.to_vec();
+    env.push(("PAYGATE_LOG_FORMAT", "json"));
+    let o = paygate(&["serve"], &env);
+    assert_eq!(o.status.code(), Some(2), "an invalid config stops the server");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "it says why");
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(v["level"], "ERROR", "{line}");
+        assert!(v["message"].as_str().unwrap().contains("limits.list_limit_max"), "names the key: {line}");
+    }
+    // The text format says the same in one plain line.
+    let o = paygate(&["serve"], &bad);
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.starts_with("paygate: ") && stderr.contains("limits.list_limit_max"), "{stderr}");
+}

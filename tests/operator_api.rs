@@ -174,7 +174,11 @@ async fn a_payments_timeline_shows_every_step_and_revoking_a_mandate_stops_its_n
     assert_eq!(dev["suspended"], true);
     assert!(dev["suspended_reason"].as_str().unwrap().contains("looks compromised"));
     assert!(dev["last_seen"].is_string());
-    assert_eq!(code(&call(&agent, "create_payment", pay("after-suspend", "1.00")).await), "PRINCIPAL_SUSPENDED");
+    let refused = call(&agent, "create_payment", pay("after-suspend", "1.00")).await;
+    assert_eq!(code(&refused), "PRINCIPAL_SUSPENDED");
+    // The agent is told who suspended it and why, as the operator gave it.
+    let message = err(&refused)["message"].as_str().unwrap().to_string();
+    assert!(message.contains("suspended by ops-alice: looks compromised"), "{message}");
     post(&app, "/principals/dev-agent/resume", &ops, json!({})).await;
     let (status, run) = post(&app, "/reconciliation/run", &ops, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{run}");
@@ -451,6 +455,13 @@ async fn the_openapi_file_lists_exactly_the_served_routes() {
     d.sort();
     s.sort();
     assert_eq!(d, s, "docs/operator-api.yaml vs operator_api() in src/http/mod.rs");
+    // Each route has its own metrics label.
+    let mut paths: Vec<String> = documented.iter().map(|(_, p)| format!("{API}{p}")).collect();
+    paths.sort();
+    paths.dedup();
+    let mut labelled: Vec<String> = paygate::metrics::OPERATOR_ROUTES.iter().map(|r| r.to_string()).collect();
+    labelled.sort();
+    assert_eq!(paths, labelled, "docs/operator-api.yaml vs metrics::OPERATOR_ROUTES");
 
     // And the server answers each one (a missing route is a bare 404; a missing thing is an envelope).
     let (app, _dir) = spawn_app().await;

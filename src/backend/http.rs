@@ -147,9 +147,8 @@ impl HttpLedger {
 
     /// One attempt: never retried here, classified by what the ledger may have seen.
     async fn attempt(&self, method: &Method, url: &Url, key: Option<&HeaderValue>, body: Option<&[u8]>) -> Attempt {
-        let mut rb = self
-            .http
-            .request(method.clone(), url.clone())
+        // W3C trace context (telemetry on): the ledger service's spans join the gateway's trace.
+        let mut rb = crate::telemetry::traced(self.http.request(method.clone(), url.clone()))
             .header(AUTHORIZATION, self.auth.clone())
             .header(ACCEPT, "application/json");
         if let Some(k) = key {

@@ -114,7 +114,7 @@ pub struct Gateway {
     refusals: refusals::Throttle,
     /// Principals found suspended recently, by [`AgentPrincipal::key`]: a suspended agent's flood is
     /// refused without a store read per call for [`SUSPENDED_SEEN_SECS`].
-    suspended_seen: Mutex<HashMap<String, tokio::time::Instant>>,
+    suspended_seen: Mutex<HashMap<String, (tokio::time::Instant, String)>>,
 }
 
 /// How long a principal found suspended is refused without asking the store again, in seconds (a
@@ -252,10 +252,13 @@ impl Gateway {
         let Some(scope) = crate::catalogue::scope_for_request(tool) else {
             return Err(AgentError::invalid(format!("no tool named {tool}")));
         };
-        if self.is_suspended(caller).await? {
+        if let Some(why) = self.suspended(caller).await? {
+            // Who suspended it and why, as recorded ("suspended by alice: …", "suspended by the stop
+            // rule: …"): the agent, and whoever reads its transcript, can tell a person's decision
+            // from the automatic one.
             let e = AgentError::new(
                 ErrorCode::PrincipalSuspended,
-                "this agent is suspended; an operator must resume it before it can call anything",
+                format!("this agent is {why}; an operator must resume it before it can call anything"),
             );
             return Err(self.refuse_early(caller, tool, "denied", e, Counts::No).await);
         }
@@ -273,27 +276,30 @@ impl Gateway {
         }
     }
 
-    /// Whether the caller is suspended: the agent as a whole, or this (agent, user) pair.
-    async fn is_suspended(&self, caller: &Caller) -> Result<bool, AgentError> {
+    /// Why the caller is suspended (the agent as a whole, or this (agent, user) pair), or `None`.
+    async fn suspended(&self, caller: &Caller) -> Result<Option<String>, AgentError> {
         let key = caller.principal.key();
         let fresh = std::time::Duration::from_secs(SUSPENDED_SEEN_SECS);
         {
             let seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
-            if seen.get(&key).is_some_and(|at| at.elapsed() < fresh) {
-                return Ok(true);
+            if let Some((at, why)) = seen.get(&key)
+                && at.elapsed() < fresh
+            {
+                return Ok(Some(why.clone()));
             }
         }
         match self.store.suspension(&caller.principal.principal_ref()).await {
-            Ok(None) => Ok(false),
-            Ok(Some(_)) => {
+            Ok(None) => Ok(None),
+            Ok(Some((_, reason))) => {
+                let why = suspension_text(&reason);
                 let mut seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
                 if seen.len() >= SUSPENDED_SEEN_MAX {
-                    seen.retain(|_, at| at.elapsed() < fresh);
+                    seen.retain(|_, (at, _)| at.elapsed() < fresh);
                 }
                 if seen.len() < SUSPENDED_SEEN_MAX {
-                    seen.insert(key, tokio::time::Instant::now());
+                    seen.insert(key, (tokio::time::Instant::now(), why.clone()));
                 }
-                Ok(true)
+                Ok(Some(why))
             }
             Err(error) => {
                 // Fail closed: a principal whose suspension cannot be read does nothing.
@@ -383,6 +389,21 @@ impl Gateway {
             Some(n) if n >= 1 && n <= self.limits.list_limit_max => Ok(n),
             Some(n) => Err(AgentError::invalid(format!("limit must be 1..={}, got {n}", self.limits.list_limit_max))),
         }
+    }
+}
+
+/// A stored suspension reason as the agent is told it: "suspended by <operator>: <their reason>" or
+/// "suspended by the stop rule: …" as recorded; a record from before reasons named who (or an
+/// empty one) says so. Control characters are dropped and the length bounded (an operator's reason
+/// is at most 500 characters; the record may predate that bound).
+fn suspension_text(reason: &str) -> String {
+    let clean: String = reason.chars().filter(|c| !c.is_control()).take(600).collect();
+    if clean.starts_with("suspended by ") {
+        clean
+    } else if clean.is_empty() {
+        "suspended (no reason recorded)".into()
+    } else {
+        format!("suspended ({clean})")
     }
 }
 

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -858,11 +859,12 @@ impl Gateway {
         }
         let reason = if weighted > 0 {
             format!(
-                "{denials} policy denials and {rate_limited} RATE_LIMITED answers (counted as {weighted}) within {} s",
+                "suspended by the stop rule: {denials} policy denials and {rate_limited} RATE_LIMITED answers \
+                 (counted as {weighted}) within {} s",
                 self.limits.stop_window_secs
             )
         } else {
-            format!("{denials} policy denials within {} s", self.limits.stop_window_secs)
+            format!("suspended by the stop rule: {denials} policy denials within {} s", self.limits.stop_window_secs)
         };
         let scope = crate::store::SuspensionScope::Pair(who.user.clone());
         match self.store.suspend(&who.issuer, &who.subject, &scope, &reason, now).await {
@@ -919,15 +921,58 @@ impl Gateway {
                 Err(error) => return Err(self.internal(caller, tool, id, error).await),
             }
         }
-        // 2. Policy.
+        // 2. Policy. Its span covers the decision and what it writes (a refusal, an approval).
+        let policy = tracing::debug_span!(
+            "policy",
+            correlation_id = %caller.correlation_id,
+            tool,
+            decision = match &decision {
+                Policy::Allow => "allow",
+                Policy::Deny(_) => "deny",
+                Policy::RequireApproval { .. } => "approval_required",
+            },
+            code = tracing::field::Empty,
+        );
         match decision {
-            Policy::Allow => {}
-            Policy::Deny(e) => return Err(self.refuse(caller, tool, Some(&idem.key), e).await),
+            Policy::Allow => drop(policy),
+            Policy::Deny(e) => {
+                policy.record("code", e.code.as_str());
+                return Err(self.refuse(caller, tool, Some(&idem.key), e).instrument(policy).await);
+            }
             Policy::RequireApproval { reason } => {
                 let operation = idem.alias.as_deref().unwrap_or(&idem);
-                return Err(self.require_approval(caller, tool, operation, amount, intent, reason).await);
+                let asked = self.require_approval(caller, tool, operation, amount, intent, reason);
+                return Err(asked.instrument(policy).await);
             }
         }
+        // 3.-4. The unit of work: the keys, the money, the outcome, exactly once.
+        let unit = tracing::debug_span!("unit_of_work", correlation_id = %caller.correlation_id, tool, in_tx);
+        self.unit_of_work(caller, tool, in_tx, idem, call_backend).instrument(unit).await
+    }
+
+    /// Steps 3 and 4 of [`Self::execute`], past the policy: claim or reserve the keys, call the
+    /// backend (its own span), settle the outcome.
+    async fn unit_of_work<F, Fut>(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        in_tx: bool,
+        idem: Idem,
+        call_backend: F,
+    ) -> Result<Executed, AgentError>
+    where
+        F: Fn(String, Option<String>, Option<crate::store::AuditRecord>, Option<Claim>) -> Fut,
+        Fut: Future<Output = Result<Payment, BackendError>>,
+    {
+        let backend_span = || {
+            tracing::debug_span!(
+                "backend",
+                correlation_id = %caller.correlation_id,
+                tool,
+                backend = self.backend.name(),
+                otel.kind = "client",
+            )
+        };
         // 3. Backends that record in the posting transaction claim the keys there: claim, posting,
         //    completion and audit are one write. Others reserve the operation's key, then the
         //    mandate's, first; duplicates wait and replay.
@@ -936,7 +981,8 @@ impl Gateway {
             let audit = self.allowed_audit(caller, tool, &idem);
             let started = std::time::Instant::now();
             let alias_key = idem.alias.as_ref().map(|a| a.key.clone());
-            let result = call_backend(idem.key.clone(), alias_key, Some(audit), Some(claim)).await;
+            let result =
+                call_backend(idem.key.clone(), alias_key, Some(audit), Some(claim)).instrument(backend_span()).await;
             self.metrics.ledger(started.elapsed());
             match result {
                 Err(BackendError::KeyHeld { key, reservation }) => {
@@ -982,8 +1028,9 @@ impl Gateway {
         // "allowed" audit record there.
         let allowed_audit = in_tx.then(|| self.allowed_audit(caller, tool, &idem));
         let started = std::time::Instant::now();
-        let result =
-            call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone()), allowed_audit, None).await;
+        let result = call_backend(idem.key.clone(), idem.alias.as_ref().map(|a| a.key.clone()), allowed_audit, None)
+            .instrument(backend_span())
+            .await;
         self.metrics.ledger(started.elapsed());
         let keys = if in_tx { Keys::ReservedRecordedInTx } else { Keys::Reserved };
         self.settle_call(caller, tool, &idem, keys, result).await

@@ -21,7 +21,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The path as logged: a callback path holds the deployment's callback secret, so its last segment
 /// is never written anywhere.
-fn loggable_path(path: &str) -> String {
+pub(super) fn loggable_path(path: &str) -> String {
     if !path.starts_with("/callbacks/") {
         return path.to_string();
     }
@@ -30,23 +30,16 @@ fn loggable_path(path: &str) -> String {
 }
 
 /// Every request gets a fresh correlation id; it comes back in `x-correlation-id`. A client-sent
-/// id is not trusted (it would let one agent's records be confused with another's).
+/// id is not trusted (it would let one agent's records be confused with another's); a client's
+/// `traceparent` is (telemetry on), as the parent of the request's span, never as its id.
 pub async fn correlation_id(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let id = CorrelationId::generate();
     req.extensions_mut().insert(id.clone());
-    let method = req.method().clone();
-    let path = loggable_path(req.uri().path());
+    let route = crate::metrics::route(req.uri().path());
     let started = tokio::time::Instant::now();
     let mut resp = next.run(req).await;
-    state.gateway.metrics().http(&path, resp.status().as_u16(), started.elapsed());
-    tracing::info!(
-        correlation_id = %id.0,
-        http.method = %method,
-        http.path = %path,
-        http.status = resp.status().as_u16(),
-        duration_ms = started.elapsed().as_millis() as u64,
-        "request"
-    );
+    // The log line is the request span's (TraceLayer, inside this layer); this is the metric.
+    state.gateway.metrics().http(route, resp.status().as_u16(), started.elapsed());
     if let Ok(v) = HeaderValue::from_str(&id.0) {
         resp.headers_mut().insert("x-correlation-id", v);
     }

@@ -62,19 +62,21 @@ pub(super) struct Round {
     session: Option<String>,
     state: Option<String>,
     responses: Option<rmcp::model::InputResponses>,
+    /// The HTTP request's span: the tool call's span hangs under it (rmcp runs calls on its own tasks).
+    span: tracing::Span,
 }
 
 impl Round {
     pub(super) fn new(ctx: &RequestContext<RoleServer>, state: RequestState, responses: ToolInputResponses) -> Self {
         let url = ctx.client_capabilities().and_then(|c| c.elicitation).is_some_and(|e| e.url.is_some());
         let modern = ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
-        let session = ctx
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.headers.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        Round { url, modern, peer: ctx.peer.clone(), session, state: state.0, responses: responses.0 }
+        let parts = ctx.extensions.get::<http::request::Parts>();
+        let session =
+            parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let span = parts
+            .and_then(|p| p.extensions.get::<crate::telemetry::RequestSpan>())
+            .map_or_else(tracing::Span::none, |s| s.0.clone());
+        Round { url, modern, peer: ctx.peer.clone(), session, state: state.0, responses: responses.0, span }
     }
 
     /// The user declined or cancelled opening the page.
@@ -161,6 +163,23 @@ impl PaygateMcp {
     /// A money tool's call (timed and admitted as `tool`), with URL elicitation for approvals.
     /// `run` makes the call through the gateway from (possibly mandate-completed) arguments.
     pub(super) async fn money<F, Fut>(
+        &self,
+        caller: &Caller,
+        round: Round,
+        tool: &'static str,
+        args: JsonObject,
+        run: F,
+    ) -> Result<CallToolResponse, ErrorData>
+    where
+        F: Fn(JsonObject) -> Fut,
+        Fut: Future<Output = Result<Executed, AgentError>>,
+    {
+        use tracing::Instrument;
+        let span = tracing::debug_span!(parent: &round.span, "tool", tool, correlation_id = %caller.correlation_id);
+        self.money_call(caller, round, tool, args, run).instrument(span).await
+    }
+
+    async fn money_call<F, Fut>(
         &self,
         caller: &Caller,
         round: Round,

@@ -45,7 +45,9 @@ pub fn capture_logs() -> Arc<Mutex<Vec<u8>>> {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = LogWriter(buf.clone());
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+            // The production filter (rmcp's wire dumps capped), unredacted: a test that finds a
+            // secret here found code that logs it, whether or not the redactor would catch it.
+            .with_env_filter(tracing_subscriber::EnvFilter::new(paygate::logging::filter_spec(Some("debug"))))
             .with_ansi(false)
             .with_writer(move || writer.clone())
             .try_init();

@@ -74,7 +74,7 @@ PAYGATE_AUTH__JWKS_REFETCH_MIN_INTERVAL_SECS=1 \
 PAYGATE_AUTH__DEV_KEY_ENABLED=false \
 PAYGATE_DEV__PRINT_TOKEN=false \
 PAYGATE_POLICY__DEFAULT_PROFILE=dev \
-PAYGATE_LOG=warn \
+PAYGATE_LOG=${INTEROP_PAYGATE_LOG:-debug} \
   "$bin" >"$work/paygate.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -sf "$base/readyz" >/dev/null && break; sleep 0.1; done
@@ -86,9 +86,11 @@ token() { # resource [client_id [scope]]
     python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])'
 }
 tok=$(token "$mcp") || { say "no token from the issuer"; exit 1; }
+tokens=("$tok")
 # An operator who approves over HTTP for the URL-elicitation checks: another subject than the agent,
 # with a token for the operator resource (an agent's token for /mcp is refused there).
 approver=$(token "$base/operator" interop-operator payments:approve) || { say "no operator token from the issuer"; exit 1; }
+tokens+=("$approver")
 
 # --- clients x eras -------------------------------------------------------------------------
 client() { # name command...
@@ -123,6 +125,9 @@ for era in legacy modern; do
   client "python mcp 2.3.0 url-elicitation $era_name" .venv/bin/python py_client.py --url "$mcp" --token "$tok" --era "$era" \
     --op-prefix "py-url-$era-$run_id" --scenario url-elicitation --approve-token "$approver"
 done
+memo_canary="memo-canary-$run_id"
+client "log canaries (phones, a memo)" .venv/bin/python log_canaries.py --url "$mcp" --token "$tok" \
+  --op-prefix "canary-$run_id" --memo-canary "$memo_canary"
 client "typescript sdk 1.32.2 legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "sdk1-$run_id"
 client "mcp-remote 0.15.1 stdio legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "remote-$run_id" --via mcp-remote
 
@@ -190,7 +195,30 @@ for req in 2025-11-25 2026-07-28; do
   [ "$rc" = 0 ] || grep -E -i 'unexpected|stale|regression|✗' "$work/conformance-$req.log" | head -40 | sed 's/^/    /'
 done
 
-if grep -F -q "$tok" "$work/paygate.log"; then result "no token in paygate's log" 1; else result "no token in paygate's log" 0; fi
+# --- the log, written at debug the whole run ---------------------------------------------------
+# No token (every one minted here), no mandate or other compact JWS, no secret (the keys paygate
+# generated in its data directory), no full phone number (log_canaries.py sent them in every form
+# the rails take), and no tool argument at all (the memo canary): arguments are trace-only.
+tokens+=("$rotated" "$agent_all" "$auditor" "$other")
+leaks=()
+for t in "${tokens[@]}"; do grep -F -q -- "$t" "$work/paygate.log" && leaks+=("a token (${t:0:12}…)"); done
+grep -E -q 'eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+\.' "$work/paygate.log" && leaks+=("a compact JWS")
+for f in "$work"/data/*.key; do
+  [ -f "$f" ] || continue
+  secret=$(tr -d '\n' <"$f")
+  [ -n "$secret" ] && grep -F -q -- "$secret" "$work/paygate.log" && leaks+=("the secret in $(basename "$f")")
+done
+for phone in 0712345678 254712345678 712345678 "712 345 678"; do
+  grep -F -q -- "$phone" "$work/paygate.log" && leaks+=("phone $phone")
+done
+grep -F -q -- "$memo_canary" "$work/paygate.log" && leaks+=("a tool argument (the memo)")
+lines=$(wc -l <"$work/paygate.log")
+if [ "${#leaks[@]}" = 0 ]; then
+  result "debug log ($lines lines): no token, mandate, secret, phone number or tool argument" 0
+else
+  result "debug log ($lines lines): no token, mandate, secret, phone number or tool argument" 1
+  printf '    leaked: %s\n' "${leaks[@]}"
+fi
 
 say "interop: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -562,10 +562,7 @@ impl AirtelClient {
         let mut refreshed = false;
         loop {
             let token = self.token().await?;
-            let mut request = self
-                .inner
-                .http
-                .request(method.clone(), &url)
+            let mut request = crate::telemetry::traced(self.inner.http.request(method.clone(), &url))
                 .bearer_auth(token.expose())
                 .header("Accept", "application/json")
                 .header("X-Country", COUNTRY)

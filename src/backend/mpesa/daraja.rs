@@ -1078,7 +1078,8 @@ impl DarajaClient {
         let mut refreshed = false;
         loop {
             let token = self.token().await?;
-            let sent = self.inner.http.post(&url).bearer_auth(token.expose()).json(body).send().await;
+            let request = crate::telemetry::traced(self.inner.http.post(&url));
+            let sent = request.bearer_auth(token.expose()).json(body).send().await;
             let mut resp = sent.map_err(|e| send_error(op, &e))?;
             let status = resp.status();
             let body = read_body(&mut resp, RESPONSE_BYTES_MAX)
