@@ -57,7 +57,7 @@ pub fn init() {
 
 /// [`init`], and with a tracer (`[telemetry]` on) paygate's spans are also exported: every span
 /// of this crate down to `debug` (the request span is `info`, the ones under it `debug`), whatever
-/// `PAYGATE_LOG` says, which governs the log lines only.
+/// `PAYGATE_LOG` says, which governs the log lines only. Log events are not exported.
 pub fn init_with(tracer: Option<opentelemetry_sdk::trace::Tracer>) {
     use std::io::IsTerminal;
     use tracing_subscriber::Layer;
@@ -73,7 +73,10 @@ pub fn init_with(tracer: Option<opentelemetry_sdk::trace::Tracer>) {
         .with_writer(Redacting(std::io::stderr));
     let fmt = if json_format() { fmt.json().flatten_event(true).boxed() } else { fmt.boxed() };
     let spans = tracer.map(|t| {
-        let ours = tracing_subscriber::filter::Targets::new().with_target("paygate", tracing::Level::DEBUG);
+        // Spans only: events (log lines) never go to the collector, where the redactor is not.
+        let ours = tracing_subscriber::filter::filter_fn(|m| {
+            m.is_span() && m.target().split("::").next() == Some("paygate") && *m.level() <= tracing::Level::DEBUG
+        });
         tracing_opentelemetry::layer().with_tracer(t).with_filter(ours)
     });
     let _ = tracing_subscriber::registry().with(fmt.with_filter(filter)).with(spans).try_init();
@@ -116,12 +119,21 @@ pub fn fatal(message: &str) {
 
 /// Shortest value [`register_secret`] keeps: shorter strings would redact ordinary words.
 pub const SECRET_CHARS_MIN: usize = 8;
-/// Most secrets kept for redaction (a process has a handful; tests start many gateways).
-pub const SECRETS_MAX: usize = 4096;
+/// Secrets kept for good: the first ones a process registers (its configuration's, at start).
+pub const SECRETS_PINNED_MAX: usize = 256;
+/// Secrets registered later (a rail's access token, refreshed hourly): the most recent are kept,
+/// the oldest forgotten first (long expired by then).
+pub const SECRETS_RECENT_MAX: usize = 1024;
 
-fn secrets() -> &'static RwLock<Vec<String>> {
-    static SECRETS: OnceLock<RwLock<Vec<String>>> = OnceLock::new();
-    SECRETS.get_or_init(|| RwLock::new(Vec::new()))
+#[derive(Default)]
+struct Registry {
+    pinned: Vec<String>,
+    recent: std::collections::VecDeque<String>,
+}
+
+fn secrets() -> &'static RwLock<Registry> {
+    static SECRETS: OnceLock<RwLock<Registry>> = OnceLock::new();
+    SECRETS.get_or_init(|| RwLock::new(Registry::default()))
 }
 
 /// Never write `value` to a log (every [`crate::secret::Secret`] registers itself).
@@ -129,11 +141,19 @@ pub fn register_secret(value: &str) {
     if value.chars().count() < SECRET_CHARS_MIN {
         return;
     }
-    let mut all = secrets().write().unwrap_or_else(|p| p.into_inner());
-    if all.len() < SECRETS_MAX && !all.iter().any(|s| s == value) {
-        all.push(value.to_string());
+    let mut r = secrets().write().unwrap_or_else(|p| p.into_inner());
+    if r.pinned.iter().chain(r.recent.iter()).any(|s| s == value) {
+        return;
+    }
+    if r.pinned.len() < SECRETS_PINNED_MAX {
+        r.pinned.push(value.to_string());
         // Longest first: a secret that contains another is replaced whole.
-        all.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        r.pinned.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    } else {
+        if r.recent.len() >= SECRETS_RECENT_MAX {
+            r.recent.pop_front();
+        }
+        r.recent.push_back(value.to_string());
     }
 }
 
@@ -146,8 +166,8 @@ fn is_b64url(b: u8) -> bool {
 pub fn redact(line: &str) -> Cow<'_, str> {
     let mut out = Cow::Borrowed(line);
     {
-        let all = secrets().read().unwrap_or_else(|p| p.into_inner());
-        for s in all.iter() {
+        let r = secrets().read().unwrap_or_else(|p| p.into_inner());
+        for s in r.pinned.iter().chain(r.recent.iter()) {
             if out.contains(s.as_str()) {
                 out = Cow::Owned(out.replace(s.as_str(), "[redacted:secret]"));
             }
@@ -404,6 +424,17 @@ mod tests {
         assert_eq!(redact("a short word"), "a short word");
         crate::secret::Secret::new("another-secret-for-the-redaction-test".into());
         assert_eq!(redact("x another-secret-for-the-redaction-test"), "x [redacted:secret]");
+    }
+
+    #[test]
+    fn the_secret_registry_is_bounded_and_keeps_the_newest() {
+        for i in 0..(SECRETS_PINNED_MAX + SECRETS_RECENT_MAX + 50) {
+            register_secret(&format!("rotating-access-token-{i:06}"));
+        }
+        let newest = format!("rotating-access-token-{:06}", SECRETS_PINNED_MAX + SECRETS_RECENT_MAX + 49);
+        assert_eq!(redact(&format!("t={newest}")), "t=[redacted:secret]");
+        let r = secrets().read().unwrap();
+        assert!(r.pinned.len() <= SECRETS_PINNED_MAX && r.recent.len() <= SECRETS_RECENT_MAX);
     }
 
     #[test]
