@@ -418,6 +418,7 @@ mod tests {
 
     #[test]
     fn registered_secrets_are_redacted_and_short_values_are_not_registered() {
+        let _turn = REGISTRY_TURN.lock().unwrap_or_else(|p| p.into_inner());
         register_secret("s3cr3t-value-for-the-redaction-test");
         register_secret("short");
         assert_eq!(redact("key=s3cr3t-value-for-the-redaction-test;"), "key=[redacted:secret];");
@@ -426,8 +427,12 @@ mod tests {
         assert_eq!(redact("x another-secret-for-the-redaction-test"), "x [redacted:secret]");
     }
 
+    /// The registry is one per process: tests that fill it and tests that read it take turns.
+    static REGISTRY_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn the_secret_registry_is_bounded_and_keeps_the_newest() {
+        let _turn = REGISTRY_TURN.lock().unwrap_or_else(|p| p.into_inner());
         for i in 0..(SECRETS_PINNED_MAX + SECRETS_RECENT_MAX + 50) {
             register_secret(&format!("rotating-access-token-{i:06}"));
         }
