@@ -6,6 +6,8 @@
 
 use serde::Serialize;
 
+use crate::domain::error::BackendError;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
@@ -191,6 +193,42 @@ impl AgentError {
 impl std::fmt::Display for AgentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+/// Exhaustive: every backend error has exactly one agent meaning.
+impl From<&BackendError> for AgentError {
+    fn from(e: &BackendError) -> Self {
+        match e {
+            BackendError::AccountNotFound(a) => {
+                AgentError::new(ErrorCode::NotFound, format!("account {a} does not exist"))
+                    .with_detail("account_id", a.to_string())
+            }
+            BackendError::CurrencyMismatch { .. } | BackendError::SameAccount => AgentError::invalid(e.to_string()),
+            BackendError::InsufficientFunds { .. } => AgentError::new(ErrorCode::InsufficientFunds, e.to_string()),
+            BackendError::PaymentNotFound(p) => {
+                AgentError::new(ErrorCode::NotFound, format!("payment {p} does not exist"))
+                    .with_detail("payment_id", p.to_string())
+            }
+            BackendError::NotRefundable(_) | BackendError::RefundExceedsRemaining { .. } => {
+                AgentError::invalid(e.to_string())
+            }
+            BackendError::IdempotencyKeyReused => AgentError::new(ErrorCode::IdempotencyConflict, e.to_string()),
+            BackendError::BudgetExceeded(_) => AgentError::new(ErrorCode::BudgetExceeded, e.to_string()),
+            BackendError::MandateExhausted(_) => AgentError::new(ErrorCode::MandateInvalid, e.to_string()),
+            BackendError::Rejected(_) => AgentError::invalid(e.to_string()),
+            BackendError::Unavailable(_) => {
+                AgentError::new(ErrorCode::BackendUnavailable, "the payment system is unavailable; nothing moved")
+                    .with_retry_after(1)
+            }
+            // The gateway answers a held key itself (replay, conflict, wait) before mapping anything.
+            BackendError::KeyHeld { .. } => AgentError::new(ErrorCode::Internal, "internal error"),
+            BackendError::OutcomeUnknown(_) => AgentError::new(
+                ErrorCode::OutcomeUnknown,
+                "the payment system did not confirm the outcome; retry with the same operation_id",
+            )
+            .with_retry_after(2),
+        }
     }
 }
 

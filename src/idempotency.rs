@@ -8,7 +8,9 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::domain::error::BackendError;
 use crate::domain::payment::Payment;
+use crate::domain::rules::fate::{self, KeyFate};
 use crate::error::{AgentError, ErrorCode};
 use crate::secret::Secret;
 
@@ -92,6 +94,15 @@ impl StoredOutcome {
     }
     pub fn failed(err: &AgentError) -> Self {
         StoredOutcome::Failed { code: err.code.as_str().to_string(), message: err.message.clone() }
+    }
+    /// What a refusal leaves under the keys it was made under (`domain::rules::fate`): the failed
+    /// outcome every retry replays when the refusal is the operation's fate, or `None` to give the
+    /// keys back (nothing moved, and the operation may be tried again).
+    pub fn after_refusal(refusal: &BackendError) -> Option<Self> {
+        match fate::verdict(refusal).key_fate() {
+            KeyFate::Complete => Some(StoredOutcome::failed(&AgentError::from(refusal))),
+            KeyFate::Release | KeyFate::KeepInFlight => None,
+        }
     }
     pub fn into_result(self) -> Result<Payment, AgentError> {
         match self {

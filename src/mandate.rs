@@ -22,29 +22,7 @@ pub const MANDATE_ISSUER: &str = "paygate";
 /// Longest mandate string accepted, in bytes (bounded before any parsing).
 pub const MANDATE_BYTES_MAX: usize = 8192;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MandateKind {
-    Closed,
-    Open,
-}
-
-impl MandateKind {
-    /// Its name in claims, views and the `kind` column of approvals and mandates.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MandateKind::Closed => "closed",
-            MandateKind::Open => "open",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "closed" => Some(MandateKind::Closed),
-            "open" => Some(MandateKind::Open),
-            _ => None,
-        }
-    }
-}
+pub use crate::domain::approval::MandateKind;
 
 /// The signed claims. Amounts are integer minor units.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

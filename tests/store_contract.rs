@@ -680,20 +680,8 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     assert!(store.agents_seen(0, &[], "paygate", 10).await.unwrap().is_empty());
 });
 
-/// `Claim::refusal_outcome` for the tests: a spent budget gives the key back, anything else is the
-/// operation's fate.
-fn fate(e: &BackendError) -> Option<String> {
-    match e {
-        BackendError::BudgetExceeded(_) => None,
-        other => Some(format!("{{\"failed\":{:?}}}", other.to_string())),
-    }
-}
-
 fn claimed(key: &str, fp: &str, minor: i64, guards: Guards) -> TransferRequest {
-    TransferRequest {
-        claim: Some(Claim { records: vec![rec(key, fp, 100)], refusal_outcome: fate }),
-        ..transfer(key, minor, guards)
-    }
+    TransferRequest { claim: Some(Claim { records: vec![rec(key, fp, 100)] }), ..transfer(key, minor, guards) }
 }
 
 // One write per payment: the posting transaction claims its key, posts, completes the key and
@@ -748,7 +736,7 @@ contract!(claimed_postings_are_one_write_and_exactly_once, |store, label| async 
     assert!(matches!(r, Err(BackendError::BudgetExceeded(_))), "{label}: {r:?}");
     assert_eq!(store.idem_peek("b1", 14).await.unwrap(), None, "{label}: given back");
     // A mandate's key that already paid this very operation completes the operation's own key too.
-    let both = |op: &str| Claim { records: vec![rec(op, "op-fp", 100), rec("c1", "fp", 100)], refusal_outcome: fate };
+    let both = |op: &str| Claim { records: vec![rec(op, "op-fp", 100), rec("c1", "fp", 100)] };
     let r = store
         .ledger_transfer(TransferRequest { claim: Some(both("op-1")), ..transfer("c1", 100, Guards::default()) }, 15)
         .await;

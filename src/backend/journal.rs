@@ -23,6 +23,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rules::fate::{self, Verdict};
 use crate::ids::{AccountId, PaymentId};
 use crate::store::Store;
 
@@ -61,58 +62,47 @@ impl Journaled {
                 }
                 Ok(payment)
             }
-            Err(BackendError::OutcomeUnknown(detail)) => {
-                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
-                Err(BackendError::OutcomeUnknown(detail))
-            }
-            Err(held @ BackendError::KeyHeld { .. }) => {
-                // Requests to an external backend claim no keys, so it cannot answer this; if it
-                // does, nothing is known about the payment.
-                let detail = held.to_string();
-                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
-                Err(BackendError::OutcomeUnknown(detail))
-            }
-            Err(BackendError::Unavailable(detail)) if created => {
-                // Nothing reached the backend, and no earlier attempt existed: give the draws back;
-                // a retry starts afresh.
-                if let Err(error) = self.store.rail_abandon(&rec.id).await {
-                    tracing::error!(payment_id = %rec.id, %error, "abandoning an unsent rail payment failed");
+            Err(error) => match fate::verdict(&error) {
+                Verdict::Unknown | Verdict::Held => {
+                    // (Requests to an external backend claim no keys, so it cannot say a key is
+                    // held; if it does, nothing is known about the payment.)
+                    let detail = detail(&error);
+                    super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
+                    Err(BackendError::OutcomeUnknown(detail))
                 }
-                Err(BackendError::Unavailable(detail))
-            }
-            Err(BackendError::Unavailable(detail)) => {
-                // An earlier attempt may have been applied, and this one did not get through: still
-                // unknown. The record (and what it drew) stays until the backend answers.
-                super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
-                Err(BackendError::OutcomeUnknown(format!("an earlier attempt's outcome is still unknown ({detail})")))
-            }
-            Err(
-                refusal @ (BackendError::AccountNotFound(_)
-                | BackendError::CurrencyMismatch { .. }
-                | BackendError::SameAccount
-                | BackendError::InsufficientFunds { .. }
-                | BackendError::PaymentNotFound(_)
-                | BackendError::NotRefundable(_)
-                | BackendError::RefundExceedsRemaining { .. }
-                | BackendError::IdempotencyKeyReused
-                | BackendError::BudgetExceeded(_)
-                | BackendError::MandateExhausted(_)
-                | BackendError::Rejected(_)),
-            ) => {
-                // The backend refused this key for good (had an earlier attempt been applied, the
-                // key would have returned its payment): nothing moved.
-                let given_back = match rec.state {
-                    RailState::Submitting => self.store.rail_abandon(&rec.id).await.map(|_| ()),
-                    _ => {
-                        let update = RailUpdate { reason: Some(refusal.to_string()), ..Default::default() };
-                        self.store.rail_transition(&rec.id, &open, RailState::Failed, update, now).await.map(|_| ())
+                Verdict::Unavailable if created => {
+                    // Nothing reached the backend, and no earlier attempt existed: give the draws
+                    // back; a retry starts afresh.
+                    if let Err(e) = self.store.rail_abandon(&rec.id).await {
+                        tracing::error!(payment_id = %rec.id, error = %e, "abandoning an unsent rail payment failed");
                     }
-                };
-                if let Err(error) = given_back {
-                    tracing::error!(payment_id = %rec.id, %error, "recording a rail refusal failed");
+                    Err(error)
                 }
-                Err(refusal)
-            }
+                Verdict::Unavailable => {
+                    // An earlier attempt may have been applied, and this one did not get through:
+                    // still unknown. The record (and what it drew) stays until the backend answers.
+                    let detail = detail(&error);
+                    super::mark_unknown(self.store.as_ref(), &rec.id, detail.clone(), now).await;
+                    Err(BackendError::OutcomeUnknown(format!(
+                        "an earlier attempt's outcome is still unknown ({detail})"
+                    )))
+                }
+                Verdict::Denied { .. } | Verdict::Failed => {
+                    // The backend refused this key for good (had an earlier attempt been applied,
+                    // the key would have returned its payment): nothing moved.
+                    let given_back = match rec.state {
+                        RailState::Submitting => self.store.rail_abandon(&rec.id).await.map(|_| ()),
+                        _ => {
+                            let update = RailUpdate { reason: Some(error.to_string()), ..Default::default() };
+                            self.store.rail_transition(&rec.id, &open, RailState::Failed, update, now).await.map(|_| ())
+                        }
+                    };
+                    if let Err(e) = given_back {
+                        tracing::error!(payment_id = %rec.id, error = %e, "recording a rail refusal failed");
+                    }
+                    Err(error)
+                }
+            },
         }
     }
 
@@ -122,6 +112,14 @@ impl Journaled {
             Ok(Some(p)) => Ok(p),
             _ => Ok(rec.payment()),
         }
+    }
+}
+
+/// What an unanswered send said, for the rail record's reason.
+fn detail(e: &BackendError) -> String {
+    match e {
+        BackendError::OutcomeUnknown(detail) | BackendError::Unavailable(detail) => detail.clone(),
+        other => other.to_string(),
     }
 }
 

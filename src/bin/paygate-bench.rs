@@ -1013,7 +1013,6 @@ mod growth {
                                 // Far ahead: the records stay, as a busy gateway's would.
                                 expires_at: now + 10 * 365 * 86_400,
                             }],
-                            refusal_outcome: |_| None,
                         }),
                     };
                     store.ledger_transfer(req, now).await.expect("pre-load transfer");

@@ -3,10 +3,35 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A closed mandate allows one payment exactly as approved; an open one, payments within its
+/// bounds until it expires or is used up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MandateKind {
+    Closed,
+    Open,
+}
+
+impl MandateKind {
+    /// Its name in claims, views and the `kind` column of approvals and mandates.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MandateKind::Closed => "closed",
+            MandateKind::Open => "open",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "closed" => Some(MandateKind::Closed),
+            "open" => Some(MandateKind::Open),
+            _ => None,
+        }
+    }
+}
+
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
 use crate::ids::ApprovalId;
-use crate::mandate::MandateKind;
 use crate::money::Currency;
 
 /// Where an approval stands. Stored as its lowercase name.

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
-use crate::domain::error::BackendError;
 use crate::domain::idempotency::NewIdempotencyRecord;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money, format_minor};
@@ -199,10 +198,9 @@ pub struct Guards {
 pub struct Claim {
     /// In order: the operation's own key when the payment's key is anchored on a mandate, then the
     /// payment's key (`idempotency_key`).
+    /// A refusal leaves under them what `domain::rules::fate` says (the store asks
+    /// `StoredOutcome::after_refusal`).
     pub records: Vec<NewIdempotencyRecord>,
-    /// What a refusal leaves under the keys: the failed outcome retries replay (its fate), or
-    /// `None` to leave them free (nothing moved and the operation may be tried again).
-    pub refusal_outcome: fn(&BackendError) -> Option<String>,
 }
 
 /// Move `amount` from one account to another, exactly once per `idempotency_key`.

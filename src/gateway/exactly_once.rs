@@ -1,12 +1,12 @@
 //! The exactly-once decision: what each result of a money-moving call does to the operation's
-//! idempotency key(s), and how it is audited. One exhaustive `match` over `BackendError`: a new
-//! variant does not compile until someone decides whether it completes, releases or keeps the key.
+//! idempotency key(s) and how it is audited, from the one classification in
+//! `domain::rules::fate` (which the store's posting transaction and the rail journal read too).
 //!
-//! The rest of the protocol (peek → policy → reserve → call → settle) is `Gateway::execute` in
-//! `payments.rs`; the store's `idem_*` operations hold the keys.
+//! The protocol around it (peek → policy → claim or reserve → call → settle) is the unit of work
+//! in `unit_of_work.rs`; the keys themselves are `keys.rs`.
 
-use super::map_backend_error;
 use crate::backend::{BackendError, Payment};
+use crate::domain::rules::fate::{self, KeyFate};
 use crate::error::AgentError;
 use crate::idempotency::StoredOutcome;
 
@@ -51,36 +51,14 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
         }
         Err(e) => e,
     };
-    let agent = map_backend_error(&error);
-    let (fate, decision) = match error {
-        BackendError::Unavailable(_) => (Fate::Release, "backend_unavailable"),
-        BackendError::BudgetExceeded(_) => (Fate::Release, "denied"),
-        BackendError::OutcomeUnknown(_) => (Fate::KeepInFlight, "outcome_unknown"),
-        // The gateway handles a held key before settling; should one reach here, leave the key be.
-        BackendError::KeyHeld { .. } => (Fate::KeepInFlight, "key_held"),
-        // A mandate used up stays used up for this operation.
-        BackendError::MandateExhausted(_) => (Fate::Complete(Box::new(StoredOutcome::failed(&agent))), "denied"),
-        BackendError::AccountNotFound(_)
-        | BackendError::CurrencyMismatch { .. }
-        | BackendError::SameAccount
-        | BackendError::InsufficientFunds { .. }
-        | BackendError::PaymentNotFound(_)
-        | BackendError::NotRefundable(_)
-        | BackendError::RefundExceedsRemaining { .. }
-        | BackendError::IdempotencyKeyReused
-        | BackendError::Rejected(_) => (Fate::Complete(Box::new(StoredOutcome::failed(&agent))), "failed"),
+    let verdict = fate::verdict(&error);
+    let agent = AgentError::from(&error);
+    let fate = match verdict.key_fate() {
+        KeyFate::Complete => Fate::Complete(Box::new(StoredOutcome::failed(&agent))),
+        KeyFate::Release => Fate::Release,
+        KeyFate::KeepInFlight => Fate::KeepInFlight,
     };
-    Settled { fate, decision, result: Err(agent) }
-}
-
-/// What a refusal inside a posting transaction that claimed its keys leaves under them
-/// (`Claim::refusal_outcome`): the failed outcome when the refusal is the operation's fate, or
-/// `None` to give the keys back (nothing moved: the posting rolled back with them).
-pub(crate) fn refusal_outcome(e: &BackendError) -> Option<String> {
-    match settle(Err(e.clone()), true).fate {
-        Fate::Complete(outcome) => Some(outcome.to_json()),
-        Fate::Recorded | Fate::Release | Fate::KeepInFlight => None,
-    }
+    Settled { fate, decision: verdict.audit_decision(), result: Err(agent) }
 }
 
 #[cfg(test)]

@@ -1,10 +1,20 @@
 //! The operations. Each public method is one agent-visible action: parse → policy → idempotency →
 //! backend → bookkeeping → audit. No MCP or HTTP types here; `mcp` shapes the results.
 
+mod admission;
+mod approval_request;
 mod approvals;
+mod collection;
+mod create_payment;
 mod exactly_once;
+mod keys;
 mod operator;
-mod payments;
+mod payout;
+mod refund;
+mod reversal;
+mod stop_rule;
+mod unit_of_work;
+mod waiters;
 
 /// Operator-facing approval types for the HTTP layer.
 pub mod approvals_api {
@@ -15,27 +25,30 @@ mod reads;
 mod refusals;
 
 pub use crate::domain::approval::ReviewDecision;
+pub use admission::MEMO_CHARS_MAX;
 pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, PrincipalArgs, REQUEST_STATE_TTL_SECS, Resume};
+pub use collection::RequestMpesaPaymentArgs;
+pub use create_payment::CreatePaymentArgs;
 pub use operator::{
     AuditFilters, AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PaymentFilters, PrincipalView,
     ReconciliationRun, SummaryView,
 };
-pub use payments::{CreatePaymentArgs, Executed, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs};
+pub use payout::SendMpesaPayoutArgs;
 pub use rails::{
     CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
     TodaySummaryArgs, TransactionStatusArgs, parse_instant_arg,
 };
 pub use reads::{AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentPage, TodayTransactionsArgs};
+pub use refund::RefundPaymentArgs;
+pub use unit_of_work::Executed;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use crate::auth::AgentPrincipal;
+use crate::backend::PaymentBackend;
 use crate::backend::rail::CollectionRail;
-use crate::backend::{BackendError, PaymentBackend};
 use crate::clock::Clock;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::KeyDeriver;
@@ -103,9 +116,10 @@ pub struct Gateway {
     rails: Vec<Arc<dyn CollectionRail>>,
     /// Every account an agent profile may use (what reconciliation asks an external ledger about).
     known_accounts: Vec<crate::ids::AccountId>,
-    /// Local waiters on in-flight idempotency keys; woken when the holder finishes. Waiters also
-    /// poll the store, which covers holders in other replicas.
-    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Local waiters on in-flight idempotency keys and approvals' decisions.
+    waiters: waiters::Waiters,
+    /// The exactly-once unit of work the money-moving operations hand their intents to.
+    work: Box<dyn unit_of_work::UnitOfWork>,
     /// Seals the `requestState` of approvals resumed through URL elicitation.
     states: crate::request_state::StateSealer,
     /// Retries held waiting for an approval's decision, per agent (issuer, subject, user).
@@ -184,7 +198,8 @@ impl Gateway {
             metrics,
             rails: Vec::new(),
             known_accounts: Vec::new(),
-            waiters: Mutex::new(HashMap::new()),
+            waiters: waiters::Waiters::default(),
+            work: Box::new(unit_of_work::ExactlyOnce),
             states,
             decision_waits: Mutex::new(HashMap::new()),
             refusals: refusals::Throttle::default(),
@@ -421,36 +436,6 @@ pub(crate) fn decode_cursor(cursor: Option<&str>) -> Result<Option<i64>, AgentEr
     let text = String::from_utf8(raw).map_err(|_| bad())?;
     let seq = text.strip_prefix("v1:").and_then(|s| s.parse::<i64>().ok()).filter(|s| *s > 0).ok_or_else(bad)?;
     Ok(Some(seq))
-}
-
-/// Exhaustive: every backend error has exactly one agent meaning.
-pub(crate) fn map_backend_error(e: &BackendError) -> AgentError {
-    match e {
-        BackendError::AccountNotFound(a) => AgentError::new(ErrorCode::NotFound, format!("account {a} does not exist"))
-            .with_detail("account_id", a.to_string()),
-        BackendError::CurrencyMismatch { .. } | BackendError::SameAccount => AgentError::invalid(e.to_string()),
-        BackendError::InsufficientFunds { .. } => AgentError::new(ErrorCode::InsufficientFunds, e.to_string()),
-        BackendError::PaymentNotFound(p) => AgentError::new(ErrorCode::NotFound, format!("payment {p} does not exist"))
-            .with_detail("payment_id", p.to_string()),
-        BackendError::NotRefundable(_) | BackendError::RefundExceedsRemaining { .. } => {
-            AgentError::invalid(e.to_string())
-        }
-        BackendError::IdempotencyKeyReused => AgentError::new(ErrorCode::IdempotencyConflict, e.to_string()),
-        BackendError::BudgetExceeded(_) => AgentError::new(ErrorCode::BudgetExceeded, e.to_string()),
-        BackendError::MandateExhausted(_) => AgentError::new(ErrorCode::MandateInvalid, e.to_string()),
-        BackendError::Rejected(_) => AgentError::invalid(e.to_string()),
-        BackendError::Unavailable(_) => {
-            AgentError::new(ErrorCode::BackendUnavailable, "the payment system is unavailable; nothing moved")
-                .with_retry_after(1)
-        }
-        // The gateway answers a held key itself (replay, conflict, wait) before mapping anything.
-        BackendError::KeyHeld { .. } => AgentError::new(ErrorCode::Internal, "internal error"),
-        BackendError::OutcomeUnknown(_) => AgentError::new(
-            ErrorCode::OutcomeUnknown,
-            "the payment system did not confirm the outcome; retry with the same operation_id",
-        )
-        .with_retry_after(2),
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Caller, Decision, Gateway, map_backend_error};
+use super::{Caller, Decision, Gateway};
 use crate::backend::rail::{Authority, CallbackChannel, Settlement};
 use crate::backend::{Payment, PaymentKind, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
@@ -305,7 +305,7 @@ impl Gateway {
                 Some(r) if self.is_collection_record(&r) => (r.payment(), Some(r)),
                 _ => return Err(not_found()),
             },
-            Err(e) => return Err(map_backend_error(&e)),
+            Err(e) => return Err(AgentError::from(&e)),
         };
         if !payment.touches_any(&caller.principal.profile.allowed_accounts) {
             return Err(not_found());
@@ -764,7 +764,7 @@ impl Gateway {
             Some(s) => Some(parse_instant("since", s, false)?),
             None => None,
         };
-        let report = self.reconcile(since).await.map_err(|e| map_backend_error(&e))?;
+        let report = self.reconcile(since).await.map_err(|e| AgentError::from(&e))?;
         self.audit(caller, reconcile_decision(&report)).await;
         Ok(report)
     }

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::rails::{parse_window, today_window};
-use super::{Caller, Decision, Gateway, decode_cursor, map_backend_error};
+use super::{Caller, Decision, Gateway, decode_cursor};
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
@@ -205,7 +205,7 @@ impl Gateway {
         match self.backend.balance(&account).await {
             Ok(Some(b)) => Ok(b),
             Ok(None) => Err(AgentError::new(ErrorCode::NotFound, format!("account {account} does not exist"))),
-            Err(e) => Err(map_backend_error(&e)),
+            Err(e) => Err(AgentError::from(&e)),
         }
     }
 
@@ -295,7 +295,7 @@ impl Gateway {
                 .backend
                 .list_payments(PaymentQuery { before_seq: pos.before(), ..q.clone() })
                 .await
-                .map_err(|e| map_backend_error(&e))?,
+                .map_err(|e| AgentError::from(&e))?,
         };
         let rails = match at.rails {
             Pos::Done => vec![],
@@ -336,7 +336,7 @@ impl Gateway {
             // The backend's cursor after the last payment taken is the next cursor of a page
             // exactly that long, read again from the same place.
             let again = PaymentQuery { before_seq: at.backend.before(), limit: from_backend as u32, ..q.clone() };
-            let again = self.backend.list_payments(again).await.map_err(|e| map_backend_error(&e))?;
+            let again = self.backend.list_payments(again).await.map_err(|e| AgentError::from(&e))?;
             let same = again.items.iter().map(|p| &p.id).eq(backend.items.iter().take(from_backend).map(|p| &p.id));
             match (again.next_cursor, same || last_attempt) {
                 (Some(seq), true) => Pos::Before(seq),
@@ -370,7 +370,7 @@ impl Gateway {
         let account = self.check_account(caller, "get_account_ledger", &args.account_id).await?;
         let before = decode_cursor(args.cursor.as_deref())?;
         let limit = self.page_limit(args.limit)?;
-        self.backend.account_entries(&account, before, limit).await.map_err(|e| map_backend_error(&e))
+        self.backend.account_entries(&account, before, limit).await.map_err(|e| AgentError::from(&e))
     }
 
     /// The scheduler's incremental check (no caller): a clean result moves the checkpoint forward.
@@ -396,7 +396,7 @@ impl Gateway {
                 "check_ledger_integrity needs payments:integrity",
             ));
         }
-        let report = self.backend.check_integrity(full).await.map_err(|e| map_backend_error(&e))?;
+        let report = self.backend.check_integrity(full).await.map_err(|e| AgentError::from(&e))?;
         let mut d =
             Decision::new("check_ledger_integrity", if report.ok { "integrity_ok" } else { "integrity_failed" });
         d.detail = (!report.ok).then(|| report.problems.join("; "));

@@ -6,6 +6,7 @@
 //! rule is tested table-driven without a database.
 
 pub mod authority;
+pub mod fate;
 pub mod guards;
 pub mod integrity;
 pub mod ledger;

@@ -89,8 +89,8 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::approval::MandateKind;
     use crate::ids::ApprovalId;
-    use crate::mandate::MandateKind;
     use crate::money::Currency;
 
     const PENDING: &str = "pending";

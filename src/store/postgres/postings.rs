@@ -11,6 +11,7 @@ use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, 
 use crate::domain::rules::guards::{self, BudgetUsage, MandateRow, UsageDraw};
 use crate::domain::rules::reservation::{self, EarlierKeys};
 use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
+use crate::idempotency::StoredOutcome;
 use crate::ids::AccountId;
 use crate::money::Currency;
 use crate::store::rows;
@@ -395,7 +396,7 @@ async fn finish_claimed(
         }
         Err(TxError::Backend(refusal)) => {
             tx.batch_execute("ROLLBACK TO SAVEPOINT posting").await.map_err(TxError::pg)?;
-            let outcome = (claim.refusal_outcome)(&refusal);
+            let outcome = StoredOutcome::after_refusal(&refusal).map(|o| o.to_json());
             complete_keys(&tx, &claim.records, outcome.as_deref()).await.map_err(TxError::store)?;
             tx.commit().await.map_err(TxError::pg)?;
             Err(TxError::Backend(refusal))

@@ -11,6 +11,7 @@ use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, 
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
 use crate::domain::rules::reservation::{self, EarlierKeys, ReserveStep};
 use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
+use crate::idempotency::StoredOutcome;
 use crate::ids::AccountId;
 use crate::money::Currency;
 use crate::store::rows;
@@ -242,7 +243,8 @@ fn posting_tx(
             Ok(p)
         }
         (Err(refusal), Some(c)) => {
-            complete_keys(&tx, &c.records, (c.refusal_outcome)(&refusal).as_deref())?;
+            let outcome = StoredOutcome::after_refusal(&refusal).map(|o| o.to_json());
+            complete_keys(&tx, &c.records, outcome.as_deref())?;
             tx.commit().map_err(db)?;
             Err(refusal)
         }

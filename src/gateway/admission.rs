@@ -1,0 +1,196 @@
+//! What every money-moving operation does before its unit of work, once: its free text checked,
+//! its mandate verified against exactly this call, what it draws on (a mandate, or today's
+//! autonomous budget), tool governance, and the replay of an operation that already finished.
+
+use super::unit_of_work::{Executed, Intent};
+use super::{Caller, Decision, Gateway};
+use crate::domain::payment::{DailyBudget, Guards, MandateDraw, PaymentKind};
+use crate::domain::rules::guards;
+use crate::error::AgentError;
+use crate::ids::OperationId;
+use crate::mandate::{CallIntent, MandateClaims, authorizes};
+use crate::money::{Currency, Money};
+use crate::policy::{Decision as Policy, Profile};
+
+/// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
+pub const MEMO_CHARS_MAX: usize = 140;
+
+pub(super) fn parse_text(field: &str, value: Option<String>) -> Result<Option<String>, AgentError> {
+    match value {
+        Some(v) if v.chars().count() > MEMO_CHARS_MAX => {
+            Err(AgentError::invalid(format!("{field} must be at most {MEMO_CHARS_MAX} characters")))
+        }
+        Some(v) if v.chars().any(|c| c.is_control()) => {
+            Err(AgentError::invalid(format!("{field} must not contain control characters")))
+        }
+        other => Ok(other),
+    }
+}
+
+/// A valid mandate authorizes what policy would send to a human; it never overrides a denial.
+pub(super) fn authorize(decision: Policy, has_mandate: bool) -> Policy {
+    match decision {
+        Policy::RequireApproval { .. } if has_mandate => Policy::Allow,
+        other => other,
+    }
+}
+
+/// What a call asks for, before its mandate is looked at: the operation, the arguments that
+/// identify it (its fingerprint), and the intent a human sees when it needs approval (which a closed
+/// mandate pins whole: operation_id, memo or reason included).
+pub(super) struct Asked<'a> {
+    pub tool: &'static str,
+    pub op: &'a OperationId,
+    pub args: serde_json::Value,
+    pub intent: serde_json::Value,
+}
+
+/// What the call's mandate (if any) means.
+pub(super) enum MandateCheck {
+    /// No mandate passed.
+    Absent,
+    /// Verified against this very call.
+    Authorized(Authorized),
+    /// It did not verify, but the operation already has its outcome: that outcome, replayed.
+    Settled(Executed),
+}
+
+impl MandateCheck {
+    /// The verified mandate, if one was passed; or the replayed outcome that answers the call.
+    pub fn verified(self) -> Result<Option<Authorized>, Box<Executed>> {
+        match self {
+            MandateCheck::Absent => Ok(None),
+            MandateCheck::Authorized(m) => Ok(Some(m)),
+            MandateCheck::Settled(done) => Err(Box::new(done)),
+        }
+    }
+}
+
+/// A verified mandate, ready to anchor the key and draw on.
+pub(super) struct Authorized {
+    pub claims: MandateClaims,
+}
+
+impl Authorized {
+    pub fn guards(&self) -> Guards {
+        Guards { budget: None, mandate: Some(MandateDraw { mandate_id: self.claims.jti.clone() }) }
+    }
+}
+
+impl Gateway {
+    /// The mandate passed with a call, verified against exactly this call. A mandate that no longer
+    /// verifies (expired, say) does not hide an operation that already went through: when the
+    /// operation's key holds an outcome for these very arguments, the call replays it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn mandate_for(
+        &self,
+        caller: &Caller,
+        asked: &Asked<'_>,
+        jws: Option<&str>,
+        payer: &str,
+        payee: &str,
+        amount: Money,
+        payment_id: Option<&str>,
+    ) -> Result<MandateCheck, AgentError> {
+        let Some(jws) = jws else { return Ok(MandateCheck::Absent) };
+        let p = &caller.principal;
+        let intent_sha256 = crate::mandate::intent_digest(&asked.intent);
+        let call = CallIntent {
+            tool: asked.tool,
+            agent_iss: &p.issuer,
+            agent_sub: &p.subject,
+            agent_user: p.user.as_deref(),
+            payer,
+            payee,
+            amount_minor: amount.minor(),
+            currency: amount.currency().code(),
+            payment_id,
+            intent_sha256: &intent_sha256,
+        };
+        let verified = self
+            .mandates
+            .verify(jws.trim(), self.clock.now())
+            .map_err(AgentError::from)
+            .and_then(|claims| authorizes(&claims, &call).map(|()| claims));
+        match verified {
+            Ok(claims) => {
+                let mut d = Decision::new(asked.tool, "mandate_accepted");
+                d.approval_id = Some(&claims.approval_id);
+                d.detail = Some(format!("mandate {}", claims.jti));
+                self.audit(caller, d).await;
+                Ok(MandateCheck::Authorized(Authorized { claims }))
+            }
+            Err(e) => match self.recorded_outcome(caller, asked.tool, asked.op, asked.args.clone()).await {
+                Some(done) => done.map(MandateCheck::Settled),
+                None => Err(self.refuse(caller, asked.tool, None, e).await),
+            },
+        }
+    }
+
+    /// The outcome already recorded for this operation with these very arguments, replayed; `None`
+    /// when there is none. For a call that would be refused for what the operation itself changed
+    /// (an expired mandate it used, a payment it refunded whole): its retry must still replay.
+    pub(super) async fn recorded_outcome(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        op: &OperationId,
+        args: serde_json::Value,
+    ) -> Option<Result<Executed, AgentError>> {
+        let operation = self.idem_for(caller, tool, op, None, &args);
+        match self.store.idem_peek(&operation.key, self.clock.now()).await {
+            Ok(Some((fp, Some(outcome)))) if fp == operation.fingerprint => {
+                Some(self.replay(caller, tool, &operation, &outcome).await)
+            }
+            _ => None,
+        }
+    }
+
+    /// What a payment or refund draws on where it commits: its mandate, or else today's
+    /// autonomous budget for its kind.
+    pub(super) fn guards_for(
+        &self,
+        mandate: Option<&Authorized>,
+        profile: &Profile,
+        kind: PaymentKind,
+        currency: Currency,
+    ) -> Guards {
+        match mandate {
+            Some(m) => m.guards(),
+            None => Guards { budget: self.budget_for(profile, kind, currency), mandate: None },
+        }
+    }
+
+    /// Today's (UTC) autonomous budget for payments or for refunds in this currency.
+    fn budget_for(&self, profile: &Profile, kind: PaymentKind, currency: Currency) -> Option<DailyBudget> {
+        let now = self.clock.now();
+        let limits = match kind {
+            PaymentKind::Payment => &profile.daily_limit_minor,
+            PaymentKind::Refund => &profile.daily_refund_limit_minor,
+        };
+        limits.get(&currency).map(|max| DailyBudget {
+            kind,
+            since: guards::day_of(now),
+            max_minor: *max,
+            max_payments: profile.daily_payments_max,
+        })
+    }
+
+    /// Tool governance: every call of `tool` needs a human, unless a mandate already carries one.
+    pub(super) fn always_needs_a_human(&self, tool: &str, mandate: Option<&Authorized>) -> bool {
+        mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == tool)
+    }
+
+    /// The intent of an admitted call: its key(s) (anchored on a closed mandate when it has one)
+    /// and what a human would be shown.
+    pub(super) fn intent_for(
+        &self,
+        caller: &Caller,
+        asked: Asked<'_>,
+        mandate: Option<&Authorized>,
+        amount: Money,
+    ) -> Intent {
+        let keys = self.idem_for(caller, asked.tool, asked.op, mandate.map(|m| &m.claims), &asked.args);
+        Intent { tool: asked.tool, keys, amount, shown: asked.intent }
+    }
+}

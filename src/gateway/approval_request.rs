@@ -1,0 +1,123 @@
+//! Asking a human: a call that policy sends to a person becomes (or finds) its approval, bounded
+//! per agent, in the user's own tier when there is a user to ask, and answers APPROVAL_REQUIRED
+//! with where to decide it.
+
+use super::keys::Idem;
+use super::{Caller, Decision, Gateway};
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalStatus, Approver};
+use crate::error::{AgentError, ErrorCode};
+use crate::ids::ApprovalId;
+use crate::mandate::MandateKind;
+use crate::money::Money;
+
+impl Gateway {
+    pub(crate) fn approval_url(&self, id: &ApprovalId) -> String {
+        format!("{}/approvals/{id}", self.limits.public_url)
+    }
+
+    /// The page a person opens to decide one approval (the console's, when it is on): an
+    /// operator's review, or the user's own confirmation page for an approval in their tier.
+    pub fn approval_page(&self, id: &ApprovalId, approver: Approver) -> String {
+        match (&self.limits.approval_page_base, approver) {
+            (Some(console), Approver::Operator) => format!("{console}#approvals/{id}"),
+            (Some(console), Approver::User) => format!("{console}#confirm/{id}"),
+            (None, Approver::Operator) => self.approval_url(id),
+            (None, Approver::User) => format!("{}/operator/v1/confirmations/{id}", self.limits.public_url),
+        }
+    }
+
+    /// The approval this call needs (found or created), as the answer the agent gets.
+    pub(super) async fn require_approval(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        amount: Money,
+        intent: serde_json::Value,
+        reason: String,
+    ) -> AgentError {
+        let now = self.clock.now();
+        let p = &caller.principal;
+        let reviewers_required = self.reviewers_for(amount.minor(), amount.currency());
+        // The user's own tier: only for an agent acting for a user (delegation: there is a person
+        // to ask), below the high-risk amount (config checks it) and where one reviewer would do.
+        let approver = if p.user.is_some() && p.profile.user_may_approve(amount) && reviewers_required == 1 {
+            Approver::User
+        } else {
+            Approver::Operator
+        };
+        let rec = ApprovalRecord {
+            approver,
+            id: ApprovalId::generate(),
+            status: ApprovalStatus::Pending,
+            kind: MandateKind::Closed,
+            reviewers_required,
+            requested_by: p.subject.clone(),
+            mandate_id: None,
+            mandate: None,
+            decided_at: None,
+            decision_reason: None,
+            reviews: vec![],
+            idempotency_key: idem.key.clone(),
+            fingerprint: idem.fingerprint.clone(),
+            principal_iss: p.issuer.clone(),
+            principal_sub: p.subject.clone(),
+            principal_user: p.user.clone(),
+            tool: tool.to_string(),
+            intent,
+            amount_minor: amount.minor(),
+            currency: amount.currency(),
+            reason: reason.clone(),
+            created_at: now,
+            expires_at: now + self.limits.approval_ttl_secs,
+        };
+        let approval =
+            match self.store.approval_get_or_create(rec, now, self.limits.pending_approvals_per_agent_max).await {
+                Ok(ApprovalRequest::Existing(a) | ApprovalRequest::Created(a)) => a,
+                Ok(ApprovalRequest::TooManyPending) => {
+                    // An approval flood: the queue a human works through is bounded per agent.
+                    let e = AgentError::new(
+                        ErrorCode::RateLimited,
+                        format!(
+                            "{} approvals of this agent are already waiting for a human; wait for them to be decided",
+                            self.limits.pending_approvals_per_agent_max
+                        ),
+                    )
+                    .with_retry_after(60);
+                    return self.refuse_as(caller, tool, idem, "denied", e).await;
+                }
+                Err(error) => return self.internal(caller, tool, idem, error).await,
+            };
+        if approval.fingerprint != idem.fingerprint {
+            return self.conflict(caller, tool, idem).await;
+        }
+        if approval.status == ApprovalStatus::Rejected {
+            // A rejection sticks to its operation: asking again is refused (and counts toward the stop rule).
+            let e = AgentError::new(
+                ErrorCode::ApprovalRejected,
+                "a human rejected this operation; it will not be approved again. Nothing moved.",
+            )
+            .with_detail("approval_id", approval.id.to_string());
+            return self.refuse_as(caller, tool, idem, "denied", e).await;
+        }
+        let mut d = Decision::new(tool, "approval_required");
+        d.code = Some(ErrorCode::ApprovalRequired);
+        d.idempotency_key = Some(&idem.key);
+        d.approval_id = Some(approval.id.as_str());
+        d.detail = Some(reason.clone());
+        self.audit(caller, d).await;
+        let message = if approval.status == ApprovalStatus::Approved {
+            "approved: fetch the mandate with get_approval and repeat this call with it as `mandate`. Nothing moved."
+                .to_string()
+        } else {
+            format!("{reason}; a human must approve it. Nothing moved.")
+        };
+        AgentError::new(ErrorCode::ApprovalRequired, message)
+            .with_detail("approval_id", approval.id.to_string())
+            .with_detail("approver", approval.approver.as_str())
+            .with_detail("approval_status", approval.status.as_str())
+            .with_detail("approval_url", self.approval_url(&approval.id))
+            .with_detail("reviewers_required", approval.reviewers_required)
+            .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))
+    }
+}

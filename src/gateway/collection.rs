@@ -1,0 +1,123 @@
+//! `request_*_payment`: ask a customer to pay through a rail (M-Pesa STK push, Airtel USSD push),
+//! exactly once per operation_id: the customer is never prompted twice for one operation.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::admission::{Asked, authorize};
+use super::unit_of_work::{Attempt, Executed, Strategy, movement};
+use super::{Caller, Gateway};
+use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
+use crate::domain::payment::PaymentKind;
+use crate::error::AgentError;
+use crate::ids::{OperationId, PaymentId};
+use crate::policy;
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestMpesaPaymentArgs {
+    /// Your id for this collection. Reuse it to retry the SAME request: the customer is never
+    /// prompted twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown to the customer as the account (at most 12 characters).
+    pub account_reference: String,
+    /// Shown to the customer (at most 13 characters).
+    pub description: String,
+    /// A signed mandate from an approval, for collections over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+/// A rail's refusal of a collection argument, named as the agent wrote it.
+fn collection_refusal(refusal: CollectionRefusal) -> AgentError {
+    AgentError::invalid(match refusal {
+        CollectionRefusal::Payer(why) => format!("phone_number: {why}"),
+        CollectionRefusal::Amount(why) => why,
+        CollectionRefusal::Reference(why) => format!("account_reference {why}"),
+        CollectionRefusal::Description(why) => format!("description {why}"),
+    })
+}
+
+impl Gateway {
+    /// A collection through the rail `rail_name`, for the tool `TOOL` (its name keys, audits and
+    /// governs the call).
+    pub async fn request_collection(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        rail_name: &str,
+        args: RequestMpesaPaymentArgs,
+    ) -> Result<Executed, AgentError> {
+        let Some(rail) = self.rail(rail_name).cloned() else {
+            let e = AgentError::invalid(format!("collections through {rail_name} are not enabled on this gateway"));
+            return Err(self.refuse(caller, tool, None, e).await);
+        };
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            // The rail's own rules: payer handle, currency and granularity, text limits.
+            let collection = rail
+                .validate_collection(CollectionArgs {
+                    payer: &args.phone_number,
+                    amount: &args.amount,
+                    reference: &args.account_reference,
+                    description: &args.description,
+                })
+                .map_err(collection_refusal)?;
+            Ok::<_, AgentError>((op, collection))
+        })();
+        let (op, collection) = match parsed {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse(caller, tool, None, e).await),
+        };
+        let p = &caller.principal;
+        let (payer, amount) = (collection.payer_account().clone(), collection.amount());
+        let (reference, description) = (collection.reference(), collection.description());
+        let payee = rail.account().clone();
+        let asked = Asked {
+            tool,
+            op: &op,
+            // The field names are part of stored fingerprints: kept as they were.
+            args: json!({
+                "phone": collection.payer(), "amount_minor": amount.minor(), "reference": reference, "description": description,
+            }),
+            intent: json!({
+                "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(),
+                "account_reference": reference, "description": description,
+            }),
+        };
+        let mandate = match self
+            .mandate_for(caller, &asked, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
+            .await?
+            .verified()
+        {
+            Ok(m) => m,
+            Err(replayed) => return Ok(*replayed),
+        };
+        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
+        let force = self.always_needs_a_human(tool, mandate.as_ref());
+        let decision = authorize(
+            policy::decide_collect(|s| p.has_scope(s), tool, &p.profile, &payee, amount, force),
+            mandate.is_some(),
+        );
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
+        let call = movement(|a: Attempt| {
+            let req = CollectionRequest {
+                idempotency_key: a.key,
+                payment_id: PaymentId::generate(),
+                collection: collection.clone(),
+                principal_sub: p.subject.clone(),
+                principal_user: p.user.clone(),
+                guards: guards.clone(),
+            };
+            let rail = rail.clone();
+            async move { rail.collect(req).await }
+        });
+        self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
+    }
+}

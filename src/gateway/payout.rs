@@ -1,0 +1,111 @@
+//! `send_*_payout`: pay a customer through a rail (M-Pesa B2C, Airtel disbursement), exactly
+//! once per operation_id: the customer is never paid twice for one operation.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::admission::{Asked, authorize};
+use super::unit_of_work::{Attempt, Executed, Strategy, movement};
+use super::{Caller, Gateway};
+use crate::backend::rail::{PayoutArgs, PayoutRefusal, PayoutRequest};
+use crate::domain::payment::PaymentKind;
+use crate::domain::rail::RailFlow;
+use crate::error::AgentError;
+use crate::ids::{OperationId, PaymentId};
+use crate::policy;
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMpesaPayoutArgs {
+    /// Your id for this payout. Reuse it to retry the SAME payout: the customer is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown on the customer's statement (at most 100 characters).
+    pub remarks: String,
+    /// A signed mandate from an approval, for payouts over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+/// A rail's refusal of a payout argument, named as the agent wrote it.
+fn payout_refusal(refusal: PayoutRefusal) -> AgentError {
+    AgentError::invalid(match refusal {
+        PayoutRefusal::Payee(why) => format!("phone_number: {why}"),
+        PayoutRefusal::Amount(why) => why,
+        PayoutRefusal::Remarks(why) => format!("remarks {why}"),
+    })
+}
+
+impl Gateway {
+    /// A payout through the rail `rail_name`, for the tool `TOOL`.
+    pub async fn send_payout(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        rail_name: &str,
+        args: SendMpesaPayoutArgs,
+    ) -> Result<Executed, AgentError> {
+        let rail = match self.rail(rail_name).cloned() {
+            Some(rail) if rail.offers(RailFlow::Payout) => rail,
+            _ => {
+                let e = AgentError::invalid(format!("payouts through {rail_name} are not enabled on this gateway"));
+                return Err(self.refuse(caller, tool, None, e).await);
+            }
+        };
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            let payout = rail
+                .validate_payout(PayoutArgs { payee: &args.phone_number, amount: &args.amount, remarks: &args.remarks })
+                .map_err(payout_refusal)?;
+            Ok::<_, AgentError>((op, payout))
+        })();
+        let (op, payout) = match parsed {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse(caller, tool, None, e).await),
+        };
+        let p = &caller.principal;
+        let (payer, payee, amount) = (rail.account().clone(), payout.payee_account().clone(), payout.amount());
+        let asked = Asked {
+            tool,
+            op: &op,
+            args: json!({"phone": payout.payee(), "amount_minor": amount.minor(), "remarks": payout.remarks()}),
+            intent: json!({
+                "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "remarks": payout.remarks(),
+            }),
+        };
+        let mandate = match self
+            .mandate_for(caller, &asked, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
+            .await?
+            .verified()
+        {
+            Ok(m) => m,
+            Err(replayed) => return Ok(*replayed),
+        };
+        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
+        let force = self.always_needs_a_human(tool, mandate.as_ref());
+        let decision = authorize(
+            policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force),
+            mandate.is_some(),
+        );
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
+        let call = movement(|a: Attempt| {
+            let req = PayoutRequest {
+                idempotency_key: a.key,
+                payment_id: PaymentId::generate(),
+                payout: payout.clone(),
+                principal_sub: p.subject.clone(),
+                principal_user: p.user.clone(),
+                guards: guards.clone(),
+            };
+            let rail = rail.clone();
+            async move { rail.pay_out(req).await }
+        });
+        self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
+    }
+}

@@ -1,0 +1,157 @@
+//! `refund_payment`: give a ledger payment's money back, in part or whole, exactly once per
+//! operation_id (a rail collection is given back by its reversal, `reversal.rs`).
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::admission::{Asked, authorize, parse_text};
+use super::unit_of_work::{Attempt, Executed, movement};
+use super::{Caller, Gateway};
+use crate::domain::payment::{PaymentKind, RefundRequest};
+use crate::error::{AgentError, ErrorCode};
+use crate::ids::{OperationId, PaymentId};
+use crate::money::Money;
+use crate::policy;
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefundPaymentArgs {
+    /// Your id for this refund; reuse it to retry the same refund.
+    pub operation_id: String,
+    /// The payment to refund (pay_…).
+    pub payment_id: String,
+    /// Decimal string; omit to refund everything still refundable.
+    #[serde(default)]
+    pub amount: Option<String>,
+    /// Optional reason (at most 140 characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// A signed mandate from an approval, for refunds over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl Gateway {
+    pub async fn refund_payment(&self, caller: &Caller, args: RefundPaymentArgs) -> Result<Executed, AgentError> {
+        const TOOL: &str = "refund_payment";
+        let p = &caller.principal;
+        let parsed = (|| {
+            let op = OperationId::parse(&args.operation_id)?;
+            let pid = PaymentId::parse(&args.payment_id)?;
+            let reason = parse_text("reason", args.reason.clone())?;
+            Ok::<_, AgentError>((op, pid, reason))
+        })();
+        let (op, pid, reason) = match parsed {
+            Ok(v) => v,
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
+        };
+        // The original must be visible to this agent: a payment it cannot see does not exist for it.
+        let original = match self.backend.payment(&pid).await {
+            Ok(Some(pay)) if pay.touches_any(&p.profile.allowed_accounts) => pay,
+            Ok(None) => match self.store.rail_get(&pid).await {
+                Ok(Some(r))
+                    if self.is_collection_record(&r) && r.payment().touches_any(&p.profile.allowed_accounts) =>
+                {
+                    // A rail payment is given back through its rail: a collection by a reversal.
+                    return self.reverse_collection(caller, op, reason, args, r).await;
+                }
+                _ => {
+                    let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
+                    return Err(self.refuse(caller, TOOL, None, e).await);
+                }
+            },
+            Ok(_) => {
+                let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+            Err(e) => return Err(self.refuse(caller, TOOL, None, AgentError::from(&e)).await),
+        };
+        let amount = match &args.amount {
+            Some(a) => Money::parse(a, original.currency),
+            None => Money::from_minor(original.refundable_minor(), original.currency),
+        };
+        let amount = match amount {
+            Ok(a) => a,
+            Err(_) if args.amount.is_none() => {
+                // Nothing left: perhaps because this very operation refunded it. Its retry replays.
+                let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
+                if let Some(done) = self.recorded_outcome(caller, TOOL, &op, args).await {
+                    return done;
+                }
+                let e = AgentError::invalid(format!("payment {pid} has nothing left to refund"));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+            Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
+        };
+        // Money flows back: from the original payee to the original payer.
+        let (payer, payee) = (&original.to_account, &original.from_account);
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
+            // An omitted amount fingerprints as "everything", not as today's remaining amount.
+            args: json!({
+                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
+            }),
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
+            }),
+        };
+        let mandate = match self
+            .mandate_for(
+                caller,
+                &asked,
+                args.mandate.as_deref(),
+                payer.as_str(),
+                payee.as_str(),
+                amount,
+                Some(pid.as_str()),
+            )
+            .await?
+            .verified()
+        {
+            Ok(m) => m,
+            Err(replayed) => return Ok(*replayed),
+        };
+        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
+        let decision = authorize(
+            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
+            mandate.is_some(),
+        );
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
+        // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
+        let autonomous_cap_minor =
+            if mandate.is_none() { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() } else { None };
+        let explicit_amount = match (&args.amount, &mandate) {
+            (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
+            (None, None) => None,
+        };
+        self.carry_out(
+            caller,
+            self.ledger_strategy(),
+            intent,
+            decision,
+            movement(|a: Attempt| {
+                let req = RefundRequest {
+                    idempotency_key: a.key,
+                    alias_key: a.alias_key,
+                    audit: a.audit,
+                    claim: a.claim,
+                    refund_id: PaymentId::generate(),
+                    payment_id: pid.clone(),
+                    amount_minor: explicit_amount,
+                    reason: reason.clone(),
+                    principal_sub: p.subject.clone(),
+                    principal_user: p.user.clone(),
+                    guards: guards.clone(),
+                    autonomous_cap_minor,
+                };
+                let backend = self.backend.clone();
+                async move { backend.refund(req).await }
+            }),
+        )
+        .await
+    }
+}

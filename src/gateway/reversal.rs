@@ -1,0 +1,120 @@
+//! `refund_payment` of a rail collection: reversed through its rail, in full, at most once.
+
+use serde_json::json;
+
+use super::admission::{Asked, authorize};
+use super::refund::RefundPaymentArgs;
+use super::unit_of_work::{Attempt, Executed, Strategy, movement};
+use super::{Caller, Gateway};
+use crate::backend::rail::ReversalRequest;
+use crate::domain::payment::PaymentKind;
+use crate::domain::rail::{RailFlow, RailPayment, RailState};
+use crate::error::AgentError;
+use crate::ids::{OperationId, PaymentId};
+use crate::money::Money;
+use crate::policy;
+
+impl Gateway {
+    /// `refund_payment` of a rail record: a succeeded collection is reversed through its rail, in
+    /// full, at most once (the rail keys the reversal by the collection). Refunds' policy, mandates,
+    /// budgets and idempotency apply as to any refund.
+    pub(super) async fn reverse_collection(
+        &self,
+        caller: &Caller,
+        op: OperationId,
+        reason: Option<String>,
+        args: RefundPaymentArgs,
+        rec: RailPayment,
+    ) -> Result<Executed, AgentError> {
+        const TOOL: &str = "refund_payment";
+        let p = &caller.principal;
+        let pid = rec.id.clone();
+        let rail = match self.rail(&rec.rail).cloned() {
+            Some(rail) if rail.offers(RailFlow::Reversal) => rail,
+            // (A rail turned off since keeps its records: they are still its payments.)
+            _ => {
+                let name = self.rail(&rec.rail).map_or("external", |r| r.display_name());
+                let e = AgentError::invalid(format!(
+                    "payment {pid} is an {name} payment; this gateway does not reverse {name} payments"
+                ));
+                return Err(self.refuse(caller, TOOL, None, e).await);
+            }
+        };
+        if rec.flow != RailFlow::Collection || rec.state != RailState::Succeeded || rec.receipt.is_none() {
+            let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
+            if let Some(done) = self.recorded_outcome(caller, TOOL, &op, args).await {
+                return done;
+            }
+            let e = AgentError::invalid(format!(
+                "payment {pid} is not a succeeded {} collection with a receipt; only those can be reversed",
+                rail.display_name()
+            ));
+            return Err(self.refuse(caller, TOOL, None, e).await);
+        }
+        let original = rec.payment();
+        let full = Money::from_minor(original.amount_minor, original.currency).map_err(AgentError::from)?;
+        if let Some(a) = &args.amount {
+            match Money::parse(a, original.currency) {
+                Ok(m) if m == full => {}
+                Ok(_) => {
+                    let e = AgentError::invalid(format!(
+                        "{} reverses a collection in full: omit amount, or give {}",
+                        rail.display_name(),
+                        full.to_decimal()
+                    ));
+                    return Err(self.refuse(caller, TOOL, None, e).await);
+                }
+                Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
+            }
+        }
+        let amount = full;
+        // Money flows back: from the rail's account to the customer who paid.
+        let (payer, payee) = (&original.to_account, &original.from_account);
+        let asked = Asked {
+            tool: TOOL,
+            op: &op,
+            args: json!({
+                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
+            }),
+            intent: json!({
+                "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
+                "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
+            }),
+        };
+        let mandate = match self
+            .mandate_for(
+                caller,
+                &asked,
+                args.mandate.as_deref(),
+                payer.as_str(),
+                payee.as_str(),
+                amount,
+                Some(pid.as_str()),
+            )
+            .await?
+            .verified()
+        {
+            Ok(m) => m,
+            Err(replayed) => return Ok(*replayed),
+        };
+        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
+        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
+        let decision =
+            authorize(policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force), mandate.is_some());
+        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
+        let call = movement(|a: Attempt| {
+            let req = ReversalRequest {
+                idempotency_key: a.key,
+                payment_id: PaymentId::generate(),
+                original: rec.clone(),
+                reason: reason.clone(),
+                principal_sub: p.subject.clone(),
+                principal_user: p.user.clone(),
+                guards: guards.clone(),
+            };
+            let rail = rail.clone();
+            async move { rail.reverse(req).await }
+        });
+        self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
+    }
+}

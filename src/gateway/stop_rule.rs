@@ -1,0 +1,92 @@
+//! Refusals and the stop rule: every refusal of a money-moving call is audited; policy denials
+//! and RATE_LIMITED answers count toward the (agent, user) pair's stop rule, which suspends the
+//! pair once they reach `stop_rules.denials_max` within the window.
+
+use super::keys::Idem;
+use super::{Caller, Decision, Gateway};
+use crate::domain::audit::DENIAL_CODES;
+use crate::domain::principal::SuspensionScope;
+use crate::error::{AgentError, ErrorCode};
+use crate::store::Denials;
+
+/// What the stop rule counts: policy denials, and RATE_LIMITED answers (at their weight; an
+/// approval flood past `approvals.pending_per_agent_max` answers RATE_LIMITED too).
+fn counts_toward_stop_rule(code: ErrorCode) -> bool {
+    code == ErrorCode::RateLimited || DENIAL_CODES.contains(&code.as_str())
+}
+
+impl Gateway {
+    /// After a counted refusal: suspend the (agent, user) pair once what counts toward its stop
+    /// rule reaches the threshold. `pending`: counted refusals this replica has not written yet.
+    pub(super) async fn enforce_stop_rule(&self, caller: &Caller, tool: &str, pending: Denials) {
+        let now = self.clock.now();
+        let who = caller.principal.principal_ref();
+        let counted = match self.store.denials_since(&who, now - self.limits.stop_window_secs).await {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "stop-rule count failed");
+                return;
+            }
+        };
+        let (denials, rate_limited) = (counted.denials + pending.denials, counted.rate_limited + pending.rate_limited);
+        let every = self.limits.rate_limited_per_denial;
+        let weighted = if every > 0 { rate_limited / every } else { 0 };
+        if denials + weighted < self.limits.stop_denials_max {
+            return;
+        }
+        let reason = if weighted > 0 {
+            format!(
+                "suspended by the stop rule: {denials} policy denials and {rate_limited} RATE_LIMITED answers \
+                 (counted as {weighted}) within {} s",
+                self.limits.stop_window_secs
+            )
+        } else {
+            format!("suspended by the stop rule: {denials} policy denials within {} s", self.limits.stop_window_secs)
+        };
+        let scope = SuspensionScope::Pair(who.user.clone());
+        match self.store.suspend(&who.issuer, &who.subject, &scope, &reason, now).await {
+            Ok(true) => {
+                tracing::warn!(principal.sub = %who.subject, %reason, "agent suspended by stop rule");
+                let mut d = Decision::new(tool, "suspended");
+                d.code = Some(ErrorCode::PrincipalSuspended);
+                d.detail = Some(reason);
+                self.audit(caller, d).await;
+            }
+            Ok(false) => {}
+            Err(error) => tracing::error!(correlation_id = %caller.correlation_id, %error, "suspend failed"),
+        }
+    }
+
+    /// Audit a refusal and hand the error back; policy denials count toward the stop rule.
+    pub(super) async fn refuse(&self, caller: &Caller, tool: &str, key: Option<&str>, e: AgentError) -> AgentError {
+        let mut d = Decision::new(tool, "denied");
+        d.code = Some(e.code);
+        d.idempotency_key = key;
+        d.detail = Some(e.message.clone());
+        self.audit(caller, d).await;
+        if counts_toward_stop_rule(e.code) {
+            self.enforce_stop_rule(caller, tool, Denials::default()).await;
+        }
+        e
+    }
+
+    /// Audit a refusal of a call that has its key(s); denials and conflicts count toward the stop rule.
+    pub(super) async fn refuse_as(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        decision: &str,
+        e: AgentError,
+    ) -> AgentError {
+        let mut d = Decision::new(tool, decision);
+        d.code = Some(e.code);
+        d.idempotency_key = Some(&idem.key);
+        d.detail = Some(e.message.clone());
+        self.audit(caller, d).await;
+        if matches!(decision, "denied" | "conflict") && counts_toward_stop_rule(e.code) {
+            self.enforce_stop_rule(caller, tool, Denials::default()).await;
+        }
+        e
+    }
+}
