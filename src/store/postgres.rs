@@ -25,7 +25,10 @@ use super::rows::{self, Cell, Columns, PlainRow, Value};
 use super::{
     AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, Denials, MandateIssuer,
     NewIdempotencyRecord, PrincipalRef, RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review,
-    ReviewError, Store, StoreError, SummaryQuery, SummaryRow, SuspensionScope,
+    ReviewError, StoreError, SummaryQuery, SummaryRow, SuspensionScope,
+};
+use super::{
+    ApprovalStore, AuditStore, Engine, IdempotencyStore, LeaseStore, LedgerStore, RailStore, ReadStore, SuspensionStore,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -390,13 +393,44 @@ macro_rules! with_retry {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl Engine for PostgresStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         client.one("SELECT 1", &[]).await?;
         Ok(())
     }
 
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    async fn select_rows(&self, st: Statement) -> Result<Vec<PlainRow>, StoreError> {
+        use tokio_postgres::types::Type;
+        let client = self.pool.get().await?;
+        let mut out = Vec::new();
+        for row in client.all(&st.text, &bind(&st.params)).await? {
+            let cells = (0..row.len())
+                .map(|i| {
+                    let t = row.columns()[i].type_();
+                    Ok(if *t == Type::INT8 {
+                        row.try_get::<_, Option<i64>>(i)?.map_or(Cell::Null, Cell::Int)
+                    } else if *t == Type::INT4 {
+                        row.try_get::<_, Option<i32>>(i)?.map_or(Cell::Null, |v| Cell::Int(v.into()))
+                    } else if *t == Type::BOOL {
+                        row.try_get::<_, Option<bool>>(i)?.map_or(Cell::Null, Cell::Bool)
+                    } else {
+                        row.try_get::<_, Option<String>>(i)?.map_or(Cell::Null, Cell::Text)
+                    })
+                })
+                .collect::<Result<Vec<Cell>, tokio_postgres::Error>>()?;
+            out.push(PlainRow(cells));
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for PostgresStore {
     async fn idem_peek(&self, key: &str, now: UnixSecs) -> Result<Option<(String, Option<String>)>, StoreError> {
         let client = self.pool.get().await?;
         let row = client
@@ -433,7 +467,10 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         Ok(client.exec("DELETE FROM idempotency_records WHERE expires_at <= $1", &[&now]).await?)
     }
+}
 
+#[async_trait]
+impl ApprovalStore for PostgresStore {
     async fn approval_get_or_create(
         &self,
         rec: ApprovalRecord,
@@ -567,7 +604,10 @@ impl Store for PostgresStore {
                    WHERE approval_id = $3 AND revoked_at IS NULL RETURNING id";
         Ok(client.opt(sql, &[&now, &by, &approval_id.as_str()]).await?.map(|r| r.get(0)))
     }
+}
 
+#[async_trait]
+impl SuspensionStore for PostgresStore {
     async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError> {
         let client = self.pool.get().await?;
         let user = who.user.as_deref().unwrap_or("");
@@ -638,7 +678,10 @@ impl Store for PostgresStore {
             .await?;
         Ok(Denials { denials: row.get(0), rate_limited: row.get(1) })
     }
+}
 
+#[async_trait]
+impl AuditStore for PostgresStore {
     async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         insert_audit(&client, &r, None).await
@@ -668,7 +711,10 @@ impl Store for PostgresStore {
             )
             .await?)
     }
+}
 
+#[async_trait]
+impl LedgerStore for PostgresStore {
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
@@ -894,7 +940,10 @@ impl Store for PostgresStore {
         tx.commit().await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl RailStore for PostgresStore {
     async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
         with_retry!(rails::open_once(&self.pool, &rec, &guards, now).await)
     }
@@ -950,40 +999,18 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         rails::since(&client, since, after_seq, limit).await
     }
+}
 
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
-    }
-
-    async fn select_rows(&self, st: Statement) -> Result<Vec<PlainRow>, StoreError> {
-        use tokio_postgres::types::Type;
-        let client = self.pool.get().await?;
-        let mut out = Vec::new();
-        for row in client.all(&st.text, &bind(&st.params)).await? {
-            let cells = (0..row.len())
-                .map(|i| {
-                    let t = row.columns()[i].type_();
-                    Ok(if *t == Type::INT8 {
-                        row.try_get::<_, Option<i64>>(i)?.map_or(Cell::Null, Cell::Int)
-                    } else if *t == Type::INT4 {
-                        row.try_get::<_, Option<i32>>(i)?.map_or(Cell::Null, |v| Cell::Int(v.into()))
-                    } else if *t == Type::BOOL {
-                        row.try_get::<_, Option<bool>>(i)?.map_or(Cell::Null, Cell::Bool)
-                    } else {
-                        row.try_get::<_, Option<String>>(i)?.map_or(Cell::Null, Cell::Text)
-                    })
-                })
-                .collect::<Result<Vec<Cell>, tokio_postgres::Error>>()?;
-            out.push(PlainRow(cells));
-        }
-        Ok(out)
-    }
-
+#[async_trait]
+impl ReadStore for PostgresStore {
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
         let client = self.pool.get().await?;
         rails::summary(&client, &query).await
     }
+}
 
+#[async_trait]
+impl LeaseStore for PostgresStore {
     async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
         rails::lease(&client, kind, holder, now, lease_secs).await

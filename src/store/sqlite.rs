@@ -20,7 +20,10 @@ use super::rows::{self, Cell, Columns, PlainRow, Value};
 use super::{
     AccountSeed, ApprovalRecord, ApprovalRequest, AuditRecord, DENIAL_CODES, Denials, MandateIssuer,
     NewIdempotencyRecord, PrincipalRef, RailOpened, RailPayment, RailState, RailUpdate, Reservation, Review,
-    ReviewError, Store, StoreError, SummaryQuery, SummaryRow, SuspensionScope,
+    ReviewError, StoreError, SummaryQuery, SummaryRow, SuspensionScope,
+};
+use super::{
+    ApprovalStore, AuditStore, Engine, IdempotencyStore, LeaseStore, LedgerStore, RailStore, ReadStore, SuspensionStore,
 };
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
@@ -455,11 +458,42 @@ fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> ru
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Engine for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.run(|c| Ok(c.q_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
     }
 
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    async fn select_rows(&self, st: Statement) -> Result<Vec<PlainRow>, StoreError> {
+        self.run_heavy(move |c| {
+            let mut stmt = c.prepare_cached(&st.text)?;
+            let n = stmt.column_count();
+            let rows = stmt.query_map(params_from_iter(st.params), |r| {
+                (0..n)
+                    .map(|i| {
+                        Ok(match r.get_ref(i)? {
+                            ValueRef::Null => Cell::Null,
+                            ValueRef::Integer(v) => Cell::Int(v),
+                            ValueRef::Real(v) => Cell::Int(v as i64),
+                            ValueRef::Text(t) | ValueRef::Blob(t) => {
+                                Cell::Text(String::from_utf8_lossy(t).into_owned())
+                            }
+                        })
+                    })
+                    .collect::<rusqlite::Result<Vec<Cell>>>()
+                    .map(PlainRow)
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<PlainRow>>>()?)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for SqliteStore {
     async fn idem_peek(&self, key: &str, now: UnixSecs) -> Result<Option<(String, Option<String>)>, StoreError> {
         let key = key.to_string();
         self.run(move |c| {
@@ -507,7 +541,10 @@ impl Store for SqliteStore {
     async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError> {
         self.write(move |c| Ok(c.exec("DELETE FROM idempotency_records WHERE expires_at <= ?1", [now])? as u64)).await
     }
+}
 
+#[async_trait]
+impl ApprovalStore for SqliteStore {
     async fn approval_get_or_create(
         &self,
         rec: ApprovalRecord,
@@ -640,7 +677,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl SuspensionStore for SqliteStore {
     async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError> {
         let who = who.clone();
         self.run(move |c| {
@@ -715,7 +755,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl AuditStore for SqliteStore {
     async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
         self.write(move |c| Ok(insert_audit(c, &r, None).map(|_| ())?)).await
     }
@@ -750,7 +793,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl LedgerStore for SqliteStore {
     async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
@@ -961,7 +1007,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl RailStore for SqliteStore {
     async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
         self.write(move |c| rails::open_tx(c, rec, guards, now)).await
     }
@@ -1021,39 +1070,17 @@ impl Store for SqliteStore {
     ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
         self.run_heavy(move |c| rails::since(c, since, after_seq, limit)).await
     }
+}
 
-    fn dialect(&self) -> Dialect {
-        Dialect::Sqlite
-    }
-
-    async fn select_rows(&self, st: Statement) -> Result<Vec<PlainRow>, StoreError> {
-        self.run_heavy(move |c| {
-            let mut stmt = c.prepare_cached(&st.text)?;
-            let n = stmt.column_count();
-            let rows = stmt.query_map(params_from_iter(st.params), |r| {
-                (0..n)
-                    .map(|i| {
-                        Ok(match r.get_ref(i)? {
-                            ValueRef::Null => Cell::Null,
-                            ValueRef::Integer(v) => Cell::Int(v),
-                            ValueRef::Real(v) => Cell::Int(v as i64),
-                            ValueRef::Text(t) | ValueRef::Blob(t) => {
-                                Cell::Text(String::from_utf8_lossy(t).into_owned())
-                            }
-                        })
-                    })
-                    .collect::<rusqlite::Result<Vec<Cell>>>()
-                    .map(PlainRow)
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<PlainRow>>>()?)
-        })
-        .await
-    }
-
+#[async_trait]
+impl ReadStore for SqliteStore {
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
         self.run_heavy(move |c| rails::summary(c, &query)).await
     }
+}
 
+#[async_trait]
+impl LeaseStore for SqliteStore {
     async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError> {
         let (kind, holder) = (kind.to_string(), holder.to_string());
         self.write(move |c| rails::lease_tx(c, &kind, &holder, now, lease_secs)).await
