@@ -35,7 +35,7 @@ async fn sigkill_under_load_then_retry_moves_each_payment_once() {
     let dir = tempfile::tempdir().unwrap();
     storm_kill_replay(dir.path(), None).await;
     let store = paygate::store::sqlite::SqliteStore::open(&dir.path().join("paygate.sqlite3")).unwrap();
-    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
+    let report = paygate::store::LedgerStore::ledger_integrity(&store).await.unwrap();
     assert!(report.ok, "{:?}", report.problems);
 }
 
@@ -45,7 +45,7 @@ async fn a_postgres_replica_killed_mid_storm_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     storm_kill_replay(dir.path(), Some(&db)).await;
     let store = paygate::store::postgres::PostgresStore::connect(&db.url, &db.schema).await.unwrap();
-    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
+    let report = paygate::store::LedgerStore::ledger_integrity(&store).await.unwrap();
     assert!(report.ok, "{:?}", report.problems);
 }
 

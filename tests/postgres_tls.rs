@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use paygate::store::Store;
+use paygate::store::Engine;
 use paygate::store::postgres::PostgresStore;
 use paygate::store::postgres::tls::{SslMode, TlsSettings};
 use serde_json::json;

@@ -86,7 +86,7 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
             detail: None,
             repeats: 1,
         };
-        paygate::store::Store::audit_append(&store, rec).await.unwrap();
+        paygate::store::AuditStore::audit_append(&store, rec).await.unwrap();
     }
     let dir = tmp.path().join("archive");
     let settings = paygate::audit_archive::Settings { retention_secs: 100, dir: dir.clone(), batch_max: 100 };
@@ -105,7 +105,7 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
     // A directory paygate makes itself is owner-only too.
     let fresh = tmp.path().join("elsewhere/archive");
     let settings = paygate::audit_archive::Settings { retention_secs: 1, dir: fresh.clone(), batch_max: 100 };
-    paygate::store::Store::audit_append(
+    paygate::store::AuditStore::audit_append(
         &store,
         paygate::store::AuditRecord { at: 500, ..paygate::audit_archive::read(&done[0].file).unwrap()[0].clone() },
     )

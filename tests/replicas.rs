@@ -111,7 +111,7 @@ async fn two_replicas_pay_each_operation_once() {
     let c = &all[0];
     assert_eq!(balance(c, "acct-B").await, format!("{ROUNDS}.00"));
     let store = paygate::store::postgres::PostgresStore::connect(&db.url, &db.schema).await.unwrap();
-    let report = paygate::store::Store::ledger_integrity(&store).await.unwrap();
+    let report = paygate::store::LedgerStore::ledger_integrity(&store).await.unwrap();
     assert!(report.ok, "{:?}", report.problems);
 }
 

@@ -1,5 +1,7 @@
-//! Persistence: one trait, one engine per database. SQLite is the embedded default; PostgreSQL
-//! (shared by replicas) implements the same contract.
+//! Persistence: one trait per entity (`traits/`: idempotency, approvals, suspensions, audit, ledger,
+//! rails, reads, leases, and the engine's own `Engine`), joined by [`Store`]; one engine per
+//! database, each implementing every trait in its file of the same name. SQLite is the embedded
+//! default; PostgreSQL (shared by replicas) implements the same contract.
 //!
 //! The store owns transactions. Operations that must be atomic (reserve an idempotency key, post a
 //! transfer *and* complete its idempotency record) are single store methods, so no caller can
@@ -9,13 +11,16 @@ pub mod postgres;
 pub(crate) mod queries;
 pub(crate) mod rows;
 pub mod sqlite;
+mod traits;
 
-use async_trait::async_trait;
+pub use traits::{
+    ApprovalStore, AuditStore, Denials, Engine, IdempotencyStore, LeaseStore, LedgerStore, RailStore, ReadStore,
+    SuspensionStore,
+};
 
 use crate::clock::UnixSecs;
 pub use crate::domain::approval::{ApprovalRecord, ApprovalRequest, IssuedMandate, MandateIssuer, Review, ReviewError};
 pub use crate::domain::audit::{AuditRecord, DENIAL_CODES};
-use crate::domain::error::BackendError;
 pub use crate::domain::error::StoreError;
 pub use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 pub use crate::domain::ops::{
@@ -25,21 +30,9 @@ pub use crate::domain::ops::{
 pub use crate::domain::payment::{AccountSeed, SummaryQuery, SummaryRow};
 pub use crate::domain::principal::{PrincipalRef, SuspensionScope};
 
-/// What counts toward a principal's stop rule (`store::DENIAL_CODES` and throttled RATE_LIMITED
-/// records, counted by the refusals each stands for).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Denials {
-    /// Audited policy denials.
-    pub denials: i64,
-    /// RATE_LIMITED answers (a throttled record counts its repeats).
-    pub rate_limited: i64,
-}
-use crate::domain::payment::{
-    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
-};
+use crate::domain::payment::{Guards, IntegrityReport, Payment, RefundRequest, TransferRequest};
 pub use crate::domain::rail::{RailFlow, RailOpened, RailPayment, RailState, RailUpdate};
-use crate::domain::rules::integrity::{self, Checkpoint, DeltaFacts, IntegrityFacts};
-use crate::ids::{AccountId, ApprovalId, PaymentId};
+use crate::domain::rules::integrity::{self, Checkpoint};
 
 /// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.
 pub(crate) fn completed_outcome(p: &Payment) -> String {
@@ -76,246 +69,38 @@ pub struct SchemaStatus {
     pub known: i64,
 }
 
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Readiness: the database answers.
-    async fn ping(&self) -> Result<(), StoreError>;
+/// The whole store: every entity's trait, as one object (`Arc<dyn Store>`). An engine implements
+/// each entity's trait; this joins them.
+pub trait Store:
+    Engine
+    + IdempotencyStore
+    + ApprovalStore
+    + SuspensionStore
+    + AuditStore
+    + LedgerStore
+    + RailStore
+    + ReadStore
+    + LeaseStore
+    + Send
+    + Sync
+    + 'static
+{
+}
 
-    // --- idempotency ---
-    /// The record under `key`, if live: (fingerprint, completed outcome or `None` while in flight).
-    async fn idem_peek(&self, key: &str, now: UnixSecs) -> Result<Option<(String, Option<String>)>, StoreError>;
-    async fn idem_reserve(&self, rec: NewIdempotencyRecord, now: UnixSecs) -> Result<Reservation, StoreError>;
-    /// Complete an in-flight record with `outcome`. A record already completed (by the ledger in
-    /// the same transaction as its postings) is left as it is.
-    async fn idem_complete(&self, key: &str, outcome: &str) -> Result<(), StoreError>;
-    /// Give the key back after a failure that moved nothing and should not be replayed.
-    async fn idem_release(&self, key: &str) -> Result<(), StoreError>;
-    /// Delete records past retention; returns how many.
-    async fn idem_purge(&self, now: UnixSecs) -> Result<u64, StoreError>;
-
-    // --- approvals ---
-    /// The approval for `rec.idempotency_key` (`domain::rules::review::on_request` decides which
-    /// answers: pending, approved or rejected; an expired one is asked again), or `rec` inserted as a
-    /// new one unless its agent has `pending_max` approvals waiting already.
-    async fn approval_get_or_create(
-        &self,
-        rec: ApprovalRecord,
-        now: UnixSecs,
-        pending_max: i64,
-    ) -> Result<ApprovalRequest, StoreError>;
-    async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
-    /// Pending, unexpired approvals (the human queue's depth).
-    async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError>;
-    /// Mark pending approvals past their expiry `expired` (they already read as expired); returns how many.
-    async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError>;
-    /// Insert an operator's pre-authorization as it is (pending until reviewed).
-    async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError>;
-    /// Newest first; `before` is the cursor of the previous page. `status` is as of `now`: a
-    /// pending approval past its expiry lists as expired.
-    async fn approval_list(
-        &self,
-        status: Option<&str>,
-        before: Option<i64>,
-        limit: u32,
-        now: UnixSecs,
-    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
-    /// Record one reviewer's decision; the state machine runs in one transaction. Enough approvals
-    /// issue the mandate (`issue`) in the same transaction.
-    async fn approval_review(
-        &self,
-        id: &ApprovalId,
-        review: Review,
-        now: UnixSecs,
-        issue: MandateIssuer,
-    ) -> Result<ApprovalRecord, ReviewError>;
-
-    /// Count one more URL-elicitation round answered for this approval, unless `max` were answered
-    /// already: the round's number, or `None` once the bound is reached (whichever sealed state the
-    /// client presented: the count is the server's).
-    async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError>;
-
-    // --- stop rules ---
-    /// `Some((suspended_at, reason))` while suspended.
-    /// Revoke the mandate an approval issued (`None`: none, or it was revoked already). Draws on it
-    /// are refused from then on, in the posting transaction.
-    async fn mandate_revoke(
-        &self,
-        approval_id: &ApprovalId,
-        by: &str,
-        now: UnixSecs,
-    ) -> Result<Option<String>, StoreError>;
-    /// `Some((suspended_at, reason))` while `who` is suspended: the agent as a whole, or this very
-    /// (agent, user) pair. A row from before issuers were recorded applies under any issuer.
-    async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError>;
-    /// Suspend (issuer, subject) for what `scope` covers; whether it was not suspended already.
-    async fn suspend(
-        &self,
-        issuer: &str,
-        subject: &str,
-        scope: &SuspensionScope,
-        reason: &str,
-        now: UnixSecs,
-    ) -> Result<bool, StoreError>;
-    /// Lift the agent's suspensions: every one (`user` = `None`), or only that of the agent acting
-    /// for `user`. Returns whether any was lifted.
-    async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError>;
-    /// What counts toward `who`'s stop rule, audited since `since` and since its last resume.
-    async fn denials_since(&self, who: &PrincipalRef, since: UnixSecs) -> Result<Denials, StoreError>;
-
-    // --- audit (append-only) ---
-    async fn audit_append(&self, rec: AuditRecord) -> Result<(), StoreError>;
-    /// Newest first; `principal_sub` filters when given.
-    async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
-    /// The oldest records made before `cutoff`, oldest first, at most `limit` (for archival).
-    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
-    /// Delete the records `first_seq ..= last_seq` made before `cutoff` (once archived); how many.
-    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError>;
-
-    // --- reference ledger ---
-    async fn ledger_open_account(&self, seed: AccountSeed, now: UnixSecs) -> Result<bool, StoreError>;
-    /// Post a transfer and complete its idempotency record in one transaction.
-    async fn ledger_transfer(&self, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError>;
-    /// Post a refund and complete its idempotency record in one transaction.
-    async fn ledger_refund(&self, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError>;
-    async fn ledger_payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError>;
-    async fn ledger_balance(&self, account: &AccountId) -> Result<Option<Balance>, StoreError>;
-    async fn ledger_list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, StoreError>;
-    async fn ledger_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, StoreError>;
-    /// The full check's facts (every posting, one snapshot) and, from the same snapshot, the
-    /// engine's watermark with the per-account sums of the postings below it.
-    async fn integrity_full(&self) -> Result<(IntegrityFacts, Checkpoint), StoreError>;
-    /// The incremental check's facts: what was posted at or past `watermark`, every account's
-    /// balance, and the watermark now (one snapshot).
-    async fn integrity_since(&self, watermark: i64) -> Result<DeltaFacts, StoreError>;
-    /// The latest verified checkpoint.
-    async fn checkpoint_get(&self) -> Result<Option<Checkpoint>, StoreError>;
-    /// Record a verified checkpoint (the engine keeps the latest few).
-    async fn checkpoint_put(&self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
-    /// The full check, judged (saves nothing).
-    async fn ledger_integrity(&self) -> Result<IntegrityReport, StoreError> {
-        Ok(integrity::report(self.integrity_full().await?.0))
-    }
-
-    // --- external rails: the gateway's own record ---
-    /// Open the record of a rail payment and draw its guards (budget, mandate) in one transaction;
-    /// the day's usage counts it. A record already open under the same idempotency key is returned
-    /// as it is, with nothing drawn again, and `created: false`: an earlier attempt may have sent it
-    /// (a crash, or a retry that took over an expired lease), so the caller must not treat it as
-    /// unsent.
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError>;
-    /// Move a record from one of `from` to `to`, filling what `update` knows. `None` when the record
-    /// is missing or not in one of `from` (a duplicate or late update changes nothing). Moving to
-    /// `Failed` gives back what it drew (budget usage, mandate use): it moved no money.
-    async fn rail_transition(
-        &self,
-        id: &PaymentId,
-        from: &[RailState],
-        to: RailState,
-        update: RailUpdate,
-        now: UnixSecs,
-    ) -> Result<Option<RailPayment>, StoreError>;
-    /// Delete a `Submitting` record whose payment the rail refused or never received, giving back
-    /// what it drew: the operation may then be tried again from scratch.
-    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError>;
-    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError>;
-    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError>;
-    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError>;
-    /// Records (of `rail`, or of every rail) in one of `states` last updated at or before
-    /// `updated_before`, oldest first.
-    async fn rail_list(
-        &self,
-        rail: Option<&str>,
-        states: &[RailState],
-        updated_before: UnixSecs,
-        limit: u32,
-    ) -> Result<Vec<RailPayment>, StoreError>;
-    /// Records created at or after `since`, oldest first, after `after_seq` (for paging).
-    async fn rail_since(
-        &self,
-        since: UnixSecs,
-        after_seq: i64,
-        limit: u32,
-    ) -> Result<Vec<(i64, RailPayment)>, StoreError>;
-
-    // --- operator reads: statements built once in `store::queries`, mapped once in `store::rows`;
-    //     an engine only runs them (`select_rows`) ---
-    #[doc(hidden)]
-    fn dialect(&self) -> queries::Dialect;
-    #[doc(hidden)]
-    async fn select_rows(&self, st: queries::Statement) -> Result<Vec<rows::PlainRow>, StoreError>;
-
-    /// Rail records listed as payments (`list_payments`), newest first by `seq`, with their `seq`
-    /// (the listing's cursor): see `queries::rail_payments` for the filters. `q.limit` at most.
-    async fn rail_payments(&self, q: PaymentQuery, except_rail: &str) -> Result<Vec<(i64, RailPayment)>, StoreError> {
-        if q.accounts.is_empty() {
-            return Ok(vec![]);
-        }
-        rows::map_plain(self.select_rows(queries::rail_payments(&q, except_rail, self.dialect())).await?, rows::rail)
-    }
-
-    /// Every payment the gateway knows (reference ledger and rail records), newest first.
-    async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError> {
-        rows::map_plain(self.select_rows(queries::ops_payments(&q, self.dialect())).await?, rows::ops_payment)
-    }
-    async fn ops_payment(&self, id: &PaymentId) -> Result<Option<OpsPayment>, StoreError> {
-        let st = queries::ops_payment(id.as_str(), self.dialect());
-        Ok(rows::map_plain(self.select_rows(st).await?, rows::ops_payment)?.pop())
-    }
-    /// Audit records, newest first.
-    async fn audit_query(&self, q: AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
-        rows::map_plain(self.select_rows(queries::audit(&q, self.dialect())).await?, rows::audit)
-    }
-    /// One payment's audit trail, oldest first.
-    async fn audit_related(&self, q: AuditRelated) -> Result<Vec<AuditRecord>, StoreError> {
-        rows::map_plain(self.select_rows(queries::audit_related(&q, self.dialect())).await?, rows::audit)
-    }
-    /// Ids of the approvals asked for under these idempotency keys, oldest first.
-    async fn approvals_for_keys(&self, keys: Vec<String>) -> Result<Vec<String>, StoreError> {
-        rows::map_plain(self.select_rows(queries::approvals_for_keys(&keys, self.dialect())).await?, |r| r.text(0))
-    }
-    /// Issued mandates, newest first.
-    async fn mandate_list(&self, q: MandateQuery) -> Result<Vec<MandateListing>, StoreError> {
-        rows::map_plain(self.select_rows(queries::mandates(&q, self.dialect())).await?, rows::mandate_listing)
-    }
-    async fn mandate_get(&self, id: &str, now: UnixSecs) -> Result<Option<MandateListing>, StoreError> {
-        let st = queries::mandate(id, now, self.dialect());
-        Ok(rows::map_plain(self.select_rows(st).await?, rows::mandate_listing)?.pop())
-    }
-    /// Subjects with stop-rule state, suspended ones first.
-    async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError> {
-        rows::map_plain(
-            self.select_rows(queries::principal_states(limit, self.dialect())).await?,
-            rows::principal_state,
-        )
-    }
-    /// Subjects that called one of `tools` since `since` under any issuer but `internal_issuer`,
-    /// with their last call, latest first.
-    async fn agents_seen(
-        &self,
-        since: UnixSecs,
-        tools: &[&str],
-        internal_issuer: &str,
-        limit: u32,
-    ) -> Result<Vec<(String, UnixSecs)>, StoreError> {
-        let st = queries::agents_seen(since, tools, internal_issuer, limit, self.dialect());
-        rows::map_plain(self.select_rows(st).await?, |r| Ok((r.text(0)?, r.int(1)?)))
-    }
-    /// Every payment in `[from, to)` counted by hour, kind, status and currency.
-    async fn volume(&self, from: UnixSecs, to: UnixSecs) -> Result<Vec<VolumeRow>, StoreError> {
-        rows::map_plain(self.select_rows(queries::volume(from, to, self.dialect())).await?, rows::volume)
-    }
-
-    // --- analytics and jobs ---
-    /// Counts and totals over every payment the gateway knows (the reference ledger's and the rails').
-    async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError>;
-    /// Take (or keep) the lease on a scheduled job: `true` when `holder` may run `kind` now.
-    /// One runner per kind across every replica sharing the store.
-    async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError>;
+impl<T> Store for T where
+    T: Engine
+        + IdempotencyStore
+        + ApprovalStore
+        + SuspensionStore
+        + AuditStore
+        + LedgerStore
+        + RailStore
+        + ReadStore
+        + LeaseStore
+        + Send
+        + Sync
+        + 'static
+{
 }
 
 /// Newest checkpoints kept; older ones are deleted when a new one is recorded.

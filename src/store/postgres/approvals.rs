@@ -1,13 +1,15 @@
-//! Approvals and the review state machine's transaction (PostgreSQL).
+//! Approvals, the review state machine's transaction, and the mandates reviews issue (PostgreSQL).
 
+use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Pool};
 
-use super::{Cached, Mapped, bind};
+use super::{Cached, Mapped, PostgresStore, bind};
 use crate::clock::UnixSecs;
-use crate::domain::rules::review::{self as rules, ReviewPlan};
+use crate::domain::payment::Page;
+use crate::domain::rules::review::{self as rules, RequestPlan, ReviewPlan};
 use crate::ids::ApprovalId;
-use crate::store::rows;
-use crate::store::{ApprovalRecord, MandateIssuer, Review, ReviewError, StoreError};
+use crate::store::rows::{self, Columns};
+use crate::store::{ApprovalRecord, ApprovalRequest, ApprovalStore, MandateIssuer, Review, ReviewError, StoreError};
 
 pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord) -> Result<(), StoreError> {
     c.exec(
@@ -95,4 +97,141 @@ pub(super) async fn review(
     let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(updated)
+}
+
+#[async_trait]
+impl ApprovalStore for PostgresStore {
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        now: UnixSecs,
+        pending_max: i64,
+    ) -> Result<ApprovalRequest, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // Concurrent requests for one operation, and one agent's concurrent requests (its pending
+        // count), serialise here.
+        tx.exec("SELECT pg_advisory_xact_lock(hashtextextended('approval:' || $1, 0))", &[&rec.principal_sub]).await?;
+        let sql = format!(
+            "SELECT {} FROM approvals WHERE idempotency_key = $1 ORDER BY created_at DESC, seq DESC LIMIT 1",
+            rows::APPROVAL_COLS
+        );
+        let latest = match tx.opt(&sql, &[&rec.idempotency_key]).await? {
+            Some(row) => Some(rows::approval(&row)?),
+            None => None,
+        };
+        let pending: i64 = tx
+            .one(
+                "SELECT COUNT(*) FROM approvals
+                 WHERE principal_iss = $1 AND principal_sub = $2 AND principal_user IS NOT DISTINCT FROM $4
+                   AND status = 'pending' AND expires_at > $3",
+                &[&rec.principal_iss, &rec.principal_sub, &now, &rec.principal_user],
+            )
+            .await?
+            .get(0);
+        match (rules::on_request(latest.as_ref(), pending, pending_max, now), latest) {
+            (RequestPlan::Existing, Some(existing)) => {
+                tx.commit().await?;
+                Ok(ApprovalRequest::Existing(existing))
+            }
+            (RequestPlan::TooManyPending, _) => {
+                tx.commit().await?;
+                Ok(ApprovalRequest::TooManyPending)
+            }
+            (RequestPlan::Create | RequestPlan::Existing, _) => {
+                insert_approval(&tx, &rec).await?;
+                tx.commit().await?;
+                Ok(ApprovalRequest::Created(rec))
+            }
+        }
+    }
+
+    async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
+        let client = self.pool.get().await?;
+        load_approval(&client, id.as_str(), false).await
+    }
+
+    async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .one("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > $1", &[&now])
+            .await?
+            .get(0))
+    }
+
+    async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .exec(
+                "UPDATE approvals SET status = 'expired', decided_at = $1 WHERE status = 'pending' AND expires_at <= $1",
+                &[&now],
+            )
+            .await?)
+    }
+
+    async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        insert_approval(&client, &rec).await
+    }
+
+    async fn approval_list(
+        &self,
+        status: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+        now: UnixSecs,
+    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
+        let client = self.pool.get().await?;
+        let found = client
+            .all(
+                &format!(
+                    "SELECT {}, seq FROM approvals
+                     WHERE ($1::TEXT IS NULL
+                            OR ($1 = 'pending' AND status = 'pending' AND expires_at > $4)
+                            OR ($1 = 'expired' AND (status = 'expired' OR (status = 'pending' AND expires_at <= $4)))
+                            OR ($1 NOT IN ('pending', 'expired') AND status = $1))
+                       AND ($2::BIGINT IS NULL OR seq < $2)
+                     ORDER BY seq DESC LIMIT $3",
+                    rows::APPROVAL_COLS
+                ),
+                &[&status, &before, &(i64::from(limit) + 1), &now],
+            )
+            .await?;
+        let found =
+            found.iter().map(|r| Ok((r.int(22)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
+        let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
+        for (_, a) in &mut page.items {
+            a.reviews = load_reviews(&client, a.id.as_str()).await?;
+        }
+        Ok(page)
+    }
+
+    async fn approval_review(
+        &self,
+        id: &ApprovalId,
+        review: Review,
+        now: UnixSecs,
+        issue: MandateIssuer,
+    ) -> Result<ApprovalRecord, ReviewError> {
+        self::review(&self.pool, id, review, now, issue).await
+    }
+
+    async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = "UPDATE approvals SET elicitation_rounds = elicitation_rounds + 1
+                   WHERE id = $1 AND elicitation_rounds < $2 RETURNING elicitation_rounds";
+        Ok(client.opt(sql, &[&id.as_str(), &max]).await?.map(|r| r.get(0)))
+    }
+
+    async fn mandate_revoke(
+        &self,
+        approval_id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = "UPDATE mandates SET revoked_at = $1, revoked_by = $2
+                   WHERE approval_id = $3 AND revoked_at IS NULL RETURNING id";
+        Ok(client.opt(sql, &[&now, &by, &approval_id.as_str()]).await?.map(|r| r.get(0)))
+    }
 }

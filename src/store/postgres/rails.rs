@@ -1,17 +1,20 @@
-//! The gateway's record of external-rail payments, analytics and job leases (PostgreSQL).
+//! The gateway's record of external-rail payments (PostgreSQL).
 //! Lock order as everywhere in this engine: the subject's budget (advisory) → the mandate row →
 //! the rail record.
 
+use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 
 use super::postings::{add_usage, apply_guards};
-use super::{Cached, Mapped, TxError, bind, db};
+use super::{Cached, Mapped, PostgresStore, TxError, bind, db};
 use crate::clock::UnixSecs;
+use crate::domain::error::BackendError;
 use crate::domain::payment::Guards;
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
+use crate::ids::PaymentId;
 use crate::store::rows::{self, RAIL_COLS};
-use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
+use crate::store::{RailOpened, RailPayment, RailState, RailStore, RailUpdate, StoreError};
 
 pub(super) async fn load_rail(
     c: &impl GenericClient,
@@ -172,40 +175,61 @@ pub(super) async fn since(
     c.list(&sql, &[&since, &after_seq, &i64::from(limit)], rows::rail).await
 }
 
-pub(super) async fn summary(c: &impl GenericClient, q: &SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
-    if q.accounts.is_empty() {
-        return Ok(vec![]);
+#[async_trait]
+impl RailStore for PostgresStore {
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
+        with_retry!(open_once(&self.pool, &rec, &guards, now).await)
     }
-    let accounts: Vec<&str> = q.accounts.iter().map(|a| a.as_str()).collect();
-    c.list(
-            "SELECT kind, status, currency, COUNT(*), COALESCE(SUM(amount_minor), 0)::BIGINT FROM (
-                 SELECT kind, status, currency, amount_minor, from_account, to_account, created_at FROM payments
-                 UNION ALL
-                 SELECT kind, CASE state WHEN 'succeeded' THEN 'succeeded' WHEN 'failed' THEN 'failed' ELSE 'pending' END,
-                        currency, amount_minor, from_account, to_account, created_at FROM rail_payments
-             ) p
-             WHERE created_at >= $1 AND created_at < $2 AND ($3::TEXT IS NULL OR currency = $3)
-               AND (from_account = ANY($4) OR to_account = ANY($4))
-             GROUP BY kind, status, currency ORDER BY kind, status, currency",
-            &[&q.from, &q.to, &q.currency.map(|c| c.code()), &accounts],
-        rows::summary,
-    )
-    .await
-}
 
-pub(super) async fn lease(
-    c: &impl GenericClient,
-    kind: &str,
-    holder: &str,
-    now: UnixSecs,
-    secs: i64,
-) -> Result<bool, StoreError> {
-    Ok(c.exec(
-        "INSERT INTO job_leases (kind, holder, lease_until) VALUES ($1, $2, $3)
-         ON CONFLICT (kind) DO UPDATE SET holder = excluded.holder, lease_until = excluded.lease_until
-         WHERE job_leases.lease_until <= $4 OR job_leases.holder = excluded.holder",
-        &[&kind, &holder, &(now + secs), &now],
-    )
-    .await?
-        == 1)
+    async fn rail_transition(
+        &self,
+        id: &PaymentId,
+        from: &[RailState],
+        to: RailState,
+        update: RailUpdate,
+        now: UnixSecs,
+    ) -> Result<Option<RailPayment>, StoreError> {
+        transition(&self.pool, id.as_str(), from, to, update, now).await
+    }
+
+    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError> {
+        abandon(&self.pool, id.as_str()).await
+    }
+
+    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        load_rail(&client, "id", id.as_str(), false).await
+    }
+
+    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        load_rail(&client, "idempotency_key", idempotency_key, false).await
+    }
+
+    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!("SELECT {} FROM rail_payments WHERE rail = $1 AND rail_ref = $2", rows::RAIL_COLS);
+        Ok(client.get(&sql, &[&rail, &rail_ref], rows::rail).await?.map(|(_, p)| p))
+    }
+
+    async fn rail_list(
+        &self,
+        rail: Option<&str>,
+        states: &[RailState],
+        updated_before: UnixSecs,
+        limit: u32,
+    ) -> Result<Vec<RailPayment>, StoreError> {
+        let client = self.pool.get().await?;
+        list(&client, rail, states, updated_before, limit).await
+    }
+
+    async fn rail_since(
+        &self,
+        since: UnixSecs,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        let client = self.pool.get().await?;
+        self::since(&client, since, after_seq, limit).await
+    }
 }

@@ -1,13 +1,15 @@
-//! Approvals and the review state machine's transaction (SQLite).
+//! Approvals, the review state machine's transaction, and the mandates reviews issue (SQLite).
 
-use rusqlite::{Connection, params, params_from_iter};
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
-use super::Cached;
+use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
-use crate::domain::rules::review::{self, ReviewPlan};
+use crate::domain::payment::Page;
+use crate::domain::rules::review::{self, RequestPlan, ReviewPlan};
 use crate::ids::ApprovalId;
 use crate::store::rows;
-use crate::store::{ApprovalRecord, MandateIssuer, Review, ReviewError, StoreError};
+use crate::store::{ApprovalRecord, ApprovalRequest, ApprovalStore, MandateIssuer, Review, ReviewError, StoreError};
 
 pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<usize> {
     tx.exec(
@@ -79,4 +81,140 @@ pub(super) fn review_tx(
     let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
     tx.commit().map_err(StoreError::from)?;
     Ok(updated)
+}
+
+#[async_trait]
+impl ApprovalStore for SqliteStore {
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        now: UnixSecs,
+        pending_max: i64,
+    ) -> Result<ApprovalRequest, StoreError> {
+        self.write(move |c| {
+            let tx = c.savepoint()?;
+            let sql = format!(
+                "SELECT {} FROM approvals WHERE idempotency_key = ?1 ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                rows::APPROVAL_COLS
+            );
+            let latest = tx.opt(&sql, params![rec.idempotency_key], rows::approval)?;
+            let pending: i64 = tx.q_row(
+                "SELECT COUNT(*) FROM approvals
+                 WHERE principal_iss = ?1 AND principal_sub = ?2 AND principal_user IS ?4 AND status = 'pending'
+                   AND expires_at > ?3",
+                params![rec.principal_iss, rec.principal_sub, now, rec.principal_user],
+                |r| r.get(0),
+            )?;
+            match (review::on_request(latest.as_ref(), pending, pending_max, now), latest) {
+                (RequestPlan::Existing, Some(existing)) => Ok(ApprovalRequest::Existing(existing)),
+                (RequestPlan::TooManyPending, _) => Ok(ApprovalRequest::TooManyPending),
+                (RequestPlan::Create | RequestPlan::Existing, _) => {
+                    insert_approval(&tx, &rec)?;
+                    tx.commit()?;
+                    Ok(ApprovalRequest::Created(rec))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError> {
+        let id = id.clone();
+        self.run(move |c| load_approval(c, id.as_str())).await
+    }
+
+    async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError> {
+        self.run(move |c| {
+            Ok(c.q_row("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at > ?1", [now], |r| {
+                r.get(0)
+            })?)
+        })
+        .await
+    }
+
+    async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError> {
+        self.write(move |c| {
+            Ok(c.exec(
+                "UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE status = 'pending' AND expires_at <= ?1",
+                [now],
+            )? as u64)
+        })
+        .await
+    }
+
+    async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
+        self.write(move |c| Ok(insert_approval(c, &rec).map(|_| ())?)).await
+    }
+
+    async fn approval_list(
+        &self,
+        status: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+        now: UnixSecs,
+    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
+        let status = status.map(str::to_string);
+        self.run(move |c| {
+            // A pending approval past its expiry is expired, whether or not anyone touched it since.
+            let sql = format!(
+                "SELECT {}, rowid FROM approvals
+                 WHERE (?1 IS NULL
+                        OR (?1 = 'pending' AND status = 'pending' AND expires_at > ?4)
+                        OR (?1 = 'expired' AND (status = 'expired' OR (status = 'pending' AND expires_at <= ?4)))
+                        OR (?1 NOT IN ('pending', 'expired') AND status = ?1))
+                   AND (?2 IS NULL OR rowid < ?2)
+                 ORDER BY rowid DESC LIMIT ?3",
+                rows::APPROVAL_COLS
+            );
+            let found = c.all(&sql, params![status, before, i64::from(limit) + 1, now], |r| {
+                Ok((r.int(22)?, rows::approval(r)?))
+            })?;
+            let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
+            for (_, a) in &mut page.items {
+                a.reviews = load_reviews(c, a.id.as_str())?;
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    async fn approval_review(
+        &self,
+        id: &ApprovalId,
+        review: Review,
+        now: UnixSecs,
+        issue: MandateIssuer,
+    ) -> Result<ApprovalRecord, ReviewError> {
+        let id = id.clone();
+        self.write(move |c| review_tx(c, &id, review, now, issue)).await
+    }
+
+    async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| {
+            Ok(c.q_row(
+                "UPDATE approvals SET elicitation_rounds = elicitation_rounds + 1
+                 WHERE id = ?1 AND elicitation_rounds < ?2 RETURNING elicitation_rounds",
+                params![id, max],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn mandate_revoke(
+        &self,
+        approval_id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+    ) -> Result<Option<String>, StoreError> {
+        let (id, by) = (approval_id.to_string(), by.to_string());
+        self.write(move |c| {
+            let sql = "UPDATE mandates SET revoked_at = ?1, revoked_by = ?2
+                       WHERE approval_id = ?3 AND revoked_at IS NULL RETURNING id";
+            Ok(c.q_row(sql, params![now, by, id], |r| r.get(0)).optional()?)
+        })
+        .await
+    }
 }

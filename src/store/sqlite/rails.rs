@@ -1,16 +1,18 @@
-//! The gateway's record of external-rail payments, analytics and job leases (SQLite).
+//! The gateway's record of external-rail payments (SQLite).
 
+use async_trait::async_trait;
 use rusqlite::{Connection, params, params_from_iter};
 
 use super::postings::{add_usage, apply_guards};
-use super::{Cached, db};
+use super::{Cached, SqliteStore, db};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::payment::Guards;
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
+use crate::ids::PaymentId;
 use crate::store::rows::{self, RAIL_COLS};
-use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError, SummaryQuery, SummaryRow};
+use crate::store::{RailOpened, RailPayment, RailState, RailStore, RailUpdate, StoreError};
 
 pub(super) fn load_rail(c: &Connection, column: &str, value: &str) -> Result<Option<RailPayment>, StoreError> {
     // `column` is one of a few fixed names chosen by this module, never input.
@@ -131,38 +133,65 @@ pub(super) fn since(
     c.all(&sql, params![since, after_seq, limit], rows::rail)
 }
 
-pub(super) fn summary(c: &Connection, q: &SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
-    if q.accounts.is_empty() {
-        return Ok(vec![]);
+#[async_trait]
+impl RailStore for SqliteStore {
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
+        self.write(move |c| open_tx(c, rec, guards, now)).await
     }
-    let accounts = serde_json::to_string(&q.accounts.iter().map(|a| a.as_str()).collect::<Vec<_>>())
-        .map_err(|e| StoreError::Database(e.to_string()))?;
-    c.all(
-        "SELECT kind, status, currency, COUNT(*), COALESCE(SUM(amount_minor), 0) FROM (
-             SELECT kind, status, currency, amount_minor, from_account, to_account, created_at FROM payments
-             UNION ALL
-             SELECT kind, CASE state WHEN 'succeeded' THEN 'succeeded' WHEN 'failed' THEN 'failed' ELSE 'pending' END,
-                    currency, amount_minor, from_account, to_account, created_at FROM rail_payments
-         )
-         WHERE created_at >= ?1 AND created_at < ?2 AND (?3 IS NULL OR currency = ?3)
-           AND (from_account IN (SELECT value FROM json_each(?4)) OR to_account IN (SELECT value FROM json_each(?4)))
-         GROUP BY kind, status, currency ORDER BY kind, status, currency",
-        params![q.from, q.to, q.currency.map(|c| c.code()), accounts],
-        rows::summary,
-    )
-}
 
-pub(super) fn lease_tx(
-    c: &mut Connection,
-    kind: &str,
-    holder: &str,
-    now: UnixSecs,
-    secs: i64,
-) -> Result<bool, StoreError> {
-    Ok(c.exec(
-        "INSERT INTO job_leases (kind, holder, lease_until) VALUES (?1, ?2, ?3)
-         ON CONFLICT (kind) DO UPDATE SET holder = excluded.holder, lease_until = excluded.lease_until
-         WHERE job_leases.lease_until <= ?4 OR job_leases.holder = excluded.holder",
-        params![kind, holder, now + secs, now],
-    )? == 1)
+    async fn rail_transition(
+        &self,
+        id: &PaymentId,
+        from: &[RailState],
+        to: RailState,
+        update: RailUpdate,
+        now: UnixSecs,
+    ) -> Result<Option<RailPayment>, StoreError> {
+        let (id, from) = (id.to_string(), from.to_vec());
+        self.write(move |c| transition_tx(c, &id, &from, to, update, now)).await
+    }
+
+    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| abandon_tx(c, &id)).await
+    }
+
+    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError> {
+        let id = id.to_string();
+        self.run(move |c| load_rail(c, "id", &id)).await
+    }
+
+    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError> {
+        let key = idempotency_key.to_string();
+        self.run(move |c| load_rail(c, "idempotency_key", &key)).await
+    }
+
+    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError> {
+        let (rail, rail_ref) = (rail.to_string(), rail_ref.to_string());
+        self.run(move |c| {
+            let sql = format!("SELECT {} FROM rail_payments WHERE rail = ?1 AND rail_ref = ?2", rows::RAIL_COLS);
+            Ok(c.opt(&sql, params![rail, rail_ref], rows::rail)?.map(|(_, r)| r))
+        })
+        .await
+    }
+
+    async fn rail_list(
+        &self,
+        rail: Option<&str>,
+        states: &[RailState],
+        updated_before: UnixSecs,
+        limit: u32,
+    ) -> Result<Vec<RailPayment>, StoreError> {
+        let (rail, states) = (rail.map(str::to_string), states.to_vec());
+        self.run_heavy(move |c| list(c, rail.as_deref(), &states, updated_before, limit)).await
+    }
+
+    async fn rail_since(
+        &self,
+        since: UnixSecs,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        self.run_heavy(move |c| self::since(c, since, after_seq, limit)).await
+    }
 }

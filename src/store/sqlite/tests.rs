@@ -1,8 +1,12 @@
 //! The SQLite engine's own tests (the shared contract is tests/store_contract.rs).
 
 use super::*;
+use crate::clock::UnixSecs;
+use crate::domain::payment::{Guards, RefundRequest, TransferRequest};
 use crate::idempotency::StoredOutcome;
+use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money};
+use crate::store::{AccountSeed, IdempotencyStore, LedgerStore, NewIdempotencyRecord, Reservation};
 
 fn rec(key: &str, fp: &str, now: UnixSecs) -> NewIdempotencyRecord {
     NewIdempotencyRecord {

@@ -1,0 +1,22 @@
+//! The store's contract, one trait per entity; `store::Store` joins them. Each engine implements
+//! each trait in its file of the same name (`store/sqlite/<entity>.rs`, `store/postgres/<entity>.rs`).
+
+mod approvals;
+mod audit;
+mod engine;
+mod idempotency;
+mod leases;
+mod ledger;
+mod rails;
+mod reads;
+mod suspensions;
+
+pub use approvals::ApprovalStore;
+pub use audit::AuditStore;
+pub use engine::Engine;
+pub use idempotency::IdempotencyStore;
+pub use leases::LeaseStore;
+pub use ledger::LedgerStore;
+pub use rails::RailStore;
+pub use reads::ReadStore;
+pub use suspensions::{Denials, SuspensionStore};

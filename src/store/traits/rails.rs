@@ -1,0 +1,52 @@
+//! External rails: the gateway's own record of each payment a rail carries.
+
+use async_trait::async_trait;
+
+use crate::clock::UnixSecs;
+use crate::domain::error::BackendError;
+use crate::domain::payment::Guards;
+use crate::ids::PaymentId;
+use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError};
+
+#[async_trait]
+pub trait RailStore: Send + Sync {
+    /// Open the record of a rail payment and draw its guards (budget, mandate) in one transaction;
+    /// the day's usage counts it. A record already open under the same idempotency key is returned
+    /// as it is, with nothing drawn again, and `created: false`: an earlier attempt may have sent it
+    /// (a crash, or a retry that took over an expired lease), so the caller must not treat it as
+    /// unsent.
+    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError>;
+    /// Move a record from one of `from` to `to`, filling what `update` knows. `None` when the record
+    /// is missing or not in one of `from` (a duplicate or late update changes nothing). Moving to
+    /// `Failed` gives back what it drew (budget usage, mandate use): it moved no money.
+    async fn rail_transition(
+        &self,
+        id: &PaymentId,
+        from: &[RailState],
+        to: RailState,
+        update: RailUpdate,
+        now: UnixSecs,
+    ) -> Result<Option<RailPayment>, StoreError>;
+    /// Delete a `Submitting` record whose payment the rail refused or never received, giving back
+    /// what it drew: the operation may then be tried again from scratch.
+    async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError>;
+    async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError>;
+    async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError>;
+    async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError>;
+    /// Records (of `rail`, or of every rail) in one of `states` last updated at or before
+    /// `updated_before`, oldest first.
+    async fn rail_list(
+        &self,
+        rail: Option<&str>,
+        states: &[RailState],
+        updated_before: UnixSecs,
+        limit: u32,
+    ) -> Result<Vec<RailPayment>, StoreError>;
+    /// Records created at or after `since`, oldest first, after `after_seq` (for paging).
+    async fn rail_since(
+        &self,
+        since: UnixSecs,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, RailPayment)>, StoreError>;
+}
