@@ -121,3 +121,53 @@ impl Gateway {
         self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::testkit::{caller, gateway, mpesa, with_fake};
+    use super::*;
+    use crate::catalogue::scopes;
+    use crate::error::ErrorCode;
+    use crate::gateway::unit_of_work::Strategy;
+
+    fn args(op: &str, phone: &str, amount: &str) -> RequestMpesaPaymentArgs {
+        RequestMpesaPaymentArgs {
+            operation_id: op.into(),
+            phone_number: phone.into(),
+            amount: amount.into(),
+            account_reference: "INV-1".into(),
+            description: "invoice".into(),
+            mandate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_collection_is_the_customer_paying_the_rails_account_reserved_not_claimed() {
+        let (gw, fake) = with_fake(mpesa(gateway().await, false));
+        let c = caller(&[scopes::COLLECT]);
+        gw.request_collection(&c, "request_mpesa_payment", "mpesa", args("c-1", "0712345678", "50")).await.unwrap();
+        // The same customer written the other way is the same operation.
+        gw.request_collection(&c, "request_mpesa_payment", "mpesa", args("c-1", "254712345678", "50.00"))
+            .await
+            .unwrap();
+        let h = fake.handed();
+        assert_eq!((h[0].strategy, h[0].decision.as_str()), (Strategy::ReserveCallSettle, "allow"));
+        assert_eq!(h[0].shown["payee"], "acct-mpesa");
+        assert_eq!((h[0].amount_minor, h[0].currency.as_str()), (5_000, "KES"));
+        assert_eq!((&h[0].key, &h[0].fingerprint), (&h[1].key, &h[1].fingerprint));
+    }
+
+    #[tokio::test]
+    async fn the_rails_rules_and_a_missing_rail_refuse_before_the_unit_of_work() {
+        let (gw, fake) = with_fake(mpesa(gateway().await, false));
+        let c = caller(&[scopes::COLLECT]);
+        for a in [args("c-1", "12345", "150"), args("c-1", "0712345678", "150.50"), args("c 1", "0712345678", "150")] {
+            let e = gw.request_collection(&c, "request_mpesa_payment", "mpesa", a).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
+        }
+        let e = gw.request_collection(&c, "request_airtel_payment", "airtel", args("c-1", "0712345678", "150")).await;
+        assert_eq!(e.unwrap_err().code, ErrorCode::InvalidArgument);
+        assert!(fake.handed().is_empty());
+    }
+}

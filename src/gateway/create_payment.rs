@@ -109,3 +109,95 @@ impl Gateway {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::testkit::{self, caller, gateway, with_fake};
+    use super::*;
+    use crate::catalogue::scopes;
+    use crate::error::ErrorCode;
+    use crate::gateway::unit_of_work::Strategy;
+
+    fn args(op: &str, amount: &str, memo: Option<&str>) -> CreatePaymentArgs {
+        CreatePaymentArgs {
+            operation_id: op.into(),
+            from_account: "acct-A".into(),
+            to_account: "acct-B".into(),
+            amount: amount.into(),
+            currency: "KES".into(),
+            memo: memo.map(String::from),
+            mandate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_admitted_payment_hands_one_intent_to_the_ledgers_unit_of_work() {
+        let (gw, fake) = with_fake(gateway().await);
+        let done = gw.create_payment(&caller(&[scopes::CREATE]), args("op-1", "50.00", Some("rent"))).await.unwrap();
+        let handed = fake.handed();
+        assert_eq!(handed.len(), 1);
+        let h = &handed[0];
+        assert_eq!((h.tool, h.strategy, h.decision.as_str()), ("create_payment", Strategy::ClaimInPosting, "allow"));
+        assert_eq!((h.amount_minor, h.currency.as_str()), (5000, "KES"));
+        assert_eq!((h.shown["payer"].as_str(), h.shown["payee"].as_str()), (Some("acct-A"), Some("acct-B")));
+        assert_eq!(h.shown["memo"], "rent");
+        assert!(h.alias_key.is_none());
+        assert_eq!((done.payment.amount_minor, done.replayed), (5000, false));
+    }
+
+    #[tokio::test]
+    async fn the_same_arguments_are_the_same_operation_and_a_changed_one_is_not() {
+        let (gw, fake) = with_fake(gateway().await);
+        let c = caller(&[scopes::CREATE]);
+        for a in [args("op-1", "50.00", None), args("op-1", "50", None), args("op-1", "50.00", Some("x"))] {
+            gw.create_payment(&c, a).await.unwrap();
+        }
+        gw.create_payment(&c, args("op-2", "50.00", None)).await.unwrap();
+        let h = fake.handed();
+        assert_eq!(h[0].key, h[1].key);
+        assert_eq!(h[0].fingerprint, h[1].fingerprint, "50 and 50.00 are one amount");
+        assert_eq!(h[0].key, h[2].key);
+        assert_ne!(h[0].fingerprint, h[2].fingerprint, "another memo is other arguments under the key");
+        assert_ne!(h[0].key, h[3].key, "another operation_id is another operation");
+    }
+
+    #[tokio::test]
+    async fn bad_input_is_refused_before_the_unit_of_work() {
+        let (gw, fake) = with_fake(gateway().await);
+        let c = caller(&[scopes::CREATE]);
+        let same = CreatePaymentArgs { to_account: "acct-A".into(), ..args("op-1", "1.00", None) };
+        let cases = [
+            args("op 1", "1.00", None),
+            args("op-1", "1.001", None),
+            args("op-1", "-1.00", None),
+            args("op-1", "1.00", Some("a\u{7}b")),
+            args("op-1", "1.00", Some(&"m".repeat(MEMO_CHARS))),
+            same,
+        ];
+        for a in cases {
+            let e = gw.create_payment(&c, a.clone()).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidArgument, "{a:?}: {e}");
+        }
+        assert!(fake.handed().is_empty(), "nothing reached the unit of work");
+    }
+
+    const MEMO_CHARS: usize = crate::gateway::MEMO_CHARS_MAX + 1;
+
+    #[tokio::test]
+    async fn policy_decides_before_the_unit_of_work_and_it_carries_the_decision() {
+        let (gw, fake) = with_fake(gateway().await);
+        // Over the autonomous limit: a human must approve.
+        let _ = gw.create_payment(&caller(&[scopes::CREATE]), args("op-1", "500.00", None)).await;
+        // Without the scope: denied.
+        let _ = gw.create_payment(&caller(&[]), args("op-2", "5.00", None)).await;
+        // An account outside the profile: denied.
+        let other = CreatePaymentArgs { to_account: "acct-Z".into(), ..args("op-3", "5.00", None) };
+        let _ = gw.create_payment(&caller(&[scopes::CREATE]), other).await;
+        let decisions: Vec<String> = fake.handed().into_iter().map(|h| h.decision).collect();
+        assert_eq!(decisions[0], "approval");
+        assert!(decisions[1].starts_with("deny:"), "{decisions:?}");
+        assert!(decisions[2].starts_with("deny:"), "{decisions:?}");
+        let _ = testkit::NOW;
+    }
+}

@@ -23,6 +23,7 @@ pub mod approvals_api {
 mod rails;
 mod reads;
 mod refusals;
+mod testkit;
 
 pub use crate::domain::approval::ReviewDecision;
 pub use admission::MEMO_CHARS_MAX;

@@ -109,3 +109,54 @@ impl Gateway {
         self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::testkit::{caller, gateway, mpesa, with_fake};
+    use super::*;
+    use crate::catalogue::scopes;
+    use crate::error::ErrorCode;
+    use crate::gateway::unit_of_work::Strategy;
+
+    fn args(op: &str, amount: &str) -> SendMpesaPayoutArgs {
+        SendMpesaPayoutArgs {
+            operation_id: op.into(),
+            phone_number: "0712345678".into(),
+            amount: amount.into(),
+            remarks: "refund of deposit".into(),
+            mandate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payout_is_the_rails_account_paying_the_customer_reserved_not_claimed() {
+        let (gw, fake) = with_fake(mpesa(gateway().await, true));
+        let c = caller(&[scopes::PAYOUT]);
+        gw.send_payout(&c, "send_mpesa_payout", "mpesa", args("p-1", "90")).await.unwrap();
+        let h = fake.handed();
+        assert_eq!(
+            (h[0].tool, h[0].strategy, h[0].decision.as_str()),
+            ("send_mpesa_payout", Strategy::ReserveCallSettle, "allow")
+        );
+        assert_eq!(h[0].shown["payer"], "acct-mpesa");
+        assert_eq!(h[0].amount_minor, 9000);
+        // Over the autonomous limit: the unit of work is told a human must approve.
+        let _ = gw.send_payout(&c, "send_mpesa_payout", "mpesa", args("p-2", "900")).await;
+        assert_eq!(fake.handed()[1].decision, "approval");
+    }
+
+    #[tokio::test]
+    async fn no_payouts_without_an_initiator_and_bad_amounts_never_reach_the_unit_of_work() {
+        let (gw, fake) = with_fake(mpesa(gateway().await, false));
+        let c = caller(&[scopes::PAYOUT]);
+        let e = gw.send_payout(&c, "send_mpesa_payout", "mpesa", args("p-1", "90")).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        let (gw, fake2) = with_fake(mpesa(gateway().await, true));
+        for amount in ["0", "90.5", "-1", "abc"] {
+            let e = gw.send_payout(&c, "send_mpesa_payout", "mpesa", args("p-1", amount)).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidArgument, "{amount}: {e}");
+        }
+        assert!(fake.handed().is_empty() && fake2.handed().is_empty());
+    }
+}

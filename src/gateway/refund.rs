@@ -155,3 +155,82 @@ impl Gateway {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::testkit::{caller, gateway, with_fake};
+    use super::*;
+    use crate::catalogue::scopes;
+    use crate::gateway::CreatePaymentArgs;
+    use crate::gateway::unit_of_work::Strategy;
+
+    /// A real 80.00 KES payment acct-A → acct-B, then the fake unit of work.
+    async fn paid() -> (Gateway, super::super::testkit::Recording, String) {
+        let gw = gateway().await;
+        let args = CreatePaymentArgs {
+            operation_id: "pay-1".into(),
+            from_account: "acct-A".into(),
+            to_account: "acct-B".into(),
+            amount: "80.00".into(),
+            currency: "KES".into(),
+            memo: None,
+            mandate: None,
+        };
+        let paid = gw.create_payment(&caller(&[scopes::CREATE]), args).await.unwrap();
+        let (gw, fake) = with_fake(gw);
+        (gw, fake, paid.payment.id.to_string())
+    }
+
+    fn refund(op: &str, pid: &str, amount: Option<&str>) -> RefundPaymentArgs {
+        RefundPaymentArgs {
+            operation_id: op.into(),
+            payment_id: pid.into(),
+            amount: amount.map(String::from),
+            reason: Some("returned".into()),
+            mandate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refund_flows_back_from_payee_to_payer_everything_left_when_no_amount() {
+        let (gw, fake, pid) = paid().await;
+        let c = caller(&[scopes::REFUND]);
+        gw.refund_payment(&c, refund("r-1", &pid, None)).await.unwrap();
+        gw.refund_payment(&c, refund("r-2", &pid, Some("30.00"))).await.unwrap();
+        let h = fake.handed();
+        assert_eq!(
+            (h[0].tool, h[0].strategy, h[0].decision.as_str()),
+            ("refund_payment", Strategy::ClaimInPosting, "allow")
+        );
+        assert_eq!((h[0].shown["payer"].as_str(), h[0].shown["payee"].as_str()), (Some("acct-B"), Some("acct-A")));
+        assert_eq!((h[0].amount_minor, h[1].amount_minor), (8000, 3000));
+        assert_eq!(h[0].shown["payment_id"], pid.as_str());
+    }
+
+    #[tokio::test]
+    async fn a_payment_that_does_not_exist_or_bad_input_never_reaches_the_unit_of_work() {
+        let (gw, fake, pid) = paid().await;
+        let c = caller(&[scopes::REFUND]);
+        let missing = PaymentId::generate().to_string();
+        let e = gw.refund_payment(&c, refund("r-1", &missing, None)).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        let e = gw.refund_payment(&c, refund("r 1", &pid, None)).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        let e = gw.refund_payment(&c, refund("r-1", &pid, Some("1.234"))).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert!(fake.handed().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_payment_the_agent_cannot_see_does_not_exist_for_it() {
+        let (gw, fake, pid) = paid().await;
+        let mut c = caller(&[scopes::REFUND]);
+        let mut profile = (*c.principal.profile).clone();
+        profile.allowed_accounts.retain(|a| a.as_str() == "acct-Z");
+        c.principal.profile = std::sync::Arc::new(profile);
+        let e = gw.refund_payment(&c, refund("r-1", &pid, None)).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(fake.handed().is_empty());
+    }
+}

@@ -118,3 +118,92 @@ impl Gateway {
         self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::testkit::{NOW, caller, gateway, kes, mpesa, with_fake};
+    use super::*;
+    use crate::catalogue::scopes;
+    use crate::domain::payment::{Guards, PaymentKind};
+    use crate::domain::rail::RailUpdate;
+    use crate::error::ErrorCode;
+    use crate::gateway::unit_of_work::Strategy;
+    use crate::ids::AccountId;
+    use crate::store::{RailStore, Store};
+
+    /// A 50.00 KES M-Pesa collection from the customer's account into acct-mpesa, in `state`.
+    async fn collection(store: &dyn Store, state: RailState) -> PaymentId {
+        let id = PaymentId::generate();
+        let rec = RailPayment {
+            id: id.clone(),
+            idempotency_key: format!("idk_{id}"),
+            rail: "mpesa".into(),
+            kind: PaymentKind::Payment,
+            state: RailState::Submitting,
+            from_account: AccountId::parse("acct-A").unwrap(),
+            to_account: AccountId::parse("acct-mpesa").unwrap(),
+            amount_minor: 5_000,
+            currency: kes(),
+            refund_of: None,
+            memo: None,
+            principal_sub: "agent".into(),
+            principal_user: None,
+            mandate_id: None,
+            rail_ref: None,
+            receipt: None,
+            phone: Some("254712345678".into()),
+            reason: None,
+            created_at: NOW,
+            updated_at: NOW,
+            flow: RailFlow::Collection,
+        };
+        store.rail_open(rec, Guards::default(), NOW).await.unwrap();
+        let update = RailUpdate { receipt: Some(format!("R{id}")), rail_ref: Some(format!("ws_{id}")), reason: None };
+        store.rail_transition(&id, &[RailState::Submitting], state, update, NOW).await.unwrap();
+        id
+    }
+
+    fn refund(op: &str, pid: &PaymentId, amount: Option<&str>) -> RefundPaymentArgs {
+        RefundPaymentArgs {
+            operation_id: op.into(),
+            payment_id: pid.to_string(),
+            amount: amount.map(String::from),
+            reason: None,
+            mandate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_succeeded_collection_is_reversed_in_full_back_to_the_customer() {
+        let (gw, fake) = with_fake(mpesa(gateway().await, true));
+        let pid = collection(gw.store.as_ref(), RailState::Succeeded).await;
+        let c = caller(&[scopes::REFUND]);
+        gw.refund_payment(&c, refund("rv-1", &pid, None)).await.unwrap();
+        gw.refund_payment(&c, refund("rv-2", &pid, Some("50.00"))).await.unwrap();
+        let h = fake.handed();
+        assert_eq!(
+            (h[0].tool, h[0].strategy, h[0].decision.as_str()),
+            ("refund_payment", Strategy::ReserveCallSettle, "allow")
+        );
+        assert_eq!((h[0].shown["payer"].as_str(), h[0].shown["payee"].as_str()), (Some("acct-mpesa"), Some("acct-A")));
+        assert_eq!((h[0].amount_minor, h[1].amount_minor), (5_000, 5_000));
+    }
+
+    #[tokio::test]
+    async fn a_part_a_pending_collection_or_a_rail_without_reversals_is_refused_first() {
+        let (gw, fake) = with_fake(mpesa(gateway().await, true));
+        let c = caller(&[scopes::REFUND]);
+        let done = collection(gw.store.as_ref(), RailState::Succeeded).await;
+        let e = gw.refund_payment(&c, refund("rv-1", &done, Some("20.00"))).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "a collection is reversed in full: {e}");
+        let pending = collection(gw.store.as_ref(), RailState::Pending).await;
+        let e = gw.refund_payment(&c, refund("rv-2", &pending, None)).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
+        let (no_initiator, fake2) = with_fake(mpesa(gateway().await, false));
+        let pid = collection(no_initiator.store.as_ref(), RailState::Succeeded).await;
+        let e = no_initiator.refund_payment(&c, refund("rv-3", &pid, None)).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
+        assert!(fake.handed().is_empty() && fake2.handed().is_empty());
+    }
+}
