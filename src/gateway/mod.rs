@@ -9,39 +9,45 @@ mod create_payment;
 mod exactly_once;
 mod keys;
 mod operator;
+mod operator_views;
 mod payout;
 mod refund;
 mod reversal;
+mod reviews;
 mod stop_rule;
 mod unit_of_work;
 mod waiters;
+mod windows;
 
 /// Operator-facing approval types for the HTTP layer.
 pub mod approvals_api {
     pub use super::approvals::OpError;
 }
+mod rail_events;
 mod rails;
 mod reads;
+mod reconcile;
 mod refusals;
 mod testkit;
 
 pub use crate::domain::approval::ReviewDecision;
 pub use admission::MEMO_CHARS_MAX;
-pub use approvals::{ApprovalView, Operator, PreauthorizeArgs, PrincipalArgs, REQUEST_STATE_TTL_SECS, Resume};
+pub use approvals::{ApprovalView, Operator, REQUEST_STATE_TTL_SECS, Resume};
 pub use collection::RequestMpesaPaymentArgs;
 pub use create_payment::CreatePaymentArgs;
-pub use operator::{
-    AuditFilters, AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PaymentFilters, PrincipalView,
-    ReconciliationRun, SummaryView,
+pub use operator::{AuditFilters, PaymentFilters};
+pub use operator_views::{
+    AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
 };
 pub use payout::SendMpesaPayoutArgs;
-pub use rails::{
-    CallbackOutcome, Finding, PaymentSummary, PaymentSummaryArgs, Receipt, ReconcileArgs, ReconcileReport,
-    TodaySummaryArgs, TransactionStatusArgs, parse_instant_arg,
-};
+pub use rail_events::CallbackOutcome;
+pub use rails::{PaymentSummary, PaymentSummaryArgs, Receipt, TodaySummaryArgs, TransactionStatusArgs};
 pub use reads::{AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentPage, TodayTransactionsArgs};
+pub use reconcile::{Finding, ReconcileArgs, ReconcileReport};
 pub use refund::RefundPaymentArgs;
+pub use reviews::{PreauthorizeArgs, PrincipalArgs};
 pub use unit_of_work::Executed;
+pub use windows::parse_instant_arg;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::rails::{parse_window, today_window};
+use super::windows::{parse_window, today_window};
 use super::{Caller, Decision, Gateway, decode_cursor};
 use crate::backend::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;

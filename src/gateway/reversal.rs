@@ -130,7 +130,7 @@ mod tests {
     use crate::error::ErrorCode;
     use crate::gateway::unit_of_work::Strategy;
     use crate::ids::AccountId;
-    use crate::store::{RailStore, Store};
+    use crate::store::Store;
 
     /// A 50.00 KES M-Pesa collection from the customer's account into acct-mpesa, in `state`.
     async fn collection(store: &dyn Store, state: RailState) -> PaymentId {

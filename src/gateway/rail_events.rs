@@ -1,0 +1,393 @@
+//! What a rail says after the call that made a payment: its callbacks (verified and parsed by the
+//! rail, decided here into a `CallbackOutcome` whose HTTP answer `http` chooses) and the polling of
+//! open collections.
+//!
+//! Architecture Invariant: the rail is reached only through `backend::rail`: no vendor wire field,
+//! result code or limit appears here.
+
+use super::rails::clip;
+use super::{Decision, Gateway};
+
+use crate::backend::rail::{Authority, CallbackChannel, Settlement};
+use crate::domain::rules::rail as rail_rules;
+use crate::store::{AuditRecord, RailFlow, RailPayment, RailState};
+/// Pending collections queried per scheduler run.
+const POLL_BATCH_MAX: u32 = 50;
+
+/// How a rail callback ended. Rail-neutral and HTTP-free: `http::callbacks` maps each to a status
+/// and a short body (never echoing the callback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackOutcome {
+    /// No collection rail is enabled.
+    RailDisabled,
+    /// The rail could not parse it.
+    Malformed,
+    /// It answers a request the gateway has no record of.
+    UnknownReference,
+    /// The store could not be read or written: the rail should send it again.
+    StoreUnavailable,
+    /// A payment a query had already settled as succeeded learned its receipt.
+    ReceiptRecorded,
+    /// The payment is already settled (a duplicate or late callback), or was settled concurrently.
+    Terminal,
+    /// The payment is not waiting for a callback (not yet pushed, or its outcome unknown).
+    NotPending,
+    /// A success for another amount than the one asked for.
+    AmountMismatch,
+    /// A success paid by another payer than the one prompted.
+    PayerMismatch,
+    /// A success without the rail's receipt.
+    ReceiptMissing,
+    /// A success the rail's own status query contradicts.
+    NotConfirmed,
+    /// A success the rail cannot confirm yet: kept pending with its receipt.
+    AwaitingConfirmation,
+    Succeeded,
+    Failed,
+    /// Still pending (the rail's answer is not final, or not one this gateway knows).
+    StillPending,
+}
+
+impl Gateway {
+    /// Callback and query decisions are audited under the rail's name (`<rail>_callback`, issuer `<rail>`).
+    fn rail_audit(
+        &self,
+        rail: &str,
+        rec: Option<&RailPayment>,
+        decision: &str,
+        code: &str,
+        detail: String,
+    ) -> AuditRecord {
+        let tool = format!("{rail}_callback");
+        let mut d = Decision::new(&tool, decision);
+        d.payment_id = rec.map(|r| r.id.as_str());
+        d.detail = Some(detail);
+        let mut a = self.audit_record(rail, rec.map_or("-", |r| r.principal_sub.as_str()), "-", d);
+        a.code = Some(code.to_string());
+        // A callback about an agent's payment made for a user names that user too.
+        a.principal_user = rec.and_then(|r| r.principal_user.clone());
+        a
+    }
+
+    async fn audit_callback(&self, rail: &str, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) {
+        let a = self.rail_audit(rail, rec, decision, code, detail);
+        if let Err(error) = self.store.audit_append(a).await {
+            self.metrics.bookkeeping_failure("audit");
+            tracing::error!(%error, "audit append failed");
+        }
+    }
+
+    /// A callback refused before it was read (wrong secret, source not allowed): audited.
+    pub async fn audit_callback_refusal(&self, rail: &str, code: &str, detail: String) {
+        self.audit_callback(rail, None, "callback_refused", code, detail).await;
+    }
+
+    /// A rail's callback, already past the secret and source check. The rail parses it; refusals
+    /// change nothing and are audited. A collection's success settles only when the rail's own
+    /// status query confirms it; a payout's or reversal's result is the rail's final word (it must
+    /// still match the record); a queue timeout settles nothing. The HTTP answer is `http`'s choice.
+    pub async fn rail_callback(&self, rail_name: &str, channel: CallbackChannel, body: &[u8]) -> CallbackOutcome {
+        let Some(rail) = self.rail(rail_name).cloned() else { return CallbackOutcome::RailDisabled };
+        let event = match rail.parse_callback(channel, body) {
+            Ok(event) => event,
+            Err(reason) => {
+                self.audit_callback(rail.name(), None, "callback_refused", "MALFORMED", reason).await;
+                self.metrics.callback("malformed");
+                return CallbackOutcome::Malformed;
+            }
+        };
+        let found = match self.store.rail_by_ref(rail.name(), &event.rail_ref).await {
+            // A record whose reference was never recorded (the request's answer was lost) is
+            // found by the payment id the rail echoes back.
+            Ok(None) if event.payment_ref.is_some() => match event.payment_ref.as_ref() {
+                Some(id) => self.store.rail_get(id).await.map(|r| r.filter(|r| r.rail == rail.name())),
+                None => Ok(None),
+            },
+            other => other,
+        };
+        // A callback answers one kind of request: a prompt's answer never settles money going
+        // out, and a payout's result never settles a collection.
+        let found = found.map(|r| {
+            r.filter(|r| r.flow != RailFlow::Ledger && r.flow.is_outbound() == (event.authority != Authority::Confirm))
+        });
+        let rec = match found {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let detail = format!("unknown rail reference {}", clip(&event.rail_ref));
+                self.audit_callback(rail.name(), None, "callback_refused", "UNKNOWN_CHECKOUT", detail).await;
+                self.metrics.callback("unknown");
+                return CallbackOutcome::UnknownReference;
+            }
+            Err(error) => {
+                tracing::error!(%error, "callback lookup failed");
+                return CallbackOutcome::StoreUnavailable;
+            }
+        };
+        if event.authority == Authority::Notice {
+            // Settles nothing; the scheduled status query asks where it stands.
+            let detail = event.settlement.reason().unwrap_or("notice").to_string();
+            let touched = self.touch_open(rail.as_ref(), &rec, &event.settlement).await;
+            self.audit_callback(rail.name(), Some(&rec), "callback_notice", "QUEUE_TIMEOUT", detail).await;
+            self.metrics.callback("still_pending");
+            return touched;
+        }
+        let paid = event.settlement == Settlement::Succeeded;
+        if !rail_rules::settles_from(rec.flow).contains(&rec.state) {
+            // A payment a query already settled as succeeded learns its receipt from the callback
+            // (the query carries none); nothing else about a terminal payment ever changes.
+            let fills_receipt = rec.state == RailState::Succeeded
+                && rec.receipt.is_none()
+                && paid
+                && event.amount_minor == Some(rec.amount_minor)
+                && event.payer.as_deref() == rec.phone.as_deref()
+                && event.receipt.is_some();
+            if fills_receipt {
+                let update = crate::store::RailUpdate { receipt: event.receipt.clone(), ..Default::default() };
+                let now = self.clock.now();
+                let from = [RailState::Succeeded];
+                if let Ok(Some(updated)) =
+                    self.store.rail_transition(&rec.id, &from, RailState::Succeeded, update, now).await
+                {
+                    self.audit_callback(
+                        rail.name(),
+                        Some(&updated),
+                        "callback_receipt",
+                        "RECEIPT_RECORDED",
+                        "receipt recorded".into(),
+                    )
+                    .await;
+                    self.metrics.callback("receipt");
+                    return CallbackOutcome::ReceiptRecorded;
+                }
+            }
+            let (code, outcome) = if rec.state.is_terminal() {
+                ("DUPLICATE_OR_LATE", CallbackOutcome::Terminal)
+            } else {
+                ("NOT_PENDING", CallbackOutcome::NotPending)
+            };
+            let detail = format!("callback for a payment already {}", rec.state.as_str());
+            self.audit_callback(rail.name(), Some(&rec), "callback_refused", code, detail).await;
+            self.metrics.callback("duplicate");
+            return outcome;
+        }
+        if paid {
+            // A success must say what was paid, by whom (where the rail's callbacks do), and what
+            // it says must match what was asked.
+            let claims_required = event.authority == Authority::Confirm && rail.callbacks_name_the_payment();
+            // A result is the rail's final word on money going out: it must name the amount.
+            let amount_required = claims_required || event.authority == Authority::Final;
+            if (amount_required || event.amount_minor.is_some()) && event.amount_minor != Some(rec.amount_minor) {
+                let detail = format!(
+                    "amount {} does not match the {} asked for",
+                    event.amount_minor.map_or("missing".to_string(), |a| a.to_string()),
+                    rec.amount_minor
+                );
+                self.audit_callback(rail.name(), Some(&rec), "callback_refused", "AMOUNT_MISMATCH", detail).await;
+                self.metrics.callback("mismatch");
+                return CallbackOutcome::AmountMismatch;
+            }
+            if (claims_required || event.payer.is_some()) && event.payer.as_deref() != rec.phone.as_deref() {
+                let detail = "the paying phone does not match the one prompted".to_string();
+                self.audit_callback(rail.name(), Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
+                self.metrics.callback("mismatch");
+                return CallbackOutcome::PayerMismatch;
+            }
+            if event.receipt.is_none() {
+                let detail = format!("a success without an {} receipt number", rail.display_name());
+                self.audit_callback(rail.name(), Some(&rec), "callback_refused", "RECEIPT_MISSING", detail).await;
+                self.metrics.callback("mismatch");
+                return CallbackOutcome::ReceiptMissing;
+            }
+        }
+        let settlement = if event.authority == Authority::Final {
+            // Money going out has no synchronous query: its result, matched above, is final.
+            event.settlement
+        } else if paid {
+            // Callbacks are unsigned: confirm a success with the rail before crediting it.
+            match rail.query(&rec).await {
+                Settlement::Succeeded => Settlement::Succeeded,
+                queried @ (Settlement::Failed(_) | Settlement::Unrecognised(_)) => {
+                    let detail = format!(
+                        "a success callback that {}'s query contradicts: {}",
+                        rail.display_name(),
+                        queried.reason().unwrap_or("-")
+                    );
+                    self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
+                    self.metrics.callback("mismatch");
+                    // The query is the rail's own answer: a known failure settles the payment.
+                    if let Settlement::Failed(_) = queried
+                        && let Ok(Some(updated)) = rail.settle(&rec, &queried, None).await
+                    {
+                        self.audit_callback(
+                            rail.name(),
+                            Some(&updated),
+                            "query_settled",
+                            "FAILED",
+                            format!("{queried:?}"),
+                        )
+                        .await;
+                    }
+                    return CallbackOutcome::NotConfirmed;
+                }
+                Settlement::Pending(_) => {
+                    // Not confirmable yet: keep the receipt, stay pending; the scheduled query settles it.
+                    let update = crate::store::RailUpdate {
+                        receipt: event.receipt.clone(),
+                        reason: Some(format!(
+                            "success callback received; awaiting {}'s confirmation",
+                            rail.display_name()
+                        )),
+                        ..Default::default()
+                    };
+                    let now = self.clock.now();
+                    let from = [RailState::Pending];
+                    return match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
+                        Ok(Some(updated)) => {
+                            let detail = "success callback not yet confirmed by query".to_string();
+                            self.audit_callback(
+                                rail.name(),
+                                Some(&updated),
+                                "callback_unconfirmed",
+                                "AWAITING_CONFIRMATION",
+                                detail,
+                            )
+                            .await;
+                            self.metrics.callback("awaiting_confirmation");
+                            CallbackOutcome::AwaitingConfirmation
+                        }
+                        Ok(None) => CallbackOutcome::Terminal,
+                        Err(error) => {
+                            tracing::error!(%error, "recording a callback failed");
+                            CallbackOutcome::StoreUnavailable
+                        }
+                    };
+                }
+            }
+        } else if let Settlement::Failed(_) = event.settlement {
+            // A failure is confirmed too: a forged or mistaken one would mark a paid collection
+            // failed (and the customer might be asked to pay again).
+            match rail.query(&rec).await {
+                confirmed @ Settlement::Failed(_) => confirmed,
+                other => {
+                    let detail = format!(
+                        "a failure callback that {}'s query does not confirm: {}",
+                        rail.display_name(),
+                        other.reason().unwrap_or("it reports the payment succeeded")
+                    );
+                    self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
+                    self.metrics.callback("mismatch");
+                    return CallbackOutcome::NotConfirmed;
+                }
+            }
+        } else {
+            event.settlement
+        };
+        match rail.settle(&rec, &settlement, event.receipt.clone()).await {
+            Ok(Some(updated)) => {
+                let (decision, code, metric, outcome) = match &settlement {
+                    Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded", CallbackOutcome::Succeeded),
+                    Settlement::Failed(_) => ("callback_settled", "FAILED", "failed", CallbackOutcome::Failed),
+                    Settlement::Pending(_) => {
+                        ("callback_pending", "STILL_PENDING", "still_pending", CallbackOutcome::StillPending)
+                    }
+                    Settlement::Unrecognised(_) => {
+                        ("callback_unrecognised", "UNRECOGNISED_RESULT", "still_pending", CallbackOutcome::StillPending)
+                    }
+                };
+                let detail = match settlement.reason() {
+                    None => format!("settled; receipt {}", updated.receipt.as_deref().unwrap_or("-")),
+                    Some(reason) => reason.to_string(),
+                };
+                self.audit_callback(rail.name(), Some(&updated), decision, code, detail).await;
+                self.metrics.callback(metric);
+                outcome
+            }
+            Ok(None) => {
+                // Settled by a concurrent callback or query between our read and write.
+                self.audit_callback(
+                    rail.name(),
+                    Some(&rec),
+                    "callback_refused",
+                    "DUPLICATE_OR_LATE",
+                    "settled concurrently".into(),
+                )
+                .await;
+                self.metrics.callback("duplicate");
+                CallbackOutcome::Terminal
+            }
+            Err(error) => {
+                tracing::error!(%error, "settling a callback failed");
+                CallbackOutcome::StoreUnavailable
+            }
+        }
+    }
+
+    /// A notice about an open record: it stays where it is, its reason and `updated_at` move.
+    async fn touch_open(
+        &self,
+        rail: &dyn crate::backend::rail::CollectionRail,
+        rec: &RailPayment,
+        settlement: &Settlement,
+    ) -> CallbackOutcome {
+        match rail.settle(rec, settlement, None).await {
+            Ok(Some(_)) => CallbackOutcome::StillPending,
+            Ok(None) => CallbackOutcome::Terminal,
+            Err(error) => {
+                tracing::error!(%error, "recording a callback notice failed");
+                CallbackOutcome::StoreUnavailable
+            }
+        }
+    }
+
+    /// Query the collection rail about pending payments not touched for `older_than_secs` (the
+    /// scheduler's job), until `budget` has passed (a run stays within its job lease). Returns how
+    /// many settled.
+    pub async fn poll_rails(&self, older_than_secs: i64, budget: std::time::Duration) -> usize {
+        let deadline = std::time::Instant::now() + budget;
+        let mut settled = 0;
+        for rail in &self.rails {
+            settled += self.poll_rail(rail.as_ref(), older_than_secs, deadline).await;
+        }
+        settled
+    }
+
+    async fn poll_rail(
+        &self,
+        rail: &dyn crate::backend::rail::CollectionRail,
+        older_than_secs: i64,
+        deadline: std::time::Instant,
+    ) -> usize {
+        let now = self.clock.now();
+        // Pending records, and those whose answer was lost (a payout's status can be asked).
+        let open = [RailState::Pending, RailState::Unknown];
+        let due = match self.store.rail_list(Some(rail.name()), &open, now - older_than_secs, POLL_BATCH_MAX).await {
+            Ok(d) => d,
+            Err(error) => {
+                tracing::error!(%error, rail = rail.name(), "listing open rail payments failed");
+                return 0;
+            }
+        };
+        let mut settled = 0;
+        for rec in &due {
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            // The rail's own answer: success, a known failure, still pending (or not answerable
+            // now), or an answer kept for reconciliation.
+            let settlement = rail.query(rec).await;
+            // Every queried record is touched (updated_at), so records that keep failing to answer
+            // do not starve newer ones out of the oldest-first batch.
+            match rail.settle(rec, &settlement, None).await {
+                Ok(Some(updated)) if updated.state.is_terminal() => {
+                    settled += 1;
+                    let code = if updated.state == RailState::Succeeded { "SUCCEEDED" } else { "FAILED" };
+                    let detail = format!("{settlement:?}");
+                    self.audit_callback(rail.name(), Some(&updated), "query_settled", code, detail).await;
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording a rail query result failed"),
+            }
+        }
+        settled
+    }
+}

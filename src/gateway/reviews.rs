@@ -1,0 +1,560 @@
+//! The people's side of approvals: operators list, review (the state machine in
+//! `domain::rules::review`), pre-authorize and revoke; a user confirms an approval in their own
+//! tier; operators suspend and resume agents. Scopes are checked here; nobody acts on itself.
+
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::approvals::{ApprovalView, OpError, Operator, decision_key};
+use super::{Decision, Gateway, decode_cursor, encode_cursor};
+use crate::catalogue::scopes;
+use crate::clock::UnixSecs;
+use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
+use crate::domain::principal::{SuspensionScope, valid_subject};
+use crate::domain::rules::authority::{Target, acts_on_itself};
+use crate::ids::{AccountId, ApprovalId};
+use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
+use crate::money::{Currency, Money};
+use crate::store::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreauthorizeArgs {
+    /// Agent subject the mandate is for.
+    pub subject: String,
+    /// That agent's token issuer; defaults to the operator's own.
+    #[serde(default)]
+    pub agent_issuer: Option<String>,
+    /// The user the agent acts for under it (RFC 8693 delegation); absent: the agent on its own
+    /// token. A mandate is only ever its own pair's.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// closed | open
+    pub kind: String,
+    pub currency: String,
+    /// closed: payer, payee and amount. open: payer optional.
+    #[serde(default)]
+    pub payer: Option<String>,
+    #[serde(default)]
+    pub payee: Option<String>,
+    #[serde(default)]
+    pub amount: Option<String>,
+    #[serde(default)]
+    pub memo: Option<String>,
+    /// open: allowed payees, per-payment maximum, total budget, maximum uses, validity.
+    #[serde(default)]
+    pub payees: Option<Vec<String>>,
+    #[serde(default)]
+    pub per_payment_max: Option<String>,
+    #[serde(default)]
+    pub budget: Option<String>,
+    #[serde(default)]
+    pub max_uses: Option<i64>,
+    #[serde(default)]
+    pub valid_for_secs: Option<i64>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// An agent named by an operator (suspend, resume): its subject, its token issuer (default: the
+/// operator's own), and the user it acts for when the action is about that pair only.
+#[derive(Debug, Clone)]
+pub struct PrincipalArgs {
+    pub subject: String,
+    pub issuer: Option<String>,
+    pub user: Option<String>,
+}
+
+impl PrincipalArgs {
+    fn issuer<'a>(&'a self, op: &'a Operator) -> Result<&'a str, OpError> {
+        named("subject", &self.subject, crate::auth::jwt::SUBJECT_BYTES_MAX)?;
+        if let Some(u) = &self.user {
+            named("user", u, crate::auth::jwt::SUBJECT_BYTES_MAX)?;
+        }
+        match self.issuer.as_deref() {
+            Some(i) => named("issuer", i, ISSUER_BYTES_MAX).map(|()| i),
+            None => Ok(&op.issuer),
+        }
+    }
+
+    fn describe(&self, issuer: &str) -> String {
+        match &self.user {
+            Some(u) => format!("subject {} (issuer {issuer}) acting for {u}", self.subject),
+            None => format!("subject {} (issuer {issuer})", self.subject),
+        }
+    }
+}
+
+/// Longest token issuer an operator can name, in bytes.
+pub const ISSUER_BYTES_MAX: usize = 512;
+
+/// A subject, user or issuer an operator names: empty or with control characters is malformed
+/// (400); longer than any token's (in UTF-8 bytes) names no agent at all (404).
+fn named(field: &str, value: &str, bytes_max: usize) -> Result<(), OpError> {
+    if value.is_empty() || value.chars().any(char::is_control) {
+        return Err(OpError::Invalid(format!("{field} must be non-empty, without control characters")));
+    }
+    if value.len() > bytes_max {
+        // "no such agent": a token's subject, user or issuer is never this long.
+        return Err(OpError::Missing("agent (no token carries a name this long)"));
+    }
+    Ok(())
+}
+
+/// A reason an operator or user gives, as kept: at most [`REASON_CHARS_MAX`] characters (longer is
+/// refused, never cut: a cut reason could say something else).
+fn reason_text(reason: Option<String>) -> Result<Option<String>, OpError> {
+    match reason {
+        Some(r) if r.chars().count() > REASON_CHARS_MAX => {
+            Err(OpError::Invalid(format!("reason is at most {REASON_CHARS_MAX} characters")))
+        }
+        r => Ok(r),
+    }
+}
+
+/// Largest `max_uses` of an open mandate.
+pub const OPEN_MANDATE_USES_MAX: i64 = 100_000;
+
+/// Longest review reason kept, in characters.
+pub const REASON_CHARS_MAX: usize = 500;
+
+impl Gateway {
+    fn require(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
+        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::Forbidden(any_of[0])) }
+    }
+
+    pub async fn list_approvals(
+        &self,
+        op: &Operator,
+        status: Option<&str>,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<ApprovalView>, Option<String>), OpError> {
+        self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        if let Some(s) = status
+            && ApprovalStatus::parse(s).is_none()
+        {
+            return Err(OpError::Invalid("status must be pending, approved, rejected or expired".into()));
+        }
+        let before = decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?;
+        let limit = self.page_limit(limit).map_err(|e| OpError::Invalid(e.message))?;
+        let now = self.clock.now();
+        let page = self.store.approval_list(status, before, limit, now).await.map_err(|error| {
+            tracing::error!(%error, "approval list failed");
+            OpError::Internal
+        })?;
+        Ok((page.items.iter().map(|(_, a)| self.view(a, now, false)).collect(), page.next_cursor.map(encode_cursor)))
+    }
+
+    pub async fn approval(&self, op: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        match self.store.approval_get(&id).await {
+            Ok(Some(a)) => Ok(self.view(&a, self.clock.now(), false)),
+            Ok(None) => Err(OpError::NotFound),
+            Err(error) => {
+                tracing::error!(%error, "approval read failed");
+                Err(OpError::Internal)
+            }
+        }
+    }
+
+    /// One reviewer approves or rejects. Enough distinct approvals issue the mandate.
+    pub async fn review(
+        &self,
+        op: &Operator,
+        approval_id: &str,
+        decision: ReviewDecision,
+        reason: Option<String>,
+    ) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::APPROVE])?;
+        let reason = reason_text(reason)?;
+        if decision == ReviewDecision::Reject && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+            return Err(OpError::Invalid("a rejection needs a reason".into()));
+        }
+        self.decide(op, approval_id, decision, reason, false).await
+    }
+
+    /// A person's own approval, for the confirmation page: only the user the agent acts for (the
+    /// delegating subject, same issuer, their own operator-audience sign-in with `payments:confirm`)
+    /// sees it.
+    pub async fn user_approval(&self, person: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
+        let a = self.users_own(person, approval_id).await?;
+        Ok(self.view(&a, self.clock.now(), false))
+    }
+
+    /// The user confirms (or declines) a payment their agent asked for, within their profile's
+    /// user-approval tier: their confirmation alone issues the mandate.
+    pub async fn confirm(
+        &self,
+        person: &Operator,
+        approval_id: &str,
+        decision: ReviewDecision,
+        reason: Option<String>,
+    ) -> Result<ApprovalView, OpError> {
+        let a = self.users_own(person, approval_id).await?;
+        if a.approver != Approver::User {
+            return Err(OpError::NotTheUser(
+                "this payment is over your own approval limit: an operator decides it".into(),
+            ));
+        }
+        let reason = reason_text(reason)?
+            .filter(|r| !r.trim().is_empty())
+            .or_else(|| (decision == ReviewDecision::Reject).then(|| "declined by the user".to_string()));
+        self.decide(person, approval_id, decision, reason, true).await
+    }
+
+    async fn users_own(&self, person: &Operator, approval_id: &str) -> Result<ApprovalRecord, OpError> {
+        self.require(person, &[scopes::CONFIRM])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        match self.store.approval_get(&id).await {
+            // Someone else's approval does not exist for this person, and neither does one the agent
+            // asked for on its own (there is no person to confirm it: an operator decides).
+            Ok(Some(a))
+                if a.principal_user.as_deref() == Some(person.subject.as_str()) && a.principal_iss == person.issuer =>
+            {
+                Ok(a)
+            }
+            Ok(_) => Err(OpError::NotFound),
+            Err(error) => {
+                tracing::error!(%error, "approval read failed");
+                Err(OpError::Internal)
+            }
+        }
+    }
+
+    /// Record one review (an operator's, or the user's own) and audit it.
+    async fn decide(
+        &self,
+        op: &Operator,
+        approval_id: &str,
+        decision: ReviewDecision,
+        reason: Option<String>,
+        as_user: bool,
+    ) -> Result<ApprovalView, OpError> {
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let now = self.clock.now();
+        let review = Review {
+            reviewer_iss: op.issuer.clone(),
+            reviewer_sub: op.subject.clone(),
+            decision,
+            reason: reason.clone(),
+            at: now,
+            as_user,
+        };
+        let issuer = self.mandate_issuer(now);
+        let result = self.store.approval_review(&id, review, now, issuer).await;
+        let action = match (as_user, decision) {
+            (false, ReviewDecision::Approve) => "approvals.approve",
+            (false, ReviewDecision::Reject) => "approvals.reject",
+            (true, ReviewDecision::Approve) => "approvals.user_confirm",
+            (true, ReviewDecision::Reject) => "approvals.user_decline",
+        };
+        let (outcome, error) = match result {
+            Ok(a) => (Ok(self.view(&a, now, false)), None),
+            Err(e) => {
+                let mapped = match &e {
+                    ReviewError::NotFound => OpError::NotFound,
+                    ReviewError::Terminal(s) => OpError::Conflict(format!("the approval is already {s}")),
+                    ReviewError::Expired => OpError::Gone("the approval has expired".into()),
+                    ReviewError::SelfReview => {
+                        OpError::SelfReview("the agent a payment is for cannot review it".into())
+                    }
+                    ReviewError::AlreadyReviewed => OpError::Conflict("this reviewer has already reviewed it".into()),
+                    ReviewError::NotTheUser => OpError::NotTheUser(e.to_string()),
+                    ReviewError::Mandate(_) | ReviewError::Store(_) => {
+                        tracing::error!(error = %e, "approval review failed");
+                        OpError::Internal
+                    }
+                };
+                (Err(mapped), Some(e.to_string()))
+            }
+        };
+        if outcome.as_ref().is_ok_and(|v| v.status != "pending") {
+            self.wake(&decision_key(&id));
+        }
+        let mut d = Decision::new(action, if outcome.is_ok() { "recorded" } else { "refused" });
+        d.approval_id = Some(id.as_str());
+        d.detail = error.or(reason);
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        if let Ok(v) = &outcome
+            && let Some(mid) = &v.mandate_id
+        {
+            let mut d = Decision::new("mandates.issue", "issued");
+            d.approval_id = Some(id.as_str());
+            d.detail = Some(format!("mandate {mid} for {}", v.agent_subject));
+            self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        }
+        outcome
+    }
+
+    /// Pre-authorize a payment (closed) or a standing mandate (open) for a named agent. The
+    /// creator's own approval counts once; a higher tier still needs other reviewers.
+    pub async fn preauthorize(&self, op: &Operator, args: PreauthorizeArgs) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::APPROVE])?;
+        let bad = |m: String| OpError::Invalid(m);
+        let currency = Currency::parse(&args.currency).map_err(|e| bad(e.to_string()))?;
+        let account = |field: &str, v: &Option<String>| -> Result<Option<AccountId>, OpError> {
+            v.as_deref()
+                .map(|s| AccountId::parse(s).map_err(|_| bad(format!("{field} is not an account id"))))
+                .transpose()
+        };
+        let money = |field: &str, v: &Option<String>| -> Result<Money, OpError> {
+            let s = v.as_deref().ok_or_else(|| bad(format!("{field} is required")))?;
+            Money::parse(s, currency).map_err(|e| bad(format!("{field}: {e}")))
+        };
+        if !valid_subject(&args.subject) {
+            return Err(bad("subject is required: 1-256 bytes, no control characters".into()));
+        }
+        if args.user.as_deref().is_some_and(|u| !valid_subject(u)) {
+            return Err(bad("user must be 1-256 bytes, no control characters".into()));
+        }
+        // Maker/checker before anything is written: an operator never pre-authorizes themself, nor
+        // an agent acting for them (the review below would refuse, and the pending approval would be
+        // left for a colleague).
+        if acts_on_itself(&op.subject, Target { agent: &args.subject, user: args.user.as_deref() }) {
+            return Err(OpError::SelfReview("an operator cannot pre-authorize a mandate for themself".into()));
+        }
+        let now = self.clock.now();
+        let payer = account("payer", &args.payer)?;
+        let (kind, intent, amount_minor) = match args.kind.as_str() {
+            "closed" => {
+                let payee = account("payee", &args.payee)?.ok_or_else(|| bad("payee is required".into()))?;
+                let payer = payer.ok_or_else(|| bad("payer is required".into()))?;
+                let amount = money("amount", &args.amount)?;
+                let intent = json!({
+                    "tool": "create_payment", "payer": payer, "payee": payee, "amount": amount.to_decimal(),
+                    "currency": currency, "memo": args.memo,
+                });
+                (MandateKind::Closed, intent, amount.minor())
+            }
+            "open" => {
+                let payees =
+                    args.payees.as_ref().filter(|p| !p.is_empty()).ok_or_else(|| bad("payees is required".into()))?;
+                let payees = payees
+                    .iter()
+                    .map(|p| AccountId::parse(p).map_err(|_| bad(format!("payee {p:?} is not an account id"))))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let per = money("per_payment_max", &args.per_payment_max)?;
+                let budget = money("budget", &args.budget)?;
+                let max_uses = args.max_uses.ok_or_else(|| bad("max_uses is required".into()))?;
+                if !(1..=OPEN_MANDATE_USES_MAX).contains(&max_uses) {
+                    return Err(bad(format!("max_uses must be 1..={OPEN_MANDATE_USES_MAX}")));
+                }
+                let valid = args.valid_for_secs.unwrap_or(self.limits.open_mandate_valid_max_secs);
+                if !(60..=self.limits.open_mandate_valid_max_secs).contains(&valid) {
+                    return Err(bad(format!(
+                        "valid_for_secs must be 60..={}",
+                        self.limits.open_mandate_valid_max_secs
+                    )));
+                }
+                let intent = json!({
+                    "tool": "create_payment", "payer": payer, "payees": payees,
+                    "per_payment_max": per.to_decimal(), "per_payment_max_minor": per.minor(),
+                    "budget": budget.to_decimal(), "budget_minor": budget.minor(),
+                    "max_uses": max_uses, "currency": currency, "valid_until": now + valid,
+                });
+                (MandateKind::Open, intent, budget.minor())
+            }
+            _ => return Err(bad("kind must be closed or open".into())),
+        };
+        let id = ApprovalId::generate();
+        let reviewers_required = self.reviewers_for(amount_minor, currency);
+        let rec = ApprovalRecord {
+            id: id.clone(),
+            status: ApprovalStatus::Pending,
+            kind,
+            idempotency_key: format!("preauth:{id}"),
+            fingerprint: String::new(),
+            principal_iss: args.agent_issuer.clone().unwrap_or_else(|| op.issuer.clone()),
+            principal_sub: args.subject.clone(),
+            principal_user: args.user.clone(),
+            tool: "create_payment".into(),
+            intent,
+            amount_minor,
+            currency,
+            reason: args.reason.clone().unwrap_or_else(|| "pre-authorized by an operator".into()),
+            created_at: now,
+            expires_at: now + self.limits.approval_ttl_secs,
+            reviewers_required,
+            requested_by: op.subject.clone(),
+            mandate_id: None,
+            mandate: None,
+            decided_at: None,
+            decision_reason: None,
+            reviews: vec![],
+            approver: Approver::Operator,
+        };
+        self.store.approval_insert(rec).await.map_err(|error| {
+            tracing::error!(%error, "approval insert failed");
+            OpError::Internal
+        })?;
+        let mut d = Decision::new("approvals.preauthorize", "created");
+        d.approval_id = Some(id.as_str());
+        d.detail = Some(format!("{} for {}", args.kind, args.subject));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        self.review(op, id.as_str(), ReviewDecision::Approve, args.reason).await
+    }
+
+    /// Distinct reviewers an approval of `amount_minor` needs: `high_risk_reviewers` at or above the
+    /// currency's `approvals.high_risk_amount`, and for a currency with no threshold configured
+    /// (an unknown risk counts as high); `reviewers_required` otherwise.
+    pub(crate) fn reviewers_for(&self, amount_minor: i64, currency: Currency) -> i64 {
+        match self.limits.high_risk_amount_minor.get(&currency) {
+            Some(threshold) if amount_minor < *threshold => self.limits.reviewers_required,
+            Some(_) | None => self.limits.high_risk_reviewers,
+        }
+    }
+
+    /// Revoke the mandate an approval issued: every later draw on it is refused (MANDATE_INVALID),
+    /// in the same transaction that would have moved the money.
+    pub async fn revoke(
+        &self,
+        op: &Operator,
+        approval_id: &str,
+        reason: Option<String>,
+    ) -> Result<ApprovalView, OpError> {
+        self.require(op, &[scopes::APPROVE])?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let now = self.clock.now();
+        let internal = |error: crate::store::StoreError| {
+            tracing::error!(%error, "mandate revocation failed");
+            OpError::Internal
+        };
+        let rec = self.store.approval_get(&id).await.map_err(internal)?.ok_or(OpError::NotFound)?;
+        if rec.mandate_id.is_none() {
+            return Err(OpError::Conflict(format!("the approval is {} and issued no mandate", rec.status_at(now))));
+        }
+        let revoked = self.store.mandate_revoke(&id, &op.subject, now).await.map_err(internal)?;
+        let Some(mandate_id) = revoked else {
+            return Err(OpError::Conflict("its mandate is already revoked".into()));
+        };
+        let reason = reason_text(reason)?;
+        let mut d = Decision::new("mandates.revoke", "revoked");
+        d.approval_id = Some(id.as_str());
+        d.detail = Some(format!("mandate {mandate_id}: {}", reason.as_deref().unwrap_or("no reason given")));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        Ok(self.view(&rec, now, false))
+    }
+
+    /// Suspend an agent by hand (as the stop rule does by itself) until an admin resumes it: the
+    /// agent whoever it acts for (`user` absent), or only while it acts for `user`. `issuer` is the
+    /// agent's token issuer (default: the operator's own). No one suspends themself (nor an agent
+    /// acting for them): that is a colleague's call.
+    pub async fn suspend_principal(
+        &self,
+        op: &Operator,
+        who: &PrincipalArgs,
+        reason: Option<String>,
+    ) -> Result<bool, OpError> {
+        self.require(op, &[scopes::ADMIN])?;
+        let issuer = who.issuer(op)?;
+        self.not_itself(op, who)?;
+        let reason = reason_text(reason)?;
+        let why = format!("suspended by {}: {}", op.subject, reason.as_deref().unwrap_or("no reason given"));
+        let now = self.clock.now();
+        let scope = match &who.user {
+            Some(u) => SuspensionScope::Pair(Some(u.clone())),
+            None => SuspensionScope::Agent,
+        };
+        let newly = self.store.suspend(issuer, &who.subject, &scope, &why, now).await.map_err(|error| {
+            tracing::error!(%error, "suspend failed");
+            OpError::Internal
+        })?;
+        let mut d = Decision::new("principals.suspend", if newly { "suspended" } else { "already_suspended" });
+        d.detail = Some(who.describe(issuer));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        Ok(newly)
+    }
+
+    /// Lift an agent's suspensions (by hand or by the stop rule): every one (`user` absent), or
+    /// only that of the agent acting for `user`. No one resumes themself.
+    pub async fn resume_principal(&self, op: &Operator, who: &PrincipalArgs) -> Result<bool, OpError> {
+        self.require(op, &[scopes::ADMIN])?;
+        let issuer = who.issuer(op)?;
+        self.not_itself(op, who)?;
+        let resumed =
+            self.store.resume(issuer, &who.subject, who.user.as_deref(), self.clock.now()).await.map_err(|error| {
+                tracing::error!(%error, "resume failed");
+                OpError::Internal
+            })?;
+        self.forget_suspended();
+        let mut d = Decision::new("principals.resume", if resumed { "resumed" } else { "not_suspended" });
+        d.detail = Some(who.describe(issuer));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        Ok(resumed)
+    }
+
+    fn not_itself(&self, op: &Operator, who: &PrincipalArgs) -> Result<(), OpError> {
+        if acts_on_itself(&op.subject, Target { agent: &who.subject, user: who.user.as_deref() }) {
+            return Err(OpError::SelfReview(
+                "no one suspends or resumes themself, nor an agent acting for them".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Signs the mandate inside the review transaction once enough reviewers approved.
+    fn mandate_issuer(&self, now: UnixSecs) -> MandateIssuer {
+        let keys: Arc<MandateKeys> = self.mandates.clone();
+        let ttl = self.limits.mandate_ttl_secs;
+        let open_max = self.limits.open_mandate_valid_max_secs;
+        Box::new(move |rec: &ApprovalRecord, approvers: &[String]| {
+            let s = |k: &str| rec.intent.get(k).and_then(Value::as_str).map(str::to_string);
+            let i = |k: &str| rec.intent.get(k).and_then(Value::as_i64);
+            let mut claims = MandateClaims {
+                jti: format!("mdt_{}", uuid::Uuid::now_v7().simple()),
+                iss: MANDATE_ISSUER.into(),
+                sub: rec.principal_sub.clone(),
+                agent_iss: rec.principal_iss.clone(),
+                user: rec.principal_user.clone(),
+                kind: rec.kind,
+                iat: now,
+                exp: now + ttl,
+                approval_id: rec.id.to_string(),
+                approvers: approvers.to_vec(),
+                currency: rec.currency.to_string(),
+                tool: None,
+                payer: s("payer"),
+                payee: None,
+                amount_minor: None,
+                payment_id: None,
+                intent_sha256: None,
+                payees: None,
+                per_payment_max_minor: None,
+                budget_minor: None,
+                max_uses: None,
+            };
+            let (budget_minor, max_uses) = match rec.kind {
+                MandateKind::Closed => {
+                    claims.tool = Some(rec.tool.clone());
+                    claims.payee = s("payee");
+                    claims.amount_minor = Some(rec.amount_minor);
+                    claims.payment_id = s("payment_id");
+                    // An agent's request carries its operation: the mandate pins the whole intent the
+                    // reviewers saw (an operator's pre-authorization names no operation).
+                    if rec.intent.get("operation_id").is_some() {
+                        claims.intent_sha256 = Some(crate::mandate::intent_digest(&rec.intent));
+                    }
+                    (None, 1)
+                }
+                MandateKind::Open => {
+                    claims.payees = rec
+                        .intent
+                        .get("payees")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect());
+                    claims.per_payment_max_minor = i("per_payment_max_minor");
+                    claims.budget_minor = i("budget_minor");
+                    claims.max_uses = i("max_uses");
+                    claims.exp = i("valid_until").unwrap_or(now + open_max).min(now + open_max);
+                    (claims.budget_minor, claims.max_uses.unwrap_or(1))
+                }
+            };
+            let jws = keys.sign(&claims)?;
+            Ok(IssuedMandate { id: claims.jti.clone(), jws, budget_minor, max_uses, expires_at: claims.exp })
+        })
+    }
+}
