@@ -28,7 +28,7 @@ pub(super) fn parse_text(field: &str, value: Option<String>) -> Result<Option<St
 }
 
 /// A valid mandate authorizes what policy would send to a human; it never overrides a denial.
-pub(super) fn authorize(decision: Policy, has_mandate: bool) -> Policy {
+fn authorize(decision: Policy, has_mandate: bool) -> Policy {
     match decision {
         Policy::RequireApproval { .. } if has_mandate => Policy::Allow,
         other => other,
@@ -193,4 +193,50 @@ impl Gateway {
         let keys = self.idem_for(caller, asked.tool, asked.op, mandate.map(|m| &m.claims), &asked.args);
         Intent { tool: asked.tool, keys, amount, shown: asked.intent }
     }
+
+    /// Between admission and the unit of work, the same for every money operation: the mandate
+    /// verified against exactly this call (or, when it no longer verifies, the operation's recorded
+    /// outcome replayed: `Err`), the intent and its key(s), policy's decision (`decide` is told
+    /// whether tool governance forces a human; a valid mandate turns "ask a human" into "allow",
+    /// never a denial) and what the payment draws on where it commits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn govern(
+        &self,
+        caller: &Caller,
+        asked: Asked<'_>,
+        jws: Option<&str>,
+        parties: Parties<'_>,
+        amount: Money,
+        kind: PaymentKind,
+        decide: impl FnOnce(bool) -> Policy,
+    ) -> Result<Result<Governed, Box<Executed>>, AgentError> {
+        let Parties { payer, payee, payment_id } = parties;
+        let check = self.mandate_for(caller, &asked, jws, payer, payee, amount, payment_id).await?;
+        let mandate = match check.verified() {
+            Ok(m) => m,
+            Err(replayed) => return Ok(Err(replayed)),
+        };
+        let force = self.always_needs_a_human(asked.tool, mandate.as_ref());
+        let decision = authorize(decide(force), mandate.is_some());
+        let guards = self.guards_for(mandate.as_ref(), &caller.principal.profile, kind, amount.currency());
+        let mandated = mandate.is_some();
+        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
+        Ok(Ok(Governed { intent, decision, guards, mandated }))
+    }
+}
+
+/// Who pays whom in a call (as a mandate names them), and the payment it gives back, if any.
+pub(super) struct Parties<'a> {
+    pub payer: &'a str,
+    pub payee: &'a str,
+    pub payment_id: Option<&'a str>,
+}
+
+/// A call governed: ready for its unit of work.
+pub(super) struct Governed {
+    pub intent: Intent,
+    pub decision: Policy,
+    pub guards: Guards,
+    /// It carries a verified mandate.
+    pub mandated: bool,
 }

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, authorize, parse_text};
+use super::admission::{Asked, Governed, Parties, parse_text};
 use super::unit_of_work::{Attempt, Executed, movement};
 use super::{Caller, Gateway};
 use crate::domain::payment::{PaymentKind, TransferRequest};
@@ -67,21 +67,21 @@ impl Gateway {
                 "amount": amount.to_decimal(), "currency": amount.currency(), "memo": memo,
             }),
         };
-        let mandate = match self
-            .mandate_for(caller, &asked, args.mandate.as_deref(), from.as_str(), to.as_str(), amount, None)
-            .await?
-            .verified()
-        {
-            Ok(m) => m,
+        let governed = self
+            .govern(
+                caller,
+                asked,
+                args.mandate.as_deref(),
+                Parties { payer: from.as_str(), payee: to.as_str(), payment_id: None },
+                amount,
+                PaymentKind::Payment,
+                |force| policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
+            )
+            .await?;
+        let Governed { intent, decision, guards, .. } = match governed {
+            Ok(g) => g,
             Err(replayed) => return Ok(*replayed),
         };
-        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
-        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
-        let decision = authorize(
-            policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
-            mandate.is_some(),
-        );
-        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
         self.carry_out(
             caller,
             self.ledger_strategy(),

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, authorize};
+use super::admission::{Asked, Governed, Parties};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{PayoutArgs, PayoutRefusal, PayoutRequest};
@@ -79,21 +79,21 @@ impl Gateway {
                 "amount": amount.to_decimal(), "currency": amount.currency(), "remarks": payout.remarks(),
             }),
         };
-        let mandate = match self
-            .mandate_for(caller, &asked, args.mandate.as_deref(), payer.as_str(), payee.as_str(), amount, None)
-            .await?
-            .verified()
-        {
-            Ok(m) => m,
+        let governed = self
+            .govern(
+                caller,
+                asked,
+                args.mandate.as_deref(),
+                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: None },
+                amount,
+                PaymentKind::Payment,
+                |force| policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force),
+            )
+            .await?;
+        let Governed { intent, decision, guards, .. } = match governed {
+            Ok(g) => g,
             Err(replayed) => return Ok(*replayed),
         };
-        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
-        let force = self.always_needs_a_human(tool, mandate.as_ref());
-        let decision = authorize(
-            policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force),
-            mandate.is_some(),
-        );
-        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Payment, amount.currency());
         let call = movement(|a: Attempt| {
             let req = PayoutRequest {
                 idempotency_key: a.key,

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, authorize, parse_text};
+use super::admission::{Asked, Governed, Parties, parse_text};
 use super::unit_of_work::{Attempt, Executed, movement};
 use super::{Caller, Gateway};
 use crate::domain::payment::{PaymentKind, RefundRequest};
@@ -98,36 +98,27 @@ impl Gateway {
                 "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
             }),
         };
-        let mandate = match self
-            .mandate_for(
+        let governed = self
+            .govern(
                 caller,
-                &asked,
+                asked,
                 args.mandate.as_deref(),
-                payer.as_str(),
-                payee.as_str(),
+                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: Some(pid.as_str()) },
                 amount,
-                Some(pid.as_str()),
+                PaymentKind::Refund,
+                |force| policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
             )
-            .await?
-            .verified()
-        {
-            Ok(m) => m,
+            .await?;
+        let Governed { intent, decision, guards, mandated } = match governed {
+            Ok(g) => g,
             Err(replayed) => return Ok(*replayed),
         };
-        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
-        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
-        let decision = authorize(
-            policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
-            mandate.is_some(),
-        );
-        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
         // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
         let autonomous_cap_minor =
-            if mandate.is_none() { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() } else { None };
-        let explicit_amount = match (&args.amount, &mandate) {
-            (Some(_), _) | (None, Some(_)) => Some(amount.minor()),
-            (None, None) => None,
-        };
+            if mandated { None } else { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() };
+        // An omitted amount means "everything left" to the posting transaction, unless a mandate
+        // pinned the amount a human saw.
+        let explicit_amount = (args.amount.is_some() || mandated).then(|| amount.minor());
         self.carry_out(
             caller,
             self.ledger_strategy(),

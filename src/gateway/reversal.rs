@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::admission::{Asked, authorize};
+use super::admission::{Asked, Governed, Parties};
 use super::refund::RefundPaymentArgs;
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
@@ -81,27 +81,21 @@ impl Gateway {
                 "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
             }),
         };
-        let mandate = match self
-            .mandate_for(
+        let governed = self
+            .govern(
                 caller,
-                &asked,
+                asked,
                 args.mandate.as_deref(),
-                payer.as_str(),
-                payee.as_str(),
+                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: Some(pid.as_str()) },
                 amount,
-                Some(pid.as_str()),
+                PaymentKind::Refund,
+                |force| policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force),
             )
-            .await?
-            .verified()
-        {
-            Ok(m) => m,
+            .await?;
+        let Governed { intent, decision, guards, .. } = match governed {
+            Ok(g) => g,
             Err(replayed) => return Ok(*replayed),
         };
-        let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
-        let force = self.always_needs_a_human(TOOL, mandate.as_ref());
-        let decision =
-            authorize(policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force), mandate.is_some());
-        let guards = self.guards_for(mandate.as_ref(), &p.profile, PaymentKind::Refund, amount.currency());
         let call = movement(|a: Attempt| {
             let req = ReversalRequest {
                 idempotency_key: a.key,
