@@ -99,14 +99,8 @@ impl HttpLedger {
         if base.scheme() == "http" && !loopback {
             tracing::warn!(ledger.url = %base, "the http ledger is reached over plain HTTP: its credential travels in clear");
         }
-        crate::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
-            .timeout(cfg.request_timeout)
-            // A redirected POST could be replayed as something else; the contract has no redirects.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| invalid(&format!("HTTP client: {e}")))?;
+        // No redirects: a redirected POST could be replayed as something else.
+        let http = super::outbound::http_client(cfg.connect_timeout, cfg.request_timeout).map_err(|e| invalid(&e))?;
         Ok(HttpLedger {
             base,
             auth,

@@ -9,6 +9,7 @@ pub mod airtel;
 pub mod breaker;
 pub mod http;
 pub mod journal;
+pub mod kenya;
 pub mod ledger;
 pub mod mpesa;
 pub(crate) mod outbound;

@@ -1,8 +1,206 @@
-//! Small helpers every outbound HTTP client of a rail needs (Daraja, Airtel): reading a bounded
-//! answer, describing a failed send without its URL, and the lenient JSON forms vendors use.
-//! Nothing here knows a vendor.
+//! What every outbound HTTP client of a rail needs (Daraja, Airtel): one reqwest client that never
+//! follows redirects, the retry loop behind the circuit breaker, the OAuth client-credentials token
+//! cache with its refresh-once-on-refusal, reading a bounded answer, describing a failed send
+//! without its URL, and the lenient JSON forms vendors use. Nothing here knows a vendor: each client
+//! says how its answers and failures count.
+
+use std::future::Future;
+use std::time::Duration;
 
 use serde_json::Value;
+
+use crate::backend::breaker::{Breaker, backoff_with_jitter};
+use crate::clock::{Clock, UnixSecs};
+use crate::secret::Secret;
+
+/// The most an answer may hold (a vendor's JSON is a few hundred bytes).
+pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
+/// The most `retries_max` may be: with the backoff below, a request's retries wait at most ~5 s.
+pub const RETRIES_MAX_LIMIT: u32 = 5;
+/// The first retry waits about this long (jittered), doubling up to [`RETRY_BACKOFF_MAX`].
+pub const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(100);
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+
+/// The HTTP client a rail or an HTTP backend sends with: its timeouts, and no redirects (a
+/// redirect would re-send credentials, or replay a money-moving POST, elsewhere).
+pub(crate) fn http_client(connect: Duration, request: Duration) -> Result<reqwest::Client, String> {
+    crate::install_crypto_provider();
+    reqwest::Client::builder()
+        .connect_timeout(connect)
+        .timeout(request)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
+/// One attempt's failure, and whether it is safe and quick to try again: nothing was processed
+/// (no connection, an overload refusal, a token fetch refused likewise).
+pub(crate) struct Failure<E> {
+    pub error: E,
+    pub transient: bool,
+}
+
+impl<E> Failure<E> {
+    pub fn fatal(error: E) -> Self {
+        Failure { error, transient: false }
+    }
+}
+
+/// An answer, read in full (bounded by [`RESPONSE_BYTES_MAX`]).
+pub(crate) struct Answer {
+    pub status: reqwest::StatusCode,
+    pub body: Vec<u8>,
+}
+
+/// How a client counts an answer: whether the vendor is up (the breaker's view; a 4xx is about
+/// the request), and whether the answer certainly left the request unprocessed so it may be sent
+/// again (an overload refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counted {
+    pub up: bool,
+    pub unprocessed: bool,
+}
+
+/// Where and how a request is sent again: the vendor's breaker, at most `retries_max` retries.
+pub(crate) struct Retries<'a> {
+    /// The vendor, for the logs ("daraja", "airtel").
+    pub vendor: &'static str,
+    /// The operation, for the logs and the circuit-open refusal.
+    pub op: &'static str,
+    pub breaker: &'a Breaker,
+    pub retries_max: u32,
+}
+
+/// Sends one request through the circuit breaker, retrying (after a jittered backoff, at most
+/// `retries_max` times) only a failure that certainly left nothing processed and was quick: a
+/// transient [`Failure`], or an answer [`Counted`] as unprocessed. `circuit_open`: the error for a
+/// request not sent because the breaker is open.
+pub(crate) async fn send_with_retries<E, F, Fut>(
+    r: Retries<'_>,
+    circuit_open: impl FnOnce(String) -> E,
+    count: impl Fn(&Answer) -> Counted,
+    mut attempt: F,
+) -> Result<Answer, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Answer, Failure<E>>>,
+{
+    let mut retry = 0;
+    loop {
+        let Some(permit) = r.breaker.acquire() else {
+            return Err(circuit_open(format!(
+                "{}: not sent: {} failed repeatedly and the circuit is open",
+                r.op, r.vendor
+            )));
+        };
+        let failure = match attempt().await {
+            Ok(answer) => {
+                let counted = count(&answer);
+                permit.record(counted.up);
+                if counted.up || !counted.unprocessed || retry >= r.retries_max {
+                    return Ok(answer);
+                }
+                format!("HTTP {}", answer.status)
+            }
+            Err(f) => {
+                permit.record(false);
+                if !f.transient || retry >= r.retries_max {
+                    return Err(f.error);
+                }
+                f.error.to_string()
+            }
+        };
+        retry += 1;
+        tracing::warn!(rail.vendor = r.vendor, rail.op = r.op, retry, retries_max = r.retries_max, error = %failure,
+            "rail request not processed; retrying");
+        tokio::time::sleep(backoff_with_jitter(retry, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX)).await;
+    }
+}
+
+/// A fetched access token and until when to use it.
+#[derive(Clone)]
+pub(crate) struct CachedToken {
+    pub token: Secret,
+    /// Use until this instant (the vendor's expiry minus the refresh margin), by the injected clock.
+    pub use_until: UnixSecs,
+}
+
+impl CachedToken {
+    /// A token the vendor says lives `expires_in_secs`, used until `margin_secs` before that.
+    pub fn new(token: Secret, expires_in_secs: i64, margin_secs: i64, clock: &dyn Clock) -> Self {
+        let lifetime_secs = expires_in_secs.saturating_sub(margin_secs).max(0);
+        tracing::debug!(rail.token_lifetime_secs = lifetime_secs, "fetched a rail access token");
+        CachedToken { token, use_until: clock.now().saturating_add(lifetime_secs) }
+    }
+}
+
+/// The OAuth token a client sends with. The lock is held across a refresh so concurrent callers
+/// wait for one token fetch instead of stampeding.
+#[derive(Default)]
+pub(crate) struct TokenCache {
+    slot: tokio::sync::Mutex<Option<CachedToken>>,
+}
+
+impl TokenCache {
+    /// The cached token, or a fresh one from `fetch`. Callers arriving during a fetch wait for it.
+    pub async fn get<E, Fut>(&self, now: UnixSecs, fetch: impl FnOnce() -> Fut) -> Result<Secret, Failure<E>>
+    where
+        Fut: Future<Output = Result<CachedToken, Failure<E>>>,
+    {
+        let mut guard = self.slot.lock().await;
+        if let Some(t) = guard.as_ref().filter(|t| now < t.use_until) {
+            return Ok(t.token.clone());
+        }
+        *guard = None;
+        let fresh = fetch().await?;
+        let token = fresh.token.clone();
+        *guard = Some(fresh);
+        Ok(token)
+    }
+
+    /// Drops the cached token if it is still the one that was refused (another caller may have
+    /// refreshed it already).
+    pub async fn forget(&self, refused: &Secret) {
+        let mut guard = self.slot.lock().await;
+        if guard.as_ref().is_some_and(|t| t.token == *refused) {
+            *guard = None;
+        }
+    }
+}
+
+/// One attempt with the cached token; when the answer says the token was refused, drops it,
+/// fetches a new one and sends once more. A refused token was refused at the vendor's gateway, so
+/// nothing was processed and the second send cannot double a request.
+pub(crate) async fn with_token<E, Fetch, FetchFut, Send, SendFut>(
+    cache: &TokenCache,
+    clock: &dyn Clock,
+    vendor: &'static str,
+    fetch: Fetch,
+    refused: impl Fn(&Answer) -> bool,
+    send: Send,
+) -> Result<Answer, Failure<E>>
+where
+    Fetch: Fn() -> FetchFut,
+    FetchFut: Future<Output = Result<CachedToken, Failure<E>>>,
+    Send: Fn(Secret) -> SendFut,
+    SendFut: Future<Output = Result<Answer, Failure<E>>>,
+{
+    let mut refreshed = false;
+    loop {
+        let token = cache.get(clock.now(), &fetch).await?;
+        let answer = send(token.clone()).await?;
+        if refused(&answer) {
+            cache.forget(&token).await;
+            if !refreshed {
+                tracing::debug!(rail.vendor = vendor, "the rail refused the access token; refreshing once");
+                refreshed = true;
+                continue;
+            }
+        }
+        return Ok(answer);
+    }
+}
 
 /// Reads the whole body, at most `bytes_max`.
 pub(crate) async fn read_body(resp: &mut reqwest::Response, bytes_max: usize) -> Result<Vec<u8>, String> {
@@ -20,6 +218,22 @@ pub(crate) async fn read_body(resp: &mut reqwest::Response, bytes_max: usize) ->
             Err(e) => return Err(format!("connection lost reading the answer ({})", source_chain(&e))),
         }
     }
+}
+
+/// A failed send as an attempt's [`Failure`]. A connect error means no byte of the request left
+/// (transient: `unavailable`, try again); anything else (a timeout after connecting, a reset
+/// mid-answer) may have reached the vendor: `after_sending` decides what that means for `op`.
+pub(crate) fn send_failure<E>(
+    op: &str,
+    e: &reqwest::Error,
+    unavailable: impl FnOnce(String) -> E,
+    after_sending: impl FnOnce(String) -> E,
+) -> Failure<E> {
+    let why = format!("{op}: {}", describe_send_error(e));
+    if e.is_connect() {
+        return Failure { error: unavailable(why), transient: true };
+    }
+    Failure::fatal(after_sending(why))
 }
 
 /// A failed send in words: no connection, a timeout, or another failure with its cause.

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use super::{BackendError, Guards, Payment};
 use crate::clock::Clock;
 use crate::domain::error::StoreError;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Money;
@@ -196,31 +196,6 @@ pub struct CollectionRequest {
     pub guards: Guards,
 }
 
-/// Where a collection stands by the rail's word (a callback or a status query).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settlement {
-    /// Paid.
-    Succeeded,
-    /// Definitely not paid, and why: the record fails and its draws are given back.
-    Failed(String),
-    /// Still open at the rail (the payer has not answered), or the rail could not be asked: stays
-    /// pending with the reason; the next query asks again.
-    Pending(String),
-    /// An answer this gateway does not know. Never success: stays pending with the reason, and
-    /// reconciliation looks at it.
-    Unrecognised(String),
-}
-
-impl Settlement {
-    /// Why it is not (yet) a success; `None` for a success.
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            Settlement::Succeeded => None,
-            Settlement::Failed(reason) | Settlement::Pending(reason) | Settlement::Unrecognised(reason) => Some(reason),
-        }
-    }
-}
-
 /// Which of a rail's callback addresses a callback came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallbackChannel {
@@ -318,15 +293,35 @@ pub trait CollectionRail: Send + Sync + 'static {
     /// rail): it is asked again, never guessed. A rail whose status answers arrive by callback
     /// sends the question and answers `Pending`.
     async fn query(&self, rec: &RailPayment) -> Settlement;
-    /// Apply a settlement to an open record (a receipt with a success), from the states
-    /// `rules::rail::settles_from` allows for its flow. `None` when the record was not open (a
-    /// duplicate or late outcome): nothing changed.
-    async fn settle(
-        &self,
-        rec: &RailPayment,
-        settlement: &Settlement,
-        receipt: Option<String>,
-    ) -> Result<Option<RailPayment>, StoreError>;
+    /// The states this rail's word may settle a record from: [`rules::settles_from`], or
+    /// [`rules::settles_from_asked_by_own_ref`] for a rail asked by the gateway's own reference.
+    /// What the word then does is the same for every rail ([`settle_record`]).
+    fn settles_from(&self, flow: RailFlow) -> &'static [RailState] {
+        rules::settles_from(flow)
+    }
+}
+
+/// Applies a rail's word to an open record by [`rules::settles`], the same for every rail, from
+/// the states [`CollectionRail::settles_from`] allows (a receipt with a success). A success keeps
+/// a receipt the record already holds (read fresh: a status answer may have kept it). `None` when
+/// the record was not open (a duplicate or late outcome): nothing changed.
+pub async fn settle_record(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    rail: &dyn CollectionRail,
+    rec: &RailPayment,
+    settlement: &Settlement,
+    receipt: Option<String>,
+) -> Result<Option<RailPayment>, StoreError> {
+    let from = rail.settles_from(rec.flow);
+    let kept_receipt = match settlement {
+        Settlement::Succeeded => store.rail_get(&rec.id).await?.is_some_and(|r| r.receipt.is_some()),
+        _ => false,
+    };
+    match rules::settles(rec, settlement, from, receipt, kept_receipt) {
+        Some(s) => store.rail_transition(&rec.id, s.from, s.to, s.update, clock.now()).await,
+        None => Ok(None),
+    }
 }
 
 /// How a rail's request ended, in the terms that decide its record's fate.
@@ -422,5 +417,23 @@ where
 async fn abandon(store: &dyn Store, rec: &RailPayment, what: &str) {
     if let Err(error) = store.rail_abandon(&rec.id).await {
         tracing::error!(payment_id = %rec.id, %error, "abandoning an unsent {what} failed");
+    }
+}
+
+/// What every rail's unit tests build and check a collection with.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{CollectionArgs, ValidCollection};
+
+    pub fn args<'a>(payer: &'a str, amount: &'a str, reference: &'a str, description: &'a str) -> CollectionArgs<'a> {
+        CollectionArgs { payer, amount, reference, description }
+    }
+
+    /// The collection as the rail's records hold it: the payer's normal form and account, the
+    /// amount in KES minor units, and the two texts trimmed.
+    pub fn assert_collection(v: &ValidCollection, payer: &str, account: &str, minor: i64, texts: (&str, &str)) {
+        assert_eq!((v.payer(), v.payer_account().as_str()), (payer, account));
+        assert_eq!((v.amount().minor(), v.amount().currency().to_string()), (minor, "KES".to_string()));
+        assert_eq!((v.reference(), v.description()), texts);
     }
 }

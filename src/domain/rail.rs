@@ -151,6 +151,31 @@ impl RailPayment {
     }
 }
 
+/// Where a collection stands by the rail's word (a callback or a status query).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// Paid.
+    Succeeded,
+    /// Definitely not paid, and why: the record fails and its draws are given back.
+    Failed(String),
+    /// Still open at the rail (the payer has not answered), or the rail could not be asked: stays
+    /// pending with the reason; the next query asks again.
+    Pending(String),
+    /// An answer this gateway does not know. Never success: stays pending with the reason, and
+    /// reconciliation looks at it.
+    Unrecognised(String),
+}
+
+impl Settlement {
+    /// Why it is not (yet) a success; `None` for a success.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Settlement::Succeeded => None,
+            Settlement::Failed(reason) | Settlement::Pending(reason) | Settlement::Unrecognised(reason) => Some(reason),
+        }
+    }
+}
+
 /// The record `rail_open` found or made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RailOpened {

@@ -8,7 +8,8 @@
 use super::rails::clip;
 use super::{Decision, Gateway};
 
-use crate::backend::rail::{Authority, CallbackChannel, Settlement};
+use crate::backend::rail::{Authority, CallbackChannel, CollectionRail, settle_record};
+use crate::domain::rail::Settlement;
 use crate::domain::rules::rail as rail_rules;
 use crate::store::{AuditRecord, RailFlow, RailPayment, RailState};
 /// Pending collections queried per scheduler run.
@@ -49,6 +50,17 @@ pub enum CallbackOutcome {
 }
 
 impl Gateway {
+    /// A rail's word applied to its record (`backend::rail::settle_record`, the same for every rail).
+    async fn settle(
+        &self,
+        rail: &dyn CollectionRail,
+        rec: &RailPayment,
+        settlement: &Settlement,
+        receipt: Option<String>,
+    ) -> Result<Option<RailPayment>, crate::domain::error::StoreError> {
+        settle_record(&*self.store, &*self.clock, rail, rec, settlement, receipt).await
+    }
+
     /// Callback and query decisions are audited under the rail's name (`<rail>_callback`, issuer `<rail>`).
     fn rail_audit(
         &self,
@@ -216,7 +228,7 @@ impl Gateway {
                     self.metrics.callback("mismatch");
                     // The query is the rail's own answer: a known failure settles the payment.
                     if let Settlement::Failed(_) = queried
-                        && let Ok(Some(updated)) = rail.settle(&rec, &queried, None).await
+                        && let Ok(Some(updated)) = self.settle(&*rail, &rec, &queried, None).await
                     {
                         self.audit_callback(
                             rail.name(),
@@ -282,7 +294,7 @@ impl Gateway {
         } else {
             event.settlement
         };
-        match rail.settle(&rec, &settlement, event.receipt.clone()).await {
+        match self.settle(&*rail, &rec, &settlement, event.receipt.clone()).await {
             Ok(Some(updated)) => {
                 let (decision, code, metric, outcome) = match &settlement {
                     Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded", CallbackOutcome::Succeeded),
@@ -329,7 +341,7 @@ impl Gateway {
         rec: &RailPayment,
         settlement: &Settlement,
     ) -> CallbackOutcome {
-        match rail.settle(rec, settlement, None).await {
+        match self.settle(rail, rec, settlement, None).await {
             Ok(Some(_)) => CallbackOutcome::StillPending,
             Ok(None) => CallbackOutcome::Terminal,
             Err(error) => {
@@ -377,7 +389,7 @@ impl Gateway {
             let settlement = rail.query(rec).await;
             // Every queried record is touched (updated_at), so records that keep failing to answer
             // do not starve newer ones out of the oldest-first batch.
-            match rail.settle(rec, &settlement, None).await {
+            match self.settle(rail, rec, &settlement, None).await {
                 Ok(Some(updated)) if updated.state.is_terminal() => {
                     settled += 1;
                     let code = if updated.state == RailState::Succeeded { "SUCCEEDED" } else { "FAILED" };

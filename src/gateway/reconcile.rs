@@ -8,10 +8,10 @@ use super::rails::GATEWAY_ISSUER;
 use super::windows::parse_instant;
 use super::{Caller, Decision, Gateway};
 
-use crate::backend::rail::Settlement;
 use crate::backend::{PaymentKind, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
+use crate::domain::rail::Settlement;
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::PaymentId;
 use crate::store::{AuditRecord, RailFlow, RailPayment, RailState};

@@ -22,17 +22,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use self::wire::{AirtelClient, AirtelError, CallbackBody, Enquiry, Msisdn, REFERENCE_CHARS_MAX, TransactionStatus};
+use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Sent,
-    Settlement, ValidCollection, send_once,
+    ValidCollection, send_once,
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
-use crate::domain::error::StoreError;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
 use crate::ids::{AccountId, PaymentId};
-use crate::money::{Currency, Money};
 use crate::store::Store;
 
 /// The `rail` column of Airtel Money records, and the rail's name in callback paths.
@@ -49,30 +48,11 @@ const ENQUIRY_FAILED: &str = "Airtel Money enquiry failed; will ask again";
 /// the payer sees, then the description (kept as the memo).
 pub fn collection_from_args(args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
     let phone = wire::normalize_phone(args.payer).map_err(CollectionRefusal::Payer)?;
-    let kes = Currency::parse(wire::CURRENCY).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
-    let amount = Money::parse(args.amount, kes).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
-    if amount.minor() % 100 != 0 {
-        return Err(CollectionRefusal::Amount(
-            "Airtel Money amounts are whole shillings, e.g. \"150\" or \"150.00\"".into(),
-        ));
-    }
+    let amount = whole_shillings(args.amount, "Airtel Money").map_err(CollectionRefusal::Amount)?;
     let reference = customer_text(args.reference, REFERENCE_CHARS_MAX).map_err(CollectionRefusal::Reference)?;
     let description = customer_text(args.description, DESCRIPTION_CHARS_MAX).map_err(CollectionRefusal::Description)?;
     let payer_account = payer_account(&phone).map_err(|e| CollectionRefusal::Payer(e.to_string()))?;
     Ok(ValidCollection::new(phone.to_string(), payer_account, amount, reference, description))
-}
-
-/// Text the payer sees: printable, non-empty, within the limit. The refusal reads after the
-/// argument's name.
-fn customer_text(value: &str, chars_max: usize) -> Result<String, String> {
-    let v = value.trim();
-    if v.is_empty() || v.chars().count() > chars_max {
-        return Err(format!("must be 1-{chars_max} characters"));
-    }
-    if v.chars().any(|c| c.is_control()) {
-        return Err("must not contain control characters".into());
-    }
-    Ok(v.to_string())
 }
 
 /// The payer's side of a collection, as an account id (`airtel-2547…`).
@@ -264,35 +244,10 @@ impl CollectionRail for AirtelRail {
         }
     }
 
-    async fn settle(
-        &self,
-        rec: &RailPayment,
-        settlement: &Settlement,
-        receipt: Option<String>,
-    ) -> Result<Option<RailPayment>, StoreError> {
-        let now = self.clock.now();
-        let from = rules::settles_from_asked_by_own_ref(rec.flow);
-        match settlement {
-            Settlement::Succeeded => {
-                // A receipt the enquiry kept is Airtel's own word; a callback's fills only a gap.
-                let kept = self.store.rail_get(&rec.id).await?.and_then(|r| r.receipt);
-                let update = RailUpdate { receipt: if kept.is_some() { None } else { receipt }, ..Default::default() };
-                self.store.rail_transition(&rec.id, from, RailState::Succeeded, update, now).await
-            }
-            Settlement::Failed(reason) => {
-                let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
-                self.store.rail_transition(&rec.id, from, RailState::Failed, update, now).await
-            }
-            Settlement::Pending(_) | Settlement::Unrecognised(_) if rec.state.is_terminal() => Ok(None),
-            Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
-                // Stays where it is; an unknown collection keeps the reason its outcome is unknown,
-                // and `updated_at` moves on so records that keep not answering do not starve newer
-                // ones out of the query batch.
-                let keep_reason = rec.state == RailState::Unknown;
-                let update = RailUpdate { reason: (!keep_reason).then(|| reason.clone()), ..Default::default() };
-                self.store.rail_transition(&rec.id, &[rec.state], rec.state, update, now).await
-            }
-        }
+    fn settles_from(&self, flow: RailFlow) -> &'static [RailState] {
+        // Asked by the transaction id the gateway chose and recorded before sending: a collection
+        // whose answer was lost can still be asked about.
+        rules::settles_from_asked_by_own_ref(flow)
     }
 }
 
@@ -300,17 +255,12 @@ impl CollectionRail for AirtelRail {
 mod tests {
     use super::*;
 
-    fn args<'a>(payer: &'a str, amount: &'a str, reference: &'a str, description: &'a str) -> CollectionArgs<'a> {
-        CollectionArgs { payer, amount, reference, description }
-    }
+    use crate::backend::rail::testing::{args, assert_collection};
 
     #[test]
     fn a_valid_collection_is_normalized() {
         let v = collection_from_args(args("0733 123 456", "150.00", " INV-1001 ", "Order 1001")).unwrap();
-        assert_eq!(v.payer(), "254733123456");
-        assert_eq!(v.payer_account().as_str(), "airtel-254733123456");
-        assert_eq!((v.amount().minor(), v.amount().currency().to_string()), (15_000, "KES".to_string()));
-        assert_eq!((v.reference(), v.description()), ("INV-1001", "Order 1001"));
+        assert_collection(&v, "254733123456", "airtel-254733123456", 15_000, ("INV-1001", "Order 1001"));
     }
 
     #[test]

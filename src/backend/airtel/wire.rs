@@ -18,9 +18,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::backend::breaker::{Breaker, backoff_with_jitter};
-use crate::backend::outbound::{clean_text, code_text, describe_send_error, json_int, read_body};
-use crate::clock::{Clock, UnixSecs};
+use crate::backend::breaker::Breaker;
+use crate::backend::outbound::{
+    self, Answer, CachedToken, Counted, RESPONSE_BYTES_MAX, Retries, TokenCache, clean_text, code_text,
+    describe_send_error, http_client, json_int, read_body, send_failure, send_with_retries, with_token,
+};
+pub use crate::backend::outbound::{RETRIES_MAX_LIMIT, RETRY_BACKOFF_MAX};
+use crate::clock::Clock;
 use crate::secret::Secret;
 
 /// Airtel's UAT (sandbox) and production hosts.
@@ -28,18 +32,11 @@ pub const STAGING_BASE_URL: &str = "https://openapiuat.airtel.africa";
 pub const PRODUCTION_BASE_URL: &str = "https://openapi.airtel.africa";
 /// The only country and currency this rail speaks.
 pub const COUNTRY: &str = "KE";
-pub const CURRENCY: &str = "KES";
-/// Airtel's answers are a few hundred bytes; anything bigger is not Airtel.
-pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
+pub const CURRENCY: &str = crate::backend::kenya::CURRENCY;
 /// The gateway's cap on the `reference` the payer sees (Airtel shows it on the prompt and statement).
 pub const REFERENCE_CHARS_MAX: usize = 25;
 /// The longest transaction id this client sends or accepts back (the gateway's payment ids are shorter).
 pub const TRANSACTION_ID_CHARS_MAX: usize = 64;
-/// Retries of a quick transient failure wait up to this long (jittered), doubling up to the max.
-const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(100);
-pub const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
-/// The most retries `retries_max` may ask for.
-pub const RETRIES_MAX_LIMIT: u32 = 5;
 
 const PATH_TOKEN: &str = "/auth/oauth2/token";
 const PATH_COLLECT: &str = "/merchant/v1/payments/";
@@ -91,26 +88,7 @@ pub enum AirtelError {
 // ---------------------------------------------------------------------------------------------
 // Parse-don't-validate inputs
 
-/// A Kenyan Airtel mobile number, kept as `2547XXXXXXXX` / `2541XXXXXXXX` (what records and
-/// payer accounts hold); Airtel's wire wants [`Msisdn::subscriber`] (no country code).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Msisdn(String);
-
-impl Msisdn {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-    /// The nine digits after the country code, as Airtel's `subscriber.msisdn` wants them.
-    pub fn subscriber(&self) -> &str {
-        &self.0[3..]
-    }
-}
-
-impl std::fmt::Display for Msisdn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::backend::kenya::Msisdn;
 
 /// The first two digits of the subscriber part of Airtel Kenya's mobile ranges (073X, 075X, 078X, 010X).
 const AIRTEL_KE_PREFIXES: [&str; 4] = ["73", "75", "78", "10"];
@@ -119,27 +97,11 @@ const AIRTEL_KE_PREFIXES: [&str; 4] = ["73", "75", "78", "10"];
 /// ranges; spaces and dashes are ignored.
 pub fn normalize_phone(input: &str) -> Result<Msisdn, String> {
     const EXPECTED: &str = "expected a Kenyan Airtel number such as 0733123456, 733123456 or 254733123456";
-    let compact: String = input.chars().filter(|c| !matches!(c, ' ' | '-')).collect();
-    if compact.is_empty() {
-        return Err(format!("phone number is empty: {EXPECTED}"));
-    }
-    let digits = compact.strip_prefix('+').unwrap_or(&compact);
-    if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("phone number may contain only digits, spaces, dashes and a leading '+': {EXPECTED}"));
-    }
-    if compact.starts_with('+') && !digits.starts_with("254") {
-        return Err(format!("phone number must be Kenyan (+254): {EXPECTED}"));
-    }
-    let subscriber = match digits.len() {
-        12 if digits.starts_with("254") => &digits[3..],
-        10 if digits.starts_with('0') => &digits[1..],
-        9 => digits,
-        _ => return Err(format!("phone number has the wrong number of digits: {EXPECTED}")),
-    };
+    let subscriber = crate::backend::kenya::subscriber(input, EXPECTED)?;
     if !AIRTEL_KE_PREFIXES.iter().any(|p| subscriber.starts_with(p)) {
         return Err(format!("not an Airtel Money Kenya number (must start 073, 075, 078 or 010): {EXPECTED}"));
     }
-    Ok(Msisdn(format!("254{subscriber}")))
+    Ok(Msisdn::from_subscriber(&subscriber))
 }
 
 /// One collection: prompt `msisdn` to pay `amount_whole` shillings, under the gateway's id.
@@ -343,16 +305,8 @@ struct Inner {
     base: String,
     http: reqwest::Client,
     clock: Arc<dyn Clock>,
-    /// Held across a refresh so concurrent callers wait for one token fetch instead of stampeding.
-    token: tokio::sync::Mutex<Option<CachedToken>>,
+    token: TokenCache,
     breaker: Breaker,
-}
-
-#[derive(Clone)]
-struct CachedToken {
-    token: Secret,
-    /// Use until this instant (Airtel's expiry minus the refresh margin), by the injected clock.
-    use_until: UnixSecs,
 }
 
 impl std::fmt::Debug for AirtelClient {
@@ -384,16 +338,7 @@ impl Op {
     }
 }
 
-/// One attempt's failure, and whether it is safe and quick to try again (nothing was processed).
-struct Failure {
-    error: AirtelError,
-    transient: bool,
-}
-
-struct Answer {
-    status: reqwest::StatusCode,
-    body: Vec<u8>,
-}
+type Failure = outbound::Failure<AirtelError>;
 
 impl AirtelClient {
     pub fn new(cfg: AirtelConfig, clock: Arc<dyn Clock>) -> Result<Self, AirtelError> {
@@ -415,18 +360,9 @@ impl AirtelClient {
                 "retries_max must be at most {RETRIES_MAX_LIMIT}; breaker_failures_max and breaker_open must be positive"
             )));
         }
-        crate::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
-            .timeout(cfg.request_timeout)
-            // A redirect would re-send credentials elsewhere; Airtel never redirects.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| AirtelError::Config(format!("HTTP client: {e}")))?;
+        let http = http_client(cfg.connect_timeout, cfg.request_timeout).map_err(AirtelError::Config)?;
         let breaker = Breaker::new("airtel", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
-        Ok(AirtelClient {
-            inner: Arc::new(Inner { cfg, base, http, clock, token: tokio::sync::Mutex::new(None), breaker }),
-        })
+        Ok(AirtelClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breaker }) })
     }
 
     /// Sends the collection (the payer's prompt). `Ok` means only *accepted*: the outcome arrives
@@ -505,8 +441,8 @@ impl AirtelClient {
         self.fetch_token().await.map(drop).map_err(|f| f.error)
     }
 
-    /// Sends one API request through the circuit breaker, retrying (after a jittered backoff, at
-    /// most `retries_max` times) only a failure that certainly left nothing processed and was quick.
+    /// Sends one API request through the circuit breaker (`outbound::send_with_retries`): only an
+    /// overload answer (429, 503) is certainly unprocessed; any other 5xx is not retried.
     async fn call(
         &self,
         op: Op,
@@ -514,43 +450,23 @@ impl AirtelClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Answer, AirtelError> {
-        let retries_max = self.inner.cfg.retries_max;
-        let mut retry = 0;
-        loop {
-            let Some(permit) = self.inner.breaker.acquire() else {
-                return Err(AirtelError::Unavailable(format!(
-                    "{}: not sent: Airtel failed repeatedly and the circuit is open",
-                    op.as_str()
-                )));
-            };
-            let failure = match self.call_once(op, &method, path, body.as_deref()).await {
-                Ok(answer) => {
-                    let overloaded = is_overload(answer.status);
-                    let up = !(answer.status.is_server_error() || overloaded);
-                    permit.record(up);
-                    // Only an overload answer is certainly unprocessed; any other 5xx is not retried.
-                    if !overloaded || retry >= retries_max {
-                        return Ok(answer);
-                    }
-                    format!("HTTP {}", answer.status)
-                }
-                Err(f) => {
-                    permit.record(false);
-                    if !f.transient || retry >= retries_max {
-                        return Err(f.error);
-                    }
-                    f.error.to_string()
-                }
-            };
-            retry += 1;
-            tracing::warn!(airtel.op = op.as_str(), retry, retries_max, error = %failure,
-                "airtel request not processed; retrying");
-            tokio::time::sleep(backoff_with_jitter(retry, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX)).await;
-        }
+        let retries = Retries {
+            vendor: "airtel",
+            op: op.as_str(),
+            breaker: &self.inner.breaker,
+            retries_max: self.inner.cfg.retries_max,
+        };
+        let count = |answer: &Answer| {
+            let overloaded = is_overload(answer.status);
+            Counted { up: !(answer.status.is_server_error() || overloaded), unprocessed: overloaded }
+        };
+        send_with_retries(retries, AirtelError::Unavailable, count, || {
+            self.call_once(op, &method, path, body.as_deref())
+        })
+        .await
     }
 
-    /// One attempt with the cached token; on a 401 drops the token, fetches a new one and sends
-    /// once more (a refused token was refused at Airtel's gateway: nothing was processed).
+    /// One attempt with the cached token, refreshed once after a 401 (`outbound::with_token`).
     async fn call_once(
         &self,
         op: Op,
@@ -559,9 +475,7 @@ impl AirtelClient {
         body: Option<&[u8]>,
     ) -> Result<Answer, Failure> {
         let url = format!("{}{path}", self.inner.base);
-        let mut refreshed = false;
-        loop {
-            let token = self.token().await?;
+        let send = |token: Secret| {
             let mut request = crate::telemetry::traced(self.inner.http.request(method.clone(), &url))
                 .bearer_auth(token.expose())
                 .header("Accept", "application/json")
@@ -570,44 +484,18 @@ impl AirtelClient {
             if let Some(body) = body {
                 request = request.header("Content-Type", "application/json").body(body.to_vec());
             }
-            let mut resp = request.send().await.map_err(|e| send_error(op, &e))?;
-            let status = resp.status();
-            let body = read_body(&mut resp, RESPONSE_BYTES_MAX).await.map_err(|why| Failure {
-                error: op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str())),
-                transient: false,
-            })?;
-            if status == reqwest::StatusCode::UNAUTHORIZED {
-                self.forget_token(&token).await;
-                if !refreshed {
-                    tracing::debug!(airtel.op = op.as_str(), "airtel refused the access token; refreshing once");
-                    refreshed = true;
-                    continue;
-                }
+            async move {
+                let mut resp = request.send().await.map_err(|e| send_error(op, &e))?;
+                let status = resp.status();
+                let body = read_body(&mut resp, RESPONSE_BYTES_MAX).await.map_err(|why| {
+                    Failure::fatal(op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str())))
+                })?;
+                Ok(Answer { status, body })
             }
-            return Ok(Answer { status, body });
-        }
-    }
-
-    /// The cached token, or a fresh one. Callers arriving during a fetch wait for it.
-    async fn token(&self) -> Result<Secret, Failure> {
-        let mut guard = self.inner.token.lock().await;
-        let now = self.inner.clock.now();
-        if let Some(t) = guard.as_ref().filter(|t| now < t.use_until) {
-            return Ok(t.token.clone());
-        }
-        *guard = None;
-        let fresh = self.fetch_token().await?;
-        let token = fresh.token.clone();
-        *guard = Some(fresh);
-        Ok(token)
-    }
-
-    /// Drops the cached token if it is still the one that was refused.
-    async fn forget_token(&self, refused: &Secret) {
-        let mut guard = self.inner.token.lock().await;
-        if guard.as_ref().is_some_and(|t| t.token == *refused) {
-            *guard = None;
-        }
+        };
+        let refused = |answer: &Answer| answer.status == reqwest::StatusCode::UNAUTHORIZED;
+        let inner = &self.inner;
+        with_token(&inner.token, &*inner.clock, "airtel", || self.fetch_token(), refused, send).await
     }
 
     async fn fetch_token(&self) -> Result<CachedToken, Failure> {
@@ -647,12 +535,8 @@ impl AirtelClient {
         let expires_in_secs = json_int(&parsed.expires_in)
             .filter(|s| *s > 0)
             .ok_or_else(|| unavailable("expires_in is not a positive integer".into(), false))?;
-        let lifetime_secs = expires_in_secs.saturating_sub(cfg.token_refresh_margin_secs).max(0);
-        tracing::debug!(airtel.token_lifetime_secs = lifetime_secs, "fetched airtel access token");
-        Ok(CachedToken {
-            token: Secret::new(parsed.access_token),
-            use_until: self.inner.clock.now().saturating_add(lifetime_secs),
-        })
+        let token = Secret::new(parsed.access_token);
+        Ok(CachedToken::new(token, expires_in_secs, cfg.token_refresh_margin_secs, &*self.inner.clock))
     }
 }
 
@@ -691,11 +575,7 @@ fn is_transaction_id(id: &str) -> bool {
 /// A failed send. A connect error means no byte of the request left (transient: try again);
 /// anything else (a timeout after connecting, a reset mid-answer) may have reached Airtel.
 fn send_error(op: Op, e: &reqwest::Error) -> Failure {
-    let why = format!("{}: {}", op.as_str(), describe_send_error(e));
-    if e.is_connect() {
-        return Failure { error: AirtelError::Unavailable(why), transient: true };
-    }
-    Failure { error: op.after_sending(why), transient: false }
+    send_failure(op.as_str(), e, AirtelError::Unavailable, |why| op.after_sending(why))
 }
 
 #[cfg(test)]

@@ -24,8 +24,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::backend::breaker::{Breaker, backoff_with_jitter};
-use crate::backend::outbound::{clean_text, code_text, describe_send_error, json_int, read_body};
+use crate::backend::breaker::Breaker;
+use crate::backend::outbound::{
+    self, Answer, CachedToken, Counted, RESPONSE_BYTES_MAX, Retries, TokenCache, clean_text, code_text,
+    describe_send_error, http_client, json_int, read_body, send_with_retries, with_token,
+};
+pub use crate::backend::outbound::{RETRIES_MAX_LIMIT, RETRY_BACKOFF_MAX};
 use crate::clock::{Clock, UnixSecs};
 use crate::secret::Secret;
 
@@ -35,8 +39,6 @@ pub const PRODUCTION_BASE_URL: &str = "https://api.safaricom.co.ke";
 pub const ACCOUNT_REFERENCE_CHARS_MAX: usize = 12;
 /// Daraja rejects a longer `TransactionDesc`.
 pub const TRANSACTION_DESC_CHARS_MAX: usize = 13;
-/// Daraja's answers are a few hundred bytes; anything bigger is not Daraja.
-pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
 /// East Africa Time is UTC+3 all year (no daylight saving).
 const EAT_OFFSET_SECS: i64 = 3 * 3600;
 
@@ -55,11 +57,6 @@ const ERROR_CODE_PROCESSING: &str = "500.001.1001";
 const ERROR_CODE_INVALID_TOKEN: &str = "404.001.03";
 /// Spike arrest and quota violations: refused at Daraja's API gateway, before the request is processed.
 const ERROR_CODES_GATEWAY_REFUSAL: [&str; 2] = ["500.003.02", "500.003.03"];
-/// Retries of a quick transient failure wait up to this long (jittered), doubling up to the max.
-const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(100);
-pub const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
-/// The most retries `retries_max` may ask for.
-pub const RETRIES_MAX_LIMIT: u32 = 5;
 /// Daraja rejects longer `Remarks` and `Occasion`.
 pub const REMARKS_CHARS_MAX: usize = 100;
 /// `CommandID` of a payout to a customer.
@@ -140,48 +137,17 @@ pub enum DarajaError {
 // ---------------------------------------------------------------------------------------------
 // Parse-don't-validate inputs
 
-/// A Kenyan mobile number in Daraja's format: `2547XXXXXXXX` or `2541XXXXXXXX` (12 digits).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Msisdn(String);
-
-impl Msisdn {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for Msisdn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::backend::kenya::Msisdn;
 
 /// Accepts `07XXXXXXXX`, `01XXXXXXXX`, `7XXXXXXXX`, `1XXXXXXXX`, `2547…`, `2541…`, `+2547…`, `+2541…`;
 /// spaces and dashes are ignored.
 pub fn normalize_phone(input: &str) -> Result<Msisdn, String> {
     const EXPECTED: &str = "expected a Kenyan mobile number such as 0712345678, 712345678 or 254712345678";
-    let compact: String = input.chars().filter(|c| !matches!(c, ' ' | '-')).collect();
-    if compact.is_empty() {
-        return Err(format!("phone number is empty: {EXPECTED}"));
-    }
-    let digits = compact.strip_prefix('+').unwrap_or(&compact);
-    if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("phone number may contain only digits, spaces, dashes and a leading '+': {EXPECTED}"));
-    }
-    if compact.starts_with('+') && !digits.starts_with("254") {
-        return Err(format!("phone number must be Kenyan (+254): {EXPECTED}"));
-    }
-    // The 9-digit subscriber part: 7XXXXXXXX or 1XXXXXXXX.
-    let subscriber = match digits.len() {
-        12 if digits.starts_with("254") => &digits[3..],
-        10 if digits.starts_with('0') => &digits[1..],
-        9 => digits,
-        _ => return Err(format!("phone number has the wrong number of digits: {EXPECTED}")),
-    };
+    let subscriber = crate::backend::kenya::subscriber(input, EXPECTED)?;
     if !(subscriber.starts_with('7') || subscriber.starts_with('1')) {
         return Err(format!("not a Kenyan mobile number (must start 07, 01, 2547 or 2541): {EXPECTED}"));
     }
-    Ok(Msisdn(format!("254{subscriber}")))
+    Ok(Msisdn::from_subscriber(&subscriber))
 }
 
 /// Daraja's STK password: `base64(ShortCode + Passkey + Timestamp)`.
@@ -685,16 +651,8 @@ struct Inner {
     base: String,
     http: reqwest::Client,
     clock: Arc<dyn Clock>,
-    /// Held across a refresh so concurrent callers wait for one token fetch instead of stampeding.
-    token: tokio::sync::Mutex<Option<CachedToken>>,
+    token: TokenCache,
     breaker: Breaker,
-}
-
-#[derive(Clone)]
-struct CachedToken {
-    token: Secret,
-    /// Use until this instant (Daraja's expiry minus the refresh margin), by the injected clock.
-    use_until: UnixSecs,
 }
 
 impl std::fmt::Debug for DarajaClient {
@@ -739,24 +697,7 @@ impl Op {
     }
 }
 
-/// One attempt's failure, and whether it is safe and quick to try again: nothing was processed
-/// (no connection, 429, 503, a spike-arrest refusal, a token fetch refused likewise).
-struct Failure {
-    error: DarajaError,
-    transient: bool,
-}
-
-impl Failure {
-    fn fatal(error: DarajaError) -> Self {
-        Failure { error, transient: false }
-    }
-}
-
-/// An API answer, read in full (bounded).
-struct Answer {
-    status: reqwest::StatusCode,
-    body: Vec<u8>,
-}
+type Failure = outbound::Failure<DarajaError>;
 
 impl DarajaClient {
     pub fn new(cfg: DarajaConfig, clock: Arc<dyn Clock>) -> Result<Self, DarajaError> {
@@ -804,18 +745,9 @@ impl DarajaClient {
                 ));
             }
         }
-        crate::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
-            .timeout(cfg.request_timeout)
-            // A redirect would re-send credentials elsewhere; Daraja never redirects.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| DarajaError::Config(format!("HTTP client: {e}")))?;
+        let http = http_client(cfg.connect_timeout, cfg.request_timeout).map_err(DarajaError::Config)?;
         let breaker = Breaker::new("daraja", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
-        Ok(DarajaClient {
-            inner: Arc::new(Inner { cfg, base, http, clock, token: tokio::sync::Mutex::new(None), breaker }),
-        })
+        Ok(DarajaClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breaker }) })
     }
 
     /// Sends the payment prompt. `Ok` means only *accepted*: the result arrives by callback or query.
@@ -1026,39 +958,18 @@ impl DarajaClient {
     /// Sends one API request through the circuit breaker, retrying (after a jittered backoff, at
     /// most `retries_max` times) only a failure that certainly left nothing processed and was quick.
     async fn call<T: Serialize>(&self, op: Op, path: &str, body: &T) -> Result<Answer, DarajaError> {
-        let cfg = &self.inner.cfg;
-        let mut retry = 0;
-        loop {
-            let Some(permit) = self.inner.breaker.acquire() else {
-                return Err(DarajaError::Unavailable(format!(
-                    "{}: not sent: Daraja failed repeatedly and the circuit is open",
-                    op.as_str()
-                )));
-            };
-            let failure = match self.call_once(op, path, body).await {
-                Ok(answer) => {
-                    // Daraja answered: it is up, even when it refused (a 4xx is about the request).
-                    let up =
-                        !(answer.status.is_server_error() || answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS);
-                    permit.record(up);
-                    if up || retry >= cfg.retries_max || !self.is_transient_answer(&answer) {
-                        return Ok(answer);
-                    }
-                    format!("HTTP {}", answer.status)
-                }
-                Err(f) => {
-                    permit.record(false);
-                    if !f.transient || retry >= cfg.retries_max {
-                        return Err(f.error);
-                    }
-                    f.error.to_string()
-                }
-            };
-            retry += 1;
-            tracing::warn!(daraja.op = op.as_str(), retry, retries_max = cfg.retries_max, error = %failure,
-                "daraja request not processed; retrying");
-            tokio::time::sleep(backoff_with_jitter(retry, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX)).await;
-        }
+        let retries = Retries {
+            vendor: "daraja",
+            op: op.as_str(),
+            breaker: &self.inner.breaker,
+            retries_max: self.inner.cfg.retries_max,
+        };
+        // Daraja answered: it is up, even when it refused (a 4xx is about the request).
+        let count = |answer: &Answer| Counted {
+            up: !(answer.status.is_server_error() || answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS),
+            unprocessed: self.is_transient_answer(answer),
+        };
+        send_with_retries(retries, DarajaError::Unavailable, count, || self.call_once(op, path, body)).await
     }
 
     /// An answer that says the request was refused before processing, by overload.
@@ -1075,27 +986,20 @@ impl DarajaClient {
     /// so nothing was processed and the second send cannot double a request.
     async fn call_once<T: Serialize>(&self, op: Op, path: &str, body: &T) -> Result<Answer, Failure> {
         let url = format!("{}{path}", self.inner.base);
-        let mut refreshed = false;
-        loop {
-            let token = self.token().await?;
+        let send = |token: Secret| {
             let request = crate::telemetry::traced(self.inner.http.post(&url));
-            let sent = request.bearer_auth(token.expose()).json(body).send().await;
-            let mut resp = sent.map_err(|e| send_error(op, &e))?;
-            let status = resp.status();
-            let body = read_body(&mut resp, RESPONSE_BYTES_MAX)
-                .await
-                .map_err(|why| Failure::fatal(op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str()))))?;
-            let answer = Answer { status, body };
-            if token_refused(&answer) {
-                self.forget_token(&token).await;
-                if !refreshed {
-                    tracing::debug!(daraja.op = op.as_str(), "daraja refused the access token; refreshing once");
-                    refreshed = true;
-                    continue;
-                }
+            let sent = request.bearer_auth(token.expose()).json(body).send();
+            async move {
+                let mut resp = sent.await.map_err(|e| send_error(op, &e))?;
+                let status = resp.status();
+                let body = read_body(&mut resp, RESPONSE_BYTES_MAX).await.map_err(|why| {
+                    Failure::fatal(op.after_sending(format!("{}: {why} (HTTP {status})", op.as_str())))
+                })?;
+                Ok(Answer { status, body })
             }
-            return Ok(answer);
-        }
+        };
+        let inner = &self.inner;
+        with_token(&inner.token, &*inner.clock, "daraja", || self.fetch_token(), token_refused, send).await
     }
 
     /// A non-2xx answer → the error it means for this operation.
@@ -1132,29 +1036,6 @@ impl DarajaClient {
         self.fetch_token().await.map(drop).map_err(|f| f.error)
     }
 
-    /// The cached token, or a fresh one. Callers arriving during a fetch wait for it.
-    async fn token(&self) -> Result<Secret, Failure> {
-        let mut guard = self.inner.token.lock().await;
-        let now = self.inner.clock.now();
-        if let Some(t) = guard.as_ref().filter(|t| now < t.use_until) {
-            return Ok(t.token.clone());
-        }
-        *guard = None;
-        let fresh = self.fetch_token().await?;
-        let token = fresh.token.clone();
-        *guard = Some(fresh);
-        Ok(token)
-    }
-
-    /// Drops the cached token if it is still the one that was refused (another caller may have
-    /// refreshed it already).
-    async fn forget_token(&self, refused: &Secret) {
-        let mut guard = self.inner.token.lock().await;
-        if guard.as_ref().is_some_and(|t| t.token == *refused) {
-            *guard = None;
-        }
-    }
-
     async fn fetch_token(&self) -> Result<CachedToken, Failure> {
         let cfg = &self.inner.cfg;
         let url = format!("{}/oauth/v1/generate?grant_type=client_credentials", self.inner.base);
@@ -1188,12 +1069,8 @@ impl DarajaClient {
         let expires_in_secs = json_int(&parsed.expires_in)
             .filter(|s| *s > 0)
             .ok_or_else(|| unavailable("expires_in is not a positive integer".into()))?;
-        let lifetime_secs = expires_in_secs.saturating_sub(cfg.token_refresh_margin_secs).max(0);
-        tracing::debug!(daraja.token_lifetime_secs = lifetime_secs, "fetched daraja access token");
-        Ok(CachedToken {
-            token: Secret::new(parsed.access_token),
-            use_until: self.inner.clock.now().saturating_add(lifetime_secs),
-        })
+        let token = Secret::new(parsed.access_token);
+        Ok(CachedToken::new(token, expires_in_secs, cfg.token_refresh_margin_secs, &*self.inner.clock))
     }
 }
 
@@ -1214,11 +1091,7 @@ fn token_refused(answer: &Answer) -> bool {
 /// A failed send. A connect error means no byte of the request left (transient: try again);
 /// anything else (timeout after connecting, reset mid-response) may have reached Daraja.
 fn send_error(op: Op, e: &reqwest::Error) -> Failure {
-    let why = format!("{}: {}", op.as_str(), describe_send_error(e));
-    if e.is_connect() {
-        return Failure { error: DarajaError::Unavailable(why), transient: true };
-    }
-    Failure::fatal(op.after_sending(why))
+    outbound::send_failure(op.as_str(), e, DarajaError::Unavailable, |why| op.after_sending(why))
 }
 
 #[cfg(test)]

@@ -26,24 +26,21 @@ use self::daraja::{
     ACCOUNT_REFERENCE_CHARS_MAX, ApiResult, B2cPayment, DarajaClient, DarajaError, Msisdn, REMARKS_CHARS_MAX, Reversal,
     StkCallback, StkPush, StkQueryOutcome, TRANSACTION_DESC_CHARS_MAX,
 };
+use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayoutArgs,
-    PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Sent, Settlement, ValidCollection, ValidPayout,
-    reversal_key, send_once,
+    PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Sent, ValidCollection, ValidPayout, reversal_key,
+    send_once,
 };
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
-use crate::domain::error::StoreError;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
-use crate::domain::rules::rail as rules;
+use crate::domain::rail::{RailFlow, RailPayment, RailState, Settlement};
 use crate::ids::{AccountId, PaymentId};
-use crate::money::{Currency, Money};
+use crate::money::Money;
 use crate::store::Store;
 
 /// The `rail` column of M-Pesa records.
 pub const RAIL: &str = "mpesa";
-/// M-Pesa collects Kenyan shillings only.
-const CURRENCY: &str = "KES";
 /// The reason a pending record keeps while the prompt is still open on the handset.
 const STILL_PROCESSING: &str = "still being processed";
 /// The reason a pending record keeps when the STK push query could not be made.
@@ -71,29 +68,12 @@ pub struct Collection {
 /// the phone (normalized), the amount (KES, whole shillings), then the two texts the customer sees.
 pub fn collection_from_args(args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal> {
     let phone = daraja::normalize_phone(args.payer).map_err(CollectionRefusal::Payer)?;
-    let kes = Currency::parse(CURRENCY).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
-    let amount = Money::parse(args.amount, kes).map_err(|e| CollectionRefusal::Amount(e.to_string()))?;
-    if amount.minor() % 100 != 0 {
-        return Err(CollectionRefusal::Amount("M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\"".into()));
-    }
+    let amount = whole_shillings(args.amount, "M-Pesa").map_err(CollectionRefusal::Amount)?;
     let reference = customer_text(args.reference, ACCOUNT_REFERENCE_CHARS_MAX).map_err(CollectionRefusal::Reference)?;
     let description =
         customer_text(args.description, TRANSACTION_DESC_CHARS_MAX).map_err(CollectionRefusal::Description)?;
     let payer_account = payer_account(&phone).map_err(|e| CollectionRefusal::Payer(e.to_string()))?;
     Ok(ValidCollection::new(phone.to_string(), payer_account, amount, reference, description))
-}
-
-/// Text the customer sees on their phone: printable, non-empty, within Daraja's length. The
-/// refusal reads after the argument's name.
-fn customer_text(value: &str, chars_max: usize) -> Result<String, String> {
-    let v = value.trim();
-    if v.is_empty() || v.chars().count() > chars_max {
-        return Err(format!("must be 1-{chars_max} characters"));
-    }
-    if v.chars().any(|c| c.is_control()) {
-        return Err("must not contain control characters".into());
-    }
-    Ok(v.to_string())
 }
 
 /// What a result code means for a pending payment.
@@ -188,11 +168,7 @@ pub fn event_from_result(r: ApiResult, channel: CallbackChannel) -> RailEvent {
 /// remarks on the statement.
 pub fn payout_from_args(args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
     let phone = daraja::normalize_phone(args.payee).map_err(PayoutRefusal::Payee)?;
-    let kes = Currency::parse(CURRENCY).map_err(|e| PayoutRefusal::Amount(e.to_string()))?;
-    let amount = Money::parse(args.amount, kes).map_err(|e| PayoutRefusal::Amount(e.to_string()))?;
-    if amount.minor() % 100 != 0 {
-        return Err(PayoutRefusal::Amount("M-Pesa amounts are whole shillings, e.g. \"150\" or \"150.00\"".into()));
-    }
+    let amount = whole_shillings(args.amount, "M-Pesa").map_err(PayoutRefusal::Amount)?;
     let remarks = customer_text(args.remarks, REMARKS_CHARS_MAX).map_err(PayoutRefusal::Remarks)?;
     let payee_account = payer_account(&phone).map_err(|e| PayoutRefusal::Payee(e.to_string()))?;
     Ok(ValidPayout::new(phone.to_string(), payee_account, amount, remarks))
@@ -461,52 +437,18 @@ impl CollectionRail for MpesaRail {
             }
         }
     }
-
-    async fn settle(
-        &self,
-        rec: &RailPayment,
-        settlement: &Settlement,
-        receipt: Option<String>,
-    ) -> Result<Option<RailPayment>, StoreError> {
-        let now = self.clock.now();
-        let from = rules::settles_from(rec.flow);
-        match settlement {
-            Settlement::Succeeded => {
-                let update = RailUpdate { receipt, ..Default::default() };
-                self.store.rail_transition(&rec.id, from, RailState::Succeeded, update, now).await
-            }
-            Settlement::Failed(reason) => {
-                let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
-                self.store.rail_transition(&rec.id, from, RailState::Failed, update, now).await
-            }
-            Settlement::Pending(_) | Settlement::Unrecognised(_) if rec.state.is_terminal() => Ok(None),
-            Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
-                // Stays where it is; the reason is kept for reconciliation (a collection whose
-                // push outcome is unknown keeps the reason why), and `updated_at` moves on so
-                // records that keep not answering do not starve newer ones out of the query batch.
-                let keep_reason = rec.state == RailState::Unknown && rec.flow == RailFlow::Collection;
-                let update = RailUpdate { reason: (!keep_reason).then(|| reason.clone()), ..Default::default() };
-                self.store.rail_transition(&rec.id, &[rec.state], rec.state, update, now).await
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args<'a>(payer: &'a str, amount: &'a str, reference: &'a str, description: &'a str) -> CollectionArgs<'a> {
-        CollectionArgs { payer, amount, reference, description }
-    }
+    use crate::backend::rail::testing::{args, assert_collection};
 
     #[test]
     fn a_valid_collection_is_normalized() {
         let v = collection_from_args(args("0712 345 678", "150.00", " INV-1001 ", "Order 1001")).unwrap();
-        assert_eq!(v.payer(), "254712345678");
-        assert_eq!(v.payer_account().as_str(), "mpesa-254712345678");
-        assert_eq!((v.amount().minor(), v.amount().currency().to_string()), (15_000, "KES".to_string()));
-        assert_eq!((v.reference(), v.description()), ("INV-1001", "Order 1001"));
+        assert_collection(&v, "254712345678", "mpesa-254712345678", 15_000, ("INV-1001", "Order 1001"));
         // Exactly at Daraja's limits (characters, not bytes).
         let v = collection_from_args(args("254110345678", "1", "ABCDEFGHIJKL", "Malipo ya ñéü")).unwrap();
         assert_eq!((v.reference(), v.description()), ("ABCDEFGHIJKL", "Malipo ya ñéü"));

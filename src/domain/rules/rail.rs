@@ -5,7 +5,7 @@
 use super::guards::{UsageDraw, usage_draw};
 use crate::clock::UnixSecs;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailFlow, RailPayment, RailState};
+use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 
 /// What a record drew when it opened, to be given back: its day's usage and one mandate use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,49 @@ pub fn settles_from_asked_by_own_ref(flow: RailFlow) -> &'static [RailState] {
     match flow {
         RailFlow::Collection => &[RailState::Pending, RailState::Unknown],
         RailFlow::Ledger | RailFlow::Payout | RailFlow::Reversal => settles_from(flow),
+    }
+}
+
+/// What a rail's word does to a record: the states it may move from (compare-and-set), where it
+/// goes, and what it writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settles<'a> {
+    pub from: &'a [RailState],
+    pub to: RailState,
+    pub update: RailUpdate,
+}
+
+/// The one settlement rule every rail follows. `from`: [`settles_from`] or
+/// [`settles_from_asked_by_own_ref`], as the rail asks. `receipt`: what came with the word (a
+/// callback's); `kept_receipt`: whether the record already holds one (a status answer's, the rail's
+/// own word: a callback's only fills a gap). `None`: nothing to write (a late word on a closed record).
+///
+/// A success or failure closes the record. A word that is neither leaves it where it is: an unknown
+/// collection keeps the reason its outcome is unknown, any other record takes the new reason, and
+/// `updated_at` moves on either way so records that keep not answering do not starve newer ones
+/// out of the query batch.
+pub fn settles<'a>(
+    rec: &'a RailPayment,
+    settlement: &Settlement,
+    from: &'static [RailState],
+    receipt: Option<String>,
+    kept_receipt: bool,
+) -> Option<Settles<'a>> {
+    match settlement {
+        Settlement::Succeeded => {
+            let update = RailUpdate { receipt: receipt.filter(|_| !kept_receipt), ..Default::default() };
+            Some(Settles { from, to: RailState::Succeeded, update })
+        }
+        Settlement::Failed(reason) => {
+            let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
+            Some(Settles { from, to: RailState::Failed, update })
+        }
+        Settlement::Pending(_) | Settlement::Unrecognised(_) if rec.state.is_terminal() => None,
+        Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
+            let keep_reason = rec.state == RailState::Unknown && rec.flow == RailFlow::Collection;
+            let update = RailUpdate { reason: (!keep_reason).then(|| reason.clone()), ..Default::default() };
+            Some(Settles { from: std::slice::from_ref(&rec.state), to: rec.state, update })
+        }
     }
 }
 
