@@ -2,7 +2,9 @@
 //! its mandate verified against exactly this call, what it draws on (a mandate, or today's
 //! autonomous budget), tool governance, and the replay of an operation that already finished.
 
-use super::unit_of_work::{Executed, Intent};
+use serde_json::{Value, json};
+
+use super::unit_of_work::{Executed, Intent, Movement, Strategy, Work};
 use super::{Caller, Decision, Gateway};
 use crate::domain::payment::{DailyBudget, Guards, MandateDraw, PaymentKind};
 use crate::domain::rules::guards;
@@ -194,35 +196,85 @@ impl Gateway {
         Intent { tool: asked.tool, keys, amount, shown: asked.intent }
     }
 
-    /// Between admission and the unit of work, the same for every money operation: the mandate
-    /// verified against exactly this call (or, when it no longer verifies, the operation's recorded
-    /// outcome replayed: `Err`), the intent and its key(s), policy's decision (`decide` is told
-    /// whether tool governance forces a human; a valid mandate turns "ask a human" into "allow",
-    /// never a denial) and what the payment draws on where it commits.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn govern(
+    /// Arguments parsed, or the refusal audited (and counted toward the stop rule): the first
+    /// step of every operation.
+    pub(super) async fn or_refuse<T>(
         &self,
         caller: &Caller,
-        asked: Asked<'_>,
-        jws: Option<&str>,
-        parties: Parties<'_>,
-        amount: Money,
-        kind: PaymentKind,
+        tool: &str,
+        parsed: Result<T, AgentError>,
+    ) -> Result<T, AgentError> {
+        match parsed {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.refuse(caller, tool, None, e).await),
+        }
+    }
+
+    /// From an admitted proposal to its answer, the same for every money operation: the mandate
+    /// verified against exactly this call (or, when it no longer verifies, the operation's recorded
+    /// outcome replayed), the intent and its key(s), policy's decision (`decide` is told whether
+    /// tool governance forces a human; a valid mandate turns "ask a human" into "allow", never a
+    /// denial), what the payment draws on where it commits ([`Terms`]), then the unit of work with
+    /// the one call `move_money` builds from those terms.
+    pub(super) async fn operate<'a>(
+        &'a self,
+        caller: &'a Caller,
+        proposal: Proposal<'_>,
         decide: impl FnOnce(bool) -> Policy,
-    ) -> Result<Result<Governed, Box<Executed>>, AgentError> {
+        strategy: Strategy,
+        move_money: impl FnOnce(Terms) -> Movement<'a>,
+    ) -> Result<Executed, AgentError> {
+        let Proposal { tool, op, args, shown, mandate: jws, parties, amount, kind } = proposal;
         let Parties { payer, payee, payment_id } = parties;
+        let mut intent = json!({
+            "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
+            "amount": amount.to_decimal(), "currency": amount.currency(),
+        });
+        if let Some(pid) = payment_id {
+            intent["payment_id"] = json!(pid);
+        }
+        if let (Some(all), Value::Object(extra)) = (intent.as_object_mut(), shown) {
+            all.extend(extra);
+        }
+        let asked = Asked { tool, op, args, intent };
         let check = self.mandate_for(caller, &asked, jws, payer, payee, amount, payment_id).await?;
         let mandate = match check.verified() {
             Ok(m) => m,
-            Err(replayed) => return Ok(Err(replayed)),
+            Err(replayed) => return Ok(*replayed),
         };
-        let force = self.always_needs_a_human(asked.tool, mandate.as_ref());
+        let force = self.always_needs_a_human(tool, mandate.as_ref());
         let decision = authorize(decide(force), mandate.is_some());
         let guards = self.guards_for(mandate.as_ref(), &caller.principal.profile, kind, amount.currency());
         let mandated = mandate.is_some();
         let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
-        Ok(Ok(Governed { intent, decision, guards, mandated }))
+        let movement = move_money(Terms { guards, mandated });
+        self.work.run(self, caller, Work { strategy, intent, decision, movement }).await
     }
+}
+
+/// What an admitted operation proposes. The intent a human sees is built from it: the tool, the
+/// operation, who pays whom, how much, the payment given back (if any), and `shown`.
+pub(super) struct Proposal<'a> {
+    pub tool: &'static str,
+    pub op: &'a OperationId,
+    /// The arguments that identify the call (its fingerprint). Their field names are part of
+    /// stored fingerprints: kept as they were.
+    pub args: Value,
+    /// What else the intent shows (a memo, a reason, the texts the customer sees): a JSON object.
+    pub shown: Value,
+    /// The mandate the call carries, as the agent passed it.
+    pub mandate: Option<&'a str>,
+    pub parties: Parties<'a>,
+    pub amount: Money,
+    pub kind: PaymentKind,
+}
+
+/// What the money movement is told of the governed call.
+pub(super) struct Terms {
+    /// What the payment draws on where it commits (a mandate's use, or today's budget).
+    pub guards: Guards,
+    /// It carries a verified mandate.
+    pub mandated: bool,
 }
 
 /// Who pays whom in a call (as a mandate names them), and the payment it gives back, if any.
@@ -230,13 +282,4 @@ pub(super) struct Parties<'a> {
     pub payer: &'a str,
     pub payee: &'a str,
     pub payment_id: Option<&'a str>,
-}
-
-/// A call governed: ready for its unit of work.
-pub(super) struct Governed {
-    pub intent: Intent,
-    pub decision: Policy,
-    pub guards: Guards,
-    /// It carries a verified mandate.
-    pub mandated: bool,
 }

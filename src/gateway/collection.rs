@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, Governed, Parties};
+use super::admission::{Parties, Proposal, Terms};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
@@ -70,55 +70,41 @@ impl Gateway {
                 .map_err(collection_refusal)?;
             Ok::<_, AgentError>((op, collection))
         })();
-        let (op, collection) = match parsed {
-            Ok(p) => p,
-            Err(e) => return Err(self.refuse(caller, tool, None, e).await),
-        };
+        let (op, collection) = self.or_refuse(caller, tool, parsed).await?;
         let p = &caller.principal;
         let (payer, amount) = (collection.payer_account().clone(), collection.amount());
         let (reference, description) = (collection.reference(), collection.description());
         let payee = rail.account().clone();
-        let asked = Asked {
+        let proposal = Proposal {
             tool,
             op: &op,
             // The field names are part of stored fingerprints: kept as they were.
             args: json!({
                 "phone": collection.payer(), "amount_minor": amount.minor(), "reference": reference, "description": description,
             }),
-            intent: json!({
-                "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
-                "amount": amount.to_decimal(), "currency": amount.currency(),
-                "account_reference": reference, "description": description,
-            }),
+            shown: json!({"account_reference": reference, "description": description}),
+            mandate: args.mandate.as_deref(),
+            parties: Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: None },
+            amount,
+            kind: PaymentKind::Payment,
         };
-        let governed = self
-            .govern(
-                caller,
-                asked,
-                args.mandate.as_deref(),
-                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: None },
-                amount,
-                PaymentKind::Payment,
-                |force| policy::decide_collect(|s| p.has_scope(s), tool, &p.profile, &payee, amount, force),
-            )
-            .await?;
-        let Governed { intent, decision, guards, .. } = match governed {
-            Ok(g) => g,
-            Err(replayed) => return Ok(*replayed),
-        };
-        let call = movement(|a: Attempt| {
-            let req = CollectionRequest {
-                idempotency_key: a.key,
-                payment_id: PaymentId::generate(),
-                collection: collection.clone(),
-                principal_sub: p.subject.clone(),
-                principal_user: p.user.clone(),
-                guards: guards.clone(),
-            };
-            let rail = rail.clone();
-            async move { rail.collect(req).await }
-        });
-        self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
+        let decide = |force| policy::decide_collect(|s| p.has_scope(s), tool, &p.profile, &payee, amount, force);
+        let (rail, collection) = (&rail, &collection);
+        self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
+            movement(move |a: Attempt| {
+                let req = CollectionRequest {
+                    idempotency_key: a.key,
+                    payment_id: PaymentId::generate(),
+                    collection: collection.clone(),
+                    principal_sub: p.subject.clone(),
+                    principal_user: p.user.clone(),
+                    guards: t.guards.clone(),
+                };
+                let rail = rail.clone();
+                async move { rail.collect(req).await }
+            })
+        })
+        .await
     }
 }
 

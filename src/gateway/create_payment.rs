@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, Governed, Parties, parse_text};
+use super::admission::{Parties, Proposal, Terms, parse_text};
 use super::unit_of_work::{Attempt, Executed, movement};
 use super::{Caller, Gateway};
 use crate::domain::payment::{PaymentKind, TransferRequest};
@@ -51,43 +51,24 @@ impl Gateway {
             }
             Ok::<_, AgentError>((op, from, to, amount, memo))
         })();
-        let (op, from, to, amount, memo) = match parsed {
-            Ok(p) => p,
-            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
-        };
+        let (op, from, to, amount, memo) = self.or_refuse(caller, TOOL, parsed).await?;
         let p = &caller.principal;
-        let asked = Asked {
+        let proposal = Proposal {
             tool: TOOL,
             op: &op,
             args: json!({
                 "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
             }),
-            intent: json!({
-                "tool": TOOL, "operation_id": op, "payer": from, "payee": to,
-                "amount": amount.to_decimal(), "currency": amount.currency(), "memo": memo,
-            }),
+            shown: json!({"memo": memo}),
+            mandate: args.mandate.as_deref(),
+            parties: Parties { payer: from.as_str(), payee: to.as_str(), payment_id: None },
+            amount,
+            kind: PaymentKind::Payment,
         };
-        let governed = self
-            .govern(
-                caller,
-                asked,
-                args.mandate.as_deref(),
-                Parties { payer: from.as_str(), payee: to.as_str(), payment_id: None },
-                amount,
-                PaymentKind::Payment,
-                |force| policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force),
-            )
-            .await?;
-        let Governed { intent, decision, guards, .. } = match governed {
-            Ok(g) => g,
-            Err(replayed) => return Ok(*replayed),
-        };
-        self.carry_out(
-            caller,
-            self.ledger_strategy(),
-            intent,
-            decision,
-            movement(|a: Attempt| {
+        let decide = |force| policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force);
+        let (from, to, memo) = (&from, &to, &memo);
+        self.operate(caller, proposal, decide, self.ledger_strategy(), |t: Terms| {
+            movement(move |a: Attempt| {
                 let req = TransferRequest {
                     idempotency_key: a.key,
                     alias_key: a.alias_key,
@@ -100,12 +81,12 @@ impl Gateway {
                     memo: memo.clone(),
                     principal_sub: p.subject.clone(),
                     principal_user: p.user.clone(),
-                    guards: guards.clone(),
+                    guards: t.guards.clone(),
                 };
                 let backend = self.backend.clone();
                 async move { backend.transfer(req).await }
-            }),
-        )
+            })
+        })
         .await
     }
 }

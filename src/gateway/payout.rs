@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, Governed, Parties};
+use super::admission::{Parties, Proposal, Terms};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{PayoutArgs, PayoutRefusal, PayoutRequest};
@@ -64,49 +64,36 @@ impl Gateway {
                 .map_err(payout_refusal)?;
             Ok::<_, AgentError>((op, payout))
         })();
-        let (op, payout) = match parsed {
-            Ok(p) => p,
-            Err(e) => return Err(self.refuse(caller, tool, None, e).await),
-        };
+        let (op, payout) = self.or_refuse(caller, tool, parsed).await?;
         let p = &caller.principal;
         let (payer, payee, amount) = (rail.account().clone(), payout.payee_account().clone(), payout.amount());
-        let asked = Asked {
+        let proposal = Proposal {
             tool,
             op: &op,
             args: json!({"phone": payout.payee(), "amount_minor": amount.minor(), "remarks": payout.remarks()}),
-            intent: json!({
-                "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
-                "amount": amount.to_decimal(), "currency": amount.currency(), "remarks": payout.remarks(),
-            }),
+            shown: json!({"remarks": payout.remarks()}),
+            mandate: args.mandate.as_deref(),
+            parties: Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: None },
+            amount,
+            kind: PaymentKind::Payment,
         };
-        let governed = self
-            .govern(
-                caller,
-                asked,
-                args.mandate.as_deref(),
-                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: None },
-                amount,
-                PaymentKind::Payment,
-                |force| policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force),
-            )
-            .await?;
-        let Governed { intent, decision, guards, .. } = match governed {
-            Ok(g) => g,
-            Err(replayed) => return Ok(*replayed),
-        };
-        let call = movement(|a: Attempt| {
-            let req = PayoutRequest {
-                idempotency_key: a.key,
-                payment_id: PaymentId::generate(),
-                payout: payout.clone(),
-                principal_sub: p.subject.clone(),
-                principal_user: p.user.clone(),
-                guards: guards.clone(),
-            };
-            let rail = rail.clone();
-            async move { rail.pay_out(req).await }
-        });
-        self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
+        let decide = |force| policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force);
+        let (rail, payout) = (&rail, &payout);
+        self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
+            movement(move |a: Attempt| {
+                let req = PayoutRequest {
+                    idempotency_key: a.key,
+                    payment_id: PaymentId::generate(),
+                    payout: payout.clone(),
+                    principal_sub: p.subject.clone(),
+                    principal_user: p.user.clone(),
+                    guards: t.guards.clone(),
+                };
+                let rail = rail.clone();
+                async move { rail.pay_out(req).await }
+            })
+        })
+        .await
     }
 }
 

@@ -5,10 +5,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admission::{Asked, Governed, Parties, parse_text};
+use super::admission::{Parties, Proposal, Terms, parse_text};
 use super::unit_of_work::{Attempt, Executed, movement};
 use super::{Caller, Gateway};
-use crate::domain::payment::{PaymentKind, RefundRequest};
+use crate::domain::payment::{Payment, PaymentKind, RefundRequest};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::{OperationId, PaymentId};
 use crate::money::Money;
@@ -42,11 +42,9 @@ impl Gateway {
             let reason = parse_text("reason", args.reason.clone())?;
             Ok::<_, AgentError>((op, pid, reason))
         })();
-        let (op, pid, reason) = match parsed {
-            Ok(v) => v,
-            Err(e) => return Err(self.refuse(caller, TOOL, None, e).await),
-        };
+        let (op, pid, reason) = self.or_refuse(caller, TOOL, parsed).await?;
         // The original must be visible to this agent: a payment it cannot see does not exist for it.
+        let not_found = || AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
         let original = match self.backend.payment(&pid).await {
             Ok(Some(pay)) if pay.touches_any(&p.profile.allowed_accounts) => pay,
             Ok(None) => match self.store.rail_get(&pid).await {
@@ -56,15 +54,9 @@ impl Gateway {
                     // A rail payment is given back through its rail: a collection by a reversal.
                     return self.reverse_collection(caller, op, reason, args, r).await;
                 }
-                _ => {
-                    let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
-                    return Err(self.refuse(caller, TOOL, None, e).await);
-                }
+                _ => return Err(self.refuse(caller, TOOL, None, not_found()).await),
             },
-            Ok(_) => {
-                let e = AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
-                return Err(self.refuse(caller, TOOL, None, e).await);
-            }
+            Ok(_) => return Err(self.refuse(caller, TOOL, None, not_found()).await),
             Err(e) => return Err(self.refuse(caller, TOOL, None, AgentError::from(&e)).await),
         };
         let amount = match &args.amount {
@@ -75,56 +67,22 @@ impl Gateway {
             Ok(a) => a,
             Err(_) if args.amount.is_none() => {
                 // Nothing left: perhaps because this very operation refunded it. Its retry replays.
-                let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
-                if let Some(done) = self.recorded_outcome(caller, TOOL, &op, args).await {
-                    return done;
-                }
                 let e = AgentError::invalid(format!("payment {pid} has nothing left to refund"));
-                return Err(self.refuse(caller, TOOL, None, e).await);
+                return self.replay_refund_or(caller, &op, &pid, &reason, e).await;
             }
             Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
         };
-        // Money flows back: from the original payee to the original payer.
-        let (payer, payee) = (&original.to_account, &original.from_account);
-        let asked = Asked {
-            tool: TOOL,
-            op: &op,
-            // An omitted amount fingerprints as "everything", not as today's remaining amount.
-            args: json!({
-                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
-            }),
-            intent: json!({
-                "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
-                "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
-            }),
-        };
-        let governed = self
-            .govern(
-                caller,
-                asked,
-                args.mandate.as_deref(),
-                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: Some(pid.as_str()) },
-                amount,
-                PaymentKind::Refund,
-                |force| policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force),
-            )
-            .await?;
-        let Governed { intent, decision, guards, mandated } = match governed {
-            Ok(g) => g,
-            Err(replayed) => return Ok(*replayed),
-        };
-        // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
-        let autonomous_cap_minor =
-            if mandated { None } else { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() };
-        // An omitted amount means "everything left" to the posting transaction, unless a mandate
-        // pinned the amount a human saw.
-        let explicit_amount = (args.amount.is_some() || mandated).then(|| amount.minor());
-        self.carry_out(
-            caller,
-            self.ledger_strategy(),
-            intent,
-            decision,
-            movement(|a: Attempt| {
+        let proposal = refund_proposal(&op, &original, amount, args.amount.is_some(), &reason, args.mandate.as_deref());
+        let decide = |force| policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force);
+        let (pid, reason, explicit) = (&pid, &reason, args.amount.is_some());
+        self.operate(caller, proposal, decide, self.ledger_strategy(), |t: Terms| {
+            // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
+            let autonomous_cap_minor =
+                if t.mandated { None } else { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() };
+            // An omitted amount means "everything left" to the posting transaction, unless a mandate
+            // pinned the amount a human saw.
+            let explicit_amount = (explicit || t.mandated).then(|| amount.minor());
+            movement(move |a: Attempt| {
                 let req = RefundRequest {
                     idempotency_key: a.key,
                     alias_key: a.alias_key,
@@ -136,14 +94,61 @@ impl Gateway {
                     reason: reason.clone(),
                     principal_sub: p.subject.clone(),
                     principal_user: p.user.clone(),
-                    guards: guards.clone(),
+                    guards: t.guards.clone(),
                     autonomous_cap_minor,
                 };
                 let backend = self.backend.clone();
                 async move { backend.refund(req).await }
-            }),
-        )
+            })
+        })
         .await
+    }
+
+    /// A refund that cannot be made as asked: perhaps because this very operation already made
+    /// it (nothing left, or the collection already reversed). Its retry replays; any other call
+    /// is refused with `refusal`.
+    pub(super) async fn replay_refund_or(
+        &self,
+        caller: &Caller,
+        op: &OperationId,
+        pid: &PaymentId,
+        reason: &Option<String>,
+        refusal: AgentError,
+    ) -> Result<Executed, AgentError> {
+        const TOOL: &str = "refund_payment";
+        let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
+        if let Some(done) = self.recorded_outcome(caller, TOOL, op, args).await {
+            return done;
+        }
+        Err(self.refuse(caller, TOOL, None, refusal).await)
+    }
+}
+
+/// A refund's proposal, the same for a ledger refund and a rail reversal: money flows back from
+/// the original payee to the original payer. An omitted amount fingerprints as "everything", not
+/// as today's remaining amount.
+pub(super) fn refund_proposal<'a>(
+    op: &'a OperationId,
+    original: &'a Payment,
+    amount: Money,
+    explicit: bool,
+    reason: &Option<String>,
+    mandate: Option<&'a str>,
+) -> Proposal<'a> {
+    let pid = &original.id;
+    Proposal {
+        tool: "refund_payment",
+        op,
+        args: json!({"payment_id": pid, "amount_minor": explicit.then(|| amount.minor()), "reason": reason}),
+        shown: json!({"reason": reason}),
+        mandate,
+        parties: Parties {
+            payer: original.to_account.as_str(),
+            payee: original.from_account.as_str(),
+            payment_id: Some(pid.as_str()),
+        },
+        amount,
+        kind: PaymentKind::Refund,
     }
 }
 

@@ -1,13 +1,10 @@
 //! `refund_payment` of a rail collection: reversed through its rail, in full, at most once.
 
-use serde_json::json;
-
-use super::admission::{Asked, Governed, Parties};
-use super::refund::RefundPaymentArgs;
+use super::admission::Terms;
+use super::refund::{RefundPaymentArgs, refund_proposal};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::ReversalRequest;
-use crate::domain::payment::PaymentKind;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::AgentError;
 use crate::ids::{OperationId, PaymentId};
@@ -41,15 +38,11 @@ impl Gateway {
             }
         };
         if rec.flow != RailFlow::Collection || rec.state != RailState::Succeeded || rec.receipt.is_none() {
-            let args = json!({"payment_id": pid, "amount_minor": null, "reason": reason});
-            if let Some(done) = self.recorded_outcome(caller, TOOL, &op, args).await {
-                return done;
-            }
             let e = AgentError::invalid(format!(
                 "payment {pid} is not a succeeded {} collection with a receipt; only those can be reversed",
                 rail.display_name()
             ));
-            return Err(self.refuse(caller, TOOL, None, e).await);
+            return self.replay_refund_or(caller, &op, &pid, &reason, e).await;
         }
         let original = rec.payment();
         let full = Money::from_minor(original.amount_minor, original.currency).map_err(AgentError::from)?;
@@ -68,48 +61,25 @@ impl Gateway {
             }
         }
         let amount = full;
-        // Money flows back: from the rail's account to the customer who paid.
-        let (payer, payee) = (&original.to_account, &original.from_account);
-        let asked = Asked {
-            tool: TOOL,
-            op: &op,
-            args: json!({
-                "payment_id": pid, "amount_minor": args.amount.as_ref().map(|_| amount.minor()), "reason": reason,
-            }),
-            intent: json!({
-                "tool": TOOL, "operation_id": op, "payment_id": pid, "payer": payer, "payee": payee,
-                "amount": amount.to_decimal(), "currency": amount.currency(), "reason": reason,
-            }),
-        };
-        let governed = self
-            .govern(
-                caller,
-                asked,
-                args.mandate.as_deref(),
-                Parties { payer: payer.as_str(), payee: payee.as_str(), payment_id: Some(pid.as_str()) },
-                amount,
-                PaymentKind::Refund,
-                |force| policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force),
-            )
-            .await?;
-        let Governed { intent, decision, guards, .. } = match governed {
-            Ok(g) => g,
-            Err(replayed) => return Ok(*replayed),
-        };
-        let call = movement(|a: Attempt| {
-            let req = ReversalRequest {
-                idempotency_key: a.key,
-                payment_id: PaymentId::generate(),
-                original: rec.clone(),
-                reason: reason.clone(),
-                principal_sub: p.subject.clone(),
-                principal_user: p.user.clone(),
-                guards: guards.clone(),
-            };
-            let rail = rail.clone();
-            async move { rail.reverse(req).await }
-        });
-        self.carry_out(caller, Strategy::ReserveCallSettle, intent, decision, call).await
+        let proposal = refund_proposal(&op, &original, amount, args.amount.is_some(), &reason, args.mandate.as_deref());
+        let decide = |force| policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force);
+        let (rail, rec, reason) = (&rail, &rec, &reason);
+        self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
+            movement(move |a: Attempt| {
+                let req = ReversalRequest {
+                    idempotency_key: a.key,
+                    payment_id: PaymentId::generate(),
+                    original: rec.clone(),
+                    reason: reason.clone(),
+                    principal_sub: p.subject.clone(),
+                    principal_user: p.user.clone(),
+                    guards: t.guards.clone(),
+                };
+                let rail = rail.clone();
+                async move { rail.reverse(req).await }
+            })
+        })
+        .await
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::unit_of_work::{Executed, Intent, Movement, Strategy, UnitOfWork};
+use super::unit_of_work::{Executed, Strategy, UnitOfWork, Work};
 use super::{Caller, Gateway, GatewayLimits};
 use crate::auth::AgentPrincipal;
 use crate::backend::ledger::LedgerBackend;
@@ -56,15 +56,8 @@ impl Recording {
 
 #[async_trait]
 impl UnitOfWork for Recording {
-    async fn run(
-        &self,
-        _gw: &Gateway,
-        _caller: &Caller,
-        strategy: Strategy,
-        intent: Intent,
-        decision: Policy,
-        _movement: Movement<'_>,
-    ) -> Result<Executed, AgentError> {
+    async fn run(&self, _gw: &Gateway, _caller: &Caller, work: Work<'_>) -> Result<Executed, AgentError> {
+        let Work { strategy, intent, decision, .. } = work;
         let decision_label = match &decision {
             Policy::Allow => "allow".to_string(),
             Policy::Deny(e) => format!("deny:{}", e.code.as_str()),

@@ -78,18 +78,19 @@ where
     Box::new(move |attempt| Box::pin(f(attempt)))
 }
 
+/// What an operation hands the unit of work: how its keys are kept, the intent, policy's
+/// decision, and its one call.
+pub(super) struct Work<'a> {
+    pub strategy: Strategy,
+    pub intent: Intent,
+    pub decision: Policy,
+    pub movement: Movement<'a>,
+}
+
 /// The seam the operations call; the real one is [`ExactlyOnce`], unit tests put a fake here.
 #[async_trait]
 pub(super) trait UnitOfWork: Send + Sync {
-    async fn run(
-        &self,
-        gateway: &Gateway,
-        caller: &Caller,
-        strategy: Strategy,
-        intent: Intent,
-        decision: Policy,
-        movement: Movement<'_>,
-    ) -> Result<Executed, AgentError>;
+    async fn run(&self, gateway: &Gateway, caller: &Caller, work: Work<'_>) -> Result<Executed, AgentError>;
 }
 
 /// The unit of work the gateway runs: peek → policy → keys and money → settle.
@@ -97,15 +98,8 @@ pub(super) struct ExactlyOnce;
 
 #[async_trait]
 impl UnitOfWork for ExactlyOnce {
-    async fn run(
-        &self,
-        gw: &Gateway,
-        caller: &Caller,
-        strategy: Strategy,
-        intent: Intent,
-        decision: Policy,
-        movement: Movement<'_>,
-    ) -> Result<Executed, AgentError> {
+    async fn run(&self, gw: &Gateway, caller: &Caller, work: Work<'_>) -> Result<Executed, AgentError> {
+        let Work { strategy, intent, decision, movement } = work;
         let Intent { tool, keys: idem, amount, shown } = intent;
         // 1. An outcome already recorded under the operation's key (or the mandate's) wins over
         //    everything, policy included: a retry must never be judged as a new payment.
@@ -164,18 +158,6 @@ enum KeyState {
 }
 
 impl Gateway {
-    /// Hand one intent to the unit of work.
-    pub(super) async fn carry_out(
-        &self,
-        caller: &Caller,
-        strategy: Strategy,
-        intent: Intent,
-        decision: Policy,
-        movement: Movement<'_>,
-    ) -> Result<Executed, AgentError> {
-        self.work.run(self, caller, strategy, intent, decision, movement).await
-    }
-
     /// The strategy of the payment backend (`create_payment`, `refund_payment`).
     pub(super) fn ledger_strategy(&self) -> Strategy {
         if self.backend.records_in_transaction() { Strategy::ClaimInPosting } else { Strategy::ReserveCallSettle }
