@@ -29,6 +29,21 @@ pub enum ErrorCode {
     BackendUnavailable,
     OutcomeUnknown,
     Internal,
+    // Operators' refusals (the operator API and /approvals; no agent tool answers these).
+    /// No valid credential for the operator resource.
+    Unauthorized,
+    /// Nobody reviews, pre-authorizes or suspends on their own behalf.
+    SelfReview,
+    /// A user confirming an approval past the user's tier: an operator decides it.
+    NotUserApprovable,
+    /// The thing is no longer in a state this action applies to (decided, revoked, reviewed).
+    Conflict,
+    /// The approval has expired.
+    Expired,
+    // What the HTTP framework answers alone, in the same envelope.
+    MethodNotAllowed,
+    Timeout,
+    PayloadTooLarge,
 }
 
 impl ErrorCode {
@@ -52,6 +67,43 @@ impl ErrorCode {
             ErrorCode::BackendUnavailable => "BACKEND_UNAVAILABLE",
             ErrorCode::OutcomeUnknown => "OUTCOME_UNKNOWN",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::Unauthorized => "UNAUTHORIZED",
+            ErrorCode::SelfReview => "SELF_REVIEW",
+            ErrorCode::NotUserApprovable => "NOT_USER_APPROVABLE",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::Expired => "EXPIRED",
+            ErrorCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            ErrorCode::Timeout => "TIMEOUT",
+            ErrorCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+        }
+    }
+
+    /// The HTTP status each code answers with where it is an HTTP answer (the operator API,
+    /// /approvals, the auth layer's refusals): the one table.
+    pub fn http_status(self) -> http::StatusCode {
+        use http::StatusCode as S;
+        match self {
+            ErrorCode::InvalidArgument | ErrorCode::MandateInvalid | ErrorCode::MandateMismatch => S::BAD_REQUEST,
+            ErrorCode::Unauthorized => S::UNAUTHORIZED,
+            ErrorCode::InsufficientScope
+            | ErrorCode::AccountNotAllowed
+            | ErrorCode::SelfReview
+            | ErrorCode::NotUserApprovable
+            | ErrorCode::PrincipalSuspended
+            | ErrorCode::ApprovalRejected => S::FORBIDDEN,
+            ErrorCode::NotFound => S::NOT_FOUND,
+            ErrorCode::Conflict | ErrorCode::IdempotencyConflict | ErrorCode::OperationInProgress => S::CONFLICT,
+            ErrorCode::Expired | ErrorCode::MandateExpired => S::GONE,
+            ErrorCode::ApprovalRequired | ErrorCode::InsufficientFunds | ErrorCode::BudgetExceeded => {
+                S::UNPROCESSABLE_ENTITY
+            }
+            ErrorCode::RateLimited => S::TOO_MANY_REQUESTS,
+            ErrorCode::BackendUnavailable => S::SERVICE_UNAVAILABLE,
+            ErrorCode::OutcomeUnknown => S::GATEWAY_TIMEOUT,
+            ErrorCode::Internal => S::INTERNAL_SERVER_ERROR,
+            ErrorCode::MethodNotAllowed => S::METHOD_NOT_ALLOWED,
+            ErrorCode::Timeout => S::REQUEST_TIMEOUT,
+            ErrorCode::PayloadTooLarge => S::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -76,6 +128,14 @@ impl ErrorCode {
             BackendUnavailable,
             OutcomeUnknown,
             Internal,
+            Unauthorized,
+            SelfReview,
+            NotUserApprovable,
+            Conflict,
+            Expired,
+            MethodNotAllowed,
+            Timeout,
+            PayloadTooLarge,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)
@@ -90,6 +150,7 @@ impl ErrorCode {
                 | ErrorCode::BackendUnavailable
                 | ErrorCode::OutcomeUnknown
                 | ErrorCode::Internal
+                | ErrorCode::Timeout
         )
     }
 
@@ -136,6 +197,14 @@ impl ErrorCode {
             ErrorCode::Internal => {
                 "Something failed inside the gateway. Retry the same call with the same operation_id later."
             }
+            ErrorCode::Unauthorized => "Sign in again: the credential is missing, expired or not for this resource.",
+            ErrorCode::SelfReview => "Another person must do this: nobody acts on their own behalf.",
+            ErrorCode::NotUserApprovable => "An operator must decide this approval: it is past the user's tier.",
+            ErrorCode::Conflict => "It has changed meanwhile (decided, reviewed or revoked): reload it.",
+            ErrorCode::Expired => "The approval has expired: the agent must ask again.",
+            ErrorCode::MethodNotAllowed => "Use a method this route allows (the Allow header names them).",
+            ErrorCode::Timeout => "The request took too long; try again, or ask for less at once.",
+            ErrorCode::PayloadTooLarge => "Send a smaller body.",
         }
     }
 }
@@ -240,5 +309,33 @@ impl From<crate::money::MoneyError> for AgentError {
 impl From<crate::ids::IdError> for AgentError {
     fn from(e: crate::ids::IdError) -> Self {
         AgentError::invalid(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    /// The operator API's documented statuses (docs/operator-api.yaml) come from the one table.
+    #[test]
+    fn every_code_round_trips_and_operator_codes_answer_their_documented_status() {
+        for code in "INVALID_ARGUMENT UNAUTHORIZED INSUFFICIENT_SCOPE SELF_REVIEW NOT_USER_APPROVABLE NOT_FOUND \
+                     CONFLICT EXPIRED RATE_LIMITED INTERNAL METHOD_NOT_ALLOWED TIMEOUT PAYLOAD_TOO_LARGE"
+            .split_whitespace()
+        {
+            let parsed = ErrorCode::parse(code).unwrap_or_else(|| panic!("{code} is not a code"));
+            assert_eq!(parsed.as_str(), code);
+        }
+        let status = |c: ErrorCode| c.http_status().as_u16();
+        assert_eq!(
+            [ErrorCode::InvalidArgument, ErrorCode::Unauthorized, ErrorCode::InsufficientScope, ErrorCode::SelfReview]
+                .map(status),
+            [400, 401, 403, 403]
+        );
+        assert_eq!(
+            [ErrorCode::NotUserApprovable, ErrorCode::NotFound, ErrorCode::Conflict, ErrorCode::Expired].map(status),
+            [403, 404, 409, 410]
+        );
+        assert_eq!([ErrorCode::RateLimited, ErrorCode::Internal, ErrorCode::Timeout].map(status), [429, 500, 408]);
     }
 }

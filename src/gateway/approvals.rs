@@ -29,29 +29,56 @@ pub struct Operator {
     pub correlation_id: String,
 }
 
-/// Operator-side refusals; the HTTP layer maps each to one status.
+/// Operator-side refusals: an [`ErrorCode`] and a sentence; the HTTP layer answers
+/// `code.http_status()` (one table for every code).
 #[derive(Debug, thiserror::Error)]
-pub enum OpError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error("this operator lacks scope {0}")]
-    Forbidden(&'static str),
-    #[error("{0}")]
-    SelfReview(String),
-    #[error("no such approval")]
-    NotFound,
+#[error("{message}")]
+pub struct OpError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        OpError { code, message: message.into() }
+    }
+    pub fn invalid(message: String) -> Self {
+        OpError::new(ErrorCode::InvalidArgument, message)
+    }
+    pub fn forbidden(scope: &'static str) -> Self {
+        OpError::new(ErrorCode::InsufficientScope, format!("this operator lacks scope {scope}"))
+    }
+    pub fn self_review(message: String) -> Self {
+        OpError::new(ErrorCode::SelfReview, message)
+    }
+    pub fn not_found() -> Self {
+        OpError::new(ErrorCode::NotFound, "no such approval")
+    }
     /// No such payment, mandate, … (what is named).
-    #[error("no such {0}")]
-    Missing(&'static str),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Gone(String),
+    pub fn missing(what: &'static str) -> Self {
+        OpError::new(ErrorCode::NotFound, format!("no such {what}"))
+    }
+    pub fn conflict(message: String) -> Self {
+        OpError::new(ErrorCode::Conflict, message)
+    }
+    pub fn gone(message: String) -> Self {
+        OpError::new(ErrorCode::Expired, message)
+    }
     /// A person confirming an approval that is not theirs to confirm (an operator's to decide).
-    #[error("{0}")]
-    NotTheUser(String),
-    #[error("internal error")]
-    Internal,
+    pub fn not_the_user(message: String) -> Self {
+        OpError::new(ErrorCode::NotUserApprovable, message)
+    }
+    pub fn internal() -> Self {
+        OpError::new(ErrorCode::Internal, "internal error")
+    }
+}
+
+/// An agent-side refusal met on the operators' side (a cursor, a page limit, a time window): the
+/// same code and sentence.
+impl From<AgentError> for OpError {
+    fn from(e: AgentError) -> Self {
+        OpError { code: e.code, message: e.message }
+    }
 }
 
 /// An approval as operators and the requesting agent see it.

@@ -66,7 +66,7 @@ fn encode_key_cursor(at: UnixSecs, id: &str) -> String {
 fn decode_key_cursor(cursor: Option<&str>) -> Result<Option<(UnixSecs, String)>, OpError> {
     use base64::Engine;
     let Some(c) = cursor else { return Ok(None) };
-    let bad = || OpError::Invalid("cursor is not one this server issued; pass next_cursor back unchanged".into());
+    let bad = || OpError::invalid("cursor is not one this server issued; pass next_cursor back unchanged".into());
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).map_err(|_| bad())?;
     let text = String::from_utf8(raw).map_err(|_| bad())?;
     let (at, id) = text.strip_prefix("k1:").and_then(|s| s.split_once(':')).ok_or_else(bad)?;
@@ -97,7 +97,7 @@ fn page_of<R, V>(
 fn internal(what: &'static str) -> impl Fn(StoreError) -> OpError {
     move |error| {
         tracing::error!(%error, "{what} failed");
-        OpError::Internal
+        OpError::internal()
     }
 }
 
@@ -108,7 +108,7 @@ fn filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError> {
     match v {
         Some(s) if s.is_empty() => Ok(None),
         Some(s) if s.chars().count() > FILTER_CHARS_MAX => {
-            Err(OpError::Invalid(format!("{name} is longer than {FILTER_CHARS_MAX} characters")))
+            Err(OpError::invalid(format!("{name} is longer than {FILTER_CHARS_MAX} characters")))
         }
         other => Ok(other),
     }
@@ -118,7 +118,7 @@ fn filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError> {
 fn typed_filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError> {
     match v {
         Some(s) if s.is_empty() => {
-            Err(OpError::Invalid(format!("{name} must not be empty (leave it out for every {name})")))
+            Err(OpError::invalid(format!("{name} must not be empty (leave it out for every {name})")))
         }
         other => filter(name, other),
     }
@@ -127,16 +127,16 @@ fn typed_filter(name: &str, v: Option<String>) -> Result<Option<String>, OpError
 /// `from` / `to`: an instant or a date; unlike the text filters, empty is not "no filter" but a
 /// malformed value (the spec's `format`).
 fn instant(name: &str, v: Option<String>, end_of_day: bool) -> Result<Option<UnixSecs>, OpError> {
-    v.map(|s| parse_instant(name, &s, end_of_day).map_err(|e| OpError::Invalid(e.message))).transpose()
+    v.map(|s| parse_instant(name, &s, end_of_day).map_err(OpError::from)).transpose()
 }
 
 impl Gateway {
     fn require_op(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
-        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::Forbidden(any_of[0])) }
+        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
     }
 
     fn op_page_limit(&self, limit: Option<u32>) -> Result<u32, OpError> {
-        self.page_limit(limit).map_err(|e| OpError::Invalid(e.message))
+        self.page_limit(limit).map_err(OpError::from)
     }
 
     /// Every payment the gateway knows, newest first.
@@ -149,16 +149,16 @@ impl Gateway {
     ) -> Result<(Vec<OpsPaymentView>, Option<String>), OpError> {
         self.require_op(op, &[scopes::AUDIT])?;
         let account = typed_filter("account", f.account)?
-            .map(|a| AccountId::parse(&a).map_err(|_| OpError::Invalid(format!("no account can be named {a:?}"))))
+            .map(|a| AccountId::parse(&a).map_err(|_| OpError::invalid(format!("no account can be named {a:?}"))))
             .transpose()?;
         let status = typed_filter("status", f.status)?
             .map(|s| {
                 PaymentStatus::parse(&s)
-                    .ok_or_else(|| OpError::Invalid("status must be succeeded, pending or failed".into()))
+                    .ok_or_else(|| OpError::invalid("status must be succeeded, pending or failed".into()))
             })
             .transpose()?;
         let kind = typed_filter("kind", f.kind)?
-            .map(|k| PaymentKind::parse(&k).ok_or_else(|| OpError::Invalid("kind must be payment or refund".into())))
+            .map(|k| PaymentKind::parse(&k).ok_or_else(|| OpError::invalid("kind must be payment or refund".into())))
             .transpose()?;
         let limit = self.op_page_limit(limit)?;
         let q = OpsPaymentQuery {
@@ -181,9 +181,9 @@ impl Gateway {
     /// idempotency keys, the approval and its reviews, the mandate, the payment, receipts, refunds.
     pub async fn ops_payment(&self, op: &Operator, payment_id: &str) -> Result<PaymentDetail, OpError> {
         self.require_op(op, &[scopes::AUDIT])?;
-        let id = PaymentId::parse(payment_id).map_err(|_| OpError::Missing("payment"))?;
+        let id = PaymentId::parse(payment_id).map_err(|_| OpError::missing("payment"))?;
         let p = self.store.ops_payment(&id).await.map_err(internal("payment read"))?;
-        let p = p.ok_or(OpError::Missing("payment"))?;
+        let p = p.ok_or(OpError::missing("payment"))?;
         let mut keys = vec![p.idempotency_key.clone()];
         let mut approvals = self.store.approvals_for_keys(keys.clone()).await.map_err(internal("approval lookup"))?;
         // A mandated payment's key is anchored on its mandate; the approval that issued it was
@@ -230,7 +230,7 @@ impl Gateway {
             idempotency_key: None,
             from: instant("from", f.from, false)?,
             to: instant("to", f.to, true)?,
-            before_seq: super::decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?,
+            before_seq: super::decode_cursor(cursor).map_err(OpError::from)?,
             limit: limit + 1,
         };
         let rows = self.store.audit_query(q).await.map_err(internal("audit search"))?;
@@ -250,7 +250,7 @@ impl Gateway {
             match typed_filter("status", status)?.as_deref() {
                 None | Some("all") => None,
                 Some(s) => Some(MandateStatus::parse(s).ok_or_else(|| {
-                    OpError::Invalid("status must be active, revoked, used_up, expired or all".into())
+                    OpError::invalid("status must be active, revoked, used_up, expired or all".into())
                 })?),
             };
         let limit = self.op_page_limit(limit)?;
@@ -268,13 +268,13 @@ impl Gateway {
     ) -> Result<MandateView, OpError> {
         self.require_op(op, &[scopes::APPROVE])?;
         if mandate_id.is_empty() || mandate_id.len() > 128 {
-            return Err(OpError::Missing("mandate"));
+            return Err(OpError::missing("mandate"));
         }
         let m = self.store.mandate_get(mandate_id, self.clock.now()).await.map_err(internal("mandate read"))?;
-        let m = m.ok_or(OpError::Missing("mandate"))?;
+        let m = m.ok_or(OpError::missing("mandate"))?;
         self.revoke(op, &m.approval_id, reason).await?;
         let m = self.store.mandate_get(mandate_id, self.clock.now()).await.map_err(internal("mandate read"))?;
-        Ok(mandate_view(m.ok_or(OpError::Missing("mandate"))?))
+        Ok(mandate_view(m.ok_or(OpError::missing("mandate"))?))
     }
 
     /// Agents seen in the last week and every subject with stop-rule state, suspended first.
@@ -421,7 +421,7 @@ impl Gateway {
         self.require_op(op, &[scopes::ADMIN])?;
         let report: ReconcileReport = self.reconcile(None).await.map_err(|error| {
             tracing::error!(%error, "reconciliation failed");
-            OpError::Internal
+            OpError::internal()
         })?;
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, reconcile_decision(&report)).await;
         Ok(ReconciliationRun {

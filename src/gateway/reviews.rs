@@ -94,11 +94,11 @@ pub const ISSUER_BYTES_MAX: usize = 512;
 /// (400); longer than any token's (in UTF-8 bytes) names no agent at all (404).
 fn named(field: &str, value: &str, bytes_max: usize) -> Result<(), OpError> {
     if value.is_empty() || value.chars().any(char::is_control) {
-        return Err(OpError::Invalid(format!("{field} must be non-empty, without control characters")));
+        return Err(OpError::invalid(format!("{field} must be non-empty, without control characters")));
     }
     if value.len() > bytes_max {
         // "no such agent": a token's subject, user or issuer is never this long.
-        return Err(OpError::Missing("agent (no token carries a name this long)"));
+        return Err(OpError::missing("agent (no token carries a name this long)"));
     }
     Ok(())
 }
@@ -108,7 +108,7 @@ fn named(field: &str, value: &str, bytes_max: usize) -> Result<(), OpError> {
 fn reason_text(reason: Option<String>) -> Result<Option<String>, OpError> {
     match reason {
         Some(r) if r.chars().count() > REASON_CHARS_MAX => {
-            Err(OpError::Invalid(format!("reason is at most {REASON_CHARS_MAX} characters")))
+            Err(OpError::invalid(format!("reason is at most {REASON_CHARS_MAX} characters")))
         }
         r => Ok(r),
     }
@@ -122,7 +122,7 @@ pub const REASON_CHARS_MAX: usize = 500;
 
 impl Gateway {
     fn require(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
-        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::Forbidden(any_of[0])) }
+        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
     }
 
     pub async fn list_approvals(
@@ -136,27 +136,27 @@ impl Gateway {
         if let Some(s) = status
             && ApprovalStatus::parse(s).is_none()
         {
-            return Err(OpError::Invalid("status must be pending, approved, rejected or expired".into()));
+            return Err(OpError::invalid("status must be pending, approved, rejected or expired".into()));
         }
-        let before = decode_cursor(cursor).map_err(|e| OpError::Invalid(e.message))?;
-        let limit = self.page_limit(limit).map_err(|e| OpError::Invalid(e.message))?;
+        let before = decode_cursor(cursor).map_err(OpError::from)?;
+        let limit = self.page_limit(limit).map_err(OpError::from)?;
         let now = self.clock.now();
         let page = self.store.approval_list(status, before, limit, now).await.map_err(|error| {
             tracing::error!(%error, "approval list failed");
-            OpError::Internal
+            OpError::internal()
         })?;
         Ok((page.items.iter().map(|(_, a)| self.view(a, now, false)).collect(), page.next_cursor.map(encode_cursor)))
     }
 
     pub async fn approval(&self, op: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
-        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         match self.store.approval_get(&id).await {
             Ok(Some(a)) => Ok(self.view(&a, self.clock.now(), false)),
-            Ok(None) => Err(OpError::NotFound),
+            Ok(None) => Err(OpError::not_found()),
             Err(error) => {
                 tracing::error!(%error, "approval read failed");
-                Err(OpError::Internal)
+                Err(OpError::internal())
             }
         }
     }
@@ -172,7 +172,7 @@ impl Gateway {
         self.require(op, &[scopes::APPROVE])?;
         let reason = reason_text(reason)?;
         if decision == ReviewDecision::Reject && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
-            return Err(OpError::Invalid("a rejection needs a reason".into()));
+            return Err(OpError::invalid("a rejection needs a reason".into()));
         }
         self.decide(op, approval_id, decision, reason, false).await
     }
@@ -196,7 +196,7 @@ impl Gateway {
     ) -> Result<ApprovalView, OpError> {
         let a = self.users_own(person, approval_id).await?;
         if a.approver != Approver::User {
-            return Err(OpError::NotTheUser(
+            return Err(OpError::not_the_user(
                 "this payment is over your own approval limit: an operator decides it".into(),
             ));
         }
@@ -208,7 +208,7 @@ impl Gateway {
 
     async fn users_own(&self, person: &Operator, approval_id: &str) -> Result<ApprovalRecord, OpError> {
         self.require(person, &[scopes::CONFIRM])?;
-        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         match self.store.approval_get(&id).await {
             // Someone else's approval does not exist for this person, and neither does one the agent
             // asked for on its own (there is no person to confirm it: an operator decides).
@@ -217,10 +217,10 @@ impl Gateway {
             {
                 Ok(a)
             }
-            Ok(_) => Err(OpError::NotFound),
+            Ok(_) => Err(OpError::not_found()),
             Err(error) => {
                 tracing::error!(%error, "approval read failed");
-                Err(OpError::Internal)
+                Err(OpError::internal())
             }
         }
     }
@@ -234,7 +234,7 @@ impl Gateway {
         reason: Option<String>,
         as_user: bool,
     ) -> Result<ApprovalView, OpError> {
-        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         let now = self.clock.now();
         let review = Review {
             reviewer_iss: op.issuer.clone(),
@@ -256,17 +256,17 @@ impl Gateway {
             Ok(a) => (Ok(self.view(&a, now, false)), None),
             Err(e) => {
                 let mapped = match &e {
-                    ReviewError::NotFound => OpError::NotFound,
-                    ReviewError::Terminal(s) => OpError::Conflict(format!("the approval is already {s}")),
-                    ReviewError::Expired => OpError::Gone("the approval has expired".into()),
+                    ReviewError::NotFound => OpError::not_found(),
+                    ReviewError::Terminal(s) => OpError::conflict(format!("the approval is already {s}")),
+                    ReviewError::Expired => OpError::gone("the approval has expired".into()),
                     ReviewError::SelfReview => {
-                        OpError::SelfReview("the agent a payment is for cannot review it".into())
+                        OpError::self_review("the agent a payment is for cannot review it".into())
                     }
-                    ReviewError::AlreadyReviewed => OpError::Conflict("this reviewer has already reviewed it".into()),
-                    ReviewError::NotTheUser => OpError::NotTheUser(e.to_string()),
+                    ReviewError::AlreadyReviewed => OpError::conflict("this reviewer has already reviewed it".into()),
+                    ReviewError::NotTheUser => OpError::not_the_user(e.to_string()),
                     ReviewError::Mandate(_) | ReviewError::Store(_) => {
                         tracing::error!(error = %e, "approval review failed");
-                        OpError::Internal
+                        OpError::internal()
                     }
                 };
                 (Err(mapped), Some(e.to_string()))
@@ -294,7 +294,7 @@ impl Gateway {
     /// creator's own approval counts once; a higher tier still needs other reviewers.
     pub async fn preauthorize(&self, op: &Operator, args: PreauthorizeArgs) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::APPROVE])?;
-        let bad = |m: String| OpError::Invalid(m);
+        let bad = |m: String| OpError::invalid(m);
         let currency = Currency::parse(&args.currency).map_err(|e| bad(e.to_string()))?;
         let account = |field: &str, v: &Option<String>| -> Result<Option<AccountId>, OpError> {
             v.as_deref()
@@ -315,7 +315,7 @@ impl Gateway {
         // an agent acting for them (the review below would refuse, and the pending approval would be
         // left for a colleague).
         if acts_on_itself(&op.subject, Target { agent: &args.subject, user: args.user.as_deref() }) {
-            return Err(OpError::SelfReview("an operator cannot pre-authorize a mandate for themself".into()));
+            return Err(OpError::self_review("an operator cannot pre-authorize a mandate for themself".into()));
         }
         let now = self.clock.now();
         let payer = account("payer", &args.payer)?;
@@ -389,7 +389,7 @@ impl Gateway {
         };
         self.store.approval_insert(rec).await.map_err(|error| {
             tracing::error!(%error, "approval insert failed");
-            OpError::Internal
+            OpError::internal()
         })?;
         let mut d = Decision::new("approvals.preauthorize", "created");
         d.approval_id = Some(id.as_str());
@@ -417,19 +417,19 @@ impl Gateway {
         reason: Option<String>,
     ) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::APPROVE])?;
-        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::NotFound)?;
+        let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         let now = self.clock.now();
         let internal = |error: crate::store::StoreError| {
             tracing::error!(%error, "mandate revocation failed");
-            OpError::Internal
+            OpError::internal()
         };
-        let rec = self.store.approval_get(&id).await.map_err(internal)?.ok_or(OpError::NotFound)?;
+        let rec = self.store.approval_get(&id).await.map_err(internal)?.ok_or(OpError::not_found())?;
         if rec.mandate_id.is_none() {
-            return Err(OpError::Conflict(format!("the approval is {} and issued no mandate", rec.status_at(now))));
+            return Err(OpError::conflict(format!("the approval is {} and issued no mandate", rec.status_at(now))));
         }
         let revoked = self.store.mandate_revoke(&id, &op.subject, now).await.map_err(internal)?;
         let Some(mandate_id) = revoked else {
-            return Err(OpError::Conflict("its mandate is already revoked".into()));
+            return Err(OpError::conflict("its mandate is already revoked".into()));
         };
         let reason = reason_text(reason)?;
         let mut d = Decision::new("mandates.revoke", "revoked");
@@ -461,7 +461,7 @@ impl Gateway {
         };
         let newly = self.store.suspend(issuer, &who.subject, &scope, &why, now).await.map_err(|error| {
             tracing::error!(%error, "suspend failed");
-            OpError::Internal
+            OpError::internal()
         })?;
         let mut d = Decision::new("principals.suspend", if newly { "suspended" } else { "already_suspended" });
         d.detail = Some(who.describe(issuer));
@@ -478,7 +478,7 @@ impl Gateway {
         let resumed =
             self.store.resume(issuer, &who.subject, who.user.as_deref(), self.clock.now()).await.map_err(|error| {
                 tracing::error!(%error, "resume failed");
-                OpError::Internal
+                OpError::internal()
             })?;
         self.forget_suspended();
         let mut d = Decision::new("principals.resume", if resumed { "resumed" } else { "not_suspended" });
@@ -489,7 +489,7 @@ impl Gateway {
 
     fn not_itself(&self, op: &Operator, who: &PrincipalArgs) -> Result<(), OpError> {
         if acts_on_itself(&op.subject, Target { agent: &who.subject, user: who.user.as_deref() }) {
-            return Err(OpError::SelfReview(
+            return Err(OpError::self_review(
                 "no one suspends or resumes themself, nor an agent acting for them".into(),
             ));
         }

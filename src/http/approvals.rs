@@ -13,29 +13,27 @@ use super::AppState;
 use super::auth_layer::{bearer_challenge, bearer_token};
 use crate::auth::{Audience, AuthError};
 use crate::catalogue::scopes::OPERATOR_SCOPES;
+use crate::error::ErrorCode;
 use crate::gateway::approvals_api::OpError;
 use crate::gateway::{CorrelationId, Operator, PreauthorizeArgs, PrincipalArgs, ReviewDecision};
 
 /// Body size of operator requests, in bytes: they are small JSON documents.
 pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
 
-pub(super) fn envelope(status: StatusCode, code: &str, message: &str, correlation_id: &str) -> Response {
-    (status, Json(json!({"error": {"code": code, "message": message, "correlation_id": correlation_id}})))
-        .into_response()
+/// The operators' error envelope, answered with `status` (what the framework chose, or
+/// [`ErrorCode::http_status`] by way of [`refusal`]).
+pub(super) fn envelope(status: StatusCode, code: ErrorCode, message: &str, correlation_id: &str) -> Response {
+    let body = json!({"error": {"code": code.as_str(), "message": message, "correlation_id": correlation_id}});
+    (status, Json(body)).into_response()
+}
+
+/// A refusal in the envelope, with its code's status (the one table).
+pub(super) fn refusal(code: ErrorCode, message: &str, correlation_id: &str) -> Response {
+    envelope(code.http_status(), code, message, correlation_id)
 }
 
 fn op_error(e: OpError, correlation_id: &str) -> Response {
-    let (status, code) = match &e {
-        OpError::Invalid(_) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
-        OpError::Forbidden(_) => (StatusCode::FORBIDDEN, "INSUFFICIENT_SCOPE"),
-        OpError::SelfReview(_) => (StatusCode::FORBIDDEN, "SELF_REVIEW"),
-        OpError::NotTheUser(_) => (StatusCode::FORBIDDEN, "NOT_USER_APPROVABLE"),
-        OpError::NotFound | OpError::Missing(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
-        OpError::Conflict(_) => (StatusCode::CONFLICT, "CONFLICT"),
-        OpError::Gone(_) => (StatusCode::GONE, "EXPIRED"),
-        OpError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
-    };
-    envelope(status, code, &e.to_string(), correlation_id)
+    refusal(e.code, &e.message, correlation_id)
 }
 
 /// The authenticated, rate-limited operator behind a request: only a token for the operator
@@ -74,8 +72,7 @@ impl FromRequestParts<AppState> for Authed {
             state.route_limits.check(&format!("{}\u{0}{}", claims.issuer, claims.subject), state.routes_per_minute)
         {
             let secs = crate::rate::retry_after_secs(wait);
-            let mut resp =
-                envelope(StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED", "too many requests", &correlation_id);
+            let mut resp = refusal(ErrorCode::RateLimited, "too many requests", &correlation_id);
             if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }
@@ -131,8 +128,7 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + Default>(
     if bytes.is_empty() {
         return Ok(T::default());
     }
-    let bad =
-        |message: String| Box::new(envelope(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message, correlation_id));
+    let bad = |message: String| Box::new(refusal(ErrorCode::InvalidArgument, &message, correlation_id));
     // An object only: serde would also read a struct from a JSON array (`["why"]`).
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
     if !value.is_object() {
@@ -147,12 +143,7 @@ pub async fn list(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Ok(Query(q)) = query else {
-        return envelope(
-            StatusCode::BAD_REQUEST,
-            "INVALID_ARGUMENT",
-            "unknown or malformed query parameter",
-            &op.correlation_id,
-        );
+        return refusal(ErrorCode::InvalidArgument, "unknown or malformed query parameter", &op.correlation_id);
     };
     let result = state
         .gateway
@@ -241,12 +232,7 @@ pub async fn preauthorize(State(state): State<AppState>, Authed(op): Authed, bod
     let args: PreauthorizeArgs = match serde_json::from_slice(&body) {
         Ok(a) => a,
         Err(e) => {
-            return envelope(
-                StatusCode::BAD_REQUEST,
-                "INVALID_ARGUMENT",
-                &format!("invalid JSON body: {e}"),
-                &op.correlation_id,
-            );
+            return refusal(ErrorCode::InvalidArgument, &format!("invalid JSON body: {e}"), &op.correlation_id);
         }
     };
     respond(state.gateway.preauthorize(&op, args).await, &op.correlation_id, StatusCode::CREATED)
@@ -282,9 +268,8 @@ fn principal_args(
     correlation_id: &str,
 ) -> Result<PrincipalArgs, Box<Response>> {
     let Ok(Query(q)) = q else {
-        return Err(Box::new(envelope(
-            StatusCode::BAD_REQUEST,
-            "INVALID_ARGUMENT",
+        return Err(Box::new(refusal(
+            ErrorCode::InvalidArgument,
             "unknown or malformed query parameter (issuer and user are known)",
             correlation_id,
         )));

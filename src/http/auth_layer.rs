@@ -89,7 +89,11 @@ pub fn bearer_challenge(
             (status, axum::Json(body)).into_response()
         }
         Audience::Operator => {
-            let code = if status == StatusCode::FORBIDDEN { "INSUFFICIENT_SCOPE" } else { "UNAUTHORIZED" };
+            let code = if status == StatusCode::FORBIDDEN {
+                crate::error::ErrorCode::InsufficientScope
+            } else {
+                crate::error::ErrorCode::Unauthorized
+            };
             super::approvals::envelope(status, code, description, correlation_id)
         }
     };

@@ -8,13 +8,14 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::approvals::{Authed, ReviewBody, envelope, parse_body, respond};
+use super::approvals::{Authed, ReviewBody, parse_body, refusal, respond};
+use crate::error::ErrorCode;
 use crate::gateway::{AuditFilters, PaymentFilters};
 
 type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
 
 fn bad_query(correlation_id: &str) -> Response {
-    envelope(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "unknown or malformed query parameter", correlation_id)
+    refusal(ErrorCode::InvalidArgument, "unknown or malformed query parameter", correlation_id)
 }
 
 /// `cursor=` (empty) is the first page, as no cursor at all.
@@ -168,13 +169,13 @@ pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Ne
         return resp;
     }
     let (code, message) = match status {
-        StatusCode::NOT_FOUND => ("NOT_FOUND", "no such operator route"),
-        StatusCode::METHOD_NOT_ALLOWED => ("METHOD_NOT_ALLOWED", "method not allowed on this route"),
-        StatusCode::REQUEST_TIMEOUT => ("TIMEOUT", "the request took longer than server.request_timeout_ms"),
-        StatusCode::PAYLOAD_TOO_LARGE => ("PAYLOAD_TOO_LARGE", "the body is larger than 16 KiB"),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("INVALID_ARGUMENT", "the body must be JSON"),
-        s if s.is_server_error() => ("INTERNAL", "internal error"),
-        _ => ("INVALID_ARGUMENT", "malformed request"),
+        StatusCode::NOT_FOUND => (ErrorCode::NotFound, "no such operator route"),
+        StatusCode::METHOD_NOT_ALLOWED => (ErrorCode::MethodNotAllowed, "method not allowed on this route"),
+        StatusCode::REQUEST_TIMEOUT => (ErrorCode::Timeout, "the request took longer than server.request_timeout_ms"),
+        StatusCode::PAYLOAD_TOO_LARGE => (ErrorCode::PayloadTooLarge, "the body is larger than 16 KiB"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (ErrorCode::InvalidArgument, "the body must be JSON"),
+        s if s.is_server_error() => (ErrorCode::Internal, "internal error"),
+        _ => (ErrorCode::InvalidArgument, "malformed request"),
     };
     let mut out = super::approvals::envelope(status, code, message, &correlation_id);
     // Keep what the client needs beyond the body (Allow on a 405, Retry-After).
