@@ -25,7 +25,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState};
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState, ToolCallContext};
 use rmcp::model::{
     CallToolResponse, CallToolResult, CustomNotification, ElicitRequest, ElicitRequestParams, ErrorCode as RpcCode,
     InputRequest, InputRequests, InputRequiredResult, JsonObject, ProtocolVersion, ServerNotification,
@@ -66,8 +67,18 @@ pub(super) struct Round {
     span: tracing::Span,
 }
 
+/// A money tool's round, from its call: what the client declared, its session, and the state and
+/// answers of a previous round (2026-07-28).
+impl<S> FromContextPart<ToolCallContext<'_, S>> for Round {
+    fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
+        let state = RequestState::from_context_part(context)?;
+        let responses = ToolInputResponses::from_context_part(context)?;
+        Ok(Round::new(&context.request_context, state, responses))
+    }
+}
+
 impl Round {
-    pub(super) fn new(ctx: &RequestContext<RoleServer>, state: RequestState, responses: ToolInputResponses) -> Self {
+    fn new(ctx: &RequestContext<RoleServer>, state: RequestState, responses: ToolInputResponses) -> Self {
         let url = ctx.client_capabilities().and_then(|c| c.elicitation).is_some_and(|e| e.url.is_some());
         let modern = ctx.protocol_version().is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
         let parts = ctx.extensions.get::<http::request::Parts>();

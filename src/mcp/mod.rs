@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use rmcp::handler::server::common::{AsRequestContext, FromContextPart, schema_for_output, schema_for_type};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState};
 use rmcp::model::{
     CallToolResponse, CallToolResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
     JsonObject, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams, Prompt,
@@ -225,49 +224,42 @@ fn annotations(spec: &'static crate::catalogue::ToolSpec) -> rmcp::model::ToolAn
 #[tool_router]
 impl PaygateMcp {
     #[tool(
-        name = "get_balance",
         output_schema = result_schema::<BalanceView>(),
         description = "Current balance of one of your accounts. Needs scope payments:read.",
         input_schema = schema_for_type::<AccountArgs>()
     )]
     async fn get_balance(&self, caller: Caller, args: JsonObject) -> Result<Json<BalanceView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_balance");
-        self.gateway.admit(&caller, "get_balance").await.map_err(|e| fail(&caller, e))?;
-        let a: AccountArgs = parse(&caller, args)?;
-        let b = self.gateway.get_balance(&caller, &a.account_id).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(b.into()))
+        self.read(&caller, "get_balance", args, async |gw, c, a: AccountArgs| {
+            gw.get_balance(c, &a.account_id).await.map(BalanceView::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "get_payment",
         output_schema = result_schema::<PaymentView>(),
         description = "One payment or refund by id, if it touches one of your accounts. Needs scope payments:read.",
         input_schema = schema_for_type::<PaymentIdArgs>()
     )]
     async fn get_payment(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_payment");
-        self.gateway.admit(&caller, "get_payment").await.map_err(|e| fail(&caller, e))?;
-        let a: PaymentIdArgs = parse(&caller, args)?;
-        let (p, receipt) = self.gateway.get_payment(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(PaymentView::with_receipt(&p, receipt)))
+        self.read(&caller, "get_payment", args, async |gw, c, a: PaymentIdArgs| {
+            gw.get_payment(c, &a.payment_id).await.map(|(p, receipt)| PaymentView::with_receipt(&p, receipt))
+        })
+        .await
     }
 
     #[tool(
-        name = "list_payments",
         output_schema = result_schema::<PaymentList>(),
         description = "Payments touching your accounts, newest first, paginated (limit ≤ 100). Needs scope payments:read.",
         input_schema = schema_for_type::<ListPaymentsArgs>()
     )]
     async fn list_payments(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentList>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "list_payments");
-        self.gateway.admit(&caller, "list_payments").await.map_err(|e| fail(&caller, e))?;
-        let a: ListPaymentsArgs = parse(&caller, args)?;
-        let page = self.gateway.list_payments(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(page.into()))
+        self.read(&caller, "list_payments", args, async |gw, c, a: ListPaymentsArgs| {
+            gw.list_payments(c, a).await.map(PaymentList::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "get_account_ledger",
         output_schema = result_schema::<AccountLedger>(),
         description = "Postings of one of your accounts, newest first, paginated (limit ≤ 100). Needs scope payments:read.",
         input_schema = schema_for_type::<AccountLedgerArgs>()
@@ -277,20 +269,16 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<AccountLedger>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_account_ledger");
-        self.gateway.admit(&caller, "get_account_ledger").await.map_err(|e| fail(&caller, e))?;
-        let a: AccountLedgerArgs = parse(&caller, args)?;
-        let account_id = a.account_id.clone();
-        let page = self.gateway.get_account_ledger(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(AccountLedger {
-            account_id,
-            entries: page.items.iter().map(Into::into).collect(),
-            next_cursor: cursor(page.next_cursor),
-        }))
+        self.read(&caller, "get_account_ledger", args, async |gw, c, a: AccountLedgerArgs| {
+            let account_id = a.account_id.clone();
+            let page = gw.get_account_ledger(c, a).await?;
+            let entries = page.items.iter().map(Into::into).collect();
+            Ok(AccountLedger { account_id, entries, next_cursor: cursor(page.next_cursor) })
+        })
+        .await
     }
 
     #[tool(
-        name = "create_payment",
         output_schema = result_schema::<PaymentResult>(),
         description = "Move money between two of your accounts, exactly once per operation_id. Over your autonomous \
                        limit it returns APPROVAL_REQUIRED with an approval_id and moves nothing. Needs scope payments:create.",
@@ -299,13 +287,10 @@ impl PaygateMcp {
     async fn create_payment(
         &self,
         caller: Caller,
-        ctx: RequestContext<RoleServer>,
-        state: RequestState,
-        responses: ToolInputResponses,
+        round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
-        let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "create_payment", args, |args| async move {
             gateway.create_payment(c, parse_args::<CreatePaymentArgs>(args)?).await
         })
@@ -313,7 +298,6 @@ impl PaygateMcp {
     }
 
     #[tool(
-        name = "refund_payment",
         output_schema = result_schema::<PaymentResult>(),
         description = "Refund all or part of a succeeded payment, exactly once per operation_id. An M-Pesa collection \
                        is reversed through M-Pesa, in full, once (pending until M-Pesa posts the result). Needs \
@@ -323,13 +307,10 @@ impl PaygateMcp {
     async fn refund_payment(
         &self,
         caller: Caller,
-        ctx: RequestContext<RoleServer>,
-        state: RequestState,
-        responses: ToolInputResponses,
+        round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
-        let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "refund_payment", args, |args| async move {
             gateway.refund_payment(c, parse_args::<RefundPaymentArgs>(args)?).await
         })
@@ -337,22 +318,19 @@ impl PaygateMcp {
     }
 
     #[tool(
-        name = "get_approval",
         output_schema = result_schema::<ApprovalView>(),
         description = "Status of one of your approvals; once approved, the signed mandate to pass as `mandate` to \
                        create_payment or refund_payment. Needs scope payments:read.",
         input_schema = schema_for_type::<ApprovalIdArgs>()
     )]
     async fn get_approval(&self, caller: Caller, args: JsonObject) -> Result<Json<ApprovalView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_approval");
-        self.gateway.admit(&caller, "get_approval").await.map_err(|e| fail(&caller, e))?;
-        let a: ApprovalIdArgs = parse(&caller, args)?;
-        let v = self.gateway.get_approval(&caller, &a.approval_id).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(v))
+        self.read(&caller, "get_approval", args, async |gw, c, a: ApprovalIdArgs| {
+            gw.get_approval(c, &a.approval_id).await
+        })
+        .await
     }
 
     #[tool(
-        name = "check_ledger_integrity",
         output_schema = result_schema::<IntegrityView>(),
         description = "Verify the ledger: postings sum to zero per currency and every balance equals its postings. \
                        Incremental from the last verified checkpoint (fast); full = true reads every posting. \
@@ -364,15 +342,13 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<IntegrityView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "check_ledger_integrity");
-        self.gateway.admit(&caller, "check_ledger_integrity").await.map_err(|e| fail(&caller, e))?;
-        let a: IntegrityArgs = parse(&caller, args)?;
-        let r = self.gateway.check_ledger_integrity(&caller, a.full).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(r.into()))
+        self.read(&caller, "check_ledger_integrity", args, async |gw, c, a: IntegrityArgs| {
+            gw.check_ledger_integrity(c, a.full).await.map(IntegrityView::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "request_mpesa_payment",
         output_schema = result_schema::<PaymentResult>(),
         description = "Ask a customer to pay over M-Pesa: their phone shows a PIN prompt (STK push). Returns the \
                        payment as pending; it settles when the customer answers (check with get_payment). Exactly \
@@ -383,16 +359,13 @@ impl PaygateMcp {
     async fn request_mpesa_payment(
         &self,
         caller: Caller,
-        ctx: RequestContext<RoleServer>,
-        state: RequestState,
-        responses: ToolInputResponses,
+        round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.collect(caller, elicitation::Round::new(&ctx, state, responses), args).await
+        self.collect(caller, round, args).await
     }
 
     #[tool(
-        name = "request_airtel_payment",
         output_schema = result_schema::<PaymentResult>(),
         description = "Ask a customer to pay over Airtel Money (Kenya, KES): their Airtel phone shows a PIN \
                        prompt. phone_number is an Airtel Kenya number (073…, 075…, 078…, 010…). Returns the \
@@ -404,13 +377,10 @@ impl PaygateMcp {
     async fn request_airtel_payment(
         &self,
         caller: Caller,
-        ctx: RequestContext<RoleServer>,
-        state: RequestState,
-        responses: ToolInputResponses,
+        round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
-        let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "request_airtel_payment", args, |args| async move {
             let a = parse_args::<RequestMpesaPaymentArgs>(args)?;
             gateway.request_collection(c, "request_airtel_payment", crate::backend::airtel::RAIL, a).await
@@ -419,7 +389,6 @@ impl PaygateMcp {
     }
 
     #[tool(
-        name = "initiate_stk_push",
         output_schema = result_schema::<PaymentResult>(),
         description = "Alias of request_mpesa_payment (the M-Pesa MCP server's name): the same STK push, arguments \
                        and result. Both names are one tool: the same operation_id is one payment and one prompt \
@@ -429,16 +398,13 @@ impl PaygateMcp {
     async fn initiate_stk_push(
         &self,
         caller: Caller,
-        ctx: RequestContext<RoleServer>,
-        state: RequestState,
-        responses: ToolInputResponses,
+        round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.collect(caller, elicitation::Round::new(&ctx, state, responses), args).await
+        self.collect(caller, round, args).await
     }
 
     #[tool(
-        name = "check_transaction_status",
         output_schema = result_schema::<PaymentView>(),
         description = "Where a payment stands (status, and its receipt once succeeded), by payment_id or by the \
                        M-Pesa checkout_request_id of an STK push; give exactly one. Reads the gateway's records: a \
@@ -450,15 +416,13 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<PaymentView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "check_transaction_status");
-        self.gateway.admit(&caller, "check_transaction_status").await.map_err(|e| fail(&caller, e))?;
-        let a: TransactionStatusArgs = parse(&caller, args)?;
-        let (p, receipt) = self.gateway.transaction_status(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(PaymentView::with_receipt(&p, receipt)))
+        self.read(&caller, "check_transaction_status", args, async |gw, c, a: TransactionStatusArgs| {
+            gw.transaction_status(c, a).await.map(|(p, receipt)| PaymentView::with_receipt(&p, receipt))
+        })
+        .await
     }
 
     #[tool(
-        name = "generate_receipt",
         output_schema = result_schema::<ReceiptDocument>(),
         description = "A receipt for a succeeded payment: amount, accounts, date, where it settled and the rail's \
                        reference (the M-Pesa receipt number), with a plain-text version to paste. Needs scope \
@@ -470,30 +434,26 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<ReceiptDocument>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "generate_receipt");
-        self.gateway.admit(&caller, "generate_receipt").await.map_err(|e| fail(&caller, e))?;
-        let a: PaymentIdArgs = parse(&caller, args)?;
-        let (p, receipt) = self.gateway.payment_receipt(&caller, &a.payment_id).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(ReceiptDocument::new(&p, receipt)))
+        self.read(&caller, "generate_receipt", args, async |gw, c, a: PaymentIdArgs| {
+            gw.payment_receipt(c, &a.payment_id).await.map(|(p, receipt)| ReceiptDocument::new(&p, receipt))
+        })
+        .await
     }
 
     #[tool(
-        name = "get_today_summary",
         output_schema = result_schema::<SummaryView>(),
         description = "Today's (UTC) counts and totals of payments touching your accounts by kind, status and \
                        currency: get_payment_summary over today. Needs scope payments:read.",
         input_schema = schema_for_type::<TodaySummaryArgs>()
     )]
     async fn get_today_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_today_summary");
-        self.gateway.admit(&caller, "get_today_summary").await.map_err(|e| fail(&caller, e))?;
-        let a: TodaySummaryArgs = parse(&caller, args)?;
-        let s = self.gateway.today_summary(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(s.into()))
+        self.read(&caller, "get_today_summary", args, async |gw, c, a: TodaySummaryArgs| {
+            gw.today_summary(c, a).await.map(SummaryView::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "get_today_transactions",
         output_schema = result_schema::<PaymentList>(),
         description = "Today's (UTC) payments touching your accounts, M-Pesa collections included, newest first, \
                        paginated (limit ≤ 100): list_payments over today. Needs scope payments:read.",
@@ -504,15 +464,13 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<PaymentList>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_today_transactions");
-        self.gateway.admit(&caller, "get_today_transactions").await.map_err(|e| fail(&caller, e))?;
-        let a: TodayTransactionsArgs = parse(&caller, args)?;
-        let page = self.gateway.today_transactions(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(page.into()))
+        self.read(&caller, "get_today_transactions", args, async |gw, c, a: TodayTransactionsArgs| {
+            gw.today_transactions(c, a).await.map(PaymentList::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "get_failed_transactions",
         output_schema = result_schema::<PaymentList>(),
         description = "Failed payments touching your accounts (M-Pesa collections included) over a window \
                        (default: today, UTC), newest first, paginated (limit ≤ 100). Needs scope payments:read.",
@@ -523,15 +481,13 @@ impl PaygateMcp {
         caller: Caller,
         args: JsonObject,
     ) -> Result<Json<PaymentList>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_failed_transactions");
-        self.gateway.admit(&caller, "get_failed_transactions").await.map_err(|e| fail(&caller, e))?;
-        let a: FailedTransactionsArgs = parse(&caller, args)?;
-        let page = self.gateway.failed_transactions(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(page.into()))
+        self.read(&caller, "get_failed_transactions", args, async |gw, c, a: FailedTransactionsArgs| {
+            gw.failed_transactions(c, a).await.map(PaymentList::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "send_mpesa_payout",
         output_schema = result_schema::<PaymentResult>(),
         description = "Pay a customer over M-Pesa (B2C): money leaves the business's M-Pesa account for their \
                        phone. Returns the payment as pending; it settles when M-Pesa posts the result (check with \
@@ -542,13 +498,10 @@ impl PaygateMcp {
     async fn send_mpesa_payout(
         &self,
         caller: Caller,
-        ctx: RequestContext<RoleServer>,
-        state: RequestState,
-        responses: ToolInputResponses,
+        round: elicitation::Round,
         args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
-        let round = elicitation::Round::new(&ctx, state, responses);
         self.money(c, round, "send_mpesa_payout", args, |args| async move {
             gateway.send_payout(c, "send_mpesa_payout", MPESA, parse_args::<SendMpesaPayoutArgs>(args)?).await
         })
@@ -556,22 +509,19 @@ impl PaygateMcp {
     }
 
     #[tool(
-        name = "get_payment_summary",
         output_schema = result_schema::<SummaryView>(),
         description = "Counts and totals of payments touching your accounts by kind, status and currency over a \
                        window (default: today, UTC), e.g. today's revenue or what failed today. Needs scope payments:read.",
         input_schema = schema_for_type::<PaymentSummaryArgs>()
     )]
     async fn get_payment_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "get_payment_summary");
-        self.gateway.admit(&caller, "get_payment_summary").await.map_err(|e| fail(&caller, e))?;
-        let a: PaymentSummaryArgs = parse(&caller, args)?;
-        let s = self.gateway.payment_summary(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(s.into()))
+        self.read(&caller, "get_payment_summary", args, async |gw, c, a: PaymentSummaryArgs| {
+            gw.payment_summary(c, a).await.map(SummaryView::from)
+        })
+        .await
     }
 
     #[tool(
-        name = "reconcile",
         output_schema = result_schema::<ReconcileView>(),
         description = "Compare the gateway's payment records with the backend and the rails: payments missing on \
                        either side, amount or status mismatches, outcomes still unknown. Settles unknown outcomes \
@@ -579,15 +529,30 @@ impl PaygateMcp {
         input_schema = schema_for_type::<ReconcileArgs>()
     )]
     async fn reconcile(&self, caller: Caller, args: JsonObject) -> Result<Json<ReconcileView>, CallToolResult> {
-        let _timed = Timed::new(&self.gateway, "reconcile");
-        self.gateway.admit(&caller, "reconcile").await.map_err(|e| fail(&caller, e))?;
-        let a: ReconcileArgs = parse(&caller, args)?;
-        let r = self.gateway.reconcile_tool(&caller, a).await.map_err(|e| fail(&caller, e))?;
-        Ok(Json(r.into()))
+        self.read(&caller, "reconcile", args, async |gw, c, a: ReconcileArgs| {
+            gw.reconcile_tool(c, a).await.map(ReconcileView::from)
+        })
+        .await
     }
 }
 
 impl PaygateMcp {
+    /// A read tool, the same for each: timed, admitted (suspension, scope, rate limits), its
+    /// arguments parsed, then the gateway asked (`ask` shapes the answer as its view); every
+    /// refusal is the error envelope. The tool's name is the method's and this one string.
+    async fn read<A: DeserializeOwned, V>(
+        &self,
+        caller: &Caller,
+        tool: &'static str,
+        args: JsonObject,
+        ask: impl AsyncFnOnce(&Gateway, &Caller, A) -> Result<V, AgentError>,
+    ) -> Result<Json<V>, CallToolResult> {
+        let _timed = Timed::new(&self.gateway, tool);
+        self.gateway.admit(caller, tool).await.map_err(|e| fail(caller, e))?;
+        let a: A = parse(caller, args)?;
+        ask(&self.gateway, caller, a).await.map(Json).map_err(|e| fail(caller, e))
+    }
+
     /// `request_mpesa_payment` under either of its names: admitted, timed, keyed and audited as
     /// `request_mpesa_payment` (the gateway's operation keys it under its own name too).
     async fn collect(
