@@ -16,13 +16,14 @@ use crate::auth::{Audience, DevToken, Secret, Verifier};
 use crate::backend::ledger::LedgerBackend;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{BackendKind, Config, MpesaEnvironment};
+use crate::domain::payment::AccountSeed;
 use crate::gateway::{Gateway, GatewayLimits};
 use crate::http::{self, AppInner, AppState, RouterConfig, SessionBindings};
 use crate::idempotency::KeyDeriver;
 use crate::mandate::MandateKeys;
+use crate::store::Store;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{AccountSeed, Store};
 
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,7 +35,7 @@ pub enum StartError {
     #[error("data directory {path}: {source}")]
     DataDir { path: PathBuf, source: std::io::Error },
     #[error("store: {0}")]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] crate::domain::error::StoreError),
     #[error("auth: {0}")]
     Auth(String),
     #[error("backend: {0}")]

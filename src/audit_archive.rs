@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
-use crate::store::{Store, StoreError};
+use crate::domain::error::StoreError;
+use crate::store::Store;
 
 /// Batches archived in one run at most (the run is a scheduled job; the next run goes on).
 pub const BATCHES_PER_RUN_MAX: usize = 10;

@@ -23,12 +23,14 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{BackendError, Guards, Payment, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
 use crate::clock::Clock;
+use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
+use crate::domain::payment::{Guards, Payment, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money};
 use crate::secret::Secret;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// Largest request body accepted, in bytes (a transfer is a few hundred).
 pub const BODY_BYTES_MAX: usize = 16 * 1024;

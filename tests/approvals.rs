@@ -509,7 +509,7 @@ async fn operator_actions_are_audited_under_the_operator() {
     let rejected = request_approval(&agent, "audit-1", "5000.00").await;
     assert_eq!(reject(&app, &rejected, "carol", Some(json!({"reason": "duplicate invoice"}))).await.0, 200);
 
-    let has = |records: &[paygate::store::AuditRecord], tool: &str, decision: &str, id: &str| {
+    let has = |records: &[paygate::domain::audit::AuditRecord], tool: &str, decision: &str, id: &str| {
         records.iter().any(|a| {
             a.tool == tool
                 && a.decision == decision

@@ -330,7 +330,7 @@ async fn a_forged_altered_expired_or_borrowed_request_state_moves_nothing() {
 
     assert_eq!(balance_of(&app, "acct-B").await, before, "nothing moved");
     // Each refusal is in the audit trail, under whoever presented the state.
-    let refusals = |audit: Vec<paygate::store::AuditRecord>| {
+    let refusals = |audit: Vec<paygate::domain::audit::AuditRecord>| {
         audit.iter().filter(|r| r.detail.as_deref().is_some_and(|d| d.starts_with("requestState refused"))).count()
     };
     assert_eq!(refusals(app.audit("dev-agent").await), 7);

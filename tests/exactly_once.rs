@@ -232,8 +232,8 @@ async fn refunds_are_exactly_once_and_bounded() {
 /// held. Once it is given back, the operation posts exactly once, and retries replay.
 #[tokio::test]
 async fn a_key_held_in_flight_elsewhere_is_waited_for_then_paid_once() {
+    use paygate::domain::idempotency::NewIdempotencyRecord;
     use paygate::idempotency::{KeyDeriver, fingerprint};
-    use paygate::store::NewIdempotencyRecord;
     let secret = "idempotency-secret-for-this-test-0123456789abcdef";
     let dir = tempfile::tempdir().unwrap();
     let app =
@@ -261,7 +261,10 @@ async fn a_key_held_in_flight_elsewhere_is_waited_for_then_paid_once() {
         lease_until: now + 600,
         expires_at: now + 3600,
     };
-    assert_eq!(app.running.store.idem_reserve(held, now).await.unwrap(), paygate::store::Reservation::Acquired);
+    assert_eq!(
+        app.running.store.idem_reserve(held, now).await.unwrap(),
+        paygate::domain::idempotency::Reservation::Acquired
+    );
     let before = balance(&agent, "acct-A").await;
     let r = call(&agent, "create_payment", args.clone()).await;
     assert_eq!(code(&r), "OPERATION_IN_PROGRESS", "{r:?}");

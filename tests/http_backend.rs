@@ -13,15 +13,16 @@ use std::time::Duration;
 
 use fault_proxy::{FaultProxy, Mode};
 use paygate::auth::Secret;
+use paygate::backend::PaymentBackend;
 use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
-use paygate::backend::{
-    BackendError, Guards, PaymentBackend, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
-};
 use paygate::clock::{Clock, ManualClock};
+use paygate::domain::error::BackendError;
+use paygate::domain::payment::AccountSeed;
+use paygate::domain::payment::{Guards, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
 use paygate::ids::{AccountId, PaymentId};
 use paygate::money::{Currency, Money};
+use paygate::store::Store;
 use paygate::store::sqlite::SqliteStore;
-use paygate::store::{AccountSeed, Store};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -120,7 +121,7 @@ impl Ledger {
     }
 
     /// Every payment touching the seeded accounts, from the store itself.
-    async fn payments(&self) -> Vec<paygate::backend::Payment> {
+    async fn payments(&self) -> Vec<paygate::domain::payment::Payment> {
         let q = PaymentQuery {
             accounts: vec![acct("acct-A"), acct("acct-B"), acct("acct-U")],
             status: None,

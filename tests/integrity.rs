@@ -6,13 +6,14 @@
 
 use std::sync::Arc;
 
-use paygate::backend::{Guards, TransferRequest};
+use paygate::domain::payment::AccountSeed;
+use paygate::domain::payment::{Guards, TransferRequest};
 use paygate::domain::payment::{IntegrityReport, RefundRequest};
 use paygate::ids::{AccountId, PaymentId};
 use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
-use paygate::store::{AccountSeed, Store, check_ledger};
+use paygate::store::{Store, check_ledger};
 
 mod common;
 

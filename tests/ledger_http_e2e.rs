@@ -13,12 +13,14 @@ use std::sync::Arc;
 use common::*;
 use fault_proxy::{FaultProxy, Mode};
 use paygate::auth::Secret;
-use paygate::backend::PaymentKind;
 use paygate::clock::{Clock, ManualClock, SystemClock};
+use paygate::domain::payment::AccountSeed;
+use paygate::domain::payment::PaymentKind;
+use paygate::domain::rail::{RailState, RailUpdate};
 use paygate::ids::{AccountId, PaymentId};
 use paygate::money::Currency;
+use paygate::store::Store;
 use paygate::store::sqlite::SqliteStore;
-use paygate::store::{AccountSeed, RailState, RailUpdate, Store};
 use serde_json::{Value, json};
 
 const CREDENTIAL: &str = "ledger-credential-0123456789abcdef";
@@ -83,8 +85,8 @@ fn pay(op: &str, amount: &str) -> Value {
 }
 
 /// Every payment the ledger service holds between acct-A and acct-B.
-async fn ledger_payments(r: &Rig) -> Vec<paygate::backend::Payment> {
-    let q = paygate::backend::PaymentQuery {
+async fn ledger_payments(r: &Rig) -> Vec<paygate::domain::payment::Payment> {
+    let q = paygate::domain::payment::PaymentQuery {
         accounts: vec![AccountId::parse("acct-A").unwrap()],
         status: None,
         before_seq: None,
@@ -279,7 +281,7 @@ async fn the_summary_matches_the_embedded_ledger() {
     let summary = ok(&call(&c, "get_payment_summary", json!({})).await).clone();
     // The ledger's own view: every payment and refund, summed by kind.
     let store = &app.running.store;
-    let q = paygate::backend::PaymentQuery {
+    let q = paygate::domain::payment::PaymentQuery {
         accounts: vec![AccountId::parse("acct-A").unwrap()],
         status: None,
         before_seq: None,
@@ -361,9 +363,11 @@ async fn the_cli_runs_ledger_serve_a_gateway_on_it_and_reconcile() {
 /// died) never reports "nothing moved" and never gives the draws back when the ledger is unreachable.
 #[tokio::test]
 async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
+    use paygate::backend::PaymentBackend;
     use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
     use paygate::backend::journal::Journaled;
-    use paygate::backend::{BackendError, DailyBudget, Guards, PaymentBackend, TransferRequest};
+    use paygate::domain::error::BackendError;
+    use paygate::domain::payment::{DailyBudget, Guards, TransferRequest};
     let r = rig().await;
     let clock: Arc<dyn Clock> = Arc::new(r.clock.clone());
     let gateway_store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
@@ -402,7 +406,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         claim: None,
     };
     // Attempt 1: opened the record, the ledger applied it, and the attempt died before recording.
-    let rec = paygate::store::RailPayment {
+    let rec = paygate::domain::rail::RailPayment {
         id: first_id.clone(),
         idempotency_key: "k-dead".into(),
         rail: "http".into(),
@@ -423,7 +427,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         reason: None,
         created_at: 0,
         updated_at: 0,
-        flow: paygate::store::RailFlow::Ledger,
+        flow: paygate::domain::rail::RailFlow::Ledger,
     };
     assert!(gateway_store.rail_open(rec, budget(), r.clock.now()).await.unwrap().created);
     let applied = r.ledger.ledger_transfer(request(&first_id), r.clock.now()).await.unwrap();

@@ -156,7 +156,7 @@ fn reheader(jws: &str, header: Value, signature: &str) -> String {
     format!("{}.{}.{signature}", B64.encode(header.to_string()), parts[1])
 }
 
-fn count_audit(records: &[paygate::store::AuditRecord], tool: &str, decision: &str, code: &str) -> usize {
+fn count_audit(records: &[paygate::domain::audit::AuditRecord], tool: &str, decision: &str, code: &str) -> usize {
     records.iter().filter(|a| a.tool == tool && a.decision == decision && a.code.as_deref() == Some(code)).count()
 }
 

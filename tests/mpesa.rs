@@ -392,10 +392,10 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
     // Attempt 2 (the agent's retry, same key): no second push.
     fake.set_push_mode(PushMode::Accept);
     let retry = Collection { payment_id: paygate::ids::PaymentId::generate(), ..collection };
-    assert!(matches!(rail.collect(retry).await, Err(paygate::backend::BackendError::OutcomeUnknown(_))));
+    assert!(matches!(rail.collect(retry).await, Err(paygate::domain::error::BackendError::OutcomeUnknown(_))));
     assert_eq!(fake.push_requests(), 1, "exactly one STK push");
     let rec = store.rail_by_key("key-1").await.unwrap().unwrap();
-    assert_eq!(rec.state, paygate::store::RailState::Unknown);
+    assert_eq!(rec.state, paygate::domain::rail::RailState::Unknown);
 }
 
 #[tokio::test]

@@ -70,7 +70,7 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
     let tmp = tempfile::tempdir().unwrap();
     let store = paygate::store::sqlite::SqliteStore::open(&tmp.path().join("db.sqlite3")).unwrap();
     for at in [10, 11] {
-        let rec = paygate::store::AuditRecord {
+        let rec = paygate::domain::audit::AuditRecord {
             seq: 0,
             at,
             correlation_id: "corr_x".into(),
@@ -107,7 +107,10 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
     let settings = paygate::audit_archive::Settings { retention_secs: 1, dir: fresh.clone(), batch_max: 100 };
     paygate::store::AuditStore::audit_append(
         &store,
-        paygate::store::AuditRecord { at: 500, ..paygate::audit_archive::read(&done[0].file).unwrap()[0].clone() },
+        paygate::domain::audit::AuditRecord {
+            at: 500,
+            ..paygate::audit_archive::read(&done[0].file).unwrap()[0].clone()
+        },
     )
     .await
     .unwrap();

@@ -4,23 +4,26 @@
 
 use std::sync::Arc;
 
-use paygate::backend::{
-    BackendError, DailyBudget, Guards, MandateDraw, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest,
-    TransferRequest,
-};
+use paygate::domain::approval::{ApprovalRecord, IssuedMandate, Review, ReviewError};
 use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision};
+use paygate::domain::audit::AuditRecord;
+use paygate::domain::error::BackendError;
+use paygate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use paygate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
+use paygate::domain::payment::AccountSeed;
 use paygate::domain::payment::Claim;
+use paygate::domain::payment::{
+    DailyBudget, Guards, MandateDraw, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
+};
+use paygate::domain::principal::{PrincipalRef, SuspensionScope};
+use paygate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use paygate::idempotency::StoredOutcome;
 use paygate::ids::{AccountId, ApprovalId, PaymentId};
 use paygate::mandate::MandateKind;
 use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
-use paygate::store::{
-    AccountSeed, ApprovalRecord, AuditQuery, AuditRecord, AuditRelated, Denials, IssuedMandate, MandateQuery,
-    MandateStatus, NewIdempotencyRecord, OpsPaymentQuery, PrincipalRef, RailFlow, RailPayment, RailState, RailUpdate,
-    Reservation, Review, ReviewError, Store, SuspensionScope,
-};
+use paygate::store::{Denials, Store};
 use serde_json::json;
 
 /// A PostgreSQL schema that is dropped when the case ends.
@@ -342,7 +345,7 @@ fn review(sub: &str, decision: &str) -> Review {
     }
 }
 
-fn issuer(max_uses: i64, budget: Option<i64>) -> paygate::store::MandateIssuer {
+fn issuer(max_uses: i64, budget: Option<i64>) -> paygate::domain::approval::MandateIssuer {
     Box::new(move |rec: &ApprovalRecord, approvers: &[String]| {
         Ok(IssuedMandate {
             id: format!("mdt_{}", rec.id.as_str().trim_start_matches("apr_")),
@@ -572,7 +575,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     let times: Vec<i64> = all.iter().map(|p| p.payment.created_at).collect();
     assert!(times.windows(2).all(|w| w[0] >= w[1]), "{label}: newest first {times:?}");
     assert_eq!((all[0].rail.as_str(), all[0].rail_state.as_deref()), ("mpesa", Some("submitting")), "{label}");
-    assert_eq!(all[0].payment.status, paygate::backend::PaymentStatus::Pending, "{label}");
+    assert_eq!(all[0].payment.status, paygate::domain::payment::PaymentStatus::Pending, "{label}");
     assert!(all[1..].iter().all(|p| p.rail == "ledger" && p.rail_state.is_none()), "{label}");
     let q = |f: fn(&mut OpsPaymentQuery)| {
         let mut q = OpsPaymentQuery { limit: 10, ..Default::default() };
@@ -582,7 +585,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     for (query, n) in [
         (q(|q| q.kind = Some(PaymentKind::Refund)), 1),
         (q(|q| q.rail = Some("ledger".into())), 4),
-        (q(|q| q.status = Some(paygate::backend::PaymentStatus::Succeeded)), 4),
+        (q(|q| q.status = Some(paygate::domain::payment::PaymentStatus::Succeeded)), 4),
         (q(|q| q.agent = Some("nobody".into())), 0),
         (q(|q| q.account = Some(acct("acct-B"))), 5),
         (q(|q| q.account = Some(acct("acct-Z"))), 0),
@@ -958,7 +961,7 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
     assert_eq!(page.len() + rest.len(), 3, "{label}");
     // The summary counts rail records by the status agents see.
     let summary = store
-        .payment_summary(paygate::store::SummaryQuery {
+        .payment_summary(paygate::domain::payment::SummaryQuery {
             accounts: vec![acct("acct-B")],
             from: 0,
             to: 100,

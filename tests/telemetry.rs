@@ -251,7 +251,7 @@ async fn the_http_ledger_is_called_with_the_trace_context_of_the_backend_span() 
     let store: Arc<dyn paygate::store::Store> =
         Arc::new(paygate::store::sqlite::SqliteStore::open_in_memory().unwrap());
     for (id, opening_minor) in [("acct-A", 10_000_000), ("acct-B", 0)] {
-        let seed = paygate::store::AccountSeed {
+        let seed = paygate::domain::payment::AccountSeed {
             id: paygate::ids::AccountId::parse(id).unwrap(),
             currency: paygate::money::Currency::parse("KES").unwrap(),
             opening_minor,

@@ -19,10 +19,10 @@ use async_trait::async_trait;
 
 use crate::ids::{AccountId, PaymentId};
 
-pub use crate::domain::error::BackendError;
-pub use crate::domain::payment::{
-    Balance, DailyBudget, Guards, IntegrityReport, LedgerEntry, MandateDraw, Page, Payment, PaymentKind, PaymentQuery,
-    PaymentStatus, RefundRequest, TransferRequest,
+use crate::domain::error::BackendError;
+use crate::domain::payment::{
+    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
+    RefundRequest, TransferRequest,
 };
 
 #[async_trait]

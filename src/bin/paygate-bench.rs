@@ -911,12 +911,13 @@ mod growth {
     use std::sync::Arc;
     use std::time::Instant;
 
-    use paygate::backend::{Guards, TransferRequest};
     use paygate::domain::audit::AuditRecord;
+    use paygate::domain::idempotency::NewIdempotencyRecord;
     use paygate::domain::payment::Claim;
+    use paygate::domain::payment::{Guards, TransferRequest};
     use paygate::ids::{AccountId, PaymentId};
     use paygate::money::{Currency, Money};
-    use paygate::store::{NewIdempotencyRecord, Store};
+    use paygate::store::Store;
     use serde_json::json;
 
     use super::{Args, Conn, Era, PAIRS, Scenario, percentile, start_paygate, token_for};

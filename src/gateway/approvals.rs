@@ -12,13 +12,13 @@ use serde_json::Value;
 
 use super::{Caller, Decision, Gateway};
 use crate::clock::{UnixSecs, rfc3339};
+use crate::domain::approval::ApprovalRecord;
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::ApprovalId;
 use crate::mandate::MandateKind;
 use crate::money::format_minor;
 use crate::request_state::{ApprovalState, Binding, OpenError};
-use crate::store::ApprovalRecord;
 
 /// An authenticated human operator (approver, auditor, admin).
 #[derive(Debug, Clone)]

@@ -5,7 +5,8 @@
 //! The protocol around it (peek → policy → claim or reserve → call → settle) is the unit of work
 //! in `unit_of_work.rs`; the keys themselves are `keys.rs`.
 
-use crate::backend::{BackendError, Payment};
+use crate::domain::error::BackendError;
+use crate::domain::payment::Payment;
 use crate::domain::rules::fate::{self, KeyFate};
 use crate::error::AgentError;
 use crate::idempotency::StoredOutcome;
@@ -64,7 +65,7 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{PaymentKind, PaymentStatus};
+    use crate::domain::payment::{PaymentKind, PaymentStatus};
     use crate::error::ErrorCode;
     use crate::ids::{AccountId, PaymentId};
     use crate::money::Currency;

@@ -57,11 +57,12 @@ use crate::auth::AgentPrincipal;
 use crate::backend::PaymentBackend;
 use crate::backend::rail::CollectionRail;
 use crate::clock::Clock;
+use crate::domain::audit::AuditRecord;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::KeyDeriver;
 use crate::mandate::MandateKeys;
 use crate::rate::AgentLimits;
-use crate::store::{AuditRecord, Store};
+use crate::store::Store;
 
 /// Who is asking and under which correlation id: every operation takes one.
 #[derive(Debug, Clone)]

@@ -15,12 +15,13 @@ use super::windows::parse_instant;
 use super::{ApprovalView, Gateway, Operator};
 use crate::catalogue::{self, scopes};
 use crate::clock::{UnixSecs, rfc3339};
+use crate::domain::error::StoreError;
+use crate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use crate::domain::payment::{PaymentKind, PaymentStatus};
+use crate::domain::principal::SuspensionScope;
+use crate::domain::rail::RailState;
 use crate::domain::rules::guards::day_of;
 use crate::ids::{AccountId, ApprovalId, PaymentId};
-use crate::store::{
-    AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery, RailState, StoreError, SuspensionScope,
-};
 
 /// Audit records one payment's timeline shows at most.
 pub const TIMELINE_EVENTS_MAX: u32 = 200;
@@ -440,8 +441,8 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::audit::AuditRecord;
     use crate::gateway::operator_views::step_of;
-    use crate::store::AuditRecord;
 
     fn rec(tool: &str, decision: &str) -> AuditRecord {
         AuditRecord {

@@ -5,9 +5,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::clock::rfc3339;
+use crate::domain::audit::AuditRecord;
+use crate::domain::ops::{MandateListing, OpsPayment};
 use crate::domain::payment::PaymentKind;
 use crate::money::{Currency, format_minor};
-use crate::store::{AuditRecord, MandateListing, OpsPayment};
 /// A payment as operators see it.
 #[derive(Debug, Clone, Serialize)]
 pub struct OpsPaymentView {

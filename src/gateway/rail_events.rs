@@ -9,9 +9,10 @@ use super::rails::clip;
 use super::{Decision, Gateway};
 
 use crate::backend::rail::{Authority, CallbackChannel, CollectionRail, settle_record};
+use crate::domain::audit::AuditRecord;
 use crate::domain::rail::Settlement;
+use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::domain::rules::rail as rail_rules;
-use crate::store::{AuditRecord, RailFlow, RailPayment, RailState};
 /// Pending collections queried per scheduler run.
 const POLL_BATCH_MAX: u32 = 50;
 
@@ -154,7 +155,7 @@ impl Gateway {
                 && event.payer.as_deref() == rec.phone.as_deref()
                 && event.receipt.is_some();
             if fills_receipt {
-                let update = crate::store::RailUpdate { receipt: event.receipt.clone(), ..Default::default() };
+                let update = crate::domain::rail::RailUpdate { receipt: event.receipt.clone(), ..Default::default() };
                 let now = self.clock.now();
                 let from = [RailState::Succeeded];
                 if let Ok(Some(updated)) =
@@ -243,7 +244,7 @@ impl Gateway {
                 }
                 Settlement::Pending(_) => {
                     // Not confirmable yet: keep the receipt, stay pending; the scheduled query settles it.
-                    let update = crate::store::RailUpdate {
+                    let update = crate::domain::rail::RailUpdate {
                         receipt: event.receipt.clone(),
                         reason: Some(format!(
                             "success callback received; awaiting {}'s confirmation",

@@ -12,12 +12,13 @@ use serde::{Deserialize, Serialize};
 use super::windows::today_window;
 use super::{Caller, Gateway};
 
-use crate::backend::{Payment, PaymentStatus};
 use crate::clock::UnixSecs;
+use crate::domain::payment::{Payment, PaymentStatus};
+use crate::domain::payment::{SummaryQuery, SummaryRow};
+use crate::domain::rail::{RailFlow, RailPayment};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::PaymentId;
 use crate::money::Currency;
-use crate::store::{RailFlow, RailPayment, SummaryQuery, SummaryRow};
 
 /// Where a completed payment was settled, and the rail's own reference for it.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]

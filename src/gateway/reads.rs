@@ -10,9 +10,9 @@ use serde::Deserialize;
 
 use super::windows::{parse_window, today_window};
 use super::{Caller, Decision, Gateway, decode_cursor};
-use crate::backend::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
+use crate::domain::payment::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::AccountId;
 use crate::policy;
@@ -374,13 +374,13 @@ impl Gateway {
     }
 
     /// The scheduler's incremental check (no caller): a clean result moves the checkpoint forward.
-    pub async fn scheduled_integrity(&self) -> Result<IntegrityReport, crate::backend::BackendError> {
+    pub async fn scheduled_integrity(&self) -> Result<IntegrityReport, crate::domain::error::BackendError> {
         self.backend.check_integrity(false).await
     }
 
     /// `paygate check-ledger`: the same check from the operator's shell, where no request timeout
     /// cuts off a full scan of a large ledger; audited like the tool, as the host's "cli".
-    pub async fn cli_integrity(&self, full: bool) -> Result<IntegrityReport, crate::backend::BackendError> {
+    pub async fn cli_integrity(&self, full: bool) -> Result<IntegrityReport, crate::domain::error::BackendError> {
         let report = self.backend.check_integrity(full).await?;
         let mut d =
             Decision::new("check_ledger_integrity", if report.ok { "integrity_ok" } else { "integrity_failed" });

@@ -8,13 +8,14 @@ use super::rails::GATEWAY_ISSUER;
 use super::windows::parse_instant;
 use super::{Caller, Decision, Gateway};
 
-use crate::backend::{PaymentKind, PaymentQuery, PaymentStatus};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
+use crate::domain::payment::{PaymentKind, PaymentQuery, PaymentStatus};
 use crate::domain::rail::Settlement;
+use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::{AgentError, ErrorCode};
 use crate::ids::PaymentId;
-use crate::store::{AuditRecord, RailFlow, RailPayment, RailState};
 /// Rail records examined per reconciliation page.
 /// Finished (failed) collections a reconciliation run asks the rail about again, at most: each is
 /// one query to the rail.
@@ -107,7 +108,10 @@ impl Gateway {
 
     /// Compare the gateway's records with the backend and the rails since `since` (default: the
     /// configured window). Settles unknown outcomes the backend can answer; reports the rest.
-    pub async fn reconcile(&self, since: Option<UnixSecs>) -> Result<ReconcileReport, crate::backend::BackendError> {
+    pub async fn reconcile(
+        &self,
+        since: Option<UnixSecs>,
+    ) -> Result<ReconcileReport, crate::domain::error::BackendError> {
         let now = self.clock.now();
         let since = since.unwrap_or(now - self.limits.reconcile_window_secs);
         let backend = self.backend.name().to_string();
@@ -239,7 +243,7 @@ impl Gateway {
         rec: &RailPayment,
         now: UnixSecs,
         report: &mut ReconcileReport,
-    ) -> Result<(), crate::backend::BackendError> {
+    ) -> Result<(), crate::domain::error::BackendError> {
         let held = self.backend.payment(&rec.id).await?;
         let Some(p) = held else {
             match rec.state {
@@ -284,7 +288,7 @@ impl Gateway {
         match rec.state {
             RailState::Unknown | RailState::Submitting => {
                 // The backend answers what the lost response did not: settle the record.
-                let update = crate::store::RailUpdate { rail_ref: Some(p.id.to_string()), ..Default::default() };
+                let update = crate::domain::rail::RailUpdate { rail_ref: Some(p.id.to_string()), ..Default::default() };
                 let from = [RailState::Unknown, RailState::Submitting];
                 if let Ok(Some(_)) = self.store.rail_transition(&rec.id, &from, backend_state, update, now).await {
                     report.resolved += 1;

@@ -13,9 +13,9 @@ use std::sync::Mutex;
 
 use super::{Caller, Decision, Gateway};
 use crate::clock::{UnixSecs, rfc3339};
+use crate::domain::audit::AuditRecord;
 use crate::domain::principal::PrincipalRef;
 use crate::error::{AgentError, ErrorCode};
-use crate::store::AuditRecord;
 
 /// (principal, tool, code) keys throttled at once on a replica; past it, refusals are audited one
 /// by one (an audit record is never dropped to save memory).

@@ -12,13 +12,13 @@ use super::approvals::{ApprovalView, OpError, Operator, decision_key};
 use super::{Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
+use crate::domain::approval::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::domain::principal::{SuspensionScope, valid_subject};
 use crate::domain::rules::authority::{Target, acts_on_itself};
 use crate::ids::{AccountId, ApprovalId};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
 use crate::money::{Currency, Money};
-use crate::store::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreauthorizeArgs {
@@ -419,7 +419,7 @@ impl Gateway {
         self.require(op, &[scopes::APPROVE])?;
         let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         let now = self.clock.now();
-        let internal = |error: crate::store::StoreError| {
+        let internal = |error: crate::domain::error::StoreError| {
             tracing::error!(%error, "mandate revocation failed");
             OpError::internal()
         };

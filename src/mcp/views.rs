@@ -3,8 +3,8 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::backend::{Balance, IntegrityReport, LedgerEntry, Payment};
 use crate::clock::rfc3339;
+use crate::domain::payment::{Balance, IntegrityReport, LedgerEntry, Payment};
 use crate::gateway::{Executed, Finding, PaymentPage, PaymentSummary, Receipt, ReconcileReport, encode_cursor};
 use crate::money::format_minor;
 

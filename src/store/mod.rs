@@ -19,19 +19,10 @@ pub use traits::{
 };
 
 use crate::clock::UnixSecs;
-pub use crate::domain::approval::{ApprovalRecord, ApprovalRequest, IssuedMandate, MandateIssuer, Review, ReviewError};
-pub use crate::domain::audit::{AuditRecord, DENIAL_CODES};
-pub use crate::domain::error::StoreError;
-pub use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
-pub use crate::domain::ops::{
-    AuditQuery, AuditRelated, MandateListing, MandateQuery, MandateStatus, OpsPayment, OpsPaymentQuery, PrincipalState,
-    VolumeRow,
-};
-pub use crate::domain::payment::{AccountSeed, SummaryQuery, SummaryRow};
-pub use crate::domain::principal::{PrincipalRef, SuspensionScope};
+use crate::domain::audit::AuditRecord;
+use crate::domain::error::StoreError;
 
 use crate::domain::payment::{Guards, IntegrityReport, Payment, RefundRequest, TransferRequest};
-pub use crate::domain::rail::{RailFlow, RailOpened, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::integrity::{self, Checkpoint};
 
 /// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.

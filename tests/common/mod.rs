@@ -155,7 +155,7 @@ impl TestApp {
         assert!(report.ok, "ledger integrity: {:?}", report.problems);
     }
 
-    pub async fn audit(&self, sub: &str) -> Vec<paygate::store::AuditRecord> {
+    pub async fn audit(&self, sub: &str) -> Vec<paygate::domain::audit::AuditRecord> {
         self.running.store.audit_list(Some(sub), 10_000).await.unwrap()
     }
 }

@@ -5,11 +5,13 @@ use deadpool_postgres::{GenericClient, Pool};
 
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::clock::UnixSecs;
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
+use crate::domain::error::StoreError;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self as rules, RequestPlan, ReviewPlan};
 use crate::ids::ApprovalId;
+use crate::store::ApprovalStore;
 use crate::store::rows::{self, Columns};
-use crate::store::{ApprovalRecord, ApprovalRequest, ApprovalStore, MandateIssuer, Review, ReviewError, StoreError};
 
 pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord) -> Result<(), StoreError> {
     c.exec(

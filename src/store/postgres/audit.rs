@@ -6,8 +6,10 @@ use deadpool_postgres::GenericClient;
 
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
+use crate::domain::error::StoreError;
+use crate::store::AuditStore;
 use crate::store::rows;
-use crate::store::{AuditRecord, AuditStore, StoreError};
 
 pub(super) const INSERT_AUDIT: &str =
     "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,

@@ -6,9 +6,11 @@ use deadpool_postgres::GenericClient;
 
 use super::{Cached, PostgresStore};
 use crate::clock::UnixSecs;
+use crate::domain::error::StoreError;
+use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::rules::reservation::{self, ReserveStep};
+use crate::store::IdempotencyStore;
 use crate::store::rows;
-use crate::store::{IdempotencyStore, NewIdempotencyRecord, Reservation, StoreError};
 
 impl PostgresStore {
     /// One statement inserts the record or locks the existing one: `ON CONFLICT DO UPDATE` never

@@ -5,7 +5,8 @@ use deadpool_postgres::GenericClient;
 
 use super::{Cached, PostgresStore};
 use crate::clock::UnixSecs;
-use crate::store::{LeaseStore, StoreError};
+use crate::domain::error::StoreError;
+use crate::store::LeaseStore;
 
 async fn lease(c: &impl GenericClient, kind: &str, holder: &str, now: UnixSecs, secs: i64) -> Result<bool, StoreError> {
     Ok(c.exec(

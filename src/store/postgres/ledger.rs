@@ -8,12 +8,14 @@ use tokio_postgres::types::ToSql;
 use super::{Cached, Mapped, PostgresStore, SNAPSHOT_XMIN, TxError, postings};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
+use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger;
 use crate::ids::{AccountId, PaymentId};
+use crate::store::LedgerStore;
 use crate::store::rows::{self, Columns};
-use crate::store::{AccountSeed, LedgerStore, StoreError};
 
 #[async_trait]
 impl LedgerStore for PostgresStore {

@@ -5,7 +5,9 @@ use deadpool_postgres::{GenericClient, Pool};
 
 use super::{Cached, INSERT_AUDIT, Mapped, TxError, bind, db, insert_audit};
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
 use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, MandateRow, UsageDraw};
@@ -15,7 +17,7 @@ use crate::idempotency::StoredOutcome;
 use crate::ids::AccountId;
 use crate::money::Currency;
 use crate::store::rows;
-use crate::store::{AuditRecord, Posting, StoreError, completed_outcome};
+use crate::store::{Posting, completed_outcome};
 
 /// `column` is one of a few fixed names chosen by this module, never input.
 pub(super) async fn load_payment(

@@ -9,12 +9,14 @@ use super::postings::{add_usage, apply_guards};
 use super::{Cached, Mapped, PostgresStore, TxError, bind, db};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
 use crate::domain::payment::Guards;
+use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
 use crate::ids::PaymentId;
+use crate::store::RailStore;
 use crate::store::rows::{self, RAIL_COLS};
-use crate::store::{RailOpened, RailPayment, RailState, RailStore, RailUpdate, StoreError};
 
 pub(super) async fn load_rail(
     c: &impl GenericClient,

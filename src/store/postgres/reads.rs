@@ -5,8 +5,10 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 
 use super::{Mapped, PostgresStore};
+use crate::domain::error::StoreError;
+use crate::domain::payment::{SummaryQuery, SummaryRow};
+use crate::store::ReadStore;
 use crate::store::rows;
-use crate::store::{ReadStore, StoreError, SummaryQuery, SummaryRow};
 
 async fn summary(c: &impl GenericClient, q: &SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
     if q.accounts.is_empty() {

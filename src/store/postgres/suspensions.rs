@@ -4,7 +4,10 @@ use async_trait::async_trait;
 
 use super::{Cached, PostgresStore};
 use crate::clock::UnixSecs;
-use crate::store::{DENIAL_CODES, Denials, PrincipalRef, StoreError, SuspensionScope, SuspensionStore};
+use crate::domain::audit::DENIAL_CODES;
+use crate::domain::error::StoreError;
+use crate::domain::principal::{PrincipalRef, SuspensionScope};
+use crate::store::{Denials, SuspensionStore};
 
 #[async_trait]
 impl SuspensionStore for PostgresStore {

@@ -15,7 +15,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use crate::store::StoreError;
+use crate::domain::error::StoreError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SslMode {

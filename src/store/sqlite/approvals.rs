@@ -5,11 +5,13 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
+use crate::domain::error::StoreError;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self, RequestPlan, ReviewPlan};
 use crate::ids::ApprovalId;
+use crate::store::ApprovalStore;
 use crate::store::rows;
-use crate::store::{ApprovalRecord, ApprovalRequest, ApprovalStore, MandateIssuer, Review, ReviewError, StoreError};
 
 pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<usize> {
     tx.exec(

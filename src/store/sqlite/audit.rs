@@ -6,8 +6,10 @@ use rusqlite::{Connection, params, params_from_iter};
 
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
+use crate::domain::error::StoreError;
+use crate::store::AuditStore;
 use crate::store::rows;
-use crate::store::{AuditRecord, AuditStore, StoreError};
 
 pub(super) fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<usize> {
     c.exec(

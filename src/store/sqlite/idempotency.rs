@@ -6,7 +6,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::{Cached, SqliteStore, postings};
 use crate::clock::UnixSecs;
-use crate::store::{IdempotencyStore, NewIdempotencyRecord, Reservation, StoreError};
+use crate::domain::error::StoreError;
+use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::store::IdempotencyStore;
 
 #[async_trait]
 impl IdempotencyStore for SqliteStore {

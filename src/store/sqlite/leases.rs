@@ -5,7 +5,8 @@ use rusqlite::{Connection, params};
 
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
-use crate::store::{LeaseStore, StoreError};
+use crate::domain::error::StoreError;
+use crate::store::LeaseStore;
 
 fn lease_tx(c: &mut Connection, kind: &str, holder: &str, now: UnixSecs, secs: i64) -> Result<bool, StoreError> {
     Ok(c.exec(

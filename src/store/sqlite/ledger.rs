@@ -7,12 +7,14 @@ use rusqlite::{TransactionBehavior, params};
 use super::{Cached, SqliteStore, postings};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
+use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger;
 use crate::ids::{AccountId, PaymentId};
+use crate::store::LedgerStore;
 use crate::store::rows::{self, Columns};
-use crate::store::{AccountSeed, LedgerStore, StoreError};
 
 #[async_trait]
 impl LedgerStore for SqliteStore {

@@ -6,6 +6,7 @@ use rusqlite::{Connection, params, params_from_iter};
 use super::{Cached, db, insert_audit};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
@@ -15,7 +16,7 @@ use crate::idempotency::StoredOutcome;
 use crate::ids::AccountId;
 use crate::money::Currency;
 use crate::store::rows;
-use crate::store::{Posting, StoreError, completed_outcome};
+use crate::store::{Posting, completed_outcome};
 
 /// `column` is one of a few fixed names chosen by this module, never input.
 pub(super) fn load_payment(c: &Connection, column: &str, value: &str) -> Result<Option<Payment>, StoreError> {

@@ -5,8 +5,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, params};
 
 use super::{Cached, SqliteStore};
+use crate::domain::error::StoreError;
+use crate::domain::payment::{SummaryQuery, SummaryRow};
+use crate::store::ReadStore;
 use crate::store::rows;
-use crate::store::{ReadStore, StoreError, SummaryQuery, SummaryRow};
 
 fn summary(c: &Connection, q: &SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
     if q.accounts.is_empty() {

@@ -5,7 +5,10 @@ use rusqlite::{OptionalExtension, params};
 
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
-use crate::store::{DENIAL_CODES, Denials, PrincipalRef, StoreError, SuspensionScope, SuspensionStore};
+use crate::domain::audit::DENIAL_CODES;
+use crate::domain::error::StoreError;
+use crate::domain::principal::{PrincipalRef, SuspensionScope};
+use crate::store::{Denials, SuspensionStore};
 
 #[async_trait]
 impl SuspensionStore for SqliteStore {

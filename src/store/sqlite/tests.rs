@@ -2,11 +2,13 @@
 
 use super::*;
 use crate::clock::UnixSecs;
+use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Guards, RefundRequest, TransferRequest};
 use crate::idempotency::StoredOutcome;
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Currency, Money};
-use crate::store::{AccountSeed, IdempotencyStore, LedgerStore, NewIdempotencyRecord, Reservation};
+use crate::store::{IdempotencyStore, LedgerStore};
 
 fn rec(key: &str, fp: &str, now: UnixSecs) -> NewIdempotencyRecord {
     NewIdempotencyRecord {

@@ -3,9 +3,10 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
+use crate::domain::error::StoreError;
 use crate::domain::payment::Page;
 use crate::ids::ApprovalId;
-use crate::store::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError, StoreError};
 
 #[async_trait]
 pub trait ApprovalStore: Send + Sync {

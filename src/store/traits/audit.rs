@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-use crate::store::{AuditRecord, StoreError};
+use crate::domain::audit::AuditRecord;
+use crate::domain::error::StoreError;
 
 #[async_trait]
 pub trait AuditStore: Send + Sync {

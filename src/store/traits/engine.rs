@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::store::StoreError;
+use crate::domain::error::StoreError;
 use crate::store::{queries, rows};
 
 #[async_trait]

@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-use crate::store::{NewIdempotencyRecord, Reservation, StoreError};
+use crate::domain::error::StoreError;
+use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync {

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-use crate::store::StoreError;
+use crate::domain::error::StoreError;
 
 #[async_trait]
 pub trait LeaseStore: Send + Sync {

@@ -4,9 +4,10 @@ use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::error::StoreError;
 use crate::domain::payment::Guards;
+use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
 use crate::ids::PaymentId;
-use crate::store::{RailOpened, RailPayment, RailState, RailUpdate, StoreError};
 
 #[async_trait]
 pub trait RailStore: Send + Sync {

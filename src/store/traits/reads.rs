@@ -6,12 +6,15 @@ use async_trait::async_trait;
 
 use super::Engine;
 use crate::clock::UnixSecs;
-use crate::domain::payment::PaymentQuery;
-use crate::ids::PaymentId;
-use crate::store::{
-    AuditQuery, AuditRecord, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState,
-    RailPayment, StoreError, SummaryQuery, SummaryRow, VolumeRow,
+use crate::domain::audit::AuditRecord;
+use crate::domain::error::StoreError;
+use crate::domain::ops::{
+    AuditQuery, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState, VolumeRow,
 };
+use crate::domain::payment::PaymentQuery;
+use crate::domain::payment::{SummaryQuery, SummaryRow};
+use crate::domain::rail::RailPayment;
+use crate::ids::PaymentId;
 use crate::store::{queries, rows};
 
 #[async_trait]

@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-use crate::store::{PrincipalRef, StoreError, SuspensionScope};
+use crate::domain::error::StoreError;
+use crate::domain::principal::{PrincipalRef, SuspensionScope};
 
 /// What counts toward a principal's stop rule (`store::DENIAL_CODES` and throttled RATE_LIMITED
 /// records, counted by the refusals each stands for).
