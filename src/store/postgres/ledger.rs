@@ -12,7 +12,7 @@ use crate::domain::error::StoreError;
 use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
-use crate::domain::rules::ledger;
+use crate::domain::rules::ledger::{self, DoubleEntry};
 use crate::ids::{AccountId, PaymentId};
 use crate::store::LedgerStore;
 use crate::store::rows::{self, Columns};
@@ -38,9 +38,9 @@ impl LedgerStore for PostgresStore {
                 &[&equity, &seed.currency.code(), &now],
             )
             .await?;
-            let desc = ledger::opening_description(&seed.id);
-            postings::post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now).await?;
-            postings::post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now).await?;
+            let entry = DoubleEntry::opening(&seed.id, &equity, seed.opening_minor, seed.currency);
+            postings::post(&tx, &entry, 0, now).await?;
+            postings::post(&tx, &entry, 1, now).await?;
         }
         tx.commit().await?;
         Ok(created)

@@ -11,8 +11,9 @@ use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, MandateRow, UsageDraw};
+use crate::domain::rules::ledger::DoubleEntry;
 use crate::domain::rules::reservation::{self, EarlierKeys};
-use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
+use crate::domain::rules::{PostingPlan, refund, transfer};
 use crate::idempotency::StoredOutcome;
 use crate::ids::AccountId;
 use crate::money::Currency;
@@ -82,16 +83,15 @@ pub(super) async fn lock_accounts(
 
 pub(super) async fn post(
     c: &impl GenericClient,
-    payment_id: Option<&str>,
-    account: &str,
-    amount: i64,
-    currency: Currency,
-    description: &str,
+    e: &DoubleEntry<'_>,
+    leg: usize,
     now: UnixSecs,
 ) -> Result<i64, StoreError> {
+    let (account, amount) = e.legs[leg];
     // One statement: the balance moves and its posting records the balance after, in one round trip.
+    let currency = e.currency.code();
     let balance: i64 =
-        c.one(MOVE_AND_POST, &[&payment_id, &account, &amount, &currency.code(), &description, &now]).await?.get(0);
+        c.one(MOVE_AND_POST, &[&e.payment_id, &account, &amount, &currency, &e.description, &now]).await?.get(0);
     Ok(balance)
 }
 
@@ -306,8 +306,8 @@ async fn write_posting(
     guard_state.check(w.guards, p.amount_minor, p.currency, now).map_err(TxError::Backend)?;
     let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
     let usage = guards::usage_draw(p.kind, &p.usage_subject(), p.currency, p.amount_minor, now);
-    let desc = ledger::posting_description(&p);
-    let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
+    let entry = DoubleEntry::of_payment(&p);
+    let amount = p.amount_minor;
     let values = rows::payment_values(&p, w.key, mandate_id);
     let values = bind(&values);
     let usage_sql = add_usage_sql(guards::usage_table(usage.kind));
@@ -327,8 +327,8 @@ async fn write_posting(
                 None => Ok(0),
             }
         },
-        post(c, id, p.from_account.as_str(), -amount, p.currency, &desc, now),
-        post(c, id, p.to_account.as_str(), amount, p.currency, &desc, now),
+        post(c, &entry, 0, now),
+        post(c, &entry, 1, now),
         complete_in_tx(c, w.key, w.alias, &p),
         audit_in_tx(c, w.audit, &p),
         release(),

@@ -11,7 +11,7 @@ use crate::domain::error::StoreError;
 use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
-use crate::domain::rules::ledger;
+use crate::domain::rules::ledger::{self, DoubleEntry};
 use crate::ids::{AccountId, PaymentId};
 use crate::store::LedgerStore;
 use crate::store::rows::{self, Columns};
@@ -31,9 +31,9 @@ impl LedgerStore for SqliteStore {
                     "INSERT OR IGNORE INTO accounts (id, currency, balance_minor, allow_overdraft, created_at) VALUES (?1, ?2, 0, 1, ?3)",
                     params![equity, seed.currency.code(), now],
                 )?;
-                let desc = ledger::opening_description(&seed.id);
-                postings::post(&tx, None, &equity, -seed.opening_minor, seed.currency, &desc, now)?;
-                postings::post(&tx, None, seed.id.as_str(), seed.opening_minor, seed.currency, &desc, now)?;
+                let entry = DoubleEntry::opening(&seed.id, &equity, seed.opening_minor, seed.currency);
+                postings::post(&tx, &entry, 0, now)?;
+                postings::post(&tx, &entry, 1, now)?;
             }
             tx.commit()?;
             Ok(created)

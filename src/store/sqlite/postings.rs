@@ -10,8 +10,9 @@ use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
+use crate::domain::rules::ledger::DoubleEntry;
 use crate::domain::rules::reservation::{self, EarlierKeys, ReserveStep};
-use crate::domain::rules::{PostingPlan, ledger, refund, transfer};
+use crate::domain::rules::{PostingPlan, refund, transfer};
 use crate::idempotency::StoredOutcome;
 use crate::ids::AccountId;
 use crate::money::Currency;
@@ -30,16 +31,9 @@ pub(super) fn load_account(c: &Connection, id: &AccountId) -> Result<Option<Acco
     })
 }
 
-/// Apply one signed posting and return the balance after it.
-pub(super) fn post(
-    tx: &Connection,
-    payment_id: Option<&str>,
-    account: &str,
-    amount: i64,
-    currency: Currency,
-    description: &str,
-    now: UnixSecs,
-) -> rusqlite::Result<i64> {
+/// Apply one leg of `entry` and return the balance after it.
+pub(super) fn post(tx: &Connection, entry: &DoubleEntry<'_>, leg: usize, now: UnixSecs) -> rusqlite::Result<i64> {
+    let (account, amount) = entry.legs[leg];
     let balance: i64 = tx.q_row(
         "UPDATE accounts SET balance_minor = balance_minor + ?1 WHERE id = ?2 RETURNING balance_minor",
         params![amount, account],
@@ -48,7 +42,7 @@ pub(super) fn post(
     tx.exec(
         "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![payment_id, account, amount, currency.code(), balance, description, now],
+        params![entry.payment_id, account, amount, entry.currency.code(), balance, entry.description, now],
     )?;
     Ok(balance)
 }
@@ -127,10 +121,9 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
                 )
                 .map_err(db)?;
             }
-            let desc = ledger::posting_description(&p);
-            let (id, amount) = (Some(p.id.as_str()), p.amount_minor);
-            post(tx, id, p.from_account.as_str(), -amount, p.currency, &desc, now).map_err(db)?;
-            post(tx, id, p.to_account.as_str(), amount, p.currency, &desc, now).map_err(db)?;
+            let entry = DoubleEntry::of_payment(&p);
+            post(tx, &entry, 0, now).map_err(db)?;
+            post(tx, &entry, 1, now).map_err(db)?;
             p
         }
     };
