@@ -41,9 +41,9 @@ pub use operator_views::{
 };
 pub use payout::SendMpesaPayoutArgs;
 pub use rail_events::CallbackOutcome;
-pub use rails::{PaymentSummary, PaymentSummaryArgs, Receipt, TodaySummaryArgs, TransactionStatusArgs};
-pub use reads::{AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentPage, TodayTransactionsArgs};
-pub use reconcile::{Finding, ReconcileArgs, ReconcileReport};
+pub use rails::{PaymentSummary, Receipt};
+pub use reads::{PageAsk, PaymentPage, WindowAsk};
+pub use reconcile::{Finding, ReconcileReport};
 pub use refund::RefundPaymentArgs;
 pub use reviews::{PreauthorizeArgs, PrincipalArgs};
 pub use unit_of_work::Executed;
@@ -112,11 +112,17 @@ pub struct GatewayLimits {
 }
 
 pub struct Gateway {
+    /// Everything the gateway keeps: keys, approvals, audit, rail records (and the embedded ledger).
     store: Arc<dyn Store>,
+    /// Where money moves: the embedded ledger or an HTTP ledger, behind one seam.
     backend: Arc<dyn PaymentBackend>,
+    /// The only source of "now" (tests inject a manual clock).
     clock: Arc<dyn Clock>,
+    /// Derives idempotency keys and the request-state sealing key from the configured secret.
     keys: KeyDeriver,
+    /// Signs and verifies mandates (the current key and those still accepted).
     mandates: Arc<MandateKeys>,
+    /// Every bound the gateway enforces, from config.
     limits: GatewayLimits,
     rate: AgentLimits,
     metrics: Arc<crate::metrics::Metrics>,

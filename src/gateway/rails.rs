@@ -7,8 +7,9 @@
 //! returns a `CallbackOutcome` whose HTTP answer `http` chooses.
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use super::reads::WindowAsk;
 use super::windows::today_window;
 use super::{Caller, Gateway};
 
@@ -31,40 +32,6 @@ pub struct Receipt {
     pub checkout_request_id: Option<String>,
     /// For M-Pesa: the customer's number, masked.
     pub phone: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PaymentSummaryArgs {
-    /// Start, inclusive: RFC 3339 (e.g. "2026-11-29T00:00:00Z") or a date ("2026-11-29"). Default: today (UTC).
-    #[serde(default)]
-    pub from: Option<String>,
-    /// End, exclusive, in the same forms. Default: now. A bare date means the end of that day.
-    #[serde(default)]
-    pub to: Option<String>,
-    /// Only this ISO 4217 currency.
-    #[serde(default)]
-    pub currency: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TodaySummaryArgs {
-    /// Only this ISO 4217 currency.
-    #[serde(default)]
-    pub currency: Option<String>,
-}
-
-/// Exactly one of the two.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TransactionStatusArgs {
-    /// The payment id (pay_…).
-    #[serde(default)]
-    pub payment_id: Option<String>,
-    /// The M-Pesa CheckoutRequestID of an STK push (e.g. "ws_CO_…").
-    #[serde(default)]
-    pub checkout_request_id: Option<String>,
 }
 
 /// Longest rail reference an agent may look a payment up by.
@@ -158,9 +125,10 @@ impl Gateway {
     pub async fn transaction_status(
         &self,
         caller: &Caller,
-        args: TransactionStatusArgs,
+        payment_id: Option<&str>,
+        checkout_request_id: Option<&str>,
     ) -> Result<(Payment, Option<Receipt>), AgentError> {
-        match (args.payment_id.as_deref(), args.checkout_request_id.as_deref()) {
+        match (payment_id, checkout_request_id) {
             (Some(id), None) => self.get_payment(caller, id).await,
             (None, Some(reference)) => {
                 if reference.is_empty() || reference.chars().count() > RAIL_REF_MAX_CHARS {
@@ -218,18 +186,19 @@ impl Gateway {
     }
 
     /// `get_today_summary`: the payment summary over today (UTC).
-    pub async fn today_summary(&self, caller: &Caller, args: TodaySummaryArgs) -> Result<PaymentSummary, AgentError> {
-        self.payment_summary(caller, PaymentSummaryArgs { from: None, to: None, currency: args.currency }).await
+    pub async fn today_summary(&self, caller: &Caller, currency: Option<&str>) -> Result<PaymentSummary, AgentError> {
+        self.payment_summary(caller, WindowAsk::default(), currency).await
     }
 
     /// Counts and totals by kind, status and currency over this agent's accounts.
     pub async fn payment_summary(
         &self,
         caller: &Caller,
-        args: PaymentSummaryArgs,
+        window: WindowAsk<'_>,
+        currency: Option<&str>,
     ) -> Result<PaymentSummary, AgentError> {
-        let (from, to) = today_window(self.clock.now(), args.from.as_deref(), args.to.as_deref())?;
-        let currency = args.currency.as_deref().map(Currency::parse).transpose()?;
+        let (from, to) = today_window(self.clock.now(), window.from, window.to)?;
+        let currency = currency.map(Currency::parse).transpose()?;
         let query = SummaryQuery { accounts: caller.principal.profile.allowed_accounts.clone(), from, to, currency };
         let rows = self.store.payment_summary(query).await.map_err(|error| {
             tracing::error!(correlation_id = %caller.correlation_id, %error, "summary failed");

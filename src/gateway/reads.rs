@@ -5,9 +5,6 @@
 //! records hold the collections (M-Pesa) that no ledger holds. `list_payments` merges both, newest
 //! first, under one opaque cursor that keeps its place in each.
 
-use schemars::JsonSchema;
-use serde::Deserialize;
-
 use super::windows::{parse_window, today_window};
 use super::{Caller, Decision, Gateway, decode_cursor};
 use crate::catalogue::scopes;
@@ -21,59 +18,19 @@ use crate::policy;
 /// meanwhile); the last attempt keeps what it read.
 const LIST_ATTEMPTS_MAX: u32 = 3;
 
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ListPaymentsArgs {
-    /// Only payments touching this account (must be one of yours). Omit for all your accounts.
-    #[serde(default)]
-    pub account_id: Option<String>,
-    /// pending | succeeded | failed
-    #[serde(default)]
-    pub status: Option<String>,
-    /// Page size, 1-100 (default 20).
-    #[serde(default)]
+/// Which page a listing asks for: its size (1-100, default 20) and the `next_cursor` of the
+/// previous page.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageAsk<'a> {
     pub limit: Option<u32>,
-    /// `next_cursor` from the previous page.
-    #[serde(default)]
-    pub cursor: Option<String>,
-    /// Only payments created at or after this instant: RFC 3339 (e.g. "2026-11-29T00:00:00Z") or a
-    /// date ("2026-11-29", its start, UTC). Given with `to`: before it, at most 366 days apart.
-    #[serde(default)]
-    pub from: Option<String>,
-    /// Only payments created before this instant, in the same forms; a bare date means the end of that day.
-    #[serde(default)]
-    pub to: Option<String>,
+    pub cursor: Option<&'a str>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TodayTransactionsArgs {
-    /// pending | succeeded | failed
-    #[serde(default)]
-    pub status: Option<String>,
-    /// Page size, 1-100 (default 20).
-    #[serde(default)]
-    pub limit: Option<u32>,
-    /// `next_cursor` from the previous page.
-    #[serde(default)]
-    pub cursor: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FailedTransactionsArgs {
-    /// Start, inclusive: RFC 3339 or a date. Default: today (UTC).
-    #[serde(default)]
-    pub from: Option<String>,
-    /// End, exclusive, in the same forms. Default: now. A bare date means the end of that day.
-    #[serde(default)]
-    pub to: Option<String>,
-    /// Page size, 1-100 (default 20).
-    #[serde(default)]
-    pub limit: Option<u32>,
-    /// `next_cursor` from the previous page.
-    #[serde(default)]
-    pub cursor: Option<String>,
+/// A time window as the caller wrote it (RFC 3339 or a date; checked by `windows.rs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WindowAsk<'a> {
+    pub from: Option<&'a str>,
+    pub to: Option<&'a str>,
 }
 
 /// One page of payments; `next_cursor` is opaque (`ListCursor`).
@@ -169,19 +126,6 @@ fn parse_status(status: Option<&str>) -> Result<Option<PaymentStatus>, AgentErro
         .transpose()
 }
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AccountLedgerArgs {
-    /// The account whose postings to list (must be one of yours).
-    pub account_id: String,
-    /// Page size, 1-100 (default 20).
-    #[serde(default)]
-    pub limit: Option<u32>,
-    /// `next_cursor` from the previous page.
-    #[serde(default)]
-    pub cursor: Option<String>,
-}
-
 impl Gateway {
     async fn check_account(&self, caller: &Caller, tool: &str, account: &str) -> Result<AccountId, AgentError> {
         let p = &caller.principal;
@@ -209,24 +153,32 @@ impl Gateway {
         }
     }
 
-    pub async fn list_payments(&self, caller: &Caller, args: ListPaymentsArgs) -> Result<PaymentPage, AgentError> {
-        let accounts = match &args.account_id {
+    /// `list_payments`: one of the caller's accounts (or all of them), a status, a window.
+    pub async fn list_payments(
+        &self,
+        caller: &Caller,
+        account_id: Option<&str>,
+        status: Option<&str>,
+        window: WindowAsk<'_>,
+        page: PageAsk<'_>,
+    ) -> Result<PaymentPage, AgentError> {
+        let accounts = match account_id {
             Some(a) => vec![self.check_account(caller, "list_payments", a).await?],
             None => caller.principal.profile.allowed_accounts.clone(),
         };
-        let status = parse_status(args.status.as_deref())?;
-        let (from, to) = parse_window(args.from.as_deref(), args.to.as_deref())?;
-        let listing = Listing { accounts, status, from, to };
-        self.list(caller, listing, args.limit, args.cursor.as_deref()).await
+        let status = parse_status(status)?;
+        let (from, to) = parse_window(window.from, window.to)?;
+        self.list(caller, Listing { accounts, status, from, to }, page).await
     }
 
     /// `get_today_transactions`: `list_payments` over today (UTC).
     pub async fn today_transactions(
         &self,
         caller: &Caller,
-        args: TodayTransactionsArgs,
+        status: Option<&str>,
+        page: PageAsk<'_>,
     ) -> Result<PaymentPage, AgentError> {
-        let status = parse_status(args.status.as_deref())?;
+        let status = parse_status(status)?;
         let (from, to) = today_window(self.clock.now(), None, None)?;
         let listing = Listing {
             accounts: caller.principal.profile.allowed_accounts.clone(),
@@ -234,33 +186,28 @@ impl Gateway {
             from: Some(from),
             to: Some(to),
         };
-        self.list(caller, listing, args.limit, args.cursor.as_deref()).await
+        self.list(caller, listing, page).await
     }
 
     /// `get_failed_transactions`: failed payments over a window (default: today, UTC).
     pub async fn failed_transactions(
         &self,
         caller: &Caller,
-        args: FailedTransactionsArgs,
+        window: WindowAsk<'_>,
+        page: PageAsk<'_>,
     ) -> Result<PaymentPage, AgentError> {
-        let (from, to) = today_window(self.clock.now(), args.from.as_deref(), args.to.as_deref())?;
+        let (from, to) = today_window(self.clock.now(), window.from, window.to)?;
         let listing = Listing {
             accounts: caller.principal.profile.allowed_accounts.clone(),
             status: Some(PaymentStatus::Failed),
             from: Some(from),
             to: Some(to),
         };
-        self.list(caller, listing, args.limit, args.cursor.as_deref()).await
+        self.list(caller, listing, page).await
     }
 
-    async fn list(
-        &self,
-        caller: &Caller,
-        listing: Listing,
-        limit: Option<u32>,
-        cursor: Option<&str>,
-    ) -> Result<PaymentPage, AgentError> {
-        let at = ListCursor::decode(cursor)?;
+    async fn list(&self, caller: &Caller, listing: Listing, page: PageAsk<'_>) -> Result<PaymentPage, AgentError> {
+        let (limit, at) = (page.limit, ListCursor::decode(page.cursor)?);
         let query = PaymentQuery {
             accounts: listing.accounts,
             status: listing.status,
@@ -365,11 +312,12 @@ impl Gateway {
     pub async fn get_account_ledger(
         &self,
         caller: &Caller,
-        args: AccountLedgerArgs,
+        account_id: &str,
+        page: PageAsk<'_>,
     ) -> Result<Page<LedgerEntry>, AgentError> {
-        let account = self.check_account(caller, "get_account_ledger", &args.account_id).await?;
-        let before = decode_cursor(args.cursor.as_deref())?;
-        let limit = self.page_limit(args.limit)?;
+        let account = self.check_account(caller, "get_account_ledger", account_id).await?;
+        let before = decode_cursor(page.cursor)?;
+        let limit = self.page_limit(page.limit)?;
         self.backend.account_entries(&account, before, limit).await.map_err(|e| AgentError::from(&e))
     }
 

@@ -2,7 +2,7 @@
 //! run audited.
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::rails::GATEWAY_ISSUER;
 use super::windows::parse_instant;
@@ -25,14 +25,6 @@ const RECONCILE_PAGE: u32 = 200;
 
 /// Most findings one reconciliation reports (the rest are counted).
 pub const RECONCILE_FINDINGS_MAX: usize = 500;
-
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcileArgs {
-    /// Only payments created at or after this instant (RFC 3339 or a date). Default: the configured window.
-    #[serde(default)]
-    pub since: Option<String>,
-}
 
 /// One thing reconciliation found.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -93,11 +85,11 @@ impl Gateway {
     }
 
     /// `reconcile` tool: admin only; audited.
-    pub async fn reconcile_tool(&self, caller: &Caller, args: ReconcileArgs) -> Result<ReconcileReport, AgentError> {
+    pub async fn reconcile_tool(&self, caller: &Caller, since: Option<&str>) -> Result<ReconcileReport, AgentError> {
         if !caller.principal.has_scope(scopes::INTEGRITY) {
             return Err(AgentError::new(ErrorCode::InsufficientScope, "reconcile needs payments:integrity"));
         }
-        let since = match &args.since {
+        let since = match since {
             Some(s) => Some(parse_instant("since", s, false)?),
             None => None,
         };

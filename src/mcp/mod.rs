@@ -1,6 +1,7 @@
 //! The MCP surface: tools, resources and the prompt. Argument parsing and result shaping only;
 //! every decision is the gateway's.
 
+pub mod args;
 mod elicitation;
 pub mod views;
 
@@ -25,9 +26,12 @@ use serde_json::json;
 use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
 use crate::gateway::{
-    AccountLedgerArgs, ApprovalView, Caller, CorrelationId, CreatePaymentArgs, FailedTransactionsArgs, Gateway,
-    ListPaymentsArgs, PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
-    SendMpesaPayoutArgs, TodaySummaryArgs, TodayTransactionsArgs, TransactionStatusArgs,
+    ApprovalView, Caller, CorrelationId, CreatePaymentArgs, Gateway, PageAsk, RefundPaymentArgs,
+    RequestMpesaPaymentArgs, SendMpesaPayoutArgs, WindowAsk,
+};
+use args::{
+    AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentSummaryArgs, ReconcileArgs, TodaySummaryArgs,
+    TodayTransactionsArgs, TransactionStatusArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
@@ -162,6 +166,16 @@ fn parse<T: DeserializeOwned>(caller: &Caller, args: JsonObject) -> Result<T, Ca
     parse_args(args).map_err(|e| fail(caller, e))
 }
 
+/// A listing's page as the arguments ask for it.
+fn page(limit: Option<u32>, cursor: &Option<String>) -> PageAsk<'_> {
+    PageAsk { limit, cursor: cursor.as_deref() }
+}
+
+/// A window as the arguments give it.
+fn window<'a>(from: &'a Option<String>, to: &'a Option<String>) -> WindowAsk<'a> {
+    WindowAsk { from: from.as_deref(), to: to.as_deref() }
+}
+
 fn parse_args<T: DeserializeOwned>(args: JsonObject) -> Result<T, AgentError> {
     serde_json::from_value(serde_json::Value::Object(args))
         .map_err(|e| AgentError::invalid(format!("invalid arguments: {e}")))
@@ -254,7 +268,15 @@ impl PaygateMcp {
     )]
     async fn list_payments(&self, caller: Caller, args: JsonObject) -> Result<Json<PaymentList>, CallToolResult> {
         self.read(&caller, "list_payments", args, async |gw, c, a: ListPaymentsArgs| {
-            gw.list_payments(c, a).await.map(PaymentList::from)
+            gw.list_payments(
+                c,
+                a.account_id.as_deref(),
+                a.status.as_deref(),
+                window(&a.from, &a.to),
+                page(a.limit, &a.cursor),
+            )
+            .await
+            .map(PaymentList::from)
         })
         .await
     }
@@ -270,8 +292,8 @@ impl PaygateMcp {
         args: JsonObject,
     ) -> Result<Json<AccountLedger>, CallToolResult> {
         self.read(&caller, "get_account_ledger", args, async |gw, c, a: AccountLedgerArgs| {
-            let account_id = a.account_id.clone();
-            let page = gw.get_account_ledger(c, a).await?;
+            let page = gw.get_account_ledger(c, &a.account_id, page(a.limit, &a.cursor)).await?;
+            let account_id = a.account_id;
             let entries = page.items.iter().map(Into::into).collect();
             Ok(AccountLedger { account_id, entries, next_cursor: cursor(page.next_cursor) })
         })
@@ -417,7 +439,9 @@ impl PaygateMcp {
         args: JsonObject,
     ) -> Result<Json<PaymentView>, CallToolResult> {
         self.read(&caller, "check_transaction_status", args, async |gw, c, a: TransactionStatusArgs| {
-            gw.transaction_status(c, a).await.map(|(p, receipt)| PaymentView::with_receipt(&p, receipt))
+            gw.transaction_status(c, a.payment_id.as_deref(), a.checkout_request_id.as_deref())
+                .await
+                .map(|(p, receipt)| PaymentView::with_receipt(&p, receipt))
         })
         .await
     }
@@ -448,7 +472,7 @@ impl PaygateMcp {
     )]
     async fn get_today_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
         self.read(&caller, "get_today_summary", args, async |gw, c, a: TodaySummaryArgs| {
-            gw.today_summary(c, a).await.map(SummaryView::from)
+            gw.today_summary(c, a.currency.as_deref()).await.map(SummaryView::from)
         })
         .await
     }
@@ -465,7 +489,7 @@ impl PaygateMcp {
         args: JsonObject,
     ) -> Result<Json<PaymentList>, CallToolResult> {
         self.read(&caller, "get_today_transactions", args, async |gw, c, a: TodayTransactionsArgs| {
-            gw.today_transactions(c, a).await.map(PaymentList::from)
+            gw.today_transactions(c, a.status.as_deref(), page(a.limit, &a.cursor)).await.map(PaymentList::from)
         })
         .await
     }
@@ -482,7 +506,7 @@ impl PaygateMcp {
         args: JsonObject,
     ) -> Result<Json<PaymentList>, CallToolResult> {
         self.read(&caller, "get_failed_transactions", args, async |gw, c, a: FailedTransactionsArgs| {
-            gw.failed_transactions(c, a).await.map(PaymentList::from)
+            gw.failed_transactions(c, window(&a.from, &a.to), page(a.limit, &a.cursor)).await.map(PaymentList::from)
         })
         .await
     }
@@ -516,7 +540,7 @@ impl PaygateMcp {
     )]
     async fn get_payment_summary(&self, caller: Caller, args: JsonObject) -> Result<Json<SummaryView>, CallToolResult> {
         self.read(&caller, "get_payment_summary", args, async |gw, c, a: PaymentSummaryArgs| {
-            gw.payment_summary(c, a).await.map(SummaryView::from)
+            gw.payment_summary(c, window(&a.from, &a.to), a.currency.as_deref()).await.map(SummaryView::from)
         })
         .await
     }
@@ -530,7 +554,7 @@ impl PaygateMcp {
     )]
     async fn reconcile(&self, caller: Caller, args: JsonObject) -> Result<Json<ReconcileView>, CallToolResult> {
         self.read(&caller, "reconcile", args, async |gw, c, a: ReconcileArgs| {
-            gw.reconcile_tool(c, a).await.map(ReconcileView::from)
+            gw.reconcile_tool(c, a.since.as_deref()).await.map(ReconcileView::from)
         })
         .await
     }
