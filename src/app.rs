@@ -73,8 +73,8 @@ fn backend(
 }
 
 /// Every account some profile may use: what reconciliation asks an external ledger about.
-fn known_accounts(config: &Config) -> Vec<crate::ids::AccountId> {
-    let mut v: Vec<crate::ids::AccountId> =
+fn known_accounts(config: &Config) -> Vec<crate::domain::ids::AccountId> {
+    let mut v: Vec<crate::domain::ids::AccountId> =
         config.policy.profiles.iter().flat_map(|p| p.allowed_accounts.iter().cloned()).collect();
     v.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     v.dedup();

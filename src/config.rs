@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::ids::AccountId;
-use crate::money::{Currency, MoneyMap, parse_minor};
+use crate::domain::ids::AccountId;
+use crate::domain::money::{Currency, MoneyMap, parse_minor};
 
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 const ENV_PREFIX: &str = "PAYGATE_";

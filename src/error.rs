@@ -301,13 +301,13 @@ impl From<&BackendError> for AgentError {
     }
 }
 
-impl From<crate::money::MoneyError> for AgentError {
-    fn from(e: crate::money::MoneyError) -> Self {
+impl From<crate::domain::money::MoneyError> for AgentError {
+    fn from(e: crate::domain::money::MoneyError) -> Self {
         AgentError::invalid(e.to_string())
     }
 }
-impl From<crate::ids::IdError> for AgentError {
-    fn from(e: crate::ids::IdError) -> Self {
+impl From<crate::domain::ids::IdError> for AgentError {
+    fn from(e: crate::domain::ids::IdError) -> Self {
         AgentError::invalid(e.to_string())
     }
 }

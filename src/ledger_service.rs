@@ -26,9 +26,9 @@ use sha2::{Digest, Sha256};
 use crate::clock::Clock;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::{Currency, Money};
 use crate::domain::payment::{Guards, Payment, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
-use crate::ids::{AccountId, PaymentId};
-use crate::money::{Currency, Money};
 use crate::secret::Secret;
 use crate::store::Store;
 

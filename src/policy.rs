@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::catalogue::scopes;
+use crate::domain::ids::AccountId;
+use crate::domain::money::{Currency, Money, format_minor};
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::AccountId;
-use crate::money::{Currency, Money, format_minor};
 
 /// What an agent may do without a human: its accounts, per-payment autonomous limits, daily
 /// budgets and call quotas.
@@ -381,7 +381,7 @@ mod tests {
     fn paid(minor: i64, refunded: i64) -> crate::domain::payment::Payment {
         use crate::domain::payment::{Payment, PaymentKind, PaymentStatus};
         Payment {
-            id: crate::ids::PaymentId::generate(),
+            id: crate::domain::ids::PaymentId::generate(),
             kind: PaymentKind::Payment,
             status: PaymentStatus::Succeeded,
             from_account: acct("acct-A"),

@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use common::*;
 use paygate::clock::ManualClock;
-use paygate::ids::AccountId;
-use paygate::money::{Currency, parse_minor};
+use paygate::domain::ids::AccountId;
+use paygate::domain::money::{Currency, parse_minor};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

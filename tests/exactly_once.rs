@@ -121,7 +121,7 @@ async fn over_the_limit_needs_approval_and_moves_nothing() {
     let stored = app
         .running
         .store
-        .approval_get(&paygate::ids::ApprovalId::parse(&approval_id).unwrap())
+        .approval_get(&paygate::domain::ids::ApprovalId::parse(&approval_id).unwrap())
         .await
         .unwrap()
         .expect("approval stored");

@@ -6,11 +6,11 @@
 
 use std::sync::Arc;
 
+use paygate::domain::ids::{AccountId, PaymentId};
+use paygate::domain::money::{Currency, Money};
 use paygate::domain::payment::AccountSeed;
 use paygate::domain::payment::{Guards, TransferRequest};
 use paygate::domain::payment::{IntegrityReport, RefundRequest};
-use paygate::ids::{AccountId, PaymentId};
-use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{Store, check_ledger};

@@ -14,11 +14,11 @@ use common::*;
 use fault_proxy::{FaultProxy, Mode};
 use paygate::auth::Secret;
 use paygate::clock::{Clock, ManualClock, SystemClock};
+use paygate::domain::ids::{AccountId, PaymentId};
+use paygate::domain::money::Currency;
 use paygate::domain::payment::AccountSeed;
 use paygate::domain::payment::PaymentKind;
 use paygate::domain::rail::{RailState, RailUpdate};
-use paygate::ids::{AccountId, PaymentId};
-use paygate::money::Currency;
 use paygate::store::Store;
 use paygate::store::sqlite::SqliteStore;
 use serde_json::{Value, json};
@@ -301,7 +301,7 @@ async fn the_summary_matches_the_embedded_ledger() {
         assert_eq!(line["count"].as_i64(), Some(of_kind.len() as i64));
         assert_eq!(
             line["total"].as_str(),
-            Some(paygate::money::format_minor(total, Currency::parse("KES").unwrap()).as_str())
+            Some(paygate::domain::money::format_minor(total, Currency::parse("KES").unwrap()).as_str())
         );
     }
     assert_eq!(summary["totals"].as_array().unwrap().len(), 2, "{summary}");
@@ -397,7 +397,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         payment_id: id.clone(),
         from_account: AccountId::parse("acct-A").unwrap(),
         to_account: AccountId::parse("acct-B").unwrap(),
-        amount: paygate::money::Money::parse("10.00", Currency::parse("KES").unwrap()).unwrap(),
+        amount: paygate::domain::money::Money::parse("10.00", Currency::parse("KES").unwrap()).unwrap(),
         memo: None,
         principal_sub: "dev-agent".into(),
         principal_user: None,

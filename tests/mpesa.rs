@@ -367,13 +367,14 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
         client,
         store.clone(),
         clock,
-        paygate::ids::AccountId::parse("mpesa-collections").unwrap(),
+        paygate::domain::ids::AccountId::parse("mpesa-collections").unwrap(),
     ));
     let collection = Collection {
         idempotency_key: "key-1".into(),
-        payment_id: paygate::ids::PaymentId::generate(),
+        payment_id: paygate::domain::ids::PaymentId::generate(),
         phone: daraja::normalize_phone("0712345678").unwrap(),
-        amount: paygate::money::Money::parse("100", paygate::money::Currency::parse("KES").unwrap()).unwrap(),
+        amount: paygate::domain::money::Money::parse("100", paygate::domain::money::Currency::parse("KES").unwrap())
+            .unwrap(),
         account_reference: "INV-1".into(),
         description: "Order 1".into(),
         principal_sub: "dev-agent".into(),
@@ -391,7 +392,7 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
     let _ = first.await;
     // Attempt 2 (the agent's retry, same key): no second push.
     fake.set_push_mode(PushMode::Accept);
-    let retry = Collection { payment_id: paygate::ids::PaymentId::generate(), ..collection };
+    let retry = Collection { payment_id: paygate::domain::ids::PaymentId::generate(), ..collection };
     assert!(matches!(rail.collect(retry).await, Err(paygate::domain::error::BackendError::OutcomeUnknown(_))));
     assert_eq!(fake.push_requests(), 1, "exactly one STK push");
     let rec = store.rail_by_key("key-1").await.unwrap().unwrap();

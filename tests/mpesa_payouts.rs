@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::*;
 use daraja::{DarajaFake, FakeConfig, OutboundMode, QueryAnswer, SANDBOX_PASSKEY};
 use paygate::clock::{Clock, ManualClock, SystemClock};
+use paygate::domain::ids::PaymentId;
 use paygate::domain::rail::RailState;
-use paygate::ids::PaymentId;
 use serde_json::{Value, json};
 
 const SECRET: &str = "cb-secret-0123456789abcdefghij";

@@ -9,6 +9,8 @@ use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision}
 use paygate::domain::audit::AuditRecord;
 use paygate::domain::error::BackendError;
 use paygate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use paygate::domain::ids::{AccountId, ApprovalId, PaymentId};
+use paygate::domain::money::{Currency, Money};
 use paygate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use paygate::domain::payment::AccountSeed;
 use paygate::domain::payment::Claim;
@@ -18,9 +20,7 @@ use paygate::domain::payment::{
 use paygate::domain::principal::{PrincipalRef, SuspensionScope};
 use paygate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use paygate::idempotency::StoredOutcome;
-use paygate::ids::{AccountId, ApprovalId, PaymentId};
 use paygate::mandate::MandateKind;
-use paygate::money::{Currency, Money};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
 use paygate::store::{Denials, Store};

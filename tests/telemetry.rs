@@ -252,8 +252,8 @@ async fn the_http_ledger_is_called_with_the_trace_context_of_the_backend_span() 
         Arc::new(paygate::store::sqlite::SqliteStore::open_in_memory().unwrap());
     for (id, opening_minor) in [("acct-A", 10_000_000), ("acct-B", 0)] {
         let seed = paygate::domain::payment::AccountSeed {
-            id: paygate::ids::AccountId::parse(id).unwrap(),
-            currency: paygate::money::Currency::parse("KES").unwrap(),
+            id: paygate::domain::ids::AccountId::parse(id).unwrap(),
+            currency: paygate::domain::money::Currency::parse("KES").unwrap(),
             opening_minor,
             allow_overdraft: false,
         };

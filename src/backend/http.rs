@@ -30,8 +30,8 @@ use super::{
     RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
-use crate::ids::{AccountId, PaymentId};
-use crate::money::Currency;
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Currency;
 use crate::secret::Secret;
 
 /// A retry waits up to this long (jittered); each further retry doubles the cap, up to `RETRY_BACKOFF_MAX`.

@@ -22,9 +22,9 @@ use super::{
     PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
+use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::fate::{self, Verdict};
-use crate::ids::{AccountId, PaymentId};
 use crate::store::Store;
 
 pub struct Journaled {
@@ -132,7 +132,7 @@ fn record(
     from: &AccountId,
     to: &AccountId,
     amount_minor: i64,
-    currency: crate::money::Currency,
+    currency: crate::domain::money::Currency,
     refund_of: Option<PaymentId>,
     memo: Option<String>,
     principal: (&str, Option<&str>),

@@ -2,7 +2,7 @@
 //! number, amounts in whole shillings, and the text a payer sees. Each rail adds its own ranges and
 //! limits; nothing here names a vendor.
 
-use crate::money::{Currency, Money};
+use crate::domain::money::{Currency, Money};
 
 /// The currency both rails speak.
 pub const CURRENCY: &str = "KES";

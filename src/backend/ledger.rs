@@ -11,7 +11,7 @@ use super::{
     TransferRequest,
 };
 use crate::clock::Clock;
-use crate::ids::{AccountId, PaymentId};
+use crate::domain::ids::{AccountId, PaymentId};
 use crate::store::Store;
 
 pub struct LedgerBackend {

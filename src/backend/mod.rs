@@ -17,7 +17,7 @@ pub mod rail;
 
 use async_trait::async_trait;
 
-use crate::ids::{AccountId, PaymentId};
+use crate::domain::ids::{AccountId, PaymentId};
 
 use crate::domain::error::BackendError;
 use crate::domain::payment::{

@@ -16,10 +16,10 @@ use async_trait::async_trait;
 use super::{BackendError, Guards, Payment};
 use crate::clock::Clock;
 use crate::domain::error::StoreError;
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Money;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
-use crate::ids::{AccountId, PaymentId};
-use crate::money::Money;
 use crate::store::Store;
 
 /// A collection as the agent asked for it, before the rail has looked at it.

@@ -266,7 +266,10 @@ mod minimal_ledger {
             Some("create_payment") => {
                 let minor = args["amount"]
                     .as_str()
-                    .and_then(|a| paygate::money::parse_minor(a, paygate::money::Currency::parse("KES").ok()?).ok())
+                    .and_then(|a| {
+                        paygate::domain::money::parse_minor(a, paygate::domain::money::Currency::parse("KES").ok()?)
+                            .ok()
+                    })
                     .ok_or(axum::http::StatusCode::BAD_REQUEST)?;
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 let pay = Pay {
@@ -913,10 +916,10 @@ mod growth {
 
     use paygate::domain::audit::AuditRecord;
     use paygate::domain::idempotency::NewIdempotencyRecord;
+    use paygate::domain::ids::{AccountId, PaymentId};
+    use paygate::domain::money::{Currency, Money};
     use paygate::domain::payment::Claim;
     use paygate::domain::payment::{Guards, TransferRequest};
-    use paygate::ids::{AccountId, PaymentId};
-    use paygate::money::{Currency, Money};
     use paygate::store::Store;
     use serde_json::json;
 

@@ -31,8 +31,8 @@ impl MandateKind {
 
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
-use crate::ids::ApprovalId;
-use crate::money::Currency;
+use crate::domain::ids::ApprovalId;
+use crate::domain::money::Currency;
 
 /// Where an approval stands. Stored as its lowercase name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,8 +1,8 @@
 //! The errors shared by the layers: business refusals and failures of a money-moving call
 //! (`BackendError`), and failures of the store (`StoreError`).
 
-use crate::ids::{AccountId, PaymentId};
-use crate::money::Currency;
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Currency;
 
 /// Business refusals are typed so the gateway can map them exhaustively; everything else is
 /// `Unavailable` (nothing moved) or `Unknown` (maybe moved: reconcile, never retry blindly).

@@ -9,6 +9,8 @@ pub mod approval;
 pub mod audit;
 pub mod error;
 pub mod idempotency;
+pub mod ids;
+pub mod money;
 pub mod ops;
 pub mod payment;
 pub mod principal;

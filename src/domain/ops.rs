@@ -3,8 +3,8 @@
 //! `store::queries` turns the queries into SQL once for both engines.
 
 use crate::clock::UnixSecs;
+use crate::domain::ids::AccountId;
 use crate::domain::payment::{Payment, PaymentKind, PaymentStatus};
-use crate::ids::AccountId;
 
 /// Where a payment lives: `ledger` (the embedded reference ledger) or the rail that carried it.
 pub const LEDGER_RAIL: &str = "ledger";

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
 use crate::domain::idempotency::NewIdempotencyRecord;
-use crate::ids::{AccountId, PaymentId};
-use crate::money::{Currency, Money, format_minor};
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::{Currency, Money, format_minor};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -3,9 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::UnixSecs;
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Currency;
 use crate::domain::payment::{Payment, PaymentKind, PaymentStatus};
-use crate::ids::{AccountId, PaymentId};
-use crate::money::Currency;
 
 /// Where a payment made through an external rail stands, in the gateway's own record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,12 +6,12 @@ use serde_json::{Value, json};
 
 use super::unit_of_work::{Executed, Intent, Movement, Strategy, Work};
 use super::{Caller, Decision, Gateway};
+use crate::domain::ids::OperationId;
+use crate::domain::money::{Currency, Money};
 use crate::domain::payment::{DailyBudget, Guards, MandateDraw, PaymentKind};
 use crate::domain::rules::guards;
 use crate::error::AgentError;
-use crate::ids::OperationId;
 use crate::mandate::{CallIntent, MandateClaims, authorizes};
-use crate::money::{Currency, Money};
 use crate::policy::{Decision as Policy, Profile};
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.

@@ -5,10 +5,10 @@
 use super::keys::Idem;
 use super::{Caller, Decision, Gateway};
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalStatus, Approver};
+use crate::domain::ids::ApprovalId;
+use crate::domain::money::Money;
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::ApprovalId;
 use crate::mandate::MandateKind;
-use crate::money::Money;
 
 impl Gateway {
     pub(crate) fn approval_url(&self, id: &ApprovalId) -> String {

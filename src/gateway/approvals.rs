@@ -14,10 +14,10 @@ use super::{Caller, Decision, Gateway};
 use crate::clock::{UnixSecs, rfc3339};
 use crate::domain::approval::ApprovalRecord;
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
+use crate::domain::ids::ApprovalId;
+use crate::domain::money::format_minor;
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::ApprovalId;
 use crate::mandate::MandateKind;
-use crate::money::format_minor;
 use crate::request_state::{ApprovalState, Binding, OpenError};
 
 /// An authenticated human operator (approver, auditor, admin).

@@ -9,9 +9,9 @@ use super::admission::{Parties, Proposal, Terms};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
+use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::payment::PaymentKind;
 use crate::error::AgentError;
-use crate::ids::{OperationId, PaymentId};
 use crate::policy;
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -8,10 +8,10 @@ use serde_json::json;
 use super::admission::{Parties, Proposal, Terms, parse_text};
 use super::unit_of_work::{Attempt, Executed, movement};
 use super::{Caller, Gateway};
+use crate::domain::ids::{AccountId, OperationId, PaymentId};
+use crate::domain::money::{Currency, Money};
 use crate::domain::payment::{PaymentKind, TransferRequest};
 use crate::error::AgentError;
-use crate::ids::{AccountId, OperationId, PaymentId};
-use crate::money::{Currency, Money};
 use crate::policy;
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

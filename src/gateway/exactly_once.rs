@@ -65,10 +65,10 @@ pub(crate) fn settle(result: Result<Payment, BackendError>, recorded_in_tx: bool
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ids::{AccountId, PaymentId};
+    use crate::domain::money::Currency;
     use crate::domain::payment::{PaymentKind, PaymentStatus};
     use crate::error::ErrorCode;
-    use crate::ids::{AccountId, PaymentId};
-    use crate::money::Currency;
 
     fn payment() -> Payment {
         Payment {

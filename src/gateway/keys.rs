@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use super::unit_of_work::Executed;
 use super::{Caller, Gateway};
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::domain::ids::OperationId;
 use crate::domain::payment::Claim;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::fingerprint;
-use crate::ids::OperationId;
 use crate::mandate::{MandateClaims, MandateKind};
 
 /// How often a waiting duplicate re-reads the store (covers holders in other replicas).

@@ -91,7 +91,7 @@ pub struct GatewayLimits {
     pub pending_approvals_per_agent_max: i64,
     pub reviewers_required: i64,
     pub high_risk_reviewers: i64,
-    pub high_risk_amount_minor: HashMap<crate::money::Currency, i64>,
+    pub high_risk_amount_minor: HashMap<crate::domain::money::Currency, i64>,
     pub mandate_ttl_secs: i64,
     pub open_mandate_valid_max_secs: i64,
     pub stop_denials_max: i64,
@@ -129,7 +129,7 @@ pub struct Gateway {
     /// The rails enabled (M-Pesa, ...), by name. The gateway sees them only through the seam.
     rails: Vec<Arc<dyn CollectionRail>>,
     /// Every account an agent profile may use (what reconciliation asks an external ledger about).
-    known_accounts: Vec<crate::ids::AccountId>,
+    known_accounts: Vec<crate::domain::ids::AccountId>,
     /// Local waiters on in-flight idempotency keys and approvals' decisions.
     waiters: waiters::Waiters,
     /// The exactly-once unit of work the money-moving operations hand their intents to.
@@ -250,7 +250,7 @@ impl Gateway {
     }
 
     /// The accounts reconciliation asks an external ledger about (every profile's allow-list).
-    pub fn with_known_accounts(mut self, accounts: Vec<crate::ids::AccountId>) -> Self {
+    pub fn with_known_accounts(mut self, accounts: Vec<crate::domain::ids::AccountId>) -> Self {
         self.known_accounts = accounts;
         self
     }

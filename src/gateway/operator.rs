@@ -16,12 +16,12 @@ use super::{ApprovalView, Gateway, Operator};
 use crate::catalogue::{self, scopes};
 use crate::clock::{UnixSecs, rfc3339};
 use crate::domain::error::StoreError;
+use crate::domain::ids::{AccountId, ApprovalId, PaymentId};
 use crate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use crate::domain::payment::{PaymentKind, PaymentStatus};
 use crate::domain::principal::SuspensionScope;
 use crate::domain::rail::RailState;
 use crate::domain::rules::guards::day_of;
-use crate::ids::{AccountId, ApprovalId, PaymentId};
 
 /// Audit records one payment's timeline shows at most.
 pub const TIMELINE_EVENTS_MAX: u32 = 200;

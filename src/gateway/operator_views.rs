@@ -6,9 +6,9 @@ use serde_json::Value;
 
 use crate::clock::rfc3339;
 use crate::domain::audit::AuditRecord;
+use crate::domain::money::{Currency, format_minor};
 use crate::domain::ops::{MandateListing, OpsPayment};
 use crate::domain::payment::PaymentKind;
-use crate::money::{Currency, format_minor};
 /// A payment as operators see it.
 #[derive(Debug, Clone, Serialize)]
 pub struct OpsPaymentView {

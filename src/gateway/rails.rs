@@ -14,12 +14,12 @@ use super::windows::today_window;
 use super::{Caller, Gateway};
 
 use crate::clock::UnixSecs;
+use crate::domain::ids::PaymentId;
+use crate::domain::money::Currency;
 use crate::domain::payment::{Payment, PaymentStatus};
 use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::domain::rail::{RailFlow, RailPayment};
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::PaymentId;
-use crate::money::Currency;
 
 /// Where a completed payment was settled, and the rail's own reference for it.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]

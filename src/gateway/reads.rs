@@ -9,9 +9,9 @@ use super::windows::{parse_window, today_window};
 use super::{Caller, Decision, Gateway, decode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
+use crate::domain::ids::AccountId;
 use crate::domain::payment::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::AccountId;
 use crate::policy;
 
 /// Attempts at a first page whose backend listing moved between its two reads (a payment posted

@@ -11,11 +11,11 @@ use super::{Caller, Decision, Gateway};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::ids::PaymentId;
 use crate::domain::payment::{PaymentKind, PaymentQuery, PaymentStatus};
 use crate::domain::rail::Settlement;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::PaymentId;
 /// Rail records examined per reconciliation page.
 /// Finished (failed) collections a reconciliation run asks the rail about again, at most: each is
 /// one query to the rail.
@@ -263,7 +263,7 @@ impl Gateway {
                 format!(
                     "gateway {} {} {}, backend {} {} {}",
                     rec.kind.as_str(),
-                    crate::money::format_minor(rec.amount_minor, rec.currency),
+                    crate::domain::money::format_minor(rec.amount_minor, rec.currency),
                     rec.currency,
                     p.kind.as_str(),
                     p.amount(),

@@ -8,10 +8,10 @@ use serde_json::json;
 use super::admission::{Parties, Proposal, Terms, parse_text};
 use super::unit_of_work::{Attempt, Executed, movement};
 use super::{Caller, Gateway};
+use crate::domain::ids::{OperationId, PaymentId};
+use crate::domain::money::Money;
 use crate::domain::payment::{Payment, PaymentKind, RefundRequest};
 use crate::error::{AgentError, ErrorCode};
-use crate::ids::{OperationId, PaymentId};
-use crate::money::Money;
 use crate::policy;
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

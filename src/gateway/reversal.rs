@@ -5,10 +5,10 @@ use super::refund::{RefundPaymentArgs, refund_proposal};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::ReversalRequest;
+use crate::domain::ids::{OperationId, PaymentId};
+use crate::domain::money::Money;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::AgentError;
-use crate::ids::{OperationId, PaymentId};
-use crate::money::Money;
 use crate::policy;
 
 impl Gateway {
@@ -89,11 +89,11 @@ mod tests {
     use super::super::testkit::{NOW, caller, gateway, kes, mpesa, with_fake};
     use super::*;
     use crate::catalogue::scopes;
+    use crate::domain::ids::AccountId;
     use crate::domain::payment::{Guards, PaymentKind};
     use crate::domain::rail::RailUpdate;
     use crate::error::ErrorCode;
     use crate::gateway::unit_of_work::Strategy;
-    use crate::ids::AccountId;
     use crate::store::Store;
 
     /// A 50.00 KES M-Pesa collection from the customer's account into acct-mpesa, in `state`.

@@ -14,11 +14,11 @@ use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
+use crate::domain::ids::{AccountId, ApprovalId};
+use crate::domain::money::{Currency, Money};
 use crate::domain::principal::{SuspensionScope, valid_subject};
 use crate::domain::rules::authority::{Target, acts_on_itself};
-use crate::ids::{AccountId, ApprovalId};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
-use crate::money::{Currency, Money};
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreauthorizeArgs {

@@ -20,10 +20,10 @@ use super::{Caller, Decision, Gateway};
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::{BackendError, StoreError};
 use crate::domain::idempotency::Reservation;
+use crate::domain::money::Money;
 use crate::domain::payment::{Claim, Payment, PaymentStatus};
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::StoredOutcome;
-use crate::money::Money;
 use crate::policy::Decision as Policy;
 
 /// A payment and whether this call replayed an earlier outcome.

@@ -244,7 +244,7 @@ impl PaygateMcp {
             // the approval's mandate, which this agent could fetch with get_approval anyway.
             Ok(Resume::Approved { mandate }) => Ok(complete(caller, run(with_mandate(args, mandate)).await)),
             Ok(Resume::Pending { expires_at, approver }) => {
-                let id = crate::ids::ApprovalId::parse(&apr)
+                let id = crate::domain::ids::ApprovalId::parse(&apr)
                     .map_err(|_| ErrorData::internal_error("approval id unreadable", None))?;
                 let page = self.gateway.approval_page(&id, approver);
                 let message = format!("{} Open the approval page to review it.", e.message);

@@ -4,9 +4,9 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::clock::rfc3339;
+use crate::domain::money::format_minor;
 use crate::domain::payment::{Balance, IntegrityReport, LedgerEntry, Payment};
 use crate::gateway::{Executed, Finding, PaymentPage, PaymentSummary, Receipt, ReconcileReport, encode_cursor};
-use crate::money::format_minor;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct PaymentView {
@@ -271,7 +271,7 @@ impl From<PaymentSummary> for SummaryView {
                 .rows
                 .into_iter()
                 .map(|r| {
-                    let total = match crate::money::Currency::parse(&r.currency) {
+                    let total = match crate::domain::money::Currency::parse(&r.currency) {
                         Ok(c) => format_minor(r.total_minor, c),
                         Err(_) => r.total_minor.to_string(),
                     };

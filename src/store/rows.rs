@@ -5,14 +5,14 @@ use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalStatus, Approver, IssuedMandate, Review, ReviewDecision};
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
+use crate::domain::ids::{AccountId, ApprovalId, PaymentId};
+use crate::domain::money::Currency;
 use crate::domain::ops::{MandateListing, MandateStatus, OpsPayment, PrincipalState, VolumeRow};
 use crate::domain::payment::{AccountRow, LedgerEntry, Payment, PaymentKind, PaymentStatus, SummaryRow};
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::domain::rules::guards::MandateRow;
 use crate::domain::rules::reservation::IdempotencyRow;
-use crate::ids::{AccountId, ApprovalId, PaymentId};
 use crate::mandate::MandateKind;
-use crate::money::Currency;
 
 /// One result row as plain values, whichever engine produced it: what `Store::select_rows` returns
 /// for the operator's reads, mapped by the same functions as the engines' own rows.

@@ -29,9 +29,9 @@ use super::rail::{
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
+use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
-use crate::ids::{AccountId, PaymentId};
 use crate::store::Store;
 
 /// The `rail` column of Airtel Money records, and the rail's name in callback paths.
@@ -56,7 +56,7 @@ pub fn collection_from_args(args: CollectionArgs<'_>) -> Result<ValidCollection,
 }
 
 /// The payer's side of a collection, as an account id (`airtel-2547…`).
-pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::ids::IdError> {
+pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::domain::ids::IdError> {
     AccountId::parse(&format!("{RAIL}-{phone}"))
 }
 

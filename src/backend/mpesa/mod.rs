@@ -34,9 +34,9 @@ use super::rail::{
 };
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Money;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, Settlement};
-use crate::ids::{AccountId, PaymentId};
-use crate::money::Money;
 use crate::store::Store;
 
 /// The `rail` column of M-Pesa records.
@@ -185,7 +185,7 @@ pub fn settlement_from_query(answer: &Result<StkQueryOutcome, DarajaError>) -> S
 }
 
 /// The payer's side of a collection, as an account id (`mpesa-2547…`).
-pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::ids::IdError> {
+pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::domain::ids::IdError> {
     // A normalized MSISDN is 12 digits, so this always parses; the error is typed all the same.
     AccountId::parse(&format!("mpesa-{phone}"))
 }

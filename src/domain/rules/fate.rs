@@ -90,8 +90,8 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{AccountId, PaymentId};
-    use crate::money::Currency;
+    use crate::domain::ids::{AccountId, PaymentId};
+    use crate::domain::money::Currency;
 
     #[test]
     fn every_error_has_one_verdict_and_one_key_fate() {

@@ -4,8 +4,8 @@
 
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::money::{Currency, format_minor};
 use crate::domain::payment::{DailyBudget, PaymentKind};
-use crate::money::{Currency, format_minor};
 
 /// Seconds in a budget day (UTC).
 const DAY_SECS: i64 = 86_400;

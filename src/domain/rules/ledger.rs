@@ -1,9 +1,9 @@
 //! Double-entry bookkeeping on the reference ledger: what each posting says, and where opening
 //! balances come from (a per-currency equity account, so postings still sum to zero).
 
+use crate::domain::ids::AccountId;
+use crate::domain::money::Currency;
 use crate::domain::payment::Payment;
-use crate::ids::AccountId;
-use crate::money::Currency;
 
 /// The description on both postings of a payment or refund.
 pub fn posting_description(p: &Payment) -> String {
@@ -59,8 +59,8 @@ impl<'a> DoubleEntry<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ids::PaymentId;
     use crate::domain::payment::{PaymentKind, PaymentStatus};
-    use crate::ids::PaymentId;
 
     #[test]
     fn descriptions() {

@@ -138,9 +138,9 @@ pub fn may_abandon(rec: &RailPayment) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ids::{AccountId, PaymentId};
+    use crate::domain::money::Currency;
     use crate::domain::payment::{MandateDraw, PaymentKind};
-    use crate::ids::{AccountId, PaymentId};
-    use crate::money::Currency;
 
     fn rec(kind: PaymentKind, state: RailState, mandate: Option<&str>) -> RailPayment {
         RailPayment {

@@ -5,8 +5,8 @@
 use super::PostingPlan;
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::money::format_minor;
 use crate::domain::payment::{AccountRow, Payment, PaymentKind, PaymentStatus, RefundRequest};
-use crate::money::format_minor;
 
 /// Whether an existing payment under an idempotency key is the refund now asked for.
 pub fn same_refund(existing: &Payment, req: &RefundRequest) -> bool {
@@ -80,9 +80,9 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ids::{AccountId, PaymentId};
+    use crate::domain::money::Currency;
     use crate::domain::payment::Guards;
-    use crate::ids::{AccountId, PaymentId};
-    use crate::money::Currency;
 
     fn kes() -> Currency {
         Currency::parse("KES").unwrap()

@@ -90,8 +90,8 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
 mod tests {
     use super::*;
     use crate::domain::approval::MandateKind;
-    use crate::ids::ApprovalId;
-    use crate::money::Currency;
+    use crate::domain::ids::ApprovalId;
+    use crate::domain::money::Currency;
 
     const PENDING: &str = "pending";
     const APPROVE: &str = "approve";

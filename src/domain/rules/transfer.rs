@@ -4,8 +4,8 @@
 use super::PostingPlan;
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
+use crate::domain::money::format_minor;
 use crate::domain::payment::{AccountRow, Payment, PaymentKind, PaymentStatus, TransferRequest};
-use crate::money::format_minor;
 
 /// Whether an existing payment under an idempotency key is the transfer now asked for.
 pub fn same_transfer(existing: &Payment, req: &TransferRequest) -> bool {
@@ -76,9 +76,9 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ids::{AccountId, PaymentId};
+    use crate::domain::money::{Currency, Money};
     use crate::domain::payment::Guards;
-    use crate::ids::{AccountId, PaymentId};
-    use crate::money::{Currency, Money};
 
     fn cur(c: &str) -> Currency {
         Currency::parse(c).unwrap()

@@ -9,11 +9,11 @@ use super::{Cached, Mapped, PostgresStore, SNAPSHOT_XMIN, TxError, postings};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
+use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger::{self, DoubleEntry};
-use crate::ids::{AccountId, PaymentId};
 use crate::store::LedgerStore;
 use crate::store::rows::{self, Columns};
 

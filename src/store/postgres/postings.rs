@@ -9,14 +9,14 @@ use crate::domain::audit::AuditRecord;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::domain::ids::AccountId;
+use crate::domain::money::Currency;
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, MandateRow, UsageDraw};
 use crate::domain::rules::ledger::DoubleEntry;
 use crate::domain::rules::reservation::{self, EarlierKeys};
 use crate::domain::rules::{PostingPlan, refund, transfer};
 use crate::idempotency::StoredOutcome;
-use crate::ids::AccountId;
-use crate::money::Currency;
 use crate::store::rows;
 use crate::store::{Posting, completed_outcome};
 

@@ -7,9 +7,9 @@ use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
 use crate::domain::error::StoreError;
+use crate::domain::ids::ApprovalId;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self, RequestPlan, ReviewPlan};
-use crate::ids::ApprovalId;
 use crate::store::ApprovalStore;
 use crate::store::rows;
 

@@ -8,11 +8,11 @@ use super::{Cached, SqliteStore, db};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
+use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
 use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
-use crate::ids::PaymentId;
 use crate::store::RailStore;
 use crate::store::rows::{self, RAIL_COLS};
 

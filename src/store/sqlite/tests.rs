@@ -3,11 +3,11 @@
 use super::*;
 use crate::clock::UnixSecs;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
+use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::{Currency, Money};
 use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{Guards, RefundRequest, TransferRequest};
 use crate::idempotency::StoredOutcome;
-use crate::ids::{AccountId, PaymentId};
-use crate::money::{Currency, Money};
 use crate::store::{IdempotencyStore, LedgerStore};
 
 fn rec(key: &str, fp: &str, now: UnixSecs) -> NewIdempotencyRecord {

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
 use crate::domain::error::StoreError;
+use crate::domain::ids::ApprovalId;
 use crate::domain::payment::Page;
-use crate::ids::ApprovalId;
 
 #[async_trait]
 pub trait ApprovalStore: Send + Sync {

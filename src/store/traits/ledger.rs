@@ -6,12 +6,12 @@ use async_trait::async_trait;
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
+use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::payment::AccountSeed;
 use crate::domain::payment::{
     Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
 use crate::domain::rules::integrity::{self, Checkpoint, DeltaFacts, IntegrityFacts};
-use crate::ids::{AccountId, PaymentId};
 
 #[async_trait]
 pub trait LedgerStore: Send + Sync {

@@ -5,9 +5,9 @@ use async_trait::async_trait;
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
+use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
 use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
-use crate::ids::PaymentId;
 
 #[async_trait]
 pub trait RailStore: Send + Sync {

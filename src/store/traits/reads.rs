@@ -8,13 +8,13 @@ use super::Engine;
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
+use crate::domain::ids::PaymentId;
 use crate::domain::ops::{
     AuditQuery, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState, VolumeRow,
 };
 use crate::domain::payment::PaymentQuery;
 use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::domain::rail::RailPayment;
-use crate::ids::PaymentId;
 use crate::store::{queries, rows};
 
 #[async_trait]
