@@ -107,7 +107,6 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("metrics", &[]),
     ("private_fs", &[]),
     ("logging", &[]),
-    ("init", &[]),
     ("telemetry", &["install_crypto_provider"]),
     ("secret", &["logging"]),
     ("domain", &["clock"]),
@@ -178,7 +177,27 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "store",
         ],
     ),
-    ("doctor", &["app", "auth", "backend", "clock", "config", "install_crypto_provider", "private_fs", "store"]),
+    // The command line: it reaches whatever a subcommand runs (nothing imports it).
+    (
+        "cli",
+        &[
+            "app",
+            "auth",
+            "backend",
+            "catalogue",
+            "clock",
+            "config",
+            "gateway",
+            "install_crypto_provider",
+            "ledger_service",
+            "logging",
+            "mandate",
+            "mcp",
+            "private_fs",
+            "store",
+            "telemetry",
+        ],
+    ),
 ];
 
 #[test]

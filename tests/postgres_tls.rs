@@ -250,7 +250,7 @@ async fn the_gateway_runs_on_a_tls_only_postgresql_and_doctor_says_which_tls() {
 
     let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     vars.push(("PAYGATE_STORAGE__DATA_DIR".into(), dir.path().display().to_string()));
-    let text = paygate::doctor::run(None, vars).await.render();
+    let text = paygate::cli::doctor::run(None, vars).await.render();
     let store = text.lines().find(|l| l.contains("store")).unwrap_or_else(|| panic!("{text}"));
     assert!(store.starts_with('✓') && store.contains("sslmode verify-full") && store.contains(&ca), "{text}");
 }

@@ -54,12 +54,12 @@ async fn the_data_directory_and_database_files_are_owner_only_under_any_umask() 
     // `paygate doctor` reports a directory others can read.
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
     let env = vec![("PAYGATE_STORAGE__DATA_DIR".to_string(), data.display().to_string())];
-    let report = paygate::doctor::run(None, env.clone()).await;
+    let report = paygate::cli::doctor::run(None, env.clone()).await;
     let text = report.render();
     let files = text.lines().find(|l| l.contains("files")).unwrap_or_else(|| panic!("{text}"));
     assert!(files.starts_with('✗') && files.contains("mode 755"), "{text}");
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let text = paygate::doctor::run(None, env).await.render();
+    let text = paygate::cli::doctor::run(None, env).await.render();
     assert!(text.lines().any(|l| l.starts_with('✓') && l.contains("files")), "{text}");
 }
 

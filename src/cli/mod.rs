@@ -1,0 +1,602 @@
+//! The command line, one room: `paygate` parses its arguments here (clap) and each subcommand is a
+//! function below (serve, token, tools, mandate verify, migrate, ledger-serve, reconcile,
+//! check-ledger, probe), with `init` and `doctor` beside them. `src/main.rs` only calls [`run`].
+
+pub mod doctor;
+pub mod init;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "paygate", version, about = "MCP payment gateway for AI agents")]
+struct Cli {
+    /// A TOML file layered over the defaults (config/default.toml lists every key).
+    #[arg(long, global = true, env = "PAYGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Serve,
+    /// Mint a token with the dev key, for local use: an agent's (for <public_url>/mcp) unless
+    /// --operator or --console.
+    Token {
+        /// The token's subject (with --console: "operator" unless given). With --act, the user the
+        /// agent acts for.
+        #[arg(long, required_unless_present = "console")]
+        sub: Option<String>,
+        /// Space-separated scopes, e.g. "payments:read payments:create" (with --console: every
+        /// operator scope unless given).
+        #[arg(long, required_unless_present = "console")]
+        scope: Option<String>,
+        #[arg(long)]
+        ttl_secs: Option<i64>,
+        /// An operator's token (audience <public_url>/operator: the approval routes, /principals,
+        /// /operator/v1, the console) instead of an agent's.
+        #[arg(long)]
+        operator: bool,
+        /// A delegated agent token (RFC 8693): this agent acts for --sub, the user.
+        #[arg(long, conflicts_with_all = ["operator", "console"])]
+        act: Option<String>,
+        /// An operator's token for the console (implies --operator): prints the token, and where
+        /// to paste it on stderr.
+        #[arg(long)]
+        console: bool,
+    },
+    /// Print every tool with the scope it needs and its annotations.
+    Tools,
+    /// Apply the store's migrations and exit.
+    Migrate,
+    /// Serve the embedded reference ledger over the HTTP ledger contract (docs/ledger-api.yaml), for
+    /// a gateway configured with backend.kind = "http". Uses this config's storage and demo accounts;
+    /// give it its own data directory. The credential comes from PAYGATE_LEDGER_SERVE_CREDENTIAL.
+    LedgerServe {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        bind: String,
+    },
+    /// Compare the gateway's payment records with the backend and the rails, settle what the
+    /// backend can answer, print the report (JSON) and audit it. Exit code 1 when problems remain.
+    Reconcile {
+        /// Only payments created at or after this instant (RFC 3339 or YYYY-MM-DD); default: jobs.reconcile_window_secs.
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// Check the ledger's integrity (what the check_ledger_integrity tool does, with no request
+    /// timeout): incremental from the last checkpoint, or every posting with --full. Prints the
+    /// report (JSON) and audits it. Exit code 1 when the ledger is not consistent.
+    CheckLedger {
+        /// Read every posting, not only those since the last verified checkpoint.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Write a commented config for local development or production, and print client configuration
+    /// (Claude Code and Desktop, Cursor, VS Code, Python, TypeScript) for this gateway. Never overwrites.
+    Init {
+        #[arg(long, value_enum, default_value = "dev")]
+        mode: crate::cli::init::Mode,
+        /// Directory to write paygate.toml into (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The URL clients use, scheme://host[:port] (production default: a placeholder to replace).
+        #[arg(long)]
+        public_url: Option<String>,
+        /// Production: your identity provider's issuer.
+        #[arg(long)]
+        issuer: Option<String>,
+        /// Production: your identity provider's JWKS URL.
+        #[arg(long)]
+        jwks_url: Option<String>,
+    },
+    /// Check a config before starting: validity, dev key vs identity provider, JWKS, store and
+    /// migrations, backend and M-Pesa credentials, URLs and origins, secrets, clock. Exit 1 on any ✗.
+    Doctor,
+    /// Health check for containers without curl: GET the URL (default the local /readyz) and exit
+    /// 0 on a 2xx answer within the timeout, 1 otherwise. Needs no config.
+    Probe {
+        #[arg(default_value = "http://127.0.0.1:8080/readyz")]
+        url: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3)]
+        timeout_secs: u64,
+    },
+    /// Work with mandates signed by this gateway.
+    Mandate {
+        #[command(subcommand)]
+        command: MandateCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum MandateCommand {
+    /// Verify a mandate (signature, key id, shape, expiry) and print its claims, or why it fails.
+    Verify {
+        /// The compact JWS.
+        jws: String,
+    },
+}
+
+/// Parse the command line and run the command it names.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let file = cli.config.as_deref();
+    match cli.command.unwrap_or(Command::Serve) {
+        // These two work without a valid config: init writes one, doctor reports what is wrong with it.
+        Command::Init { mode, dir, public_url, issuer, jwks_url } => {
+            init(crate::cli::init::InitOptions { mode, dir, public_url, issuer, jwks_url })
+        }
+        Command::Doctor => doctor(file),
+        Command::Probe { url, timeout_secs } => probe(&url, timeout_secs),
+        Command::Serve => with_config(file, serve),
+        Command::Token { sub, scope, ttl_secs, operator, act, console } => with_config(file, |c| {
+            let sub = sub.unwrap_or_else(|| "operator".into());
+            let scope = scope.unwrap_or_else(|| OPERATOR_SCOPES.into());
+            let code = token(&c, &sub, act.as_deref(), &scope, ttl_secs, operator || console);
+            if console && code == ExitCode::SUCCESS {
+                let public_url = crate::app::public_url(&c, "http", &c.server.bind);
+                eprintln!("paste it at {public_url}/console (the page keeps it in memory only)");
+            }
+            code
+        }),
+        Command::Tools => {
+            tools();
+            ExitCode::SUCCESS
+        }
+        Command::Mandate { command: MandateCommand::Verify { jws } } => with_config(file, |c| verify_mandate(&c, &jws)),
+        Command::Migrate => with_config(file, |c| migrate(&c)),
+        Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
+        Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
+        Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
+    }
+}
+
+/// Load the config (defaults → file → environment) and run `f` with it; exit 2 when it is invalid.
+fn with_config(file: Option<&std::path::Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    match Config::from_env(file) {
+        Ok(c) => f(c),
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init(opts: crate::cli::init::InitOptions) -> ExitCode {
+    let mode = opts.mode;
+    let dir = opts.dir.clone();
+    match crate::cli::init::write_config(&opts) {
+        Ok(written) => {
+            println!("wrote {}", written.config_path.display());
+            println!("check it:  paygate doctor --config {}", written.config_path.display());
+            println!("run it:    paygate serve --config {}\n", written.config_path.display());
+            print!("{}", crate::cli::init::client_snippets(mode, &written.mcp_url, &dir));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn doctor(file: Option<&std::path::Path>) -> ExitCode {
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    let report = rt.block_on(crate::cli::doctor::run(file, std::env::vars()));
+    print!("{}", report.render());
+    if report.failed() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
+
+fn probe(url: &str, timeout_secs: u64) -> ExitCode {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        eprintln!("paygate probe: cannot start runtime");
+        return ExitCode::FAILURE;
+    };
+    crate::install_crypto_provider();
+    let timeout = std::time::Duration::from_secs(timeout_secs.clamp(1, 60));
+    rt.block_on(async move {
+        let client = match reqwest::Client::builder().timeout(timeout).build() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("paygate probe: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match client.get(url).send().await {
+            Ok(r) if r.status().is_success() => ExitCode::SUCCESS,
+            Ok(r) => {
+                eprintln!("paygate probe: {url} answered {}", r.status());
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("paygate probe: {url}: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            crate::logging::fatal(&format!("cannot start runtime: {e}"));
+            None
+        }
+    }
+}
+
+fn ledger_serve(config: Config, bind: &str) -> ExitCode {
+    init_tracing();
+    let Ok(credential) = std::env::var("PAYGATE_LEDGER_SERVE_CREDENTIAL") else {
+        crate::logging::fatal("set PAYGATE_LEDGER_SERVE_CREDENTIAL (the bearer credential gateways present)");
+        return ExitCode::from(2);
+    };
+    let Some(rt) = runtime() else { return ExitCode::FAILURE };
+    rt.block_on(async move {
+        let store = match crate::app::open_store(&config).await {
+            Ok(s) => s,
+            Err(e) => {
+                crate::logging::fatal(&e.to_string());
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Err(e) = crate::app::seed_demo_accounts(&config, &store).await {
+            crate::logging::fatal(&e.to_string());
+            return ExitCode::FAILURE;
+        }
+        let listener = match tokio::net::TcpListener::bind(bind).await {
+            Ok(l) => l,
+            Err(e) => {
+                crate::logging::fatal(&format!("cannot bind {bind}: {e}"));
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Ok(addr) = listener.local_addr() {
+            println!("paygate ledger service: http://{addr}");
+        }
+        let shutdown = shutdown_signal();
+        let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
+        let secret = crate::auth::Secret::new(credential);
+        match crate::ledger_service::serve(listener, store, clock, secret, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                crate::logging::fatal(&e.to_string());
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn reconcile(config: Config, since: Option<&str>) -> ExitCode {
+    init_tracing();
+    let since = match since.map(crate::gateway::parse_instant_arg).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            crate::logging::fatal(&format!("--since: {e}"));
+            return ExitCode::from(2);
+        }
+    };
+    one_shot(config, |g| async move {
+        match g.reconcile(since).await {
+            Ok(report) => {
+                if let Err(e) = g.store().audit_append(g.reconcile_audit(&report)).await {
+                    crate::logging::fatal(&format!("the reconciliation report could not be audited: {e}"));
+                }
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                if report.problems() == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            }
+            Err(e) => {
+                crate::logging::fatal(&format!("reconciliation failed: {e}"));
+                could_not_run()
+            }
+        }
+    })
+}
+
+fn check_ledger(config: Config, full: bool) -> ExitCode {
+    init_tracing();
+    one_shot(config, |g| async move {
+        match g.cli_integrity(full).await {
+            Ok(report) => {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            }
+            Err(e) => {
+                crate::logging::fatal(&format!("the ledger could not be checked: {e}"));
+                could_not_run()
+            }
+        }
+    })
+}
+
+/// `reconcile` and `check-ledger` exit 0 when all is well, 1 when they found something a human must
+/// look at, and 2 when they could not look (the store or the backend did not answer), so a
+/// script can tell "inconsistent" from "unknown", as `diff` and `grep` do.
+fn could_not_run() -> ExitCode {
+    ExitCode::from(2)
+}
+
+/// A one-shot command (`reconcile`, `check-ledger`): the gateway's own assembly (store, backend,
+/// rails) on a private port with no scheduler, `run` against it, then a clean shutdown.
+fn one_shot<F, Fut>(mut config: Config, run: F) -> ExitCode
+where
+    F: FnOnce(std::sync::Arc<crate::gateway::Gateway>) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
+    config.server.bind = "127.0.0.1:0".into();
+    config.jobs.enabled = false;
+    let Some(rt) = runtime() else { return could_not_run() };
+    rt.block_on(async move {
+        let running = match crate::app::start_default(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                crate::logging::fatal(&e.to_string());
+                return could_not_run();
+            }
+        };
+        let code = run(running.gateway.clone()).await;
+        running.shutdown().await;
+        code
+    })
+}
+
+fn migrate(config: &Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::app::open_store(config)) {
+        Ok(_) => {
+            println!("migrations applied");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
+    let secret = match &config.mandates.secret {
+        Some(s) => s.clone(),
+        None => {
+            let path = config.storage.data_dir.join("mandate.key");
+            match std::fs::read_to_string(&path) {
+                Ok(t) => crate::auth::Secret::new(t.trim().to_string()),
+                Err(e) => {
+                    crate::logging::fatal(&format!("no mandate key ({}): {e}", path.display()));
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let keys = match crate::mandate::MandateKeys::new(config.mandates.key_id.clone(), &secret) {
+        Ok(k) => k,
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            return ExitCode::FAILURE;
+        }
+    };
+    match keys.verify(jws.trim(), SystemClock.now()) {
+        Ok(claims) => {
+            println!("{}", serde_json::to_string_pretty(&claims).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("invalid: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Logs go to stderr: readable by default, one JSON object per line with PAYGATE_LOG_FORMAT=json
+/// (for log shippers). Filter with PAYGATE_LOG (e.g. "info", "paygate=debug").
+fn init_tracing() {
+    crate::logging::init();
+}
+
+/// One line of the start banner on stdout. Whoever started the server may stop reading once it
+/// has the URL: a closed stdout must not take the server down (`println!` would panic).
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+fn serve(config: Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            init_tracing();
+            crate::logging::fatal(&format!("cannot start runtime: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        // Traces need the runtime (exports run on it); the logs start with them.
+        let telemetry = if config.telemetry.enabled {
+            match crate::telemetry::start(&config.telemetry.settings()) {
+                Ok((telemetry, tracer)) => {
+                    crate::logging::init_with(Some(tracer));
+                    tracing::info!(otlp.endpoint = %config.telemetry.otlp_endpoint, "exporting traces");
+                    Some(telemetry)
+                }
+                Err(e) => {
+                    init_tracing();
+                    crate::logging::fatal(&e);
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            init_tracing();
+            None
+        };
+        let code = serve_on(config).await;
+        if let Some(t) = telemetry {
+            t.shutdown().await;
+        }
+        code
+    })
+}
+
+async fn serve_on(config: Config) -> ExitCode {
+    {
+        let dev = config.dev.clone();
+        let console_on = config.console.enabled;
+        let running = match crate::app::start_default(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                crate::logging::fatal(&e.to_string());
+                return ExitCode::FAILURE;
+            }
+        };
+        say(format_args!("paygate MCP endpoint: {}", running.mcp_url()));
+        if console_on {
+            say(format_args!(
+                "operator console: {}/console (paygate token --console prints a token for it)",
+                running.public_url
+            ));
+        }
+        if running.public_url != format!("http://{}", running.addr) {
+            say(format_args!("paygate listening on: http://{}", running.addr));
+        }
+        if dev.print_token
+            && let Some(token) = running.mint_token(&dev.subject, &dev.scopes, dev.token_ttl_secs)
+        {
+            // Printed to the terminal for the developer, never to the log.
+            say(format_args!("dev token (subject {}, scopes \"{}\"):\n{token}", dev.subject, dev.scopes));
+        }
+        let stop = running.shutdown_token();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            stop.cancel();
+        });
+        match running.wait().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                crate::logging::fatal(&e.to_string());
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Ctrl-C, or SIGTERM (what Kubernetes and `docker stop` send): stop taking requests, finish the
+/// ones in flight, flush what is queued.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Every operator scope: what `paygate token --console` grants unless told otherwise.
+const OPERATOR_SCOPES: &str = "payments:audit payments:approve payments:admin";
+
+fn token(
+    config: &Config,
+    sub: &str,
+    act: Option<&str>,
+    scope: &str,
+    ttl_secs: Option<i64>,
+    operator: bool,
+) -> ExitCode {
+    let ttl = ttl_secs.unwrap_or(config.dev.token_ttl_secs);
+    if !(60..=2_592_000).contains(&ttl) {
+        crate::logging::fatal("--ttl-secs must be 60..=2592000");
+        return ExitCode::from(2);
+    }
+    // Agents' and operators' scopes are different names: a token for one resource carrying the
+    // other's scopes is a mistake worth saying so about (it would be refused or mean nothing).
+    let (known, kind) = if operator {
+        (crate::catalogue::scopes::OPERATOR_SCOPES, "an operator")
+    } else {
+        (crate::catalogue::scopes::AGENT_SCOPES, "an agent")
+    };
+    if let Some(other) = scope.split_whitespace().find(|s| !known.contains(s)) {
+        crate::logging::fatal(&format!("{other:?} is not {kind} scope; {kind}'s scopes are {}", known.join(" ")));
+        return ExitCode::from(2);
+    }
+    let key = match crate::app::dev_key(config) {
+        Ok(k) => k,
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            return ExitCode::FAILURE;
+        }
+    };
+    let public_url = crate::app::public_url(config, "http", &config.server.bind);
+    let audience =
+        if operator { crate::app::operator_resource(&public_url) } else { crate::app::agent_resource(&public_url) };
+    let issuer = crate::app::dev_issuer(config, &public_url);
+    let token = crate::auth::DevToken {
+        issuer: &issuer,
+        audience: &audience,
+        subject: sub,
+        scope,
+        actor: act,
+        now: SystemClock.now(),
+        ttl_secs: ttl,
+    };
+    match token.mint(&key) {
+        Ok(t) => {
+            println!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            crate::logging::fatal(&e.to_string());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn tools() {
+    for tool in crate::mcp::PaygateMcp::tool_list() {
+        let scope = crate::catalogue::scope_for_tool(&tool.name).unwrap_or("-");
+        let hints = tool
+            .annotations
+            .as_ref()
+            .map(|a| {
+                let mut h = Vec::new();
+                if a.read_only_hint == Some(true) {
+                    h.push("read-only");
+                }
+                if a.destructive_hint == Some(true) {
+                    h.push("destructive");
+                }
+                if a.idempotent_hint == Some(true) {
+                    h.push("idempotent");
+                }
+                h.join(", ")
+            })
+            .unwrap_or_default();
+        println!("{:<24} {:<18} [{}]", tool.name, scope, hints);
+    }
+}
