@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 use crate::domain::error::BackendError;
+use crate::mandate::MandateError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -309,6 +310,18 @@ impl From<crate::domain::money::MoneyError> for AgentError {
 impl From<crate::domain::ids::IdError> for AgentError {
     fn from(e: crate::domain::ids::IdError) -> Self {
         AgentError::invalid(e.to_string())
+    }
+}
+
+/// A mandate refused: expired, not valid for this agent, or not what this call is.
+impl From<MandateError> for AgentError {
+    fn from(e: MandateError) -> Self {
+        let code = match e {
+            MandateError::Expired => ErrorCode::MandateExpired,
+            ref m if m.is_mismatch() => ErrorCode::MandateMismatch,
+            _ => ErrorCode::MandateInvalid,
+        };
+        AgentError::new(code, e.to_string())
     }
 }
 

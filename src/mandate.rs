@@ -12,7 +12,6 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, deco
 use serde::{Deserialize, Serialize};
 
 use crate::clock::UnixSecs;
-use crate::error::{AgentError, ErrorCode};
 use crate::secret::Secret;
 
 /// The JWS `typ` of paygate mandates; anything else is not a mandate.
@@ -85,15 +84,23 @@ pub enum MandateError {
     Expired,
     #[error("mandate claims are inconsistent: {0}")]
     Inconsistent(&'static str),
+    // A valid mandate that does not authorize this call (`authorizes`).
+    #[error("this mandate was issued to another agent")]
+    AnotherAgent,
+    #[error("this mandate was issued to this agent acting for someone else (or on its own)")]
+    AnotherUser,
+    /// What differs: the call's currency, payer, tool, payee, amount, payment or operation.
+    #[error("the call's {0} differs from the mandate's")]
+    Mismatch(&'static str),
+    #[error("the amount is over the mandate's per-payment maximum")]
+    OverPerPaymentMax,
 }
 
-impl From<MandateError> for AgentError {
-    fn from(e: MandateError) -> Self {
-        let code = match e {
-            MandateError::Expired => ErrorCode::MandateExpired,
-            _ => ErrorCode::MandateInvalid,
-        };
-        AgentError::new(code, e.to_string())
+impl MandateError {
+    /// Whether the mandate is fine and the call is not what it authorizes (the agent changed the
+    /// payment), as opposed to a mandate that is not valid for this agent at all.
+    pub fn is_mismatch(&self) -> bool {
+        matches!(self, MandateError::Mismatch(_) | MandateError::OverPerPaymentMax)
     }
 }
 
@@ -217,19 +224,14 @@ pub fn intent_digest(intent: &serde_json::Value) -> String {
 
 /// Does this verified mandate authorize this call? Budget and use counts of open mandates are
 /// checked where they are recorded (in the posting transaction).
-pub fn authorizes(m: &MandateClaims, call: &CallIntent<'_>) -> Result<(), AgentError> {
+pub fn authorizes(m: &MandateClaims, call: &CallIntent<'_>) -> Result<(), MandateError> {
     if m.sub != call.agent_sub || m.agent_iss != call.agent_iss {
-        return Err(AgentError::new(ErrorCode::MandateInvalid, "this mandate was issued to another agent"));
+        return Err(MandateError::AnotherAgent);
     }
     if m.user.as_deref() != call.agent_user {
-        return Err(AgentError::new(
-            ErrorCode::MandateInvalid,
-            "this mandate was issued to this agent acting for someone else (or on its own)",
-        ));
+        return Err(MandateError::AnotherUser);
     }
-    let mismatch = |what: &str| {
-        AgentError::new(ErrorCode::MandateMismatch, format!("the call's {what} differs from the mandate's"))
-    };
+    let mismatch = MandateError::Mismatch;
     if m.currency != call.currency {
         return Err(mismatch("currency"));
     }
@@ -263,10 +265,7 @@ pub fn authorizes(m: &MandateClaims, call: &CallIntent<'_>) -> Result<(), AgentE
                 return Err(mismatch("payee"));
             }
             if m.per_payment_max_minor.is_some_and(|max| call.amount_minor > max) {
-                return Err(AgentError::new(
-                    ErrorCode::MandateMismatch,
-                    "the amount is over the mandate's per-payment maximum",
-                ));
+                return Err(MandateError::OverPerPaymentMax);
             }
         }
     }
@@ -276,6 +275,7 @@ pub fn authorizes(m: &MandateClaims, call: &CallIntent<'_>) -> Result<(), AgentE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{AgentError, ErrorCode};
 
     fn keys() -> MandateKeys {
         MandateKeys::new("mk1".into(), &Secret::new("k".repeat(32))).unwrap()
@@ -372,7 +372,7 @@ mod tests {
     fn closed_mandates_pin_everything() {
         let m = closed();
         assert!(authorizes(&m, &call()).is_ok());
-        let code = |c: CallIntent<'_>| authorizes(&m, &c).unwrap_err().code;
+        let code = |c: CallIntent<'_>| AgentError::from(authorizes(&m, &c).unwrap_err()).code;
         assert_eq!(code(CallIntent { agent_sub: "other", ..call() }), ErrorCode::MandateInvalid);
         assert_eq!(code(CallIntent { agent_iss: "other", ..call() }), ErrorCode::MandateInvalid);
         // Delegation: a mandate for the agent on its own is not its mandate acting for a user, and
@@ -381,10 +381,10 @@ mod tests {
         let for_alice = MandateClaims { user: Some("alice".into()), ..closed() };
         assert!(authorizes(&for_alice, &CallIntent { agent_user: Some("alice"), ..call() }).is_ok());
         assert_eq!(
-            authorizes(&for_alice, &CallIntent { agent_user: Some("bob"), ..call() }).unwrap_err().code,
-            ErrorCode::MandateInvalid
+            authorizes(&for_alice, &CallIntent { agent_user: Some("bob"), ..call() }).unwrap_err(),
+            MandateError::AnotherUser
         );
-        assert_eq!(authorizes(&for_alice, &call()).unwrap_err().code, ErrorCode::MandateInvalid);
+        assert_eq!(authorizes(&for_alice, &call()).unwrap_err(), MandateError::AnotherUser);
         assert_eq!(code(CallIntent { payer: "acct-Z", ..call() }), ErrorCode::MandateMismatch);
         assert_eq!(code(CallIntent { payee: "acct-Z", ..call() }), ErrorCode::MandateMismatch);
         assert_eq!(code(CallIntent { amount_minor: 499_999, ..call() }), ErrorCode::MandateMismatch);

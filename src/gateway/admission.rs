@@ -112,8 +112,8 @@ impl Gateway {
         let verified = self
             .mandates
             .verify(jws.trim(), self.clock.now())
-            .map_err(AgentError::from)
-            .and_then(|claims| authorizes(&claims, &call).map(|()| claims));
+            .and_then(|claims| authorizes(&claims, &call).map(|()| claims))
+            .map_err(AgentError::from);
         match verified {
             Ok(claims) => {
                 let mut d = Decision::new(asked.tool, "mandate_accepted");
