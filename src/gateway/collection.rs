@@ -1,8 +1,6 @@
 //! `request_*_payment`: ask a customer to pay through a rail (M-Pesa STK push, Airtel USSD push),
 //! exactly once per operation_id: the customer is never prompted twice for one operation.
 
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms};
@@ -14,22 +12,16 @@ use crate::domain::payment::PaymentKind;
 use crate::error::AgentError;
 use crate::policy;
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RequestMpesaPaymentArgs {
-    /// Your id for this collection. Reuse it to retry the SAME request: the customer is never
-    /// prompted twice for one operation_id.
+/// `request_*_payment`'s arguments as the agent wrote them, unparsed: the operation parses each
+/// and refuses (audited) what does not parse.
+/// Wire form, schema and field docs: `mcp::args::RequestMpesaPaymentArgs`.
+#[derive(Debug, Clone)]
+pub struct RequestCollection {
     pub operation_id: String,
-    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
     pub phone_number: String,
-    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
     pub amount: String,
-    /// Shown to the customer as the account (at most 12 characters).
     pub account_reference: String,
-    /// Shown to the customer (at most 13 characters).
     pub description: String,
-    /// A signed mandate from an approval, for collections over the autonomous limit.
-    #[serde(default)]
     pub mandate: Option<String>,
 }
 
@@ -51,7 +43,7 @@ impl Gateway {
         caller: &Caller,
         tool: &'static str,
         rail_name: &str,
-        args: RequestMpesaPaymentArgs,
+        args: RequestCollection,
     ) -> Result<Executed, AgentError> {
         let Some(rail) = self.rail(rail_name).cloned() else {
             let e = AgentError::invalid(format!("collections through {rail_name} are not enabled on this gateway"));
@@ -117,8 +109,8 @@ mod tests {
     use crate::error::ErrorCode;
     use crate::gateway::unit_of_work::Strategy;
 
-    fn args(op: &str, phone: &str, amount: &str) -> RequestMpesaPaymentArgs {
-        RequestMpesaPaymentArgs {
+    fn args(op: &str, phone: &str, amount: &str) -> RequestCollection {
+        RequestCollection {
             operation_id: op.into(),
             phone_number: phone.into(),
             amount: amount.into(),

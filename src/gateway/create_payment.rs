@@ -1,8 +1,6 @@
 //! `create_payment`: move money between two accounts of the ledger, exactly once per operation_id.
 //! Admit (parse every argument) → intent → mandate → policy → unit of work → answer.
 
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms, parse_text};
@@ -14,30 +12,22 @@ use crate::domain::payment::{PaymentKind, TransferRequest};
 use crate::error::AgentError;
 use crate::policy;
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreatePaymentArgs {
-    /// Your id for this payment. Reuse it to retry the SAME payment (it is never paid twice);
-    /// use a new one for a new payment. 1-128 of A-Z a-z 0-9 - _ . :
+/// `create_payment`'s arguments as the agent wrote them, unparsed: the operation parses each
+/// and refuses (audited) what does not parse.
+/// Wire form, schema and field docs: `mcp::args::CreatePaymentArgs`.
+#[derive(Debug, Clone)]
+pub struct CreatePayment {
     pub operation_id: String,
-    /// Payer account id.
     pub from_account: String,
-    /// Payee account id.
     pub to_account: String,
-    /// Decimal string in major units, e.g. "50.00". No floats, signs or exponents.
     pub amount: String,
-    /// ISO 4217 code, e.g. "KES".
     pub currency: String,
-    /// Optional note (at most 140 characters).
-    #[serde(default)]
     pub memo: Option<String>,
-    /// A signed mandate from an approval, for payments over the autonomous limit.
-    #[serde(default)]
     pub mandate: Option<String>,
 }
 
 impl Gateway {
-    pub async fn create_payment(&self, caller: &Caller, args: CreatePaymentArgs) -> Result<Executed, AgentError> {
+    pub async fn create_payment(&self, caller: &Caller, args: CreatePayment) -> Result<Executed, AgentError> {
         const TOOL: &str = "create_payment";
         let parsed = (|| {
             let op = OperationId::parse(&args.operation_id)?;
@@ -100,8 +90,8 @@ mod tests {
     use crate::error::ErrorCode;
     use crate::gateway::unit_of_work::Strategy;
 
-    fn args(op: &str, amount: &str, memo: Option<&str>) -> CreatePaymentArgs {
-        CreatePaymentArgs {
+    fn args(op: &str, amount: &str, memo: Option<&str>) -> CreatePayment {
+        CreatePayment {
             operation_id: op.into(),
             from_account: "acct-A".into(),
             to_account: "acct-B".into(),
@@ -147,7 +137,7 @@ mod tests {
     async fn bad_input_is_refused_before_the_unit_of_work() {
         let (gw, fake) = with_fake(gateway().await);
         let c = caller(&[scopes::CREATE]);
-        let same = CreatePaymentArgs { to_account: "acct-A".into(), ..args("op-1", "1.00", None) };
+        let same = CreatePayment { to_account: "acct-A".into(), ..args("op-1", "1.00", None) };
         let cases = [
             args("op 1", "1.00", None),
             args("op-1", "1.001", None),
@@ -173,7 +163,7 @@ mod tests {
         // Without the scope: denied.
         let _ = gw.create_payment(&caller(&[]), args("op-2", "5.00", None)).await;
         // An account outside the profile: denied.
-        let other = CreatePaymentArgs { to_account: "acct-Z".into(), ..args("op-3", "5.00", None) };
+        let other = CreatePayment { to_account: "acct-Z".into(), ..args("op-3", "5.00", None) };
         let _ = gw.create_payment(&caller(&[scopes::CREATE]), other).await;
         let decisions: Vec<String> = fake.handed().into_iter().map(|h| h.decision).collect();
         assert_eq!(decisions[0], "approval");

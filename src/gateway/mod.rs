@@ -33,18 +33,18 @@ mod testkit;
 pub use crate::domain::approval::ReviewDecision;
 pub use admission::MEMO_CHARS_MAX;
 pub use approvals::{ApprovalView, Operator, REQUEST_STATE_TTL_SECS, Resume};
-pub use collection::RequestMpesaPaymentArgs;
-pub use create_payment::CreatePaymentArgs;
+pub use collection::RequestCollection;
+pub use create_payment::CreatePayment;
 pub use operator::{AuditFilters, PaymentFilters};
 pub use operator_views::{
     AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
 };
-pub use payout::SendMpesaPayoutArgs;
+pub use payout::SendPayout;
 pub use rail_events::CallbackOutcome;
 pub use rails::{PaymentSummary, Receipt};
 pub use reads::{PageAsk, PaymentPage, WindowAsk};
 pub use reconcile::{Finding, ReconcileReport};
-pub use refund::RefundPaymentArgs;
+pub use refund::RefundPayment;
 pub use reviews::{PreauthorizeArgs, PrincipalArgs};
 pub use unit_of_work::Executed;
 pub use windows::parse_instant_arg;

@@ -1,8 +1,6 @@
 //! `send_*_payout`: pay a customer through a rail (M-Pesa B2C, Airtel disbursement), exactly
 //! once per operation_id: the customer is never paid twice for one operation.
 
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms};
@@ -15,20 +13,15 @@ use crate::domain::rail::RailFlow;
 use crate::error::AgentError;
 use crate::policy;
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SendMpesaPayoutArgs {
-    /// Your id for this payout. Reuse it to retry the SAME payout: the customer is never paid
-    /// twice for one operation_id.
+/// `send_*_payout`'s arguments as the agent wrote them, unparsed: the operation parses each
+/// and refuses (audited) what does not parse.
+/// Wire form, schema and field docs: `mcp::args::SendMpesaPayoutArgs`.
+#[derive(Debug, Clone)]
+pub struct SendPayout {
     pub operation_id: String,
-    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
     pub phone_number: String,
-    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
     pub amount: String,
-    /// Shown on the customer's statement (at most 100 characters).
     pub remarks: String,
-    /// A signed mandate from an approval, for payouts over the autonomous limit.
-    #[serde(default)]
     pub mandate: Option<String>,
 }
 
@@ -48,7 +41,7 @@ impl Gateway {
         caller: &Caller,
         tool: &'static str,
         rail_name: &str,
-        args: SendMpesaPayoutArgs,
+        args: SendPayout,
     ) -> Result<Executed, AgentError> {
         let rail = match self.rail(rail_name).cloned() {
             Some(rail) if rail.offers(RailFlow::Payout) => rail,
@@ -106,8 +99,8 @@ mod tests {
     use crate::error::ErrorCode;
     use crate::gateway::unit_of_work::Strategy;
 
-    fn args(op: &str, amount: &str) -> SendMpesaPayoutArgs {
-        SendMpesaPayoutArgs {
+    fn args(op: &str, amount: &str) -> SendPayout {
+        SendPayout {
             operation_id: op.into(),
             phone_number: "0712345678".into(),
             amount: amount.into(),

@@ -1,8 +1,6 @@
 //! `refund_payment`: give a ledger payment's money back, in part or whole, exactly once per
 //! operation_id (a rail collection is given back by its reversal, `reversal.rs`).
 
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms, parse_text};
@@ -14,26 +12,20 @@ use crate::domain::payment::{Payment, PaymentKind, RefundRequest};
 use crate::error::{AgentError, ErrorCode};
 use crate::policy;
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RefundPaymentArgs {
-    /// Your id for this refund; reuse it to retry the same refund.
+/// `refund_payment`'s arguments as the agent wrote them, unparsed: the operation parses each
+/// and refuses (audited) what does not parse.
+/// Wire form, schema and field docs: `mcp::args::RefundPaymentArgs`.
+#[derive(Debug, Clone)]
+pub struct RefundPayment {
     pub operation_id: String,
-    /// The payment to refund (pay_…).
     pub payment_id: String,
-    /// Decimal string; omit to refund everything still refundable.
-    #[serde(default)]
     pub amount: Option<String>,
-    /// Optional reason (at most 140 characters).
-    #[serde(default)]
     pub reason: Option<String>,
-    /// A signed mandate from an approval, for refunds over the autonomous limit.
-    #[serde(default)]
     pub mandate: Option<String>,
 }
 
 impl Gateway {
-    pub async fn refund_payment(&self, caller: &Caller, args: RefundPaymentArgs) -> Result<Executed, AgentError> {
+    pub async fn refund_payment(&self, caller: &Caller, args: RefundPayment) -> Result<Executed, AgentError> {
         const TOOL: &str = "refund_payment";
         let p = &caller.principal;
         let parsed = (|| {
@@ -158,13 +150,13 @@ mod tests {
     use super::super::testkit::{caller, gateway, with_fake};
     use super::*;
     use crate::catalogue::scopes;
-    use crate::gateway::CreatePaymentArgs;
+    use crate::gateway::CreatePayment;
     use crate::gateway::unit_of_work::Strategy;
 
     /// A real 80.00 KES payment acct-A → acct-B, then the fake unit of work.
     async fn paid() -> (Gateway, super::super::testkit::Recording, String) {
         let gw = gateway().await;
-        let args = CreatePaymentArgs {
+        let args = CreatePayment {
             operation_id: "pay-1".into(),
             from_account: "acct-A".into(),
             to_account: "acct-B".into(),
@@ -178,8 +170,8 @@ mod tests {
         (gw, fake, paid.payment.id.to_string())
     }
 
-    fn refund(op: &str, pid: &str, amount: Option<&str>) -> RefundPaymentArgs {
-        RefundPaymentArgs {
+    fn refund(op: &str, pid: &str, amount: Option<&str>) -> RefundPayment {
+        RefundPayment {
             operation_id: op.into(),
             payment_id: pid.into(),
             amount: amount.map(String::from),

@@ -1,7 +1,7 @@
 //! `refund_payment` of a rail collection: reversed through its rail, in full, at most once.
 
 use super::admission::Terms;
-use super::refund::{RefundPaymentArgs, refund_proposal};
+use super::refund::{RefundPayment, refund_proposal};
 use super::unit_of_work::{Attempt, Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::ReversalRequest;
@@ -20,7 +20,7 @@ impl Gateway {
         caller: &Caller,
         op: OperationId,
         reason: Option<String>,
-        args: RefundPaymentArgs,
+        args: RefundPayment,
         rec: RailPayment,
     ) -> Result<Executed, AgentError> {
         const TOOL: &str = "refund_payment";
@@ -128,8 +128,8 @@ mod tests {
         id
     }
 
-    fn refund(op: &str, pid: &PaymentId, amount: Option<&str>) -> RefundPaymentArgs {
-        RefundPaymentArgs {
+    fn refund(op: &str, pid: &PaymentId, amount: Option<&str>) -> RefundPayment {
+        RefundPayment {
             operation_id: op.into(),
             payment_id: pid.to_string(),
             amount: amount.map(String::from),

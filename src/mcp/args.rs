@@ -1,6 +1,7 @@
-//! The read tools' arguments as agents send them: field names, defaults and the JSON schemas
+//! The tools' arguments as agents send them: field names, defaults and the JSON schemas
 //! tools/list shows. The gateway takes what they hold as plain values (`gateway::PageAsk`,
-//! `gateway::WindowAsk`, ids as strings it parses and refuses itself).
+//! `gateway::WindowAsk`, ids as strings it parses and refuses itself). The money tools' arguments
+//! become the gateway's commands (`gateway::CreatePayment`, …) field for field.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -113,4 +114,115 @@ pub struct ReconcileArgs {
     /// Only payments created at or after this instant (RFC 3339 or a date). Default: the configured window.
     #[serde(default)]
     pub since: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePaymentArgs {
+    /// Your id for this payment. Reuse it to retry the SAME payment (it is never paid twice);
+    /// use a new one for a new payment. 1-128 of A-Z a-z 0-9 - _ . :
+    pub operation_id: String,
+    /// Payer account id.
+    pub from_account: String,
+    /// Payee account id.
+    pub to_account: String,
+    /// Decimal string in major units, e.g. "50.00". No floats, signs or exponents.
+    pub amount: String,
+    /// ISO 4217 code, e.g. "KES".
+    pub currency: String,
+    /// Optional note (at most 140 characters).
+    #[serde(default)]
+    pub memo: Option<String>,
+    /// A signed mandate from an approval, for payments over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<CreatePaymentArgs> for crate::gateway::CreatePayment {
+    fn from(a: CreatePaymentArgs) -> Self {
+        let CreatePaymentArgs { operation_id, from_account, to_account, amount, currency, memo, mandate } = a;
+        crate::gateway::CreatePayment { operation_id, from_account, to_account, amount, currency, memo, mandate }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefundPaymentArgs {
+    /// Your id for this refund; reuse it to retry the same refund.
+    pub operation_id: String,
+    /// The payment to refund (pay_…).
+    pub payment_id: String,
+    /// Decimal string; omit to refund everything still refundable.
+    #[serde(default)]
+    pub amount: Option<String>,
+    /// Optional reason (at most 140 characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// A signed mandate from an approval, for refunds over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<RefundPaymentArgs> for crate::gateway::RefundPayment {
+    fn from(a: RefundPaymentArgs) -> Self {
+        let RefundPaymentArgs { operation_id, payment_id, amount, reason, mandate } = a;
+        crate::gateway::RefundPayment { operation_id, payment_id, amount, reason, mandate }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestMpesaPaymentArgs {
+    /// Your id for this collection. Reuse it to retry the SAME request: the customer is never
+    /// prompted twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown to the customer as the account (at most 12 characters).
+    pub account_reference: String,
+    /// Shown to the customer (at most 13 characters).
+    pub description: String,
+    /// A signed mandate from an approval, for collections over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<RequestMpesaPaymentArgs> for crate::gateway::RequestCollection {
+    fn from(a: RequestMpesaPaymentArgs) -> Self {
+        let RequestMpesaPaymentArgs { operation_id, phone_number, amount, account_reference, description, mandate } = a;
+        crate::gateway::RequestCollection {
+            operation_id,
+            phone_number,
+            amount,
+            account_reference,
+            description,
+            mandate,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMpesaPayoutArgs {
+    /// Your id for this payout. Reuse it to retry the SAME payout: the customer is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's M-Pesa number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown on the customer's statement (at most 100 characters).
+    pub remarks: String,
+    /// A signed mandate from an approval, for payouts over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<SendMpesaPayoutArgs> for crate::gateway::SendPayout {
+    fn from(a: SendMpesaPayoutArgs) -> Self {
+        let SendMpesaPayoutArgs { operation_id, phone_number, amount, remarks, mandate } = a;
+        crate::gateway::SendPayout { operation_id, phone_number, amount, remarks, mandate }
+    }
 }

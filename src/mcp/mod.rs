@@ -25,13 +25,11 @@ use serde_json::json;
 
 use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
-use crate::gateway::{
-    ApprovalView, Caller, CorrelationId, CreatePaymentArgs, Gateway, PageAsk, RefundPaymentArgs,
-    RequestMpesaPaymentArgs, SendMpesaPayoutArgs, WindowAsk,
-};
+use crate::gateway::{ApprovalView, Caller, CorrelationId, Gateway, PageAsk, WindowAsk};
 use args::{
-    AccountLedgerArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentSummaryArgs, ReconcileArgs, TodaySummaryArgs,
-    TodayTransactionsArgs, TransactionStatusArgs,
+    AccountLedgerArgs, CreatePaymentArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentSummaryArgs, ReconcileArgs,
+    RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs, TodaySummaryArgs, TodayTransactionsArgs,
+    TransactionStatusArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
@@ -314,7 +312,7 @@ impl PaygateMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
         self.money(c, round, "create_payment", args, |args| async move {
-            gateway.create_payment(c, parse_args::<CreatePaymentArgs>(args)?).await
+            gateway.create_payment(c, parse_args::<CreatePaymentArgs>(args)?.into()).await
         })
         .await
     }
@@ -334,7 +332,7 @@ impl PaygateMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
         self.money(c, round, "refund_payment", args, |args| async move {
-            gateway.refund_payment(c, parse_args::<RefundPaymentArgs>(args)?).await
+            gateway.refund_payment(c, parse_args::<RefundPaymentArgs>(args)?.into()).await
         })
         .await
     }
@@ -404,7 +402,7 @@ impl PaygateMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
         self.money(c, round, "request_airtel_payment", args, |args| async move {
-            let a = parse_args::<RequestMpesaPaymentArgs>(args)?;
+            let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
             gateway.request_collection(c, "request_airtel_payment", crate::backend::airtel::RAIL, a).await
         })
         .await
@@ -527,7 +525,7 @@ impl PaygateMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
         self.money(c, round, "send_mpesa_payout", args, |args| async move {
-            gateway.send_payout(c, "send_mpesa_payout", MPESA, parse_args::<SendMpesaPayoutArgs>(args)?).await
+            gateway.send_payout(c, "send_mpesa_payout", MPESA, parse_args::<SendMpesaPayoutArgs>(args)?.into()).await
         })
         .await
     }
@@ -587,7 +585,7 @@ impl PaygateMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let (gateway, c) = (&self.gateway, &caller);
         self.money(c, round, "request_mpesa_payment", args, |args| async move {
-            let a = parse_args::<RequestMpesaPaymentArgs>(args)?;
+            let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
             gateway.request_collection(c, "request_mpesa_payment", MPESA, a).await
         })
         .await
