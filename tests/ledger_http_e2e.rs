@@ -18,6 +18,7 @@ use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::Currency;
 use paygate::domain::payment::AccountSeed;
 use paygate::domain::payment::PaymentKind;
+use paygate::domain::rail::RailMove;
 use paygate::domain::rail::{RailState, RailUpdate};
 use paygate::store::Store;
 use paygate::store::sqlite::SqliteStore;
@@ -223,7 +224,10 @@ async fn reconciliation_finds_what_the_gateway_and_the_ledger_disagree_on() {
         .app
         .running
         .store
-        .rail_transition(&id2, &[RailState::Succeeded], RailState::Failed, RailUpdate::default(), r.clock.now())
+        .rail_transition(
+            RailMove { id: &id2, from: &[RailState::Succeeded], to: RailState::Failed, update: RailUpdate::default() },
+            r.clock.now(),
+        )
         .await
         .unwrap();
     assert!(tampered.is_some());

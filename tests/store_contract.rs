@@ -11,6 +11,7 @@ use paygate::domain::error::BackendError;
 use paygate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use paygate::domain::ids::{AccountId, ApprovalId, PaymentId};
 use paygate::domain::money::{Currency, Money};
+use paygate::domain::ops::ApprovalQuery;
 use paygate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use paygate::domain::payment::AccountSeed;
 use paygate::domain::payment::Claim;
@@ -18,6 +19,7 @@ use paygate::domain::payment::{
     DailyBudget, Guards, MandateDraw, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use paygate::domain::principal::{PrincipalRef, SuspensionScope};
+use paygate::domain::rail::RailMove;
 use paygate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use paygate::idempotency::StoredOutcome;
 use paygate::mandate::MandateKind;
@@ -418,7 +420,12 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         other => panic!("{label}: a rejected operation got {other:?}"),
     }
     // The agent's live pending approvals are bounded (this store holds two for "agent" by now).
-    let pending_now = store.approval_list(Some("pending"), None, 100, 14).await.unwrap().items.len() as i64;
+    let pending_now = store
+        .approval_list(ApprovalQuery { status: Some("pending".into()), now: 14, before: None, limit: 100 })
+        .await
+        .unwrap()
+        .items
+        .len() as i64;
     let flood = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
     assert_eq!(
         store.approval_get_or_create(flood, 14, pending_now).await.unwrap(),
@@ -427,11 +434,15 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
     );
 
     // Listing: status as of now (an untouched pending approval past expiry is expired); pages.
-    let page = store.approval_list(Some("expired"), None, 10, 1_500).await.unwrap();
+    let page = store
+        .approval_list(ApprovalQuery { status: Some("expired".into()), now: 1_500, before: None, limit: 10 })
+        .await
+        .unwrap();
     assert!(page.items.iter().any(|(_, a)| a.id == expired), "{label}");
-    let all = store.approval_list(None, None, 2, 0).await.unwrap();
+    let all = store.approval_list(ApprovalQuery { status: None, now: 0, before: None, limit: 2 }).await.unwrap();
     assert_eq!(all.items.len(), 2);
-    let next = store.approval_list(None, all.next_cursor, 100, 0).await.unwrap();
+    let next =
+        store.approval_list(ApprovalQuery { status: None, now: 0, before: all.next_cursor, limit: 100 }).await.unwrap();
     assert!(next.items.iter().all(|(_, a)| all.items.iter().all(|(_, b)| a.id != b.id)));
     assert_eq!(all.items.len() + next.items.len(), 5);
 });
@@ -894,23 +905,43 @@ contract!(outbound_records_keep_their_flow_and_settle_once_from_any_open_state, 
         };
         store.rail_open(rec, Guards::default(), 10).await.unwrap();
         if open != RailState::Submitting {
-            let moved = store.rail_transition(&id, &[RailState::Submitting], open, RailUpdate::default(), 11).await;
+            let moved = store
+                .rail_transition(
+                    RailMove { id: &id, from: &[RailState::Submitting], to: open, update: RailUpdate::default() },
+                    11,
+                )
+                .await;
             assert_eq!(moved.unwrap().map(|r| r.state), Some(open), "{label}");
         }
         let found = store.rail_by_ref("mpesa", id.as_str()).await.unwrap().unwrap();
         assert_eq!((found.flow, found.state), (RailFlow::Payout, open), "{label}");
         let paid = RailUpdate { receipt: Some("TKRECEIPT1".into()), ..Default::default() };
-        let settled = store.rail_transition(&id, settles_from(found.flow), RailState::Succeeded, paid, 12).await;
+        let settled = store
+            .rail_transition(
+                RailMove { id: &id, from: settles_from(found.flow), to: RailState::Succeeded, update: paid },
+                12,
+            )
+            .await;
         let settled = settled.unwrap().unwrap();
         assert_eq!((settled.state, settled.receipt.as_deref()), (RailState::Succeeded, Some("TKRECEIPT1")), "{label}");
-        let late = store.rail_transition(&id, settles_from(found.flow), RailState::Failed, RailUpdate::default(), 13);
+        let late = store.rail_transition(
+            RailMove { id: &id, from: settles_from(found.flow), to: RailState::Failed, update: RailUpdate::default() },
+            13,
+        );
         assert_eq!(late.await.unwrap(), None, "{label}: a second result changes nothing");
     }
     let id = PaymentId::generate();
     let rec = RailPayment { rail: "mpesa".into(), flow: RailFlow::Collection, ..rail(&id, "collect-1", 500) };
     store.rail_open(rec, Guards::default(), 10).await.unwrap();
-    let early =
-        store.rail_transition(&id, settles_from(RailFlow::Collection), RailState::Succeeded, RailUpdate::default(), 11);
+    let early = store.rail_transition(
+        RailMove {
+            id: &id,
+            from: settles_from(RailFlow::Collection),
+            to: RailState::Succeeded,
+            update: RailUpdate::default(),
+        },
+        11,
+    );
     assert_eq!(early.await.unwrap(), None, "{label}: a collection not yet pushed does not settle");
     assert_eq!(store.rail_get(&id).await.unwrap().unwrap().flow, RailFlow::Collection, "{label}");
 });
@@ -938,18 +969,38 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
     store.rail_open(rail(&p2, "k2", 2_000), budget(), 13).await.unwrap();
     // Forward moves only from the expected states; a late or duplicate move changes nothing.
     let update = RailUpdate { rail_ref: Some("ref-2".into()), ..Default::default() };
-    let sent = store.rail_transition(&p2, &[RailState::Submitting], RailState::Pending, update, 14).await.unwrap();
+    let sent = store
+        .rail_transition(RailMove { id: &p2, from: &[RailState::Submitting], to: RailState::Pending, update }, 14)
+        .await
+        .unwrap();
     assert_eq!(sent.unwrap().rail_ref.as_deref(), Some("ref-2"));
     assert_eq!(store.rail_by_ref("http", "ref-2").await.unwrap().unwrap().id, p2);
     let receipt = RailUpdate { receipt: Some("RCP1".into()), ..Default::default() };
-    let done = store.rail_transition(&p2, &[RailState::Pending], RailState::Succeeded, receipt, 15).await.unwrap();
+    let done = store
+        .rail_transition(
+            RailMove { id: &p2, from: &[RailState::Pending], to: RailState::Succeeded, update: receipt },
+            15,
+        )
+        .await
+        .unwrap();
     assert_eq!(done.unwrap().receipt.as_deref(), Some("RCP1"));
-    let late = store.rail_transition(&p2, &[RailState::Pending], RailState::Failed, RailUpdate::default(), 16).await;
+    let late = store
+        .rail_transition(
+            RailMove { id: &p2, from: &[RailState::Pending], to: RailState::Failed, update: RailUpdate::default() },
+            16,
+        )
+        .await;
     assert!(late.unwrap().is_none(), "{label}: terminal states never change");
     assert!(!store.rail_abandon(&p2).await.unwrap(), "only an unsent record can be abandoned");
     // A failure gives the draw back too.
     store.rail_open(rail(&p3, "k3", 1_000), budget(), 17).await.unwrap();
-    store.rail_transition(&p3, &[RailState::Submitting], RailState::Failed, RailUpdate::default(), 18).await.unwrap();
+    store
+        .rail_transition(
+            RailMove { id: &p3, from: &[RailState::Submitting], to: RailState::Failed, update: RailUpdate::default() },
+            18,
+        )
+        .await
+        .unwrap();
     store.rail_open(rail(&PaymentId::generate(), "k4", 1_000), budget(), 19).await.unwrap();
     // Listing and paging.
     assert_eq!(store.rail_list(None, &[RailState::Submitting], 100, 10).await.unwrap().len(), 1);
@@ -991,7 +1042,13 @@ contract!(rail_records_list_as_payments_filtered_and_paged, |store, label| async
     };
     let a = open(mpesa("mpesa-collections", "a"), 10).await;
     let b = open(mpesa("mpesa-collections", "b"), 20).await;
-    store.rail_transition(&b, &[RailState::Submitting], RailState::Failed, RailUpdate::default(), 21).await.unwrap();
+    store
+        .rail_transition(
+            RailMove { id: &b, from: &[RailState::Submitting], to: RailState::Failed, update: RailUpdate::default() },
+            21,
+        )
+        .await
+        .unwrap();
     let c = open(rail(&PaymentId::generate(), "c", 100), 30).await; // an external ledger's own record
     open(mpesa("elsewhere", "d"), 40).await;
     let e = open(mpesa("mpesa-collections", "e"), 50).await;

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::fate::{self, Verdict};
 use crate::store::Store;
@@ -56,7 +57,9 @@ impl Journaled {
                     PaymentStatus::Failed => RailState::Failed,
                 };
                 let update = RailUpdate { rail_ref: Some(payment.id.to_string()), ..Default::default() };
-                if let Err(error) = self.store.rail_transition(&rec.id, &open, state, update, now).await {
+                if let Err(error) =
+                    self.store.rail_transition(RailMove { id: &rec.id, from: &open, to: state, update }, now).await
+                {
                     // The backend holds the payment; reconciliation brings the record up to date.
                     tracing::error!(payment_id = %rec.id, %error, "recording a rail payment's outcome failed");
                 }
@@ -94,7 +97,13 @@ impl Journaled {
                         RailState::Submitting => self.store.rail_abandon(&rec.id).await.map(|_| ()),
                         _ => {
                             let update = RailUpdate { reason: Some(error.to_string()), ..Default::default() };
-                            self.store.rail_transition(&rec.id, &open, RailState::Failed, update, now).await.map(|_| ())
+                            self.store
+                                .rail_transition(
+                                    RailMove { id: &rec.id, from: &open, to: RailState::Failed, update },
+                                    now,
+                                )
+                                .await
+                                .map(|_| ())
                         }
                     };
                     if let Err(e) = given_back {

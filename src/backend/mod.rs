@@ -18,6 +18,7 @@ pub mod rail;
 use async_trait::async_trait;
 
 use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::rail::RailMove;
 
 use crate::domain::error::BackendError;
 use crate::domain::payment::{
@@ -62,7 +63,10 @@ pub(crate) async fn mark_unknown(
 ) {
     use crate::domain::rail::{RailState, RailUpdate};
     let update = RailUpdate { reason: Some(reason), ..Default::default() };
-    if let Err(error) = store.rail_transition(id, &[RailState::Submitting], RailState::Unknown, update, now).await {
+    if let Err(error) = store
+        .rail_transition(RailMove { id, from: &[RailState::Submitting], to: RailState::Unknown, update }, now)
+        .await
+    {
         tracing::error!(payment_id = %id, %error, "marking a rail payment's outcome unknown failed");
     }
 }

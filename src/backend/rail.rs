@@ -18,6 +18,7 @@ use crate::clock::Clock;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
+use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
 use crate::store::Store;
@@ -319,7 +320,7 @@ pub async fn settle_record(
         _ => false,
     };
     match rules::settles(rec, settlement, from, receipt, kept_receipt) {
-        Some(s) => store.rail_transition(&rec.id, s.from, s.to, s.update, clock.now()).await,
+        Some(m) => store.rail_transition(m, clock.now()).await,
         None => Ok(None),
     }
 }
@@ -383,7 +384,10 @@ where
             // attempt's lease, or another operation on the same reversal) and marked it
             // maybe-sent; the answer says what happened, and the reference lets callbacks match.
             let from = [RailState::Submitting, RailState::Unknown];
-            match store.rail_transition(&rec.id, &from, RailState::Pending, update, clock.now()).await {
+            match store
+                .rail_transition(RailMove { id: &rec.id, from: &from, to: RailState::Pending, update }, clock.now())
+                .await
+            {
                 Ok(Some(updated)) => Ok(updated.payment()),
                 // The rail's result came first and settled it.
                 Ok(None) => match store.rail_get(&rec.id).await {

@@ -94,6 +94,16 @@ impl MandateStatus {
     }
 }
 
+/// Approvals newest first; `before` is the cursor (sequence) of the previous page. `status` is as
+/// of `now`: a pending approval past its expiry lists as expired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalQuery {
+    pub status: Option<String>,
+    pub now: UnixSecs,
+    pub before: Option<i64>,
+    pub limit: u32,
+}
+
 /// Issued mandates newest first; `before` is (created_at, id) of the last row already seen.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MandateQuery {

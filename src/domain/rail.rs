@@ -184,6 +184,16 @@ pub struct RailOpened {
     pub created: bool,
 }
 
+/// One compare-and-set move of a rail record: from one of `from` to `to`, writing what `update`
+/// knows. A record not in one of `from` does not move (a duplicate or late word changes nothing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailMove<'a> {
+    pub id: &'a PaymentId,
+    pub from: &'a [RailState],
+    pub to: RailState,
+    pub update: RailUpdate,
+}
+
 /// A settled (or newly learned) fact about a rail payment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RailUpdate {

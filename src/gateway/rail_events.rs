@@ -10,6 +10,7 @@ use super::{Decision, Gateway};
 
 use crate::backend::rail::{Authority, CallbackChannel, CollectionRail, settle_record};
 use crate::domain::audit::AuditRecord;
+use crate::domain::rail::RailMove;
 use crate::domain::rail::Settlement;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::domain::rules::rail as rail_rules;
@@ -158,8 +159,10 @@ impl Gateway {
                 let update = crate::domain::rail::RailUpdate { receipt: event.receipt.clone(), ..Default::default() };
                 let now = self.clock.now();
                 let from = [RailState::Succeeded];
-                if let Ok(Some(updated)) =
-                    self.store.rail_transition(&rec.id, &from, RailState::Succeeded, update, now).await
+                if let Ok(Some(updated)) = self
+                    .store
+                    .rail_transition(RailMove { id: &rec.id, from: &from, to: RailState::Succeeded, update }, now)
+                    .await
                 {
                     self.audit_callback(
                         rail.name(),
@@ -254,7 +257,11 @@ impl Gateway {
                     };
                     let now = self.clock.now();
                     let from = [RailState::Pending];
-                    return match self.store.rail_transition(&rec.id, &from, RailState::Pending, update, now).await {
+                    return match self
+                        .store
+                        .rail_transition(RailMove { id: &rec.id, from: &from, to: RailState::Pending, update }, now)
+                        .await
+                    {
                         Ok(Some(updated)) => {
                             let detail = "success callback not yet confirmed by query".to_string();
                             self.audit_callback(

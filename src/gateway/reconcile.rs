@@ -13,6 +13,7 @@ use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::{PaymentKind, PaymentQuery, PaymentStatus};
+use crate::domain::rail::RailMove;
 use crate::domain::rail::Settlement;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::{AgentError, ErrorCode};
@@ -282,7 +283,11 @@ impl Gateway {
                 // The backend answers what the lost response did not: settle the record.
                 let update = crate::domain::rail::RailUpdate { rail_ref: Some(p.id.to_string()), ..Default::default() };
                 let from = [RailState::Unknown, RailState::Submitting];
-                if let Ok(Some(_)) = self.store.rail_transition(&rec.id, &from, backend_state, update, now).await {
+                if let Ok(Some(_)) = self
+                    .store
+                    .rail_transition(RailMove { id: &rec.id, from: &from, to: backend_state, update }, now)
+                    .await
+                {
                     report.resolved += 1;
                     report.push(
                         "resolved",

@@ -91,7 +91,7 @@ mod tests {
     use crate::catalogue::scopes;
     use crate::domain::ids::AccountId;
     use crate::domain::payment::{Guards, PaymentKind};
-    use crate::domain::rail::RailUpdate;
+    use crate::domain::rail::{RailMove, RailUpdate};
     use crate::error::ErrorCode;
     use crate::gateway::unit_of_work::Strategy;
     use crate::store::Store;
@@ -124,7 +124,10 @@ mod tests {
         };
         store.rail_open(rec, Guards::default(), NOW).await.unwrap();
         let update = RailUpdate { receipt: Some(format!("R{id}")), rail_ref: Some(format!("ws_{id}")), reason: None };
-        store.rail_transition(&id, &[RailState::Submitting], state, update, NOW).await.unwrap();
+        store
+            .rail_transition(RailMove { id: &id, from: &[RailState::Submitting], to: state, update }, NOW)
+            .await
+            .unwrap();
         id
     }
 

@@ -16,6 +16,7 @@ use crate::domain::approval::{ApprovalRecord, IssuedMandate, MandateIssuer, Revi
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::domain::ids::{AccountId, ApprovalId};
 use crate::domain::money::{Currency, Money};
+use crate::domain::ops::ApprovalQuery;
 use crate::domain::principal::{SuspensionScope, valid_subject};
 use crate::domain::rules::authority::{Target, acts_on_itself};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
@@ -141,10 +142,14 @@ impl Gateway {
         let before = decode_cursor(cursor).map_err(OpError::from)?;
         let limit = self.page_limit(limit).map_err(OpError::from)?;
         let now = self.clock.now();
-        let page = self.store.approval_list(status, before, limit, now).await.map_err(|error| {
-            tracing::error!(%error, "approval list failed");
-            OpError::internal()
-        })?;
+        let page = self
+            .store
+            .approval_list(ApprovalQuery { status: status.map(str::to_string), now, before, limit })
+            .await
+            .map_err(|error| {
+                tracing::error!(%error, "approval list failed");
+                OpError::internal()
+            })?;
         Ok((page.items.iter().map(|(_, a)| self.view(a, now, false)).collect(), page.next_cursor.map(encode_cursor)))
     }
 

@@ -30,6 +30,7 @@ use super::rail::{
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
 use crate::store::Store;
@@ -129,7 +130,10 @@ impl AirtelRail {
             return;
         }
         let update = RailUpdate { receipt: Some(receipt.to_string()), ..Default::default() };
-        if let Err(error) = self.store.rail_transition(&rec.id, &[rec.state], rec.state, update, self.clock.now()).await
+        if let Err(error) = self
+            .store
+            .rail_transition(RailMove { id: &rec.id, from: &[rec.state], to: rec.state, update }, self.clock.now())
+            .await
         {
             tracing::warn!(payment_id = %rec.id, %error, "keeping an Airtel Money receipt failed");
         }

@@ -5,7 +5,7 @@
 use super::guards::{UsageDraw, usage_draw};
 use crate::clock::UnixSecs;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
+use crate::domain::rail::{RailFlow, RailMove, RailPayment, RailState, RailUpdate, Settlement};
 
 /// What a record drew when it opened, to be given back: its day's usage and one mandate use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,16 +86,7 @@ pub fn settles_from_asked_by_own_ref(flow: RailFlow) -> &'static [RailState] {
     }
 }
 
-/// What a rail's word does to a record: the states it may move from (compare-and-set), where it
-/// goes, and what it writes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settles<'a> {
-    pub from: &'a [RailState],
-    pub to: RailState,
-    pub update: RailUpdate,
-}
-
-/// The one settlement rule every rail follows. `from`: [`settles_from`] or
+/// The one settlement rule every rail follows: the [`RailMove`] a rail's word makes. `from`: [`settles_from`] or
 /// [`settles_from_asked_by_own_ref`], as the rail asks. `receipt`: what came with the word (a
 /// callback's); `kept_receipt`: whether the record already holds one (a status answer's, the rail's
 /// own word: a callback's only fills a gap). `None`: nothing to write (a late word on a closed record).
@@ -110,21 +101,21 @@ pub fn settles<'a>(
     from: &'static [RailState],
     receipt: Option<String>,
     kept_receipt: bool,
-) -> Option<Settles<'a>> {
+) -> Option<RailMove<'a>> {
     match settlement {
         Settlement::Succeeded => {
             let update = RailUpdate { receipt: receipt.filter(|_| !kept_receipt), ..Default::default() };
-            Some(Settles { from, to: RailState::Succeeded, update })
+            Some(RailMove { id: &rec.id, from, to: RailState::Succeeded, update })
         }
         Settlement::Failed(reason) => {
             let update = RailUpdate { reason: Some(reason.clone()), ..Default::default() };
-            Some(Settles { from, to: RailState::Failed, update })
+            Some(RailMove { id: &rec.id, from, to: RailState::Failed, update })
         }
         Settlement::Pending(_) | Settlement::Unrecognised(_) if rec.state.is_terminal() => None,
         Settlement::Pending(reason) | Settlement::Unrecognised(reason) => {
             let keep_reason = rec.state == RailState::Unknown && rec.flow == RailFlow::Collection;
             let update = RailUpdate { reason: (!keep_reason).then(|| reason.clone()), ..Default::default() };
-            Some(Settles { from: std::slice::from_ref(&rec.state), to: rec.state, update })
+            Some(RailMove { id: &rec.id, from: std::slice::from_ref(&rec.state), to: rec.state, update })
         }
     }
 }

@@ -8,6 +8,7 @@ use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
+use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self as rules, RequestPlan, ReviewPlan};
 use crate::store::ApprovalStore;
@@ -176,13 +177,9 @@ impl ApprovalStore for PostgresStore {
         insert_approval(&client, &rec).await
     }
 
-    async fn approval_list(
-        &self,
-        status: Option<&str>,
-        before: Option<i64>,
-        limit: u32,
-        now: UnixSecs,
-    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
+    async fn approval_list(&self, q: ApprovalQuery) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
+        let ApprovalQuery { status, now, before, limit } = q;
+        let status = status.as_deref();
         let client = self.pool.get().await?;
         let found = client
             .all(

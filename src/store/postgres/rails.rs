@@ -12,7 +12,7 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailMove, RailOpened, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
 use crate::store::RailStore;
@@ -183,15 +183,8 @@ impl RailStore for PostgresStore {
         with_retry!(open_once(&self.pool, &rec, &guards, now).await)
     }
 
-    async fn rail_transition(
-        &self,
-        id: &PaymentId,
-        from: &[RailState],
-        to: RailState,
-        update: RailUpdate,
-        now: UnixSecs,
-    ) -> Result<Option<RailPayment>, StoreError> {
-        transition(&self.pool, id.as_str(), from, to, update, now).await
+    async fn rail_transition(&self, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError> {
+        transition(&self.pool, m.id.as_str(), m.from, m.to, m.update, now).await
     }
 
     async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError> {

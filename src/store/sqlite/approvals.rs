@@ -8,6 +8,7 @@ use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
+use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self, RequestPlan, ReviewPlan};
 use crate::store::ApprovalStore;
@@ -148,14 +149,8 @@ impl ApprovalStore for SqliteStore {
         self.write(move |c| Ok(insert_approval(c, &rec).map(|_| ())?)).await
     }
 
-    async fn approval_list(
-        &self,
-        status: Option<&str>,
-        before: Option<i64>,
-        limit: u32,
-        now: UnixSecs,
-    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
-        let status = status.map(str::to_string);
+    async fn approval_list(&self, q: ApprovalQuery) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {
+        let ApprovalQuery { status, now, before, limit } = q;
         self.run(move |c| {
             // A pending approval past its expiry is expired, whether or not anyone touched it since.
             let sql = format!(

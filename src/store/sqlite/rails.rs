@@ -10,6 +10,7 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
+use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
@@ -141,14 +142,8 @@ impl RailStore for SqliteStore {
         self.write(move |c| open_tx(c, rec, guards, now)).await
     }
 
-    async fn rail_transition(
-        &self,
-        id: &PaymentId,
-        from: &[RailState],
-        to: RailState,
-        update: RailUpdate,
-        now: UnixSecs,
-    ) -> Result<Option<RailPayment>, StoreError> {
+    async fn rail_transition(&self, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError> {
+        let RailMove { id, from, to, update } = m;
         let (id, from) = (id.to_string(), from.to_vec());
         self.write(move |c| transition_tx(c, &id, &from, to, update, now)).await
     }

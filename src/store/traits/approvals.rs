@@ -6,6 +6,7 @@ use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
+use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
 
 #[async_trait]
@@ -26,15 +27,8 @@ pub trait ApprovalStore: Send + Sync {
     async fn approvals_expire(&self, now: UnixSecs) -> Result<u64, StoreError>;
     /// Insert an operator's pre-authorization as it is (pending until reviewed).
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError>;
-    /// Newest first; `before` is the cursor of the previous page. `status` is as of `now`: a
-    /// pending approval past its expiry lists as expired.
-    async fn approval_list(
-        &self,
-        status: Option<&str>,
-        before: Option<i64>,
-        limit: u32,
-        now: UnixSecs,
-    ) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
+    /// Newest first, by [`ApprovalQuery`].
+    async fn approval_list(&self, q: ApprovalQuery) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
     /// Record one reviewer's decision; the state machine runs in one transaction. Enough approvals
     /// issue the mandate (`issue`) in the same transaction.
     async fn approval_review(

@@ -7,7 +7,7 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailMove, RailOpened, RailPayment, RailState};
 
 #[async_trait]
 pub trait RailStore: Send + Sync {
@@ -17,17 +17,10 @@ pub trait RailStore: Send + Sync {
     /// (a crash, or a retry that took over an expired lease), so the caller must not treat it as
     /// unsent.
     async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError>;
-    /// Move a record from one of `from` to `to`, filling what `update` knows. `None` when the record
+    /// Move record `m.id` from one of `m.from` to `m.to`, filling what `m.update` knows. `None` when the record
     /// is missing or not in one of `from` (a duplicate or late update changes nothing). Moving to
     /// `Failed` gives back what it drew (budget usage, mandate use): it moved no money.
-    async fn rail_transition(
-        &self,
-        id: &PaymentId,
-        from: &[RailState],
-        to: RailState,
-        update: RailUpdate,
-        now: UnixSecs,
-    ) -> Result<Option<RailPayment>, StoreError>;
+    async fn rail_transition(&self, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError>;
     /// Delete a `Submitting` record whose payment the rail refused or never received, giving back
     /// what it drew: the operation may then be tried again from scratch.
     async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError>;
