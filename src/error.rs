@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::error::BackendError;
 use crate::mandate::MandateError;
+use crate::policy::Refusal;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -284,6 +285,22 @@ impl From<crate::domain::money::MoneyError> for AgentError {
 impl From<crate::domain::ids::IdError> for AgentError {
     fn from(e: crate::domain::ids::IdError) -> Self {
         AgentError::invalid(e.to_string())
+    }
+}
+
+/// Policy's refusal, in the agent's terms (the same codes, sentences and details as always).
+impl From<Refusal> for AgentError {
+    fn from(r: Refusal) -> Self {
+        let message = r.to_string();
+        match r {
+            Refusal::MissingScope { required, .. } => {
+                AgentError::new(ErrorCode::InsufficientScope, message).with_detail("required_scopes", required)
+            }
+            Refusal::AccountNotAllowed(a) => {
+                AgentError::new(ErrorCode::AccountNotAllowed, message).with_detail("account_id", a.to_string())
+            }
+            Refusal::Invalid(_) => AgentError::invalid(message),
+        }
     }
 }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use crate::catalogue::scopes;
 use crate::domain::ids::AccountId;
 use crate::domain::money::{Currency, Money, format_minor};
-use crate::error::{AgentError, ErrorCode};
 
 /// What an agent may do without a human: its accounts, per-payment autonomous limits, daily
 /// budgets and call quotas.
@@ -156,21 +155,37 @@ pub enum Decision {
     RequireApproval {
         reason: String,
     },
-    Deny(AgentError),
+    Deny(Refusal),
 }
 
-pub fn require_scope(scopes: &[&str], have: impl Fn(&str) -> bool, tool: &str) -> Result<(), AgentError> {
+/// Why policy refuses a call. The edge (`error.rs`) maps each to the agent's code and envelope.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The token lacks a scope the tool needs.
+    #[error("{tool} needs scope {missing}")]
+    MissingScope { tool: String, missing: String, required: Vec<String> },
+    /// The agent's profile does not allow this account.
+    #[error("this agent may not use account {0}")]
+    AccountNotAllowed(AccountId),
+    /// The call cannot be judged as asked (a sentence of the gateway's own).
+    #[error("{0}")]
+    Invalid(&'static str),
+}
+
+pub fn require_scope(scopes: &[&str], have: impl Fn(&str) -> bool, tool: &str) -> Result<(), Refusal> {
     match scopes.iter().find(|s| !have(s)) {
-        Some(missing) => Err(AgentError::new(ErrorCode::InsufficientScope, format!("{tool} needs scope {missing}"))
-            .with_detail("required_scopes", scopes.to_vec())),
+        Some(missing) => Err(Refusal::MissingScope {
+            tool: tool.to_string(),
+            missing: missing.to_string(),
+            required: scopes.iter().map(|s| s.to_string()).collect(),
+        }),
         None => Ok(()),
     }
 }
 
-fn require_accounts(profile: &Profile, accounts: &[&AccountId]) -> Result<(), AgentError> {
+fn require_accounts(profile: &Profile, accounts: &[&AccountId]) -> Result<(), Refusal> {
     match accounts.iter().find(|a| !profile.allows_account(a)) {
-        Some(a) => Err(AgentError::new(ErrorCode::AccountNotAllowed, format!("this agent may not use account {a}"))
-            .with_detail("account_id", a.to_string())),
+        Some(a) => Err(Refusal::AccountNotAllowed((*a).clone())),
         None => Ok(()),
     }
 }
@@ -271,7 +286,7 @@ pub fn decide_reversal(
         profile.autonomous_limit_minor.get(&currency).is_some_and(|limit| original.amount_minor > *limit);
     let amount = Money::from_minor(original.amount_minor, currency);
     let Ok(amount) = amount else {
-        return Decision::Deny(AgentError::invalid("the collection's amount is not a valid amount"));
+        return Decision::Deny(Refusal::Invalid("the collection's amount is not a valid amount"));
     };
     let account = &original.to_account;
     decide(
@@ -307,7 +322,7 @@ fn decide(
 }
 
 /// May this principal read `account`?
-pub fn check_read(has_scope: impl Fn(&str) -> bool, profile: &Profile, account: &AccountId) -> Result<(), AgentError> {
+pub fn check_read(has_scope: impl Fn(&str) -> bool, profile: &Profile, account: &AccountId) -> Result<(), Refusal> {
     require_scope(&[scopes::READ], &has_scope, "this tool")?;
     require_accounts(profile, &[account])
 }
@@ -315,6 +330,7 @@ pub fn check_read(has_scope: impl Fn(&str) -> bool, profile: &Profile, account: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{AgentError, ErrorCode};
 
     fn kes(s: &str) -> Money {
         Money::parse(s, Currency::parse("KES").unwrap()).unwrap()
@@ -338,7 +354,7 @@ mod tests {
     }
     fn code(d: &Decision) -> Option<ErrorCode> {
         match d {
-            Decision::Deny(e) => Some(e.code),
+            Decision::Deny(e) => Some(AgentError::from(e.clone()).code),
             _ => None,
         }
     }
@@ -371,7 +387,7 @@ mod tests {
             let got = match d {
                 Decision::Allow => "allow",
                 Decision::RequireApproval { .. } => "approval",
-                Decision::Deny(e) => e.code.as_str(),
+                Decision::Deny(e) => AgentError::from(e.clone()).code.as_str(),
             };
             assert_eq!(got, *want, "case {i}");
         }
@@ -420,7 +436,10 @@ mod tests {
             assert_eq!(matches!(d, Decision::RequireApproval { .. }), human, "{minor} {refunded} {amount}: {d:?}");
         }
         assert!(check_read(only_read, &p, &acct("acct-A")).is_ok());
-        assert_eq!(check_read(only_read, &p, &acct("acct-Z")).unwrap_err().code, ErrorCode::AccountNotAllowed);
+        assert_eq!(
+            AgentError::from(check_read(only_read, &p, &acct("acct-Z")).unwrap_err()).code,
+            ErrorCode::AccountNotAllowed
+        );
     }
 
     #[test]

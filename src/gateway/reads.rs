@@ -131,7 +131,7 @@ impl Gateway {
         let p = &caller.principal;
         let checked = AccountId::parse(account)
             .map_err(AgentError::from)
-            .and_then(|a| policy::check_read(|s| p.has_scope(s), &p.profile, &a).map(|_| a));
+            .and_then(|a| policy::check_read(|s| p.has_scope(s), &p.profile, &a).map(|_| a).map_err(AgentError::from));
         match checked {
             Ok(a) => Ok(a),
             Err(e) => {

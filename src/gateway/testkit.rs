@@ -60,7 +60,7 @@ impl UnitOfWork for Recording {
         let Work { strategy, intent, decision, .. } = work;
         let decision_label = match &decision {
             Policy::Allow => "allow".to_string(),
-            Policy::Deny(e) => format!("deny:{}", e.code.as_str()),
+            Policy::Deny(e) => format!("deny:{}", AgentError::from(e.clone()).code.as_str()),
             Policy::RequireApproval { .. } => "approval".to_string(),
         };
         let account = |k: &str| AccountId::parse(intent.shown[k].as_str().unwrap()).unwrap();
@@ -92,7 +92,7 @@ impl UnitOfWork for Recording {
         });
         match decision {
             Policy::Allow => Ok(Executed { payment, replayed: false }),
-            Policy::Deny(e) => Err(e),
+            Policy::Deny(e) => Err(e.into()),
             Policy::RequireApproval { reason } => {
                 Err(AgentError::new(crate::error::ErrorCode::ApprovalRequired, reason))
             }

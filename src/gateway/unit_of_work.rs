@@ -126,7 +126,8 @@ impl UnitOfWork for ExactlyOnce {
         );
         match decision {
             Policy::Allow => drop(policy),
-            Policy::Deny(e) => {
+            Policy::Deny(refusal) => {
+                let e = AgentError::from(refusal);
                 policy.record("code", e.code.as_str());
                 return Err(gw.refuse(caller, tool, Some(&idem.key), e).instrument(policy).await);
             }
