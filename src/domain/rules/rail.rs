@@ -160,6 +160,37 @@ mod tests {
     }
 
     #[test]
+    fn a_rails_word_moves_an_open_record_once_and_never_guesses() {
+        let pending = rec(PaymentKind::Payment, RailState::Pending, None);
+        let from = settles_from(RailFlow::Collection);
+        // A success writes the rail's receipt, unless the record already holds one (the rail's own word).
+        let m = settles(&pending, &Settlement::Succeeded, from, Some("R1".into()), false).unwrap();
+        assert_eq!(
+            (m.id, m.from, m.to, m.update.receipt.as_deref()),
+            (&pending.id, from, RailState::Succeeded, Some("R1"))
+        );
+        let kept = settles(&pending, &Settlement::Succeeded, from, Some("R2".into()), true).unwrap();
+        assert_eq!(kept.update.receipt, None);
+        let failed = settles(&pending, &Settlement::Failed("declined".into()), from, None, false).unwrap();
+        assert_eq!((failed.to, failed.update.reason.as_deref()), (RailState::Failed, Some("declined")));
+        // Neither: it stays where it is, compare-and-set on its own state, the reason updated…
+        let asked = settles(&pending, &Settlement::Pending("still open".into()), from, None, false).unwrap();
+        assert_eq!(
+            (asked.from, asked.to, asked.update.reason.as_deref()),
+            (&[RailState::Pending][..], RailState::Pending, Some("still open"))
+        );
+        // …except that an unknown collection keeps why its outcome is unknown.
+        let unknown = rec(PaymentKind::Payment, RailState::Unknown, None);
+        assert_eq!(
+            settles(&unknown, &Settlement::Unrecognised("??".into()), from, None, false).unwrap().update.reason,
+            None
+        );
+        // A late non-answer on a closed record writes nothing.
+        let done = rec(PaymentKind::Payment, RailState::Succeeded, None);
+        assert_eq!(settles(&done, &Settlement::Pending("late".into()), from, None, false), None);
+    }
+
+    #[test]
     fn what_a_record_gives_back() {
         let kes = Currency::parse("KES").unwrap();
         let usage =
