@@ -28,7 +28,9 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::{Currency, Money};
-use crate::domain::payment::{Guards, Payment, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
+use crate::domain::payment::{
+    Attempt, EntryQuery, Guards, Payment, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
+};
 use crate::secret::Secret;
 use crate::store::Store;
 
@@ -479,8 +481,7 @@ async fn create_payment(State(svc): State<Svc>, headers: HeaderMap, body: Body) 
     // Only to tell a replay (200) from a creation (201), and an id conflict from an outage.
     let existed = svc.store.ledger_payment(&b.payment_id).await?.is_some();
     let req = TransferRequest {
-        idempotency_key: key,
-        alias_key: None,
+        attempt: Attempt::reserved(key),
         payment_id: b.payment_id.clone(),
         from_account: b.from_account,
         to_account: b.to_account,
@@ -489,8 +490,6 @@ async fn create_payment(State(svc): State<Svc>, headers: HeaderMap, body: Body) 
         principal_sub: b.principal_sub,
         principal_user: b.principal_user,
         guards: Guards::default(),
-        audit: None,
-        claim: None,
     };
     match svc.store.ledger_transfer(req, svc.clock.now()).await {
         Ok(payment) => {
@@ -523,8 +522,7 @@ async fn create_refund(
     }
     let existed = svc.store.ledger_payment(&b.refund_id).await?.is_some();
     let req = RefundRequest {
-        idempotency_key: key,
-        alias_key: None,
+        attempt: Attempt::reserved(key),
         refund_id: b.refund_id.clone(),
         payment_id,
         amount_minor: b.amount_minor,
@@ -532,9 +530,7 @@ async fn create_refund(
         principal_sub: b.principal_sub,
         principal_user: b.principal_user,
         guards: Guards::default(),
-        audit: None,
         autonomous_cap_minor: None,
-        claim: None,
     };
     match svc.store.ledger_refund(req, svc.clock.now()).await {
         Ok(refund) => {
@@ -608,9 +604,9 @@ async fn get_entries(
 ) -> Result<Response, ApiError> {
     let account = path_account(id)?;
     let pairs = query_pairs(q, &["before", "limit"])?;
-    let before = parse_before(single(&pairs, "before")?)?;
+    let before_seq = parse_before(single(&pairs, "before")?)?;
     let limit = parse_limit(single(&pairs, "limit")?)?;
-    let page = svc.store.ledger_entries(&account, before, limit).await?;
+    let page = svc.store.ledger_entries(EntryQuery { account, before_seq, limit }).await?;
     Ok(axum::Json(PageBody { items: page.items, next_cursor: page.next_cursor }).into_response())
 }
 

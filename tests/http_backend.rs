@@ -19,8 +19,10 @@ use paygate::clock::{Clock, ManualClock};
 use paygate::domain::error::BackendError;
 use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::{Currency, Money};
-use paygate::domain::payment::AccountSeed;
-use paygate::domain::payment::{Guards, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest};
+use paygate::domain::payment::{AccountSeed, EntryQuery};
+use paygate::domain::payment::{
+    Attempt, Guards, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
+};
 use paygate::store::Store;
 use paygate::store::sqlite::SqliteStore;
 use serde_json::{Value, json};
@@ -144,8 +146,7 @@ impl Ledger {
 
 fn transfer(key: &str, payment_id: &PaymentId, from: &str, to: &str, amount: Money) -> TransferRequest {
     TransferRequest {
-        idempotency_key: key.to_string(),
-        alias_key: None,
+        attempt: Attempt::reserved(key.to_string()),
         payment_id: payment_id.clone(),
         from_account: acct(from),
         to_account: acct(to),
@@ -154,15 +155,12 @@ fn transfer(key: &str, payment_id: &PaymentId, from: &str, to: &str, amount: Mon
         principal_sub: "agent-1".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
-        claim: None,
     }
 }
 
 fn refund(key: &str, payment_id: &PaymentId, amount_minor: Option<i64>) -> RefundRequest {
     RefundRequest {
-        idempotency_key: key.to_string(),
-        alias_key: None,
+        attempt: Attempt::reserved(key.to_string()),
         refund_id: PaymentId::generate(),
         payment_id: payment_id.clone(),
         amount_minor,
@@ -170,9 +168,7 @@ fn refund(key: &str, payment_id: &PaymentId, amount_minor: Option<i64>) -> Refun
         principal_sub: "agent-1".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
         autonomous_cap_minor: None,
-        claim: None,
     }
 }
 
@@ -211,10 +207,13 @@ async fn contract_round_trip_with_typed_refusals() {
     let none = PaymentQuery { accounts: vec![], status: None, before_seq: None, limit: 10, ..Default::default() };
     assert_eq!(b.list_payments(none).await.unwrap().items, vec![]);
 
-    let entries = b.account_entries(&acct("acct-A"), None, 1).await.unwrap();
+    let entries = b.account_entries(EntryQuery { account: acct("acct-A"), before_seq: None, limit: 1 }).await.unwrap();
     assert_eq!(entries.items.len(), 1);
     assert_eq!((entries.items[0].payment_id.as_ref(), entries.items[0].amount_minor), (Some(&pay), -2_500));
-    let older = b.account_entries(&acct("acct-A"), entries.next_cursor, 10).await.unwrap();
+    let older = b
+        .account_entries(EntryQuery { account: acct("acct-A"), before_seq: entries.next_cursor, limit: 10 })
+        .await
+        .unwrap();
     assert_eq!(older.items.len(), 1, "the opening balance");
     assert_eq!(older.items[0].amount_minor, 100_000);
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::{Currency, Money};
 use paygate::domain::payment::AccountSeed;
-use paygate::domain::payment::{Guards, TransferRequest};
+use paygate::domain::payment::{Attempt, Guards, TransferRequest};
 use paygate::domain::payment::{IntegrityReport, RefundRequest};
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
@@ -69,8 +69,7 @@ async fn seed(store: &Arc<dyn Store>) {
 
 async fn pay(store: &Arc<dyn Store>, minor: i64) -> PaymentId {
     let req = TransferRequest {
-        idempotency_key: format!("idk_{}", uuid::Uuid::new_v4().simple()),
-        alias_key: None,
+        attempt: Attempt::reserved(format!("idk_{}", uuid::Uuid::new_v4().simple())),
         payment_id: PaymentId::generate(),
         from_account: AccountId::parse("acct-A").unwrap(),
         to_account: AccountId::parse("acct-B").unwrap(),
@@ -79,8 +78,6 @@ async fn pay(store: &Arc<dyn Store>, minor: i64) -> PaymentId {
         principal_sub: "agent".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
-        claim: None,
     };
     store.ledger_transfer(req, 1).await.unwrap().id
 }
@@ -183,8 +180,7 @@ async fn the_incremental_check_catches_an_over_refunded_payment_that_a_new_refun
         // After the checkpoint: a refund of the original (whose own postings are older), and a
         // new payment.
         let refund = RefundRequest {
-            idempotency_key: format!("idk_{}", uuid::Uuid::new_v4().simple()),
-            alias_key: None,
+            attempt: Attempt::reserved(format!("idk_{}", uuid::Uuid::new_v4().simple())),
             refund_id: PaymentId::generate(),
             payment_id: original.clone(),
             amount_minor: Some(300),
@@ -192,9 +188,7 @@ async fn the_incremental_check_catches_an_over_refunded_payment_that_a_new_refun
             principal_sub: "agent".into(),
             principal_user: None,
             guards: Guards::default(),
-            audit: None,
             autonomous_cap_minor: None,
-            claim: None,
         };
         store.ledger_refund(refund, 2).await.unwrap();
         let newer = pay(&store, 50).await;

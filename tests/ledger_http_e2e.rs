@@ -17,8 +17,8 @@ use paygate::clock::{Clock, ManualClock, SystemClock};
 use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::Currency;
 use paygate::domain::payment::AccountSeed;
-use paygate::domain::payment::PaymentKind;
-use paygate::domain::rail::RailMove;
+use paygate::domain::payment::{Attempt, PaymentKind};
+use paygate::domain::rail::{RailMove, RailPage};
 use paygate::domain::rail::{RailState, RailUpdate};
 use paygate::store::Store;
 use paygate::store::sqlite::SqliteStore;
@@ -147,7 +147,10 @@ async fn the_whole_flow_works_against_ledger_serve() {
     )
     .await;
     assert_eq!(code(&broke), "INSUFFICIENT_FUNDS");
-    assert!(r.app.running.store.rail_since(0, 0, 100).await.unwrap().len() == 2, "a refused payment leaves no record");
+    assert!(
+        r.app.running.store.rail_since(RailPage { since: 0, after_seq: 0, limit: 100 }).await.unwrap().len() == 2,
+        "a refused payment leaves no record"
+    );
     r.app.assert_secrets_not_logged();
     assert_not_logged(&[CREDENTIAL]);
     r.app.stop().await;
@@ -396,8 +399,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
     };
     let first_id = PaymentId::generate();
     let request = |id: &PaymentId| TransferRequest {
-        idempotency_key: "k-dead".into(),
-        alias_key: None,
+        attempt: Attempt::reserved("k-dead"),
         payment_id: id.clone(),
         from_account: AccountId::parse("acct-A").unwrap(),
         to_account: AccountId::parse("acct-B").unwrap(),
@@ -406,8 +408,6 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         principal_sub: "dev-agent".into(),
         principal_user: None,
         guards: budget(),
-        audit: None,
-        claim: None,
     };
     // Attempt 1: opened the record, the ledger applied it, and the attempt died before recording.
     let rec = paygate::domain::rail::RailPayment {
@@ -443,7 +443,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
     assert_eq!(kept.state, RailState::Unknown);
     // Its draw was not given back: the day's one payment is still taken.
     let other =
-        journal.transfer(TransferRequest { idempotency_key: "k-other".into(), ..request(&PaymentId::generate()) });
+        journal.transfer(TransferRequest { attempt: Attempt::reserved("k-other"), ..request(&PaymentId::generate()) });
     let other = other.await;
     assert!(matches!(other, Err(BackendError::BudgetExceeded(_))), "{other:?}");
     // Attempt 3 reaches the ledger: the same payment, once.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use paygate::domain::approval::{ApprovalRecord, IssuedMandate, Review, ReviewError};
+use paygate::domain::approval::{ApprovalRecord, ApprovalReview, IssuedMandate, MandateIssuer, Review, ReviewError};
 use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision};
 use paygate::domain::audit::AuditRecord;
 use paygate::domain::error::BackendError;
@@ -14,13 +14,13 @@ use paygate::domain::money::{Currency, Money};
 use paygate::domain::ops::ApprovalQuery;
 use paygate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use paygate::domain::payment::AccountSeed;
-use paygate::domain::payment::Claim;
+use paygate::domain::payment::{Attempt, Claim, EntryQuery};
 use paygate::domain::payment::{
     DailyBudget, Guards, MandateDraw, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
-use paygate::domain::principal::{PrincipalRef, SuspensionScope};
-use paygate::domain::rail::RailMove;
-use paygate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use paygate::domain::principal::{PrincipalRef, Suspension, SuspensionScope};
+use paygate::domain::rail::{RailFlow, RailPayment, RailQuery, RailState, RailUpdate};
+use paygate::domain::rail::{RailMove, RailPage};
 use paygate::idempotency::StoredOutcome;
 use paygate::mandate::MandateKind;
 use paygate::store::postgres::PostgresStore;
@@ -108,8 +108,7 @@ async fn with_accounts(store: &Arc<dyn Store>, a_minor: i64) {
 
 fn transfer(key: &str, minor: i64, guards: Guards) -> TransferRequest {
     TransferRequest {
-        idempotency_key: key.into(),
-        alias_key: None,
+        attempt: Attempt::reserved(key),
         payment_id: PaymentId::generate(),
         from_account: acct("acct-A"),
         to_account: acct("acct-B"),
@@ -118,9 +117,12 @@ fn transfer(key: &str, minor: i64, guards: Guards) -> TransferRequest {
         principal_sub: "agent".into(),
         principal_user: None,
         guards,
-        audit: None,
-        claim: None,
     }
+}
+
+/// A suspension of issuer "iss"'s "agent".
+fn suspending(scope: SuspensionScope, reason: &str) -> Suspension {
+    Suspension { issuer: "iss".into(), subject: "agent".into(), scope, reason: reason.into() }
 }
 
 fn rec(key: &str, fp: &str, now: i64) -> NewIdempotencyRecord {
@@ -336,18 +338,25 @@ fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64)
     }
 }
 
-fn review(sub: &str, decision: &str) -> Review {
-    Review {
+/// An approval asked for at `at` (its `created_at`: "now" to `approval_get_or_create`).
+fn asked(rec: ApprovalRecord, at: i64) -> ApprovalRecord {
+    ApprovalRecord { created_at: at, ..rec }
+}
+
+/// Reviewer `sub` of issuer "ops" decides approval `id` at `at`.
+fn reviewed(id: &ApprovalId, sub: &str, decision: &str, at: i64, issue: MandateIssuer) -> ApprovalReview {
+    let review = Review {
         reviewer_iss: "ops".into(),
         reviewer_sub: sub.into(),
         decision: ReviewDecision::parse(decision).unwrap(),
         reason: Some("r".into()),
-        at: 0,
+        at,
         as_user: false,
-    }
+    };
+    ApprovalReview { id: id.clone(), review, issue }
 }
 
-fn issuer(max_uses: i64, budget: Option<i64>) -> paygate::domain::approval::MandateIssuer {
+fn issuer(max_uses: i64, budget: Option<i64>) -> MandateIssuer {
     Box::new(move |rec: &ApprovalRecord, approvers: &[String]| {
         Ok(IssuedMandate {
             id: format!("mdt_{}", rec.id.as_str().trim_start_matches("apr_")),
@@ -363,34 +372,34 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
     let id = ApprovalId::generate();
     store.approval_insert(approval(&id, MandateKind::Closed, 2, 1_000)).await.unwrap();
     assert!(matches!(
-        store.approval_review(&id, review("agent", "approve"), 1, issuer(1, None)).await,
+        store.approval_review(reviewed(&id, "agent", "approve", 1, issuer(1, None))).await,
         Err(ReviewError::SelfReview)
     ));
-    let a = store.approval_review(&id, review("alice", "approve"), 2, issuer(1, None)).await.unwrap();
+    let a = store.approval_review(reviewed(&id, "alice", "approve", 2, issuer(1, None))).await.unwrap();
     assert_eq!(a.status.as_str(), "pending", "{label}: one of two reviewers");
     assert!(matches!(
-        store.approval_review(&id, review("alice", "approve"), 3, issuer(1, None)).await,
+        store.approval_review(reviewed(&id, "alice", "approve", 3, issuer(1, None))).await,
         Err(ReviewError::AlreadyReviewed)
     ));
-    let a = store.approval_review(&id, review("bob", "approve"), 4, issuer(1, None)).await.unwrap();
+    let a = store.approval_review(reviewed(&id, "bob", "approve", 4, issuer(1, None))).await.unwrap();
     assert_eq!(a.status.as_str(), "approved");
     assert_eq!(a.mandate.as_deref(), Some("signed-by-alice+bob"));
     assert!(matches!(
-        store.approval_review(&id, review("carol", "reject"), 5, issuer(1, None)).await,
+        store.approval_review(reviewed(&id, "carol", "reject", 5, issuer(1, None))).await,
         Err(ReviewError::Terminal(_))
     ));
 
     let expired = ApprovalId::generate();
     store.approval_insert(approval(&expired, MandateKind::Closed, 1, 100)).await.unwrap();
     assert!(matches!(
-        store.approval_review(&expired, review("alice", "approve"), 100, issuer(1, None)).await,
+        store.approval_review(reviewed(&expired, "alice", "approve", 100, issuer(1, None))).await,
         Err(ReviewError::Expired)
     ));
     assert_eq!(store.approval_get(&expired).await.unwrap().unwrap().status.as_str(), "expired");
 
     let rejected = ApprovalId::generate();
     store.approval_insert(approval(&rejected, MandateKind::Closed, 1, 1_000)).await.unwrap();
-    let r = store.approval_review(&rejected, review("alice", "reject"), 6, issuer(1, None)).await.unwrap();
+    let r = store.approval_review(reviewed(&rejected, "alice", "reject", 6, issuer(1, None))).await.unwrap();
     assert_eq!(r.status.as_str(), "rejected");
     assert!(r.mandate.is_none());
 
@@ -401,19 +410,20 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         ApprovalRequest::Existing(a) | ApprovalRequest::Created(a) => a,
         ApprovalRequest::TooManyPending => panic!("{label}: too many pending"),
     };
-    let first = record(store.approval_get_or_create(fresh.clone(), 10, 100).await.unwrap());
-    let again =
-        store.approval_get_or_create(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10, 100).await;
+    let first = record(store.approval_get_or_create(asked(fresh.clone(), 10), 100).await.unwrap());
+    let again = store
+        .approval_get_or_create(asked(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10), 100)
+        .await;
     assert_ne!(record(again.unwrap()).idempotency_key, key, "{label}: another key is another approval");
     let mut same_key = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
     same_key.idempotency_key = key.clone();
     assert_eq!(
-        store.approval_get_or_create(same_key.clone(), 11, 100).await.unwrap(),
+        store.approval_get_or_create(asked(same_key.clone(), 11), 100).await.unwrap(),
         ApprovalRequest::Existing(first.clone())
     );
     // A rejection sticks to its operation: asking again answers with the rejected approval.
-    store.approval_review(&first.id, review("carol", "reject"), 12, issuer(1, None)).await.unwrap();
-    match store.approval_get_or_create(same_key, 13, 100).await.unwrap() {
+    store.approval_review(reviewed(&first.id, "carol", "reject", 12, issuer(1, None))).await.unwrap();
+    match store.approval_get_or_create(asked(same_key, 13), 100).await.unwrap() {
         ApprovalRequest::Existing(a) => {
             assert_eq!((a.id, a.status.as_str()), (first.id.clone(), "rejected"), "{label}")
         }
@@ -428,7 +438,7 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         .len() as i64;
     let flood = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
     assert_eq!(
-        store.approval_get_or_create(flood, 14, pending_now).await.unwrap(),
+        store.approval_get_or_create(asked(flood, 14), pending_now).await.unwrap(),
         ApprovalRequest::TooManyPending,
         "{label}"
     );
@@ -451,7 +461,7 @@ contract!(mandates_are_drawn_once_under_concurrency, |store, label| async move {
     with_accounts(&store, 1_000_000).await;
     let id = ApprovalId::generate();
     store.approval_insert(approval(&id, MandateKind::Open, 1, 1_000)).await.unwrap();
-    let a = store.approval_review(&id, review("alice", "approve"), 1, issuer(3, Some(2_500))).await.unwrap();
+    let a = store.approval_review(reviewed(&id, "alice", "approve", 1, issuer(3, Some(2_500)))).await.unwrap();
     let mandate_id = a.mandate_id.unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..16 {
@@ -478,8 +488,7 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
     with_accounts(&store, 10_000).await;
     let p = store.ledger_transfer(transfer("pay", 10_000, Guards::default()), 0).await.unwrap();
     let refund = |key: &str, amount: Option<i64>| RefundRequest {
-        idempotency_key: key.into(),
-        alias_key: None,
+        attempt: Attempt::reserved(key),
         refund_id: PaymentId::generate(),
         payment_id: p.id.clone(),
         amount_minor: amount,
@@ -487,9 +496,7 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
         principal_sub: "agent".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
         autonomous_cap_minor: None,
-        claim: None,
     };
     assert!(matches!(
         store.ledger_refund(refund("r0", Some(10_001)), 1).await,
@@ -501,7 +508,8 @@ contract!(refunds_are_bounded_and_exactly_once, |store, label| async move {
     assert_eq!(store.ledger_refund(refund("r2", None), 1).await.unwrap().amount_minor, 6_000);
     assert!(matches!(store.ledger_refund(refund("r3", None), 1).await, Err(BackendError::NotRefundable(_))));
     assert_eq!(store.ledger_payment(&p.id).await.unwrap().unwrap().refunded_minor, 10_000);
-    let entries = store.ledger_entries(&acct("acct-B"), None, 2).await.unwrap();
+    let entries =
+        store.ledger_entries(EntryQuery { account: acct("acct-B"), before_seq: None, limit: 2 }).await.unwrap();
     assert_eq!(entries.items.len(), 2);
     assert!(entries.next_cursor.is_some());
     assert_integrity(&store, label).await;
@@ -522,8 +530,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
         let (s, b, pid) = (store.clone(), budget.clone(), p.id.clone());
         tasks.spawn(async move {
             let req = RefundRequest {
-                idempotency_key: format!("r{n}"),
-                alias_key: None,
+                attempt: Attempt::reserved(format!("r{n}")),
                 refund_id: PaymentId::generate(),
                 payment_id: pid,
                 amount_minor: None,
@@ -531,9 +538,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
                 principal_sub: "agent".into(),
                 principal_user: None,
                 guards: Guards { budget: Some(b), mandate: None },
-                audit: None,
                 autonomous_cap_minor: None,
-                claim: None,
             };
             s.ledger_refund(req, 10).await
         });
@@ -564,8 +569,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
         paid.push(store.ledger_transfer(transfer(&format!("op{i}"), 1_000, Guards::default()), at).await.unwrap());
     }
     let refund = RefundRequest {
-        idempotency_key: "op-r".into(),
-        alias_key: None,
+        attempt: Attempt::reserved("op-r"),
         refund_id: PaymentId::generate(),
         payment_id: paid[0].id.clone(),
         amount_minor: Some(400),
@@ -573,9 +577,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
         principal_sub: "agent".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
         autonomous_cap_minor: None,
-        claim: None,
     };
     store.ledger_refund(refund, 7_400).await.unwrap();
     let rec = RailPayment { rail: "mpesa".into(), ..rail(&PaymentId::generate(), "mpesa-op", 2_500) };
@@ -668,7 +670,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     assert_eq!(store.approvals_for_keys(vec![format!("key-{id}")]).await.unwrap(), vec![id.to_string()], "{label}");
 
     // Mandates by status as of a moment; principals; agents seen.
-    store.approval_review(&id, review("alice", "approve"), 20, issuer(2, Some(9_000))).await.unwrap();
+    store.approval_review(reviewed(&id, "alice", "approve", 20, issuer(2, Some(9_000)))).await.unwrap();
     let mq = |status, now| MandateQuery { status, now, before: None, limit: 10 };
     let active = store.mandate_list(mq(Some(MandateStatus::Active), 100)).await.unwrap();
     assert_eq!(active.len(), 1, "{label}");
@@ -682,7 +684,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     let got = store.mandate_get(&active[0].id, 100).await.unwrap().unwrap();
     assert_eq!((got.status, got.revoked_by.as_deref()), (MandateStatus::Revoked, Some("bob")), "{label}");
     assert!(store.mandate_get("mdt_none", 100).await.unwrap().is_none());
-    store.suspend("iss", "agent", &SuspensionScope::Agent, "too many", 40).await.unwrap();
+    store.suspend(suspending(SuspensionScope::Agent, "too many"), 40).await.unwrap();
     let states = store.principal_states(10).await.unwrap();
     assert_eq!((states[0].subject.as_str(), states[0].suspended_at), ("agent", Some(40)), "{label}");
     assert_eq!((states[0].issuer.as_str(), &states[0].scope), ("iss", &SuspensionScope::Agent), "{label}");
@@ -695,7 +697,9 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
 });
 
 fn claimed(key: &str, fp: &str, minor: i64, guards: Guards) -> TransferRequest {
-    TransferRequest { claim: Some(Claim { records: vec![rec(key, fp, 100)] }), ..transfer(key, minor, guards) }
+    let mut req = transfer(key, minor, guards);
+    req.attempt.claim = Some(Claim { records: vec![rec(key, fp, 100)] });
+    req
 }
 
 // One write per payment: the posting transaction claims its key, posts, completes the key and
@@ -751,9 +755,9 @@ contract!(claimed_postings_are_one_write_and_exactly_once, |store, label| async 
     assert_eq!(store.idem_peek("b1", 14).await.unwrap(), None, "{label}: given back");
     // A mandate's key that already paid this very operation completes the operation's own key too.
     let both = |op: &str| Claim { records: vec![rec(op, "op-fp", 100), rec("c1", "fp", 100)] };
-    let r = store
-        .ledger_transfer(TransferRequest { claim: Some(both("op-1")), ..transfer("c1", 100, Guards::default()) }, 15)
-        .await;
+    let mut req = transfer("c1", 100, Guards::default());
+    req.attempt.claim = Some(both("op-1"));
+    let r = store.ledger_transfer(req, 15).await;
     assert!(matches!(r, Err(BackendError::KeyHeld { ref key, .. }) if key == "c1"), "{label}: {r:?}");
     let (fp, outcome) = store.idem_peek("op-1", 16).await.unwrap().unwrap();
     assert_eq!(fp, "op-fp", "{label}");
@@ -808,15 +812,15 @@ contract!(suspension_and_denials, |store, label| async move {
     // The stop rule suspends a pair: the agent on its own token, or for anyone else, is not suspended.
     assert_eq!(store.suspension(&agent).await.unwrap(), None);
     let alice_only = SuspensionScope::Pair(Some("alice".into()));
-    assert!(store.suspend("iss", "agent", &alice_only, "too many", 101).await.unwrap(), "{label}");
-    assert!(!store.suspend("iss", "agent", &alice_only, "again", 101).await.unwrap(), "{label}: already");
+    assert!(store.suspend(suspending(alice_only.clone(), "too many"), 101).await.unwrap(), "{label}");
+    assert!(!store.suspend(suspending(alice_only.clone(), "again"), 101).await.unwrap(), "{label}: already");
     assert_eq!(store.suspension(&for_alice).await.unwrap(), Some((101, "too many".into())), "{label}");
     assert_eq!(store.suspension(&agent).await.unwrap(), None, "{label}");
     assert_eq!(store.suspension(&for_bob).await.unwrap(), None, "{label}");
     let alice_elsewhere = PrincipalRef { user: Some("alice".into()), ..elsewhere.clone() };
     assert_eq!(store.suspension(&alice_elsewhere).await.unwrap(), None, "{label}: keyed by issuer too");
     // An operator suspends the agent whoever it acts for.
-    assert!(store.suspend("iss", "agent", &SuspensionScope::Agent, "by hand", 102).await.unwrap());
+    assert!(store.suspend(suspending(SuspensionScope::Agent, "by hand"), 102).await.unwrap());
     for who in [&agent, &for_bob] {
         assert_eq!(store.suspension(who).await.unwrap(), Some((102, "by hand".into())), "{label}: {who:?}");
     }
@@ -1003,12 +1007,18 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
         .unwrap();
     store.rail_open(rail(&PaymentId::generate(), "k4", 1_000), budget(), 19).await.unwrap();
     // Listing and paging.
-    assert_eq!(store.rail_list(None, &[RailState::Submitting], 100, 10).await.unwrap().len(), 1);
-    assert_eq!(store.rail_list(Some("http"), &[RailState::Submitting], 100, 10).await.unwrap().len(), 1, "{label}");
-    assert!(store.rail_list(Some("mpesa"), &[RailState::Submitting], 100, 10).await.unwrap().is_empty(), "{label}");
-    let page = store.rail_since(0, 0, 2).await.unwrap();
+    let submitting = |rail: Option<&str>| RailQuery {
+        rail: rail.map(str::to_string),
+        states: vec![RailState::Submitting],
+        updated_before: 100,
+        limit: 10,
+    };
+    assert_eq!(store.rail_list(submitting(None)).await.unwrap().len(), 1);
+    assert_eq!(store.rail_list(submitting(Some("http"))).await.unwrap().len(), 1, "{label}");
+    assert!(store.rail_list(submitting(Some("mpesa"))).await.unwrap().is_empty(), "{label}");
+    let page = store.rail_since(RailPage { since: 0, after_seq: 0, limit: 2 }).await.unwrap();
     assert_eq!(page.len(), 2);
-    let rest = store.rail_since(0, page[1].0, 10).await.unwrap();
+    let rest = store.rail_since(RailPage { since: 0, after_seq: page[1].0, limit: 10 }).await.unwrap();
     assert_eq!(page.len() + rest.len(), 3, "{label}");
     // The summary counts rail records by the status agents see.
     let summary = store

@@ -26,8 +26,8 @@ use serde::Deserialize;
 
 use super::breaker::{Breaker, backoff_with_jitter};
 use super::{
-    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind, PaymentQuery,
-    RefundRequest, TransferRequest,
+    BackendError, Balance, EntryQuery, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind,
+    PaymentQuery, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
@@ -478,7 +478,7 @@ impl PaymentBackend for HttpLedger {
                 && p.amount_minor == req.amount.minor()
                 && p.currency == req.amount.currency()
         };
-        self.post_money("transfer", url, &req.idempotency_key, body, matches, None).await
+        self.post_money("transfer", url, &req.attempt.key, body, matches, None).await
     }
 
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
@@ -495,7 +495,7 @@ impl PaymentBackend for HttpLedger {
                 && p.refund_of.as_ref() == Some(&req.payment_id)
                 && req.amount_minor.is_none_or(|a| a == p.amount_minor)
         };
-        self.post_money("refund", url, &req.idempotency_key, body, matches, Some(&req.payment_id)).await
+        self.post_money("refund", url, &req.attempt.key, body, matches, Some(&req.payment_id)).await
     }
 
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {
@@ -537,17 +537,12 @@ impl PaymentBackend for HttpLedger {
         Ok(Page { items: page.items, next_cursor: page.next_cursor })
     }
 
-    async fn account_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, BackendError> {
-        let mut q = vec![("limit", limit.to_string())];
-        if let Some(b) = before_seq {
-            q.push(("before", b.to_string()));
+    async fn account_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, BackendError> {
+        let mut query = vec![("limit", q.limit.to_string())];
+        if let Some(b) = q.before_seq {
+            query.push(("before", b.to_string()));
         }
-        let url = self.url(&["v1", "accounts", account.as_str(), "entries"], &q)?;
+        let url = self.url(&["v1", "accounts", q.account.as_str(), "entries"], &query)?;
         let page: Option<WirePage<LedgerEntry>> = self.get_json("account_entries", url, None).await?;
         let page = page.ok_or_else(|| BackendError::Unavailable("empty entries page".into()))?;
         Ok(Page { items: page.items, next_cursor: page.next_cursor })

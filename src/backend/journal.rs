@@ -18,11 +18,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    BackendError, Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind,
-    PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
+    BackendError, Balance, EntryQuery, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend,
+    PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::payment::Attempt;
 use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
 use crate::domain::rules::fate::{self, Verdict};
@@ -184,7 +185,7 @@ impl PaymentBackend for Journaled {
         }
         let rec = record(
             &req.payment_id,
-            &req.idempotency_key,
+            &req.attempt.key,
             self.inner.name(),
             PaymentKind::Payment,
             &req.from_account,
@@ -210,11 +211,9 @@ impl PaymentBackend for Journaled {
         }
         // The first attempt's payment id and key, every time.
         let send = TransferRequest {
+            attempt: Attempt::reserved(req.attempt.key.clone()),
             payment_id: rec.id.clone(),
             guards: Guards::default(),
-            audit: None,
-            alias_key: None,
-            claim: None,
             memo: rec.memo.clone(),
             ..req
         };
@@ -230,7 +229,7 @@ impl PaymentBackend for Journaled {
             .ok_or_else(|| BackendError::PaymentNotFound(req.payment_id.clone()))?;
         // The journal records an amount: "everything still refundable" is fixed when first sent
         // (a retry finds the record and re-sends that amount).
-        let earlier = self.store.rail_by_key(&req.idempotency_key).await?;
+        let earlier = self.store.rail_by_key(&req.attempt.key).await?;
         let amount_minor = match (req.amount_minor, &earlier) {
             (Some(a), _) => a,
             (None, Some(e)) => e.amount_minor,
@@ -239,7 +238,7 @@ impl PaymentBackend for Journaled {
         };
         let rec = record(
             &req.refund_id,
-            &req.idempotency_key,
+            &req.attempt.key,
             self.inner.name(),
             PaymentKind::Refund,
             &original.to_account,
@@ -261,11 +260,9 @@ impl PaymentBackend for Journaled {
         let send = RefundRequest {
             refund_id: rec.id.clone(),
             amount_minor: Some(rec.amount_minor),
+            attempt: Attempt::reserved(req.attempt.key.clone()),
             guards: Guards::default(),
-            audit: None,
             autonomous_cap_minor: None,
-            alias_key: None,
-            claim: None,
             ..req
         };
         let answer = self.inner.refund(send).await;
@@ -284,13 +281,8 @@ impl PaymentBackend for Journaled {
         self.inner.list_payments(query).await
     }
 
-    async fn account_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, BackendError> {
-        self.inner.account_entries(account, before_seq, limit).await
+    async fn account_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, BackendError> {
+        self.inner.account_entries(q).await
     }
 
     async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError> {

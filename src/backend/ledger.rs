@@ -7,8 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    BackendError, Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentQuery, RefundRequest,
-    TransferRequest,
+    BackendError, Balance, EntryQuery, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentQuery,
+    RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
@@ -56,13 +56,8 @@ impl PaymentBackend for LedgerBackend {
         Ok(self.store.ledger_list_payments(query).await?)
     }
 
-    async fn account_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, BackendError> {
-        Ok(self.store.ledger_entries(account, before_seq, limit).await?)
+    async fn account_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, BackendError> {
+        Ok(self.store.ledger_entries(q).await?)
     }
 
     async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError> {

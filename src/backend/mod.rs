@@ -22,7 +22,7 @@ use crate::domain::rail::RailMove;
 
 use crate::domain::error::BackendError;
 use crate::domain::payment::{
-    Balance, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
+    Balance, EntryQuery, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentKind, PaymentQuery, PaymentStatus,
     RefundRequest, TransferRequest,
 };
 
@@ -40,12 +40,7 @@ pub trait PaymentBackend: Send + Sync + 'static {
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError>;
     async fn balance(&self, account: &AccountId) -> Result<Option<Balance>, BackendError>;
     async fn list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError>;
-    async fn account_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, BackendError>;
+    async fn account_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, BackendError>;
     /// The ledger's integrity: incremental from its last verified checkpoint, or every posting
     /// (`full`, or no checkpoint yet).
     async fn check_integrity(&self, full: bool) -> Result<IntegrityReport, BackendError>;

@@ -918,7 +918,7 @@ mod growth {
     use paygate::domain::idempotency::NewIdempotencyRecord;
     use paygate::domain::ids::{AccountId, PaymentId};
     use paygate::domain::money::{Currency, Money};
-    use paygate::domain::payment::Claim;
+    use paygate::domain::payment::{Attempt, Claim};
     use paygate::domain::payment::{Guards, TransferRequest};
     use paygate::store::Store;
     use serde_json::json;
@@ -980,8 +980,38 @@ mod growth {
                     let key = format!("idk_growth_{w}_{i}_{}", uuid::Uuid::new_v4().simple());
                     let now = 1_700_000_000 + (already / WRITERS as u64 + i) as i64;
                     let req = TransferRequest {
-                        idempotency_key: key.clone(),
-                        alias_key: None,
+                        attempt: Attempt {
+                            key: key.clone(),
+                            alias_key: None,
+                            audit: Some(AuditRecord {
+                                seq: 0,
+                                at: now,
+                                correlation_id: uuid::Uuid::new_v4().simple().to_string(),
+                                principal_iss: super::ISSUER.into(),
+                                principal_sub: format!("bench-agent-{w}"),
+                                principal_user: None,
+                                tool: "create_payment".into(),
+                                decision: "allowed".into(),
+                                code: None,
+                                idempotency_key: Some(key.clone()),
+                                payment_id: None,
+                                approval_id: None,
+                                detail: None,
+                                repeats: 1,
+                            }),
+                            claim: Some(Claim {
+                                records: vec![NewIdempotencyRecord {
+                                    key,
+                                    fingerprint: "growth".into(),
+                                    tool: "create_payment".into(),
+                                    principal_iss: super::ISSUER.into(),
+                                    principal_sub: format!("bench-agent-{w}"),
+                                    lease_until: now + 30,
+                                    // Far ahead: the records stay, as a busy gateway's would.
+                                    expires_at: now + 10 * 365 * 86_400,
+                                }],
+                            }),
+                        },
                         payment_id: PaymentId::generate(),
                         from_account: AccountId::parse(&from).unwrap(),
                         to_account: AccountId::parse(&to).unwrap(),
@@ -990,34 +1020,6 @@ mod growth {
                         principal_sub: format!("bench-agent-{w}"),
                         principal_user: None,
                         guards: Guards::default(),
-                        audit: Some(AuditRecord {
-                            seq: 0,
-                            at: now,
-                            correlation_id: uuid::Uuid::new_v4().simple().to_string(),
-                            principal_iss: super::ISSUER.into(),
-                            principal_sub: format!("bench-agent-{w}"),
-                            principal_user: None,
-                            tool: "create_payment".into(),
-                            decision: "allowed".into(),
-                            code: None,
-                            idempotency_key: Some(key.clone()),
-                            payment_id: None,
-                            approval_id: None,
-                            detail: None,
-                            repeats: 1,
-                        }),
-                        claim: Some(Claim {
-                            records: vec![NewIdempotencyRecord {
-                                key,
-                                fingerprint: "growth".into(),
-                                tool: "create_payment".into(),
-                                principal_iss: super::ISSUER.into(),
-                                principal_sub: format!("bench-agent-{w}"),
-                                lease_until: now + 30,
-                                // Far ahead: the records stay, as a busy gateway's would.
-                                expires_at: now + 10 * 365 * 86_400,
-                            }],
-                        }),
                     };
                     store.ledger_transfer(req, now).await.expect("pre-load transfer");
                 }

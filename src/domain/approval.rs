@@ -209,6 +209,14 @@ pub enum ReviewError {
 /// holds the key) inside the review transaction, given the record and its approvers.
 pub type MandateIssuer = Box<dyn FnOnce(&ApprovalRecord, &[String]) -> Result<IssuedMandate, String> + Send + 'static>;
 
+/// One reviewer's decision on approval `id`, as the store records it (at `review.at`); `issue` signs
+/// the mandate if the decision completes the approval.
+pub struct ApprovalReview {
+    pub id: ApprovalId,
+    pub review: Review,
+    pub issue: MandateIssuer,
+}
+
 #[derive(Debug, Clone)]
 pub struct IssuedMandate {
     pub id: String,

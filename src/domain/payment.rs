@@ -197,19 +197,40 @@ pub struct Guards {
 #[derive(Debug, Clone)]
 pub struct Claim {
     /// In order: the operation's own key when the payment's key is anchored on a mandate, then the
-    /// payment's key (`idempotency_key`).
+    /// payment's key (`Attempt::key`).
     /// A refusal leaves under them what `domain::rules::fate` says (the store asks
     /// `StoredOutcome::after_refusal`).
     pub records: Vec<NewIdempotencyRecord>,
 }
 
-/// Move `amount` from one account to another, exactly once per `idempotency_key`.
+/// One attempt at a posting under its operation's key(s): what makes it exactly-once. The gateway's
+/// unit of work builds it; a backend applies the posting at most once per `key`.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The idempotency key the posting is known by.
+    pub key: String,
+    /// A second idempotency record completed with the same outcome (the operation's own key when
+    /// `key` is anchored on a closed mandate).
+    pub alias_key: Option<String>,
+    /// The "allowed" audit record, appended with the postings by backends that record in the
+    /// transaction (its payment id is filled in there).
+    pub audit: Option<AuditRecord>,
+    /// `Some`: the keys are not reserved yet; the posting transaction claims them.
+    pub claim: Option<Claim>,
+}
+
+impl Attempt {
+    /// An attempt under one key, already reserved by the caller: nothing claimed or recorded in the
+    /// posting's transaction.
+    pub fn reserved(key: impl Into<String>) -> Self {
+        Attempt { key: key.into(), alias_key: None, audit: None, claim: None }
+    }
+}
+
+/// Move `amount` from one account to another, exactly once per `attempt.key`.
 #[derive(Debug, Clone)]
 pub struct TransferRequest {
-    pub idempotency_key: String,
-    /// A second idempotency record completed with the same outcome (the operation's own key when
-    /// `idempotency_key` is anchored on a closed mandate).
-    pub alias_key: Option<String>,
+    pub attempt: Attempt,
     pub payment_id: PaymentId,
     pub from_account: AccountId,
     pub to_account: AccountId,
@@ -219,11 +240,6 @@ pub struct TransferRequest {
     /// The user the agent acts for, if it does.
     pub principal_user: Option<String>,
     pub guards: Guards,
-    /// The "allowed" audit record, appended with the postings by backends that record in the
-    /// transaction (its payment id is filled in there).
-    pub audit: Option<AuditRecord>,
-    /// `Some`: the keys are not reserved yet; the posting transaction claims them.
-    pub claim: Option<Claim>,
 }
 
 impl TransferRequest {
@@ -240,11 +256,10 @@ impl RefundRequest {
     }
 }
 
-/// Return (part of) a succeeded payment, exactly once per `idempotency_key`.
+/// Return (part of) a succeeded payment, exactly once per `attempt.key`.
 #[derive(Debug, Clone)]
 pub struct RefundRequest {
-    pub idempotency_key: String,
-    pub alias_key: Option<String>,
+    pub attempt: Attempt,
     pub refund_id: PaymentId,
     pub payment_id: PaymentId,
     /// `None` refunds everything still refundable.
@@ -254,12 +269,9 @@ pub struct RefundRequest {
     /// The user the agent acts for, if it does.
     pub principal_user: Option<String>,
     pub guards: Guards,
-    pub audit: Option<AuditRecord>,
     /// Without a human: the most this payment's refunds may total (the agent's autonomous limit),
     /// checked in the posting transaction so concurrent partial refunds cannot pass it together.
     pub autonomous_cap_minor: Option<i64>,
-    /// `Some`: the keys are not reserved yet; the posting transaction claims them.
-    pub claim: Option<Claim>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -273,6 +285,14 @@ pub struct PaymentQuery {
     pub from: Option<UnixSecs>,
     /// Only payments created before this instant (exclusive).
     pub to: Option<UnixSecs>,
+}
+
+/// One account's ledger entries, newest first, below `before_seq` (a page's cursor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryQuery {
+    pub account: AccountId,
+    pub before_seq: Option<i64>,
+    pub limit: u32,
 }
 
 #[derive(Debug, Clone)]

@@ -22,6 +22,15 @@ pub enum SuspensionScope {
     Pair(Option<String>),
 }
 
+/// A suspension to impose: who (issuer, subject), what `scope` covers, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suspension {
+    pub issuer: String,
+    pub subject: String,
+    pub scope: SuspensionScope,
+    pub reason: String,
+}
+
 impl SuspensionScope {
     /// The stored (scope, principal_user) pair.
     pub fn columns(&self) -> (&'static str, &str) {

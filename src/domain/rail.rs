@@ -176,6 +176,25 @@ impl Settlement {
     }
 }
 
+/// Records (of `rail`, or of every rail) in one of `states` last updated at or before
+/// `updated_before`, oldest first: what reconciliation and polling look for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailQuery {
+    pub rail: Option<String>,
+    pub states: Vec<RailState>,
+    pub updated_before: UnixSecs,
+    pub limit: u32,
+}
+
+/// Records created at or after `since`, oldest first, after `after_seq`: one page of a walk over
+/// every record (reconciliation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RailPage {
+    pub since: UnixSecs,
+    pub after_seq: i64,
+    pub limit: u32,
+}
+
 /// The record `rail_open` found or made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RailOpened {

@@ -71,23 +71,22 @@ impl Gateway {
             created_at: now,
             expires_at: now + self.limits.approval_ttl_secs,
         };
-        let approval =
-            match self.store.approval_get_or_create(rec, now, self.limits.pending_approvals_per_agent_max).await {
-                Ok(ApprovalRequest::Existing(a) | ApprovalRequest::Created(a)) => a,
-                Ok(ApprovalRequest::TooManyPending) => {
-                    // An approval flood: the queue a human works through is bounded per agent.
-                    let e = AgentError::new(
-                        ErrorCode::RateLimited,
-                        format!(
-                            "{} approvals of this agent are already waiting for a human; wait for them to be decided",
-                            self.limits.pending_approvals_per_agent_max
-                        ),
-                    )
-                    .with_retry_after(60);
-                    return self.refuse_as(caller, tool, idem, "denied", e).await;
-                }
-                Err(error) => return self.internal(caller, tool, idem, error).await,
-            };
+        let approval = match self.store.approval_get_or_create(rec, self.limits.pending_approvals_per_agent_max).await {
+            Ok(ApprovalRequest::Existing(a) | ApprovalRequest::Created(a)) => a,
+            Ok(ApprovalRequest::TooManyPending) => {
+                // An approval flood: the queue a human works through is bounded per agent.
+                let e = AgentError::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "{} approvals of this agent are already waiting for a human; wait for them to be decided",
+                        self.limits.pending_approvals_per_agent_max
+                    ),
+                )
+                .with_retry_after(60);
+                return self.refuse_as(caller, tool, idem, "denied", e).await;
+            }
+            Err(error) => return self.internal(caller, tool, idem, error).await,
+        };
         if approval.fingerprint != idem.fingerprint {
             return self.conflict(caller, tool, idem).await;
         }

@@ -4,11 +4,11 @@
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms, parse_text};
-use super::unit_of_work::{Attempt, Executed, movement};
+use super::unit_of_work::{Executed, movement};
 use super::{Caller, Gateway};
 use crate::domain::ids::{AccountId, OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
-use crate::domain::payment::{PaymentKind, TransferRequest};
+use crate::domain::payment::{Attempt, PaymentKind, TransferRequest};
 use crate::error::AgentError;
 use crate::policy;
 
@@ -60,10 +60,7 @@ impl Gateway {
         self.operate(caller, proposal, decide, self.ledger_strategy(), |t: Terms| {
             movement(move |a: Attempt| {
                 let req = TransferRequest {
-                    idempotency_key: a.key,
-                    alias_key: a.alias_key,
-                    audit: a.audit,
-                    claim: a.claim,
+                    attempt: a,
                     payment_id: PaymentId::generate(),
                     from_account: from.clone(),
                     to_account: to.clone(),

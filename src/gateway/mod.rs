@@ -112,30 +112,33 @@ pub struct GatewayLimits {
 }
 
 pub struct Gateway {
+    // Where things are kept and where money moves.
     /// Everything the gateway keeps: keys, approvals, audit, rail records (and the embedded ledger).
     store: Arc<dyn Store>,
     /// Where money moves: the embedded ledger or an HTTP ledger, behind one seam.
     backend: Arc<dyn PaymentBackend>,
+    /// The rails enabled (M-Pesa, ...), by name. The gateway sees them only through the seam.
+    rails: Vec<Arc<dyn CollectionRail>>,
+    /// The exactly-once unit of work the money-moving operations hand their intents to.
+    work: Box<dyn unit_of_work::UnitOfWork>,
     /// The only source of "now" (tests inject a manual clock).
     clock: Arc<dyn Clock>,
+    // Secrets.
     /// Derives idempotency keys and the request-state sealing key from the configured secret.
     keys: KeyDeriver,
     /// Signs and verifies mandates (the current key and those still accepted).
     mandates: Arc<MandateKeys>,
+    /// Seals the `requestState` of approvals resumed through URL elicitation.
+    states: crate::request_state::StateSealer,
+    // Bounds and what they count.
     /// Every bound the gateway enforces, from config.
     limits: GatewayLimits,
     rate: AgentLimits,
     metrics: Arc<crate::metrics::Metrics>,
-    /// The rails enabled (M-Pesa, ...), by name. The gateway sees them only through the seam.
-    rails: Vec<Arc<dyn CollectionRail>>,
     /// Every account an agent profile may use (what reconciliation asks an external ledger about).
     known_accounts: Vec<crate::domain::ids::AccountId>,
     /// Local waiters on in-flight idempotency keys and approvals' decisions.
     waiters: waiters::Waiters,
-    /// The exactly-once unit of work the money-moving operations hand their intents to.
-    work: Box<dyn unit_of_work::UnitOfWork>,
-    /// Seals the `requestState` of approvals resumed through URL elicitation.
-    states: crate::request_state::StateSealer,
     /// Retries held waiting for an approval's decision, per agent (issuer, subject, user).
     decision_waits: Mutex<HashMap<String, usize>>,
     /// Pre-body refusals being throttled (`refusals`).
@@ -204,17 +207,17 @@ impl Gateway {
         Gateway {
             store,
             backend,
+            rails: Vec::new(),
+            work: Box::new(unit_of_work::ExactlyOnce),
             clock,
             keys,
             mandates,
+            states,
             limits,
             rate,
             metrics,
-            rails: Vec::new(),
             known_accounts: Vec::new(),
             waiters: waiters::Waiters::default(),
-            work: Box::new(unit_of_work::ExactlyOnce),
-            states,
             decision_waits: Mutex::new(HashMap::new()),
             refusals: refusals::Throttle::default(),
             suspended_seen: Mutex::new(HashMap::new()),

@@ -20,7 +20,7 @@ use crate::domain::ids::{AccountId, ApprovalId, PaymentId};
 use crate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use crate::domain::payment::{PaymentKind, PaymentStatus};
 use crate::domain::principal::SuspensionScope;
-use crate::domain::rail::RailState;
+use crate::domain::rail::{RailQuery, RailState};
 use crate::domain::rules::guards::day_of;
 
 /// Audit records one payment's timeline shows at most.
@@ -389,7 +389,12 @@ impl Gateway {
         for rail in &self.rails {
             let stuck = self
                 .store
-                .rail_list(Some(rail.name()), &[RailState::Unknown], now, 100)
+                .rail_list(RailQuery {
+                    rail: Some(rail.name().into()),
+                    states: vec![RailState::Unknown],
+                    updated_before: now,
+                    limit: 100,
+                })
                 .await
                 .map(|r| r.len())
                 .map_err(internal("rail list"))?;

@@ -4,11 +4,11 @@
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms};
-use super::unit_of_work::{Attempt, Executed, Strategy, movement};
+use super::unit_of_work::{Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{PayoutArgs, PayoutRefusal, PayoutRequest};
 use crate::domain::ids::{OperationId, PaymentId};
-use crate::domain::payment::PaymentKind;
+use crate::domain::payment::{Attempt, PaymentKind};
 use crate::domain::rail::RailFlow;
 use crate::error::AgentError;
 use crate::policy;

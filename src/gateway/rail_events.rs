@@ -12,7 +12,7 @@ use crate::backend::rail::{Authority, CallbackChannel, CollectionRail, settle_re
 use crate::domain::audit::AuditRecord;
 use crate::domain::rail::RailMove;
 use crate::domain::rail::Settlement;
-use crate::domain::rail::{RailFlow, RailPayment, RailState};
+use crate::domain::rail::{RailFlow, RailPayment, RailQuery, RailState};
 use crate::domain::rules::rail as rail_rules;
 /// Pending collections queried per scheduler run.
 const POLL_BATCH_MAX: u32 = 50;
@@ -379,8 +379,13 @@ impl Gateway {
     ) -> usize {
         let now = self.clock.now();
         // Pending records, and those whose answer was lost (a payout's status can be asked).
-        let open = [RailState::Pending, RailState::Unknown];
-        let due = match self.store.rail_list(Some(rail.name()), &open, now - older_than_secs, POLL_BATCH_MAX).await {
+        let due = RailQuery {
+            rail: Some(rail.name().into()),
+            states: vec![RailState::Pending, RailState::Unknown],
+            updated_before: now - older_than_secs,
+            limit: POLL_BATCH_MAX,
+        };
+        let due = match self.store.rail_list(due).await {
             Ok(d) => d,
             Err(error) => {
                 tracing::error!(%error, rail = rail.name(), "listing open rail payments failed");

@@ -10,7 +10,9 @@ use super::{Caller, Decision, Gateway, decode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
 use crate::domain::ids::AccountId;
-use crate::domain::payment::{Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus};
+use crate::domain::payment::{
+    Balance, EntryQuery, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus,
+};
 use crate::error::{AgentError, ErrorCode};
 use crate::policy;
 
@@ -316,9 +318,8 @@ impl Gateway {
         page: PageAsk<'_>,
     ) -> Result<Page<LedgerEntry>, AgentError> {
         let account = self.check_account(caller, "get_account_ledger", account_id).await?;
-        let before = decode_cursor(page.cursor)?;
-        let limit = self.page_limit(page.limit)?;
-        self.backend.account_entries(&account, before, limit).await.map_err(|e| AgentError::from(&e))
+        let q = EntryQuery { account, before_seq: decode_cursor(page.cursor)?, limit: self.page_limit(page.limit)? };
+        self.backend.account_entries(q).await.map_err(|e| AgentError::from(&e))
     }
 
     /// The scheduler's incremental check (no caller): a clean result moves the checkpoint forward.

@@ -15,7 +15,7 @@ use crate::domain::ids::PaymentId;
 use crate::domain::payment::{PaymentKind, PaymentQuery, PaymentStatus};
 use crate::domain::rail::RailMove;
 use crate::domain::rail::Settlement;
-use crate::domain::rail::{RailFlow, RailPayment, RailState};
+use crate::domain::rail::{RailFlow, RailPage, RailPayment, RailState};
 use crate::error::{AgentError, ErrorCode};
 /// Rail records examined per reconciliation page.
 /// Finished (failed) collections a reconciliation run asks the rail about again, at most: each is
@@ -120,7 +120,7 @@ impl Gateway {
         let mut after = 0;
         let mut rechecks_left = RECHECK_FINISHED_MAX;
         loop {
-            let page = self.store.rail_since(since, after, RECONCILE_PAGE).await?;
+            let page = self.store.rail_since(RailPage { since, after_seq: after, limit: RECONCILE_PAGE }).await?;
             let Some((last, _)) = page.last() else { break };
             after = *last;
             for (_, rec) in &page {

@@ -4,11 +4,11 @@
 use serde_json::json;
 
 use super::admission::{Parties, Proposal, Terms, parse_text};
-use super::unit_of_work::{Attempt, Executed, movement};
+use super::unit_of_work::{Executed, movement};
 use super::{Caller, Gateway};
 use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::Money;
-use crate::domain::payment::{Payment, PaymentKind, RefundRequest};
+use crate::domain::payment::{Attempt, Payment, PaymentKind, RefundRequest};
 use crate::error::{AgentError, ErrorCode};
 use crate::policy;
 
@@ -76,10 +76,7 @@ impl Gateway {
             let explicit_amount = (explicit || t.mandated).then(|| amount.minor());
             movement(move |a: Attempt| {
                 let req = RefundRequest {
-                    idempotency_key: a.key,
-                    alias_key: a.alias_key,
-                    audit: a.audit,
-                    claim: a.claim,
+                    attempt: a,
                     refund_id: PaymentId::generate(),
                     payment_id: pid.clone(),
                     amount_minor: explicit_amount,

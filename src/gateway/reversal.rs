@@ -2,11 +2,12 @@
 
 use super::admission::Terms;
 use super::refund::{RefundPayment, refund_proposal};
-use super::unit_of_work::{Attempt, Executed, Strategy, movement};
+use super::unit_of_work::{Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::ReversalRequest;
 use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::Money;
+use crate::domain::payment::Attempt;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::AgentError;
 use crate::policy;

@@ -12,12 +12,12 @@ use super::approvals::{ApprovalView, OpError, Operator, decision_key};
 use super::{Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, IssuedMandate, MandateIssuer, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalReview, IssuedMandate, MandateIssuer, Review, ReviewError};
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::domain::ids::{AccountId, ApprovalId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::ops::ApprovalQuery;
-use crate::domain::principal::{SuspensionScope, valid_subject};
+use crate::domain::principal::{Suspension, SuspensionScope, valid_subject};
 use crate::domain::rules::authority::{Target, acts_on_itself};
 use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -249,8 +249,8 @@ impl Gateway {
             at: now,
             as_user,
         };
-        let issuer = self.mandate_issuer(now);
-        let result = self.store.approval_review(&id, review, now, issuer).await;
+        let issue = self.mandate_issuer(now);
+        let result = self.store.approval_review(ApprovalReview { id: id.clone(), review, issue }).await;
         let action = match (as_user, decision) {
             (false, ReviewDecision::Approve) => "approvals.approve",
             (false, ReviewDecision::Reject) => "approvals.reject",
@@ -464,7 +464,8 @@ impl Gateway {
             Some(u) => SuspensionScope::Pair(Some(u.clone())),
             None => SuspensionScope::Agent,
         };
-        let newly = self.store.suspend(issuer, &who.subject, &scope, &why, now).await.map_err(|error| {
+        let suspension = Suspension { issuer: issuer.to_string(), subject: who.subject.clone(), scope, reason: why };
+        let newly = self.store.suspend(suspension, now).await.map_err(|error| {
             tracing::error!(%error, "suspend failed");
             OpError::internal()
         })?;

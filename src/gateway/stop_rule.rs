@@ -5,7 +5,7 @@
 use super::keys::Idem;
 use super::{Caller, Decision, Gateway};
 use crate::domain::audit::DENIAL_CODES;
-use crate::domain::principal::SuspensionScope;
+use crate::domain::principal::{Suspension, SuspensionScope};
 use crate::error::{AgentError, ErrorCode};
 use crate::store::Denials;
 
@@ -43,8 +43,13 @@ impl Gateway {
         } else {
             format!("suspended by the stop rule: {denials} policy denials within {} s", self.limits.stop_window_secs)
         };
-        let scope = SuspensionScope::Pair(who.user.clone());
-        match self.store.suspend(&who.issuer, &who.subject, &scope, &reason, now).await {
+        let suspension = Suspension {
+            issuer: who.issuer.clone(),
+            subject: who.subject.clone(),
+            scope: SuspensionScope::Pair(who.user.clone()),
+            reason: reason.clone(),
+        };
+        match self.store.suspend(suspension, now).await {
             Ok(true) => {
                 tracing::warn!(principal.sub = %who.subject, %reason, "agent suspended by stop rule");
                 let mut d = Decision::new(tool, "suspended");

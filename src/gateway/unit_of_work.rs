@@ -21,7 +21,7 @@ use crate::domain::audit::AuditRecord;
 use crate::domain::error::{BackendError, StoreError};
 use crate::domain::idempotency::Reservation;
 use crate::domain::money::Money;
-use crate::domain::payment::{Claim, Payment, PaymentStatus};
+use crate::domain::payment::{Attempt, Payment, PaymentStatus};
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::StoredOutcome;
 use crate::policy::Decision as Policy;
@@ -52,17 +52,6 @@ pub(super) struct Intent {
     pub amount: Money,
     /// What a human sees when it needs approval (a closed mandate pins it whole).
     pub shown: serde_json::Value,
-}
-
-/// One attempt at the backend under the intent's key(s): what the movement passes on.
-pub(super) struct Attempt {
-    pub key: String,
-    /// The operation's own key when `key` is anchored on a closed mandate.
-    pub alias_key: Option<String>,
-    /// The "allowed" record a posting transaction appends (`Strategy::ClaimInPosting`).
-    pub audit: Option<AuditRecord>,
-    /// The keys a posting transaction claims (`Strategy::ClaimInPosting`, first try).
-    pub claim: Option<Claim>,
 }
 
 type Answer<'a> = Pin<Box<dyn Future<Output = Result<Payment, BackendError>> + Send + 'a>>;

@@ -22,7 +22,7 @@ use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
 
-use crate::domain::payment::{Guards, IntegrityReport, Payment, RefundRequest, TransferRequest};
+use crate::domain::payment::{Attempt, Guards, IntegrityReport, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{self, Checkpoint};
 
 /// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.
@@ -39,15 +39,21 @@ pub(crate) struct Posting<'a> {
     pub audit: &'a Option<AuditRecord>,
 }
 
+impl<'a> Posting<'a> {
+    fn of(a: &'a Attempt, guards: &'a Guards) -> Self {
+        Posting { key: &a.key, alias: a.alias_key.as_deref(), guards, audit: &a.audit }
+    }
+}
+
 impl<'a> From<&'a TransferRequest> for Posting<'a> {
     fn from(r: &'a TransferRequest) -> Self {
-        Posting { key: &r.idempotency_key, alias: r.alias_key.as_deref(), guards: &r.guards, audit: &r.audit }
+        Posting::of(&r.attempt, &r.guards)
     }
 }
 
 impl<'a> From<&'a RefundRequest> for Posting<'a> {
     fn from(r: &'a RefundRequest) -> Self {
-        Posting { key: &r.idempotency_key, alias: r.alias_key.as_deref(), guards: &r.guards, audit: &r.audit }
+        Posting::of(&r.attempt, &r.guards)
     }
 }
 

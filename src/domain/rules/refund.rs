@@ -82,6 +82,7 @@ mod tests {
     use super::*;
     use crate::domain::ids::{AccountId, PaymentId};
     use crate::domain::money::Currency;
+    use crate::domain::payment::Attempt;
     use crate::domain::payment::Guards;
 
     fn kes() -> Currency {
@@ -108,8 +109,7 @@ mod tests {
 
     fn req(of: &Payment, amount_minor: Option<i64>) -> RefundRequest {
         RefundRequest {
-            idempotency_key: "idk".into(),
-            alias_key: None,
+            attempt: Attempt::reserved("idk"),
             refund_id: PaymentId::generate(),
             payment_id: of.id.clone(),
             amount_minor,
@@ -117,9 +117,7 @@ mod tests {
             principal_sub: "agent".into(),
             principal_user: None,
             guards: Guards::default(),
-            audit: None,
             autonomous_cap_minor: None,
-            claim: None,
         }
     }
 

@@ -78,6 +78,7 @@ mod tests {
     use super::*;
     use crate::domain::ids::{AccountId, PaymentId};
     use crate::domain::money::{Currency, Money};
+    use crate::domain::payment::Attempt;
     use crate::domain::payment::Guards;
 
     fn cur(c: &str) -> Currency {
@@ -86,8 +87,7 @@ mod tests {
 
     fn req(from: &str, to: &str, minor: i64) -> TransferRequest {
         TransferRequest {
-            idempotency_key: "idk".into(),
-            alias_key: None,
+            attempt: Attempt::reserved("idk"),
             payment_id: PaymentId::generate(),
             from_account: AccountId::parse(from).unwrap(),
             to_account: AccountId::parse(to).unwrap(),
@@ -96,8 +96,6 @@ mod tests {
             principal_sub: "agent".into(),
             principal_user: None,
             guards: Guards::default(),
-            audit: None,
-            claim: None,
         }
     }
 

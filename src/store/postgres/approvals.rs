@@ -5,7 +5,7 @@ use deadpool_postgres::{GenericClient, Pool};
 
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
@@ -45,13 +45,9 @@ pub(super) async fn load_approval(
 }
 
 /// Record one reviewer's decision: the state machine (`rules::review`) under the approval's row lock.
-pub(super) async fn review(
-    pool: &Pool,
-    id: &ApprovalId,
-    review: Review,
-    now: UnixSecs,
-    issue: MandateIssuer,
-) -> Result<ApprovalRecord, ReviewError> {
+pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+    let ApprovalReview { id, review, issue } = ask;
+    let (id, now) = (&id, review.at);
     let mut client = pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
     let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?;
@@ -104,12 +100,8 @@ pub(super) async fn review(
 
 #[async_trait]
 impl ApprovalStore for PostgresStore {
-    async fn approval_get_or_create(
-        &self,
-        rec: ApprovalRecord,
-        now: UnixSecs,
-        pending_max: i64,
-    ) -> Result<ApprovalRequest, StoreError> {
+    async fn approval_get_or_create(&self, rec: ApprovalRecord, max: i64) -> Result<ApprovalRequest, StoreError> {
+        let now = rec.created_at;
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         // Concurrent requests for one operation, and one agent's concurrent requests (its pending
@@ -132,7 +124,7 @@ impl ApprovalStore for PostgresStore {
             )
             .await?
             .get(0);
-        match (rules::on_request(latest.as_ref(), pending, pending_max, now), latest) {
+        match (rules::on_request(latest.as_ref(), pending, max, now), latest) {
             (RequestPlan::Existing, Some(existing)) => {
                 tx.commit().await?;
                 Ok(ApprovalRequest::Existing(existing))
@@ -205,14 +197,8 @@ impl ApprovalStore for PostgresStore {
         Ok(page)
     }
 
-    async fn approval_review(
-        &self,
-        id: &ApprovalId,
-        review: Review,
-        now: UnixSecs,
-        issue: MandateIssuer,
-    ) -> Result<ApprovalRecord, ReviewError> {
-        self::review(&self.pool, id, review, now, issue).await
+    async fn approval_review(&self, r: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+        self::review(&self.pool, r).await
     }
 
     async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError> {
@@ -222,15 +208,10 @@ impl ApprovalStore for PostgresStore {
         Ok(client.opt(sql, &[&id.as_str(), &max]).await?.map(|r| r.get(0)))
     }
 
-    async fn mandate_revoke(
-        &self,
-        approval_id: &ApprovalId,
-        by: &str,
-        now: UnixSecs,
-    ) -> Result<Option<String>, StoreError> {
+    async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError> {
         let client = self.pool.get().await?;
         let sql = "UPDATE mandates SET revoked_at = $1, revoked_by = $2
                    WHERE approval_id = $3 AND revoked_at IS NULL RETURNING id";
-        Ok(client.opt(sql, &[&now, &by, &approval_id.as_str()]).await?.map(|r| r.get(0)))
+        Ok(client.opt(sql, &[&now, &by, &id.as_str()]).await?.map(|r| r.get(0)))
     }
 }

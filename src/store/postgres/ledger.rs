@@ -10,7 +10,7 @@ use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
-use crate::domain::payment::AccountSeed;
+use crate::domain::payment::{AccountSeed, EntryQuery};
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger::{self, DoubleEntry};
@@ -88,12 +88,8 @@ impl LedgerStore for PostgresStore {
         Ok(Page { items: page.items.into_iter().map(|(p, _)| p).collect(), next_cursor: page.next_cursor })
     }
 
-    async fn ledger_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, StoreError> {
+    async fn ledger_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, StoreError> {
+        let EntryQuery { account, before_seq, limit } = q;
         let client = self.pool.get().await?;
         let sql = format!(
             "SELECT {} FROM postings WHERE account_id = $1 AND ($2::BIGINT IS NULL OR seq < $2) ORDER BY seq DESC LIMIT $3",

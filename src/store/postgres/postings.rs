@@ -216,14 +216,12 @@ async fn draw_mandate(c: &impl GenericClient, g: &Guards, amount: i64) -> Result
 pub(super) async fn apply_guards(
     c: &impl GenericClient,
     g: &Guards,
-    subject: &str,
-    amount: i64,
-    currency: Currency,
+    draw: &UsageDraw,
     now: UnixSecs,
 ) -> Result<(), BackendError> {
-    let state = read_guards(c, g, subject, currency).await.map_err(db)?;
-    state.check(g, amount, currency, now)?;
-    draw_mandate(c, g, amount).await.map_err(db)?;
+    let state = read_guards(c, g, &draw.subject, draw.currency).await.map_err(db)?;
+    state.check(g, draw.amount_minor, draw.currency, now)?;
+    draw_mandate(c, g, draw.amount_minor).await.map_err(db)?;
     Ok(())
 }
 
@@ -415,7 +413,7 @@ macro_rules! claimed_posting {
     ($pool:expr, $req:expr, $now:expr, $post:path) => {{
         let mut client = $pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
         let tx = client.transaction().await.map_err(TxError::pg)?;
-        match &$req.claim {
+        match &$req.attempt.claim {
             None => {
                 let p = $post(&tx, $req, $now, false).await?;
                 tx.commit().await.map_err(TxError::pg)?;
@@ -454,7 +452,7 @@ async fn transfer_in(
         savepoint,
         &req.from_account,
         &req.to_account,
-        &req.idempotency_key,
+        &req.attempt.key,
         &req.guards,
         &req.usage_subject(),
         currency,
@@ -480,8 +478,7 @@ async fn refund_in(
     opened.map_err(TxError::pg)?;
     let original = original.map_err(TxError::store)?;
     let Some(o) = &original else {
-        let existing =
-            load_payment(tx, "idempotency_key", &req.idempotency_key, false).await.map_err(TxError::store)?;
+        let existing = load_payment(tx, "idempotency_key", &req.attempt.key, false).await.map_err(TxError::store)?;
         let plan = refund::plan(req, existing, None, None, now).map_err(TxError::Backend)?;
         return write_posting(tx, plan, &GuardState::default(), Posting::from(req), savepoint, now).await;
     };
@@ -490,7 +487,7 @@ async fn refund_in(
         false,
         &o.to_account,
         &o.from_account,
-        &req.idempotency_key,
+        &req.attempt.key,
         &req.guards,
         &req.usage_subject(),
         o.currency,

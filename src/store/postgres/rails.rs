@@ -3,7 +3,7 @@
 //! the rail record.
 
 use async_trait::async_trait;
-use deadpool_postgres::GenericClient;
+use deadpool_postgres::{GenericClient, Pool};
 
 use super::postings::{add_usage, apply_guards};
 use super::{Cached, Mapped, PostgresStore, TxError, bind, db};
@@ -12,7 +12,7 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailMove, RailOpened, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailMove, RailOpened, RailPage, RailPayment, RailQuery};
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
 use crate::store::RailStore;
@@ -63,7 +63,7 @@ async fn give_back(tx: &impl GenericClient, draws: &Draws) -> Result<(), StoreEr
 }
 
 pub(super) async fn open_once(
-    pool: &deadpool_postgres::Pool,
+    pool: &Pool,
     rec: &RailPayment,
     guards: &Guards,
     now: UnixSecs,
@@ -75,7 +75,9 @@ pub(super) async fn open_once(
         tx.commit().await.map_err(TxError::pg)?;
         return Ok(RailOpened { rec: found, created: false });
     }
-    if let Err(refusal) = apply_guards(&tx, guards, &rec.usage_subject(), rec.amount_minor, rec.currency, now).await {
+    let rec = rules::opened(rec.clone(), guards, now);
+    let draws = Draws::of(&rec);
+    if let Err(refusal) = apply_guards(&tx, guards, &draws.usage, now).await {
         // A concurrent open of the same key (a retry that took over an expired lease) may have
         // committed while we waited for the guards' locks: its record is the answer, not a refusal.
         if let Some(found) = load_rail(&tx, "idempotency_key", key, false).await.map_err(TxError::store)? {
@@ -83,8 +85,7 @@ pub(super) async fn open_once(
         }
         return Err(TxError::Backend(refusal));
     }
-    let rec = rules::opened(rec.clone(), guards, now);
-    add_usage(&tx, &Draws::of(&rec).usage).await.map_err(TxError::pg)?;
+    add_usage(&tx, &draws.usage).await.map_err(TxError::pg)?;
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
@@ -98,14 +99,9 @@ pub(super) async fn open_once(
     Ok(RailOpened { rec, created: true })
 }
 
-pub(super) async fn transition(
-    pool: &deadpool_postgres::Pool,
-    id: &str,
-    from: &[RailState],
-    to: RailState,
-    update: RailUpdate,
-    now: UnixSecs,
-) -> Result<Option<RailPayment>, StoreError> {
+pub(super) async fn transition(pool: &Pool, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError> {
+    let RailMove { id, from, to, update } = m;
+    let id = id.as_str();
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let Some(rec) = load_rail(&tx, "id", id, false).await? else { return Ok(None) };
@@ -132,7 +128,7 @@ pub(super) async fn transition(
     Ok(updated)
 }
 
-pub(super) async fn abandon(pool: &deadpool_postgres::Pool, id: &str) -> Result<bool, StoreError> {
+pub(super) async fn abandon(pool: &Pool, id: &str) -> Result<bool, StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let Some(rec) = load_rail(&tx, "id", id, false).await? else { return Ok(false) };
@@ -147,34 +143,23 @@ pub(super) async fn abandon(pool: &deadpool_postgres::Pool, id: &str) -> Result<
     Ok(true)
 }
 
-pub(super) async fn list(
-    c: &impl GenericClient,
-    rail: Option<&str>,
-    states: &[RailState],
-    updated_before: UnixSecs,
-    limit: u32,
-) -> Result<Vec<RailPayment>, StoreError> {
-    let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+pub(super) async fn list(c: &impl GenericClient, q: &RailQuery) -> Result<Vec<RailPayment>, StoreError> {
+    let states: Vec<&str> = q.states.iter().map(|s| s.as_str()).collect();
     let sql = format!(
         "SELECT {RAIL_COLS} FROM rail_payments WHERE state = ANY($1) AND updated_at <= $2
            AND ($4::text IS NULL OR rail = $4) ORDER BY updated_at, seq LIMIT $3"
     );
-    Ok(c.list(&sql, &[&states, &updated_before, &i64::from(limit), &rail], rows::rail)
+    Ok(c.list(&sql, &[&states, &q.updated_before, &i64::from(q.limit), &q.rail], rows::rail)
         .await?
         .into_iter()
         .map(|(_, p)| p)
         .collect())
 }
 
-pub(super) async fn since(
-    c: &impl GenericClient,
-    since: UnixSecs,
-    after_seq: i64,
-    limit: u32,
-) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+pub(super) async fn since(c: &impl GenericClient, p: RailPage) -> Result<Vec<(i64, RailPayment)>, StoreError> {
     let sql =
         format!("SELECT {RAIL_COLS} FROM rail_payments WHERE created_at >= $1 AND seq > $2 ORDER BY seq LIMIT $3");
-    c.list(&sql, &[&since, &after_seq, &i64::from(limit)], rows::rail).await
+    c.list(&sql, &[&p.since, &p.after_seq, &i64::from(p.limit)], rows::rail).await
 }
 
 #[async_trait]
@@ -184,7 +169,7 @@ impl RailStore for PostgresStore {
     }
 
     async fn rail_transition(&self, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError> {
-        transition(&self.pool, m.id.as_str(), m.from, m.to, m.update, now).await
+        transition(&self.pool, m, now).await
     }
 
     async fn rail_abandon(&self, id: &PaymentId) -> Result<bool, StoreError> {
@@ -207,24 +192,11 @@ impl RailStore for PostgresStore {
         Ok(client.get(&sql, &[&rail, &rail_ref], rows::rail).await?.map(|(_, p)| p))
     }
 
-    async fn rail_list(
-        &self,
-        rail: Option<&str>,
-        states: &[RailState],
-        updated_before: UnixSecs,
-        limit: u32,
-    ) -> Result<Vec<RailPayment>, StoreError> {
-        let client = self.pool.get().await?;
-        list(&client, rail, states, updated_before, limit).await
+    async fn rail_list(&self, q: RailQuery) -> Result<Vec<RailPayment>, StoreError> {
+        list(&self.pool.get().await?, &q).await
     }
 
-    async fn rail_since(
-        &self,
-        since: UnixSecs,
-        after_seq: i64,
-        limit: u32,
-    ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
-        let client = self.pool.get().await?;
-        self::since(&client, since, after_seq, limit).await
+    async fn rail_since(&self, p: RailPage) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        self::since(&self.pool.get().await?, p).await
     }
 }

@@ -6,7 +6,7 @@ use super::{Cached, PostgresStore};
 use crate::clock::UnixSecs;
 use crate::domain::audit::DENIAL_CODES;
 use crate::domain::error::StoreError;
-use crate::domain::principal::{PrincipalRef, SuspensionScope};
+use crate::domain::principal::{PrincipalRef, Suspension};
 use crate::store::{Denials, SuspensionStore};
 
 #[async_trait]
@@ -26,23 +26,16 @@ impl SuspensionStore for PostgresStore {
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
-    async fn suspend(
-        &self,
-        issuer: &str,
-        subject: &str,
-        scope: &SuspensionScope,
-        reason: &str,
-        now: UnixSecs,
-    ) -> Result<bool, StoreError> {
+    async fn suspend(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
-        let (scope, user) = scope.columns();
+        let (scope, user) = s.scope.columns();
         Ok(client
             .exec(
                 "INSERT INTO principal_state (issuer, subject, scope, principal_user, suspended_at, suspended_reason)
                  VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (issuer, subject, scope, principal_user) DO UPDATE SET suspended_at = excluded.suspended_at,
                      suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
-                &[&issuer, &subject, &scope, &user, &now, &reason],
+                &[&s.issuer, &s.subject, &scope, &user, &now, &s.reason],
             )
             .await?
             == 1)

@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
@@ -37,13 +37,9 @@ pub(super) fn load_approval(c: &Connection, id: &str) -> Result<Option<ApprovalR
     Ok(Some(a))
 }
 
-pub(super) fn review_tx(
-    c: &mut Connection,
-    id: &ApprovalId,
-    r: Review,
-    now: UnixSecs,
-    issue: MandateIssuer,
-) -> Result<ApprovalRecord, ReviewError> {
+pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+    let ApprovalReview { id, review: r, issue } = ask;
+    let (id, now) = (&id, r.at);
     let tx = c.savepoint().map_err(StoreError::from)?;
     let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?;
     let (plan, id) = (review::plan(&rec, &r, now)?, id.as_str());
@@ -88,12 +84,8 @@ pub(super) fn review_tx(
 
 #[async_trait]
 impl ApprovalStore for SqliteStore {
-    async fn approval_get_or_create(
-        &self,
-        rec: ApprovalRecord,
-        now: UnixSecs,
-        pending_max: i64,
-    ) -> Result<ApprovalRequest, StoreError> {
+    async fn approval_get_or_create(&self, rec: ApprovalRecord, max: i64) -> Result<ApprovalRequest, StoreError> {
+        let now = rec.created_at;
         self.write(move |c| {
             let tx = c.savepoint()?;
             let sql = format!(
@@ -108,7 +100,7 @@ impl ApprovalStore for SqliteStore {
                 params![rec.principal_iss, rec.principal_sub, now, rec.principal_user],
                 |r| r.get(0),
             )?;
-            match (review::on_request(latest.as_ref(), pending, pending_max, now), latest) {
+            match (review::on_request(latest.as_ref(), pending, max, now), latest) {
                 (RequestPlan::Existing, Some(existing)) => Ok(ApprovalRequest::Existing(existing)),
                 (RequestPlan::TooManyPending, _) => Ok(ApprovalRequest::TooManyPending),
                 (RequestPlan::Create | RequestPlan::Existing, _) => {
@@ -175,15 +167,8 @@ impl ApprovalStore for SqliteStore {
         .await
     }
 
-    async fn approval_review(
-        &self,
-        id: &ApprovalId,
-        review: Review,
-        now: UnixSecs,
-        issue: MandateIssuer,
-    ) -> Result<ApprovalRecord, ReviewError> {
-        let id = id.clone();
-        self.write(move |c| review_tx(c, &id, review, now, issue)).await
+    async fn approval_review(&self, r: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+        self.write(move |c| review_tx(c, r)).await
     }
 
     async fn approval_elicitation_round(&self, id: &ApprovalId, max: i64) -> Result<Option<i64>, StoreError> {
@@ -200,13 +185,8 @@ impl ApprovalStore for SqliteStore {
         .await
     }
 
-    async fn mandate_revoke(
-        &self,
-        approval_id: &ApprovalId,
-        by: &str,
-        now: UnixSecs,
-    ) -> Result<Option<String>, StoreError> {
-        let (id, by) = (approval_id.to_string(), by.to_string());
+    async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError> {
+        let (id, by) = (id.to_string(), by.to_string());
         self.write(move |c| {
             let sql = "UPDATE mandates SET revoked_at = ?1, revoked_by = ?2
                        WHERE approval_id = ?3 AND revoked_at IS NULL RETURNING id";

@@ -9,7 +9,7 @@ use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
-use crate::domain::payment::AccountSeed;
+use crate::domain::payment::{AccountSeed, EntryQuery};
 use crate::domain::payment::{Balance, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{Checkpoint, DeltaFacts, IntegrityFacts};
 use crate::domain::rules::ledger::{self, DoubleEntry};
@@ -92,14 +92,9 @@ impl LedgerStore for SqliteStore {
         .await
     }
 
-    async fn ledger_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, StoreError> {
-        let account = account.clone();
+    async fn ledger_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, StoreError> {
         self.run(move |c| {
+            let EntryQuery { account, before_seq, limit } = q;
             let sql = format!(
                 "SELECT {} FROM postings WHERE account_id = ?1 AND (?2 IS NULL OR seq < ?2) ORDER BY seq DESC LIMIT ?3",
                 rows::ENTRY_COLS

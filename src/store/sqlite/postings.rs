@@ -9,7 +9,6 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::ids::AccountId;
-use crate::domain::money::Currency;
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
 use crate::domain::rules::ledger::DoubleEntry;
@@ -61,14 +60,8 @@ pub(super) fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<usiz
 }
 
 /// Check the guards that must hold where the payment commits, and record mandate draws.
-pub(super) fn apply_guards(
-    tx: &Connection,
-    g: &Guards,
-    subject: &str,
-    amount: i64,
-    currency: Currency,
-    now: UnixSecs,
-) -> Result<(), BackendError> {
+pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: UnixSecs) -> Result<(), BackendError> {
+    let (subject, amount, currency) = (&draw.subject, draw.amount_minor, draw.currency);
     if let Some(b) = &g.budget {
         let table = guards::usage_table(b.kind);
         let usage = tx
@@ -102,7 +95,8 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
     let p = match plan {
         PostingPlan::Replay(existing) => existing,
         PostingPlan::Post(p) => {
-            apply_guards(tx, w.guards, &p.usage_subject(), p.amount_minor, p.currency, now)?;
+            let draw = guards::usage_draw(p.kind, &p.usage_subject(), p.currency, p.amount_minor, now);
+            apply_guards(tx, w.guards, &draw, now)?;
             let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
             tx.exec(
                 "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
@@ -112,7 +106,6 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
                 params_from_iter(rows::payment_values(&p, w.key, mandate_id)),
             )
             .map_err(db)?;
-            let draw = guards::usage_draw(p.kind, &p.usage_subject(), p.currency, p.amount_minor, now);
             add_usage(tx, &draw).map_err(db)?;
             if let Some(original) = &p.refund_of {
                 tx.exec(
@@ -247,8 +240,8 @@ fn posting_tx(
 }
 
 pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    posting_tx(conn, req.claim.as_ref(), now, |tx| {
-        let existing = load_payment(tx, "idempotency_key", &req.idempotency_key)?;
+    posting_tx(conn, req.attempt.claim.as_ref(), now, |tx| {
+        let existing = load_payment(tx, "idempotency_key", &req.attempt.key)?;
         let from = load_account(tx, &req.from_account)?;
         let to = load_account(tx, &req.to_account)?;
         let plan = transfer::plan(&req, existing, from.as_ref(), to.as_ref(), now)?;
@@ -257,8 +250,8 @@ pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: Unix
 }
 
 pub(super) fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    posting_tx(conn, req.claim.as_ref(), now, |tx| {
-        let existing = load_payment(tx, "idempotency_key", &req.idempotency_key)?;
+    posting_tx(conn, req.attempt.claim.as_ref(), now, |tx| {
+        let existing = load_payment(tx, "idempotency_key", &req.attempt.key)?;
         let original = load_payment(tx, "id", req.payment_id.as_str())?;
         let payee = match &original {
             Some(o) => load_account(tx, &o.to_account)?,

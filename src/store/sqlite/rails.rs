@@ -11,7 +11,7 @@ use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
 use crate::domain::rail::RailMove;
-use crate::domain::rail::{RailOpened, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailOpened, RailPage, RailPayment, RailQuery, RailState, RailUpdate};
 use crate::domain::rules::guards;
 use crate::domain::rules::rail::{self as rules, Draws};
 use crate::store::RailStore;
@@ -54,9 +54,10 @@ pub(super) fn open_tx(
         tx.commit().map_err(db)?;
         return Ok(RailOpened { rec: existing, created: false });
     }
-    apply_guards(&tx, &guards, &rec.usage_subject(), rec.amount_minor, rec.currency, now)?;
     let rec = rules::opened(rec, &guards, now);
-    add_usage(&tx, &Draws::of(&rec).usage).map_err(db)?;
+    let draws = Draws::of(&rec);
+    apply_guards(&tx, &guards, &draws.usage, now)?;
+    add_usage(&tx, &draws.usage).map_err(db)?;
     tx.exec(
         "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
@@ -108,32 +109,24 @@ pub(super) fn abandon_tx(conn: &mut Connection, id: &str) -> Result<bool, StoreE
     Ok(true)
 }
 
-pub(super) fn list(
-    c: &Connection,
-    rail: Option<&str>,
-    states: &[RailState],
-    updated_before: UnixSecs,
-    limit: u32,
-) -> Result<Vec<RailPayment>, StoreError> {
-    let states = serde_json::to_string(&states.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+pub(super) fn list(c: &Connection, q: &RailQuery) -> Result<Vec<RailPayment>, StoreError> {
+    let states = serde_json::to_string(&q.states.iter().map(|s| s.as_str()).collect::<Vec<_>>())
         .map_err(|e| StoreError::Database(e.to_string()))?;
     let sql = format!(
         "SELECT {RAIL_COLS} FROM rail_payments
          WHERE state IN (SELECT value FROM json_each(?1)) AND updated_at <= ?2 AND (?4 IS NULL OR rail = ?4)
          ORDER BY updated_at, seq LIMIT ?3"
     );
-    Ok(c.all(&sql, params![states, updated_before, limit, rail], rows::rail)?.into_iter().map(|(_, p)| p).collect())
+    Ok(c.all(&sql, params![states, q.updated_before, q.limit, q.rail], rows::rail)?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect())
 }
 
-pub(super) fn since(
-    c: &Connection,
-    since: UnixSecs,
-    after_seq: i64,
-    limit: u32,
-) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+pub(super) fn since(c: &Connection, p: RailPage) -> Result<Vec<(i64, RailPayment)>, StoreError> {
     let sql =
         format!("SELECT {RAIL_COLS} FROM rail_payments WHERE created_at >= ?1 AND seq > ?2 ORDER BY seq LIMIT ?3");
-    c.all(&sql, params![since, after_seq, limit], rows::rail)
+    c.all(&sql, params![p.since, p.after_seq, p.limit], rows::rail)
 }
 
 #[async_trait]
@@ -172,23 +165,11 @@ impl RailStore for SqliteStore {
         .await
     }
 
-    async fn rail_list(
-        &self,
-        rail: Option<&str>,
-        states: &[RailState],
-        updated_before: UnixSecs,
-        limit: u32,
-    ) -> Result<Vec<RailPayment>, StoreError> {
-        let (rail, states) = (rail.map(str::to_string), states.to_vec());
-        self.run_heavy(move |c| list(c, rail.as_deref(), &states, updated_before, limit)).await
+    async fn rail_list(&self, q: RailQuery) -> Result<Vec<RailPayment>, StoreError> {
+        self.run_heavy(move |c| list(c, &q)).await
     }
 
-    async fn rail_since(
-        &self,
-        since: UnixSecs,
-        after_seq: i64,
-        limit: u32,
-    ) -> Result<Vec<(i64, RailPayment)>, StoreError> {
-        self.run_heavy(move |c| self::since(c, since, after_seq, limit)).await
+    async fn rail_since(&self, p: RailPage) -> Result<Vec<(i64, RailPayment)>, StoreError> {
+        self.run_heavy(move |c| self::since(c, p)).await
     }
 }

@@ -7,7 +7,7 @@ use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
 use crate::domain::audit::DENIAL_CODES;
 use crate::domain::error::StoreError;
-use crate::domain::principal::{PrincipalRef, SuspensionScope};
+use crate::domain::principal::{PrincipalRef, Suspension};
 use crate::store::{Denials, SuspensionStore};
 
 #[async_trait]
@@ -28,24 +28,15 @@ impl SuspensionStore for SqliteStore {
         .await
     }
 
-    async fn suspend(
-        &self,
-        issuer: &str,
-        subject: &str,
-        scope: &SuspensionScope,
-        reason: &str,
-        now: UnixSecs,
-    ) -> Result<bool, StoreError> {
-        let (scope, user) = scope.columns();
-        let (issuer, subject, user, reason) =
-            (issuer.to_string(), subject.to_string(), user.to_string(), reason.to_string());
+    async fn suspend(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError> {
         self.write(move |c| {
+            let (scope, user) = s.scope.columns();
             Ok(c.exec(
                 "INSERT INTO principal_state (issuer, subject, scope, principal_user, suspended_at, suspended_reason)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (issuer, subject, scope, principal_user) DO UPDATE SET suspended_at = excluded.suspended_at,
                      suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
-                params![issuer, subject, scope, user, now, reason],
+                params![s.issuer, s.subject, scope, user, now, s.reason],
             )? == 1)
         })
         .await

@@ -6,7 +6,7 @@ use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::payment::AccountSeed;
-use crate::domain::payment::{Guards, RefundRequest, TransferRequest};
+use crate::domain::payment::{Attempt, Guards, RefundRequest, TransferRequest};
 use crate::idempotency::StoredOutcome;
 use crate::store::{IdempotencyStore, LedgerStore};
 
@@ -45,8 +45,7 @@ async fn with_accounts(s: &SqliteStore, opening: i64) {
 
 fn transfer(key: &str, minor: i64) -> TransferRequest {
     TransferRequest {
-        idempotency_key: key.into(),
-        alias_key: None,
+        attempt: Attempt::reserved(key),
         payment_id: PaymentId::generate(),
         from_account: AccountId::parse("acct-A").unwrap(),
         to_account: AccountId::parse("acct-B").unwrap(),
@@ -55,8 +54,6 @@ fn transfer(key: &str, minor: i64) -> TransferRequest {
         principal_sub: "sub".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
-        claim: None,
     }
 }
 
@@ -117,8 +114,7 @@ async fn overdrafts_and_refunds_are_bounded() {
     assert!(matches!(s.ledger_transfer(transfer("big", 10_001), 0).await, Err(BackendError::InsufficientFunds { .. })));
     let p = s.ledger_transfer(transfer("ok", 10_000), 0).await.unwrap();
     let refund = |key: &str, amount: Option<i64>| RefundRequest {
-        idempotency_key: key.into(),
-        alias_key: None,
+        attempt: Attempt::reserved(key),
         refund_id: PaymentId::generate(),
         payment_id: p.id.clone(),
         amount_minor: amount,
@@ -126,9 +122,7 @@ async fn overdrafts_and_refunds_are_bounded() {
         principal_sub: "sub".into(),
         principal_user: None,
         guards: Guards::default(),
-        audit: None,
         autonomous_cap_minor: None,
-        claim: None,
     };
     assert!(matches!(
         s.ledger_refund(refund("r0", Some(10_001)), 1).await,

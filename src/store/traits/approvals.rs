@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, MandateIssuer, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, ReviewError};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
@@ -13,13 +13,9 @@ use crate::domain::payment::Page;
 pub trait ApprovalStore: Send + Sync {
     /// The approval for `rec.idempotency_key` (`domain::rules::review::on_request` decides which
     /// answers: pending, approved or rejected; an expired one is asked again), or `rec` inserted as a
-    /// new one unless its agent has `pending_max` approvals waiting already.
-    async fn approval_get_or_create(
-        &self,
-        rec: ApprovalRecord,
-        now: UnixSecs,
-        pending_max: i64,
-    ) -> Result<ApprovalRequest, StoreError>;
+    /// new one unless its agent has `max` approvals waiting already; all as of
+    /// `rec.created_at`, the time it is asked.
+    async fn approval_get_or_create(&self, rec: ApprovalRecord, max: i64) -> Result<ApprovalRequest, StoreError>;
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Pending, unexpired approvals (the human queue's depth).
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError>;
@@ -30,14 +26,8 @@ pub trait ApprovalStore: Send + Sync {
     /// Newest first, by [`ApprovalQuery`].
     async fn approval_list(&self, q: ApprovalQuery) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
     /// Record one reviewer's decision; the state machine runs in one transaction. Enough approvals
-    /// issue the mandate (`issue`) in the same transaction.
-    async fn approval_review(
-        &self,
-        id: &ApprovalId,
-        review: Review,
-        now: UnixSecs,
-        issue: MandateIssuer,
-    ) -> Result<ApprovalRecord, ReviewError>;
+    /// issue the mandate (`r.issue`) in the same transaction.
+    async fn approval_review(&self, r: ApprovalReview) -> Result<ApprovalRecord, ReviewError>;
 
     /// Count one more URL-elicitation round answered for this approval, unless `max` were answered
     /// already: the round's number, or `None` once the bound is reached (whichever sealed state the
@@ -46,10 +36,5 @@ pub trait ApprovalStore: Send + Sync {
 
     /// Revoke the mandate an approval issued (`None`: none, or it was revoked already). Draws on it
     /// are refused from then on, in the posting transaction.
-    async fn mandate_revoke(
-        &self,
-        approval_id: &ApprovalId,
-        by: &str,
-        now: UnixSecs,
-    ) -> Result<Option<String>, StoreError>;
+    async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError>;
 }

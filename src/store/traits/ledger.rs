@@ -7,7 +7,7 @@ use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
-use crate::domain::payment::AccountSeed;
+use crate::domain::payment::{AccountSeed, EntryQuery};
 use crate::domain::payment::{
     Balance, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, RefundRequest, TransferRequest,
 };
@@ -23,12 +23,7 @@ pub trait LedgerStore: Send + Sync {
     async fn ledger_payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError>;
     async fn ledger_balance(&self, account: &AccountId) -> Result<Option<Balance>, StoreError>;
     async fn ledger_list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, StoreError>;
-    async fn ledger_entries(
-        &self,
-        account: &AccountId,
-        before_seq: Option<i64>,
-        limit: u32,
-    ) -> Result<Page<LedgerEntry>, StoreError>;
+    async fn ledger_entries(&self, q: EntryQuery) -> Result<Page<LedgerEntry>, StoreError>;
     /// The full check's facts (every posting, one snapshot) and, from the same snapshot, the
     /// engine's watermark with the per-account sums of the postings below it.
     async fn integrity_full(&self) -> Result<(IntegrityFacts, Checkpoint), StoreError>;

@@ -7,7 +7,7 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::payment::Guards;
-use crate::domain::rail::{RailMove, RailOpened, RailPayment, RailState};
+use crate::domain::rail::{RailMove, RailOpened, RailPage, RailPayment, RailQuery};
 
 #[async_trait]
 pub trait RailStore: Send + Sync {
@@ -27,20 +27,9 @@ pub trait RailStore: Send + Sync {
     async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError>;
     async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError>;
     async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError>;
-    /// Records (of `rail`, or of every rail) in one of `states` last updated at or before
-    /// `updated_before`, oldest first.
-    async fn rail_list(
-        &self,
-        rail: Option<&str>,
-        states: &[RailState],
-        updated_before: UnixSecs,
-        limit: u32,
-    ) -> Result<Vec<RailPayment>, StoreError>;
-    /// Records created at or after `since`, oldest first, after `after_seq` (for paging).
-    async fn rail_since(
-        &self,
-        since: UnixSecs,
-        after_seq: i64,
-        limit: u32,
-    ) -> Result<Vec<(i64, RailPayment)>, StoreError>;
+    /// The records `q` asks for ([`RailQuery`]), oldest first.
+    async fn rail_list(&self, q: RailQuery) -> Result<Vec<RailPayment>, StoreError>;
+    /// The page `p` asks for ([`RailPage`]), each record with its sequence number (the next
+    /// page's `after_seq`).
+    async fn rail_since(&self, p: RailPage) -> Result<Vec<(i64, RailPayment)>, StoreError>;
 }

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
-use crate::domain::principal::{PrincipalRef, SuspensionScope};
+use crate::domain::principal::{PrincipalRef, Suspension};
 
 /// What counts toward a principal's stop rule (`store::DENIAL_CODES` and throttled RATE_LIMITED
 /// records, counted by the refusals each stands for).
@@ -21,15 +21,8 @@ pub trait SuspensionStore: Send + Sync {
     /// `Some((suspended_at, reason))` while `who` is suspended: the agent as a whole, or this very
     /// (agent, user) pair. A row from before issuers were recorded applies under any issuer.
     async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError>;
-    /// Suspend (issuer, subject) for what `scope` covers; whether it was not suspended already.
-    async fn suspend(
-        &self,
-        issuer: &str,
-        subject: &str,
-        scope: &SuspensionScope,
-        reason: &str,
-        now: UnixSecs,
-    ) -> Result<bool, StoreError>;
+    /// Suspend (issuer, subject) for what `s.scope` covers; whether it was not suspended already.
+    async fn suspend(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError>;
     /// Lift the agent's suspensions: every one (`user` = `None`), or only that of the agent acting
     /// for `user`. Returns whether any was lifted.
     async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError>;
