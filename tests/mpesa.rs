@@ -357,6 +357,7 @@ async fn a_success_callback_is_confirmed_by_query_before_it_credits() {
 #[tokio::test]
 async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
     use paygate::backend::mpesa::{Collection, MpesaRail, daraja};
+    use paygate::backend::rail::RailOrder;
     let fake = DarajaFake::start(FakeConfig::default()).await;
     let store: Arc<dyn paygate::store::Store> =
         Arc::new(paygate::store::sqlite::SqliteStore::open_in_memory().unwrap());
@@ -369,17 +370,20 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
         clock,
         paygate::domain::ids::AccountId::parse("mpesa-collections").unwrap(),
     ));
-    let collection = Collection {
+    let order = RailOrder {
         idempotency_key: "key-1".into(),
         payment_id: paygate::domain::ids::PaymentId::generate(),
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        guards: Default::default(),
+    };
+    let collection = Collection {
+        order: order.clone(),
         phone: daraja::normalize_phone("0712345678").unwrap(),
         amount: paygate::domain::money::Money::parse("100", paygate::domain::money::Currency::parse("KES").unwrap())
             .unwrap(),
         account_reference: "INV-1".into(),
         description: "Order 1".into(),
-        principal_sub: "dev-agent".into(),
-        principal_user: None,
-        guards: Default::default(),
     };
     // Attempt 1 pushes and dies before recording Daraja's answer.
     fake.set_push_mode(PushMode::Hang);
@@ -392,7 +396,8 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
     let _ = first.await;
     // Attempt 2 (the agent's retry, same key): no second push.
     fake.set_push_mode(PushMode::Accept);
-    let retry = Collection { payment_id: paygate::domain::ids::PaymentId::generate(), ..collection };
+    let order = RailOrder { payment_id: paygate::domain::ids::PaymentId::generate(), ..order };
+    let retry = Collection { order, ..collection };
     assert!(matches!(rail.collect(retry).await, Err(paygate::domain::error::BackendError::OutcomeUnknown(_))));
     assert_eq!(fake.push_requests(), 1, "exactly one STK push");
     let rec = store.rail_by_key("key-1").await.unwrap().unwrap();

@@ -13,7 +13,7 @@ use std::future::Future;
 
 use async_trait::async_trait;
 
-use super::{BackendError, Guards, Payment};
+use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
@@ -136,31 +136,64 @@ impl ValidPayout {
     }
 }
 
-/// One payout to send, after policy, with the idempotency key it is sent under.
+/// What every request to a rail carries, after policy: the key it is sent under, the payment id
+/// chosen for it, who asks, and what it draws where its record opens.
 #[derive(Debug, Clone)]
-pub struct PayoutRequest {
+pub struct RailOrder {
     pub idempotency_key: String,
     pub payment_id: PaymentId,
-    pub payout: ValidPayout,
     pub principal_sub: String,
     /// The user the agent acts for, if it does.
     pub principal_user: Option<String>,
     pub guards: Guards,
 }
 
-/// The reversal of a succeeded collection, in full, after policy.
+impl RailOrder {
+    /// The record a rail opens for this order before it sends anything: `Submitting`, moving
+    /// `amount` from `from` to `to` (a reversal is a refund, the rest payments); `rail_open` stamps
+    /// it and names its mandate. The rail fills in what else it knows (memo, phone, reference).
+    pub fn record(&self, rail: &str, flow: RailFlow, from: AccountId, to: AccountId, amount: Money) -> RailPayment {
+        RailPayment {
+            id: self.payment_id.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            rail: rail.to_string(),
+            kind: if flow == RailFlow::Reversal { PaymentKind::Refund } else { PaymentKind::Payment },
+            state: RailState::Submitting,
+            from_account: from,
+            to_account: to,
+            amount_minor: amount.minor(),
+            currency: amount.currency(),
+            refund_of: None,
+            memo: None,
+            principal_sub: self.principal_sub.clone(),
+            principal_user: self.principal_user.clone(),
+            mandate_id: None,
+            rail_ref: None,
+            receipt: None,
+            phone: None,
+            reason: None,
+            created_at: 0,
+            updated_at: 0,
+            flow,
+        }
+    }
+}
+
+/// One payout to send, after policy.
+#[derive(Debug, Clone)]
+pub struct PayoutRequest {
+    pub order: RailOrder,
+    pub payout: ValidPayout,
+}
+
+/// The reversal of a succeeded collection, in full, after policy. The order's key is the gateway's
+/// for this call; the record itself is keyed by the collection (see [`reversal_key`]), so a
+/// collection has one reversal at a time whatever the operation_id.
 #[derive(Debug, Clone)]
 pub struct ReversalRequest {
-    /// The gateway's key for this call; the record itself is keyed by the collection (see
-    /// [`reversal_key`]), so a collection has one reversal at a time whatever the operation_id.
-    pub idempotency_key: String,
-    pub payment_id: PaymentId,
+    pub order: RailOrder,
     pub original: RailPayment,
     pub reason: Option<String>,
-    pub principal_sub: String,
-    /// The user the agent acts for, if it does.
-    pub principal_user: Option<String>,
-    pub guards: Guards,
 }
 
 /// Reversals of one collection a rail may try: after this many failed, it is for a person (the
@@ -185,16 +218,11 @@ pub async fn reversal_key(store: &dyn Store, collection: &PaymentId) -> Result<S
     )))
 }
 
-/// One collection to send, after policy, with the idempotency key it is sent under.
+/// One collection to send, after policy.
 #[derive(Debug, Clone)]
 pub struct CollectionRequest {
-    pub idempotency_key: String,
-    pub payment_id: PaymentId,
+    pub order: RailOrder,
     pub collection: ValidCollection,
-    pub principal_sub: String,
-    /// The user the agent acts for, if it does.
-    pub principal_user: Option<String>,
-    pub guards: Guards,
 }
 
 /// Which of a rail's callback addresses a callback came to.

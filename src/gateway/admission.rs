@@ -6,9 +6,11 @@ use serde_json::{Value, json};
 
 use super::unit_of_work::{Executed, Intent, Movement, Strategy, Work};
 use super::{Caller, Decision, Gateway};
-use crate::domain::ids::OperationId;
+use crate::auth::AgentPrincipal;
+use crate::backend::rail::RailOrder;
+use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
-use crate::domain::payment::{DailyBudget, Guards, MandateDraw, PaymentKind};
+use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind};
 use crate::domain::rules::guards;
 use crate::error::AgentError;
 use crate::mandate::{CallIntent, MandateClaims, authorizes};
@@ -275,6 +277,20 @@ pub(super) struct Terms {
     pub guards: Guards,
     /// It carries a verified mandate.
     pub mandated: bool,
+}
+
+impl Terms {
+    /// The order a rail operation sends under attempt `a`: its key, a new payment id, the agent
+    /// (and the user it acts for), and these terms' guards.
+    pub(super) fn rail_order(&self, a: Attempt, p: &AgentPrincipal) -> RailOrder {
+        RailOrder {
+            idempotency_key: a.key,
+            payment_id: PaymentId::generate(),
+            principal_sub: p.subject.clone(),
+            principal_user: p.user.clone(),
+            guards: self.guards.clone(),
+        }
+    }
 }
 
 /// Who pays whom in a call (as a mandate names them), and the payment it gives back, if any.

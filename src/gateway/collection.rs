@@ -7,7 +7,7 @@ use super::admission::{Parties, Proposal, Terms};
 use super::unit_of_work::{Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
-use crate::domain::ids::{OperationId, PaymentId};
+use crate::domain::ids::OperationId;
 use crate::domain::payment::{Attempt, PaymentKind};
 use crate::error::AgentError;
 use crate::policy;
@@ -84,14 +84,7 @@ impl Gateway {
         let (rail, collection) = (&rail, &collection);
         self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
             movement(move |a: Attempt| {
-                let req = CollectionRequest {
-                    idempotency_key: a.key,
-                    payment_id: PaymentId::generate(),
-                    collection: collection.clone(),
-                    principal_sub: p.subject.clone(),
-                    principal_user: p.user.clone(),
-                    guards: t.guards.clone(),
-                };
+                let req = CollectionRequest { order: t.rail_order(a, p), collection: collection.clone() };
                 let rail = rail.clone();
                 async move { rail.collect(req).await }
             })

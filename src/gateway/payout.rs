@@ -7,7 +7,7 @@ use super::admission::{Parties, Proposal, Terms};
 use super::unit_of_work::{Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::{PayoutArgs, PayoutRefusal, PayoutRequest};
-use crate::domain::ids::{OperationId, PaymentId};
+use crate::domain::ids::OperationId;
 use crate::domain::payment::{Attempt, PaymentKind};
 use crate::domain::rail::RailFlow;
 use crate::error::AgentError;
@@ -74,14 +74,7 @@ impl Gateway {
         let (rail, payout) = (&rail, &payout);
         self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
             movement(move |a: Attempt| {
-                let req = PayoutRequest {
-                    idempotency_key: a.key,
-                    payment_id: PaymentId::generate(),
-                    payout: payout.clone(),
-                    principal_sub: p.subject.clone(),
-                    principal_user: p.user.clone(),
-                    guards: t.guards.clone(),
-                };
+                let req = PayoutRequest { order: t.rail_order(a, p), payout: payout.clone() };
                 let rail = rail.clone();
                 async move { rail.pay_out(req).await }
             })

@@ -5,7 +5,7 @@ use super::refund::{RefundPayment, refund_proposal};
 use super::unit_of_work::{Executed, Strategy, movement};
 use super::{Caller, Gateway};
 use crate::backend::rail::ReversalRequest;
-use crate::domain::ids::{OperationId, PaymentId};
+use crate::domain::ids::OperationId;
 use crate::domain::money::Money;
 use crate::domain::payment::Attempt;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
@@ -67,15 +67,7 @@ impl Gateway {
         let (rail, rec, reason) = (&rail, &rec, &reason);
         self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
             movement(move |a: Attempt| {
-                let req = ReversalRequest {
-                    idempotency_key: a.key,
-                    payment_id: PaymentId::generate(),
-                    original: rec.clone(),
-                    reason: reason.clone(),
-                    principal_sub: p.subject.clone(),
-                    principal_user: p.user.clone(),
-                    guards: t.guards.clone(),
-                };
+                let req = ReversalRequest { order: t.rail_order(a, p), original: rec.clone(), reason: reason.clone() };
                 let rail = rail.clone();
                 async move { rail.reverse(req).await }
             })
@@ -91,6 +83,7 @@ mod tests {
     use super::*;
     use crate::catalogue::scopes;
     use crate::domain::ids::AccountId;
+    use crate::domain::ids::PaymentId;
     use crate::domain::payment::{Guards, PaymentKind};
     use crate::domain::rail::{RailMove, RailUpdate};
     use crate::error::ErrorCode;

@@ -27,7 +27,7 @@ use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Sent,
     ValidCollection, send_once,
 };
-use super::{BackendError, Payment, PaymentKind};
+use super::{BackendError, Payment};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::rail::RailMove;
@@ -169,39 +169,21 @@ impl CollectionRail for AirtelRail {
         // Already normal: parsing again is the identity, and keeps `Msisdn` made only by parsing.
         let msisdn = wire::normalize_phone(v.payer()).map_err(BackendError::Rejected)?;
         let payer = payer_account(&msisdn).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let rec = RailPayment {
-            id: req.payment_id.clone(),
-            idempotency_key: req.idempotency_key.clone(),
-            rail: RAIL.to_string(),
-            kind: PaymentKind::Payment,
-            state: RailState::Submitting,
-            from_account: payer.clone(),
-            to_account: self.account.clone(),
-            amount_minor: v.amount().minor(),
-            currency: v.amount().currency(),
-            refund_of: None,
-            memo: Some(v.description().to_string()),
-            principal_sub: req.principal_sub.clone(),
-            principal_user: req.principal_user.clone(),
-            mandate_id: None,
-            // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
-            rail_ref: Some(req.payment_id.to_string()),
-            receipt: None,
-            phone: Some(msisdn.to_string()),
-            reason: None,
-            created_at: 0,
-            updated_at: 0,
-            flow: RailFlow::Collection,
-        };
+        let order = &req.order;
+        let mut rec = order.record(RAIL, RailFlow::Collection, payer, self.account.clone(), v.amount());
+        rec.memo = Some(v.description().to_string());
+        // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
+        rec.rail_ref = Some(order.payment_id.to_string());
+        rec.phone = Some(msisdn.to_string());
         let collection = wire::Collection {
-            id: req.payment_id.to_string(),
+            id: order.payment_id.to_string(),
             msisdn,
             amount_whole: v.amount().minor() / 100,
             reference: v.reference().to_string(),
         };
         let client = self.client.clone();
         let what = "Airtel Money collection";
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.guards, what, |_| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.guards, what, |_| async move {
             match client.collect(&collection).await {
                 // The transaction id is ours, recorded at opening.
                 Ok(()) => Sent::Accepted { rail_ref: None },

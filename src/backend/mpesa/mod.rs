@@ -29,10 +29,10 @@ use self::daraja::{
 use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayoutArgs,
-    PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Sent, ValidCollection, ValidPayout, reversal_key,
-    send_once,
+    PayoutRefusal, PayoutRequest, RailEvent, RailOrder, ReversalRequest, Sent, ValidCollection, ValidPayout,
+    reversal_key, send_once,
 };
-use super::{BackendError, Guards, Payment, PaymentKind};
+use super::{BackendError, Payment};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
@@ -52,16 +52,12 @@ const STATUS_FAILED: &str = "transaction status query failed; will ask again";
 /// One collection asked for by an agent.
 #[derive(Debug, Clone)]
 pub struct Collection {
-    pub idempotency_key: String,
-    pub payment_id: PaymentId,
+    pub order: RailOrder,
     pub phone: Msisdn,
     /// KES, whole shillings (checked by [`collection_from_args`]).
     pub amount: Money,
     pub account_reference: String,
     pub description: String,
-    pub principal_sub: String,
-    pub principal_user: Option<String>,
-    pub guards: Guards,
 }
 
 /// The agent's arguments → a collection Daraja will take, checked in the order the agent wrote them:
@@ -205,29 +201,9 @@ impl MpesaRail {
     /// Open the record and send the STK push, once per idempotency key.
     pub async fn collect(&self, c: Collection) -> Result<Payment, BackendError> {
         let payer = payer_account(&c.phone).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let rec = RailPayment {
-            id: c.payment_id.clone(),
-            idempotency_key: c.idempotency_key.clone(),
-            rail: RAIL.to_string(),
-            kind: PaymentKind::Payment,
-            state: RailState::Submitting,
-            from_account: payer.clone(),
-            to_account: self.account.clone(),
-            amount_minor: c.amount.minor(),
-            currency: c.amount.currency(),
-            refund_of: None,
-            memo: Some(c.description.clone()),
-            principal_sub: c.principal_sub.clone(),
-            principal_user: c.principal_user.clone(),
-            mandate_id: None,
-            rail_ref: None,
-            receipt: None,
-            phone: Some(c.phone.to_string()),
-            reason: None,
-            created_at: 0,
-            updated_at: 0,
-            flow: RailFlow::Collection,
-        };
+        let mut rec = c.order.record(RAIL, RailFlow::Collection, payer, self.account.clone(), c.amount);
+        rec.memo = Some(c.description.clone());
+        rec.phone = Some(c.phone.to_string());
         let push = StkPush {
             phone: c.phone.clone(),
             amount_whole: c.amount.minor() / 100,
@@ -235,7 +211,7 @@ impl MpesaRail {
             description: c.description.clone(),
         };
         let client = self.client.clone();
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, c.guards, "M-Pesa STK push", |_| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, c.order.guards, "M-Pesa STK push", |_| async move {
             match client.stk_push(&push).await {
                 Ok(accepted) => Sent::Accepted { rail_ref: Some(accepted.checkout_request_id) },
                 Err(error) => sent(error, "STK push", "nothing was charged"),
@@ -291,32 +267,14 @@ impl CollectionRail for MpesaRail {
     async fn pay_out(&self, req: PayoutRequest) -> Result<Payment, BackendError> {
         let v = &req.payout;
         let phone = daraja::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
-        let rec = RailPayment {
-            id: req.payment_id.clone(),
-            idempotency_key: req.idempotency_key,
-            rail: RAIL.to_string(),
-            kind: PaymentKind::Payment,
-            state: RailState::Submitting,
-            from_account: self.account.clone(),
-            to_account: v.payee_account().clone(),
-            amount_minor: v.amount().minor(),
-            currency: v.amount().currency(),
-            refund_of: None,
-            memo: Some(v.remarks().to_string()),
-            principal_sub: req.principal_sub,
-            principal_user: req.principal_user,
-            mandate_id: None,
-            // Chosen before sending: what the result echoes, and what a status query asks by.
-            rail_ref: Some(req.payment_id.to_string()),
-            receipt: None,
-            phone: Some(phone.to_string()),
-            reason: None,
-            created_at: 0,
-            updated_at: 0,
-            flow: RailFlow::Payout,
-        };
+        let order = &req.order;
+        let mut rec = order.record(RAIL, RailFlow::Payout, self.account.clone(), v.payee_account().clone(), v.amount());
+        rec.memo = Some(v.remarks().to_string());
+        // Chosen before sending: what the result echoes, and what a status query asks by.
+        rec.rail_ref = Some(order.payment_id.to_string());
+        rec.phone = Some(phone.to_string());
         let client = self.client.clone();
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.guards, "M-Pesa payout", |rec| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.guards, "M-Pesa payout", |rec| async move {
             let payout = B2cPayment {
                 originator_conversation_id: rec.rail_ref.clone().unwrap_or_else(|| rec.id.to_string()),
                 phone,
@@ -342,43 +300,34 @@ impl CollectionRail for MpesaRail {
                 ));
             }
         };
-        let rec = RailPayment {
-            id: req.payment_id.clone(),
-            idempotency_key: reversal_key(self.store.as_ref(), &o.id).await?,
-            rail: RAIL.to_string(),
-            kind: PaymentKind::Refund,
-            state: RailState::Submitting,
-            from_account: o.to_account.clone(),
-            to_account: o.from_account.clone(),
-            amount_minor: o.amount_minor,
-            currency: o.currency,
-            refund_of: Some(o.id.clone()),
-            memo: req.reason.clone(),
-            principal_sub: req.principal_sub,
-            principal_user: req.principal_user,
-            mandate_id: None,
-            rail_ref: None,
-            receipt: None,
-            phone: o.phone.clone(),
-            reason: None,
-            created_at: 0,
-            updated_at: 0,
-            flow: RailFlow::Reversal,
-        };
+        let amount =
+            Money::from_minor(o.amount_minor, o.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let mut rec = req.order.record(RAIL, RailFlow::Reversal, o.to_account.clone(), o.from_account.clone(), amount);
+        rec.idempotency_key = reversal_key(self.store.as_ref(), &o.id).await?;
+        rec.refund_of = Some(o.id.clone());
+        rec.memo = req.reason.clone();
+        rec.phone = o.phone.clone();
         let client = self.client.clone();
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.guards, "M-Pesa reversal", |rec| async move {
-            let reversal = Reversal {
-                transaction_id: receipt,
-                amount_whole: rec.amount_minor / 100,
-                remarks: rec.memo.clone().unwrap_or_else(|| "Reversal".into()),
-                occasion: rec.id.to_string(),
-            };
-            match client.reversal(&reversal).await {
-                // Daraja chose the reference: recorded so its result and a status query find it.
-                Ok(accepted) => Sent::Accepted { rail_ref: Some(accepted.originator_conversation_id) },
-                Err(error) => sent(error, "reversal", "no money moved"),
-            }
-        })
+        send_once(
+            self.store.as_ref(),
+            self.clock.as_ref(),
+            rec,
+            req.order.guards,
+            "M-Pesa reversal",
+            |rec| async move {
+                let reversal = Reversal {
+                    transaction_id: receipt,
+                    amount_whole: rec.amount_minor / 100,
+                    remarks: rec.memo.clone().unwrap_or_else(|| "Reversal".into()),
+                    occasion: rec.id.to_string(),
+                };
+                match client.reversal(&reversal).await {
+                    // Daraja chose the reference: recorded so its result and a status query find it.
+                    Ok(accepted) => Sent::Accepted { rail_ref: Some(accepted.originator_conversation_id) },
+                    Err(error) => sent(error, "reversal", "no money moved"),
+                }
+            },
+        )
         .await
     }
 
@@ -387,15 +336,11 @@ impl CollectionRail for MpesaRail {
         // Already normal: parsing again is the identity, and keeps `Msisdn` made only by parsing.
         let phone = daraja::normalize_phone(v.payer()).map_err(BackendError::Rejected)?;
         let c = Collection {
-            idempotency_key: req.idempotency_key,
-            payment_id: req.payment_id,
             phone,
             amount: v.amount(),
             account_reference: v.reference().to_string(),
             description: v.description().to_string(),
-            principal_sub: req.principal_sub,
-            principal_user: req.principal_user,
-            guards: req.guards,
+            order: req.order,
         };
         // The inherent `collect`, in Daraja's terms.
         MpesaRail::collect(self, c).await
