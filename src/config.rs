@@ -474,8 +474,8 @@ impl PolicyConfig {
     /// loaded; this only arranges them. `dev_issuer`: the dev key's issuer while the dev key is on;
     /// a `dev_key_only` profile matches only its tokens (and, with the dev key off, no subject at all,
     /// though it may still be the default profile).
-    pub fn profiles(&self, dev_issuer: Option<&str>) -> crate::policy::Profiles {
-        let mut profiles = crate::policy::Profiles::new();
+    pub fn profiles(&self, dev_issuer: Option<&str>) -> crate::domain::policy::Profiles {
+        let mut profiles = crate::domain::policy::Profiles::new();
         let none: &[String] = &[];
         for p in &self.profiles {
             let issuer = match (p.dev_key_only, dev_issuer) {
@@ -484,11 +484,11 @@ impl PolicyConfig {
             };
             let matchable = !p.dev_key_only || dev_issuer.is_some();
             let matchers = if matchable {
-                crate::policy::Matchers { subjects: &p.subjects, users: &p.users, client_ids: &p.client_ids }
+                crate::domain::policy::Matchers { subjects: &p.subjects, users: &p.users, client_ids: &p.client_ids }
             } else {
-                crate::policy::Matchers { subjects: none, users: none, client_ids: none }
+                crate::domain::policy::Matchers { subjects: none, users: none, client_ids: none }
             };
-            let profile = crate::policy::Profile {
+            let profile = crate::domain::policy::Profile {
                 name: p.name.clone(),
                 issuer,
                 allowed_accounts: p.allowed_accounts.clone(),

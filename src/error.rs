@@ -7,8 +7,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::domain::error::BackendError;
+use crate::domain::policy::Refusal;
 use crate::mandate::MandateError;
-use crate::policy::Refusal;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

@@ -18,7 +18,6 @@ pub mod jobs;
 pub mod ledger_service;
 pub mod logging;
 pub mod mcp;
-pub mod policy;
 pub mod private_fs;
 pub mod request_state;
 pub mod secret;

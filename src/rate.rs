@@ -13,7 +13,7 @@ use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 
 use crate::clock::Clock;
-use crate::policy::Profile;
+use crate::domain::policy::Profile;
 
 /// Adapts the injected clock to governor.
 #[derive(Clone)]

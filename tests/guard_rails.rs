@@ -194,7 +194,7 @@ calls_per_minute = 2
     let _ = agent.cancel().await;
 
     // In process, past the HTTP layer: a principal without payments:read is refused by the gateway.
-    let profile = paygate::policy::Profiles::new().resolve("iss", "nobody", None, None);
+    let profile = paygate::domain::policy::Profiles::new().resolve("iss", "nobody", None, None);
     let caller = paygate::gateway::Caller {
         principal: paygate::auth::AgentPrincipal {
             issuer: "iss".into(),

@@ -15,7 +15,7 @@ pub use jwt::{AuthError, DevToken, VerifiedClaims, Verifier, mint_dev_token};
 pub use crate::catalogue::scopes;
 pub use crate::secret::Secret;
 
-use crate::policy::Profile;
+use crate::domain::policy::Profile;
 
 /// The two protected resources, each with its own resource identifier, RFC 9728 document and
 /// scopes. A token is accepted only by the resource its `aud` names (RFC 8707), and a token naming

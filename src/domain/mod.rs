@@ -1,6 +1,6 @@
 //! The shared nouns of paygate: payments, rail records, approvals, audit and idempotency records,
-//! and the pure rules over them (`rules`). Store engines, backends and the gateway all speak
-//! these types.
+//! the pure rules over them (`rules`) and the policy decision (`policy`). Store engines, backends
+//! and the gateway all speak these types.
 //!
 //! Architecture Invariant: `domain` imports nothing above it (no `store`, `backend`, `gateway`,
 //! `http` or `mcp`), and does no I/O. Storage engines load rows, call a rule, and write its plan.
@@ -13,6 +13,7 @@ pub mod ids;
 pub mod money;
 pub mod ops;
 pub mod payment;
+pub mod policy;
 pub mod principal;
 pub mod rail;
 pub mod rules;

@@ -11,10 +11,10 @@ use crate::backend::rail::RailOrder;
 use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind};
+use crate::domain::policy::{Decision as Policy, Profile};
 use crate::domain::rules::guards;
 use crate::error::AgentError;
 use crate::mandate::{CallIntent, MandateClaims, authorizes};
-use crate::policy::{Decision as Policy, Profile};
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
 pub const MEMO_CHARS_MAX: usize = 140;

@@ -9,8 +9,8 @@ use super::{Caller, Gateway};
 use crate::backend::rail::{CollectionArgs, CollectionRefusal, CollectionRequest};
 use crate::domain::ids::OperationId;
 use crate::domain::payment::{Attempt, PaymentKind};
+use crate::domain::policy;
 use crate::error::AgentError;
-use crate::policy;
 
 /// `request_*_payment`'s arguments as the agent wrote them, unparsed: the operation parses each
 /// and refuses (audited) what does not parse.

@@ -9,8 +9,8 @@ use super::{Caller, Gateway};
 use crate::domain::ids::{AccountId, OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::payment::{Attempt, PaymentKind, TransferRequest};
+use crate::domain::policy;
 use crate::error::AgentError;
-use crate::policy;
 
 /// `create_payment`'s arguments as the agent wrote them, unparsed: the operation parses each
 /// and refuses (audited) what does not parse.

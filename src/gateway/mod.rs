@@ -294,7 +294,7 @@ impl Gateway {
             );
             return Err(self.refuse_early(caller, tool, "denied", e, Counts::No).await);
         }
-        if let Err(e) = crate::policy::require_scope(&[scope], |s| p.has_scope(s), tool) {
+        if let Err(e) = crate::domain::policy::require_scope(&[scope], |s| p.has_scope(s), tool) {
             return Err(self.refuse_early(caller, tool, "denied", e.into(), Counts::Denial).await);
         }
         match self.rate.check(&p.key(), &p.profile, tool) {

@@ -9,9 +9,9 @@ use super::{Caller, Gateway};
 use crate::backend::rail::{PayoutArgs, PayoutRefusal, PayoutRequest};
 use crate::domain::ids::OperationId;
 use crate::domain::payment::{Attempt, PaymentKind};
+use crate::domain::policy;
 use crate::domain::rail::RailFlow;
 use crate::error::AgentError;
-use crate::policy;
 
 /// `send_*_payout`'s arguments as the agent wrote them, unparsed: the operation parses each
 /// and refuses (audited) what does not parse.

@@ -13,8 +13,8 @@ use crate::domain::ids::AccountId;
 use crate::domain::payment::{
     Balance, EntryQuery, IntegrityReport, LedgerEntry, Page, Payment, PaymentQuery, PaymentStatus,
 };
+use crate::domain::policy;
 use crate::error::{AgentError, ErrorCode};
-use crate::policy;
 
 /// Attempts at a first page whose backend listing moved between its two reads (a payment posted
 /// meanwhile); the last attempt keeps what it read.

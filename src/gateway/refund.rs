@@ -9,8 +9,8 @@ use super::{Caller, Gateway};
 use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::Money;
 use crate::domain::payment::{Attempt, Payment, PaymentKind, RefundRequest};
+use crate::domain::policy;
 use crate::error::{AgentError, ErrorCode};
-use crate::policy;
 
 /// `refund_payment`'s arguments as the agent wrote them, unparsed: the operation parses each
 /// and refuses (audited) what does not parse.

@@ -8,9 +8,9 @@ use crate::backend::rail::ReversalRequest;
 use crate::domain::ids::OperationId;
 use crate::domain::money::Money;
 use crate::domain::payment::Attempt;
+use crate::domain::policy;
 use crate::domain::rail::{RailFlow, RailPayment, RailState};
 use crate::error::AgentError;
-use crate::policy;
 
 impl Gateway {
     /// `refund_payment` of a rail record: a succeeded collection is reversed through its rail, in

@@ -19,10 +19,10 @@ use crate::clock::ManualClock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Currency;
 use crate::domain::payment::{AccountSeed, Payment, PaymentKind, PaymentStatus};
+use crate::domain::policy::{Decision as Policy, Profile};
 use crate::error::AgentError;
 use crate::idempotency::KeyDeriver;
 use crate::mandate::MandateKeys;
-use crate::policy::{Decision as Policy, Profile};
 use crate::secret::Secret;
 use crate::store::sqlite::SqliteStore;
 

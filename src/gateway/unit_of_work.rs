@@ -22,9 +22,9 @@ use crate::domain::error::{BackendError, StoreError};
 use crate::domain::idempotency::Reservation;
 use crate::domain::money::Money;
 use crate::domain::payment::{Attempt, Payment, PaymentStatus};
+use crate::domain::policy::Decision as Policy;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::StoredOutcome;
-use crate::policy::Decision as Policy;
 
 /// A payment and whether this call replayed an earlier outcome.
 #[derive(Debug, Clone)]

@@ -33,9 +33,9 @@ use tower_http::trace::TraceLayer;
 
 use crate::auth::Verifier;
 use crate::catalogue::scopes::{AGENT_SCOPES, OPERATOR_SCOPES};
+use crate::domain::policy::Profiles;
 use crate::gateway::Gateway;
 use crate::mcp::PaygateMcp;
-use crate::policy::Profiles;
 use crate::secret::Secret;
 
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
