@@ -21,6 +21,39 @@ pub const RETRIES_MAX_LIMIT: u32 = 5;
 pub const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(100);
 pub const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
 
+/// A vendor's base URL, checked once: http(s), with no query or fragment; given back without its
+/// trailing slash.
+pub(crate) fn base_url(raw: &str) -> Result<String, String> {
+    let base = raw.trim_end_matches('/').to_string();
+    if !(base.starts_with("https://") || base.starts_with("http://")) || base.contains(['?', '#']) {
+        return Err(format!("base_url must be an http(s) URL without query: {base:?}"));
+    }
+    Ok(base)
+}
+
+/// The bounds every rail client is configured with, checked once: positive timeouts, a token
+/// refresh margin that is not negative, at most [`RETRIES_MAX_LIMIT`] retries, and a breaker that
+/// trips after some failures and stays open for some time.
+pub(crate) fn check_bounds(
+    (connect, request): (Duration, Duration),
+    token_refresh_margin_secs: i64,
+    retries_max: u32,
+    (breaker_failures_max, breaker_open): (u32, Duration),
+) -> Result<(), String> {
+    if connect.is_zero() || request.is_zero() {
+        return Err("connect_timeout and request_timeout must be positive".into());
+    }
+    if token_refresh_margin_secs < 0 {
+        return Err("token_refresh_margin_secs must not be negative".into());
+    }
+    if retries_max > RETRIES_MAX_LIMIT || breaker_failures_max == 0 || breaker_open.is_zero() {
+        return Err(format!(
+            "retries_max must be at most {RETRIES_MAX_LIMIT}; breaker_failures_max and breaker_open must be positive"
+        ));
+    }
+    Ok(())
+}
+
 /// The HTTP client a rail or an HTTP backend sends with: its timeouts, and no redirects (a
 /// redirect would re-send credentials, or replay a money-moving POST, elsewhere).
 pub(crate) fn http_client(connect: Duration, request: Duration) -> Result<reqwest::Client, String> {

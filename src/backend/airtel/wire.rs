@@ -342,24 +342,14 @@ type Failure = outbound::Failure<AirtelError>;
 
 impl AirtelClient {
     pub fn new(cfg: AirtelConfig, clock: Arc<dyn Clock>) -> Result<Self, AirtelError> {
-        let base = cfg.base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("https://") || base.starts_with("http://")) || base.contains(['?', '#']) {
-            return Err(AirtelError::Config(format!("base_url must be an http(s) URL without query: {base:?}")));
-        }
+        let base = outbound::base_url(&cfg.base_url).map_err(AirtelError::Config)?;
         if cfg.client_id.expose().is_empty() || cfg.client_secret.expose().is_empty() {
             return Err(AirtelError::Config("client_id and client_secret must be set".into()));
         }
-        if cfg.connect_timeout.is_zero() || cfg.request_timeout.is_zero() {
-            return Err(AirtelError::Config("connect_timeout and request_timeout must be positive".into()));
-        }
-        if cfg.token_refresh_margin_secs < 0 {
-            return Err(AirtelError::Config("token_refresh_margin_secs must not be negative".into()));
-        }
-        if cfg.retries_max > RETRIES_MAX_LIMIT || cfg.breaker_failures_max == 0 || cfg.breaker_open.is_zero() {
-            return Err(AirtelError::Config(format!(
-                "retries_max must be at most {RETRIES_MAX_LIMIT}; breaker_failures_max and breaker_open must be positive"
-            )));
-        }
+        let (timeouts, breaker) =
+            ((cfg.connect_timeout, cfg.request_timeout), (cfg.breaker_failures_max, cfg.breaker_open));
+        outbound::check_bounds(timeouts, cfg.token_refresh_margin_secs, cfg.retries_max, breaker)
+            .map_err(AirtelError::Config)?;
         let http = http_client(cfg.connect_timeout, cfg.request_timeout).map_err(AirtelError::Config)?;
         let breaker = Breaker::new("airtel", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
         Ok(AirtelClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breaker }) })

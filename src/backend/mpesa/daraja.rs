@@ -701,10 +701,7 @@ type Failure = outbound::Failure<DarajaError>;
 
 impl DarajaClient {
     pub fn new(cfg: DarajaConfig, clock: Arc<dyn Clock>) -> Result<Self, DarajaError> {
-        let base = cfg.base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("https://") || base.starts_with("http://")) || base.contains(['?', '#']) {
-            return Err(DarajaError::Config(format!("base_url must be an http(s) URL without query: {base:?}")));
-        }
+        let base = outbound::base_url(&cfg.base_url).map_err(DarajaError::Config)?;
         if !(cfg.callback_url.starts_with("https://") || cfg.callback_url.starts_with("http://")) {
             return Err(DarajaError::Config("callback_url must be an http(s) URL".into()));
         }
@@ -722,17 +719,10 @@ impl DarajaClient {
         if cfg.passkey.expose().is_empty() {
             return Err(DarajaError::Config("passkey must be set".into()));
         }
-        if cfg.connect_timeout.is_zero() || cfg.request_timeout.is_zero() {
-            return Err(DarajaError::Config("connect_timeout and request_timeout must be positive".into()));
-        }
-        if cfg.token_refresh_margin_secs < 0 {
-            return Err(DarajaError::Config("token_refresh_margin_secs must not be negative".into()));
-        }
-        if cfg.retries_max > RETRIES_MAX_LIMIT || cfg.breaker_failures_max == 0 || cfg.breaker_open.is_zero() {
-            return Err(DarajaError::Config(format!(
-                "retries_max must be at most {RETRIES_MAX_LIMIT}; breaker_failures_max and breaker_open must be positive"
-            )));
-        }
+        let (timeouts, breaker) =
+            ((cfg.connect_timeout, cfg.request_timeout), (cfg.breaker_failures_max, cfg.breaker_open));
+        outbound::check_bounds(timeouts, cfg.token_refresh_margin_secs, cfg.retries_max, breaker)
+            .map_err(DarajaError::Config)?;
         if !cfg.initiator_name.is_empty() {
             for (name, url) in [("result_url", &cfg.result_url), ("timeout_url", &cfg.timeout_url)] {
                 if !(url.starts_with("https://") || url.starts_with("http://")) {
