@@ -114,6 +114,13 @@ struct Args {
     /// Which stores the growth rows run on (sqlite, postgres; postgres needs a database URL).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
     stores: Vec<String>,
+    /// Write path: N payments through the SQLite store's own write path on a fresh ledger (as
+    /// `--growth` pre-loads them: keys claimed, payment, two postings, idempotency record and audit
+    /// row each, by 64 concurrent writers, so the writer batches them as it does under load); prints
+    /// this process's CPU, bytes written and ledger growth per payment. For comparing write sets
+    /// (run it under `valgrind --tool=callgrind` for instruction counts).
+    #[arg(long)]
+    write_path: Option<u64>,
     /// Internal: run as the bare axum baseline server (the benchmark starts itself with this).
     #[arg(long, hide = true)]
     baseline_server: bool,
@@ -786,6 +793,10 @@ async fn main() {
         growth::run(&a, &jwks).await;
         return;
     }
+    if let Some(n) = a.write_path {
+        growth::write_path(&jwks, n).await;
+        return;
+    }
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!(
         "paygate-bench: {} connections, {} s per scenario, {cores} cores, RS256 tokens from a JWKS",
@@ -1088,6 +1099,51 @@ mod growth {
         let sc = &r["structuredContent"];
         assert_eq!(sc["ok"], true, "integrity failed: {sc}");
         (ms, sc["postings_checked"].as_i64().unwrap_or(-1))
+    }
+
+    /// This process's CPU time so far (user + system, in seconds) and bytes it caused to be written
+    /// to storage, from /proc.
+    fn self_usage() -> (f64, u64) {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let cpu = (ticks(11) + ticks(12)) / 100.0;
+        let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+        let written =
+            io.lines().find_map(|l| l.strip_prefix("write_bytes: ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+        (cpu, written)
+    }
+
+    /// `--write-path N`: N payments through the SQLite store on a fresh ledger; per payment: CPU,
+    /// bytes written, database growth.
+    pub async fn write_path(jwks: &str, n: u64) {
+        let dir = std::env::temp_dir().join(format!("paygate-write-path-{}", uuid::Uuid::new_v4().simple()));
+        drop(start_paygate(&dir, jwks, None)); // migrations and demo accounts
+        let store = open("sqlite", &dir, None).await;
+        // A warm-up (statement caches, the first pages of every index), not counted.
+        preload(store.clone(), 0, WRITERS as u64 * 4).await;
+        let before_mb = db_mb("sqlite", &dir, None).await;
+        let (cpu0, w0) = self_usage();
+        let t0 = Instant::now();
+        preload(store.clone(), WRITERS as u64 * 4, n).await;
+        let wall = t0.elapsed().as_secs_f64();
+        let (cpu1, w1) = self_usage();
+        drop(store);
+        let grown_mb = db_mb("sqlite", &dir, None).await - before_mb;
+        let per = |x: f64| x / n.max(1) as f64;
+        println!("paygate-bench --write-path {n}: SQLite, {WRITERS} writers through the store, WAL + synchronous=FULL");
+        println!("| payments | payments/s | CPU µs/payment | KiB written/payment | DB+WAL growth KiB/payment |");
+        println!("|---:|---:|---:|---:|---:|");
+        println!(
+            "| {n} | {:.0} | {:.1} | {:.1} | {:.2} |",
+            n as f64 / wall,
+            per((cpu1 - cpu0) * 1e6),
+            per((w1 - w0) as f64 / 1024.0),
+            per(grown_mb * 1e6 / 1024.0)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     pub async fn run(a: &Args, jwks: &str) {
