@@ -101,6 +101,42 @@ impl Cached for Connection {
     }
 }
 
+/// One job's savepoint inside the writer's batch transaction, through the connection's statement
+/// cache (rusqlite's `Savepoint` parses its statements again on every use): a failed job undoes
+/// only itself. Dropped while open (an early return, a panic), it rolls the job back.
+struct JobSavepoint<'c> {
+    conn: &'c Connection,
+    open: bool,
+}
+
+impl<'c> JobSavepoint<'c> {
+    fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        conn.exec("SAVEPOINT job", [])?;
+        Ok(JobSavepoint { conn, open: true })
+    }
+
+    /// Undo everything the job wrote; the savepoint stays open for what it writes next.
+    fn undo(&self) -> rusqlite::Result<()> {
+        self.conn.exec("ROLLBACK TO job", []).map(drop)
+    }
+
+    /// Keep what the job wrote (it commits with the batch).
+    fn release(mut self) -> rusqlite::Result<()> {
+        self.conn.exec("RELEASE job", [])?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for JobSavepoint<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.conn.exec("ROLLBACK TO job", []);
+            let _ = self.conn.exec("RELEASE job", []);
+        }
+    }
+}
+
 /// Most writes committed together by one fsync.
 pub const WRITE_BATCH_MAX: usize = 256;
 /// Connections serving reads alongside the writer (WAL lets them run while it commits).
@@ -172,8 +208,12 @@ impl Drop for TempFile {
 /// payments; memory-mapped reads skip a system call per page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
-    /// Page cache of the writer and of each reader, in MiB.
+    /// Page cache of each reader, in MiB.
     pub cache_mib: i64,
+    /// Page cache of the writer, in MiB: room for one batch's dirty pages. SQLite walks the whole
+    /// cache at every commit (`pcache1TruncateUnsafe`), so a large one costs every batch; the
+    /// writer reads the rest through mmap.
+    pub writer_cache_mib: i64,
     /// Bytes of the database file read through mmap, in MiB (0: none). The build raises SQLite's own
     /// ceiling (2 GiB) to 64 GiB (`.cargo/config.toml`).
     pub mmap_mib: i64,
@@ -181,7 +221,7 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { cache_mib: 64, mmap_mib: 32 * 1024 }
+        Tuning { cache_mib: 64, writer_cache_mib: 8, mmap_mib: 32 * 1024 }
     }
 }
 
@@ -250,7 +290,7 @@ impl SqliteStore {
         }
         let mut conn = Connection::open(path)?;
         configure(&conn)?;
-        tune(&conn, tuning)?;
+        tune(&conn, Tuning { cache_mib: tuning.writer_cache_mib, ..tuning })?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -329,7 +369,8 @@ impl SqliteStore {
     }
 
     /// A write, group-committed by the writer thread. `f` runs inside the batch transaction and
-    /// must do its work under a savepoint (`conn.savepoint()`), so that its failure is its own.
+    /// must do its work under a savepoint (`conn.savepoint()`, or `JobSavepoint` on the hot paths), so
+    /// that its failure is its own.
     /// The answer arrives only after the batch's COMMIT.
     async fn write<T, E, F>(&self, f: F) -> Result<T, E>
     where

@@ -3,13 +3,13 @@
 
 use rusqlite::{Connection, params, params_from_iter};
 
-use super::{Cached, db, insert_audit};
+use super::{Cached, JobSavepoint, db, insert_audit};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::ids::AccountId;
-use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
+use crate::domain::payment::{AccountRow, Attempt, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
 use crate::domain::rules::ledger::DoubleEntry;
 use crate::domain::rules::reservation::{self, EarlierKeys, ReserveStep};
@@ -89,8 +89,9 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
     Ok(())
 }
 
-/// Write a transfer's or refund's plan in its savepoint: a replay completes the key's records; a
-/// new payment draws its guards and posts. The request's audit record goes in with it.
+/// Write a transfer's or refund's plan in its savepoint: a new payment draws its guards and posts
+/// (a replay writes nothing of its own). The request's audit record goes in with it; the keys are
+/// [`posting_tx`]'s.
 fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSecs) -> Result<Payment, BackendError> {
     let p = match plan {
         PostingPlan::Replay(existing) => existing,
@@ -120,14 +121,6 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
             p
         }
     };
-    let outcome = completed_outcome(&p);
-    for k in std::iter::once(w.key).chain(w.alias) {
-        tx.exec(
-            "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
-            params![outcome, k],
-        )
-        .map_err(db)?;
-    }
     if let Some(r) = w.audit {
         insert_audit(tx, r, Some(p.id.as_str())).map_err(db)?;
     }
@@ -170,77 +163,135 @@ pub(crate) fn reserve_key(
     Ok(step.reservation())
 }
 
-/// Claim a request's keys in order. `Ok(Some(KeyHeld))`: one already answers; the keys claimed
-/// before it were completed with its outcome or given back (`rules::reservation::on_claim_answered`).
-fn claim_keys(tx: &Connection, claim: &Claim, now: UnixSecs) -> Result<Option<BackendError>, StoreError> {
-    for (i, rec) in claim.records.iter().enumerate() {
-        let reservation = reserve_key(tx, rec, now)?;
-        if reservation == Reservation::Acquired {
-            continue;
-        }
-        let earlier = &claim.records[..i];
-        match reservation::on_claim_answered(&reservation, &rec.fingerprint) {
-            EarlierKeys::Complete(outcome) => complete_keys(tx, earlier, Some(&outcome))?,
-            EarlierKeys::Release => complete_keys(tx, earlier, None)?,
-        }
-        return Ok(Some(BackendError::KeyHeld { key: rec.key.clone(), reservation }));
-    }
-    Ok(None)
+/// What a claim found under its keys, read before the posting: every key free (how each will be
+/// written once the posting's outcome is known), or one already answering.
+enum Checked {
+    Free(Vec<ReserveStep>),
+    Held(BackendError),
 }
 
-/// Complete claimed keys with `outcome`, or give them back (`None`).
-fn complete_keys(tx: &Connection, records: &[NewIdempotencyRecord], outcome: Option<&str>) -> Result<(), StoreError> {
-    for rec in records {
-        match outcome {
-            Some(o) => tx.exec(
-                "UPDATE idempotency_records SET state = 'completed', outcome = ?1 WHERE key = ?2 AND state = 'in_flight'",
-                params![o, rec.key],
+/// Check a request's keys in order (`domain::rules::reservation::decide`), writing nothing while
+/// they are free: the posting's outcome is written under them once, in its final state
+/// ([`write_keys`]). When key `i` already answers, the keys before it get that answer or are given
+/// back (`rules::reservation::on_claim_answered`).
+fn check_keys(tx: &Connection, claim: &Claim, now: UnixSecs) -> Result<Checked, StoreError> {
+    let mut steps = Vec::with_capacity(claim.records.len());
+    for (i, rec) in claim.records.iter().enumerate() {
+        let existing = tx.opt(
+            "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
+            [&rec.key],
+            |r| rows::idempotency(r, 0),
+        )?;
+        let step = reservation::decide(existing, &rec.fingerprint, now)?;
+        if let ReserveStep::Found(reservation) = step {
+            let outcome = match reservation::on_claim_answered(&reservation, &rec.fingerprint) {
+                EarlierKeys::Complete(outcome) => Some(outcome),
+                EarlierKeys::Release => None,
+            };
+            write_keys(tx, &claim.records[..i], &steps, outcome.as_deref(), now)?;
+            return Ok(Checked::Held(BackendError::KeyHeld { key: rec.key.clone(), reservation }));
+        }
+        steps.push(step);
+    }
+    Ok(Checked::Free(steps))
+}
+
+/// Write the claimed keys' outcome in its final state, one statement a key: a key nobody held gets
+/// its record (replacing one past retention), a key taken over from a lapsed holder is completed;
+/// no outcome (given back) leaves nothing under them.
+fn write_keys(
+    tx: &Connection,
+    records: &[NewIdempotencyRecord],
+    steps: &[ReserveStep],
+    outcome: Option<&str>,
+    now: UnixSecs,
+) -> Result<(), StoreError> {
+    for (rec, step) in records.iter().zip(steps) {
+        match (step, outcome) {
+            (ReserveStep::Claim, Some(o)) => tx.exec(
+                "INSERT OR REPLACE INTO idempotency_records
+                   (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'completed', ?6, ?7, ?8, ?9)",
+                params![
+                    rec.key,
+                    rec.fingerprint,
+                    rec.tool,
+                    rec.principal_iss,
+                    rec.principal_sub,
+                    o,
+                    rec.lease_until,
+                    now,
+                    rec.expires_at
+                ],
             )?,
-            None => tx.exec("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [&rec.key])?,
+            (ReserveStep::TakeOver, Some(o)) => tx.exec(
+                "UPDATE idempotency_records SET state = 'completed', outcome = ?1, lease_until = ?2
+                 WHERE key = ?3 AND state = 'in_flight'",
+                params![o, rec.lease_until, rec.key],
+            )?,
+            (ReserveStep::TakeOver, None) => {
+                tx.exec("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [&rec.key])?
+            }
+            (ReserveStep::Claim, None) | (ReserveStep::Found(_), _) => 0,
         };
     }
     Ok(())
 }
 
-/// One posting's transaction: claim its keys (when it carries a `Claim`), post in a savepoint of
-/// its own, and on a refusal leave under the keys what the claim says (the failed outcome, or
-/// nothing) while the posting rolls back.
+/// One posting's job, under one savepoint (cached statements): check the attempt's claimed keys
+/// (reads only), post, then write the keys' outcome once. A refusal rolls the posting back and
+/// leaves under the keys what the claim says (the failed outcome, or nothing). Without a claim the
+/// keys were reserved before (in flight) and are completed here.
 fn posting_tx(
-    conn: &mut Connection,
-    claim: Option<&Claim>,
+    conn: &Connection,
+    attempt: &Attempt,
     now: UnixSecs,
     post: impl FnOnce(&Connection) -> Result<Payment, BackendError>,
 ) -> Result<Payment, BackendError> {
-    let mut tx = conn.savepoint().map_err(db)?;
-    if let Some(c) = claim
-        && let Some(held) = claim_keys(&tx, c, now)?
-    {
-        tx.commit().map_err(db)?;
-        return Err(held);
-    }
-    let posted = (|| {
-        let posting = tx.savepoint().map_err(db)?;
-        let p = post(&posting)?;
-        posting.commit().map_err(db)?;
-        Ok(p)
-    })();
-    match (posted, claim) {
-        (Ok(p), _) => {
-            tx.commit().map_err(db)?;
+    let job = JobSavepoint::begin(conn).map_err(db)?;
+    let claimed = match &attempt.claim {
+        None => None,
+        Some(c) => match check_keys(conn, c, now)? {
+            Checked::Free(steps) => Some((c, steps)),
+            Checked::Held(held) => {
+                job.release().map_err(db)?;
+                return Err(held);
+            }
+        },
+    };
+    match post(conn) {
+        Ok(p) => {
+            let outcome = completed_outcome(&p);
+            match &claimed {
+                Some((c, steps)) => write_keys(conn, &c.records, steps, Some(&outcome), now)?,
+                None => {
+                    for k in std::iter::once(&attempt.key).chain(&attempt.alias_key) {
+                        conn.exec(
+                            "UPDATE idempotency_records SET state = 'completed', outcome = ?1
+                             WHERE key = ?2 AND state = 'in_flight'",
+                            params![outcome, k],
+                        )
+                        .map_err(db)?;
+                    }
+                }
+            }
+            job.release().map_err(db)?;
             Ok(p)
         }
-        (Err(refusal), Some(c)) => {
-            let outcome = StoredOutcome::after_refusal(&refusal).map(|o| o.to_json());
-            complete_keys(&tx, &c.records, outcome.as_deref())?;
-            tx.commit().map_err(db)?;
+        Err(refusal) => {
+            job.undo().map_err(db)?;
+            if let Some((c, steps)) = &claimed {
+                let outcome = StoredOutcome::after_refusal(&refusal).map(|o| o.to_json());
+                write_keys(conn, &c.records, steps, outcome.as_deref(), now)?;
+                job.release().map_err(db)?;
+            }
             Err(refusal)
         }
-        (Err(refusal), None) => Err(refusal),
     }
 }
 
-pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    posting_tx(conn, req.attempt.claim.as_ref(), now, |tx| {
+pub(super) fn transfer_tx(conn: &Connection, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+    posting_tx(conn, &req.attempt, now, |tx| {
         let existing = load_payment(tx, "idempotency_key", &req.attempt.key)?;
         let from = load_account(tx, &req.from_account)?;
         let to = load_account(tx, &req.to_account)?;
@@ -249,8 +300,8 @@ pub(super) fn transfer_tx(conn: &mut Connection, req: TransferRequest, now: Unix
     })
 }
 
-pub(super) fn refund_tx(conn: &mut Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
-    posting_tx(conn, req.attempt.claim.as_ref(), now, |tx| {
+pub(super) fn refund_tx(conn: &Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+    posting_tx(conn, &req.attempt, now, |tx| {
         let existing = load_payment(tx, "idempotency_key", &req.attempt.key)?;
         let original = load_payment(tx, "id", req.payment_id.as_str())?;
         let payee = match &original {
