@@ -390,7 +390,11 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
         crate::private_fs::create_dir(parent)
             .map_err(|source| StartError::DataDir { path: parent.to_path_buf(), source })?;
     }
-    let tuning = crate::store::sqlite::Tuning { cache_mib: st.sqlite_cache_mib, mmap_mib: st.sqlite_mmap_mib };
+    let tuning = crate::store::sqlite::Tuning {
+        cache_mib: st.sqlite_cache_mib,
+        writer_cache_mib: st.sqlite_writer_cache_mib,
+        mmap_mib: st.sqlite_mmap_mib,
+    };
     Ok(Arc::new(SqliteStore::open_tuned(&path, tuning)?))
 }
 

@@ -147,8 +147,10 @@ pub struct StorageConfig {
     pub postgres_sslmode: String,
     /// PEM CA certificate(s) `verify-full` checks the server against; empty: the system's roots.
     pub postgres_ssl_ca_file: String,
-    /// SQLite page cache per connection (the writer and each reader), in MiB.
+    /// SQLite page cache of each reader connection, in MiB.
     pub sqlite_cache_mib: i64,
+    /// SQLite page cache of the writer connection, in MiB.
+    pub sqlite_writer_cache_mib: i64,
     /// SQLite memory-mapped reads, in MiB (0: none).
     pub sqlite_mmap_mib: i64,
 }
@@ -733,6 +735,7 @@ impl Config {
         range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
         range("audit.retention_days", self.audit.retention_days, 0, 36_500)?;
         range("storage.sqlite_cache_mib", self.storage.sqlite_cache_mib, 1, 16_384)?;
+        range("storage.sqlite_writer_cache_mib", self.storage.sqlite_writer_cache_mib, 1, 1_024)?;
         range("storage.sqlite_mmap_mib", self.storage.sqlite_mmap_mib, 0, 65_536)?;
         range("audit.archive_batch_max", self.audit.archive_batch_max, 100, 1_000_000)?;
         // A waiting retry must answer before the server's own request timeout cuts it off.
