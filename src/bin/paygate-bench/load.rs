@@ -222,6 +222,9 @@ function done(summary, latency, requests)
     tbad = tbad + t:get("bad")
     if fb == "" then fb = t:get("first_bad") end
   end
+  -- Requests wrk gave up on (timeouts, broken connections) got no answer to check: errors too.
+  local e = summary.errors
+  tbad = tbad + e.connect + e.read + e.write + e.timeout
   io.write(string.format("WRK_RESULT %.0f %.0f %.0f %.0f %.0f\n", tok, tbad, summary.duration, latency:percentile(50), latency:percentile(99)))
   io.write("WRK_FIRST_BAD " .. fb:gsub("\n", " ") .. "\n")
 end

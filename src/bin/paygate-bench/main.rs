@@ -732,7 +732,7 @@ async fn measure(
 }
 
 /// A row's figures: rate, latency, server CPU per request, each beside its ratio to `reference`
-/// (the minimal ledger's same scenario) when there is one.
+/// when there is one (SQLite: the minimal ledger's same scenario; PostgreSQL payments: pgbench -N).
 fn figures(m: &load::Measured, reference: Option<&load::Measured>) -> String {
     let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
         (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
@@ -753,7 +753,7 @@ fn figures(m: &load::Measured, reference: Option<&load::Measured>) -> String {
 }
 
 /// The table's header (`figures` fills a row).
-const TABLE_HEAD: &str = "| store | era | scenario | ok/s | × minimal ledger | p50 ms | p99 ms | server CPU ms/req | × minimal ledger | load cores | errors | check |
+const TABLE_HEAD: &str = "| store | era | scenario | ok/s | × reference | p50 ms | p99 ms | server CPU ms/req | × reference | load cores | errors | check |
 |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|";
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -768,6 +768,24 @@ async fn balance_b(url: &str, token: &str) -> f64 {
     let mut c = Conn::open(url, token, Era::Modern).await;
     let r = c.call("get_balance", json!({"account_id": "acct-B"})).await.expect("balance");
     r["structuredContent"]["balance"].as_str().and_then(|b| b.parse().ok()).expect("decimal balance")
+}
+
+/// What the scenario's payees hold, once the server has finished what was sent to it: wrk stops
+/// with requests still running in the server, so the figure is read until two reads 200 ms apart
+/// agree (at most 10 s).
+async fn settled_payees(url: &str, token: &str, s: Scenario) -> f64 {
+    let read =
+        || async { balance_b(url, token).await + if s == Scenario::ManyPayers { payees_sum(url).await } else { 0.0 } };
+    let mut last = read().await;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = read().await;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
 }
 
 /// The many-payers scenario's payees, summed (each read by its own agent: allow-lists hold).
@@ -785,6 +803,31 @@ async fn integrity(url: &str, token: &str) -> bool {
     let mut c = Conn::open(url, token, Era::Modern).await;
     let r = c.call("check_ledger_integrity", json!({})).await.expect("integrity");
     r["structuredContent"]["ok"] == true
+}
+
+/// `pgbench -N` (TPC-B-like, without the branch and teller updates: one account update, one
+/// history insert, per transaction) by as many clients as the bench has connections, on a scratch
+/// database of the same server, scale 1: what this PostgreSQL commits of small write transactions,
+/// measured in the same run as paygate's PostgreSQL rows. `None` without pgbench.
+async fn pgbench_tps(url: &str, clients: u64, secs: u64) -> Option<f64> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.ok()?;
+    tokio::spawn(conn);
+    let db = format!("paygate_pgbench_{}", uuid::Uuid::new_v4().simple());
+    client.batch_execute(&format!("CREATE DATABASE {db}")).await.ok()?;
+    // The same server, the scratch database (a URL's path names the database).
+    let base = url.split('?').next().unwrap_or(url);
+    let target = format!("{}/{db}", base.rsplit_once('/').map_or(base, |(server, _)| server));
+    let quiet = |args: &[&str]| {
+        Command::new("pgbench").args(args).arg(&target).stdout(Stdio::piped()).stderr(Stdio::piped()).output().ok()
+    };
+    let tps = quiet(&["-i", "-q", "-s", "1"]).filter(|o| o.status.success()).and_then(|_| {
+        let (c, t) = (clients.to_string(), secs.to_string());
+        let out = quiet(&["-N", "-c", &c, "-j", "2", "-T", &t])?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.lines().find_map(|l| l.strip_prefix("tps = ")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+    });
+    let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {db}")).await;
+    tps
 }
 
 /// PostgreSQL's commit round trip on this machine: one connection inserting one row per
@@ -813,18 +856,31 @@ async fn postgres_commit_probe(url: &str, secs: f64) -> f64 {
     rate
 }
 
-/// The machine's durable commit ceiling, then the minimal Rust ledger doing the same job: its rows
-/// are the references of paygate's (by scenario).
-async fn baselines(a: &Args, load: &load::Load) -> Vec<(Scenario, load::Measured)> {
+/// The machine's durable commit ceilings, `pgbench -N` (with a database), then the minimal Rust
+/// ledger doing the same job: the references of paygate's rows (SQLite rows: the minimal ledger's
+/// same scenario; PostgreSQL payments: pgbench -N).
+async fn baselines(a: &Args, load: &load::Load) -> Vec<(&'static str, Scenario, load::Measured)> {
     let commits = minimal_ledger::fsync_probe(2.0);
     println!(
         "| sqlite | - | commit ceiling (1 row per commit, 1 thread, WAL + FULL) | {commits:.0} | - | - | - | - | - | - | 0 | - |"
     );
+    let mut references = Vec::new();
     if let Some(url) = &a.database_url {
         let commits = postgres_commit_probe(url, 2.0).await;
         println!(
             "| postgres | - | commit ceiling (1 row per commit, 1 connection, synchronous_commit on) | {commits:.0} | - | - | - | - | - | - | 0 | - |"
         );
+        match pgbench_tps(url, a.connections, a.secs).await {
+            Some(tps) => {
+                println!(
+                    "| postgres | - | pgbench -N ({} clients, scale 1) | {tps:.0} | 1.00 | - | - | - | - | - | 0 | - |",
+                    a.connections
+                );
+                let m = load::Measured { ok: tps.round() as u64, secs: 1.0, ..Default::default() };
+                references.push(("postgres", Scenario::UniquePayments, m));
+            }
+            None => println!("| postgres | - | pgbench -N: not run (no pgbench) | - | - | - | - | - | - | - | - | - |"),
+        }
     }
     let mut ledger = Command::new(std::env::current_exe().expect("exe"))
         .arg("--ledger-baseline-server")
@@ -834,7 +890,6 @@ async fn baselines(a: &Args, load: &load::Load) -> Vec<(Scenario, load::Measured
     let mut line = String::new();
     std::io::BufReader::new(ledger.stdout.take().expect("stdout")).read_line(&mut line).expect("ledger url");
     let ledger_url = line.trim().trim_start_matches("ledger ").to_string();
-    let mut references = Vec::new();
     for s in [Scenario::Balance, Scenario::UniquePayments, Scenario::RetryStorm] {
         let run_id = format!("minimal-{s:?}-{}", uuid::Uuid::new_v4().simple());
         let target = load::Target {
@@ -844,7 +899,7 @@ async fn baselines(a: &Args, load: &load::Load) -> Vec<(Scenario, load::Measured
         };
         let m = measure(load, s, &target, Era::Modern, a, &run_id).await;
         println!("| sqlite | - | minimal Rust ledger: {} | {} | - |", s.label(), figures(&m, Some(&m)));
-        references.push((s, m));
+        references.push(("sqlite", s, m));
     }
     let _ = ledger.kill();
     let _ = ledger.wait();
@@ -905,9 +960,9 @@ async fn main() {
         baselines(&a, &load).await
     };
     // The minimal ledger's scenario each of paygate's compares with (many payers: unique payments).
-    let reference = |s: Scenario| {
+    let reference = |engine: &str, s: Scenario| {
         let s = if s == Scenario::ManyPayers { Scenario::UniquePayments } else { s };
-        references.iter().find(|(r, _)| *r == s).map(|(_, m)| m)
+        references.iter().find(|(e, r, _)| *e == engine && *r == s).map(|(_, _, m)| m)
     };
 
     let mut engines: Vec<(&str, Option<(String, String)>)> = vec![("sqlite", None)];
@@ -945,8 +1000,7 @@ async fn main() {
                 let own = format!("bench-agent-s{}", e * 5 + k);
                 let tok = token_for(&server.url, &own);
                 let run_id = format!("{engine}-{era:?}-{s:?}-{}", uuid::Uuid::new_v4().simple());
-                let payees = if s == Scenario::ManyPayers { payees_sum(&server.url).await } else { 0.0 };
-                let before = balance_b(&server.url, &tok).await + payees;
+                let before = settled_payees(&server.url, &tok, s).await;
                 let readers = e * READ_AGENTS..(e + 1) * READ_AGENTS;
                 let target = load::Target {
                     url: &server.url,
@@ -954,8 +1008,7 @@ async fn main() {
                     tokens: scenario_tokens(s, &server.url, &own, readers),
                 };
                 let o = measure(&load, s, &target, era, &a, &run_id).await;
-                let payees = if s == Scenario::ManyPayers { payees_sum(&server.url).await } else { 0.0 };
-                let after = balance_b(&server.url, &tok).await + payees;
+                let after = settled_payees(&server.url, &tok, s).await;
                 let moved = ((after - before) * 100.0).round() as u64;
                 // wrk stops with a request in flight on each connection: those may have moved
                 // money unanswered (the in-process loop waits for every answer).
@@ -971,7 +1024,7 @@ async fn main() {
                     "| {engine} | {} | {} | {} | {} |",
                     if era == Era::Modern { "2026-07-28" } else { "2025-11-25" },
                     s.label(),
-                    figures(&o, reference(s)),
+                    figures(&o, reference(engine, s)),
                     if ledger_ok { "ledger ok" } else { "LEDGER MISMATCH" }
                 );
                 if let Some(e) = o.first_error {
