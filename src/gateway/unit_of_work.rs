@@ -3,8 +3,8 @@
 //! decision and its [`Movement`] (the one backend or rail call); the unit of work does the rest:
 //!
 //! 1. peek: an outcome already recorded under the key wins over everything, policy included (a
-//!    call policy allows under `ClaimInPosting` leaves it to the posting's claim, which answers
-//!    the same in its one write);
+//!    call policy allows under `ClaimInPosting` leaves it to the posting's claim where the store
+//!    says that is cheap, `Engine::claim_is_cheap`: the claim answers the same in its one write);
 //! 2. policy: a denial is audited and counted, an approval is asked for;
 //! 3. the keys and the money, by the backend's [`Strategy`] (chosen once per backend): claimed
 //!    inside the ledger's posting transaction, or reserved → called → settled;
@@ -94,9 +94,11 @@ impl UnitOfWork for ExactlyOnce {
         let Intent { tool, keys: idem, amount, shown } = intent;
         // 1. An outcome already recorded under the operation's key (or the mandate's) wins over
         //    everything, policy included: a retry must never be judged as a new payment. A call
-        //    policy allows under `ClaimInPosting` skips this read: the posting transaction's claim
-        //    answers the same (`KeyHeld`: replay, conflict, or wait) in the write it makes anyway.
-        let claim_decides = matches!(decision, Policy::Allow) && strategy == Strategy::ClaimInPosting;
+        //    policy allows under `ClaimInPosting` skips this read where the store's claim is cheap:
+        //    the posting transaction's claim answers the same (`KeyHeld`: replay, conflict, or wait)
+        //    in the write it makes anyway.
+        let claim_decides =
+            matches!(decision, Policy::Allow) && strategy == Strategy::ClaimInPosting && gw.store.claim_is_cheap();
         let now = gw.clock.now();
         for id in idem.all().filter(|_| !claim_decides) {
             match gw.store.idem_peek(&id.key, now).await {

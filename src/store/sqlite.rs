@@ -492,6 +492,10 @@ impl Engine for SqliteStore {
         self.run(|c| Ok(c.q_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
     }
 
+    fn claim_is_cheap(&self) -> bool {
+        true
+    }
+
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
     }
