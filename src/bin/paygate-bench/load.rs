@@ -134,7 +134,7 @@ fn tool_and_args(s: Scenario) -> (&'static str, &'static str) {
         ),
         Scenario::ManyPayers => (
             "create_payment",
-            r#"string.format('{"operation_id":"%s-%d-%d","from_account":"acct-P%d","to_account":"acct-Q%d","amount":"1.00","currency":"KES"}', run_id, tid, n, pick - 1, pick - 1)"#,
+            r#"string.format('{"operation_id":"%s-%d-%d","from_account":"acct-P%d","to_account":"acct-Q%d","amount":"1.00","currency":"KES"}', run_id, tid, n, (pick - 1) % 64, (pick - 1) % 64)"#,
         ),
         Scenario::RetryStorm => (
             "create_payment",
@@ -193,7 +193,9 @@ function init(args)
 end
 function request()
   n = n + 1
-  local pick = (n % #tokens) + 1
+  -- Consecutive requests of a thread (on its different connections) take different tokens and,
+  -- in the 2025-11-25 era, different sessions, as that many separate clients would.
+  local pick = ((n * 2 + tid) % #tokens) + 1
   local headers = {{}}
   headers["Content-Type"] = "application/json"
   headers["Accept"] = "application/json, text/event-stream"
@@ -237,7 +239,8 @@ end
 }
 
 /// Drive scenario `s` against `t` with wrk for `secs` seconds over `connections` connections.
-/// `sessions`: the 2025-11-25 era's session ids, one per token (empty for the stateless era).
+/// `sessions`: the 2025-11-25 era's session ids, one per token of `t` (empty for the stateless
+/// era); the many-payers' agent i is token i modulo 64.
 pub fn run_wrk(
     wrk: &Path,
     s: Scenario,

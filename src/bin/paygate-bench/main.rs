@@ -705,13 +705,20 @@ async fn measure(
 ) -> load::Measured {
     if let Some(wrk) = &load.wrk {
         let mut sessions = Vec::new();
+        let mut tokens = t.tokens.clone();
         if era == Era::Legacy {
-            for tok in &t.tokens {
+            // A session per connection, as that many clients would hold (requests of one session
+            // are one client's): the tokens repeat to fill them.
+            tokens = (0..(a.connections as usize).max(t.tokens.len()))
+                .map(|i| t.tokens[i % t.tokens.len()].clone())
+                .collect();
+            for tok in &tokens {
                 sessions.push(Conn::open(t.url, tok, era).await.session.unwrap_or_default());
             }
         }
+        let t = load::Target { url: t.url, pid: t.pid, tokens };
         return tokio::task::block_in_place(|| {
-            load::run_wrk(wrk, s, era, t, &sessions, (a.connections, a.secs), run_id)
+            load::run_wrk(wrk, s, era, &t, &sessions, (a.connections, a.secs), run_id)
         });
     }
     let server0 = t.pid.and_then(load::cpu_secs);
