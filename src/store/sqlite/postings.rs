@@ -133,34 +133,54 @@ pub(crate) fn reserve_key(
     rec: &NewIdempotencyRecord,
     now: UnixSecs,
 ) -> Result<Reservation, StoreError> {
+    let step = decide_key(tx, rec, now)?;
+    match &step {
+        ReserveStep::Claim => insert_record(tx, rec, None, now)?,
+        ReserveStep::TakeOver => tx.exec(
+            "UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2",
+            params![rec.lease_until, rec.key],
+        )?,
+        ReserveStep::Found(_) => 0,
+    };
+    Ok(step.reservation())
+}
+
+/// The record stored under `rec.key` and what it means for `rec` (`rules::reservation::decide`).
+fn decide_key(tx: &Connection, rec: &NewIdempotencyRecord, now: UnixSecs) -> Result<ReserveStep, StoreError> {
     let existing = tx.opt(
         "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
         [&rec.key],
         |r| rows::idempotency(r, 0),
     )?;
-    let step = reservation::decide(existing, &rec.fingerprint, now)?;
-    match &step {
-        ReserveStep::Claim => tx.exec(
-            "INSERT OR REPLACE INTO idempotency_records
-               (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'in_flight', NULL, ?6, ?7, ?8)",
-            params![
-                rec.key,
-                rec.fingerprint,
-                rec.tool,
-                rec.principal_iss,
-                rec.principal_sub,
-                rec.lease_until,
-                now,
-                rec.expires_at
-            ],
-        )?,
-        ReserveStep::TakeOver => {
-            tx.exec("UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2", params![rec.lease_until, rec.key])?
-        }
-        ReserveStep::Found(_) => 0,
-    };
-    Ok(step.reservation())
+    reservation::decide(existing, &rec.fingerprint, now)
+}
+
+/// `rec` as a new record (replacing one past retention): in flight without an outcome, completed
+/// with one.
+fn insert_record(
+    tx: &Connection,
+    rec: &NewIdempotencyRecord,
+    outcome: Option<&str>,
+    now: UnixSecs,
+) -> rusqlite::Result<usize> {
+    let state = if outcome.is_some() { reservation::COMPLETED } else { reservation::IN_FLIGHT };
+    tx.exec(
+        "INSERT OR REPLACE INTO idempotency_records
+           (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![
+            rec.key,
+            rec.fingerprint,
+            rec.tool,
+            rec.principal_iss,
+            rec.principal_sub,
+            state,
+            outcome,
+            rec.lease_until,
+            now,
+            rec.expires_at
+        ],
+    )
 }
 
 /// What a claim found under its keys, read before the posting: every key free (how each will be
@@ -177,12 +197,7 @@ enum Checked {
 fn check_keys(tx: &Connection, claim: &Claim, now: UnixSecs) -> Result<Checked, StoreError> {
     let mut steps = Vec::with_capacity(claim.records.len());
     for (i, rec) in claim.records.iter().enumerate() {
-        let existing = tx.opt(
-            "SELECT fingerprint, state, outcome, lease_until, expires_at FROM idempotency_records WHERE key = ?1",
-            [&rec.key],
-            |r| rows::idempotency(r, 0),
-        )?;
-        let step = reservation::decide(existing, &rec.fingerprint, now)?;
+        let step = decide_key(tx, rec, now)?;
         if let ReserveStep::Found(reservation) = step {
             let outcome = match reservation::on_claim_answered(&reservation, &rec.fingerprint) {
                 EarlierKeys::Complete(outcome) => Some(outcome),
@@ -208,22 +223,7 @@ fn write_keys(
 ) -> Result<(), StoreError> {
     for (rec, step) in records.iter().zip(steps) {
         match (step, outcome) {
-            (ReserveStep::Claim, Some(o)) => tx.exec(
-                "INSERT OR REPLACE INTO idempotency_records
-                   (key, fingerprint, tool, principal_iss, principal_sub, state, outcome, lease_until, created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'completed', ?6, ?7, ?8, ?9)",
-                params![
-                    rec.key,
-                    rec.fingerprint,
-                    rec.tool,
-                    rec.principal_iss,
-                    rec.principal_sub,
-                    o,
-                    rec.lease_until,
-                    now,
-                    rec.expires_at
-                ],
-            )?,
+            (ReserveStep::Claim, Some(o)) => insert_record(tx, rec, Some(o), now)?,
             (ReserveStep::TakeOver, Some(o)) => tx.exec(
                 "UPDATE idempotency_records SET state = 'completed', outcome = ?1, lease_until = ?2
                  WHERE key = ?3 AND state = 'in_flight'",
