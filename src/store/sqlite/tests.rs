@@ -185,24 +185,16 @@ async fn the_page_caches_and_mmap_follow_the_configured_tuning() {
     let dir = tempfile::tempdir().unwrap();
     let tuning = Tuning { cache_mib: 8, writer_cache_mib: 2, mmap_mib: 4096 };
     let s = SqliteStore::open_tuned(&dir.path().join("t.db"), tuning).unwrap();
-    let (cache, mmap) = s
-        .run(|c| {
-            let cache: i64 = c.pragma_query_value(None, "cache_size", |r| r.get(0))?;
-            let mmap: i64 = c.pragma_query_value(None, "mmap_size", |r| r.get(0))?;
-            Ok::<_, StoreError>((cache, mmap))
-        })
-        .await
-        .unwrap();
+    fn cache_and_mmap(c: &mut rusqlite::Connection) -> Result<(i64, i64), StoreError> {
+        let cache: i64 = c.pragma_query_value(None, "cache_size", |r| r.get(0))?;
+        let mmap: i64 = c.pragma_query_value(None, "mmap_size", |r| r.get(0))?;
+        Ok((cache, mmap))
+    }
+    // A reader.
+    let (cache, mmap) = s.run(cache_and_mmap).await.unwrap();
     // 4 GiB: past the 2 GiB a stock SQLite build clamps mmap_size to (the build raises its ceiling).
     assert_eq!((cache, mmap), (-8 * 1024, 4096 * 1024 * 1024));
     // The writer: its own (small) cache, the same mmap.
-    let (cache, mmap) = s
-        .write(|c| {
-            let cache: i64 = c.pragma_query_value(None, "cache_size", |r| r.get(0))?;
-            let mmap: i64 = c.pragma_query_value(None, "mmap_size", |r| r.get(0))?;
-            Ok::<_, StoreError>((cache, mmap))
-        })
-        .await
-        .unwrap();
+    let (cache, mmap) = s.write(cache_and_mmap).await.unwrap();
     assert_eq!((cache, mmap), (-2 * 1024, 4096 * 1024 * 1024));
 }
