@@ -1242,12 +1242,7 @@ mod growth {
     /// This process's CPU time so far (user + system, in seconds) and bytes it caused to be written
     /// to storage, from /proc.
     fn self_usage() -> (f64, u64) {
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        let cpu = (ticks(11) + ticks(12)) / 100.0;
+        let cpu = super::load::cpu_secs(std::process::id()).unwrap_or(0.0);
         let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
         let written =
             io.lines().find_map(|l| l.strip_prefix("write_bytes: ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
