@@ -17,12 +17,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::rail::RailOrder;
 use super::{
     BackendError, Balance, EntryQuery, Guards, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend,
     PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Money;
 use crate::domain::payment::Attempt;
 use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
@@ -133,43 +135,15 @@ fn detail(e: &BackendError) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn record(
-    id: &PaymentId,
-    key: &str,
-    rail: &str,
-    kind: PaymentKind,
-    from: &AccountId,
-    to: &AccountId,
-    amount_minor: i64,
-    currency: crate::domain::money::Currency,
-    refund_of: Option<PaymentId>,
-    memo: Option<String>,
-    principal: (&str, Option<&str>),
-) -> RailPayment {
-    let (principal_sub, principal_user) = principal;
-    RailPayment {
-        id: id.clone(),
+/// The order the journal opens a ledger request's record under: the request's key, payment id and
+/// principal (its guards go to `rail_open` as they are).
+fn ledger_order(key: &str, payment_id: &PaymentId, principal_sub: &str, principal_user: Option<&str>) -> RailOrder {
+    RailOrder {
         idempotency_key: key.to_string(),
-        rail: rail.to_string(),
-        kind,
-        state: RailState::Submitting,
-        from_account: from.clone(),
-        to_account: to.clone(),
-        amount_minor,
-        currency,
-        refund_of,
-        memo,
+        payment_id: payment_id.clone(),
         principal_sub: principal_sub.to_string(),
         principal_user: principal_user.map(str::to_string),
-        mandate_id: None,
-        rail_ref: None,
-        receipt: None,
-        phone: None,
-        reason: None,
-        created_at: 0,
-        updated_at: 0,
-        flow: RailFlow::Ledger,
+        guards: Guards::default(),
     }
 }
 
@@ -183,19 +157,10 @@ impl PaymentBackend for Journaled {
         if req.from_account == req.to_account {
             return Err(BackendError::SameAccount);
         }
-        let rec = record(
-            &req.payment_id,
-            &req.attempt.key,
-            self.inner.name(),
-            PaymentKind::Payment,
-            &req.from_account,
-            &req.to_account,
-            req.amount.minor(),
-            req.amount.currency(),
-            None,
-            req.memo.clone(),
-            (&req.principal_sub, req.principal_user.as_deref()),
-        );
+        let order = ledger_order(&req.attempt.key, &req.payment_id, &req.principal_sub, req.principal_user.as_deref());
+        let (from, to) = (req.from_account.clone(), req.to_account.clone());
+        let mut rec = order.record(self.inner.name(), (RailFlow::Ledger, PaymentKind::Payment), from, to, req.amount);
+        rec.memo = req.memo.clone();
         let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Payment
@@ -236,19 +201,13 @@ impl PaymentBackend for Journaled {
             (None, None) if original.refundable_minor() > 0 => original.refundable_minor(),
             (None, None) => return Err(BackendError::NotRefundable(original.id)),
         };
-        let rec = record(
-            &req.refund_id,
-            &req.attempt.key,
-            self.inner.name(),
-            PaymentKind::Refund,
-            &original.to_account,
-            &original.from_account,
-            amount_minor,
-            original.currency,
-            Some(req.payment_id.clone()),
-            req.reason.clone(),
-            (&req.principal_sub, req.principal_user.as_deref()),
-        );
+        let amount =
+            Money::from_minor(amount_minor, original.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let order = ledger_order(&req.attempt.key, &req.refund_id, &req.principal_sub, req.principal_user.as_deref());
+        let (from, to) = (original.to_account.clone(), original.from_account.clone());
+        let mut rec = order.record(self.inner.name(), (RailFlow::Ledger, PaymentKind::Refund), from, to, amount);
+        rec.refund_of = Some(req.payment_id.clone());
+        rec.memo = req.reason.clone();
         let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Refund || rec.refund_of.as_ref() != Some(&req.payment_id) {

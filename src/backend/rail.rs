@@ -149,15 +149,22 @@ pub struct RailOrder {
 }
 
 impl RailOrder {
-    /// The record a rail opens for this order before it sends anything: `Submitting`, moving
-    /// `amount` from `from` to `to` (a reversal is a refund, the rest payments); `rail_open` stamps
-    /// it and names its mandate. The rail fills in what else it knows (memo, phone, reference).
-    pub fn record(&self, rail: &str, flow: RailFlow, from: AccountId, to: AccountId, amount: Money) -> RailPayment {
+    /// The record a rail (or the journal around an external ledger) opens for this order before it
+    /// sends anything: `Submitting`, moving `amount` from `from` to `to`; `rail_open` stamps it and
+    /// names its mandate. The sender fills in what else it knows (memo, phone, reference).
+    pub fn record(
+        &self,
+        rail: &str,
+        (flow, kind): (RailFlow, PaymentKind),
+        from: AccountId,
+        to: AccountId,
+        amount: Money,
+    ) -> RailPayment {
         RailPayment {
             id: self.payment_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             rail: rail.to_string(),
-            kind: if flow == RailFlow::Reversal { PaymentKind::Refund } else { PaymentKind::Payment },
+            kind,
             state: RailState::Submitting,
             from_account: from,
             to_account: to,

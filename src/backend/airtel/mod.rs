@@ -27,7 +27,7 @@ use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Sent,
     ValidCollection, send_once,
 };
-use super::{BackendError, Payment};
+use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::rail::RailMove;
@@ -170,7 +170,8 @@ impl CollectionRail for AirtelRail {
         let msisdn = wire::normalize_phone(v.payer()).map_err(BackendError::Rejected)?;
         let payer = payer_account(&msisdn).map_err(|e| BackendError::Rejected(e.to_string()))?;
         let order = &req.order;
-        let mut rec = order.record(RAIL, RailFlow::Collection, payer, self.account.clone(), v.amount());
+        let mut rec =
+            order.record(RAIL, (RailFlow::Collection, PaymentKind::Payment), payer, self.account.clone(), v.amount());
         rec.memo = Some(v.description().to_string());
         // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
         rec.rail_ref = Some(order.payment_id.to_string());

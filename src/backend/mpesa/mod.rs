@@ -32,7 +32,7 @@ use super::rail::{
     PayoutRefusal, PayoutRequest, RailEvent, RailOrder, ReversalRequest, Sent, ValidCollection, ValidPayout,
     reversal_key, send_once,
 };
-use super::{BackendError, Payment};
+use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
@@ -201,7 +201,8 @@ impl MpesaRail {
     /// Open the record and send the STK push, once per idempotency key.
     pub async fn collect(&self, c: Collection) -> Result<Payment, BackendError> {
         let payer = payer_account(&c.phone).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut rec = c.order.record(RAIL, RailFlow::Collection, payer, self.account.clone(), c.amount);
+        let mut rec =
+            c.order.record(RAIL, (RailFlow::Collection, PaymentKind::Payment), payer, self.account.clone(), c.amount);
         rec.memo = Some(c.description.clone());
         rec.phone = Some(c.phone.to_string());
         let push = StkPush {
@@ -268,7 +269,13 @@ impl CollectionRail for MpesaRail {
         let v = &req.payout;
         let phone = daraja::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
         let order = &req.order;
-        let mut rec = order.record(RAIL, RailFlow::Payout, self.account.clone(), v.payee_account().clone(), v.amount());
+        let mut rec = order.record(
+            RAIL,
+            (RailFlow::Payout, PaymentKind::Payment),
+            self.account.clone(),
+            v.payee_account().clone(),
+            v.amount(),
+        );
         rec.memo = Some(v.remarks().to_string());
         // Chosen before sending: what the result echoes, and what a status query asks by.
         rec.rail_ref = Some(order.payment_id.to_string());
@@ -302,7 +309,13 @@ impl CollectionRail for MpesaRail {
         };
         let amount =
             Money::from_minor(o.amount_minor, o.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut rec = req.order.record(RAIL, RailFlow::Reversal, o.to_account.clone(), o.from_account.clone(), amount);
+        let mut rec = req.order.record(
+            RAIL,
+            (RailFlow::Reversal, PaymentKind::Refund),
+            o.to_account.clone(),
+            o.from_account.clone(),
+            amount,
+        );
         rec.idempotency_key = reversal_key(self.store.as_ref(), &o.id).await?;
         rec.refund_of = Some(o.id.clone());
         rec.memo = req.reason.clone();
