@@ -189,6 +189,8 @@ pub struct SqliteStore {
     writer: tokio::sync::mpsc::Sender<Job>,
     readers: Arc<Vec<Mutex<Connection>>>,
     next_reader: Arc<std::sync::atomic::AtomicUsize>,
+    /// Principals last read as not suspended (`suspensions.rs`).
+    clear: Arc<suspensions::ClearSeen>,
     _temp: Option<Arc<TempFile>>,
 }
 
@@ -326,6 +328,7 @@ impl SqliteStore {
             writer: tx,
             readers: Arc::new(readers),
             next_reader: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            clear: Arc::default(),
             _temp: temp,
         })
     }
