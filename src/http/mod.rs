@@ -112,7 +112,13 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .with_max_request_body_bytes(state.body_bytes_max)
         .with_cancellation_token(cfg.shutdown.child_token());
     let server = PaygateMcp::new(state.gateway.clone(), &cfg.disabled_tools);
-    let mcp = StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_config);
+    // Shared behind one Arc: rmcp's own tower service clones its whole config (allowed hosts and
+    // all) twice per request, once where axum clones the route's service and once in `call`.
+    let mcp = Arc::new(StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_config));
+    let mcp = axum::routing::any(move |req: axum::extract::Request| {
+        let mcp = mcp.clone();
+        async move { mcp.handle(req).await }
+    });
 
     let cors = CorsLayer::new()
         .allow_origin(AllowOrigin::list(state.allowed_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok())))
