@@ -47,7 +47,7 @@ impl KeyDeriver {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part.as_bytes());
         }
-        format!("idk_{}", hex(&mac.finalize().into_bytes()))
+        format!("idk_{}", crate::domain::ids::hex(&mac.finalize().into_bytes()))
     }
 
     /// A key for another purpose, derived from the secret under `label` (domain separation: no
@@ -64,11 +64,7 @@ impl KeyDeriver {
 /// SHA-256 of a canonical JSON value (the caller builds it from parsed, normalized arguments, so
 /// `"50"` and `"50.00"` fingerprint alike).
 pub fn fingerprint(canonical: &serde_json::Value) -> String {
-    hex(&Sha256::digest(canonical.to_string().as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::domain::ids::hex(&Sha256::digest(canonical.to_string().as_bytes()))
 }
 
 /// What is kept under a key and replayed to every later call with that key.

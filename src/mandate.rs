@@ -219,7 +219,7 @@ pub struct CallIntent<'a> {
 /// of the intent an approval stored equals the digest of the same intent built again by a call.
 pub fn intent_digest(intent: &serde_json::Value) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(intent.to_string().as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    crate::domain::ids::hex(&Sha256::digest(intent.to_string().as_bytes()))
 }
 
 /// Does this verified mandate authorize this call? Budget and use counts of open mandates are
