@@ -1,4 +1,5 @@
-//! Middleware for /mcp, outermost first: correlation id → Origin → bearer JWT → scope → session binding.
+//! Middleware for /mcp, outermost first: correlation id, then [`mcp_gate`]: Origin → bearer JWT →
+//! scope → session binding.
 //!
 //! Architecture Invariant: no token reaches a log line, an error body or an audit record. Tokens are
 //! read from the Authorization header only; `?access_token=` is ignored.
@@ -46,19 +47,37 @@ pub async fn correlation_id(State(state): State<AppState>, mut req: Request, nex
     resp
 }
 
+/// What stands in front of /mcp, in order: [`origin_check`], [`authenticate`], [`scope_check`],
+/// [`session_binding`]. One middleware rather than four: axum's `from_fn` clones the whole service
+/// stack below it on every request, so each extra layer also cloned every layer under it.
+pub async fn mcp_gate(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Err(refused) = origin_check(&state, &req) {
+        return refused;
+    }
+    let req = match authenticate(&state, req).await {
+        Ok(req) => req,
+        Err(refused) => return refused,
+    };
+    let req = match scope_check(&state, req).await {
+        Ok(req) => req,
+        Err(refused) => return refused,
+    };
+    session_binding(&state, req, next).await
+}
+
 /// DNS-rebinding defence: a browser Origin that is not ours gets 403. No Origin (server agents) passes.
-pub async fn origin_check(State(state): State<AppState>, req: Request, next: Next) -> Response {
+fn origin_check(state: &AppState, req: &Request) -> Result<(), Response> {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let allowed = origin.to_str().is_ok_and(|o| state.allowed_origins.iter().any(|a| a.eq_ignore_ascii_case(o)));
         if !allowed {
-            return (
+            return Err((
                 StatusCode::FORBIDDEN,
                 axum::Json(json!({"error": "forbidden", "error_description": "origin not allowed"})),
             )
-                .into_response();
+                .into_response());
         }
     }
-    next.run(req).await
+    Ok(())
 }
 
 /// A bearer challenge (RFC 6750) naming the metadata of the resource `audience` is for. The body
@@ -124,7 +143,7 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, AuthError> 
 
 /// Verify the bearer token on every request (not only a session's first) and attach the principal.
 /// Only tokens for the MCP resource pass; an operator's token is a 401 here.
-pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+async fn authenticate(state: &AppState, mut req: Request) -> Result<Request, Response> {
     let verified = match bearer(&req) {
         Ok(token) => state.verifier.verify(token, Audience::Agent).await,
         Err(e) => Err(e),
@@ -132,33 +151,33 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     let claims = match verified {
         Ok(c) => c,
         Err(AuthError::Missing) => {
-            return challenge(&state, StatusCode::UNAUTHORIZED, &[("scope", AGENT_SCOPES.join(" "))], None);
+            return Err(challenge(state, StatusCode::UNAUTHORIZED, &[("scope", AGENT_SCOPES.join(" "))], None));
         }
         Err(AuthError::Invalid(reason)) => {
             let correlation = req.extensions().get::<CorrelationId>().map(|c| c.0.clone()).unwrap_or_default();
             tracing::info!(correlation_id = %correlation, auth.reason = reason, "token rejected");
-            return challenge(
-                &state,
+            return Err(challenge(
+                state,
                 StatusCode::UNAUTHORIZED,
                 &[("error", "invalid_token".into()), ("error_description", reason.into())],
                 Some(reason),
-            );
+            ));
         }
     };
     if claims.scopes.contains(crate::catalogue::scopes::CONFIRM) {
         // A token a person confirms payments with is theirs, never an agent's: an agent holding
         // one could approve its own requests.
         let reason = "a token with payments:confirm is a person's and cannot be used by an agent";
-        return challenge(
-            &state,
+        return Err(challenge(
+            state,
             StatusCode::UNAUTHORIZED,
             &[("error", "invalid_token".into()), ("error_description", reason.into())],
             Some(reason),
-        );
+        ));
     }
-    let principal = agent_principal(&state, claims);
+    let principal = agent_principal(state, claims);
     req.extensions_mut().insert(principal);
-    next.run(req).await
+    Ok(req)
 }
 
 /// The agent behind a verified agent-audience token: with `act`, the actor acting for the token's
@@ -237,16 +256,16 @@ fn required_scopes(messages: &[Peeked]) -> Vec<&'static str> {
 
 /// A call whose tool needs a scope the token lacks is an HTTP 403 naming every scope it needs, so
 /// clients can step up. tools/list stays open to every authenticated caller.
-pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn scope_check(state: &AppState, req: Request) -> Result<Request, Response> {
     if req.method() != Method::POST {
-        return next.run(req).await;
+        return Ok(req);
     }
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, state.body_bytes_max).await {
         Ok(b) => b,
         Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"})))
-                .into_response();
+            return Err((StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"})))
+                .into_response());
         }
     };
     let (needed, opens_session) = inspect(&bytes);
@@ -255,24 +274,24 @@ pub async fn scope_check(State(state): State<AppState>, req: Request, next: Next
     {
         let scope = needed.join(" ");
         let description = format!("this call needs scope {scope}");
-        return challenge(
-            &state,
+        return Err(challenge(
+            state,
             StatusCode::FORBIDDEN,
             &[("error", "insufficient_scope".into()), ("scope", scope)],
             Some(&description),
-        );
+        ));
     }
     let mut parts = parts;
     if opens_session {
         parts.extensions.insert(OpensSession);
     }
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
 /// Sessions belong to the principal (issuer, subject and, with delegation, user) that opened them;
 /// anyone else gets 404. An `initialize` reserves its place before it runs (the bound holds for
 /// concurrent ones) and binds it to the session rmcp opens, or gives it back.
-pub async fn session_binding(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn session_binding(state: &AppState, req: Request, next: Next) -> Response {
     let Some(principal) = req.extensions().get::<AgentPrincipal>().map(AgentPrincipal::key) else {
         // Unreachable behind `authenticate`; fail closed all the same.
         return StatusCode::UNAUTHORIZED.into_response();

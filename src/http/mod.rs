@@ -142,10 +142,7 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
     // Read top to bottom: the outermost layer comes last in `.layer` order, so list them reversed.
     let mcp_routes = Router::new()
         .nest_service("/mcp", mcp)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::session_binding))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::scope_check))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::authenticate))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::origin_check))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::mcp_gate))
         .layer(RequestBodyLimitLayer::new(state.body_bytes_max))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
         .layer(cors);
