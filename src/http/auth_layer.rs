@@ -51,7 +51,7 @@ pub async fn correlation_id(State(state): State<AppState>, mut req: Request, nex
 /// [`session_binding`]. One middleware rather than four: axum's `from_fn` clones the whole service
 /// stack below it on every request, so each extra layer also cloned every layer under it.
 pub async fn mcp_gate(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Err(refused) = origin_check(&state, &req) {
+    if let Some(refused) = origin_check(&state, &req) {
         return refused;
     }
     let req = match authenticate(&state, req).await {
@@ -65,19 +65,22 @@ pub async fn mcp_gate(State(state): State<AppState>, req: Request, next: Next) -
     session_binding(&state, req, next).await
 }
 
-/// DNS-rebinding defence: a browser Origin that is not ours gets 403. No Origin (server agents) passes.
-fn origin_check(state: &AppState, req: &Request) -> Result<(), Response> {
+/// DNS-rebinding defence: a browser Origin that is not ours gets 403 (the refusal returned). No
+/// Origin (server agents) passes.
+fn origin_check(state: &AppState, req: &Request) -> Option<Response> {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let allowed = origin.to_str().is_ok_and(|o| state.allowed_origins.iter().any(|a| a.eq_ignore_ascii_case(o)));
         if !allowed {
-            return Err((
-                StatusCode::FORBIDDEN,
-                axum::Json(json!({"error": "forbidden", "error_description": "origin not allowed"})),
-            )
-                .into_response());
+            return Some(
+                (
+                    StatusCode::FORBIDDEN,
+                    axum::Json(json!({"error": "forbidden", "error_description": "origin not allowed"})),
+                )
+                    .into_response(),
+            );
         }
     }
-    Ok(())
+    None
 }
 
 /// A bearer challenge (RFC 6750) naming the metadata of the resource `audience` is for. The body
@@ -264,8 +267,9 @@ async fn scope_check(state: &AppState, req: Request) -> Result<Request, Response
     let bytes = match axum::body::to_bytes(body, state.body_bytes_max).await {
         Ok(b) => b,
         Err(_) => {
-            return Err((StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"})))
-                .into_response());
+            return Err(
+                (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(json!({"error": "request body too large"}))).into_response()
+            );
         }
     };
     let (needed, opens_session) = inspect(&bytes);
