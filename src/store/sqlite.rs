@@ -145,11 +145,8 @@ pub const READERS: usize = 2;
 const WRITE_QUEUE_MAX: usize = 4096;
 
 /// WAL frames past which a commit asks the checkpointer thread to copy them into the database
-/// file (about 16 MiB). SQLite's own auto-checkpoint runs every 1,000: a page written by many
-/// batches (an account row, the newest leaf of a time-ordered index) is copied once per
-/// checkpoint, so a longer stretch copies it fewer times (`paygate-bench --write-path 30000`,
-/// three alternating pairs: 183 -> 166 µs CPU and 68 -> 60 KiB written per payment).
-pub const CHECKPOINT_FRAMES: i32 = 4000;
+/// file (SQLite's own auto-checkpoint threshold, which the writer no longer runs itself).
+pub const CHECKPOINT_FRAMES: i32 = 1000;
 /// WAL frames past which the writer checkpoints itself, between batches (about 32 MiB of 4 KiB
 /// pages). A checkpoint running beside continuous writes never catches the last frame, and the WAL
 /// restarts from its beginning only once every frame is copied, so without this bound it would grow.
