@@ -1,5 +1,5 @@
-//! Middleware for /mcp, outermost first: correlation id, then [`mcp_gate`]: Origin → bearer JWT →
-//! scope → session binding.
+//! Middleware for /mcp, inside the request middleware (`tracing_layer`: correlation id, span):
+//! [`mcp_gate`], which checks Origin → bearer JWT → scope → session binding.
 //!
 //! Architecture Invariant: no token reaches a log line, an error body or an audit record. Tokens are
 //! read from the Authorization header only; `?access_token=` is ignored.
@@ -28,23 +28,6 @@ pub(super) fn loggable_path(path: &str) -> String {
     }
     // Only the known route is kept; whatever follows it (or replaces it) is never written.
     if path.starts_with("/callbacks/mpesa/stk/") { "/callbacks/mpesa/stk/***".into() } else { "/callbacks/***".into() }
-}
-
-/// Every request gets a fresh correlation id; it comes back in `x-correlation-id`. A client-sent
-/// id is not trusted (it would let one agent's records be confused with another's); a client's
-/// `traceparent` is (telemetry on), as the parent of the request's span, never as its id.
-pub async fn correlation_id(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let id = CorrelationId::generate();
-    req.extensions_mut().insert(id.clone());
-    let route = crate::metrics::route(req.uri().path());
-    let started = tokio::time::Instant::now();
-    let mut resp = next.run(req).await;
-    // The log line is the request span's (TraceLayer, inside this layer); this is the metric.
-    state.gateway.metrics().http(route, resp.status().as_u16(), started.elapsed());
-    if let Ok(v) = HeaderValue::from_str(&id.0) {
-        resp.headers_mut().insert("x-correlation-id", v);
-    }
-    resp
 }
 
 /// What stands in front of /mcp, in order: [`origin_check`], [`authenticate`], [`scope_check`],

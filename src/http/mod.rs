@@ -29,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
 
 use crate::auth::Verifier;
 use crate::catalogue::scopes::{AGENT_SCOPES, OPERATOR_SCOPES};
@@ -193,18 +192,10 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route("/metrics", get(metrics))
         .merge(mcp_routes)
         // Outermost last. Authorization and cookies are marked sensitive before anything could
-        // print them; every request gets its correlation id, then its span (TraceLayer: the
-        // request log line, the trace's server span); a panicking handler is a 500, never a
-        // dropped connection.
-        .layer(axum::middleware::from_fn(tracing_layer::remember_span))
+        // print them; every request gets its correlation id and its span (the request log line,
+        // the trace's server span); a panicking handler is a 500, never a dropped connection.
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(tracing_layer::make_span)
-                .on_request(())
-                .on_response(tracing_layer::on_response),
-        )
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth_layer::correlation_id))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), tracing_layer::request))
         .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
             header::AUTHORIZATION,
             header::PROXY_AUTHORIZATION,
