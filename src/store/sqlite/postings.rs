@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, params, params_from_iter};
 
-use super::{Cached, JobSavepoint, db, insert_audit};
+use super::{Cached, JobScope, db, insert_audit};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
@@ -238,17 +238,17 @@ fn write_keys(
     Ok(())
 }
 
-/// One posting's job, under one savepoint (cached statements): check the attempt's claimed keys
-/// (reads only), post, then write the keys' outcome once. A refusal rolls the posting back and
-/// leaves under the keys what the claim says (the failed outcome, or nothing). Without a claim the
-/// keys were reserved before (in flight) and are completed here.
+/// One posting's job (`JobScope`: no savepoint inside a batch): check the attempt's claimed keys
+/// (reads only), post, then write the keys' outcome once. A refusal is decided before the posting
+/// writes anything, and leaves under the keys what the claim says (the failed outcome, or
+/// nothing). Without a claim the keys were reserved before (in flight) and are completed here.
 fn posting_tx(
     conn: &Connection,
     attempt: &Attempt,
     now: UnixSecs,
     post: impl FnOnce(&Connection) -> Result<Payment, BackendError>,
 ) -> Result<Payment, BackendError> {
-    let job = JobSavepoint::begin(conn).map_err(db)?;
+    let job = JobScope::begin(conn).map_err(db)?;
     let claimed = match &attempt.claim {
         None => None,
         Some(c) => match check_keys(conn, c, now)? {

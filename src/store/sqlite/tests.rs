@@ -198,3 +198,64 @@ async fn the_page_caches_and_mmap_follow_the_configured_tuning() {
     let (cache, mmap) = s.write(cache_and_mmap).await.unwrap();
     assert_eq!((cache, mmap), (-2 * 1024, 4096 * 1024 * 1024));
 }
+
+/// A posting takes no savepoint inside the writer's batch: one that fails after it has written
+/// (here a trigger refuses its first posting row, after its payment row and usage are written)
+/// rolls its whole batch back. No partial payment survives, every caller hears a failure or
+/// success that matches what was kept, and the batch's other payments go through when retried.
+#[tokio::test]
+async fn a_posting_that_fails_after_writing_rolls_back_its_batch_and_nothing_half_done_is_kept() {
+    let s = Arc::new(store_with_accounts().await);
+    s.write(|c| {
+        Ok::<_, StoreError>(c.execute_batch(
+            "CREATE TRIGGER injected_fault BEFORE INSERT ON postings WHEN abs(NEW.amount_minor) = 1313
+             BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+        )?)
+    })
+    .await
+    .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..40 {
+        let s = s.clone();
+        tasks.spawn(async move {
+            let (key, minor) = if n == 20 { ("poison".to_string(), 1313) } else { (format!("ok-{n}"), 100) };
+            (key.clone(), minor, s.ledger_transfer(transfer(&key, minor), 1).await)
+        });
+    }
+    let mut failed = Vec::new();
+    let mut paid = 0;
+    while let Some(joined) = tasks.join_next().await {
+        let (key, minor, result) = joined.unwrap();
+        match result {
+            Ok(p) => {
+                assert_ne!(key, "poison");
+                assert_eq!(p.amount_minor, minor);
+                paid += minor;
+            }
+            Err(e) => {
+                assert!(
+                    !matches!(e, BackendError::InsufficientFunds { .. } | BackendError::IdempotencyKeyReused),
+                    "{key}: a fault, not a refusal: {e:?}"
+                );
+                failed.push(key);
+            }
+        }
+    }
+    assert!(failed.contains(&"poison".to_string()));
+    let count = |s: Arc<SqliteStore>| async move {
+        s.run(|c| Ok::<i64, StoreError>(c.query_row("SELECT count(*) FROM payments", [], |r| r.get(0))?)).await.unwrap()
+    };
+    let acct_b = AccountId::parse("acct-B").unwrap();
+    assert_eq!(s.ledger_balance(&acct_b).await.unwrap().unwrap().balance_minor, paid);
+    assert_eq!(count(s.clone()).await, paid / 100, "one payment row per payment answered paid, none half done");
+    assert!(s.ledger_integrity().await.unwrap().ok);
+    // The innocent neighbours of the fault were rolled back with it; retried, each pays once.
+    for key in failed.iter().filter(|k| *k != "poison") {
+        s.ledger_transfer(transfer(key, 100), 2).await.unwrap();
+        paid += 100;
+    }
+    assert_eq!(s.ledger_balance(&acct_b).await.unwrap().unwrap().balance_minor, 3_900);
+    assert_eq!(paid, 3_900);
+    assert_eq!(count(s.clone()).await, 39);
+    assert!(s.ledger_integrity().await.unwrap().ok);
+}
