@@ -339,8 +339,9 @@ impl SqliteStore {
     }
 
     /// A write, group-committed by the writer thread. `f` runs inside the batch transaction and
-    /// must do its work under a savepoint (`conn.savepoint()`, or `JobSavepoint` on the hot paths), so
-    /// that its failure is its own.
+    /// must do its work under a savepoint (`conn.savepoint()`, or `job::JobSavepoint`), so that its
+    /// failure is its own — except a posting (`job::JobScope`), which decides before it writes and
+    /// poisons the batch if it fails after writing.
     /// The answer arrives only after the batch's COMMIT.
     async fn write<T, E, F>(&self, f: F) -> Result<T, E>
     where

@@ -89,7 +89,7 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
     Ok(())
 }
 
-/// Write a transfer's or refund's plan in its savepoint: a new payment draws its guards and posts
+/// Write a transfer's or refund's plan in its posting's job: a new payment draws its guards and posts
 /// (a replay writes nothing of its own). The request's audit record goes in with it; the keys are
 /// [`posting_tx`]'s.
 fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSecs) -> Result<Payment, BackendError> {
