@@ -14,7 +14,7 @@ use paygate::domain::money::{Currency, Money};
 use paygate::domain::ops::ApprovalQuery;
 use paygate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, MandateStatus, OpsPaymentQuery};
 use paygate::domain::payment::AccountSeed;
-use paygate::domain::payment::{Attempt, Claim, EntryQuery};
+use paygate::domain::payment::{Attempt, Claim, EntryQuery, Payment};
 use paygate::domain::payment::{
     DailyBudget, Guards, MandateDraw, PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
@@ -1177,3 +1177,186 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
     assert!(paygate::audit_archive::archive(&*store, &off, 10_000).await.unwrap().is_empty());
     assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 2, "{label}");
 });
+
+/// A transfer from `from` to `to` under its own claimed key, as `subject`.
+fn claimed_between(key: &str, from: &str, to: &str, subject: &str, minor: i64, guards: Guards) -> TransferRequest {
+    let mut req = claimed(key, "fp", minor, guards);
+    req.from_account = acct(from);
+    req.to_account = acct(to);
+    req.principal_sub = subject.into();
+    req.attempt.claim.as_mut().unwrap().records[0].principal_sub = subject.into();
+    req
+}
+
+/// PostgreSQL's group commit (`store/postgres/batch.rs`): transfers queued while the payer's row is
+/// locked are decided and written as one batch, each on what the ones before it left — the payer's
+/// funds, the subject's daily budget — with duplicates of a key and keys already answered in the
+/// mix. Exactly the payments the rules allow move, once each; every key keeps its fate; each
+/// account's postings chain their balances; and the burst really was grouped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_group_commit_decides_each_transfer_on_what_the_ones_before_it_left() {
+    let Some(Engine::Postgres(url)) = engines().pop() else {
+        eprintln!("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
+        return;
+    };
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let _schema = Schema { url: url.clone(), name: name.clone() };
+    let pg = PostgresStore::connect(&url, &name).await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(pg.clone());
+    for (id, opening) in [("acct-A", 2_000), ("acct-B", 0), ("acct-C", 1_000_000), ("acct-D", 0)] {
+        let seed = AccountSeed { id: acct(id), currency: kes(), opening_minor: opening, allow_overdraft: false };
+        store.ledger_open_account(seed, 0).await.unwrap();
+    }
+    // A key answered before the burst, under another request's fingerprint.
+    assert_eq!(store.idem_reserve(rec("f-done", "other-fp", 10), 10).await.unwrap(), Reservation::Acquired);
+    store.idem_complete("f-done", "{\"earlier\":true}").await.unwrap();
+    let budget = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 1_000, max_payments: 1_000 };
+    let mut burst = Vec::new();
+    for n in 0..30 {
+        // Funds: acct-A can pay 20 of these 30 (100 each); keys f0..f4 are sent twice.
+        burst.push(claimed_between(&format!("f{n}"), "acct-A", "acct-B", "agent", 100, Guards::default()));
+        if n < 5 {
+            burst.push(claimed_between(&format!("f{n}"), "acct-A", "acct-B", "agent", 100, Guards::default()));
+        }
+        // Budget: "agent-b" may spend 1,000 today, so 10 of these 30 pass.
+        let guards = Guards { budget: Some(budget.clone()), mandate: None };
+        burst.push(claimed_between(&format!("b{n}"), "acct-C", "acct-D", "agent-b", 100, guards));
+    }
+    burst.push(claimed_between("f-done", "acct-A", "acct-B", "agent", 100, Guards::default()));
+    let expected = burst.len() as u64;
+
+    // Hold both payers' rows from another connection until every transfer is queued in a lane.
+    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    locker.batch_execute(&format!("SET search_path = {name}; BEGIN")).await.unwrap();
+    locker.query("SELECT 1 FROM accounts WHERE id IN ('acct-A', 'acct-C') FOR UPDATE", &[]).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for req in burst {
+        let s = store.clone();
+        let key = req.attempt.key.clone();
+        tasks.spawn(async move { (key, s.ledger_transfer(req, 20).await) });
+    }
+    let stats = pg.batch_stats();
+    let queued = std::time::Instant::now();
+    while stats.submitted.load(std::sync::atomic::Ordering::Relaxed) < expected {
+        assert!(queued.elapsed() < std::time::Duration::from_secs(30), "every transfer reaches a lane");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    locker.batch_execute("COMMIT").await.unwrap();
+
+    let mut results: std::collections::HashMap<String, Vec<Result<Payment, BackendError>>> = Default::default();
+    while let Some(r) = tasks.join_next().await {
+        let (key, result) = r.unwrap();
+        results.entry(key).or_default().push(result);
+    }
+    let (mut paid_a, mut short, mut paid_c, mut over) = (0, 0, 0, 0);
+    for (key, rs) in &results {
+        let paid: Vec<&Payment> = rs.iter().filter_map(|r| r.as_ref().ok()).collect();
+        if key == "f-done" {
+            assert!(
+                matches!(&rs[..], [Err(BackendError::KeyHeld { reservation: Reservation::Completed { fingerprint, .. }, .. })] if fingerprint == "other-fp"),
+                "an answered key answers: {rs:?}"
+            );
+        } else if key.starts_with('f') {
+            let refused = rs.iter().filter(|r| matches!(r, Err(BackendError::InsufficientFunds { .. }))).count();
+            let held = rs.iter().filter(|r| matches!(r, Err(BackendError::KeyHeld { .. }))).count();
+            assert!(paid.len() + refused == 1 && held == rs.len() - 1, "{key}: one answer, the copy held: {rs:?}");
+            let (_, outcome) = store.idem_peek(key, 21).await.unwrap().unwrap();
+            let outcome = outcome.unwrap();
+            match paid.first() {
+                Some(p) => {
+                    paid_a += 1;
+                    assert!(outcome.contains(p.id.as_str()), "{key}: completed with its payment");
+                }
+                None => {
+                    short += 1;
+                    assert!(outcome.contains("insufficient funds"), "{key}: the refusal sticks to the key");
+                }
+            }
+        } else {
+            match &rs[..] {
+                [Ok(_)] => paid_c += 1,
+                [Err(BackendError::BudgetExceeded(_))] => {
+                    over += 1;
+                    assert_eq!(store.idem_peek(key, 21).await.unwrap(), None, "{key}: given back");
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!((paid_a, short), (20, 10), "acct-A pays while its funds last");
+    assert_eq!((paid_c, over), (10, 20), "agent-b pays while its day's budget lasts");
+    for (id, minor) in [("acct-A", 0), ("acct-B", 2_000), ("acct-C", 999_000), ("acct-D", 1_000)] {
+        assert_eq!(balance(&store, id).await, minor, "{id}");
+        let page = store.ledger_entries(EntryQuery { account: acct(id), before_seq: None, limit: 100 }).await.unwrap();
+        let mut entries = page.items;
+        entries.sort_by_key(|e| e.seq);
+        let mut running = 0;
+        for e in &entries {
+            running += e.amount_minor;
+            assert_eq!(e.balance_after_minor, running, "{id}: posting {} chains its balance", e.seq);
+        }
+        assert_eq!(running, minor, "{id}");
+    }
+    assert_integrity(&store, "postgres").await;
+    let grouped = stats.grouped_transfers.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(stats.grouped_batches.load(std::sync::atomic::Ordering::Relaxed) >= 1 && grouped >= 2, "grouped");
+    assert_eq!(stats.fallbacks.load(std::sync::atomic::Ordering::Relaxed), 0, "no batch rolled back");
+}
+
+/// PostgreSQL's group commit: when a batch's transaction fails (here a trigger refuses one payment
+/// row), nothing of it is kept and each transfer runs again alone — the good ones are paid once,
+/// the bad one alone fails, and its key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
+    let Some(Engine::Postgres(url)) = engines().pop() else {
+        eprintln!("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
+        return;
+    };
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let _schema = Schema { url: url.clone(), name: name.clone() };
+    let pg = PostgresStore::connect(&url, &name).await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(pg.clone());
+    with_accounts(&store, 1_000_000).await;
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    admin
+        .batch_execute(&format!(
+            "SET search_path = {name};
+             CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN IF NEW.memo = 'boom' THEN RAISE EXCEPTION 'injected fault'; END IF; RETURN NEW; END $$;
+             CREATE TRIGGER refuse_boom BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION refuse_boom();
+             BEGIN;
+             SELECT 1 FROM accounts WHERE id = 'acct-A' FOR UPDATE;"
+        ))
+        .await
+        .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..20 {
+        let mut req = claimed(&format!("g{n}"), "fp", 100, Guards::default());
+        if n == 13 {
+            req.memo = Some("boom".into());
+        }
+        let s = store.clone();
+        tasks.spawn(async move { (n, s.ledger_transfer(req, 20).await) });
+    }
+    let stats = pg.batch_stats();
+    let queued = std::time::Instant::now();
+    while stats.submitted.load(std::sync::atomic::Ordering::Relaxed) < 20 {
+        assert!(queued.elapsed() < std::time::Duration::from_secs(30), "every transfer reaches a lane");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    admin.batch_execute("COMMIT").await.unwrap();
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            (13, Err(BackendError::Unavailable(why))) => assert!(why.contains("injected fault"), "{why}"),
+            (13, other) => panic!("the bad payment fails: {other:?}"),
+            (n, Ok(p)) => assert_eq!(p.amount_minor, 100, "g{n}"),
+            (n, Err(e)) => panic!("g{n}: {e}"),
+        }
+    }
+    assert_eq!(balance(&store, "acct-B").await, 19 * 100, "each good transfer once");
+    assert_eq!(store.idem_peek("g13", 21).await.unwrap(), None, "the failed transfer's key is free");
+    assert!(stats.fallbacks.load(std::sync::atomic::Ordering::Relaxed) >= 1, "a batch rolled back");
+    assert_integrity(&store, "postgres").await;
+}

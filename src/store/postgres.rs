@@ -35,6 +35,7 @@ macro_rules! with_retry {
 
 mod approvals;
 mod audit;
+pub mod batch;
 mod idempotency;
 mod leases;
 mod ledger;
@@ -194,6 +195,8 @@ fn bind(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    /// Group commit for the common transfer (`batch.rs`).
+    lanes: batch::Lanes,
 }
 
 impl PostgresStore {
@@ -237,7 +240,8 @@ impl PostgresStore {
             .create_timeout(Some(std::time::Duration::from_secs(5)))
             .build()
             .map_err(|e| StoreError::Database(e.to_string()))?;
-        let store = PostgresStore { pool };
+        let lanes = batch::Lanes::start(&pool);
+        let store = PostgresStore { pool, lanes };
         store.migrate(schema).await?;
         Ok(store)
     }
@@ -280,6 +284,11 @@ impl PostgresStore {
         drop(client);
         let _ = driver.await;
         Ok(super::SchemaStatus { applied, known: MIGRATIONS.len() as i64 })
+    }
+
+    /// How much group commit has happened on this store (`batch.rs`).
+    pub fn batch_stats(&self) -> &batch::BatchStats {
+        &self.lanes.stats
     }
 
     async fn migrate(&self, schema: &str) -> Result<(), StoreError> {

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use tokio_postgres::IsolationLevel;
 use tokio_postgres::types::ToSql;
 
-use super::{Cached, Mapped, PostgresStore, SNAPSHOT_XMIN, TxError, postings};
+use super::{Cached, Mapped, PostgresStore, SNAPSHOT_XMIN, TxError, batch, postings};
 use crate::clock::UnixSecs;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
@@ -47,6 +47,9 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn ledger_transfer(&self, req: TransferRequest, now: UnixSecs) -> Result<Payment, BackendError> {
+        if batch::batchable(&req) {
+            return with_retry!(self.lanes.transfer(req.clone(), now).await);
+        }
         with_retry!(postings::transfer_once(&self.pool, &req, now).await)
     }
 

@@ -66,7 +66,7 @@ async fn prepare_all(c: &impl GenericClient, statements: &[&str]) -> Result<(), 
     Ok(())
 }
 
-const LOCK_ACCOUNTS: &str =
+pub(super) const LOCK_ACCOUNTS: &str =
     "SELECT id, currency, balance_minor, allow_overdraft FROM accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 
 /// Lock both accounts (in id order) and return them (`None`: no such account).
