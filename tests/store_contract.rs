@@ -1305,8 +1305,9 @@ async fn postgres_group_commit_decides_each_transfer_on_what_the_ones_before_it_
 }
 
 /// PostgreSQL's group commit: when a batch's transaction fails (here a trigger refuses one payment
-/// row), nothing of it is kept and each transfer runs again alone — the good ones are paid once,
-/// the bad one alone fails, and its key is free.
+/// row, and a key whose record was purged meets its payment's UNIQUE key), nothing of it is kept
+/// and each transfer runs again alone — the good ones are paid once, the bad one alone fails and
+/// its key is free, the purged key's payment replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
     let Some(Engine::Postgres(url)) = engines().pop() else {
@@ -1318,11 +1319,15 @@ async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
     let pg = PostgresStore::connect(&url, &name).await.unwrap();
     let store: Arc<dyn Store> = Arc::new(pg.clone());
     with_accounts(&store, 1_000_000).await;
+    // A payment whose key's record has since expired and been purged: a batch never looks a fresh
+    // claim's key up among the payments; the UNIQUE key fails the batch and alone it replays.
+    let first = store.ledger_transfer(claimed("purged", "fp", 100, Guards::default()), 10).await.unwrap();
     let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     admin
         .batch_execute(&format!(
             "SET search_path = {name};
+             DELETE FROM idempotency_records WHERE key = 'purged';
              CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
                BEGIN IF NEW.memo = 'boom' THEN RAISE EXCEPTION 'injected fault'; END IF; RETURN NEW; END $$;
              CREATE TRIGGER refuse_boom BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION refuse_boom();
@@ -1340,9 +1345,11 @@ async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
         let s = store.clone();
         tasks.spawn(async move { (n, s.ledger_transfer(req, 20).await) });
     }
+    let s = store.clone();
+    tasks.spawn(async move { (99, s.ledger_transfer(claimed("purged", "fp", 100, Guards::default()), 20).await) });
     let stats = pg.batch_stats();
     let queued = std::time::Instant::now();
-    while stats.submitted.load(std::sync::atomic::Ordering::Relaxed) < 20 {
+    while stats.submitted.load(std::sync::atomic::Ordering::Relaxed) < 22 {
         assert!(queued.elapsed() < std::time::Duration::from_secs(30), "every transfer reaches a lane");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
@@ -1351,11 +1358,12 @@ async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
         match r.unwrap() {
             (13, Err(BackendError::Unavailable(why))) => assert!(why.contains("injected fault"), "{why}"),
             (13, other) => panic!("the bad payment fails: {other:?}"),
+            (99, Ok(p)) => assert_eq!(p.id, first.id, "the purged key's payment replays"),
             (n, Ok(p)) => assert_eq!(p.amount_minor, 100, "g{n}"),
             (n, Err(e)) => panic!("g{n}: {e}"),
         }
     }
-    assert_eq!(balance(&store, "acct-B").await, 19 * 100, "each good transfer once");
+    assert_eq!(balance(&store, "acct-B").await, 20 * 100, "each good transfer once");
     assert_eq!(store.idem_peek("g13", 21).await.unwrap(), None, "the failed transfer's key is free");
     assert!(stats.fallbacks.load(std::sync::atomic::Ordering::Relaxed) >= 1, "a batch rolled back");
     assert_integrity(&store, "postgres").await;

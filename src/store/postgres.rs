@@ -2,14 +2,15 @@
 //! database (UNIQUE constraints, row locks taken in one fixed order, advisory locks for budgets),
 //! never by process memory.
 //!
-//! Lock order inside a posting transaction: accounts (by id) → the subject's budget (advisory) →
-//! the mandate row. Every transaction takes them in that order, so they cannot deadlock.
+//! Lock order inside a posting transaction: the claimed keys → accounts (by id) → the subject's
+//! budget (advisory) → the mandate row. Every transaction takes them in that order (a batch of
+//! transfers, `batch.rs`, takes each kind sorted), so they cannot deadlock.
 //!
 //! Like every engine, it holds no business rule: it takes its locks, loads rows, asks
 //! `domain::rules`, and writes the plan. This file connects, migrates and pools, and answers
 //! `Engine`; each entity's SQL is in its own file (`idempotency.rs`, `approvals.rs`,
-//! `suspensions.rs`, `audit.rs`, `ledger.rs` with the posting transactions in `postings.rs`,
-//! `rails.rs`, `reads.rs`, `leases.rs`).
+//! `suspensions.rs`, `audit.rs`, `ledger.rs` with the posting transactions in `postings.rs` and
+//! their group commit in `batch.rs`, `rails.rs`, `reads.rs`, `leases.rs`).
 
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;

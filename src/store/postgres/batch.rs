@@ -305,17 +305,38 @@ async fn exec_if(
 
 /// Decide and write `jobs` (keys distinct) in one transaction; each transfer's answer, in order.
 async fn write_batch(pool: &Pool, jobs: &[Job]) -> Result<Vec<Result<Payment, BackendError>>, BatchError> {
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    let loaded = load(&tx, jobs).await?;
+    let tx = InTransaction(Some(pool.get().await?));
+    let Some(client) = &tx.0 else { return Err(StoreError::Database("no connection".into()).into()) };
+    let loaded = load(client, jobs).await?;
     let queued: Vec<(&TransferRequest, UnixSecs)> = jobs.iter().map(|j| (&j.req, j.now)).collect();
     let (answers, writes) = decide::decide(&queued, loaded)?;
-    write(&tx, writes).await?;
-    tx.commit().await?;
+    write(client, writes).await?;
+    tx.committed();
     Ok(answers)
 }
 
-/// Round trip 1: claim the keys, lock the accounts, read the payments under the keys, lock the
+/// A pooled connection inside a batch's transaction. `BEGIN` and `COMMIT` ride in the batch's two
+/// pipelines instead of taking a round trip each, so nothing rolls the transaction back on drop by
+/// itself: unless the batch committed, the connection leaves the pool and closes (a failure, or a
+/// panic unwinding), and PostgreSQL rolls back whatever it held. A new one takes its place.
+struct InTransaction(Option<deadpool_postgres::Object>);
+
+impl InTransaction {
+    /// `COMMIT` succeeded: the connection goes back to the pool, outside any transaction.
+    fn committed(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(open) = self.0.take() {
+            drop(deadpool_postgres::Object::take(open));
+        }
+    }
+}
+
+/// Round trip 1: `BEGIN`, claim the keys, lock the accounts, read the payments under the keys, lock the
 /// budgets and read their usage — in the engine's lock order, each list sorted.
 async fn load(tx: &impl GenericClient, jobs: &[Job]) -> Result<Loaded, BatchError> {
     let mut claims: Vec<(&NewIdempotencyRecord, UnixSecs)> =
@@ -331,7 +352,12 @@ async fn load(tx: &impl GenericClient, jobs: &[Job]) -> Result<Loaded, BatchErro
         jobs.iter().flat_map(|j| [j.req.from_account.as_str(), j.req.to_account.as_str()]).collect();
     accounts.sort_unstable();
     accounts.dedup();
-    let keys: Vec<&str> = jobs.iter().map(|j| j.req.attempt.key.as_str()).collect();
+    // Keys the caller reserved: a payment may already be under them. (A key this batch claims
+    // fresh has none, unless its record expired and was purged: then the payment's UNIQUE key
+    // fails the batch, and the transfer alone replays it. A claim that found a record is looked
+    // up below.) Looking up only these keeps a lookup by key off the common path.
+    let keys: Vec<&str> =
+        jobs.iter().filter(|j| j.req.attempt.claim.is_none()).map(|j| j.req.attempt.key.as_str()).collect();
     let mut budgeted: Vec<(String, UnixSecs)> =
         jobs.iter().filter_map(|j| j.req.guards.budget.as_ref().map(|b| (j.req.usage_subject(), b.since))).collect();
     budgeted.sort();
@@ -348,13 +374,15 @@ async fn load(tx: &impl GenericClient, jobs: &[Job]) -> Result<Loaded, BatchErro
     let (account_params, key_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) = ([&accounts], [&keys]);
     let budget_params: [&(dyn ToSql + Sync); 1] = [&subjects];
     let usage_params: [&(dyn ToSql + Sync); 2] = [&usage_subjects, &usage_days];
-    let (claimed, locked, made, budgets, usage) = tokio::join!(
+    let (began, claimed, locked, made, budgets, usage) = tokio::join!(
+        tx.batch_execute("BEGIN"),
         query_if(tx, !claims.is_empty(), CLAIM_KEYS, &claim_params),
         query_if(tx, true, LOCK_ACCOUNTS, &account_params),
-        query_if(tx, true, PAYMENTS_UNDER, &key_params),
+        query_if(tx, !keys.is_empty(), PAYMENTS_UNDER, &key_params),
         query_if(tx, !subjects.is_empty(), LOCK_BUDGETS, &budget_params),
         query_if(tx, !budgeted.is_empty(), READ_USAGE, &usage_params),
     );
+    began?;
     budgets?;
     let mut loaded = Loaded::default();
     for r in claimed? {
@@ -364,7 +392,11 @@ async fn load(tx: &impl GenericClient, jobs: &[Job]) -> Result<Loaded, BatchErro
     for r in locked? {
         loaded.accounts.insert(r.try_get(0)?, rows::account(&r, 1)?);
     }
-    for r in made? {
+    let found: Vec<&str> =
+        loaded.claimed.iter().filter(|(_, record)| record.is_some()).map(|(key, _)| key.as_str()).collect();
+    let found_params: [&(dyn ToSql + Sync); 1] = [&found];
+    let made_too = query_if(tx, !found.is_empty(), PAYMENTS_UNDER, &found_params).await;
+    for r in made?.into_iter().chain(made_too?) {
         loaded.made.insert(r.try_get(14)?, rows::payment(&r)?.0);
     }
     for r in usage? {
@@ -374,7 +406,7 @@ async fn load(tx: &impl GenericClient, jobs: &[Job]) -> Result<Loaded, BatchErro
     Ok(loaded)
 }
 
-/// Round trip 2 (after any rare key step): every write, one statement each.
+/// Round trip 2 (after any rare key step): every write, one statement each, then `COMMIT`.
 async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchError> {
     for (rec, step, now) in &w.steps {
         let (r, now) = (*rec, *now);
@@ -428,7 +460,7 @@ async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchErro
     let complete_params: [&(dyn ToSql + Sync); 2] = [&done, &outcomes];
     let release_params: [&(dyn ToSql + Sync); 1] = [&w.released];
     // The payments first: the postings refer to them.
-    let (inserted, balanced, posted, counted, completed, released, audited) = tokio::join!(
+    let (inserted, balanced, posted, counted, completed, released, audited, committed) = tokio::join!(
         exec_if(tx, !payments_sql.is_empty(), &payments_sql, &payment_params),
         exec_if(tx, !moved.is_empty(), SET_BALANCES, &balance_params),
         exec_if(tx, !w.postings.is_empty(), INSERT_POSTINGS, &posting_params),
@@ -436,13 +468,15 @@ async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchErro
         exec_if(tx, !done.is_empty(), COMPLETE_KEYS, &complete_params),
         exec_if(tx, !w.released.is_empty(), RELEASE_KEYS, &release_params),
         exec_if(tx, !audit_sql.is_empty(), &audit_sql, &audit_params),
+        // Last, in the same pipeline. After a failed statement PostgreSQL answers COMMIT with a
+        // rollback and no error: the statements' own answers, checked below, say which it was.
+        tx.batch_execute("COMMIT"),
     );
-    if balanced? != moved.len() as u64 {
-        return Err(StoreError::Corrupt(format!("{} balances to move, not all found", moved.len())).into());
-    }
-    for written in [inserted, posted, counted, completed, released, audited] {
+    // (Every account moved was locked by this transaction: its balance is set, never missed.)
+    for written in [inserted, balanced, posted, counted, completed, released, audited] {
         written?;
     }
+    committed?;
     Ok(())
 }
 
