@@ -563,6 +563,7 @@ fn gateway(
         stop_denials_max: config.stop_rules.denials_max,
         stop_window_secs: config.stop_rules.window_secs,
         rate_limited_per_denial: config.stop_rules.rate_limited_per_denial,
+        stop_repeat_max: config.stop_rules.repeat_max as u32,
         refusal_audit_interval_secs: config.audit.refusals_interval_secs,
         approval_required_tools: config.tools.approval_required.clone(),
         list_limit_max: config.limits.list_limit_max as u32,

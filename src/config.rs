@@ -234,6 +234,8 @@ pub struct StopRulesConfig {
     pub window_secs: i64,
     /// This many RATE_LIMITED answers count as one denial (0: they never count).
     pub rate_limited_per_denial: i64,
+    /// The same refusal for the same intent this many times in a row suspends (0: off).
+    pub repeat_max: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -750,6 +752,7 @@ impl Config {
         range("stop_rules.denials_max", self.stop_rules.denials_max, 1, 10_000)?;
         range("stop_rules.window_secs", self.stop_rules.window_secs, 10, 86_400)?;
         range("stop_rules.rate_limited_per_denial", self.stop_rules.rate_limited_per_denial, 0, 1_000_000)?;
+        range("stop_rules.repeat_max", self.stop_rules.repeat_max, 0, 1000)?;
         range("audit.refusals_interval_secs", self.audit.refusals_interval_secs, 1, 3600)?;
         for t in self.tools.disabled.iter().chain(&self.tools.approval_required) {
             if crate::catalogue::scope_for_tool(t).is_none() {

@@ -43,7 +43,8 @@ async fn concurrent_payments_cannot_overshoot_the_daily_budget() {
     let app = spawn_with_toml(
         dir.path(),
         &profiles("100.00", 1000, 10_000, 10_000),
-        &[("PAYGATE_STOP_RULES__DENIALS_MAX", "10000")],
+        // 54 refusals of one intent: neither stop rule is what this test is about.
+        &[("PAYGATE_STOP_RULES__DENIALS_MAX", "10000"), ("PAYGATE_STOP_RULES__REPEAT_MAX", "0")],
         Arc::new(paygate::clock::SystemClock),
     )
     .await;
@@ -119,13 +120,14 @@ async fn repeated_denials_suspend_the_agent_until_an_admin_resumes_it() {
         assert_eq!(code(&r), "INVALID_ARGUMENT");
     }
     ok(&call(&c, "create_payment", pay("fine-1", "1.00")).await);
-    // Probing a foreign account three times does.
+    // Probing a foreign account three times does (three amounts: three intents, so this is the
+    // windowed count, not the no-progress rule).
     for n in 0..3 {
         let r = call(
             &c,
             "create_payment",
             json!({"operation_id": format!("probe-{n}"), "from_account": "acct-A", "to_account": "acct-Z",
-                   "amount": "1.00", "currency": "KES"}),
+                   "amount": format!("{}.00", n + 1), "currency": "KES"}),
         )
         .await;
         assert_eq!(code(&r), "ACCOUNT_NOT_ALLOWED");
@@ -261,5 +263,37 @@ async fn operator_routes_have_their_own_limit() {
     clock.advance(30);
     let (status, _) = operator(&app, reqwest::Method::GET, "/approvals", &token, None).await;
     assert_eq!(status, 200);
+    app.stop().await;
+}
+
+/// The no-progress rule (`stop_rules.repeat_max`, default 2): the same refusal for the same
+/// payment under a new operation_id suspends at once. A retry of the same operation_id (its answer
+/// was lost) is not a new attempt; another intent, or money that moved, starts the row again.
+#[tokio::test]
+async fn the_same_refusal_for_the_same_payment_twice_in_a_row_suspends() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::new(now_secs()));
+    let app =
+        spawn_with_clock(dir.path(), &[("PAYGATE_STOP_RULES__DENIALS_MAX", "1000")], Arc::new(clock.clone())).await;
+    let c = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let foreign = |op: &str, amount: &str| json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-Z", "amount": amount, "currency": "KES"});
+    assert_eq!(code(&call(&c, "create_payment", foreign("x-1", "5.00")).await), "ACCOUNT_NOT_ALLOWED");
+    // The same operation again (a lost answer): not a new attempt.
+    assert_eq!(code(&call(&c, "create_payment", foreign("x-1", "5.00")).await), "ACCOUNT_NOT_ALLOWED");
+    // Another intent in between starts the row again, and so does a payment that went through.
+    assert_eq!(code(&call(&c, "create_payment", foreign("y-1", "6.00")).await), "ACCOUNT_NOT_ALLOWED");
+    assert_eq!(code(&call(&c, "create_payment", foreign("x-2", "5.00")).await), "ACCOUNT_NOT_ALLOWED");
+    ok(&call(&c, "create_payment", pay("fine-1", "1.00")).await);
+    assert_eq!(code(&call(&c, "create_payment", foreign("x-3", "5.00")).await), "ACCOUNT_NOT_ALLOWED");
+    ok(&call(&c, "get_balance", json!({"account_id": "acct-B"})).await);
+    // The same payment under a new operation_id, refused the same way right after: no progress.
+    assert_eq!(code(&call(&c, "create_payment", foreign("x-4", "5.00")).await), "ACCOUNT_NOT_ALLOWED");
+    let r = call(&c, "create_payment", pay("fine-2", "1.00")).await;
+    assert_eq!(code(&r), "PRINCIPAL_SUSPENDED", "suspended at the second refusal in a row");
+    let message = err(&r)["message"].as_str().unwrap().to_string();
+    assert!(message.contains("no progress") && message.contains("ACCOUNT_NOT_ALLOWED"), "{message}");
+    let audit = app.audit("dev-agent").await;
+    assert_eq!(audit.iter().filter(|a| a.decision == "suspended").count(), 1, "the suspension is audited once");
+    assert_eq!(audit.iter().filter(|a| a.decision == "allowed").count(), 1, "only fine-1 moved money");
+    app.assert_integrity().await;
     app.stop().await;
 }

@@ -21,6 +21,7 @@ const DEV_DEFAULT: (&str, &str) = ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev");
 /// For tests that provoke many refusals on purpose: keep the stop rule from suspending the agent
 /// half-way (the stop rule has its own tests).
 const NO_STOP: (&str, &str) = ("PAYGATE_STOP_RULES__DENIALS_MAX", "10000");
+const NO_REPEAT_STOP: (&str, &str) = ("PAYGATE_STOP_RULES__REPEAT_MAX", "0");
 
 /// "1234.56" → 123456, exactly (no floats).
 fn minor(s: &str) -> i64 {
@@ -165,7 +166,7 @@ fn count_audit(records: &[paygate::domain::audit::AuditRecord], tool: &str, deci
 #[tokio::test]
 async fn tampered_mandates_are_refused_and_move_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let app = spawn_on(dir.path(), &[DEV_DEFAULT, NO_STOP]).await;
+    let app = spawn_on(dir.path(), &[DEV_DEFAULT, NO_STOP, NO_REPEAT_STOP]).await;
     let agent = connect(&app.url, &app.dev_token(), Era::Legacy).await;
     let other = connect(&app.url, &app.token("other-agent", AGENT_SCOPES), Era::Modern).await;
 
@@ -428,7 +429,7 @@ async fn a_closed_mandate_pays_once_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_mandate_raced_under_distinct_operation_ids_pays_once() {
     let dir = tempfile::tempdir().unwrap();
-    let app = spawn_on(dir.path(), &[NO_STOP]).await;
+    let app = spawn_on(dir.path(), &[NO_STOP, NO_REPEAT_STOP]).await;
     let agent = Arc::new(connect(&app.url, &app.dev_token(), Era::Modern).await);
     // An operator's closed pre-authorization names no operation, so every racer below passes the
     // mandate's checks and single use is left to the posting transaction.
@@ -558,7 +559,7 @@ async fn an_open_mandate_holds_to_its_constraints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_draws_on_an_open_mandate_never_exceed_its_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let app = spawn_on(dir.path(), &[NO_STOP]).await;
+    let app = spawn_on(dir.path(), &[NO_STOP, NO_REPEAT_STOP]).await;
     let token = app.dev_token();
     let mut clients = vec![];
     for era in [Era::Legacy, Era::Modern, Era::Legacy, Era::Modern] {

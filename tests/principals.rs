@@ -150,7 +150,10 @@ async fn a_suspended_agent_cannot_resume_itself_or_suspend_another() {
     let token = app.token("dev-agent", "payments:read payments:create payments:integrity payments:admin");
     let agent = connect(&app.url, &token, Era::Modern).await;
     for n in 0..10 {
-        let r = call(&agent, "create_payment", pay(&format!("probe-{n}"), "acct-A", "acct-Z", "1.00")).await;
+        // Ten amounts: ten intents, so the windowed count suspends, not the no-progress rule.
+        let r =
+            call(&agent, "create_payment", pay(&format!("probe-{n}"), "acct-A", "acct-Z", &format!("{}.00", n + 1)))
+                .await;
         assert_eq!(code(&r), "ACCOUNT_NOT_ALLOWED");
     }
     let r = call(&agent, "create_payment", pay("after", "acct-A", "acct-B", "1.00")).await;
@@ -332,6 +335,8 @@ async fn an_approval_flood_past_the_pending_bound_ends_in_suspension() {
             ("PAYGATE_APPROVALS__PENDING_PER_AGENT_MAX", "2"),
             ("PAYGATE_STOP_RULES__DENIALS_MAX", "5"),
             ("PAYGATE_STOP_RULES__RATE_LIMITED_PER_DENIAL", "2"),
+            // One intent, refused again and again: the windowed weight is what this tests.
+            ("PAYGATE_STOP_RULES__REPEAT_MAX", "0"),
         ],
     )
     .await;

@@ -119,8 +119,8 @@ async fn two_replicas_pay_each_operation_once() {
 async fn a_closed_mandate_and_a_budget_hold_across_replicas() {
     let Some(db) = database("replicas") else { return };
     let dir = tempfile::tempdir().unwrap();
-    // The refused second operation_ids are policy denials; keep the stop rule out of this test.
-    let (a, b) = replicas(&db, dir.path(), "\n[stop_rules]\ndenials_max = 10000\n");
+    // The refused second operation_ids are policy denials; keep the stop rules out of this test.
+    let (a, b) = replicas(&db, dir.path(), "\n[stop_rules]\ndenials_max = 10000\nrepeat_max = 0\n");
     let mut all = clients(&a, 4).await;
     all.extend(clients(&b, 4).await);
 

@@ -23,6 +23,7 @@ mod windows;
 pub mod approvals_api {
     pub use super::approvals::OpError;
 }
+mod no_progress;
 mod rail_events;
 mod rails;
 mod reads;
@@ -98,6 +99,9 @@ pub struct GatewayLimits {
     pub stop_window_secs: i64,
     /// This many RATE_LIMITED answers count as one denial toward the stop rule (0: none count).
     pub rate_limited_per_denial: i64,
+    /// The same refusal for the same intent this many times in a row, under distinct operations,
+    /// suspends (`no_progress`; 0: off).
+    pub stop_repeat_max: u32,
     /// Pre-body refusals (RATE_LIMITED, PRINCIPAL_SUSPENDED, a missing scope) are audited at most once
     /// per this many seconds per principal, tool and code; the record carries the count.
     pub refusal_audit_interval_secs: i64,
@@ -143,6 +147,8 @@ pub struct Gateway {
     decision_waits: Mutex<HashMap<String, usize>>,
     /// Pre-body refusals being throttled (`refusals`).
     refusals: refusals::Throttle,
+    /// Refusals of the same intent in a row, per (agent, user) pair (`no_progress`).
+    streaks: no_progress::Streaks,
     /// Principals found suspended recently, by [`AgentPrincipal::key`]: a suspended agent's flood is
     /// refused without a store read per call for [`SUSPENDED_SEEN_SECS`].
     suspended_seen: Mutex<HashMap<String, (tokio::time::Instant, String)>>,
@@ -220,6 +226,7 @@ impl Gateway {
             waiters: waiters::Waiters::default(),
             decision_waits: Mutex::new(HashMap::new()),
             refusals: refusals::Throttle::default(),
+            streaks: no_progress::Streaks::default(),
             suspended_seen: Mutex::new(HashMap::new()),
         }
     }

@@ -1,8 +1,11 @@
 //! Refusals and the stop rule: every refusal of a money-moving call is audited; policy denials
 //! and RATE_LIMITED answers count toward the (agent, user) pair's stop rule, which suspends the
-//! pair once they reach `stop_rules.denials_max` within the window.
+//! pair once they reach `stop_rules.denials_max` within the window; and the no-progress rule
+//! (`no_progress.rs`), which suspends a pair refused the same thing for the same intent
+//! `stop_rules.repeat_max` times in a row.
 
 use super::keys::Idem;
+use super::no_progress::Refused;
 use super::{Caller, Decision, Gateway};
 use crate::domain::audit::DENIAL_CODES;
 use crate::domain::principal::{Suspension, SuspensionScope};
@@ -43,13 +46,19 @@ impl Gateway {
         } else {
             format!("suspended by the stop rule: {denials} policy denials within {} s", self.limits.stop_window_secs)
         };
+        self.suspend_by_stop_rule(caller, tool, reason).await;
+    }
+
+    /// Suspend the caller's (agent, user) pair, saying why; audited once, when it took effect.
+    async fn suspend_by_stop_rule(&self, caller: &Caller, tool: &str, reason: String) {
+        let who = caller.principal.principal_ref();
         let suspension = Suspension {
             issuer: who.issuer.clone(),
             subject: who.subject.clone(),
             scope: SuspensionScope::Pair(who.user.clone()),
             reason: reason.clone(),
         };
-        match self.store.suspend(suspension, now).await {
+        match self.store.suspend(suspension, self.clock.now()).await {
             Ok(true) => {
                 tracing::warn!(principal.sub = %who.subject, %reason, "agent suspended by stop rule");
                 let mut d = Decision::new(tool, "suspended");
@@ -60,6 +69,25 @@ impl Gateway {
             Ok(false) => {}
             Err(error) => tracing::error!(correlation_id = %caller.correlation_id, %error, "suspend failed"),
         }
+    }
+
+    /// The no-progress rule (`no_progress`): a fresh refusal of a money call, counted against the
+    /// same refusal of the same intent in a row.
+    pub(super) async fn enforce_no_progress(&self, caller: &Caller, tool: &str, idem: &Idem, code: ErrorCode) {
+        let max = self.limits.stop_repeat_max;
+        // The operation's own key and fingerprint (for a mandate-anchored key, its alias).
+        let operation = idem.operation();
+        let refused = Refused { tool, intent: &operation.fingerprint, key: &operation.key, code };
+        let row = self.streaks.refused(&caller.principal.principal_ref(), &refused);
+        if max == 0 || row < max {
+            return;
+        }
+        let reason = format!(
+            "suspended by the stop rule: {tool} refused {} {row} times in a row for the same payment under new \
+             operation_ids (no progress)",
+            code.as_str()
+        );
+        self.suspend_by_stop_rule(caller, tool, reason).await;
     }
 
     /// Audit a refusal and hand the error back; policy denials count toward the stop rule.
@@ -91,6 +119,9 @@ impl Gateway {
         self.audit(caller, d).await;
         if matches!(decision, "denied" | "conflict") && counts_toward_stop_rule(e.code) {
             self.enforce_stop_rule(caller, tool, Denials::default()).await;
+        }
+        if matches!(decision, "denied" | "conflict" | "failed") {
+            self.enforce_no_progress(caller, tool, idem, e.code).await;
         }
         e
     }

@@ -153,6 +153,7 @@ fn limits() -> GatewayLimits {
         stop_denials_max: 100,
         stop_window_secs: 600,
         rate_limited_per_denial: 0,
+        stop_repeat_max: 0,
         refusal_audit_interval_secs: 60,
         approval_required_tools: vec![],
         list_limit_max: 100,

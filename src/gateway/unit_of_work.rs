@@ -125,7 +125,9 @@ impl UnitOfWork for ExactlyOnce {
             Policy::Deny(refusal) => {
                 let e = AgentError::from(refusal);
                 policy.record("code", e.code.as_str());
-                return Err(gw.refuse(caller, tool, Some(&idem.key), e).instrument(policy).await);
+                let e = gw.refuse(caller, tool, Some(&idem.key), e).instrument(policy).await;
+                gw.enforce_no_progress(caller, tool, &idem, e.code).await;
+                return Err(e);
             }
             Policy::RequireApproval { reason } => {
                 let asked = gw.require_approval(caller, tool, idem.operation(), amount, shown, reason);
@@ -286,7 +288,10 @@ impl Gateway {
             Fate::KeepInFlight => {}
         }
         let outcome = match settled.result {
-            Ok(payment) => Ok(Executed { payment, replayed: false }),
+            Ok(payment) => {
+                self.streaks.progressed(&caller.principal.principal_ref());
+                Ok(Executed { payment, replayed: false })
+            }
             Err(e) => Err(self.refuse_as(caller, tool, idem, settled.decision, e).await),
         };
         for key in keys {
