@@ -45,6 +45,7 @@ tool_calls_per_minute = {}
 
 [stop_rules]
 denials_max = 10000
+repeat_max = 0
 
 # A full integrity check of a ledger of 10M payments (`--growth`) takes longer than the default 30 s.
 [server]
