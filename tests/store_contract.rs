@@ -1178,6 +1178,29 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
     assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 2, "{label}");
 });
 
+/// A PostgreSQL store in a schema of its own, for the PostgreSQL-only cases (`None`, said, without
+/// PAYGATE_TEST_DATABASE_URL). The schema is dropped when the returned guard is.
+async fn postgres_only() -> Option<(PostgresStore, Arc<dyn Store>, Schema)> {
+    let Some(Engine::Postgres(url)) = engines().pop() else {
+        eprintln!("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
+        return None;
+    };
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let schema = Schema { url: url.clone(), name: name.clone() };
+    let pg = PostgresStore::connect(&url, &name).await.unwrap();
+    Some((pg.clone(), Arc::new(pg), schema))
+}
+
+/// Wait until `n` transfers have reached a lane: with the payers' rows held, they are all queued.
+/// (A condition polled, not a race won by sleeping: the test fails if it never holds.)
+async fn all_queued(pg: &PostgresStore, n: u64) {
+    let since = std::time::Instant::now();
+    while pg.batch_stats().submitted.load(std::sync::atomic::Ordering::Relaxed) < n {
+        assert!(since.elapsed() < std::time::Duration::from_secs(30), "every transfer reaches a lane");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// A transfer from `from` to `to` under its own claimed key, as `subject`.
 fn claimed_between(key: &str, from: &str, to: &str, subject: &str, minor: i64, guards: Guards) -> TransferRequest {
     let mut req = claimed(key, "fp", minor, guards);
@@ -1195,14 +1218,8 @@ fn claimed_between(key: &str, from: &str, to: &str, subject: &str, minor: i64, g
 /// account's postings chain their balances; and the burst really was grouped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_group_commit_decides_each_transfer_on_what_the_ones_before_it_left() {
-    let Some(Engine::Postgres(url)) = engines().pop() else {
-        eprintln!("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
-        return;
-    };
-    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let _schema = Schema { url: url.clone(), name: name.clone() };
-    let pg = PostgresStore::connect(&url, &name).await.unwrap();
-    let store: Arc<dyn Store> = Arc::new(pg.clone());
+    let Some((pg, store, schema)) = postgres_only().await else { return };
+    let (url, name) = (schema.url.clone(), schema.name.clone());
     for (id, opening) in [("acct-A", 2_000), ("acct-B", 0), ("acct-C", 1_000_000), ("acct-D", 0)] {
         let seed = AccountSeed { id: acct(id), currency: kes(), opening_minor: opening, allow_overdraft: false };
         store.ledger_open_account(seed, 0).await.unwrap();
@@ -1237,11 +1254,7 @@ async fn postgres_group_commit_decides_each_transfer_on_what_the_ones_before_it_
         tasks.spawn(async move { (key, s.ledger_transfer(req, 20).await) });
     }
     let stats = pg.batch_stats();
-    let queued = std::time::Instant::now();
-    while stats.submitted.load(std::sync::atomic::Ordering::Relaxed) < expected {
-        assert!(queued.elapsed() < std::time::Duration::from_secs(30), "every transfer reaches a lane");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    all_queued(&pg, expected).await;
     locker.batch_execute("COMMIT").await.unwrap();
 
     let mut results: std::collections::HashMap<String, Vec<Result<Payment, BackendError>>> = Default::default();
@@ -1310,14 +1323,8 @@ async fn postgres_group_commit_decides_each_transfer_on_what_the_ones_before_it_
 /// its key is free, the purged key's payment replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
-    let Some(Engine::Postgres(url)) = engines().pop() else {
-        eprintln!("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
-        return;
-    };
-    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let _schema = Schema { url: url.clone(), name: name.clone() };
-    let pg = PostgresStore::connect(&url, &name).await.unwrap();
-    let store: Arc<dyn Store> = Arc::new(pg.clone());
+    let Some((pg, store, schema)) = postgres_only().await else { return };
+    let (url, name) = (schema.url.clone(), schema.name.clone());
     with_accounts(&store, 1_000_000).await;
     // A payment whose key's record has since expired and been purged: a batch never looks a fresh
     // claim's key up among the payments; the UNIQUE key fails the batch and alone it replays.
@@ -1348,11 +1355,7 @@ async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
     let s = store.clone();
     tasks.spawn(async move { (99, s.ledger_transfer(claimed("purged", "fp", 100, Guards::default()), 20).await) });
     let stats = pg.batch_stats();
-    let queued = std::time::Instant::now();
-    while stats.submitted.load(std::sync::atomic::Ordering::Relaxed) < 22 {
-        assert!(queued.elapsed() < std::time::Duration::from_secs(30), "every transfer reaches a lane");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    all_queued(&pg, 22).await;
     admin.batch_execute("COMMIT").await.unwrap();
     while let Some(r) = tasks.join_next().await {
         match r.unwrap() {
