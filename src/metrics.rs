@@ -221,7 +221,12 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self, approvals_pending: Option<i64>, store_ping: Option<Duration>) -> String {
+    pub fn render(
+        &self,
+        approvals_pending: Option<i64>,
+        store_ping: Option<Duration>,
+        group_commit: Option<crate::store::GroupCommit>,
+    ) -> String {
         let m = self.with(|m| {
             (
                 m.decisions.clone(),
@@ -291,11 +296,36 @@ impl Metrics {
             out.push_str("# TYPE paygate_store_ping_seconds gauge\n");
             let _ = writeln!(out, "paygate_store_ping_seconds {}", d.as_secs_f64());
         }
+        if let Some(g) = group_commit {
+            render_group_commit(&mut out, g);
+        }
         self.render_rails(&mut out);
         self.render_bookkeeping(&mut out);
         render_build(&mut out);
         render_process(&mut out);
         out
+    }
+}
+
+/// PostgreSQL's group commit (`store/postgres/batch.rs`): a rising fallback count means batches keep
+/// rolling back (each of their transfers then runs alone, slower but still exactly once).
+fn render_group_commit(out: &mut String, g: crate::store::GroupCommit) {
+    let counters = [
+        ("paygate_postgres_lane_transfers_total", "Transfers handed to a group-commit lane.", g.transfers),
+        (
+            "paygate_postgres_grouped_batches_total",
+            "Transactions that committed two or more transfers.",
+            g.grouped_batches,
+        ),
+        ("paygate_postgres_grouped_transfers_total", "Transfers committed in those transactions.", g.grouped_transfers),
+        (
+            "paygate_postgres_batch_fallbacks_total",
+            "Batches rolled back, their transfers run again alone.",
+            g.fallbacks,
+        ),
+    ];
+    for (name, help, n) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}");
     }
 }
 
@@ -399,7 +429,7 @@ mod tests {
         m.http(route("/approvals/apr_123/approve"), 200, Duration::from_millis(3));
         m.http(route("/operator/v1/payments/pay_123"), 200, Duration::from_millis(3));
         m.tool("get_balance", Duration::from_micros(700));
-        let text = m.render(Some(2), Some(Duration::from_millis(1)));
+        let text = m.render(Some(2), Some(Duration::from_millis(1)), None);
         assert!(text.contains("paygate_payments_moved_total 1"));
         assert!(text.contains("paygate_replays_total 1"));
         assert!(text.contains("paygate_denials_total{code=\"ACCOUNT_NOT_ALLOWED\"} 1"));

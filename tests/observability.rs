@@ -53,6 +53,30 @@ async fn metrics_count_payments_replays_denials_and_requests() {
     // The payment and its replay: an allowed retry is answered by the posting transaction's claim.
     assert_eq!(delta("paygate_ledger_transaction_seconds_count "), 2.0);
     assert_eq!(metric(&after, "paygate_store_up "), 1.0);
+    assert!(!after.contains("paygate_postgres_lane_transfers_total"), "SQLite groups in its writer, not in lanes");
+    app.stop().await;
+}
+
+/// On PostgreSQL, /metrics shows the group commit: each autonomous payment passes through a lane
+/// (a replay, answered before the posting, does not), and no batch rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_postgres_group_commit() {
+    let Some(db) = database("group commit metrics") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let app =
+        spawn_on(dir.path(), &[("PAYGATE_STORAGE__URL", &db.url), ("PAYGATE_STORAGE__POSTGRES_SCHEMA", &db.schema)])
+            .await;
+    let c = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    for n in 0..3 {
+        let args = json!({"operation_id": format!("g-{n}"), "from_account": "acct-A", "to_account": "acct-B",
+                          "amount": "1.00", "currency": "KES"});
+        ok(&call(&c, "create_payment", args.clone()).await);
+        ok(&call(&c, "create_payment", args).await);
+    }
+    let text = scrape(&app).await;
+    assert_eq!(metric(&text, "paygate_postgres_lane_transfers_total "), 3.0, "{text}");
+    assert_eq!(metric(&text, "paygate_postgres_batch_fallbacks_total "), 0.0);
+    assert!(text.contains("# TYPE paygate_postgres_grouped_batches_total counter"));
     app.stop().await;
 }
 

@@ -287,7 +287,7 @@ async fn metrics(
     let started = std::time::Instant::now();
     let ping = g.store().ping().await.ok().map(|()| started.elapsed());
     let pending = g.store().approvals_pending(g.clock().now()).await.ok();
-    let body = g.metrics().render(pending, ping);
+    let body = g.metrics().render(pending, ping, g.store().group_commit());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

@@ -14,8 +14,8 @@ pub mod sqlite;
 mod traits;
 
 pub use traits::{
-    ApprovalStore, AuditStore, Denials, Engine, IdempotencyStore, LeaseStore, LedgerStore, RailStore, ReadStore,
-    SuspensionStore,
+    ApprovalStore, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore, RailStore,
+    ReadStore, SuspensionStore,
 };
 
 use crate::clock::UnixSecs;

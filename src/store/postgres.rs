@@ -336,6 +336,17 @@ impl Engine for PostgresStore {
         Ok(())
     }
 
+    fn group_commit(&self) -> Option<super::GroupCommit> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = self.batch_stats();
+        Some(super::GroupCommit {
+            transfers: s.submitted.load(Relaxed),
+            grouped_batches: s.grouped_batches.load(Relaxed),
+            grouped_transfers: s.grouped_transfers.load(Relaxed),
+            fallbacks: s.fallbacks.load(Relaxed),
+        })
+    }
+
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }

@@ -6,6 +6,18 @@ use async_trait::async_trait;
 use crate::domain::error::StoreError;
 use crate::store::{queries, rows};
 
+/// How transfers were grouped into transactions since the engine started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupCommit {
+    /// Transfers handed to a lane.
+    pub transfers: u64,
+    /// Transactions that committed two or more of them, and how many they held.
+    pub grouped_batches: u64,
+    pub grouped_transfers: u64,
+    /// Batches that rolled back, their transfers run again one by one.
+    pub fallbacks: u64,
+}
+
 #[async_trait]
 pub trait Engine: Send + Sync {
     /// Readiness: the database answers.
@@ -18,6 +30,12 @@ pub trait Engine: Send + Sync {
     /// transaction taking row locks: several round trips against the peek's one).
     fn claim_is_cheap(&self) -> bool {
         false
+    }
+
+    /// Group commit's counters, for /metrics, where the engine groups transfers itself
+    /// (PostgreSQL's lanes, `store/postgres/batch.rs`); `None` elsewhere.
+    fn group_commit(&self) -> Option<GroupCommit> {
+        None
     }
 
     #[doc(hidden)]

@@ -13,7 +13,7 @@ mod suspensions;
 
 pub use approvals::ApprovalStore;
 pub use audit::AuditStore;
-pub use engine::Engine;
+pub use engine::{Engine, GroupCommit};
 pub use idempotency::IdempotencyStore;
 pub use leases::LeaseStore;
 pub use ledger::LedgerStore;
