@@ -297,3 +297,24 @@ async fn the_same_refusal_for_the_same_payment_twice_in_a_row_suspends() {
     app.assert_integrity().await;
     app.stop().await;
 }
+
+/// The no-progress rule also covers a mandate offered again for the same payment under a new
+/// operation_id after it was refused (a stale, forged or foreign mandate: "retry with stale mandates").
+#[tokio::test]
+async fn the_same_refused_mandate_under_a_new_operation_id_suspends() {
+    let (dir, clock) = (tempfile::tempdir().unwrap(), ManualClock::new(now_secs()));
+    let app =
+        spawn_with_clock(dir.path(), &[("PAYGATE_STOP_RULES__DENIALS_MAX", "1000")], Arc::new(clock.clone())).await;
+    let c = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let with_mandate = |op: &str| {
+        json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": "5000.00",
+               "currency": "KES", "mandate": "eyJhbGciOiJIUzI1NiJ9.eyJqdGkiOiJ4In0.c2lnbmF0dXJl"})
+    };
+    let first = code(&call(&c, "create_payment", with_mandate("m-1")).await);
+    assert!(first.starts_with("MANDATE_"), "{first}");
+    assert_eq!(code(&call(&c, "create_payment", with_mandate("m-2")).await), first);
+    let r = call(&c, "create_payment", pay("fine", "1.00")).await;
+    assert_eq!(code(&r), "PRINCIPAL_SUSPENDED");
+    assert!(err(&r)["message"].as_str().unwrap().contains("no progress"));
+    app.stop().await;
+}

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 const AGENT_SCOPES: &str = "payments:read payments:create payments:refund";
 /// Other agents get the dev profile (acct-A/acct-B, KES 1000.00 autonomous limit).
 const DEV_DEFAULT: (&str, &str) = ("PAYGATE_POLICY__DEFAULT_PROFILE", "dev");
-/// For tests that provoke many refusals on purpose: keep the stop rule from suspending the agent
-/// half-way (the stop rule has its own tests).
+/// For tests that provoke many refusals on purpose: keep the stop rules from suspending the agent
+/// half-way (the stop rules have their own tests in tests/governance.rs).
 const NO_STOP: (&str, &str) = ("PAYGATE_STOP_RULES__DENIALS_MAX", "10000");
 const NO_REPEAT_STOP: (&str, &str) = ("PAYGATE_STOP_RULES__REPEAT_MAX", "0");
 
@@ -247,7 +247,8 @@ async fn tampered_mandates_are_refused_and_move_nothing() {
 #[tokio::test]
 async fn a_mandate_is_useless_to_another_subject() {
     let dir = tempfile::tempdir().unwrap();
-    let app = spawn_on(dir.path(), &[DEV_DEFAULT]).await;
+    // The thief offers the mandate twice on purpose (the no-progress rule has its own test).
+    let app = spawn_on(dir.path(), &[DEV_DEFAULT, NO_REPEAT_STOP]).await;
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
     let other = connect(&app.url, &app.token("other-agent", AGENT_SCOPES), Era::Legacy).await;
 
@@ -396,7 +397,9 @@ async fn a_call_differing_from_its_mandate_is_a_mismatch() {
 
 #[tokio::test]
 async fn a_closed_mandate_pays_once_and_replays() {
-    let (app, _dir) = spawn_app().await;
+    // It offers the mandate again under new operation_ids on purpose (the no-progress rule has its own test).
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[NO_REPEAT_STOP]).await;
     let agent = connect(&app.url, &app.dev_token(), Era::Legacy).await;
     let (_, mandate) = approved_mandate(&app, &agent, "once-1", "5000.00").await;
     let before = books(&agent).await;

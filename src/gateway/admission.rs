@@ -126,7 +126,14 @@ impl Gateway {
             }
             Err(e) => match self.recorded_outcome(caller, asked.tool, asked.op, asked.args.clone()).await {
                 Some(done) => done.map(MandateCheck::Settled),
-                None => Err(self.refuse(caller, asked.tool, None, e).await),
+                None => {
+                    let e = self.refuse(caller, asked.tool, None, e).await;
+                    // A stale or foreign mandate offered again for the same payment under a new
+                    // operation_id is no progress either (the operation's key, without a mandate).
+                    let idem = self.idem_for(caller, asked.tool, asked.op, None, &asked.args);
+                    self.enforce_no_progress(caller, asked.tool, &idem, e.code).await;
+                    Err(e)
+                }
             },
         }
     }
