@@ -225,7 +225,7 @@ impl Metrics {
         &self,
         approvals_pending: Option<i64>,
         store_ping: Option<Duration>,
-        group_commit: Option<crate::store::GroupCommit>,
+        group_commit: Option<GroupCommitCounts>,
     ) -> String {
         let m = self.with(|m| {
             (
@@ -307,9 +307,19 @@ impl Metrics {
     }
 }
 
+/// PostgreSQL's group commit counters as /metrics shows them (the HTTP layer reads them from the
+/// store's `Engine::group_commit`; this module imports nothing of the store).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GroupCommitCounts {
+    pub transfers: u64,
+    pub grouped_batches: u64,
+    pub grouped_transfers: u64,
+    pub fallbacks: u64,
+}
+
 /// PostgreSQL's group commit (`store/postgres/batch.rs`): a rising fallback count means batches keep
 /// rolling back (each of their transfers then runs alone, slower but still exactly once).
-fn render_group_commit(out: &mut String, g: crate::store::GroupCommit) {
+fn render_group_commit(out: &mut String, g: GroupCommitCounts) {
     let counters = [
         ("paygate_postgres_lane_transfers_total", "Transfers handed to a group-commit lane.", g.transfers),
         (

@@ -287,7 +287,13 @@ async fn metrics(
     let started = std::time::Instant::now();
     let ping = g.store().ping().await.ok().map(|()| started.elapsed());
     let pending = g.store().approvals_pending(g.clock().now()).await.ok();
-    let body = g.metrics().render(pending, ping, g.store().group_commit());
+    let group_commit = g.store().group_commit().map(|c| crate::metrics::GroupCommitCounts {
+        transfers: c.transfers,
+        grouped_batches: c.grouped_batches,
+        grouped_transfers: c.grouped_transfers,
+        fallbacks: c.fallbacks,
+    });
+    let body = g.metrics().render(pending, ping, group_commit);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
