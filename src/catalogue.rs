@@ -131,6 +131,7 @@ pub const TOOLS: &[ToolSpec] = &[
     read("get_today_summary", "Today's summary"),
     read("get_today_transactions", "Today's transactions"),
     read("get_failed_transactions", "Failed transactions"),
+    read("check_payment_policy", "Check payment policy"),
     ToolSpec {
         name: "reconcile",
         title: "Reconcile",

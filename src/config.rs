@@ -299,6 +299,46 @@ pub struct ProfileConfig {
     pub approvals_by: String,
     #[serde(default)]
     pub user_approval_max: MoneyMap,
+    /// Who this profile's agents may pay (`domain::payee`).
+    #[serde(default)]
+    pub payees: PayeesConfig,
+}
+
+/// A profile's payee rules, as configured.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PayeesConfig {
+    /// "open" | "known" | "allow_list".
+    pub mode: String,
+    pub cooling_off_secs: i64,
+    pub new_payee_limit: MoneyMap,
+    pub daily_cap: MoneyMap,
+}
+
+/// Longest cooling-off period a profile may set: a year.
+pub const COOLING_OFF_SECS_MAX: i64 = 31_536_000;
+
+impl Default for PayeesConfig {
+    fn default() -> Self {
+        PayeesConfig {
+            mode: "open".into(),
+            cooling_off_secs: 86_400,
+            new_payee_limit: MoneyMap::default(),
+            daily_cap: MoneyMap::default(),
+        }
+    }
+}
+
+impl PayeesConfig {
+    fn rules(&self) -> crate::domain::payee::PayeeRules {
+        crate::domain::payee::PayeeRules {
+            // Validated at load: an unknown mode never gets here.
+            mode: crate::domain::payee::PayeeMode::parse(&self.mode).unwrap_or_default(),
+            cooling_off_secs: self.cooling_off_secs,
+            new_payee_limit_minor: self.new_payee_limit.iter().collect(),
+            daily_cap_minor: self.daily_cap.iter().collect(),
+        }
+    }
 }
 
 fn default_approvals_by() -> String {
@@ -510,6 +550,7 @@ impl PolicyConfig {
                     "user" => p.user_approval_max.iter().collect(),
                     _ => Default::default(),
                 },
+                payees: p.payees.rules(),
             };
             profiles.add(profile, matchers, p.name == self.default_profile);
         }
@@ -835,6 +876,13 @@ impl Config {
                     )));
                 }
             }
+            if crate::domain::payee::PayeeMode::parse(&p.payees.mode).is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "profile {:?}: payees.mode must be \"open\", \"known\" or \"allow_list\", got {:?}",
+                    p.name, p.payees.mode
+                )));
+            }
+            range("policy.profiles.payees.cooling_off_secs", p.payees.cooling_off_secs, 0, COOLING_OFF_SECS_MAX)?;
             range("policy.profiles.daily_payments_max", p.daily_payments_max, 1, 1_000_000)?;
             range("policy.profiles.calls_per_minute", p.calls_per_minute, 1, 100_000)?;
             for (tool, n) in &p.tool_calls_per_minute {

@@ -299,6 +299,9 @@ impl From<Refusal> for AgentError {
             Refusal::AccountNotAllowed(a) => {
                 AgentError::new(ErrorCode::AccountNotAllowed, message).with_detail("account_id", a.to_string())
             }
+            Refusal::PayeeNotAllowed(payee) => {
+                AgentError::new(ErrorCode::AccountNotAllowed, message).with_detail("payee", payee)
+            }
             Refusal::Invalid(_) => AgentError::invalid(message),
         }
     }

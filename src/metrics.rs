@@ -100,6 +100,8 @@ pub const OPERATOR_ROUTES: &[&str] = &[
     "/operator/v1/principals",
     "/operator/v1/principals/{subject}/suspend",
     "/operator/v1/principals/{subject}/resume",
+    "/operator/v1/payees",
+    "/operator/v1/payees/revoke",
     "/operator/v1/reconciliation",
     "/operator/v1/reconciliation/run",
 ];

@@ -334,7 +334,49 @@ async fn start(dir: &Path, config: &str, clock: &ManualClock) -> TestApp {
     spawn_with_toml(dir, config, &[], Arc::new(clock.clone())).await
 }
 
+/// The money tools `check_payment_policy` answers for.
+const MONEY_TOOLS: &[&str] = &[
+    "create_payment",
+    "refund_payment",
+    "send_mpesa_payout",
+    "request_mpesa_payment",
+    "initiate_stk_push",
+    "request_airtel_payment",
+];
+
+/// Does the preflight's answer agree with what the call then did? `None`: not comparable (the call
+/// was rate-limited: the preflight spends the agent's call quota too). What the preflight cannot
+/// see is money itself (funds, the backend's or rail's answer): "allowed" agrees with those.
+fn agrees(pre: &Value, outcome: &str, content: &Value) -> Option<bool> {
+    if outcome == "RATE_LIMITED" {
+        return None;
+    }
+    let verdict = pre["verdict"].as_str().unwrap_or_default();
+    Some(match verdict {
+        "allowed" => ["ok", "INSUFFICIENT_FUNDS", "BACKEND_UNAVAILABLE", "OUTCOME_UNKNOWN"].contains(&outcome),
+        "replay" => outcome == "ok" || content["error"]["replayed"] == json!(true),
+        "approval_required" => outcome == "APPROVAL_REQUIRED" || outcome == "APPROVAL_REJECTED",
+        // A tool call without its scope is refused at the HTTP edge (403 insufficient_scope).
+        "denied" if outcome == "PROTOCOL_ERROR" => pre["code"] == json!("INSUFFICIENT_SCOPE"),
+        "denied" => pre["code"].as_str() == Some(outcome),
+        _ => false,
+    })
+}
+
+/// What the preflight mode counted: calls compared, and those it could not compare.
+#[derive(Default)]
+struct Compared {
+    agreed: usize,
+    skipped: usize,
+}
+
 async fn run(s: &Scenario) -> Outcome {
+    run_with(s, None).await
+}
+
+/// A scenario; with `preflight`, every single money call is preceded by `check_payment_policy` with
+/// the same arguments, and the outcome holds only the disagreements.
+async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(now_secs());
     let mut app = start(dir.path(), &s.config, &clock).await;
@@ -393,7 +435,7 @@ async fn run(s: &Scenario) -> Outcome {
         }
         if let Some(http) = &step.http {
             let outcome = http_step(&app, step, http, last_approval.as_deref()).await;
-            if !step.expect.is_empty() && !step.expect.contains(&outcome) {
+            if preflight.is_none() && !step.expect.is_empty() && !step.expect.contains(&outcome) {
                 violations.push(format!("{at}: {http} answered {outcome}, expected one of {:?}", step.expect));
             }
             continue;
@@ -411,6 +453,38 @@ async fn run(s: &Scenario) -> Outcome {
             Some(u) => format!("{} for {u}", step.agent),
             None => step.agent.clone(),
         };
+        let canonical = if tool == "initiate_stk_push" { "request_mpesa_payment" } else { tool.as_str() };
+        if let Some(counted) = preflight.as_deref_mut()
+            && MONEY_TOOLS.contains(&tool.as_str())
+            && step.times == 1
+            && !step.elicit
+        {
+            let ask = json!({"tool": tool, "arguments": args});
+            let (pre_outcome, pre) = try_call(&c, "check_payment_policy", ask).await;
+            let (outcome, content) = try_call(&c, tool, args.clone()).await;
+            if let Some(pid) = content["payment_id"].as_str() {
+                last_payment = Some(pid.to_string());
+            }
+            if let Some(id) = content["error"]["approval_id"].as_str() {
+                last_approval = Some(id.to_string());
+            }
+            paid_by_op.record(&who, tool, &args, &content);
+            let verdict = match pre_outcome.as_str() {
+                "ok" => agrees(&pre, &outcome, &content),
+                // The preflight itself refused: an agent that may not ask may not pay either.
+                "RATE_LIMITED" => None,
+                code => Some(code == outcome || (code == "INSUFFICIENT_SCOPE" && outcome == "PROTOCOL_ERROR")),
+            };
+            match verdict {
+                Some(true) => counted.agreed += 1,
+                None => counted.skipped += 1,
+                Some(false) => violations.push(format!(
+                    "{at}: check_payment_policy said {} for {canonical}, the call answered {outcome}",
+                    if pre_outcome == "ok" { pre.to_string() } else { pre_outcome.clone() }
+                )),
+            }
+            continue;
+        }
         let mut calls = tokio::task::JoinSet::new();
         for n in 0..step.times {
             let (c, tool, args, state) = (c.clone(), tool.clone(), numbered(&args, n + 1), state.clone());
@@ -441,14 +515,18 @@ async fn run(s: &Scenario) -> Outcome {
                 last_approval = Some(id.to_string());
             }
             paid_by_op.record(&who, tool, &args, &content);
-            if !step.expect.is_empty() && !step.expect.contains(&outcome) {
+            if preflight.is_none() && !step.expect.is_empty() && !step.expect.contains(&outcome) {
                 violations.push(format!("{at}: {tool} answered {outcome}, expected one of {:?}", step.expect));
             }
         }
     }
 
     let after = balances(&app).await;
-    let unsafe_moves = unsafe_moves(&s.end.moved, &before, &after, Allowance::Exact, &mut violations);
+    // With a preflight before each call, the agent's quotas are spent faster: what moved is the
+    // plain run's to judge.
+    let mut ignored = Vec::new();
+    let judged = if preflight.is_some() { &mut ignored } else { &mut violations };
+    let unsafe_moves = unsafe_moves(&s.end.moved, &before, &after, Allowance::Exact, judged);
     let duplicates = paid_by_op.duplicates(&mut violations);
     check_integrity(&app, &mut violations).await;
     for (_, c) in clients.drain() {
@@ -536,6 +614,21 @@ async fn every_scenario_holds() {
     }
     let failed = report("evals", &outcomes);
     assert!(failed.is_empty(), "scenarios violated: {failed:?}");
+}
+
+/// `check_payment_policy` agrees with what the money tool then does, for every scenario: each
+/// single money call runs after the preflight with the same arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preflight_agrees_with_every_money_call_of_every_scenario() {
+    let mut compared = Compared::default();
+    let mut outcomes = Vec::new();
+    for (_, s) in &scenarios() {
+        outcomes.push(run_with(s, Some(&mut compared)).await);
+    }
+    let failed = report("evals with check_payment_policy first", &outcomes);
+    println!("preflight: {} money calls agreed, {} not comparable (rate-limited)", compared.agreed, compared.skipped);
+    assert!(failed.is_empty(), "the preflight disagreed: {failed:?}");
+    assert!(compared.agreed >= 60, "too few money calls compared ({}) to mean anything", compared.agreed);
 }
 
 /// Print the table and the totals; answer the names of the scenarios that failed.

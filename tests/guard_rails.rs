@@ -195,8 +195,8 @@ calls_per_minute = 2
 
     // In process, past the HTTP layer: a principal without payments:read is refused by the gateway.
     let profile = paygate::domain::policy::Profiles::new().resolve("iss", "nobody", None, None);
-    let caller = paygate::gateway::Caller {
-        principal: paygate::auth::AgentPrincipal {
+    let caller = paygate::gateway::Caller::new(
+        paygate::auth::AgentPrincipal {
             issuer: "iss".into(),
             subject: "nobody".into(),
             user: None,
@@ -204,8 +204,8 @@ calls_per_minute = 2
             scopes: ["payments:create".to_string()].into(),
             profile,
         },
-        correlation_id: "corr_test".into(),
-    };
+        "corr_test".into(),
+    );
     let g = &app.running.gateway;
     for name in ["get_payment", "list_payments", "get_approval", "get_payment_summary", "resources/read", "prompts/get"]
     {

@@ -396,6 +396,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
     let budget = || Guards {
         budget: Some(DailyBudget { kind: PaymentKind::Payment, since: today, max_minor: 1_000_000, max_payments: 1 }),
         mandate: None,
+        payee: None,
     };
     let first_id = PaymentId::generate();
     let request = |id: &PaymentId| TransferRequest {

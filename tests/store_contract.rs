@@ -283,7 +283,11 @@ contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async
     for n in 0..32 {
         let (s, b) = (store.clone(), budget.clone());
         tasks.spawn(async move {
-            s.ledger_transfer(transfer(&format!("b{n}"), 1_000, Guards { budget: Some(b), mandate: None }), 10).await
+            s.ledger_transfer(
+                transfer(&format!("b{n}"), 1_000, Guards { budget: Some(b), mandate: None, payee: None }),
+                10,
+            )
+            .await
         });
     }
     let mut ok = 0;
@@ -299,12 +303,17 @@ contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async
     let counted = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: i64::MAX / 4, max_payments: 6 };
     assert!(
         store
-            .ledger_transfer(transfer("c1", 1, Guards { budget: Some(counted.clone()), mandate: None }), 11)
+            .ledger_transfer(
+                transfer("c1", 1, Guards { budget: Some(counted.clone()), mandate: None, payee: None }),
+                11
+            )
             .await
             .is_ok()
     );
     assert!(matches!(
-        store.ledger_transfer(transfer("c2", 1, Guards { budget: Some(counted), mandate: None }), 11).await,
+        store
+            .ledger_transfer(transfer("c2", 1, Guards { budget: Some(counted), mandate: None, payee: None }), 11)
+            .await,
         Err(BackendError::BudgetExceeded(_))
     ));
     assert_integrity(&store, label).await;
@@ -467,7 +476,7 @@ contract!(mandates_are_drawn_once_under_concurrency, |store, label| async move {
     for n in 0..16 {
         let (s, m) = (store.clone(), mandate_id.clone());
         tasks.spawn(async move {
-            let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: m }) };
+            let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: m }), payee: None };
             s.ledger_transfer(transfer(&format!("m{n}"), 1_000, guards), 5).await
         });
     }
@@ -521,7 +530,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
     let paid_budget = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 16_000, max_payments: 1_000 };
     let mut paid = Vec::new();
     for n in 0..16 {
-        let guards = Guards { budget: Some(paid_budget.clone()), mandate: None };
+        let guards = Guards { budget: Some(paid_budget.clone()), mandate: None, payee: None };
         paid.push(store.ledger_transfer(transfer(&format!("p{n}"), 1_000, guards), 10).await.unwrap());
     }
     let budget = DailyBudget { kind: PaymentKind::Refund, since: 0, max_minor: 5_000, max_payments: 1_000 };
@@ -537,7 +546,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
                 reason: None,
                 principal_sub: "agent".into(),
                 principal_user: None,
-                guards: Guards { budget: Some(b), mandate: None },
+                guards: Guards { budget: Some(b), mandate: None, payee: None },
                 autonomous_cap_minor: None,
             };
             s.ledger_refund(req, 10).await
@@ -553,7 +562,7 @@ contract!(concurrent_refunds_stay_within_the_daily_refund_budget, |store, label|
     }
     assert_eq!(ok, 5, "{label}: a refund budget of 50.00 allows five full refunds of 10.00");
     // Refunding freed nothing of the payment budget: it is still spent.
-    let guards = Guards { budget: Some(paid_budget), mandate: None };
+    let guards = Guards { budget: Some(paid_budget), mandate: None, payee: None };
     assert!(matches!(
         store.ledger_transfer(transfer("p-late", 1, guards), 10).await,
         Err(BackendError::BudgetExceeded(_))
@@ -750,7 +759,9 @@ contract!(claimed_postings_are_one_write_and_exactly_once, |store, label| async 
     }
     // A spent budget moves nothing and keeps nothing: the key is free to try again tomorrow.
     let spent = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 50, max_payments: 10 };
-    let r = store.ledger_transfer(claimed("b1", "fp", 100, Guards { budget: Some(spent), mandate: None }), 13).await;
+    let r = store
+        .ledger_transfer(claimed("b1", "fp", 100, Guards { budget: Some(spent), mandate: None, payee: None }), 13)
+        .await;
     assert!(matches!(r, Err(BackendError::BudgetExceeded(_))), "{label}: {r:?}");
     assert_eq!(store.idem_peek("b1", 14).await.unwrap(), None, "{label}: given back");
     // A mandate's key that already paid this very operation completes the operation's own key too.
@@ -956,6 +967,7 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
     let budget = || Guards {
         budget: Some(DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: 3_000, max_payments: 10 }),
         mandate: None,
+        payee: None,
     };
     let (p1, p2, p3) = (PaymentId::generate(), PaymentId::generate(), PaymentId::generate());
     let r1 = store.rail_open(rail(&p1, "k1", 2_000), budget(), 10).await.unwrap();
@@ -1236,7 +1248,7 @@ async fn postgres_group_commit_decides_each_transfer_on_what_the_ones_before_it_
             burst.push(claimed_between(&format!("f{n}"), "acct-A", "acct-B", "agent", 100, Guards::default()));
         }
         // Budget: "agent-b" may spend 1,000 today, so 10 of these 30 pass.
-        let guards = Guards { budget: Some(budget.clone()), mandate: None };
+        let guards = Guards { budget: Some(budget.clone()), mandate: None, payee: None };
         burst.push(claimed_between(&format!("b{n}"), "acct-C", "acct-D", "agent-b", 100, guards));
     }
     burst.push(claimed_between("f-done", "acct-A", "acct-B", "agent", 100, Guards::default()));

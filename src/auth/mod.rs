@@ -68,6 +68,11 @@ impl AgentPrincipal {
         }
     }
 
+    /// The subject its budgets and known payees are kept under (`domain::principal::usage_subject`).
+    pub fn usage_subject(&self) -> String {
+        crate::domain::principal::usage_subject(&self.subject, self.user.as_deref())
+    }
+
     /// How the principal is named to people: `agent`, or `agent for user`.
     pub fn display(&self) -> String {
         match &self.user {

@@ -12,6 +12,7 @@ pub mod idempotency;
 pub mod ids;
 pub mod money;
 pub mod ops;
+pub mod payee;
 pub mod payment;
 pub mod policy;
 pub mod principal;

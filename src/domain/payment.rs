@@ -190,6 +190,9 @@ pub struct MandateDraw {
 pub struct Guards {
     pub budget: Option<DailyBudget>,
     pub mandate: Option<MandateDraw>,
+    /// The payee's daily cap (`domain::payee`): checked and counted with the budget, under the
+    /// owner's budget lock.
+    pub payee: Option<crate::domain::payee::PayeeCap>,
 }
 
 /// Keys a posting transaction claims itself (backends that record in it): claiming the keys, the

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::catalogue::scopes;
 use crate::domain::ids::AccountId;
 use crate::domain::money::{Currency, Money, format_minor};
+use crate::domain::payee::PayeeRules;
 
 /// What an agent may do without a human: its accounts, per-payment autonomous limits, daily
 /// budgets and call quotas.
@@ -28,6 +29,8 @@ pub struct Profile {
     /// `approvals_by = "user"`: per currency, in minor units, the largest payment the user the
     /// agent acts for may approve themselves (through the confirmation page). Empty: operators only.
     pub user_approval_max_minor: HashMap<Currency, i64>,
+    /// Who this profile's agents may pay: open, known payees, or an allow-list (`domain::payee`).
+    pub payees: PayeeRules,
 }
 
 impl Profile {
@@ -84,6 +87,7 @@ impl Profiles {
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
+            payees: PayeeRules::default(),
         };
         Profiles {
             by_subject: HashMap::new(),
@@ -167,6 +171,9 @@ pub enum Refusal {
     /// The agent's profile does not allow this account.
     #[error("this agent may not use account {0}")]
     AccountNotAllowed(AccountId),
+    /// The payee is not on this agent's payee allow-list (`payees.mode = "allow_list"`).
+    #[error("this agent may not pay {0}: it is not on the agent's payee allow-list")]
+    PayeeNotAllowed(String),
     /// The call cannot be judged as asked (a sentence of the gateway's own).
     #[error("{0}")]
     Invalid(&'static str),
@@ -350,6 +357,7 @@ mod tests {
             calls_per_minute: 10,
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
+            payees: Default::default(),
         }
     }
     fn code(d: &Decision) -> Option<ErrorCode> {
@@ -489,6 +497,7 @@ mod tests {
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
+            payees: Default::default(),
         };
         let mut profiles = Profiles::new();
         assert!(

@@ -10,11 +10,18 @@ use crate::auth::AgentPrincipal;
 use crate::backend::rail::RailOrder;
 use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
+use crate::domain::payee::{self, PayeeCap, PayeeState};
 use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind};
 use crate::domain::policy::{Decision as Policy, Profile};
 use crate::domain::rules::guards;
 use crate::error::AgentError;
 use crate::mandate::{CallIntent, MandateClaims, authorizes};
+
+/// The tools whose payee is someone the agent pays (an account it pays into, a customer's phone):
+/// the profile's payee rules apply to them (`domain::payee`), and approving one of their payments
+/// makes its payee known. Not collections (money comes in to the rail's own account) or refunds
+/// (money goes back to whoever paid).
+pub(super) const PAYS_PAYEE: &[&str] = &["create_payment", "send_mpesa_payout"];
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
 pub const MEMO_CHARS_MAX: usize = 140;
@@ -77,7 +84,7 @@ pub(super) struct Authorized {
 
 impl Authorized {
     pub fn guards(&self) -> Guards {
-        Guards { budget: None, mandate: Some(MandateDraw { mandate_id: self.claims.jti.clone() }) }
+        Guards { budget: None, mandate: Some(MandateDraw { mandate_id: self.claims.jti.clone() }), payee: None }
     }
 }
 
@@ -168,7 +175,7 @@ impl Gateway {
     ) -> Guards {
         match mandate {
             Some(m) => m.guards(),
-            None => Guards { budget: self.budget_for(profile, kind, currency), mandate: None },
+            None => Guards { budget: self.budget_for(profile, kind, currency), mandate: None, payee: None },
         }
     }
 
@@ -185,6 +192,33 @@ impl Gateway {
             max_minor: *max,
             max_payments: profile.daily_payments_max,
         })
+    }
+
+    /// What the profile's payee rules say of paying `amount` to `payee` (nothing is read when
+    /// no rule applies): the verdict, the cap to re-check where the payment commits, and what was
+    /// read (the preflight tool shows it).
+    pub(super) async fn payee_verdict(
+        &self,
+        p: &AgentPrincipal,
+        payee: &str,
+        amount: Money,
+    ) -> Result<PayeeVerdict, crate::domain::error::StoreError> {
+        let rules = &p.profile.payees;
+        if !rules.applies(amount.currency()) {
+            return Ok(PayeeVerdict { decision: Policy::Allow, cap: None, state: None });
+        }
+        let now = self.clock.now();
+        let owner = p.usage_subject();
+        let day = guards::day_of(now);
+        let (rec, paid) = self.store.payee_state(&owner, payee, Some((day, amount.currency()))).await?;
+        let state = PayeeState { known_since: rec.and_then(|r| r.known_since()), paid_today_minor: paid };
+        let cap = rules.daily_cap_minor.get(&amount.currency()).map(|max| PayeeCap {
+            owner,
+            payee: payee.to_string(),
+            since: day,
+            max_minor: *max,
+        });
+        Ok(PayeeVerdict { decision: payee::decide(rules, payee, state, amount, now), cap, state: Some(state) })
     }
 
     /// Tool governance: every call of `tool` needs a human, unless a mandate already carries one.
@@ -252,12 +286,34 @@ impl Gateway {
             Err(replayed) => return Ok(*replayed),
         };
         let force = self.always_needs_a_human(tool, mandate.as_ref());
-        let decision = authorize(decide(force), mandate.is_some());
-        let guards = self.guards_for(mandate.as_ref(), &caller.principal.profile, kind, amount.currency());
+        let mut decision = decide(force);
+        let mut payee_cap = None;
+        if PAYS_PAYEE.contains(&tool) && !matches!(decision, Policy::Deny(_)) {
+            match self.payee_verdict(&caller.principal, payee, amount).await {
+                Ok(verdict) => {
+                    if let (Some(pf), Some(state)) = (&caller.preflight, verdict.state) {
+                        pf.saw_payee(payee, state);
+                    }
+                    decision = payee::stricter(decision, verdict.decision);
+                    payee_cap = verdict.cap;
+                }
+                Err(error) => {
+                    // Fail closed: a payee rule that cannot be read moves nothing.
+                    tracing::error!(correlation_id = %caller.correlation_id, %error, "payee read failed");
+                    return Err(self.refuse(caller, tool, None, AgentError::internal()).await);
+                }
+            }
+        }
+        let decision = authorize(decision, mandate.is_some());
+        let mut guards = self.guards_for(mandate.as_ref(), &caller.principal.profile, kind, amount.currency());
+        if mandate.is_none() {
+            // The payee's daily cap is re-checked where the payment commits, with the budget.
+            guards.payee = payee_cap;
+        }
         let mandated = mandate.is_some();
         let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
-        let movement = move_money(Terms { guards, mandated });
-        self.work.run(self, caller, Work { strategy, intent, decision, movement }).await
+        let movement = move_money(Terms { guards: guards.clone(), mandated });
+        self.work.run(self, caller, Work { strategy, intent, decision, guards, movement }).await
     }
 }
 
@@ -298,6 +354,14 @@ impl Terms {
             guards: self.guards.clone(),
         }
     }
+}
+
+/// The payee rules' answer for one payment (`Gateway::payee_verdict`).
+pub(super) struct PayeeVerdict {
+    pub decision: Policy,
+    pub cap: Option<PayeeCap>,
+    /// What was read: `None` when no rule applies.
+    pub state: Option<PayeeState>,
 }
 
 /// Who pays whom in a call (as a mandate names them), and the payment it gives back, if any.

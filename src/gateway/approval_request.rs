@@ -46,6 +46,12 @@ impl Gateway {
         } else {
             Approver::Operator
         };
+        if caller.dry() {
+            // A preflight asks nobody: it says who would be asked, and why.
+            return AgentError::new(ErrorCode::ApprovalRequired, format!("{reason}; a human must approve it"))
+                .with_detail("approver", approver.as_str())
+                .with_detail("reviewers_required", reviewers_required);
+        }
         let rec = ApprovalRecord {
             approver,
             id: ApprovalId::generate(),

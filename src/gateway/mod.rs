@@ -10,7 +10,9 @@ mod exactly_once;
 mod keys;
 mod operator;
 mod operator_views;
+mod payees;
 mod payout;
+mod preflight;
 mod refund;
 mod reversal;
 mod reviews;
@@ -40,7 +42,9 @@ pub use operator::{AuditFilters, PaymentFilters};
 pub use operator_views::{
     AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
 };
+pub use payees::{PAYEES_LISTED_MAX, PayeeArgs, PayeeView};
 pub use payout::SendPayout;
+pub use preflight::{Headroom, PreflightView};
 pub use rail_events::CallbackOutcome;
 pub use rails::{PaymentSummary, Receipt};
 pub use reads::{PageAsk, PaymentPage, WindowAsk};
@@ -70,6 +74,18 @@ use crate::store::Store;
 pub struct Caller {
     pub principal: AgentPrincipal,
     pub correlation_id: String,
+    /// Set for a preflight (`check_payment_policy`): the operation runs to its decision and no
+    /// further — nothing is written, audited or counted toward a stop rule (`preflight.rs`).
+    pub(crate) preflight: Option<Arc<preflight::Preflight>>,
+}
+
+impl Caller {
+    pub fn new(principal: AgentPrincipal, correlation_id: String) -> Caller {
+        Caller { principal, correlation_id, preflight: None }
+    }
+    pub(crate) fn dry(&self) -> bool {
+        self.preflight.is_some()
+    }
 }
 
 /// Everything the operations read from config, already parsed and range-checked.
@@ -369,6 +385,9 @@ impl Gateway {
     /// Append an audit record of an agent's call (naming the user it acts for, if any). An audit
     /// failure is logged, never silently dropped.
     pub(crate) async fn audit(&self, caller: &Caller, d: Decision<'_>) {
+        if caller.dry() {
+            return;
+        }
         self.metrics.decision(d.tool, d.decision, d.code.map(|c| c.as_str()));
         let rec = self.agent_audit_record(caller, d);
         self.append_audit(rec).await

@@ -64,6 +64,11 @@ impl Gateway {
             }
             Err(e) => return Err(self.refuse(caller, TOOL, None, e.into()).await),
         };
+        if caller.dry() && amount.minor() > original.refundable_minor() {
+            // What the ledger would answer where the refund posts (a preflight does not reach it).
+            let left = crate::domain::money::format_minor(original.refundable_minor(), original.currency);
+            return Err(AgentError::invalid(format!("payment {pid} has {left} left to refund")));
+        }
         let proposal = refund_proposal(&op, &original, amount, args.amount.is_some(), &reason, args.mandate.as_deref());
         let decide = |force| policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force);
         let (pid, reason, explicit) = (&pid, &reason, args.amount.is_some());

@@ -106,7 +106,7 @@ fn named(field: &str, value: &str, bytes_max: usize) -> Result<(), OpError> {
 
 /// A reason an operator or user gives, as kept: at most [`REASON_CHARS_MAX`] characters (longer is
 /// refused, never cut: a cut reason could say something else).
-fn reason_text(reason: Option<String>) -> Result<Option<String>, OpError> {
+pub(super) fn reason_text(reason: Option<String>) -> Result<Option<String>, OpError> {
     match reason {
         Some(r) if r.chars().count() > REASON_CHARS_MAX => {
             Err(OpError::invalid(format!("reason is at most {REASON_CHARS_MAX} characters")))
@@ -291,6 +291,7 @@ impl Gateway {
             d.approval_id = Some(id.as_str());
             d.detail = Some(format!("mandate {mid} for {}", v.agent_subject));
             self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+            self.learn_payee(op, v, now).await;
         }
         outcome
     }

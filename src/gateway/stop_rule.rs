@@ -74,6 +74,9 @@ impl Gateway {
     /// The no-progress rule (`no_progress`): a fresh refusal of a money call, counted against the
     /// same refusal of the same intent in a row.
     pub(super) async fn enforce_no_progress(&self, caller: &Caller, tool: &str, idem: &Idem, code: ErrorCode) {
+        if caller.dry() {
+            return;
+        }
         let max = self.limits.stop_repeat_max;
         // The operation's own key and fingerprint (for a mandate-anchored key, its alias).
         let operation = idem.operation();
@@ -92,6 +95,9 @@ impl Gateway {
 
     /// Audit a refusal and hand the error back; policy denials count toward the stop rule.
     pub(super) async fn refuse(&self, caller: &Caller, tool: &str, key: Option<&str>, e: AgentError) -> AgentError {
+        if caller.dry() {
+            return e;
+        }
         let mut d = Decision::new(tool, "denied");
         d.code = Some(e.code);
         d.idempotency_key = key;
@@ -112,6 +118,9 @@ impl Gateway {
         decision: &str,
         e: AgentError,
     ) -> AgentError {
+        if caller.dry() {
+            return e;
+        }
         let mut d = Decision::new(tool, decision);
         d.code = Some(e.code);
         d.idempotency_key = Some(&idem.key);

@@ -117,6 +117,7 @@ pub fn profile() -> Profile {
         calls_per_minute: 1000,
         tool_calls_per_minute: HashMap::new(),
         user_approval_max_minor: HashMap::new(),
+        payees: Default::default(),
     }
 }
 
@@ -131,6 +132,7 @@ pub fn caller(scopes: &[&str]) -> Caller {
             profile: Arc::new(profile()),
         },
         correlation_id: "corr_test".into(),
+        preflight: None,
     }
 }
 

@@ -23,7 +23,7 @@ use crate::domain::audit::AuditRecord;
 use crate::domain::error::{BackendError, StoreError};
 use crate::domain::idempotency::Reservation;
 use crate::domain::money::Money;
-use crate::domain::payment::{Attempt, Payment, PaymentStatus};
+use crate::domain::payment::{Attempt, Guards, Payment, PaymentStatus};
 use crate::domain::policy::Decision as Policy;
 use crate::error::{AgentError, ErrorCode};
 use crate::idempotency::StoredOutcome;
@@ -75,6 +75,8 @@ pub(super) struct Work<'a> {
     pub strategy: Strategy,
     pub intent: Intent,
     pub decision: Policy,
+    /// What the payment draws on where it commits (a preflight checks them without drawing).
+    pub guards: Guards,
     pub movement: Movement<'a>,
 }
 
@@ -90,15 +92,17 @@ pub(super) struct ExactlyOnce;
 #[async_trait]
 impl UnitOfWork for ExactlyOnce {
     async fn run(&self, gw: &Gateway, caller: &Caller, work: Work<'_>) -> Result<Executed, AgentError> {
-        let Work { strategy, intent, decision, movement } = work;
+        let Work { strategy, intent, decision, guards, movement } = work;
         let Intent { tool, keys: idem, amount, shown } = intent;
         // 1. An outcome already recorded under the operation's key (or the mandate's) wins over
         //    everything, policy included: a retry must never be judged as a new payment. A call
         //    policy allows under `ClaimInPosting` skips this read where the store's claim is cheap:
         //    the posting transaction's claim answers the same (`KeyHeld`: replay, conflict, or wait)
         //    in the write it makes anyway.
-        let claim_decides =
-            matches!(decision, Policy::Allow) && strategy == Strategy::ClaimInPosting && gw.store.claim_is_cheap();
+        let claim_decides = matches!(decision, Policy::Allow)
+            && strategy == Strategy::ClaimInPosting
+            && gw.store.claim_is_cheap()
+            && !caller.dry();
         let now = gw.clock.now();
         for id in idem.all().filter(|_| !claim_decides) {
             match gw.store.idem_peek(&id.key, now).await {
@@ -121,6 +125,11 @@ impl UnitOfWork for ExactlyOnce {
             code = tracing::field::Empty,
         );
         match decision {
+            Policy::Allow if caller.dry() => {
+                // A preflight stops here: the guards checked as they stand, nothing drawn or moved.
+                drop(policy);
+                return gw.preflight_guards(caller, &guards, amount).await;
+            }
             Policy::Allow => drop(policy),
             Policy::Deny(refusal) => {
                 let e = AgentError::from(refusal);

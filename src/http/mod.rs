@@ -224,6 +224,8 @@ fn operator_api() -> Router<AppState> {
         .route("/principals", get(operator::principals))
         .route("/principals/{subject}/suspend", post(approvals::suspend))
         .route("/principals/{subject}/resume", post(approvals::resume))
+        .route("/payees", get(operator::payees).post(operator::add_payee))
+        .route("/payees/revoke", post(operator::revoke_payee))
         .route("/reconciliation", get(operator::reconciliation))
         .route("/reconciliation/run", post(operator::reconcile))
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 use super::AppState;
 use super::approvals::{Authed, ReviewBody, parse_body, refusal, respond};
 use crate::error::ErrorCode;
-use crate::gateway::{AuditFilters, PaymentFilters};
+use crate::gateway::{AuditFilters, PayeeArgs, PaymentFilters};
 
 type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
 
@@ -141,6 +141,36 @@ pub async fn revoke_mandate(
 pub async fn principals(State(state): State<AppState>, Authed(op): Authed) -> Response {
     let result = state.gateway.ops_principals(&op).await.map(|items| page(items, None));
     respond(result, &op.correlation_id, StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayeesQuery {
+    agent: Option<String>,
+    user: Option<String>,
+    limit: Option<u32>,
+}
+
+pub async fn payees(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<PayeesQuery>) -> Response {
+    let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
+    let result = state.gateway.ops_payees(&op, q.agent.as_deref(), q.user.as_deref(), q.limit).await;
+    respond(result.map(|items| page(items, None)), &op.correlation_id, StatusCode::OK)
+}
+
+pub async fn add_payee(State(state): State<AppState>, Authed(op): Authed, body: axum::body::Bytes) -> Response {
+    let args: PayeeArgs = match parse_body(&body, &op.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    respond(state.gateway.ops_add_payee(&op, args).await, &op.correlation_id, StatusCode::OK)
+}
+
+pub async fn revoke_payee(State(state): State<AppState>, Authed(op): Authed, body: axum::body::Bytes) -> Response {
+    let args: PayeeArgs = match parse_body(&body, &op.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    respond(state.gateway.ops_revoke_payee(&op, args).await, &op.correlation_id, StatusCode::OK)
 }
 
 pub async fn reconciliation(State(state): State<AppState>, Authed(op): Authed) -> Response {

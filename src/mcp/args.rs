@@ -226,3 +226,13 @@ impl From<SendMpesaPayoutArgs> for crate::gateway::SendPayout {
         crate::gateway::SendPayout { operation_id, phone_number, amount, remarks, mandate }
     }
 }
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckPaymentPolicyArgs {
+    /// The money tool to ask about: create_payment, refund_payment, send_mpesa_payout,
+    /// request_mpesa_payment (or initiate_stk_push) or request_airtel_payment.
+    pub tool: String,
+    /// Exactly the arguments you would pass to that tool (operation_id included).
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+}

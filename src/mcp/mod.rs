@@ -27,9 +27,9 @@ use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
 use crate::gateway::{ApprovalView, Caller, CorrelationId, Gateway, PageAsk, WindowAsk};
 use args::{
-    AccountLedgerArgs, CreatePaymentArgs, FailedTransactionsArgs, ListPaymentsArgs, PaymentSummaryArgs, ReconcileArgs,
-    RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs, TodaySummaryArgs, TodayTransactionsArgs,
-    TransactionStatusArgs,
+    AccountLedgerArgs, CheckPaymentPolicyArgs, CreatePaymentArgs, FailedTransactionsArgs, ListPaymentsArgs,
+    PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs,
+    TodaySummaryArgs, TodayTransactionsArgs, TransactionStatusArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
@@ -91,7 +91,7 @@ fn caller_from(ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
     let principal = parts.and_then(|p| p.extensions.get::<AgentPrincipal>()).cloned();
     let correlation = parts.and_then(|p| p.extensions.get::<CorrelationId>()).cloned();
     match (principal, correlation) {
-        (Some(principal), Some(c)) => Ok(Caller { principal, correlation_id: c.0 }),
+        (Some(principal), Some(c)) => Ok(Caller::new(principal, c.0)),
         // Architecture Invariant: no tool runs without an authenticated principal.
         _ => Err(ErrorData::internal_error("request is not authenticated", None)),
     }
@@ -531,6 +531,60 @@ impl PaygateMcp {
     }
 
     #[tool(
+        output_schema = result_schema::<crate::gateway::PreflightView>(),
+        description = "Before a money call: what it would get — allowed, approval_required (why, and whether an \
+                       operator or your user decides) or denied (the error code) — and your headroom today (budget and \
+                       count left per currency, refund budget, denials left before suspension, open mandates), plus \
+                       whether the payee is known. Pass the money tool's name and exactly its arguments. Moves nothing, \
+                       asks no human and never counts as a denial. Needs scope payments:read (and the money tool's own \
+                       scope for an 'allowed').",
+        input_schema = schema_for_type::<CheckPaymentPolicyArgs>()
+    )]
+    async fn check_payment_policy(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<crate::gateway::PreflightView>, CallToolResult> {
+        self.read(&caller, "check_payment_policy", args, async |gw, c, a: CheckPaymentPolicyArgs| {
+            let tool = crate::catalogue::canonical(&a.tool);
+            let spec = crate::catalogue::tool(tool)
+                .filter(|t| matches!(t.effect, crate::catalogue::Effect::MovesMoney { .. }))
+                .ok_or_else(|| AgentError::invalid(format!("{} is not a money tool of this gateway", a.tool)))?;
+            let dry = gw.preflight_caller(c);
+            let outcome = if !c.principal.has_scope(spec.scope) {
+                let missing = crate::domain::policy::require_scope(&[spec.scope], |_| false, tool);
+                Err(missing.err().map(AgentError::from).unwrap_or_else(AgentError::internal))
+            } else {
+                let args = a.arguments;
+                match tool {
+                    "create_payment" => match parse_args::<CreatePaymentArgs>(args) {
+                        Ok(x) => gw.create_payment(&dry, x.into()).await,
+                        Err(e) => Err(e),
+                    },
+                    "refund_payment" => match parse_args::<RefundPaymentArgs>(args) {
+                        Ok(x) => gw.refund_payment(&dry, x.into()).await,
+                        Err(e) => Err(e),
+                    },
+                    "send_mpesa_payout" => match parse_args::<SendMpesaPayoutArgs>(args) {
+                        Ok(x) => gw.send_payout(&dry, "send_mpesa_payout", MPESA, x.into()).await,
+                        Err(e) => Err(e),
+                    },
+                    "request_mpesa_payment" | "request_airtel_payment" => {
+                        let rail = if tool == "request_mpesa_payment" { MPESA } else { crate::backend::airtel::RAIL };
+                        match parse_args::<RequestMpesaPaymentArgs>(args) {
+                            Ok(x) => gw.request_collection(&dry, spec.name, rail, x.into()).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    other => Err(AgentError::invalid(format!("{other} is not a money tool of this gateway"))),
+                }
+            };
+            gw.preflight_answer(c, &dry, tool, outcome).await
+        })
+        .await
+    }
+
+    #[tool(
         output_schema = result_schema::<SummaryView>(),
         description = "Counts and totals of payments touching your accounts by kind, status and currency over a \
                        window (default: today, UTC), e.g. today's revenue or what failed today. Needs scope payments:read.",
@@ -681,6 +735,7 @@ impl ServerHandler for PaygateMcp {
                 "allowed_accounts": p.profile.allowed_accounts,
                 "autonomous_limits": limits,
                 "rails": self.gateway.rail_offers(),
+                "headroom": self.gateway.headroom(&caller).await.map_err(|e| resource_error(&caller, uri, e))?,
                 "tools": crate::catalogue::TOOLS.iter()
                     .map(|t| json!({"tool": t.name, "scope": t.scope, "allowed": p.has_scope(t.scope)}))
                     .chain(crate::catalogue::ALIASES.iter().filter_map(|a| {

@@ -1,5 +1,5 @@
 //! Persistence: one trait per entity (`traits/`: idempotency, approvals, suspensions, audit, ledger,
-//! rails, reads, leases, and the engine's own `Engine`), joined by [`Store`]; one engine per
+//! rails, reads, leases, payees, and the engine's own `Engine`), joined by [`Store`]; one engine per
 //! database, each implementing every trait in its file of the same name. SQLite is the embedded
 //! default; PostgreSQL (shared by replicas) implements the same contract.
 //!
@@ -14,8 +14,8 @@ pub mod sqlite;
 mod traits;
 
 pub use traits::{
-    ApprovalStore, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore, RailStore,
-    ReadStore, SuspensionStore,
+    ApprovalStore, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore, PayeeStore,
+    RailStore, ReadStore, SuspensionStore,
 };
 
 use crate::clock::UnixSecs;
@@ -78,6 +78,7 @@ pub trait Store:
     + RailStore
     + ReadStore
     + LeaseStore
+    + PayeeStore
     + Send
     + Sync
     + 'static
@@ -94,6 +95,7 @@ impl<T> Store for T where
         + RailStore
         + ReadStore
         + LeaseStore
+        + PayeeStore
         + Send
         + Sync
         + 'static

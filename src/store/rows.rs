@@ -539,3 +539,18 @@ pub(crate) fn checkpoint_body(c: &crate::domain::rules::integrity::Checkpoint) -
 pub(crate) fn checkpoint(body: &str) -> Result<crate::domain::rules::integrity::Checkpoint, StoreError> {
     serde_json::from_str(body).map_err(|_| corrupt("integrity_checkpoints.body"))
 }
+
+/// The columns of `payees`, in this order.
+pub(crate) const PAYEE_COLS: &str = "owner, payee, known_since, added_by, approval_id, revoked_at, revoked_by";
+
+pub(crate) fn payee(r: &dyn Columns) -> Result<crate::domain::payee::PayeeRecord, StoreError> {
+    Ok(crate::domain::payee::PayeeRecord {
+        owner: r.text(0)?,
+        payee: r.text(1)?,
+        known_since: r.int(2)?,
+        added_by: r.text(3)?,
+        approval_id: r.opt_text(4)?,
+        revoked_at: r.opt_int(5)?,
+        revoked_by: r.opt_text(6)?,
+    })
+}

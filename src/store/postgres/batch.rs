@@ -60,7 +60,8 @@ pub const LANES: usize = 4;
 const LANE_QUEUE: usize = 1024;
 
 /// May this transfer join a batch? The common autonomous payment: one key (claimed by the
-/// posting, or reserved by the caller), no mandate, a payment budget if any.
+/// posting, or reserved by the caller), no mandate, a payment budget if any, no payee cap (a
+/// capped payee's payments go through the single posting, which checks the cap).
 pub(super) fn batchable(req: &TransferRequest) -> bool {
     let one_key = match &req.attempt.claim {
         None => true,
@@ -69,6 +70,7 @@ pub(super) fn batchable(req: &TransferRequest) -> bool {
     one_key
         && req.attempt.alias_key.is_none()
         && req.guards.mandate.is_none()
+        && req.guards.payee.is_none()
         && req.guards.budget.as_ref().is_none_or(|b| b.kind == PaymentKind::Payment)
 }
 

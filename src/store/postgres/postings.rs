@@ -11,6 +11,7 @@ use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::ids::AccountId;
 use crate::domain::money::Currency;
+use crate::domain::payee;
 use crate::domain::payment::{AccountRow, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, MandateRow, UsageDraw};
 use crate::domain::rules::ledger::DoubleEntry;
@@ -139,6 +140,8 @@ pub(super) async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<u
 pub(super) struct GuardState {
     usage: Option<BudgetUsage>,
     mandate: Option<MandateRow>,
+    /// What the payee was already paid today (read under the same lock).
+    payee_paid: Option<i64>,
 }
 
 impl GuardState {
@@ -146,6 +149,9 @@ impl GuardState {
     fn check(&self, g: &Guards, amount: i64, currency: Currency, now: UnixSecs) -> Result<(), BackendError> {
         if let (Some(b), Some(usage)) = (&g.budget, self.usage) {
             guards::check_budget(b, usage, amount, currency)?;
+        }
+        if let (Some(cap), Some(paid)) = (&g.payee, self.payee_paid) {
+            payee::check_cap(cap, paid, amount, currency).map_err(BackendError::BudgetExceeded)?;
         }
         if g.mandate.is_some() {
             guards::check_mandate(self.mandate.as_ref(), amount, currency, now)?;
@@ -173,15 +179,17 @@ pub(super) async fn read_guards(
     });
     let mandate_sql = format!("SELECT {} FROM mandates WHERE id = $1 FOR UPDATE", rows::MANDATE_COLS);
     const BUDGET_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended('budget:' || $1, 0))";
-    let mut statements = vec![mandate_sql.as_str(), BUDGET_LOCK];
+    let mut statements = vec![mandate_sql.as_str(), BUDGET_LOCK, PAYEE_PAID];
     statements.extend(usage_sql.as_deref());
     prepare_all(c, &statements).await?;
-    let (locked, usage, mandate) = tokio::join!(
+    let (locked, usage, payee_paid, mandate) = tokio::join!(
         async {
-            match &g.budget {
-                // One subject's autonomous payments serialise here, so the sum below cannot go stale.
-                Some(_) => c.exec(BUDGET_LOCK, &[&subject]).await.map(|_| ()),
-                None => Ok(()),
+            if g.budget.is_some() || g.payee.is_some() {
+                // One subject's autonomous payments serialise here, so the sums below cannot go
+                // stale (a payee's owner is the budget's subject).
+                c.exec(BUDGET_LOCK, &[&subject]).await.map(|_| ())
+            } else {
+                Ok(())
             }
         },
         async {
@@ -194,6 +202,15 @@ pub(super) async fn read_guards(
             }
         },
         async {
+            match &g.payee {
+                Some(cap) => {
+                    let row = c.one(PAYEE_PAID, &[&cap.owner, &cap.payee, &cap.since, &currency.code()]).await?;
+                    Ok(Some(row.get::<_, i64>(0)))
+                }
+                None => Ok::<_, tokio_postgres::Error>(None),
+            }
+        },
+        async {
             match &g.mandate {
                 Some(d) => c.get(&mandate_sql, &[&d.mandate_id], rows::mandate).await,
                 None => Ok(None),
@@ -201,11 +218,28 @@ pub(super) async fn read_guards(
         },
     );
     locked?;
-    Ok(GuardState { usage: usage?, mandate: mandate? })
+    Ok(GuardState { usage: usage?, mandate: mandate?, payee_paid: payee_paid? })
 }
 
-/// Record a mandate draw (its uses and spend), once the guards passed.
-async fn draw_mandate(c: &impl GenericClient, g: &Guards, amount: i64) -> Result<u64, tokio_postgres::Error> {
+/// What a payee was already paid today by its owner (the daily cap's usage).
+const PAYEE_PAID: &str = "SELECT COALESCE(SUM(spent_minor), 0)::BIGINT FROM payee_usage
+     WHERE owner = $1 AND payee = $2 AND day = $3 AND currency = $4";
+/// Count a payment toward its payee's day.
+const ADD_PAYEE_USAGE: &str = "INSERT INTO payee_usage (owner, payee, day, currency, spent_minor, payments)
+     VALUES ($1, $2, $3, $4, $5, 1)
+     ON CONFLICT (owner, payee, day, currency) DO UPDATE SET spent_minor = payee_usage.spent_minor + excluded.spent_minor,
+                                                          payments = payee_usage.payments + 1";
+
+/// Record a mandate draw (its uses and spend) and the payee's daily usage, once the guards passed.
+async fn draw_mandate(
+    c: &impl GenericClient,
+    g: &Guards,
+    amount: i64,
+    currency: Currency,
+) -> Result<u64, tokio_postgres::Error> {
+    if let Some(cap) = &g.payee {
+        c.exec(ADD_PAYEE_USAGE, &[&cap.owner, &cap.payee, &cap.since, &currency.code(), &amount]).await?;
+    }
     match &g.mandate {
         Some(d) => c.exec(DRAW_MANDATE, &[&amount, &d.mandate_id]).await,
         None => Ok(0),
@@ -221,7 +255,7 @@ pub(super) async fn apply_guards(
 ) -> Result<(), BackendError> {
     let state = read_guards(c, g, &draw.subject, draw.currency).await.map_err(db)?;
     state.check(g, draw.amount_minor, draw.currency, now)?;
-    draw_mandate(c, g, draw.amount_minor).await.map_err(db)?;
+    draw_mandate(c, g, draw.amount_minor, draw.currency).await.map_err(db)?;
     Ok(())
 }
 
@@ -315,7 +349,7 @@ async fn write_posting(
     // The account rows stay locked until COMMIT: every round trip from here on is time other
     // payments between these accounts wait, so the writes go out together.
     let (drawn, inserted, counted, refunded, debit, credit, completed, audited, released) = tokio::join!(
-        draw_mandate(c, w.guards, amount),
+        draw_mandate(c, w.guards, amount, p.currency),
         // The payment row goes first after the draw: a lost race on the key fails here (a retry).
         c.exec(INSERT_PAYMENT, &values),
         add_usage(c, &usage),

@@ -9,6 +9,7 @@ use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::ids::AccountId;
+use crate::domain::payee;
 use crate::domain::payment::{AccountRow, Attempt, Claim, Guards, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::guards::{self, BudgetUsage, UsageDraw};
 use crate::domain::rules::ledger::DoubleEntry;
@@ -59,7 +60,8 @@ pub(super) fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<usiz
     )
 }
 
-/// Check the guards that must hold where the payment commits, and record mandate draws.
+/// Check the guards that must hold where the payment commits, and record mandate draws and the
+/// payee's daily usage (the subject's own usage is `add_usage`'s).
 pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: UnixSecs) -> Result<(), BackendError> {
     let (subject, amount, currency) = (&draw.subject, draw.amount_minor, draw.currency);
     if let Some(b) = &g.budget {
@@ -76,6 +78,17 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
             .map_err(db)?;
         guards::check_budget(b, usage, amount, currency)?;
     }
+    if let Some(cap) = &g.payee {
+        let paid: i64 = tx
+            .q_row(
+                "SELECT COALESCE(SUM(spent_minor), 0) FROM payee_usage
+                 WHERE owner = ?1 AND payee = ?2 AND day = ?3 AND currency = ?4",
+                params![cap.owner, cap.payee, cap.since, currency.code()],
+                |r| r.get(0),
+            )
+            .map_err(db)?;
+        payee::check_cap(cap, paid, amount, currency).map_err(BackendError::BudgetExceeded)?;
+    }
     if let Some(d) = &g.mandate {
         let sql = format!("SELECT {} FROM mandates WHERE id = ?1", rows::MANDATE_COLS);
         let mandate = tx.opt(&sql, [&d.mandate_id], rows::mandate).map_err(db)?;
@@ -85,6 +98,16 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
             params![amount, d.mandate_id],
         )
         .map_err(db)?;
+    }
+    // Every check passed: the writes (a check failing after a write would poison the batch).
+    if let Some(cap) = &g.payee {
+        tx.exec(
+                "INSERT INTO payee_usage (owner, payee, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, ?5, 1)
+                 ON CONFLICT (owner, payee, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
+                                                                      payments = payments + 1",
+                params![cap.owner, cap.payee, cap.since, currency.code(), amount],
+            )
+            .map_err(db)?;
     }
     Ok(())
 }

@@ -9,12 +9,14 @@ use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
+use crate::domain::money::Currency;
 use crate::domain::ops::{
     AuditQuery, AuditRelated, MandateListing, MandateQuery, OpsPayment, OpsPaymentQuery, PrincipalState, VolumeRow,
 };
-use crate::domain::payment::PaymentQuery;
+use crate::domain::payment::{PaymentKind, PaymentQuery};
 use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::domain::rail::RailPayment;
+use crate::domain::rules::guards::BudgetUsage;
 use crate::store::{queries, rows};
 
 #[async_trait]
@@ -82,4 +84,15 @@ pub trait ReadStore: Engine {
 
     /// Counts and totals over every payment the gateway knows (the reference ledger's and the rails').
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError>;
+
+    /// A subject's usage of one kind's daily budget on `day`: its payments (every currency) and
+    /// its spend in `currency` — what the posting's guard reads, read outside any transaction (the
+    /// preflight tool and the headroom an agent is shown).
+    async fn budget_usage(
+        &self,
+        kind: PaymentKind,
+        subject: &str,
+        day: UnixSecs,
+        currency: Currency,
+    ) -> Result<BudgetUsage, StoreError>;
 }

@@ -203,7 +203,7 @@ mod tests {
             memo: None,
             principal_sub: "agent".into(),
             principal_user: None,
-            guards: Guards { budget, mandate: None },
+            guards: Guards { budget, mandate: None, payee: None },
         }
     }
 

@@ -1,0 +1,244 @@
+//! Who gets paid: beneficiary rules, as banks keep them. Per profile, a payee (a ledger account, a
+//! customer's M-Pesa or Airtel phone) is *open* (anyone), must be *known* (a human approved a
+//! payment to it, or an operator added it) or must be on the operator's *allow-list*. A payee known
+//! for less than `cooling_off_secs` may be paid alone only up to `new_payee_limit`, and every payee
+//! only up to its daily cap. Pure: the gateway reads the payee's row and today's usage, asks here;
+//! the engine re-checks the cap where the payment commits (under the budget lock).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::UnixSecs;
+use crate::domain::money::{Currency, Money, format_minor};
+use crate::domain::policy::{Decision, Refusal};
+
+/// How a profile treats payees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayeeMode {
+    /// Any payee the profile's other rules allow (the default; no payee is read).
+    #[default]
+    Open,
+    /// A payee nobody approved yet needs a human: approving that payment makes it known.
+    Known,
+    /// Only payees an operator added (or a human approved): anything else is refused.
+    AllowList,
+}
+
+impl PayeeMode {
+    pub fn parse(s: &str) -> Option<PayeeMode> {
+        match s {
+            "open" => Some(PayeeMode::Open),
+            "known" => Some(PayeeMode::Known),
+            "allow_list" => Some(PayeeMode::AllowList),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PayeeMode::Open => "open",
+            PayeeMode::Known => "known",
+            PayeeMode::AllowList => "allow_list",
+        }
+    }
+}
+
+/// A profile's payee rules.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PayeeRules {
+    pub mode: PayeeMode,
+    /// For this long after a payee became known, payments to it alone are capped at
+    /// `new_payee_limit_minor` (per payment).
+    pub cooling_off_secs: i64,
+    /// Per currency: the largest autonomous payment to a payee in its cooling-off period. A currency
+    /// not listed: the autonomous limit alone.
+    pub new_payee_limit_minor: HashMap<Currency, i64>,
+    /// Per currency: what autonomous payments to one payee may total per UTC day.
+    pub daily_cap_minor: HashMap<Currency, i64>,
+}
+
+impl PayeeRules {
+    /// Whether any rule needs the payee's row or today's usage for a payment in `currency`: when
+    /// not, nothing is read (the default profile pays nothing extra).
+    pub fn applies(&self, currency: Currency) -> bool {
+        self.mode != PayeeMode::Open || self.daily_cap_minor.contains_key(&currency)
+    }
+}
+
+/// A payee as stored (`payees`): known to one owner (an agent, or an agent acting for one user:
+/// `domain::principal::usage_subject`) since a human approved it or an operator added it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayeeRecord {
+    pub owner: String,
+    pub payee: String,
+    pub known_since: UnixSecs,
+    /// The operator (or user) who made it known: `iss sub`.
+    pub added_by: String,
+    /// The approval whose decision made it known, when one did.
+    pub approval_id: Option<String>,
+    pub revoked_at: Option<UnixSecs>,
+    pub revoked_by: Option<String>,
+}
+
+impl PayeeRecord {
+    /// Known now: added and not revoked.
+    pub fn known_since(&self) -> Option<UnixSecs> {
+        self.revoked_at.is_none().then_some(self.known_since)
+    }
+}
+
+/// What the rules read for one payment: since when the payee is known (none: not known), and what
+/// autonomous payments to it already total today in the payment's currency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PayeeState {
+    pub known_since: Option<UnixSecs>,
+    pub paid_today_minor: i64,
+}
+
+/// Where the engine re-checks a payee's daily cap, in the payment's transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayeeCap {
+    pub owner: String,
+    pub payee: String,
+    /// Start of the current UTC day.
+    pub since: UnixSecs,
+    pub max_minor: i64,
+}
+
+/// The cap's verdict on `amount` over what is already paid today (`paid_minor`).
+pub fn check_cap(cap: &PayeeCap, paid_minor: i64, amount: i64, currency: Currency) -> Result<(), String> {
+    if paid_minor + amount > cap.max_minor {
+        return Err(format!(
+            "{currency} {} paid to {} today plus {} exceeds its daily cap of {}",
+            format_minor(paid_minor, currency),
+            cap.payee,
+            format_minor(amount, currency),
+            format_minor(cap.max_minor, currency)
+        ));
+    }
+    Ok(())
+}
+
+/// May `amount` go to `payee` without a human, by the payee rules alone? Deny: not on the
+/// allow-list. Approval: unknown under "known", over the new-payee limit while cooling off, or
+/// over the payee's daily cap. A mandate turns an approval into an allow (a human approved this
+/// very payment); it never lifts a denial.
+pub fn decide(rules: &PayeeRules, payee: &str, state: PayeeState, amount: Money, now: UnixSecs) -> Decision {
+    let currency = amount.currency();
+    let known_since = match (rules.mode, state.known_since) {
+        (PayeeMode::Open, since) => since,
+        (_, Some(since)) => Some(since),
+        (PayeeMode::Known, None) => {
+            return Decision::RequireApproval {
+                reason: format!("{payee} is a new payee for this agent: a human approves the first payment to it"),
+            };
+        }
+        (PayeeMode::AllowList, None) => return Decision::Deny(Refusal::PayeeNotAllowed(payee.to_string())),
+    };
+    if rules.mode != PayeeMode::Open
+        && let Some(since) = known_since
+        && now < since.saturating_add(rules.cooling_off_secs)
+        && let Some(limit) = rules.new_payee_limit_minor.get(&currency)
+        && amount.minor() > *limit
+    {
+        return Decision::RequireApproval {
+            reason: format!(
+                "{payee} became a payee less than {}s ago: alone, this agent pays it at most {currency} {} at a time",
+                rules.cooling_off_secs,
+                format_minor(*limit, currency)
+            ),
+        };
+    }
+    if let Some(max) = rules.daily_cap_minor.get(&currency) {
+        let cap = PayeeCap { owner: String::new(), payee: payee.to_string(), since: 0, max_minor: *max };
+        if let Err(reason) = check_cap(&cap, state.paid_today_minor, amount.minor(), currency) {
+            return Decision::RequireApproval { reason };
+        }
+    }
+    Decision::Allow
+}
+
+/// Two verdicts on one call, the stricter first: a denial, then approval (both reasons), then allow.
+pub fn stricter(a: Decision, b: Decision) -> Decision {
+    match (a, b) {
+        (Decision::Deny(r), _) | (_, Decision::Deny(r)) => Decision::Deny(r),
+        (Decision::RequireApproval { reason: x }, Decision::RequireApproval { reason: y }) => {
+            Decision::RequireApproval { reason: format!("{x}; {y}") }
+        }
+        (d @ Decision::RequireApproval { .. }, Decision::Allow) | (Decision::Allow, d) => d,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn kes(minor: i64) -> Money {
+        Money::from_minor(minor, Currency::parse("KES").unwrap()).unwrap()
+    }
+
+    fn rules(mode: PayeeMode) -> PayeeRules {
+        let k = Currency::parse("KES").unwrap();
+        PayeeRules {
+            mode,
+            cooling_off_secs: 3_600,
+            new_payee_limit_minor: [(k, 10_000)].into(),
+            daily_cap_minor: [(k, 50_000)].into(),
+        }
+    }
+
+    fn known(since: UnixSecs, paid: i64) -> PayeeState {
+        PayeeState { known_since: Some(since), paid_today_minor: paid }
+    }
+
+    fn is_approval(d: &Decision) -> bool {
+        matches!(d, Decision::RequireApproval { .. })
+    }
+
+    #[test]
+    fn an_unknown_payee_needs_a_human_under_known_and_is_refused_under_allow_list() {
+        let unknown = PayeeState::default();
+        let d = decide(&rules(PayeeMode::Known), "mpesa-254712345678", unknown, kes(100), 10);
+        assert!(is_approval(&d), "{d:?}");
+        let d = decide(&rules(PayeeMode::AllowList), "mpesa-254712345678", unknown, kes(100), 10);
+        assert_eq!(d, Decision::Deny(Refusal::PayeeNotAllowed("mpesa-254712345678".into())));
+        // Open: nobody is asked about a payee, and even one minor unit is not refused.
+        assert_eq!(decide(&rules(PayeeMode::Open), "x", unknown, kes(1), 10), Decision::Allow);
+    }
+
+    #[test]
+    fn a_payee_in_its_cooling_off_period_is_paid_alone_only_up_to_the_new_payee_limit() {
+        let r = rules(PayeeMode::Known);
+        assert_eq!(decide(&r, "p", known(1_000, 0), kes(10_000), 1_000 + 3_599), Decision::Allow);
+        assert!(is_approval(&decide(&r, "p", known(1_000, 0), kes(10_001), 1_000 + 3_599)));
+        // Cooled off: only the daily cap bounds it.
+        assert_eq!(decide(&r, "p", known(1_000, 0), kes(10_001), 1_000 + 3_600), Decision::Allow);
+    }
+
+    #[test]
+    fn the_daily_cap_counts_what_the_payee_was_already_paid_today() {
+        let r = rules(PayeeMode::Known);
+        assert_eq!(decide(&r, "p", known(0, 40_000), kes(10_000), 10_000), Decision::Allow);
+        assert!(is_approval(&decide(&r, "p", known(0, 40_001), kes(10_000), 10_000)));
+        // The cap holds in open mode too, where it is configured.
+        assert!(is_approval(&decide(&rules(PayeeMode::Open), "p", PayeeState::default(), kes(50_001), 0)));
+        let cap = PayeeCap { owner: "a".into(), payee: "p".into(), since: 0, max_minor: 100 };
+        assert!(check_cap(&cap, 60, 40, Currency::parse("KES").unwrap()).is_ok());
+        assert!(check_cap(&cap, 60, 41, Currency::parse("KES").unwrap()).is_err());
+    }
+
+    #[test]
+    fn the_stricter_verdict_wins_and_approval_reasons_are_both_kept() {
+        let ask = |r: &str| Decision::RequireApproval { reason: r.into() };
+        let deny = Decision::Deny(Refusal::PayeeNotAllowed("p".into()));
+        assert_eq!(stricter(ask("a"), deny.clone()), deny);
+        assert_eq!(stricter(deny.clone(), Decision::Allow), deny);
+        assert_eq!(stricter(Decision::Allow, ask("b")), ask("b"));
+        assert_eq!(stricter(ask("a"), ask("b")), ask("a; b"));
+        assert_eq!(stricter(Decision::Allow, Decision::Allow), Decision::Allow);
+        assert!(!rules(PayeeMode::Open).applies(Currency::parse("USD").unwrap()));
+        assert!(rules(PayeeMode::Open).applies(Currency::parse("KES").unwrap()));
+    }
+}

@@ -1,0 +1,201 @@
+//! Payees (`domain::payee`): made known when a human approves a payment to one, listed, added and
+//! revoked by operators (`/operator/v1/payees`). Every change is audited under whoever made it.
+
+use serde::{Deserialize, Serialize};
+
+use super::admission::PAYS_PAYEE;
+use super::approvals_api::OpError;
+use super::{ApprovalView, Decision, Gateway, Operator};
+use crate::catalogue::scopes;
+use crate::clock::{UnixSecs, rfc3339};
+use crate::domain::ids::AccountId;
+use crate::domain::payee::PayeeRecord;
+use crate::domain::principal::usage_subject;
+
+/// Payees one list answers at most.
+pub const PAYEES_LISTED_MAX: u32 = 500;
+
+/// A payee as operators see it.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct PayeeView {
+    /// The agent it is known to.
+    pub agent_subject: String,
+    /// The user the agent acts for, when it is known to the agent acting for that user only.
+    pub user: Option<String>,
+    /// The payee: a ledger account, or a customer's phone as its account (`mpesa-2547…`).
+    pub payee: String,
+    /// "known" or "revoked".
+    pub status: String,
+    pub known_since: String,
+    pub added_by: String,
+    pub approval_id: Option<String>,
+    pub revoked_at: Option<String>,
+    pub revoked_by: Option<String>,
+}
+
+fn payee_view(r: PayeeRecord) -> PayeeView {
+    let (agent, user) = match r.owner.split_once('\u{1f}') {
+        Some((a, u)) => (a.to_string(), Some(u.to_string())),
+        None => (r.owner.clone(), None),
+    };
+    PayeeView {
+        agent_subject: agent,
+        user,
+        payee: r.payee,
+        status: if r.revoked_at.is_some() { "revoked" } else { "known" }.into(),
+        known_since: rfc3339(r.known_since),
+        added_by: r.added_by,
+        approval_id: r.approval_id,
+        revoked_at: r.revoked_at.map(rfc3339),
+        revoked_by: r.revoked_by,
+    }
+}
+
+/// Whose payee, and which: the body of `POST /operator/v1/payees` and `…/payees/revoke`.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PayeeArgs {
+    /// The agent's subject.
+    pub agent_subject: String,
+    /// The user the agent acts for, when the payee is for that pairing only.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// A ledger account id, or a customer's phone as its account (`mpesa-254712345678`).
+    pub payee: String,
+    /// Why (kept in the audit trail).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl PayeeArgs {
+    fn owner_and_payee(&self) -> Result<(String, String), OpError> {
+        let bytes = crate::auth::jwt::SUBJECT_BYTES_MAX;
+        let bad = |f: &str| OpError::invalid(format!("{f} must be 1 to {bytes} bytes, without control characters"));
+        let named = |v: &str| !v.is_empty() && v.len() <= bytes && !v.chars().any(char::is_control);
+        if !named(&self.agent_subject) {
+            return Err(bad("agent_subject"));
+        }
+        if self.user.as_deref().is_some_and(|u| !named(u)) {
+            return Err(bad("user"));
+        }
+        let payee = AccountId::parse(&self.payee).map_err(|e| OpError::invalid(format!("payee: {e}")))?;
+        Ok((usage_subject(&self.agent_subject, self.user.as_deref()), payee.to_string()))
+    }
+}
+
+impl Gateway {
+    /// Payees, most recently known first: every agent's, or one agent's (and user's).
+    pub async fn ops_payees(
+        &self,
+        op: &Operator,
+        agent: Option<&str>,
+        user: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Vec<PayeeView>, OpError> {
+        self.require_any(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        let limit = limit.unwrap_or(100).clamp(1, PAYEES_LISTED_MAX);
+        let owner = match (agent, user) {
+            (Some(a), u) => Some(usage_subject(a, u)),
+            (None, None) => None,
+            (None, Some(_)) => return Err(OpError::invalid("user needs agent".into())),
+        };
+        let rows = self.store.payee_list(owner.as_deref(), i64::from(limit)).await.map_err(|error| {
+            tracing::error!(%error, "payee list failed");
+            OpError::internal()
+        })?;
+        Ok(rows.into_iter().map(payee_view).collect())
+    }
+
+    /// An operator makes a payee known (an allow-list entry): its cooling-off starts now.
+    pub async fn ops_add_payee(&self, op: &Operator, args: PayeeArgs) -> Result<PayeeView, OpError> {
+        self.require_any(op, &[scopes::APPROVE])?;
+        let (owner, payee) = args.owner_and_payee()?;
+        let reason = super::reviews::reason_text(args.reason)?;
+        let now = self.clock.now();
+        let rec = PayeeRecord {
+            owner: owner.clone(),
+            payee: payee.clone(),
+            known_since: now,
+            added_by: format!("{} {}", op.issuer, op.subject),
+            approval_id: None,
+            revoked_at: None,
+            revoked_by: None,
+        };
+        let added = self.store.payee_add(rec).await.map_err(|error| {
+            tracing::error!(%error, "payee add failed");
+            OpError::internal()
+        })?;
+        let mut d = Decision::new("payees.add", if added { "recorded" } else { "unchanged" });
+        d.detail = Some(format!("{payee} for {}{}", owner.replace('\u{1f}', " for "), because(&reason)));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        self.payee_now(&owner, &payee).await
+    }
+
+    /// An operator revokes a payee: the next payment to it is a first payment again.
+    pub async fn ops_revoke_payee(&self, op: &Operator, args: PayeeArgs) -> Result<PayeeView, OpError> {
+        self.require_any(op, &[scopes::APPROVE])?;
+        let (owner, payee) = args.owner_and_payee()?;
+        let reason = super::reviews::reason_text(args.reason)?;
+        let by = format!("{} {}", op.issuer, op.subject);
+        let revoked = self.store.payee_revoke(&owner, &payee, &by, self.clock.now()).await.map_err(|error| {
+            tracing::error!(%error, "payee revoke failed");
+            OpError::internal()
+        })?;
+        let mut d = Decision::new("payees.revoke", if revoked { "recorded" } else { "refused" });
+        d.detail = Some(format!("{payee} for {}{}", owner.replace('\u{1f}', " for "), because(&reason)));
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        if !revoked {
+            return Err(OpError::missing("known payee"));
+        }
+        self.payee_now(&owner, &payee).await
+    }
+
+    async fn payee_now(&self, owner: &str, payee: &str) -> Result<PayeeView, OpError> {
+        match self.store.payee_state(owner, payee, None).await {
+            Ok((Some(rec), _)) => Ok(payee_view(rec)),
+            Ok((None, _)) => Err(OpError::missing("payee")),
+            Err(error) => {
+                tracing::error!(%error, "payee read failed");
+                Err(OpError::internal())
+            }
+        }
+    }
+
+    /// A human approved a payment (its mandate is issued): its payee is known to the agent (and the
+    /// user it acts for) from now. A payee that cannot be recorded stays unknown (fail closed: the
+    /// next payment to it asks again).
+    pub(super) async fn learn_payee(&self, op: &Operator, v: &ApprovalView, now: UnixSecs) {
+        if v.status != "approved" || !PAYS_PAYEE.contains(&v.tool.as_str()) {
+            return;
+        }
+        let Some(payee) = v.intent.get("payee").and_then(|p| p.as_str()) else { return };
+        let owner = usage_subject(&v.agent_subject, v.user.as_deref());
+        let rec = PayeeRecord {
+            owner: owner.clone(),
+            payee: payee.to_string(),
+            known_since: now,
+            added_by: format!("{} {}", op.issuer, op.subject),
+            approval_id: Some(v.approval_id.clone()),
+            revoked_at: None,
+            revoked_by: None,
+        };
+        match self.store.payee_add(rec).await {
+            Ok(true) => {
+                let mut d = Decision::new("payees.add", "recorded");
+                d.approval_id = Some(&v.approval_id);
+                d.detail = Some(format!("{payee} for {} (approved payment)", owner.replace('\u{1f}', " for ")));
+                self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+            }
+            Ok(false) => {}
+            Err(error) => tracing::error!(%error, "payee record failed; it stays unknown"),
+        }
+    }
+
+    fn require_any(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
+        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
+    }
+}
+
+fn because(reason: &Option<String>) -> String {
+    reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+}

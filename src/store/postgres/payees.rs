@@ -1,0 +1,71 @@
+//! Payees (PostgreSQL): who each owner may pay as a known payee, and the daily cap's usage.
+
+use async_trait::async_trait;
+
+use super::{Cached, Mapped, PostgresStore};
+use crate::clock::UnixSecs;
+use crate::domain::error::StoreError;
+use crate::domain::money::Currency;
+use crate::domain::payee::PayeeRecord;
+use crate::store::{PayeeStore, rows};
+
+#[async_trait]
+impl PayeeStore for PostgresStore {
+    async fn payee_state(
+        &self,
+        owner: &str,
+        payee: &str,
+        usage: Option<(UnixSecs, Currency)>,
+    ) -> Result<(Option<PayeeRecord>, i64), StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!("SELECT {} FROM payees WHERE owner = $1 AND payee = $2", rows::PAYEE_COLS);
+        let rec = client.get(&sql, &[&owner, &payee], rows::payee).await?;
+        let Some((day, currency)) = usage else { return Ok((rec, 0)) };
+        let paid = client
+            .one(
+                "SELECT COALESCE(SUM(spent_minor), 0)::BIGINT FROM payee_usage
+                 WHERE owner = $1 AND payee = $2 AND day = $3 AND currency = $4",
+                &[&owner, &payee, &day, &currency.code()],
+            )
+            .await?
+            .get(0);
+        Ok((rec, paid))
+    }
+
+    async fn payee_add(&self, rec: PayeeRecord) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .exec(
+                "INSERT INTO payees (owner, payee, known_since, added_by, approval_id) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (owner, payee) DO UPDATE SET known_since = excluded.known_since,
+                     added_by = excluded.added_by, approval_id = excluded.approval_id, revoked_at = NULL,
+                     revoked_by = NULL
+                 WHERE payees.revoked_at IS NOT NULL",
+                &[&rec.owner, &rec.payee, &rec.known_since, &rec.added_by, &rec.approval_id],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn payee_revoke(&self, owner: &str, payee: &str, by: &str, at: UnixSecs) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .exec(
+                "UPDATE payees SET revoked_at = $1, revoked_by = $2
+                 WHERE owner = $3 AND payee = $4 AND revoked_at IS NULL",
+                &[&at, &by, &owner, &payee],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn payee_list(&self, owner: Option<&str>, limit: i64) -> Result<Vec<PayeeRecord>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!(
+            "SELECT {} FROM payees WHERE $1::TEXT IS NULL OR owner = $1
+             ORDER BY known_since DESC, owner, payee LIMIT $2",
+            rows::PAYEE_COLS
+        );
+        Ok(client.list(&sql, &[&owner, &limit], rows::payee).await?)
+    }
+}

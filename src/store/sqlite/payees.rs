@@ -1,0 +1,74 @@
+//! Payees (SQLite): who each owner may pay as a known payee, and the daily cap's usage.
+
+use async_trait::async_trait;
+use rusqlite::params;
+
+use super::{Cached, SqliteStore};
+use crate::clock::UnixSecs;
+use crate::domain::error::StoreError;
+use crate::domain::money::Currency;
+use crate::domain::payee::PayeeRecord;
+use crate::store::{PayeeStore, rows};
+
+/// Known again (or for the first time) from `known_since`; a payee known already keeps its time.
+pub(super) const ADD_PAYEE: &str = "INSERT INTO payees (owner, payee, known_since, added_by, approval_id)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (owner, payee) DO UPDATE SET known_since = excluded.known_since, added_by = excluded.added_by,
+         approval_id = excluded.approval_id, revoked_at = NULL, revoked_by = NULL
+     WHERE payees.revoked_at IS NOT NULL";
+
+#[async_trait]
+impl PayeeStore for SqliteStore {
+    async fn payee_state(
+        &self,
+        owner: &str,
+        payee: &str,
+        usage: Option<(UnixSecs, Currency)>,
+    ) -> Result<(Option<PayeeRecord>, i64), StoreError> {
+        let (owner, payee) = (owner.to_string(), payee.to_string());
+        self.run(move |c| {
+            let sql = format!("SELECT {} FROM payees WHERE owner = ?1 AND payee = ?2", rows::PAYEE_COLS);
+            let rec = c.opt(&sql, params![owner, payee], rows::payee)?;
+            let Some((day, currency)) = usage else { return Ok((rec, 0)) };
+            let paid: i64 = c.q_row(
+                "SELECT COALESCE(SUM(spent_minor), 0) FROM payee_usage
+                 WHERE owner = ?1 AND payee = ?2 AND day = ?3 AND currency = ?4",
+                params![owner, payee, day, currency.code()],
+                |r| r.get(0),
+            )?;
+            Ok((rec, paid))
+        })
+        .await
+    }
+
+    async fn payee_add(&self, rec: PayeeRecord) -> Result<bool, StoreError> {
+        self.write(move |c| {
+            Ok(c.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])? == 1)
+        })
+        .await
+    }
+
+    async fn payee_revoke(&self, owner: &str, payee: &str, by: &str, at: UnixSecs) -> Result<bool, StoreError> {
+        let (owner, payee, by) = (owner.to_string(), payee.to_string(), by.to_string());
+        self.write(move |c| {
+            Ok(c.exec(
+                "UPDATE payees SET revoked_at = ?1, revoked_by = ?2
+                 WHERE owner = ?3 AND payee = ?4 AND revoked_at IS NULL",
+                params![at, by, owner, payee],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn payee_list(&self, owner: Option<&str>, limit: i64) -> Result<Vec<PayeeRecord>, StoreError> {
+        let owner = owner.map(str::to_string);
+        self.run(move |c| {
+            let sql = format!(
+                "SELECT {} FROM payees WHERE ?1 IS NULL OR owner = ?1 ORDER BY known_since DESC, owner, payee LIMIT ?2",
+                rows::PAYEE_COLS
+            );
+            c.all(&sql, params![owner, limit], rows::payee)
+        })
+        .await
+    }
+}

@@ -1,0 +1,29 @@
+//! Payees (beneficiaries): who each agent has been approved to pay, and since when.
+
+use async_trait::async_trait;
+
+use crate::clock::UnixSecs;
+use crate::domain::error::StoreError;
+use crate::domain::money::Currency;
+use crate::domain::payee::PayeeRecord;
+
+#[async_trait]
+pub trait PayeeStore: Send + Sync {
+    /// `owner`'s row for `payee` (a revoked one too), and, when `usage` names a day and currency,
+    /// what `owner`'s autonomous payments to it total then (the daily cap's usage, written where
+    /// each payment commits; 0 when not asked).
+    async fn payee_state(
+        &self,
+        owner: &str,
+        payee: &str,
+        usage: Option<(UnixSecs, Currency)>,
+    ) -> Result<(Option<PayeeRecord>, i64), StoreError>;
+    /// Make `rec.payee` known to `rec.owner` from `rec.known_since`. A payee known already keeps
+    /// the time it became known (its cooling-off does not start over); a revoked one is known again
+    /// from now. Returns whether it was not known before.
+    async fn payee_add(&self, rec: PayeeRecord) -> Result<bool, StoreError>;
+    /// Revoke a known payee; whether it was known.
+    async fn payee_revoke(&self, owner: &str, payee: &str, by: &str, at: UnixSecs) -> Result<bool, StoreError>;
+    /// Payees, most recently known first (revoked ones too), of one owner when given.
+    async fn payee_list(&self, owner: Option<&str>, limit: i64) -> Result<Vec<PayeeRecord>, StoreError>;
+}
