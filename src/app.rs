@@ -570,6 +570,10 @@ fn gateway(
         list_limit_default: config.limits.list_limit_default as u32,
         reconcile_window_secs: config.jobs.reconcile_window_secs,
         collection_pending_timeout_secs: config.mpesa.pending_timeout_secs,
+        webhook_routes: match config.webhooks.enabled {
+            true => config.webhooks.endpoints.iter().map(|e| (e.name.clone(), e.events.clone())).collect(),
+            false => vec![],
+        },
     };
     let mut gateway =
         Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)
@@ -682,7 +686,9 @@ fn spawn_jobs(
     addr: SocketAddr,
     shutdown: &CancellationToken,
 ) {
+    let webhooks = config.webhooks.enabled.then(|| webhooks(config, assembled)).flatten();
     tokio::spawn(crate::jobs::run(crate::jobs::Scheduler {
+        webhooks: webhooks.map(|w| (w, config.webhooks.every_secs)),
         gateway: assembled.gateway.clone(),
         route_limits,
         http_ledger: assembled.http_ledger.clone(),
@@ -692,6 +698,36 @@ fn spawn_jobs(
         holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
     }));
+}
+
+/// Webhook delivery over the gateway's store and clock (config checked every endpoint's secret).
+fn webhooks(config: &Config, assembled: &Assembled) -> Option<Arc<crate::webhooks::Webhooks>> {
+    let w = &config.webhooks;
+    let endpoints = w
+        .endpoints
+        .iter()
+        .filter_map(|e| {
+            let secret = e.secret.clone()?;
+            Some(crate::webhooks::Endpoint { name: e.name.clone(), url: e.url.clone(), secret })
+        })
+        .collect();
+    let settings = crate::webhooks::Settings {
+        batch_max: w.batch_max,
+        attempts_max: w.attempts_max,
+        backoff_initial_secs: w.backoff_initial_secs,
+        backoff_max_secs: w.backoff_max_secs,
+        timeout: Duration::from_millis(w.timeout_ms as u64),
+        breaker_failures: w.breaker_failures,
+        breaker_open_secs: w.breaker_open_secs,
+    };
+    let g = &assembled.gateway;
+    match crate::webhooks::Webhooks::new(endpoints, settings, g.store().clone(), g.clock().clone()) {
+        Ok(w) => Some(Arc::new(w)),
+        Err(error) => {
+            tracing::error!(%error, "webhooks are off");
+            None
+        }
+    }
 }
 
 /// Serve plain HTTP (or HTTPS) until `stop` is cancelled; in-flight requests finish.

@@ -45,6 +45,7 @@ pub struct Config {
     pub mpesa: MpesaConfig,
     pub airtel: AirtelConfig,
     pub jobs: JobsConfig,
+    pub webhooks: WebhooksConfig,
     pub audit: AuditConfig,
     pub console: ConsoleConfig,
     pub telemetry: TelemetryConfig,
@@ -441,6 +442,44 @@ pub struct ConsoleConfig {
     pub client_id: String,
 }
 
+/// Outbound webhooks (Standard Webhooks): the outbox's delivery and its endpoints.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksConfig {
+    pub enabled: bool,
+    pub every_secs: i64,
+    pub batch_max: i64,
+    pub attempts_max: i64,
+    pub backoff_initial_secs: i64,
+    pub backoff_max_secs: i64,
+    pub timeout_ms: i64,
+    pub breaker_failures: i64,
+    pub breaker_open_secs: i64,
+    pub endpoints: Vec<WebhookEndpoint>,
+}
+
+/// One receiver of webhooks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookEndpoint {
+    pub name: String,
+    pub url: String,
+    /// The environment variable holding its secret (`whsec_…`): secrets never sit in the file.
+    pub secret_env: String,
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// Read from `secret_env` when the config loads.
+    #[serde(skip)]
+    pub secret: Option<crate::secret::Secret>,
+}
+
+impl WebhookEndpoint {
+    /// Whether this endpoint hears about `event`.
+    pub fn wants(&self, event: &str) -> bool {
+        self.events.is_empty() || self.events.iter().any(|e| e == event)
+    }
+}
+
 /// The in-process scheduler: one run of each job at a time across replicas (a lease in the store).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -569,7 +608,8 @@ impl Config {
             let overlay: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
             merge(&mut root, overlay);
         }
-        for (name, value) in env {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        for (name, value) in env.iter().cloned() {
             // Only PAYGATE_<SECTION>__<KEY> names config; PAYGATE_LOG, PAYGATE_CONFIG and
             // PAYGATE_TEST_* belong to others.
             let Some(rest) = name.strip_prefix(ENV_PREFIX).filter(|r| r.contains("__")) else { continue };
@@ -581,9 +621,14 @@ impl Config {
         }
         // Values are parsed into their types here (amounts by currency, account ids, enums, IP
         // addresses), so an invalid one names its key and nothing re-parses config later.
-        let config: Config = toml::Value::Table(root)
+        let mut config: Config = toml::Value::Table(root)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string().trim().replace('\n', " ")))?;
+        // Webhook secrets come from the environment only (never the file).
+        for ep in &mut config.webhooks.endpoints {
+            ep.secret =
+                env.iter().find(|(k, _)| *k == ep.secret_env).map(|(_, v)| crate::secret::Secret::new(v.clone()));
+        }
         config.validate()?;
         Ok(config)
     }
@@ -708,7 +753,50 @@ impl Config {
         Ok(())
     }
 
+    fn validate_webhooks(&self) -> Result<(), ConfigError> {
+        let w = &self.webhooks;
+        range("webhooks.every_secs", w.every_secs, 1, 3600)?;
+        range("webhooks.batch_max", w.batch_max, 1, 1000)?;
+        range("webhooks.attempts_max", w.attempts_max, 1, 100)?;
+        range("webhooks.backoff_initial_secs", w.backoff_initial_secs, 1, 3600)?;
+        range("webhooks.backoff_max_secs", w.backoff_max_secs, 1, 86_400)?;
+        range("webhooks.timeout_ms", w.timeout_ms, 100, 60_000)?;
+        range("webhooks.breaker_failures", w.breaker_failures, 1, 1000)?;
+        range("webhooks.breaker_open_secs", w.breaker_open_secs, 1, 3600)?;
+        let mut names = std::collections::HashSet::new();
+        for ep in &w.endpoints {
+            let bad = |why: String| Err(ConfigError::Invalid(format!("webhooks endpoint {:?}: {why}", ep.name)));
+            let name_ok = (1..=32).contains(&ep.name.len())
+                && ep.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+            if !name_ok {
+                return bad("name must be 1 to 32 of a-z 0-9 _ -".into());
+            }
+            if !names.insert(ep.name.as_str()) {
+                return bad("defined twice".into());
+            }
+            let Ok(url) = reqwest::Url::parse(&ep.url) else { return bad("url is not a URL".into()) };
+            let loopback = matches!(url.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+            if !(url.scheme() == "https" || (url.scheme() == "http" && loopback)) {
+                return bad("url must be https (http only to a loopback address)".into());
+            }
+            if let Some(e) = ep.events.iter().find(|e| !crate::domain::webhook::EVENTS.contains(&e.as_str())) {
+                return bad(format!("unknown event {e:?}"));
+            }
+            if w.enabled {
+                match &ep.secret {
+                    None => return bad(format!("{} is not set", ep.secret_env)),
+                    Some(s) if crate::domain::webhook::key(s.expose()).is_none() => {
+                        return bad(format!("{} must be whsec_ and the base64 of 24 to 64 bytes", ep.secret_env));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_webhooks()?;
         let s = &self.server;
         range("server.body_bytes_max", s.body_bytes_max, 1024, 16 * 1024 * 1024)?;
         range("server.request_timeout_ms", s.request_timeout_ms, 100, 300_000)?;

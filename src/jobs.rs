@@ -27,6 +27,8 @@ pub struct Scheduler {
     pub audit_archive: Option<crate::audit_archive::Settings>,
     /// This replica's name in job leases.
     pub holder: String,
+    /// Webhook delivery, when webhooks are on, and how often it runs.
+    pub webhooks: Option<(Arc<crate::webhooks::Webhooks>, i64)>,
     pub stop: CancellationToken,
 }
 
@@ -38,6 +40,7 @@ enum Job {
     Reconcile,
     ArchiveAudit,
     Integrity,
+    Webhooks,
 }
 
 impl Job {
@@ -49,6 +52,7 @@ impl Job {
             Job::Reconcile => "reconcile",
             Job::ArchiveAudit => "archive_audit",
             Job::Integrity => "check_integrity",
+            Job::Webhooks => "deliver_webhooks",
         }
     }
 }
@@ -62,6 +66,7 @@ pub async fn run(s: Scheduler) {
             Job::Purge | Job::ExpireApprovals | Job::ArchiveAudit => s.config.purge_every_secs,
             Job::Reconcile => s.config.reconcile_every_secs,
             Job::Integrity => s.config.integrity_every_secs,
+            Job::Webhooks => s.webhooks.as_ref().map_or(60, |(_, every)| *every),
         }
     };
     let mut next: HashMap<Job, Instant> = HashMap::new();
@@ -85,10 +90,18 @@ pub async fn run(s: Scheduler) {
         if !s.config.enabled {
             continue;
         }
-        let jobs =
-            [Job::MpesaPoll, Job::Purge, Job::ExpireApprovals, Job::Reconcile, Job::ArchiveAudit, Job::Integrity];
+        let jobs = [
+            Job::MpesaPoll,
+            Job::Purge,
+            Job::ExpireApprovals,
+            Job::Reconcile,
+            Job::ArchiveAudit,
+            Job::Integrity,
+            Job::Webhooks,
+        ];
         for job in jobs {
-            if job == Job::ArchiveAudit && s.audit_archive.is_none() {
+            if (job == Job::ArchiveAudit && s.audit_archive.is_none()) || (job == Job::Webhooks && s.webhooks.is_none())
+            {
                 continue;
             }
             if next.get(&job).is_some_and(|t| now < *t) {
@@ -118,6 +131,15 @@ async fn run_job(s: &Scheduler, job: Job) {
             let settled = g.poll_rails(s.mpesa_query_after_secs, budget).await;
             if settled > 0 {
                 tracing::info!(settled, "rail payments settled by their rails' status answers");
+            }
+        }
+        Job::Webhooks => {
+            let Some((webhooks, _)) = &s.webhooks else { return };
+            // Half the lease: the run ends before another replica may take the job over.
+            let budget = Duration::from_secs((s.config.lease_secs / 2).max(1) as u64);
+            let run = webhooks.deliver_due(budget).await;
+            if run.delivered + run.failed > 0 {
+                tracing::debug!(delivered = run.delivered, failed = run.failed, held = run.held, "webhooks sent");
             }
         }
         Job::Purge => match g.store().idem_purge(now).await {
@@ -153,9 +175,9 @@ async fn run_job(s: &Scheduler, job: Job) {
             Ok(report) => {
                 let problems = report.problems.join("; ");
                 tracing::error!(%problems, "ledger integrity check failed");
-                if let Err(error) =
-                    g.store().audit_append(g.system_audit("check_ledger_integrity", "integrity_failed", problems)).await
-                {
+                let notify = g.integrity_failed_notice(&report);
+                let record = g.system_audit("check_ledger_integrity", "integrity_failed", problems);
+                if let Err(error) = g.store().audit_append_notify(record, notify).await {
                     tracing::error!(%error, "audit append failed");
                 }
             }
@@ -168,7 +190,8 @@ async fn run_job(s: &Scheduler, job: Job) {
                     tracing::warn!(problems, checked = report.checked, "reconciliation found problems");
                 }
                 let a = g.reconcile_audit(&report);
-                if let Err(error) = g.store().audit_append(a).await {
+                let notify = g.reconciliation_notice(&report, a.detail.as_deref());
+                if let Err(error) = g.store().audit_append_notify(a, notify).await {
                     tracing::error!(%error, "audit append failed");
                 }
             }

@@ -23,6 +23,7 @@ pub mod request_state;
 pub mod secret;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;
 
 /// Install rustls' ring provider for outbound HTTPS (JWKS). Idempotent; called at start.
 pub fn install_crypto_provider() {

@@ -102,6 +102,8 @@ pub const OPERATOR_ROUTES: &[&str] = &[
     "/operator/v1/principals/{subject}/resume",
     "/operator/v1/payees",
     "/operator/v1/payees/revoke",
+    "/operator/v1/webhooks",
+    "/operator/v1/webhooks/{message_id}/attempts",
     "/operator/v1/reconciliation",
     "/operator/v1/reconciliation/run",
 ];

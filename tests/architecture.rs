@@ -155,7 +155,8 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "telemetry",
         ],
     ),
-    ("jobs", &["audit_archive", "backend", "config", "gateway", "rate"]),
+    ("webhooks", &["clock", "domain", "secret", "store"]),
+    ("jobs", &["audit_archive", "backend", "config", "gateway", "rate", "webhooks"]),
     (
         "app",
         &[
@@ -173,6 +174,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "private_fs",
             "rate",
             "store",
+            "webhooks",
         ],
     ),
     // The command line: it reaches whatever a subcommand runs (nothing imports it).

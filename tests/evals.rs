@@ -98,6 +98,10 @@ struct Step {
     /// Stop the gateway and start it again on the same data (retries after a restart).
     #[serde(default)]
     restart: bool,
+    /// A webhook event that must be in the outbox by now, for the last approval the scenario asked
+    /// for when there is one (`[[webhooks.endpoints]]` in the scenario's config, its secret from
+    /// PAYGATE_WEBHOOK_SECRET_EVALS).
+    webhook: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -330,8 +334,12 @@ fn outcome(r: &rmcp::model::CallToolResult) -> String {
     }
 }
 
+/// The webhook secret a scenario's endpoint names (`secret_env = "PAYGATE_WEBHOOK_SECRET_EVALS"`).
+const EVALS_WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
 async fn start(dir: &Path, config: &str, clock: &ManualClock) -> TestApp {
-    spawn_with_toml(dir, config, &[], Arc::new(clock.clone())).await
+    let env = [("PAYGATE_WEBHOOK_SECRET_EVALS", EVALS_WEBHOOK_SECRET)];
+    spawn_with_toml(dir, config, &env, Arc::new(clock.clone())).await
 }
 
 /// The money tools `check_payment_policy` answers for.
@@ -431,6 +439,17 @@ async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome
                 let c = client(&app, &mut clients, step, false).await;
                 let r = call(&c, "get_approval", json!({"approval_id": id})).await;
                 mandate = r.structured_content.as_ref().and_then(|v| v["mandate"].as_str()).map(str::to_string);
+            }
+        }
+        if let Some(event) = &step.webhook {
+            let outbox = app.running.store.outbox_list(None, 1000).await.unwrap();
+            let found = outbox.iter().any(|m| {
+                let body: Value = serde_json::from_str(&m.body).unwrap_or(Value::Null);
+                m.event == *event
+                    && last_approval.as_deref().is_none_or(|id| body["data"]["approval_id"].as_str() == Some(id))
+            });
+            if !found {
+                violations.push(format!("{at}: no {event} webhook in the outbox (approval {last_approval:?})"));
             }
         }
         if let Some(http) = &step.http {

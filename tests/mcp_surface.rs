@@ -10,8 +10,9 @@ use serde_json::{Value, json};
 // request_mpesa_payment and its alias initiate_stk_push are offered only where the M-Pesa rail is
 // configured (tests/mpesa.rs): mpesa.enabled = false disables the tool, and so its alias. Likewise
 // request_airtel_payment with airtel.enabled = false (tests/airtel.rs).
-const TOOLS: [&str; 15] = [
+const TOOLS: [&str; 16] = [
     "check_ledger_integrity",
+    "check_payment_policy",
     "check_transaction_status",
     "create_payment",
     "generate_receipt",
@@ -61,6 +62,7 @@ async fn tools_list_is_the_contract_in_both_eras() {
                     | "get_today_summary"
                     | "get_today_transactions"
                     | "get_failed_transactions"
+                    | "check_payment_policy"
             );
             assert_eq!(a.read_only_hint, Some(read_only), "{} read_only", t.name);
             if !read_only {

@@ -362,7 +362,7 @@ fn reviewed(id: &ApprovalId, sub: &str, decision: &str, at: i64, issue: MandateI
         at,
         as_user: false,
     };
-    ApprovalReview { id: id.clone(), review, issue }
+    ApprovalReview { id: id.clone(), review, issue, decided: Default::default(), page: String::new() }
 }
 
 fn issuer(max_uses: i64, budget: Option<i64>) -> MandateIssuer {
@@ -419,20 +419,24 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         ApprovalRequest::Existing(a) | ApprovalRequest::Created(a) => a,
         ApprovalRequest::TooManyPending => panic!("{label}: too many pending"),
     };
-    let first = record(store.approval_get_or_create(asked(fresh.clone(), 10), 100).await.unwrap());
+    let first = record(store.approval_get_or_create(asked(fresh.clone(), 10), 100, vec![]).await.unwrap());
     let again = store
-        .approval_get_or_create(asked(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10), 100)
+        .approval_get_or_create(
+            asked(approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000), 10),
+            100,
+            vec![],
+        )
         .await;
     assert_ne!(record(again.unwrap()).idempotency_key, key, "{label}: another key is another approval");
     let mut same_key = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
     same_key.idempotency_key = key.clone();
     assert_eq!(
-        store.approval_get_or_create(asked(same_key.clone(), 11), 100).await.unwrap(),
+        store.approval_get_or_create(asked(same_key.clone(), 11), 100, vec![]).await.unwrap(),
         ApprovalRequest::Existing(first.clone())
     );
     // A rejection sticks to its operation: asking again answers with the rejected approval.
     store.approval_review(reviewed(&first.id, "carol", "reject", 12, issuer(1, None))).await.unwrap();
-    match store.approval_get_or_create(asked(same_key, 13), 100).await.unwrap() {
+    match store.approval_get_or_create(asked(same_key, 13), 100, vec![]).await.unwrap() {
         ApprovalRequest::Existing(a) => {
             assert_eq!((a.id, a.status.as_str()), (first.id.clone(), "rejected"), "{label}")
         }
@@ -447,7 +451,7 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         .len() as i64;
     let flood = approval(&ApprovalId::generate(), MandateKind::Closed, 1, 2_000);
     assert_eq!(
-        store.approval_get_or_create(asked(flood, 14), pending_now).await.unwrap(),
+        store.approval_get_or_create(asked(flood, 14), pending_now, vec![]).await.unwrap(),
         ApprovalRequest::TooManyPending,
         "{label}"
     );
@@ -693,7 +697,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     let got = store.mandate_get(&active[0].id, 100).await.unwrap().unwrap();
     assert_eq!((got.status, got.revoked_by.as_deref()), (MandateStatus::Revoked, Some("bob")), "{label}");
     assert!(store.mandate_get("mdt_none", 100).await.unwrap().is_none());
-    store.suspend(suspending(SuspensionScope::Agent, "too many"), 40).await.unwrap();
+    store.suspend(suspending(SuspensionScope::Agent, "too many"), 40, vec![]).await.unwrap();
     let states = store.principal_states(10).await.unwrap();
     assert_eq!((states[0].subject.as_str(), states[0].suspended_at), ("agent", Some(40)), "{label}");
     assert_eq!((states[0].issuer.as_str(), &states[0].scope), ("iss", &SuspensionScope::Agent), "{label}");
@@ -823,15 +827,15 @@ contract!(suspension_and_denials, |store, label| async move {
     // The stop rule suspends a pair: the agent on its own token, or for anyone else, is not suspended.
     assert_eq!(store.suspension(&agent).await.unwrap(), None);
     let alice_only = SuspensionScope::Pair(Some("alice".into()));
-    assert!(store.suspend(suspending(alice_only.clone(), "too many"), 101).await.unwrap(), "{label}");
-    assert!(!store.suspend(suspending(alice_only.clone(), "again"), 101).await.unwrap(), "{label}: already");
+    assert!(store.suspend(suspending(alice_only.clone(), "too many"), 101, vec![]).await.unwrap(), "{label}");
+    assert!(!store.suspend(suspending(alice_only.clone(), "again"), 101, vec![]).await.unwrap(), "{label}: already");
     assert_eq!(store.suspension(&for_alice).await.unwrap(), Some((101, "too many".into())), "{label}");
     assert_eq!(store.suspension(&agent).await.unwrap(), None, "{label}");
     assert_eq!(store.suspension(&for_bob).await.unwrap(), None, "{label}");
     let alice_elsewhere = PrincipalRef { user: Some("alice".into()), ..elsewhere.clone() };
     assert_eq!(store.suspension(&alice_elsewhere).await.unwrap(), None, "{label}: keyed by issuer too");
     // An operator suspends the agent whoever it acts for.
-    assert!(store.suspend(suspending(SuspensionScope::Agent, "by hand"), 102).await.unwrap());
+    assert!(store.suspend(suspending(SuspensionScope::Agent, "by hand"), 102, vec![]).await.unwrap());
     for who in [&agent, &for_bob] {
         assert_eq!(store.suspension(who).await.unwrap(), Some((102, "by hand".into())), "{label}: {who:?}");
     }
@@ -1383,3 +1387,44 @@ async fn postgres_a_failed_batch_runs_each_transfer_again_alone() {
     assert!(stats.fallbacks.load(std::sync::atomic::Ordering::Relaxed) >= 1, "a batch rolled back");
     assert_integrity(&store, "postgres").await;
 }
+
+// The webhook outbox: an event's messages are written with it only when it takes effect, handed out
+// when due, and an attempt moves a message at most once (a replica recording it again changes nothing).
+contract!(the_outbox_keeps_messages_with_their_events_and_moves_each_once, |store, label| async move {
+    use paygate::domain::webhook::{DeliveryAttempt, Notice, PRINCIPAL_SUSPENDED};
+    use paygate::store::AttemptOutcome;
+    let notice = Notice { event: PRINCIPAL_SUSPENDED, endpoints: vec!["ops".into(), "audit".into()], at: 50 };
+    let msgs = || notice.messages(json!({"subject": "agent"}));
+    assert!(store.suspend(suspending(SuspensionScope::Agent, "flood"), 50, msgs()).await.unwrap(), "{label}");
+    // Suspended already: nothing took effect, nothing is written.
+    assert!(!store.suspend(suspending(SuspensionScope::Agent, "again"), 51, msgs()).await.unwrap(), "{label}");
+    let due = store.outbox_due(50, 10).await.unwrap();
+    assert_eq!(due.len(), 2, "{label}: one message per endpoint, once");
+    assert!(store.outbox_due(49, 10).await.unwrap().is_empty(), "{label}: not due before it was written");
+    let attempt = |id: &str, n: i64, status: Option<i64>| DeliveryAttempt {
+        message_id: id.to_string(),
+        attempt: n,
+        at: 60,
+        status,
+        error: status.filter(|s| *s >= 300).map(|s| format!("answered {s}")),
+        duration_ms: 3,
+    };
+    let (a, b) = (due[0].id.clone(), due[1].id.clone());
+    store.outbox_attempted(attempt(&a, 1, Some(200)), AttemptOutcome::Delivered).await.unwrap();
+    // The same attempt recorded again (a replica whose lease ended mid-send): no second move.
+    store.outbox_attempted(attempt(&a, 1, Some(200)), AttemptOutcome::Delivered).await.unwrap();
+    store.outbox_attempted(attempt(&b, 1, Some(503)), AttemptOutcome::RetryAt(120)).await.unwrap();
+    let due = store.outbox_due(100, 10).await.unwrap();
+    assert!(due.is_empty(), "{label}: delivered is never due, a retry not before its time: {due:?}");
+    let due = store.outbox_due(120, 10).await.unwrap();
+    assert_eq!((due.len(), due[0].attempts, due[0].last_status), (1, 1, Some(503)), "{label}");
+    store.outbox_attempted(attempt(&b, 2, None), AttemptOutcome::GiveUp).await.unwrap();
+    assert!(store.outbox_due(10_000, 10).await.unwrap().is_empty(), "{label}");
+    let failed = store.outbox_list(Some("failed"), 10).await.unwrap();
+    assert_eq!(failed.iter().map(|m| m.id.clone()).collect::<Vec<_>>(), vec![b.clone()], "{label}");
+    let delivered = store.outbox_list(Some("delivered"), 10).await.unwrap();
+    assert_eq!((delivered.len(), delivered[0].attempts, delivered[0].delivered_at), (1, 1, Some(60)), "{label}");
+    let tries = store.outbox_attempts(&b).await.unwrap();
+    assert_eq!(tries.iter().map(|t| t.attempt).collect::<Vec<_>>(), vec![1, 2], "{label}");
+    assert_eq!(store.outbox_attempts(&a).await.unwrap().len(), 1, "{label}: recorded once");
+});

@@ -215,6 +215,10 @@ pub struct ApprovalReview {
     pub id: ApprovalId,
     pub review: Review,
     pub issue: MandateIssuer,
+    /// `approval.decided`: written with the review that decides it (approved or rejected), with
+    /// the approval's page as its `approval_url`.
+    pub decided: crate::domain::webhook::Notice,
+    pub page: String,
 }
 
 #[derive(Debug, Clone)]

@@ -18,3 +18,4 @@ pub mod policy;
 pub mod principal;
 pub mod rail;
 pub mod rules;
+pub mod webhook;

@@ -7,6 +7,7 @@ use super::{Caller, Decision, Gateway};
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalStatus, Approver};
 use crate::domain::ids::ApprovalId;
 use crate::domain::money::Money;
+use crate::domain::webhook;
 use crate::error::{AgentError, ErrorCode};
 use crate::mandate::MandateKind;
 
@@ -77,7 +78,10 @@ impl Gateway {
             created_at: now,
             expires_at: now + self.limits.approval_ttl_secs,
         };
-        let approval = match self.store.approval_get_or_create(rec, self.limits.pending_approvals_per_agent_max).await {
+        let page = self.approval_page(&rec.id, rec.approver);
+        let notify = self.notice(webhook::APPROVAL_REQUESTED).messages(webhook::approval_data(&rec, &page));
+        let max = self.limits.pending_approvals_per_agent_max;
+        let approval = match self.store.approval_get_or_create(rec, max, notify).await {
             Ok(ApprovalRequest::Existing(a) | ApprovalRequest::Created(a)) => a,
             Ok(ApprovalRequest::TooManyPending) => {
                 // An approval flood: the queue a human works through is bounded per agent.

@@ -26,6 +26,7 @@ pub mod approvals_api {
     pub use super::approvals::OpError;
 }
 mod no_progress;
+mod notifications;
 mod rail_events;
 mod rails;
 mod reads;
@@ -38,6 +39,7 @@ pub use admission::MEMO_CHARS_MAX;
 pub use approvals::{ApprovalView, Operator, REQUEST_STATE_TTL_SECS, Resume};
 pub use collection::RequestCollection;
 pub use create_payment::CreatePayment;
+pub use notifications::{AttemptView, WEBHOOKS_LISTED_MAX, WebhookView};
 pub use operator::{AuditFilters, PaymentFilters};
 pub use operator_views::{
     AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
@@ -129,6 +131,8 @@ pub struct GatewayLimits {
     pub reconcile_window_secs: i64,
     /// A collection pending at its rail longer than this is a reconciliation finding.
     pub collection_pending_timeout_secs: i64,
+    /// Webhook endpoints (name, the events it hears: empty = all) while webhooks are on.
+    pub webhook_routes: Vec<(String, Vec<String>)>,
 }
 
 pub struct Gateway {
@@ -376,6 +380,18 @@ impl Gateway {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Who hears about `event` now: the endpoints subscribed to it (none while webhooks are off).
+    pub fn notice(&self, event: &'static str) -> crate::domain::webhook::Notice {
+        let endpoints = self
+            .limits
+            .webhook_routes
+            .iter()
+            .filter(|(_, events)| events.is_empty() || events.iter().any(|e| e == event))
+            .map(|(name, _)| name.clone())
+            .collect();
+        crate::domain::webhook::Notice { event, endpoints, at: self.clock.now() }
     }
 
     pub fn limits(&self) -> &GatewayLimits {

@@ -121,7 +121,8 @@ impl Gateway {
             revoked_at: None,
             revoked_by: None,
         };
-        let added = self.store.payee_add(rec).await.map_err(|error| {
+        let notify = self.payee_notice(&rec);
+        let added = self.store.payee_add(rec, notify).await.map_err(|error| {
             tracing::error!(%error, "payee add failed");
             OpError::internal()
         })?;
@@ -179,7 +180,8 @@ impl Gateway {
             revoked_at: None,
             revoked_by: None,
         };
-        match self.store.payee_add(rec).await {
+        let notify = self.payee_notice(&rec);
+        match self.store.payee_add(rec, notify).await {
             Ok(true) => {
                 let mut d = Decision::new("payees.add", "recorded");
                 d.approval_id = Some(&v.approval_id);
@@ -189,6 +191,19 @@ impl Gateway {
             Ok(false) => {}
             Err(error) => tracing::error!(%error, "payee record failed; it stays unknown"),
         }
+    }
+
+    /// `payee.added`'s messages (written only if the payee was not known).
+    fn payee_notice(&self, rec: &PayeeRecord) -> Vec<crate::domain::webhook::OutboxMessage> {
+        let view = payee_view(rec.clone());
+        self.notice(crate::domain::webhook::PAYEE_ADDED).messages(serde_json::json!({
+            "agent_subject": view.agent_subject,
+            "user": view.user,
+            "payee": view.payee,
+            "added_by": view.added_by,
+            "approval_id": view.approval_id,
+            "known_since": view.known_since,
+        }))
     }
 
     fn require_any(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {

@@ -250,7 +250,8 @@ impl Gateway {
             as_user,
         };
         let issue = self.mandate_issuer(now);
-        let result = self.store.approval_review(ApprovalReview { id: id.clone(), review, issue }).await;
+        let (decided, page) = (self.notice(crate::domain::webhook::APPROVAL_DECIDED), self.approval_url(&id));
+        let result = self.store.approval_review(ApprovalReview { id: id.clone(), review, issue, decided, page }).await;
         let action = match (as_user, decision) {
             (false, ReviewDecision::Approve) => "approvals.approve",
             (false, ReviewDecision::Reject) => "approvals.reject",
@@ -466,7 +467,8 @@ impl Gateway {
             None => SuspensionScope::Agent,
         };
         let suspension = Suspension { issuer: issuer.to_string(), subject: who.subject.clone(), scope, reason: why };
-        let newly = self.store.suspend(suspension, now).await.map_err(|error| {
+        let notify = self.suspended_notice(&suspension);
+        let newly = self.store.suspend(suspension, now, notify).await.map_err(|error| {
             tracing::error!(%error, "suspend failed");
             OpError::internal()
         })?;

@@ -58,7 +58,8 @@ impl Gateway {
             scope: SuspensionScope::Pair(who.user.clone()),
             reason: reason.clone(),
         };
-        match self.store.suspend(suspension, self.clock.now()).await {
+        let notify = self.suspended_notice(&suspension);
+        match self.store.suspend(suspension, self.clock.now(), notify).await {
             Ok(true) => {
                 tracing::warn!(principal.sub = %who.subject, %reason, "agent suspended by stop rule");
                 let mut d = Decision::new(tool, "suspended");
@@ -69,6 +70,18 @@ impl Gateway {
             Ok(false) => {}
             Err(error) => tracing::error!(correlation_id = %caller.correlation_id, %error, "suspend failed"),
         }
+    }
+
+    /// `principal.suspended`'s messages for this suspension (written only if it takes effect).
+    pub(super) fn suspended_notice(&self, s: &Suspension) -> Vec<crate::domain::webhook::OutboxMessage> {
+        let (scope, user) = s.scope.columns();
+        self.notice(crate::domain::webhook::PRINCIPAL_SUSPENDED).messages(serde_json::json!({
+            "issuer": s.issuer,
+            "subject": s.subject,
+            "scope": scope,
+            "user": (!user.is_empty()).then_some(user),
+            "reason": s.reason,
+        }))
     }
 
     /// The no-progress rule (`no_progress`): a fresh refusal of a money call, counted against the

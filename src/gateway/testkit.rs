@@ -162,6 +162,7 @@ fn limits() -> GatewayLimits {
         list_limit_default: 20,
         reconcile_window_secs: 86_400,
         collection_pending_timeout_secs: 600,
+        webhook_routes: vec![],
     }
 }
 

@@ -226,6 +226,8 @@ fn operator_api() -> Router<AppState> {
         .route("/principals/{subject}/resume", post(approvals::resume))
         .route("/payees", get(operator::payees).post(operator::add_payee))
         .route("/payees/revoke", post(operator::revoke_payee))
+        .route("/webhooks", get(operator::webhooks))
+        .route("/webhooks/{message_id}/attempts", get(operator::webhook_attempts))
         .route("/reconciliation", get(operator::reconciliation))
         .route("/reconciliation/run", post(operator::reconcile))
 }

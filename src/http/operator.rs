@@ -173,6 +173,24 @@ pub async fn revoke_payee(State(state): State<AppState>, Authed(op): Authed, bod
     respond(state.gateway.ops_revoke_payee(&op, args).await, &op.correlation_id, StatusCode::OK)
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksQuery {
+    state: Option<String>,
+    limit: Option<u32>,
+}
+
+pub async fn webhooks(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<WebhooksQuery>) -> Response {
+    let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
+    let result = state.gateway.ops_webhooks(&op, q.state.as_deref(), q.limit).await;
+    respond(result.map(|items| page(items, None)), &op.correlation_id, StatusCode::OK)
+}
+
+pub async fn webhook_attempts(State(state): State<AppState>, Authed(op): Authed, Path(id): Path<String>) -> Response {
+    let result = state.gateway.ops_webhook_attempts(&op, &id).await;
+    respond(result.map(|items| page(items, None)), &op.correlation_id, StatusCode::OK)
+}
+
 pub async fn reconciliation(State(state): State<AppState>, Authed(op): Authed) -> Response {
     let result = state.gateway.ops_last_reconciliation(&op).await.map(|last| json!({"last": last}));
     respond(result, &op.correlation_id, StatusCode::OK)

@@ -14,8 +14,8 @@ pub mod sqlite;
 mod traits;
 
 pub use traits::{
-    ApprovalStore, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore, PayeeStore,
-    RailStore, ReadStore, SuspensionStore,
+    ApprovalStore, AttemptOutcome, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore,
+    OutboxStore, PayeeStore, RailStore, ReadStore, SuspensionStore,
 };
 
 use crate::clock::UnixSecs;
@@ -79,6 +79,7 @@ pub trait Store:
     + ReadStore
     + LeaseStore
     + PayeeStore
+    + OutboxStore
     + Send
     + Sync
     + 'static
@@ -96,6 +97,7 @@ impl<T> Store for T where
         + ReadStore
         + LeaseStore
         + PayeeStore
+        + OutboxStore
         + Send
         + Sync
         + 'static

@@ -40,6 +40,7 @@ pub mod batch;
 mod idempotency;
 mod leases;
 mod ledger;
+mod outbox;
 mod payees;
 mod postings;
 mod rails;
@@ -69,6 +70,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0010_storage_params.sql"),
     include_str!("../../migrations/postgres/0011_principals.sql"),
     include_str!("../../migrations/postgres/0012_payees.sql"),
+    include_str!("../../migrations/postgres/0013_webhooks.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

@@ -554,3 +554,37 @@ pub(crate) fn payee(r: &dyn Columns) -> Result<crate::domain::payee::PayeeRecord
         revoked_by: r.opt_text(6)?,
     })
 }
+
+/// The columns of `webhook_outbox`, in this order.
+pub(crate) const OUTBOX_COLS: &str =
+    "id, endpoint, event, body, created_at, state, attempts, next_attempt_at, delivered_at, last_status, last_error";
+
+pub(crate) fn outbox(r: &dyn Columns) -> Result<crate::domain::webhook::OutboxMessage, StoreError> {
+    Ok(crate::domain::webhook::OutboxMessage {
+        id: r.text(0)?,
+        endpoint: r.text(1)?,
+        event: r.text(2)?,
+        body: r.text(3)?,
+        created_at: r.int(4)?,
+        state: r.text(5)?,
+        attempts: r.int(6)?,
+        next_attempt_at: r.int(7)?,
+        delivered_at: r.opt_int(8)?,
+        last_status: r.opt_int(9)?,
+        last_error: r.opt_text(10)?,
+    })
+}
+
+/// The columns of `webhook_attempts`, in this order.
+pub(crate) const ATTEMPT_COLS: &str = "message_id, attempt, at, status, error, duration_ms";
+
+pub(crate) fn attempt(r: &dyn Columns) -> Result<crate::domain::webhook::DeliveryAttempt, StoreError> {
+    Ok(crate::domain::webhook::DeliveryAttempt {
+        message_id: r.text(0)?,
+        attempt: r.int(1)?,
+        at: r.int(2)?,
+        status: r.opt_int(3)?,
+        error: r.opt_text(4)?,
+        duration_ms: r.int(5)?,
+    })
+}

@@ -20,6 +20,7 @@ mod idempotency;
 mod job;
 mod leases;
 mod ledger;
+mod outbox;
 mod payees;
 mod postings;
 mod rails;
@@ -49,6 +50,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0010_integrity_checkpoints.sql"),
     include_str!("../../migrations/sqlite/0011_principals.sql"),
     include_str!("../../migrations/sqlite/0012_payees.sql"),
+    include_str!("../../migrations/sqlite/0013_webhooks.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Pool};
 
+use super::outbox::insert_outbox;
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError};
@@ -11,6 +12,7 @@ use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self as rules, RequestPlan, ReviewPlan};
+use crate::domain::webhook::{self, OutboxMessage};
 use crate::store::ApprovalStore;
 use crate::store::rows::{self, Columns};
 
@@ -46,7 +48,7 @@ pub(super) async fn load_approval(
 
 /// Record one reviewer's decision: the state machine (`rules::review`) under the approval's row lock.
 pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
-    let ApprovalReview { id, review, issue } = ask;
+    let ApprovalReview { id, review, issue, decided, page } = ask;
     let (id, now) = (&id, review.at);
     let mut client = pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
@@ -94,13 +96,21 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
     }
     .map_err(StoreError::from)?;
     let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
+    if updated.status != rec.status {
+        insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).await?;
+    }
     tx.commit().await.map_err(StoreError::from)?;
     Ok(updated)
 }
 
 #[async_trait]
 impl ApprovalStore for PostgresStore {
-    async fn approval_get_or_create(&self, rec: ApprovalRecord, max: i64) -> Result<ApprovalRequest, StoreError> {
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        max: i64,
+        notify: Vec<OutboxMessage>,
+    ) -> Result<ApprovalRequest, StoreError> {
         let now = rec.created_at;
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
@@ -135,6 +145,7 @@ impl ApprovalStore for PostgresStore {
             }
             (RequestPlan::Create | RequestPlan::Existing, _) => {
                 insert_approval(&tx, &rec).await?;
+                insert_outbox(&tx, &notify).await?;
                 tx.commit().await?;
                 Ok(ApprovalRequest::Created(rec))
             }

@@ -2,11 +2,13 @@
 
 use async_trait::async_trait;
 
+use super::outbox::insert_outbox;
 use super::{Cached, Mapped, PostgresStore};
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
 use crate::domain::money::Currency;
 use crate::domain::payee::PayeeRecord;
+use crate::domain::webhook::OutboxMessage;
 use crate::store::{PayeeStore, rows};
 
 #[async_trait]
@@ -32,9 +34,10 @@ impl PayeeStore for PostgresStore {
         Ok((rec, paid))
     }
 
-    async fn payee_add(&self, rec: PayeeRecord) -> Result<bool, StoreError> {
-        let client = self.pool.get().await?;
-        Ok(client
+    async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let added = tx
             .exec(
                 "INSERT INTO payees (owner, payee, known_since, added_by, approval_id) VALUES ($1, $2, $3, $4, $5)
                  ON CONFLICT (owner, payee) DO UPDATE SET known_since = excluded.known_since,
@@ -44,7 +47,12 @@ impl PayeeStore for PostgresStore {
                 &[&rec.owner, &rec.payee, &rec.known_since, &rec.added_by, &rec.approval_id],
             )
             .await?
-            == 1)
+            == 1;
+        if added {
+            insert_outbox(&tx, &notify).await?;
+        }
+        tx.commit().await?;
+        Ok(added)
     }
 
     async fn payee_revoke(&self, owner: &str, payee: &str, by: &str, at: UnixSecs) -> Result<bool, StoreError> {

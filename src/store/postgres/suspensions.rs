@@ -2,11 +2,13 @@
 
 use async_trait::async_trait;
 
+use super::outbox::insert_outbox;
 use super::{Cached, PostgresStore};
 use crate::clock::UnixSecs;
 use crate::domain::audit::DENIAL_CODES;
 use crate::domain::error::StoreError;
 use crate::domain::principal::{PrincipalRef, Suspension};
+use crate::domain::webhook::OutboxMessage;
 use crate::store::{Denials, SuspensionStore};
 
 #[async_trait]
@@ -26,10 +28,11 @@ impl SuspensionStore for PostgresStore {
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
-    async fn suspend(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError> {
-        let client = self.pool.get().await?;
+    async fn suspend(&self, s: Suspension, now: UnixSecs, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
         let (scope, user) = s.scope.columns();
-        Ok(client
+        let took = tx
             .exec(
                 "INSERT INTO principal_state (issuer, subject, scope, principal_user, suspended_at, suspended_reason)
                  VALUES ($1, $2, $3, $4, $5, $6)
@@ -38,7 +41,12 @@ impl SuspensionStore for PostgresStore {
                 &[&s.issuer, &s.subject, &scope, &user, &now, &s.reason],
             )
             .await?
-            == 1)
+            == 1;
+        if took {
+            insert_outbox(&tx, &notify).await?;
+        }
+        tx.commit().await?;
+        Ok(took)
     }
 
     async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError> {

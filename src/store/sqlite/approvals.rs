@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
+use super::outbox::insert_outbox;
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
 use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError};
@@ -11,6 +12,7 @@ use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self, RequestPlan, ReviewPlan};
+use crate::domain::webhook::{self, OutboxMessage};
 use crate::store::ApprovalStore;
 use crate::store::rows;
 
@@ -38,7 +40,7 @@ pub(super) fn load_approval(c: &Connection, id: &str) -> Result<Option<ApprovalR
 }
 
 pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
-    let ApprovalReview { id, review: r, issue } = ask;
+    let ApprovalReview { id, review: r, issue, decided, page } = ask;
     let (id, now) = (&id, r.at);
     let tx = c.savepoint().map_err(StoreError::from)?;
     let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?;
@@ -78,13 +80,21 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
     }
     .map_err(StoreError::from)?;
     let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
+    if updated.status != rec.status {
+        insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).map_err(StoreError::from)?;
+    }
     tx.commit().map_err(StoreError::from)?;
     Ok(updated)
 }
 
 #[async_trait]
 impl ApprovalStore for SqliteStore {
-    async fn approval_get_or_create(&self, rec: ApprovalRecord, max: i64) -> Result<ApprovalRequest, StoreError> {
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        max: i64,
+        notify: Vec<OutboxMessage>,
+    ) -> Result<ApprovalRequest, StoreError> {
         let now = rec.created_at;
         self.write(move |c| {
             let tx = c.savepoint()?;
@@ -105,6 +115,7 @@ impl ApprovalStore for SqliteStore {
                 (RequestPlan::TooManyPending, _) => Ok(ApprovalRequest::TooManyPending),
                 (RequestPlan::Create | RequestPlan::Existing, _) => {
                     insert_approval(&tx, &rec)?;
+                    insert_outbox(&tx, &notify)?;
                     tx.commit()?;
                     Ok(ApprovalRequest::Created(rec))
                 }

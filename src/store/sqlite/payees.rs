@@ -3,11 +3,13 @@
 use async_trait::async_trait;
 use rusqlite::params;
 
+use super::outbox::insert_outbox;
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
 use crate::domain::money::Currency;
 use crate::domain::payee::PayeeRecord;
+use crate::domain::webhook::OutboxMessage;
 use crate::store::{PayeeStore, rows};
 
 /// Known again (or for the first time) from `known_since`; a payee known already keeps its time.
@@ -41,9 +43,16 @@ impl PayeeStore for SqliteStore {
         .await
     }
 
-    async fn payee_add(&self, rec: PayeeRecord) -> Result<bool, StoreError> {
+    async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
         self.write(move |c| {
-            Ok(c.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])? == 1)
+            let tx = c.savepoint()?;
+            let added =
+                tx.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])? == 1;
+            if added {
+                insert_outbox(&tx, &notify)?;
+            }
+            tx.commit()?;
+            Ok(added)
         })
         .await
     }

@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
+use super::outbox::insert_outbox;
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
 use crate::domain::audit::DENIAL_CODES;
 use crate::domain::error::StoreError;
 use crate::domain::principal::{PrincipalRef, Suspension};
+use crate::domain::webhook::OutboxMessage;
 use crate::store::{Denials, SuspensionStore};
 
 /// Principals remembered as not suspended at most (past it the memory starts over).
@@ -71,8 +73,8 @@ impl SuspensionStore for SqliteStore {
         Ok(found)
     }
 
-    async fn suspend(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError> {
-        let written = self.write_suspension(s, now).await;
+    async fn suspend(&self, s: Suspension, now: UnixSecs, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
+        let written = self.write_suspension(s, now, notify).await;
         self.clear.moved();
         written
     }
@@ -122,16 +124,27 @@ impl SqliteStore {
         .await
     }
 
-    async fn write_suspension(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError> {
+    async fn write_suspension(
+        &self,
+        s: Suspension,
+        now: UnixSecs,
+        notify: Vec<OutboxMessage>,
+    ) -> Result<bool, StoreError> {
         self.write(move |c| {
+            let tx = c.savepoint()?;
             let (scope, user) = s.scope.columns();
-            Ok(c.exec(
+            let took = tx.exec(
                 "INSERT INTO principal_state (issuer, subject, scope, principal_user, suspended_at, suspended_reason)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (issuer, subject, scope, principal_user) DO UPDATE SET suspended_at = excluded.suspended_at,
                      suspended_reason = excluded.suspended_reason WHERE principal_state.suspended_at IS NULL",
                 params![s.issuer, s.subject, scope, user, now, s.reason],
-            )? == 1)
+            )? == 1;
+            if took {
+                insert_outbox(&tx, &notify)?;
+            }
+            tx.commit()?;
+            Ok(took)
         })
         .await
     }

@@ -8,6 +8,7 @@ use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
+use crate::domain::webhook::OutboxMessage;
 
 #[async_trait]
 pub trait ApprovalStore: Send + Sync {
@@ -15,7 +16,13 @@ pub trait ApprovalStore: Send + Sync {
     /// answers: pending, approved or rejected; an expired one is asked again), or `rec` inserted as a
     /// new one unless its agent has `max` approvals waiting already; all as of
     /// `rec.created_at`, the time it is asked.
-    async fn approval_get_or_create(&self, rec: ApprovalRecord, max: i64) -> Result<ApprovalRequest, StoreError>;
+    /// `notify`: the `approval.requested` messages, written with the approval when it is created.
+    async fn approval_get_or_create(
+        &self,
+        rec: ApprovalRecord,
+        max: i64,
+        notify: Vec<OutboxMessage>,
+    ) -> Result<ApprovalRequest, StoreError>;
     async fn approval_get(&self, id: &ApprovalId) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Pending, unexpired approvals (the human queue's depth).
     async fn approvals_pending(&self, now: UnixSecs) -> Result<i64, StoreError>;

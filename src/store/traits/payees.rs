@@ -6,6 +6,7 @@ use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
 use crate::domain::money::Currency;
 use crate::domain::payee::PayeeRecord;
+use crate::domain::webhook::OutboxMessage;
 
 #[async_trait]
 pub trait PayeeStore: Send + Sync {
@@ -20,8 +21,9 @@ pub trait PayeeStore: Send + Sync {
     ) -> Result<(Option<PayeeRecord>, i64), StoreError>;
     /// Make `rec.payee` known to `rec.owner` from `rec.known_since`. A payee known already keeps
     /// the time it became known (its cooling-off does not start over); a revoked one is known again
-    /// from now. Returns whether it was not known before.
-    async fn payee_add(&self, rec: PayeeRecord) -> Result<bool, StoreError>;
+    /// from now. Returns whether it was not known before; only then are `notify` (`payee.added`)
+    /// written, in the same transaction.
+    async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError>;
     /// Revoke a known payee; whether it was known.
     async fn payee_revoke(&self, owner: &str, payee: &str, by: &str, at: UnixSecs) -> Result<bool, StoreError>;
     /// Payees, most recently known first (revoked ones too), of one owner when given.

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
 use crate::domain::principal::{PrincipalRef, Suspension};
+use crate::domain::webhook::OutboxMessage;
 
 /// What counts toward a principal's stop rule (`store::DENIAL_CODES` and throttled RATE_LIMITED
 /// records, counted by the refusals each stands for).
@@ -22,7 +23,8 @@ pub trait SuspensionStore: Send + Sync {
     /// (agent, user) pair. A row from before issuers were recorded applies under any issuer.
     async fn suspension(&self, who: &PrincipalRef) -> Result<Option<(UnixSecs, String)>, StoreError>;
     /// Suspend (issuer, subject) for what `s.scope` covers; whether it was not suspended already.
-    async fn suspend(&self, s: Suspension, now: UnixSecs) -> Result<bool, StoreError>;
+    /// `notify` (`principal.suspended`) is written with the suspension, only when it took effect.
+    async fn suspend(&self, s: Suspension, now: UnixSecs, notify: Vec<OutboxMessage>) -> Result<bool, StoreError>;
     /// Lift the agent's suspensions: every one (`user` = `None`), or only that of the agent acting
     /// for `user`. Returns whether any was lifted.
     async fn resume(&self, issuer: &str, subject: &str, user: Option<&str>, now: UnixSecs) -> Result<bool, StoreError>;
