@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::approvals_api::OpError;
+use super::operator::internal;
 use super::{Gateway, Operator};
 use crate::catalogue::scopes;
 use crate::clock::rfc3339;
@@ -61,13 +62,6 @@ fn attempt_view(a: DeliveryAttempt) -> AttemptView {
     AttemptView { attempt: a.attempt, at: rfc3339(a.at), status: a.status, error: a.error, duration_ms: a.duration_ms }
 }
 
-fn failed(what: &'static str) -> impl Fn(crate::domain::error::StoreError) -> OpError {
-    move |error| {
-        tracing::error!(%error, "{what} failed");
-        OpError::internal()
-    }
-}
-
 impl Gateway {
     /// `integrity.failed`'s messages for a failed scheduled check.
     pub fn integrity_failed_notice(&self, report: &IntegrityReport) -> Vec<OutboxMessage> {
@@ -97,28 +91,24 @@ impl Gateway {
         state: Option<&str>,
         limit: Option<u32>,
     ) -> Result<Vec<WebhookView>, OpError> {
-        self.require_scope_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
+        self.require_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
         if let Some(s) = state
             && !["pending", "delivered", "failed"].contains(&s)
         {
             return Err(OpError::invalid("state must be pending, delivered or failed".into()));
         }
         let limit = limit.unwrap_or(100).clamp(1, WEBHOOKS_LISTED_MAX);
-        let rows = self.store.outbox_list(state, i64::from(limit)).await.map_err(failed("webhook list"))?;
+        let rows = self.store.outbox_list(state, i64::from(limit)).await.map_err(internal("webhook list"))?;
         Ok(rows.into_iter().map(webhook_view).collect())
     }
 
     /// One message's attempts, in order.
     pub async fn ops_webhook_attempts(&self, op: &Operator, id: &str) -> Result<Vec<AttemptView>, OpError> {
-        self.require_scope_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
+        self.require_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
         if id.is_empty() || id.len() > 64 {
             return Err(OpError::missing("webhook message"));
         }
-        let rows = self.store.outbox_attempts(id).await.map_err(failed("webhook attempts"))?;
+        let rows = self.store.outbox_attempts(id).await.map_err(internal("webhook attempts"))?;
         Ok(rows.into_iter().map(attempt_view).collect())
-    }
-
-    fn require_scope_op(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
-        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
     }
 }

@@ -95,7 +95,7 @@ fn page_of<R, V>(
     (rows.into_iter().map(view).collect(), next)
 }
 
-fn internal(what: &'static str) -> impl Fn(StoreError) -> OpError {
+pub(super) fn internal(what: &'static str) -> impl Fn(StoreError) -> OpError {
     move |error| {
         tracing::error!(%error, "{what} failed");
         OpError::internal()
@@ -132,7 +132,7 @@ fn instant(name: &str, v: Option<String>, end_of_day: bool) -> Result<Option<Uni
 }
 
 impl Gateway {
-    fn require_op(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
+    pub(super) fn require_op(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
         if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
     }
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::admission::PAYS_PAYEE;
 use super::approvals_api::OpError;
+use super::operator::internal;
 use super::{ApprovalView, Decision, Gateway, Operator};
 use crate::catalogue::scopes;
 use crate::clock::{UnixSecs, rfc3339};
@@ -92,23 +93,20 @@ impl Gateway {
         user: Option<&str>,
         limit: Option<u32>,
     ) -> Result<Vec<PayeeView>, OpError> {
-        self.require_any(op, &[scopes::AUDIT, scopes::APPROVE])?;
+        self.require_op(op, &[scopes::AUDIT, scopes::APPROVE])?;
         let limit = limit.unwrap_or(100).clamp(1, PAYEES_LISTED_MAX);
         let owner = match (agent, user) {
             (Some(a), u) => Some(usage_subject(a, u)),
             (None, None) => None,
             (None, Some(_)) => return Err(OpError::invalid("user needs agent".into())),
         };
-        let rows = self.store.payee_list(owner.as_deref(), i64::from(limit)).await.map_err(|error| {
-            tracing::error!(%error, "payee list failed");
-            OpError::internal()
-        })?;
+        let rows = self.store.payee_list(owner.as_deref(), i64::from(limit)).await.map_err(internal("payee list"))?;
         Ok(rows.into_iter().map(payee_view).collect())
     }
 
     /// An operator makes a payee known (an allow-list entry): its cooling-off starts now.
     pub async fn ops_add_payee(&self, op: &Operator, args: PayeeArgs) -> Result<PayeeView, OpError> {
-        self.require_any(op, &[scopes::APPROVE])?;
+        self.require_op(op, &[scopes::APPROVE])?;
         let (owner, payee) = args.owner_and_payee()?;
         let reason = super::reviews::reason_text(args.reason)?;
         let now = self.clock.now();
@@ -122,10 +120,7 @@ impl Gateway {
             revoked_by: None,
         };
         let notify = self.payee_notice(&rec);
-        let added = self.store.payee_add(rec, notify).await.map_err(|error| {
-            tracing::error!(%error, "payee add failed");
-            OpError::internal()
-        })?;
+        let added = self.store.payee_add(rec, notify).await.map_err(internal("payee add"))?;
         let mut d = Decision::new("payees.add", if added { "recorded" } else { "unchanged" });
         d.detail = Some(format!("{payee} for {}{}", owner.replace('\u{1f}', " for "), because(&reason)));
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
@@ -134,14 +129,12 @@ impl Gateway {
 
     /// An operator revokes a payee: the next payment to it is a first payment again.
     pub async fn ops_revoke_payee(&self, op: &Operator, args: PayeeArgs) -> Result<PayeeView, OpError> {
-        self.require_any(op, &[scopes::APPROVE])?;
+        self.require_op(op, &[scopes::APPROVE])?;
         let (owner, payee) = args.owner_and_payee()?;
         let reason = super::reviews::reason_text(args.reason)?;
         let by = format!("{} {}", op.issuer, op.subject);
-        let revoked = self.store.payee_revoke(&owner, &payee, &by, self.clock.now()).await.map_err(|error| {
-            tracing::error!(%error, "payee revoke failed");
-            OpError::internal()
-        })?;
+        let revoked =
+            self.store.payee_revoke(&owner, &payee, &by, self.clock.now()).await.map_err(internal("payee revoke"))?;
         let mut d = Decision::new("payees.revoke", if revoked { "recorded" } else { "refused" });
         d.detail = Some(format!("{payee} for {}{}", owner.replace('\u{1f}', " for "), because(&reason)));
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
@@ -204,10 +197,6 @@ impl Gateway {
             "approval_id": view.approval_id,
             "known_since": view.known_since,
         }))
-    }
-
-    fn require_any(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
-        if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
     }
 }
 
