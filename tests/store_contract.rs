@@ -299,6 +299,12 @@ contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async
         }
     }
     assert_eq!(ok, 5, "{label}");
+    // What the preflight and the headroom read outside the transaction: the same usage.
+    let kes = Currency::parse("KES").unwrap();
+    let used = store.budget_usage(PaymentKind::Payment, "agent", 0, kes).await.unwrap();
+    assert_eq!((used.payments, used.spent_minor), (5, 5_000), "{label}");
+    let other = store.budget_usage(PaymentKind::Refund, "agent", 0, kes).await.unwrap();
+    assert_eq!((other.payments, other.spent_minor), (0, 0), "{label}: refunds count apart");
     // The count limit holds too.
     let counted = DailyBudget { kind: PaymentKind::Payment, since: 0, max_minor: i64::MAX / 4, max_payments: 6 };
     assert!(

@@ -266,6 +266,26 @@ pub(crate) fn mandate(id: &str, now: i64, dialect: Dialect) -> Statement {
     b.finish(text)
 }
 
+/// A subject's usage of one kind's daily budget on `day`: its count (every currency) and its spend
+/// in `currency` (what the posting's guard reads, outside any transaction).
+pub(crate) fn budget_usage(
+    kind: crate::domain::payment::PaymentKind,
+    subject: &str,
+    day: i64,
+    currency: &str,
+    dialect: Dialect,
+) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (subject, day, currency) = (b.text(subject), b.int(day), b.text(currency));
+    let text = format!(
+        "SELECT CAST(COALESCE(SUM(payments), 0) AS BIGINT),
+                CAST(COALESCE(SUM(CASE WHEN currency = {currency} THEN spent_minor ELSE 0 END), 0) AS BIGINT)
+         FROM {} WHERE subject = {subject} AND day = {day}",
+        crate::domain::rules::guards::usage_table(kind)
+    );
+    b.finish(text)
+}
+
 pub(crate) fn principal_states(limit: u32, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
     let limit = b.int(i64::from(limit));

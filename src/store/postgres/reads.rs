@@ -4,12 +4,9 @@
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 
-use super::{Cached, Mapped, PostgresStore};
-use crate::clock::UnixSecs;
+use super::{Mapped, PostgresStore};
 use crate::domain::error::StoreError;
-use crate::domain::money::Currency;
-use crate::domain::payment::{PaymentKind, SummaryQuery, SummaryRow};
-use crate::domain::rules::guards::{self, BudgetUsage};
+use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::store::ReadStore;
 use crate::store::rows;
 
@@ -39,23 +36,5 @@ impl ReadStore for PostgresStore {
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
         let client = self.pool.get().await?;
         summary(&client, &query).await
-    }
-
-    async fn budget_usage(
-        &self,
-        kind: PaymentKind,
-        subject: &str,
-        day: UnixSecs,
-        currency: Currency,
-    ) -> Result<BudgetUsage, StoreError> {
-        let client = self.pool.get().await?;
-        let sql = format!(
-            "SELECT COALESCE(SUM(payments), 0)::BIGINT,
-                    COALESCE(SUM(CASE WHEN currency = $3 THEN spent_minor ELSE 0 END), 0)::BIGINT
-             FROM {} WHERE subject = $1 AND day = $2",
-            guards::usage_table(kind)
-        );
-        let row = client.one(&sql, &[&subject, &day, &currency.code()]).await?;
-        Ok(BudgetUsage { payments: row.get(0), spent_minor: row.get(1) })
     }
 }

@@ -5,11 +5,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, params};
 
 use super::{Cached, SqliteStore};
-use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
-use crate::domain::money::Currency;
-use crate::domain::payment::{PaymentKind, SummaryQuery, SummaryRow};
-use crate::domain::rules::guards::{self, BudgetUsage};
+use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::store::ReadStore;
 use crate::store::rows;
 
@@ -38,27 +35,5 @@ fn summary(c: &Connection, q: &SummaryQuery) -> Result<Vec<SummaryRow>, StoreErr
 impl ReadStore for SqliteStore {
     async fn payment_summary(&self, query: SummaryQuery) -> Result<Vec<SummaryRow>, StoreError> {
         self.run_heavy(move |c| summary(c, &query)).await
-    }
-
-    async fn budget_usage(
-        &self,
-        kind: PaymentKind,
-        subject: &str,
-        day: UnixSecs,
-        currency: Currency,
-    ) -> Result<BudgetUsage, StoreError> {
-        let subject = subject.to_string();
-        self.run(move |c| {
-            let table = guards::usage_table(kind);
-            Ok(c.q_row(
-                &format!(
-                    "SELECT (SELECT COALESCE(SUM(payments), 0) FROM {table} WHERE subject = ?1 AND day = ?2),
-                            (SELECT COALESCE(SUM(spent_minor), 0) FROM {table} WHERE subject = ?1 AND day = ?2 AND currency = ?3)"
-                ),
-                params![subject, day, currency.code()],
-                |r| Ok(BudgetUsage { payments: r.get(0)?, spent_minor: r.get(1)? }),
-            )?)
-        })
-        .await
     }
 }

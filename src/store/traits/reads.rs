@@ -94,5 +94,11 @@ pub trait ReadStore: Engine {
         subject: &str,
         day: UnixSecs,
         currency: Currency,
-    ) -> Result<BudgetUsage, StoreError>;
+    ) -> Result<BudgetUsage, StoreError> {
+        let st = queries::budget_usage(kind, subject, day, currency.code(), self.dialect());
+        let used = rows::map_plain(self.select_rows(st).await?, |r| {
+            Ok(BudgetUsage { payments: r.int(0)?, spent_minor: r.int(1)? })
+        })?;
+        Ok(used.into_iter().next().unwrap_or(BudgetUsage { payments: 0, spent_minor: 0 }))
+    }
 }
