@@ -97,7 +97,7 @@ impl Gateway {
         {
             return Err(OpError::invalid("state must be pending, delivered or failed".into()));
         }
-        let limit = limit.unwrap_or(100).clamp(1, WEBHOOKS_LISTED_MAX);
+        let limit = super::payees::listed(limit, WEBHOOKS_LISTED_MAX)?;
         let rows = self.store.outbox_list(state, i64::from(limit)).await.map_err(internal("webhook list"))?;
         Ok(rows.into_iter().map(webhook_view).collect())
     }

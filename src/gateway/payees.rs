@@ -70,14 +70,11 @@ pub struct PayeeArgs {
 
 impl PayeeArgs {
     fn owner_and_payee(&self) -> Result<(String, String), OpError> {
-        let bytes = crate::auth::jwt::SUBJECT_BYTES_MAX;
-        let bad = |f: &str| OpError::invalid(format!("{f} must be 1 to {bytes} bytes, without control characters"));
-        let named = |v: &str| !v.is_empty() && v.len() <= bytes && !v.chars().any(char::is_control);
-        if !named(&self.agent_subject) {
-            return Err(bad("agent_subject"));
+        if !is_name(&self.agent_subject) {
+            return Err(bad_name("agent_subject"));
         }
-        if self.user.as_deref().is_some_and(|u| !named(u)) {
-            return Err(bad("user"));
+        if self.user.as_deref().is_some_and(|u| !is_name(u)) {
+            return Err(bad_name("user"));
         }
         let payee = AccountId::parse(&self.payee).map_err(|e| OpError::invalid(format!("payee: {e}")))?;
         Ok((usage_subject(&self.agent_subject, self.user.as_deref()), payee.to_string()))
@@ -94,14 +91,21 @@ impl Gateway {
         limit: Option<u32>,
     ) -> Result<Vec<PayeeView>, OpError> {
         self.require_op(op, &[scopes::AUDIT, scopes::APPROVE])?;
-        let limit = limit.unwrap_or(100).clamp(1, PAYEES_LISTED_MAX);
-        let owner = match (agent, user) {
-            (Some(a), u) => Some(usage_subject(a, u)),
-            (None, None) => None,
-            (None, Some(_)) => return Err(OpError::invalid("user needs agent".into())),
-        };
-        let rows = self.store.payee_list(owner.as_deref(), i64::from(limit)).await.map_err(internal("payee list"))?;
-        Ok(rows.into_iter().map(payee_view).collect())
+        let limit = listed(limit, PAYEES_LISTED_MAX)?;
+        for (field, v) in [("agent", agent), ("user", user)] {
+            if v.is_some_and(|v| !is_name(v)) {
+                return Err(bad_name(field));
+            }
+        }
+        let owner = agent.map(|a| usage_subject(a, user));
+        // A user alone: that person's payees, whichever agent they are known to, among the newest.
+        let fetch = if owner.is_none() && user.is_some() { PAYEES_LISTED_MAX } else { limit };
+        let rows = self.store.payee_list(owner.as_deref(), i64::from(fetch)).await.map_err(internal("payee list"))?;
+        let views = rows
+            .into_iter()
+            .map(payee_view)
+            .filter(|v| owner.is_some() || user.is_none_or(|u| v.user.as_deref() == Some(u)));
+        Ok(views.take(limit as usize).collect())
     }
 
     /// An operator makes a payee known (an allow-list entry): its cooling-off starts now.
@@ -197,6 +201,25 @@ impl Gateway {
             "approval_id": view.approval_id,
             "known_since": view.known_since,
         }))
+    }
+}
+
+/// A subject as a token carries one: 1 to `SUBJECT_BYTES_MAX` bytes, no control characters.
+fn is_name(v: &str) -> bool {
+    !v.is_empty() && v.len() <= crate::auth::jwt::SUBJECT_BYTES_MAX && !v.chars().any(char::is_control)
+}
+
+fn bad_name(field: &str) -> OpError {
+    let max = crate::auth::jwt::SUBJECT_BYTES_MAX;
+    OpError::invalid(format!("{field} must be 1 to {max} bytes, without control characters"))
+}
+
+/// A list's `limit`: absent, the default (100, or the maximum if lower); outside 1..=`max`, refused.
+pub(super) fn listed(limit: Option<u32>, max: u32) -> Result<u32, OpError> {
+    match limit {
+        None => Ok(100.min(max)),
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        Some(_) => Err(OpError::invalid(format!("limit must be 1 to {max}"))),
     }
 }
 
