@@ -413,7 +413,9 @@ const VIEWS = {
   audit: loadAudit,
   agents: loadAgents,
   mandates: loadMandates,
+  payees: loadPayees,
   reconciliation: loadReconciliation,
+  webhooks: loadWebhooks,
   health: loadHealth,
 };
 
@@ -1046,6 +1048,105 @@ function mandateRow(m) {
     h('td', { class: 'actions' }, live ? [input, revoke] : '—'));
 }
 
+// ---- payees -----------------------------------------------------------------------------------
+
+function loadPayees() {
+  return load('payees', async (el) => {
+    guard($('[data-testid="payee-add-submit"]'), SCOPE.approve);
+    const q = formQuery($('[data-testid="payees-filters"]'));
+    const body = $('[data-testid="payees-table"] tbody');
+    await pager(el, (cursor) => api('GET', '/payees', { query: { agent: q.agent, user: q.user, cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(body);
+      for (const p of items) body.append(payeeRow(p));
+      if (first && !items.length) {
+        const whose = q.agent ? ` for ${clean(q.agent)}${q.user ? ` acting for ${clean(q.user)}` : ''}` : '';
+        body.append(h('tr', {}, h('td', { colspan: 9, class: 'empty muted', 'data-testid': 'payees-empty' }, `No known payees${whose}.`)));
+      }
+    });
+  });
+}
+
+// The body naming one payee of one agent (and the user it acts for): add and revoke both take it.
+function payeeArgs(agent, user, payee, reason) {
+  const args = { agent_subject: agent, payee };
+  if (user) args.user = user;
+  if (reason) args.reason = reason;
+  return args;
+}
+
+// `added_by` and `revoked_by` are "<issuer> <subject>": the subject shown, the whole in the title.
+function operatorName(value, testid) {
+  if (!value) return h('span', { class: 'muted' }, '—');
+  const s = String(value);
+  const cut = s.indexOf(' ');
+  return h('span', { title: clean(s), 'data-testid': testid }, cut > 0 ? s.slice(cut + 1) : s);
+}
+
+// An approval id links to that approval's own view (#approvals/<id>), and only a well-formed one does.
+function approvalLink(id) {
+  if (!id) return h('span', { class: 'muted' }, '—');
+  const link = `#approvals/${id}`;
+  if (!DEEP_LINK.test(link)) return mono(id);
+  return h('a', { href: link, class: 'id', title: `${clean(id)}: open the approval`, 'data-testid': 'payee-approval' }, id);
+}
+
+function payeeRow(p) {
+  const known = p.status === 'known';
+  const label = `${clean(p.payee)} for ${clean(p.agent_subject)}${p.user ? ` acting for ${clean(p.user)}` : ''}`;
+  let action = '—';
+  if (known) {
+    const input = h('input', { type: 'text', name: 'reason', maxlength: 500, autocomplete: 'off', placeholder: 'Reason', 'aria-label': `Reason to revoke ${label}`, 'data-testid': 'payee-reason' });
+    const revoke = guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'payee-revoke' }, 'Revoke'), SCOPE.approve);
+    revoke.addEventListener('click', async () => {
+      revoke.disabled = true;
+      try {
+        await api('POST', '/payees/revoke', { body: payeeArgs(p.agent_subject, p.user, p.payee, input.value.trim()) });
+        notify(`Revoked ${label}: the next payment to it is a first payment again.`, 'ok');
+        await loadPayees();
+      } catch (e) {
+        if (e instanceof ApiError) {
+          if (e.status === 404) notify(`${label} is not a known payee any more. Refresh to see its state. [${clean(e.code)}]`, 'warn');
+          else explain(e, { needs: SCOPE.approve, control: revoke, what: 'Revoke failed' });
+        } else notify(e.message, 'error');
+        if (e.status !== 403) revoke.disabled = !can(SCOPE.approve);
+      }
+    });
+    action = [input, revoke];
+  }
+  return h('tr', { 'data-testid': 'payee-row', 'data-agent': p.agent_subject, 'data-user': p.user ?? '', 'data-payee': p.payee, 'data-status': p.status },
+    h('td', {}, h('strong', {}, p.agent_subject ?? '')),
+    h('td', {}, p.user ? p.user : h('span', { class: 'muted', title: 'Known to the agent on its own token, not acting for a user' }, 'own token')),
+    h('td', {}, h('code', { 'data-testid': 'payee-account' }, p.payee ?? '')),
+    h('td', { 'data-testid': 'payee-status' }, badge(p.status)),
+    h('td', {}, timeCell(p.known_since)),
+    h('td', {}, operatorName(p.added_by, 'payee-added-by')),
+    h('td', {}, approvalLink(p.approval_id)),
+    h('td', {}, p.revoked_at ? [timeCell(p.revoked_at), p.revoked_by ? h('div', { class: 'muted small' }, 'by ', operatorName(p.revoked_by, 'payee-revoked-by')) : null] : '—'),
+    h('td', { class: 'actions' }, action));
+}
+
+async function addPayee(form) {
+  const button = $('[data-testid="payee-add-submit"]', form);
+  const f = formQuery(form);
+  if (!f.agent_subject || !f.payee) {
+    notify('Name the agent and the payee account.', 'warn');
+    return;
+  }
+  button.disabled = true;
+  try {
+    const p = await api('POST', '/payees', { body: payeeArgs(f.agent_subject, f.user, f.payee, f.reason) });
+    const who = `${clean(p?.payee ?? f.payee)} for ${clean(p?.agent_subject ?? f.agent_subject)}${p?.user ? ` acting for ${clean(p.user)}` : ''}`;
+    notify(`${who} is a known payee now (its cooling-off period, if any, starts now).`, 'ok');
+    for (const name of ['payee', 'reason']) form.elements[name].value = '';
+    await loadPayees();
+  } catch (e) {
+    if (e instanceof ApiError) explain(e, { needs: SCOPE.approve, control: button, what: 'Adding the payee failed' });
+    else notify(e.message, 'error');
+  } finally {
+    if (can(SCOPE.approve) && !button.dataset.reason) button.disabled = false;
+  }
+}
+
 // ---- reconciliation ---------------------------------------------------------------------------
 
 function loadReconciliation() {
@@ -1091,6 +1192,123 @@ async function runRecon(button) {
   } finally {
     if (can(SCOPE.admin) && !button.dataset.reason) button.disabled = false;
   }
+}
+
+// ---- webhooks ---------------------------------------------------------------------------------
+
+function loadWebhooks() {
+  return load('webhooks', async (el) => {
+    const state = $('[data-testid="webhooks-state"]').value;
+    const body = $('[data-testid="webhooks-table"] tbody');
+    await pager(el, (cursor) => api('GET', '/webhooks', { query: { state, cursor, limit: PAGE_LIMIT } }), (items, first) => {
+      if (first) clear(body);
+      for (const w of items) body.append(webhookRow(w));
+      if (first && !items.length) {
+        body.append(h('tr', {}, h('td', { colspan: 8, class: 'empty muted', 'data-testid': 'webhooks-empty' },
+          `No ${state ? `${state} ` : ''}webhook messages. Messages are written only for the endpoints the gateway is configured to notify.`)));
+      }
+    });
+    const open = $('[data-testid="webhook-detail"]').dataset.messageId;
+    for (const r of $$('[data-testid="webhook-row"]')) r.classList.toggle('selected', r.dataset.messageId === open);
+  });
+}
+
+function lastResult(status, error) {
+  const parts = [];
+  if (status !== null && status !== undefined) parts.push(h('code', {}, `HTTP ${clean(status)}`));
+  if (error) parts.push(h('span', { class: 'muted', title: clean(error) }, `${parts.length ? ' · ' : ''}${clean(error).slice(0, 80)}`));
+  return parts.length ? parts : '—';
+}
+
+function webhookRow(w) {
+  // The whole row opens the detail; the id is a button so the keyboard reaches it too.
+  const open = h('button', { type: 'button', class: 'link id', 'data-testid': 'webhook-open', title: `${clean(w.id)}: show the attempts and the body` }, w.id);
+  const row = h('tr', { class: 'clickable', 'data-testid': 'webhook-row', 'data-message-id': w.id, 'data-state': w.state },
+    h('td', {}, timeCell(w.created_at)),
+    h('td', {}, open),
+    h('td', {}, badge(w.event, 'event')),
+    h('td', { class: 'memo' }, h('code', { class: 'endpoint' }, w.endpoint ?? '')),
+    h('td', {}, badge(w.state)),
+    h('td', { class: 'num' }, clean(w.attempts ?? 0)),
+    h('td', {}, lastResult(w.last_status, w.last_error)),
+    h('td', {}, w.delivered_at ? timeCell(w.delivered_at) : w.next_attempt_at ? timeCell(w.next_attempt_at) : '—'));
+  row.addEventListener('click', () => showWebhook(w));
+  return row;
+}
+
+// JSON as text: pretty-printed, one text node per line (clean() would show the line breaks as
+// ⟨U+000A⟩; JSON.stringify already escapes every control character inside strings).
+function jsonText(value, testid) {
+  const pre = h('pre', { class: 'json', 'data-testid': testid });
+  let text;
+  try {
+    text = JSON.stringify(value ?? null, null, 2) ?? 'null';
+  } catch {
+    text = String(value);
+  }
+  text.split('\n').forEach((line, i) => {
+    if (i) pre.append(document.createTextNode('\n'));
+    pre.append(document.createTextNode(clean(line)));
+  });
+  return pre;
+}
+
+async function showWebhook(w) {
+  const pane = $('[data-testid="webhook-detail"]');
+  pane.hidden = false;
+  pane.dataset.messageId = w.id;
+  clear(pane).append(h('p', { class: 'muted' }, 'Loading…'));
+  for (const r of $$('[data-testid="webhook-row"]')) r.classList.toggle('selected', r.dataset.messageId === w.id);
+  const close = h('button', { type: 'button', class: 'ghost', 'aria-label': 'Close the detail' }, '✕');
+  close.addEventListener('click', () => {
+    pane.hidden = true;
+    delete pane.dataset.messageId;
+    for (const r of $$('[data-testid="webhook-row"]')) r.classList.remove('selected');
+  });
+  let attempts = null;
+  let failure = null;
+  try {
+    const data = await api('GET', `/webhooks/${encodeURIComponent(w.id)}/attempts`);
+    attempts = Array.isArray(data?.items) ? data.items : [];
+  } catch (e) {
+    failure = e;
+  }
+  if (pane.dataset.messageId !== w.id) return; // another message was opened meanwhile
+  const body = w.body && typeof w.body === 'object' ? w.body : {};
+  clear(pane).append(
+    h('div', { class: 'view-head' }, h('h2', {}, 'Webhook message'), close),
+    h('dl', { class: 'facts' },
+      fact('Message', mono(w.id)),
+      fact('Event', badge(w.event, 'event')),
+      fact('Endpoint', h('code', { 'data-testid': 'webhook-endpoint' }, w.endpoint ?? '')),
+      fact('State', badge(w.state)),
+      fact('Attempts', clean(w.attempts ?? 0)),
+      fact('Created', timeCell(w.created_at)),
+      w.next_attempt_at ? fact('Next attempt', timeCell(w.next_attempt_at)) : null,
+      w.delivered_at ? fact('Delivered', timeCell(w.delivered_at)) : null,
+      fact('Last result', h('span', {}, lastResult(w.last_status, w.last_error)))),
+    h('h3', {}, 'Attempts'),
+    attempts ? attemptsTable(attempts) : h('p', { class: 'error' }, 'Could not load the attempts.'),
+    h('h3', {}, 'Body as sent'),
+    h('p', { class: 'muted small' }, `${clean(body.type ?? '')}${body.timestamp ? ` · ${clean(body.timestamp)}` : ''}`),
+    jsonText(w.body, 'webhook-body'));
+  if (failure instanceof ApiError) explain(failure, { needs: SCOPE.audit, what: 'Webhook attempts' });
+  else if (failure) notify(`Webhook attempts: ${failure.message}`, 'error');
+}
+
+function attemptsTable(items) {
+  return h('div', { class: 'table-wrap' }, h('table', { class: 'grid', 'data-testid': 'webhook-attempts' },
+    h('thead', {}, h('tr', {},
+      h('th', { scope: 'col', class: 'num' }, '#'), h('th', { scope: 'col' }, 'At'), h('th', { scope: 'col' }, 'Status'),
+      h('th', { scope: 'col' }, 'Error'), h('th', { scope: 'col', class: 'num' }, 'Duration'))),
+    h('tbody', {}, items.length
+      ? items.map((a) => h('tr', { 'data-testid': 'webhook-attempt' },
+        h('td', { class: 'num' }, clean(a.attempt ?? '')),
+        h('td', {}, timeCell(a.at)),
+        h('td', {}, a.status === null || a.status === undefined ? '—' : h('code', {}, `HTTP ${clean(a.status)}`)),
+        h('td', { class: 'memo' }, a.error ?? '—'),
+        h('td', { class: 'num' }, `${clean(a.duration_ms ?? 0)} ms`)))
+      : h('tr', {}, h('td', { colspan: 5, class: 'empty muted', 'data-testid': 'webhook-attempts-none' }, 'No attempts yet.')))));
 }
 
 // ---- health -----------------------------------------------------------------------------------
@@ -1146,6 +1364,9 @@ function wire() {
   }
   $('[data-testid="approvals-status"]').addEventListener('change', loadApprovals);
   $('[data-testid="mandates-status"]').addEventListener('change', loadMandates);
+  $('[data-testid="webhooks-state"]').addEventListener('change', loadWebhooks);
+  $('[data-testid="payees-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadPayees(); });
+  $('[data-testid="payee-add"]').addEventListener('submit', (ev) => { ev.preventDefault(); addPayee(ev.currentTarget); });
   $('[data-testid="payments-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadPayments(); });
   $('[data-testid="audit-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadAudit(); });
   const run = $('[data-testid="recon-run"]');

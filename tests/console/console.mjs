@@ -12,7 +12,9 @@
 // page; the agent pays with the mandate; the payment's timeline shows every step; a mandate
 // revoked in the page stops the agent; an audit-only operator cannot approve; an approval link opens
 // that approval alone; an agent that declares URL elicitation sends its user to their own
-// confirmation page, which survives the sign-in redirect, and its retry pays once. Prints one line per
+// confirmation page, which survives the sign-in redirect, and its retry pays once; a payee added in
+// the page is listed and revoked there, and the webhooks page shows its (empty) list and, with
+// stubbed responses, a message's attempts and body as text. Prints one line per
 // check ("console: <check>: pass" / "FAIL") and a closing "console: N passed, M failed".
 // Waits on selectors and responses, never on the clock.
 
@@ -424,6 +426,114 @@ try {
     await view(page, 'health');
     await page.getByTestId('health-check').first().waitFor();
     await shot(page, 'health');
+  });
+
+  await check('payees: a payee added in the page is listed, filtered by agent, and Revoke marks it revoked', async () => {
+    const payee = `acct-console-${run}`;
+    const payees = (r, method) => new URL(r.url()).pathname === '/operator/v1/payees' && r.request().method() === method;
+    await view(page, 'payees');
+    const form = page.getByTestId('payee-add');
+    await form.getByTestId('payee-add-agent').fill(AGENT);
+    await form.getByTestId('payee-add-payee').fill(payee);
+    await form.getByTestId('payee-add-reason').fill('supplier onboarded by phone');
+    const added = await clickFor(page, (r) => payees(r, 'POST'), form.getByTestId('payee-add-submit'));
+    assert(added.status() === 200, `add answered ${added.status()}: ${await added.text()}`);
+    const sel = `[data-testid="payee-row"][data-agent="${AGENT}"][data-user=""][data-payee="${payee}"]`;
+    await page.locator(`${sel}[data-status="known"]`).waitFor();
+    const by = await page.locator(sel).getByTestId('payee-added-by').getAttribute('title');
+    assert(by?.endsWith(` ${ALICE}`), `added by ${by}`);
+    // The agent filter asks the API for that agent's payees only.
+    await page.getByTestId('payees-filters').locator('input[name="agent"]').fill(AGENT);
+    const listed = await clickFor(page, (r) => payees(r, 'GET'), page.getByTestId('payees-filters').getByRole('button', { name: 'Search' }));
+    assert(new URL(listed.url()).searchParams.get('agent') === AGENT && listed.status() === 200, `filtered list: ${listed.url()} ${listed.status()}`);
+    const row = page.locator(sel);
+    await row.waitFor();
+    const agents = await page.getByTestId('payee-row').evaluateAll((els) => [...new Set(els.map((e) => e.dataset.agent))]);
+    assert(agents.length === 1 && agents[0] === AGENT, `agents listed under the filter: ${dump(agents)}`);
+    await row.getByTestId('payee-reason').fill('supplier offboarded');
+    const revoked = await clickFor(page, (r) => r.url().endsWith('/operator/v1/payees/revoke'), row.getByTestId('payee-revoke'));
+    assert(revoked.status() === 200, `revoke answered ${revoked.status()}: ${await revoked.text()}`);
+    const body = JSON.parse(revoked.request().postData() ?? '{}');
+    assert(body.agent_subject === AGENT && body.payee === payee && body.reason === 'supplier offboarded' && !('user' in body), `revoke body ${dump(body)}`);
+    const gone = page.locator(`${sel}[data-status="revoked"]`);
+    await gone.waitFor();
+    assert((await gone.getByTestId('payee-revoke').count()) === 0, 'a revoked payee still has a Revoke button');
+    assert((await gone.getByTestId('payee-revoked-by').getAttribute('title'))?.endsWith(` ${ALICE}`), 'revoked by someone else');
+    await shot(page, 'payees');
+  });
+
+  await check('payees: the payee of an approved payment is known, linked to its approval', async () => {
+    const row = page.locator(`[data-testid="payee-row"][data-agent="${AGENT}"][data-user=""][data-payee="acct-B"]`);
+    await row.waitFor();
+    const link = row.getByTestId('payee-approval');
+    assert((await link.getAttribute('href')) === `#approvals/${a1}`, `approval link ${await link.getAttribute('href')} (want ${a1})`);
+    await link.click();
+    await page.locator(`[data-testid="approval"][data-approval-id="${a1}"]`).waitFor();
+    await page.getByTestId('approvals-all').waitFor();
+  });
+
+  await check('webhooks: the page loads (none configured here: its empty state) and filters by state', async () => {
+    await view(page, 'webhooks');
+    const rows = await page.getByTestId('webhook-row').count();
+    if (rows === 0) await page.getByTestId('webhooks-empty').waitFor();
+    const notice = page.getByTestId('notice');
+    assert((await notice.isHidden()) || (await notice.getAttribute('data-kind')) !== 'error', `notice: ${await notice.textContent()}`);
+    // A state filter reloads the list with that state (and waits until it is drawn).
+    const pick = async (value) => {
+      const before = await page.getByTestId('view-webhooks').getAttribute('data-loaded');
+      const [resp] = await Promise.all([
+        page.waitForResponse((r) => new URL(r.url()).pathname === '/operator/v1/webhooks'),
+        page.getByTestId('webhooks-state').selectOption({ value }),
+      ]);
+      await page.waitForFunction((b) => {
+        const el = document.querySelector('[data-testid="view-webhooks"]');
+        return el.dataset.loaded !== b && !el.hasAttribute('aria-busy');
+      }, before);
+      return resp;
+    };
+    const failedOnly = await pick('failed');
+    assert(failedOnly.status() === 200 && new URL(failedOnly.url()).searchParams.get('state') === 'failed', `state filter: ${failedOnly.url()} ${failedOnly.status()}`);
+    const any = await pick('');
+    assert(any.status() === 200 && !new URL(any.url()).searchParams.has('state'), `no state filter: ${any.url()}`);
+    await shot(page, 'webhooks');
+  });
+
+  await check('webhooks: a message opens its attempts and its body, as text (stubbed list)', async () => {
+    // This gateway notifies no endpoint, so the list and the attempts are stubbed in the browser:
+    // a body carrying markup and a bidi override must come out as text.
+    const id = 'msg_stub0001';
+    const msg = {
+      id, endpoint: 'https://hooks.example.com/paygate', event: 'payee.added', state: 'failed', attempts: 2,
+      created_at: '2026-01-02T03:04:05Z', next_attempt_at: null, delivered_at: null, last_status: 500, last_error: 'HTTP 500 from the receiver',
+      body: { type: 'payee.added', timestamp: '2026-01-02T03:04:05Z', data: { payee: 'acct-B', note: HOSTILE_MEMO } },
+    };
+    const attempts = [
+      { attempt: 1, at: '2026-01-02T03:04:06Z', status: null, error: 'connection refused', duration_ms: 3 },
+      { attempt: 2, at: '2026-01-02T03:05:06Z', status: 500, error: null, duration_ms: 41 },
+    ];
+    const json = (data) => ({ status: 200, contentType: 'application/json', body: JSON.stringify(data) });
+    const list = (u) => u.pathname === '/operator/v1/webhooks';
+    const tries = (u) => u.pathname === `/operator/v1/webhooks/${id}/attempts`;
+    const stubbed = (u) => list(u) || tries(u);
+    await page.route(stubbed, (route) => route.fulfill(json({ items: list(new URL(route.request().url())) ? [msg] : attempts, next_cursor: null })));
+    try {
+      await refresh(page, 'webhooks');
+      const row = page.locator(`[data-testid="webhook-row"][data-message-id="${id}"]`);
+      await row.waitFor();
+      await row.locator('td').first().click();
+      const detail = page.getByTestId('webhook-detail');
+      await detail.getByTestId('webhook-attempt').nth(1).waitFor();
+      assert((await detail.getByTestId('webhook-attempt').count()) === 2, 'two attempts');
+      const text = await detail.getByTestId('webhook-body').textContent();
+      assert(text.includes('"type": "payee.added"') && text.includes('<img src=x'), `body: ${text}`);
+      assert(text.includes('U+202E') && !text.includes('\u202E'), 'the bidi override is not made visible in the body');
+      assert((await page.locator('main img').count()) === 0, 'an <img> was created');
+      assert((await page.evaluate(() => window.__pwned)) === undefined, 'the body ran');
+      assert(await row.evaluate((r) => r.classList.contains('selected')), 'the opened row is not marked');
+      await shot(page, 'webhook-detail');
+    } finally {
+      await page.unroute(stubbed);
+    }
   });
 
   await check('an audit-only operator cannot approve (button disabled; forced click gets 403)', async () => {
