@@ -523,6 +523,17 @@ struct Assembled {
     rail_callbacks: HashMap<String, Arc<http::CallbackGuard>>,
 }
 
+/// The mandate key schedule `[mandates]` gives.
+pub fn mandate_schedule(config: &Config) -> Result<crate::mandate::KeySchedule, crate::config::ConfigError> {
+    let m = &config.mandates;
+    Ok(crate::mandate::KeySchedule {
+        key_id: m.key_id.clone(),
+        rotate_secs: m.rotate_secs,
+        lifetime_max_secs: m.ttl_secs.max(m.open_valid_max_secs),
+        hs256_accept_until: m.hs256_until()?,
+    })
+}
+
 /// A key generated into the data directory unless configured (replicas configure a shared one).
 fn secret_or_file(config: &Config, configured: &Option<Secret>, file: &str) -> Result<Secret, StartError> {
     match configured {
@@ -542,8 +553,8 @@ fn gateway(
 ) -> Result<Assembled, StartError> {
     let idem_secret = secret_or_file(config, &config.idempotency.secret, "idempotency.key")?;
     let mandate_secret = secret_or_file(config, &config.mandates.secret, "mandate.key")?;
-    let mandate_keys =
-        Arc::new(MandateKeys::new(config.mandates.key_id.clone(), &mandate_secret).map_err(StartError::Auth)?);
+    let schedule = mandate_schedule(config).map_err(|e| StartError::Auth(e.to_string()))?;
+    let mandate_keys = Arc::new(MandateKeys::new(schedule, &mandate_secret).map_err(StartError::Auth)?);
     let (backend, http_ledger) = backend(config, store, clock)?;
     let limits = GatewayLimits {
         public_url: public_url.to_string(),

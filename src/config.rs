@@ -221,11 +221,26 @@ pub struct ApprovalsConfig {
 #[serde(deny_unknown_fields)]
 pub struct MandatesConfig {
     pub key_id: String,
+    pub rotate_secs: i64,
+    /// RFC 3339; empty: HS256 mandates are not accepted.
+    pub hs256_accept_until: String,
     pub ttl_secs: i64,
     pub open_valid_max_secs: i64,
     /// HMAC key (base64). Normally absent: generated into data_dir. Never logged.
     #[serde(default)]
     pub secret: Option<crate::secret::Secret>,
+}
+
+impl MandatesConfig {
+    /// `hs256_accept_until` as Unix seconds; `None` when empty.
+    pub fn hs256_until(&self) -> Result<Option<i64>, ConfigError> {
+        if self.hs256_accept_until.is_empty() {
+            return Ok(None);
+        }
+        time::OffsetDateTime::parse(&self.hs256_accept_until, &time::format_description::well_known::Rfc3339)
+            .map(|t| Some(t.unix_timestamp()))
+            .map_err(|_| ConfigError::Invalid("mandates.hs256_accept_until must be an RFC 3339 time or empty".into()))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -878,6 +893,8 @@ impl Config {
         if m.key_id.is_empty() || m.key_id.len() > 64 {
             return Err(ConfigError::Invalid("mandates.key_id must be 1-64 characters".into()));
         }
+        range("mandates.rotate_secs", m.rotate_secs, (m.open_valid_max_secs / 60).max(3600), 31_536_000)?;
+        m.hs256_until()?;
         range("stop_rules.denials_max", self.stop_rules.denials_max, 1, 10_000)?;
         range("stop_rules.window_secs", self.stop_rules.window_secs, 10, 86_400)?;
         range("stop_rules.rate_limited_per_denial", self.stop_rules.rate_limited_per_denial, 0, 1_000_000)?;

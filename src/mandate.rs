@@ -1,5 +1,5 @@
-//! Mandates: what a human approved, signed by the gateway as a compact JWS (HMAC-SHA256, `kid` in
-//! the header so keys can rotate). A *closed* mandate pins one payment; an *open* one carries
+//! Mandates: what a human approved, signed by the gateway as a compact JWS (Ed25519, `kid` in the
+//! header; keys rotate and are published as a JWKS so any party verifies without a secret). A *closed* mandate pins one payment; an *open* one carries
 //! constraints (payees, per-payment maximum, budget, uses, validity) whose use is tracked in the store.
 //!
 //! Architecture Invariant: verification is deterministic code; nothing a model says changes it.
@@ -18,6 +18,9 @@ use crate::secret::Secret;
 pub const MANDATE_TYP: &str = "paygate-mandate+jwt";
 /// Issuer claim of every mandate.
 pub const MANDATE_ISSUER: &str = "paygate";
+/// Where the gateway serves the public keys that verify its mandates (a JWKS, RFC 7517): anyone
+/// may fetch it.
+pub const JWKS_PATH: &str = "/.well-known/mandate-jwks.json";
 /// Longest mandate string accepted, in bytes (bounded before any parsing).
 pub const MANDATE_BYTES_MAX: usize = 8192;
 
@@ -78,6 +81,8 @@ pub enum MandateError {
     Malformed,
     #[error("mandate was signed with an unknown key")]
     UnknownKey,
+    #[error("mandate is signed with HS256, no longer accepted: ask for a new approval")]
+    RetiredAlgorithm,
     #[error("mandate signature is invalid")]
     BadSignature,
     #[error("mandate has expired")]
@@ -104,62 +109,236 @@ impl MandateError {
     }
 }
 
-/// Signing key plus the keys still accepted for verification (rotation).
-pub struct MandateKeys {
-    active_kid: String,
+/// How the gateway's mandate signing keys are derived and rotated.
+#[derive(Debug, Clone)]
+pub struct KeySchedule {
+    /// Prefix of every key id (`mandates.key_id`); the HS256 key id of the migration window.
+    pub key_id: String,
+    /// A new Ed25519 key signs every `rotate_secs` (`mandates.rotate_secs`).
+    pub rotate_secs: i64,
+    /// The longest a mandate may live (the larger of `mandates.ttl_secs` and
+    /// `mandates.open_valid_max_secs`): a retired key verifies that long after it stopped signing.
+    pub lifetime_max_secs: i64,
+    /// HS256 mandates (signed before Ed25519) verify until then; `None`: never.
+    pub hs256_accept_until: Option<UnixSecs>,
+}
+
+impl KeySchedule {
+    /// Defaults for tests and tools: 30-day keys, one-hour mandates, no HS256.
+    pub fn new(key_id: impl Into<String>) -> Self {
+        KeySchedule {
+            key_id: key_id.into(),
+            rotate_secs: 2_592_000,
+            lifetime_max_secs: 2_592_000,
+            hs256_accept_until: None,
+        }
+    }
+}
+
+/// Clocks of replicas and verifiers disagree by up to this much; a key is published and kept that
+/// much longer.
+const CLOCK_SKEW_SECS: i64 = 300;
+
+/// The PKCS #8 (RFC 8410) prefix of an Ed25519 private key; the 32-byte seed follows.
+const ED25519_PKCS8_PREFIX: [u8; 16] =
+    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+
+/// One period's Ed25519 key pair.
+struct PeriodKey {
+    kid: String,
     signing: EncodingKey,
-    verifying: HashMap<String, DecodingKey>,
+    public: [u8; 32],
+}
+
+/// The gateway's mandate keys. Ed25519 (JWS `EdDSA`): anyone holding the published JWKS verifies a
+/// mandate; only the gateway signs. The key for period `n` (`iat / rotate_secs`) is derived from
+/// the mandate secret (HMAC-SHA256 over its key id), so every replica sharing the secret signs with
+/// the same key at the same time without coordination, and no private key is ever stored.
+/// A key is published one period before it signs (verifiers with a cached JWKS already know it)
+/// and kept until every mandate it signed has expired.
+pub struct MandateKeys {
+    schedule: KeySchedule,
+    master: Secret,
+    /// The migration window's HS256 key (the mandate secret itself), under `key_id`.
+    hs256: Option<(DecodingKey, UnixSecs)>,
 }
 
 impl MandateKeys {
-    pub fn new(kid: String, secret: &Secret) -> Result<Self, String> {
-        let signing = EncodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| e.to_string())?;
-        let key = DecodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| e.to_string())?;
-        Ok(MandateKeys { verifying: HashMap::from([(kid.clone(), key)]), active_kid: kid, signing })
+    pub fn new(schedule: KeySchedule, secret: &Secret) -> Result<Self, String> {
+        if schedule.rotate_secs <= 0 || schedule.lifetime_max_secs <= 0 || schedule.key_id.is_empty() {
+            return Err("mandate key schedule needs a key id, a rotation period and a lifetime".into());
+        }
+        let hs256 = match schedule.hs256_accept_until {
+            Some(until) => {
+                Some((DecodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| e.to_string())?, until))
+            }
+            None => None,
+        };
+        Ok(MandateKeys { schedule, master: secret.clone(), hs256 })
     }
 
-    /// Keep accepting mandates signed with a retired key.
-    pub fn also_verify(mut self, kid: String, secret: &Secret) -> Result<Self, String> {
-        let key = DecodingKey::from_secret(secret.expose().as_bytes()).map_err(|e| e.to_string())?;
-        self.verifying.insert(kid, key);
-        Ok(self)
+    fn period_of(&self, at: UnixSecs) -> i64 {
+        at.div_euclid(self.schedule.rotate_secs)
     }
 
+    fn kid(&self, period: i64) -> String {
+        format!("{}-{period}", self.schedule.key_id)
+    }
+
+    fn period_key(&self, period: i64) -> PeriodKey {
+        use hmac::{Hmac, Mac};
+        let kid = self.kid(period);
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(self.master.expose().as_bytes())
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(b"paygate mandate signing key, ed25519, v1\0");
+        mac.update(kid.as_bytes());
+        let seed: [u8; 32] = mac.finalize().into_bytes().into();
+        let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key().to_bytes();
+        let mut der = ED25519_PKCS8_PREFIX.to_vec();
+        der.extend_from_slice(&seed);
+        PeriodKey { kid, signing: EncodingKey::from_ed_der(&der), public }
+    }
+
+    /// Periods whose keys verify at `now`: from the oldest that may still have a live mandate to
+    /// the next one (published ahead).
+    fn verifying_periods(&self, now: UnixSecs) -> std::ops::RangeInclusive<i64> {
+        let r = self.schedule.rotate_secs;
+        let oldest = self.period_of(now - self.schedule.lifetime_max_secs - CLOCK_SKEW_SECS);
+        // Period p signs until (p + 1) * r (+ skew); its mandates live lifetime_max past that.
+        let oldest = if (oldest + 1) * r + self.schedule.lifetime_max_secs + CLOCK_SKEW_SECS <= now {
+            oldest + 1
+        } else {
+            oldest
+        };
+        oldest.max(0)..=self.period_of(now + CLOCK_SKEW_SECS) + 1
+    }
+
+    /// The key id that signs at `at`.
+    pub fn signing_kid(&self, at: UnixSecs) -> String {
+        self.kid(self.period_of(at))
+    }
+
+    /// Signed with the key of the claims' `iat` period.
     pub fn sign(&self, claims: &MandateClaims) -> Result<String, String> {
-        let mut header = Header::new(Algorithm::HS256);
-        header.kid = Some(self.active_kid.clone());
+        let key = self.period_key(self.period_of(claims.iat));
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(key.kid);
         header.typ = Some(MANDATE_TYP.into());
-        encode(&header, claims, &self.signing).map_err(|e| e.to_string())
+        encode(&header, claims, &key.signing).map_err(|e| e.to_string())
+    }
+
+    /// The public keys that verify at `now`, as a JWKS (RFC 7517; OKP keys, RFC 8037).
+    pub fn jwks(&self, now: UnixSecs) -> serde_json::Value {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let keys: Vec<_> = self
+            .verifying_periods(now)
+            .map(|p| {
+                let k = self.period_key(p);
+                serde_json::json!({
+                    "kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig",
+                    "kid": k.kid, "x": b64.encode(k.public),
+                })
+            })
+            .collect();
+        serde_json::json!({ "keys": keys })
     }
 
     /// Signature, typ, kid, shape and expiry. Comparing the claims to a call is the caller's job.
     pub fn verify(&self, jws: &str, now: UnixSecs) -> Result<MandateClaims, MandateError> {
-        if jws.len() > MANDATE_BYTES_MAX {
-            return Err(MandateError::Malformed);
-        }
-        let header = decode_header(jws).map_err(|_| MandateError::Malformed)?;
-        if header.alg != Algorithm::HS256 || header.typ.as_deref() != Some(MANDATE_TYP) {
-            return Err(MandateError::Malformed);
-        }
-        let kid = header.kid.ok_or(MandateError::UnknownKey)?;
-        let key = self.verifying.get(&kid).ok_or(MandateError::UnknownKey)?;
-        let mut validation = Validation::new(Algorithm::HS256);
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
-        validation.validate_aud = false;
-        validation.required_spec_claims = HashSet::new();
-        let claims = decode::<MandateClaims>(jws, key, &validation)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::InvalidSignature => MandateError::BadSignature,
-                _ => MandateError::Malformed,
-            })?
-            .claims;
-        check_shape(&claims)?;
-        if now >= claims.exp {
-            return Err(MandateError::Expired);
-        }
-        Ok(claims)
+        verify_with(jws, now, |alg, kid| match alg {
+            Algorithm::EdDSA => {
+                let period = kid
+                    .strip_prefix(self.schedule.key_id.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .filter(|p| self.verifying_periods(now).contains(p))
+                    .ok_or(MandateError::UnknownKey)?;
+                let public = self.period_key(period).public;
+                Ok(DecodingKey::from_ed_der(&public))
+            }
+            // The migration window: the mandate secret under the configured key id, until then.
+            Algorithm::HS256 => match &self.hs256 {
+                Some((key, until)) if kid == self.schedule.key_id && now < *until => Ok(key.clone()),
+                Some(_) if kid == self.schedule.key_id => Err(MandateError::RetiredAlgorithm),
+                _ => Err(MandateError::UnknownKey),
+            },
+            _ => Err(MandateError::Malformed),
+        })
     }
+}
+
+/// Verifies mandates from a published JWKS alone (`paygate mandate verify --jwks`, a ledger, an
+/// auditor): no secret of the gateway's.
+pub struct JwksVerifier {
+    keys: HashMap<String, DecodingKey>,
+}
+
+impl JwksVerifier {
+    /// The Ed25519 keys of a JWKS document; other key types are ignored.
+    pub fn from_jwks(doc: &serde_json::Value) -> Result<Self, String> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let list = doc.get("keys").and_then(|k| k.as_array()).ok_or("not a JWKS: no \"keys\" array")?;
+        let mut keys = HashMap::new();
+        for k in list {
+            let (Some("OKP"), Some("Ed25519"), Some(kid), Some(x)) =
+                (k["kty"].as_str(), k["crv"].as_str(), k["kid"].as_str(), k["x"].as_str())
+            else {
+                continue;
+            };
+            let x = b64.decode(x).map_err(|_| format!("key {kid}: x is not base64url"))?;
+            if x.len() != 32 {
+                return Err(format!("key {kid}: an Ed25519 key is 32 bytes"));
+            }
+            keys.insert(kid.to_string(), DecodingKey::from_ed_der(&x));
+        }
+        if keys.is_empty() {
+            return Err("the JWKS holds no Ed25519 key".into());
+        }
+        Ok(JwksVerifier { keys })
+    }
+
+    pub fn verify(&self, jws: &str, now: UnixSecs) -> Result<MandateClaims, MandateError> {
+        verify_with(jws, now, |alg, kid| match alg {
+            Algorithm::EdDSA => self.keys.get(kid).cloned().ok_or(MandateError::UnknownKey),
+            _ => Err(MandateError::Malformed),
+        })
+    }
+}
+
+/// The checks every verifier makes; `key_for(alg, kid)` picks the key (or refuses the algorithm).
+fn verify_with(
+    jws: &str,
+    now: UnixSecs,
+    key_for: impl FnOnce(Algorithm, &str) -> Result<DecodingKey, MandateError>,
+) -> Result<MandateClaims, MandateError> {
+    if jws.len() > MANDATE_BYTES_MAX {
+        return Err(MandateError::Malformed);
+    }
+    let header = decode_header(jws).map_err(|_| MandateError::Malformed)?;
+    if header.typ.as_deref() != Some(MANDATE_TYP) {
+        return Err(MandateError::Malformed);
+    }
+    let kid = header.kid.ok_or(MandateError::UnknownKey)?;
+    // The key decides the algorithm, never the other way round (no HS256 under a public key).
+    let key = key_for(header.alg, &kid)?;
+    let mut validation = Validation::new(header.alg);
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
+    validation.validate_aud = false;
+    validation.required_spec_claims = HashSet::new();
+    let claims = decode::<MandateClaims>(jws, &key, &validation)
+        .map_err(|e| match e.kind() {
+            jsonwebtoken::errors::ErrorKind::InvalidSignature => MandateError::BadSignature,
+            _ => MandateError::Malformed,
+        })?
+        .claims;
+    check_shape(&claims)?;
+    if now >= claims.exp {
+        return Err(MandateError::Expired);
+    }
+    Ok(claims)
 }
 
 fn check_shape(c: &MandateClaims) -> Result<(), MandateError> {
@@ -278,7 +457,7 @@ mod tests {
     use crate::error::{AgentError, ErrorCode};
 
     fn keys() -> MandateKeys {
-        MandateKeys::new("mk1".into(), &Secret::new("k".repeat(32))).unwrap()
+        MandateKeys::new(KeySchedule::new("mk1"), &Secret::new("k".repeat(32))).unwrap()
     }
 
     fn closed() -> MandateClaims {
@@ -359,13 +538,75 @@ mod tests {
         let mut sig = parts[2].to_string();
         sig.replace_range(0..1, if sig.starts_with('A') { "B" } else { "A" });
         assert_eq!(k.verify(&format!("{}.{}.{sig}", parts[0], parts[1]), 150), Err(MandateError::BadSignature));
-        let other = MandateKeys::new("mk1".into(), &Secret::new("x".repeat(32))).unwrap();
+        let other = MandateKeys::new(KeySchedule::new("mk1"), &Secret::new("x".repeat(32))).unwrap();
         assert_eq!(other.verify(&jws, 150), Err(MandateError::BadSignature));
-        let rotated = MandateKeys::new("mk2".into(), &Secret::new("x".repeat(32))).unwrap();
-        assert_eq!(rotated.verify(&jws, 150), Err(MandateError::UnknownKey));
-        let both = rotated.also_verify("mk1".into(), &Secret::new("k".repeat(32))).unwrap();
-        assert!(both.verify(&jws, 150).is_ok());
+        let renamed = MandateKeys::new(KeySchedule::new("mk2"), &Secret::new("k".repeat(32))).unwrap();
+        assert_eq!(renamed.verify(&jws, 150), Err(MandateError::UnknownKey));
         assert_eq!(k.verify("not.a.mandate", 150), Err(MandateError::Malformed));
+    }
+
+    fn hs256(claims: &MandateClaims, kid: &str, secret: &[u8]) -> String {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some(kid.into());
+        header.typ = Some(MANDATE_TYP.into());
+        encode(&header, claims, &EncodingKey::from_secret(secret).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn keys_rotate_and_old_mandates_verify_until_they_expire() {
+        let schedule = KeySchedule { rotate_secs: 3600, lifetime_max_secs: 3600, ..KeySchedule::new("mk1") };
+        let k = MandateKeys::new(schedule, &Secret::new("k".repeat(32))).unwrap();
+        let early = MandateClaims { iat: 3000, exp: 6500, ..closed() };
+        let late = MandateClaims { iat: 3700, exp: 7000, ..closed() };
+        let (a, b) = (k.sign(&early).unwrap(), k.sign(&late).unwrap());
+        let kid = |jws: &str| decode_header(jws).unwrap().kid.unwrap();
+        assert_eq!((kid(&a).as_str(), kid(&b).as_str()), ("mk1-0", "mk1-1"));
+        assert_eq!(k.signing_kid(3700), "mk1-1");
+        // After the rotation both verify, through the gateway and through its JWKS alone.
+        let jwks = k.jwks(3800);
+        let kids: Vec<&str> = jwks["keys"].as_array().unwrap().iter().map(|j| j["kid"].as_str().unwrap()).collect();
+        assert_eq!(kids, ["mk1-0", "mk1-1", "mk1-2"], "the next key is published before it signs");
+        let outside = JwksVerifier::from_jwks(&jwks).unwrap();
+        for (jws, claims) in [(&a, &early), (&b, &late)] {
+            assert_eq!(k.verify(jws, 3800).as_ref(), Ok(claims));
+            assert_eq!(outside.verify(jws, 3800).as_ref(), Ok(claims));
+        }
+        // A key is dropped once every mandate it could have signed has expired.
+        let later = k.jwks(3600 + 3600 + CLOCK_SKEW_SECS);
+        assert!(later["keys"].as_array().unwrap().iter().all(|j| j["kid"] != "mk1-0"), "{later}");
+        let forever = MandateClaims { iat: 3000, exp: 99_999, ..closed() };
+        let stale = k.sign(&forever).unwrap();
+        assert_eq!(k.verify(&stale, 3600 + 3600 + CLOCK_SKEW_SECS), Err(MandateError::UnknownKey));
+        // A key id from the future (not yet published) is unknown.
+        let ahead = k.sign(&MandateClaims { iat: 36_000, exp: 36_500, ..closed() }).unwrap();
+        assert_eq!(k.verify(&ahead, 3800), Err(MandateError::UnknownKey));
+    }
+
+    #[test]
+    fn the_public_key_never_verifies_an_hmac_and_hs256_ends_with_its_window() {
+        let secret = Secret::new("k".repeat(32));
+        let k = keys();
+        let jws = k.sign(&closed()).unwrap();
+        let kid = decode_header(&jws).unwrap().kid.unwrap();
+        // Algorithm confusion: HS256 "signed" with the published public key, under its kid.
+        let public = k.period_key(0).public;
+        let confused = hs256(&closed(), &kid, &public);
+        assert_eq!(k.verify(&confused, 150), Err(MandateError::UnknownKey));
+        let jwks = JwksVerifier::from_jwks(&k.jwks(150)).unwrap();
+        assert_eq!(jwks.verify(&confused, 150), Err(MandateError::Malformed));
+        // A legacy HS256 mandate: refused without a window, accepted inside it, refused after.
+        let legacy = hs256(&closed(), "mk1", secret.expose().as_bytes());
+        assert_eq!(k.verify(&legacy, 150), Err(MandateError::UnknownKey));
+        let window = KeySchedule { hs256_accept_until: Some(160), ..KeySchedule::new("mk1") };
+        let migrating = MandateKeys::new(window, &secret).unwrap();
+        assert_eq!(migrating.verify(&legacy, 150), Ok(closed()));
+        assert_eq!(migrating.verify(&legacy, 160), Err(MandateError::RetiredAlgorithm));
+        // Inside the window, an HS256 mandate under any other key id is still unknown.
+        assert_eq!(
+            migrating.verify(&hs256(&closed(), &kid, secret.expose().as_bytes()), 150),
+            Err(MandateError::UnknownKey)
+        );
+        assert!(JwksVerifier::from_jwks(&serde_json::json!({"keys": []})).is_err());
     }
 
     #[test]

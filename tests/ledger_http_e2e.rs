@@ -156,6 +156,47 @@ async fn the_whole_flow_works_against_ledger_serve() {
     r.app.stop().await;
 }
 
+/// A payment a human approved reaches the ledger with its mandate (`Paygate-Mandate`), which the
+/// ledger can verify itself from the gateway's published JWKS alone, and compare to the request.
+/// Retries resend it unchanged; payments nobody approved carry none.
+#[tokio::test]
+async fn a_mandated_payment_carries_its_mandate_for_the_ledger_to_verify() {
+    let r = rig().await;
+    let c = &r.client;
+    let ask = call(c, "create_payment", pay("http-m1", "5000.00")).await;
+    assert_eq!(code(&ask), "APPROVAL_REQUIRED", "over the dev profile's autonomous limit");
+    let approval_id = err(&ask)["approval_id"].as_str().unwrap().to_string();
+    let (status, body) = approve(&r.app, &approval_id, "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let got = call(c, "get_approval", json!({"approval_id": approval_id})).await;
+    let mandate = ok(&got)["mandate"].as_str().unwrap().to_string();
+    let mut args = pay("http-m1", "5000.00");
+    args["mandate"] = json!(mandate);
+    assert_eq!(ok(&call(c, "create_payment", args).await)["status"], "succeeded");
+    assert_eq!(ok(&call(c, "create_payment", pay("http-plain", "10.00")).await)["status"], "succeeded");
+
+    let posts: Vec<_> = r.proxy.seen().into_iter().filter(|s| s.method == "POST" && s.path == "/v1/payments").collect();
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    let (mandated, plain) = (&posts[0], &posts[1]);
+    assert_eq!(plain.mandate, None, "a payment nobody approved carries no mandate");
+    let carried = mandated.mandate.as_deref().expect("the mandated payment carries its mandate");
+    assert_eq!(carried, mandate);
+
+    // The ledger's side: the gateway's JWKS, fetched over HTTP, is all it needs.
+    let jwks: Value =
+        reqwest::get(format!("{}/.well-known/mandate-jwks.json", r.app.base())).await.unwrap().json().await.unwrap();
+    let verifier = paygate::mandate::JwksVerifier::from_jwks(&jwks).unwrap();
+    let claims = verifier.verify(carried, r.clock.now()).expect("verifies from the JWKS alone");
+    let request: Value = serde_json::from_slice(&mandated.body).unwrap();
+    assert_eq!(claims.payer.as_deref(), request["from_account"].as_str());
+    assert_eq!(claims.payee.as_deref(), request["to_account"].as_str());
+    assert_eq!(claims.amount_minor, request["amount_minor"].as_i64());
+    assert_eq!(Some(claims.currency.as_str()), request["currency"].as_str());
+    assert_eq!(claims.approval_id, approval_id);
+    assert!(request.get("mandate").is_none(), "a header, not part of the body the ledger hashes");
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn a_response_lost_after_the_ledger_committed_is_replayed_not_repaid() {
     let r = rig().await;

@@ -157,6 +157,34 @@ fn reheader(jws: &str, header: Value, signature: &str) -> String {
     format!("{}.{}.{signature}", B64.encode(header.to_string()), parts[1])
 }
 
+/// The claims of `jws` re-signed HS256 under its own kid, with the published public key (the raw
+/// 32 bytes of the JWKS `x`) as the HMAC secret.
+async fn hs256_with_public_key(app: &TestApp, jws: &str) -> String {
+    let header: Value = serde_json::from_slice(&B64.decode(jws.split('.').next().unwrap()).unwrap()).unwrap();
+    let kid = header["kid"].as_str().unwrap();
+    let jwks: Value =
+        reqwest::get(format!("{}/.well-known/mandate-jwks.json", app.base())).await.unwrap().json().await.unwrap();
+    let x = jwks["keys"].as_array().unwrap().iter().find(|k| k["kid"] == kid).expect("signing key published")["x"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    hs256_signed(jws, kid, &B64.decode(x).unwrap())
+}
+
+/// The claims of `jws` re-signed HS256 under `kid` with the secret in `key_file`.
+fn hs256_with(jws: &str, kid: &str, key_file: &std::path::Path) -> String {
+    hs256_signed(jws, kid, std::fs::read_to_string(key_file).unwrap().trim().as_bytes())
+}
+
+fn hs256_signed(jws: &str, kid: &str, secret: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let header = json!({"alg": "HS256", "typ": "paygate-mandate+jwt", "kid": kid});
+    let input = format!("{}.{}", B64.encode(header.to_string()), jws.split('.').nth(1).unwrap());
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret).unwrap();
+    mac.update(input.as_bytes());
+    format!("{input}.{}", B64.encode(mac.finalize().into_bytes()))
+}
+
 fn count_audit(records: &[paygate::domain::audit::AuditRecord], tool: &str, decision: &str, code: &str) -> usize {
     records.iter().filter(|a| a.tool == tool && a.decision == decision && a.code.as_deref() == Some(code)).count()
 }
@@ -214,7 +242,11 @@ async fn tampered_mandates_are_refused_and_move_nothing() {
         ("changed signature", format!("{}.{}.{sig}", parts[0], parts[1])),
         ("no signature", format!("{}.{}.", parts[0], parts[1])),
         ("alg none", reheader(&mandate, header("none", "mk1"), "")),
-        ("unknown kid", reheader(&mandate, header("HS256", "mk-evil"), parts[2])),
+        ("unknown kid", reheader(&mandate, header("EdDSA", "mk-evil"), parts[2])),
+        // Algorithm confusion: the published Ed25519 key used as an HMAC secret under its own kid.
+        ("HS256 under the public key", hs256_with_public_key(&app, &mandate).await),
+        // HS256 under the old key id, signed with the mandate secret: no migration window is open.
+        ("HS256 outside its window", hs256_with(&mandate, "mk1", &app.data_dir.join("mandate.key"))),
         ("not a JWS", "not.a.mandate".to_string()),
     ] {
         let r = pay(&agent, "forged-signature", "acct-A", "acct-B", "5000.00", "KES", Some(&bad)).await;
@@ -684,6 +716,133 @@ async fn one_operation_id_pays_once_even_with_two_mandates() {
     let other = pay(&agent, "order-8", "acct-A", "acct-B", "2500.00", "KES", Some(&m2)).await;
     assert_eq!(ok(&other)["replayed"], false);
     assert_eq!(balance(&agent, "acct-B").await, "5000.00");
+    app.assert_integrity().await;
+    app.assert_secrets_not_logged();
+    app.stop().await;
+}
+
+// 10 ──────────────────────────────────────────────────────────────────────────────────────────────
+
+/// GET the served JWKS: its media type, and every key public (no private member).
+async fn served_jwks(app: &TestApp) -> Value {
+    let resp = reqwest::get(format!("{}/.well-known/mandate-jwks.json", app.base())).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/jwk-set+json");
+    let jwks: Value = resp.json().await.unwrap();
+    for key in jwks["keys"].as_array().unwrap() {
+        assert_eq!(
+            (key["kty"].as_str(), key["crv"].as_str(), key["alg"].as_str()),
+            (Some("OKP"), Some("Ed25519"), Some("EdDSA"))
+        );
+        assert!(key.get("d").is_none(), "a published key carries no private part: {key}");
+    }
+    jwks
+}
+
+fn kid(jws: &str) -> String {
+    let header: Value = serde_json::from_slice(&B64.decode(jws.split('.').next().unwrap()).unwrap()).unwrap();
+    assert_eq!(header["alg"], "EdDSA", "{header}");
+    header["kid"].as_str().unwrap().to_string()
+}
+
+/// Run a command off the test's runtime (the gateway it may fetch from serves on that runtime).
+async fn run(mut cmd: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().expect("the command runs")).await.unwrap()
+}
+
+/// `paygate mandate verify --jwks <url or file>`: no config, no data directory, no secret.
+async fn verify_from_jwks(jwks: &str, jws: &str) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"));
+    cmd.args(["mandate", "verify", "--jwks", jwks, jws])
+        .env_remove("PAYGATE_CONFIG")
+        .env_remove("PAYGATE_MANDATES__SECRET")
+        .env("PAYGATE_STORAGE__DATA_DIR", "/nonexistent/paygate-no-data-dir");
+    run(cmd).await
+}
+
+/// Mandates verify outside the gateway, from its published JWKS alone: with PyJWT (a third-party
+/// JOSE library, pinned in tests/python/requirements.txt) and with `paygate mandate verify --jwks`.
+/// Across a key rotation the mandate signed before it still verifies (and still pays), and the one
+/// signed after it carries the new key id.
+#[tokio::test]
+async fn mandates_verify_from_the_published_jwks_alone_across_a_key_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    // A rotation boundary safely in the past: PyJWT checks exp (and iat) against the real clock.
+    let boundary = (SystemClock.now() - 120).div_euclid(3600) * 3600;
+    let clock = Arc::new(ManualClock::new(boundary - 30));
+    let hourly = [
+        ("PAYGATE_MANDATES__ROTATE_SECS", "3600"),
+        ("PAYGATE_MANDATES__TTL_SECS", "7200"),
+        ("PAYGATE_MANDATES__OPEN_VALID_MAX_SECS", "7200"),
+    ];
+    let app = spawn_with_clock(dir.path(), &hourly, clock.clone()).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+
+    let (_, before_rotation) = approved_mandate(&app, &agent, "rot-1", "5000.00").await;
+    let old_kid = kid(&before_rotation);
+    assert_eq!(old_kid, format!("mk1-{}", boundary / 3600 - 1));
+    // The capabilities resource says where the keys are and which one signs now.
+    let caps =
+        agent.read_resource(rmcp::model::ReadResourceRequestParams::new("payments://capabilities")).await.unwrap();
+    let rmcp::model::ResourceContents::TextResourceContents { text, .. } = &caps.contents[0] else { panic!("text") };
+    let caps: Value = serde_json::from_str(text).unwrap();
+    let jwks_uri = format!("{}/.well-known/mandate-jwks.json", app.base());
+    assert_eq!(caps["mandate_keys"]["jwks_uri"], jwks_uri);
+    assert_eq!(caps["mandate_keys"]["alg"], "EdDSA");
+    assert_eq!(caps["mandate_keys"]["signing_kid"], old_kid);
+    let published: Vec<String> =
+        served_jwks(&app).await["keys"].as_array().unwrap().iter().map(|k| k["kid"].as_str().unwrap().into()).collect();
+    let new_kid = format!("mk1-{}", boundary / 3600);
+    assert!(
+        published.contains(&old_kid) && published.contains(&new_kid),
+        "the next key is published ahead: {published:?}"
+    );
+
+    clock.set(boundary + 30);
+    let (_, after_rotation) = approved_mandate(&app, &agent, "rot-2", "6000.00").await;
+    assert_eq!(kid(&after_rotation), new_kid, "a new period signs with the new key");
+    let jwks = served_jwks(&app).await;
+    let file = dir.path().join("jwks.json");
+    std::fs::write(&file, jwks.to_string()).unwrap();
+
+    let forged = forge(&after_rotation, |c| c["amount_minor"] = json!(60_000_000));
+    for (jws, genuine) in [(&before_rotation, true), (&after_rotation, true), (&forged, false)] {
+        for source in [jwks_uri.clone(), file.display().to_string()] {
+            let out = verify_from_jwks(&source, jws).await;
+            assert_eq!(out.status.success(), genuine, "{source}: {out:?}");
+            if genuine {
+                let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+                assert_eq!(printed, claims(jws), "the CLI prints the signed claims");
+            } else {
+                assert!(String::from_utf8_lossy(&out.stderr).contains("invalid"), "{out:?}");
+            }
+        }
+    }
+
+    if let Some(python) = python("mandates (PyJWT)") {
+        let script = format!("{}/tests/python/verify_mandate.py", env!("CARGO_MANIFEST_DIR"));
+        for (jws, genuine) in [(&before_rotation, true), (&after_rotation, true), (&forged, false)] {
+            let mut cmd = std::process::Command::new(&python);
+            cmd.args([&script, &jwks_uri, jws.as_str()]);
+            let out = run(cmd).await;
+            assert_eq!(out.status.success(), genuine, "PyJWT: {out:?}");
+            if genuine {
+                let verified: Value = serde_json::from_slice(&out.stdout).unwrap();
+                assert_eq!(verified["kid"], kid(jws));
+                assert_eq!(verified["claims"], claims(jws), "PyJWT read the claims the gateway signed");
+            }
+        }
+    }
+
+    // The gateway too still honours the mandate signed before the rotation.
+    let before = books(&agent).await;
+    let r = pay(&agent, "rot-1", "acct-A", "acct-B", "5000.00", "KES", Some(&before_rotation)).await;
+    assert_eq!(ok(&r)["replayed"], false, "{r:?}");
+    let r = pay(&agent, "rot-2", "acct-A", "acct-B", "6000.00", "KES", Some(&after_rotation)).await;
+    assert_eq!(ok(&r)["replayed"], false, "{r:?}");
+    assert_eq!(books(&agent).await, paid(&paid(&before, 500_000, 1), 600_000, 1));
+
+    agent.cancel().await.unwrap();
     app.assert_integrity().await;
     app.assert_secrets_not_logged();
     app.stop().await;

@@ -21,7 +21,9 @@ use paygate::domain::ids::AccountId;
 use paygate::domain::money::{AMOUNT_MINOR_MAX, Currency, Money, MoneyError, format_minor, parse_minor};
 use paygate::http::peek;
 use paygate::idempotency::{KeyDeriver, fingerprint};
-use paygate::mandate::{MANDATE_ISSUER, MANDATE_TYP, MandateClaims, MandateError, MandateKeys, MandateKind};
+use paygate::mandate::{
+    JwksVerifier, KeySchedule, MANDATE_ISSUER, MANDATE_TYP, MandateClaims, MandateError, MandateKeys, MandateKind,
+};
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
@@ -377,12 +379,13 @@ fn mandate_secret(kid: &str) -> String {
     format!("{kid}-mandate-secret-of-32-bytes-or-more")
 }
 
-/// The gateway's keys: `mk1` signs, `mk0` (retired) still verifies.
+/// The gateway's keys: Ed25519 keys `mk1-<period>` sign; HS256 under `mk1` (the mandate secret)
+/// still verifies (a migration window that never ends, so the HMAC paths can be explored).
+/// Mandates below live up to 10^7 s: keys are kept that long after they stop signing.
 fn mandate_keys() -> MandateKeys {
-    MandateKeys::new("mk1".into(), &Secret::new(mandate_secret("mk1")))
-        .unwrap()
-        .also_verify("mk0".into(), &Secret::new(mandate_secret("mk0")))
-        .unwrap()
+    let schedule =
+        KeySchedule { lifetime_max_secs: 20_000_000, hs256_accept_until: Some(i64::MAX), ..KeySchedule::new("mk1") };
+    MandateKeys::new(schedule, &Secret::new(mandate_secret("mk1"))).unwrap()
 }
 
 fn text() -> impl Strategy<Value = String> + Clone {
@@ -585,6 +588,9 @@ proptest! {
         let now = claims.iat + ((claims.exp - claims.iat) as f64 * into) as i64;
         prop_assert_eq!(keys.verify(&jws, now.min(claims.exp - 1)), Ok(claims.clone()));
         prop_assert_eq!(keys.verify(&jws, claims.exp + late), Err(MandateError::Expired));
+        // And from the published keys alone, as a ledger or an auditor verifies it.
+        let outside = JwksVerifier::from_jwks(&keys.jwks(now)).unwrap();
+        prop_assert_eq!(outside.verify(&jws, now.min(claims.exp - 1)), Ok(claims.clone()));
     }
 
     /// Any change to a signed mandate's text (a character replaced, dropped or added anywhere,
@@ -599,21 +605,21 @@ proptest! {
         prop_assert!(keys.verify(&forged, claims.iat).is_err(), "{:?} verified", m);
     }
 
-    /// Only the gateway's own signature verifies: HS256, typ `paygate-mandate+jwt`, a kid the
-    /// gateway knows (the signing key or a retired one still accepted) and that kid's key. alg
-    /// `none`, HS384/HS512 with the right key, RS256 computed as an HMAC of the secret, another typ,
-    /// an unknown or missing kid, or another kid's key are all refused.
+    /// Of HMAC-signed mandates, only the migration window's verify: HS256, typ
+    /// `paygate-mandate+jwt`, kid `mk1` (the configured key id) and the mandate secret. alg `none`,
+    /// HS384/HS512 with the right key, RS256 or EdDSA computed as an HMAC of the secret, another
+    /// typ, an Ed25519 key's kid, an unknown or missing kid, or another key are all refused.
     #[test]
     fn only_the_gateways_signature_verifies(
         claims in mandate_claims(),
-        alg in prop_oneof![6 => Just("HS256"), 1 => select(vec!["HS384", "HS512", "none", "RS256", "hs256"])],
+        alg in prop_oneof![6 => Just("HS256"), 1 => select(vec!["HS384", "HS512", "none", "RS256", "hs256", "EdDSA"])],
         typ in prop_oneof![
             6 => Just(Some(MANDATE_TYP)),
             1 => select(vec![None, Some("JWT"), Some("paygate-mandate+JWT"), Some("paygate-mandate")]),
         ],
         (kid, signer) in prop_oneof![
-            6 => select(vec!["mk1", "mk0"]).prop_map(|k| (Some(k), k)),
-            1 => (select(vec![Some("mk1"), Some("mk0"), Some("mk2"), Some(""), None]), select(vec!["mk1", "mk0", "other"])),
+            6 => Just((Some("mk1"), "mk1")),
+            1 => (select(vec![Some("mk1"), Some("mk1-0"), Some("mk1-656"), Some("mk2"), Some(""), None]), select(vec!["mk1", "mk1-0", "other"])),
         ],
     ) {
         let mut header = json!({"alg": alg});
@@ -624,7 +630,7 @@ proptest! {
             header["kid"] = json!(kid);
         }
         let jws = compact(&header, &serde_json::to_vec(&claims).unwrap(), alg, mandate_secret(signer).as_bytes());
-        let genuine = alg == "HS256" && typ == Some(MANDATE_TYP) && kid == Some(signer) && signer != "other";
+        let genuine = alg == "HS256" && typ == Some(MANDATE_TYP) && kid == Some("mk1") && signer == "mk1";
         let got = mandate_keys().verify(&jws, claims.iat);
         if genuine {
             prop_assert_eq!(got, Ok(claims));

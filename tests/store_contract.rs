@@ -486,7 +486,7 @@ contract!(mandates_are_drawn_once_under_concurrency, |store, label| async move {
     for n in 0..16 {
         let (s, m) = (store.clone(), mandate_id.clone());
         tasks.spawn(async move {
-            let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: m }), payee: None };
+            let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: m, jws: None }), payee: None };
             s.ledger_transfer(transfer(&format!("m{n}"), 1_000, guards), 5).await
         });
     }

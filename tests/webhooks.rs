@@ -1,5 +1,5 @@
 //! Webhooks end to end: every delivery verified by the official `standardwebhooks` Python package
-//! (pinned in tests/webhooks/requirements.txt, installed by tests/webhooks/setup.sh) in a receiver
+//! (pinned in tests/python/requirements.txt, installed by tests/python/setup.sh) in a receiver
 //! on loopback; each event seen once by `webhook-id` after the gateway was SIGKILLed mid-delivery
 //! and restarted; and the events a human must hear about — an approval asked for and decided, a
 //! payee added, an agent suspended, an integrity failure — each delivered, in the outbox and its
@@ -20,20 +20,6 @@ use common::*;
 use paygate::clock::SystemClock;
 use reqwest::Method;
 use serde_json::{Value, json};
-
-/// The venv's python with `standardwebhooks`, or `None` (skipped) where it cannot be installed.
-fn python(test: &str) -> Option<PathBuf> {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = std::process::Command::new("bash").arg(format!("{root}/tests/webhooks/setup.sh")).output();
-    match out {
-        Ok(o) if o.status.success() => Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())),
-        other => {
-            assert!(std::env::var("CI").is_err(), "{test}: tests/webhooks/setup.sh failed on CI: {other:?}");
-            eprintln!("{test}: python3 with standardwebhooks is not available; SKIPPED");
-            None
-        }
-    }
-}
 
 fn secret() -> String {
     let key: [u8; 32] = rand::random();

@@ -11,6 +11,8 @@
 //!   definitive; everything else is `OutcomeUnknown`, and the gateway keeps the key in flight.
 //! - A success must describe the request (kind, accounts, amount, currency); anything else is
 //!   `OutcomeUnknown`, never a wrong success.
+//! - A payment or refund authorized by a mandate carries it (`Paygate-Mandate`): the ledger may
+//!   verify the human's approval itself from the gateway's published JWKS.
 //! - A small circuit breaker fails fast while the ledger is down, timed by the injected clock.
 //!
 //! Architecture Invariant: the backend sends its own configured credential, never an agent's token,
@@ -33,6 +35,17 @@ use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Currency;
 use crate::secret::Secret;
+
+/// The header that carries the mandate (compact JWS) a mandated payment or refund was authorized
+/// by, so the ledger can verify it itself from the gateway's JWKS (docs/ledger-api.yaml).
+pub const MANDATE_HEADER: &str = "paygate-mandate";
+
+/// What a money-moving request is sent under: its idempotency key and, when a human's mandate
+/// authorized it, that mandate.
+struct Keyed {
+    key: HeaderValue,
+    mandate: Option<HeaderValue>,
+}
 
 /// A retry waits up to this long (jittered); each further retry doubles the cap, up to `RETRY_BACKOFF_MAX`.
 const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(50);
@@ -140,13 +153,16 @@ impl HttpLedger {
     }
 
     /// One attempt: never retried here, classified by what the ledger may have seen.
-    async fn attempt(&self, method: &Method, url: &Url, key: Option<&HeaderValue>, body: Option<&[u8]>) -> Attempt {
+    async fn attempt(&self, method: &Method, url: &Url, key: Option<&Keyed>, body: Option<&[u8]>) -> Attempt {
         // W3C trace context (telemetry on): the ledger service's spans join the gateway's trace.
         let mut rb = crate::telemetry::traced(self.http.request(method.clone(), url.clone()))
             .header(AUTHORIZATION, self.auth.clone())
             .header(ACCEPT, "application/json");
         if let Some(k) = key {
-            rb = rb.header("idempotency-key", k.clone());
+            rb = rb.header("idempotency-key", k.key.clone());
+            if let Some(m) = &k.mandate {
+                rb = rb.header(MANDATE_HEADER, m.clone());
+            }
         }
         if let Some(b) = body {
             rb = rb.header(CONTENT_TYPE, "application/json").body(b.to_vec());
@@ -177,13 +193,20 @@ impl HttpLedger {
         op: &'static str,
         method: Method,
         url: Url,
-        key: Option<&str>,
+        key: Option<(&str, Option<&str>)>,
         body: Option<Vec<u8>>,
     ) -> Result<Exchange, BackendError> {
-        let key = key
-            .map(HeaderValue::from_str)
-            .transpose()
-            .map_err(|_| BackendError::Unavailable("the idempotency key is not a valid header value".into()))?;
+        let header = |v: &str, what: &str| {
+            HeaderValue::from_str(v)
+                .map_err(|_| BackendError::Unavailable(format!("the {what} is not a valid header value")))
+        };
+        let key = match key {
+            Some((k, m)) => Some(Keyed {
+                key: header(k, "idempotency key")?,
+                mandate: m.map(|m| header(m, "mandate")).transpose()?,
+            }),
+            None => None,
+        };
         let mut maybe_applied = false;
         let mut last = String::new();
         for attempt in 0..=self.retries_max {
@@ -252,14 +275,14 @@ impl HttpLedger {
         &self,
         op: &'static str,
         url: Url,
-        key: &str,
+        (key, mandate): (&str, Option<&str>),
         body: serde_json::Value,
         matches: impl Fn(&Payment) -> bool,
         missing_payment: Option<&PaymentId>,
     ) -> Result<Payment, BackendError> {
         let bytes = serde_json::to_vec(&body).map_err(|e| BackendError::Unavailable(format!("encoding: {e}")))?;
         let (status, body, earlier_maybe_applied) =
-            match self.exchange(op, Method::POST, url, Some(key), Some(bytes)).await? {
+            match self.exchange(op, Method::POST, url, Some((key, mandate)), Some(bytes)).await? {
                 Exchange::Failed { maybe_applied: true, detail } => return Err(unknown(op, detail)),
                 Exchange::Failed { maybe_applied: false, detail } => return Err(BackendError::Unavailable(detail)),
                 Exchange::Answered { status, body, earlier_maybe_applied } => (status, body, earlier_maybe_applied),
@@ -478,7 +501,8 @@ impl PaymentBackend for HttpLedger {
                 && p.amount_minor == req.amount.minor()
                 && p.currency == req.amount.currency()
         };
-        self.post_money("transfer", url, &req.attempt.key, body, matches, None).await
+        let mandate = req.guards.mandate.as_ref().and_then(|m| m.jws.as_deref());
+        self.post_money("transfer", url, (&req.attempt.key, mandate), body, matches, None).await
     }
 
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
@@ -495,7 +519,8 @@ impl PaymentBackend for HttpLedger {
                 && p.refund_of.as_ref() == Some(&req.payment_id)
                 && req.amount_minor.is_none_or(|a| a == p.amount_minor)
         };
-        self.post_money("refund", url, &req.attempt.key, body, matches, Some(&req.payment_id)).await
+        let mandate = req.guards.mandate.as_ref().and_then(|m| m.jws.as_deref());
+        self.post_money("refund", url, (&req.attempt.key, mandate), body, matches, Some(&req.payment_id)).await
     }
 
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {

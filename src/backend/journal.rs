@@ -135,6 +135,13 @@ fn detail(e: &BackendError) -> String {
     }
 }
 
+/// What the ledger is sent of a request's guards once `rail_open` has drawn them: nothing to draw,
+/// only the mandate itself, which the HTTP ledger passes on (`Paygate-Mandate`) for the ledger to
+/// verify the human's approval.
+fn evidence_only(guards: &Guards) -> Guards {
+    Guards { mandate: guards.mandate.clone(), ..Guards::default() }
+}
+
 /// The order the journal opens a ledger request's record under: the request's key, payment id and
 /// principal (its guards go to `rail_open` as they are).
 fn ledger_order(key: &str, payment_id: &PaymentId, principal_sub: &str, principal_user: Option<&str>) -> RailOrder {
@@ -178,7 +185,7 @@ impl PaymentBackend for Journaled {
         let send = TransferRequest {
             attempt: Attempt::reserved(req.attempt.key.clone()),
             payment_id: rec.id.clone(),
-            guards: Guards::default(),
+            guards: evidence_only(&req.guards),
             memo: rec.memo.clone(),
             ..req
         };
@@ -220,7 +227,7 @@ impl PaymentBackend for Journaled {
             refund_id: rec.id.clone(),
             amount_minor: Some(rec.amount_minor),
             attempt: Attempt::reserved(req.attempt.key.clone()),
-            guards: Guards::default(),
+            guards: evidence_only(&req.guards),
             autonomous_cap_minor: None,
             ..req
         };

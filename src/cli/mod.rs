@@ -121,6 +121,11 @@ enum MandateCommand {
     Verify {
         /// The compact JWS.
         jws: String,
+        /// Verify from this JWKS alone (a URL such as
+        /// https://paygate.example/.well-known/mandate-jwks.json, or a file), as a ledger or an
+        /// auditor would: no config and no secret needed. Without it, the config's mandate keys.
+        #[arg(long)]
+        jwks: Option<String>,
     },
 }
 
@@ -150,7 +155,10 @@ pub fn run() -> ExitCode {
             tools();
             ExitCode::SUCCESS
         }
-        Command::Mandate { command: MandateCommand::Verify { jws } } => with_config(file, |c| verify_mandate(&c, &jws)),
+        Command::Mandate { command: MandateCommand::Verify { jws, jwks: Some(jwks) } } => verify_from_jwks(&jwks, &jws),
+        Command::Mandate { command: MandateCommand::Verify { jws, jwks: None } } => {
+            with_config(file, |c| verify_mandate(&c, &jws))
+        }
         Command::Migrate => with_config(file, |c| migrate(&c)),
         Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
         Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
@@ -369,6 +377,7 @@ fn migrate(config: &Config) -> ExitCode {
 }
 
 fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
+    use crate::mandate::MandateKeys;
     let secret = match &config.mandates.secret {
         Some(s) => s.clone(),
         None => {
@@ -382,14 +391,55 @@ fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
             }
         }
     };
-    let keys = match crate::mandate::MandateKeys::new(config.mandates.key_id.clone(), &secret) {
+    let keys = match crate::app::mandate_schedule(config)
+        .map_err(|e| e.to_string())
+        .and_then(|s| MandateKeys::new(s, &secret))
+    {
         Ok(k) => k,
         Err(e) => {
-            crate::logging::fatal(&e.to_string());
+            crate::logging::fatal(&e);
             return ExitCode::FAILURE;
         }
     };
-    match keys.verify(jws.trim(), SystemClock.now()) {
+    verdict(keys.verify(jws.trim(), SystemClock.now()))
+}
+
+/// `mandate verify --jwks`: the published public keys are all it needs.
+fn verify_from_jwks(source: &str, jws: &str) -> ExitCode {
+    let doc = if source.starts_with("http://") || source.starts_with("https://") {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            eprintln!("paygate mandate verify: cannot start runtime");
+            return ExitCode::FAILURE;
+        };
+        crate::install_crypto_provider();
+        rt.block_on(async {
+            let client = reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(10))
+                .build()
+                .map_err(|e| e.to_string())?;
+            let resp = client.get(source).send().await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("{source} answered {}", resp.status()));
+            }
+            resp.json::<serde_json::Value>().await.map_err(|e| e.to_string())
+        })
+    } else {
+        std::fs::read_to_string(source)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    };
+    match doc.and_then(|d| crate::mandate::JwksVerifier::from_jwks(&d)) {
+        Ok(verifier) => verdict(verifier.verify(jws.trim(), SystemClock.now())),
+        Err(e) => {
+            eprintln!("paygate mandate verify: cannot read the JWKS {source}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The claims on stdout (exit 0), or why the mandate is invalid on stderr (exit 1).
+fn verdict(result: Result<crate::mandate::MandateClaims, crate::mandate::MandateError>) -> ExitCode {
+    match result {
         Ok(claims) => {
             println!("{}", serde_json::to_string_pretty(&claims).unwrap_or_default());
             ExitCode::SUCCESS

@@ -183,6 +183,8 @@ pub struct DailyBudget {
 #[derive(Debug, Clone, PartialEq)]
 pub struct MandateDraw {
     pub mandate_id: String,
+    /// The mandate itself (compact JWS), passed on to a backend that verifies it (the HTTP ledger).
+    pub jws: Option<String>,
 }
 
 /// Checks that must hold in the same transaction as the posting.

@@ -61,9 +61,9 @@ pub(super) enum MandateCheck {
     /// No mandate passed.
     Absent,
     /// Verified against this very call.
-    Authorized(Authorized),
+    Authorized(Box<Authorized>),
     /// It did not verify, but the operation already has its outcome: that outcome, replayed.
-    Settled(Executed),
+    Settled(Box<Executed>),
 }
 
 impl MandateCheck {
@@ -71,8 +71,8 @@ impl MandateCheck {
     pub fn verified(self) -> Result<Option<Authorized>, Box<Executed>> {
         match self {
             MandateCheck::Absent => Ok(None),
-            MandateCheck::Authorized(m) => Ok(Some(m)),
-            MandateCheck::Settled(done) => Err(Box::new(done)),
+            MandateCheck::Authorized(m) => Ok(Some(*m)),
+            MandateCheck::Settled(done) => Err(done),
         }
     }
 }
@@ -80,11 +80,17 @@ impl MandateCheck {
 /// A verified mandate, ready to anchor the key and draw on.
 pub(super) struct Authorized {
     pub claims: MandateClaims,
+    /// As the agent passed it.
+    pub jws: String,
 }
 
 impl Authorized {
     pub fn guards(&self) -> Guards {
-        Guards { budget: None, mandate: Some(MandateDraw { mandate_id: self.claims.jti.clone() }), payee: None }
+        Guards {
+            budget: None,
+            mandate: Some(MandateDraw { mandate_id: self.claims.jti.clone(), jws: Some(self.jws.clone()) }),
+            payee: None,
+        }
     }
 }
 
@@ -129,10 +135,10 @@ impl Gateway {
                 d.approval_id = Some(&claims.approval_id);
                 d.detail = Some(format!("mandate {}", claims.jti));
                 self.audit(caller, d).await;
-                Ok(MandateCheck::Authorized(Authorized { claims }))
+                Ok(MandateCheck::Authorized(Box::new(Authorized { claims, jws: jws.trim().to_string() })))
             }
             Err(e) => match self.recorded_outcome(caller, asked.tool, asked.op, asked.args.clone()).await {
-                Some(done) => done.map(MandateCheck::Settled),
+                Some(done) => done.map(|d| MandateCheck::Settled(Box::new(d))),
                 None => {
                     let e = self.refuse(caller, asked.tool, None, e).await;
                     // A stale or foreign mandate offered again for the same payment under a new

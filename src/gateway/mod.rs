@@ -71,6 +71,9 @@ use crate::mandate::MandateKeys;
 use crate::rate::AgentLimits;
 use crate::store::Store;
 
+/// Where the public keys that verify mandates are served (`mandate::JWKS_PATH`).
+pub const MANDATE_JWKS_PATH: &str = crate::mandate::JWKS_PATH;
+
 /// Who is asking and under which correlation id: every operation takes one.
 #[derive(Debug, Clone)]
 pub struct Caller {
@@ -291,6 +294,18 @@ impl Gateway {
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
+    }
+
+    /// Where and how mandates verify, for the capabilities resource.
+    /// (The JWKS path is `MANDATE_JWKS_PATH`.)
+    pub fn mandate_key_info(&self) -> serde_json::Value {
+        let now = self.clock.now();
+        serde_json::json!({
+            "jwks_uri": format!("{}{}", self.limits.public_url, crate::mandate::JWKS_PATH),
+            "alg": "EdDSA",
+            "signing_kid": self.mandates.signing_kid(now),
+            "kids": self.mandates.jwks(now)["keys"].as_array().map(|k| k.iter().map(|j| j["kid"].clone()).collect::<Vec<_>>()),
+        })
     }
 
     pub fn mandate_keys(&self) -> &Arc<MandateKeys> {

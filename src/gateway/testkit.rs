@@ -182,7 +182,8 @@ pub async fn gateway() -> Gateway {
     }
     let backend = Arc::new(LedgerBackend::new(store.clone(), clock.clone()));
     let keys = KeyDeriver::new(Secret::new("k".repeat(32)));
-    let mandates = Arc::new(MandateKeys::new("kid-1".into(), &Secret::new("m".repeat(32))).unwrap());
+    let mandates =
+        Arc::new(MandateKeys::new(crate::mandate::KeySchedule::new("kid-1"), &Secret::new("m".repeat(32))).unwrap());
     Gateway::new(store, backend, clock, keys, mandates, limits())
 }
 

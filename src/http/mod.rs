@@ -38,6 +38,7 @@ use crate::mcp::PaygateMcp;
 use crate::secret::Secret;
 
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+pub use crate::gateway::MANDATE_JWKS_PATH;
 
 /// Everything a handler needs. Cloned by every middleware layer on every request, so it is one
 /// `Arc` (a clone is a reference-count bump, not a copy of its strings and lists).
@@ -165,6 +166,7 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route(METADATA_PATH, get(protected_resource_metadata))
         .route(&format!("{METADATA_PATH}/mcp"), get(protected_resource_metadata))
         .route(&format!("{METADATA_PATH}/operator"), get(operator_resource_metadata))
+        .route(MANDATE_JWKS_PATH, get(mandate_jwks))
         .layer(CorsLayer::new().allow_origin(tower_http::cors::Any).allow_methods([Method::GET]));
 
     let callback_routes = Router::new()
@@ -253,6 +255,18 @@ fn resource_metadata(state: &AppState, resource: &str, scopes: &[&str], name: &s
         doc["authorization_servers"] = json!(state.authorization_servers);
     }
     ([(header::CACHE_CONTROL, "public, max-age=300")], axum::Json(doc)).into_response()
+}
+
+/// The mandate keys in force now (the next one included). Cached briefly: a key is published a
+/// whole rotation period before it signs, so a verifier's copy is never missing a signing key.
+async fn mandate_jwks(State(state): State<AppState>) -> Response {
+    let g = &state.gateway;
+    let doc = g.mandate_keys().jwks(g.clock().now());
+    (
+        [(header::CACHE_CONTROL, "public, max-age=300"), (header::CONTENT_TYPE, "application/jwk-set+json")],
+        axum::Json(doc),
+    )
+        .into_response()
 }
 
 /// Who may read /metrics: with a token configured, whoever presents it; without, loopback peers only.

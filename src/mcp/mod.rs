@@ -735,6 +735,7 @@ impl ServerHandler for PaygateMcp {
                 "allowed_accounts": p.profile.allowed_accounts,
                 "autonomous_limits": limits,
                 "rails": self.gateway.rail_offers(),
+                "mandate_keys": self.gateway.mandate_key_info(),
                 "headroom": self.gateway.headroom(&caller).await.map_err(|e| resource_error(&caller, uri, e))?,
                 "tools": crate::catalogue::TOOLS.iter()
                     .map(|t| json!({"tool": t.name, "scope": t.scope, "allowed": p.has_scope(t.scope)}))

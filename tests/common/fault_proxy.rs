@@ -40,6 +40,8 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub idempotency_key: Option<String>,
+    /// The `Paygate-Mandate` header, when the request carried one.
+    pub mandate: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -172,10 +174,14 @@ async fn handle(mut client: TcpStream, shared: Arc<Shared>, upstream: SocketAddr
     let (method, path) = (request_line.next().unwrap_or("").to_string(), request_line.next().unwrap_or("").to_string());
     let mut rewritten = format!("{}\r\n", req.head.split("\r\n").next().unwrap_or(""));
     let mut idempotency_key = None;
+    let mut mandate = None;
     for line in lines.filter(|l| !l.is_empty()) {
         let (name, value) = line.split_once(':').unwrap_or((line, ""));
         if name.eq_ignore_ascii_case("idempotency-key") {
             idempotency_key = Some(value.trim().to_string());
+        }
+        if name.eq_ignore_ascii_case("paygate-mandate") {
+            mandate = Some(value.trim().to_string());
         }
         if !name.eq_ignore_ascii_case("connection") {
             rewritten.push_str(line);
@@ -185,7 +191,7 @@ async fn handle(mut client: TcpStream, shared: Arc<Shared>, upstream: SocketAddr
     rewritten.push_str("connection: close\r\n\r\n");
     let mut raw = rewritten.into_bytes();
     raw.extend_from_slice(&req.body);
-    shared.seen.lock().unwrap().push(Seen { method, path, idempotency_key, body: req.body });
+    shared.seen.lock().unwrap().push(Seen { method, path, idempotency_key, mandate, body: req.body });
 
     let scripted = shared.script.lock().unwrap().pop_front();
     let mode = scripted.unwrap_or_else(|| shared.mode.lock().unwrap().clone());

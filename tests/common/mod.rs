@@ -410,3 +410,19 @@ pub fn database(test: &str) -> Option<Db> {
         }
     }
 }
+
+/// The python of tests/python/.venv, with the pinned third-party libraries the tests check paygate
+/// with (tests/python/requirements.txt), or `None` (the test says it SKIPPED) where python3 or the
+/// package index is missing. On CI (`CI` set) a failed install fails the test instead.
+pub fn python(test: &str) -> Option<PathBuf> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = std::process::Command::new("bash").arg(format!("{root}/tests/python/setup.sh")).output();
+    match out {
+        Ok(o) if o.status.success() => Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())),
+        other => {
+            assert!(std::env::var("CI").is_err(), "{test}: tests/python/setup.sh failed on CI: {other:?}");
+            eprintln!("{test}: python3 with tests/python/requirements.txt is not available; SKIPPED");
+            None
+        }
+    }
+}

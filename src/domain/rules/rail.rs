@@ -288,7 +288,8 @@ mod tests {
 
     #[test]
     fn opening_stamps_the_record() {
-        let guards = Guards { budget: None, mandate: Some(MandateDraw { mandate_id: "mdt_9".into() }), payee: None };
+        let guards =
+            Guards { budget: None, mandate: Some(MandateDraw { mandate_id: "mdt_9".into(), jws: None }), payee: None };
         let r = opened(rec(PaymentKind::Payment, RailState::Submitting, None), &guards, 42);
         assert_eq!((r.mandate_id.as_deref(), r.created_at, r.updated_at), (Some("mdt_9"), 42, 42));
         let r = opened(rec(PaymentKind::Payment, RailState::Submitting, Some("stale")), &Guards::default(), 43);
