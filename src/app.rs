@@ -706,6 +706,11 @@ fn spawn_jobs(
         config: config.jobs.clone(),
         mpesa_query_after_secs: rail_query_after_secs(config),
         audit_archive: config.audit_archive(),
+        audit_seal: crate::jobs::SealSettings {
+            every_secs: config.audit.seal_every_secs,
+            batch_max: config.audit.seal_batch_max as u32,
+            checkpoint_every_secs: config.audit.checkpoint_every_secs,
+        },
         holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
     }));

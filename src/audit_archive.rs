@@ -1,20 +1,26 @@
-//! Audit retention: records older than `audit.retention_days` leave the database, never silently.
-//! Each batch is first written to a JSON Lines file (one `AuditRecord` per line, oldest first),
-//! synced and renamed into place, and only then deleted: a failed write deletes nothing. The
-//! archive's own run is audited. With `audit.retention_days = 0` (the default) nothing leaves.
+//! Audit retention: records older than `audit.retention_days` leave the database, never silently
+//! and never breaking the chain. Only sealed records go, as a whole range of the hash chain that
+//! ends at a signed checkpoint (made here if none is there): each batch is written to a JSON Lines
+//! file (one record per line with its link — `chain_seq`, `prev_hash`, `hash` — oldest first),
+//! synced and renamed into place, and only when every file of the range is written is the range
+//! deleted, records and links together. A failed write deletes nothing. `paygate audit verify
+//! --archive-dir` walks the files and then the database as one chain; without the files the walk
+//! starts at the checkpoint the range ended at. The archive's own run is audited. With
+//! `audit.retention_days = 0` (the default) nothing leaves.
 //!
-//! Files are named `audit-<first seq>-<last seq>.jsonl` (zero-padded, so they sort in order) and
-//! read back with [`read`] or any JSON Lines tool.
+//! Files are named `audit-<first chain position>-<last>.jsonl` (zero-padded, so they sort in order)
+//! and read back with [`read`] / [`read_chained`] or any JSON Lines tool.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::audit_chain::{ChainHead, ChainedRecord, CheckpointSigner};
 use crate::domain::error::StoreError;
 use crate::store::Store;
 
-/// Batches archived in one run at most (the run is a scheduled job; the next run goes on).
+/// Batches archived in one run at most (the next run goes on).
 pub const BATCHES_PER_RUN_MAX: usize = 10;
 
 #[derive(Debug, Clone)]
@@ -31,47 +37,79 @@ pub enum ArchiveError {
     Store(#[from] StoreError),
     #[error("writing the audit archive {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "the audit chain is broken at position {0} (its record is missing): nothing archived; run `paygate audit verify`"
+    )]
+    Broken(i64),
 }
 
-/// One archived batch.
+/// One archived batch (one file).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Archived {
     pub file: PathBuf,
     pub records: usize,
+    /// Records deleted with this batch (the range is deleted with its last file).
     pub deleted: u64,
-    pub last_seq: i64,
+    /// The last chain position the file holds.
+    pub last_chain_seq: i64,
 }
 
-/// Archive what is past retention at `now`, batch by batch (at most [`BATCHES_PER_RUN_MAX`]).
-pub async fn archive(store: &dyn Store, s: &Settings, now: UnixSecs) -> Result<Vec<Archived>, ArchiveError> {
+/// Archive what is past retention at `now`: the sealed chain up to the last position whose
+/// records are all older than the cutoff (at most [`BATCHES_PER_RUN_MAX`] files per run), ending
+/// at a signed checkpoint.
+pub async fn archive(
+    store: &dyn Store,
+    signer: &dyn CheckpointSigner,
+    s: &Settings,
+    now: UnixSecs,
+) -> Result<Vec<Archived>, ArchiveError> {
     let mut done = Vec::new();
     if s.retention_secs <= 0 {
         return Ok(done);
     }
     let cutoff = now - s.retention_secs;
-    for _ in 0..BATCHES_PER_RUN_MAX {
-        let records = store.audit_before(cutoff, s.batch_max).await?;
-        let (Some(first), Some(last)) = (records.first(), records.last()) else { break };
-        let (first_seq, last_seq) = (first.seq, last.seq);
-        let file = s.dir.join(format!("audit-{first_seq:020}-{last_seq:020}.jsonl"));
+    // What committed before is sealed first: only the chain's records leave.
+    crate::audit_chain::seal(store, signer, now, s.batch_max, None).await?;
+    let (Some(first), Some(older)) = (store.audit_chain_first().await?, store.audit_chain_older_than(cutoff).await?)
+    else {
+        return Ok(done);
+    };
+    let through = older.min(first - 1 + (BATCHES_PER_RUN_MAX as i64) * i64::from(s.batch_max));
+    let mut after = first - 1;
+    let mut end: Option<ChainHead> = None;
+    while after < through {
+        let limit = (through - after).min(i64::from(s.batch_max)) as u32;
+        let links = store.audit_chain_links(after, limit).await?;
+        let Some(last) = links.last() else { break };
+        let (first_pos, last_pos) = (links[0].chain_seq, last.chain_seq);
+        end = Some(ChainHead { chain_seq: last_pos, hash: last.hash.clone() });
+        let mut records = Vec::with_capacity(links.len());
+        for l in links {
+            let Some(record) = l.record else { return Err(ArchiveError::Broken(l.chain_seq)) };
+            records.push(ChainedRecord { record, chain_seq: l.chain_seq, prev_hash: l.prev_hash, hash: l.hash });
+        }
+        let file = s.dir.join(format!("audit-{first_pos:020}-{last_pos:020}.jsonl"));
         let count = records.len();
         let (dir, path) = (s.dir.clone(), file.clone());
         tokio::task::spawn_blocking(move || write(&dir, &path, &records))
             .await
             .map_err(|e| ArchiveError::Io { path: file.clone(), source: std::io::Error::other(e.to_string()) })?
             .map_err(|source| ArchiveError::Io { path: file.clone(), source })?;
-        // Only what the file holds (and is still past retention) is deleted.
-        let deleted = store.audit_delete(first_seq, last_seq, cutoff).await?;
-        done.push(Archived { file, records: count, deleted, last_seq });
-        if count < s.batch_max as usize {
-            break;
-        }
+        done.push(Archived { file, records: count, deleted: 0, last_chain_seq: last_pos });
+        after = last_pos;
+    }
+    let Some(end) = end else { return Ok(done) };
+    // The range ends at a signed checkpoint: the walk without the files starts there.
+    crate::audit_chain::checkpoint_at(store, signer, &end, now).await?;
+    let deleted = store.audit_delete_through(end.chain_seq).await?;
+    if let Some(last) = done.last_mut() {
+        last.deleted = deleted;
     }
     Ok(done)
 }
 
 /// Write the batch to a temporary file, sync it, rename it into place and sync the directory.
-fn write(dir: &Path, path: &Path, records: &[AuditRecord]) -> std::io::Result<()> {
+fn write(dir: &Path, path: &Path, records: &[ChainedRecord]) -> std::io::Result<()> {
     // Owner-only, like the key files: the trail names agents, operators and what they wrote.
     crate::private_fs::create_dir(dir)?;
     let tmp = path.with_extension("jsonl.partial");

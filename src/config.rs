@@ -85,6 +85,9 @@ pub struct TelemetryConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuditConfig {
+    pub seal_every_secs: i64,
+    pub seal_batch_max: i64,
+    pub checkpoint_every_secs: i64,
     pub retention_days: i64,
     /// Empty: `<storage.data_dir>/audit-archive`.
     pub archive_dir: String,
@@ -884,6 +887,9 @@ impl Config {
         range("storage.sqlite_writer_cache_mib", self.storage.sqlite_writer_cache_mib, 1, 1_024)?;
         range("storage.sqlite_mmap_mib", self.storage.sqlite_mmap_mib, 0, 65_536)?;
         range("audit.archive_batch_max", self.audit.archive_batch_max, 100, 1_000_000)?;
+        range("audit.seal_every_secs", self.audit.seal_every_secs, 1, 3600)?;
+        range("audit.seal_batch_max", self.audit.seal_batch_max, 100, 100_000)?;
+        range("audit.checkpoint_every_secs", self.audit.checkpoint_every_secs, 10, 86_400)?;
         // A waiting retry must answer before the server's own request timeout cuts it off.
         let wait_max = (self.server.request_timeout_ms / 1000 - 5).clamp(0, 55);
         range("approvals.elicitation_wait_secs", ap.elicitation_wait_secs, 0, wait_max)?;

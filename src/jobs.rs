@@ -25,6 +25,8 @@ pub struct Scheduler {
     pub mpesa_query_after_secs: i64,
     /// Audit retention, when on.
     pub audit_archive: Option<crate::audit_archive::Settings>,
+    /// Sealing the audit trail onto its hash chain, and signing checkpoints.
+    pub audit_seal: SealSettings,
     /// This replica's name in job leases.
     pub holder: String,
     /// Webhook delivery, when webhooks are on, and how often it runs.
@@ -32,8 +34,17 @@ pub struct Scheduler {
     pub stop: CancellationToken,
 }
 
+/// `[audit]`'s sealing settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SealSettings {
+    pub every_secs: i64,
+    pub batch_max: u32,
+    pub checkpoint_every_secs: i64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Job {
+    SealAudit,
     MpesaPoll,
     Purge,
     ExpireApprovals,
@@ -53,6 +64,7 @@ impl Job {
             Job::ArchiveAudit => "archive_audit",
             Job::Integrity => "check_integrity",
             Job::Webhooks => "deliver_webhooks",
+            Job::SealAudit => "seal_audit",
         }
     }
 }
@@ -67,6 +79,7 @@ pub async fn run(s: Scheduler) {
             Job::Reconcile => s.config.reconcile_every_secs,
             Job::Integrity => s.config.integrity_every_secs,
             Job::Webhooks => s.webhooks.as_ref().map_or(60, |(_, every)| *every),
+            Job::SealAudit => s.audit_seal.every_secs,
         }
     };
     let mut next: HashMap<Job, Instant> = HashMap::new();
@@ -91,6 +104,7 @@ pub async fn run(s: Scheduler) {
             continue;
         }
         let jobs = [
+            Job::SealAudit,
             Job::MpesaPoll,
             Job::Purge,
             Job::ExpireApprovals,
@@ -142,6 +156,26 @@ async fn run_job(s: &Scheduler, job: Job) {
                 tracing::debug!(delivered = run.delivered, failed = run.failed, held = run.held, "webhooks sent");
             }
         }
+        Job::SealAudit => {
+            let c = s.audit_seal;
+            match crate::audit_chain::seal(
+                &**g.store(),
+                &**g.mandate_keys(),
+                now,
+                c.batch_max,
+                Some(c.checkpoint_every_secs),
+            )
+            .await
+            {
+                Ok(run) if run.sealed > 0 => {
+                    tracing::debug!(sealed = run.sealed, chain_seq = run.head.chain_seq, "audit sealed")
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "audit sealing failed; the records stay unsealed until a run succeeds")
+                }
+            }
+        }
         Job::Purge => match g.store().idem_purge(now).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(idempotency.purged = n, "purged expired idempotency records"),
@@ -154,11 +188,16 @@ async fn run_job(s: &Scheduler, job: Job) {
         },
         Job::ArchiveAudit => {
             let Some(settings) = &s.audit_archive else { return };
-            match crate::audit_archive::archive(&**g.store(), settings, now).await {
+            match crate::audit_archive::archive(&**g.store(), &**g.mandate_keys(), settings, now).await {
                 Ok(batches) => {
                     for b in batches {
                         tracing::info!(records = b.records, file = %b.file.display(), "audit records archived");
-                        let detail = format!("{} records up to seq {} to {}", b.deleted, b.last_seq, b.file.display());
+                        let detail = format!(
+                            "{} records up to chain position {} to {}",
+                            b.deleted,
+                            b.last_chain_seq,
+                            b.file.display()
+                        );
                         if let Err(error) =
                             g.store().audit_append(g.system_audit("audit.archive", "archived", detail)).await
                         {

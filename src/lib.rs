@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod audit_archive;
+pub mod audit_chain;
 pub mod auth;
 pub mod backend;
 pub mod catalogue;

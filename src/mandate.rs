@@ -12,6 +12,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, deco
 use serde::{Deserialize, Serialize};
 
 use crate::clock::UnixSecs;
+use crate::domain::audit_chain::{CHECKPOINT_ISSUER, CHECKPOINT_TYP, CheckpointClaims, CheckpointSigner};
 use crate::secret::Secret;
 
 /// The JWS `typ` of paygate mandates; anything else is not a mandate.
@@ -265,6 +266,45 @@ impl MandateKeys {
             },
             _ => Err(MandateError::Malformed),
         })
+    }
+}
+
+/// Audit checkpoints are signed with the mandate keys (Ed25519), so the same JWKS verifies them.
+impl CheckpointSigner for MandateKeys {
+    fn sign_checkpoint(&self, claims: &CheckpointClaims) -> Result<String, String> {
+        let key = self.period_key(self.period_of(claims.iat));
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(key.kid);
+        header.typ = Some(CHECKPOINT_TYP.into());
+        encode(&header, claims, &key.signing).map_err(|e| e.to_string())
+    }
+
+    /// Any period's key: a checkpoint stays verifiable for as long as the trail is kept (the key
+    /// is derived again; nothing needs to have been kept).
+    fn verify_checkpoint(&self, jws: &str) -> Result<CheckpointClaims, String> {
+        let header = decode_header(jws).map_err(|e| format!("not a JWS: {e}"))?;
+        if header.typ.as_deref() != Some(CHECKPOINT_TYP) || header.alg != Algorithm::EdDSA {
+            return Err("not an EdDSA audit checkpoint".into());
+        }
+        let period = header
+            .kid
+            .as_deref()
+            .and_then(|k| k.strip_prefix(self.schedule.key_id.as_str()))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|p| *p >= 0)
+            .ok_or("signed with an unknown key")?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.validate_aud = false;
+        validation.required_spec_claims = HashSet::new();
+        let key = DecodingKey::from_ed_der(&self.period_key(period).public);
+        let claims = decode::<CheckpointClaims>(jws, &key, &validation).map_err(|e| e.to_string())?.claims;
+        if claims.iss != CHECKPOINT_ISSUER || self.period_of(claims.iat) != period {
+            return Err("issuer or signing period does not match".into());
+        }
+        Ok(claims)
     }
 }
 

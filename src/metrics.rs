@@ -88,6 +88,7 @@ pub const OPERATOR_ROUTES: &[&str] = &[
     "/operator/v1/payments",
     "/operator/v1/payments/{payment_id}",
     "/operator/v1/audit",
+    "/operator/v1/audit/verify",
     "/operator/v1/approvals",
     "/operator/v1/approvals/{approval_id}",
     "/operator/v1/approvals/{approval_id}/approve",

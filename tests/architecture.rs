@@ -117,13 +117,15 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("request_state", &["clock", "idempotency"]),
     ("auth", &["catalogue", "clock", "domain", "secret"]),
     ("store", &["clock", "domain", "idempotency", "mandate", "private_fs"]),
-    ("audit_archive", &["clock", "domain", "private_fs", "store"]),
+    ("audit_chain", &["clock", "domain", "store"]),
+    ("audit_archive", &["audit_chain", "clock", "domain", "private_fs", "store"]),
     ("backend", &["clock", "domain", "install_crypto_provider", "secret", "store", "telemetry"]),
     ("ledger_service", &["backend", "clock", "domain", "secret", "store"]),
     ("config", &["audit_archive", "backend", "catalogue", "domain", "secret", "store", "telemetry"]),
     (
         "gateway",
         &[
+            "audit_chain",
             "auth",
             "backend",
             "catalogue",
@@ -156,7 +158,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
         ],
     ),
     ("webhooks", &["clock", "domain", "secret", "store"]),
-    ("jobs", &["audit_archive", "backend", "config", "gateway", "rate", "webhooks"]),
+    ("jobs", &["audit_archive", "audit_chain", "backend", "config", "gateway", "rate", "webhooks"]),
     (
         "app",
         &[

@@ -96,7 +96,12 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
     std::fs::write(&victim, b"untouched").unwrap();
     let partial = dir.join(format!("audit-{:020}-{:020}.jsonl.partial", 1, 2));
     std::os::unix::fs::symlink(&victim, &partial).unwrap();
-    let done = paygate::audit_archive::archive(&store, &settings, 1_000).await.unwrap();
+    let keys = paygate::mandate::MandateKeys::new(
+        paygate::mandate::KeySchedule::new("mk1"),
+        &paygate::secret::Secret::new("k".repeat(32)),
+    )
+    .unwrap();
+    let done = paygate::audit_archive::archive(&store, &keys, &settings, 1_000).await.unwrap();
     assert_eq!(done.len(), 1);
     assert_eq!(std::fs::read(&victim).unwrap(), b"untouched", "the link was removed, not written through");
     assert_eq!(paygate::audit_archive::read(&done[0].file).unwrap().len(), 2);
@@ -114,6 +119,6 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
     )
     .await
     .unwrap();
-    paygate::audit_archive::archive(&store, &settings, 1_000).await.unwrap();
+    paygate::audit_archive::archive(&store, &keys, &settings, 1_000).await.unwrap();
     assert_eq!(mode(&fresh), 0o700);
 }

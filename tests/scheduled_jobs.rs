@@ -125,3 +125,31 @@ async fn the_scheduled_integrity_check_keeps_the_checkpoint_current_and_audits_a
     .await;
     agent.cancel().await.unwrap();
 }
+
+/// The seal_audit job seals what committed onto the hash chain and signs a checkpoint of the head;
+/// the chain then verifies whole.
+#[tokio::test]
+async fn the_scheduler_seals_the_audit_trail_and_signs_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("PAYGATE_AUDIT__SEAL_EVERY_SECS", "1"), ("PAYGATE_JOBS__TICK_MS", "20")];
+    let app = spawn_on(dir.path(), &overrides).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let pay = json!({"operation_id": "seal-1", "from_account": "acct-A", "to_account": "acct-B",
+                     "amount": "10.00", "currency": "KES"});
+    ok(&call(&agent, "create_payment", pay).await);
+    let store = app.running.store.clone();
+    let checkpoint = until("the trail sealed and checkpointed", || {
+        let store = store.clone();
+        async move {
+            let unsealed = store.audit_unsealed().await.unwrap();
+            let cp = store.audit_checkpoint_latest().await.unwrap();
+            cp.filter(|_| unsealed == 0)
+        }
+    })
+    .await;
+    let head = store.audit_chain_head().await.unwrap();
+    assert!(head.chain_seq >= 1 && checkpoint.chain_seq <= head.chain_seq, "{head:?} {checkpoint:?}");
+    let verdict = app.running.gateway.verify_audit(None).await.unwrap();
+    assert!(verdict.ok && verdict.checkpoints_matched >= 1, "{verdict:?}");
+    agent.cancel().await.unwrap();
+}

@@ -1176,11 +1176,30 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
     // A directory that cannot be written: an error, and nothing is deleted.
     let blocked = paygate::audit_archive::Settings { dir: dir.path().join("file"), ..settings.clone() };
     std::fs::write(dir.path().join("file"), b"not a directory").unwrap();
-    assert!(paygate::audit_archive::archive(&*store, &blocked, 113).await.is_err(), "{label}");
+    let keys = paygate::mandate::MandateKeys::new(
+        paygate::mandate::KeySchedule::new("mk1"),
+        &paygate::secret::Secret::new("k".repeat(32)),
+    )
+    .unwrap();
+    // Sealed first (on PostgreSQL a record is sealed once every older transaction has ended).
+    for _ in 0..500 {
+        store.audit_seal(100).await.unwrap();
+        if store.audit_unsealed().await.unwrap() == 0 {
+            break;
+        }
+        // Another test's transaction on the cluster is still open: sealing waits for it to end.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(paygate::audit_archive::archive(&*store, &keys, &blocked, 113).await.is_err(), "{label}");
     assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 5, "{label}: nothing deleted");
 
-    let done = paygate::audit_archive::archive(&*store, &settings, 113).await.unwrap();
-    assert_eq!(done.iter().map(|b| (b.records, b.deleted)).collect::<Vec<_>>(), vec![(2, 2), (1, 1)], "{label}");
+    let done = paygate::audit_archive::archive(&*store, &keys, &settings, 113).await.unwrap();
+    // The range is deleted once all of it is written, and it ends at a signed checkpoint.
+    assert_eq!(done.iter().map(|b| (b.records, b.deleted)).collect::<Vec<_>>(), vec![(2, 0), (1, 3)], "{label}");
+    let checkpoint = store.audit_checkpoint_latest().await.unwrap().expect("a checkpoint ends the range");
+    assert_eq!(checkpoint.chain_seq, 3, "{label}");
+    let chained = paygate::audit_chain::read_chained(&done[1].file).unwrap();
+    assert_eq!((chained[0].chain_seq, chained[0].hash.as_str()), (3, checkpoint.hash.as_str()), "{label}");
     let mut archived = Vec::new();
     for b in &done {
         archived.extend(paygate::audit_archive::read(&b.file).unwrap());
@@ -1194,9 +1213,9 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
     let left = store.audit_list(None, 100).await.unwrap();
     assert_eq!(left.iter().map(|r| r.at).collect::<Vec<_>>(), vec![14, 13], "{label}");
     // Nothing more is due; retention 0 archives nothing.
-    assert!(paygate::audit_archive::archive(&*store, &settings, 113).await.unwrap().is_empty());
+    assert!(paygate::audit_archive::archive(&*store, &keys, &settings, 113).await.unwrap().is_empty());
     let off = paygate::audit_archive::Settings { retention_secs: 0, ..settings.clone() };
-    assert!(paygate::audit_archive::archive(&*store, &off, 10_000).await.unwrap().is_empty());
+    assert!(paygate::audit_archive::archive(&*store, &keys, &off, 10_000).await.unwrap().is_empty());
     assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 2, "{label}");
 });
 

@@ -113,6 +113,24 @@ enum Command {
         #[command(subcommand)]
         command: MandateCommand,
     },
+    /// Work with the audit trail.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Walk the audit trail's hash chain (every link, every signed checkpoint) and print the
+    /// verdict (JSON) naming the first broken record. Exit 0 when it holds, 1 when it does not,
+    /// 2 when it could not be read.
+    Verify {
+        /// Walk the archive files retention wrote (`audit.archive_dir`) before the database, as
+        /// one chain.
+        #[arg(long)]
+        archive_dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -163,6 +181,9 @@ pub fn run() -> ExitCode {
         Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
         Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
         Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
+        Command::Audit { command: AuditCommand::Verify { archive_dir } } => {
+            with_config(file, |c| verify_audit(c, archive_dir))
+        }
     }
 }
 
@@ -319,6 +340,26 @@ fn check_ledger(config: Config, full: bool) -> ExitCode {
             }
             Err(e) => {
                 crate::logging::fatal(&format!("the ledger could not be checked: {e}"));
+                could_not_run()
+            }
+        }
+    })
+}
+
+fn verify_audit(config: Config, archive_dir: Option<std::path::PathBuf>) -> ExitCode {
+    init_tracing();
+    one_shot(config, |g| async move {
+        match g.verify_audit(archive_dir.as_deref()).await {
+            Ok(verdict) => {
+                println!("{}", serde_json::to_string_pretty(&verdict).unwrap_or_default());
+                if let Some(b) = &verdict.first_break {
+                    let seq = b.seq.map(|s| format!(" (record seq {s})")).unwrap_or_default();
+                    eprintln!("broken at chain position {}{seq}: {}", b.chain_seq, b.reason);
+                }
+                if verdict.ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            }
+            Err(e) => {
+                crate::logging::fatal(&format!("the audit trail could not be verified: {e}"));
                 could_not_run()
             }
         }

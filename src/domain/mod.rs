@@ -7,6 +7,7 @@
 
 pub mod approval;
 pub mod audit;
+pub mod audit_chain;
 pub mod error;
 pub mod idempotency;
 pub mod ids;

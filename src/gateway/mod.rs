@@ -4,6 +4,7 @@
 mod admission;
 mod approval_request;
 mod approvals;
+mod audit_trail;
 mod collection;
 mod create_payment;
 mod exactly_once;

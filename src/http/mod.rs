@@ -214,6 +214,7 @@ fn operator_api() -> Router<AppState> {
         .route("/payments", get(operator::payments))
         .route("/payments/{payment_id}", get(operator::payment))
         .route("/audit", get(operator::audit))
+        .route("/audit/verify", get(operator::verify_audit))
         .route("/approvals", get(operator::approvals))
         .route("/approvals/{approval_id}", get(approvals::get))
         .route("/approvals/{approval_id}/approve", post(approvals::approve))

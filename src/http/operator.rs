@@ -87,6 +87,12 @@ pub struct AuditParams {
     limit: Option<u32>,
 }
 
+/// Walk the audit hash chain: 200 with the verdict, whether or not the chain holds (`ok`,
+/// `first_break`); the walk is a read and changes nothing.
+pub async fn verify_audit(State(state): State<AppState>, Authed(op): Authed) -> Response {
+    respond(state.gateway.ops_verify_audit(&op).await, &op.correlation_id, StatusCode::OK)
+}
+
 pub async fn audit(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<AuditParams>) -> Response {
     let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
     let filters = AuditFilters {

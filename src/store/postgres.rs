@@ -71,6 +71,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0011_principals.sql"),
     include_str!("../../migrations/postgres/0012_payees.sql"),
     include_str!("../../migrations/postgres/0013_webhooks.sql"),
+    include_str!("../../migrations/postgres/0014_audit_chain.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

@@ -331,6 +331,46 @@ pub(crate) fn volume(from: i64, to: i64, dialect: Dialect) -> Statement {
     b.finish(text)
 }
 
+/// A statement without parameters.
+pub(crate) fn plain(text: &str, dialect: Dialect) -> Statement {
+    Builder::new(dialect).finish(text.to_string())
+}
+
+/// Chain links after `after`, in order, each joined to its record (`rows::chain_link`).
+pub(crate) fn audit_chain_links(after: i64, limit: u32, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (after, limit) = (b.int(after), b.int(i64::from(limit)));
+    let cols: Vec<String> = rows::AUDIT_COLS.split(',').map(|c| format!("a.{}", c.trim())).collect();
+    let text = format!(
+        "SELECT c.chain_seq, c.seq, c.prev_hash, c.hash, {} FROM audit_chain c LEFT JOIN audit_records a ON a.seq = c.seq
+         WHERE c.chain_seq > {after} ORDER BY c.chain_seq LIMIT {limit}",
+        cols.join(", ")
+    );
+    b.finish(text)
+}
+
+pub(crate) fn audit_checkpoints(after: i64, limit: u32, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (after, limit) = (b.int(after), b.int(i64::from(limit)));
+    b.finish(format!(
+        "SELECT chain_seq, hash, at, jws FROM audit_checkpoints WHERE chain_seq > {after} ORDER BY chain_seq LIMIT {limit}"
+    ))
+}
+
+/// The position before the first link whose record was made at or after `cutoff`; the head's when
+/// every sealed record is older. NULL when the first stored link is not older.
+pub(crate) fn audit_chain_older_than(cutoff: i64, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let cutoff = b.int(cutoff);
+    b.finish(format!(
+        "SELECT CASE WHEN young.first IS NULL THEN (SELECT MAX(chain_seq) FROM audit_chain)
+                     WHEN young.first > (SELECT MIN(chain_seq) FROM audit_chain) THEN young.first - 1
+                END
+         FROM (SELECT MIN(c.chain_seq) AS first FROM audit_chain c JOIN audit_records a ON a.seq = c.seq
+               WHERE a.at >= {cutoff}) young"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,6 +51,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0011_principals.sql"),
     include_str!("../../migrations/sqlite/0012_payees.sql"),
     include_str!("../../migrations/sqlite/0013_webhooks.sql"),
+    include_str!("../../migrations/sqlite/0014_audit_chain.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 
 use super::{Cached, Mapped, PostgresStore, bind};
-use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, link_hash};
 use crate::domain::error::StoreError;
 use crate::store::AuditStore;
 use crate::store::rows;
@@ -42,19 +42,82 @@ impl AuditStore for PostgresStore {
         client.list(&sql, &[&principal_sub, &i64::from(limit)], rows::audit).await
     }
 
-    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
-        let client = self.pool.get().await?;
-        let sql = format!("SELECT {} FROM audit_records WHERE at < $1 ORDER BY seq LIMIT $2", rows::AUDIT_COLS);
-        client.list(&sql, &[&cutoff, &i64::from(limit)], rows::audit).await
+    async fn audit_seal(&self, limit: u32) -> Result<(u64, ChainHead), StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // One sealing run at a time, whichever replica: the head's row lock.
+        tx.exec(
+            "INSERT INTO audit_chain_head (id, chain_seq, hash, last_seq, last_xid) VALUES (1, 0, $1, 0, '0')
+             ON CONFLICT (id) DO NOTHING",
+            &[&GENESIS],
+        )
+        .await?;
+        let head = tx
+            .one("SELECT chain_seq, hash, last_seq, last_xid::TEXT FROM audit_chain_head WHERE id = 1 FOR UPDATE", &[])
+            .await?;
+        let (mut chain_seq, mut prev, mut last_seq, mut last_xid): (i64, String, i64, String) =
+            (head.get(0), head.get(1), head.get(2), head.get(3));
+        // Records of transactions older than every running one: a set no commit can add to, taken
+        // in (xid, seq) order, after the last record sealed.
+        let sql = format!(
+            "SELECT {}, xid::TEXT FROM audit_records
+             WHERE (xid, seq) > ($1::TEXT::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())
+             ORDER BY xid, seq LIMIT $3",
+            rows::AUDIT_COLS
+        );
+        let found = tx.all(&sql, &[&last_xid, &last_seq, &i64::from(limit)]).await?;
+        let mut links: (Vec<i64>, Vec<i64>, Vec<String>, Vec<String>) = Default::default();
+        for row in &found {
+            let r = rows::audit(row)?;
+            chain_seq += 1;
+            let hash = link_hash(&prev, chain_seq, &r);
+            links.0.push(chain_seq);
+            links.1.push(r.seq);
+            links.2.push(std::mem::replace(&mut prev, hash.clone()));
+            links.3.push(hash);
+            (last_seq, last_xid) = (r.seq, row.get(rows::AUDIT_COLS.split(',').count()));
+        }
+        if !found.is_empty() {
+            tx.exec(
+                "INSERT INTO audit_chain (chain_seq, seq, prev_hash, hash)
+                 SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[])",
+                &[&links.0, &links.1, &links.2, &links.3],
+            )
+            .await?;
+            tx.exec(
+                "UPDATE audit_chain_head SET chain_seq = $1, hash = $2, last_seq = $3, last_xid = $4::TEXT::xid8
+                 WHERE id = 1",
+                &[&chain_seq, &prev, &last_seq, &last_xid],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok((found.len() as u64, ChainHead { chain_seq, hash: prev }))
     }
 
-    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError> {
+    async fn audit_checkpoint_put(&self, cp: Checkpoint) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        Ok(client
+        client
             .exec(
-                "DELETE FROM audit_records WHERE seq >= $1 AND seq <= $2 AND at < $3",
-                &[&first_seq, &last_seq, &cutoff],
+                "INSERT INTO audit_checkpoints (chain_seq, hash, at, jws) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (chain_seq) DO NOTHING",
+                &[&cp.chain_seq, &cp.hash, &cp.at, &cp.jws],
             )
-            .await?)
+            .await?;
+        Ok(())
+    }
+
+    async fn audit_delete_through(&self, chain_seq: i64) -> Result<u64, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let n = tx
+            .exec(
+                "DELETE FROM audit_records WHERE seq IN (SELECT seq FROM audit_chain WHERE chain_seq <= $1)",
+                &[&chain_seq],
+            )
+            .await?;
+        tx.exec("DELETE FROM audit_chain WHERE chain_seq <= $1", &[&chain_seq]).await?;
+        tx.commit().await?;
+        Ok(n)
     }
 }

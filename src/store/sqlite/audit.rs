@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, params, params_from_iter};
 
 use super::{Cached, SqliteStore};
-use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, link_hash};
 use crate::domain::error::StoreError;
 use crate::store::AuditStore;
 use crate::store::rows;
@@ -38,20 +38,56 @@ impl AuditStore for SqliteStore {
         .await
     }
 
-    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
-        self.run_heavy(move |c| {
-            let sql = format!("SELECT {} FROM audit_records WHERE at < ?1 ORDER BY seq LIMIT ?2", rows::AUDIT_COLS);
-            c.all(&sql, params![cutoff, limit], rows::audit)
+    async fn audit_seal(&self, limit: u32) -> Result<(u64, ChainHead), StoreError> {
+        self.write(move |c| {
+            // One writer: seq order is commit order, and everything committed is visible here.
+            let head = c.opt("SELECT chain_seq, hash, last_seq FROM audit_chain_head WHERE id = 1", [], |r| {
+                Ok((r.int(0)?, r.text(1)?, r.int(2)?))
+            })?;
+            let (mut chain_seq, mut prev, mut last_seq) = head.unwrap_or((0, GENESIS.to_string(), 0));
+            let sql = format!("SELECT {} FROM audit_records WHERE seq > ?1 ORDER BY seq LIMIT ?2", rows::AUDIT_COLS);
+            let records = c.all(&sql, params![last_seq, limit], rows::audit)?;
+            for r in &records {
+                chain_seq += 1;
+                let hash = link_hash(&prev, chain_seq, r);
+                c.exec(
+                    "INSERT INTO audit_chain (chain_seq, seq, prev_hash, hash) VALUES (?1, ?2, ?3, ?4)",
+                    params![chain_seq, r.seq, prev, hash],
+                )?;
+                (prev, last_seq) = (hash, r.seq);
+            }
+            if !records.is_empty() {
+                c.exec(
+                    "INSERT INTO audit_chain_head (id, chain_seq, hash, last_seq) VALUES (1, ?1, ?2, ?3)
+                     ON CONFLICT (id) DO UPDATE SET chain_seq = excluded.chain_seq, hash = excluded.hash,
+                                                    last_seq = excluded.last_seq",
+                    params![chain_seq, prev, last_seq],
+                )?;
+            }
+            Ok((records.len() as u64, ChainHead { chain_seq, hash: prev }))
         })
         .await
     }
 
-    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError> {
+    async fn audit_checkpoint_put(&self, cp: Checkpoint) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.exec(
+                "INSERT INTO audit_checkpoints (chain_seq, hash, at, jws) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (chain_seq) DO NOTHING",
+                params![cp.chain_seq, cp.hash, cp.at, cp.jws],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit_delete_through(&self, chain_seq: i64) -> Result<u64, StoreError> {
         self.write(move |c| {
             let n = c.exec(
-                "DELETE FROM audit_records WHERE seq >= ?1 AND seq <= ?2 AND at < ?3",
-                params![first_seq, last_seq, cutoff],
+                "DELETE FROM audit_records WHERE seq IN (SELECT seq FROM audit_chain WHERE chain_seq <= ?1)",
+                params![chain_seq],
             )?;
+            c.exec("DELETE FROM audit_chain WHERE chain_seq <= ?1", params![chain_seq])?;
             Ok(n as u64)
         })
         .await

@@ -1,9 +1,10 @@
-//! The audit trail (append-only; archival deletes what it has archived).
+//! The audit trail: append-only, sealed onto a hash chain (`domain::audit_chain`) after commit;
+//! archival deletes only whole checkpointed ranges of the chain, once archived.
 
 use async_trait::async_trait;
 
-use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::audit_chain::{ChainHead, Checkpoint};
 use crate::domain::error::StoreError;
 
 #[async_trait]
@@ -11,8 +12,12 @@ pub trait AuditStore: Send + Sync {
     async fn audit_append(&self, rec: AuditRecord) -> Result<(), StoreError>;
     /// Newest first; `principal_sub` filters when given.
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
-    /// The oldest records made before `cutoff`, oldest first, at most `limit` (for archival).
-    async fn audit_before(&self, cutoff: UnixSecs, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
-    /// Delete the records `first_seq ..= last_seq` made before `cutoff` (once archived); how many.
-    async fn audit_delete(&self, first_seq: i64, last_seq: i64, cutoff: UnixSecs) -> Result<u64, StoreError>;
+    /// Seal up to `limit` committed records onto the hash chain, in chain order (one sealing run
+    /// at a time, whatever the replicas); how many, and the head after.
+    async fn audit_seal(&self, limit: u32) -> Result<(u64, ChainHead), StoreError>;
+    /// Store a signed checkpoint (again for the same position: nothing changes).
+    async fn audit_checkpoint_put(&self, cp: Checkpoint) -> Result<(), StoreError>;
+    /// Delete the records and links of chain positions `..= chain_seq` (archived, and ending at a
+    /// checkpoint); how many records.
+    async fn audit_delete_through(&self, chain_seq: i64) -> Result<u64, StoreError>;
 }

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use super::Engine;
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
+use crate::domain::audit_chain::{ChainHead, ChainLink, Checkpoint};
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::money::Currency;
@@ -41,6 +42,55 @@ pub trait ReadStore: Engine {
     /// Audit records, newest first.
     async fn audit_query(&self, q: AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
         rows::map_plain(self.select_rows(queries::audit(&q, self.dialect())).await?, rows::audit)
+    }
+    /// Links of the audit hash chain after position `after`, in chain order, each with its record
+    /// (`None` where the record row is gone).
+    async fn audit_chain_links(&self, after: i64, limit: u32) -> Result<Vec<ChainLink>, StoreError> {
+        rows::map_plain(
+            self.select_rows(queries::audit_chain_links(after, limit, self.dialect())).await?,
+            rows::chain_link,
+        )
+    }
+    /// The chain's newest link (genesis when nothing is sealed).
+    async fn audit_chain_head(&self) -> Result<ChainHead, StoreError> {
+        let st = queries::plain("SELECT chain_seq, hash FROM audit_chain_head WHERE id = 1", self.dialect());
+        let head =
+            rows::map_plain(self.select_rows(st).await?, |r| Ok(ChainHead { chain_seq: r.int(0)?, hash: r.text(1)? }))?;
+        Ok(head.into_iter().next().unwrap_or_else(ChainHead::genesis))
+    }
+    /// The oldest link still stored (`None`: none is).
+    async fn audit_chain_first(&self) -> Result<Option<i64>, StoreError> {
+        let st = queries::plain("SELECT MIN(chain_seq) FROM audit_chain", self.dialect());
+        Ok(rows::map_plain(self.select_rows(st).await?, |r| r.opt_int(0))?.into_iter().next().flatten())
+    }
+    /// Audit records not yet sealed onto the chain.
+    async fn audit_unsealed(&self) -> Result<i64, StoreError> {
+        let st = queries::plain(
+            "SELECT COUNT(*) FROM audit_records a WHERE NOT EXISTS (SELECT 1 FROM audit_chain c WHERE c.seq = a.seq)",
+            self.dialect(),
+        );
+        Ok(rows::map_plain(self.select_rows(st).await?, |r| r.int(0))?.into_iter().next().unwrap_or(0))
+    }
+    /// The newest signed checkpoint.
+    async fn audit_checkpoint_latest(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let st = queries::plain(
+            "SELECT chain_seq, hash, at, jws FROM audit_checkpoints ORDER BY chain_seq DESC LIMIT 1",
+            self.dialect(),
+        );
+        Ok(rows::map_plain(self.select_rows(st).await?, rows::audit_checkpoint)?.pop())
+    }
+    /// Signed checkpoints after position `after`, oldest first.
+    async fn audit_checkpoints(&self, after: i64, limit: u32) -> Result<Vec<Checkpoint>, StoreError> {
+        rows::map_plain(
+            self.select_rows(queries::audit_checkpoints(after, limit, self.dialect())).await?,
+            rows::audit_checkpoint,
+        )
+    }
+    /// The last chain position before the first record made at or after `cutoff` (every record up
+    /// to it is older), or `None` when even the first stored link's record is not older.
+    async fn audit_chain_older_than(&self, cutoff: UnixSecs) -> Result<Option<i64>, StoreError> {
+        let st = queries::audit_chain_older_than(cutoff, self.dialect());
+        Ok(rows::map_plain(self.select_rows(st).await?, |r| r.opt_int(0))?.into_iter().next().flatten())
     }
     /// One payment's audit trail, oldest first.
     async fn audit_related(&self, q: AuditRelated) -> Result<Vec<AuditRecord>, StoreError> {
