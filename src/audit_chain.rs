@@ -113,12 +113,13 @@ pub async fn verify(
             }
         }
     }
+    // Read after the checkpoints (a checkpoint never names a position past the head it signed).
     let head = store.audit_chain_head().await?;
     let unsealed = store.audit_unsealed().await?;
     let signed = || checkpoints.iter().map(|c| (c.chain_seq, c.hash.clone()));
     if let Some((chain_seq, why)) = forged {
         let mut walk = Walk::new(ChainHead::genesis(), signed());
-        let v = walk_stored(store, &mut walk, 0).await.map(|()| walk.finish(&head, unsealed))?;
+        let v = walk_stored(store, &mut walk, 0, &head).await.map(|()| walk.finish(&head, unsealed))?;
         let first_break = crate::domain::audit_chain::Break {
             chain_seq,
             seq: None,
@@ -154,16 +155,18 @@ pub async fn verify(
             walk = Walk::new(anchor, signed());
         }
     }
-    walk_stored(store, &mut walk, walked_to).await?;
+    walk_stored(store, &mut walk, walked_to, &head).await?;
     Ok(walk.finish(&head, unsealed))
 }
 
-async fn walk_stored(store: &dyn Store, walk: &mut Walk, mut after: i64) -> Result<(), StoreError> {
-    while !walk.broken() {
+/// Links after `after` up to the head read at the start (sealing goes on meanwhile: what it adds
+/// later is the next walk's).
+async fn walk_stored(store: &dyn Store, walk: &mut Walk, mut after: i64, head: &ChainHead) -> Result<(), StoreError> {
+    while !walk.broken() && after < head.chain_seq {
         let page = store.audit_chain_links(after, PAGE).await?;
         let Some(last) = page.last() else { break };
         after = last.chain_seq;
-        for link in &page {
+        for link in page.iter().filter(|l| l.chain_seq <= head.chain_seq) {
             walk.push(link);
         }
     }
