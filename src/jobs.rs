@@ -167,11 +167,14 @@ async fn run_job(s: &Scheduler, job: Job) {
             )
             .await
             {
-                Ok(run) if run.sealed > 0 => {
-                    tracing::debug!(sealed = run.sealed, chain_seq = run.head.chain_seq, "audit sealed")
+                Ok(run) => {
+                    g.metrics().audit_sealed(run.sealed, run.head.chain_seq, run.checkpoint.as_ref().map(|c| c.at));
+                    if run.sealed > 0 {
+                        tracing::debug!(sealed = run.sealed, chain_seq = run.head.chain_seq, "audit sealed");
+                    }
                 }
-                Ok(_) => {}
                 Err(error) => {
+                    g.metrics().audit_seal_failed();
                     tracing::warn!(%error, "audit sealing failed; the records stay unsealed until a run succeeds")
                 }
             }

@@ -162,7 +162,13 @@ pub struct MandateKeys {
     master: Secret,
     /// The migration window's HS256 key (the mandate secret itself), under `key_id`.
     hs256: Option<(DecodingKey, UnixSecs)>,
+    /// Public keys already derived, by period (the JWKS route is public: it must stay cheap).
+    publics: std::sync::Mutex<HashMap<i64, [u8; 32]>>,
 }
+
+/// Derived public keys kept at most (a kid naming any period can be presented; past this the
+/// cache starts over).
+const PUBLIC_KEYS_CACHED_MAX: usize = 256;
 
 impl MandateKeys {
     pub fn new(schedule: KeySchedule, secret: &Secret) -> Result<Self, String> {
@@ -175,7 +181,7 @@ impl MandateKeys {
             }
             None => None,
         };
-        Ok(MandateKeys { schedule, master: secret.clone(), hs256 })
+        Ok(MandateKeys { schedule, master: secret.clone(), hs256, publics: Default::default() })
     }
 
     fn period_of(&self, at: UnixSecs) -> i64 {
@@ -198,6 +204,21 @@ impl MandateKeys {
         let mut der = ED25519_PKCS8_PREFIX.to_vec();
         der.extend_from_slice(&seed);
         PeriodKey { kid, signing: EncodingKey::from_ed_der(&der), public }
+    }
+
+    /// The public key of a period, derived once.
+    fn public_key(&self, period: i64) -> [u8; 32] {
+        if let Some(k) = self.publics.lock().ok().and_then(|m| m.get(&period).copied()) {
+            return k;
+        }
+        let k = self.period_key(period).public;
+        if let Ok(mut m) = self.publics.lock() {
+            if m.len() >= PUBLIC_KEYS_CACHED_MAX {
+                m.clear();
+            }
+            m.insert(period, k);
+        }
+        k
     }
 
     /// Periods whose keys verify at `now`: from the oldest that may still have a live mandate to
@@ -235,10 +256,9 @@ impl MandateKeys {
         let keys: Vec<_> = self
             .verifying_periods(now)
             .map(|p| {
-                let k = self.period_key(p);
                 serde_json::json!({
                     "kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig",
-                    "kid": k.kid, "x": b64.encode(k.public),
+                    "kid": self.kid(p), "x": b64.encode(self.public_key(p)),
                 })
             })
             .collect();
@@ -255,8 +275,7 @@ impl MandateKeys {
                     .and_then(|n| n.parse::<i64>().ok())
                     .filter(|p| self.verifying_periods(now).contains(p))
                     .ok_or(MandateError::UnknownKey)?;
-                let public = self.period_key(period).public;
-                Ok(DecodingKey::from_ed_der(&public))
+                Ok(DecodingKey::from_ed_der(&self.public_key(period)))
             }
             // The migration window: the mandate secret under the configured key id, until then.
             Algorithm::HS256 => match &self.hs256 {
@@ -299,7 +318,7 @@ impl CheckpointSigner for MandateKeys {
         validation.validate_nbf = false;
         validation.validate_aud = false;
         validation.required_spec_claims = HashSet::new();
-        let key = DecodingKey::from_ed_der(&self.period_key(period).public);
+        let key = DecodingKey::from_ed_der(&self.public_key(period));
         let claims = decode::<CheckpointClaims>(jws, &key, &validation).map_err(|e| e.to_string())?.claims;
         if claims.iss != CHECKPOINT_ISSUER || self.period_of(claims.iat) != period {
             return Err("issuer or signing period does not match".into());
@@ -629,7 +648,7 @@ mod tests {
         let jws = k.sign(&closed()).unwrap();
         let kid = decode_header(&jws).unwrap().kid.unwrap();
         // Algorithm confusion: HS256 "signed" with the published public key, under its kid.
-        let public = k.period_key(0).public;
+        let public = k.public_key(0);
         let confused = hs256(&closed(), &kid, &public);
         assert_eq!(k.verify(&confused, 150), Err(MandateError::UnknownKey));
         let jwks = JwksVerifier::from_jwks(&k.jwks(150)).unwrap();

@@ -53,6 +53,16 @@ struct Inner {
     reconcile_last_problems: u64,
     breaker_state: Option<&'static str>,
     bookkeeping_failures: BTreeMap<&'static str, u64>,
+    audit_chain: AuditChainCounts,
+}
+
+/// The audit hash chain's sealing runs on this replica (`seal_audit`).
+#[derive(Default, Clone, Copy)]
+struct AuditChainCounts {
+    sealed: u64,
+    failures: u64,
+    head: Option<i64>,
+    checkpoint_at: Option<i64>,
 }
 
 #[derive(Default)]
@@ -174,6 +184,44 @@ impl Metrics {
     /// so it can be alerted on. `write` is one of a fixed set of names.
     pub fn bookkeeping_failure(&self, write: &'static str) {
         self.with(|m| *m.bookkeeping_failures.entry(write).or_default() += 1);
+    }
+
+    /// A sealing run of the audit chain: how many records it sealed, the head after, and when it
+    /// signed a checkpoint (if it did).
+    pub fn audit_sealed(&self, sealed: u64, head: i64, checkpoint_at: Option<i64>) {
+        self.with(|m| {
+            let c = &mut m.audit_chain;
+            c.sealed += sealed;
+            c.head = Some(head);
+            c.checkpoint_at = checkpoint_at.or(c.checkpoint_at);
+        });
+    }
+
+    /// A sealing run that failed (the records stay unsealed, unprotected, until one succeeds).
+    pub fn audit_seal_failed(&self) {
+        self.with(|m| m.audit_chain.failures += 1);
+    }
+
+    fn render_audit_chain(&self, out: &mut String) {
+        let c = self.with(|m| m.audit_chain);
+        out.push_str("# HELP paygate_audit_sealed_total Audit records sealed onto the hash chain by this replica.\n");
+        out.push_str("# TYPE paygate_audit_sealed_total counter\n");
+        let _ = writeln!(out, "paygate_audit_sealed_total {}", c.sealed);
+        out.push_str("# HELP paygate_audit_seal_failures_total Sealing runs that failed (records stay unsealed).\n");
+        out.push_str("# TYPE paygate_audit_seal_failures_total counter\n");
+        let _ = writeln!(out, "paygate_audit_seal_failures_total {}", c.failures);
+        if let Some(head) = c.head {
+            out.push_str("# HELP paygate_audit_chain_head The chain's newest position, as this replica last sealed.\n");
+            out.push_str("# TYPE paygate_audit_chain_head gauge\n");
+            let _ = writeln!(out, "paygate_audit_chain_head {head}");
+        }
+        if let Some(at) = c.checkpoint_at {
+            out.push_str(
+                "# HELP paygate_audit_checkpoint_timestamp_seconds When this replica last signed an audit checkpoint.\n",
+            );
+            out.push_str("# TYPE paygate_audit_checkpoint_timestamp_seconds gauge\n");
+            let _ = writeln!(out, "paygate_audit_checkpoint_timestamp_seconds {at}");
+        }
     }
 
     /// The HTTP ledger's circuit breaker, as last seen.
@@ -306,6 +354,7 @@ impl Metrics {
         }
         self.render_rails(&mut out);
         self.render_bookkeeping(&mut out);
+        self.render_audit_chain(&mut out);
         render_build(&mut out);
         render_process(&mut out);
         out

@@ -151,5 +151,14 @@ async fn the_scheduler_seals_the_audit_trail_and_signs_checkpoints() {
     assert!(head.chain_seq >= 1 && checkpoint.chain_seq <= head.chain_seq, "{head:?} {checkpoint:?}");
     let verdict = app.running.gateway.verify_audit(None).await.unwrap();
     assert!(verdict.ok && verdict.checkpoints_matched >= 1, "{verdict:?}");
+    // /metrics says sealing runs (alert on a stale checkpoint or rising failures).
+    let metrics = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
+    let value = |name: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).map(|v| v.parse::<f64>().unwrap())
+    };
+    assert!(value("paygate_audit_sealed_total").unwrap() >= 1.0, "{metrics}");
+    assert_eq!(value("paygate_audit_seal_failures_total"), Some(0.0));
+    assert!(value("paygate_audit_chain_head").unwrap() >= 1.0);
+    assert!(value("paygate_audit_checkpoint_timestamp_seconds").unwrap() > 0.0);
     agent.cancel().await.unwrap();
 }

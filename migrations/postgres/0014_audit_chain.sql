@@ -6,7 +6,10 @@
 -- or skipped. Writers pay one column default and one index entry; the hashing is the sealer's.
 -- A checkpoint signs a position's hash with the mandate keys (Ed25519). Retention deletes only
 -- whole ranges that end at a checkpoint (records and links together).
-ALTER TABLE audit_records ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+-- Records written before this migration read as transaction 0 (sealed first, in seq order): a
+-- constant default adds the column without rewriting the table; new rows get their own xid.
+ALTER TABLE audit_records ADD COLUMN xid xid8 NOT NULL DEFAULT '0';
+ALTER TABLE audit_records ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
 CREATE INDEX audit_chain_order ON audit_records (xid, seq);
 CREATE TABLE audit_chain (
     chain_seq BIGINT PRIMARY KEY,
