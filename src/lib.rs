@@ -32,4 +32,5 @@ pub fn install_crypto_provider() {
 }
 pub mod mandate;
 pub mod metrics;
+pub mod passkey;
 pub mod rate;

@@ -113,6 +113,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("error", &["domain", "mandate"]),
     ("idempotency", &["domain", "error", "secret"]),
     ("mandate", &["clock", "domain", "secret"]),
+    ("passkey", &[]),
     ("rate", &["clock", "domain"]),
     ("request_state", &["clock", "idempotency"]),
     ("auth", &["catalogue", "clock", "domain", "secret"]),
