@@ -137,6 +137,69 @@ function b64urlEncode(bytes) {
   for (const b of new Uint8Array(bytes)) bin += String.fromCharCode(b);
   return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
 }
+function b64urlBytes(s) {
+  const pad = s.replace(/-/g, '+').replace(/_/g, '/').padEnd(Math.ceil(s.length / 4) * 4, '=');
+  return Uint8Array.from(atob(pad), (c) => c.charCodeAt(0));
+}
+
+// ---- passkeys (WebAuthn) ------------------------------------------------------------------------
+// A decision that needs a passkey is signed over the exact text the gateway shows for it
+// (`passkey_payloads`): the challenge is its SHA-256, computed here, so the page signs what it was
+// given and the gateway refuses an assertion over anything else.
+
+const passkeysAvailable = () => typeof window.PublicKeyCredential === 'function' && !!navigator.credentials;
+
+async function registerPasskey(name) {
+  if (!passkeysAvailable()) throw new Error('This browser has no passkey support (WebAuthn).');
+  const { publicKey: o } = await api('POST', '/passkeys/options');
+  const publicKey = {
+    ...o,
+    challenge: b64urlBytes(o.challenge),
+    user: { ...o.user, id: b64urlBytes(o.user.id) },
+    excludeCredentials: (o.excludeCredentials ?? []).map((c) => ({ ...c, id: b64urlBytes(c.id) })),
+  };
+  const cred = await navigator.credentials.create({ publicKey });
+  return api('POST', '/passkeys', {
+    body: {
+      challenge: o.challenge,
+      client_data_json: b64urlEncode(cred.response.clientDataJSON),
+      attestation_object: b64urlEncode(cred.response.attestationObject),
+      name: name || null,
+    },
+  });
+}
+
+// An assertion by one of the signed-in person's passkeys over `payload` (a passkey_payloads text).
+async function signWithPasskey(payload) {
+  if (!passkeysAvailable()) throw new Error('This browser has no passkey support (WebAuthn).');
+  const mine = await api('GET', '/passkeys');
+  const live = (mine?.items ?? []).filter((p) => !p.revoked_at);
+  if (!live.length) throw new Error('You have no passkey yet: register one (Passkeys), then decide again.');
+  const challenge = new Uint8Array(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(payload)));
+  const cred = await navigator.credentials.get({
+    publicKey: {
+      challenge,
+      rpId: location.hostname,
+      allowCredentials: live.map((p) => ({ type: 'public-key', id: b64urlBytes(p.credential_id) })),
+      userVerification: 'required',
+      timeout: 120000,
+    },
+  });
+  return {
+    credential_id: b64urlEncode(cred.rawId),
+    client_data_json: b64urlEncode(cred.response.clientDataJSON),
+    authenticator_data: b64urlEncode(cred.response.authenticatorData),
+    signature: b64urlEncode(cred.response.signature),
+  };
+}
+
+// The body of a decision on `a`: the reason, and the passkey's assertion where it needs one.
+async function decisionBody(a, decision, reason) {
+  const body = reason ? { reason } : {};
+  if (a.passkey_required) body.passkey = await signWithPasskey(a.passkey_payloads?.[decision] ?? '');
+  return body;
+}
+
 // For display only: the server verifies the token; the page only reads who it names.
 function decodeClaims(token) {
   try {
@@ -235,6 +298,10 @@ function explain(e, { needs, control, what } = {}) {
   const where = what ? `${what}: ` : '';
   const ref = e.correlationId ? ` (ref ${e.correlationId})` : '';
   if (e.status === 401) return; // signOut already said so
+  if (e.code === 'PASSKEY_REQUIRED' || e.code === 'PASSKEY_INVALID') {
+    notify(`${where}${clean(e.message)} [${clean(e.code)}]${ref}`, 'error');
+    return;
+  }
   if (e.status === 403 && e.code !== 'SELF_REVIEW') {
     const scope = needs ?? 'for this action';
     if (control) disable(control, `Your token lacks scope ${scope}`);
@@ -414,6 +481,7 @@ const VIEWS = {
   agents: loadAgents,
   mandates: loadMandates,
   payees: loadPayees,
+  passkeys: loadPasskeys,
   reconciliation: loadReconciliation,
   webhooks: loadWebhooks,
   health: loadHealth,
@@ -638,6 +706,7 @@ function approvalCard(a) {
     a.decision_reason ? fact('Decision reason', agentText(a.decision_reason, 'Written by the reviewer')) : null,
     fact('Approval', mono(a.approval_id)),
     a.mandate_id ? fact('Mandate', mono(a.mandate_id)) : null,
+    a.passkey_required ? fact('Passkey', h('strong', { 'data-testid': 'approval-passkey' }, 'required: decide it with your passkey')) : null,
     fact('Requested', timeCell(a.created_at)));
   const pinned = h('div', { class: 'pinned', 'data-testid': 'approval-intent' },
     h('h3', {}, 'Pinned intent'),
@@ -678,8 +747,9 @@ function reviewForm(a) {
   const id = `reason-${clean(a.approval_id).replace(/[^A-Za-z0-9_-]/g, '')}`;
   const input = h('input', { id, name: 'reason', type: 'text', maxlength: 500, autocomplete: 'off', 'data-testid': 'approval-reason', placeholder: 'What you checked, or why not' });
   // type=button: Enter in the reason field never approves by accident.
-  const approve = guard(h('button', { type: 'button', class: 'primary', 'data-testid': 'approve' }, 'Approve'), SCOPE.approve);
-  const reject = guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'reject' }, 'Reject'), SCOPE.approve);
+  const withKey = a.passkey_required ? ' with passkey' : '';
+  const approve = guard(h('button', { type: 'button', class: 'primary', 'data-testid': 'approve' }, `Approve${withKey}`), SCOPE.approve);
+  const reject = guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'reject' }, `Reject${withKey}`), SCOPE.approve);
   const form = h('form', { class: 'review', 'data-testid': 'review-form' },
     h('label', { for: id }, 'Reason'), input, approve, reject);
   if (!can(SCOPE.approve)) form.append(h('span', { class: 'muted small', 'data-testid': 'approve-disabled-why' }, `Your token lacks scope ${SCOPE.approve}.`));
@@ -697,7 +767,8 @@ function reviewForm(a) {
     approve.disabled = true;
     reject.disabled = true;
     try {
-      const updated = await api('POST', `/approvals/${encodeURIComponent(a.approval_id)}/${decision}`, { body: { reason } });
+      const body = await decisionBody(a, decision, reason);
+      const updated = await api('POST', `/approvals/${encodeURIComponent(a.approval_id)}/${decision}`, { body });
       const verb = decision === 'approve' ? 'Approved' : 'Rejected';
       const still = updated?.status === 'pending' ? ` — still needs ${updated.reviewers_required - (updated.approved_by?.length ?? 0)} more reviewer(s)` : '';
       notify(`${verb} ${clean(a.approval_id)}${still}.`, 'ok');
@@ -715,7 +786,7 @@ function reviewForm(a) {
       if (e.code === 'SELF_REVIEW') {
         disable(approve, 'You requested this payment: someone else must review it');
         disable(reject, 'You requested this payment: someone else must review it');
-      } else if (e.status !== 403) {
+      } else if (e.status !== 403 || String(e.code).startsWith('PASSKEY_')) {
         approve.disabled = !can(SCOPE.approve);
         reject.disabled = !can(SCOPE.approve);
       } else {
@@ -792,8 +863,9 @@ function renderConfirm(box, a) {
     h('dl', { class: 'facts', 'data-testid': 'confirm-intent' }, ...facts),
     h('p', { class: 'muted small' }, 'Your assistant asked for exactly this, and confirming pays exactly this: these parties, this amount, this operation and memo. Confirm only if you meant it; the memo and names above came from the assistant.'));
   if (a.status !== 'pending') return;
-  const yes = h('button', { type: 'button', class: 'primary', 'data-testid': 'confirm-approve' }, 'Confirm payment');
-  const no = h('button', { type: 'button', class: 'danger', 'data-testid': 'confirm-reject' }, 'Decline');
+  const withKey = a.passkey_required ? ' with passkey' : '';
+  const yes = h('button', { type: 'button', class: 'primary', 'data-testid': 'confirm-approve' }, `Confirm payment${withKey}`);
+  const no = h('button', { type: 'button', class: 'danger', 'data-testid': 'confirm-reject' }, `Decline${withKey}`);
   if (!can(SCOPE.confirm)) {
     disable(yes, `Your sign-in lacks scope ${SCOPE.confirm}`);
     disable(no, `Your sign-in lacks scope ${SCOPE.confirm}`);
@@ -802,7 +874,8 @@ function renderConfirm(box, a) {
     yes.disabled = true;
     no.disabled = true;
     try {
-      const updated = await api('POST', `/confirmations/${encodeURIComponent(a.approval_id)}/${decision}`, { body: {} });
+      const body = await decisionBody(a, decision, '');
+      const updated = await api('POST', `/confirmations/${encodeURIComponent(a.approval_id)}/${decision}`, { body });
       notify(decision === 'approve' ? 'Confirmed. Your assistant can finish the payment now.' : 'Declined. Nothing was paid.', 'ok');
       renderConfirm(box, updated ?? a);
     } catch (e) {
@@ -815,6 +888,76 @@ function renderConfirm(box, a) {
   yes.addEventListener('click', () => decide('approve'));
   no.addEventListener('click', () => decide('reject'));
   box.append(h('div', { class: 'review' }, yes, no));
+  if (a.passkey_required) {
+    // The person confirming may have no passkey yet: register one here, on this device.
+    const add = h('button', { type: 'button', class: 'ghost', 'data-testid': 'confirm-register-passkey' }, 'Register a passkey on this device');
+    add.addEventListener('click', async () => {
+      add.disabled = true;
+      try {
+        await registerPasskey('confirmation');
+        notify('Passkey registered. Confirm or decline with it now.', 'ok');
+      } catch (e) {
+        if (e instanceof ApiError) explain(e, { needs: SCOPE.confirm, what: 'Registering the passkey failed' });
+        else notify(`Registering the passkey failed: ${e.message}`, 'error');
+      } finally {
+        add.disabled = false;
+      }
+    });
+    box.append(h('p', { class: 'muted small' }, 'This payment is confirmed only with a passkey: your device signs exactly what is shown above.'), add);
+  }
+}
+
+// ---- passkeys: the signed-in person's own ---------------------------------------------------------
+
+function loadPasskeys() {
+  return load('passkeys', async () => {
+    const body = clear($('[data-testid="passkeys-table"] tbody'));
+    const form = $('[data-testid="passkey-register"]');
+    if (!form.dataset.wired) {
+      form.dataset.wired = '1';
+      form.addEventListener('submit', async (ev) => {
+        ev.preventDefault();
+        const submit = $('[data-testid="passkey-register-submit"]', form);
+        submit.disabled = true;
+        try {
+          const p = await registerPasskey(form.elements.name.value.trim());
+          notify(`Passkey ${clean(p.name)} registered: decisions that need a passkey can be signed with it.`, 'ok');
+          form.reset();
+          await loadPasskeys();
+        } catch (e) {
+          if (e instanceof ApiError) explain(e, { needs: SCOPE.approve, what: 'Registering the passkey failed' });
+          else notify(`Registering the passkey failed: ${e.message}`, 'error');
+        } finally {
+          submit.disabled = false;
+        }
+      });
+    }
+    const mine = await api('GET', '/passkeys');
+    for (const p of mine?.items ?? []) body.append(passkeyRow(p));
+    if (!mine?.items?.length) body.append(h('tr', {}, h('td', { colspan: 5, class: 'empty muted', 'data-testid': 'passkeys-empty' }, 'No passkeys yet.')));
+  });
+}
+
+function passkeyRow(p) {
+  let action = h('span', { class: 'muted' }, '—');
+  if (!p.revoked_at) {
+    action = h('button', { type: 'button', class: 'danger', 'data-testid': 'passkey-revoke' }, 'Revoke');
+    action.addEventListener('click', async () => {
+      action.disabled = true;
+      try {
+        await api('POST', `/passkeys/${encodeURIComponent(p.credential_id)}/revoke`);
+        notify(`Passkey ${clean(p.name)} revoked: it signs nothing more.`, 'ok');
+        await loadPasskeys();
+      } catch (e) {
+        if (e instanceof ApiError) explain(e, { what: 'Revoke failed' });
+        else notify(e.message, 'error');
+        action.disabled = false;
+      }
+    });
+  }
+  return h('tr', { 'data-testid': 'passkey-row', 'data-credential-id': p.credential_id },
+    h('td', {}, p.name), h('td', {}, mono(p.credential_id)), h('td', {}, timeCell(p.created_at)),
+    h('td', {}, p.revoked_at ? `revoked ${fmtTime(p.revoked_at)}` : 'live'), h('td', {}, action));
 }
 
 // One clock for every countdown on the page.

@@ -48,7 +48,43 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     pub audit: AuditConfig,
     pub console: ConsoleConfig,
+    pub passkeys: PasskeysConfig,
     pub telemetry: TelemetryConfig,
+}
+
+/// Passkey-signed approvals (`crate::passkey`, `gateway::passkeys`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PasskeysConfig {
+    /// WebAuthn relying party id; empty: the host of `server.public_url`.
+    pub rp_id: String,
+    pub per_person_max: i64,
+    /// At or above this amount (per currency) deciding an approval needs a passkey.
+    pub required_amount: MoneyMap,
+}
+
+impl PasskeysConfig {
+    /// The relying party (id, origin) for the console at `public_url`, or why there is none: the
+    /// origin is `public_url` itself, and a WebAuthn RP id is a domain name (browsers refuse IP
+    /// addresses), equal to the host or a suffix of it.
+    pub fn relying_party(&self, public_url: &str) -> Result<(String, String), String> {
+        let host_port = public_url.split_once("://").map_or("", |(_, rest)| rest);
+        let host = match host_port.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host_port.rsplit_once(':').map_or(host_port, |(h, _)| h),
+        };
+        if host.parse::<std::net::IpAddr>().is_ok() || host.is_empty() {
+            return Err(format!(
+                "passkeys need server.public_url to name a host (e.g. http://localhost:8080), not {public_url:?}: \
+                 browsers refuse WebAuthn on an IP address"
+            ));
+        }
+        let rp_id = if self.rp_id.is_empty() { host.to_string() } else { self.rp_id.to_lowercase() };
+        if host != rp_id && !host.ends_with(&format!(".{rp_id}")) {
+            return Err(format!("passkeys.rp_id {rp_id:?} must be the host of server.public_url or a suffix of it"));
+        }
+        Ok((rp_id, public_url.to_string()))
+    }
 }
 
 impl TelemetryConfig {
@@ -318,6 +354,10 @@ pub struct ProfileConfig {
     pub approvals_by: String,
     #[serde(default)]
     pub user_approval_max: MoneyMap,
+    /// Every approval this profile's agents ask for is decided only with a passkey (approve,
+    /// reject, or the user's confirmation), whatever its amount.
+    #[serde(default)]
+    pub passkey_required: bool,
     /// Who this profile's agents may pay (`domain::payee`).
     #[serde(default)]
     pub payees: PayeesConfig,
@@ -607,6 +647,7 @@ impl PolicyConfig {
                     "user" => p.user_approval_max.iter().collect(),
                     _ => Default::default(),
                 },
+                passkey_required: p.passkey_required,
                 payees: p.payees.rules(),
             };
             profiles.add(profile, matchers, p.name == self.default_profile);
@@ -882,6 +923,17 @@ impl Config {
         range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
         range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
         range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
+        range("passkeys.per_person_max", self.passkeys.per_person_max, 1, 100)?;
+        let pk = &self.passkeys;
+        if !pk.rp_id.is_empty()
+            && (pk.rp_id.len() > 253 || !pk.rp_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'))
+        {
+            return Err(ConfigError::Invalid(format!("passkeys.rp_id must be a domain name, got {:?}", pk.rp_id)));
+        }
+        let passkeys_asked = !pk.required_amount.is_empty() || self.policy.profiles.iter().any(|p| p.passkey_required);
+        if passkeys_asked && !self.server.public_url.is_empty() {
+            pk.relying_party(&self.server.public_url).map_err(ConfigError::Invalid)?;
+        }
         range("audit.retention_days", self.audit.retention_days, 0, 36_500)?;
         range("storage.sqlite_cache_mib", self.storage.sqlite_cache_mib, 1, 16_384)?;
         range("storage.sqlite_writer_cache_mib", self.storage.sqlite_writer_cache_mib, 1, 1_024)?;

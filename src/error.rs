@@ -38,6 +38,12 @@ pub enum ErrorCode {
     SelfReview,
     /// A user confirming an approval past the user's tier: an operator decides it.
     NotUserApprovable,
+    /// This approval is decided only with a passkey assertion over its intent (a profile or an
+    /// amount tier requires it): a plain click is refused.
+    PasskeyRequired,
+    /// The passkey assertion does not verify: another intent or decision, another person's or a
+    /// revoked credential, a replayed counter, or a bad signature.
+    PasskeyInvalid,
     /// The thing is no longer in a state this action applies to (decided, revoked, reviewed).
     Conflict,
     /// The approval has expired.
@@ -72,6 +78,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "UNAUTHORIZED",
             ErrorCode::SelfReview => "SELF_REVIEW",
             ErrorCode::NotUserApprovable => "NOT_USER_APPROVABLE",
+            ErrorCode::PasskeyRequired => "PASSKEY_REQUIRED",
+            ErrorCode::PasskeyInvalid => "PASSKEY_INVALID",
             ErrorCode::Conflict => "CONFLICT",
             ErrorCode::Expired => "EXPIRED",
             ErrorCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
@@ -91,6 +99,8 @@ impl ErrorCode {
             | ErrorCode::AccountNotAllowed
             | ErrorCode::SelfReview
             | ErrorCode::NotUserApprovable
+            | ErrorCode::PasskeyRequired
+            | ErrorCode::PasskeyInvalid
             | ErrorCode::PrincipalSuspended
             | ErrorCode::ApprovalRejected => S::FORBIDDEN,
             ErrorCode::NotFound => S::NOT_FOUND,
@@ -176,6 +186,10 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "Sign in again: the credential is missing, expired or not for this resource.",
             ErrorCode::SelfReview => "Another person must do this: nobody acts on their own behalf.",
             ErrorCode::NotUserApprovable => "An operator must decide this approval: it is past the user's tier.",
+            ErrorCode::PasskeyRequired => "Decide it with your passkey: this approval needs a passkey-signed decision.",
+            ErrorCode::PasskeyInvalid => {
+                "The passkey signature is not for this approval and decision: reload it and sign again."
+            }
             ErrorCode::Conflict => "It has changed meanwhile (decided, reviewed or revoked): reload it.",
             ErrorCode::Expired => "The approval has expired: the agent must ask again.",
             ErrorCode::MethodNotAllowed => "Use a method this route allows (the Allow header names them).",
@@ -349,6 +363,8 @@ mod tests {
             Unauthorized,
             SelfReview,
             NotUserApprovable,
+            PasskeyRequired,
+            PasskeyInvalid,
             Conflict,
             Expired,
             MethodNotAllowed,

@@ -73,6 +73,10 @@ pub struct MandateClaims {
     pub budget_minor: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_uses: Option<i64>,
+    /// SHA-256 (hex) of each passkey assertion that approved it, as stored with its review:
+    /// verifiable later from the reviewer's credential (`GET /operator/v1/approvals/{id}/passkeys`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passkeys: Option<Vec<String>>,
 }
 
 /// Why a mandate string was refused, before any intent is compared.
@@ -544,6 +548,7 @@ mod tests {
             per_payment_max_minor: None,
             budget_minor: None,
             max_uses: None,
+            passkeys: None,
         }
     }
 

@@ -136,6 +136,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
             "idempotency",
             "mandate",
             "metrics",
+            "passkey",
             "rate",
             "request_state",
             "store",

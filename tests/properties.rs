@@ -476,6 +476,7 @@ fn blank_mandate() -> MandateClaims {
         per_payment_max_minor: None,
         budget_minor: None,
         max_uses: None,
+        passkeys: None,
     }
 }
 

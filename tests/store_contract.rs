@@ -350,6 +350,7 @@ fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64)
         decision_reason: None,
         reviews: vec![],
         approver: Default::default(),
+        passkey_required: false,
     }
 }
 
@@ -366,6 +367,7 @@ fn reviewed(id: &ApprovalId, sub: &str, decision: &str, at: i64, issue: MandateI
         decision: ReviewDecision::parse(decision).unwrap(),
         reason: Some("r".into()),
         at,
+        passkey: None,
         as_user: false,
     };
     ApprovalReview { id: id.clone(), review, issue, decided: Default::default(), page: String::new() }

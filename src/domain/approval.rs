@@ -119,6 +119,11 @@ pub struct ApprovalRecord {
     /// for (the token's subject), signed in themselves (see `rules::review::plan`).
     #[serde(default)]
     pub approver: Approver,
+    /// Deciding it (approve or reject, an operator's review or the user's confirmation) needs a
+    /// passkey assertion over [`passkey_payload`]: its agent's profile or its amount tier said so
+    /// when it was asked for.
+    #[serde(default)]
+    pub passkey_required: bool,
 }
 
 /// Who may decide an approval besides operators.
@@ -167,6 +172,10 @@ pub struct Review {
     pub decision: ReviewDecision,
     pub reason: Option<String>,
     pub at: UnixSecs,
+    /// The passkey assertion this review was signed with, as received (JSON: `credential_id`,
+    /// `client_data_json`, `authenticator_data`, `signature`, base64url); `None`: a plain click.
+    #[serde(default)]
+    pub passkey: Option<String>,
     /// Made by the user the agent acts for, through the confirmation route (not stored: only the
     /// review being planned carries it).
     #[serde(default, skip)]
@@ -228,4 +237,60 @@ pub struct IssuedMandate {
     pub budget_minor: Option<i64>,
     pub max_uses: i64,
     pub expires_at: UnixSecs,
+}
+
+/// What a passkey signs to decide approval `rec`: the canonical JSON (sorted keys, no spaces) of its
+/// id, the decision, and exactly what the mandate will pin (tool, amount, currency and the whole
+/// intent the person sees: payer, payee, operation, memo, ...). The WebAuthn challenge is its
+/// SHA-256, so an assertion made for another amount, payee, approval or decision never verifies.
+pub fn passkey_payload(rec: &ApprovalRecord, decision: ReviewDecision) -> String {
+    serde_json::json!({
+        "approval_id": rec.id.as_str(),
+        "decision": decision.as_str(),
+        "tool": rec.tool,
+        "amount_minor": rec.amount_minor.to_string(),
+        "currency": rec.currency.code(),
+        "intent": rec.intent,
+    })
+    .to_string()
+}
+
+/// The WebAuthn challenge that decides `rec` with `decision`: SHA-256 of [`passkey_payload`].
+pub fn passkey_challenge(rec: &ApprovalRecord, decision: ReviewDecision) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(passkey_payload(rec, decision).as_bytes()).into()
+}
+
+/// SHA-256 (hex) of a review's stored passkey evidence: what the mandate's `passkeys` claim lists.
+pub fn passkey_evidence_digest(evidence: &str) -> String {
+    use sha2::{Digest, Sha256};
+    crate::domain::ids::hex(&Sha256::digest(evidence.as_bytes()))
+}
+
+/// A person's registered passkey (WebAuthn credential), as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PasskeyRecord {
+    /// The credential id, base64url without padding.
+    pub credential_id: String,
+    pub owner_iss: String,
+    pub owner_sub: String,
+    /// SEC1 uncompressed P-256 point.
+    pub public_key: Vec<u8>,
+    pub sign_count: i64,
+    pub backup_eligible: bool,
+    /// What the person called it ("laptop", "phone").
+    pub name: String,
+    pub created_at: UnixSecs,
+    pub revoked_at: Option<UnixSecs>,
+    pub revoked_by: Option<String>,
+}
+
+/// What registering a passkey did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PasskeyInsert {
+    Inserted,
+    /// That credential id is registered already (to anyone).
+    Duplicate,
+    /// The person already has this many live passkeys.
+    TooMany,
 }

@@ -234,6 +234,9 @@ impl MoneyMap {
     pub fn iter(&self) -> impl Iterator<Item = (Currency, i64)> + '_ {
         self.0.iter().map(|(c, m)| (*c, *m))
     }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl<'de> Deserialize<'de> for MoneyMap {

@@ -29,6 +29,8 @@ pub struct Profile {
     /// `approvals_by = "user"`: per currency, in minor units, the largest payment the user the
     /// agent acts for may approve themselves (through the confirmation page). Empty: operators only.
     pub user_approval_max_minor: HashMap<Currency, i64>,
+    /// Every approval of this profile's agents is decided with a passkey only.
+    pub passkey_required: bool,
     /// Who this profile's agents may pay: open, known payees, or an allow-list (`domain::payee`).
     pub payees: PayeeRules,
 }
@@ -87,6 +89,7 @@ impl Profiles {
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
+            passkey_required: false,
             payees: PayeeRules::default(),
         };
         Profiles {
@@ -357,6 +360,7 @@ mod tests {
             calls_per_minute: 10,
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
+            passkey_required: false,
             payees: Default::default(),
         }
     }
@@ -497,6 +501,7 @@ mod tests {
             calls_per_minute: 1,
             tool_calls_per_minute: HashMap::new(),
             user_approval_max_minor: HashMap::new(),
+            passkey_required: false,
             payees: Default::default(),
         };
         let mut profiles = Profiles::new();

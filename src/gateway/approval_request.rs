@@ -55,6 +55,7 @@ impl Gateway {
         }
         let rec = ApprovalRecord {
             approver,
+            passkey_required: self.passkey_required_for(p.profile.passkey_required, amount.minor(), amount.currency()),
             id: ApprovalId::generate(),
             status: ApprovalStatus::Pending,
             kind: MandateKind::Closed,
@@ -127,6 +128,7 @@ impl Gateway {
             .with_detail("approval_status", approval.status.as_str())
             .with_detail("approval_url", self.approval_url(&approval.id))
             .with_detail("reviewers_required", approval.reviewers_required)
+            .with_detail("passkey_required", approval.passkey_required)
             .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))
     }
 }

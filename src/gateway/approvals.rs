@@ -112,6 +112,12 @@ pub struct ApprovalView {
     pub mandate_id: Option<String>,
     /// The signed mandate: only to the agent it was issued to, once approved.
     pub mandate: Option<String>,
+    /// Deciding it needs a passkey assertion (its agent's profile or its amount tier).
+    pub passkey_required: bool,
+    /// While pending: what a passkey signs to approve or reject it (the challenge is the SHA-256
+    /// of the exact text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passkey_payloads: Option<super::passkeys::PasskeyPayloads>,
 }
 
 /// Longest a sealed `requestState` stays valid, in seconds (a fresh one is sealed every round;
@@ -201,6 +207,8 @@ impl Gateway {
             approver: a.approver.as_str().into(),
             mandate_id: a.mandate_id.clone(),
             mandate: if with_mandate { a.mandate.clone() } else { None },
+            passkey_required: a.passkey_required,
+            passkey_payloads: self.passkey_payloads(a, now),
         }
     }
 

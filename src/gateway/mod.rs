@@ -9,8 +9,10 @@ mod collection;
 mod create_payment;
 mod exactly_once;
 mod keys;
+mod mandate_issuer;
 mod operator;
 mod operator_views;
+mod passkeys;
 mod payees;
 mod payout;
 mod preflight;
@@ -45,6 +47,7 @@ pub use operator::{AuditFilters, PaymentFilters};
 pub use operator_views::{
     AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
 };
+pub use passkeys::{PasskeyAssertion, PasskeyPayloads, PasskeyRegistration, PasskeyView};
 pub use payees::{PAYEES_LISTED_MAX, PayeeArgs, PayeeView};
 pub use payout::SendPayout;
 pub use preflight::{Headroom, PreflightView};
@@ -115,6 +118,11 @@ pub struct GatewayLimits {
     pub reviewers_required: i64,
     pub high_risk_reviewers: i64,
     pub high_risk_amount_minor: HashMap<crate::domain::money::Currency, i64>,
+    /// The WebAuthn relying party (RP id, origin) of the console, or why passkeys are unavailable.
+    pub passkey_rp: Result<(String, String), String>,
+    /// At or above this amount (per currency) an approval is decided with a passkey only.
+    pub passkey_required_amount_minor: HashMap<crate::domain::money::Currency, i64>,
+    pub passkeys_per_person_max: i64,
     pub mandate_ttl_secs: i64,
     pub open_mandate_valid_max_secs: i64,
     pub stop_denials_max: i64,

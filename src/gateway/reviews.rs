@@ -2,24 +2,22 @@
 //! `domain::rules::review`), pre-authorize and revoke; a user confirms an approval in their own
 //! tier; operators suspend and resume agents. Scopes are checked here; nobody acts on itself.
 
-use std::sync::Arc;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::approvals::{ApprovalView, OpError, Operator, decision_key};
+use super::passkeys::PasskeyAssertion;
 use super::{Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
-use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalReview, IssuedMandate, MandateIssuer, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalReview, Review, ReviewError};
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::domain::ids::{AccountId, ApprovalId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::ops::ApprovalQuery;
 use crate::domain::principal::{Suspension, SuspensionScope, valid_subject};
 use crate::domain::rules::authority::{Target, acts_on_itself};
-use crate::mandate::{MANDATE_ISSUER, MandateClaims, MandateKeys, MandateKind};
+use crate::mandate::MandateKind;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreauthorizeArgs {
@@ -173,13 +171,14 @@ impl Gateway {
         approval_id: &str,
         decision: ReviewDecision,
         reason: Option<String>,
+        passkey: Option<PasskeyAssertion>,
     ) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::APPROVE])?;
         let reason = reason_text(reason)?;
         if decision == ReviewDecision::Reject && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
             return Err(OpError::invalid("a rejection needs a reason".into()));
         }
-        self.decide(op, approval_id, decision, reason, false).await
+        self.decide(op, approval_id, decision, reason, false, passkey).await
     }
 
     /// A person's own approval, for the confirmation page: only the user the agent acts for (the
@@ -198,6 +197,7 @@ impl Gateway {
         approval_id: &str,
         decision: ReviewDecision,
         reason: Option<String>,
+        passkey: Option<PasskeyAssertion>,
     ) -> Result<ApprovalView, OpError> {
         let a = self.users_own(person, approval_id).await?;
         if a.approver != Approver::User {
@@ -208,7 +208,7 @@ impl Gateway {
         let reason = reason_text(reason)?
             .filter(|r| !r.trim().is_empty())
             .or_else(|| (decision == ReviewDecision::Reject).then(|| "declined by the user".to_string()));
-        self.decide(person, approval_id, decision, reason, true).await
+        self.decide(person, approval_id, decision, reason, true, passkey).await
     }
 
     async fn users_own(&self, person: &Operator, approval_id: &str) -> Result<ApprovalRecord, OpError> {
@@ -230,7 +230,8 @@ impl Gateway {
         }
     }
 
-    /// Record one review (an operator's, or the user's own) and audit it.
+    /// Record one review (an operator's, or the user's own), signed with a passkey when one is
+    /// presented (and required when the approval says so), and audit it.
     async fn decide(
         &self,
         op: &Operator,
@@ -238,26 +239,40 @@ impl Gateway {
         decision: ReviewDecision,
         reason: Option<String>,
         as_user: bool,
+        passkey: Option<PasskeyAssertion>,
     ) -> Result<ApprovalView, OpError> {
         let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         let now = self.clock.now();
-        let review = Review {
-            reviewer_iss: op.issuer.clone(),
-            reviewer_sub: op.subject.clone(),
-            decision,
-            reason: reason.clone(),
-            at: now,
-            as_user,
-        };
-        let issue = self.mandate_issuer(now);
-        let (decided, page) = (self.notice(crate::domain::webhook::APPROVAL_DECIDED), self.approval_url(&id));
-        let result = self.store.approval_review(ApprovalReview { id: id.clone(), review, issue, decided, page }).await;
         let action = match (as_user, decision) {
             (false, ReviewDecision::Approve) => "approvals.approve",
             (false, ReviewDecision::Reject) => "approvals.reject",
             (true, ReviewDecision::Approve) => "approvals.user_confirm",
             (true, ReviewDecision::Reject) => "approvals.user_decline",
         };
+        let evidence = match self.decision_evidence(op, &id, decision, passkey.as_ref(), now).await {
+            Ok(e) => e,
+            Err(e) => {
+                let mut d = Decision::new(action, "refused");
+                d.approval_id = Some(id.as_str());
+                d.code = Some(e.code);
+                d.detail = Some(e.message.clone());
+                self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+                return Err(e);
+            }
+        };
+        let signed = evidence.as_deref().map(crate::domain::approval::passkey_evidence_digest);
+        let review = Review {
+            reviewer_iss: op.issuer.clone(),
+            reviewer_sub: op.subject.clone(),
+            decision,
+            reason: reason.clone(),
+            at: now,
+            passkey: evidence,
+            as_user,
+        };
+        let issue = self.mandate_issuer(now);
+        let (decided, page) = (self.notice(crate::domain::webhook::APPROVAL_DECIDED), self.approval_url(&id));
+        let result = self.store.approval_review(ApprovalReview { id: id.clone(), review, issue, decided, page }).await;
         let (outcome, error) = match result {
             Ok(a) => (Ok(self.view(&a, now, false)), None),
             Err(e) => {
@@ -284,6 +299,10 @@ impl Gateway {
         let mut d = Decision::new(action, if outcome.is_ok() { "recorded" } else { "refused" });
         d.approval_id = Some(id.as_str());
         d.detail = error.or(reason);
+        if let Some(digest) = signed {
+            // Which assertion signed it: its hash is in the mandate, the assertion with the review.
+            d.detail = Some(format!("{} [passkey assertion sha256 {digest}]", d.detail.unwrap_or_default()));
+        }
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
         if let Ok(v) = &outcome
             && let Some(mid) = &v.mandate_id
@@ -369,6 +388,7 @@ impl Gateway {
         };
         let id = ApprovalId::generate();
         let reviewers_required = self.reviewers_for(amount_minor, currency);
+        let passkey_required = self.passkey_required_for(false, amount_minor, currency);
         let rec = ApprovalRecord {
             id: id.clone(),
             status: ApprovalStatus::Pending,
@@ -393,6 +413,7 @@ impl Gateway {
             decision_reason: None,
             reviews: vec![],
             approver: Approver::Operator,
+            passkey_required,
         };
         self.store.approval_insert(rec).await.map_err(|error| {
             tracing::error!(%error, "approval insert failed");
@@ -402,7 +423,12 @@ impl Gateway {
         d.approval_id = Some(id.as_str());
         d.detail = Some(format!("{} for {}", args.kind, args.subject));
         self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
-        self.review(op, id.as_str(), ReviewDecision::Approve, args.reason).await
+        if passkey_required {
+            // Its tier needs a passkey over an intent that now has an id: the creator approves it
+            // from its page with their passkey, like any reviewer.
+            return self.approval(op, id.as_str()).await;
+        }
+        self.review(op, id.as_str(), ReviewDecision::Approve, args.reason, None).await
     }
 
     /// Distinct reviewers an approval of `amount_minor` needs: `high_risk_reviewers` at or above the
@@ -503,67 +529,5 @@ impl Gateway {
             ));
         }
         Ok(())
-    }
-
-    /// Signs the mandate inside the review transaction once enough reviewers approved.
-    fn mandate_issuer(&self, now: UnixSecs) -> MandateIssuer {
-        let keys: Arc<MandateKeys> = self.mandates.clone();
-        let ttl = self.limits.mandate_ttl_secs;
-        let open_max = self.limits.open_mandate_valid_max_secs;
-        Box::new(move |rec: &ApprovalRecord, approvers: &[String]| {
-            let s = |k: &str| rec.intent.get(k).and_then(Value::as_str).map(str::to_string);
-            let i = |k: &str| rec.intent.get(k).and_then(Value::as_i64);
-            let mut claims = MandateClaims {
-                jti: format!("mdt_{}", uuid::Uuid::now_v7().simple()),
-                iss: MANDATE_ISSUER.into(),
-                sub: rec.principal_sub.clone(),
-                agent_iss: rec.principal_iss.clone(),
-                user: rec.principal_user.clone(),
-                kind: rec.kind,
-                iat: now,
-                exp: now + ttl,
-                approval_id: rec.id.to_string(),
-                approvers: approvers.to_vec(),
-                currency: rec.currency.to_string(),
-                tool: None,
-                payer: s("payer"),
-                payee: None,
-                amount_minor: None,
-                payment_id: None,
-                intent_sha256: None,
-                payees: None,
-                per_payment_max_minor: None,
-                budget_minor: None,
-                max_uses: None,
-            };
-            let (budget_minor, max_uses) = match rec.kind {
-                MandateKind::Closed => {
-                    claims.tool = Some(rec.tool.clone());
-                    claims.payee = s("payee");
-                    claims.amount_minor = Some(rec.amount_minor);
-                    claims.payment_id = s("payment_id");
-                    // An agent's request carries its operation: the mandate pins the whole intent the
-                    // reviewers saw (an operator's pre-authorization names no operation).
-                    if rec.intent.get("operation_id").is_some() {
-                        claims.intent_sha256 = Some(crate::mandate::intent_digest(&rec.intent));
-                    }
-                    (None, 1)
-                }
-                MandateKind::Open => {
-                    claims.payees = rec
-                        .intent
-                        .get("payees")
-                        .and_then(Value::as_array)
-                        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect());
-                    claims.per_payment_max_minor = i("per_payment_max_minor");
-                    claims.budget_minor = i("budget_minor");
-                    claims.max_uses = i("max_uses");
-                    claims.exp = i("valid_until").unwrap_or(now + open_max).min(now + open_max);
-                    (claims.budget_minor, claims.max_uses.unwrap_or(1))
-                }
-            };
-            let jws = keys.sign(&claims)?;
-            Ok(IssuedMandate { id: claims.jti.clone(), jws, budget_minor, max_uses, expires_at: claims.exp })
-        })
     }
 }

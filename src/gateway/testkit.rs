@@ -117,6 +117,7 @@ pub fn profile() -> Profile {
         calls_per_minute: 1000,
         tool_calls_per_minute: HashMap::new(),
         user_approval_max_minor: HashMap::new(),
+        passkey_required: false,
         payees: Default::default(),
     }
 }
@@ -150,6 +151,9 @@ fn limits() -> GatewayLimits {
         reviewers_required: 1,
         high_risk_reviewers: 2,
         high_risk_amount_minor: HashMap::new(),
+        passkey_rp: Ok(("localhost".into(), "http://localhost".into())),
+        passkey_required_amount_minor: HashMap::new(),
+        passkeys_per_person_max: 10,
         mandate_ttl_secs: 600,
         open_mandate_valid_max_secs: 86_400,
         stop_denials_max: 100,

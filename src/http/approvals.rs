@@ -15,7 +15,7 @@ use crate::auth::{Audience, AuthError};
 use crate::catalogue::scopes::OPERATOR_SCOPES;
 use crate::error::ErrorCode;
 use crate::gateway::approvals_api::OpError;
-use crate::gateway::{CorrelationId, Operator, PreauthorizeArgs, PrincipalArgs, ReviewDecision};
+use crate::gateway::{CorrelationId, Operator, PasskeyAssertion, PreauthorizeArgs, PrincipalArgs, ReviewDecision};
 
 /// Body size of operator requests, in bytes: they are small JSON documents.
 pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
@@ -102,11 +102,23 @@ pub struct ListQuery {
     limit: Option<u32>,
 }
 
+/// The body of a revocation or suspension: why.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonBody {
+    #[serde(default)]
+    pub(super) reason: Option<String>,
+}
+
+/// The body of a decision: why, and the passkey that signs it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReviewBody {
     #[serde(default)]
     pub(super) reason: Option<String>,
+    /// A passkey assertion over the approval's payload for this decision (approve, reject, confirm).
+    #[serde(default)]
+    pub(super) passkey: Option<PasskeyAssertion>,
 }
 
 pub(super) fn respond<T: serde::Serialize>(
@@ -168,7 +180,11 @@ async fn review(
         Ok(b) => b,
         Err(resp) => return *resp,
     };
-    respond(state.gateway.review(&op, &id, decision, body.reason).await, &op.correlation_id, StatusCode::OK)
+    respond(
+        state.gateway.review(&op, &id, decision, body.reason, body.passkey).await,
+        &op.correlation_id,
+        StatusCode::OK,
+    )
 }
 
 pub async fn approve(
@@ -205,7 +221,11 @@ async fn user_decide(
         Ok(b) => b,
         Err(resp) => return *resp,
     };
-    respond(state.gateway.confirm(&person, &id, decision, body.reason).await, &person.correlation_id, StatusCode::OK)
+    respond(
+        state.gateway.confirm(&person, &id, decision, body.reason, body.passkey).await,
+        &person.correlation_id,
+        StatusCode::OK,
+    )
 }
 
 /// The user confirms their own payment: `POST /operator/v1/confirmations/{id}/approve`.
@@ -244,7 +264,7 @@ pub async fn revoke(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
+    let body: ReasonBody = match parse_body(&body, &op.correlation_id) {
         Ok(b) => b,
         Err(resp) => return *resp,
     };
@@ -299,7 +319,7 @@ pub async fn suspend(
         Ok(w) => w,
         Err(resp) => return *resp,
     };
-    let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
+    let body: ReasonBody = match parse_body(&body, &op.correlation_id) {
         Ok(b) => b,
         Err(resp) => return *resp,
     };

@@ -6,6 +6,7 @@ mod auth_layer;
 mod callbacks;
 mod console;
 mod operator;
+mod passkeys;
 mod sessions;
 mod tracing_layer;
 
@@ -219,6 +220,10 @@ fn operator_api() -> Router<AppState> {
         .route("/approvals/{approval_id}", get(approvals::get))
         .route("/approvals/{approval_id}/approve", post(approvals::approve))
         .route("/approvals/{approval_id}/reject", post(approvals::reject))
+        .route("/approvals/{approval_id}/passkeys", get(passkeys::approval))
+        .route("/passkeys", get(passkeys::list).post(passkeys::register))
+        .route("/passkeys/options", post(passkeys::options))
+        .route("/passkeys/{credential_id}/revoke", post(passkeys::revoke))
         .route("/confirmations/{approval_id}", get(approvals::user_get))
         .route("/confirmations/{approval_id}/approve", post(approvals::user_approve))
         .route("/confirmations/{approval_id}/reject", post(approvals::user_reject))

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
-use super::approvals::{Authed, ReviewBody, parse_body, refusal, respond};
+use super::approvals::{Authed, ReasonBody, parse_body, refusal, respond};
 use crate::error::ErrorCode;
 use crate::gateway::{AuditFilters, PayeeArgs, PaymentFilters};
 
@@ -137,7 +137,7 @@ pub async fn revoke_mandate(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let body: ReviewBody = match parse_body(&body, &op.correlation_id) {
+    let body: ReasonBody = match parse_body(&body, &op.correlation_id) {
         Ok(b) => b,
         Err(resp) => return *resp,
     };

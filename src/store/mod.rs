@@ -15,7 +15,7 @@ mod traits;
 
 pub use traits::{
     ApprovalStore, AttemptOutcome, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore,
-    OutboxStore, PayeeStore, RailStore, ReadStore, SuspensionStore,
+    OutboxStore, PasskeyStore, PayeeStore, RailStore, ReadStore, SuspensionStore,
 };
 
 use crate::clock::UnixSecs;
@@ -79,6 +79,7 @@ pub trait Store:
     + ReadStore
     + LeaseStore
     + PayeeStore
+    + PasskeyStore
     + OutboxStore
     + Send
     + Sync
@@ -97,6 +98,7 @@ impl<T> Store for T where
         + ReadStore
         + LeaseStore
         + PayeeStore
+        + PasskeyStore
         + OutboxStore
         + Send
         + Sync

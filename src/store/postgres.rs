@@ -41,6 +41,7 @@ mod idempotency;
 mod leases;
 mod ledger;
 mod outbox;
+mod passkeys;
 mod payees;
 mod postings;
 mod rails;
@@ -72,6 +73,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0012_payees.sql"),
     include_str!("../../migrations/postgres/0013_webhooks.sql"),
     include_str!("../../migrations/postgres/0014_audit_chain.sql"),
+    include_str!("../../migrations/postgres/0015_passkeys.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

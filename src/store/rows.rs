@@ -276,7 +276,7 @@ pub(crate) fn volume(r: &dyn Columns) -> Result<VolumeRow, StoreError> {
 pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, \
                                         intent, amount_minor, currency, reason, created_at, expires_at, kind, \
                                         reviewers_required, requested_by, mandate_id, mandate, decided_at, \
-                                        decision_reason, approver, principal_user";
+                                        decision_reason, approver, principal_user, passkey_required";
 
 /// An `APPROVAL_COLS` row, without its reviews.
 pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
@@ -304,10 +304,11 @@ pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
         decision_reason: r.opt_text(19)?,
         reviews: vec![],
         approver: Approver::parse(&r.text(20)?).ok_or_else(|| corrupt("approvals.approver"))?,
+        passkey_required: r.int(22)? != 0,
     })
 }
 
-pub(crate) const REVIEW_COLS: &str = "reviewer_iss, reviewer_sub, decision, reason, at";
+pub(crate) const REVIEW_COLS: &str = "reviewer_iss, reviewer_sub, decision, reason, at, passkey";
 
 pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
     Ok(Review {
@@ -316,6 +317,7 @@ pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
         decision: ReviewDecision::parse(&r.text(2)?).ok_or_else(|| corrupt("approval_reviews.decision"))?,
         reason: r.opt_text(3)?,
         at: r.int(4)?,
+        passkey: r.opt_text(5)?,
         as_user: false,
     })
 }
@@ -446,6 +448,7 @@ pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
         opt_text(rec.decision_reason.as_deref()),
         text(rec.approver.as_str()),
         opt_text(rec.principal_user.as_deref()),
+        int(i64::from(rec.passkey_required)),
     ]
 }
 
@@ -522,6 +525,45 @@ pub(crate) fn checkpoint(body: &str) -> Result<crate::domain::rules::integrity::
 }
 
 /// The columns of `payees`, in this order.
+pub(crate) const PASSKEY_COLS: &str = "credential_id, owner_iss, owner_sub, public_key, sign_count, \
+                                       backup_eligible, name, created_at, revoked_at, revoked_by";
+
+pub(crate) fn passkey(r: &dyn Columns) -> Result<crate::domain::approval::PasskeyRecord, StoreError> {
+    use base64::Engine as _;
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(r.text(3)?)
+        .map_err(|_| corrupt("passkeys.public_key"))?;
+    Ok(crate::domain::approval::PasskeyRecord {
+        credential_id: r.text(0)?,
+        owner_iss: r.text(1)?,
+        owner_sub: r.text(2)?,
+        public_key: key,
+        sign_count: r.int(4)?,
+        backup_eligible: r.int(5)? != 0,
+        name: r.text(6)?,
+        created_at: r.int(7)?,
+        revoked_at: r.opt_int(8)?,
+        revoked_by: r.opt_text(9)?,
+    })
+}
+
+/// `PASSKEY_COLS` of a new credential, in order (live: no revocation).
+pub(crate) fn passkey_values(p: &crate::domain::approval::PasskeyRecord) -> Vec<Value> {
+    use base64::Engine as _;
+    vec![
+        text(&p.credential_id),
+        text(&p.owner_iss),
+        text(&p.owner_sub),
+        text(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&p.public_key)),
+        int(p.sign_count),
+        int(i64::from(p.backup_eligible)),
+        text(&p.name),
+        int(p.created_at),
+        Value::Int(p.revoked_at),
+        opt_text(p.revoked_by.as_deref()),
+    ]
+}
+
 pub(crate) const PAYEE_COLS: &str = "owner, payee, known_since, added_by, approval_id, revoked_at, revoked_by";
 
 pub(crate) fn payee(r: &dyn Columns) -> Result<crate::domain::payee::PayeeRecord, StoreError> {

@@ -21,6 +21,7 @@ mod job;
 mod leases;
 mod ledger;
 mod outbox;
+mod passkeys;
 mod payees;
 mod postings;
 mod rails;
@@ -52,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0012_payees.sql"),
     include_str!("../../migrations/sqlite/0013_webhooks.sql"),
     include_str!("../../migrations/sqlite/0014_audit_chain.sql"),
+    include_str!("../../migrations/sqlite/0015_passkeys.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

@@ -122,6 +122,7 @@ mod tests {
             decision_reason: None,
             reviews,
             approver: Approver::Operator,
+            passkey_required: false,
         }
     }
 
@@ -151,6 +152,7 @@ mod tests {
             decision: ReviewDecision::parse(decision).unwrap(),
             reason: None,
             at: 1,
+            passkey: None,
             as_user: false,
         }
     }

@@ -20,7 +20,7 @@ pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord
     c.exec(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
             rows::APPROVAL_COLS
         ),
         &bind(&rows::approval_values(rec)),
@@ -62,8 +62,17 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
         return Err(ReviewError::Expired);
     }
     tx.exec(
-        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES ($1, $2, $3, $4, $5, $6)",
-        &[&id, &review.reviewer_iss, &review.reviewer_sub, &review.decision.as_str(), &review.reason, &now],
+        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            &id,
+            &review.reviewer_iss,
+            &review.reviewer_sub,
+            &review.decision.as_str(),
+            &review.reason,
+            &now,
+            &review.passkey,
+        ],
     )
     .await
     .map_err(StoreError::from)?;
@@ -76,6 +85,9 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
             .await
         }
         ReviewPlan::Approve { issue: Some(approvers) } => {
+            // The mandate is signed over every review that completes it, this one included.
+            let mut rec = rec.clone();
+            rec.reviews.push(review.clone());
             let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
             tx.exec(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
@@ -200,7 +212,7 @@ impl ApprovalStore for PostgresStore {
             )
             .await?;
         let found =
-            found.iter().map(|r| Ok((r.int(22)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
+            found.iter().map(|r| Ok((r.int(23)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
         let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
         for (_, a) in &mut page.items {
             a.reviews = load_reviews(&client, a.id.as_str()).await?;

@@ -20,7 +20,7 @@ pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite
     tx.exec(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
             rows::APPROVAL_COLS
         ),
         params_from_iter(rows::approval_values(rec)),
@@ -52,8 +52,9 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
         return Err(ReviewError::Expired);
     }
     tx.exec(
-        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![id, r.reviewer_iss, r.reviewer_sub, r.decision.as_str(), r.reason, now],
+        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![id, r.reviewer_iss, r.reviewer_sub, r.decision.as_str(), r.reason, now, r.passkey],
     )
     .map_err(StoreError::from)?;
     match plan {
@@ -62,6 +63,9 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
             params![now, r.reason, id],
         ),
         ReviewPlan::Approve { issue: Some(approvers) } => {
+            // The mandate is signed over every review that completes it, this one included.
+            let mut rec = rec.clone();
+            rec.reviews.push(r.clone());
             let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
             tx.exec(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
@@ -167,7 +171,7 @@ impl ApprovalStore for SqliteStore {
                 rows::APPROVAL_COLS
             );
             let found = c.all(&sql, params![status, before, i64::from(limit) + 1, now], |r| {
-                Ok((r.int(22)?, rows::approval(r)?))
+                Ok((r.int(23)?, rows::approval(r)?))
             })?;
             let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
             for (_, a) in &mut page.items {
