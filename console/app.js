@@ -706,7 +706,7 @@ function approvalCard(a) {
     a.decision_reason ? fact('Decision reason', agentText(a.decision_reason, 'Written by the reviewer')) : null,
     fact('Approval', mono(a.approval_id)),
     a.mandate_id ? fact('Mandate', mono(a.mandate_id)) : null,
-    a.passkey_required ? fact('Passkey', h('strong', { 'data-testid': 'approval-passkey' }, 'required: decide it with your passkey')) : null,
+    a.passkey_required ? fact('Passkey', h('strong', { 'data-testid': 'approval-passkey' }, pending ? 'required: decide it with your passkey' : 'required: decided with a passkey')) : null,
     fact('Requested', timeCell(a.created_at)));
   const pinned = h('div', { class: 'pinned', 'data-testid': 'approval-intent' },
     h('h3', {}, 'Pinned intent'),

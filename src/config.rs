@@ -1338,4 +1338,25 @@ mod tests {
         both.push(("PAYGATE_AIRTEL__ACCOUNT", "mpesa-collections"));
         assert!(with(&both).is_err(), "one account for two rails");
     }
+
+    #[test]
+    fn passkeys_take_their_relying_party_from_the_public_url() {
+        let pk = |rp_id: &str| PasskeysConfig {
+            rp_id: rp_id.into(),
+            per_person_max: 10,
+            required_amount: Default::default(),
+        };
+        let rp = |rp_id: &str, url: &str| pk(rp_id).relying_party(url);
+        assert_eq!(rp("", "https://pay.example.com"), Ok(("pay.example.com".into(), "https://pay.example.com".into())));
+        assert_eq!(rp("", "http://localhost:8080"), Ok(("localhost".into(), "http://localhost:8080".into())));
+        assert_eq!(rp("example.com", "https://pay.example.com").map(|r| r.0), Ok("example.com".into()));
+        for (rp_id, url) in [
+            ("", "http://127.0.0.1:8080"),
+            ("", "http://[::1]:8080"),
+            ("other.com", "https://pay.example.com"),
+            ("ample.com", "https://pay.example.com"),
+        ] {
+            assert!(rp(rp_id, url).is_err(), "{rp_id:?} at {url}");
+        }
+    }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use paygate::domain::approval::{ApprovalRecord, ApprovalReview, IssuedMandate, MandateIssuer, Review, ReviewError};
-use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, ReviewDecision};
+use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, PasskeyInsert, PasskeyRecord, ReviewDecision};
 use paygate::domain::audit::AuditRecord;
 use paygate::domain::error::BackendError;
 use paygate::domain::idempotency::{NewIdempotencyRecord, Reservation};
@@ -186,6 +186,60 @@ contract!(concurrent_reservations_of_one_key_acquire_once, |store, label| async 
         }
     }
     assert_eq!(acquired, 1, "{label}");
+});
+
+fn passkey(id: &str, sub: &str, at: i64) -> PasskeyRecord {
+    PasskeyRecord {
+        credential_id: id.into(),
+        owner_iss: "ops".into(),
+        owner_sub: sub.into(),
+        public_key: vec![4; 65],
+        sign_count: 0,
+        backup_eligible: false,
+        name: format!("{id} key"),
+        created_at: at,
+        revoked_at: None,
+        revoked_by: None,
+    }
+}
+
+// Passkeys: a credential id registers once (to anyone); one person's live passkeys stay within the
+// bound under concurrent registrations; the counter moves only from what was read (a replayed or
+// concurrent assertion loses); a revoked one stays readable, counts no more and moves no counter.
+contract!(passkeys_register_once_within_the_bound_and_count_forward, |store, label| async move {
+    assert_eq!(store.passkey_insert(passkey("k1", "rita", 1), 3).await.unwrap(), PasskeyInsert::Inserted);
+    assert_eq!(store.passkey_insert(passkey("k1", "bob", 2), 3).await.unwrap(), PasskeyInsert::Duplicate, "{label}");
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..8 {
+        let s = store.clone();
+        tasks.spawn(async move { s.passkey_insert(passkey(&format!("r{n}"), "rita", 3 + n), 3).await.unwrap() });
+    }
+    let mut inserted = 0;
+    while let Some(r) = tasks.join_next().await {
+        if r.unwrap() == PasskeyInsert::Inserted {
+            inserted += 1;
+        }
+    }
+    assert_eq!(inserted, 2, "{label}: rita had 1 of 3");
+    let mine = store.passkey_list("ops", "rita").await.unwrap();
+    assert_eq!(mine.len(), 3, "{label}");
+    assert!(mine.windows(2).all(|w| w[0].created_at >= w[1].created_at), "{label}: newest first");
+    assert_eq!(store.passkey_list("ops", "bob").await.unwrap(), vec![], "{label}");
+    assert_eq!(store.passkey_get("k1").await.unwrap().unwrap(), passkey("k1", "rita", 1), "{label}: round trip");
+    // The counter: 0 → 5 once; a second move from 0 (the same assertion again) loses.
+    assert!(store.passkey_count("k1", 0, 5).await.unwrap(), "{label}");
+    assert!(!store.passkey_count("k1", 0, 5).await.unwrap(), "{label}: a replay");
+    assert_eq!(store.passkey_get("k1").await.unwrap().unwrap().sign_count, 5);
+    assert!(store.passkey_revoke("k1", "rita", 50).await.unwrap(), "{label}");
+    assert!(!store.passkey_revoke("k1", "rita", 51).await.unwrap(), "{label}: once");
+    assert!(!store.passkey_count("k1", 5, 6).await.unwrap(), "{label}: a revoked passkey counts no more");
+    let revoked = store.passkey_get("k1").await.unwrap().unwrap();
+    assert_eq!((revoked.revoked_at, revoked.revoked_by.as_deref()), (Some(50), Some("rita")), "{label}");
+    assert_eq!(
+        store.passkey_insert(passkey("r9", "rita", 60), 3).await.unwrap(),
+        PasskeyInsert::Inserted,
+        "{label}: room again"
+    );
 });
 
 // A herd on one hot key whose holders keep releasing it (an operation refused before it moved

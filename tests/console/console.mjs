@@ -6,6 +6,9 @@
 //
 // --dev-base: a second paygate with the dev key and no identity provider; PAYGATE_DEV_OPERATOR_TOKEN
 // holds an operator token from `paygate token --console` to paste there.
+// --passkey-base: a third, on http://localhost (a WebAuthn RP id is a host name), whose approvals
+// from KES 5,000 need a passkey; PAYGATE_PASSKEY_OPERATOR_TOKEN and PAYGATE_PASSKEY_AGENT_TOKEN are
+// its dev-key tokens. Chromium's virtual authenticator (DevTools WebAuthn domain) is the passkey.
 //
 // An agent (plain JSON-RPC over fetch, MCP 2026-07-28 stateless) asks for over-limit payments;
 // an operator signs in to /console through authorization_code + PKCE and approves them in the
@@ -28,6 +31,7 @@ const { values: args } = parseArgs({
     issuer: { type: 'string' },
     shots: { type: 'string' },
     'dev-base': { type: 'string' },
+    'passkey-base': { type: 'string' },
     'paygate-log': { type: 'string', multiple: true, default: [] },
     chromium: { type: 'string', default: '/usr/bin/chromium' },
   },
@@ -88,7 +92,7 @@ async function issuerToken(clientId, scope, { resource = mcpUrl, onBehalfOf } = 
 }
 
 let rpcId = 0;
-async function mcp(token, method, params, name, capabilities = {}) {
+async function mcp(token, method, params, name, capabilities = {}, url = mcpUrl) {
   const body = {
     jsonrpc: '2.0',
     id: ++rpcId,
@@ -106,7 +110,7 @@ async function mcp(token, method, params, name, capabilities = {}) {
     'mcp-method': method,
   };
   if (name) headers['mcp-name'] = name;
-  const resp = await fetch(mcpUrl, { method: 'POST', headers, body: JSON.stringify(body) });
+  const resp = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) });
   const text = await resp.text();
   assert(resp.ok, `${method} ${name ?? ''}: HTTP ${resp.status} ${text.slice(0, 300)}`);
   let msg = null;
@@ -125,8 +129,8 @@ async function mcp(token, method, params, name, capabilities = {}) {
   return msg.result;
 }
 // {ok, value} for success, {ok: false, error} for an isError tool result.
-async function tool(token, name, args) {
-  const r = await mcp(token, 'tools/call', { name, arguments: args }, name);
+async function tool(token, name, args, url = mcpUrl) {
+  const r = await mcp(token, 'tools/call', { name, arguments: args }, name, {}, url);
   const sc = r.structuredContent ?? {};
   return r.isError ? { ok: false, error: sc.error ?? {}, raw: r } : { ok: true, value: sc, raw: r };
 }
@@ -699,6 +703,104 @@ try {
     const actor = (await paidStep.getByTestId('timeline-actor').textContent()) ?? '';
     assert(/console-agent\s*for\s*console-user/.test(actor), `the timeline names ${actor}`);
   });
+
+  if (args['passkey-base'] && process.env.PAYGATE_PASSKEY_OPERATOR_TOKEN && process.env.PAYGATE_PASSKEY_AGENT_TOKEN) {
+    await check('passkeys: registered with a virtual authenticator; a passkey tier refuses a plain click and an assertion for another amount, and approves with the right one', async () => {
+      const pkBase = args['passkey-base'].replace(/\/$/, '');
+      const opToken = process.env.PAYGATE_PASSKEY_OPERATOR_TOKEN;
+      const agentToken = process.env.PAYGATE_PASSKEY_AGENT_TOKEN;
+      seenTokens.add(opToken);
+      const pkMcp = `${pkBase}/mcp`;
+      const asked = await tool(agentToken, 'create_payment', payArgs(`pk-${run}`, '6000.00', { memo: 'supplier invoice 7' }), pkMcp);
+      assert(!asked.ok && asked.error.code === 'APPROVAL_REQUIRED' && asked.error.passkey_required === true, `want a passkey approval: ${dump(asked.raw)}`);
+      const apr = asked.error.approval_id;
+      const op = await operatorPage('passkey');
+      try {
+        const { page, context } = op;
+        // The passkey: Chromium's virtual CTAP2 platform authenticator, user verification on.
+        const cdp = await context.newCDPSession(page);
+        await cdp.send('WebAuthn.enable');
+        const { authenticatorId } = await cdp.send('WebAuthn.addVirtualAuthenticator', {
+          options: { protocol: 'ctap2', transport: 'internal', hasResidentKey: true, hasUserVerification: true, isUserVerified: true, automaticPresenceSimulation: true },
+        });
+        await page.goto(`${pkBase}/console`);
+        await page.getByTestId('dev-signin').waitFor();
+        await page.locator('#dev-token').fill(opToken);
+        await page.getByRole('button', { name: 'Use this token' }).click();
+        await page.getByTestId('whoami').filter({ hasText: 'passkey-operator' }).waitFor();
+
+        // Register it in the Passkeys view.
+        await view(page, 'passkeys');
+        await page.getByTestId('passkey-name').fill('virtual authenticator');
+        const reg = await clickFor(page, (r) => r.url() === `${pkBase}/operator/v1/passkeys` && r.request().method() === 'POST', page.getByTestId('passkey-register-submit'));
+        assert(reg.status() === 201, `register answered ${reg.status()}: ${await reg.text()}`);
+        await page.getByTestId('passkey-row').filter({ hasText: 'virtual authenticator' }).waitFor();
+        const { credentials } = await cdp.send('WebAuthn.getCredentials', { authenticatorId });
+        assert(credentials.length === 1, `the authenticator holds ${credentials.length} credentials`);
+        await shot(page, 'passkeys');
+
+        // A plain click (the decision without a passkey) is refused.
+        const plain = await page.evaluate(async ([id, token]) => {
+          const r = await fetch(`/operator/v1/approvals/${id}/approve`, {
+            method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: '{"reason":"looks fine"}',
+          });
+          return { status: r.status, body: await r.json() };
+        }, [apr, opToken]);
+        assert(plain.status === 403 && plain.body.error?.code === 'PASSKEY_REQUIRED', `a plain click: ${dump(plain)}`);
+
+        // An assertion the passkey made for a different amount (the same approval, payee and
+        // operation: what a page lying about the amount would get signed) is refused.
+        const forged = await page.evaluate(async ([id, token]) => {
+          const auth = { authorization: `Bearer ${token}`, 'content-type': 'application/json' };
+          const a = await (await fetch(`/operator/v1/approvals/${id}`, { headers: auth })).json();
+          const p = JSON.parse(a.passkey_payloads.approve);
+          p.amount_minor = '60000';
+          p.intent.amount = '600.00';
+          const challenge = new Uint8Array(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(p))));
+          const cred = await navigator.credentials.get({ publicKey: { challenge, rpId: location.hostname, userVerification: 'required' } });
+          const b64 = (buf) => btoa(String.fromCharCode(...new Uint8Array(buf))).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+          const passkey = {
+            credential_id: b64(cred.rawId), client_data_json: b64(cred.response.clientDataJSON),
+            authenticator_data: b64(cred.response.authenticatorData), signature: b64(cred.response.signature),
+          };
+          const r = await fetch(`/operator/v1/approvals/${id}/approve`, { method: 'POST', headers: auth, body: JSON.stringify({ reason: 'x', passkey }) });
+          return { status: r.status, body: await r.json() };
+        }, [apr, opToken]);
+        assert(forged.status === 403 && forged.body.error?.code === 'PASSKEY_INVALID', `an assertion for 600.00: ${dump(forged)}`);
+
+        // The page's own button signs exactly this approval with the passkey, and approves it.
+        await page.goto(`${pkBase}/console#approvals/${apr}`);
+        const card = page.locator(`[data-testid="approval"][data-approval-id="${apr}"]`);
+        await card.getByTestId('approval-passkey').waitFor();
+        const button = card.getByTestId('approve');
+        assert(/with passkey/.test((await button.textContent()) ?? ''), 'the button does not say it signs with a passkey');
+        await card.getByTestId('approval-reason').fill('checked the invoice');
+        const r = await clickFor(page, (x) => x.url().endsWith(`/approvals/${apr}/approve`) && x.request().method() === 'POST', button);
+        assert(r.status() === 200, `approve with passkey answered ${r.status()}: ${await r.text()}`);
+        const sent = JSON.parse(r.request().postData() ?? '{}');
+        assert(typeof sent.passkey?.signature === 'string', 'the approval carried no passkey assertion');
+        await page.locator(`[data-testid="approval"][data-approval-id="${apr}"].status-approved`).waitFor();
+        await shot(page, 'approved-with-passkey');
+
+        // The mandate carries the assertion's hash; the gateway verifies it again from the stored
+        // public key; the agent pays with it, once.
+        const proof = await page.evaluate(async ([id, token]) => {
+          const r = await fetch(`/operator/v1/approvals/${id}/passkeys`, { headers: { authorization: `Bearer ${token}` } });
+          return r.json();
+        }, [apr, opToken]);
+        assert(proof.reviews?.length === 1 && proof.reviews[0].verified === true && proof.reviews[0].in_mandate === true, `evidence: ${dump(proof)}`);
+        const got = await tool(agentToken, 'get_approval', { approval_id: apr }, pkMcp);
+        const mandate = got.value?.mandate;
+        assert(typeof mandate === 'string', `no mandate: ${dump(got.raw)}`);
+        const claims = JSON.parse(Buffer.from(mandate.split('.')[1], 'base64url').toString());
+        assert(Array.isArray(claims.passkeys) && claims.passkeys[0] === proof.reviews[0].assertion_sha256, `claims: ${dump(claims)}`);
+        const paid = await tool(agentToken, 'create_payment', payArgs(`pk-${run}`, '6000.00', { memo: 'supplier invoice 7', mandate }), pkMcp);
+        assert(paid.ok && paid.value.status === 'succeeded', `the mandated payment: ${dump(paid.raw)}`);
+      } finally {
+        await op.context.close();
+      }
+    });
+  }
 
   await check('reloading the page signs the operator out', async () => {
     await page.reload();

@@ -8,7 +8,8 @@
 # Installs what it needs on first use: Chromium (apt) when /usr/bin/chromium is missing, the
 # interop suite's pinned Node 22 and oauth2-mock-server, and the pinned playwright-core (npm ci).
 # Screenshots of every view go to $PAYGATE_CONSOLE_SHOTS (default: a new temp dir, printed).
-# Prints one line per check and a closing "console: N passed, M failed" line.
+# A third paygate on http://localhost has a passkey tier: Chromium's virtual authenticator registers
+# and signs there. Prints one line per check and a closing "console: N passed, M failed" line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -125,10 +126,33 @@ PAYGATE_DEV_OPERATOR_TOKEN=$(PAYGATE_STORAGE__DATA_DIR="$work/dev" PAYGATE_SERVE
   "$bin" token --console --sub dev-operator 2>/dev/null) || { say "paygate token --console failed"; exit 1; }
 export PAYGATE_DEV_OPERATOR_TOKEN
 
-say "== console: $base/console (issuer $issuer), $dev_base/console (dev); screenshots in $shots"
+# --- a third, in dev mode on http://localhost (WebAuthn needs a host name, not an IP address), whose
+# approvals from KES 5,000 are decided with a passkey only ------------------------------------------
+pk_port=$(free_port)
+pk_base="http://localhost:$pk_port"
+printf '[passkeys]\nrequired_amount = { KES = "5000.00" }\n' >"$work/passkeys.toml"
+PAYGATE_SERVER__BIND="127.0.0.1:$pk_port" \
+PAYGATE_SERVER__PUBLIC_URL="$pk_base" \
+PAYGATE_STORAGE__DATA_DIR="$work/passkeys" \
+PAYGATE_DEV__PRINT_TOKEN=false \
+PAYGATE_CONFIG="$work/passkeys.toml" \
+PAYGATE_LOG=info \
+NO_COLOR=1 \
+  "$bin" >"$work/paygate-passkeys.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$pk_port/readyz" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$pk_port/readyz" >/dev/null || { say "passkey paygate did not start"; cat "$work/paygate-passkeys.log"; exit 1; }
+pk_env() { PAYGATE_STORAGE__DATA_DIR="$work/passkeys" PAYGATE_SERVER__PUBLIC_URL="$pk_base" PAYGATE_CONFIG="$work/passkeys.toml" "$bin" "$@" 2>/dev/null; }
+PAYGATE_PASSKEY_OPERATOR_TOKEN=$(pk_env token --console --sub passkey-operator) || { say "paygate token --console failed"; exit 1; }
+PAYGATE_PASSKEY_AGENT_TOKEN=$(pk_env token --sub dev-agent --scope "payments:read payments:create") ||
+  { say "paygate token failed"; exit 1; }
+export PAYGATE_PASSKEY_OPERATOR_TOKEN PAYGATE_PASSKEY_AGENT_TOKEN
+
+say "== console: $base/console (issuer $issuer), $dev_base/console (dev), $pk_base/console (passkeys); screenshots in $shots"
 rc=0
-node "$here/console.mjs" --base "$base" --issuer "$issuer" --dev-base "$dev_base" --shots "$shots" \
-  --paygate-log "$work/paygate.log" --paygate-log "$work/paygate-dev.log" || rc=$?
+node "$here/console.mjs" --base "$base" --issuer "$issuer" --dev-base "$dev_base" --passkey-base "$pk_base" \
+  --shots "$shots" --paygate-log "$work/paygate.log" --paygate-log "$work/paygate-dev.log" \
+  --paygate-log "$work/paygate-passkeys.log" || rc=$?
 if [ "$rc" != 0 ]; then
   say "-- paygate log (last 20 lines)"
   tail -n 20 "$work/paygate.log" | sed 's/\x1b\[[0-9;]*m//g; s/^/    /'
