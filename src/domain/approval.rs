@@ -230,6 +230,19 @@ pub struct ApprovalReview {
     pub page: String,
 }
 
+/// Sign the mandate of approval `rec` inside its review transaction: over every review that
+/// completes it, `review` (the one being recorded) included. Both store engines call this.
+pub fn issue_mandate(
+    issue: MandateIssuer,
+    rec: &ApprovalRecord,
+    review: &Review,
+    approvers: &[String],
+) -> Result<IssuedMandate, ReviewError> {
+    let mut rec = rec.clone();
+    rec.reviews.push(review.clone());
+    issue(&rec, approvers).map_err(ReviewError::Mandate)
+}
+
 #[derive(Debug, Clone)]
 pub struct IssuedMandate {
     pub id: String,

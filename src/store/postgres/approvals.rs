@@ -85,10 +85,7 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
             .await
         }
         ReviewPlan::Approve { issue: Some(approvers) } => {
-            // The mandate is signed over every review that completes it, this one included.
-            let mut rec = rec.clone();
-            rec.reviews.push(review.clone());
-            let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
+            let issued = crate::domain::approval::issue_mandate(issue, &rec, &review, &approvers)?;
             tx.exec(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
                                        principal_user)

@@ -63,10 +63,7 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
             params![now, r.reason, id],
         ),
         ReviewPlan::Approve { issue: Some(approvers) } => {
-            // The mandate is signed over every review that completes it, this one included.
-            let mut rec = rec.clone();
-            rec.reviews.push(r.clone());
-            let issued = issue(&rec, &approvers).map_err(ReviewError::Mandate)?;
+            let issued = crate::domain::approval::issue_mandate(issue, &rec, &r, &approvers)?;
             tx.exec(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
                                        principal_user)
