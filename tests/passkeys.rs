@@ -329,6 +329,22 @@ async fn scenario(extra: &[(&str, &str)], label: &str) {
     app.assert_integrity().await;
     app.assert_secrets_not_logged();
     app.stop().await;
+
+    // The gateway moves to another origin (a new port): the stored assertion still verifies against
+    // the relying party it was made for, and the passkey registered there no longer signs here.
+    let app = start(dir.path(), extra).await;
+    let rita = app.operator_token("rita", "payments:approve payments:audit");
+    let (status, proof) =
+        operator(&app, Method::GET, &format!("/operator/v1/approvals/{id}/passkeys"), &rita, None).await;
+    assert_eq!((status.as_u16(), proof["reviews"][0]["verified"].as_bool()), (200, Some(true)), "{label}: {proof}");
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let r = call(&agent, "create_payment", pay_args(&format!("{label}-moved"), "7000.00", None)).await;
+    let moved = err(&r)["approval_id"].as_str().unwrap().to_string();
+    let payload = approval(&app, &rita, &moved).await["passkey_payloads"]["approve"].as_str().unwrap().to_string();
+    let (_, body) = decide(&app, &rita, &moved, "approve", json!({"passkey": ritas.sign(&payload)})).await;
+    assert_eq!(body["error"]["code"], "PASSKEY_INVALID", "{label}: {body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("registered for"), "{body}");
+    app.stop().await;
 }
 
 #[tokio::test]

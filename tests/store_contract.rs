@@ -200,6 +200,8 @@ fn passkey(id: &str, sub: &str, at: i64) -> PasskeyRecord {
         created_at: at,
         revoked_at: None,
         revoked_by: None,
+        rp_id: "console.example".into(),
+        origin: "https://console.example".into(),
     }
 }
 

@@ -2,7 +2,8 @@
 -- and the passkey evidence of each review. A credential belongs to one person (token issuer and
 -- subject); its public key never changes, its signature counter only rises. Revoked credentials are
 -- kept (who, when): a stored assertion stays verifiable from the key that made it. public_key is the
--- SEC1 uncompressed P-256 point, base64url.
+-- SEC1 uncompressed P-256 point, base64url; rp_id and origin are the relying party it was made for
+-- (its assertions verify against them, whatever server.public_url says later).
 CREATE TABLE passkeys (
     credential_id   TEXT PRIMARY KEY,
     owner_iss       TEXT NOT NULL,
@@ -11,6 +12,8 @@ CREATE TABLE passkeys (
     sign_count      INTEGER NOT NULL,
     backup_eligible INTEGER NOT NULL,
     name            TEXT NOT NULL,
+    rp_id           TEXT NOT NULL,
+    origin          TEXT NOT NULL,
     created_at      INTEGER NOT NULL,
     revoked_at      INTEGER,
     revoked_by      TEXT

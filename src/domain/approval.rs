@@ -296,6 +296,9 @@ pub struct PasskeyRecord {
     pub created_at: UnixSecs,
     pub revoked_at: Option<UnixSecs>,
     pub revoked_by: Option<String>,
+    /// The relying party it was registered for (its assertions carry them): the RP id and origin.
+    pub rp_id: String,
+    pub origin: String,
 }
 
 /// What registering a passkey did.

@@ -225,6 +225,7 @@ impl Gateway {
     pub async fn passkey_register(&self, op: &Operator, reg: PasskeyRegistration) -> Result<PasskeyView, OpError> {
         self.may_decide(op)?;
         let rp = self.relying_party()?;
+        let (rp_id, origin) = self.limits.passkey_rp.clone().map_err(OpError::conflict)?;
         let now = self.clock.now();
         let challenge = b64("challenge", &reg.challenge)?;
         let stale =
@@ -260,6 +261,8 @@ impl Gateway {
             created_at: now,
             revoked_at: None,
             revoked_by: None,
+            rp_id,
+            origin,
         };
         let outcome = self.store.passkey_insert(rec.clone(), self.limits.passkeys_per_person_max).await;
         let refused = match outcome {
@@ -346,6 +349,10 @@ impl Gateway {
             Some(p) if p.owner_iss == op.issuer && p.owner_sub == op.subject && p.revoked_at.is_none() => p,
             _ => return Err(invalid("not a live passkey of yours")),
         };
+        let here = self.limits.passkey_rp.as_ref().map_err(|why| OpError::conflict(why.clone()))?;
+        if (here.0.as_str(), here.1.as_str()) != (stored.rp_id.as_str(), stored.origin.as_str()) {
+            return Err(invalid(format!("it was registered for {}: register a passkey here", stored.origin)));
+        }
         let cred = credential(&stored)?;
         let count =
             rp.verify_assertion(&passkey_challenge(rec, decision), &cred, &a, Counter::Check).map_err(|e| match e {
@@ -377,19 +384,20 @@ impl Gateway {
             (Some(jws), Some(at)) => self.mandates.verify(jws, at).ok().and_then(|c| c.passkeys),
             _ => None,
         };
-        let rp = self.relying_party().ok();
         let mut reviews = Vec::new();
         for r in &rec.reviews {
             let Some(ev) = &r.passkey else { continue };
             let digest = passkey_evidence_digest(ev);
             let parsed: Option<PasskeyAssertion> = serde_json::from_str(ev).ok();
-            let verdict = match (&rp, parsed) {
-                (None, _) => Err("passkeys are not configured on this gateway".to_string()),
-                (_, None) => Err("the stored assertion is malformed".to_string()),
-                (Some(rp), Some(p)) => match (assertion(&p), self.store.passkey_get(&p.credential_id).await) {
+            // Against the relying party the credential was registered for, whatever the gateway's
+            // public URL is now.
+            let verdict = match parsed {
+                None => Err("the stored assertion is malformed".to_string()),
+                Some(p) => match (assertion(&p), self.store.passkey_get(&p.credential_id).await) {
                     (Ok(a), Ok(Some(stored)))
                         if stored.owner_iss == r.reviewer_iss && stored.owner_sub == r.reviewer_sub =>
                     {
+                        let rp = RelyingParty::new(&stored.rp_id, &stored.origin);
                         match credential(&stored) {
                             Ok(cred) => rp
                                 .verify_assertion(&passkey_challenge(&rec, r.decision), &cred, &a, Counter::Ignore)

@@ -32,7 +32,7 @@ impl PasskeyStore for PostgresStore {
         let inserted = tx
             .exec(
                 &format!(
-                    "INSERT INTO passkeys ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                    "INSERT INTO passkeys ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
                      ON CONFLICT (credential_id) DO NOTHING",
                     rows::PASSKEY_COLS
                 ),

@@ -4,7 +4,7 @@ use super::{Columns, Value, corrupt, int, opt_text, text};
 use crate::domain::error::StoreError;
 
 pub(crate) const PASSKEY_COLS: &str = "credential_id, owner_iss, owner_sub, public_key, sign_count, \
-                                       backup_eligible, name, created_at, revoked_at, revoked_by";
+                                       backup_eligible, name, created_at, revoked_at, revoked_by, rp_id, origin";
 
 pub(crate) fn passkey(r: &dyn Columns) -> Result<crate::domain::approval::PasskeyRecord, StoreError> {
     use base64::Engine as _;
@@ -22,6 +22,8 @@ pub(crate) fn passkey(r: &dyn Columns) -> Result<crate::domain::approval::Passke
         created_at: r.int(7)?,
         revoked_at: r.opt_int(8)?,
         revoked_by: r.opt_text(9)?,
+        rp_id: r.text(10)?,
+        origin: r.text(11)?,
     })
 }
 
@@ -39,5 +41,7 @@ pub(crate) fn passkey_values(p: &crate::domain::approval::PasskeyRecord) -> Vec<
         int(p.created_at),
         Value::Int(p.revoked_at),
         opt_text(p.revoked_by.as_deref()),
+        text(&p.rp_id),
+        text(&p.origin),
     ]
 }

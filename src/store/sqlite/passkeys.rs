@@ -31,7 +31,7 @@ impl PasskeyStore for SqliteStore {
             }
             tx.exec(
                 &format!(
-                    "INSERT INTO passkeys ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    "INSERT INTO passkeys ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                     rows::PASSKEY_COLS
                 ),
                 params_from_iter(rows::passkey_values(&rec)),
