@@ -46,6 +46,18 @@ daily_limit = { KES = "1000000.00" }
 daily_payments_max = 1000
 calls_per_minute = 10000
 passkey_required = true
+
+[[policy.profiles]]
+name = "pat's own"
+subjects = ["pat-agent"]
+users = ["pat"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "1000000.00" }
+daily_payments_max = 1000
+calls_per_minute = 10000
+approvals_by = "user"
+user_approval_max = { KES = "10000.00" }
 "#;
 
 // ---- a software authenticator -------------------------------------------------------------------
@@ -358,6 +370,37 @@ async fn a_passkey_tier_takes_only_an_assertion_over_exactly_the_intent_on_postg
     let schema = db.schema.clone();
     let overrides = [("PAYGATE_STORAGE__URL", db.url.as_str()), ("PAYGATE_STORAGE__POSTGRES_SCHEMA", schema.as_str())];
     scenario(&overrides, "postgres").await;
+}
+
+#[tokio::test]
+async fn in_the_passkey_tier_the_user_confirms_their_own_payment_with_their_own_passkey() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = start(dir.path(), &[]).await;
+    // pat-agent acts for pat (RFC 8693), whose profile lets pat confirm up to KES 10,000.
+    let agent = connect(&app.url, &app.delegated_token("pat", "pat-agent", AGENT_SCOPES), Era::Modern).await;
+    let r = call(&agent, "create_payment", pay_args("pat-1", "6000.00", None)).await;
+    assert_eq!((err(&r)["approver"].as_str(), err(&r)["passkey_required"].as_bool()), (Some("user"), Some(true)));
+    let id = err(&r)["approval_id"].as_str().unwrap().to_string();
+    let pat = app.operator_token("pat", "payments:confirm");
+    let path = format!("/operator/v1/confirmations/{id}");
+    let (status, view) = operator(&app, Method::GET, &path, &pat, None).await;
+    assert_eq!(status, 200, "{view}");
+    let payload = view["passkey_payloads"]["approve"].as_str().unwrap().to_string();
+    // A plain confirmation is refused; pat registers a passkey (payments:confirm is enough) and
+    // confirms with it; the mandate pays.
+    let (status, body) = operator(&app, Method::POST, &format!("{path}/approve"), &pat, Some(json!({}))).await;
+    assert_eq!((status.as_u16(), body["error"]["code"].as_str()), (403, Some("PASSKEY_REQUIRED")), "{body}");
+    let mut pats = register(&app, &pat, "pat's phone").await;
+    let body = json!({"passkey": pats.sign(&payload)});
+    let (status, body) = operator(&app, Method::POST, &format!("{path}/approve"), &pat, Some(body)).await;
+    assert_eq!((status.as_u16(), body["status"].as_str()), (200, Some("approved")), "{body}");
+    let got = call(&agent, "get_approval", json!({"approval_id": id})).await;
+    let mandate = ok(&got)["mandate"].as_str().unwrap().to_string();
+    assert_eq!(mandate_claims(&mandate)["passkeys"].as_array().map(Vec::len), Some(1));
+    let r = call(&agent, "create_payment", pay_args("pat-1", "6000.00", Some(&mandate))).await;
+    assert_eq!(ok(&r)["status"], "succeeded");
+    assert!(app.audit("pat").await.iter().any(|r| r.tool == "approvals.user_confirm" && r.decision == "recorded"));
+    app.stop().await;
 }
 
 #[tokio::test]
