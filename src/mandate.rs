@@ -255,10 +255,24 @@ impl MandateKeys {
 
     /// The public keys that verify at `now`, as a JWKS (RFC 7517; OKP keys, RFC 8037).
     pub fn jwks(&self, now: UnixSecs) -> serde_json::Value {
+        self.jwks_of(self.verifying_periods(now))
+    }
+
+    /// Every public key from the period of `since` through the one after `now`: what verifies the
+    /// audit checkpoints these keys signed after the secret or key id changes (`paygate mandate
+    /// export-keys`, then `paygate audit verify --keys`). At most [`EXPORTED_KEYS_MAX`].
+    pub fn jwks_since(&self, since: UnixSecs, now: UnixSecs) -> Result<serde_json::Value, String> {
+        let (first, last) = (self.period_of(since.max(0)), self.period_of(now) + 1);
+        if last - first + 1 > EXPORTED_KEYS_MAX {
+            return Err(format!("more than {EXPORTED_KEYS_MAX} keys since then: give a later --since"));
+        }
+        Ok(self.jwks_of(first..=last))
+    }
+
+    fn jwks_of(&self, periods: impl Iterator<Item = i64>) -> serde_json::Value {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let keys: Vec<_> = self
-            .verifying_periods(now)
+        let keys: Vec<_> = periods
             .map(|p| {
                 serde_json::json!({
                     "kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig",
@@ -305,29 +319,74 @@ impl CheckpointSigner for MandateKeys {
     /// Any period's key: a checkpoint stays verifiable for as long as the trail is kept (the key
     /// is derived again; nothing needs to have been kept).
     fn verify_checkpoint(&self, jws: &str) -> Result<CheckpointClaims, String> {
-        let header = decode_header(jws).map_err(|e| format!("not a JWS: {e}"))?;
-        if header.typ.as_deref() != Some(CHECKPOINT_TYP) || header.alg != Algorithm::EdDSA {
-            return Err("not an EdDSA audit checkpoint".into());
-        }
-        let period = header
-            .kid
+        let (validation, kid) = checkpoint_validation(jws)?;
+        let period = kid
             .as_deref()
             .and_then(|k| k.strip_prefix(self.schedule.key_id.as_str()))
             .and_then(|rest| rest.strip_prefix('-'))
             .and_then(|n| n.parse::<i64>().ok())
             .filter(|p| *p >= 0)
             .ok_or("signed with an unknown key")?;
-        let mut validation = Validation::new(Algorithm::EdDSA);
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
-        validation.validate_aud = false;
-        validation.required_spec_claims = HashSet::new();
         let key = DecodingKey::from_ed_der(&self.public_key(period));
         let claims = decode::<CheckpointClaims>(jws, &key, &validation).map_err(|e| e.to_string())?.claims;
         if claims.iss != CHECKPOINT_ISSUER || self.period_of(claims.iat) != period {
             return Err("issuer or signing period does not match".into());
         }
         Ok(claims)
+    }
+}
+
+/// Most keys `paygate mandate export-keys` writes at once (a year of hourly rotation fits).
+pub const EXPORTED_KEYS_MAX: i64 = 10_000;
+
+/// The header checks every checkpoint verifier makes.
+fn checkpoint_validation(jws: &str) -> Result<(Validation, Option<String>), String> {
+    let header = decode_header(jws).map_err(|e| format!("not a JWS: {e}"))?;
+    if header.typ.as_deref() != Some(CHECKPOINT_TYP) || header.alg != Algorithm::EdDSA {
+        return Err("not an EdDSA audit checkpoint".into());
+    }
+    let mut validation = Validation::new(Algorithm::EdDSA);
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
+    validation.validate_aud = false;
+    validation.required_spec_claims = HashSet::new();
+    Ok((validation, header.kid))
+}
+
+/// Checkpoints signed by keys the gateway no longer derives (its mandate secret or key id changed
+/// since), verified from their exported public keys; it signs nothing.
+impl CheckpointSigner for JwksVerifier {
+    fn sign_checkpoint(&self, _claims: &CheckpointClaims) -> Result<String, String> {
+        Err("a JWKS holds public keys only".into())
+    }
+
+    fn verify_checkpoint(&self, jws: &str) -> Result<CheckpointClaims, String> {
+        let (validation, kid) = checkpoint_validation(jws)?;
+        let key = kid.as_deref().and_then(|k| self.keys.get(k)).ok_or("signed with an unknown key")?;
+        let claims = decode::<CheckpointClaims>(jws, key, &validation).map_err(|e| e.to_string())?.claims;
+        if claims.iss != CHECKPOINT_ISSUER {
+            return Err("issuer does not match".into());
+        }
+        Ok(claims)
+    }
+}
+
+/// The gateway's own keys, and retired ones an operator exported before changing the secret or
+/// key id: a checkpoint verifies under any of them; new ones are signed by the current keys.
+pub struct TrustedCheckpointKeys<'a> {
+    pub current: &'a MandateKeys,
+    pub retired: &'a [JwksVerifier],
+}
+
+impl CheckpointSigner for TrustedCheckpointKeys<'_> {
+    fn sign_checkpoint(&self, claims: &CheckpointClaims) -> Result<String, String> {
+        self.current.sign_checkpoint(claims)
+    }
+
+    fn verify_checkpoint(&self, jws: &str) -> Result<CheckpointClaims, String> {
+        self.current
+            .verify_checkpoint(jws)
+            .or_else(|e| self.retired.iter().find_map(|r| r.verify_checkpoint(jws).ok()).ok_or(e))
     }
 }
 

@@ -311,3 +311,49 @@ async fn archived_and_live_records_verify_as_one_chain() {
     );
     t.app.stop().await;
 }
+
+/// The mandate secret changes (it leaked): the checkpoints its keys signed no longer verify under
+/// the new keys, and `paygate audit verify` says so, until the public keys exported beforehand
+/// (`paygate mandate export-keys`) are trusted with `--keys`: then the whole chain verifies again.
+#[tokio::test]
+async fn checkpoints_signed_before_the_secret_changed_verify_with_the_keys_exported_before() {
+    let mut t = trail(false, Arc::new(SystemClock)).await.unwrap();
+    let run = |env: Vec<(String, String)>, args: Vec<String>| async move {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"));
+        cmd.args(&args).env_remove("PAYGATE_CONFIG").env_remove("PAYGATE_MANDATES__SECRET");
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let verify = |keys: Option<&Path>| {
+        let mut args = vec!["audit".to_string(), "verify".to_string()];
+        if let Some(k) = keys {
+            args.extend(["--keys".to_string(), k.display().to_string()]);
+        }
+        args
+    };
+    assert_eq!(run(t.env.clone(), verify(None)).await.0, 0, "the trail holds before the change");
+    let since = paygate::clock::rfc3339(SystemClock.now() - 86_400);
+    let (code, jwks) = run(t.env.clone(), vec!["mandate".into(), "export-keys".into(), "--since".into(), since]).await;
+    assert_eq!(code, 0, "{jwks}");
+    let exported: Value = serde_json::from_str(&jwks).unwrap();
+    assert!(exported["keys"].as_array().is_some_and(|k| k.len() >= 2), "{exported}");
+    let file = t.dir.path().join("retired-keys.jwks");
+    std::fs::write(&file, &jwks).unwrap();
+
+    // A new secret: the old checkpoints' signatures are not the new keys'.
+    t.env.push(("PAYGATE_MANDATES__SECRET".into(), "bmV3IG1hbmRhdGUgc2VjcmV0IGFmdGVyIHRoZSBsZWFrIQ==".into()));
+    let (code, out) = run(t.env.clone(), verify(None)).await;
+    let verdict: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((code, &verdict["ok"]), (1, &json!(false)), "{verdict}");
+    let (code, out) = run(t.env.clone(), verify(Some(&file))).await;
+    let verdict: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((code, &verdict["ok"]), (0, &json!(true)), "{verdict}");
+    assert_eq!(verdict["checkpoints_matched"], t.checkpoints.len(), "{verdict}");
+    // Keys that signed nothing here vouch for nothing: another gateway's export does not help.
+    let other = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "mk1-0", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]});
+    std::fs::write(&file, other.to_string()).unwrap();
+    assert_eq!(run(t.env.clone(), verify(Some(&file))).await.0, 1);
+}

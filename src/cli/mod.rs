@@ -130,6 +130,10 @@ enum AuditCommand {
         /// one chain.
         #[arg(long)]
         archive_dir: Option<std::path::PathBuf>,
+        /// Also trust checkpoints signed by the keys of this JWKS file (written by `paygate mandate
+        /// export-keys` before the mandate secret or key id changed). May be given more than once.
+        #[arg(long = "keys")]
+        keys: Vec<String>,
     },
 }
 
@@ -144,6 +148,14 @@ enum MandateCommand {
         /// auditor would: no config and no secret needed. Without it, the config's mandate keys.
         #[arg(long)]
         jwks: Option<String>,
+    },
+    /// Print (JSON, a JWKS) every mandate public key from --since through the next rotation
+    /// period: keep it before changing the mandate secret or key id, and the audit checkpoints
+    /// these keys signed stay verifiable (`paygate audit verify --keys FILE`).
+    ExportKeys {
+        /// RFC 3339 or YYYY-MM-DD: the first day of the audit trail you keep.
+        #[arg(long)]
+        since: String,
     },
 }
 
@@ -181,8 +193,11 @@ pub fn run() -> ExitCode {
         Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
         Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
         Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
-        Command::Audit { command: AuditCommand::Verify { archive_dir } } => {
-            with_config(file, |c| verify_audit(c, archive_dir))
+        Command::Mandate { command: MandateCommand::ExportKeys { since } } => {
+            with_config(file, |c| export_keys(c, &since))
+        }
+        Command::Audit { command: AuditCommand::Verify { archive_dir, keys } } => {
+            with_config(file, |c| verify_audit(c, archive_dir, &keys))
         }
     }
 }
@@ -346,10 +361,20 @@ fn check_ledger(config: Config, full: bool) -> ExitCode {
     })
 }
 
-fn verify_audit(config: Config, archive_dir: Option<std::path::PathBuf>) -> ExitCode {
+fn verify_audit(config: Config, archive_dir: Option<std::path::PathBuf>, keys: &[String]) -> ExitCode {
     init_tracing();
+    let mut retired = Vec::new();
+    for source in keys {
+        match load_jwks(source).and_then(|d| crate::mandate::JwksVerifier::from_jwks(&d)) {
+            Ok(v) => retired.push(v),
+            Err(e) => {
+                crate::logging::fatal(&format!("cannot read the keys {source}: {e}"));
+                return could_not_run();
+            }
+        }
+    }
     one_shot(config, |g| async move {
-        match g.verify_audit(archive_dir.as_deref()).await {
+        match g.verify_audit_with(archive_dir.as_deref(), &retired).await {
             Ok(verdict) => {
                 println!("{}", serde_json::to_string_pretty(&verdict).unwrap_or_default());
                 if let Some(b) = &verdict.first_break {
@@ -445,13 +470,36 @@ fn verify_mandate(config: &Config, jws: &str) -> ExitCode {
     verdict(keys.verify(jws.trim(), SystemClock.now()))
 }
 
-/// `mandate verify --jwks`: the published public keys are all it needs.
-fn verify_from_jwks(source: &str, jws: &str) -> ExitCode {
-    let doc = if source.starts_with("http://") || source.starts_with("https://") {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-            eprintln!("paygate mandate verify: cannot start runtime");
-            return ExitCode::FAILURE;
-        };
+/// `mandate export-keys --since`: the mandate public keys of every period since then.
+fn export_keys(config: Config, since: &str) -> ExitCode {
+    let since = match crate::gateway::parse_instant_arg(since) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("paygate mandate export-keys: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    one_shot(config, |g| async move {
+        match g.mandate_keys_since(since) {
+            Ok(jwks) => {
+                println!("{}", serde_json::to_string_pretty(&jwks).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("paygate mandate export-keys: {e}");
+                ExitCode::from(2)
+            }
+        }
+    })
+}
+
+/// A JWKS from a URL or a file.
+fn load_jwks(source: &str) -> Result<serde_json::Value, String> {
+    if source.starts_with("http://") || source.starts_with("https://") {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start runtime: {e}"))?;
         crate::install_crypto_provider();
         rt.block_on(async {
             let client = reqwest::Client::builder()
@@ -468,8 +516,12 @@ fn verify_from_jwks(source: &str, jws: &str) -> ExitCode {
         std::fs::read_to_string(source)
             .map_err(|e| e.to_string())
             .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-    };
-    match doc.and_then(|d| crate::mandate::JwksVerifier::from_jwks(&d)) {
+    }
+}
+
+/// `mandate verify --jwks`: the published public keys are all it needs.
+fn verify_from_jwks(source: &str, jws: &str) -> ExitCode {
+    match load_jwks(source).and_then(|d| crate::mandate::JwksVerifier::from_jwks(&d)) {
         Ok(verifier) => verdict(verifier.verify(jws.trim(), SystemClock.now())),
         Err(e) => {
             eprintln!("paygate mandate verify: cannot read the JWKS {source}: {e}");
