@@ -536,9 +536,10 @@ calls_per_minute = 10000
     app.stop().await;
 }
 
-/// A closed mandate's idempotency key is derived from its id; an operation_id spelled like that
-/// derivation's input (`mandate:<id>`) once landed on the same key and blocked the mandate.
-/// Operation ids can no longer reach a mandate's key.
+/// A closed mandate's idempotency key is derived from `mandate/<jti>`; an operation_id spelled like
+/// that derivation's input once landed on the same key and blocked the mandate. The defence is that
+/// no operation_id may contain '/': the squat is refused before anything is keyed, and the mandate
+/// pays. (This test fails if '/' is ever allowed: the squat would pay KES 1.00 and take the key.)
 #[tokio::test]
 async fn an_operation_id_cannot_squat_a_mandates_key() {
     use base64::Engine;
@@ -549,9 +550,15 @@ async fn an_operation_id_cannot_squat_a_mandates_key() {
     let claims: serde_json::Value =
         serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
     let jti = claims["jti"].as_str().unwrap();
-    let squat = json!({"operation_id": format!("mandate:{jti}"), "from_account": "acct-A", "to_account": "acct-B",
-                       "amount": "1.00", "currency": "KES"});
-    assert_eq!(ok(&call(&agent, "create_payment", squat).await)["status"], "succeeded");
+    let before = balance(&agent, "acct-B").await;
+    for spelled in [format!("mandate/{jti}"), format!("mandate/{jti}/"), format!("/mandate/{jti}")] {
+        let squat = json!({"operation_id": spelled, "from_account": "acct-A", "to_account": "acct-B",
+                           "amount": "1.00", "currency": "KES"});
+        let r = call(&agent, "create_payment", squat).await;
+        assert_eq!(code(&r), "INVALID_ARGUMENT", "{spelled}: {r:?}");
+        assert!(err(&r)["message"].as_str().unwrap().contains("operation_id"), "{r:?}");
+    }
+    assert_eq!(balance(&agent, "acct-B").await, before, "the squats moved nothing");
     let r = call(
         &agent,
         "create_payment",

@@ -137,6 +137,16 @@ mod tests {
         assert_eq!(hex(&[]), "");
     }
 
+    /// A closed mandate's idempotency key is derived from `mandate/<jti>` (gateway/keys.rs): no
+    /// operation_id may spell that, or it could take the mandate's key.
+    #[test]
+    fn an_operation_id_never_holds_a_slash() {
+        for bad in ["mandate/mdt_1", "a/b", "/", "x/"] {
+            assert!(OperationId::parse(bad).is_err(), "{bad}");
+        }
+        assert!(OperationId::parse("mandate:mdt_1").is_ok());
+    }
+
     #[test]
     fn ids_parse_strictly() {
         assert!(AccountId::parse("acct-A").is_ok());
