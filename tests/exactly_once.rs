@@ -221,7 +221,7 @@ async fn refunds_are_exactly_once_and_bounded() {
                 .with_arguments(json!({"operation_id": "r-5", "payment_id": pid}).as_object().cloned().unwrap()),
         )
         .await;
-    assert!(denied.is_err(), "refund without payments:refund is refused at the HTTP layer");
+    assert_step_up(&denied, "payments:refund");
     app.assert_integrity().await;
     app.assert_secrets_not_logged();
     app.stop().await;

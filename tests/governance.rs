@@ -202,7 +202,7 @@ async fn a_disabled_tool_is_gone_and_a_governed_tool_needs_approval() {
                     .with_arguments(json!({"operation_id": "r", "payment_id": "pay_x"}).as_object().cloned().unwrap()),
             )
             .await;
-        assert!(refused.is_err(), "a disabled tool cannot be called");
+        assert_no_such_tool(&refused);
         let r = call(&c, "create_payment", pay(&format!("small-{era:?}"), "1.00")).await;
         assert_eq!(code(&r), "APPROVAL_REQUIRED");
         assert_eq!(balance(&c, "acct-B").await, "0.00");

@@ -310,7 +310,7 @@ async fn reconciliation_finds_what_the_gateway_and_the_ledger_disagree_on() {
     let reader = connect(&r.app.url, &r.app.token("dev-agent", "payments:read"), Era::Modern).await;
     let denied =
         reader.call_tool(rmcp::model::CallToolRequestParams::new("reconcile").with_arguments(Default::default())).await;
-    assert!(denied.is_err(), "{denied:?}");
+    assert_step_up(&denied, "payments:integrity");
     r.app.stop().await;
 }
 

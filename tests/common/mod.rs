@@ -242,6 +242,26 @@ pub fn code(r: &CallToolResult) -> String {
     err(r)["code"].as_str().unwrap().to_string()
 }
 
+/// A call the HTTP layer refused for a missing scope (403 `insufficient_scope`): the client's error
+/// names the step-up and the scope the challenge asks for, not just any failure.
+pub fn assert_step_up<T: std::fmt::Debug, E: std::fmt::Display + std::fmt::Debug>(refused: &Result<T, E>, scope: &str) {
+    let e = refused.as_ref().expect_err("the call must be refused at the HTTP layer");
+    let text = format!("{e} {e:?}").to_lowercase();
+    assert!(text.contains("insufficient_scope") || text.contains("insufficient scope"), "not a scope refusal: {text}");
+    assert!(text.contains(scope), "the refusal does not name {scope}: {text}");
+}
+
+/// A call of a tool that is not offered (disabled, or never there): JSON-RPC invalid params (-32602)
+/// "tool not found", as rmcp answers an unknown tool, not any other failure.
+pub fn assert_no_such_tool<T: std::fmt::Debug>(refused: &Result<T, rmcp::ServiceError>) {
+    match refused {
+        Err(rmcp::ServiceError::McpError(e)) => {
+            assert_eq!((e.code.0, e.message.as_ref()), (-32602, "tool not found"), "{e:?}");
+        }
+        other => panic!("want JSON-RPC 'tool not found', got {other:?}"),
+    }
+}
+
 pub async fn balance(client: &Client, account: &str) -> String {
     let r = call(client, "get_balance", serde_json::json!({"account_id": account})).await;
     ok(&r)["balance"].as_str().unwrap().to_string()
