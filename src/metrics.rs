@@ -54,6 +54,7 @@ struct Inner {
     breaker_state: Option<&'static str>,
     bookkeeping_failures: BTreeMap<&'static str, u64>,
     audit_chain: AuditChainCounts,
+    key_waits: u64,
 }
 
 /// The audit hash chain's sealing runs on this replica (`seal_audit`).
@@ -190,6 +191,11 @@ impl Metrics {
         self.with(|m| *m.bookkeeping_failures.entry(write).or_default() += 1);
     }
 
+    /// A call found its idempotency key held by another attempt in flight and waits for it.
+    pub fn key_wait(&self) {
+        self.with(|m| m.key_waits += 1);
+    }
+
     /// A sealing run of the audit chain: how many records it sealed, the head after, and when it
     /// signed a checkpoint (if it did).
     pub fn audit_sealed(&self, sealed: u64, head: i64, checkpoint_at: Option<i64>) {
@@ -242,6 +248,12 @@ impl Metrics {
         for (write, n) in &failures {
             let _ = writeln!(out, "paygate_bookkeeping_failures_total{{write=\"{write}\"}} {n}");
         }
+        let waits = self.with(|m| m.key_waits);
+        out.push_str(
+            "# HELP paygate_idempotency_key_waits_total Calls that found their operation's key held by another attempt in flight and waited for it (up to idempotency.wait_ms_max).\n",
+        );
+        out.push_str("# TYPE paygate_idempotency_key_waits_total counter\n");
+        let _ = writeln!(out, "paygate_idempotency_key_waits_total {waits}");
     }
 
     fn render_rails(&self, out: &mut String) {

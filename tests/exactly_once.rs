@@ -229,7 +229,8 @@ async fn refunds_are_exactly_once_and_bounded() {
 
 /// A key another attempt holds in flight the old way (reserved before posting, its lease live: a
 /// replica on an older version, say) is waited for, never claimed over: nothing posts while it is
-/// held. Once it is given back, the operation posts exactly once, and retries replay.
+/// held. A call that outlasts `idempotency.wait_ms_max` is told OPERATION_IN_PROGRESS; one that is
+/// waiting when the key is given back posts exactly once, and retries replay.
 #[tokio::test]
 async fn a_key_held_in_flight_elsewhere_is_waited_for_then_paid_once() {
     use paygate::domain::idempotency::NewIdempotencyRecord;
@@ -237,7 +238,7 @@ async fn a_key_held_in_flight_elsewhere_is_waited_for_then_paid_once() {
     let secret = "idempotency-secret-for-this-test-0123456789abcdef";
     let dir = tempfile::tempdir().unwrap();
     let app =
-        spawn_on(dir.path(), &[("PAYGATE_IDEMPOTENCY__SECRET", secret), ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")])
+        spawn_on(dir.path(), &[("PAYGATE_IDEMPOTENCY__SECRET", secret), ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "300")])
             .await;
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
     let args = json!({"operation_id": "held-1", "from_account": "acct-A", "to_account": "acct-B",
@@ -266,16 +267,48 @@ async fn a_key_held_in_flight_elsewhere_is_waited_for_then_paid_once() {
         paygate::domain::idempotency::Reservation::Acquired
     );
     let before = balance(&agent, "acct-A").await;
+    let waits = || async {
+        let text = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
+        let line = text.lines().find(|l| l.starts_with("paygate_idempotency_key_waits_total ")).unwrap().to_string();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    // Held past the bounded wait (300 ms): the call waited, then was told to retry; nothing moved.
     let r = call(&agent, "create_payment", args.clone()).await;
     assert_eq!(code(&r), "OPERATION_IN_PROGRESS", "{r:?}");
+    assert_eq!(waits().await, 1, "the call waited for the holder before answering");
     assert_eq!(balance(&agent, "acct-A").await, before, "nothing posted under a held key");
-    // Given back (nothing moved there): now it posts, once.
+    app.stop().await;
+
+    // A long wait: the call is waiting (the gateway counted it) when the key is given back
+    // (nothing moved there); then it posts, once, and the retry replays.
+    let app =
+        spawn_on(dir.path(), &[("PAYGATE_IDEMPOTENCY__SECRET", secret), ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "60000")])
+            .await;
+    let agent = Arc::new(connect(&app.url, &app.dev_token(), Era::Modern).await);
+    let waiting = {
+        let (agent, args) = (agent.clone(), args.clone());
+        tokio::spawn(async move { call(&agent, "create_payment", args).await })
+    };
+    let waits = || async {
+        let text = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
+        let line = text.lines().find(|l| l.starts_with("paygate_idempotency_key_waits_total ")).unwrap().to_string();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    while waits().await == 0 {
+        assert!(!waiting.is_finished(), "the call answered without waiting");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(balance(&agent, "acct-A").await, before, "nothing posts while the key is held");
     app.running.store.idem_release(&key).await.unwrap();
-    let first = call(&agent, "create_payment", args.clone()).await;
+    let first = waiting.await.unwrap();
+    assert_eq!(ok(&first)["replayed"], false, "the waiting call posted: {first:?}");
     let again = call(&agent, "create_payment", args).await;
     assert_eq!(ok(&first)["payment_id"], ok(&again)["payment_id"]);
     assert_eq!(ok(&again)["replayed"], true);
+    assert_eq!(balance(&agent, "acct-B").await, "50.00", "one payment");
     app.assert_integrity().await;
-    let _ = agent.cancel().await;
+    if let Ok(agent) = Arc::try_unwrap(agent) {
+        let _ = agent.cancel().await;
+    }
     app.stop().await;
 }

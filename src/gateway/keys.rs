@@ -126,6 +126,7 @@ impl Gateway {
     /// Reserve one key, waiting (bounded) for a live holder and replaying its outcome.
     pub(super) async fn reserve(&self, caller: &Caller, tool: &str, idem: &Idem) -> Reserved {
         let deadline = Instant::now() + self.limits.idempotency_wait;
+        let mut waited = false;
         loop {
             let now = self.clock.now();
             let rec = self.key_record(caller, tool, idem, now);
@@ -154,6 +155,9 @@ impl Gateway {
                         .with_retry_after(1);
                         let refused = self.refuse_as(caller, tool, idem, "in_progress", e).await;
                         return Reserved::Finished(Box::new((Err(refused), None)));
+                    }
+                    if !std::mem::replace(&mut waited, true) {
+                        self.metrics.key_wait();
                     }
                     let _ = tokio::time::timeout(left.min(WAIT_POLL), notified).await;
                 }
