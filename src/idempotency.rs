@@ -67,6 +67,37 @@ pub fn fingerprint(canonical: &serde_json::Value) -> String {
     crate::domain::ids::hex(&Sha256::digest(canonical.to_string().as_bytes()))
 }
 
+/// A payment's fingerprinted arguments (`create_payment`): parsed, the amount in minor units (so
+/// "50" and "50.00" are one payment), the memo exactly as sent.
+pub fn payment_args(
+    from: &crate::domain::ids::AccountId,
+    to: &crate::domain::ids::AccountId,
+    amount: crate::domain::money::Money,
+    memo: &Option<String>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
+    })
+}
+
+/// A refund's fingerprinted arguments: no amount ("everything refundable") is not any amount.
+pub fn refund_args(
+    payment_id: &crate::domain::ids::PaymentId,
+    amount_minor: Option<i64>,
+    reason: &Option<String>,
+) -> serde_json::Value {
+    serde_json::json!({"payment_id": payment_id, "amount_minor": amount_minor, "reason": reason})
+}
+
+/// The fingerprint kept under a call's key: its arguments, and under a closed mandate's key (the
+/// mandate anchors it) the operation_id too, so another operation on one mandate conflicts.
+pub fn call_fingerprint(args: &serde_json::Value, mandate_operation: Option<&str>) -> String {
+    match mandate_operation {
+        None => fingerprint(&serde_json::json!({ "args": args })),
+        Some(op) => fingerprint(&serde_json::json!({"args": args, "operation_id": op})),
+    }
+}
+
 /// What is kept under a key and replayed to every later call with that key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

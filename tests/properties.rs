@@ -17,10 +17,10 @@ use hmac::{Hmac, Mac};
 use paygate::auth::{Audience, Secret, Verifier, mint_dev_token};
 use paygate::catalogue::{ALIASES, TOOLS};
 use paygate::clock::ManualClock;
-use paygate::domain::ids::AccountId;
+use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::{AMOUNT_MINOR_MAX, Currency, Money, MoneyError, format_minor, parse_minor};
 use paygate::http::peek;
-use paygate::idempotency::{KeyDeriver, fingerprint};
+use paygate::idempotency::{KeyDeriver, call_fingerprint, refund_args};
 use paygate::mandate::{
     JwksVerifier, KeySchedule, MANDATE_ISSUER, MANDATE_TYP, MandateClaims, MandateError, MandateKeys, MandateKind,
 };
@@ -1525,24 +1525,26 @@ struct PaymentArgs {
 }
 
 impl PaymentArgs {
-    /// The fingerprint `Gateway::create_payment` keeps under the key: the parsed arguments, the
-    /// amount in minor units (so spelling does not matter), the memo as sent.
+    /// The fingerprint `Gateway::create_payment` keeps under the key, by the gateway's own
+    /// functions: its parsers, `idempotency::payment_args` and `idempotency::call_fingerprint`.
     fn fingerprint(&self) -> String {
-        fingerprint(&json!({ "args": self.canonical() }))
+        call_fingerprint(&self.canonical(), None)
     }
 
     /// The same under a closed mandate's key, which also pins the operation_id.
     fn mandate_fingerprint(&self, operation_id: &str) -> String {
-        fingerprint(&json!({ "args": self.canonical(), "operation_id": operation_id }))
+        call_fingerprint(&self.canonical(), Some(operation_id))
     }
 
     fn canonical(&self) -> Value {
         let currency = Currency::parse(self.currency).unwrap();
         let amount = Money::parse(&self.amount, currency).unwrap();
-        json!({
-            "from": AccountId::parse(&self.from).unwrap(), "to": AccountId::parse(&self.to).unwrap(),
-            "amount_minor": amount.minor(), "currency": amount.currency(), "memo": self.memo,
-        })
+        paygate::idempotency::payment_args(
+            &AccountId::parse(&self.from).unwrap(),
+            &AccountId::parse(&self.to).unwrap(),
+            amount,
+            &self.memo,
+        )
     }
 
     /// What the arguments mean, for comparing two calls.
@@ -1611,9 +1613,8 @@ proptest! {
         a in prop::option::of(0..5_i64), b in prop::option::of(0..5_i64),
         reason_a in prop::option::of("[a ]{0,2}"), reason_b in prop::option::of("[a ]{0,2}"),
     ) {
-        let refund = |amount: Option<i64>, reason: &Option<String>| {
-            fingerprint(&json!({"args": {"payment_id": "pay_1", "amount_minor": amount, "reason": reason}}))
-        };
+        let paid = PaymentId::generate();
+        let refund = |amount: Option<i64>, reason: &Option<String>| call_fingerprint(&refund_args(&paid, amount, reason), None);
         prop_assert_eq!(refund(a, &reason_a) == refund(b, &reason_b), a == b && reason_a == reason_b);
     }
 

@@ -46,9 +46,7 @@ impl Gateway {
         let proposal = Proposal {
             tool: TOOL,
             op: &op,
-            args: json!({
-                "from": from, "to": to, "amount_minor": amount.minor(), "currency": amount.currency(), "memo": memo,
-            }),
+            args: crate::idempotency::payment_args(&from, &to, amount, &memo),
             shown: json!({"memo": memo}),
             mandate: args.mandate.as_deref(),
             parties: Parties { payer: from.as_str(), payee: to.as_str(), payment_id: None },

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::time::Instant;
 
 use super::unit_of_work::Executed;
@@ -13,7 +12,7 @@ use crate::domain::idempotency::{NewIdempotencyRecord, Reservation};
 use crate::domain::ids::OperationId;
 use crate::domain::payment::Claim;
 use crate::error::{AgentError, ErrorCode};
-use crate::idempotency::fingerprint;
+use crate::idempotency::call_fingerprint;
 use crate::mandate::{MandateClaims, MandateKind};
 
 /// How often a waiting duplicate re-reads the store (covers holders in other replicas).
@@ -81,7 +80,7 @@ impl Gateway {
         .unwrap_or_else(|_| op.clone());
         let operation = Idem {
             key: self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), tool, op.as_str()),
-            fingerprint: fingerprint(&json!({ "args": args })),
+            fingerprint: call_fingerprint(args, None),
             conflict: REUSED_OPERATION,
             alias: None,
         };
@@ -89,7 +88,7 @@ impl Gateway {
             Some(m) if m.kind == MandateKind::Closed => Idem {
                 // '/' cannot appear in an operation_id, so no operation can land on a mandate's key.
                 key: self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), tool, &format!("mandate/{}", m.jti)),
-                fingerprint: fingerprint(&json!({"args": args, "operation_id": op})),
+                fingerprint: call_fingerprint(args, Some(op.as_str())),
                 conflict: REUSED_MANDATE,
                 alias: Some(Box::new(operation)),
             },

@@ -133,7 +133,7 @@ pub(super) fn refund_proposal<'a>(
     Proposal {
         tool: "refund_payment",
         op,
-        args: json!({"payment_id": pid, "amount_minor": explicit.then(|| amount.minor()), "reason": reason}),
+        args: crate::idempotency::refund_args(pid, explicit.then(|| amount.minor()), reason),
         shown: json!({"reason": reason}),
         mandate,
         parties: Parties {
