@@ -135,6 +135,19 @@ mod tests {
             ),
             (BackendError::IdempotencyKeyReused, "complete", "failed", ErrorCode::IdempotencyConflict),
             (BackendError::Rejected("bad phone".into()), "complete", "failed", ErrorCode::InvalidArgument),
+            // Only the posting transaction's claim answers KeyHeld, and the unit of work handles it
+            // before settling (replay, conflict or wait). Should one ever reach here it fails
+            // closed: the key stays in flight (nothing is written over the holder's) and the agent
+            // is told to retry, never that it failed for good.
+            (
+                BackendError::KeyHeld {
+                    key: "k".into(),
+                    reservation: crate::domain::idempotency::Reservation::InFlight { fingerprint: "f".into() },
+                },
+                "in_flight",
+                "key_held",
+                ErrorCode::Internal,
+            ),
         ];
         for (error, fate, decision, code) in cases {
             for in_tx in [false, true] {
