@@ -39,6 +39,12 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_waiting(0).await
+}
+
+/// The rig with `idempotency.wait_ms_max` (how long a call waits for its key held in flight).
+async fn rig_waiting(wait_ms: u64) -> Rig {
+    let wait_ms = wait_ms.to_string();
     let clock = ManualClock::new(SystemClock.now());
     let ledger: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
     for (id, opening) in [("acct-A", 100_000_000), ("acct-B", 0)] {
@@ -71,7 +77,7 @@ async fn rig() -> Rig {
             ("PAYGATE_BACKEND__HTTP_CREDENTIAL", CREDENTIAL),
             ("PAYGATE_BACKEND__HTTP_REQUEST_TIMEOUT_MS", "1000"),
             ("PAYGATE_BACKEND__HTTP_RETRIES_MAX", "0"),
-            ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0"),
+            ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", wait_ms.as_str()),
             ("PAYGATE_JOBS__ENABLED", "false"),
         ],
         Arc::new(clock.clone()),
@@ -153,6 +159,58 @@ async fn the_whole_flow_works_against_ledger_serve() {
     );
     r.app.assert_secrets_not_logged();
     assert_not_logged(&[CREDENTIAL]);
+    r.app.stop().await;
+}
+
+/// 64 identical calls at once against the HTTP ledger, with the wait for a key in flight on (the
+/// default): the ledger receives exactly one payment request and holds one payment; the other 63
+/// calls wait for it and replay it. Then a race of one operation_id with two different amounts (8
+/// calls each: 8 conflicts stay under the stop rule's 10 denials): one request, one payment, every
+/// call of the other amount IDEMPOTENCY_CONFLICT.
+#[tokio::test]
+async fn concurrent_duplicates_reach_the_http_ledger_once() {
+    let r = rig_waiting(10_000).await;
+    let agent = Arc::new(connect(&r.app.url, &r.app.dev_token(), Era::Modern).await);
+    let posts = |r: &Rig| r.proxy.seen().iter().filter(|s| s.method == "POST" && s.idempotency_key.is_some()).count();
+    let storm = |args: Vec<Value>| {
+        let mut set = tokio::task::JoinSet::new();
+        for a in args {
+            let agent = agent.clone();
+            set.spawn(async move { call(&agent, "create_payment", a).await });
+        }
+        set
+    };
+    let mut set = storm((0..64).map(|_| pay("dup-1", "10.00")).collect());
+    let (mut ids, mut replayed) = (std::collections::BTreeSet::new(), 0);
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        ids.insert(ok(&res)["payment_id"].as_str().unwrap().to_string());
+        replayed += usize::from(ok(&res)["replayed"] == true);
+    }
+    assert_eq!((ids.len(), replayed), (1, 63), "one payment, 63 replays");
+    assert_eq!(posts(&r), 1, "the ledger received one payment request");
+    assert_eq!(ledger_payments(&r).await.len(), 1);
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    let waits = metrics.lines().find_map(|l| l.strip_prefix("paygate_idempotency_key_waits_total ")).unwrap();
+    assert!(waits.parse::<u64>().unwrap() > 0, "the duplicates ran at once: some waited for the key in flight");
+
+    let before = posts(&r);
+    let mut set = storm((0..16).map(|i| pay("dup-2", if i % 2 == 0 { "20.00" } else { "21.00" })).collect());
+    let (mut paid, mut conflicts) = (std::collections::BTreeMap::<String, usize>::new(), 0);
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        if res.is_error == Some(true) {
+            assert_eq!(code(&res), "IDEMPOTENCY_CONFLICT", "{res:?}");
+            conflicts += 1;
+        } else {
+            *paid.entry(ok(&res)["amount"].as_str().unwrap().to_string()).or_default() += 1;
+        }
+    }
+    assert_eq!(paid.len(), 1, "one amount won: {paid:?}");
+    assert_eq!((paid.values().sum::<usize>(), conflicts), (8, 8), "{paid:?}");
+    assert_eq!(posts(&r) - before, 1, "the race sent the ledger one request");
+    assert_eq!(ledger_payments(&r).await.len(), 2);
+    r.app.assert_integrity().await;
     r.app.stop().await;
 }
 
