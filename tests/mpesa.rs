@@ -89,6 +89,31 @@ async fn rig() -> Rig {
     rig_with("", &[], Arc::new(SystemClock)).await
 }
 
+/// 32 identical collections at once, with the wait for a key in flight on: Daraja receives one
+/// STK push (the customer is prompted once), and the 31 other calls replay it.
+#[tokio::test]
+async fn concurrent_duplicate_collections_push_once() {
+    let r = rig_with("", &[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "10000")], Arc::new(SystemClock)).await;
+    let agent = Arc::new(connect(&r.app.url, &r.app.token("dev-agent", SCOPES), Era::Modern).await);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let agent = agent.clone();
+        set.spawn(async move { call(&agent, "request_mpesa_payment", collect("dup-collect", "150")).await });
+    }
+    let (mut ids, mut replayed) = (std::collections::BTreeSet::new(), 0);
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        ids.insert(ok(&res)["payment_id"].as_str().unwrap().to_string());
+        replayed += usize::from(ok(&res)["replayed"] == true);
+    }
+    assert_eq!((ids.len(), replayed), (1, 31), "one collection, 31 replays");
+    assert_eq!(r.fake.push_requests(), 1, "one STK push: the customer is prompted once");
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    let waits = metrics.lines().find_map(|l| l.strip_prefix("paygate_idempotency_key_waits_total ")).unwrap();
+    assert!(waits.parse::<u64>().unwrap() > 0, "the duplicates ran at once: some waited for the key in flight");
+    r.app.stop().await;
+}
+
 fn collect(op: &str, amount: &str) -> Value {
     json!({"operation_id": op, "phone_number": "0712 345 678", "amount": amount,
            "account_reference": "INV-1001", "description": "Order 1001"})

@@ -70,9 +70,14 @@ struct Rig {
 }
 
 async fn rig_with(extra: &str, clock: Arc<dyn Clock>) -> Rig {
+    rig_waiting(extra, clock, "0").await
+}
+
+/// The rig with `idempotency.wait_ms_max` = `wait_ms` (how long a call waits for its key in flight).
+async fn rig_waiting(extra: &str, clock: Arc<dyn Clock>, wait_ms: &str) -> Rig {
     let fake = DarajaFake::start(FakeConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")];
+    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", wait_ms)];
     let app = spawn_with_toml(dir.path(), &overlay(&fake, extra), &overrides, clock).await;
     let client = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
     Rig { app, fake, client, _dir: dir }
@@ -80,6 +85,31 @@ async fn rig_with(extra: &str, clock: Arc<dyn Clock>) -> Rig {
 
 async fn rig() -> Rig {
     rig_with("", Arc::new(SystemClock)).await
+}
+
+/// 32 identical payouts at once, with the wait for a key in flight on: Daraja receives one B2C
+/// request, and the 31 other calls replay the one payout.
+#[tokio::test]
+async fn concurrent_duplicate_payouts_reach_daraja_once() {
+    let r = rig_waiting("", Arc::new(SystemClock), "10000").await;
+    let agent = Arc::new(connect(&r.app.url, &r.app.token("dev-agent", SCOPES), Era::Modern).await);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let agent = agent.clone();
+        set.spawn(async move { call(&agent, "send_mpesa_payout", payout("dup-payout", "150")).await });
+    }
+    let (mut ids, mut replayed) = (std::collections::BTreeSet::new(), 0);
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        ids.insert(ok(&res)["payment_id"].as_str().unwrap().to_string());
+        replayed += usize::from(ok(&res)["replayed"] == true);
+    }
+    assert_eq!((ids.len(), replayed), (1, 31), "one payout, 31 replays");
+    assert_eq!(r.fake.b2c_requests(), 1, "Daraja received one B2C request");
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    let waits = metrics.lines().find_map(|l| l.strip_prefix("paygate_idempotency_key_waits_total ")).unwrap();
+    assert!(waits.parse::<u64>().unwrap() > 0, "the duplicates ran at once: some waited for the key in flight");
+    r.app.stop().await;
 }
 
 fn payout(op: &str, amount: &str) -> Value {
