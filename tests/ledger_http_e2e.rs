@@ -46,27 +46,7 @@ async fn rig() -> Rig {
 async fn rig_waiting(wait_ms: u64) -> Rig {
     let wait_ms = wait_ms.to_string();
     let clock = ManualClock::new(SystemClock.now());
-    let ledger: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
-    for (id, opening) in [("acct-A", 100_000_000), ("acct-B", 0)] {
-        let seed = AccountSeed {
-            id: AccountId::parse(id).unwrap(),
-            currency: Currency::parse("KES").unwrap(),
-            opening_minor: opening,
-            allow_overdraft: false,
-        };
-        ledger.ledger_open_account(seed, clock.now()).await.unwrap();
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (store, c) = (ledger.clone(), Arc::new(clock.clone()) as Arc<dyn Clock>);
-    tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.await;
-        };
-        paygate::ledger_service::serve(listener, store, c, Secret::new(CREDENTIAL.into()), shutdown).await.unwrap();
-    });
-    let proxy = FaultProxy::start(addr).await;
+    let (ledger, addr, proxy, stop) = ledger_behind_proxy(Arc::new(clock.clone())).await;
     let dir = tempfile::tempdir().unwrap();
     let url = proxy.url();
     let app = spawn_with_clock(
@@ -87,12 +67,44 @@ async fn rig_waiting(wait_ms: u64) -> Rig {
     Rig { app, ledger, ledger_url: format!("http://{addr}"), proxy, clock, client, _stop: stop, _dir: dir }
 }
 
+/// The ledger service (its own in-memory store, acct-A with KES 1,000,000 and acct-B empty) on a
+/// port of its own, behind a fault proxy; dropping the sender stops it.
+async fn ledger_behind_proxy(
+    clock: Arc<dyn Clock>,
+) -> (Arc<dyn Store>, std::net::SocketAddr, FaultProxy, tokio::sync::oneshot::Sender<()>) {
+    let ledger: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+    for (id, opening) in [("acct-A", 100_000_000), ("acct-B", 0)] {
+        let seed = AccountSeed {
+            id: AccountId::parse(id).unwrap(),
+            currency: Currency::parse("KES").unwrap(),
+            opening_minor: opening,
+            allow_overdraft: false,
+        };
+        ledger.ledger_open_account(seed, clock.now()).await.unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let store = ledger.clone();
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        paygate::ledger_service::serve(listener, store, clock, Secret::new(CREDENTIAL.into()), shutdown).await.unwrap();
+    });
+    (ledger, addr, FaultProxy::start(addr).await, stop)
+}
+
 fn pay(op: &str, amount: &str) -> Value {
     json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": amount, "currency": "KES"})
 }
 
 /// Every payment the ledger service holds between acct-A and acct-B.
 async fn ledger_payments(r: &Rig) -> Vec<paygate::domain::payment::Payment> {
+    ledger_payments_of(&r.ledger).await
+}
+
+async fn ledger_payments_of(ledger: &Arc<dyn Store>) -> Vec<paygate::domain::payment::Payment> {
     let q = paygate::domain::payment::PaymentQuery {
         accounts: vec![AccountId::parse("acct-A").unwrap()],
         status: None,
@@ -100,7 +112,7 @@ async fn ledger_payments(r: &Rig) -> Vec<paygate::domain::payment::Payment> {
         limit: 100,
         ..Default::default()
     };
-    r.ledger.ledger_list_payments(q).await.unwrap().items
+    ledger.ledger_list_payments(q).await.unwrap().items
 }
 
 #[tokio::test]
@@ -212,6 +224,61 @@ async fn concurrent_duplicates_reach_the_http_ledger_once() {
     assert_eq!(ledger_payments(&r).await.len(), 2);
     r.app.assert_integrity().await;
     r.app.stop().await;
+}
+
+/// The gateway process is SIGKILLed after the ledger committed a payment and before the gateway
+/// heard the answer (so before it completed its key). Restarted on the same data, the same call
+/// (once the dead attempt's lease has ended) asks the ledger again with the same Idempotency-Key and
+/// gets the same payment: one payment in the ledger, the id the ledger assigned the first time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_between_the_ledgers_commit_and_its_key_completion_pays_once() {
+    let (ledger, _addr, proxy, _stop) = ledger_behind_proxy(Arc::new(SystemClock)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, url) = (dir.path().display().to_string(), proxy.url());
+    let env = [
+        ("PAYGATE_STORAGE__DATA_DIR", data.as_str()),
+        ("PAYGATE_BACKEND__KIND", "http"),
+        ("PAYGATE_BACKEND__HTTP_URL", url.as_str()),
+        ("PAYGATE_BACKEND__HTTP_CREDENTIAL", CREDENTIAL),
+        // A lease outlasts one ledger call (1 s, no retries, 1 s backoff): 3 s.
+        ("PAYGATE_BACKEND__HTTP_REQUEST_TIMEOUT_MS", "1000"),
+        ("PAYGATE_BACKEND__HTTP_RETRIES_MAX", "0"),
+        ("PAYGATE_IDEMPOTENCY__LEASE_SECS", "3"),
+        ("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "10000"),
+        ("PAYGATE_JOBS__ENABLED", "false"),
+    ];
+    let mut first = spawn_binary(&env);
+    let client = Arc::new(connect(&first.url, &first.token, Era::Modern).await);
+    proxy.set_mode(Mode::HoldResponseAfterForward).await;
+    let in_flight = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let args = pay("killed-1", "70.00").as_object().cloned().unwrap();
+            client.call_tool(rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args)).await
+        })
+    };
+    // The ledger has answered (and committed); the gateway is still waiting for that answer.
+    proxy.wait_forwarded(1).await;
+    let committed = ledger_payments_of(&ledger).await;
+    assert_eq!(committed.len(), 1, "the ledger committed the payment");
+    first.kill();
+    assert!(in_flight.await.unwrap().is_err(), "the caller never got an answer from the killed gateway");
+    proxy.set_mode(Mode::PassThrough).await;
+
+    let second = spawn_binary(&env);
+    let c = connect(&second.url, &second.token, Era::Modern).await;
+    let retry = call(&c, "create_payment", pay("killed-1", "70.00")).await;
+    assert_eq!(ok(&retry)["payment_id"], committed[0].id.as_str(), "the same payment: {retry:?}");
+    assert_eq!(ledger_payments_of(&ledger).await.len(), 1, "one payment in the ledger");
+    let posts: Vec<_> = proxy.seen().into_iter().filter(|s| s.method == "POST").collect();
+    assert_eq!(posts.len(), 2, "asked twice");
+    assert_eq!(posts[0].idempotency_key, posts[1].idempotency_key, "with the same Idempotency-Key");
+    let again = call(&c, "create_payment", pay("killed-1", "70.00")).await;
+    assert_eq!(
+        (ok(&again)["payment_id"].clone(), ok(&again)["replayed"].clone()),
+        (ok(&retry)["payment_id"].clone(), json!(true))
+    );
+    assert_eq!(balance(&c, "acct-B").await, "70.00");
 }
 
 /// A payment a human approved reaches the ledger with its mandate (`Paygate-Mandate`), which the

@@ -26,6 +26,9 @@ pub enum Mode {
     PassThrough,
     /// Forward, let the ledger answer (and commit), then close the client connection silently.
     DropResponseAfterForward,
+    /// Forward, let the ledger answer (and commit), then keep the answer until the client hangs up
+    /// (a gateway killed while it waits for the ledger's answer), never sending it.
+    HoldResponseAfterForward,
     /// Answer this status without forwarding.
     Status(u16),
     /// Hold the request for this long *and* until the client has hung up (so the client has
@@ -204,6 +207,18 @@ async fn handle(mut client: TcpStream, shared: Arc<Shared>, upstream: SocketAddr
         Mode::DropResponseAfterForward => {
             let _ = forward(&raw, upstream, &shared).await;
             drop(client);
+        }
+        Mode::HoldResponseAfterForward => {
+            let _ = forward(&raw, upstream, &shared).await;
+            let mut byte = [0u8; 1];
+            let hung_up = async {
+                while let Ok(n) = client.read(&mut byte).await {
+                    if n == 0 {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(WAIT_MAX, hung_up).await;
         }
         Mode::Status(code) => {
             let body = format!(r#"{{"code":"INJECTED","message":"injected {code}"}}"#);
