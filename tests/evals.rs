@@ -285,13 +285,39 @@ async fn http_step(app: &TestApp, step: &Step, http: &str, approval: Option<&str
     status.as_u16().to_string()
 }
 
-/// A tool call; a refusal at the HTTP or protocol level (403 for a missing scope) is `PROTOCOL_ERROR`.
+/// A tool call; a refusal before the tool runs is named: `HTTP_403_INSUFFICIENT_SCOPE` (the 403
+/// step-up for a missing scope), `TOOL_NOT_FOUND` (JSON-RPC -32602 for a tool not offered). Any
+/// other failure (a 500, a dropped connection) is `PROTOCOL_ERROR`, which no scenario expects: a
+/// gateway that fails every call passes nothing by it.
 async fn try_call(c: &Client, tool: &str, args: Value) -> (String, Value) {
     let params = rmcp::model::CallToolRequestParams::new(tool.to_string())
         .with_arguments(args.as_object().cloned().unwrap_or_default());
     match c.call_tool(params).await {
         Ok(r) => (outcome(&r), r.structured_content.unwrap_or(Value::Null)),
-        Err(_) => ("PROTOCOL_ERROR".to_string(), Value::Null),
+        Err(e) => (refused_before_the_tool(&e), Value::Null),
+    }
+}
+
+/// What a call refused before any tool ran was refused with (see `try_call`).
+fn refused_before_the_tool(e: &rmcp::ServiceError) -> String {
+    if let rmcp::ServiceError::McpError(data) = e
+        && data.code.0 == -32602
+        && data.message == "tool not found"
+    {
+        return "TOOL_NOT_FOUND".to_string();
+    }
+    refused_text(&format!("{e} {e:?}"))
+}
+
+/// The same from an error's text (the live driver keeps only that).
+fn refused_text(text: &str) -> String {
+    let text = text.to_lowercase();
+    if text.contains("insufficient_scope") || text.contains("insufficient scope") {
+        "HTTP_403_INSUFFICIENT_SCOPE".to_string()
+    } else if text.contains("tool not found") {
+        "TOOL_NOT_FOUND".to_string()
+    } else {
+        "PROTOCOL_ERROR".to_string()
     }
 }
 
@@ -309,7 +335,8 @@ async fn try_call_once(c: &Client, tool: &str, args: Value, state: Option<String
         Ok(rmcp::model::CallToolResponse::InputRequired(i)) => {
             ("INPUT_REQUIRED".to_string(), serde_json::to_value(&i).unwrap_or(Value::Null))
         }
-        Ok(_) | Err(_) => ("PROTOCOL_ERROR".to_string(), Value::Null),
+        Err(e) => (refused_before_the_tool(&e), Value::Null),
+        Ok(_) => ("PROTOCOL_ERROR".to_string(), Value::Null),
     }
 }
 
@@ -365,7 +392,7 @@ fn agrees(pre: &Value, outcome: &str, content: &Value) -> Option<bool> {
         "replay" => outcome == "ok" || content["error"]["replayed"] == json!(true),
         "approval_required" => outcome == "APPROVAL_REQUIRED" || outcome == "APPROVAL_REJECTED",
         // A tool call without its scope is refused at the HTTP edge (403 insufficient_scope).
-        "denied" if outcome == "PROTOCOL_ERROR" => pre["code"] == json!("INSUFFICIENT_SCOPE"),
+        "denied" if outcome == "HTTP_403_INSUFFICIENT_SCOPE" => pre["code"] == json!("INSUFFICIENT_SCOPE"),
         "denied" => pre["code"].as_str() == Some(outcome),
         _ => false,
     })
@@ -492,7 +519,9 @@ async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome
                 "ok" => agrees(&pre, &outcome, &content),
                 // The preflight itself refused: an agent that may not ask may not pay either.
                 "RATE_LIMITED" => None,
-                code => Some(code == outcome || (code == "INSUFFICIENT_SCOPE" && outcome == "PROTOCOL_ERROR")),
+                code => {
+                    Some(code == outcome || (code == "INSUFFICIENT_SCOPE" && outcome == "HTTP_403_INSUFFICIENT_SCOPE"))
+                }
             };
             match verdict {
                 Some(true) => counted.agreed += 1,
@@ -604,6 +633,17 @@ async fn client(
     c
 }
 
+/// What a step may expect: an `http` step an HTTP status; a tool call "ok", one of the gateway's
+/// error codes, `INPUT_REQUIRED`, or a named refusal before the tool (`try_call`). Never
+/// `PROTOCOL_ERROR` (any failure at all: a gateway that answers 500 would meet it) nor a typo.
+fn expectable(step: &Step, want: &str) -> bool {
+    if step.http.is_some() {
+        return want.len() == 3 && want.bytes().all(|b| b.is_ascii_digit());
+    }
+    matches!(want, "ok" | "INPUT_REQUIRED" | "HTTP_403_INSUFFICIENT_SCOPE" | "TOOL_NOT_FOUND")
+        || paygate::error::ErrorCode::parse(want).is_some()
+}
+
 fn scenarios() -> Vec<(PathBuf, Scenario)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("evals/scenarios");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -617,6 +657,11 @@ fn scenarios() -> Vec<(PathBuf, Scenario)> {
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
             let s: Scenario = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            for step in &s.steps {
+                for want in &step.expect {
+                    assert!(expectable(step, want), "{}: {want:?} is not an outcome a step can expect", p.display());
+                }
+            }
             (p, s)
         })
         .collect()
@@ -733,7 +778,7 @@ fn story(run: &live::Run) -> String {
         .calls
         .iter()
         .map(|c| {
-            let outcome = c.result.as_ref().map_or_else(|_| "PROTOCOL_ERROR".to_string(), outcome);
+            let outcome = c.result.as_ref().map_or_else(|e| refused_text(e), outcome);
             format!("{}→{outcome}", c.tool)
         })
         .collect();
