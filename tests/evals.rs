@@ -657,6 +657,13 @@ fn scenarios() -> Vec<(PathBuf, Scenario)> {
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
             let s: Scenario = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            // A control: one call that must succeed, so a gateway that refuses (or fails) every
+            // call cannot pass a scenario that otherwise expects only refusals.
+            assert!(
+                s.steps.iter().any(|st| st.call.is_some() && st.expect == ["ok"]),
+                "{}: a scenario carries a control call expecting exactly [\"ok\"]",
+                p.display()
+            );
             for step in &s.steps {
                 for want in &step.expect {
                     assert!(expectable(step, want), "{}: {want:?} is not an outcome a step can expect", p.display());
