@@ -186,6 +186,18 @@ pub struct Gateway {
     suspended_seen: Mutex<HashMap<String, (tokio::time::Instant, String)>>,
 }
 
+/// A deliberately broken build for the evals (`--features broken-gateways-for-evals`), chosen at
+/// run time by `PAYGATE_EVALS_BROKEN`: "refuse-all" (every tool call refused with one code) or
+/// "http-500" (every tool call answered HTTP 500). `.ci/run` checks that the evals catch both.
+#[cfg(feature = "broken-gateways-for-evals")]
+pub fn broken_for_evals() -> Option<&'static str> {
+    match std::env::var("PAYGATE_EVALS_BROKEN").as_deref() {
+        Ok("refuse-all") => Some("refuse-all"),
+        Ok("http-500") => Some("http-500"),
+        _ => None,
+    }
+}
+
 /// How long a principal found suspended is refused without asking the store again, in seconds (a
 /// resume on another replica is seen after at most this long).
 pub const SUSPENDED_SEEN_SECS: u64 = 1;
@@ -330,6 +342,10 @@ impl Gateway {
     /// An alias is admitted as its canonical tool: one scope, one rate limit, one audit name.
     pub async fn admit(&self, caller: &Caller, tool: &str) -> Result<(), AgentError> {
         use refusals::Counts;
+        #[cfg(feature = "broken-gateways-for-evals")]
+        if broken_for_evals() == Some("refuse-all") {
+            return Err(AgentError::invalid("refused: a deliberately broken build refuses every call"));
+        }
         let tool = crate::catalogue::canonical(tool);
         let p = &caller.principal;
         let Some(scope) = crate::catalogue::scope_for_request(tool) else {

@@ -256,6 +256,10 @@ async fn scope_check(state: &AppState, req: Request) -> Result<Request, Response
         }
     };
     let (needed, opens_session) = inspect(&bytes);
+    #[cfg(feature = "broken-gateways-for-evals")]
+    if !needed.is_empty() && crate::gateway::broken_for_evals() == Some("http-500") {
+        return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
     if let Some(principal) = parts.extensions.get::<AgentPrincipal>()
         && needed.iter().any(|s| !principal.has_scope(s))
     {
