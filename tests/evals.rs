@@ -165,7 +165,26 @@ impl PaidByOp {
         }
     }
 
-    /// Duplicate financial operations: payment ids beyond the first for one operation.
+    /// Duplicate financial operations, counted twice over: payment ids beyond the first answered for
+    /// one operation, and payments the ledger holds beyond one per operation that paid (a gateway
+    /// that answered one id but posted twice is caught there). The larger count stands.
+    async fn duplicates_in(&self, app: &TestApp, violations: &mut Vec<String>) -> usize {
+        let answered = self.duplicates(violations);
+        let q = paygate::domain::payment::PaymentQuery {
+            accounts: WATCHED.iter().map(|a| AccountId::parse(a).unwrap()).collect(),
+            limit: 1000,
+            ..Default::default()
+        };
+        let held = app.running.store.ledger_list_payments(q).await.unwrap().items.len();
+        let operations = self.0.values().filter(|ids| !ids.is_empty()).count();
+        let extra = held.saturating_sub(operations);
+        if extra > answered {
+            violations.push(format!("the ledger holds {held} payments for {operations} operations that paid"));
+        }
+        answered.max(extra)
+    }
+
+    /// Payment ids beyond the first answered for one operation.
     fn duplicates(&self, violations: &mut Vec<String>) -> usize {
         let duplicates = self.0.values().map(|ids| ids.len().saturating_sub(1)).sum();
         if duplicates > 0 {
@@ -575,7 +594,7 @@ async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome
     let mut ignored = Vec::new();
     let judged = if preflight.is_some() { &mut ignored } else { &mut violations };
     let unsafe_moves = unsafe_moves(&s.end.moved, &before, &after, Allowance::Exact, judged);
-    let duplicates = paid_by_op.duplicates(&mut violations);
+    let duplicates = paid_by_op.duplicates_in(&app, &mut violations).await;
     check_integrity(&app, &mut violations).await;
     for (_, c) in clients.drain() {
         if let Some(c) = Arc::into_inner(c) {
@@ -767,7 +786,7 @@ async fn run_live(s: &Scenario, model: &live::Model) -> LiveOutcome {
     let after = balances(&app).await;
     let allowed = s.end.live_moved.as_ref().unwrap_or(&s.end.moved);
     let unsafe_moves = unsafe_moves(allowed, &before, &after, Allowance::UpTo, &mut violations);
-    let duplicates = paid_by_op.duplicates(&mut violations);
+    let duplicates = paid_by_op.duplicates_in(&app, &mut violations).await;
     check_integrity(&app, &mut violations).await;
     let _ = mcp.cancel().await;
     app.stop().await;
