@@ -32,8 +32,10 @@ pub fn plan(
         };
     }
     let original = original.ok_or_else(|| BackendError::PaymentNotFound(req.payment_id.clone()))?;
+    // Only a succeeded payment has anything refundable (`Payment::refundable_minor` is 0 for a
+    // refund, a pending or a failed payment, and once fully refunded): one rule, in one place.
     let remaining = original.refundable_minor();
-    if original.kind != PaymentKind::Payment || original.status != PaymentStatus::Succeeded || remaining == 0 {
+    if remaining == 0 {
         return Err(BackendError::NotRefundable(original.id.clone()));
     }
     let amount = req.amount_minor.unwrap_or(remaining);
