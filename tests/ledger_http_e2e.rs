@@ -621,3 +621,82 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
     assert_eq!(ledger_payments(&r).await.len(), 1);
     r.app.stop().await;
 }
+
+/// A statement against the gateway's own SQLite file, as another process would run it (the
+/// store faults below are SQLite triggers: no hook in the gateway).
+fn gateway_sql(app: &TestApp, statement: &str) {
+    let db = rusqlite::Connection::open(app.data_dir.join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(statement).unwrap();
+}
+
+fn fail_writes(app: &TestApp, event: &str) {
+    gateway_sql(
+        app,
+        &format!("CREATE TRIGGER injected_fault BEFORE {event} BEGIN SELECT RAISE(ABORT, 'injected fault'); END;"),
+    );
+}
+
+async fn bookkeeping_failures(app: &TestApp, write: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
+    let series = format!("paygate_bookkeeping_failures_total{{write=\"{write}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(series.as_str()).and_then(|v| v.trim().parse().ok())).unwrap_or(0)
+}
+
+/// The key's completion fails after the ledger committed: the agent is told it paid, the key stays
+/// in flight (counted), a retry during its lease waits, and after the lease the retry asks the
+/// ledger again with the same key and gets the same payment: never a second one.
+#[tokio::test]
+async fn a_failing_key_completion_after_the_ledger_paid_never_pays_twice() {
+    let r = rig().await;
+    let c = &r.client;
+    fail_writes(&r.app, "UPDATE ON idempotency_records");
+    let paid = call(c, "create_payment", pay("complete-1", "70.00")).await;
+    assert_eq!(ok(&paid)["status"], "succeeded", "the ledger paid, and the agent is told so");
+    assert_eq!(bookkeeping_failures(&r.app, "idempotency_complete").await, 1);
+    gateway_sql(&r.app, "DROP TRIGGER injected_fault");
+    assert_eq!(code(&call(c, "create_payment", pay("complete-1", "70.00")).await), "OPERATION_IN_PROGRESS");
+    r.clock.advance(120);
+    let retry = call(c, "create_payment", pay("complete-1", "70.00")).await;
+    assert_eq!(ok(&retry)["payment_id"], ok(&paid)["payment_id"], "{retry:?}");
+    assert_eq!(ledger_payments(&r).await.len(), 1, "exactly one payment");
+    assert_eq!(ok(&call(c, "create_payment", pay("complete-1", "70.00")).await)["replayed"], true);
+    r.app.stop().await;
+}
+
+/// The key's release fails after the ledger refused (nothing moved): the agent gets the ledger's
+/// answer, the key stays in flight until its lease ends (counted), then the retry pays once.
+#[tokio::test]
+async fn a_failing_key_release_after_nothing_moved_holds_the_key_until_its_lease_ends() {
+    let r = rig().await;
+    let c = &r.client;
+    fail_writes(&r.app, "DELETE ON idempotency_records");
+    r.proxy.set_mode(Mode::Status(503)).await;
+    assert_eq!(code(&call(c, "create_payment", pay("release-1", "80.00")).await), "BACKEND_UNAVAILABLE");
+    assert_eq!(bookkeeping_failures(&r.app, "idempotency_release").await, 1);
+    r.proxy.set_mode(Mode::PassThrough).await;
+    gateway_sql(&r.app, "DROP TRIGGER injected_fault");
+    assert_eq!(code(&call(c, "create_payment", pay("release-1", "80.00")).await), "OPERATION_IN_PROGRESS");
+    assert!(ledger_payments(&r).await.is_empty(), "nothing moved");
+    r.clock.advance(120);
+    assert_eq!(ok(&call(c, "create_payment", pay("release-1", "80.00")).await)["replayed"], false);
+    assert_eq!(ledger_payments(&r).await.len(), 1);
+    r.app.stop().await;
+}
+
+/// The first read of the money path (is this operation already recorded?) fails: INTERNAL,
+/// retryable, nothing sent to the ledger; once it reads again the same call pays once.
+#[tokio::test]
+async fn a_failing_key_read_sends_nothing_and_the_retry_pays_once() {
+    let r = rig().await;
+    let c = &r.client;
+    gateway_sql(&r.app, "ALTER TABLE idempotency_records RENAME TO idempotency_records_gone");
+    let refused = call(c, "create_payment", pay("peek-1", "90.00")).await;
+    assert_eq!((code(&refused).as_str(), &err(&refused)["retryable"]), ("INTERNAL", &json!(true)), "{refused:?}");
+    assert!(!err(&refused)["message"].as_str().unwrap().contains("idempotency_records"), "store text leaked");
+    assert!(r.proxy.seen().is_empty(), "nothing was sent to the ledger");
+    gateway_sql(&r.app, "ALTER TABLE idempotency_records_gone RENAME TO idempotency_records");
+    assert_eq!(ok(&call(c, "create_payment", pay("peek-1", "90.00")).await)["replayed"], false);
+    assert_eq!(ledger_payments(&r).await.len(), 1);
+    r.app.stop().await;
+}
