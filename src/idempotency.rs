@@ -164,4 +164,52 @@ mod tests {
         let other = KeyDeriver::new(Secret::new("other".into()));
         assert_ne!(k, other.key("iss", "sub", "create_payment", "op-1"));
     }
+
+    /// Subkeys sign what replicas and restarts must agree on (passkey registration challenges,
+    /// mandate keys): fixed for a secret and a label, different for another of either, and the
+    /// derivation itself pinned (HMAC-SHA256(secret, "subkey\0" ‖ label), computed by Python's hmac).
+    #[test]
+    fn subkeys_are_pinned_per_secret_and_label() {
+        let d = KeyDeriver::new(Secret::new("test-secret-0123456789abcdef0123".into()));
+        let label = "passkey registration challenge v1";
+        assert_eq!(
+            crate::domain::ids::hex(&d.subkey(label)),
+            "fef7380ae7730ec15a76741dfe25547c989a200f1fa8a6fb28470e50ff1803b1"
+        );
+        assert_eq!(d.subkey(label), d.subkey(label));
+        assert_ne!(d.subkey(label), d.subkey("another label"));
+        assert_ne!(d.subkey(label), KeyDeriver::new(Secret::new("another secret".into())).subkey(label));
+        // Never an idempotency key's MAC under the same secret.
+        assert!(!d.key("i", "s", "t", "o").contains(&crate::domain::ids::hex(&d.subkey(""))));
+    }
+
+    /// A retried refund is one refund only with the same payment, amount and reason; "everything
+    /// refundable" (no amount) is not any particular amount.
+    #[test]
+    fn a_refunds_fingerprint_covers_payment_amount_and_reason() {
+        let p1 = crate::domain::ids::PaymentId::parse("pay_1").unwrap();
+        let p2 = crate::domain::ids::PaymentId::parse("pay_2").unwrap();
+        let reason = Some("damaged".to_string());
+        let fp = |p, amount, reason: &Option<String>| call_fingerprint(&refund_args(p, amount, reason), None);
+        let base = fp(&p1, Some(500), &reason);
+        assert_eq!(base, fp(&p1, Some(500), &reason.clone()));
+        for other in [
+            fp(&p2, Some(500), &reason),
+            fp(&p1, Some(501), &reason),
+            fp(&p1, None, &reason),
+            fp(&p1, Some(500), &None),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert_eq!(
+            refund_args(&p1, None, &None),
+            serde_json::json!({"payment_id": "pay_1", "amount_minor": null, "reason": null})
+        );
+    }
+
+    #[test]
+    fn the_secret_never_shows_in_debug_output() {
+        let d = KeyDeriver::new(Secret::new("s3cret-value".into()));
+        assert_eq!(format!("{d:?}"), "KeyDeriver(..)");
+    }
 }

@@ -200,6 +200,35 @@ mod tests {
         }
     }
 
+    /// The size bound holds for authentic states too: the longest seal that fits opens, one that
+    /// does not is refused unread. (A seal is never exactly `STATE_BYTES_MAX` long: with the
+    /// prefix, the dot and the 43-byte tag that needs a base64 payload of 4k+1 characters, which no
+    /// byte string encodes to, so `>` and `>=` at the bound are one rule.)
+    #[test]
+    fn an_authentic_state_over_the_size_bound_is_refused_unread() {
+        let s = StateSealer::new([7; 32]);
+        let b = binding("agent", "op-1", "fp");
+        let (mut fitted, mut over) = (None, None);
+        for pad in 0..STATE_BYTES_MAX {
+            let state = ApprovalState { apr: format!("apr_{}", "x".repeat(pad)), exp: 1_000, n: 1 };
+            let sealed = s.seal(&b, &state);
+            if sealed.len() <= STATE_BYTES_MAX {
+                assert_eq!(s.open(&b, &sealed, 0), Ok(state));
+                fitted = Some(sealed.len());
+            } else {
+                assert_eq!(s.open(&b, &sealed, 0), Err(OpenError::Malformed), "{} bytes", sealed.len());
+                over = Some(sealed.len());
+                break;
+            }
+        }
+        assert_eq!((fitted, over), (Some(STATE_BYTES_MAX - 1), Some(STATE_BYTES_MAX + 1)));
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug_output() {
+        assert_eq!(format!("{:?}", StateSealer::new([7; 32])), "StateSealer(..)");
+    }
+
     #[test]
     fn the_fingerprint_ignores_key_order_but_not_values() {
         let a: serde_json::Map<_, _> =
