@@ -511,6 +511,140 @@ mod tests {
         }
     }
 
+    /// A dev-key verifier with a cache of `max` tokens, tokens valid from 1_000_000 for 60 s.
+    fn dev_verifier(clock: &ManualClock, secret: &Secret, max: usize) -> Verifier {
+        Verifier::new("http://gw/mcp".into(), "HTTP://GW/operator".into(), 30, Arc::new(clock.clone()))
+            .with_dev_key("iss".into(), secret)
+            .unwrap()
+            .with_cache(max)
+    }
+
+    /// exp and nbf hold to the second, with the leeway, whether the token is verified or served
+    /// from the cache, and when the clock steps back under a cached token.
+    #[tokio::test]
+    async fn validity_bounds_hold_to_the_second_cached_or_not() {
+        let secret = Secret::new("k".repeat(32));
+        let key = EncodingKey::from_secret(secret.expose().as_bytes()).unwrap();
+        // Valid from nbf 1_000_100 (accepted from 1_000_070 with 30 s leeway) to exp 1_000_200
+        // (accepted until 1_000_230).
+        let claims = serde_json::json!({"iss": "iss", "sub": "who", "aud": "http://gw/mcp",
+            "nbf": 1_000_100, "exp": 1_000_200});
+        let token = encode(&Header::new(Algorithm::HS256), &claims, &key).unwrap();
+        for max in [0, 10] {
+            let clock = ManualClock::new(1_000_069);
+            let v = dev_verifier(&clock, &secret, max);
+            let early = Err(AuthError::Invalid("token not yet valid"));
+            assert_eq!(v.verify(&token, Audience::Agent).await, early, "cache {max}");
+            clock.set(1_000_070);
+            assert!(v.verify(&token, Audience::Agent).await.is_ok(), "cache {max}: first second of validity");
+            assert!(v.verify(&token, Audience::Agent).await.is_ok(), "cache {max}: again (a hit when cached)");
+            clock.set(1_000_069);
+            assert_eq!(v.verify(&token, Audience::Agent).await, early, "cache {max}: the clock stepped back");
+            clock.set(1_000_230);
+            assert!(v.verify(&token, Audience::Agent).await.is_ok(), "cache {max}: last second of validity");
+            clock.set(1_000_231);
+            assert_eq!(v.verify(&token, Audience::Agent).await, Err(AuthError::Invalid("token expired")));
+        }
+    }
+
+    /// The cache holds up to its bound (then starts over), and what it serves is what a fresh
+    /// verification would answer.
+    #[tokio::test]
+    async fn the_cache_fills_to_its_bound() {
+        let clock = ManualClock::new(1_000_000);
+        let secret = Secret::new("k".repeat(32));
+        let v = dev_verifier(&clock, &secret, 3);
+        for (i, sub) in ["a", "b", "c"].into_iter().enumerate() {
+            let t = mint_dev_token(&secret, "iss", "http://gw/mcp", sub, "", 1_000_000, 60).unwrap();
+            assert_eq!(v.verify(&t, Audience::Agent).await.unwrap().subject, sub);
+            assert_eq!(v.cache.entries.lock().unwrap().len(), i + 1, "every verified token is kept");
+        }
+        let t = mint_dev_token(&secret, "iss", "http://gw/mcp", "d", "", 1_000_000, 60).unwrap();
+        v.verify(&t, Audience::Agent).await.unwrap();
+        assert_eq!(v.cache.entries.lock().unwrap().len(), 1, "full: cleared, then the new one kept");
+    }
+
+    #[tokio::test]
+    async fn a_token_signed_with_another_key_is_a_bad_signature() {
+        let clock = ManualClock::new(1_000_000);
+        let v = dev_verifier(&clock, &Secret::new("k".repeat(32)), 0);
+        let other = mint_dev_token(&Secret::new("o".repeat(32)), "iss", "http://gw/mcp", "who", "", 1_000_000, 60);
+        assert_eq!(v.verify(&other.unwrap(), Audience::Agent).await, Err(AuthError::Invalid("bad signature")));
+        assert_eq!(v.verify("not.a.token", Audience::Agent).await, Err(AuthError::Invalid("malformed token")));
+    }
+
+    #[test]
+    fn each_audience_names_its_own_canonical_resource() {
+        let v = dev_verifier(&ManualClock::new(0), &Secret::new("k".repeat(32)), 0);
+        assert_eq!(v.resource(Audience::Agent), "http://gw/mcp");
+        assert_eq!(v.resource(Audience::Operator), "http://gw/operator");
+    }
+
+    /// An identity provider's JWKS on port 0 whose key set the test swaps.
+    async fn jwks_server(set: Arc<std::sync::Mutex<serde_json::Value>>) -> String {
+        let app = axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                let set = set.clone();
+                async move { axum::Json(set.lock().unwrap().clone()) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    /// An Ed25519 key of the identity provider: its JWK and a token it signs for `sub`.
+    fn idp_key(seed: u8, kid: &str) -> (serde_json::Value, impl Fn(&str) -> String) {
+        use base64::Engine as _;
+        let public = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]).verifying_key().to_bytes();
+        let jwk = serde_json::json!({"kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig", "kid": kid,
+            "x": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(public)});
+        // PKCS#8 v1 wrapping of an Ed25519 seed (RFC 8410).
+        let mut der =
+            vec![0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+        der.extend_from_slice(&[seed; 32]);
+        let (kid, key) = (kid.to_string(), EncodingKey::from_ed_der(&der));
+        let sign = move |sub: &str| {
+            let mut header = Header::new(Algorithm::EdDSA);
+            header.kid = Some(kid.clone());
+            let claims = serde_json::json!({"iss": "https://idp", "sub": sub, "aud": "http://gw/mcp",
+                "exp": 1_000_600});
+            encode(&header, &claims, &key).unwrap()
+        };
+        (jwk, sign)
+    }
+
+    /// A token verified with a JWKS key stays cached only while that key set does: once the
+    /// provider removes the key (seen at the next refresh), the cached token is verified again and
+    /// refused; while the set is unchanged, hits are served.
+    #[tokio::test]
+    async fn a_cached_token_dies_with_the_identity_providers_key() {
+        let clock = ManualClock::new(1_000_000);
+        let (old, sign_old) = idp_key(1, "k1");
+        let (new, _) = idp_key(2, "k2");
+        let set = Arc::new(std::sync::Mutex::new(serde_json::json!({"keys": [old]})));
+        let url = jwks_server(set.clone()).await;
+        let ttl = std::time::Duration::from_secs(60);
+        crate::install_crypto_provider();
+        let jwks = JwksCache::new(url, reqwest::Client::new(), ttl, std::time::Duration::ZERO, Arc::new(clock.clone()));
+        let v = Verifier::new("http://gw/mcp".into(), "http://gw/operator".into(), 30, Arc::new(clock.clone()))
+            .with_idp("https://idp".into(), vec![], Some(jwks))
+            .with_cache(10);
+        let token = sign_old("agent");
+        assert_eq!(v.verify(&token, Audience::Agent).await.unwrap().subject, "agent");
+        let first = v.generation();
+        assert_eq!(v.verify(&token, Audience::Agent).await.unwrap().subject, "agent", "a hit");
+        clock.advance(61);
+        assert_eq!(v.verify(&token, Audience::Agent).await.unwrap().subject, "agent", "refreshed, same keys");
+        assert_eq!(v.generation(), first, "an unchanged key set keeps its generation");
+        *set.lock().unwrap() = serde_json::json!({"keys": [new]});
+        clock.advance(61);
+        assert!(v.verify(&token, Audience::Agent).await.is_err(), "the provider removed k1");
+        assert_ne!(v.generation(), first, "a rotation starts a new generation");
+    }
+
     #[test]
     fn normalizes_scheme_and_host_only() {
         assert_eq!(normalize_url("HTTPS://Example.COM:8443/MCP"), "https://example.com:8443/MCP");

@@ -197,6 +197,38 @@ mod tests {
         matches!(d, Decision::RequireApproval { .. })
     }
 
+    /// The names operators write in config and the store keeps: each mode round-trips, nothing
+    /// else parses (a typo never means "open").
+    #[test]
+    fn payee_modes_read_back_as_written_and_nothing_else_parses() {
+        for mode in [PayeeMode::Open, PayeeMode::Known, PayeeMode::AllowList] {
+            assert_eq!(PayeeMode::parse(mode.as_str()), Some(mode));
+        }
+        assert_eq!(
+            [PayeeMode::Open, PayeeMode::Known, PayeeMode::AllowList].map(PayeeMode::as_str),
+            ["open", "known", "allow_list"]
+        );
+        for typo in ["", "Open", "allowlist", "allow-list", "known "] {
+            assert_eq!(PayeeMode::parse(typo), None, "{typo:?}");
+        }
+    }
+
+    #[test]
+    fn a_revoked_payee_is_no_longer_known() {
+        let mut rec = PayeeRecord {
+            owner: "agent".into(),
+            payee: "acct-B".into(),
+            known_since: 1_000,
+            added_by: "iss op".into(),
+            approval_id: None,
+            revoked_at: None,
+            revoked_by: None,
+        };
+        assert_eq!(rec.known_since(), Some(1_000));
+        rec.revoked_at = Some(2_000);
+        assert_eq!(rec.known_since(), None);
+    }
+
     #[test]
     fn an_unknown_payee_needs_a_human_under_known_and_is_refused_under_allow_list() {
         let unknown = PayeeState::default();
