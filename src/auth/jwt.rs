@@ -269,9 +269,8 @@ impl Verifier {
         validation.required_spec_claims = HashSet::new();
         let data = decode::<RawClaims>(token, &key, &validation).map_err(|e| match e.kind() {
             jsonwebtoken::errors::ErrorKind::InvalidSignature => AuthError::Invalid("bad signature"),
-            jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => {
-                AuthError::Invalid("algorithm not allowed for this key")
-            }
+            // (`key_for` only ever returns a key of the header's algorithm family, so the
+            // library's InvalidAlgorithm cannot arise; were it to, it is refused here too.)
             _ => AuthError::Invalid("malformed token"),
         })?;
         let c = data.claims;
@@ -614,6 +613,22 @@ mod tests {
             encode(&header, &claims, &key).unwrap()
         };
         (jwk, sign)
+    }
+
+    /// A configured public key (PEM, no kid) verifies the tokens of its algorithm's family.
+    #[tokio::test]
+    async fn a_configured_public_key_verifies_its_own_algorithm_family() {
+        let clock = ManualClock::new(1_000_000);
+        let (_, sign) = idp_key(3, "unused");
+        let public = ed25519_dalek::SigningKey::from_bytes(&[3; 32]).verifying_key().to_bytes();
+        let v = Verifier::new("http://gw/mcp".into(), "http://gw/operator".into(), 30, Arc::new(clock.clone()))
+            .with_idp("https://idp".into(), vec![DecodingKey::from_ed_der(&public)], None);
+        assert_eq!(v.verify(&sign("agent"), Audience::Agent).await.unwrap().subject, "agent");
+        let (_, other) = idp_key(4, "unused");
+        assert_eq!(v.verify(&other("agent"), Audience::Agent).await, Err(AuthError::Invalid("bad signature")));
+        // HS256 is the dev key's alone; without one it is not allowed.
+        let hs = mint_dev_token(&Secret::new("k".repeat(32)), "https://idp", "http://gw/mcp", "a", "", 1_000_000, 60);
+        assert_eq!(v.verify(&hs.unwrap(), Audience::Agent).await, Err(AuthError::Invalid("algorithm not allowed")));
     }
 
     /// A token verified with a JWKS key stays cached only while that key set does: once the

@@ -327,3 +327,84 @@ pub struct SummaryQuery {
     pub to: UnixSecs,
     pub currency: Option<Currency>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payment() -> Payment {
+        Payment {
+            id: PaymentId::parse("pay_1").unwrap(),
+            kind: PaymentKind::Payment,
+            status: PaymentStatus::Succeeded,
+            from_account: AccountId::parse("acct-A").unwrap(),
+            to_account: AccountId::parse("acct-B").unwrap(),
+            amount_minor: 123_456,
+            currency: Currency::parse("KES").unwrap(),
+            refunded_minor: 0,
+            refund_of: None,
+            memo: None,
+            principal_sub: "agent".into(),
+            principal_user: None,
+            created_at: 0,
+        }
+    }
+
+    /// The names the stores keep: each kind and status reads back, nothing else parses.
+    #[test]
+    fn kinds_and_statuses_read_back_as_stored() {
+        for kind in [PaymentKind::Payment, PaymentKind::Refund] {
+            assert_eq!(PaymentKind::parse(kind.as_str()), Some(kind));
+        }
+        for status in [PaymentStatus::Pending, PaymentStatus::Succeeded, PaymentStatus::Failed] {
+            assert_eq!(PaymentStatus::parse(status.as_str()), Some(status));
+        }
+        for junk in ["", "Payment", "refunded", "SUCCEEDED", "cancelled"] {
+            assert_eq!((PaymentKind::parse(junk), PaymentStatus::parse(junk)), (None, None), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn a_payment_shows_its_amount_and_whose_budget_it_drew_on() {
+        let mut p = payment();
+        assert_eq!(p.amount(), "1234.56");
+        assert_eq!(p.usage_subject(), "agent");
+        p.principal_user = Some("alice".into());
+        assert_eq!(p.usage_subject(), crate::domain::principal::usage_subject("agent", Some("alice")));
+        assert_ne!(p.usage_subject(), "agent");
+    }
+
+    #[test]
+    fn a_payment_touches_either_of_its_accounts() {
+        let p = payment();
+        let acct = |s: &str| AccountId::parse(s).unwrap();
+        assert!(p.touches_any(&[acct("acct-A")]));
+        assert!(p.touches_any(&[acct("acct-B")]));
+        assert!(p.touches_any(&[acct("acct-Z"), acct("acct-B")]));
+        assert!(!p.touches_any(&[acct("acct-Z")]));
+        assert!(!p.touches_any(&[]));
+    }
+
+    /// A report from before incremental checks existed reads as a full one.
+    #[test]
+    fn an_integrity_report_without_a_mode_is_a_full_one() {
+        let r: IntegrityReport = serde_json::from_str(
+            r#"{"ok": true, "accounts_checked": 2, "postings_checked": 4, "currency_sums": [], "problems": []}"#,
+        )
+        .unwrap();
+        assert_eq!((r.mode.as_str(), r.since), ("full", None));
+    }
+
+    #[test]
+    fn a_page_says_another_follows_only_when_a_row_was_left_over() {
+        let page = |n: i64, limit| Page::from_overfetch((1..=n).collect(), limit, |r| *r * 10);
+        assert_eq!(page(3, 3), Page { items: vec![1, 2, 3], next_cursor: None }, "exactly a page");
+        assert_eq!(
+            page(4, 3),
+            Page { items: vec![1, 2, 3], next_cursor: Some(30) },
+            "one more: the last kept's cursor"
+        );
+        assert_eq!(page(2, 3), Page { items: vec![1, 2], next_cursor: None });
+        assert_eq!(page(0, 3), Page { items: vec![], next_cursor: None });
+    }
+}
