@@ -374,6 +374,25 @@ mod tests {
         assert_ne!(p.usage_subject(), "agent");
     }
 
+    /// A refund draws on the budget of whoever asks for it (the agent, or the agent for its user).
+    #[test]
+    fn a_refund_draws_on_the_budget_of_who_asks() {
+        let mut r = RefundRequest {
+            attempt: Attempt::reserved("k"),
+            refund_id: PaymentId::parse("pay_2").unwrap(),
+            payment_id: PaymentId::parse("pay_1").unwrap(),
+            amount_minor: None,
+            reason: None,
+            principal_sub: "agent".into(),
+            principal_user: None,
+            guards: Guards::default(),
+            autonomous_cap_minor: None,
+        };
+        assert_eq!(r.usage_subject(), "agent");
+        r.principal_user = Some("alice".into());
+        assert_eq!(r.usage_subject(), crate::domain::principal::usage_subject("agent", Some("alice")));
+    }
+
     #[test]
     fn a_payment_touches_either_of_its_accounts() {
         let p = payment();
