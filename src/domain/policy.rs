@@ -283,31 +283,21 @@ pub fn decide_refund(
 }
 
 /// May this principal reverse `original`, a collection through a rail, in full? As a refund (scope,
-/// autonomous limit, a human when the collection itself was over it), except that the account is
-/// the rail's alone: the customer's side is no account of the agent's.
+/// autonomous limit — a reversal is the whole collection, so a collection that was over the limit
+/// needs a human to reverse it too), except that the account is the rail's alone: the customer's
+/// side is no account of the agent's.
 pub fn decide_reversal(
     has_scope: impl Fn(&str) -> bool,
     profile: &Profile,
     original: &crate::domain::payment::Payment,
     force_approval: bool,
 ) -> Decision {
-    let currency = original.currency;
-    let over_limit_original =
-        profile.autonomous_limit_minor.get(&currency).is_some_and(|limit| original.amount_minor > *limit);
-    let amount = Money::from_minor(original.amount_minor, currency);
+    let amount = Money::from_minor(original.amount_minor, original.currency);
     let Ok(amount) = amount else {
         return Decision::Deny(Refusal::Invalid("the collection's amount is not a valid amount"));
     };
     let account = &original.to_account;
-    decide(
-        &has_scope,
-        profile,
-        scopes::REFUND,
-        "refund_payment",
-        [account, account],
-        amount,
-        force_approval || over_limit_original,
-    )
+    decide(&has_scope, profile, scopes::REFUND, "refund_payment", [account, account], amount, force_approval)
 }
 
 fn decide(
@@ -369,6 +359,25 @@ mod tests {
             Decision::Deny(e) => Some(AgentError::from(e.clone()).code),
             _ => None,
         }
+    }
+
+    /// The user-approval tier: up to and including its maximum, in its currency only; a profile
+    /// without one leaves every approval to operators.
+    #[test]
+    fn a_user_approves_only_within_their_tier() {
+        let mut p = profile();
+        assert!(!p.user_may_approve(kes("0.01")), "no tier: operators only");
+        p.user_approval_max_minor.insert(Currency::parse("KES").unwrap(), 500_000);
+        assert!(p.user_may_approve(kes("5000.00")));
+        assert!(!p.user_may_approve(kes("5000.01")));
+        assert!(!p.user_may_approve(Money::parse("1", Currency::parse("USD").unwrap()).unwrap()));
+    }
+
+    #[test]
+    fn the_autonomous_limit_reads_in_its_currency() {
+        let p = profile();
+        assert_eq!(p.limit_decimal(Currency::parse("KES").unwrap()).as_deref(), Some("1000.00"));
+        assert_eq!(p.limit_decimal(Currency::parse("USD").unwrap()), None);
     }
 
     #[test]
@@ -466,10 +475,13 @@ mod tests {
         assert_eq!(code(&decide_reversal(collect_only, &p, &collection, false)), Some(ErrorCode::InsufficientScope));
         collection.to_account = acct("acct-Z");
         assert_eq!(code(&decide_reversal(all, &p, &collection, false)), Some(ErrorCode::AccountNotAllowed));
-        // Reversing a collection that itself needed a human needs one too.
-        let mut big = paid(500_000, 0);
+        // Reversing a collection that itself needed a human needs one too: to the minor unit.
+        let mut big = paid(100_001, 0);
         big.from_account = acct("mpesa-254712345678");
         assert!(matches!(decide_reversal(all, &p, &big, false), Decision::RequireApproval { .. }));
+        big.amount_minor = 100_000;
+        assert_eq!(decide_reversal(all, &p, &big, false), Decision::Allow, "exactly the limit");
+        assert!(matches!(decide_reversal(all, &p, &big, true), Decision::RequireApproval { .. }), "forced");
         // Payouts: their own scope, the rail's account, the autonomous limit.
         let b = acct("acct-B");
         assert_eq!(decide_payout(all, "send_mpesa_payout", &p, &b, kes("1000.00"), false), Decision::Allow);
