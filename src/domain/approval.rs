@@ -310,3 +310,143 @@ pub enum PasskeyInsert {
     /// The person already has this many live passkeys.
     TooMany,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> ApprovalRecord {
+        ApprovalRecord {
+            id: ApprovalId::parse("apr_1").unwrap(),
+            status: ApprovalStatus::Pending,
+            kind: MandateKind::Closed,
+            idempotency_key: "idk".into(),
+            fingerprint: "fp".into(),
+            principal_iss: "iss".into(),
+            principal_sub: "agent".into(),
+            principal_user: None,
+            tool: "create_payment".into(),
+            intent: serde_json::json!({"to": "acct-B", "from": "acct-A"}),
+            amount_minor: 500_000,
+            currency: Currency::parse("KES").unwrap(),
+            reason: "over the limit".into(),
+            created_at: 1_000,
+            expires_at: 2_000,
+            reviewers_required: 1,
+            requested_by: "agent".into(),
+            mandate_id: None,
+            mandate: None,
+            decided_at: None,
+            decision_reason: None,
+            reviews: vec![],
+            approver: Approver::Operator,
+            passkey_required: false,
+        }
+    }
+
+    /// The names the stores, claims and views use: each reads back, nothing else parses.
+    #[test]
+    fn names_read_back_as_stored() {
+        for k in [MandateKind::Closed, MandateKind::Open] {
+            assert_eq!(MandateKind::parse(k.as_str()), Some(k));
+        }
+        for s in [ApprovalStatus::Pending, ApprovalStatus::Approved, ApprovalStatus::Rejected, ApprovalStatus::Expired]
+        {
+            assert_eq!((ApprovalStatus::parse(s.as_str()), s.to_string()), (Some(s), s.as_str().to_string()));
+        }
+        for d in [ReviewDecision::Approve, ReviewDecision::Reject] {
+            assert_eq!(ReviewDecision::parse(d.as_str()), Some(d));
+        }
+        for a in [Approver::Operator, Approver::User] {
+            assert_eq!(Approver::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(
+            [
+                MandateKind::Closed.as_str(),
+                MandateKind::Open.as_str(),
+                Approver::Operator.as_str(),
+                Approver::User.as_str()
+            ],
+            ["closed", "open", "operator", "user"]
+        );
+        for junk in ["", "Closed", "approved ", "users", "xyzzy"] {
+            assert_eq!(MandateKind::parse(junk), None);
+            assert_eq!(Approver::parse(junk), None);
+            assert_eq!(ApprovalStatus::parse(junk), None);
+            assert_eq!(ReviewDecision::parse(junk), None);
+        }
+    }
+
+    #[test]
+    fn a_pending_approval_expires_at_its_second_and_a_decided_one_never_does() {
+        let mut rec = record();
+        assert_eq!(rec.status_at(1_999), ApprovalStatus::Pending);
+        assert_eq!(rec.status_at(2_000), ApprovalStatus::Expired);
+        rec.status = ApprovalStatus::Approved;
+        assert_eq!(rec.status_at(9_999), ApprovalStatus::Approved);
+    }
+
+    /// What a passkey signs is a contract with the console and the person's authenticator: pinned
+    /// here (canonical JSON, sorted keys; its SHA-256 computed by Python's hashlib), and different
+    /// for the other decision, another amount or another payee.
+    #[test]
+    fn the_passkey_payload_and_challenge_are_pinned_and_bind_the_decision() {
+        let rec = record();
+        let payload = passkey_payload(&rec, ReviewDecision::Approve);
+        assert_eq!(
+            payload,
+            r#"{"amount_minor":"500000","approval_id":"apr_1","currency":"KES","decision":"approve","intent":{"from":"acct-A","to":"acct-B"},"tool":"create_payment"}"#
+        );
+        assert_eq!(
+            crate::domain::ids::hex(&passkey_challenge(&rec, ReviewDecision::Approve)),
+            "b77128b2967cc533abf856b7e2705765878379495f681aad78f03d79ec55fefd"
+        );
+        let challenge = passkey_challenge(&rec, ReviewDecision::Approve);
+        assert_ne!(challenge, passkey_challenge(&rec, ReviewDecision::Reject));
+        let mut more = rec.clone();
+        more.amount_minor += 1;
+        assert_ne!(challenge, passkey_challenge(&more, ReviewDecision::Approve));
+        let mut elsewhere = rec;
+        elsewhere.intent["to"] = serde_json::json!("acct-Z");
+        assert_ne!(challenge, passkey_challenge(&elsewhere, ReviewDecision::Approve));
+    }
+
+    #[test]
+    fn evidence_digests_are_sha256_hex() {
+        assert_eq!(
+            passkey_evidence_digest("evidence"),
+            "ee8250fb76e094b34b471f13a73dbbe51d1ae142e9df59d7c0d31ec20f0a0a8e"
+        );
+    }
+
+    /// The mandate is signed over every review that completes the approval, the one being
+    /// recorded included; the issuer's refusal is the review's error.
+    #[test]
+    fn the_mandate_sees_the_review_that_completes_it() {
+        let review = Review {
+            reviewer_iss: "iss".into(),
+            reviewer_sub: "op".into(),
+            decision: ReviewDecision::Approve,
+            reason: None,
+            at: 1_500,
+            passkey: None,
+            as_user: false,
+        };
+        let issue: MandateIssuer = Box::new(|rec, approvers| {
+            assert_eq!(rec.reviews.len(), 1);
+            assert_eq!(rec.reviews[0].reviewer_sub, "op");
+            Ok(IssuedMandate {
+                id: format!("m-{}", approvers.join(",")),
+                jws: "jws".into(),
+                budget_minor: None,
+                max_uses: 1,
+                expires_at: rec.expires_at,
+            })
+        });
+        let issued = issue_mandate(issue, &record(), &review, &["iss op".to_string()]).unwrap();
+        assert_eq!((issued.id.as_str(), issued.expires_at), ("m-iss op", 2_000));
+        let refuse: MandateIssuer = Box::new(|_, _| Err("no key".into()));
+        let e = issue_mandate(refuse, &record(), &review, &[]).unwrap_err();
+        assert_eq!(e.to_string(), "cannot issue the mandate: no key");
+    }
+}
