@@ -44,3 +44,21 @@ pub struct AuditRecord {
 fn one() -> i64 {
     1
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before throttled refusals were counted (archives, older rows) stands for
+    /// one decision.
+    #[test]
+    fn a_record_without_a_count_stands_for_one_decision() {
+        let r: AuditRecord = serde_json::from_value(serde_json::json!({
+            "seq": 7, "at": 1_000, "correlation_id": "c", "principal_iss": "iss", "principal_sub": "agent",
+            "tool": "create_payment", "decision": "allowed", "code": null, "idempotency_key": null,
+            "payment_id": null, "approval_id": null, "detail": null
+        }))
+        .unwrap();
+        assert_eq!((r.repeats, r.principal_user), (1, None));
+    }
+}

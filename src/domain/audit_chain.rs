@@ -330,6 +330,13 @@ mod tests {
         let mut edited = links.clone();
         edited[1].record.as_mut().unwrap().detail = Some("y".into());
         assert_eq!(walk(&edited, &cp).first_break.unwrap().chain_seq, 2);
+        // The verifier stops reading at the first break (`audit_chain::verify` loops while not
+        // broken): the walk says so from that link on.
+        let mut w = Walk::new(ChainHead::genesis(), cp.iter().cloned());
+        w.push(&edited[0]);
+        assert!(!w.broken());
+        w.push(&edited[1]);
+        assert!(w.broken());
 
         let mut gone = links.clone();
         gone[2].record = None;
