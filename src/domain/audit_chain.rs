@@ -247,7 +247,7 @@ impl Walk {
                     None,
                     format!("positions {}..={newest} are missing: a signed checkpoint covers them", last + 1),
                 );
-            } else if head.chain_seq != last || (last > 0 && head.hash != self.prev) {
+            } else if head.chain_seq != last || head.hash != self.prev {
                 self.fail(
                     last + 1,
                     None,
@@ -376,6 +376,33 @@ mod tests {
         // The last three links deleted: the checkpoint at 4 says they existed.
         let b = walk(&links[..2], &cp).first_break.unwrap();
         assert_eq!(b.chain_seq, 3, "{b:?}");
+    }
+
+    /// The store's recorded head must be where the chain ends, hash and all: a head moved back
+    /// (the newest links cut) or rewritten breaks just past the chain's end.
+    #[test]
+    fn the_recorded_head_must_be_the_chains_end() {
+        let links = chain(5);
+        // The newest link checkpointed and present: intact.
+        let v = walk(&links, &[(5, links[4].hash.clone())]);
+        assert!(v.ok, "{v:?}");
+        let ends = |head: ChainHead, links: &[ChainLink]| {
+            let mut w = Walk::new(ChainHead::genesis(), []);
+            for l in links {
+                w.push(l);
+            }
+            w.finish(&head, 0)
+        };
+        let head = ChainHead { chain_seq: 5, hash: links[4].hash.clone() };
+        assert!(ends(head.clone(), &links).ok);
+        let rewritten = ends(ChainHead { chain_seq: 5, hash: links[3].hash.clone() }, &links);
+        let b = rewritten.first_break.unwrap();
+        assert_eq!((b.chain_seq, b.seq), (6, None), "{}", b.reason);
+        let longer = ends(ChainHead { chain_seq: 6, hash: links[4].hash.clone() }, &links);
+        assert_eq!(longer.first_break.unwrap().chain_seq, 6);
+        // Nothing sealed: the head is the genesis, exactly.
+        assert!(ends(ChainHead::genesis(), &[]).ok);
+        assert_eq!(ends(ChainHead { chain_seq: 0, hash: "x".into() }, &[]).first_break.unwrap().chain_seq, 1);
     }
 
     #[test]

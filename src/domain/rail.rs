@@ -220,3 +220,49 @@ pub struct RailUpdate {
     pub receipt: Option<String>,
     pub reason: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names `rail_payments` keeps: each reads back, nothing else parses.
+    #[test]
+    fn states_and_flows_read_back_as_stored() {
+        use RailState::*;
+        for s in [Submitting, Unknown, Pending, Succeeded, Failed] {
+            assert_eq!(RailState::parse(s.as_str()), Some(s));
+        }
+        for f in [RailFlow::Collection, RailFlow::Payout, RailFlow::Reversal, RailFlow::Ledger] {
+            assert_eq!(RailFlow::parse(f.as_str()), Some(f));
+        }
+        for junk in ["", "Pending", "refund", "collections"] {
+            assert_eq!((RailState::parse(junk), RailFlow::parse(junk)), (None, None), "{junk:?}");
+        }
+    }
+
+    /// An agent sees settled states as they are and everything else as pending.
+    #[test]
+    fn agents_see_only_settled_states_as_final() {
+        use RailState::*;
+        let seen = [Submitting, Unknown, Pending, Succeeded, Failed].map(RailState::status);
+        use PaymentStatus as P;
+        assert_eq!(seen, [P::Pending, P::Pending, P::Pending, P::Succeeded, P::Failed]);
+        let terminal = [Submitting, Unknown, Pending, Succeeded, Failed].map(RailState::is_terminal);
+        assert_eq!(terminal, [false, false, false, true, true]);
+    }
+
+    #[test]
+    fn payouts_and_reversals_are_the_outbound_flows() {
+        let out =
+            [RailFlow::Collection, RailFlow::Payout, RailFlow::Reversal, RailFlow::Ledger].map(RailFlow::is_outbound);
+        assert_eq!(out, [false, true, true, false]);
+    }
+
+    #[test]
+    fn a_settlement_gives_its_reason_unless_it_succeeded() {
+        assert_eq!(Settlement::Succeeded.reason(), None);
+        assert_eq!(Settlement::Failed("cancelled".into()).reason(), Some("cancelled"));
+        assert_eq!(Settlement::Pending("waiting".into()).reason(), Some("waiting"));
+        assert_eq!(Settlement::Unrecognised("code 42".into()).reason(), Some("code 42"));
+    }
+}
