@@ -311,38 +311,40 @@ pub enum PasskeyInsert {
     TooMany,
 }
 
+/// A pending closed approval of KES 5,000.00 acct-A → acct-B (for unit tests across the domain).
+#[cfg(test)]
+pub(crate) fn sample_record() -> ApprovalRecord {
+    ApprovalRecord {
+        id: ApprovalId::parse("apr_1").unwrap(),
+        status: ApprovalStatus::Pending,
+        kind: MandateKind::Closed,
+        idempotency_key: "idk".into(),
+        fingerprint: "fp".into(),
+        principal_iss: "iss".into(),
+        principal_sub: "agent".into(),
+        principal_user: None,
+        tool: "create_payment".into(),
+        intent: serde_json::json!({"to": "acct-B", "from": "acct-A"}),
+        amount_minor: 500_000,
+        currency: Currency::parse("KES").unwrap(),
+        reason: "over the limit".into(),
+        created_at: 1_000,
+        expires_at: 2_000,
+        reviewers_required: 1,
+        requested_by: "agent".into(),
+        mandate_id: None,
+        mandate: None,
+        decided_at: None,
+        decision_reason: None,
+        reviews: vec![],
+        approver: Approver::Operator,
+        passkey_required: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record() -> ApprovalRecord {
-        ApprovalRecord {
-            id: ApprovalId::parse("apr_1").unwrap(),
-            status: ApprovalStatus::Pending,
-            kind: MandateKind::Closed,
-            idempotency_key: "idk".into(),
-            fingerprint: "fp".into(),
-            principal_iss: "iss".into(),
-            principal_sub: "agent".into(),
-            principal_user: None,
-            tool: "create_payment".into(),
-            intent: serde_json::json!({"to": "acct-B", "from": "acct-A"}),
-            amount_minor: 500_000,
-            currency: Currency::parse("KES").unwrap(),
-            reason: "over the limit".into(),
-            created_at: 1_000,
-            expires_at: 2_000,
-            reviewers_required: 1,
-            requested_by: "agent".into(),
-            mandate_id: None,
-            mandate: None,
-            decided_at: None,
-            decision_reason: None,
-            reviews: vec![],
-            approver: Approver::Operator,
-            passkey_required: false,
-        }
-    }
 
     /// The names the stores, claims and views use: each reads back, nothing else parses.
     #[test]
@@ -379,7 +381,7 @@ mod tests {
 
     #[test]
     fn a_pending_approval_expires_at_its_second_and_a_decided_one_never_does() {
-        let mut rec = record();
+        let mut rec = sample_record();
         assert_eq!(rec.status_at(1_999), ApprovalStatus::Pending);
         assert_eq!(rec.status_at(2_000), ApprovalStatus::Expired);
         rec.status = ApprovalStatus::Approved;
@@ -391,7 +393,7 @@ mod tests {
     /// for the other decision, another amount or another payee.
     #[test]
     fn the_passkey_payload_and_challenge_are_pinned_and_bind_the_decision() {
-        let rec = record();
+        let rec = sample_record();
         let payload = passkey_payload(&rec, ReviewDecision::Approve);
         assert_eq!(
             payload,
@@ -443,10 +445,10 @@ mod tests {
                 expires_at: rec.expires_at,
             })
         });
-        let issued = issue_mandate(issue, &record(), &review, &["iss op".to_string()]).unwrap();
+        let issued = issue_mandate(issue, &sample_record(), &review, &["iss op".to_string()]).unwrap();
         assert_eq!((issued.id.as_str(), issued.expires_at), ("m-iss op", 2_000));
         let refuse: MandateIssuer = Box::new(|_, _| Err("no key".into()));
-        let e = issue_mandate(refuse, &record(), &review, &[]).unwrap_err();
+        let e = issue_mandate(refuse, &sample_record(), &review, &[]).unwrap_err();
         assert_eq!(e.to_string(), "cannot issue the mandate: no key");
     }
 }

@@ -70,10 +70,6 @@ pub struct Notice {
 }
 
 impl Notice {
-    pub fn none() -> Notice {
-        Notice::default()
-    }
-
     /// The event's messages, one per endpoint, with `data` as the payload.
     pub fn messages(&self, data: Value) -> Vec<OutboxMessage> {
         if self.endpoints.is_empty() {
@@ -148,7 +144,22 @@ mod tests {
         assert_ne!(m[0].id, m[1].id);
         let body: Value = serde_json::from_str(&m[0].body).unwrap_or_default();
         assert_eq!((body["type"].as_str(), body["data"]["payee"].as_str()), (Some("payee.added"), Some("acct-B")));
-        assert!(Notice::none().messages(json!({})).is_empty(), "no endpoint, nothing written");
+        assert!(Notice::default().messages(json!({})).is_empty(), "no endpoint, nothing written");
+    }
+
+    /// What a human needs to open and decide the approval, and never its mandate.
+    #[test]
+    fn an_approval_event_carries_the_decision_page_never_the_mandate() {
+        let mut a = crate::domain::approval::sample_record();
+        a.intent["payee"] = json!("acct-B");
+        a.mandate = Some("eyJhbGciOi.secret.mandate".into());
+        let data = approval_data(&a, "https://gw/approvals/apr_1");
+        assert_eq!(
+            (data["approval_id"].as_str(), data["amount"].as_str(), data["payee"].as_str()),
+            (Some("apr_1"), Some("5000.00"), Some("acct-B"))
+        );
+        assert_eq!(data["approval_url"], "https://gw/approvals/apr_1");
+        assert!(!data.to_string().contains("secret.mandate"), "{data}");
     }
 
     #[test]
