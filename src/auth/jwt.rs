@@ -91,14 +91,8 @@ pub struct VerifiedClaims {
 /// JWKS key verified it.
 type Verified = (VerifiedClaims, Vec<String>, i64, Option<i64>, bool);
 
-/// Longest subject (or actor) accepted, in bytes.
-pub const SUBJECT_BYTES_MAX: usize = 256;
-
-/// A subject the gateway can key on: present, bounded, no control characters (they could forge
-/// log lines, and no identity provider issues them).
-fn subject_ok(s: &str) -> bool {
-    !s.is_empty() && s.len() <= SUBJECT_BYTES_MAX && !s.chars().any(char::is_control)
-}
+pub use crate::domain::principal::SUBJECT_BYTES_MAX;
+use crate::domain::principal::valid_subject as subject_ok;
 
 /// The current actor of an RFC 8693 `act` claim: its `sub` (a nested `act` names earlier actors,
 /// which do not act now).

@@ -58,15 +58,31 @@ pub fn usage_subject(subject: &str, user: Option<&str>) -> String {
     }
 }
 
-/// A subject an operator names (to suspend, resume or pre-authorize): what a token's `sub` could
-/// be: 1 to 256 bytes, no control characters.
+/// Longest subject (or actor) accepted, in bytes.
+pub const SUBJECT_BYTES_MAX: usize = 256;
+
+/// A subject the gateway can key on — a token's `sub` or `act.sub`, or one an operator names (to
+/// suspend, resume or pre-authorize): 1 to [`SUBJECT_BYTES_MAX`] bytes, no control characters
+/// (they could forge log lines, and no identity provider issues them).
 pub fn valid_subject(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control)
+    !s.is_empty() && s.len() <= SUBJECT_BYTES_MAX && !s.chars().any(char::is_control)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subject_is_one_to_256_bytes_without_control_characters() {
+        assert!(valid_subject("a"));
+        assert!(valid_subject(&"é".repeat(SUBJECT_BYTES_MAX / 2)), "bytes, not characters");
+        assert!(!valid_subject(&"é".repeat(SUBJECT_BYTES_MAX / 2 + 1)));
+        assert!(valid_subject(&"a".repeat(SUBJECT_BYTES_MAX)));
+        assert!(!valid_subject(&"a".repeat(SUBJECT_BYTES_MAX + 1)));
+        for bad in ["", "ali\nce", "bo\u{7}b", "\u{85}"] {
+            assert!(!valid_subject(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_pairs_usage_key_is_never_a_subjects() {

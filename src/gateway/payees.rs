@@ -12,6 +12,7 @@ use crate::clock::{UnixSecs, rfc3339};
 use crate::domain::ids::AccountId;
 use crate::domain::payee::PayeeRecord;
 use crate::domain::principal::usage_subject;
+use crate::domain::principal::valid_subject as is_name;
 
 /// Payees one list answers at most.
 pub const PAYEES_LISTED_MAX: u32 = 500;
@@ -202,11 +203,6 @@ impl Gateway {
             "known_since": view.known_since,
         }))
     }
-}
-
-/// A subject as a token carries one: 1 to `SUBJECT_BYTES_MAX` bytes, no control characters.
-fn is_name(v: &str) -> bool {
-    !v.is_empty() && v.len() <= crate::auth::jwt::SUBJECT_BYTES_MAX && !v.chars().any(char::is_control)
 }
 
 fn bad_name(field: &str) -> OpError {
