@@ -136,10 +136,9 @@ pub fn parse_minor(amount: &str, currency: Currency) -> Result<i64, MoneyError> 
     if frac.len() > exp as usize {
         return Err(MoneyError::TooManyDecimals { amount: amount.chars().take(32).collect(), currency, exponent: exp });
     }
+    // Digits only from here: a part too long for i64 fails to parse, and a product or sum past it
+    // is checked, so every too-large amount ends as TooLarge below.
     let int_trimmed = int_part.trim_start_matches('0');
-    if int_trimmed.len() > 16 {
-        return Err(MoneyError::TooLarge);
-    }
     let whole: i64 = if int_trimmed.is_empty() { 0 } else { int_trimmed.parse().map_err(|_| MoneyError::TooLarge)? };
     let mut frac_minor: i64 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| malformed())? };
     for _ in frac.len()..exp as usize {
@@ -202,6 +201,30 @@ mod tests {
         assert_eq!(Money::parse("0.00", kes()), Err(MoneyError::NotPositive));
         assert_eq!(Money::parse("99999999999999999999", kes()), Err(MoneyError::TooLarge));
         assert_eq!(Money::parse("10000000000000.01", kes()), Err(MoneyError::TooLarge));
+    }
+
+    /// No amount above `AMOUNT_MINOR_MAX` minor units, to the unit, whatever the exponent and
+    /// however many digits (leading zeros do not count).
+    #[test]
+    fn amounts_are_bounded_to_the_unit() {
+        let (jpy, kwd) = (Currency::parse("JPY").unwrap(), Currency::parse("KWD").unwrap());
+        assert_eq!(parse_minor("1000000000000000", jpy), Ok(AMOUNT_MINOR_MAX));
+        assert_eq!(parse_minor("0001000000000000000", jpy), Ok(AMOUNT_MINOR_MAX));
+        assert_eq!(parse_minor("1000000000000001", jpy), Err(MoneyError::TooLarge));
+        assert_eq!(parse_minor("1000000000000.000", kwd), Ok(AMOUNT_MINOR_MAX));
+        assert_eq!(parse_minor("1000000000000.001", kwd), Err(MoneyError::TooLarge));
+        for huge in ["99999999999999999", "9223372036854775807", "9223372036854775808", &"9".repeat(40)] {
+            assert_eq!(parse_minor(huge, kes()), Err(MoneyError::TooLarge), "{huge}");
+        }
+        assert_eq!(Money::from_minor(AMOUNT_MINOR_MAX, kwd).map(|m| m.minor()), Ok(AMOUNT_MINOR_MAX));
+        assert_eq!(Money::from_minor(AMOUNT_MINOR_MAX + 1, kwd), Err(MoneyError::TooLarge));
+        assert_eq!(Money::from_minor(1, kes()).map(|m| m.minor()), Ok(1));
+        assert_eq!(Money::from_minor(0, kes()), Err(MoneyError::NotPositive));
+    }
+
+    #[test]
+    fn money_shows_its_currency_and_canonical_amount() {
+        assert_eq!(Money::parse("50", kes()).unwrap().to_string(), "KES 50.00");
     }
 
     #[test]
