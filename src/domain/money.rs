@@ -275,3 +275,23 @@ impl<'de> Deserialize<'de> for MoneyMap {
         Ok(MoneyMap(map))
     }
 }
+
+#[cfg(test)]
+mod money_map_tests {
+    use super::*;
+
+    /// Config amounts are parsed once, exactly, by their currency; a bad one names itself.
+    #[test]
+    fn a_money_map_reads_each_amount_by_its_currency() {
+        let m: MoneyMap = serde_json::from_value(serde_json::json!({"KES": "1000.00", "JPY": "500"})).unwrap();
+        let (kes, jpy, usd) =
+            (Currency::parse("KES").unwrap(), Currency::parse("JPY").unwrap(), Currency::parse("USD").unwrap());
+        assert_eq!((m.get(kes), m.get(jpy), m.get(usd)), (Some(100_000), Some(500), None));
+        assert_eq!((m.contains(kes), m.contains(usd), m.is_empty()), (true, false, false));
+        assert_eq!(m.iter().count(), 2);
+        assert!(MoneyMap::default().is_empty());
+        let bad = serde_json::from_value::<MoneyMap>(serde_json::json!({"KES": "10.001"})).unwrap_err();
+        assert!(bad.to_string().contains("KES \"10.001\""), "{bad}");
+        assert!(serde_json::from_value::<MoneyMap>(serde_json::json!({"XXX": "1"})).is_err());
+    }
+}
