@@ -156,3 +156,24 @@ pub struct VolumeRow {
     pub count: i64,
     pub amount_minor: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names operators filter mandates by: each reads back, nothing else parses.
+    #[test]
+    fn mandate_statuses_read_back_as_written() {
+        use MandateStatus::*;
+        assert_eq!(
+            [Active, Revoked, UsedUp, Expired].map(MandateStatus::as_str),
+            ["active", "revoked", "used_up", "expired"]
+        );
+        for s in [Active, Revoked, UsedUp, Expired] {
+            assert_eq!(MandateStatus::parse(s.as_str()), Some(s));
+        }
+        for junk in ["", "Active", "used-up", "usedup", "xyzzy"] {
+            assert_eq!(MandateStatus::parse(junk), None, "{junk:?}");
+        }
+    }
+}
