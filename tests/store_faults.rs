@@ -145,7 +145,7 @@ async fn a_failing_approval_write_asks_nobody_and_the_retry_asks_once(db: Option
     let r = call(&agent, "create_payment", pay("fault-3", "5000.00")).await;
     assert_refused(&r, "INTERNAL", "the approval was not written");
     let token = app.operator_token("auditor", "payments:audit");
-    let (_, listed) = operator(&app, reqwest::Method::GET, "/operator/v1/approvals?status=pending", &token, None).await;
+    let (_, listed) = operator(app, reqwest::Method::GET, "/operator/v1/approvals?status=pending", &token, None).await;
     assert_eq!(listed["items"], json!([]), "no approval half-made: {listed}");
     rig.heal().await;
     let asked = call(&agent, "create_payment", pay("fault-3", "5000.00")).await;
