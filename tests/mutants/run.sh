@@ -2,9 +2,11 @@
 # Mutation testing of the core (the files in .cargo/mutants.toml) with the unit tests.
 #
 #   tests/mutants/run.sh                 every mutant of the core (~800, ~90 min on 2 cores)
-#   tests/mutants/run.sh --in-diff       only mutants in lines changed since tests/mutants/BASE
-#                                        (what .ci/run does; nothing to do when the core is unchanged)
-#   tests/mutants/run.sh -f src/mandate.rs   one file (any cargo-mutants option passes through)
+#   tests/mutants/run.sh --in-diff       only mutants in the core's lines changed since
+#                                        tests/mutants/BASE (what .ci/run does; nothing to do when
+#                                        the core is unchanged)
+#   tests/mutants/run.sh -f src/mandate.rs   those files instead of the core (any cargo-mutants
+#                                        option passes through: --iterate, --re, -j with a copy...)
 #
 # Runs on a throwaway copy of the tree (git worktree under target/) with its own target dir, so a
 # mutated build can never be mistaken for the real one. Exit 0 only when no viable mutant survives.
@@ -16,20 +18,34 @@ if ! cargo mutants --version 2>/dev/null | grep -qx "cargo-mutants $version"; th
   cargo install cargo-mutants --version "$version" --locked --quiet
 fi
 
+# The core: the pure domain, and the modules money and authority pass through.
+core=(
+  'src/domain/**/*.rs'
+  src/mandate.rs
+  src/idempotency.rs
+  src/request_state.rs
+  src/auth/jwt.rs
+  src/gateway/unit_of_work.rs
+  src/gateway/exactly_once.rs
+)
+
 args=()
 if [ "${1:-}" = "--in-diff" ]; then
   shift
   base=$(tr -d '[:space:]' < tests/mutants/BASE)
   diff=$(mktemp)
   trap 'rm -f "$diff"' EXIT
-  mapfile -t globs < <(sed -n '/^examine_globs/,/^]/p' .cargo/mutants.toml | grep -o '"[^"]*"' | tr -d '"' | sed 's/^/:(glob)/')
-  git diff "$base" -- "${globs[@]}" > "$diff"
+  git diff "$base" -- "${core[@]/#/:(glob)}" > "$diff"
   if [ ! -s "$diff" ]; then
     echo "mutants: the core is unchanged since $base; nothing to mutate"
     exit 0
   fi
   args+=(--in-diff "$diff")
 fi
+case " $* " in
+  *" -f "* | *" --file "* | *" --file="*) ;;
+  *) for f in "${core[@]}"; do args+=(-f "$f"); done ;;
+esac
 
 # A detached worktree of HEAD plus the uncommitted changes, and a target dir of its own (seeded
 # from the real one when it exists, so only this crate rebuilds).
