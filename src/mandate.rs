@@ -228,14 +228,10 @@ impl MandateKeys {
     /// Periods whose keys verify at `now`: from the oldest that may still have a live mandate to
     /// the next one (published ahead).
     fn verifying_periods(&self, now: UnixSecs) -> std::ops::RangeInclusive<i64> {
-        let r = self.schedule.rotate_secs;
+        // Period p signs until (p + 1) * r; its mandates live lifetime_max past that, give or take
+        // the skew: its key verifies while now < (p + 1) * r + lifetime_max + skew, that is while
+        // p >= period_of(now - lifetime_max - skew).
         let oldest = self.period_of(now - self.schedule.lifetime_max_secs - CLOCK_SKEW_SECS);
-        // Period p signs until (p + 1) * r (+ skew); its mandates live lifetime_max past that.
-        let oldest = if (oldest + 1) * r + self.schedule.lifetime_max_secs + CLOCK_SKEW_SECS <= now {
-            oldest + 1
-        } else {
-            oldest
-        };
         oldest.max(0)..=self.period_of(now + CLOCK_SKEW_SECS) + 1
     }
 
@@ -784,3 +780,7 @@ mod tests {
         assert!(check_shape(&unbounded).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "mandate_tests.rs"]
+mod bounds_tests;
