@@ -105,9 +105,11 @@ fn exported_keys_cover_since_through_the_next_and_are_bounded() {
     let jws = k.sign(&claims(3 * 3600, 3 * 3600 + 60)).unwrap();
     assert!(verifier.verify(&jws, 3 * 3600).is_ok(), "the exported keys verify");
     assert_eq!(kids(&k.jwks_since(-5, 0).unwrap()), ["mk1-0", "mk1-1"], "nothing before period 0");
-    let most = EXPORTED_KEYS_MAX - 2;
-    assert_eq!(k.jwks_since(0, most * 3600).unwrap()["keys"].as_array().unwrap().len() as i64, EXPORTED_KEYS_MAX);
-    assert!(k.jwks_since(0, (most + 1) * 3600).is_err(), "one key more than the bound");
+    // From period 5: periods 5 ..= 5 + EXPORTED_KEYS_MAX - 1 are exactly the bound.
+    let most = 5 + EXPORTED_KEYS_MAX - 2;
+    let bounded = k.jwks_since(5 * 3600, most * 3600).unwrap();
+    assert_eq!(bounded["keys"].as_array().unwrap().len() as i64, EXPORTED_KEYS_MAX);
+    assert!(k.jwks_since(5 * 3600, (most + 1) * 3600).is_err(), "one key more than the bound");
 }
 
 fn checkpoint(iat: UnixSecs) -> CheckpointClaims {
