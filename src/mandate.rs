@@ -782,5 +782,4 @@ mod tests {
 }
 
 #[cfg(test)]
-#[path = "mandate_tests.rs"]
 mod bounds_tests;
