@@ -162,6 +162,13 @@ fn checkpoints_verify_under_their_own_periods_key_only() {
     negative.kid = Some("mk1--1".into());
     let below = encode(&negative, &c, &k.period_key(0).signing).unwrap();
     assert!(k.verify_checkpoint(&below).is_err());
+    // Checkpoint claims under another type (or none) are no checkpoint: the types keep mandates
+    // and checkpoints apart whatever their claims.
+    for typ in [Some(MANDATE_TYP.to_string()), None] {
+        let mut h = Header::new(Algorithm::EdDSA);
+        h.typ = typ;
+        assert!(k.verify_checkpoint(&forged(&k, 2, h, &c)).is_err());
+    }
     // A mandate is not a checkpoint, nor is anything not EdDSA.
     let mandate = k.sign(&claims(2 * 3600, 2 * 3600 + 60)).unwrap();
     assert!(k.verify_checkpoint(&mandate).is_err());
