@@ -66,4 +66,9 @@ CARGO_TARGET_DIR="$target" cargo mutants --in-place --no-shuffle -o "$root/targe
 rc=$?
 set -e
 echo "mutants: results in target/mutants.out (caught.txt, missed.txt, unviable.txt, timeout.txt)"
+# The table of docs/TESTING.md, over what this run was asked to mutate.
+list=$(mktemp)
+CARGO_TARGET_DIR="$target" cargo mutants --list "${args[@]}" "$@" > "$list" 2>/dev/null || true
+python3 "$root/tests/mutants/table.py" "$list" "$root/target/mutants.out" || true
+rm -f "$list"
 exit $rc
