@@ -12,16 +12,19 @@ import collections
 import pathlib
 import sys
 
-verdict = {}
+def lines(d, file):
+    p = pathlib.Path(d) / file
+    return [l.strip() for l in p.read_text().splitlines() if l.strip()] if p.is_file() else []
+
+
+# `--iterate` lists what it skipped as previously caught (caught or unviable, not which): a
+# default that any run's own verdict overrides, later runs over earlier ones.
+verdict = {m: "caught" for out in sys.argv[2:] for m in lines(out, "previously_caught.txt")}
 for out in sys.argv[2:]:
-    d = pathlib.Path(out)
-    for kind, file in [("caught", "previously_caught.txt"), ("caught", "caught.txt"), ("unviable", "unviable.txt"),
-                       ("missed", "missed.txt"), ("timeout", "timeout.txt")]:
-        p = d / file
-        if p.is_file():
-            for line in p.read_text().splitlines():
-                if line.strip():
-                    verdict[line.strip()] = kind
+    for kind, file in [("caught", "caught.txt"), ("unviable", "unviable.txt"), ("missed", "missed.txt"),
+                       ("timeout", "timeout.txt")]:
+        for m in lines(out, file):
+            verdict[m] = kind
 
 mutants = [l.strip() for l in pathlib.Path(sys.argv[1]).read_text().splitlines() if l.strip()]
 rows = collections.defaultdict(collections.Counter)
