@@ -40,6 +40,8 @@ pub enum StartError {
     Auth(String),
     #[error("backend: {0}")]
     Backend(String),
+    #[error("policy: {0}")]
+    Policy(String),
 }
 
 /// The configured backend: the embedded ledger, or an HTTP ledger service behind the gateway's own
@@ -411,8 +413,12 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         seed_demo_accounts(&config, &store).await?;
     }
     let identity = identity(&config, &clock, &public_url)?;
-    let assembled = gateway(&config, &store, &clock, &public_url)?;
+    let assembled = gateway(&config, &store, &clock, &public_url, identity.dev_issuer.clone())?;
+    // The policy in force: the store's newest version (the config file's when the store has none).
+    let version = assembled.gateway.load_policy(&config.policy_document()).await.map_err(StartError::Policy)?;
+    tracing::info!(policy.version = version, "policy loaded");
     let shutdown = CancellationToken::new();
+    spawn_policy_refresh(&assembled.gateway, config.policy.refresh_secs, &shutdown);
     // Per-operator limits on the approval routes; the scheduler evicts their idle keys.
     let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
     let dev_key = identity.dev_key.clone();
@@ -550,6 +556,7 @@ fn gateway(
     store: &Arc<dyn Store>,
     clock: &Arc<dyn Clock>,
     public_url: &str,
+    dev_issuer: Option<String>,
 ) -> Result<Assembled, StartError> {
     let idem_secret = secret_or_file(config, &config.idempotency.secret, "idempotency.key")?;
     let mandate_secret = secret_or_file(config, &config.mandates.secret, "mandate.key")?;
@@ -579,7 +586,6 @@ fn gateway(
         rate_limited_per_denial: config.stop_rules.rate_limited_per_denial,
         stop_repeat_max: config.stop_rules.repeat_max as u32,
         refusal_audit_interval_secs: config.audit.refusals_interval_secs,
-        approval_required_tools: config.tools.approval_required.clone(),
         list_limit_max: config.limits.list_limit_max as u32,
         list_limit_default: config.limits.list_limit_default as u32,
         reconcile_window_secs: config.jobs.reconcile_window_secs,
@@ -588,11 +594,19 @@ fn gateway(
             true => config.webhooks.endpoints.iter().map(|e| (e.name.clone(), e.events.clone())).collect(),
             false => vec![],
         },
+        policy: crate::gateway::PolicySettings {
+            dev_issuer,
+            high_risk_amount: config.approvals.high_risk_amount.clone(),
+            simulate_window_max_secs: config.policy.simulate_window_max_secs,
+            simulate_records_max: config.policy.simulate_records_max as u32,
+        },
     };
     let mut gateway =
         Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)
             .with_known_accounts(known_accounts(config));
-    let mut disabled_tools = config.tools.disabled.clone();
+    // Tools a rail not configured cannot serve; the policy's `tools.disabled` is applied per call
+    // (`mcp`), so a change to it is live.
+    let mut disabled_tools = Vec::new();
     let mut rail_callbacks = HashMap::new();
     if config.mpesa.enabled {
         let m = &config.mpesa;
@@ -657,7 +671,6 @@ fn router(
         route_limits,
         routes_per_minute: config.approvals.routes_per_minute as u32,
         verifier: Arc::new(identity.verifier),
-        profiles: Arc::new(config.policy.profiles(identity.dev_issuer.as_deref())),
         sessions: Arc::new(SessionBindings::new(
             Duration::from_secs(config.server.session_idle_secs as u64),
             config.server.sessions_max as usize,
@@ -690,6 +703,27 @@ fn router(
             disabled_tools: assembled.disabled_tools.clone(),
         },
     )
+}
+
+/// Each replica puts the store's newest policy version in force within `every_secs` (not a leased
+/// job: every replica must, and it runs whether or not the scheduler does).
+fn spawn_policy_refresh(gateway: &Arc<Gateway>, every_secs: i64, shutdown: &CancellationToken) {
+    let (gateway, stop) = (gateway.clone(), shutdown.clone());
+    let every = Duration::from_secs(every_secs.max(1) as u64);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {
+                    if let Err(error) = gateway.refresh_policy().await {
+                        tracing::warn!(%error, "policy refresh failed; the version in force stands");
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// The in-process scheduler (M-Pesa polling, idempotency purge, reconciliation).

@@ -1,13 +1,15 @@
 //! Typed configuration: `config/default.toml` (compiled in) → optional file → `PAYGATE_*` env.
 //! Every limit is range-checked here, at start, so a bad value never reaches a request path.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::domain::ids::AccountId;
 use crate::domain::money::{Currency, MoneyMap, parse_minor};
+pub use crate::domain::policy_doc::{
+    COOLING_OFF_SECS_MAX, PayeesConfig, PolicyConfig, PolicyDocument, PolicyError, ProfileConfig, ToolsConfig,
+};
 
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 const ENV_PREFIX: &str = "PAYGATE_";
@@ -295,120 +297,9 @@ pub struct StopRulesConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ToolsConfig {
-    pub disabled: Vec<String>,
-    pub approval_required: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     pub list_limit_max: i64,
     pub list_limit_default: i64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyConfig {
-    pub default_profile: String,
-    pub profiles: Vec<ProfileConfig>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProfileConfig {
-    pub name: String,
-    #[serde(default)]
-    pub subjects: Vec<String>,
-    #[serde(default)]
-    pub client_ids: Vec<String>,
-    /// The users agents act for (RFC 8693 delegation: the token's `sub`, with `act.sub` the agent).
-    /// With `subjects` too, the profile matches only those agents acting for these users.
-    #[serde(default)]
-    pub users: Vec<String>,
-    #[serde(default)]
-    pub allowed_accounts: Vec<AccountId>,
-    #[serde(default)]
-    pub autonomous_limit: MoneyMap,
-    #[serde(default)]
-    pub daily_limit: MoneyMap,
-    /// What autonomous refunds may total per UTC day, per currency; a currency not listed takes
-    /// its `daily_limit`. Refunds count apart from payments, and their number is capped by
-    /// `daily_payments_max` too.
-    #[serde(default)]
-    pub daily_refund_limit: MoneyMap,
-    #[serde(default = "default_daily_payments_max")]
-    pub daily_payments_max: i64,
-    #[serde(default = "default_calls_per_minute")]
-    pub calls_per_minute: i64,
-    #[serde(default)]
-    pub tool_calls_per_minute: BTreeMap<String, i64>,
-    #[serde(default)]
-    pub issuer: String,
-    /// Matches only tokens signed with the dev key (the compiled-in "dev" profile).
-    #[serde(default)]
-    pub dev_key_only: bool,
-    /// Who approves this profile's payments over its limits: "operator" (default), or "user": the
-    /// person the agent acts for confirms it themselves, up to `user_approval_max` per currency.
-    #[serde(default = "default_approvals_by")]
-    pub approvals_by: String,
-    #[serde(default)]
-    pub user_approval_max: MoneyMap,
-    /// Every approval this profile's agents ask for is decided only with a passkey (approve,
-    /// reject, or the user's confirmation), whatever its amount.
-    #[serde(default)]
-    pub passkey_required: bool,
-    /// Who this profile's agents may pay (`domain::payee`).
-    #[serde(default)]
-    pub payees: PayeesConfig,
-}
-
-/// A profile's payee rules, as configured.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PayeesConfig {
-    /// "open" | "known" | "allow_list".
-    pub mode: String,
-    pub cooling_off_secs: i64,
-    pub new_payee_limit: MoneyMap,
-    pub daily_cap: MoneyMap,
-}
-
-/// Longest cooling-off period a profile may set: a year.
-pub const COOLING_OFF_SECS_MAX: i64 = 31_536_000;
-
-impl Default for PayeesConfig {
-    fn default() -> Self {
-        PayeesConfig {
-            mode: "open".into(),
-            cooling_off_secs: 86_400,
-            new_payee_limit: MoneyMap::default(),
-            daily_cap: MoneyMap::default(),
-        }
-    }
-}
-
-impl PayeesConfig {
-    fn rules(&self) -> crate::domain::payee::PayeeRules {
-        crate::domain::payee::PayeeRules {
-            // Validated at load: an unknown mode never gets here.
-            mode: crate::domain::payee::PayeeMode::parse(&self.mode).unwrap_or_default(),
-            cooling_off_secs: self.cooling_off_secs,
-            new_payee_limit_minor: self.new_payee_limit.iter().collect(),
-            daily_cap_minor: self.daily_cap.iter().collect(),
-        }
-    }
-}
-
-fn default_approvals_by() -> String {
-    "operator".into()
-}
-
-fn default_daily_payments_max() -> i64 {
-    100
-}
-fn default_calls_per_minute() -> i64 {
-    120
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -610,53 +501,13 @@ impl AuthConfig {
     }
 }
 
-impl PolicyConfig {
-    /// The policy profiles, matched by subject and client id. Every value was parsed when the config
-    /// loaded; this only arranges them. `dev_issuer`: the dev key's issuer while the dev key is on;
-    /// a `dev_key_only` profile matches only its tokens (and, with the dev key off, no subject at all,
-    /// though it may still be the default profile).
-    pub fn profiles(&self, dev_issuer: Option<&str>) -> crate::domain::policy::Profiles {
-        let mut profiles = crate::domain::policy::Profiles::new();
-        let none: &[String] = &[];
-        for p in &self.profiles {
-            let issuer = match (p.dev_key_only, dev_issuer) {
-                (true, Some(dev)) => Some(dev.to_string()),
-                _ => (!p.issuer.is_empty()).then(|| p.issuer.clone()),
-            };
-            let matchable = !p.dev_key_only || dev_issuer.is_some();
-            let matchers = if matchable {
-                crate::domain::policy::Matchers { subjects: &p.subjects, users: &p.users, client_ids: &p.client_ids }
-            } else {
-                crate::domain::policy::Matchers { subjects: none, users: none, client_ids: none }
-            };
-            let profile = crate::domain::policy::Profile {
-                name: p.name.clone(),
-                issuer,
-                allowed_accounts: p.allowed_accounts.clone(),
-                autonomous_limit_minor: p.autonomous_limit.iter().collect(),
-                daily_limit_minor: p.daily_limit.iter().collect(),
-                daily_refund_limit_minor: p.daily_limit.iter().chain(p.daily_refund_limit.iter()).collect(),
-                daily_payments_max: p.daily_payments_max,
-                calls_per_minute: p.calls_per_minute.clamp(1, u32::MAX as i64) as u32,
-                tool_calls_per_minute: p
-                    .tool_calls_per_minute
-                    .iter()
-                    .map(|(t, n)| (t.clone(), (*n).clamp(1, u32::MAX as i64) as u32))
-                    .collect(),
-                user_approval_max_minor: match p.approvals_by.as_str() {
-                    "user" => p.user_approval_max.iter().collect(),
-                    _ => Default::default(),
-                },
-                passkey_required: p.passkey_required,
-                payees: p.payees.rules(),
-            };
-            profiles.add(profile, matchers, p.name == self.default_profile);
-        }
-        profiles
-    }
-}
-
 impl Config {
+    /// The `[policy]` and `[tools]` sections: the policy the store versions (version 1 of an empty
+    /// store; `paygate policy import` applies a file's as a new version).
+    pub fn policy_document(&self) -> PolicyDocument {
+        PolicyDocument { policy: self.policy.clone(), tools: self.tools.clone() }
+    }
+
     /// Defaults, then the file (if any), then `PAYGATE_*` variables from `env`.
     pub fn load(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
         let mut root: toml::Table =
@@ -958,18 +809,6 @@ impl Config {
         range("stop_rules.rate_limited_per_denial", self.stop_rules.rate_limited_per_denial, 0, 1_000_000)?;
         range("stop_rules.repeat_max", self.stop_rules.repeat_max, 0, 1000)?;
         range("audit.refusals_interval_secs", self.audit.refusals_interval_secs, 1, 3600)?;
-        for t in self.tools.disabled.iter().chain(&self.tools.approval_required) {
-            if crate::catalogue::scope_for_tool(t).is_none() {
-                return Err(ConfigError::Invalid(format!("tools: no tool named {t:?}")));
-            }
-        }
-        // (An alias may be disabled alone, which hides that name only; governance is the tool's.)
-        for t in &self.tools.approval_required {
-            not_an_alias("tools.approval_required", t)?;
-            if !crate::catalogue::moves_money(t) {
-                return Err(ConfigError::Invalid(format!("tools.approval_required: {t:?} moves no money")));
-            }
-        }
         range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
         self.validate_rails()?;
         range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
@@ -995,86 +834,11 @@ impl Config {
                 )));
             }
         }
-        let mut names = std::collections::HashSet::new();
-        for p in &self.policy.profiles {
-            if !names.insert(p.name.as_str()) {
-                return Err(ConfigError::Invalid(format!("policy profile {:?} is defined twice", p.name)));
-            }
-            if let Some((cur, _)) = p.autonomous_limit.iter().find(|(c, _)| !p.daily_limit.contains(*c)) {
-                return Err(ConfigError::Invalid(format!(
-                    "profile {:?}: {cur} has an autonomous_limit but no daily_limit",
-                    p.name
-                )));
-            }
-            match p.approvals_by.as_str() {
-                "operator" if p.user_approval_max.iter().next().is_some() => {
-                    return Err(ConfigError::Invalid(format!(
-                        "profile {:?}: user_approval_max needs approvals_by = \"user\"",
-                        p.name
-                    )));
-                }
-                "operator" => {}
-                "user" => {
-                    if p.user_approval_max.iter().next().is_none() {
-                        return Err(ConfigError::Invalid(format!(
-                            "profile {:?}: approvals_by = \"user\" needs user_approval_max (per currency)",
-                            p.name
-                        )));
-                    }
-                    // The user's tier stays below the high-risk amount: there, more than one
-                    // person decides, and a currency with no threshold counts as high risk.
-                    for (cur, max) in p.user_approval_max.iter() {
-                        if self.approvals.high_risk_amount.get(cur).is_none_or(|high| max >= high) {
-                            return Err(ConfigError::Invalid(format!(
-                                "profile {:?}: user_approval_max for {cur} must be under approvals.high_risk_amount",
-                                p.name
-                            )));
-                        }
-                    }
-                }
-                other => {
-                    return Err(ConfigError::Invalid(format!(
-                        "profile {:?}: approvals_by must be \"operator\" or \"user\", got {other:?}",
-                        p.name
-                    )));
-                }
-            }
-            if crate::domain::payee::PayeeMode::parse(&p.payees.mode).is_none() {
-                return Err(ConfigError::Invalid(format!(
-                    "profile {:?}: payees.mode must be \"open\", \"known\" or \"allow_list\", got {:?}",
-                    p.name, p.payees.mode
-                )));
-            }
-            range("policy.profiles.payees.cooling_off_secs", p.payees.cooling_off_secs, 0, COOLING_OFF_SECS_MAX)?;
-            range("policy.profiles.daily_payments_max", p.daily_payments_max, 1, 1_000_000)?;
-            range("policy.profiles.calls_per_minute", p.calls_per_minute, 1, 100_000)?;
-            for (tool, n) in &p.tool_calls_per_minute {
-                if crate::catalogue::scope_for_tool(tool).is_none() {
-                    return Err(ConfigError::Invalid(format!("profile {:?}: no tool named {tool:?}", p.name)));
-                }
-                not_an_alias("policy.profiles.tool_calls_per_minute", tool)?;
-                range("policy.profiles.tool_calls_per_minute", *n, 1, 100_000)?;
-            }
-        }
-        if !names.contains(self.policy.default_profile.as_str()) {
-            return Err(ConfigError::Invalid(format!(
-                "policy.default_profile {:?} names no profile",
-                self.policy.default_profile
-            )));
-        }
+        self.policy_document().validate(&self.approvals.high_risk_amount).map_err(|e| match e {
+            PolicyError::OutOfRange { key, value, min, max } => ConfigError::OutOfRange { key, value, min, max },
+            PolicyError::Invalid(m) => ConfigError::Invalid(m),
+        })?;
         Ok(())
-    }
-}
-
-/// Governance (approvals, per-tool rate limits) is set on a tool, never on an alias: an alias is
-/// admitted under its canonical tool's name, so a setting on the alias would never apply.
-fn not_an_alias(key: &str, name: &str) -> Result<(), ConfigError> {
-    match crate::catalogue::alias(name) {
-        Some(a) => Err(ConfigError::Invalid(format!(
-            "{key}: {name:?} is an alias of {:?}; set it on {:?}, which governs both names",
-            a.canonical, a.canonical
-        ))),
-        None => Ok(()),
     }
 }
 

@@ -122,6 +122,16 @@ pub const OPERATOR_ROUTES: &[&str] = &[
     "/operator/v1/webhooks/{message_id}/attempts",
     "/operator/v1/reconciliation",
     "/operator/v1/reconciliation/run",
+    "/operator/v1/policy",
+    "/operator/v1/policy/versions",
+    "/operator/v1/policy/versions/{version}",
+    "/operator/v1/policy/diff",
+    "/operator/v1/policy/proposals",
+    "/operator/v1/policy/proposals/{proposal_id}",
+    "/operator/v1/policy/proposals/{proposal_id}/approve",
+    "/operator/v1/policy/proposals/{proposal_id}/reject",
+    "/operator/v1/policy/rollback",
+    "/operator/v1/policy/simulate",
 ];
 
 fn operator_route(rest: &str) -> &'static str {

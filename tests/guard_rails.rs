@@ -203,6 +203,7 @@ calls_per_minute = 2
             client_id: None,
             scopes: ["payments:create".to_string()].into(),
             profile,
+            policy: std::sync::Arc::new(paygate::domain::policy_doc::LivePolicy::none()),
         },
         "corr_test".into(),
     );

@@ -85,6 +85,8 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
             approval_id: None,
             detail: None,
             repeats: 1,
+            policy_version: None,
+            intent: None,
         };
         paygate::store::AuditStore::audit_append(&store, rec).await.unwrap();
     }

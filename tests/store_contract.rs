@@ -716,6 +716,8 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
             approval_id: approval.map(str::to_string),
             detail: None,
             repeats: 1,
+            policy_version: None,
+            intent: None,
         }
     };
     let pid = paid[1].id.to_string();
@@ -860,6 +862,8 @@ contract!(suspension_and_denials, |store, label| async move {
         approval_id: None,
         detail: None,
         repeats,
+        policy_version: None,
+        intent: None,
     };
     let agent = PrincipalRef { issuer: "iss".into(), subject: "agent".into(), user: None };
     let for_alice = PrincipalRef { user: Some("alice".into()), ..agent.clone() };
@@ -1207,6 +1211,8 @@ contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {
 contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store, label| async move {
     let record = |at: i64, detail: &str| AuditRecord {
         repeats: 1,
+        policy_version: None,
+        intent: None,
         seq: 0,
         at,
         correlation_id: format!("corr-{at}"),

@@ -46,6 +46,9 @@ pub struct AgentPrincipal {
     pub client_id: Option<String>,
     pub scopes: BTreeSet<String>,
     pub profile: Arc<Profile>,
+    /// The policy version the profile was resolved under (and its tool governance): one per
+    /// request, so a call is judged under one version however it is changed meanwhile.
+    pub policy: Arc<crate::domain::policy_doc::LivePolicy>,
 }
 
 impl AgentPrincipal {

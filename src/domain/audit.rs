@@ -39,6 +39,14 @@ pub struct AuditRecord {
     /// RATE_LIMITED answers is one record per interval).
     #[serde(default = "one")]
     pub repeats: i64,
+    /// The policy version the decision was made under (records of agents' calls since policies
+    /// are versioned; `None` on operators' records and older ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<i64>,
+    /// A money call's intent as policy judged it (canonical JSON, `domain::policy_replay::Intent`):
+    /// what `policy simulate` replays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<String>,
 }
 
 fn one() -> i64 {

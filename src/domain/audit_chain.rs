@@ -93,9 +93,12 @@ pub trait CheckpointSigner: Send + Sync {
     fn verify_checkpoint(&self, jws: &str) -> Result<CheckpointClaims, String>;
 }
 
-/// The link hash of `record` at `chain_seq` after `prev`.
+/// The link hash of `record` at `chain_seq` after `prev`. A record that names its policy version
+/// or its intent hashes under "paygate-audit-v2" with both appended; one naming neither (operators'
+/// records, and every record written before policies were versioned) under "paygate-audit-v1" as
+/// it always did, so older chains verify unchanged. Clearing either field changes the hash.
 pub fn link_hash(prev: &str, chain_seq: i64, r: &AuditRecord) -> String {
-    let canonical = serde_json::json!([
+    let mut canonical = serde_json::json!([
         chain_seq,
         r.seq,
         r.at,
@@ -112,8 +115,13 @@ pub fn link_hash(prev: &str, chain_seq: i64, r: &AuditRecord) -> String {
         r.detail,
         r.repeats,
     ]);
+    let v2 = r.policy_version.is_some() || r.intent.is_some();
+    if v2 && let Some(fields) = canonical.as_array_mut() {
+        fields.push(serde_json::json!(r.policy_version));
+        fields.push(serde_json::json!(r.intent));
+    }
     let mut h = Sha256::new();
-    h.update(b"paygate-audit-v1\n");
+    h.update(if v2 { b"paygate-audit-v2\n" } else { b"paygate-audit-v1\n" });
     h.update(prev.as_bytes());
     h.update(b"\n");
     h.update(canonical.to_string().as_bytes());
@@ -287,6 +295,8 @@ mod tests {
             approval_id: None,
             detail: Some(detail.into()),
             repeats: 1,
+            policy_version: None,
+            intent: None,
         }
     }
 

@@ -113,6 +113,10 @@ prefixed_id!(
     /// A pending or decided approval (`apr_…`).
     ApprovalId, "apr_", "approval_id"
 );
+prefixed_id!(
+    /// A proposed policy change waiting for a second operator (`pol_…`).
+    ProposalId, "pol_", "proposal_id"
+);
 
 /// Lower-case hex, two digits a byte (one allocation: keys and fingerprints are built on every money call).
 pub fn hex(bytes: &[u8]) -> String {

@@ -16,6 +16,8 @@ pub mod ops;
 pub mod payee;
 pub mod payment;
 pub mod policy;
+pub mod policy_doc;
+pub mod policy_replay;
 pub mod principal;
 pub mod rail;
 pub mod rules;

@@ -262,6 +262,18 @@ impl MoneyMap {
     }
 }
 
+/// Written back as it is read: currency code → decimal string in that currency's minor units.
+impl serde::Serialize for MoneyMap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (currency, minor) in &self.0 {
+            map.serialize_entry(currency.code(), &format_minor(*minor, *currency))?;
+        }
+        map.end()
+    }
+}
+
 impl<'de> Deserialize<'de> for MoneyMap {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = std::collections::BTreeMap::<String, String>::deserialize(d)?;

@@ -8,6 +8,7 @@ use crate::catalogue::scopes;
 use crate::domain::ids::AccountId;
 use crate::domain::money::{Currency, Money, format_minor};
 use crate::domain::payee::PayeeRules;
+use serde::{Deserialize, Serialize};
 
 /// What an agent may do without a human: its accounts, per-payment autonomous limits, daily
 /// budgets and call quotas.
@@ -216,8 +217,136 @@ fn within_limit(profile: &Profile, amount: Money) -> Decision {
     }
 }
 
-/// May this principal move `amount` from `from` to `to` on its own? `force_approval` is tool
-/// governance: every call of this tool needs a human.
+/// What policy judges of one money call, as data: the gateway asks it (`judge`), records it with
+/// the call's audit record (its intent, canonical JSON), and `policy simulate` asks it again of
+/// another policy version (`domain::policy_replay`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Question {
+    pub tool: String,
+    /// The scope the call needs.
+    pub scope: String,
+    /// The accounts the profile must allow (the rail's account twice for a rail operation).
+    pub accounts: [AccountId; 2],
+    /// Who is paid (an account, a phone, the customer a collection is reversed to).
+    pub payee: String,
+    /// What is judged against the autonomous limit: the amount, or for a refund the payment's
+    /// refunds together.
+    pub judged_minor: i64,
+    pub currency: Currency,
+    /// What the call draws on today's budget.
+    pub amount_minor: i64,
+    /// "payment" or "refund": which daily budget it draws on.
+    pub kind: String,
+    /// A refund's original payment amount: a payment over the autonomous limit needed a human, and
+    /// undoing it needs one too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_minor: Option<i64>,
+    /// It carried a verified mandate (a human approved exactly this call).
+    #[serde(default)]
+    pub mandated: bool,
+    /// The token's client id, which profiles may match on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+}
+
+impl Question {
+    /// Moving `amount` from `from` to `to` (both the agent's accounts).
+    pub fn transfer(from: &AccountId, to: &AccountId, amount: Money) -> Question {
+        Question::of("create_payment", scopes::CREATE, [from, to], to.as_str(), amount, amount.minor())
+    }
+    /// Collecting `amount` over a rail into `account` (the rail's collection account).
+    pub fn collect(tool: &str, account: &AccountId, payer: &str, amount: Money) -> Question {
+        Question::of(tool, scopes::COLLECT, [account, account], payer, amount, amount.minor())
+    }
+    /// Paying `amount` out over a rail from `account` to a customer's `payee`. The customer's phone
+    /// is no account of the agent's: the autonomous limit, the budget and approvals bound it.
+    pub fn payout(tool: &str, account: &AccountId, payee: &str, amount: Money) -> Question {
+        Question::of(tool, scopes::PAYOUT, [account, account], payee, amount, amount.minor())
+    }
+    /// Refunding `amount` of `original`: alone only while the refunds of that payment *together*
+    /// stay within the autonomous limit (five refunds of 1,000 are one of 5,000), and never for a
+    /// payment that itself needed a human.
+    pub fn refund(original: &crate::domain::payment::Payment, amount: Money) -> Question {
+        let together = original.refunded_minor.saturating_add(amount.minor());
+        let accounts = [&original.from_account, &original.to_account];
+        let mut q =
+            Question::of("refund_payment", scopes::REFUND, accounts, original.from_account.as_str(), amount, together);
+        q.kind = PAYMENT_KIND_REFUND.into();
+        q.original_minor = Some(original.amount_minor);
+        q
+    }
+    /// Reversing `original`, a collection through a rail, in full: as a refund (scope, autonomous
+    /// limit on the whole collection), except that the account is the rail's alone.
+    pub fn reversal(original: &crate::domain::payment::Payment) -> Question {
+        let account = &original.to_account;
+        Question {
+            tool: "refund_payment".into(),
+            scope: scopes::REFUND.into(),
+            accounts: [account.clone(), account.clone()],
+            payee: original.from_account.as_str().to_string(),
+            judged_minor: original.amount_minor,
+            currency: original.currency,
+            amount_minor: original.amount_minor,
+            kind: PAYMENT_KIND_REFUND.into(),
+            original_minor: None,
+            mandated: false,
+            client_id: None,
+        }
+    }
+
+    fn of(
+        tool: &str,
+        scope: &str,
+        accounts: [&AccountId; 2],
+        payee: &str,
+        amount: Money,
+        judged_minor: i64,
+    ) -> Question {
+        Question {
+            tool: tool.to_string(),
+            scope: scope.to_string(),
+            accounts: [accounts[0].clone(), accounts[1].clone()],
+            payee: payee.to_string(),
+            judged_minor,
+            currency: amount.currency(),
+            amount_minor: amount.minor(),
+            kind: "payment".into(),
+            original_minor: None,
+            mandated: false,
+            client_id: None,
+        }
+    }
+
+    /// Its canonical JSON (the audit record's intent).
+    pub fn canonical(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+const PAYMENT_KIND_REFUND: &str = "refund";
+
+/// Policy's answer to `q` under `profile`. `force_approval` is tool governance: every call of
+/// this tool needs a human. Scope, then accounts, then governance, then the autonomous limit.
+pub fn judge(has_scope: impl Fn(&str) -> bool, profile: &Profile, q: &Question, force_approval: bool) -> Decision {
+    if let Err(e) = require_scope(&[q.scope.as_str()], &has_scope, &q.tool) {
+        return Decision::Deny(e);
+    }
+    if let Err(e) = require_accounts(profile, &[&q.accounts[0], &q.accounts[1]]) {
+        return Decision::Deny(e);
+    }
+    let over_limit_original = q
+        .original_minor
+        .is_some_and(|original| profile.autonomous_limit_minor.get(&q.currency).is_some_and(|limit| original > *limit));
+    if force_approval || over_limit_original {
+        return Decision::RequireApproval { reason: format!("every {} call needs a human approval", q.tool) };
+    }
+    match Money::from_minor(q.judged_minor, q.currency) {
+        Ok(judged) => within_limit(profile, judged),
+        Err(_) => Decision::Deny(Refusal::Invalid("the amount is not a valid amount")),
+    }
+}
+
+/// May this principal move `amount` from `from` to `to` on its own?
 pub fn decide_transfer(
     has_scope: impl Fn(&str) -> bool,
     profile: &Profile,
@@ -226,38 +355,10 @@ pub fn decide_transfer(
     amount: Money,
     force_approval: bool,
 ) -> Decision {
-    decide(&has_scope, profile, scopes::CREATE, "create_payment", [from, to], amount, force_approval)
+    judge(has_scope, profile, &Question::transfer(from, to, amount), force_approval)
 }
 
-/// May this principal collect `amount` over M-Pesa into `account` (the rail's collection account)?
-pub fn decide_collect(
-    has_scope: impl Fn(&str) -> bool,
-    tool: &str,
-    profile: &Profile,
-    account: &AccountId,
-    amount: Money,
-    force_approval: bool,
-) -> Decision {
-    decide(&has_scope, profile, scopes::COLLECT, tool, [account, account], amount, force_approval)
-}
-
-/// May this principal pay `amount` out over M-Pesa from `account` (the rail's account) to a
-/// customer? The customer's phone is no account of the agent's: the autonomous limit, the daily
-/// budget and approvals are what bound it.
-pub fn decide_payout(
-    has_scope: impl Fn(&str) -> bool,
-    tool: &str,
-    profile: &Profile,
-    account: &AccountId,
-    amount: Money,
-    force_approval: bool,
-) -> Decision {
-    decide(&has_scope, profile, scopes::PAYOUT, tool, [account, account], amount, force_approval)
-}
-
-/// May this principal refund `amount` of `original`? Alone only while the refunds of that payment
-/// *together* stay within the autonomous limit (five refunds of 1,000 are one of 5,000), and never
-/// for a payment that itself needed a human (over the limit): undoing it needs one too.
+/// May this principal refund `amount` of `original` on its own?
 pub fn decide_refund(
     has_scope: impl Fn(&str) -> bool,
     profile: &Profile,
@@ -265,60 +366,17 @@ pub fn decide_refund(
     amount: Money,
     force_approval: bool,
 ) -> Decision {
-    let currency = amount.currency();
-    let over_limit_original =
-        profile.autonomous_limit_minor.get(&currency).is_some_and(|limit| original.amount_minor > *limit);
-    let together =
-        Money::from_minor(original.refunded_minor.saturating_add(amount.minor()), currency).unwrap_or(amount);
-    let accounts = [&original.from_account, &original.to_account];
-    decide(
-        &has_scope,
-        profile,
-        scopes::REFUND,
-        "refund_payment",
-        accounts,
-        together,
-        force_approval || over_limit_original,
-    )
+    judge(has_scope, profile, &Question::refund(original, amount), force_approval)
 }
 
-/// May this principal reverse `original`, a collection through a rail, in full? As a refund (scope,
-/// autonomous limit — a reversal is the whole collection, so a collection that was over the limit
-/// needs a human to reverse it too), except that the account is the rail's alone: the customer's
-/// side is no account of the agent's.
+/// May this principal reverse `original`, a rail collection, in full on its own?
 pub fn decide_reversal(
     has_scope: impl Fn(&str) -> bool,
     profile: &Profile,
     original: &crate::domain::payment::Payment,
     force_approval: bool,
 ) -> Decision {
-    let amount = Money::from_minor(original.amount_minor, original.currency);
-    let Ok(amount) = amount else {
-        return Decision::Deny(Refusal::Invalid("the collection's amount is not a valid amount"));
-    };
-    let account = &original.to_account;
-    decide(&has_scope, profile, scopes::REFUND, "refund_payment", [account, account], amount, force_approval)
-}
-
-fn decide(
-    has_scope: &impl Fn(&str) -> bool,
-    profile: &Profile,
-    scope: &str,
-    tool: &str,
-    accounts: [&AccountId; 2],
-    amount: Money,
-    force_approval: bool,
-) -> Decision {
-    if let Err(e) = require_scope(&[scope], has_scope, tool) {
-        return Decision::Deny(e);
-    }
-    if let Err(e) = require_accounts(profile, &accounts) {
-        return Decision::Deny(e);
-    }
-    if force_approval {
-        return Decision::RequireApproval { reason: format!("every {tool} call needs a human approval") };
-    }
-    within_limit(profile, amount)
+    judge(has_scope, profile, &Question::reversal(original), force_approval)
 }
 
 /// May this principal read `account`?
@@ -484,18 +542,31 @@ mod tests {
         assert!(matches!(decide_reversal(all, &p, &big, true), Decision::RequireApproval { .. }), "forced");
         // Payouts: their own scope, the rail's account, the autonomous limit.
         let b = acct("acct-B");
-        assert_eq!(decide_payout(all, "send_mpesa_payout", &p, &b, kes("1000.00"), false), Decision::Allow);
+        assert_eq!(
+            judge(all, &p, &Question::payout("send_mpesa_payout", &b, "mpesa-254700000000", kes("1000.00")), false),
+            Decision::Allow
+        );
         assert!(matches!(
-            decide_payout(all, "send_mpesa_payout", &p, &b, kes("1000.01"), false),
+            judge(all, &p, &Question::payout("send_mpesa_payout", &b, "mpesa-254700000000", kes("1000.01")), false),
             Decision::RequireApproval { .. }
         ));
         let no_payout = |s: &str| s != scopes::PAYOUT;
         assert_eq!(
-            code(&decide_payout(no_payout, "send_mpesa_payout", &p, &b, kes("1"), false)),
+            code(&judge(
+                no_payout,
+                &p,
+                &Question::payout("send_mpesa_payout", &b, "mpesa-254700000000", kes("1")),
+                false
+            )),
             Some(ErrorCode::InsufficientScope)
         );
         assert_eq!(
-            code(&decide_payout(all, "send_mpesa_payout", &p, &acct("acct-Z"), kes("1"), false)),
+            code(&judge(
+                all,
+                &p,
+                &Question::payout("send_mpesa_payout", &acct("acct-Z"), "mpesa-254700000000", kes("1")),
+                false
+            )),
             Some(ErrorCode::AccountNotAllowed)
         );
     }

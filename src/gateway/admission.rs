@@ -12,7 +12,7 @@ use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::payee::{self, PayeeCap, PayeeState};
 use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind};
-use crate::domain::policy::{Decision as Policy, Profile};
+use crate::domain::policy::{self, Decision as Policy, Profile};
 use crate::domain::rules::guards;
 use crate::error::AgentError;
 use crate::mandate::{CallIntent, MandateClaims, authorizes};
@@ -228,8 +228,8 @@ impl Gateway {
     }
 
     /// Tool governance: every call of `tool` needs a human, unless a mandate already carries one.
-    pub(super) fn always_needs_a_human(&self, tool: &str, mandate: Option<&Authorized>) -> bool {
-        mandate.is_none() && self.limits.approval_required_tools.iter().any(|t| t == tool)
+    pub(super) fn always_needs_a_human(&self, caller: &Caller, tool: &str, mandate: Option<&Authorized>) -> bool {
+        mandate.is_none() && caller.principal.policy.always_needs_a_human(tool)
     }
 
     /// The intent of an admitted call: its key(s) (anchored on a closed mandate when it has one)
@@ -269,11 +269,19 @@ impl Gateway {
         &'a self,
         caller: &'a Caller,
         proposal: Proposal<'_>,
-        decide: impl FnOnce(bool) -> Policy,
+        question: policy::Question,
         strategy: Strategy,
         move_money: impl FnOnce(Terms) -> Movement<'a>,
     ) -> Result<Executed, AgentError> {
         let Proposal { tool, op, args, shown, mandate: jws, parties, amount, kind } = proposal;
+        if caller.principal.policy.is_disabled(tool) {
+            // A preflight names the tool it asks about: governance applies to it as to the call.
+            let e = AgentError::invalid(format!(
+                "{tool} is disabled by policy (version {})",
+                caller.principal.policy.version
+            ));
+            return Err(self.refuse(caller, tool, None, e).await);
+        }
         let Parties { payer, payee, payment_id } = parties;
         let mut intent = json!({
             "tool": tool, "operation_id": op, "payer": payer, "payee": payee,
@@ -291,8 +299,14 @@ impl Gateway {
             Ok(m) => m,
             Err(replayed) => return Ok(*replayed),
         };
-        let force = self.always_needs_a_human(tool, mandate.as_ref());
-        let mut decision = decide(force);
+        let p = &caller.principal;
+        let force = self.always_needs_a_human(caller, tool, mandate.as_ref());
+        let question = policy::Question { mandated: mandate.is_some(), client_id: p.client_id.clone(), ..question };
+        let mut decision = policy::judge(|s| p.has_scope(s), &p.profile, &question, force);
+        // From here on, what is audited of this call carries the question policy answered and the
+        // version it answered under (`policy simulate` replays them).
+        let governed = Caller { intent: Some(question.canonical().into()), ..caller.clone() };
+        let caller = &governed;
         let mut payee_cap = None;
         if PAYS_PAYEE.contains(&tool) && !matches!(decision, Policy::Deny(_)) {
             match self.payee_verdict(&caller.principal, payee, amount).await {

@@ -80,9 +80,9 @@ impl Gateway {
             amount,
             kind: PaymentKind::Payment,
         };
-        let decide = |force| policy::decide_collect(|s| p.has_scope(s), tool, &p.profile, &payee, amount, force);
+        let question = policy::Question::collect(tool, &payee, payer.as_str(), amount);
         let (rail, collection) = (&rail, &collection);
-        self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
+        self.operate(caller, proposal, question, Strategy::ReserveCallSettle, |t: Terms| {
             movement(move |a: Attempt| {
                 let req = CollectionRequest { order: t.rail_order(a, p), collection: collection.clone() };
                 let rail = rail.clone();

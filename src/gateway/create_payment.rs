@@ -53,9 +53,9 @@ impl Gateway {
             amount,
             kind: PaymentKind::Payment,
         };
-        let decide = |force| policy::decide_transfer(|s| p.has_scope(s), &p.profile, &from, &to, amount, force);
+        let question = policy::Question::transfer(&from, &to, amount);
         let (from, to, memo) = (&from, &to, &memo);
-        self.operate(caller, proposal, decide, self.ledger_strategy(), |t: Terms| {
+        self.operate(caller, proposal, question, self.ledger_strategy(), |t: Terms| {
             movement(move |a: Attempt| {
                 let req = TransferRequest {
                     attempt: a,

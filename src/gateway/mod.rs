@@ -15,6 +15,7 @@ mod operator_views;
 mod passkeys;
 mod payees;
 mod payout;
+mod policy;
 mod preflight;
 mod refund;
 mod reversal;
@@ -50,6 +51,9 @@ pub use operator_views::{
 pub use passkeys::{PasskeyAssertion, PasskeyPayloads, PasskeyRegistration, PasskeyView};
 pub use payees::{PAYEES_LISTED_MAX, PayeeArgs, PayeeView};
 pub use payout::SendPayout;
+pub use policy::{
+    CONFIG_FILE_AUTHOR, ChangeOutcome, PolicySettings, PolicyVersionView, ProposalView, ProposeArgs, SimulationView,
+};
 pub use preflight::{Headroom, PreflightView};
 pub use rail_events::CallbackOutcome;
 pub use rails::{PaymentSummary, Receipt};
@@ -86,11 +90,13 @@ pub struct Caller {
     /// Set for a preflight (`check_payment_policy`): the operation runs to its decision and no
     /// further — nothing is written, audited or counted toward a stop rule (`preflight.rs`).
     pub(crate) preflight: Option<Arc<preflight::Preflight>>,
+    /// A money call's question to policy, once asked (canonical JSON): its audit records carry it.
+    pub(crate) intent: Option<Arc<str>>,
 }
 
 impl Caller {
     pub fn new(principal: AgentPrincipal, correlation_id: String) -> Caller {
-        Caller { principal, correlation_id, preflight: None }
+        Caller { principal, correlation_id, preflight: None, intent: None }
     }
     pub(crate) fn dry(&self) -> bool {
         self.preflight.is_some()
@@ -135,8 +141,6 @@ pub struct GatewayLimits {
     /// Pre-body refusals (RATE_LIMITED, PRINCIPAL_SUSPENDED, a missing scope) are audited at most once
     /// per this many seconds per principal, tool and code; the record carries the count.
     pub refusal_audit_interval_secs: i64,
-    /// Money tools every call of which needs a human (tool governance).
-    pub approval_required_tools: Vec<String>,
     pub list_limit_max: u32,
     pub list_limit_default: u32,
     /// Reconciliation looks this far back by default.
@@ -145,6 +149,8 @@ pub struct GatewayLimits {
     pub collection_pending_timeout_secs: i64,
     /// Webhook endpoints (name, the events it hears: empty = all) while webhooks are on.
     pub webhook_routes: Vec<(String, Vec<String>)>,
+    /// Policy as data: how documents are judged, and the dry run's bounds.
+    pub policy: PolicySettings,
 }
 
 pub struct Gateway {
@@ -184,6 +190,11 @@ pub struct Gateway {
     /// Principals found suspended recently, by [`AgentPrincipal::key`]: a suspended agent's flood is
     /// refused without a store read per call for [`SUSPENDED_SEEN_SECS`].
     suspended_seen: Mutex<HashMap<String, (tokio::time::Instant, String)>>,
+    /// The policy version in force on this replica (`policy.rs`): swapped whole, read once per
+    /// request.
+    policy: std::sync::RwLock<Arc<crate::domain::policy_doc::LivePolicy>>,
+    /// One policy load or change at a time on this replica.
+    policy_lock: tokio::sync::Mutex<()>,
 }
 
 /// A deliberately broken build for the evals (`--features broken-gateways-for-evals`), chosen at
@@ -272,6 +283,8 @@ impl Gateway {
             refusals: refusals::Throttle::default(),
             streaks: no_progress::Streaks::default(),
             suspended_seen: Mutex::new(HashMap::new()),
+            policy: std::sync::RwLock::new(Arc::new(crate::domain::policy_doc::LivePolicy::none())),
+            policy_lock: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -351,6 +364,11 @@ impl Gateway {
         let Some(scope) = crate::catalogue::scope_for_request(tool) else {
             return Err(AgentError::invalid(format!("no tool named {tool}")));
         };
+        if p.policy.is_disabled(tool) {
+            // Tool governance, live: the policy version this call is judged under disables it.
+            let e = AgentError::invalid(format!("{tool} is disabled by policy (version {})", p.policy.version));
+            return Err(self.refuse_early(caller, tool, "denied", e, Counts::No).await);
+        }
         if let Some(why) = self.suspended(caller).await? {
             // Who suspended it and why, as recorded ("suspended by alice: …", "suspended by the stop
             // rule: …"): the agent, and whoever reads its transcript, can tell a person's decision
@@ -468,6 +486,8 @@ impl Gateway {
         let p = &caller.principal;
         let mut rec = self.audit_record(&p.issuer, &p.subject, &caller.correlation_id, d);
         rec.principal_user = p.user.clone();
+        rec.policy_version = (p.policy.version > 0).then_some(p.policy.version);
+        rec.intent = caller.intent.as_deref().map(str::to_string);
         rec
     }
 
@@ -493,6 +513,8 @@ impl Gateway {
             detail: d.detail,
             principal_user: None,
             repeats: 1,
+            policy_version: None,
+            intent: None,
         }
     }
 

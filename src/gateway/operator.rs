@@ -465,6 +465,8 @@ mod tests {
             approval_id: None,
             detail: None,
             repeats: 1,
+            policy_version: None,
+            intent: None,
         }
     }
 

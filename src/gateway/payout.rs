@@ -70,9 +70,9 @@ impl Gateway {
             amount,
             kind: PaymentKind::Payment,
         };
-        let decide = |force| policy::decide_payout(|s| p.has_scope(s), tool, &p.profile, &payer, amount, force);
+        let question = policy::Question::payout(tool, &payer, payee.as_str(), amount);
         let (rail, payout) = (&rail, &payout);
-        self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
+        self.operate(caller, proposal, question, Strategy::ReserveCallSettle, |t: Terms| {
             movement(move |a: Attempt| {
                 let req = PayoutRequest { order: t.rail_order(a, p), payout: payout.clone() };
                 let rail = rail.clone();

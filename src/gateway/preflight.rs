@@ -122,6 +122,7 @@ impl Gateway {
     /// The caller a preflight runs the operation as: the same principal, nothing written.
     pub fn preflight_caller(&self, c: &Caller) -> Caller {
         Caller {
+            intent: None,
             principal: c.principal.clone(),
             correlation_id: c.correlation_id.clone(),
             preflight: Some(std::sync::Arc::new(Preflight::default())),

@@ -70,9 +70,9 @@ impl Gateway {
             return Err(AgentError::invalid(format!("payment {pid} has {left} left to refund")));
         }
         let proposal = refund_proposal(&op, &original, amount, args.amount.is_some(), &reason, args.mandate.as_deref());
-        let decide = |force| policy::decide_refund(|s| p.has_scope(s), &p.profile, &original, amount, force);
+        let question = policy::Question::refund(&original, amount);
         let (pid, reason, explicit) = (&pid, &reason, args.amount.is_some());
-        self.operate(caller, proposal, decide, self.ledger_strategy(), |t: Terms| {
+        self.operate(caller, proposal, question, self.ledger_strategy(), |t: Terms| {
             // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.
             let autonomous_cap_minor =
                 if t.mandated { None } else { p.profile.autonomous_limit_minor.get(&amount.currency()).copied() };

@@ -174,6 +174,8 @@ impl Gateway {
                 approval_id: None,
                 detail: Some(format!("{} (since {})", throttled_detail(&w.message, w.unrecorded), rfc3339(w.started))),
                 repeats: w.unrecorded,
+                policy_version: None,
+                intent: None,
             };
             self.append_audit(rec).await;
         }

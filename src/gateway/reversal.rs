@@ -63,9 +63,9 @@ impl Gateway {
         }
         let amount = full;
         let proposal = refund_proposal(&op, &original, amount, args.amount.is_some(), &reason, args.mandate.as_deref());
-        let decide = |force| policy::decide_reversal(|s| p.has_scope(s), &p.profile, &original, force);
+        let question = policy::Question::reversal(&original);
         let (rail, rec, reason) = (&rail, &rec, &reason);
-        self.operate(caller, proposal, decide, Strategy::ReserveCallSettle, |t: Terms| {
+        self.operate(caller, proposal, question, Strategy::ReserveCallSettle, |t: Terms| {
             movement(move |a: Attempt| {
                 let req = ReversalRequest { order: t.rail_order(a, p), original: rec.clone(), reason: reason.clone() };
                 let rail = rail.clone();

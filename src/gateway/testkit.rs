@@ -131,9 +131,11 @@ pub fn caller(scopes: &[&str]) -> Caller {
             client_id: None,
             scopes: scopes.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
             profile: Arc::new(profile()),
+            policy: Arc::new(crate::domain::policy_doc::LivePolicy::none()),
         },
         correlation_id: "corr_test".into(),
         preflight: None,
+        intent: None,
     }
 }
 
@@ -161,12 +163,16 @@ fn limits() -> GatewayLimits {
         rate_limited_per_denial: 0,
         stop_repeat_max: 0,
         refusal_audit_interval_secs: 60,
-        approval_required_tools: vec![],
         list_limit_max: 100,
         list_limit_default: 20,
         reconcile_window_secs: 86_400,
         collection_pending_timeout_secs: 600,
         webhook_routes: vec![],
+        policy: super::PolicySettings {
+            simulate_window_max_secs: 2_592_000,
+            simulate_records_max: 1000,
+            ..Default::default()
+        },
     }
 }
 

@@ -178,8 +178,9 @@ fn agent_principal(state: &AppState, claims: crate::auth::VerifiedClaims) -> Age
     if state.legacy_agent_admin_scope && scopes.remove(crate::catalogue::scopes::LEGACY_AGENT_ADMIN) {
         scopes.insert(crate::catalogue::scopes::INTEGRITY.to_string());
     }
-    let profile = state.profiles.resolve(&claims.issuer, &subject, user.as_deref(), claims.client_id.as_deref());
-    AgentPrincipal { issuer: claims.issuer, subject, user, client_id: claims.client_id, scopes, profile }
+    let policy = state.gateway.policy();
+    let profile = policy.profiles.resolve(&claims.issuer, &subject, user.as_deref(), claims.client_id.as_deref());
+    AgentPrincipal { issuer: claims.issuer, subject, user, client_id: claims.client_id, scopes, profile, policy }
 }
 
 /// Marks a request whose body holds `initialize`: it opens a session (2025-11-25 era).

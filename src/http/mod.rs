@@ -7,6 +7,7 @@ mod callbacks;
 mod console;
 mod operator;
 mod passkeys;
+mod policy;
 mod sessions;
 mod tracing_layer;
 
@@ -33,7 +34,6 @@ use tower_http::timeout::TimeoutLayer;
 
 use crate::auth::Verifier;
 use crate::catalogue::scopes::{AGENT_SCOPES, OPERATOR_SCOPES};
-use crate::domain::policy::Profiles;
 use crate::gateway::Gateway;
 use crate::mcp::PaygateMcp;
 use crate::secret::Secret;
@@ -65,7 +65,6 @@ pub struct AppInner {
     pub route_limits: Arc<crate::rate::KeyedLimits>,
     pub routes_per_minute: u32,
     pub verifier: Arc<Verifier>,
-    pub profiles: Arc<Profiles>,
     pub sessions: Arc<SessionBindings>,
     /// The MCP resource (`<public_url>/mcp`): the audience every agent token must carry.
     pub resource_url: String,
@@ -238,6 +237,16 @@ fn operator_api() -> Router<AppState> {
         .route("/webhooks/{message_id}/attempts", get(operator::webhook_attempts))
         .route("/reconciliation", get(operator::reconciliation))
         .route("/reconciliation/run", post(operator::reconcile))
+        .route("/policy", get(policy::current))
+        .route("/policy/versions", get(policy::versions))
+        .route("/policy/versions/{version}", get(policy::version))
+        .route("/policy/diff", get(policy::diff))
+        .route("/policy/proposals", get(policy::proposals).post(policy::propose))
+        .route("/policy/proposals/{proposal_id}", get(policy::proposal))
+        .route("/policy/proposals/{proposal_id}/approve", post(policy::approve))
+        .route("/policy/proposals/{proposal_id}/reject", post(policy::reject))
+        .route("/policy/rollback", post(policy::rollback))
+        .route("/policy/simulate", post(policy::simulate))
 }
 
 /// RFC 9728 protected resource metadata of the MCP resource (agents).

@@ -673,6 +673,40 @@ impl ServerHandler for PaygateMcp {
             .with_instructions(INSTRUCTIONS)
     }
 
+    /// The tools, less those the caller's policy version disables (governance is live: a version
+    /// that disables a tool hides it from the next listing on every replica).
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, ErrorData> {
+        let policy = caller_from(&context)?.principal.policy;
+        let supports_cache_hints =
+            context.protocol_version().is_some_and(|version| version >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let tools = self.tool_router.list_all().into_iter().filter(|t| !policy.is_disabled(&t.name)).collect();
+        Ok(rmcp::model::ListToolsResult {
+            result_type: Some(rmcp::model::ResultType::COMPLETE),
+            tools,
+            meta: None,
+            next_cursor: None,
+            ttl_ms: supports_cache_hints.then_some(0),
+            cache_scope: supports_cache_hints.then_some(rmcp::model::CacheScope::Public),
+        })
+    }
+
+    /// A tool the caller's policy version disables answers as one never offered.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        if caller_from(&context)?.principal.policy.is_disabled(&request.name) {
+            return Err(ErrorData::invalid_params("tool not found", None));
+        }
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
+    }
+
     /// Accepted and ignored: no log notifications are ever sent to clients.
     #[allow(deprecated)]
     async fn set_level(

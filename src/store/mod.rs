@@ -15,7 +15,7 @@ mod traits;
 
 pub use traits::{
     ApprovalStore, AttemptOutcome, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore,
-    OutboxStore, PasskeyStore, PayeeStore, RailStore, ReadStore, SuspensionStore,
+    OutboxStore, PasskeyStore, PayeeStore, PolicyStore, RailStore, ReadStore, SuspensionStore,
 };
 
 use crate::clock::UnixSecs;
@@ -79,6 +79,7 @@ pub trait Store:
     + ReadStore
     + LeaseStore
     + PayeeStore
+    + PolicyStore
     + PasskeyStore
     + OutboxStore
     + Send
@@ -98,6 +99,7 @@ impl<T> Store for T where
         + ReadStore
         + LeaseStore
         + PayeeStore
+        + PolicyStore
         + PasskeyStore
         + OutboxStore
         + Send

@@ -16,8 +16,13 @@ use crate::mandate::MandateKind;
 
 mod audit;
 mod passkeys;
+mod policy;
 pub(crate) use audit::{AUDIT_COLS, audit, audit_checkpoint, chain_link};
 pub(crate) use passkeys::{PASSKEY_COLS, passkey, passkey_values};
+pub(crate) use policy::{
+    POLICY_PROPOSAL_COLS, POLICY_VERSION_COLS, policy_proposal, policy_proposal_values, policy_version,
+    policy_version_values,
+};
 
 /// One result row as plain values, whichever engine produced it: what `Store::select_rows` returns
 /// for the operator's reads, mapped by the same functions as the engines' own rows.
@@ -470,6 +475,8 @@ pub(crate) fn audit_values(r: &AuditRecord, payment_id: Option<&str>) -> Vec<Val
         opt_text(r.detail.as_deref()),
         opt_text(r.principal_user.as_deref()),
         int(r.repeats),
+        Value::Int(r.policy_version),
+        opt_text(r.intent.as_deref()),
     ]
 }
 

@@ -23,6 +23,7 @@ mod ledger;
 mod outbox;
 mod passkeys;
 mod payees;
+mod policy;
 mod postings;
 mod rails;
 mod reads;
@@ -54,6 +55,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0013_webhooks.sql"),
     include_str!("../../migrations/sqlite/0014_audit_chain.sql"),
     include_str!("../../migrations/sqlite/0015_passkeys.sql"),
+    include_str!("../../migrations/sqlite/0016_policy_versions.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

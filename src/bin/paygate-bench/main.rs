@@ -1148,6 +1148,8 @@ mod growth {
                                 approval_id: None,
                                 detail: None,
                                 repeats: 1,
+                                policy_version: None,
+                                intent: None,
                             }),
                             claim: Some(Claim {
                                 records: vec![NewIdempotencyRecord {

@@ -14,8 +14,8 @@ use crate::store::rows;
 pub(super) const INSERT_AUDIT: &str =
     "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                                      idempotency_key, payment_id, approval_id, detail, principal_user,
-                                                     repeats)
-                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+                                                     repeats, policy_version, intent)
+                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
 pub(super) async fn insert_audit(
     c: &impl GenericClient,

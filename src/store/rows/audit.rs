@@ -6,7 +6,8 @@ use crate::domain::audit_chain::{ChainLink, Checkpoint};
 use crate::domain::error::StoreError;
 
 pub(crate) const AUDIT_COLS: &str = "seq, at, correlation_id, principal_iss, principal_sub, tool, decision, code, \
-                                     idempotency_key, payment_id, approval_id, detail, principal_user, repeats";
+                                     idempotency_key, payment_id, approval_id, detail, principal_user, repeats, \
+                                     policy_version, intent";
 
 pub(crate) fn audit(r: &dyn Columns) -> Result<AuditRecord, StoreError> {
     audit_at(r, 0)
@@ -29,6 +30,8 @@ fn audit_at(r: &dyn Columns, o: usize) -> Result<AuditRecord, StoreError> {
         approval_id: r.opt_text(o + 10)?,
         detail: r.opt_text(o + 11)?,
         repeats: r.int(o + 13)?,
+        policy_version: r.opt_int(o + 14)?,
+        intent: r.opt_text(o + 15)?,
     })
 }
 

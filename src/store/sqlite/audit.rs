@@ -14,8 +14,9 @@ use crate::store::rows;
 pub(super) fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<usize> {
     c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
-                                    idempotency_key, payment_id, approval_id, detail, principal_user, repeats)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                                    idempotency_key, payment_id, approval_id, detail, principal_user, repeats,
+                                    policy_version, intent)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
         params_from_iter(rows::audit_values(r, payment_id)),
     )
 }
