@@ -170,3 +170,115 @@ async fn a_closed_mandate_and_a_budget_hold_across_replicas() {
     assert!(other.iter().all(|c| c == "BUDGET_EXCEEDED"), "{other:?}");
     assert_eq!(balance(&all[0], "acct-B").await, "99500.00");
 }
+
+/// An operator token for both replicas (they share the dev key and the public URL).
+fn operator_token(sub: &str, scope: &str) -> String {
+    paygate::auth::mint_dev_token(
+        &paygate::auth::Secret::new("cmVwbGljYS10ZXN0LWRldi1rZXktMzItYnl0ZXMhIQ==".into()),
+        DEV_ISSUER,
+        "http://127.0.0.1:9/operator",
+        sub,
+        scope,
+        now_secs(),
+        600,
+    )
+    .unwrap()
+}
+
+async fn preflight(client: &Client, op: &str, amount: &str) -> String {
+    let r = call(client, "check_payment_policy", json!({"tool": "create_payment", "arguments": pay(op, amount, None)}))
+        .await;
+    ok(&r)["verdict"].as_str().unwrap().to_string()
+}
+
+/// Policy is data: an operator lowers the agent's autonomous limit through replica A's operator
+/// API; within `policy.refresh_secs` (2 s) replica B judges under the new version too, both refuse
+/// to pay alone what they paid before, and the audit rows name the version before and after.
+#[tokio::test]
+async fn a_limit_lowered_on_one_replica_is_in_force_on_both_within_refresh_secs() {
+    let Some(db) = database("replicas") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = replicas(&db, dir.path(), "");
+    let (ca, cb) = (connect(&a.url, &a.token, Era::Modern).await, connect(&b.url, &b.token, Era::Modern).await);
+    for (client, op) in [(&ca, "before-a"), (&cb, "before-b")] {
+        let r = call(client, "create_payment", pay(op, "800.00", None)).await;
+        assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+    }
+    let base_a = a.url.trim_end_matches("/mcp").to_string();
+    let alice = operator_token("alice", "payments:admin payments:audit");
+    let http = reqwest::Client::new();
+    let policy: Value = http
+        .get(format!("{base_a}/operator/v1/policy"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policy["version"], 1, "{policy}");
+    let mut doc = policy["document"].clone();
+    for p in doc["policy"]["profiles"].as_array_mut().unwrap() {
+        if p["name"] == "dev" {
+            p["autonomous_limit"] = json!({"KES": "500.00"});
+        }
+    }
+    let resp = http
+        .post(format!("{base_a}/operator/v1/policy/proposals"))
+        .bearer_auth(&alice)
+        .json(&json!({"document": doc, "reason": "incident: lower dev-agent", "base_version": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let applied = std::time::Instant::now();
+    // Replica A applied it itself; B picks it up on its next poll. The deadline is generous (three
+    // refresh periods) so a loaded machine does not fail it; the elapsed time is printed.
+    let deadline = applied + std::time::Duration::from_secs(6);
+    let mut n = 0;
+    for (name, client) in [("a", &ca), ("b", &cb)] {
+        loop {
+            n += 1;
+            let verdict = preflight(client, &format!("probe-{n}"), "800.00").await;
+            if verdict == "approval_required" {
+                eprintln!("replica {name} under the new version after {:?}", applied.elapsed());
+                break;
+            }
+            assert_eq!(verdict, "allowed");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "replica {name} still allows 800.00 after {:?}",
+                applied.elapsed()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    for (client, op) in [(&ca, "after-a"), (&cb, "after-b")] {
+        let r = call(client, "create_payment", pay(op, "800.00", None)).await;
+        assert_eq!(code(&r), "APPROVAL_REQUIRED", "{op}: {r:?}");
+    }
+    // The audit rows name the version each call was judged under.
+    let audit: Value = http
+        .get(format!("{base_a}/operator/v1/audit?agent=dev-agent&tool=create_payment&limit=100"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut seen: Vec<(String, i64)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["decision"] == "allowed" || r["decision"] == "approval_required")
+        .map(|r| (r["decision"].as_str().unwrap().to_string(), r["policy_version"].as_i64().unwrap()))
+        .collect();
+    seen.sort();
+    let want = |d: &str, v: i64| (d.to_string(), v);
+    assert_eq!(
+        seen,
+        vec![want("allowed", 1), want("allowed", 1), want("approval_required", 2), want("approval_required", 2)],
+        "{audit}"
+    );
+}

@@ -55,6 +55,10 @@ pub struct AuditView {
     pub detail: Option<String>,
     /// How many decisions this record stands for (a throttled refusal's count; 1 otherwise).
     pub repeats: i64,
+    /// The policy version an agent's call was judged under ("which rule allowed this payment").
+    pub policy_version: Option<i64>,
+    /// A money call's question to policy, as recorded (what `policy simulate` replays).
+    pub intent: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -188,6 +192,8 @@ pub(super) fn audit_view(rec: AuditRecord) -> AuditView {
         payment_id: rec.payment_id,
         detail: rec.detail,
         repeats: rec.repeats,
+        policy_version: rec.policy_version,
+        intent: rec.intent.as_deref().and_then(|i| serde_json::from_str(i).ok()),
     }
 }
 

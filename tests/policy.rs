@@ -1,0 +1,344 @@
+//! Policy as data against the real server: operators change an agent's limits through the operator
+//! API and the next call is judged under the new version; lowering a limit or disabling a tool
+//! applies at once, raising one needs a second, distinct operator (never the author, never an
+//! agent); every decision's audit record names the version it was judged under; a dry run replays
+//! recorded history against a proposal and reports exactly the calls whose answer it changes,
+//! writing nothing; the config file is version 1, and an operator's version outlives an edited
+//! file. (Two replicas on PostgreSQL: tests/replicas.rs.)
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+const API: &str = "/operator/v1";
+
+async fn get(app: &TestApp, path: &str, token: &str) -> (StatusCode, Value) {
+    operator(app, Method::GET, &format!("{API}{path}"), token, None).await
+}
+
+async fn post(app: &TestApp, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    operator(app, Method::POST, &format!("{API}{path}"), token, Some(body)).await
+}
+
+fn pay(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": amount, "currency": "KES"})
+}
+
+/// The version in force and its document.
+async fn current(app: &TestApp, token: &str) -> (i64, Value) {
+    let (status, body) = get(app, "/policy", token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    (body["version"].as_i64().unwrap(), body["document"].clone())
+}
+
+/// `doc` with the dev profile's field set.
+fn with_dev(mut doc: Value, field: &str, value: Value) -> Value {
+    let profiles = doc["policy"]["profiles"].as_array_mut().unwrap();
+    let dev = profiles.iter_mut().find(|p| p["name"] == "dev").expect("the dev profile");
+    dev[field] = value;
+    doc
+}
+
+async fn propose(app: &TestApp, token: &str, doc: Value, base: i64) -> (StatusCode, Value) {
+    post(app, "/policy/proposals", token, json!({"document": doc, "reason": "test change", "base_version": base})).await
+}
+
+/// The agent's decision records of one operation, as the operator API shows them.
+async fn audit_of(app: &TestApp, token: &str, decision: &str) -> Vec<Value> {
+    let (status, body) = get(app, &format!("/audit?agent=dev-agent&decision={decision}&limit=100"), token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["items"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn lowering_applies_at_once_raising_needs_a_second_operator_and_the_agent_can_do_neither() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let alice = app.operator_token("alice", "payments:admin payments:audit");
+    let bob = app.operator_token("bob", "payments:admin");
+    let (v1, doc) = current(&app, &alice).await;
+    assert_eq!(v1, 1, "the config file is version 1 of an empty store");
+
+    let r = call(&agent, "create_payment", pay("before", "800.00")).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+
+    // Lowering the dev profile's autonomous limit: one operator, in force at once.
+    let lower = with_dev(doc.clone(), "autonomous_limit", json!({"KES": "500.00"}));
+    let (status, body) = propose(&app, &alice, lower.clone(), v1).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["status"].as_str(), body["version"].as_i64(), body["widens"].as_bool()),
+        (Some("applied"), Some(2), Some(false))
+    );
+    let r = call(&agent, "create_payment", pay("after-lowering", "800.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "what was allowed needs a human now");
+
+    // Raising it: alice alone only proposes; nothing changes for the agent.
+    let raise = with_dev(lower, "autonomous_limit", json!({"KES": "5000.00"}));
+    let (status, body) = propose(&app, &alice, raise.clone(), 2).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], "pending");
+    assert!(body["changes"].as_array().unwrap().iter().any(|c| c["widens"] == true), "{body}");
+    let id = body["proposal_id"].as_str().unwrap().to_string();
+    let r =
+        call(&agent, "check_payment_policy", json!({"tool": "create_payment", "arguments": pay("probe-1", "2000.00")}))
+            .await;
+    assert_eq!(ok(&r)["verdict"], "approval_required", "a pending raise is not in force");
+
+    // Not by its author, not by an agent's token, not without payments:admin.
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &alice, json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("SELF_REVIEW")), "{body}");
+    let (status, _) = post(&app, &format!("/policy/proposals/{id}/approve"), &app.dev_token(), json!({})).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "an agent token is not an operator's");
+    let agent_raise =
+        post(&app, "/policy/proposals", &app.dev_token(), json!({"document": raise, "reason": "me"})).await;
+    assert_eq!(agent_raise.0, StatusCode::UNAUTHORIZED, "{}", agent_raise.1);
+    let approver = app.operator_token("carol", "payments:approve payments:audit");
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &approver, json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("INSUFFICIENT_SCOPE")));
+    assert_eq!(current(&app, &alice).await.0, 2, "nothing applied");
+
+    // A second operator applies it.
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((body["status"].as_str(), body["version"].as_i64()), (Some("applied"), Some(3)));
+    let (status, again) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "decided once: {again}");
+    let r = call(&agent, "create_payment", pay("after-raise", "2000.00")).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+
+    // The version record names both operators; each decision names the version it was judged under.
+    let (_, v3) = get(&app, "/policy/versions/3", &alice).await;
+    assert_eq!((v3["author"].as_str(), v3["in_force"].as_bool()), (Some("alice"), Some(true)), "{v3}");
+    assert!(v3["approved_by"].as_str().unwrap().starts_with("bob"), "{v3}");
+    let allowed = audit_of(&app, &alice, "allowed").await;
+    let mut versions: Vec<i64> = allowed.iter().map(|r| r["policy_version"].as_i64().unwrap()).collect();
+    versions.sort();
+    assert_eq!(versions, vec![1, 3], "the 800.00 under version 1, the 2000.00 under 3: {allowed:?}");
+    let asked = audit_of(&app, &alice, "approval_required").await;
+    assert_eq!(asked.iter().map(|r| r["policy_version"].as_i64()).collect::<Vec<_>>(), vec![Some(2)], "{asked:?}");
+    assert_eq!(asked[0]["intent"]["judged_minor"], 80_000, "{asked:?}");
+
+    // The changes themselves are audited as the operators'.
+    let (_, ops) = get(&app, "/audit?agent=bob&tool=policy.approve", &alice).await;
+    assert_eq!(ops["items"].as_array().unwrap().len(), 1, "{ops}");
+    // And the trail still verifies (records carrying a version hash as link v2).
+    let (status, verdict) = get(&app, "/audit/verify", &alice).await;
+    assert_eq!((status, verdict["ok"].as_bool()), (StatusCode::OK, Some(true)), "{verdict}");
+}
+
+#[tokio::test]
+async fn simulate_reports_exactly_the_calls_a_proposal_changes_and_writes_nothing() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let alice = app.operator_token("alice", "payments:admin payments:audit");
+    let auditor = app.operator_token("auditor", "payments:audit");
+    // History under version 1 (dev: 1000.00 autonomous, 100000.00 a day).
+    for (op, amount) in [("h-100", "100.00"), ("h-600", "600.00"), ("h-900", "900.00")] {
+        let r = call(&agent, "create_payment", pay(op, amount)).await;
+        assert_eq!(ok(&r)["status"], "succeeded", "{op}: {r:?}");
+    }
+    let r = call(&agent, "create_payment", pay("h-1500", "1500.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED");
+    // Calls policy never judged are not replayed: a conflict (same operation, other amount), a
+    // replay, bad arguments.
+    assert_eq!(code(&call(&agent, "create_payment", pay("h-100", "101.00")).await), "IDEMPOTENCY_CONFLICT");
+    assert_eq!(ok(&call(&agent, "create_payment", pay("h-100", "100.00")).await)["status"], "succeeded");
+    assert_eq!(code(&call(&agent, "create_payment", pay("h-bad", "1.001")).await), "INVALID_ARGUMENT");
+    let (v, doc) = current(&app, &alice).await;
+
+    let simulate = |doc: Value| {
+        let (app, auditor) = (&app, &auditor);
+        async move {
+            let (status, body) = post(app, "/policy/simulate", auditor, json!({"document": doc})).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body
+        }
+    };
+    let changed = |report: &Value| -> Vec<(String, String, String)> {
+        report["changed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["amount"].as_str().unwrap().to_string(),
+                    c["before"]["outcome"].as_str().unwrap().to_string(),
+                    c["after"]["outcome"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+
+    // Lowering the limit to 500.00: the 600 and 900 payments would have needed a human.
+    let report = simulate(with_dev(doc.clone(), "autonomous_limit", json!({"KES": "500.00"}))).await;
+    assert_eq!(report["replayed"], 4, "the four judged calls: {report}");
+    assert_eq!(
+        changed(&report),
+        vec![s("600.00", "allowed", "approval_required"), s("900.00", "allowed", "approval_required")],
+        "{report}"
+    );
+    let totals = &report["totals"][0];
+    assert_eq!((totals["agent"].as_str(), totals["currency"].as_str()), (Some("dev-agent"), Some("KES")));
+    assert_eq!((totals["stricter"].as_i64(), totals["stricter_amount"].as_str()), (Some(2), Some("1500.00")));
+    assert_eq!((totals["looser"].as_i64(), report["changes"][0]["widens"].as_bool()), (Some(0), Some(false)));
+
+    // Raising it to 2000.00: the 1500 payment would have gone through alone.
+    let report = simulate(with_dev(doc.clone(), "autonomous_limit", json!({"KES": "2000.00"}))).await;
+    assert_eq!(changed(&report), vec![s("1500.00", "approval_required", "allowed")], "{report}");
+
+    // A daily limit of 1000.00, replayed in order: 100 + 600 fit, the 900 would have been refused.
+    let report = simulate(with_dev(doc.clone(), "daily_limit", json!({"KES": "1000.00"}))).await;
+    assert_eq!(changed(&report), vec![s("900.00", "allowed", "refused")], "{report}");
+    assert_eq!(report["changed"][0]["after"]["code"], "BUDGET_EXCEEDED");
+
+    // Governance: every create_payment needs a human.
+    let mut governed = doc.clone();
+    governed["tools"]["approval_required"] = json!(["create_payment"]);
+    let report = simulate(governed).await;
+    assert_eq!(changed(&report).len(), 3, "the three allowed payments: {report}");
+
+    // The same document: nothing changes.
+    let report = simulate(doc.clone()).await;
+    assert_eq!((report["replayed"].as_i64(), report["changed"].as_array().unwrap().len()), (Some(4), 0));
+
+    // It wrote nothing: the same version, no proposal. A bad window or document is refused.
+    assert_eq!(current(&app, &alice).await.0, v);
+    let (_, proposals) = get(&app, "/policy/proposals", &alice).await;
+    assert_eq!(proposals["items"].as_array().unwrap().len(), 0, "{proposals}");
+    for bad in [
+        json!({"document": doc, "since": "yesterday"}),
+        json!({"document": doc, "since": "2026-12-02", "until": "2026-11-30"}),
+        json!({"document": doc, "since": "2000-01-01"}),
+        json!({"document": {"policy": {}}}),
+        json!({"document": with_dev(doc.clone(), "calls_per_minute", json!(0))}),
+    ] {
+        let (status, body) = post(&app, "/policy/simulate", &auditor, bad.clone()).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("INVALID_ARGUMENT")),
+            "{bad}: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn disabling_a_tool_is_live_and_enabling_it_again_takes_two_operators() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let (alice, bob) = (app.operator_token("alice", "payments:admin"), app.operator_token("bob", "payments:admin"));
+    let (v, doc) = current(&app, &alice).await;
+    let mut off = doc.clone();
+    off["tools"]["disabled"] = json!(["create_payment"]);
+    let (status, body) = propose(&app, &alice, off, v).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    let names: Vec<String> = agent.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
+    assert!(!names.iter().any(|n| n == "create_payment") && names.iter().any(|n| n == "get_balance"), "{names:?}");
+    let refused = agent
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("create_payment")
+                .with_arguments(pay("while-off", "1.00").as_object().unwrap().clone()),
+        )
+        .await;
+    assert_no_such_tool(&refused);
+    let r =
+        call(&agent, "check_payment_policy", json!({"tool": "create_payment", "arguments": pay("p", "1.00")})).await;
+    assert!(format!("{r:?}").contains("disabled by policy"), "{r:?}");
+
+    // Enabling it widens: pending until bob approves.
+    let (status, body) = propose(&app, &alice, doc, v + 1).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["proposal_id"].as_str().unwrap();
+    let (status, _) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = call(&agent, "create_payment", pay("after-on", "1.00")).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+}
+
+#[tokio::test]
+async fn bad_proposals_change_nothing_and_a_stale_one_is_refused() {
+    let (app, _dir) = spawn_app().await;
+    let (alice, bob) = (app.operator_token("alice", "payments:admin"), app.operator_token("bob", "payments:admin"));
+    let (v, doc) = current(&app, &alice).await;
+    let cases = [
+        json!({"document": doc, "reason": "no change", "base_version": v}),
+        json!({"document": with_dev(doc.clone(), "autonomous_limit", json!({"KES": "1.001"})), "reason": "r"}),
+        json!({"document": with_dev(doc.clone(), "autonomous_limit", json!({"USD": "5.00"})), "reason": "no daily"}),
+        json!({"document": with_dev(doc.clone(), "daily_limit", json!({"KES": "-1.00"})), "reason": "negative"}),
+        json!({"document": {"policy": {"default_profile": "nobody", "profiles": []}}, "reason": "r"}),
+        json!({"document": with_dev(doc.clone(), "autonomous_limit", json!({"KES": "1.00"}))}),
+        json!({"document": with_dev(doc.clone(), "autonomous_limit", json!({"KES": "1.00"})), "reason": "a\u{7}b"}),
+        json!({"document": doc, "reason": "r", "extra": 1}),
+    ];
+    for body in cases {
+        let (status, answer) = post(&app, "/policy/proposals", &alice, body.clone()).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("INVALID_ARGUMENT")),
+            "{body}: {answer}"
+        );
+    }
+    assert_eq!(current(&app, &alice).await.0, v, "nothing applied");
+    // A proposal written on version v cannot apply once another change landed.
+    let raise = with_dev(doc.clone(), "autonomous_limit", json!({"KES": "9000.00"}));
+    let (_, pending) = propose(&app, &alice, raise, v).await;
+    let id = pending["proposal_id"].as_str().unwrap();
+    let lower = with_dev(doc.clone(), "autonomous_limit", json!({"KES": "10.00"}));
+    assert_eq!(propose(&app, &bob, lower.clone(), v).await.0, StatusCode::OK);
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("CONFLICT")), "{body}");
+    assert_eq!(propose(&app, &bob, lower, v).await.0, StatusCode::CONFLICT, "base_version is stale");
+    // Rejected, it stays rejected; a roll back to version 1 widens again and waits.
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/reject"), &bob, json!({"reason": "stale"})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("rejected")), "{body}");
+    let (status, body) = post(&app, "/policy/rollback", &bob, json!({"version": 1, "reason": "undo"})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::ACCEPTED, Some("pending")), "{body}");
+    let (status, diff) = get(&app, "/policy/diff?from=1&to=2", &bob).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(diff["changes"][0]["path"], "profiles.dev.autonomous_limit.KES", "{diff}");
+    for bad in ["/policy/versions/0", "/policy/versions/x", "/policy/diff?from=1", "/policy/proposals?status=maybe"] {
+        assert_eq!(get(&app, bad, &bob).await.0, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    assert_eq!(get(&app, "/policy/versions/99", &bob).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_file_bootstraps_version_one_and_an_operators_version_outlives_an_edited_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = |limit: &str| {
+        format!(
+            "[[policy.profiles]]\nname = \"default\"\n\n[[policy.profiles]]\nname = \"dev\"\ndev_key_only = true\n\
+             subjects = [\"dev-agent\"]\nallowed_accounts = [\"acct-A\", \"acct-B\"]\nautonomous_limit = {{ KES = \"{limit}\" }}\n\
+             daily_limit = {{ KES = \"100000.00\" }}\n"
+        )
+    };
+    let limit_in_force = |app: &TestApp| {
+        let policy = app.running.gateway.policy();
+        let profile = policy.profiles.resolve(DEV_ISSUER, "dev-agent", None, None);
+        (policy.version, profile.limit_decimal(paygate::domain::money::Currency::parse("KES").unwrap()))
+    };
+    let clock: Arc<dyn paygate::clock::Clock> = Arc::new(paygate::clock::SystemClock);
+    let app = spawn_with_toml(dir.path(), &toml("100.00"), &[], clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())));
+    app.stop().await;
+    // No operator has changed it: an edited file is the next version.
+    let app = spawn_with_toml(dir.path(), &toml("200.00"), &[], clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (2, Some("200.00".into())));
+    // An operator's change stands over a file edited afterwards.
+    let alice = app.operator_token("alice", "payments:admin payments:audit");
+    let (v, doc) = current(&app, &alice).await;
+    assert_eq!(
+        propose(&app, &alice, with_dev(doc, "autonomous_limit", json!({"KES": "50.00"})), v).await.0,
+        StatusCode::OK
+    );
+    app.stop().await;
+    let app = spawn_with_toml(dir.path(), &toml("300.00"), &[], clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (3, Some("50.00".into())), "the operator's version stands");
+    app.stop().await;
+}
