@@ -342,3 +342,55 @@ async fn the_file_bootstraps_version_one_and_an_operators_version_outlives_an_ed
     assert_eq!(limit_in_force(&app), (3, Some("50.00".into())), "the operator's version stands");
     app.stop().await;
 }
+
+/// `paygate policy export` prints a version as config sections; `import` of the same file changes
+/// nothing; an edited file that narrows applies as the next version, one that widens waits for a
+/// second operator; `simulate` prints the dry run. Blocking subprocesses, off the async runtime.
+#[test]
+fn export_import_and_simulate_round_trip_through_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let paygate = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(args)
+            .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+            .env("PAYGATE_LOG", "error")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, v1, err) = paygate(&["policy", "export"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(v1.starts_with("# paygate policy version 1"), "{v1}");
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, &v1).unwrap();
+    let (code, _, err) =
+        paygate(&["policy", "import", file.to_str().unwrap(), "--author", "alice", "--reason", "same"]);
+    assert_eq!(code, Some(2), "the same document is no change: {err}");
+    assert!(err.contains("nothing to change"), "{err}");
+
+    let lower = v1.replace("autonomous_limit]\nKES = \"1000.00\"", "autonomous_limit]\nKES = \"400.00\"");
+    assert_ne!(lower, v1, "the dev profile's limit is in the export: {v1}");
+    std::fs::write(&file, &lower).unwrap();
+    let (code, out, err) = paygate(&["policy", "simulate", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["replayed"], 0, "no history yet: {out}");
+    let (code, out, err) =
+        paygate(&["policy", "import", file.to_str().unwrap(), "--author", "alice", "--reason", "lower"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["version"], 2, "{out}");
+    let (_, v2, _) = paygate(&["policy", "export"]);
+    assert!(v2.starts_with("# paygate policy version 2: lower (alice)") && v2.contains("KES = \"400.00\""), "{v2}");
+
+    std::fs::write(&file, &v1).unwrap();
+    let (code, out, err) =
+        paygate(&["policy", "import", file.to_str().unwrap(), "--author", "alice", "--reason", "raise"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["status"], "pending", "{out}");
+    let (_, still, _) = paygate(&["policy", "export"]);
+    assert!(still.starts_with("# paygate policy version 2"), "a widening import waits: {still}");
+}

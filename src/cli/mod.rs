@@ -4,6 +4,7 @@
 
 pub mod doctor;
 pub mod init;
+mod policy;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -118,6 +119,42 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Policy as data (README "Changing policy"): export a version, import a file as a change,
+    /// or dry-run a file against the audited history.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Print a version (default: the newest) as the [policy] and [tools] sections of a config file.
+    Export {
+        #[arg(long)]
+        version: Option<i64>,
+    },
+    /// Propose FILE's [policy] and [tools] as the next version, as the operator --author: applied
+    /// at once when it only narrows; otherwise a proposal a second operator approves.
+    Import {
+        file: PathBuf,
+        /// Who makes the change (an operator subject; they cannot approve it themselves).
+        #[arg(long)]
+        author: String,
+        /// Why (recorded with the version).
+        #[arg(long)]
+        reason: String,
+    },
+    /// What FILE's policy would have changed over the audited calls of a window (default: the last
+    /// 7 days). Writes nothing.
+    Simulate {
+        file: PathBuf,
+        /// RFC 3339 or YYYY-MM-DD.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        until: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -198,6 +235,15 @@ pub fn run() -> ExitCode {
         }
         Command::Audit { command: AuditCommand::Verify { archive_dir, keys } } => {
             with_config(file, |c| verify_audit(c, archive_dir, &keys))
+        }
+        Command::Policy { command: PolicyCommand::Export { version } } => {
+            with_config(file, |c| policy::export(c, version))
+        }
+        Command::Policy { command: PolicyCommand::Import { file: doc, author, reason } } => {
+            with_config(file, |c| policy::import(c, &doc, &author, &reason))
+        }
+        Command::Policy { command: PolicyCommand::Simulate { file: doc, since, until } } => {
+            with_config(file, |c| policy::simulate(c, &doc, since.as_deref(), until.as_deref()))
         }
     }
 }
