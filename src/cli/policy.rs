@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::Config;
-use crate::domain::policy_doc::PolicyDocument;
+use crate::config::PolicyDocument;
 use crate::gateway::{Operator, ProposeArgs};
 
 /// The operator a command acts as: `author` under the configured issuer (the dev key's when there
