@@ -1007,6 +1007,31 @@ mod tests {
         assert!(c.auth.dev_key.is_some());
     }
 
+    /// The policy's own settings are bounded like every limit, and stay out of the versioned
+    /// document.
+    #[test]
+    fn policy_settings_have_bounds_and_are_not_part_of_a_version() {
+        for (key, bad, name) in [
+            ("PAYGATE_POLICY__REFRESH_SECS", "0", "policy.refresh_secs"),
+            ("PAYGATE_POLICY__REFRESH_SECS", "3601", "policy.refresh_secs"),
+            ("PAYGATE_POLICY__SIMULATE_WINDOW_MAX_SECS", "60", "policy.simulate_window_max_secs"),
+            ("PAYGATE_POLICY__SIMULATE_RECORDS_MAX", "1000001", "policy.simulate_records_max"),
+        ] {
+            match Config::load(None, env(&[(key, bad)])) {
+                Err(ConfigError::OutOfRange { key, .. }) => assert_eq!(key, name),
+                other => panic!("{name} = {bad}: {other:?}"),
+            }
+        }
+        let c = Config::load(None, env(&[("PAYGATE_POLICY__REFRESH_SECS", "7")])).unwrap();
+        assert_eq!(
+            (c.policy.refresh_secs, c.policy.simulate_window_max_secs, c.policy.simulate_records_max),
+            (7, 2_592_000, 100_000)
+        );
+        let d = Config::load(None, env(&[])).unwrap().policy_document();
+        assert_eq!(c.policy_document().canonical(), d.canonical());
+        assert!(!d.canonical().contains("refresh_secs"), "{}", d.canonical());
+    }
+
     #[test]
     fn bad_values_stop_the_start() {
         assert!(matches!(

@@ -329,6 +329,99 @@ mod tests {
         w.finish(&head, 0)
     }
 
+    /// A record naming neither a policy version nor an intent hashes as v1 always did (older chains
+    /// and archives verify unchanged); one naming either hashes as v2 with both, so clearing,
+    /// changing or adding either is a break.
+    #[test]
+    fn the_policy_version_and_intent_are_part_of_the_link_and_v1_records_hash_as_before() {
+        let plain = rec(10, "x");
+        // v1 by construction: the fixed field array under the v1 domain tag.
+        let mut h = Sha256::new();
+        h.update(b"paygate-audit-v1\n");
+        h.update(GENESIS.as_bytes());
+        h.update(b"\n");
+        h.update(
+            serde_json::json!([
+                1,
+                10,
+                1_010,
+                "c10",
+                "idp",
+                "agent",
+                null,
+                "create_payment",
+                "allowed",
+                null,
+                null,
+                null,
+                null,
+                "x",
+                1
+            ])
+            .to_string()
+            .as_bytes(),
+        );
+        assert_eq!(link_hash(GENESIS, 1, &plain), super::super::ids::hex(&h.finalize()));
+        let with = |version: Option<i64>, intent: Option<&str>| {
+            let mut r = plain.clone();
+            r.policy_version = version;
+            r.intent = intent.map(str::to_string);
+            link_hash(GENESIS, 1, &r)
+        };
+        let hashes = [
+            with(None, None),
+            with(Some(1), None),
+            with(Some(2), None),
+            with(None, Some("{}")),
+            with(Some(1), Some("{}")),
+            with(Some(1), Some("{\"tool\":\"x\"}")),
+        ];
+        let distinct: std::collections::BTreeSet<&String> = hashes.iter().collect();
+        assert_eq!(distinct.len(), hashes.len(), "{hashes:?}");
+        // And a v2 record is hashed under the v2 tag with both fields appended.
+        let mut h = Sha256::new();
+        h.update(b"paygate-audit-v2\n");
+        h.update(GENESIS.as_bytes());
+        h.update(b"\n");
+        h.update(
+            serde_json::json!([
+                1,
+                10,
+                1_010,
+                "c10",
+                "idp",
+                "agent",
+                null,
+                "create_payment",
+                "allowed",
+                null,
+                null,
+                null,
+                null,
+                "x",
+                1,
+                7,
+                null
+            ])
+            .to_string()
+            .as_bytes(),
+        );
+        assert_eq!(with(Some(7), None), super::super::ids::hex(&h.finalize()));
+        // A chain mixing both verifies; clearing a v2 record's version breaks it there.
+        let mut links = chain(3);
+        let mut prev = links[0].hash.clone();
+        for (i, link) in links.iter_mut().enumerate().skip(1) {
+            let r = link.record.as_mut().unwrap();
+            r.policy_version = Some(3);
+            link.prev_hash = prev.clone();
+            link.hash = link_hash(&prev, i as i64 + 1, r);
+            prev = link.hash.clone();
+        }
+        assert!(walk(&links, &[]).ok);
+        links[2].record.as_mut().unwrap().policy_version = None;
+        assert_eq!(walk(&links, &[]).first_break.unwrap().chain_seq, 3);
+    }
+
     #[test]
     fn an_intact_chain_verifies_and_any_change_names_the_first_break() {
         let links = chain(5);

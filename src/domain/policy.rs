@@ -135,6 +135,21 @@ impl Profiles {
         }
     }
 
+    /// Every account some profile allows, once each.
+    pub fn accounts(&self) -> Vec<AccountId> {
+        let lists = [&self.by_subject, &self.by_user, &self.by_client].into_iter().flat_map(|m| m.values());
+        let pairs = self.by_pair.values();
+        let mut all: Vec<AccountId> = lists
+            .chain(pairs)
+            .flatten()
+            .chain(std::iter::once(&self.default))
+            .flat_map(|p| p.allowed_accounts.iter().cloned())
+            .collect();
+        all.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        all.dedup();
+        all
+    }
+
     /// Most specific first: the (agent, user) pair, the user the agent acts for, the agent's
     /// subject, its client id, then the default. A user's profile bounds every agent acting for
     /// them, whatever profile the agent has of its own (policy per person); name both to bound one
@@ -609,6 +624,11 @@ mod tests {
             false,
         );
         profiles.add(named("default", None), Matchers::default(), true);
+        // Every profile's accounts, each once, sorted: by subject, client, user, pair and default.
+        profiles.add(named("dev", None), Matchers { subjects: &billing, ..Default::default() }, false);
+        let names: Vec<String> = profiles.accounts().iter().map(|a| a.as_str().to_string()).collect();
+        assert_eq!(names, ["alice", "bot-for-alice", "by-client", "default", "dev", "dev-at-idp"]);
+        assert!(Profiles::new().accounts().is_empty(), "the fail-closed default allows none");
         assert_eq!(profiles.resolve("http://127.0.0.1:8080", "dev-agent", None, Some("billing")).name, "dev");
         assert_eq!(
             profiles.resolve("https://idp", "dev-agent", None, None).name,

@@ -322,6 +322,16 @@ impl Gateway {
         self
     }
 
+    /// The accounts reconciliation asks about: those given at start and every account the policy
+    /// version in force allows (an operator may have added one since).
+    fn known_accounts(&self) -> Vec<crate::domain::ids::AccountId> {
+        let mut all = self.known_accounts.clone();
+        all.extend(self.policy().profiles.accounts());
+        all.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        all.dedup();
+        all
+    }
+
     pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
         &self.metrics
     }

@@ -139,13 +139,14 @@ impl Gateway {
             for p in integrity.problems {
                 report.push("integrity", None, p);
             }
-        } else if !self.known_accounts.is_empty() {
+        } else if !self.known_accounts().is_empty() {
+            let accounts = self.known_accounts();
             let mut before = None;
             'pages: loop {
                 let page = self
                     .backend
                     .list_payments(PaymentQuery {
-                        accounts: self.known_accounts.clone(),
+                        accounts: accounts.clone(),
                         status: None,
                         before_seq: before,
                         limit: RECONCILE_PAGE,
