@@ -266,8 +266,10 @@ async fn bad_proposals_change_nothing_and_a_stale_one_is_refused() {
     let (app, _dir) = spawn_app().await;
     let (alice, bob) = (app.operator_token("alice", "payments:admin"), app.operator_token("bob", "payments:admin"));
     let (v, doc) = current(&app, &alice).await;
+    let (status, body) =
+        post(&app, "/policy/proposals", &alice, json!({"document": doc, "reason": "same", "base_version": v})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("CONFLICT")), "no change: {body}");
     let cases = [
-        json!({"document": doc, "reason": "no change", "base_version": v}),
         json!({"document": with_dev(doc.clone(), "autonomous_limit", json!({"KES": "1.001"})), "reason": "r"}),
         json!({"document": with_dev(doc.clone(), "autonomous_limit", json!({"USD": "5.00"})), "reason": "no daily"}),
         json!({"document": with_dev(doc.clone(), "daily_limit", json!({"KES": "-1.00"})), "reason": "negative"}),
@@ -302,10 +304,39 @@ async fn bad_proposals_change_nothing_and_a_stale_one_is_refused() {
     let (status, diff) = get(&app, "/policy/diff?from=1&to=2", &bob).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(diff["changes"][0]["path"], "profiles.dev.autonomous_limit.KES", "{diff}");
-    for bad in ["/policy/versions/0", "/policy/versions/x", "/policy/diff?from=1", "/policy/proposals?status=maybe"] {
+    for bad in [
+        "/policy/versions/0",
+        "/policy/versions/x",
+        "/policy/diff?from=1",
+        "/policy/proposals?status=maybe",
+        "/policy/proposals?status=",
+    ] {
         assert_eq!(get(&app, bad, &bob).await.0, StatusCode::BAD_REQUEST, "{bad}");
     }
     assert_eq!(get(&app, "/policy/versions/99", &bob).await.0, StatusCode::NOT_FOUND);
+
+    // A whole document travels in one body: 300 profiles (~100 KiB) are a proposal (profiles added
+    // widen), past 16 KiB, the rest of the operator API's bound; a body past 272 KiB is refused.
+    let (_, now) = current(&app, &bob).await;
+    let mut big = now.clone();
+    let template = big["policy"]["profiles"][0].clone();
+    for i in 0..300 {
+        let mut p = template.clone();
+        p["name"] = json!(format!("agent-{i:03}"));
+        p["subjects"] = json!([format!("agent-{i:03}")]);
+        big["policy"]["profiles"].as_array_mut().unwrap().push(p);
+    }
+    let body = json!({"document": big, "reason": "onboard 300 agents"});
+    assert!(body.to_string().len() > 64 * 1024, "{}", body.to_string().len());
+    let (status, answer) = post(&app, "/policy/proposals", &bob, body).await;
+    assert_eq!((status, answer["status"].as_str()), (StatusCode::ACCEPTED, Some("pending")), "{answer}");
+    let huge = json!({"document": now, "reason": "x".repeat(300 * 1024)});
+    let (status, answer) = post(&app, "/policy/proposals", &bob, huge).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("PAYLOAD_TOO_LARGE")),
+        "{answer}"
+    );
 }
 
 #[tokio::test]

@@ -20,7 +20,6 @@ use super::money::{Money, format_minor};
 use super::policy::{Decision, Question, judge};
 use super::policy_doc::LivePolicy;
 use super::rules::guards::day_of;
-use crate::clock::UnixSecs;
 
 /// Audit decisions that are the answer to a money call policy judged (not a replay, a mandate's
 /// acceptance or a held key).
@@ -61,7 +60,8 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Changed {
     pub seq: i64,
-    pub at: UnixSecs,
+    /// RFC 3339.
+    pub at: String,
     pub correlation_id: String,
     pub principal_iss: String,
     pub agent: String,
@@ -195,7 +195,7 @@ pub fn simulate<'a>(
         }
         report.changed.push(Changed {
             seq: rec.seq,
-            at: rec.at,
+            at: crate::clock::rfc3339(rec.at),
             correlation_id: rec.correlation_id.clone(),
             principal_iss: rec.principal_iss.clone(),
             agent: rec.principal_sub.clone(),

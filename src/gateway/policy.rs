@@ -322,7 +322,7 @@ impl Gateway {
             .map_err(|e| OpError::conflict(format!("the version in force no longer validates: {e}")))?;
         let text = doc.canonical();
         if text == newest.document {
-            return Err(OpError::invalid(format!(
+            return Err(OpError::conflict(format!(
                 "the document is version {} as it stands: nothing to change",
                 newest.version
             )));
@@ -487,7 +487,7 @@ impl Gateway {
         self.require_op(op, &[scopes::AUDIT, scopes::ADMIN])?;
         let status =
             match status {
-                None | Some("") => None,
+                None => None,
                 Some(s) => Some(ProposalStatus::parse(s).ok_or_else(|| {
                     OpError::invalid(format!("status must be pending, applied or rejected, got {s:?}"))
                 })?),

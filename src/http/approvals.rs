@@ -19,6 +19,9 @@ use crate::gateway::{CorrelationId, Operator, PasskeyAssertion, PreauthorizeArgs
 
 /// Body size of operator requests, in bytes: they are small JSON documents.
 pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
+/// Largest body of the policy routes, which carry a whole policy document
+/// (`domain::policy_doc::DOCUMENT_BYTES_MAX`, 256 KiB, with room for the rest of the body).
+pub const POLICY_BODY_BYTES_MAX: usize = 272 * 1024;
 
 /// The operators' error envelope, answered with `status` (what the framework chose, or
 /// [`ErrorCode::http_status`] by way of [`refusal`]).

@@ -159,6 +159,10 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
         .layer(axum::middleware::from_fn(operator::json_errors));
+    let policy_routes = policy_api()
+        .layer(RequestBodyLimitLayer::new(approvals::POLICY_BODY_BYTES_MAX))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
+        .layer(axum::middleware::from_fn(operator::json_errors));
 
     // The metadata is public: any browser origin may read it (that is how browser clients discover
     // the authorization server).
@@ -186,6 +190,7 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
 
     Router::new()
         .merge(operator_routes)
+        .merge(policy_routes)
         .merge(console_routes)
         .merge(callback_routes)
         .merge(metadata_routes)
@@ -204,6 +209,22 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
             header::COOKIE,
         ]))
         .with_state(state)
+}
+
+/// `/operator/v1/policy…`: policy as data. Apart from the rest of `/operator/v1` only for its body
+/// limit: a proposal carries a whole policy document.
+fn policy_api() -> Router<AppState> {
+    Router::new()
+        .route("/operator/v1/policy", get(policy::current))
+        .route("/operator/v1/policy/versions", get(policy::versions))
+        .route("/operator/v1/policy/versions/{version}", get(policy::version))
+        .route("/operator/v1/policy/diff", get(policy::diff))
+        .route("/operator/v1/policy/proposals", get(policy::proposals).post(policy::propose))
+        .route("/operator/v1/policy/proposals/{proposal_id}", get(policy::proposal))
+        .route("/operator/v1/policy/proposals/{proposal_id}/approve", post(policy::approve))
+        .route("/operator/v1/policy/proposals/{proposal_id}/reject", post(policy::reject))
+        .route("/operator/v1/policy/rollback", post(policy::rollback))
+        .route("/operator/v1/policy/simulate", post(policy::simulate))
 }
 
 /// `/operator/v1`: what the console calls (`docs/operator-api.yaml`).
@@ -237,16 +258,6 @@ fn operator_api() -> Router<AppState> {
         .route("/webhooks/{message_id}/attempts", get(operator::webhook_attempts))
         .route("/reconciliation", get(operator::reconciliation))
         .route("/reconciliation/run", post(operator::reconcile))
-        .route("/policy", get(policy::current))
-        .route("/policy/versions", get(policy::versions))
-        .route("/policy/versions/{version}", get(policy::version))
-        .route("/policy/diff", get(policy::diff))
-        .route("/policy/proposals", get(policy::proposals).post(policy::propose))
-        .route("/policy/proposals/{proposal_id}", get(policy::proposal))
-        .route("/policy/proposals/{proposal_id}/approve", post(policy::approve))
-        .route("/policy/proposals/{proposal_id}/reject", post(policy::reject))
-        .route("/policy/rollback", post(policy::rollback))
-        .route("/policy/simulate", post(policy::simulate))
 }
 
 /// RFC 9728 protected resource metadata of the MCP resource (agents).

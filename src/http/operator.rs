@@ -226,7 +226,9 @@ pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Ne
         StatusCode::NOT_FOUND => (ErrorCode::NotFound, "no such operator route"),
         StatusCode::METHOD_NOT_ALLOWED => (ErrorCode::MethodNotAllowed, "method not allowed on this route"),
         StatusCode::REQUEST_TIMEOUT => (ErrorCode::Timeout, "the request took longer than server.request_timeout_ms"),
-        StatusCode::PAYLOAD_TOO_LARGE => (ErrorCode::PayloadTooLarge, "the body is larger than 16 KiB"),
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            (ErrorCode::PayloadTooLarge, "the body is larger than this route accepts (16 KiB; policy routes 272 KiB)")
+        }
         StatusCode::UNSUPPORTED_MEDIA_TYPE => (ErrorCode::InvalidArgument, "the body must be JSON"),
         s if s.is_server_error() => (ErrorCode::Internal, "internal error"),
         _ => (ErrorCode::InvalidArgument, "malformed request"),

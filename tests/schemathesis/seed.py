@@ -113,7 +113,20 @@ def operator(base, agent_token, operator_token):
         need(c, f"GET {path}: no second page")
         return c
 
+    # A pending policy proposal: raising the dev profile's limit widens, so it waits for a second
+    # operator (the {proposal_id} routes need one to exist).
+    status, _, text = request("GET", f"{ops}/policy", operator_token)
+    need(status == 200, f"GET /policy: {status} {text}")
+    document = json.loads(text)["document"]
+    for profile in document["policy"]["profiles"]:
+        if profile["name"] == "dev":
+            profile["autonomous_limit"] = {"KES": "1500.00"}
+    status, _, text = request("POST", f"{ops}/policy/proposals", operator_token, {"document": document, "reason": "seed"})
+    need(status == 202, f"propose: {status} {text}")
+    proposal_id = json.loads(text)["proposal_id"]
+
     out = {
+        "SEED_PROPOSAL_ID": proposal_id,
         "SEED_PAYMENT_ID": payment_id,
         "SEED_APPROVAL_ID": approval_id,
         "SEED_MANDATE_ID": mandate_id,
