@@ -442,9 +442,11 @@ async fn the_openapi_file_lists_exactly_the_served_routes() {
     };
     let router = std::fs::read_to_string(format!("{root}/src/http/mod.rs")).unwrap();
     let body = router.split("fn operator_api()").nth(1).unwrap().split("\n}\n").next().unwrap();
+    // The policy routes sit in their own router (a larger body bound), with full paths.
+    let policy = router.split("fn policy_api()").nth(1).unwrap().split("\n}\n").next().unwrap();
     let mut served: Vec<(String, String)> = Vec::new();
-    for line in body.lines().filter(|l| l.contains(".route(\"")) {
-        let path = line.split('"').nth(1).unwrap().to_string();
+    for line in body.lines().chain(policy.lines()).filter(|l| l.contains(".route(\"")) {
+        let path = line.split('"').nth(1).unwrap().trim_start_matches("/operator/v1").to_string();
         for method in ["get", "post"] {
             if line.contains(&format!("{method}(")) {
                 served.push((method.to_uppercase(), path.clone()));
