@@ -359,7 +359,7 @@ impl PolicyDocument {
         for name in &self.tools.disabled {
             disabled.insert(name.clone());
             // A disabled tool's aliases go with it (an alias named alone is hidden alone).
-            disabled.extend(crate::catalogue::aliases_of(name).into_iter().map(str::to_string));
+            disabled.extend(crate::catalogue::aliases_of(name).map(str::to_string));
         }
         LivePolicy {
             version,
