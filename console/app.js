@@ -481,6 +481,7 @@ const VIEWS = {
   agents: loadAgents,
   mandates: loadMandates,
   payees: loadPayees,
+  policy: loadPolicy,
   passkeys: loadPasskeys,
   reconciliation: loadReconciliation,
   webhooks: loadWebhooks,
@@ -1290,6 +1291,403 @@ async function addPayee(form) {
   }
 }
 
+// ---- policy -------------------------------------------------------------------------------------
+// Policy as data: the version in force and its history, an editor (dry run, propose), and the
+// proposals that widen the policy, waiting for a second operator: each is dry-run in the page before
+// its Approve button opens, so the reviewer sees what it would have changed against history.
+
+// The newest version as last read: the editor starts from it, and Reset goes back to it.
+const policyState = { version: null, document: null };
+const canSimulate = () => can(SCOPE.audit) || can(SCOPE.admin);
+const SIMULATE_SCOPES = `${SCOPE.audit} or ${SCOPE.admin}`;
+
+// `keepResult`: the outcome of a proposal just made stays shown (every other load clears it).
+function loadPolicy({ keepResult = false } = {}) {
+  return load('policy', async () => {
+    const editor = $('[data-testid="policy-editor"]');
+    guard($('[data-testid="policy-propose"]', editor), SCOPE.admin);
+    const sim = $('[data-testid="policy-simulate"]', editor);
+    if (!canSimulate()) disable(sim, `Your token lacks scope ${SIMULATE_SCOPES}`);
+    if (!keepResult) policyResult(null);
+    const [current, versions, proposals] = await Promise.all([
+      api('GET', '/policy'),
+      api('GET', '/policy/versions'),
+      api('GET', '/policy/proposals', { query: { status: 'pending' } }),
+    ]);
+    policyState.version = current.version;
+    policyState.document = current.document;
+    renderPolicyCurrent(current);
+    renderPolicyVersions(Array.isArray(versions?.items) ? versions.items : []);
+    loadPolicyEditor();
+    const list = clear($('[data-testid="policy-proposals"]'));
+    const pending = Array.isArray(proposals?.items) ? proposals.items : [];
+    for (const p of pending) list.append(proposalCard(p));
+    if (!pending.length) list.append(h('p', { class: 'empty muted panel', 'data-testid': 'policy-proposals-empty' }, 'No proposal is waiting for a second operator.'));
+  });
+}
+
+function renderPolicyCurrent(v) {
+  const box = clear($('[data-testid="policy-current"]'));
+  box.append(
+    h('div', { class: 'view-head' },
+      h('h2', {}, 'Version in force'),
+      v.in_force ? badge('in force', 'active') : h('span', { class: 'badge pending', title: 'The newest version in the store: this replica takes it within policy.refresh_secs' }, 'newest, arriving')),
+    h('dl', { class: 'facts' },
+      fact('Version', h('strong', { class: 'policy-version', 'data-testid': 'policy-version' }, String(v.version ?? '—'))),
+      fact('Author', h('span', { 'data-testid': 'policy-author', title: v.author_iss ? `issuer ${clean(v.author_iss)}` : 'from the config file' }, v.author ?? '—')),
+      fact('Approved by', v.approved_by
+        ? h('span', { 'data-testid': 'policy-approved-by' }, v.approved_by)
+        : h('span', { class: 'muted', 'data-testid': 'policy-approved-by' }, 'nobody else: it only narrowed, or came from the config file')),
+      fact('Reason', h('span', { 'data-testid': 'policy-version-reason' }, agentText(v.reason, 'Written by the author of this version'))),
+      v.proposal_id ? fact('Proposal', mono(v.proposal_id)) : null,
+      fact('Created', timeCell(v.created_at))));
+}
+
+function renderPolicyVersions(items) {
+  const body = clear($('[data-testid="policy-versions"] tbody'));
+  const diff = $('[data-testid="policy-diff"]');
+  diff.hidden = true;
+  clear(diff);
+  const sorted = [...items].sort((a, b) => Number(b.version) - Number(a.version));
+  for (const v of sorted) body.append(policyVersionRow(v));
+  if (!sorted.length) body.append(h('tr', {}, h('td', { colspan: 6, class: 'empty muted' }, 'No version stored yet.')));
+}
+
+function policyVersionRow(v) {
+  const actions = [];
+  if (Number(v.version) > 1) {
+    const show = h('button', { type: 'button', class: 'ghost', 'data-testid': 'policy-version-diff', title: `What version ${clean(v.version)} changed from version ${clean(v.version - 1)}` }, 'Changes');
+    show.addEventListener('click', () => showPolicyDiff(v.version - 1, v.version, show));
+    actions.push(show);
+  }
+  if (!v.in_force && v.document) {
+    const edit = h('button', { type: 'button', class: 'ghost', 'data-testid': 'policy-version-edit', title: `Put version ${clean(v.version)}'s document in the editor (to dry-run it and propose going back to it)` }, 'Load in editor');
+    edit.addEventListener('click', () => {
+      setEditor(v.document, policyState.version, true);
+      notify(`Version ${clean(v.version)}'s document is in the editor, as a change to version ${clean(policyState.version)}: dry-run it, then propose it.`, 'info');
+      $('[data-testid="policy-document"]').focus();
+    });
+    actions.push(edit);
+  }
+  return h('tr', { 'data-testid': 'policy-version-row', 'data-version': v.version, class: v.in_force ? 'selected' : null },
+    h('td', { class: 'num' }, h('strong', {}, String(v.version)), v.in_force ? [' ', badge('in force', 'active')] : null),
+    h('td', {}, timeCell(v.created_at)),
+    h('td', {}, h('span', { title: v.author_iss ? `issuer ${clean(v.author_iss)}` : 'from the config file' }, v.author ?? '—')),
+    h('td', {}, v.approved_by ? h('span', { title: clean(v.approved_by) }, shortWho(v.approved_by)) : h('span', { class: 'muted' }, '—')),
+    h('td', { class: 'memo' }, agentText(v.reason, 'Written by the author of this version')),
+    h('td', { class: 'actions' }, actions.length ? actions : '—'));
+}
+
+// "<sub> (<iss>)" as the subject alone (the whole in the title): the history table stays narrow.
+function shortWho(value) {
+  return String(value).replace(/ \([^()]*\)$/, '');
+}
+
+async function showPolicyDiff(from, to, button) {
+  const box = $('[data-testid="policy-diff"]');
+  button.disabled = true;
+  try {
+    const d = await api('GET', '/policy/diff', { query: { from, to } });
+    clear(box).append(h('h3', {}, `Version ${clean(from)} → ${clean(to)}`), changesTable(d?.changes ?? [], 'policy-diff-changes'));
+    box.hidden = false;
+  } catch (e) {
+    if (e instanceof ApiError) explain(e, { needs: SIMULATE_SCOPES, what: 'Diff' });
+    else notify(e.message, 'error');
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// The editor holds a document and the version it was read from (the proposal's base_version: the
+// change applies only while that is still the newest). Edits survive a refresh; a newer version
+// arriving meanwhile is named, and Propose then gets the gateway's "read it again".
+function setEditor(document, version, dirty) {
+  const ta = $('[data-testid="policy-document"]');
+  ta.value = JSON.stringify(document ?? {}, null, 2);
+  ta.dataset.version = String(version ?? '');
+  if (dirty) ta.dataset.dirty = '1';
+  else delete ta.dataset.dirty;
+  editorBase();
+}
+function loadPolicyEditor() {
+  const ta = $('[data-testid="policy-document"]');
+  if (!ta.dataset.dirty || !ta.dataset.version) setEditor(policyState.document, policyState.version, false);
+  else editorBase();
+}
+function editorBase() {
+  const ta = $('[data-testid="policy-document"]');
+  const label = $('[data-testid="policy-editor-base"]');
+  const base = ta.dataset.version;
+  const stale = base && policyState.version !== null && base !== String(policyState.version);
+  label.className = stale ? 'small error' : 'muted small';
+  label.textContent = stale
+    ? `Edited from version ${clean(base)}, but version ${clean(policyState.version)} is the newest now: reset and edit again.`
+    : `A change to version ${clean(base || '—')}${ta.dataset.dirty ? ' (edited)' : ''}`;
+}
+
+// The editor's document, parsed; null (and a notice) when it is not JSON.
+function editorDocument() {
+  const ta = $('[data-testid="policy-document"]');
+  try {
+    const doc = JSON.parse(ta.value);
+    if (!doc || typeof doc !== 'object' || Array.isArray(doc)) throw new Error('it must be a JSON object with "policy" and "tools"');
+    return doc;
+  } catch (e) {
+    notify(`The document is not valid JSON: ${e.message}`, 'warn');
+    ta.focus();
+    return null;
+  }
+}
+
+function simulateWindow() {
+  const q = {};
+  for (const name of ['since', 'until']) {
+    const v = $(`[data-testid="policy-${name}"]`).value.trim();
+    if (v) q[name] = v;
+  }
+  return q;
+}
+
+// The dry run of `document` into `box` (the report replaces whatever was there).
+async function simulateInto(box, document, title, button) {
+  clear(box);
+  box.setAttribute('aria-busy', 'true');
+  box.append(h('p', { class: 'muted' }, 'Replaying the recorded calls…'));
+  if (button) button.disabled = true;
+  try {
+    const r = await api('POST', '/policy/simulate', { body: { document, ...simulateWindow() } });
+    clear(box).append(policyReport(r ?? {}, title));
+    return true;
+  } catch (e) {
+    clear(box);
+    if (e instanceof ApiError) explain(e, { needs: SIMULATE_SCOPES, control: button, what: 'Dry run failed' });
+    else notify(`Dry run failed: ${e.message}`, 'error');
+    return false;
+  } finally {
+    box.removeAttribute('aria-busy');
+    if (button && canSimulate() && !button.dataset.reason) button.disabled = false;
+  }
+}
+
+async function simulateEditor(button) {
+  const doc = editorDocument();
+  if (!doc) return;
+  clearNotice();
+  policyResult(null);
+  await simulateInto($('[data-testid="policy-report-box"]'), doc, 'Dry run of the edited document', button);
+}
+
+async function proposePolicy(button) {
+  const doc = editorDocument();
+  if (!doc) return;
+  const input = $('[data-testid="policy-reason"]');
+  const reason = input.value.trim();
+  if (!reason) {
+    notify('Say why you change the policy: the reason is kept with the version and in the audit trail.', 'warn');
+    input.focus();
+    return;
+  }
+  const ta = $('[data-testid="policy-document"]');
+  const base = Number(ta.dataset.version) || policyState.version;
+  button.disabled = true;
+  policyResult(null);
+  try {
+    const r = await api('POST', '/policy/proposals', { body: { document: doc, reason, base_version: base } });
+    input.value = '';
+    if (r?.status === 'applied') {
+      policyResult(r, `Applied: version ${clean(r.version)} is in force. It only narrows the policy, so one operator suffices.`);
+      notify(`Policy version ${clean(r.version)} is in force.`, 'ok');
+    } else {
+      policyResult(r, `Waiting for a second operator: proposal ${clean(r?.proposal_id)} widens the policy and applies once another operator approves it.`);
+      notify(`Proposal ${clean(r?.proposal_id)} is waiting for a second operator.`, 'info');
+    }
+    setEditor(policyState.document, policyState.version, false);
+    await loadPolicy({ keepResult: true });
+  } catch (e) {
+    if (e instanceof ApiError) {
+      const what = e.status === 409 ? 'Propose failed (read the newest version, then edit again)' : 'Propose failed';
+      explain(e, { needs: SCOPE.admin, control: button, what });
+    } else notify(e.message, 'error');
+  } finally {
+    if (can(SCOPE.admin) && !button.dataset.reason) button.disabled = false;
+  }
+}
+
+// What the last proposal made came to (null: nothing shown).
+function policyResult(r, text) {
+  const el = $('[data-testid="policy-propose-result"]');
+  clear(el);
+  el.hidden = !r;
+  if (!r) {
+    delete el.dataset.status;
+    return;
+  }
+  el.dataset.status = r.status ?? '';
+  el.className = `policy-result ${r.status === 'applied' ? 'applied' : 'pending'}`;
+  el.append(h('strong', {}, text), changesTable(Array.isArray(r.changes) ? r.changes : [], 'policy-result-changes'));
+}
+
+// A value of a change: absent (null), text, or JSON.
+function changeValue(v) {
+  if (v === null || v === undefined) return h('span', { class: 'muted' }, 'absent');
+  return h('code', {}, typeof v === 'string' ? v : JSON.stringify(v));
+}
+
+function changesTable(changes, testid = 'policy-changes') {
+  if (!changes.length) return h('p', { class: 'muted small', 'data-testid': testid }, 'No difference from the newest version.');
+  return h('div', { class: 'table-wrap' }, h('table', { class: 'grid policy-changes', 'data-testid': testid },
+    h('thead', {}, h('tr', {},
+      h('th', { scope: 'col' }, 'Where'), h('th', { scope: 'col' }, 'Before'), h('th', { scope: 'col' }, 'After'), h('th', { scope: 'col' }, 'Effect'))),
+    h('tbody', {}, changes.map((c) => h('tr', { 'data-testid': 'policy-change', 'data-path': c.path, 'data-widens': c.widens ? 'true' : 'false', class: c.widens ? 'widens' : null },
+      h('td', {}, h('code', {}, c.path ?? '')),
+      h('td', { class: 'memo' }, changeValue(c.before)),
+      h('td', { class: 'memo' }, changeValue(c.after)),
+      h('td', {}, c.widens
+        ? h('span', { class: 'badge widens', title: 'It lets some agent do more: a second operator must approve it' }, 'widens: four eyes')
+        : h('span', { class: 'badge narrows', title: 'It only narrows: one operator applies it' }, 'narrows')))))));
+}
+
+function outcomeBadge(o) {
+  const outcome = String(o?.outcome ?? '?');
+  const text = o?.code ? `${outcome} (${o.code})` : outcome;
+  return h('span', { class: `badge outcome ${clean(outcome)}`, 'data-outcome': outcome }, text);
+}
+
+// A dry run's report: what it replayed, what the document changes, the calls it would have
+// answered differently (before → after), and per agent and currency how many got stricter or looser.
+function policyReport(r, title) {
+  const changed = Array.isArray(r.changed) ? r.changed : [];
+  const totals = Array.isArray(r.totals) ? r.totals : [];
+  const changes = Array.isArray(r.changes) ? r.changes : [];
+  const widens = changes.filter((c) => c.widens).length;
+  return h('section', { class: 'panel policy-report', 'data-testid': 'policy-report', 'data-changed': changed.length, 'aria-label': title },
+    h('div', { class: 'view-head' },
+      h('h2', {}, title),
+      h('span', { class: 'muted small', 'data-testid': 'policy-report-window' }, `calls from ${fmtTime(r.since)} to ${fmtTime(r.until)}`)),
+    h('div', { class: 'cards' },
+      card('Calls replayed', String(r.replayed ?? 0), 'judged money calls in the window', 'policy-report-replayed'),
+      card('Skipped', String(r.skipped ?? 0), 'their version or question unreadable', 'policy-report-skipped', r.skipped > 0 ? 'attention' : ''),
+      card('Answered differently', String(changed.length), 'calls this document changes', 'policy-report-changed', changed.length ? 'attention' : ''),
+      card('Widening changes', String(widens), widens ? 'a second operator must approve' : 'one operator applies it', 'policy-report-widens', widens ? 'attention' : '')),
+    r.truncated ? h('p', { class: 'notice warn', 'data-testid': 'policy-report-truncated' }, 'The window held more calls than one dry run reads (policy.simulate_records_max): its later part was not replayed. Narrow the window.') : null,
+    h('h3', {}, 'What it changes'),
+    changesTable(changes),
+    h('h3', {}, 'Calls answered differently'),
+    h('div', { class: 'table-wrap' }, h('table', { class: 'grid', 'data-testid': 'policy-report-calls' },
+      h('thead', {}, h('tr', {},
+        h('th', { scope: 'col' }, 'At'), h('th', { scope: 'col' }, 'Agent (for user)'), h('th', { scope: 'col' }, 'Tool'), h('th', { scope: 'col' }, 'Payee'),
+        h('th', { scope: 'col', class: 'num' }, 'Amount'), h('th', { scope: 'col', class: 'num' }, 'Decided under'), h('th', { scope: 'col' }, 'Before → after'), h('th', { scope: 'col' }, 'Correlation'))),
+      h('tbody', {}, changed.length
+        ? changed.map((c) => h('tr', {
+          'data-testid': 'policy-report-row', 'data-seq': c.seq, 'data-amount': c.amount, 'data-currency': c.currency,
+          'data-before': c.before?.outcome ?? '', 'data-after': c.after?.outcome ?? '',
+        },
+        h('td', {}, timeCell(c.at)),
+        h('td', { 'data-testid': 'policy-report-agent' }, principal(c.agent, c.user)),
+        h('td', {}, h('code', {}, c.tool ?? '')),
+        h('td', {}, h('code', {}, c.payee ?? '')),
+        h('td', { class: 'num', 'data-testid': 'policy-report-amount' }, money(c.amount, c.currency)),
+        h('td', { class: 'num' }, `v${clean(c.version ?? '?')}`),
+        h('td', { 'data-testid': 'policy-report-outcome' }, outcomeBadge(c.before), ' → ', outcomeBadge(c.after)),
+        h('td', {}, mono(c.correlation_id))))
+        : h('tr', {}, h('td', { colspan: 8, class: 'empty muted', 'data-testid': 'policy-report-none' }, 'No recorded call would have been answered differently.'))))),
+    h('h3', {}, 'Per agent and currency'),
+    h('div', { class: 'table-wrap' }, h('table', { class: 'grid', 'data-testid': 'policy-report-totals' },
+      h('thead', {}, h('tr', {},
+        h('th', { scope: 'col' }, 'Agent (for user)'), h('th', { scope: 'col' }, 'Currency'),
+        h('th', { scope: 'col', class: 'num' }, 'Stricter'), h('th', { scope: 'col', class: 'num' }, 'Stricter amount'),
+        h('th', { scope: 'col', class: 'num' }, 'Looser'), h('th', { scope: 'col', class: 'num' }, 'Looser amount'))),
+      h('tbody', {}, totals.length
+        ? totals.map((t) => h('tr', { 'data-testid': 'policy-report-total', 'data-agent': t.agent, 'data-currency': t.currency },
+          h('td', {}, t.agent ?? ''), h('td', {}, t.currency ?? ''),
+          h('td', { class: 'num', 'data-field': 'stricter' }, clean(t.stricter ?? 0)), h('td', { class: 'num', 'data-field': 'stricter_amount' }, money(t.stricter_amount, t.currency)),
+          h('td', { class: 'num', 'data-field': 'looser' }, clean(t.looser ?? 0)), h('td', { class: 'num', 'data-field': 'looser_amount' }, money(t.looser_amount, t.currency))))
+        : h('tr', {}, h('td', { colspan: 6, class: 'empty muted' }, 'Nothing would change.'))))));
+}
+
+// Proposals name their author "<sub> (<iss>)": the signed-in operator's own cannot be approved by them.
+function mine(author) {
+  const c = session.claims ?? {};
+  if (!c.sub) return false;
+  return author === (c.iss ? `${c.sub} (${c.iss})` : c.sub);
+}
+
+function proposalCard(p) {
+  const own = mine(p.author);
+  const id = clean(p.proposal_id);
+  const el = h('article', { class: `approval panel policy-proposal status-${clean(p.status)}`, 'data-testid': 'policy-proposal', 'data-proposal-id': p.proposal_id, 'aria-label': `Policy proposal ${id}` });
+  const head = h('header', { class: 'approval-head' },
+    h('span', { class: 'amount' }, `Proposal on version ${clean(p.base_version)}`),
+    badge(p.status),
+    mono(p.proposal_id),
+    h('span', { class: 'muted small countdown' }, 'proposed ', timeCell(p.created_at)));
+  const facts = h('dl', { class: 'facts' },
+    fact('Proposed by', h('strong', { 'data-testid': 'policy-proposal-author' }, p.author ?? '—', own ? h('span', { class: 'muted' }, ' (you)') : null)),
+    fact('Reason', h('span', { 'data-testid': 'policy-proposal-why' }, agentText(p.reason, 'Written by the proposing operator'))),
+    fact('Applies', `only while version ${clean(p.base_version)} is the newest (it is ${clean(policyState.version ?? '?')})`));
+  const reportBox = h('div', { 'data-testid': 'policy-proposal-report-box' });
+  const input = h('input', { type: 'text', name: 'reason', maxlength: 500, autocomplete: 'off', placeholder: 'Why you reject it', 'aria-label': `Reason to reject ${id}`, 'data-testid': 'policy-proposal-reason' });
+  const dry = h('button', { type: 'button', 'data-testid': 'policy-proposal-simulate' }, 'Dry run');
+  const approve = h('button', { type: 'button', class: 'primary', 'data-testid': 'policy-proposal-approve' }, 'Approve');
+  const reject = guard(h('button', { type: 'button', class: 'danger', 'data-testid': 'policy-proposal-reject' }, own ? 'Withdraw' : 'Reject'), SCOPE.admin);
+  if (!canSimulate()) disable(dry, `Your token lacks scope ${SIMULATE_SCOPES}`);
+  // Approve opens once the reviewer has seen the dry run (and never for the change's own author).
+  const approvable = () => can(SCOPE.admin) && !own;
+  if (!can(SCOPE.admin)) disable(approve, `Your token lacks scope ${SCOPE.admin}`);
+  else if (own) disable(approve, 'You proposed this change: a second operator must approve it');
+  else {
+    approve.disabled = true;
+    approve.title = 'Run the dry run first: see what it would have changed';
+  }
+  dry.addEventListener('click', async () => {
+    if (await simulateInto(reportBox, p.document, `Dry run of proposal ${id}`, dry) && approvable()) {
+      approve.disabled = false;
+      approve.title = 'Apply this change as the next version';
+    }
+  });
+  approve.addEventListener('click', async () => {
+    approve.disabled = true;
+    reject.disabled = true;
+    try {
+      const r = await api('POST', `/policy/proposals/${encodeURIComponent(p.proposal_id)}/approve`);
+      notify(`Approved ${id}: policy version ${clean(r?.version)} is in force.`, 'ok');
+      await loadPolicy();
+    } catch (e) {
+      if (e instanceof ApiError) {
+        if (e.code === 'SELF_REVIEW') {
+          notify(`You proposed this change: a second operator must approve it. [SELF_REVIEW]`, 'error');
+          disable(approve, 'You proposed this change: a second operator must approve it');
+        } else if (e.status === 409) notify(`${clean(e.message)} [${clean(e.code)}]`, 'warn');
+        else explain(e, { needs: SCOPE.admin, control: approve, what: 'Approve failed' });
+      } else notify(e.message, 'error');
+      if (approvable() && !approve.dataset.reason) approve.disabled = false;
+      if (can(SCOPE.admin) && !reject.dataset.reason) reject.disabled = false;
+    }
+  });
+  reject.addEventListener('click', async () => {
+    const reason = input.value.trim();
+    if (!reason) {
+      notify('Say why you reject it: the reason is kept in the audit trail.', 'warn');
+      input.focus();
+      return;
+    }
+    reject.disabled = true;
+    try {
+      await api('POST', `/policy/proposals/${encodeURIComponent(p.proposal_id)}/reject`, { body: { reason } });
+      notify(`${own ? 'Withdrew' : 'Rejected'} ${id}: the policy stays as it is.`, 'ok');
+      await loadPolicy();
+    } catch (e) {
+      if (e instanceof ApiError) explain(e, { needs: SCOPE.admin, control: reject, what: 'Reject failed' });
+      else notify(e.message, 'error');
+      if (can(SCOPE.admin) && !reject.dataset.reason) reject.disabled = false;
+    }
+  });
+  const form = h('form', { class: 'review', 'data-testid': 'policy-proposal-review' }, dry, input, approve, reject);
+  form.addEventListener('submit', (ev) => ev.preventDefault());
+  append(el, [head, facts, h('h3', {}, 'What it changes'), changesTable(Array.isArray(p.changes) ? p.changes : [], 'policy-proposal-changes'), form, reportBox]);
+  return el;
+}
+
 // ---- reconciliation ---------------------------------------------------------------------------
 
 function loadReconciliation() {
@@ -1512,6 +1910,18 @@ function wire() {
   $('[data-testid="payee-add"]').addEventListener('submit', (ev) => { ev.preventDefault(); addPayee(ev.currentTarget); });
   $('[data-testid="payments-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadPayments(); });
   $('[data-testid="audit-filters"]').addEventListener('submit', (ev) => { ev.preventDefault(); loadAudit(); });
+  const doc = $('[data-testid="policy-document"]');
+  doc.addEventListener('input', () => { doc.dataset.dirty = '1'; editorBase(); });
+  $('[data-testid="policy-editor"]').addEventListener('submit', (ev) => ev.preventDefault());
+  const simulate = $('[data-testid="policy-simulate"]');
+  simulate.addEventListener('click', () => simulateEditor(simulate));
+  const propose = $('[data-testid="policy-propose"]');
+  propose.addEventListener('click', () => proposePolicy(propose));
+  $('[data-testid="policy-reset"]').addEventListener('click', () => {
+    setEditor(policyState.document, policyState.version, false);
+    policyResult(null);
+    clear($('[data-testid="policy-report-box"]'));
+  });
   const run = $('[data-testid="recon-run"]');
   run.addEventListener('click', () => runRecon(run));
 }

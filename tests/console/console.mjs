@@ -17,7 +17,9 @@
 // that approval alone; an agent that declares URL elicitation sends its user to their own
 // confirmation page, which survives the sign-in redirect, and its retry pays once; a payee added in
 // the page is listed and revoked there, and the webhooks page shows its (empty) list and, with
-// stubbed responses, a message's attempts and body as text. Prints one line per
+// stubbed responses, a message's attempts and body as text; in the Policy view, a dry run of a
+// lowered limit shows exactly the recorded calls it would change, a raise waits for a second
+// operator, who dry-runs and approves it (the version increments). Prints one line per
 // check ("console: <check>: pass" / "FAIL") and a closing "console: N passed, M failed".
 // Waits on selectors and responses, never on the clock.
 
@@ -801,6 +803,141 @@ try {
       }
     });
   }
+
+  // ---- policy as data: a dry run against history, four eyes on raising a limit -------------------
+  // The console agent is judged under the default profile "dev" (autonomous up to KES 1,000.00). It
+  // pays 300.00 and 400.00 alone and asks for a human for 1,500.00; alice's dry run of a limit lowered
+  // to 200.00 shows exactly those two payments turning allowed → approval_required; her raise to
+  // 2,000.00 waits for a second operator; bob dry-runs it (the 1,500.00 request turns allowed) and
+  // approves it; the agent's next 1,500.00 payment goes through alone.
+  const policyPath = (r, p) => new URL(r.url()).pathname === `/operator/v1/policy${p}`;
+  const agentProfile = (doc) => doc?.policy?.profiles?.find((x) => x.name === 'dev');
+  async function editPolicy(pg, edit) {
+    const ta = pg.getByTestId('policy-document');
+    const doc = JSON.parse(await ta.inputValue());
+    assert(doc.policy?.default_profile === 'dev' && agentProfile(doc), `the document in the editor: ${dump(doc)}`);
+    edit(agentProfile(doc));
+    await ta.fill(JSON.stringify(doc, null, 2));
+  }
+  const reportRows = (scope) => scope.getByTestId('policy-report').getByTestId('policy-report-row');
+  let policyProposal;
+
+  await check('policy: the agent makes payments within and over its autonomous limit (the history a dry run replays)', async () => {
+    for (const amount of ['300.00', '400.00']) {
+      const r = await tool(agent, 'create_payment', payArgs(`pol-${amount}-${run}`, amount));
+      assert(r.ok && r.value.status === 'succeeded', `${amount}: ${dump(r.raw)}`);
+    }
+    await askApproval(agent, `pol-1500.00-${run}`, '1500.00');
+  });
+
+  await check('policy: operator A sees the version in force and its history; a dry run of a lowered limit shows exactly the calls that would change', async () => {
+    await view(page, 'policy');
+    assert((await page.getByTestId('policy-version').textContent()) === '1', `version shown: ${await page.getByTestId('policy-version').textContent()}`);
+    assert((await page.getByTestId('policy-author').textContent()) === 'config-file', 'author of version 1');
+    assert((await page.getByTestId('policy-version-row').count()) === 1, 'history rows');
+    await page.getByTestId('policy-proposals-empty').waitFor();
+    await shot(page, 'policy');
+    await editPolicy(page, (p) => { p.autonomous_limit.KES = '200.00'; });
+    const r = await clickFor(page, (x) => policyPath(x, '/simulate'), page.getByTestId('policy-simulate'));
+    assert(r.status() === 200, `simulate answered ${r.status()}: ${await r.text()}`);
+    const sent = JSON.parse(r.request().postData() ?? '{}');
+    assert(agentProfile(sent.document)?.autonomous_limit?.KES === '200.00', `simulated document: ${dump(sent)}`);
+    const box = page.getByTestId('policy-report-box');
+    await box.getByTestId('policy-report').waitFor();
+    const rows = await reportRows(box).evaluateAll((els) => els.map((e) => ({ ...e.dataset, text: e.textContent })));
+    assert(rows.length === 2, `${rows.length} changed calls: ${dump(rows)}`);
+    assert(rows.map((x) => Number(x.amount)).sort((a, b) => a - b).join(',') === '300,400', `amounts: ${dump(rows)}`);
+    for (const row of rows) {
+      assert(row.before === 'allowed' && row.after === 'approval_required', `outcomes: ${dump(row)}`);
+      assert(/console-agent/.test(row.text) && /create_payment/.test(row.text) && /allowed\s*→\s*approval_required/.test(row.text), `row text: ${row.text}`);
+    }
+    const total = box.locator(`[data-testid="policy-report-total"][data-agent="${AGENT}"][data-currency="KES"]`);
+    assert((await total.locator('[data-field="stricter"]').textContent()) === '2', 'stricter count');
+    assert(/^700\.00 KES$/.test(await total.locator('[data-field="stricter_amount"]').textContent()), 'stricter amount');
+    const replayed = Number(await box.getByTestId('policy-report-replayed').locator('.card-value').textContent());
+    assert(replayed >= 3, `replayed ${replayed}`);
+    const change = box.locator('[data-testid="policy-change"][data-path="profiles.dev.autonomous_limit.KES"]');
+    assert((await change.getAttribute('data-widens')) === 'false', 'lowering a limit is marked widening');
+    await box.getByTestId('policy-report-totals').scrollIntoViewIfNeeded();
+    await shot(page, 'policy-dry-run');
+  });
+
+  await check('policy: A proposes a raise (it widens): the page says it waits for a second operator, and A cannot approve it', async () => {
+    await page.getByTestId('policy-reset').click();
+    await editPolicy(page, (p) => { p.autonomous_limit.KES = '2000.00'; });
+    await page.getByTestId('policy-reason').fill('month-end supplier runs');
+    const r = await clickFor(page, (x) => policyPath(x, '/proposals') && x.request().method() === 'POST', page.getByTestId('policy-propose'));
+    assert(r.status() === 202, `propose answered ${r.status()}: ${await r.text()}`);
+    const body = await r.json();
+    assert(body.status === 'pending' && body.widens === true && typeof body.proposal_id === 'string', `propose: ${dump(body)}`);
+    assert(JSON.parse(r.request().postData() ?? '{}').base_version === 1, 'base_version is the version shown');
+    policyProposal = body.proposal_id;
+    const result = page.locator('[data-testid="policy-propose-result"][data-status="pending"]');
+    await result.filter({ hasText: 'Waiting for a second operator' }).waitFor();
+    assert((await result.locator('[data-testid="policy-change"][data-widens="true"]').count()) === 1, 'the widening change is marked');
+    assert((await page.getByTestId('policy-version').textContent()) === '1', 'the version moved before a second operator approved');
+    const card = page.locator(`[data-testid="policy-proposal"][data-proposal-id="${policyProposal}"]`);
+    await card.waitFor();
+    assert(/\(you\)/.test(await card.getByTestId('policy-proposal-author').textContent()), 'the author is not told the proposal is theirs');
+    const approve = card.getByTestId('policy-proposal-approve');
+    assert(await approve.isDisabled(), "approve is enabled on the proposal's author's page");
+    assert(/second operator/.test((await approve.getAttribute('title')) ?? ''), 'no reason on the disabled button');
+    // Forced past the disabled button, the gateway refuses the author: four eyes.
+    await approve.evaluate((b) => { b.disabled = false; b.removeAttribute('aria-disabled'); });
+    const forced = await clickFor(page, (x) => policyPath(x, `/proposals/${policyProposal}/approve`), approve);
+    assert(forced.status() === 403 && (await forced.json()).error?.code === 'SELF_REVIEW', `self-approval answered ${forced.status()}`);
+    await page.getByTestId('notice').filter({ hasText: 'SELF_REVIEW' }).waitFor();
+    await shot(page, 'policy-proposed');
+  });
+
+  await check('policy: operator B sees the pending proposal, runs its dry run, approves it: the version increments and the agent pays 1,500.00 alone', async () => {
+    await setLogin(BOB, ALL_SCOPES);
+    const bob = await operatorPage('bob-admin');
+    try {
+      const pg = bob.page;
+      await signIn(pg, BOB);
+      await view(pg, 'policy');
+      assert((await pg.getByTestId('policy-version').textContent()) === '1', 'version before approval');
+      const card = pg.locator(`[data-testid="policy-proposal"][data-proposal-id="${policyProposal}"]`);
+      await card.waitFor();
+      assert((await card.getByTestId('policy-proposal-author').textContent()).includes(ALICE), 'the proposal names its author');
+      const change = card.locator('[data-testid="policy-change"][data-path="profiles.dev.autonomous_limit.KES"][data-widens="true"]');
+      await change.waitFor();
+      const approve = card.getByTestId('policy-proposal-approve');
+      assert(await approve.isDisabled(), 'approve is open before the dry run');
+      const sim = await clickFor(pg, (x) => policyPath(x, '/simulate'), card.getByTestId('policy-proposal-simulate'));
+      assert(sim.status() === 200, `simulate answered ${sim.status()}`);
+      await card.getByTestId('policy-report').waitFor();
+      const rows = await reportRows(card).evaluateAll((els) => els.map((e) => ({ ...e.dataset })));
+      assert(rows.length === 1 && Number(rows[0].amount) === 1500 && rows[0].before === 'approval_required' && rows[0].after === 'allowed', `the proposal's dry run: ${dump(rows)}`);
+      await card.getByTestId('policy-report-calls').scrollIntoViewIfNeeded();
+      await shot(pg, 'policy-review');
+      assert(await approve.isEnabled(), 'approve stays closed after the dry run');
+      const r = await clickFor(pg, (x) => policyPath(x, `/proposals/${policyProposal}/approve`), approve);
+      assert(r.status() === 200, `approve answered ${r.status()}: ${await r.text()}`);
+      const body = await r.json();
+      assert(body.status === 'applied' && body.version === 2, `approve: ${dump(body)}`);
+      await pg.getByTestId('policy-version').filter({ hasText: /^2$/ }).waitFor();
+      assert((await pg.getByTestId('policy-approved-by').textContent()).includes(BOB), 'approved by');
+      assert((await pg.getByTestId('policy-author').textContent()) === ALICE, 'author of version 2');
+      assert((await pg.getByTestId('policy-version-row').count()) === 2, 'history rows after approval');
+      await pg.getByTestId('policy-proposals-empty').waitFor();
+      // The history names what version 2 changed (the diff from version 1).
+      const v2 = pg.locator('[data-testid="policy-version-row"][data-version="2"]');
+      const diff = await clickFor(pg, (x) => policyPath(x, '/diff'), v2.getByTestId('policy-version-diff'));
+      assert(diff.status() === 200 && new URL(diff.url()).searchParams.get('from') === '1', `diff: ${diff.url()} ${diff.status()}`);
+      await pg.getByTestId('policy-diff').locator('[data-testid="policy-change"][data-path="profiles.dev.autonomous_limit.KES"][data-widens="true"]').waitFor();
+      await pg.evaluate(() => window.scrollTo(0, 0));
+      await shot(pg, 'policy-approved');
+    } finally {
+      await bob.context.close();
+      await setLogin(ALICE, ALL_SCOPES);
+    }
+    const paid = await tool(agent, 'create_payment', payArgs(`pol-after-${run}`, '1500.00'));
+    assert(paid.ok && paid.value.status === 'succeeded', `1,500.00 under version 2: ${dump(paid.raw)}`);
+    await refresh(page, 'policy');
+    assert((await page.getByTestId('policy-version').textContent()) === '2', "A's page after a refresh");
+  });
 
   await check('reloading the page signs the operator out', async () => {
     await page.reload();
