@@ -337,6 +337,28 @@ impl From<MandateError> for AgentError {
 mod tests {
     use super::ErrorCode;
 
+    /// What `policy simulate` reports for a refusal is the code the agent was told.
+    #[test]
+    fn a_refusals_code_is_the_agents_code() {
+        use crate::domain::policy::Refusal;
+        let refusals = [
+            Refusal::MissingScope { tool: "t".into(), missing: "s".into(), required: vec!["s".into()] },
+            Refusal::AccountNotAllowed(crate::domain::ids::AccountId::parse("acct-Z").unwrap()),
+            Refusal::PayeeNotAllowed("mpesa-254700000000".into()),
+            Refusal::Invalid("bad"),
+        ];
+        let codes = refusals.map(|r| (r.code(), super::AgentError::from(r).code.as_str()));
+        assert_eq!(
+            codes.map(|(mine, agents)| (mine == agents, mine)),
+            [
+                (true, "INSUFFICIENT_SCOPE"),
+                (true, "ACCOUNT_NOT_ALLOWED"),
+                (true, "ACCOUNT_NOT_ALLOWED"),
+                (true, "INVALID_ARGUMENT"),
+            ]
+        );
+    }
+
     /// The operator API's documented statuses (docs/operator-api.yaml) come from the one table.
     #[test]
     fn every_code_round_trips_and_operator_codes_answer_their_documented_status() {

@@ -43,7 +43,7 @@ pub struct AuditRecord {
     /// are versioned; `None` on operators' records and older ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_version: Option<i64>,
-    /// A money call's intent as policy judged it (canonical JSON, `domain::policy_replay::Intent`):
+    /// A money call's intent as policy judged it (canonical JSON of a `domain::policy::Question`):
     /// what `policy simulate` replays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent: Option<String>,

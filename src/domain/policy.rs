@@ -198,6 +198,17 @@ pub enum Refusal {
     Invalid(&'static str),
 }
 
+impl Refusal {
+    /// The agent's error code for it (`error.rs` builds the envelope; its test holds the two alike).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::MissingScope { .. } => "INSUFFICIENT_SCOPE",
+            Refusal::AccountNotAllowed(_) | Refusal::PayeeNotAllowed(_) => "ACCOUNT_NOT_ALLOWED",
+            Refusal::Invalid(_) => "INVALID_ARGUMENT",
+        }
+    }
+}
+
 pub fn require_scope(scopes: &[&str], have: impl Fn(&str) -> bool, tool: &str) -> Result<(), Refusal> {
     match scopes.iter().find(|s| !have(s)) {
         Some(missing) => Err(Refusal::MissingScope {

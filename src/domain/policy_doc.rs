@@ -213,8 +213,8 @@ pub enum PolicyError {
 
 /// Largest policy document the store keeps or an operator may propose, in bytes of canonical JSON.
 pub const DOCUMENT_BYTES_MAX: usize = 256 * 1024;
-/// Most profiles one document may hold.
-pub const PROFILES_MAX: usize = 1000;
+/// Most profiles one document may hold (500 of the smallest are ~190 KiB, within the byte bound).
+pub const PROFILES_MAX: usize = 500;
 /// Largest `calls_per_minute` (and per-tool quota) a profile may set.
 pub const CALLS_PER_MINUTE_MAX: i64 = 100_000;
 
@@ -285,18 +285,7 @@ impl PolicyDocument {
             if let Some((cur, _)) = p.autonomous_limit.iter().find(|(c, _)| !p.daily_limit.contains(*c)) {
                 return invalid(format!("profile {:?}: {cur} has an autonomous_limit but no daily_limit", p.name));
             }
-            for (key, map) in [
-                ("autonomous_limit", &p.autonomous_limit),
-                ("daily_limit", &p.daily_limit),
-                ("daily_refund_limit", &p.daily_refund_limit),
-                ("user_approval_max", &p.user_approval_max),
-                ("payees.new_payee_limit", &p.payees.new_payee_limit),
-                ("payees.daily_cap", &p.payees.daily_cap),
-            ] {
-                if let Some((cur, _)) = map.iter().find(|(_, m)| *m < 0) {
-                    return invalid(format!("profile {:?}: {key} for {cur} must not be negative", p.name));
-                }
-            }
+            // (No amount is negative: a money map refuses one when it is read.)
             match p.approvals_by.as_str() {
                 "operator" if p.user_approval_max.iter().next().is_some() => {
                     return invalid(format!("profile {:?}: user_approval_max needs approvals_by = \"user\"", p.name));
@@ -686,7 +675,16 @@ pub struct PolicyProposal {
     pub applied_version: Option<i64>,
 }
 
-/// Who may decide a proposal: never its author (four eyes), under the same rule approvals use.
-pub fn may_decide(p: &PolicyProposal, decider_iss: &str, decider_sub: &str) -> bool {
-    !(p.author_iss == decider_iss && p.author_sub == decider_sub)
+/// Who may decide a proposal: never its author (four eyes), under the rule approvals use
+/// (`rules::authority`): a person counts once whatever issuer vouches for them, so the author
+/// under a second trusted issuer is still the author.
+pub fn may_decide(p: &PolicyProposal, decider_sub: &str) -> bool {
+    !super::rules::authority::acts_on_itself(
+        decider_sub,
+        super::rules::authority::Target { agent: &p.author_sub, user: None },
+    )
 }
+
+#[cfg(test)]
+#[path = "policy_doc_tests.rs"]
+mod tests;

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use super::audit::AuditRecord;
-use super::money::{Money, format_minor};
+use super::money::{Currency, format_minor};
 use super::policy::{Decision, Question, judge};
 use super::policy_doc::LivePolicy;
 use super::rules::guards::day_of;
@@ -118,7 +118,7 @@ fn outcome(policy: &LivePolicy, rec: &AuditRecord, q: &Question, budgets: &mut B
         other => other,
     };
     match decision {
-        Decision::Deny(refusal) => Outcome::Refused(refusal_code(&refusal).into()),
+        Decision::Deny(refusal) => Outcome::Refused(refusal.code().into()),
         Decision::RequireApproval { .. } => Outcome::ApprovalRequired,
         Decision::Allow => {
             let limits =
@@ -143,16 +143,6 @@ fn outcome(policy: &LivePolicy, rec: &AuditRecord, q: &Question, budgets: &mut B
     }
 }
 
-fn refusal_code(r: &super::policy::Refusal) -> &'static str {
-    use super::policy::Refusal;
-    match r {
-        Refusal::MissingScope { .. } => "INSUFFICIENT_SCOPE",
-        Refusal::AccountNotAllowed(_) => "ACCOUNT_NOT_ALLOWED",
-        Refusal::PayeeNotAllowed(_) => "ACCOUNT_NOT_ALLOWED",
-        Refusal::Invalid(_) => "INVALID_ARGUMENT",
-    }
-}
-
 /// Whether `rec` is the answer to a money call policy judged (and so is replayed).
 pub fn is_judged(rec: &AuditRecord) -> bool {
     rec.intent.is_some()
@@ -170,7 +160,7 @@ pub fn simulate<'a>(
 ) -> Report {
     let (mut before_budgets, mut after_budgets) = (Budgets::default(), Budgets::default());
     let mut report = Report { replayed: 0, skipped: 0, changed: Vec::new(), totals: Vec::new() };
-    let mut totals: BTreeMap<(String, String), (i64, i64, i64, i64)> = BTreeMap::new();
+    let mut totals: BTreeMap<(String, Currency), (i64, i64, i64, i64)> = BTreeMap::new();
     for rec in history.iter().filter(|r| is_judged(r)) {
         let (Some(version), Some(intent)) = (rec.policy_version, rec.intent.as_deref()) else { continue };
         let (Some(then), Ok(q)) = (version_of(version), serde_json::from_str::<Question>(intent)) else {
@@ -187,11 +177,12 @@ pub fn simulate<'a>(
             Some(u) => format!("{} for {u}", rec.principal_sub),
             None => rec.principal_sub.clone(),
         };
-        let t = totals.entry((agent.clone(), q.currency.code().to_string())).or_default();
-        if after.rank() < before.rank() {
-            (t.0, t.1) = (t.0 + 1, t.1.saturating_add(q.amount_minor));
-        } else {
-            (t.2, t.3) = (t.2 + 1, t.3.saturating_add(q.amount_minor));
+        let t = totals.entry((agent, q.currency)).or_default();
+        // (Refused for another reason only: neither stricter nor looser.)
+        match after.rank().cmp(&before.rank()) {
+            std::cmp::Ordering::Less => (t.0, t.1) = (t.0 + 1, t.1.saturating_add(q.amount_minor)),
+            std::cmp::Ordering::Greater => (t.2, t.3) = (t.2 + 1, t.3.saturating_add(q.amount_minor)),
+            std::cmp::Ordering::Equal => {}
         }
         report.changed.push(Changed {
             seq: rec.seq,
@@ -202,27 +193,27 @@ pub fn simulate<'a>(
             user: rec.principal_user.clone(),
             tool: rec.tool.clone(),
             payee: q.payee.clone(),
-            amount: Money::from_minor(q.amount_minor, q.currency).map(|m| m.to_decimal()).unwrap_or_default(),
+            amount: format_minor(q.amount_minor, q.currency),
             currency: q.currency.code().to_string(),
             version,
             before,
             after,
         });
     }
-    let currency = |code: &str| super::money::Currency::parse(code).ok();
     report.totals = totals
         .into_iter()
-        .map(|((agent, code), (stricter, s_amount, looser, l_amount))| {
-            let show = |m: i64| currency(&code).map(|c| format_minor(m, c)).unwrap_or_default();
-            Totals {
-                agent,
-                currency: code.clone(),
-                stricter,
-                stricter_amount: show(s_amount),
-                looser,
-                looser_amount: show(l_amount),
-            }
+        .map(|((agent, currency), (stricter, s_amount, looser, l_amount))| Totals {
+            agent,
+            currency: currency.code().to_string(),
+            stricter,
+            stricter_amount: format_minor(s_amount, currency),
+            looser,
+            looser_amount: format_minor(l_amount, currency),
         })
         .collect();
     report
 }
+
+#[cfg(test)]
+#[path = "policy_replay_tests.rs"]
+mod tests;

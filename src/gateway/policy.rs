@@ -396,7 +396,7 @@ impl Gateway {
         self.require_op(op, &[scopes::ADMIN])?;
         let _one = self.policy_lock.lock().await;
         let p = self.pending(id).await?;
-        if !may_decide(&p, &op.issuer, &op.subject) {
+        if !may_decide(&p, &op.subject) {
             return Err(OpError::self_review(
                 "a change that widens policy needs a second operator: its author cannot approve it".into(),
             ));
