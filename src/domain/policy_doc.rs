@@ -5,6 +5,7 @@
 //! limit, widening an allow-list, enabling a tool: a second operator must approve) or only narrows
 //! it (one operator applies it at once). Pure: no I/O.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
@@ -430,11 +431,12 @@ fn map_changes(out: &mut Vec<Change>, path: &str, before: &MoneyMap, after: &Mon
     }
 }
 
+/// A bound that widens when it grows; `None`: no bound at all.
 fn number_change(out: &mut Vec<Change>, path: String, before: Option<i64>, after: Option<i64>) {
-    if before != after {
-        // `None`: no quota at all.
-        let widens = after.unwrap_or(i64::MAX) > before.unwrap_or(i64::MAX);
-        out.push(Change { path, before: json!(before), after: json!(after), widens });
+    let bound = |v: Option<i64>| v.map_or(i128::MAX, i128::from);
+    match bound(after).cmp(&bound(before)) {
+        Ordering::Equal => {}
+        order => out.push(Change { path, before: json!(before), after: json!(after), widens: order.is_gt() }),
     }
 }
 
@@ -456,11 +458,12 @@ fn set_change(out: &mut Vec<Change>, path: String, before: &[String], after: &[S
     }
 }
 
+/// How strict a payee mode is; a mode no rule knows reads as open, as the live form reads it.
 fn payee_strictness(mode: &str) -> u8 {
     match mode {
-        "open" => 0,
         "known" => 1,
-        _ => 2,
+        "allow_list" => 2,
+        _ => 0,
     }
 }
 
@@ -538,13 +541,15 @@ fn profile_changes(out: &mut Vec<Change>, b: &ProfileConfig, a: &ProfileConfig) 
             widens: payee_strictness(&a.payees.mode) < payee_strictness(&b.payees.mode),
         });
     }
-    if b.payees.cooling_off_secs != a.payees.cooling_off_secs {
-        out.push(Change {
+    // A shorter wait before a new payee's first payment widens.
+    match a.payees.cooling_off_secs.cmp(&b.payees.cooling_off_secs) {
+        Ordering::Equal => {}
+        order => out.push(Change {
             path: at("payees.cooling_off_secs"),
             before: json!(b.payees.cooling_off_secs),
             after: json!(a.payees.cooling_off_secs),
-            widens: a.payees.cooling_off_secs < b.payees.cooling_off_secs,
-        });
+            widens: order.is_lt(),
+        }),
     }
     map_changes(
         out,

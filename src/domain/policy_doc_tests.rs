@@ -530,6 +530,11 @@ fn a_change_undone_is_called_the_other_way() {
     let known = with(|d| dev(d).payees.mode = "known".into());
     let list = with(|d| dev(d).payees.mode = "allow_list".into());
     assert!(!changes(&known, &list)[0].widens && changes(&list, &known)[0].widens);
+    // An unvalidated mode reads as open, as the live form reads it: from open it changes nothing
+    // in force, from an allow-list it widens.
+    let bogus = with(|d| dev(d).payees.mode = "bogus".into());
+    assert_eq!(diff(&bogus), one("profiles.dev.payees.mode", false));
+    assert!(changes(&list, &bogus)[0].widens);
 }
 
 /// What a reviewer reads: the amounts as decimals, absent as null, a new profile whole.

@@ -77,15 +77,18 @@ use Outcome::{Allowed, ApprovalRequired};
 
 #[test]
 fn a_lower_limit_reports_exactly_the_calls_it_would_send_to_a_human() {
+    let mut mandated = pay("800.00");
+    mandated.mandated = true;
     let history = [
         rec(1, DAY + 10, &pay("800.00"), "allowed"),
         rec(2, DAY + 20, &pay("500.00"), "allowed"),
         rec(3, DAY + 30, &pay("2000.00"), "approval_required"),
         rec(4, DAY + 40, &pay("500.01"), "allowed"),
+        rec(5, DAY + 50, &mandated, "allowed"), // a human approved exactly this call
     ];
     let lower = policy(0, |v| v["policy"]["profiles"][0]["autonomous_limit"] = json!({"KES": "500.00"}));
     let r = run(&history, &lower);
-    assert_eq!((r.replayed, r.skipped), (4, 0));
+    assert_eq!((r.replayed, r.skipped), (5, 0));
     assert_eq!(changed(&r), [(1, Allowed, ApprovalRequired), (4, Allowed, ApprovalRequired)]);
     let c = &r.changed[0];
     assert_eq!(
@@ -115,7 +118,7 @@ fn a_lower_limit_reports_exactly_the_calls_it_would_send_to_a_human() {
     assert_eq!((r.totals[0].stricter, r.totals[0].looser, r.totals[0].looser_amount.as_str()), (0, 1, "2000.00"));
     // The version itself: nothing changes.
     let r = run(&history, &v1());
-    assert_eq!((r.replayed, r.changed.len(), r.totals.len()), (4, 0, 0));
+    assert_eq!((r.replayed, r.changed.len(), r.totals.len()), (5, 0, 0));
 }
 
 /// Each side spends its own budget in order, per principal, UTC day and kind; a refused call
@@ -144,6 +147,14 @@ fn budgets_are_replayed_in_order_on_each_side() {
     let r = run(&history, &daily);
     assert_eq!(changed(&r), [(2, Allowed, refused("BUDGET_EXCEEDED"))]);
     assert_eq!(r.replayed, 8);
+
+    // Refunds draw on their own limit where one is set.
+    let refunds = policy(0, |v| {
+        v["policy"]["profiles"][0]["daily_limit"] = json!({"KES": "1500.00"});
+        v["policy"]["profiles"][0]["daily_refund_limit"] = json!({"KES": "799.99"});
+    });
+    let r = run(&history, &refunds);
+    assert_eq!(changed(&r), [(2, Allowed, refused("BUDGET_EXCEEDED")), (4, Allowed, refused("BUDGET_EXCEEDED"))]);
 
     // The count: two calls a day.
     let count = policy(0, |v| v["policy"]["profiles"][0]["daily_payments_max"] = json!(2));
