@@ -379,7 +379,7 @@ pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Resu
 /// Open the configured store (running its migrations).
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     let st = &config.storage;
-    if st.url.starts_with("postgres://") || st.url.starts_with("postgresql://") {
+    if st.is_postgres() {
         let tls = st.postgres_tls();
         let store = PostgresStore::connect_with(&st.url, &st.postgres_schema, &tls).await?;
         return Ok(Arc::new(store));
@@ -600,6 +600,7 @@ fn gateway(
             simulate_window_max_secs: config.policy.simulate_window_max_secs,
             simulate_records_max: config.policy.simulate_records_max as u32,
         },
+        shared_quotas: config.limits.shared_quotas(&config.storage),
     };
     let mut gateway =
         Gateway::new(store.clone(), backend, clock.clone(), KeyDeriver::new(idem_secret), mandate_keys, limits)

@@ -11,6 +11,11 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> UnixSecs;
     /// A monotonic reading in milliseconds, for rate limiters.
     fn monotonic_millis(&self) -> u64;
+    /// Microseconds since the Unix epoch: what replicas share rate quotas by (a monotonic reading
+    /// means nothing to another process).
+    fn unix_micros(&self) -> i64 {
+        self.now().saturating_mul(1_000_000)
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -23,6 +28,9 @@ impl Clock for SystemClock {
     fn monotonic_millis(&self) -> u64 {
         static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
         START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+    }
+    fn unix_micros(&self) -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
     }
 }
 

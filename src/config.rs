@@ -136,6 +136,11 @@ pub struct AuditConfig {
 }
 
 impl StorageConfig {
+    /// The store is a PostgreSQL database (replicas may share it).
+    pub fn is_postgres(&self) -> bool {
+        self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")
+    }
+
     /// How the PostgreSQL store is reached (validated at load).
     pub fn postgres_tls(&self) -> crate::store::postgres::tls::TlsSettings {
         use crate::store::postgres::tls::{SslMode, TlsSettings};
@@ -300,6 +305,20 @@ pub struct StopRulesConfig {
 pub struct LimitsConfig {
     pub list_limit_max: i64,
     pub list_limit_default: i64,
+    /// Where agents' rate quotas are kept: "auto" (shared on PostgreSQL, in process on SQLite),
+    /// "shared" (the store's buckets, one per agent across replicas), "replica" (in process).
+    pub quotas: String,
+}
+
+impl LimitsConfig {
+    /// Whether agents' quotas are kept in the store, shared by every replica on it.
+    pub fn shared_quotas(&self, storage: &StorageConfig) -> bool {
+        match self.quotas.as_str() {
+            "shared" => true,
+            "replica" => false,
+            _ => storage.is_postgres(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -812,6 +831,9 @@ impl Config {
         range("limits.list_limit_max", self.limits.list_limit_max, 1, 1000)?;
         self.validate_rails()?;
         range("limits.list_limit_default", self.limits.list_limit_default, 1, self.limits.list_limit_max)?;
+        if !matches!(self.limits.quotas.as_str(), "auto" | "shared" | "replica") {
+            return Err(ConfigError::Invalid("limits.quotas must be \"auto\", \"shared\" or \"replica\"".into()));
+        }
         if !a.dev_key_on() && a.jwks_url.is_empty() && a.public_key_files.is_empty() {
             return Err(ConfigError::Invalid(
                 "no token can ever verify: enable auth.dev_key_enabled or set auth.jwks_url / auth.public_key_files"
@@ -945,6 +967,21 @@ mod tests {
         assert_eq!(c.server.bind, "127.0.0.1:8080");
         assert_eq!(c.idempotency.retention_secs, 7 * 24 * 3600);
         assert!(c.ledger.demo);
+    }
+
+    #[test]
+    fn quotas_are_shared_on_postgres_unless_told_and_nothing_else_is_accepted() {
+        let sqlite = Config::load(None, env(&[])).unwrap();
+        assert!(!sqlite.limits.shared_quotas(&sqlite.storage), "one process owns a SQLite store");
+        let pg = Config::load(None, env(&[("PAYGATE_STORAGE__URL", "postgres://db/paygate")])).unwrap();
+        assert!(pg.limits.shared_quotas(&pg.storage), "replicas on PostgreSQL share an agent's quota");
+        let mut c = pg.clone();
+        c.limits.quotas = "replica".into();
+        assert!(!c.limits.shared_quotas(&c.storage));
+        c.limits.quotas = "shared".into();
+        assert!(c.limits.shared_quotas(&sqlite.storage));
+        c.limits.quotas = "cluster".into();
+        assert!(c.validate().unwrap_err().to_string().contains("limits.quotas"));
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub async fn run(s: Scheduler) {
         }
         let now = Instant::now();
         if now >= next_evict {
-            s.gateway.evict_idle_limits();
+            s.gateway.evict_idle_limits().await;
             s.route_limits.evict_idle();
             // The last refusals of a flood, if no later refusal wrote them (one record per window).
             s.gateway.flush_refusals().await;

@@ -1,6 +1,8 @@
-//! Rate limits (governor): per agent across all tools and per agent per tool, with quotas from the
-//! agent's policy profile; per operator on the approval routes. Time comes from the injected
-//! [`Clock`], so tests move it instead of sleeping. Idle keys are evicted periodically.
+//! Rate limits: per agent across all tools and per agent per tool, with quotas from the agent's
+//! policy profile; per operator on the approval routes. In process (governor) on one replica; shared
+//! through the store ([`SharedQuotas`]) when replicas serve one agent, so N replicas never allow N×
+//! its quota. Time comes from the injected [`Clock`], so tests move it instead of sleeping. Idle keys
+//! are evicted periodically.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -13,7 +15,9 @@ use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 
 use crate::clock::Clock;
+use crate::domain::error::StoreError;
 use crate::domain::policy::Profile;
+use crate::store::{QuotaTake, Store};
 
 /// Adapts the injected clock to governor.
 #[derive(Clone)]
@@ -74,29 +78,173 @@ impl KeyedLimits {
     }
 }
 
+/// Quotas kept in the store, so every replica takes from one bucket per key: GCRA (governor's own
+/// algorithm) with its state in one row, taken in one atomic statement.
+///
+/// A replica takes a bucket's tokens in chunks of 1% of the quota (at least one): an agent calling at
+/// its quota costs at most ~100 store writes a minute per replica, however high the quota, and what N
+/// replicas hold unspent is at most N% of it — within the 10% the shared quota promises. A chunk not
+/// spent within [`CHUNK_VALID`] is dropped (under-admission, never over). A refusal is remembered for
+/// its wait, so a flood is refused here without a store round trip.
+pub struct SharedQuotas {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    local: std::sync::Mutex<HashMap<String, Local>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Local {
+    /// Tokens this replica took from the bucket and has not spent yet, and until when they count.
+    tokens: u32,
+    tokens_until_us: i64,
+    /// The bucket refused until then: refuse here without asking the store.
+    refused_until_us: i64,
+}
+
+/// How long a replica may spend a chunk it took: a leftover token older than this is dropped.
+pub const CHUNK_VALID: Duration = Duration::from_secs(1);
+/// Local entries kept before the oldest are swept (bounded memory).
+const LOCAL_KEYS_MAX: usize = 100_000;
+
+/// A per-minute quota's GCRA parameters: (emission interval, tokens per take), in microseconds and
+/// tokens.
+fn gcra(per_min: u32) -> (i64, u32) {
+    let per_min = per_min.max(1);
+    let interval_us = (60_000_000 / i64::from(per_min)).max(1);
+    (interval_us, (per_min / 100).max(1))
+}
+
+/// A bucket's name in the store: a digest of the key, so any subject an identity provider signed (NUL
+/// included, which PostgreSQL text refuses) names a bucket, and every name is 43 characters.
+fn bucket_key(key: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(key.as_bytes()))
+}
+
+impl SharedQuotas {
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        SharedQuotas { store, clock, local: std::sync::Mutex::new(HashMap::new()) }
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, HashMap<String, Local>> {
+        self.local.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `Ok(Err(wait))` when `key` is over `per_min` calls per minute across every replica;
+    /// `Err` when the store cannot say (the caller fails closed).
+    pub async fn check(&self, key: &str, per_min: u32) -> Result<Result<(), Duration>, StoreError> {
+        let key = &bucket_key(key);
+        let now_us = self.clock.unix_micros();
+        {
+            let mut local = self.local();
+            if let Some(l) = local.get_mut(key) {
+                if l.refused_until_us > now_us {
+                    return Ok(Err(Duration::from_micros((l.refused_until_us - now_us) as u64)));
+                }
+                if l.tokens > 0 && l.tokens_until_us > now_us {
+                    l.tokens -= 1;
+                    return Ok(Ok(()));
+                }
+            }
+        }
+        let (interval_us, chunk) = gcra(per_min);
+        let burst_us = interval_us.saturating_mul(i64::from(per_min.max(1)));
+        let take = |tokens: u32| QuotaTake { now_us, cost_us: interval_us.saturating_mul(i64::from(tokens)), burst_us };
+        let mut taken = chunk;
+        let mut refused = self.store.quota_take(key, take(chunk)).await?;
+        if refused.is_some() && chunk > 1 {
+            // Too little left for a chunk: one token may still be there.
+            taken = 1;
+            refused = self.store.quota_take(key, take(1)).await?;
+        }
+        let mut local = self.local();
+        if local.len() >= LOCAL_KEYS_MAX && !local.contains_key(key) {
+            local.retain(|_, l| l.refused_until_us > now_us || (l.tokens > 0 && l.tokens_until_us > now_us));
+        }
+        let l = local.entry(key.to_string()).or_default();
+        match refused {
+            None => {
+                l.tokens = taken - 1;
+                l.tokens_until_us = now_us.saturating_add(CHUNK_VALID.as_micros() as i64);
+                Ok(Ok(()))
+            }
+            Some(wait_us) => {
+                let wait_us = wait_us.max(1);
+                l.refused_until_us = now_us.saturating_add(wait_us);
+                Ok(Err(Duration::from_micros(wait_us as u64)))
+            }
+        }
+    }
+
+    /// Forget local entries with nothing left to say, and buckets that are full again.
+    pub async fn evict_idle(&self) -> Result<u64, StoreError> {
+        let now_us = self.clock.unix_micros();
+        self.local().retain(|_, l| l.refused_until_us > now_us || (l.tokens > 0 && l.tokens_until_us > now_us));
+        self.store.quota_forget_full(now_us).await
+    }
+}
+
 /// Agent-side limits: all tools together, and per tool where the profile names a quota.
 pub struct AgentLimits {
     calls: KeyedLimits,
     tools: KeyedLimits,
+    /// Set: the quotas hold across replicas (the store's buckets), not per process.
+    shared: Option<SharedQuotas>,
 }
 
 impl AgentLimits {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        AgentLimits { calls: KeyedLimits::new(clock.clone()), tools: KeyedLimits::new(clock) }
+        AgentLimits { calls: KeyedLimits::new(clock.clone()), tools: KeyedLimits::new(clock), shared: None }
     }
 
-    /// `Err(wait)` if this call is over either quota.
-    pub fn check(&self, principal_key: &str, profile: &Profile, tool: &str) -> Result<(), Duration> {
-        self.calls.check(&format!("{}\u{0}{principal_key}", profile.name), profile.calls_per_minute)?;
-        if let Some(per_min) = profile.tool_calls_per_minute.get(tool) {
-            self.tools.check(&format!("{}\u{0}{tool}\u{0}{principal_key}", profile.name), *per_min)?;
+    /// Quotas shared by every replica on `store`.
+    pub fn shared(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        AgentLimits { shared: Some(SharedQuotas::new(store, clock.clone())), ..AgentLimits::new(clock) }
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// `Ok(Err(wait))` if this call is over either quota; `Err` when shared quotas cannot be read.
+    pub async fn check(
+        &self,
+        principal_key: &str,
+        profile: &Profile,
+        tool: &str,
+    ) -> Result<Result<(), Duration>, StoreError> {
+        let calls = format!("{}\u{0}{principal_key}", profile.name);
+        let per_tool = profile
+            .tool_calls_per_minute
+            .get(tool)
+            .map(|n| (format!("{}\u{0}{tool}\u{0}{principal_key}", profile.name), *n));
+        if let Some(shared) = &self.shared {
+            if let Err(wait) = shared.check(&calls, profile.calls_per_minute).await? {
+                return Ok(Err(wait));
+            }
+            if let Some((key, per_min)) = per_tool {
+                return shared.check(&format!("tool\u{0}{key}"), per_min).await;
+            }
+            return Ok(Ok(()));
         }
-        Ok(())
+        if let Err(wait) = self.calls.check(&calls, profile.calls_per_minute) {
+            return Ok(Err(wait));
+        }
+        if let Some((key, per_min)) = per_tool {
+            return Ok(self.tools.check(&key, per_min));
+        }
+        Ok(Ok(()))
     }
 
-    pub fn evict_idle(&self) {
+    pub async fn evict_idle(&self) {
         self.calls.evict_idle();
         self.tools.evict_idle();
+        if let Some(shared) = &self.shared
+            && let Err(error) = shared.evict_idle().await
+        {
+            tracing::warn!(%error, "could not forget full rate buckets; retried at the next sweep");
+        }
     }
 }
 
@@ -110,6 +258,54 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::store::sqlite::SqliteStore;
+
+    fn two_replicas(clock: &ManualClock) -> (SharedQuotas, SharedQuotas) {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+        let replica = || SharedQuotas::new(store.clone(), Arc::new(clock.clone()));
+        (replica(), replica())
+    }
+
+    async fn through(q: &SharedQuotas, key: &str, per_min: u32, calls: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..calls {
+            ok += usize::from(q.check(key, per_min).await.unwrap().is_ok());
+        }
+        ok
+    }
+
+    #[tokio::test]
+    async fn two_replicas_on_one_store_take_from_one_bucket() {
+        let clock = ManualClock::new(1_000);
+        let (a, b) = two_replicas(&clock);
+        let mut ok = 0;
+        for n in 0..20 {
+            ok += usize::from([&a, &b][n % 2].check("k", 10).await.unwrap().is_ok());
+        }
+        assert_eq!(ok, 10, "ten a minute between them, not ten each");
+        let wait = b.check("k", 10).await.unwrap().unwrap_err();
+        assert!(wait > Duration::ZERO && wait <= Duration::from_secs(6), "one token every 6 s: {wait:?}");
+        assert_eq!(through(&a, "other", 10, 20).await, 10, "another key has its own bucket");
+        assert_eq!(through(&b, "nul\u{0}key", 10, 20).await, 10, "any key names a bucket");
+        clock.advance(6);
+        assert_eq!(through(&a, "k", 10, 5).await + through(&b, "k", 10, 5).await, 1, "one token back after 6 s");
+    }
+
+    #[tokio::test]
+    async fn a_high_quota_is_taken_in_chunks_and_what_a_replica_holds_is_spent_or_dropped() {
+        let clock = ManualClock::new(1_000);
+        let (a, b) = two_replicas(&clock);
+        // 1,000 a minute: replicas take 10 tokens per store write.
+        assert_eq!(through(&a, "k", 1000, 1).await, 1, "a takes a chunk and spends one token of it");
+        assert_eq!(through(&b, "k", 1000, 2000).await, 990, "b gets the rest, the last ones singly");
+        assert_eq!(through(&a, "k", 1000, 20).await, 9, "a spends what it holds, then is refused");
+        // Tokens held past CHUNK_VALID are dropped, never spent late.
+        clock.advance(60);
+        assert_eq!(through(&a, "k", 1000, 1).await, 1);
+        clock.advance(120);
+        assert_eq!(through(&b, "k", 1000, 2000).await, 1000, "a full bucket again");
+        assert_eq!(through(&a, "k", 1000, 20).await, 0, "the 9 tokens a held for two minutes were dropped");
+    }
 
     #[test]
     fn a_burst_is_limited_and_waiting_the_advised_time_lets_the_next_call_through() {

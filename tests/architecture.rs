@@ -114,7 +114,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("idempotency", &["domain", "error", "secret"]),
     ("mandate", &["clock", "domain", "secret"]),
     ("passkey", &[]),
-    ("rate", &["clock", "domain"]),
+    ("rate", &["clock", "domain", "store"]),
     ("request_state", &["clock", "idempotency"]),
     ("auth", &["catalogue", "clock", "domain", "secret"]),
     ("store", &["clock", "domain", "idempotency", "mandate", "private_fs"]),

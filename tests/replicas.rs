@@ -29,8 +29,12 @@ tool_calls_per_minute = {}
 
 /// Two replicas sharing the database and every secret, behind one public URL.
 fn replicas(db: &Db, dir: &std::path::Path, extra: &str) -> (Proc, Proc) {
+    replicas_with(db, dir, &format!("{PROFILES}{extra}"), &[])
+}
+
+fn replicas_with(db: &Db, dir: &std::path::Path, toml: &str, more_env: &[(&str, &str)]) -> (Proc, Proc) {
     let config = dir.join("replicas.toml");
-    std::fs::write(&config, format!("{PROFILES}{extra}")).unwrap();
+    std::fs::write(&config, toml).unwrap();
     let env = [
         ("PAYGATE_CONFIG", config.to_str().unwrap()),
         ("PAYGATE_STORAGE__URL", db.url.as_str()),
@@ -44,7 +48,7 @@ fn replicas(db: &Db, dir: &std::path::Path, extra: &str) -> (Proc, Proc) {
     let with_data = |n: &str| {
         let d = dir.join(n);
         std::fs::create_dir_all(&d).unwrap();
-        let mut e: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        let mut e: Vec<(&str, String)> = env.iter().chain(more_env).map(|(k, v)| (*k, v.to_string())).collect();
         e.push(("PAYGATE_STORAGE__DATA_DIR", d.display().to_string()));
         let refs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
         spawn_binary(&refs)
@@ -281,4 +285,52 @@ async fn a_limit_lowered_on_one_replica_is_in_force_on_both_within_refresh_secs(
         vec![want("allowed", 1), want("allowed", 1), want("approval_required", 2), want("approval_required", 2)],
         "{audit}"
     );
+}
+
+/// One agent's `calls_per_minute` holds across two replicas within 10% (`limits.quotas`, "auto" on
+/// PostgreSQL: shared); the same burst with quotas kept per replica gets about twice through, so
+/// the count tells the two apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_agents_quota_holds_across_two_replicas_within_ten_percent() {
+    const QUOTA: usize = 60;
+    const CALLS: usize = 240;
+    let profiles = format!(
+        "[[policy.profiles]]\nname = \"default\"\n\n[[policy.profiles]]\nname = \"dev\"\nsubjects = [\"dev-agent\"]\n\
+         allowed_accounts = [\"acct-A\", \"acct-B\"]\ncalls_per_minute = {QUOTA}\ntool_calls_per_minute = {{}}\n"
+    );
+    let mut through = Vec::new();
+    for quotas in ["auto", "replica"] {
+        let Some(db) = database("replicas: one agent's quota") else { return };
+        let dir = tempfile::tempdir().unwrap();
+        // RATE_LIMITED answers must not suspend the agent mid-burst: this test counts them.
+        let env = [("PAYGATE_LIMITS__QUOTAS", quotas), ("PAYGATE_STOP_RULES__RATE_LIMITED_PER_DENIAL", "0")];
+        let (a, b) = replicas_with(&db, dir.path(), &profiles, &env);
+        let mut all = clients(&a, 3).await;
+        all.extend(clients(&b, 3).await);
+        let started = std::time::Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..CALLS {
+            let client = all[n % all.len()].clone();
+            tasks.spawn(async move { call(&client, "get_balance", json!({"account_id": "acct-A"})).await });
+        }
+        let (mut ok, mut limited) = (0usize, 0usize);
+        while let Some(r) = tasks.join_next().await {
+            let r = r.unwrap();
+            match r.is_error {
+                Some(true) => {
+                    assert_eq!(code(&r), "RATE_LIMITED");
+                    limited += 1;
+                }
+                _ => ok += 1,
+            }
+        }
+        // The bucket holds QUOTA and refills one a second: what the quota allows in this time.
+        let allowed = QUOTA + started.elapsed().as_secs() as usize + 1;
+        eprintln!("quotas = {quotas}: {ok} through, {limited} limited, {allowed} allowed by one bucket");
+        through.push((ok, allowed));
+    }
+    let ((shared, allowed), (per_replica, _)) = (through[0], through[1]);
+    assert!(shared as f64 <= allowed as f64 * 1.1, "shared: {shared} through, one bucket allows {allowed}");
+    assert!(shared as f64 >= QUOTA as f64 * 0.9, "shared: {shared} through, the quota is {QUOTA}");
+    assert!(per_replica >= QUOTA * 3 / 2, "per replica: {per_replica} through: the test no longer tells them apart");
 }

@@ -25,7 +25,7 @@ use paygate::idempotency::StoredOutcome;
 use paygate::mandate::MandateKind;
 use paygate::store::postgres::PostgresStore;
 use paygate::store::sqlite::SqliteStore;
-use paygate::store::{Denials, Store};
+use paygate::store::{Denials, QuotaTake, Store};
 use serde_json::json;
 
 /// A PostgreSQL schema that is dropped when the case ends.
@@ -1192,6 +1192,23 @@ contract!(ledger_payments_list_within_a_window, |store, label| async move {
     assert_eq!(list(Some(20), Some(30)).await, vec![made[1].clone()], "{label}");
     assert_eq!(list(Some(20), None).await, vec![made[2].clone(), made[1].clone()], "{label}");
     assert_eq!(list(None, Some(20)).await, vec![made[0].clone()], "{label}");
+});
+
+contract!(a_quota_bucket_is_taken_atomically_and_tells_the_wait, |store, label| async move {
+    // A bucket of three one-second tokens.
+    let take = |now_us, cost_us| QuotaTake { now_us, cost_us, burst_us: 3_000_000 };
+    for n in 0..3 {
+        assert_eq!(store.quota_take("k", take(10_000_000, 1_000_000)).await.unwrap(), None, "{label}: take {n}");
+    }
+    assert_eq!(store.quota_take("k", take(10_000_000, 1_000_000)).await.unwrap(), Some(1_000_000), "{label}");
+    assert_eq!(store.quota_take("other", take(10_000_000, 1_000_000)).await.unwrap(), None, "keys are independent");
+    // A second and a half later one token is back, and half of the next.
+    assert_eq!(store.quota_take("k", take(11_500_000, 1_000_000)).await.unwrap(), None, "{label}");
+    assert_eq!(store.quota_take("k", take(11_500_000, 1_000_000)).await.unwrap(), Some(500_000), "{label}");
+    assert!(store.quota_take("new", take(10_000_000, 4_000_000)).await.unwrap().is_some(), "more than the bucket");
+    assert_eq!(store.quota_forget_full(12_000_000).await.unwrap(), 1, "{label}: only the full bucket is forgotten");
+    assert_eq!(store.quota_forget_full(100_000_000).await.unwrap(), 1, "{label}");
+    assert_eq!(store.quota_take("k", take(100_000_000, 3_000_000)).await.unwrap(), None, "{label}: full again");
 });
 
 contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {

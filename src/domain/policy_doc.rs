@@ -216,8 +216,9 @@ pub enum PolicyError {
 pub const DOCUMENT_BYTES_MAX: usize = 256 * 1024;
 /// Most profiles one document may hold (500 of the smallest are ~190 KiB, within the byte bound).
 pub const PROFILES_MAX: usize = 500;
-/// Largest `calls_per_minute` (and per-tool quota) a profile may set.
-pub const CALLS_PER_MINUTE_MAX: i64 = 100_000;
+/// Largest `calls_per_minute` (and per-tool quota) a profile may set: 100,000 calls a second, for
+/// service agents (the default is 120 a minute).
+pub const CALLS_PER_MINUTE_MAX: i64 = 6_000_000;
 
 fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), PolicyError> {
     if (min..=max).contains(&value) { Ok(()) } else { Err(PolicyError::OutOfRange { key, value, min, max }) }

@@ -151,6 +151,8 @@ pub struct GatewayLimits {
     pub webhook_routes: Vec<(String, Vec<String>)>,
     /// Policy as data: how documents are judged, and the dry run's bounds.
     pub policy: PolicySettings,
+    /// Agents' quotas held across every replica on the store (`limits.quotas`), not per process.
+    pub shared_quotas: bool,
 }
 
 pub struct Gateway {
@@ -213,7 +215,7 @@ pub fn broken_for_evals() -> Option<&'static str> {
 /// resume on another replica is seen after at most this long).
 pub const SUSPENDED_SEEN_SECS: u64 = 1;
 /// Principals remembered as suspended at once (bounded memory; past it the store is asked).
-const SUSPENDED_SEEN_MAX: usize = 10_000;
+pub(super) const SUSPENDED_SEEN_MAX: usize = 10_000;
 
 /// What one enabled rail offers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -262,7 +264,11 @@ impl Gateway {
         mandates: Arc<MandateKeys>,
         limits: GatewayLimits,
     ) -> Self {
-        let rate = AgentLimits::new(clock.clone());
+        let rate = if limits.shared_quotas {
+            AgentLimits::shared(store.clone(), clock.clone())
+        } else {
+            AgentLimits::new(clock.clone())
+        };
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let states = crate::request_state::StateSealer::new(keys.subkey(crate::request_state::KEY_LABEL));
         Gateway {
@@ -392,9 +398,14 @@ impl Gateway {
         if let Err(e) = crate::domain::policy::require_scope(&[scope], |s| p.has_scope(s), tool) {
             return Err(self.refuse_early(caller, tool, "denied", e.into(), Counts::Denial).await);
         }
-        match self.rate.check(&p.key(), &p.profile, tool) {
-            Ok(()) => Ok(()),
-            Err(wait) => {
+        match self.rate.check(&p.key(), &p.profile, tool).await {
+            Ok(Ok(())) => Ok(()),
+            Err(error) => {
+                // Fail closed: a quota that cannot be read admits nothing.
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "shared rate quota unreadable");
+                Err(AgentError::internal())
+            }
+            Ok(Err(wait)) => {
                 let secs = crate::rate::retry_after_secs(wait);
                 let e = AgentError::new(ErrorCode::RateLimited, format!("too many calls; retry in {secs} s"))
                     .with_retry_after(secs);
@@ -403,47 +414,9 @@ impl Gateway {
         }
     }
 
-    /// Why the caller is suspended (the agent as a whole, or this (agent, user) pair), or `None`.
-    async fn suspended(&self, caller: &Caller) -> Result<Option<String>, AgentError> {
-        let key = caller.principal.key();
-        let fresh = std::time::Duration::from_secs(SUSPENDED_SEEN_SECS);
-        {
-            let seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((at, why)) = seen.get(&key)
-                && at.elapsed() < fresh
-            {
-                return Ok(Some(why.clone()));
-            }
-        }
-        match self.store.suspension(&caller.principal.principal_ref()).await {
-            Ok(None) => Ok(None),
-            Ok(Some((_, reason))) => {
-                let why = suspension_text(&reason);
-                let mut seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
-                if seen.len() >= SUSPENDED_SEEN_MAX {
-                    seen.retain(|_, (at, _)| at.elapsed() < fresh);
-                }
-                if seen.len() < SUSPENDED_SEEN_MAX {
-                    seen.insert(key, (tokio::time::Instant::now(), why.clone()));
-                }
-                Ok(Some(why))
-            }
-            Err(error) => {
-                // Fail closed: a principal whose suspension cannot be read does nothing.
-                tracing::error!(correlation_id = %caller.correlation_id, %error, "suspension check failed");
-                Err(AgentError::internal())
-            }
-        }
-    }
-
-    /// Forget that these principals were seen suspended (an operator resumed them on this replica).
-    pub(crate) fn forget_suspended(&self) {
-        self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
     /// Forget idle rate-limit keys (called periodically).
-    pub fn evict_idle_limits(&self) {
-        self.rate.evict_idle();
+    pub async fn evict_idle_limits(&self) {
+        self.rate.evict_idle().await;
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -535,21 +508,6 @@ impl Gateway {
             Some(n) if n >= 1 && n <= self.limits.list_limit_max => Ok(n),
             Some(n) => Err(AgentError::invalid(format!("limit must be 1..={}, got {n}", self.limits.list_limit_max))),
         }
-    }
-}
-
-/// A stored suspension reason as the agent is told it: "suspended by <operator>: <their reason>" or
-/// "suspended by the stop rule: …" as recorded; a record from before reasons named who (or an
-/// empty one) says so. Control characters are dropped and the length bounded (an operator's reason
-/// is at most 500 characters; the record may predate that bound).
-fn suspension_text(reason: &str) -> String {
-    let clean: String = reason.chars().filter(|c| !c.is_control()).take(600).collect();
-    if clean.starts_with("suspended by ") {
-        clean
-    } else if clean.is_empty() {
-        "suspended (no reason recorded)".into()
-    } else {
-        format!("suspended ({clean})")
     }
 }
 

@@ -6,7 +6,7 @@
 
 use super::keys::Idem;
 use super::no_progress::Refused;
-use super::{Caller, Decision, Gateway};
+use super::{Caller, Decision, Gateway, SUSPENDED_SEEN_MAX, SUSPENDED_SEEN_SECS};
 use crate::domain::audit::DENIAL_CODES;
 use crate::domain::principal::{Suspension, SuspensionScope};
 use crate::error::{AgentError, ErrorCode};
@@ -19,6 +19,44 @@ fn counts_toward_stop_rule(code: ErrorCode) -> bool {
 }
 
 impl Gateway {
+    /// Why the caller is suspended (the agent as a whole, or this (agent, user) pair), or `None`.
+    pub(super) async fn suspended(&self, caller: &Caller) -> Result<Option<String>, AgentError> {
+        let key = caller.principal.key();
+        let fresh = std::time::Duration::from_secs(SUSPENDED_SEEN_SECS);
+        {
+            let seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, why)) = seen.get(&key)
+                && at.elapsed() < fresh
+            {
+                return Ok(Some(why.clone()));
+            }
+        }
+        match self.store.suspension(&caller.principal.principal_ref()).await {
+            Ok(None) => Ok(None),
+            Ok(Some((_, reason))) => {
+                let why = suspension_text(&reason);
+                let mut seen = self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner());
+                if seen.len() >= SUSPENDED_SEEN_MAX {
+                    seen.retain(|_, (at, _)| at.elapsed() < fresh);
+                }
+                if seen.len() < SUSPENDED_SEEN_MAX {
+                    seen.insert(key, (tokio::time::Instant::now(), why.clone()));
+                }
+                Ok(Some(why))
+            }
+            Err(error) => {
+                // Fail closed: a principal whose suspension cannot be read does nothing.
+                tracing::error!(correlation_id = %caller.correlation_id, %error, "suspension check failed");
+                Err(AgentError::internal())
+            }
+        }
+    }
+
+    /// Forget that these principals were seen suspended (an operator resumed them on this replica).
+    pub(crate) fn forget_suspended(&self) {
+        self.suspended_seen.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// After a counted refusal: suspend the (agent, user) pair once what counts toward its stop
     /// rule reaches the threshold. `pending`: counted refusals this replica has not written yet.
     pub(super) async fn enforce_stop_rule(&self, caller: &Caller, tool: &str, pending: Denials) {
@@ -146,5 +184,20 @@ impl Gateway {
             self.enforce_no_progress(caller, tool, idem, e.code).await;
         }
         e
+    }
+}
+
+/// A stored suspension reason as the agent is told it: "suspended by <operator>: <their reason>" or
+/// "suspended by the stop rule: …" as recorded; a record from before reasons named who (or an
+/// empty one) says so. Control characters are dropped and the length bounded (an operator's reason
+/// is at most 500 characters; the record may predate that bound).
+fn suspension_text(reason: &str) -> String {
+    let clean: String = reason.chars().filter(|c| !c.is_control()).take(600).collect();
+    if clean.starts_with("suspended by ") {
+        clean
+    } else if clean.is_empty() {
+        "suspended (no reason recorded)".into()
+    } else {
+        format!("suspended ({clean})")
     }
 }

@@ -173,6 +173,7 @@ fn limits() -> GatewayLimits {
             simulate_records_max: 1000,
             ..Default::default()
         },
+        shared_quotas: false,
     }
 }
 

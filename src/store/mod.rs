@@ -15,7 +15,7 @@ mod traits;
 
 pub use traits::{
     ApprovalStore, AttemptOutcome, AuditStore, Denials, Engine, GroupCommit, IdempotencyStore, LeaseStore, LedgerStore,
-    OutboxStore, PasskeyStore, PayeeStore, PolicyStore, RailStore, ReadStore, SuspensionStore,
+    OutboxStore, PasskeyStore, PayeeStore, PolicyStore, QuotaTake, RailStore, ReadStore, SuspensionStore,
 };
 
 use crate::clock::UnixSecs;

@@ -76,6 +76,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0014_audit_chain.sql"),
     include_str!("../../migrations/postgres/0015_passkeys.sql"),
     include_str!("../../migrations/postgres/0016_policy_versions.sql"),
+    include_str!("../../migrations/postgres/0017_rate_quotas.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

@@ -56,6 +56,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0014_audit_chain.sql"),
     include_str!("../../migrations/sqlite/0015_passkeys.sql"),
     include_str!("../../migrations/sqlite/0016_policy_versions.sql"),
+    include_str!("../../migrations/sqlite/0017_rate_quotas.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

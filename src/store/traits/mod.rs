@@ -19,7 +19,7 @@ pub use approvals::ApprovalStore;
 pub use audit::AuditStore;
 pub use engine::{Engine, GroupCommit};
 pub use idempotency::IdempotencyStore;
-pub use leases::LeaseStore;
+pub use leases::{LeaseStore, QuotaTake};
 pub use ledger::LedgerStore;
 pub use outbox::{AttemptOutcome, OutboxStore};
 pub use passkeys::PasskeyStore;
