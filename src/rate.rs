@@ -89,7 +89,16 @@ impl KeyedLimits {
 pub struct SharedQuotas {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    local: std::sync::Mutex<HashMap<String, Local>>,
+    local: std::sync::Mutex<HashMap<String, Arc<Bucket>>>,
+}
+
+/// This replica's view of one shared bucket.
+#[derive(Default)]
+struct Bucket {
+    state: std::sync::Mutex<Local>,
+    /// One refill from the store at a time per bucket: concurrent calls that find no token wait for
+    /// it instead of each taking a chunk (which would drain the bucket into this replica's hands).
+    refill: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -101,9 +110,28 @@ struct Local {
     refused_until_us: i64,
 }
 
+impl Local {
+    /// Answer from what this replica holds: `Some(Ok)` a token spent, `Some(Err(wait))` refused,
+    /// `None` ask the store.
+    fn answer(&mut self, now_us: i64) -> Option<Result<(), Duration>> {
+        if self.refused_until_us > now_us {
+            return Some(Err(Duration::from_micros((self.refused_until_us - now_us) as u64)));
+        }
+        if self.tokens > 0 && self.tokens_until_us > now_us {
+            self.tokens -= 1;
+            return Some(Ok(()));
+        }
+        None
+    }
+
+    fn idle(&self, now_us: i64) -> bool {
+        self.refused_until_us <= now_us && (self.tokens == 0 || self.tokens_until_us <= now_us)
+    }
+}
+
 /// How long a replica may spend a chunk it took: a leftover token older than this is dropped.
 pub const CHUNK_VALID: Duration = Duration::from_secs(1);
-/// Local entries kept before the oldest are swept (bounded memory).
+/// Buckets this replica remembers before idle ones are swept (bounded memory).
 const LOCAL_KEYS_MAX: usize = 100_000;
 
 /// A per-minute quota's GCRA parameters: (emission interval, tokens per take), in microseconds and
@@ -122,47 +150,48 @@ fn bucket_key(key: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(key.as_bytes()))
 }
 
+fn locked(b: &Bucket) -> std::sync::MutexGuard<'_, Local> {
+    b.state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl SharedQuotas {
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
         SharedQuotas { store, clock, local: std::sync::Mutex::new(HashMap::new()) }
     }
 
-    fn local(&self) -> std::sync::MutexGuard<'_, HashMap<String, Local>> {
-        self.local.lock().unwrap_or_else(|p| p.into_inner())
+    fn bucket(&self, key: &str, now_us: i64) -> Arc<Bucket> {
+        let mut local = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        if local.len() >= LOCAL_KEYS_MAX && !local.contains_key(key) {
+            local.retain(|_, b| Arc::strong_count(b) > 1 || !locked(b).idle(now_us));
+        }
+        local.entry(key.to_string()).or_default().clone()
     }
 
     /// `Ok(Err(wait))` when `key` is over `per_min` calls per minute across every replica;
     /// `Err` when the store cannot say (the caller fails closed).
     pub async fn check(&self, key: &str, per_min: u32) -> Result<Result<(), Duration>, StoreError> {
-        let key = &bucket_key(key);
+        let key = bucket_key(key);
+        let bucket = self.bucket(&key, self.clock.unix_micros());
+        if let Some(answer) = locked(&bucket).answer(self.clock.unix_micros()) {
+            return Ok(answer);
+        }
+        let _refill = bucket.refill.lock().await;
+        // Whoever held the refill before may have brought tokens (or a refusal) for this call too.
         let now_us = self.clock.unix_micros();
-        {
-            let mut local = self.local();
-            if let Some(l) = local.get_mut(key) {
-                if l.refused_until_us > now_us {
-                    return Ok(Err(Duration::from_micros((l.refused_until_us - now_us) as u64)));
-                }
-                if l.tokens > 0 && l.tokens_until_us > now_us {
-                    l.tokens -= 1;
-                    return Ok(Ok(()));
-                }
-            }
+        if let Some(answer) = locked(&bucket).answer(now_us) {
+            return Ok(answer);
         }
         let (interval_us, chunk) = gcra(per_min);
         let burst_us = interval_us.saturating_mul(i64::from(per_min.max(1)));
         let take = |tokens: u32| QuotaTake { now_us, cost_us: interval_us.saturating_mul(i64::from(tokens)), burst_us };
         let mut taken = chunk;
-        let mut refused = self.store.quota_take(key, take(chunk)).await?;
+        let mut refused = self.store.quota_take(&key, take(chunk)).await?;
         if refused.is_some() && chunk > 1 {
             // Too little left for a chunk: one token may still be there.
             taken = 1;
-            refused = self.store.quota_take(key, take(1)).await?;
+            refused = self.store.quota_take(&key, take(1)).await?;
         }
-        let mut local = self.local();
-        if local.len() >= LOCAL_KEYS_MAX && !local.contains_key(key) {
-            local.retain(|_, l| l.refused_until_us > now_us || (l.tokens > 0 && l.tokens_until_us > now_us));
-        }
-        let l = local.entry(key.to_string()).or_default();
+        let mut l = locked(&bucket);
         match refused {
             None => {
                 l.tokens = taken - 1;
@@ -177,10 +206,13 @@ impl SharedQuotas {
         }
     }
 
-    /// Forget local entries with nothing left to say, and buckets that are full again.
+    /// Forget buckets with nothing left to say here, and buckets that are full again in the store.
     pub async fn evict_idle(&self) -> Result<u64, StoreError> {
         let now_us = self.clock.unix_micros();
-        self.local().retain(|_, l| l.refused_until_us > now_us || (l.tokens > 0 && l.tokens_until_us > now_us));
+        self.local
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, b| Arc::strong_count(b) > 1 || !locked(b).idle(now_us));
         self.store.quota_forget_full(now_us).await
     }
 }
@@ -289,6 +321,26 @@ mod tests {
         assert_eq!(through(&b, "nul\u{0}key", 10, 20).await, 10, "any key names a bucket");
         clock.advance(6);
         assert_eq!(through(&a, "k", 10, 5).await + through(&b, "k", 10, 5).await, 1, "one token back after 6 s");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_calls_on_one_replica_refill_one_chunk_at_a_time() {
+        let clock = ManualClock::new(1_000);
+        let (a, b) = two_replicas(&clock);
+        let a = Arc::new(a);
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let a = a.clone();
+            calls.spawn(async move { a.check("k", 1000).await.unwrap().is_ok() });
+        }
+        let mut ok = 0;
+        while let Some(r) = calls.join_next().await {
+            ok += usize::from(r.unwrap());
+        }
+        assert_eq!(ok, 64);
+        // a took seven chunks of 10 and holds 6: b gets the rest. Had each of the 64 calls taken a
+        // chunk of its own, a would hold 576 tokens that nobody spends.
+        assert_eq!(through(&b, "k", 1000, 2000).await, 930);
     }
 
     #[tokio::test]
