@@ -65,6 +65,12 @@ fn backend(
             retries_max: b.http_retries_max as u32,
             breaker_failures_max: b.http_breaker_failures_max as u32,
             breaker_open: Duration::from_millis(b.http_breaker_open_ms as u64),
+            tls: crate::backend::outbound::OutboundTls::load(
+                &b.tls_ca_file,
+                &b.tls_client_cert_file,
+                &b.tls_client_key_file,
+            )
+            .map_err(StartError::Backend)?,
         },
         clock.clone(),
     )

@@ -341,6 +341,10 @@ pub struct BackendConfig {
     pub http_retries_max: i64,
     pub http_breaker_failures_max: i64,
     pub http_breaker_open_ms: i64,
+    /// Mutual TLS and a private CA for the ledger service (kind = "http"): PEM files, empty = not set.
+    pub tls_ca_file: String,
+    pub tls_client_cert_file: String,
+    pub tls_client_key_file: String,
 }
 
 /// The Safaricom M-Pesa Daraja rail (STK push collections).

@@ -120,7 +120,7 @@ const MAY_IMPORT: &[(&str, &[&str])] = &[
     ("store", &["clock", "domain", "idempotency", "mandate", "private_fs"]),
     ("audit_chain", &["clock", "domain", "store"]),
     ("audit_archive", &["audit_chain", "clock", "domain", "private_fs", "store"]),
-    ("backend", &["clock", "domain", "install_crypto_provider", "secret", "store", "telemetry"]),
+    ("backend", &["clock", "domain", "install_crypto_provider", "private_fs", "secret", "store", "telemetry"]),
     ("ledger_service", &["backend", "clock", "domain", "secret", "store"]),
     ("config", &["audit_archive", "backend", "catalogue", "domain", "secret", "store", "telemetry"]),
     (

@@ -318,6 +318,25 @@ fn doctor_checks_postgres_migrations() {
 }
 
 #[tokio::test]
+async fn doctor_refuses_a_ledger_client_key_others_can_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("client.crt"), dir.path().join("client.key"));
+    std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n").unwrap();
+    std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let env = vec![
+        ("PAYGATE_BACKEND__KIND".to_string(), "http".to_string()),
+        ("PAYGATE_BACKEND__HTTP_URL".to_string(), format!("https://127.0.0.1:{}", closed_port())),
+        ("PAYGATE_BACKEND__HTTP_CREDENTIAL".to_string(), "a-long-ledger-credential".to_string()),
+        ("PAYGATE_BACKEND__TLS_CLIENT_CERT_FILE".to_string(), cert.display().to_string()),
+        ("PAYGATE_BACKEND__TLS_CLIENT_KEY_FILE".to_string(), key.display().to_string()),
+    ];
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), env).await;
+    assert_fails(code, &out, "backend tls", "readable by others (mode 640)");
+}
+
+#[tokio::test]
 async fn doctor_flags_an_unhealthy_ledger_service_and_refused_daraja_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("http://127.0.0.1:{}", closed_port());

@@ -112,6 +112,7 @@ impl Ledger {
                 retries_max: o.retries_max,
                 breaker_failures_max: o.breaker_failures_max,
                 breaker_open: Duration::from_secs(30),
+                tls: Default::default(),
             },
             Arc::new(self.clock.clone()),
         )

@@ -553,6 +553,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
             retries_max: 0,
             breaker_failures_max: 100,
             breaker_open: std::time::Duration::from_secs(1),
+            tls: Default::default(),
         },
         clock.clone(),
     )

@@ -69,6 +69,8 @@ pub struct HttpLedgerConfig {
     pub breaker_failures_max: u32,
     /// How long the circuit stays open before one probe is let through.
     pub breaker_open: Duration,
+    /// A private CA and a client certificate (mutual TLS), where the service asks for them.
+    pub tls: super::outbound::OutboundTls,
 }
 
 pub struct HttpLedger {
@@ -113,7 +115,8 @@ impl HttpLedger {
             tracing::warn!(ledger.url = %base, "the http ledger is reached over plain HTTP: its credential travels in clear");
         }
         // No redirects: a redirected POST could be replayed as something else.
-        let http = super::outbound::http_client(cfg.connect_timeout, cfg.request_timeout).map_err(|e| invalid(&e))?;
+        let http = super::outbound::http_client_with(cfg.connect_timeout, cfg.request_timeout, &cfg.tls)
+            .map_err(|e| invalid(&e))?;
         Ok(HttpLedger {
             base,
             auth,
@@ -168,9 +171,18 @@ impl HttpLedger {
             rb = rb.header(CONTENT_TYPE, "application/json").body(b.to_vec());
         }
         let mut resp = match rb.send().await {
-            // The connection was never established: no byte of the request left.
-            Err(e) if e.is_connect() => return Attempt::NotSent(error_chain(&e)),
-            Err(e) => return Attempt::MaybeSent(error_chain(&e)),
+            Err(e) => {
+                let refusal = super::outbound::tls_refusal(&e);
+                let detail = match &refusal {
+                    Some(why) => format!("{why} ({})", error_chain(&e)),
+                    None => error_chain(&e),
+                };
+                // No connection, or a TLS handshake the service refused: it never read the request.
+                return match e.is_connect() || refusal.is_some() {
+                    true => Attempt::NotSent(detail),
+                    false => Attempt::MaybeSent(detail),
+                };
+            }
             Ok(resp) => resp,
         };
         let status = resp.status();
@@ -614,6 +626,7 @@ mod tests {
             retries_max: 1,
             breaker_failures_max: 3,
             breaker_open: Duration::from_secs(5),
+            tls: Default::default(),
         };
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
         assert!(HttpLedger::new(cfg("http://127.0.0.1:1", "s3cret"), clock.clone()).is_ok());

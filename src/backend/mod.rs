@@ -12,7 +12,7 @@ pub mod journal;
 pub mod kenya;
 pub mod ledger;
 pub mod mpesa;
-pub(crate) mod outbound;
+pub mod outbound;
 pub mod rail;
 
 use async_trait::async_trait;

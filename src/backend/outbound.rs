@@ -57,13 +57,123 @@ pub(crate) fn check_bounds(
 /// The HTTP client a rail or an HTTP backend sends with: its timeouts, and no redirects (a
 /// redirect would re-send credentials, or replay a money-moving POST, elsewhere).
 pub(crate) fn http_client(connect: Duration, request: Duration) -> Result<reqwest::Client, String> {
+    http_client_with(connect, request, &OutboundTls::default())
+}
+
+/// [`http_client`] with a private CA and a client certificate (mutual TLS), where set.
+pub(crate) fn http_client_with(
+    connect: Duration,
+    request: Duration,
+    tls: &OutboundTls,
+) -> Result<reqwest::Client, String> {
     crate::install_crypto_provider();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
         .timeout(request)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("HTTP client: {e}"))
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some(pem) = &tls.ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| format!("tls_ca_file: {e}"))?;
+        if certs.is_empty() {
+            return Err("tls_ca_file holds no PEM certificate".into());
+        }
+        // The private CA alone: a certificate some public CA issued for the host is not the ledger.
+        builder = builder.tls_certs_only(certs);
+    }
+    if let Some(pem) = &tls.identity_pem {
+        let identity = reqwest::Identity::from_pem(pem)
+            .map_err(|e| format!("tls_client_cert_file / tls_client_key_file: not a PEM certificate and key: {e}"))?;
+        builder = builder.identity(identity);
+    }
+    builder.build().map_err(|e| format!("HTTP client: {e}"))
+}
+
+/// Why the TLS handshake failed, when it did (the peer never read a byte of the request), said so an
+/// operator knows which the `tls_*` settings (`[backend]`) file to look at; `None` for any other failure.
+pub(crate) fn tls_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::AlertDescription as A;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return match tls {
+                rustls::Error::AlertReceived(A::CertificateRequired) => Some(
+                    "the server requires a client certificate: set tls_client_cert_file and tls_client_key_file".into(),
+                ),
+                rustls::Error::AlertReceived(
+                    a @ (A::UnknownCA
+                    | A::BadCertificate
+                    | A::UnsupportedCertificate
+                    | A::CertificateUnknown
+                    | A::CertificateExpired
+                    | A::CertificateRevoked
+                    | A::AccessDenied),
+                ) => {
+                    Some(format!("the server refused this gateway's client certificate (tls_client_cert_file): {a:?}"))
+                }
+                rustls::Error::AlertReceived(A::HandshakeFailure) => {
+                    Some("the server refused the TLS handshake".into())
+                }
+                rustls::Error::InvalidCertificate(why) => Some(format!(
+                    "the server's certificate is not trusted ({why:?}): tls_ca_file names the CA it must chain to"
+                )),
+                _ => None,
+            };
+        }
+        // An io::Error's `source` skips the error it wraps (tokio-rustls wraps rustls' in one).
+        cause = match c.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    None
+}
+
+/// What an outbound client trusts and presents, read from the files the `tls_*` settings (`[backend]`) names.
+#[derive(Clone, Default)]
+pub struct OutboundTls {
+    /// PEM certificates of the private CA the server's certificate must chain to (only these).
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate (chain) followed by its private key, PEM.
+    pub identity_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for OutboundTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("OutboundTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity_pem.is_some())
+            .finish()
+    }
+}
+
+impl OutboundTls {
+    /// Read the files (empty names: not set). The certificate and key go together, and the key
+    /// file must be the owner's alone (0600): a key others can read is refused, not used.
+    pub fn load(ca_file: &str, client_cert_file: &str, client_key_file: &str) -> Result<Self, String> {
+        let read = |what: &str, path: &str| std::fs::read(path).map_err(|e| format!("{what} {path}: {e}"));
+        let ca_pem = match ca_file {
+            "" => None,
+            path => Some(read("tls_ca_file", path)?),
+        };
+        let identity_pem = match (client_cert_file, client_key_file) {
+            ("", "") => None,
+            ("", _) | (_, "") => {
+                return Err("tls_client_cert_file and tls_client_key_file go together".into());
+            }
+            (cert, key) => {
+                if let Some(mode) = crate::private_fs::open_to_others(std::path::Path::new(key)) {
+                    return Err(format!(
+                        "tls_client_key_file {key} is readable by others (mode {mode:o}): chmod 600 {key}"
+                    ));
+                }
+                let mut pem = read("tls_client_cert_file", cert)?;
+                pem.push(b'\n');
+                pem.extend(read("tls_client_key_file", key)?);
+                Some(pem)
+            }
+        };
+        Ok(OutboundTls { ca_pem, identity_pem })
+    }
 }
 
 /// One attempt's failure, and whether it is safe and quick to try again: nothing was processed

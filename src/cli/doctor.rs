@@ -321,7 +321,29 @@ async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mu
     let b = &c.backend;
     if b.kind == crate::config::BackendKind::Http {
         let url = format!("{}/v1/health", b.http_url.trim_end_matches('/'));
-        match http.get(&url).send().await {
+        // The ledger is reached as the gateway reaches it: its private CA and client certificate.
+        let tls = crate::backend::outbound::OutboundTls::load(
+            &b.tls_ca_file,
+            &b.tls_client_cert_file,
+            &b.tls_client_key_file,
+        )
+        .and_then(|tls| {
+            let timeout = Duration::from_millis(b.http_connect_timeout_ms as u64);
+            crate::backend::outbound::http_client_with(timeout, timeout, &tls)
+        });
+        let ledger_http = match tls {
+            Ok(client) => {
+                if !b.tls_client_cert_file.is_empty() || !b.tls_ca_file.is_empty() {
+                    r.pass("backend tls", "backend.tls_* files read; the client key is the owner's alone");
+                }
+                client
+            }
+            Err(e) => {
+                r.fail("backend tls", e, "fix the backend.tls_* file named above");
+                http.clone()
+            }
+        };
+        match ledger_http.get(&url).send().await {
             Ok(resp) => {
                 if let Some(date) = date_header(&resp) {
                     clocks.push(("the ledger service".into(), date));
@@ -339,11 +361,14 @@ async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mu
                     );
                 }
             }
-            Err(e) => r.fail(
-                "backend",
-                format!("ledger service {url} unreachable: {}", describe(e)),
-                "check backend.http_url and that the ledger service runs",
-            ),
+            Err(e) => match crate::backend::outbound::tls_refusal(&e) {
+                Some(why) => r.fail("backend", format!("ledger service {url}: {why}"), "fix backend.tls_*"),
+                None => r.fail(
+                    "backend",
+                    format!("ledger service {url} unreachable: {}", describe(e)),
+                    "check backend.http_url and that the ledger service runs",
+                ),
+            },
         }
     } else {
         r.pass("backend", "embedded reference ledger (in the store)");
