@@ -517,13 +517,19 @@ pub fn encode_cursor(seq: i64) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("v1:{seq}"))
 }
 
-pub(crate) fn decode_cursor(cursor: Option<&str>) -> Result<Option<i64>, AgentError> {
+/// The sequence a cursor from [`encode_cursor`] names; a clear refusal for anything else (fuzzed:
+/// `fuzz/checks.rs`).
+pub fn decode_cursor(cursor: Option<&str>) -> Result<Option<i64>, AgentError> {
     use base64::Engine;
     let Some(c) = cursor else { return Ok(None) };
     let bad = || AgentError::invalid("cursor is not one this server issued; pass next_cursor back unchanged");
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).map_err(|_| bad())?;
     let text = String::from_utf8(raw).map_err(|_| bad())?;
-    let seq = text.strip_prefix("v1:").and_then(|s| s.parse::<i64>().ok()).filter(|s| *s > 0).ok_or_else(bad)?;
+    // Only the spelling encode_cursor writes ("v1:01" and "v1:+1" are not cursors: found by fuzzing).
+    let seq = text
+        .strip_prefix("v1:")
+        .and_then(|s| s.parse::<i64>().ok().filter(|n| *n > 0 && n.to_string() == s))
+        .ok_or_else(bad)?;
     Ok(Some(seq))
 }
 
@@ -535,7 +541,8 @@ mod tests {
     fn cursors_round_trip_and_reject_forgeries() {
         assert_eq!(decode_cursor(Some(&encode_cursor(42))).unwrap(), Some(42));
         assert_eq!(decode_cursor(None).unwrap(), None);
-        for bad in ["", "!!", "djE6LTE", "eHl6"] {
+        // "v1:-1", "xyz", "v1:01", "v1:+1", "v1:1 "
+        for bad in ["", "!!", "djE6LTE", "eHl6", "djE6MDE", "djE6KzE", "djE6MSA"] {
             assert!(decode_cursor(Some(bad)).is_err(), "{bad}");
         }
     }
