@@ -308,10 +308,8 @@ impl Agent {
             Ok(Err(_)) | Err(_) => Outcome::Unknown,
         };
         if outcome == Outcome::Unknown {
-            if let Some(c) = self.conns[r].take() {
-                // Not awaited: a stopped replica would hold the cancel up.
-                drop(c);
-            }
+            // Not awaited: a stopped replica would hold the cancel up.
+            self.conns[r] = None;
         }
         let phase = match &outcome {
             Outcome::Ok(_) => "ok",
@@ -399,6 +397,21 @@ impl Row {
             && self.unknown == self.resolved
             && self.conserved
     }
+}
+
+fn wall_end_bound() -> i64 {
+    common::now_secs() + 2
+}
+
+async fn count(sql: &str) -> i64 {
+    let db = pg().await;
+    let mut n = 0;
+    for m in db.simple_query(sql).await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            n += r.get(0).unwrap_or("0").parse::<i64>().unwrap();
+        }
+    }
+    n
 }
 
 async fn pg() -> tokio_postgres::Client {
@@ -579,9 +592,9 @@ impl Suite {
                 c.wait().unwrap();
             }
             Fault::Degrade => {
-                must("tc qdisc add dev pgf-h1 root tbf rate 400kbit burst 4kb limit 12kb");
+                must("tc qdisc add dev pgf-h1 root tbf rate 64kbit burst 2kb limit 8kb");
                 must(&format!(
-                    "ip netns exec {} tc qdisc add dev pgf-n1 root tbf rate 400kbit burst 4kb limit 12kb",
+                    "ip netns exec {} tc qdisc add dev pgf-n1 root tbf rate 64kbit burst 2kb limit 8kb",
                     ns(1)
                 ));
             }
@@ -616,6 +629,7 @@ impl Suite {
     async fn run(&mut self, fault: Fault) -> Row {
         let name = fault.name();
         let t0 = Instant::now();
+        let wall_start = common::now_secs();
         let history = History::default();
         let until = t0 + LOAD;
         let mut tasks = tokio::task::JoinSet::new();
@@ -655,6 +669,17 @@ impl Suite {
         let events = history.events();
         write_history(name, &events);
         let row = check(name, &events).await;
+        if matches!(fault, Fault::ClockStep) {
+            // The step took: replica 2 stamped payments 30 s ahead of, or behind, the real clock.
+            let sql = format!(
+                "SELECT count(*) FROM {SCHEMA}.payments WHERE memo LIKE '{name}-%' AND (created_at > {} OR created_at < {})",
+                wall_end_bound(),
+                wall_start - 2
+            );
+            let stepped = count(&sql).await;
+            eprintln!("faults: {name}: {stepped} payments stamped by the stepped clock");
+            assert!(stepped > 0, "no payment carries the stepped clock: libfaketime did not take");
+        }
         eprintln!("faults: {name}: {row:?} in {:?}", t0.elapsed());
         row
     }
