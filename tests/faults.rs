@@ -167,15 +167,29 @@ fn postgres() {
     must(&pg_ctl("-w start"));
 }
 
+/// Installs a Debian package when `present` says it is missing: the pinned version (bookworm's)
+/// first, any version if that one is gone from the mirror, after an `apt-get update` if needed.
+fn apt_install(pinned: &str, present: &dyn Fn() -> bool) -> bool {
+    if present() {
+        return true;
+    }
+    let name = pinned.split('=').next().unwrap();
+    let install =
+        |p: &str| sh(&format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {p}"));
+    let _ = install(pinned) || install(name) || (sh("apt-get update -q") && (install(pinned) || install(name)));
+    present()
+}
+
 /// libfaketime from Debian, for the clock step; `None` (that fault kind says SKIPPED) without it.
 fn faketime() -> Option<()> {
-    if !Path::new(FAKETIME_LIB).exists()
-        && !sh("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libfaketime")
-    {
-        sh("apt-get update -q");
-        sh("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libfaketime");
-    }
-    Path::new(FAKETIME_LIB).exists().then_some(())
+    apt_install("libfaketime=0.9.10-2.1", &|| Path::new(FAKETIME_LIB).exists()).then_some(())
+}
+
+/// iptables from Debian (the nf_tables backend), for the partitions; without it a replica ↔
+/// PostgreSQL partition falls back to blackhole routing rules and the replica ↔ clients one is
+/// skipped.
+fn iptables() -> bool {
+    apt_install("iptables=1.8.9-2", &|| sh("iptables -V"))
 }
 
 /// Replica `i` in its namespace, bound on its veth address; returns it with its MCP URL and dev
@@ -542,9 +556,13 @@ fn table(rows: &[Row]) -> String {
 /// A fault: injected at FAULT_AT, healed FAULT_FOR later.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
-    /// Replica 0 cannot reach PostgreSQL, nor PostgreSQL it (routing rules of type blackhole on
-    /// both sides: packets silently dropped; calls in flight mid-commit stall, then resume).
+    /// Replica 0 cannot reach PostgreSQL, nor PostgreSQL it (iptables DROP in the replica's
+    /// namespace, both directions: packets silently dropped; calls in flight mid-commit stall,
+    /// then resume). Without iptables, routing rules of type blackhole on both sides.
     Partition,
+    /// Replica 2 cannot reach its clients nor they it (iptables DROP in its namespace): calls in
+    /// flight keep running against PostgreSQL while the clients time out and retry elsewhere.
+    PartitionClients,
     /// `pg_ctl restart -m immediate` under load.
     PgRestart,
     /// Replica 1 SIGSTOPped for FAULT_FOR (past the lease and the claim wait), then SIGCONT.
@@ -561,6 +579,7 @@ impl Fault {
     fn name(self) -> &'static str {
         match self {
             Fault::Partition => "partition-replica-pg",
+            Fault::PartitionClients => "partition-replica-clients",
             Fault::PgRestart => "pg-restart-immediate",
             Fault::Pause => "pause-past-lease",
             Fault::Kill => "sigkill-replica",
@@ -575,14 +594,23 @@ struct Suite {
     urls: Arc<Vec<String>>,
     token: Arc<String>,
     clock: bool,
+    iptables: bool,
 }
 
 impl Suite {
     async fn inject(&mut self, fault: Fault) {
         match fault {
+            Fault::Partition if self.iptables => {
+                must(&format!("ip netns exec {} iptables -w -I INPUT -s {PG_ADDR} -j DROP", ns(0)));
+                must(&format!("ip netns exec {} iptables -w -I OUTPUT -d {PG_ADDR} -j DROP", ns(0)));
+            }
             Fault::Partition => {
                 must(&format!("ip rule add pref 7700 from {PG_ADDR} to {} blackhole", replica_addr(0)));
                 must(&format!("ip -n {} rule add pref 7700 to {PG_ADDR} blackhole", ns(0)));
+            }
+            Fault::PartitionClients => {
+                must(&format!("ip netns exec {} iptables -w -I INPUT -s {HOST_ADDR} -j DROP", ns(2)));
+                must(&format!("ip netns exec {} iptables -w -I OUTPUT -d {HOST_ADDR} -j DROP", ns(2)));
             }
             Fault::PgRestart => must(&pg_ctl("restart -m immediate -w")),
             Fault::Pause => assert!(nix_kill(self.lab.replicas[1].as_ref().unwrap().id(), "STOP")),
@@ -608,10 +636,12 @@ impl Suite {
 
     async fn heal(&mut self, fault: Fault) {
         match fault {
+            Fault::Partition if self.iptables => must(&format!("ip netns exec {} iptables -w -F", ns(0))),
             Fault::Partition => {
                 sh("ip rule del pref 7700");
                 sh(&format!("ip -n {} rule del pref 7700", ns(0)));
             }
+            Fault::PartitionClients => must(&format!("ip netns exec {} iptables -w -F", ns(2))),
             Fault::PgRestart => {}
             Fault::Pause => assert!(nix_kill(self.lab.replicas[1].as_ref().unwrap().id(), "CONT")),
             Fault::Kill => {
@@ -723,6 +753,13 @@ async fn faults_keep_every_payment_exactly_once() {
         eprintln!("faults: needs PAYGATE_FAULTS=1 and root (namespaces, runuser, tc); SKIPPED");
         return;
     }
+    // One run at a time on a machine: a second one would tear this one's lab down. It waits.
+    let lock = std::fs::File::create("/tmp/paygate-faults.lock").unwrap();
+    // SAFETY: flock on a descriptor this function owns; released when `lock` is dropped at the end.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    // One run at a time on a machine: the namespaces, the bridge, the port and ROOT are fixed.
+    let lock = std::fs::File::create("/tmp/paygate-faults.lock").unwrap();
+    lock.lock().unwrap();
     let started = Instant::now();
     let weakened = cfg!(feature = "weaken-idempotency-for-evals");
     clean();
@@ -732,6 +769,10 @@ async fn faults_keep_every_payment_exactly_once() {
         eprintln!("faults: libfaketime could not be installed; clock-step SKIPPED");
     }
     std::fs::write(format!("{ROOT}/faketime"), "+0\n").unwrap();
+    let iptables = iptables();
+    if !iptables {
+        eprintln!("faults: iptables could not be installed; partitions by routing rules");
+    }
     network();
     postgres();
     let mut lab = Lab { replicas: Vec::new() };
@@ -747,15 +788,26 @@ async fn faults_keep_every_payment_exactly_once() {
     }
     wait_ready(&urls);
     eprintln!("faults: PostgreSQL and {REPLICAS} replicas up in {:?}", started.elapsed());
-    let mut suite = Suite { lab, urls: Arc::new(urls), token: Arc::new(token), clock };
-    let mut faults =
-        vec![Fault::Partition, Fault::PgRestart, Fault::Pause, Fault::Kill, Fault::Degrade, Fault::ClockStep];
+    let mut suite = Suite { lab, urls: Arc::new(urls), token: Arc::new(token), clock, iptables };
+    let mut faults = vec![
+        Fault::Partition,
+        Fault::PartitionClients,
+        Fault::PgRestart,
+        Fault::Pause,
+        Fault::Kill,
+        Fault::Degrade,
+        Fault::ClockStep,
+    ];
     if let Ok(only) = std::env::var("PAYGATE_FAULTS_ONLY") {
         faults.retain(|f| only.split(',').any(|o| o == f.name()));
     }
     let mut rows = Vec::new();
     for f in faults {
         if matches!(f, Fault::ClockStep) && !suite.clock {
+            continue;
+        }
+        if matches!(f, Fault::PartitionClients) && !suite.iptables {
+            eprintln!("faults: iptables could not be installed; partition-replica-clients SKIPPED");
             continue;
         }
         rows.push(suite.run(f).await);
@@ -773,4 +825,5 @@ async fn faults_keep_every_payment_exactly_once() {
         assert!(rows.iter().all(Row::clean), "a fault broke exactly-once or conservation\n{t}");
     }
     drop(suite);
+    drop(lock);
 }
