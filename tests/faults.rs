@@ -753,13 +753,12 @@ async fn faults_keep_every_payment_exactly_once() {
         eprintln!("faults: needs PAYGATE_FAULTS=1 and root (namespaces, runuser, tc); SKIPPED");
         return;
     }
-    // One run at a time on a machine: a second one would tear this one's lab down. It waits.
+    // One run at a time on a machine (the namespaces, the bridge, the port and ROOT are fixed): a
+    // second one would tear this one's lab down, so it waits. libc's flock, not File::lock (1.89;
+    // the crate's rust-version is 1.88).
     let lock = std::fs::File::create("/tmp/paygate-faults.lock").unwrap();
     // SAFETY: flock on a descriptor this function owns; released when `lock` is dropped at the end.
     assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
-    // One run at a time on a machine: the namespaces, the bridge, the port and ROOT are fixed.
-    let lock = std::fs::File::create("/tmp/paygate-faults.lock").unwrap();
-    lock.lock().unwrap();
     let started = Instant::now();
     let weakened = cfg!(feature = "weaken-idempotency-for-evals");
     clean();
