@@ -201,7 +201,7 @@ fn spawn_replica(i: usize, clock: bool) -> (Child, String, String) {
     std::fs::write(format!("{ROOT}/config.toml"), CONFIG).unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/r{i}.log")).unwrap();
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &ns(i), env!("CARGO_BIN_EXE_paygate")])
+    cmd.args(["netns", "exec", &ns(i), &format!("{ROOT}/paygate")])
         .env("PAYGATE_SERVER__BIND", format!("{}:8080", replica_addr(i)))
         .env("PAYGATE_SERVER__PUBLIC_URL", "http://127.0.0.1:9")
         .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
@@ -763,6 +763,9 @@ async fn faults_keep_every_payment_exactly_once() {
     let weakened = cfg!(feature = "weaken-idempotency-for-evals");
     clean();
     std::fs::create_dir_all(ROOT).unwrap();
+    // A copy: a build with other features replaces target/debug/paygate, and a replica restarted
+    // mid-run (sigkill-replica) must be the same build as the others.
+    std::fs::copy(env!("CARGO_BIN_EXE_paygate"), format!("{ROOT}/paygate")).unwrap();
     let clock = faketime().is_some();
     if !clock {
         eprintln!("faults: libfaketime could not be installed; clock-step SKIPPED");
