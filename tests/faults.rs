@@ -620,9 +620,9 @@ impl Suite {
                 c.wait().unwrap();
             }
             Fault::Degrade => {
-                must("tc qdisc add dev pgf-h1 root tbf rate 64kbit burst 2kb limit 8kb");
+                must("tc qdisc add dev pgf-h1 root tbf rate 16kbit burst 2kb limit 16kb");
                 must(&format!(
-                    "ip netns exec {} tc qdisc add dev pgf-n1 root tbf rate 64kbit burst 2kb limit 8kb",
+                    "ip netns exec {} tc qdisc add dev pgf-n1 root tbf rate 16kbit burst 2kb limit 16kb",
                     ns(1)
                 ));
             }
