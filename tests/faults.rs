@@ -339,7 +339,9 @@ impl Agent {
 /// Each client pays under fresh operation ids until the deadline; an unknown or a transient
 /// answer is retried with the same operation id on the next replica (at most three tries, then
 /// it is left for the resolution after healing). Every tenth operation is one policy refuses.
-async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant) -> Vec<(String, bool)> {
+/// The first try of each operation on replica `pin` when given: two clients with the
+/// same `c` pinned to different replicas race every operation id across them.
+async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>) -> Vec<(String, bool)> {
     let mut ops = Vec::new();
     let mut n = 0;
     while Instant::now() < until {
@@ -347,7 +349,7 @@ async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant) -> Vec<(
         let refused = n % 10 == 9;
         ops.push((op.clone(), refused));
         for attempt in 0..3 {
-            let r = (c + n + attempt) % REPLICAS;
+            let r = (pin.unwrap_or(c + n) + attempt) % REPLICAS;
             if agent.invoke(&op, refused, r).await.is_some_and(|o| o.determinate()) {
                 break;
             }
@@ -663,7 +665,13 @@ impl Suite {
         let history = History::default();
         let until = t0 + LOAD;
         let mut tasks = tokio::task::JoinSet::new();
-        for c in 0..CLIENTS {
+        // For the clock step, two more clients send the same operation ids at once, one to the
+        // stepped replica and one to replica 0: the stepped clock judges replica 0's live claims
+        // (lease_until) expired 30 s early and may take them over; still one payment per id.
+        let racers: &[(usize, Option<usize>)] =
+            if matches!(fault, Fault::ClockStep) { &[(CLIENTS, Some(REPLICAS - 1)), (CLIENTS, Some(0))] } else { &[] };
+        let clients = (0..CLIENTS).map(|c| (c, None)).chain(racers.iter().copied());
+        for (c, pin) in clients {
             let mut agent = Agent {
                 urls: self.urls.clone(),
                 token: self.token.clone(),
@@ -672,7 +680,7 @@ impl Suite {
                 t0,
             };
             tasks.spawn(async move {
-                let ops = load(&mut agent, name, c, until).await;
+                let ops = load(&mut agent, name, c, until, pin).await;
                 (agent, ops, c)
             });
         }
