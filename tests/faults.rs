@@ -740,6 +740,25 @@ fn write_history(name: &str, events: &[Event]) {
     std::fs::write(dir.join(format!("{name}.jsonl")), lines.join("\n") + "\n").unwrap();
 }
 
+/// The replicas run the build this test was compiled for: one operation id twice on a healthy
+/// replica replays the payment, except on the weakened build, which pays it again.
+async fn probe_build(url: &str, token: &str, weakened: bool) {
+    let c = try_connect(url, token, Era::Modern).await.expect("the probe connects");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let args = args_for("probe-build", false).as_object().cloned().unwrap();
+        let req = rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args);
+        let r = c.call_tool(req).await.expect("the probe is answered");
+        ids.push(r.structured_content.unwrap_or_default()["payment_id"].clone());
+    }
+    assert_eq!(
+        ids[0] != ids[1],
+        weakened,
+        "the replicas do not run the build this test was compiled for (weakened: {weakened}): another \
+         cargo run with other features replaced target/debug/paygate; run again"
+    );
+}
+
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
@@ -761,6 +780,10 @@ async fn faults_keep_every_payment_exactly_once() {
         eprintln!("faults: needs PAYGATE_FAULTS=1 and root (namespaces, runuser, tc); SKIPPED");
         return;
     }
+    // The binary, copied before waiting for the lock: another cargo run with other features
+    // replaces target/debug/paygate when it starts (checked below by behaviour).
+    let bin = std::env::temp_dir().join(format!("paygate-faults-bin-{}", std::process::id()));
+    std::fs::copy(env!("CARGO_BIN_EXE_paygate"), &bin).unwrap();
     // One run at a time on a machine (the namespaces, the bridge, the port and ROOT are fixed): a
     // second one would tear this one's lab down, so it waits. libc's flock, not File::lock (1.89;
     // the crate's rust-version is 1.88).
@@ -773,7 +796,8 @@ async fn faults_keep_every_payment_exactly_once() {
     std::fs::create_dir_all(ROOT).unwrap();
     // A copy: a build with other features replaces target/debug/paygate, and a replica restarted
     // mid-run (sigkill-replica) must be the same build as the others.
-    std::fs::copy(env!("CARGO_BIN_EXE_paygate"), format!("{ROOT}/paygate")).unwrap();
+    std::fs::copy(&bin, format!("{ROOT}/paygate")).unwrap();
+    let _ = std::fs::remove_file(&bin);
     let clock = faketime().is_some();
     if !clock {
         eprintln!("faults: libfaketime could not be installed; clock-step SKIPPED");
@@ -797,6 +821,7 @@ async fn faults_keep_every_payment_exactly_once() {
         }
     }
     wait_ready(&urls);
+    probe_build(&urls[0], &token, weakened).await;
     eprintln!("faults: PostgreSQL and {REPLICAS} replicas up in {:?}", started.elapsed());
     let mut suite = Suite { lab, urls: Arc::new(urls), token: Arc::new(token), clock, iptables };
     let mut faults = vec![
