@@ -1,0 +1,864 @@
+//! The fault suite (issue 33): three gateway replicas, each in its own network namespace, on one
+//! PostgreSQL cluster the suite starts itself; concurrent clients record a Jepsen-style history
+//! (invoke / ok / fail / unknown) while one fault at a time is injected for a bounded time; after
+//! healing every client retries its unknowns until answered, and a checker compares the history
+//! with the final database. See tests/faults/README.md.
+//!
+//! Needs root (network namespaces, `runuser`, `tc`); prints SKIPPED unless `PAYGATE_FAULTS=1` and
+//! root. `.ci/run` runs it as root, and again on the build with `weaken-idempotency-for-evals`,
+//! where the checker must report duplicates.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Client, DEV_ISSUER, Era, try_connect};
+use serde_json::{Value, json};
+
+const ROOT: &str = "/tmp/paygate-faults";
+const BRIDGE: &str = "pgf-br0";
+/// The clients' address (the bridge's primary one) and PostgreSQL's (a second one on the bridge).
+const HOST_ADDR: &str = "10.77.0.1";
+const PG_ADDR: &str = "10.77.0.2";
+const PG_PORT: u16 = 55432;
+const REPLICAS: usize = 3;
+const SCHEMA: &str = "faults";
+/// Short, so a pause or a partition outlives an in-flight claim.
+const LEASE_SECS: u64 = 2;
+const WAIT_MS_MAX: u64 = 1500;
+/// A call not answered within this is `unknown`.
+const CALL_TIMEOUT: Duration = Duration::from_secs(4);
+const CLIENTS: usize = 6;
+/// Load per fault kind; the fault starts at FAULT_AT and is healed FAULT_FOR later.
+const LOAD: Duration = Duration::from_secs(16);
+const FAULT_AT: Duration = Duration::from_secs(3);
+const FAULT_FOR: Duration = Duration::from_secs(8);
+const RESOLVE_FOR: Duration = Duration::from_secs(40);
+const DEV_KEY: &str = "ZmF1bHQtc3VpdGUtZGV2LWtleS0zMi1ieXRlcyEhISE=";
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+const CONFIG: &str = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_payments_max = 100000
+calls_per_minute = 100000
+tool_calls_per_minute = {}
+
+[stop_rules]
+denials_max = 10000
+repeat_max = 0
+"#;
+
+/// Codes that say nothing about whether the operation happened: the client retries them.
+const TRANSIENT: [&str; 6] =
+    ["OPERATION_IN_PROGRESS", "BACKEND_UNAVAILABLE", "OUTCOME_UNKNOWN", "INTERNAL", "TIMEOUT", "RATE_LIMITED"];
+
+fn sh(cmd: &str) -> bool {
+    Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn must(cmd: &str) {
+    let o = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        o.status.success(),
+        "`{cmd}` failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn ns(i: usize) -> String {
+    format!("pgf-r{i}")
+}
+
+fn replica_addr(i: usize) -> String {
+    format!("10.77.0.{}", 10 + i)
+}
+
+fn pg_url() -> String {
+    format!("postgres://postgres@{PG_ADDR}:{PG_PORT}/postgres")
+}
+
+fn pg_ctl(args: &str) -> String {
+    format!("runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D {ROOT}/pg -l {ROOT}/pg.log {args}")
+}
+
+/// Everything a previous run may have left: replicas, PostgreSQL, rules, namespaces, the bridge.
+fn clean() {
+    for i in 0..REPLICAS {
+        // The replicas of an earlier run, by the pids of their namespace.
+        sh(&format!("for p in $(ip netns pids {} 2>/dev/null); do kill -9 $p; done", ns(i)));
+        sh(&format!("ip netns del {}", ns(i)));
+        sh(&format!("ip rule del pref {}", 7700 + i));
+    }
+    if Path::new(&format!("{ROOT}/pg/postmaster.pid")).exists() {
+        sh(&pg_ctl("stop -m immediate -w"));
+    }
+    sh(&format!("ip link del {BRIDGE}"));
+    let _ = std::fs::remove_dir_all(ROOT);
+}
+
+/// Cleans up at the end, whatever happened.
+struct Lab {
+    replicas: Vec<Option<Child>>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in self.replicas.iter_mut().flatten() {
+            let _ = nix_kill(c.id(), "CONT");
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // The replicas' and PostgreSQL's logs outlive the run, next to the histories.
+        let keep = std::env::temp_dir().join("paygate-faults-history");
+        let _ = std::fs::create_dir_all(&keep);
+        for f in ["r0.log", "r1.log", "r2.log", "pg.log"] {
+            let _ = std::fs::copy(format!("{ROOT}/{f}"), keep.join(f));
+        }
+        clean();
+    }
+}
+
+fn nix_kill(pid: u32, sig: &str) -> bool {
+    sh(&format!("kill -{sig} {pid}"))
+}
+
+fn network() {
+    must(&format!("ip link add {BRIDGE} type bridge && ip addr add {HOST_ADDR}/24 dev {BRIDGE}"));
+    must(&format!("ip addr add {PG_ADDR}/24 dev {BRIDGE} && ip link set {BRIDGE} up"));
+    for i in 0..REPLICAS {
+        let (n, a) = (ns(i), replica_addr(i));
+        must(&format!("ip netns add {n} && ip -n {n} link set lo up"));
+        must(&format!("ip link add pgf-h{i} type veth peer name pgf-n{i} && ip link set pgf-n{i} netns {n}"));
+        must(&format!("ip link set pgf-h{i} master {BRIDGE} && ip link set pgf-h{i} up"));
+        must(&format!("ip -n {n} addr add {a}/24 dev pgf-n{i} && ip -n {n} link set pgf-n{i} up"));
+    }
+}
+
+fn postgres() {
+    must(&format!("mkdir -p {ROOT}/pg && chown postgres {ROOT} {ROOT}/pg && chmod 700 {ROOT}/pg"));
+    must(&format!(
+        "runuser -u postgres -- /usr/lib/postgresql/15/bin/initdb -D {ROOT}/pg -A trust -U postgres --no-sync >/dev/null"
+    ));
+    let conf = format!(
+        "listen_addresses = '{PG_ADDR}'\nport = {PG_PORT}\nunix_socket_directories = '{ROOT}/pg'\nmax_connections = 300\n"
+    );
+    must(&format!("cat >> {ROOT}/pg/postgresql.conf <<'EOF'\n{conf}EOF"));
+    must(&format!("echo 'host all all 10.77.0.0/24 trust' >> {ROOT}/pg/pg_hba.conf"));
+    must(&pg_ctl("-w start"));
+}
+
+/// Installs a Debian package when `present` says it is missing: the pinned version (bookworm's)
+/// first, any version if that one is gone from the mirror, after an `apt-get update` if needed.
+fn apt_install(pinned: &str, present: &dyn Fn() -> bool) -> bool {
+    if present() {
+        return true;
+    }
+    let name = pinned.split('=').next().unwrap();
+    let install =
+        |p: &str| sh(&format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {p}"));
+    let _ = install(pinned) || install(name) || (sh("apt-get update -q") && (install(pinned) || install(name)));
+    present()
+}
+
+/// libfaketime from Debian, for the clock step; `None` (that fault kind says SKIPPED) without it.
+fn faketime() -> Option<()> {
+    apt_install("libfaketime=0.9.10-2.1", &|| Path::new(FAKETIME_LIB).exists()).then_some(())
+}
+
+/// iptables from Debian (the nf_tables backend), for the partitions; without it a replica ↔
+/// PostgreSQL partition falls back to blackhole routing rules and the replica ↔ clients one is
+/// skipped.
+fn iptables() -> bool {
+    apt_install("iptables=1.8.9-2", &|| sh("iptables -V"))
+}
+
+/// Replica `i` in its namespace, bound on its veth address; returns it with its MCP URL and dev
+/// token (read from its stdout). The last replica runs under libfaketime when it is present.
+fn spawn_replica(i: usize, clock: bool) -> (Child, String, String) {
+    use std::io::BufRead;
+    let data = format!("{ROOT}/r{i}");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(format!("{ROOT}/config.toml"), CONFIG).unwrap();
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/r{i}.log")).unwrap();
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns(i), &format!("{ROOT}/paygate")])
+        .env("PAYGATE_SERVER__BIND", format!("{}:8080", replica_addr(i)))
+        .env("PAYGATE_SERVER__PUBLIC_URL", "http://127.0.0.1:9")
+        .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
+        .env("PAYGATE_AUTH__DEV_KEY", DEV_KEY)
+        .env("PAYGATE_IDEMPOTENCY__SECRET", "ZmF1bHQtc3VpdGUtaWRlbXBvdGVuY3ktc2VjcmV0IQ==")
+        .env("PAYGATE_MANDATES__SECRET", "ZmF1bHQtc3VpdGUtbWFuZGF0ZS1zaWduaW5nLWtleSE=")
+        .env("PAYGATE_DEV__SCOPES", "payments:read payments:create payments:refund")
+        .env("PAYGATE_IDEMPOTENCY__LEASE_SECS", LEASE_SECS.to_string())
+        .env("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", WAIT_MS_MAX.to_string())
+        .env("PAYGATE_CONFIG", format!("{ROOT}/config.toml"))
+        .env("PAYGATE_STORAGE__URL", pg_url())
+        .env("PAYGATE_STORAGE__POSTGRES_SCHEMA", SCHEMA)
+        .env("PAYGATE_STORAGE__DATA_DIR", &data)
+        .env("PAYGATE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(log);
+    if clock {
+        cmd.env("LD_PRELOAD", FAKETIME_LIB)
+            .env("FAKETIME_TIMESTAMP_FILE", format!("{ROOT}/faketime"))
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
+    let mut child = cmd.spawn().expect("paygate starts");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut url, mut token) = (None, None);
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(addr) = line.strip_prefix("paygate listening on: ") {
+            url = Some(format!("{}/mcp", addr.trim()));
+        } else if line.starts_with("dev token") {
+            token = lines.next().and_then(Result::ok);
+            break;
+        }
+    }
+    (child, url.expect("replica printed its address"), token.expect("replica printed a dev token"))
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    Ok(String),
+    /// A definite refusal (its code).
+    Refused(String),
+    /// A code that says nothing about whether it happened (its code).
+    Transient(String),
+    /// No answer in time, or the connection broke.
+    Unknown,
+}
+
+impl Outcome {
+    fn determinate(&self) -> bool {
+        matches!(self, Outcome::Ok(_) | Outcome::Refused(_))
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Event {
+    at_ms: u128,
+    op: String,
+    replica: usize,
+    phase: &'static str,
+    outcome: Option<Outcome>,
+}
+
+#[derive(Clone, Default)]
+struct History(Arc<Mutex<Vec<Event>>>);
+
+impl History {
+    fn push(&self, t0: Instant, op: &str, replica: usize, phase: &'static str, outcome: Option<Outcome>) {
+        let e = Event { at_ms: t0.elapsed().as_millis(), op: op.to_string(), replica, phase, outcome };
+        self.0.lock().unwrap().push(e);
+    }
+    fn events(&self) -> Vec<Event> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn args_for(op: &str, refused: bool) -> Value {
+    // The memo carries the operation id, so the checker finds each payment's operation in the database.
+    let to = if refused { "acct-C" } else { "acct-B" };
+    json!({"operation_id": op, "from_account": "acct-A", "to_account": to, "amount": "1.00",
+           "currency": "KES", "memo": op})
+}
+
+/// One client: a connection per replica, re-made after an unknown.
+struct Agent {
+    urls: Arc<Vec<String>>,
+    token: Arc<String>,
+    conns: Vec<Option<Client>>,
+    history: History,
+    t0: Instant,
+}
+
+impl Agent {
+    async fn conn(&mut self, r: usize) -> Option<&Client> {
+        if self.conns[r].is_none() {
+            let c = tokio::time::timeout(CALL_TIMEOUT, try_connect(&self.urls[r], &self.token, Era::Modern)).await;
+            self.conns[r] = c.ok().and_then(Result::ok);
+        }
+        self.conns[r].as_ref()
+    }
+
+    /// One invocation of `op` on replica `r`, recorded; `None` when no connection could be made (not invoked).
+    async fn invoke(&mut self, op: &str, refused: bool, r: usize) -> Option<Outcome> {
+        let (history, t0) = (self.history.clone(), self.t0);
+        let c = self.conn(r).await?;
+        history.push(t0, op, r, "invoke", None);
+        let args = args_for(op, refused).as_object().cloned().unwrap();
+        let req = rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args);
+        let outcome = match tokio::time::timeout(CALL_TIMEOUT, c.call_tool(req)).await {
+            Ok(Ok(res)) if res.is_error == Some(true) => {
+                let v = res.structured_content.unwrap_or_default();
+                let code = v["error"]["code"].as_str().unwrap_or("?").to_string();
+                if TRANSIENT.contains(&code.as_str()) { Outcome::Transient(code) } else { Outcome::Refused(code) }
+            }
+            Ok(Ok(res)) => {
+                let v = res.structured_content.unwrap_or_default();
+                Outcome::Ok(v["payment_id"].as_str().unwrap_or("?").to_string())
+            }
+            Ok(Err(_)) | Err(_) => Outcome::Unknown,
+        };
+        if outcome == Outcome::Unknown {
+            // Not awaited: a stopped replica would hold the cancel up.
+            self.conns[r] = None;
+        }
+        let phase = match &outcome {
+            Outcome::Ok(_) => "ok",
+            Outcome::Refused(_) => "fail",
+            Outcome::Transient(_) => "fail-transient",
+            Outcome::Unknown => "unknown",
+        };
+        history.push(t0, op, r, phase, Some(outcome.clone()));
+        Some(outcome)
+    }
+}
+
+/// Each client pays under fresh operation ids until the deadline; an unknown or a transient
+/// answer is retried with the same operation id on the next replica (at most three tries, then
+/// it is left for the resolution after healing). Every tenth operation is one policy refuses.
+/// The first try of each operation on replica `pin` when given: two clients with the
+/// same `c` pinned to different replicas race every operation id across them.
+async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>) -> Vec<(String, bool)> {
+    let mut ops = Vec::new();
+    let mut n = 0;
+    while Instant::now() < until {
+        let op = format!("{fault}-c{c}-{n}");
+        let refused = n % 10 == 9;
+        ops.push((op.clone(), refused));
+        for attempt in 0..3 {
+            let r = (pin.unwrap_or(c + n) + attempt) % REPLICAS;
+            if agent.invoke(&op, refused, r).await.is_some_and(|o| o.determinate()) {
+                break;
+            }
+        }
+        n += 1;
+    }
+    ops
+}
+
+/// After healing: every operation without a determinate answer is retried until it has one, and
+/// every refused one is asked once more (it must stay refused). Answered ones are not asked again:
+/// a weakened build would pay those twice with no fault at all, which proves nothing.
+async fn resolve(agent: &mut Agent, ops: &[(String, bool)], c: usize) {
+    let deadline = Instant::now() + RESOLVE_FOR;
+    let mut last: BTreeMap<String, Outcome> = BTreeMap::new();
+    for e in agent.history.events() {
+        if let Some(o) = e.outcome {
+            last.insert(e.op, o);
+        }
+    }
+    for (k, (op, refused)) in ops.iter().enumerate() {
+        let ask_again = match last.get(op) {
+            Some(Outcome::Ok(_)) => continue,
+            Some(Outcome::Refused(_)) => true,
+            _ => false,
+        };
+        let mut r = (c + k) % REPLICAS;
+        while Instant::now() < deadline {
+            if agent.invoke(op, *refused, r).await.is_some_and(|o| o.determinate()) || ask_again {
+                break;
+            }
+            r = (r + 1) % REPLICAS;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Row {
+    fault: String,
+    ops: usize,
+    acked: usize,
+    refused: usize,
+    unknown: usize,
+    resolved: usize,
+    duplicates: usize,
+    lost: usize,
+    phantom: usize,
+    diverged: usize,
+    refusal_broken: usize,
+    conserved: bool,
+}
+
+impl Row {
+    fn clean(&self) -> bool {
+        self.duplicates == 0
+            && self.lost == 0
+            && self.phantom == 0
+            && self.diverged == 0
+            && self.refusal_broken == 0
+            && self.unknown == self.resolved
+            && self.conserved
+    }
+}
+
+fn wall_end_bound() -> i64 {
+    common::now_secs() + 2
+}
+
+async fn count(sql: &str) -> i64 {
+    let db = pg().await;
+    let mut n = 0;
+    for m in db.simple_query(sql).await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            n += r.get(0).unwrap_or("0").parse::<i64>().unwrap();
+        }
+    }
+    n
+}
+
+async fn pg() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Money conserved: every payment's postings sum to zero, postings in each currency sum to zero,
+/// every balance equals its postings, and the gateway's own integrity check passes.
+async fn conserved() -> bool {
+    let db = pg().await;
+    let q = |sql: &str| format!("SET search_path TO {SCHEMA}; {sql}");
+    let rows = |sql: String| {
+        let db = &db;
+        async move {
+            let mut n = 0i64;
+            for m in db.simple_query(&sql).await.unwrap() {
+                if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                    n += r.get(0).unwrap_or("0").parse::<i64>().unwrap();
+                }
+            }
+            n
+        }
+    };
+    let unbalanced_payments =
+        rows(q("SELECT count(*) FROM (SELECT payment_id FROM postings WHERE payment_id IS NOT NULL \
+         GROUP BY payment_id HAVING sum(amount_minor) <> 0) x"))
+        .await;
+    let unbalanced_currencies = rows(q(
+        "SELECT count(*) FROM (SELECT currency FROM postings GROUP BY currency HAVING sum(amount_minor) <> 0) x",
+    ))
+    .await;
+    let wrong_balances = rows(q("SELECT count(*) FROM accounts a WHERE a.balance_minor <> \
+         COALESCE((SELECT sum(p.amount_minor) FROM postings p WHERE p.account_id = a.id), 0)"))
+    .await;
+    let store = paygate::store::postgres::PostgresStore::connect(&pg_url(), SCHEMA).await.unwrap();
+    let report = paygate::store::LedgerStore::ledger_integrity(&store).await.unwrap();
+    if !(report.ok && unbalanced_payments == 0 && unbalanced_currencies == 0 && wrong_balances == 0) {
+        eprintln!(
+            "conservation: integrity {:?}, unbalanced payments {unbalanced_payments}, currencies \
+             {unbalanced_currencies}, balances {wrong_balances}",
+            report.problems
+        );
+    }
+    report.ok && unbalanced_payments == 0 && unbalanced_currencies == 0 && wrong_balances == 0
+}
+
+/// The checker: the history of one fault kind against the final database.
+async fn check(fault: &str, events: &[Event]) -> Row {
+    let db = pg().await;
+    let mut payments: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let sql = format!("SELECT memo, id FROM {SCHEMA}.payments WHERE kind = 'payment' AND memo LIKE '{fault}-%'");
+    for m in db.simple_query(&sql).await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            payments.entry(r.get(0).unwrap().to_string()).or_default().push(r.get(1).unwrap().to_string());
+        }
+    }
+    let mut by_op: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
+    for e in events {
+        let list = by_op.entry(e.op.as_str()).or_default();
+        if let Some(o) = &e.outcome {
+            list.push(o);
+        }
+    }
+    let mut row = Row { fault: fault.to_string(), ops: by_op.len(), ..Row::default() };
+    for (op, outcomes) in &by_op {
+        let in_db = payments.get(*op).map(Vec::as_slice).unwrap_or(&[]);
+        row.duplicates += in_db.len().saturating_sub(1);
+        let oks: BTreeSet<&str> =
+            outcomes.iter().filter_map(|o| if let Outcome::Ok(id) = o { Some(id.as_str()) } else { None }).collect();
+        let refusals: BTreeSet<&str> =
+            outcomes.iter().filter_map(|o| if let Outcome::Refused(c) = o { Some(c.as_str()) } else { None }).collect();
+        if !oks.is_empty() {
+            row.acked += 1;
+            if in_db.is_empty() {
+                row.lost += 1;
+            }
+            // Every answer names the same payment, and it is the one in the database.
+            if oks.len() > 1 || (in_db.len() == 1 && !oks.contains(in_db[0].as_str())) {
+                row.diverged += 1;
+            }
+        }
+        if !refusals.is_empty() {
+            row.refused += 1;
+            // A refused operation stays refused, with one code, and never pays.
+            if !oks.is_empty() || !in_db.is_empty() || refusals.len() > 1 {
+                row.refusal_broken += 1;
+            }
+        }
+        if outcomes.iter().any(|o| !o.determinate()) {
+            row.unknown += 1;
+            if outcomes.last().is_some_and(|o| o.determinate()) {
+                row.resolved += 1;
+            }
+        }
+    }
+    row.phantom = payments.keys().filter(|m| !by_op.contains_key(m.as_str())).count();
+    row.conserved = conserved().await;
+    row
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| fault | operations | acknowledged | refused | unknown→resolved | duplicates | lost | phantom | diverged | refusal broken | conservation |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {}→{} | {} | {} | {} | {} | {} | {} |\n",
+            r.fault,
+            r.ops,
+            r.acked,
+            r.refused,
+            r.unknown,
+            r.resolved,
+            r.duplicates,
+            r.lost,
+            r.phantom,
+            r.diverged,
+            r.refusal_broken,
+            if r.conserved { "ok" } else { "VIOLATED" }
+        );
+    }
+    s
+}
+
+/// A fault: injected at FAULT_AT, healed FAULT_FOR later.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Replica 0 cannot reach PostgreSQL, nor PostgreSQL it (iptables DROP in the replica's
+    /// namespace, both directions: packets silently dropped; calls in flight mid-commit stall,
+    /// then resume). Without iptables, routing rules of type blackhole on both sides.
+    Partition,
+    /// Replica 2 cannot reach its clients nor they it (iptables DROP in its namespace): calls in
+    /// flight keep running against PostgreSQL while the clients time out and retry elsewhere.
+    PartitionClients,
+    /// `pg_ctl restart -m immediate` under load.
+    PgRestart,
+    /// Replica 1 SIGSTOPped for FAULT_FOR (past the lease and the claim wait), then SIGCONT.
+    Pause,
+    /// Replica 0 SIGKILLed, restarted FAULT_FOR later.
+    Kill,
+    /// Replica 1's link shaped (tbf, both directions): queueing delay and tail drops.
+    Degrade,
+    /// Replica 2's clock stepped forward 30 s, then back 30 s behind real time, then to real time.
+    ClockStep,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Partition => "partition-replica-pg",
+            Fault::PartitionClients => "partition-replica-clients",
+            Fault::PgRestart => "pg-restart-immediate",
+            Fault::Pause => "pause-past-lease",
+            Fault::Kill => "sigkill-replica",
+            Fault::Degrade => "delay-loss-tbf",
+            Fault::ClockStep => "clock-step",
+        }
+    }
+}
+
+struct Suite {
+    lab: Lab,
+    urls: Arc<Vec<String>>,
+    token: Arc<String>,
+    clock: bool,
+    iptables: bool,
+}
+
+impl Suite {
+    async fn inject(&mut self, fault: Fault) {
+        match fault {
+            Fault::Partition if self.iptables => {
+                must(&format!("ip netns exec {} iptables -w -I INPUT -s {PG_ADDR} -j DROP", ns(0)));
+                must(&format!("ip netns exec {} iptables -w -I OUTPUT -d {PG_ADDR} -j DROP", ns(0)));
+            }
+            Fault::Partition => {
+                must(&format!("ip rule add pref 7700 from {PG_ADDR} to {} blackhole", replica_addr(0)));
+                must(&format!("ip -n {} rule add pref 7700 to {PG_ADDR} blackhole", ns(0)));
+            }
+            Fault::PartitionClients => {
+                must(&format!("ip netns exec {} iptables -w -I INPUT -s {HOST_ADDR} -j DROP", ns(2)));
+                must(&format!("ip netns exec {} iptables -w -I OUTPUT -d {HOST_ADDR} -j DROP", ns(2)));
+            }
+            Fault::PgRestart => must(&pg_ctl("restart -m immediate -w")),
+            Fault::Pause => assert!(nix_kill(self.lab.replicas[1].as_ref().unwrap().id(), "STOP")),
+            Fault::Kill => {
+                let mut c = self.lab.replicas[0].take().unwrap();
+                c.kill().unwrap();
+                c.wait().unwrap();
+            }
+            Fault::Degrade => {
+                must("tc qdisc add dev pgf-h1 root tbf rate 16kbit burst 2kb limit 16kb");
+                must(&format!(
+                    "ip netns exec {} tc qdisc add dev pgf-n1 root tbf rate 16kbit burst 2kb limit 16kb",
+                    ns(1)
+                ));
+            }
+            Fault::ClockStep => {
+                std::fs::write(format!("{ROOT}/faketime"), "+30\n").unwrap();
+                tokio::time::sleep(FAULT_FOR / 2).await;
+                std::fs::write(format!("{ROOT}/faketime"), "-30\n").unwrap();
+            }
+        }
+    }
+
+    async fn heal(&mut self, fault: Fault) {
+        match fault {
+            Fault::Partition if self.iptables => must(&format!("ip netns exec {} iptables -w -F", ns(0))),
+            Fault::Partition => {
+                sh("ip rule del pref 7700");
+                sh(&format!("ip -n {} rule del pref 7700", ns(0)));
+            }
+            Fault::PartitionClients => must(&format!("ip netns exec {} iptables -w -F", ns(2))),
+            Fault::PgRestart => {}
+            Fault::Pause => assert!(nix_kill(self.lab.replicas[1].as_ref().unwrap().id(), "CONT")),
+            Fault::Kill => {
+                let (child, _, _) = spawn_replica(0, false);
+                self.lab.replicas[0] = Some(child);
+            }
+            Fault::Degrade => {
+                sh("tc qdisc del dev pgf-h1 root");
+                sh(&format!("ip netns exec {} tc qdisc del dev pgf-n1 root", ns(1)));
+            }
+            Fault::ClockStep => std::fs::write(format!("{ROOT}/faketime"), "+0\n").unwrap(),
+        }
+    }
+
+    async fn run(&mut self, fault: Fault) -> Row {
+        let name = fault.name();
+        let t0 = Instant::now();
+        let wall_start = common::now_secs();
+        let history = History::default();
+        let until = t0 + LOAD;
+        let mut tasks = tokio::task::JoinSet::new();
+        // For the clock step, two more clients send the same operation ids at once, one to the
+        // stepped replica and one to replica 0: the stepped clock judges replica 0's live claims
+        // (lease_until) expired 30 s early and may take them over; still one payment per id.
+        let racers: &[(usize, Option<usize>)] =
+            if matches!(fault, Fault::ClockStep) { &[(CLIENTS, Some(REPLICAS - 1)), (CLIENTS, Some(0))] } else { &[] };
+        let clients = (0..CLIENTS).map(|c| (c, None)).chain(racers.iter().copied());
+        for (c, pin) in clients {
+            let mut agent = Agent {
+                urls: self.urls.clone(),
+                token: self.token.clone(),
+                conns: (0..REPLICAS).map(|_| None).collect(),
+                history: history.clone(),
+                t0,
+            };
+            tasks.spawn(async move {
+                let ops = load(&mut agent, name, c, until, pin).await;
+                (agent, ops, c)
+            });
+        }
+        tokio::time::sleep(FAULT_AT).await;
+        eprintln!("faults: {name}: injected at {:?}", t0.elapsed());
+        self.inject(fault).await;
+        let healed_at = t0 + FAULT_AT + FAULT_FOR;
+        tokio::time::sleep(healed_at.saturating_duration_since(Instant::now())).await;
+        self.heal(fault).await;
+        eprintln!("faults: {name}: healed at {:?}", t0.elapsed());
+        let mut agents = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            agents.push(r.unwrap());
+        }
+        // After healing: every client resolves its unknowns (and asks its answered ones again).
+        let mut resolving = tokio::task::JoinSet::new();
+        for (mut agent, ops, c) in agents {
+            agent.conns = (0..REPLICAS).map(|_| None).collect();
+            resolving.spawn(async move { resolve(&mut agent, &ops, c).await });
+        }
+        while let Some(r) = resolving.join_next().await {
+            r.unwrap();
+        }
+        let events = history.events();
+        write_history(name, &events);
+        let row = check(name, &events).await;
+        if matches!(fault, Fault::ClockStep) {
+            // The step took: replica 2 stamped payments 30 s ahead of, or behind, the real clock.
+            let sql = format!(
+                "SELECT count(*) FROM {SCHEMA}.payments WHERE memo LIKE '{name}-%' AND (created_at > {} OR created_at < {})",
+                wall_end_bound(),
+                wall_start - 2
+            );
+            let stepped = count(&sql).await;
+            eprintln!("faults: {name}: {stepped} payments stamped by the stepped clock");
+            assert!(stepped > 0, "no payment carries the stepped clock: libfaketime did not take");
+        }
+        eprintln!("faults: {name}: {row:?} in {:?}", t0.elapsed());
+        row
+    }
+}
+
+fn write_history(name: &str, events: &[Event]) {
+    let dir = std::env::temp_dir().join("paygate-faults-history");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lines: Vec<String> = events
+        .iter()
+        .map(|e| {
+            let detail = match &e.outcome {
+                Some(Outcome::Ok(id)) => id.clone(),
+                Some(Outcome::Refused(c) | Outcome::Transient(c)) => c.clone(),
+                _ => String::new(),
+            };
+            json!({"ms": e.at_ms, "op": e.op, "replica": e.replica, "type": e.phase, "detail": detail}).to_string()
+        })
+        .collect();
+    std::fs::write(dir.join(format!("{name}.jsonl")), lines.join("\n") + "\n").unwrap();
+}
+
+/// The replicas run the build this test was compiled for: one operation id twice on a healthy
+/// replica replays the payment, except on the weakened build, which pays it again.
+async fn probe_build(url: &str, token: &str, weakened: bool) {
+    let c = try_connect(url, token, Era::Modern).await.expect("the probe connects");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let args = args_for("probe-build", false).as_object().cloned().unwrap();
+        let req = rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args);
+        let r = c.call_tool(req).await.expect("the probe is answered");
+        ids.push(r.structured_content.unwrap_or_default()["payment_id"].clone());
+    }
+    assert_eq!(
+        ids[0] != ids[1],
+        weakened,
+        "the replicas do not run the build this test was compiled for (weakened: {weakened}): another \
+         cargo run with other features replaced target/debug/paygate; run again"
+    );
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn wait_ready(urls: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for u in urls {
+        let addr = u.trim_start_matches("http://").split('/').next().unwrap().to_string();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "replica {addr} does not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn faults_keep_every_payment_exactly_once() {
+    if std::env::var("PAYGATE_FAULTS").as_deref() != Ok("1") || !is_root() {
+        eprintln!("faults: needs PAYGATE_FAULTS=1 and root (namespaces, runuser, tc); SKIPPED");
+        return;
+    }
+    // The binary, copied before waiting for the lock: another cargo run with other features
+    // replaces target/debug/paygate when it starts (checked below by behaviour).
+    let bin = std::env::temp_dir().join(format!("paygate-faults-bin-{}", std::process::id()));
+    std::fs::copy(env!("CARGO_BIN_EXE_paygate"), &bin).unwrap();
+    // One run at a time on a machine (the namespaces, the bridge, the port and ROOT are fixed): a
+    // second one would tear this one's lab down, so it waits. libc's flock, not File::lock (1.89;
+    // the crate's rust-version is 1.88).
+    let lock = std::fs::File::create("/tmp/paygate-faults.lock").unwrap();
+    // SAFETY: flock on a descriptor this function owns; released when `lock` is dropped at the end.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    let started = Instant::now();
+    let weakened = cfg!(feature = "weaken-idempotency-for-evals");
+    clean();
+    std::fs::create_dir_all(ROOT).unwrap();
+    // A copy: a build with other features replaces target/debug/paygate, and a replica restarted
+    // mid-run (sigkill-replica) must be the same build as the others.
+    std::fs::copy(&bin, format!("{ROOT}/paygate")).unwrap();
+    let _ = std::fs::remove_file(&bin);
+    let clock = faketime().is_some();
+    if !clock {
+        eprintln!("faults: libfaketime could not be installed; clock-step SKIPPED");
+    }
+    std::fs::write(format!("{ROOT}/faketime"), "+0\n").unwrap();
+    let iptables = iptables();
+    if !iptables {
+        eprintln!("faults: iptables could not be installed; partitions by routing rules");
+    }
+    network();
+    postgres();
+    let mut lab = Lab { replicas: Vec::new() };
+    let mut urls = Vec::new();
+    let mut token = String::new();
+    for i in 0..REPLICAS {
+        let (child, url, t) = spawn_replica(i, clock && i == REPLICAS - 1);
+        lab.replicas.push(Some(child));
+        urls.push(url);
+        if i == 0 {
+            token = t;
+        }
+    }
+    wait_ready(&urls);
+    probe_build(&urls[0], &token, weakened).await;
+    eprintln!("faults: PostgreSQL and {REPLICAS} replicas up in {:?}", started.elapsed());
+    let mut suite = Suite { lab, urls: Arc::new(urls), token: Arc::new(token), clock, iptables };
+    let mut faults = vec![
+        Fault::Partition,
+        Fault::PartitionClients,
+        Fault::PgRestart,
+        Fault::Pause,
+        Fault::Kill,
+        Fault::Degrade,
+        Fault::ClockStep,
+    ];
+    if let Ok(only) = std::env::var("PAYGATE_FAULTS_ONLY") {
+        faults.retain(|f| only.split(',').any(|o| o == f.name()));
+    }
+    let mut rows = Vec::new();
+    for f in faults {
+        if matches!(f, Fault::ClockStep) && !suite.clock {
+            continue;
+        }
+        if matches!(f, Fault::PartitionClients) && !suite.iptables {
+            eprintln!("faults: iptables could not be installed; partition-replica-clients SKIPPED");
+            continue;
+        }
+        rows.push(suite.run(f).await);
+    }
+    let t = table(&rows);
+    println!("\nfaults ({}):\n{t}", if weakened { "weakened build" } else { "normal build" });
+    println!("faults: suite wall time {:?}", started.elapsed());
+    let duplicates: usize = rows.iter().map(|r| r.duplicates).sum();
+    if weakened {
+        assert!(
+            duplicates > 0,
+            "the weakened build paid no operation twice: the fault suite no longer catches it\n{t}"
+        );
+    } else {
+        assert!(rows.iter().all(Row::clean), "a fault broke exactly-once or conservation\n{t}");
+    }
+    drop(suite);
+    drop(lock);
+}
