@@ -29,8 +29,10 @@ fi
 if ! cargo fuzz --version 2>/dev/null | grep -q " $CARGO_FUZZ_VERSION"; then
   cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
 fi
-# Beside the main build when CI shares one target directory; else fuzz/target.
-if [ -n "${CARGO_TARGET_DIR:-}" ]; then export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/fuzz"; fi
+# PAYGATE_FUZZ_TARGET_DIR if set; else beside the main build when CI shares one target directory;
+# else fuzz/target.
+if [ -n "${PAYGATE_FUZZ_TARGET_DIR:-}" ]; then export CARGO_TARGET_DIR="$PAYGATE_FUZZ_TARGET_DIR"
+elif [ -n "${CARGO_TARGET_DIR:-}" ]; then export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/fuzz"; fi
 
 cargo +nightly fuzz build -O
 echo "| target | seconds | execs | execs/s | cov | ft | crashes |"
