@@ -64,8 +64,10 @@ pub fn money(data: &[u8]) {
     }
 }
 
-/// rmcp's reading of a message: its method and, for a tool call, the tool.
-fn rmcp_reading(message: &ClientJsonRpcMessage) -> (Option<String>, Option<String>) {
+/// rmcp's reading of a message: its method and, for a tool call, the tool. (A `tools/call` rmcp
+/// cannot read as one, say with `params.name` twice or not a string, becomes a custom request,
+/// which the server answers "method not found": no tool runs, so no tool is named.)
+pub fn rmcp_reading(message: &ClientJsonRpcMessage) -> (Option<String>, Option<String>) {
     match message {
         JsonRpcMessage::Request(r) => {
             let tool = match &r.request {

@@ -7,12 +7,16 @@
 //! No server, no sleeping: time is a number passed in or a `ManualClock`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../fuzz/checks.rs"]
+mod checks;
+
 use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use checks::rmcp_reading;
 use hmac::{Hmac, Mac};
 use paygate::auth::{Audience, Secret, Verifier, mint_dev_token};
 use paygate::catalogue::{ALIASES, TOOLS};
@@ -26,7 +30,7 @@ use paygate::mandate::{
 };
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
+use rmcp::model::ClientJsonRpcMessage;
 use serde_json::{Map, Value, json};
 
 /// `cases` per property, or `PROPTEST_CASES` for a longer hunt (proptest's own variable, which an
@@ -1394,26 +1398,6 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
         bytes
     });
     prop_oneof![20 => structured, 1 => prop::collection::vec(any::<u8>(), 0..64)]
-}
-
-/// How rmcp reads a body it accepts: the method, and the tool when it is a tool call it will run.
-/// (A `tools/call` rmcp cannot read as one, say with `params.name` twice or not a string, becomes a
-/// custom request, which the server answers "method not found": no tool runs, so no tool is named.)
-fn rmcp_reading(message: &ClientJsonRpcMessage) -> (Option<String>, Option<String>) {
-    match message {
-        JsonRpcMessage::Request(r) => {
-            let tool = match &r.request {
-                ClientRequest::CallToolRequest(call) => Some(call.params.name.to_string()),
-                _ => None,
-            };
-            (Some(r.request.method().to_string()), tool)
-        }
-        JsonRpcMessage::Notification(n) => {
-            let method = serde_json::to_value(&n.notification).unwrap()["method"].as_str().map(str::to_string);
-            (method, None)
-        }
-        JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => (None, None),
-    }
 }
 
 proptest! {
