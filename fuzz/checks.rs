@@ -222,12 +222,28 @@ pub fn rail_callbacks(data: &[u8]) {
     assert!(json || !read.contains(&true), "a body that is not JSON was read: {read:?}");
 }
 
-/// List cursors: only a cursor this server encodes decodes, to the sequence it encodes; anything
-/// else is a clear refusal.
+/// List cursors (the agent tools' and the operator API's keyset cursors): only the spelling this
+/// server writes decodes, to the position it names; anything else is a clear refusal.
 pub fn cursor(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     if let Ok(Some(seq)) = paygate::gateway::decode_cursor(Some(&text)) {
         assert!(seq > 0);
         assert_eq!(paygate::gateway::encode_cursor(seq), text, "two cursors name one position");
+    }
+    if let Ok(Some((at, id))) = paygate::gateway::decode_key_cursor(Some(&text)) {
+        assert_eq!(paygate::gateway::encode_key_cursor(at, &id), text, "two key cursors name one position");
+    }
+}
+
+/// The operator API's and the agent tools' time filters (`from`, `to`, `since`): an instant that
+/// parses, written back as RFC 3339, parses to itself (instants from 1970 on; an earlier one has no
+/// four-digit RFC 3339 form after its offset is applied, and is written as a number).
+pub fn time_filter(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Ok(t) = paygate::gateway::parse_instant_arg(&text)
+        && t >= 0
+    {
+        let written = paygate::clock::rfc3339(t);
+        assert_eq!(paygate::gateway::parse_instant_arg(&written), Ok(t), "{text:?} → {written}");
     }
 }

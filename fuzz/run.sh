@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 CARGO_FUZZ_VERSION=0.13.1
-TARGETS=(money scope_peek jwt mandate request_state rail_callbacks cursor)
+TARGETS=(money scope_peek jwt mandate request_state rail_callbacks cursor time_filter)
 
 mode=${1:---smoke}
 case "$mode" in

@@ -11,7 +11,7 @@ use std::path::Path;
 /// A target's check: panics when a promise breaks.
 type Check = fn(&[u8]);
 
-const TARGETS: [(&str, Check); 7] = [
+const TARGETS: [(&str, Check); 8] = [
     ("money", checks::money),
     ("scope_peek", checks::scope_peek),
     ("jwt", checks::jwt),
@@ -19,6 +19,7 @@ const TARGETS: [(&str, Check); 7] = [
     ("request_state", checks::request_state),
     ("rail_callbacks", checks::rail_callbacks),
     ("cursor", checks::cursor),
+    ("time_filter", checks::time_filter),
 ];
 
 #[test]

@@ -44,7 +44,7 @@ pub use approvals::{ApprovalView, Operator, REQUEST_STATE_TTL_SECS, Resume};
 pub use collection::RequestCollection;
 pub use create_payment::CreatePayment;
 pub use notifications::{AttemptView, WEBHOOKS_LISTED_MAX, WebhookView};
-pub use operator::{AuditFilters, PaymentFilters};
+pub use operator::{AuditFilters, PaymentFilters, decode_key_cursor, encode_key_cursor};
 pub use operator_views::{
     AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
 };
