@@ -1426,6 +1426,24 @@ proptest! {
     }
 }
 
+/// serde_json's `Value` gives its private RawValue marker a meaning when it is a key: a body
+/// carrying it in a member rmcp ignores was unreadable to a `Value`-based peek, so the scope check
+/// demanded nothing while rmcp ran the tool (found by fuzzing: `fuzz/regressions/scope_peek/`).
+#[test]
+fn serde_jsons_raw_value_marker_does_not_blind_the_peek() {
+    let bodies = [
+        r#"{"jsonrpc":"2.0","id":1,"x":{"$serde_json::private::RawValue":"not json"},"method":"tools/call","params":{"name":"create_payment","arguments":{}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","x":{"$serde_json::private::RawValue":"{}"},"params":{"name":"create_payment"}}"#,
+    ];
+    for body in bodies {
+        let (method, tool) = rmcp_reading(&serde_json::from_str::<ClientJsonRpcMessage>(body).unwrap());
+        assert_eq!((method.as_deref(), tool.as_deref()), (Some("tools/call"), Some("create_payment")), "{body}");
+        let peeked = peek(body.as_bytes()).unwrap_or_else(|| panic!("the peek could not read {body}"));
+        assert_eq!(peeked[0].method.as_deref(), Some("tools/call"), "{body}");
+        assert_eq!(peeked[0].name.as_deref(), Some("create_payment"), "{body}");
+    }
+}
+
 /// Duplicate members are the classic way to make two JSON readers disagree: serde_json's `Value`
 /// (the peek) keeps the last, other readers the first. rmcp refuses a body with `method`, `params`,
 /// `id` or `jsonrpc` twice, and reads a `tools/call` with `params.name` twice as no tool call at all
@@ -1469,8 +1487,9 @@ fn escaped_spellings_read_alike() {
     assert_eq!(peeked[0].name.as_deref(), Some("create_payment"));
 }
 
-/// Deep nesting inside `arguments` hits serde_json's recursion limit at the same depth for both
-/// readers: up to it both read the call, past it both refuse, and neither crashes on the way.
+/// Deep nesting inside `arguments`: up to serde_json's recursion limit both readers read the call;
+/// past it rmcp refuses (nothing runs) while the peek, which leaves `arguments` unread, may still
+/// read the method and tool; neither crashes on the way.
 #[test]
 fn deep_nesting_is_read_alike_up_to_the_limit() {
     for depth in 100..=140 {
@@ -1485,6 +1504,7 @@ fn deep_nesting_is_read_alike_up_to_the_limit() {
                 assert_eq!(peeked[0].name.as_deref(), Some("create_payment"));
             }
             (Err(_), None) => {}
+            (Err(_), Some(peeked)) => assert_eq!(peeked[0].name.as_deref(), Some("create_payment")),
             (rmcp, peeked) => panic!("depth {depth}: rmcp {rmcp:?}, peek {peeked:?}"),
         }
     }

@@ -9,7 +9,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use super::AppState;
 use super::sessions::{Refused, SessionCheck};
@@ -199,19 +200,51 @@ pub struct Peeked {
 
 /// The peek: the message(s) of a request body as the scope check reads them, or `None` for a body
 /// that is not JSON at all.
+///
+/// Values are kept raw and only `method` and `params.name` are read, as rmcp reads them: nothing
+/// else in the body is interpreted. (Reading the body as a `serde_json::Value` was blind to a body
+/// carrying serde_json's private RawValue marker as a key anywhere, say in a member rmcp ignores:
+/// `Value` refuses it, rmcp runs the call, and the peek demanded no scope. Found by fuzzing.) A key
+/// given twice counts as its last, as `Value` counted it.
 pub fn peek(body: &[u8]) -> Option<Vec<Peeked>> {
-    let value = serde_json::from_slice::<Value>(body).ok()?;
-    let messages = match &value {
-        Value::Array(items) => items.iter().collect::<Vec<_>>(),
-        single => vec![single],
+    let top: &RawValue = serde_json::from_slice(body).ok()?;
+    let messages: Vec<&RawValue> = match top.get().trim_start().starts_with('[') {
+        true => serde_json::from_str(top.get()).ok()?,
+        false => vec![top],
     };
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
-    Some(
-        messages
-            .iter()
-            .map(|m| Peeked { method: text(m.get("method")), name: text(m.pointer("/params/name")) })
-            .collect(),
-    )
+    Some(messages.into_iter().map(peek_message).collect())
+}
+
+fn peek_message(message: &RawValue) -> Peeked {
+    let top = members(message);
+    let text = |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+    let params = last(&top, "params").map(members).unwrap_or_default();
+    Peeked { method: text(last(&top, "method")), name: text(last(&params, "name")) }
+}
+
+/// An object's members in order, their values unread; none for anything but an object.
+fn members(value: &RawValue) -> Vec<(String, &RawValue)> {
+    struct Members;
+    impl<'de> serde::de::Visitor<'de> for Members {
+        type Value = Vec<(String, &'de RawValue)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut members = Vec::new();
+            while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                members.push(member);
+            }
+            Ok(members)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(value.get());
+    serde::Deserializer::deserialize_map(&mut de, Members).unwrap_or_default()
+}
+
+/// The last value given for `key` (what `serde_json::Value` keeps of a key given twice).
+fn last<'a>(members: &[(String, &'a RawValue)], key: &str) -> Option<&'a RawValue> {
+    members.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
 }
 
 /// Scopes the JSON-RPC message(s) in this body need (a tool's scope for tools/call, read for
