@@ -623,7 +623,7 @@ fn gateway(
         let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), m.account.clone());
         if !client_offers_payouts {
             // No initiator configured: payouts are not offered (reversals are refused plainly).
-            disabled_tools.push("send_mpesa_payout".to_string());
+            disabled_tools.extend(["send_mpesa_payout", "pay_paybill", "pay_till"].map(String::from));
         }
         gateway = gateway.with_collection_rail(Arc::new(rail));
         let guard = http::CallbackGuard::new(
@@ -635,7 +635,8 @@ fn gateway(
         rail_callbacks.insert(crate::backend::mpesa::RAIL.to_string(), Arc::new(guard));
     } else {
         // Not configured: not offered.
-        disabled_tools.extend(["request_mpesa_payment".to_string(), "send_mpesa_payout".to_string()]);
+        disabled_tools
+            .extend(["request_mpesa_payment", "send_mpesa_payout", "pay_paybill", "pay_till"].map(String::from));
     }
     if config.airtel.enabled {
         let a = &config.airtel;

@@ -19,7 +19,7 @@ pub mod scopes {
     pub const CREATE: &str = "payments:create";
     pub const REFUND: &str = "payments:refund";
     pub const COLLECT: &str = "payments:collect";
-    /// Money out to a customer through a rail (an M-Pesa B2C payout).
+    /// Money out to a customer or a business through a rail (M-Pesa B2C and B2B).
     pub const PAYOUT: &str = "payments:payout";
     /// The agent-side admin tools: `check_ledger_integrity` and `reconcile`. (Before agents and
     /// operators were told apart this was `payments:admin`; see `LEGACY_AGENT_ADMIN`.)
@@ -125,6 +125,20 @@ pub const TOOLS: &[ToolSpec] = &[
         effect: Effect::MovesMoney { destructive: true },
         open_world: true,
     },
+    ToolSpec {
+        name: "pay_paybill",
+        title: "Pay an M-Pesa paybill",
+        scope: scopes::PAYOUT,
+        effect: Effect::MovesMoney { destructive: true },
+        open_world: true,
+    },
+    ToolSpec {
+        name: "pay_till",
+        title: "Pay an M-Pesa till",
+        scope: scopes::PAYOUT,
+        effect: Effect::MovesMoney { destructive: true },
+        open_world: true,
+    },
     read("get_payment_summary", "Payment summary"),
     read("check_transaction_status", "Check transaction status"),
     read("generate_receipt", "Generate receipt"),
@@ -149,8 +163,12 @@ pub struct Alias {
     pub canonical: &'static str,
 }
 
-/// The names of the widely used M-Pesa MCP server.
-pub const ALIASES: &[Alias] = &[Alias { name: "initiate_stk_push", canonical: "request_mpesa_payment" }];
+/// The names of the widely used M-Pesa MCP servers.
+pub const ALIASES: &[Alias] = &[
+    Alias { name: "initiate_stk_push", canonical: "request_mpesa_payment" },
+    Alias { name: "pay_to_paybill", canonical: "pay_paybill" },
+    Alias { name: "pay_to_mpesa_till", canonical: "pay_till" },
+];
 
 /// The tool a name stands for: the canonical name of an alias, or the name itself.
 pub fn canonical(name: &str) -> &str {
@@ -224,7 +242,9 @@ mod tests {
                 "refund_payment",
                 "request_mpesa_payment",
                 "request_airtel_payment",
-                "send_mpesa_payout"
+                "send_mpesa_payout",
+                "pay_paybill",
+                "pay_till"
             ]
         );
         assert_eq!(scope_for_tool("refund_payment"), Some(scopes::REFUND));
@@ -246,5 +266,7 @@ mod tests {
         assert_eq!(scope_for_tool("initiate_stk_push"), Some(scopes::COLLECT));
         assert!(moves_money("initiate_stk_push"), "an alias of a money tool is a money tool");
         assert_eq!(canonical("get_payment"), "get_payment");
+        assert_eq!((canonical("pay_to_paybill"), canonical("pay_to_mpesa_till")), ("pay_paybill", "pay_till"));
+        assert_eq!(scope_for_tool("pay_to_mpesa_till"), Some(scopes::PAYOUT));
     }
 }

@@ -15,8 +15,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use daraja::{DarajaFake, FakeConfig, OutboundKind, OutboundMode, PushMode, QueryAnswer};
 use paygate::backend::mpesa::daraja::{
-    B2cPayment, DarajaClient, DarajaConfig, DarajaError, Reversal, StkPush, StkQueryOutcome, failure_reason,
-    normalize_phone, parse_callback, parse_result, timestamp_eat,
+    B2bPayment, B2cPayment, BusinessTo, DarajaClient, DarajaConfig, DarajaError, Reversal, Sender, StkPush,
+    StkQueryOutcome, failure_reason, normalize_phone, parse_callback, parse_result, timestamp_eat,
 };
 use paygate::clock::{Clock, ManualClock};
 
@@ -485,7 +485,7 @@ async fn payouts_reversals_and_status_queries_send_what_daraja_accepts() {
     }
     assert_eq!(h.fake.reversals().len(), 1);
 
-    bounded(h.client.transaction_status("pay_0123456789", "pay_0123456789")).await.unwrap();
+    bounded(h.client.transaction_status("pay_0123456789", "pay_0123456789", Sender::Payouts)).await.unwrap();
     let asked = h.fake.outbound().into_iter().find(|o| o.kind == OutboundKind::Status).unwrap();
     assert_eq!((asked.subject.as_str(), asked.occasion.as_str()), ("pay_0123456789", "pay_0123456789"));
 
@@ -522,8 +522,8 @@ async fn fake_results_parse_with_the_client_parser() {
     h.client.b2c_payment(&failed).await.unwrap();
     assert_eq!(h.fake.post_result("pay_abc", 0).await, reqwest::StatusCode::OK);
     assert_eq!(h.fake.post_result("pay_def", 2001).await, reqwest::StatusCode::OK);
-    h.client.transaction_status("pay_abc", "pay_abc").await.unwrap();
-    h.client.transaction_status("pay_never_sent", "pay_never_sent").await.unwrap();
+    h.client.transaction_status("pay_abc", "pay_abc", Sender::Payouts).await.unwrap();
+    h.client.transaction_status("pay_never_sent", "pay_never_sent", Sender::Payouts).await.unwrap();
     assert_eq!(h.fake.answer_status_queries().await.len(), 2);
     assert_eq!(h.fake.post_timeout("pay_def").await, reqwest::StatusCode::OK);
 
@@ -552,5 +552,72 @@ async fn fake_results_parse_with_the_client_parser() {
     ] {
         assert!(parse_result(bad).is_err(), "{}", String::from_utf8_lossy(bad));
     }
+    server.abort();
+}
+
+/// Business Pay Bill and Buy Goods: what Daraja's B2B API takes (sent from the business's short
+/// code under the gateway's id), its result parsed by the client's parser (the amount as a decimal
+/// string, the business by number), and a status query found only from the short code that paid.
+#[tokio::test]
+async fn business_payments_send_what_daraja_accepts_and_their_results_parse() {
+    let inbox = Inbox::default();
+    let app = axum::Router::new().route("/cb/{kind}", axum::routing::post(receive)).with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/cb", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let h = harness_with(|c| {
+        c.result_url = format!("{base}/result");
+        c.timeout_url = format!("{base}/timeout");
+    })
+    .await;
+    let bill = B2bPayment {
+        originator_conversation_id: "pay_bill".into(),
+        to: BusinessTo::Paybill { number: "888880".into(), account_reference: "ACC\n-42".into() },
+        amount_whole: 2_500,
+        remarks: "Power bill".into(),
+    };
+    let accepted = bounded(h.client.b2b_payment(&bill)).await.unwrap();
+    assert_eq!(accepted.originator_conversation_id, "pay_bill");
+    let till = B2bPayment {
+        originator_conversation_id: "pay_till".into(),
+        to: BusinessTo::Till { number: "5123456".into() },
+        ..bill.clone()
+    };
+    bounded(h.client.b2b_payment(&till)).await.unwrap();
+    let sent = h.fake.business_payments();
+    assert_eq!(
+        (sent[0].subject.as_str(), sent[0].phone.as_str(), sent[0].account_reference.as_str(), sent[0].amount),
+        ("BusinessPayBill", "888880", "ACC-42", 2_500)
+    );
+    assert_eq!((sent[1].subject.as_str(), sent[1].phone.as_str()), ("BusinessBuyGoods", "5123456"));
+    assert_eq!(sent[0].occasion, "pay_bill");
+    // Refused before sending: no amount, a number that is not one, an empty account reference.
+    for bad in [
+        B2bPayment { amount_whole: 0, ..bill.clone() },
+        B2bPayment { to: BusinessTo::Till { number: "12a45".into() }, ..bill.clone() },
+        B2bPayment {
+            to: BusinessTo::Paybill { number: "888880".into(), account_reference: " ".into() },
+            ..bill.clone()
+        },
+    ] {
+        assert!(matches!(h.client.b2b_payment(&bad).await, Err(DarajaError::Rejected { .. })), "{bad:?}");
+    }
+    assert_eq!(h.fake.b2b_requests(), 2);
+
+    assert_eq!(h.fake.post_result("pay_bill", 0).await, reqwest::StatusCode::OK);
+    // Asked from the payouts short code, Daraja does not find a B2B payment; from the business's, it does.
+    h.client.transaction_status("pay_bill", "pay_bill", Sender::Payouts).await.unwrap();
+    h.client.transaction_status("pay_bill", "pay_bill", Sender::Business).await.unwrap();
+    assert_eq!(h.fake.answer_status_queries().await.len(), 2);
+    let received: Vec<_> = inbox.0.lock().unwrap().iter().map(|b| parse_result(b).unwrap()).collect();
+    let ok = &received[0];
+    assert_eq!((ok.result_code.as_str(), ok.originator_conversation_id.as_str()), ("0", "pay_bill"));
+    assert_eq!(
+        (ok.amount_minor, ok.party.as_deref(), ok.occasion.as_deref()),
+        (Some(250_000), Some("888880"), Some("pay_bill"))
+    );
+    assert_eq!(ok.receipt.as_ref().map(String::len), Some(10));
+    assert_ne!(received[1].result_code, "0", "not found from the payouts short code");
+    assert_eq!(received[2].transaction_status.as_deref(), Some("Completed"));
     server.abort();
 }

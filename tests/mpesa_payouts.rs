@@ -1,4 +1,5 @@
-//! Money going out through M-Pesa, end to end: payouts (B2C) and reversals of collections, their
+//! Money going out through M-Pesa, end to end: payouts (B2C), payments to businesses (B2B: paybills
+//! and tills) and reversals of collections, their
 //! asynchronous results, lost answers settled by the Transaction Status API, queue timeouts, the
 //! header-secret option and Daraja's "still processing" answer — an MCP agent against the real
 //! server on port 0 and the local Daraja fake (tests/common/daraja.rs).
@@ -506,8 +507,190 @@ async fn capabilities_list_the_rails_and_what_each_offers() {
         (Some(true), Some(true), Some(true))
     );
     let tools: Vec<&str> = v["tools"].as_array().unwrap().iter().filter_map(|t| t["tool"].as_str()).collect();
-    for t in ["send_mpesa_payout", "request_mpesa_payment", "initiate_stk_push", "check_transaction_status"] {
+    assert_eq!(mpesa["business_payments"].as_bool(), Some(true));
+    for t in [
+        "send_mpesa_payout",
+        "pay_paybill",
+        "pay_till",
+        "pay_to_paybill",
+        "pay_to_mpesa_till",
+        "request_mpesa_payment",
+        "initiate_stk_push",
+        "check_transaction_status",
+    ] {
         assert!(tools.contains(&t), "{t} not in {tools:?}");
     }
+    r.app.stop().await;
+}
+
+fn paybill(op: &str, amount: &str, reference: &str) -> Value {
+    json!({"operation_id": op, "paybill": "888880", "account_reference": reference, "amount": amount,
+           "remarks": "Power bill"})
+}
+
+fn till(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "till": "5123456", "amount": amount, "remarks": "Stock"})
+}
+
+/// A paybill and a till payment: each sent once (B2B, from the business's short code, under the
+/// gateway's own id), pending until M-Pesa's result, the same payment under the seed's names, and
+/// a result that names another amount or business refused.
+#[tokio::test]
+async fn a_paybill_and_a_till_payment_each_pay_once_and_settle_by_their_result() {
+    let r = rig().await;
+    let c = &r.client;
+    let bill = ok(&call(c, "pay_paybill", paybill("bill-1", "250", "ACC-42")).await).clone();
+    assert_eq!((bill["status"].as_str(), bill["to_account"].as_str()), (Some("pending"), Some("mpesa-paybill-888880")));
+    assert_eq!(bill["from_account"], "mpesa-collections");
+    let id = bill["payment_id"].as_str().unwrap().to_string();
+    let sent = r.fake.business_payments();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (sent[0].subject.as_str(), sent[0].phone.as_str(), sent[0].account_reference.as_str(), sent[0].amount),
+        ("BusinessPayBill", "888880", "ACC-42", 250)
+    );
+    assert_eq!(sent[0].originator_conversation_id, id, "sent under the gateway's own id");
+    assert!(sent[0].result_url.ends_with(&format!("/callbacks/mpesa/result/{SECRET}")));
+    // A retry, and the seed's name for the tool: the same payment, nothing sent again.
+    for tool in ["pay_paybill", "pay_to_paybill"] {
+        let again = ok(&call(c, tool, paybill("bill-1", "250", "ACC-42")).await).clone();
+        assert_eq!(
+            (again["payment_id"].as_str(), again["replayed"].as_bool()),
+            (Some(id.as_str()), Some(true)),
+            "{tool}"
+        );
+    }
+    // The same operation_id for another account at the business is another payment: refused.
+    let other = call(c, "pay_paybill", paybill("bill-1", "250", "ACC-43")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{other:?}");
+    assert_eq!(r.fake.b2b_requests(), 1);
+
+    // A result for another amount, or naming another business, is refused and changes nothing.
+    let result_url = sent[0].result_url.clone();
+    let mut forged = r.fake.result_body(&id, 0);
+    forged["Result"]["ResultParameters"]["ResultParameter"][1]["Value"] = json!("2500.00");
+    assert_eq!(r.fake.callback_to(&result_url, forged).await, 422);
+    let mut elsewhere = r.fake.result_body(&id, 0);
+    elsewhere["Result"]["ResultParameters"]["ResultParameter"][4]["Value"] = json!("999999 - Someone Else");
+    assert_eq!(r.fake.callback_to(&result_url, elsewhere).await, 422);
+    assert_eq!(payment(c, &id).await["status"], "pending");
+    // M-Pesa posts the result: paid, with its receipt; the receipt shows no phone.
+    assert_eq!(r.fake.post_result(&id, 0).await, 200);
+    let settled = payment(c, &id).await;
+    assert_eq!(settled["status"], "succeeded");
+    assert_eq!(settled["receipt"]["reference"].as_str(), Some(r.fake.business_payments()[0].receipt.as_str()));
+    assert!(settled["receipt"]["phone"].is_null(), "{settled}");
+
+    // A till, through the seed's name: Buy Goods, and a failure result gives its budget back.
+    let goods = ok(&call(c, "pay_to_mpesa_till", till("till-1", "300")).await).clone();
+    assert_eq!(goods["to_account"], "mpesa-till-5123456");
+    let till_id = goods["payment_id"].as_str().unwrap().to_string();
+    let sent = r.fake.business_payments();
+    assert_eq!((sent.len(), sent[1].subject.as_str(), sent[1].phone.as_str()), (2, "BusinessBuyGoods", "5123456"));
+    let again = ok(&call(c, "pay_till", till("till-1", "300")).await).clone();
+    assert_eq!((again["payment_id"].as_str(), again["replayed"].as_bool()), (Some(till_id.as_str()), Some(true)));
+    assert_eq!(r.fake.post_result(&till_id, 2001).await, 200);
+    assert_eq!(payment(c, &till_id).await["status"], "failed");
+    assert_eq!(r.fake.b2b_requests(), 2);
+    r.app.assert_secrets_not_logged();
+    r.app.stop().await;
+}
+
+/// 32 identical paybill payments at once: Daraja receives one B2B request.
+#[tokio::test]
+async fn concurrent_duplicate_business_payments_reach_daraja_once() {
+    let r = rig_waiting("", Arc::new(SystemClock), "10000").await;
+    let agent = Arc::new(connect(&r.app.url, &r.app.token("dev-agent", SCOPES), Era::Modern).await);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..32 {
+        let agent = agent.clone();
+        // Half under the seed's name: one tool, one payment.
+        let tool = if i % 2 == 0 { "pay_paybill" } else { "pay_to_paybill" };
+        set.spawn(async move { call(&agent, tool, paybill("dup-bill", "150", "ACC-1")).await });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(res) = set.join_next().await {
+        ids.insert(ok(&res.unwrap())["payment_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 1, "one payment");
+    assert_eq!((r.fake.b2b_requests(), r.fake.business_payments().len()), (1, 1), "Daraja received one B2B request");
+    r.app.stop().await;
+}
+
+/// The answer to a B2B request is lost: the retry never sends it again; the scheduler asks the
+/// Transaction Status API (from the short code that paid) and M-Pesa's answer settles it.
+#[tokio::test]
+async fn a_business_payment_whose_answer_is_lost_is_settled_by_its_status_and_never_sent_again() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", clock.clone()).await;
+    let c = &r.client;
+    for (tool, args) in [("pay_paybill", paybill("lost-bill", "400", "ACC-9")), ("pay_till", till("lost-till", "500"))]
+    {
+        r.fake.set_outbound_mode(OutboundMode::Hang);
+        let first = call(c, tool, args.clone()).await;
+        assert_eq!(code(&first), "OUTCOME_UNKNOWN", "{tool}");
+        r.fake.set_outbound_mode(OutboundMode::Accept);
+        clock.advance(120);
+        let retry = call(c, tool, args.clone()).await;
+        assert_eq!(code(&retry), "OUTCOME_UNKNOWN", "{tool}: the retry does not send again");
+        let id = r.fake.business_payments().last().unwrap().originator_conversation_id.clone();
+        assert_eq!(payment(c, &id).await["status"], "pending");
+        let asked = r.fake.status_requests();
+        assert_eq!(poll(&r.app).await, 0, "the answer comes by callback");
+        assert_eq!(r.fake.status_requests(), asked + 1);
+        assert_eq!(r.fake.answer_status_queries().await, [200]);
+        assert_eq!(payment(c, &id).await["status"], "succeeded", "{tool}");
+        clock.advance(120);
+        let replay = ok(&call(c, tool, args).await).clone();
+        assert_eq!((replay["payment_id"].as_str(), replay["status"].as_str()), (Some(id.as_str()), Some("succeeded")));
+    }
+    assert_eq!((r.fake.b2b_requests(), r.fake.business_payments().len()), (2, 2), "each sent once");
+    r.app.stop().await;
+}
+
+/// Over the autonomous limit a human approves; the mandate pins the paybill and the account
+/// reference. Bad input is named and sends nothing; without the payout scope, nothing moves.
+#[tokio::test]
+async fn business_payments_need_their_scope_and_a_human_over_the_limit() {
+    let r = rig().await;
+    let c = &r.client;
+    let collector = connect(&r.app.url, &r.app.token("dev-agent", "payments:read payments:collect"), Era::Modern).await;
+    let denied = collector
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("pay_till")
+                .with_arguments(till("scope-1", "10").as_object().unwrap().clone()),
+        )
+        .await;
+    assert!(format!("{denied:?}").contains(r#"required_scope: Some("payments:payout")"#), "{denied:?}");
+    for (tool, args, needle) in [
+        ("pay_till", json!({"operation_id": "bad-1", "till": "12", "amount": "10", "remarks": "r"}), "till:"),
+        ("pay_paybill", paybill("bad-2", "10", "an account reference too long"), "account_reference"),
+        ("pay_paybill", paybill("bad-3", "10.50", "ACC"), "whole shillings"),
+        ("pay_till", json!({"operation_id": "bad-4", "till": "5123456", "amount": "10"}), "remarks"),
+    ] {
+        let bad = call(c, tool, args).await;
+        assert_eq!(code(&bad), "INVALID_ARGUMENT", "{bad:?}");
+        assert!(err(&bad)["message"].as_str().unwrap().contains(needle), "{needle}: {bad:?}");
+    }
+    let over = call(c, "pay_paybill", paybill("big-bill", "1200", "ACC-42")).await;
+    assert_eq!(code(&over), "APPROVAL_REQUIRED");
+    assert!(r.fake.business_payments().is_empty(), "nothing leaves before approval");
+    let approval_id = err(&over)["approval_id"].as_str().unwrap().to_string();
+    let (status, body) = approve(&r.app, &approval_id, "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let approved = ok(&call(c, "get_approval", json!({"approval_id": approval_id})).await).clone();
+    // The mandate pins the account at the business and the business itself.
+    for (number, reference) in [("888880", "ACC-43"), ("888881", "ACC-42")] {
+        let mut elsewhere = paybill("big-bill-2", "1200", reference);
+        elsewhere["paybill"] = json!(number);
+        elsewhere["mandate"] = approved["mandate"].clone();
+        let refused = call(c, "pay_paybill", elsewhere).await;
+        assert!(code(&refused).starts_with("MANDATE_"), "{number}/{reference}: {refused:?}");
+    }
+    let mut with_mandate = paybill("big-bill", "1200", "ACC-42");
+    with_mandate["mandate"] = approved["mandate"].clone();
+    let paid = ok(&call(c, "pay_paybill", with_mandate).await).clone();
+    assert_eq!(paid["status"], "pending");
+    assert_eq!(r.fake.business_payments().len(), 1);
     r.app.stop().await;
 }

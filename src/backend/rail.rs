@@ -90,11 +90,22 @@ impl ValidCollection {
     }
 }
 
+/// Who a payout pays, as the agent wrote it.
+#[derive(Debug, Clone, Copy)]
+pub enum PayeeArg<'a> {
+    /// A customer: a handle in the rail's own forms (a phone number for M-Pesa).
+    Customer(&'a str),
+    /// A business's bill-payment number, and the account the payment is for at that business
+    /// (the customer number on a utility bill, an invoice number).
+    Paybill { number: &'a str, account: &'a str },
+    /// A business's till (buy goods).
+    Till(&'a str),
+}
+
 /// A payout as the agent asked for it, before the rail has looked at it.
 #[derive(Debug, Clone, Copy)]
 pub struct PayoutArgs<'a> {
-    /// Who is paid: a handle in the rail's own forms (a phone number for M-Pesa).
-    pub payee: &'a str,
+    pub payee: PayeeArg<'a>,
     /// A decimal string in major units; the rail decides the currency and the granularity.
     pub amount: &'a str,
     /// Shown on the payee's statement.
@@ -104,9 +115,29 @@ pub struct PayoutArgs<'a> {
 /// Which payout argument a rail refused, and why (the same sentence forms as [`CollectionRefusal`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PayoutRefusal {
+    /// The payee (the phone, paybill or till): a whole sentence.
     Payee(String),
+    /// A paybill's account reference: the reason reads after the argument's name.
+    AccountReference(String),
     Amount(String),
     Remarks(String),
+}
+
+/// Which kind of business a payout pays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusinessKind {
+    Paybill,
+    Till,
+}
+
+impl BusinessKind {
+    /// The argument that names it ("paybill", "till"), and the middle of its payee account id.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BusinessKind::Paybill => "paybill",
+            BusinessKind::Till => "till",
+        }
+    }
 }
 
 /// A payout a rail accepted. Only a rail makes one.
@@ -116,12 +147,18 @@ pub struct ValidPayout {
     payee_account: AccountId,
     amount: Money,
     remarks: String,
+    business: Option<(BusinessKind, Option<String>)>,
 }
 
 impl ValidPayout {
     pub(crate) fn new(payee: String, payee_account: AccountId, amount: Money, remarks: String) -> Self {
-        ValidPayout { payee, payee_account, amount, remarks }
+        ValidPayout { payee, payee_account, amount, remarks, business: None }
     }
+    /// A payout to a business: `payee` is its number; a paybill carries the account reference.
+    pub(crate) fn for_business(self, kind: BusinessKind, account_reference: Option<String>) -> Self {
+        ValidPayout { business: Some((kind, account_reference)), ..self }
+    }
+    /// The payee in the rail's normal form: a customer's phone, or a business's number.
     pub fn payee(&self) -> &str {
         &self.payee
     }
@@ -133,6 +170,14 @@ impl ValidPayout {
     }
     pub fn remarks(&self) -> &str {
         &self.remarks
+    }
+    /// The kind of business paid, or `None` for a customer.
+    pub fn business(&self) -> Option<BusinessKind> {
+        self.business.as_ref().map(|(k, _)| *k)
+    }
+    /// A paybill payment's account reference.
+    pub fn account_reference(&self) -> Option<&str> {
+        self.business.as_ref().and_then(|(_, r)| r.as_deref())
     }
 }
 
@@ -310,7 +355,12 @@ pub trait CollectionRail: Send + Sync + 'static {
     fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal>;
     /// Open the gateway's record and send the request, at most once per idempotency key.
     async fn collect(&self, req: CollectionRequest) -> Result<Payment, BackendError>;
-    /// Parse a payout's arguments (only called when [`CollectionRail::offers`] payouts).
+    /// Whether this rail, as configured, pays businesses (paybills, tills) as well as customers.
+    fn pays_businesses(&self) -> bool {
+        false
+    }
+    /// Parse a payout's arguments (only called when [`CollectionRail::offers`] payouts, and for a
+    /// business only when it [`CollectionRail::pays_businesses`]).
     fn validate_payout(&self, _args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
         Err(PayoutRefusal::Payee(format!("{} payouts are not offered", self.display_name())))
     }

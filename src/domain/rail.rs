@@ -116,7 +116,8 @@ pub struct RailPayment {
     pub rail_ref: Option<String>,
     /// The rail's receipt for a settled payment (an M-Pesa receipt number).
     pub receipt: Option<String>,
-    /// The payer's phone (M-Pesa), normalized.
+    /// The customer's phone (who pays a collection, who is paid a payout), normalized; for a
+    /// payment to a business, its paybill or till number. A result naming another is refused.
     pub phone: Option<String>,
     /// Why it failed, or what is still unknown.
     pub reason: Option<String>,

@@ -50,7 +50,7 @@ pub use operator_views::{
 };
 pub use passkeys::{PasskeyAssertion, PasskeyPayloads, PasskeyRegistration, PasskeyView};
 pub use payees::{PAYEES_LISTED_MAX, PayeeArgs, PayeeView};
-pub use payout::SendPayout;
+pub use payout::{PayBusiness, SendPayout};
 pub use policy::{
     CONFIG_FILE_AUTHOR, ChangeOutcome, PolicySettings, PolicyVersionView, ProposalView, ProposeArgs, SimulationView,
 };
@@ -226,6 +226,8 @@ pub struct RailOffer {
     pub account: String,
     pub collections: bool,
     pub payouts: bool,
+    /// Payments to businesses (paybills, tills) through `pay_paybill` and `pay_till`.
+    pub business_payments: bool,
     /// A succeeded collection given back in full through `refund_payment`.
     pub reversals: bool,
 }
@@ -317,6 +319,7 @@ impl Gateway {
                 account: r.account().to_string(),
                 collections: r.offers(RailFlow::Collection),
                 payouts: r.offers(RailFlow::Payout),
+                business_payments: r.offers(RailFlow::Payout) && r.pays_businesses(),
                 reversals: r.offers(RailFlow::Reversal),
             })
             .collect()

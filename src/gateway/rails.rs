@@ -67,7 +67,9 @@ impl Gateway {
                 reference: r.receipt.clone()?,
                 // A collection's prompt reference; money going out has none the customer saw.
                 checkout_request_id: r.rail_ref.clone().filter(|_| r.flow == RailFlow::Collection),
-                phone: r.phone.as_deref().map(mask_phone),
+                // A customer's number, masked. A business paid (a paybill or till number, at most
+                // 7 digits) is no one's phone: its account (`to_account`) names it.
+                phone: r.phone.as_deref().filter(|p| p.len() > BUSINESS_NUMBER_DIGITS_MAX).map(mask_phone),
             },
             Some(r) => Receipt {
                 rail: r.rail.clone(),
@@ -207,6 +209,9 @@ impl Gateway {
         Ok(PaymentSummary { from, to, rows })
     }
 }
+
+/// The longest business number a rail pays (M-Pesa's paybills and tills); a phone is longer.
+const BUSINESS_NUMBER_DIGITS_MAX: usize = 7;
 
 pub(super) fn mask_phone(phone: &str) -> String {
     let n = phone.len();

@@ -227,11 +227,78 @@ impl From<SendMpesaPayoutArgs> for crate::gateway::SendPayout {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PayPaybillArgs {
+    /// Your id for this payment. Reuse it to retry the SAME payment: the business is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The business's M-Pesa paybill number (5-7 digits), e.g. "888880".
+    pub paybill: String,
+    /// The account the payment is for at that business (the account number on the bill; at most
+    /// 13 characters).
+    pub account_reference: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "2500" or "2500.00".
+    pub amount: String,
+    /// Kept with the payment (at most 100 characters).
+    pub remarks: String,
+    /// A signed mandate from an approval, for payments over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<PayPaybillArgs> for crate::gateway::PayBusiness {
+    fn from(a: PayPaybillArgs) -> Self {
+        let PayPaybillArgs { operation_id, paybill, account_reference, amount, remarks, mandate } = a;
+        crate::gateway::PayBusiness {
+            operation_id,
+            kind: crate::backend::rail::BusinessKind::Paybill,
+            number: paybill,
+            account_reference: Some(account_reference),
+            amount,
+            remarks,
+            mandate,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PayTillArgs {
+    /// Your id for this payment. Reuse it to retry the SAME payment: the business is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The business's M-Pesa till (Buy Goods) number (5-7 digits), e.g. "5123456".
+    pub till: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "2500" or "2500.00".
+    pub amount: String,
+    /// Kept with the payment (at most 100 characters).
+    pub remarks: String,
+    /// A signed mandate from an approval, for payments over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<PayTillArgs> for crate::gateway::PayBusiness {
+    fn from(a: PayTillArgs) -> Self {
+        let PayTillArgs { operation_id, till, amount, remarks, mandate } = a;
+        crate::gateway::PayBusiness {
+            operation_id,
+            kind: crate::backend::rail::BusinessKind::Till,
+            number: till,
+            account_reference: None,
+            amount,
+            remarks,
+            mandate,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckPaymentPolicyArgs {
     /// The money tool to ask about: create_payment, refund_payment, send_mpesa_payout,
-    /// request_mpesa_payment (or initiate_stk_push) or request_airtel_payment.
+    /// pay_paybill, pay_till, request_mpesa_payment (or initiate_stk_push) or request_airtel_payment.
     pub tool: String,
     /// Exactly the arguments you would pass to that tool (operation_id included).
     pub arguments: serde_json::Map<String, serde_json::Value>,

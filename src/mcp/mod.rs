@@ -28,8 +28,8 @@ use crate::error::AgentError;
 use crate::gateway::{ApprovalView, Caller, CorrelationId, Gateway, PageAsk, WindowAsk};
 use args::{
     AccountLedgerArgs, CheckPaymentPolicyArgs, CreatePaymentArgs, FailedTransactionsArgs, ListPaymentsArgs,
-    PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs, SendMpesaPayoutArgs,
-    TodaySummaryArgs, TodayTransactionsArgs, TransactionStatusArgs,
+    PayPaybillArgs, PayTillArgs, PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
+    SendMpesaPayoutArgs, TodaySummaryArgs, TodayTransactionsArgs, TransactionStatusArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
@@ -531,6 +531,72 @@ impl PaygateMcp {
     }
 
     #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Pay a business's M-Pesa paybill (B2B Business Pay Bill) from the business's own M-Pesa \
+                       account: a supplier, a utility, rent — the paybill number and the account it is for there. \
+                       Returns the payment as pending; it settles when M-Pesa posts the result (check with \
+                       get_payment). Exactly one payment per operation_id, even on retries and lost answers. Over \
+                       your autonomous limit it returns APPROVAL_REQUIRED; a mandate pins the paybill, the account \
+                       reference and the amount. Needs scope payments:payout.",
+        input_schema = schema_for_type::<PayPaybillArgs>()
+    )]
+    async fn pay_paybill(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.pay_business(caller, round, "pay_paybill", args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Pay a business's M-Pesa till (B2B Buy Goods) from the business's own M-Pesa account. \
+                       Returns the payment as pending; it settles when M-Pesa posts the result (check with \
+                       get_payment). Exactly one payment per operation_id, even on retries and lost answers. Over \
+                       your autonomous limit it returns APPROVAL_REQUIRED. Needs scope payments:payout.",
+        input_schema = schema_for_type::<PayTillArgs>()
+    )]
+    async fn pay_till(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.pay_business(caller, round, "pay_till", args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Alias of pay_paybill (the M-Pesa MCP server's name): the same payment, arguments and \
+                       result; the same operation_id is one payment through either name. Needs scope payments:payout.",
+        input_schema = schema_for_type::<PayPaybillArgs>()
+    )]
+    async fn pay_to_paybill(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.pay_business(caller, round, "pay_paybill", args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Alias of pay_till (the M-Pesa MCP server's name): the same payment, arguments and result; \
+                       the same operation_id is one payment through either name. Needs scope payments:payout.",
+        input_schema = schema_for_type::<PayTillArgs>()
+    )]
+    async fn pay_to_mpesa_till(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.pay_business(caller, round, "pay_till", args).await
+    }
+
+    #[tool(
         output_schema = result_schema::<crate::gateway::PreflightView>(),
         description = "Before a money call: what it would get — allowed, approval_required (why, and whether an \
                        operator or your user decides) or denied (the error code) — and your headroom today (budget and \
@@ -567,6 +633,14 @@ impl PaygateMcp {
                     },
                     "send_mpesa_payout" => match parse_args::<SendMpesaPayoutArgs>(args) {
                         Ok(x) => gw.send_payout(&dry, "send_mpesa_payout", MPESA, x.into()).await,
+                        Err(e) => Err(e),
+                    },
+                    "pay_paybill" => match parse_args::<PayPaybillArgs>(args) {
+                        Ok(x) => gw.pay_business(&dry, "pay_paybill", MPESA, x.into()).await,
+                        Err(e) => Err(e),
+                    },
+                    "pay_till" => match parse_args::<PayTillArgs>(args) {
+                        Ok(x) => gw.pay_business(&dry, "pay_till", MPESA, x.into()).await,
                         Err(e) => Err(e),
                     },
                     "request_mpesa_payment" | "request_airtel_payment" => {
@@ -641,6 +715,26 @@ impl PaygateMcp {
         self.money(c, round, "request_mpesa_payment", args, |args| async move {
             let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
             gateway.request_collection(c, "request_mpesa_payment", MPESA, a).await
+        })
+        .await
+    }
+
+    /// `pay_paybill` / `pay_till` (`tool`, the canonical name) and their aliases: one tool each.
+    async fn pay_business(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        tool: &'static str,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (gateway, c) = (&self.gateway, &caller);
+        self.money(c, round, tool, args, |args| async move {
+            let a: crate::gateway::PayBusiness = if tool == "pay_till" {
+                parse_args::<PayTillArgs>(args)?.into()
+            } else {
+                parse_args::<PayPaybillArgs>(args)?.into()
+            };
+            gateway.pay_business(c, tool, MPESA, a).await
         })
         .await
     }

@@ -2,6 +2,7 @@
 //!
 //! It implements OAuth (`GET /oauth/v1/generate`), STK push (`POST /mpesa/stkpush/v1/processrequest`),
 //! STK query (`POST /mpesa/stkpushquery/v1/query`), B2C payouts (`POST /mpesa/b2c/v3/paymentrequest`),
+//! B2B payments to paybills and tills (`POST /mpesa/b2b/v1/paymentrequest`),
 //! reversals (`POST /mpesa/reversal/v1/request`) and the Transaction Status API
 //! (`POST /mpesa/transactionstatus/v1/query`), and validates requests the way Daraja does:
 //! Basic auth, issued and unexpired Bearer tokens (by the injected clock), the STK password, field
@@ -109,6 +110,8 @@ pub enum OutboundMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutboundKind {
     Payout,
+    /// A B2B payment to a paybill or a till.
+    Business,
     Reversal,
     Status,
 }
@@ -120,11 +123,15 @@ pub struct RecordedOutbound {
     /// The payout's own (sent by the client) or one the fake made (reversals, status queries).
     pub originator_conversation_id: String,
     pub conversation_id: String,
-    /// Payouts: the customer (PartyB). Reversals: the customer the original payment came from.
+    /// Payouts: the customer (PartyB). Business payments: the paybill or till (PartyB). Reversals:
+    /// the customer the original payment came from. Status queries: the PartyA asked from.
     pub phone: String,
     pub amount: i64,
     /// Reversals: the receipt reversed. Status queries: the `OriginatorConversationID` asked about.
+    /// Business payments: the CommandID (`BusinessPayBill`, `BusinessBuyGoods`).
     pub subject: String,
+    /// Business payments: the AccountReference.
+    pub account_reference: String,
     pub remarks: String,
     pub occasion: String,
     pub result_url: String,
@@ -155,6 +162,7 @@ struct FakeState {
     push_requests: AtomicUsize,
     query_requests: AtomicUsize,
     b2c_requests: AtomicUsize,
+    b2b_requests: AtomicUsize,
     reversal_requests: AtomicUsize,
     status_requests: AtomicUsize,
     pushed: tokio::sync::Notify,
@@ -213,6 +221,7 @@ impl DarajaFake {
             push_requests: AtomicUsize::new(0),
             query_requests: AtomicUsize::new(0),
             b2c_requests: AtomicUsize::new(0),
+            b2b_requests: AtomicUsize::new(0),
             reversal_requests: AtomicUsize::new(0),
             status_requests: AtomicUsize::new(0),
             pushed: tokio::sync::Notify::new(),
@@ -222,6 +231,7 @@ impl DarajaFake {
             .route("/mpesa/stkpush/v1/processrequest", post(stk_push))
             .route("/mpesa/stkpushquery/v1/query", post(stk_query))
             .route("/mpesa/b2c/v3/paymentrequest", post(b2c))
+            .route("/mpesa/b2b/v1/paymentrequest", post(b2b))
             .route("/mpesa/reversal/v1/request", post(reversal))
             .route("/mpesa/transactionstatus/v1/query", post(transaction_status))
             .with_state(state.clone());
@@ -288,6 +298,15 @@ impl DarajaFake {
         self.outbound().into_iter().filter(|o| o.kind == OutboundKind::Payout).collect()
     }
 
+    /// The B2B payments the fake processed.
+    pub fn business_payments(&self) -> Vec<RecordedOutbound> {
+        self.outbound().into_iter().filter(|o| o.kind == OutboundKind::Business).collect()
+    }
+
+    pub fn b2b_requests(&self) -> usize {
+        self.state.b2b_requests.load(Ordering::SeqCst)
+    }
+
     pub fn reversals(&self) -> Vec<RecordedOutbound> {
         self.outbound().into_iter().filter(|o| o.kind == OutboundKind::Reversal).collect()
     }
@@ -327,6 +346,13 @@ impl DarajaFake {
                 {"Key": "Occasion", "Value": o.occasion},
             ]},
         });
+        if o.kind == OutboundKind::Business {
+            r["ReferenceData"] = json!({"ReferenceItem": [
+                {"Key": "BillReferenceNumber", "Value": o.account_reference},
+                {"Key": "QueueTimeoutURL", "Value": o.timeout_url},
+                {"Key": "Occassion", "Value": o.occasion},
+            ]});
+        }
         if result_code == 0 {
             let party = format!("{} - Jane Doe", o.phone);
             r["ResultParameters"] = match o.kind {
@@ -336,6 +362,16 @@ impl DarajaFake {
                     {"Key": "ReceiverPartyPublicName", "Value": party},
                     {"Key": "TransactionCompletedDateTime", "Value": "01.12.2026 12:00:00"},
                     {"Key": "B2CUtilityAccountAvailableFunds", "Value": 10116.00},
+                ]}),
+                // As Daraja's B2B result shows it: the amount as a decimal string, the business by
+                // its number and name.
+                OutboundKind::Business => json!({"ResultParameter": [
+                    {"Key": "DebitAccountBalance", "Value": "{Amount={CurrencyCode=KES, MinimumAmount=618683, BasicAmount=6186.83}}"},
+                    {"Key": "Amount", "Value": format!("{}.00", o.amount)},
+                    {"Key": "TransCompletedTime", "Value": "20261201120000"},
+                    {"Key": "DebitPartyCharges", "Value": ""},
+                    {"Key": "ReceiverPartyPublicName", "Value": format!("{} - Kenya Power", o.phone)},
+                    {"Key": "Currency", "Value": "KES"},
                 ]}),
                 _ => json!({"ResultParameter": [
                     {"Key": "Amount", "Value": o.amount as f64},
@@ -395,7 +431,12 @@ impl DarajaFake {
                 "TransactionID": "NLJ0000000",
                 "ReferenceData": {"ReferenceItem": {"Key": "Occasion", "Value": q.occasion}},
             });
-            match target {
+            // Daraja finds a transaction only from the short code that sent it.
+            let sender = |t: &RecordedOutbound| match t.kind {
+                OutboundKind::Business => self.state.cfg.short_code.clone(),
+                _ => self.state.cfg.b2c_short_code.clone(),
+            };
+            match target.filter(|t| sender(t) == q.phone) {
                 Some(t) => {
                     let code = self.state.inner.lock().unwrap().outcomes.get(&t.originator_conversation_id).copied();
                     let status = if code.unwrap_or(0) == 0 { "Completed" } else { "Failed" };
@@ -835,6 +876,63 @@ async fn b2c(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) 
         result_url,
         timeout_url,
         receipt: String::new(),
+        account_reference: String::new(),
+    };
+    record_outbound(&st, o).await
+}
+
+/// Business Pay Bill / Business Buy Goods, as Daraja documents them: from the business's own
+/// short code (PartyA, identifier type 4) to a paybill or till (PartyB, 4), with an
+/// AccountReference of at most 13 characters.
+async fn b2b(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    st.b2b_requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(refused) = failing(&st).or_else(|| check_bearer(&st, &headers)) {
+        return refused;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return daraja_error(StatusCode::BAD_REQUEST, "400.002.05", "Invalid Request Payload");
+    };
+    if let Err(field) = check_initiator(&st, &v, "Initiator") {
+        return bad_request(field);
+    }
+    let Some(command) = text(&v, "CommandID").filter(|c| c == "BusinessPayBill" || c == "BusinessBuyGoods") else {
+        return bad_request("CommandID");
+    };
+    if text(&v, "SenderIdentifierType").as_deref() != Some("4")
+        || text(&v, "RecieverIdentifierType").as_deref() != Some("4")
+    {
+        return bad_request("IdentifierType");
+    }
+    let Some(amount) = text(&v, "Amount").and_then(|a| a.parse::<i64>().ok()).filter(|a| *a >= 1) else {
+        return bad_request("Amount");
+    };
+    if text(&v, "PartyA").as_deref() != Some(st.cfg.short_code.as_str()) {
+        return bad_request("PartyA");
+    }
+    let short_code = |p: &String| (5..=7).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+    let Some(party_b) = text(&v, "PartyB").filter(short_code) else { return bad_request("PartyB") };
+    let Some(account_reference) = text(&v, "AccountReference").filter(|r| !r.is_empty() && r.chars().count() <= 13)
+    else {
+        return bad_request("AccountReference");
+    };
+    let Some(remarks) = text(&v, "Remarks").filter(|r| !r.is_empty() && r.chars().count() <= 100) else {
+        return bad_request("Remarks");
+    };
+    let Some(result_url) = is_url(&v, "ResultURL") else { return bad_request("ResultURL") };
+    let Some(timeout_url) = is_url(&v, "QueueTimeOutURL") else { return bad_request("QueueTimeOutURL") };
+    let o = RecordedOutbound {
+        kind: OutboundKind::Business,
+        originator_conversation_id: text(&v, "OriginatorConversationID").unwrap_or_default(),
+        conversation_id: String::new(),
+        phone: party_b,
+        amount,
+        subject: command,
+        remarks,
+        occasion: text(&v, "Occassion").unwrap_or_default(),
+        result_url,
+        timeout_url,
+        receipt: String::new(),
+        account_reference,
     };
     record_outbound(&st, o).await
 }
@@ -884,6 +982,7 @@ async fn reversal(State(st): State<Arc<FakeState>>, headers: HeaderMap, body: By
         result_url,
         timeout_url,
         receipt: String::new(),
+        account_reference: String::new(),
     };
     record_outbound(&st, o).await
 }
@@ -914,7 +1013,7 @@ async fn transaction_status(State(st): State<Arc<FakeState>>, headers: HeaderMap
         kind: OutboundKind::Status,
         originator_conversation_id: String::new(),
         conversation_id: String::new(),
-        phone: String::new(),
+        phone: text(&v, "PartyA").unwrap_or_default(),
         amount: 0,
         subject,
         remarks: text(&v, "Remarks").unwrap_or_default(),
@@ -922,6 +1021,7 @@ async fn transaction_status(State(st): State<Arc<FakeState>>, headers: HeaderMap
         result_url,
         timeout_url,
         receipt: String::new(),
+        account_reference: String::new(),
     };
     record_outbound(&st, o).await
 }

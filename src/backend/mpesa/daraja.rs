@@ -61,6 +61,11 @@ const ERROR_CODES_GATEWAY_REFUSAL: [&str; 2] = ["500.003.02", "500.003.03"];
 pub const REMARKS_CHARS_MAX: usize = 100;
 /// `CommandID` of a payout to a customer.
 const COMMAND_BUSINESS_PAYMENT: &str = "BusinessPayment";
+/// `CommandID`s of a payment to a business: to a paybill (with an account reference), to a till.
+const COMMAND_BUSINESS_PAY_BILL: &str = "BusinessPayBill";
+const COMMAND_BUSINESS_BUY_GOODS: &str = "BusinessBuyGoods";
+/// Daraja rejects a longer B2B `AccountReference`.
+pub const B2B_ACCOUNT_REFERENCE_CHARS_MAX: usize = 13;
 const COMMAND_REVERSAL: &str = "TransactionReversal";
 const COMMAND_STATUS: &str = "TransactionStatusQuery";
 /// `IdentifierType` / `RecieverIdentifierType` of a short code (organisation).
@@ -223,6 +228,29 @@ pub struct B2cPayment {
     pub remarks: String,
 }
 
+/// One payment to a business (B2B `BusinessPayBill` / `BusinessBuyGoods`) from the business's own
+/// short code.
+#[derive(Debug, Clone)]
+pub struct B2bPayment {
+    /// The gateway's own id, as for [`B2cPayment`]: sent as `OriginatorConversationID` and as
+    /// `Occassion`, so the result and a status query find the payment even when the answer to the
+    /// request was lost.
+    pub originator_conversation_id: String,
+    /// A paybill (with its account reference) or a till.
+    pub to: BusinessTo,
+    /// Whole shillings, at least 1.
+    pub amount_whole: i64,
+    /// Cut to [`REMARKS_CHARS_MAX`] characters, control characters removed.
+    pub remarks: String,
+}
+
+/// The business a [`B2bPayment`] pays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusinessTo {
+    Paybill { number: String, account_reference: String },
+    Till { number: String },
+}
+
 /// The reversal of a completed customer payment (a collection), in full.
 #[derive(Debug, Clone)]
 pub struct Reversal {
@@ -232,6 +260,15 @@ pub struct Reversal {
     pub remarks: String,
     /// Echoed in the result's reference data.
     pub occasion: String,
+}
+
+/// Which of the business's short codes sent the transaction a status query asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sender {
+    /// Payouts to customers and reversals: [`DarajaConfig::b2c_short_code`].
+    Payouts,
+    /// Payments to businesses: [`DarajaConfig::short_code`].
+    Business,
 }
 
 /// Daraja accepted an asynchronous request; its result is posted to `result_url`.
@@ -546,6 +583,31 @@ struct StkQueryResponse {
 
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
+struct B2bRequest<'a> {
+    #[serde(rename = "OriginatorConversationID")]
+    originator_conversation_id: &'a str,
+    initiator: &'a str,
+    security_credential: &'a str,
+    #[serde(rename = "CommandID")]
+    command_id: &'a str,
+    sender_identifier_type: &'a str,
+    /// Daraja's spelling.
+    reciever_identifier_type: &'a str,
+    amount: i64,
+    party_a: &'a str,
+    party_b: &'a str,
+    account_reference: &'a str,
+    remarks: &'a str,
+    #[serde(rename = "QueueTimeOutURL")]
+    queue_timeout_url: &'a str,
+    #[serde(rename = "ResultURL")]
+    result_url: &'a str,
+    /// Daraja's spelling.
+    occassion: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
 struct B2cRequest<'a> {
     #[serde(rename = "OriginatorConversationID")]
     originator_conversation_id: &'a str,
@@ -669,6 +731,7 @@ enum Op {
     Push,
     Query,
     Payout,
+    Business,
     Reversal,
     Status,
 }
@@ -679,6 +742,7 @@ impl Op {
             Op::Push => "stk_push",
             Op::Query => "stk_query",
             Op::Payout => "b2c_payment",
+            Op::Business => "b2b_payment",
             Op::Reversal => "reversal",
             Op::Status => "transaction_status",
         }
@@ -687,7 +751,7 @@ impl Op {
     /// outcome, never "unavailable".
     fn moves_money(self) -> bool {
         match self {
-            Op::Push | Op::Payout | Op::Reversal => true,
+            Op::Push | Op::Payout | Op::Business | Op::Reversal => true,
             Op::Query | Op::Status => false,
         }
     }
@@ -863,6 +927,53 @@ impl DarajaClient {
         self.accepted(Op::Payout, "/mpesa/b2c/v3/paymentrequest", &body).await
     }
 
+    /// Pays a business from [`DarajaConfig::short_code`]. `Ok` means only *accepted*: the result is
+    /// posted to `result_url`.
+    pub async fn b2b_payment(&self, p: &B2bPayment) -> Result<RequestAccepted, DarajaError> {
+        if p.amount_whole < 1 {
+            return Err(invalid("Amount", "must be a whole number of shillings, at least 1"));
+        }
+        let id = &p.originator_conversation_id;
+        if id.is_empty() || id.chars().any(char::is_control) {
+            return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
+        }
+        let remarks = clean_text(&p.remarks, REMARKS_CHARS_MAX);
+        if remarks.is_empty() {
+            return Err(invalid("Remarks", "is empty"));
+        }
+        let (command_id, number, account_reference) = match &p.to {
+            BusinessTo::Paybill { number, account_reference } => {
+                (COMMAND_BUSINESS_PAY_BILL, number, clean_text(account_reference, B2B_ACCOUNT_REFERENCE_CHARS_MAX))
+            }
+            // A till payment has no account at the business; Daraja wants the field all the same.
+            BusinessTo::Till { number } => (COMMAND_BUSINESS_BUY_GOODS, number, number.clone()),
+        };
+        if !is_digits(number) {
+            return Err(invalid("PartyB", "must be a paybill or till number"));
+        }
+        if account_reference.is_empty() {
+            return Err(invalid("AccountReference", "is empty"));
+        }
+        let cfg = self.initiator()?;
+        let body = B2bRequest {
+            originator_conversation_id: id,
+            initiator: &cfg.initiator_name,
+            security_credential: cfg.security_credential.expose(),
+            command_id,
+            sender_identifier_type: IDENTIFIER_SHORT_CODE,
+            reciever_identifier_type: IDENTIFIER_SHORT_CODE,
+            amount: p.amount_whole,
+            party_a: &cfg.short_code,
+            party_b: number,
+            account_reference: &account_reference,
+            remarks: &remarks,
+            queue_timeout_url: &cfg.timeout_url,
+            result_url: &cfg.result_url,
+            occassion: id,
+        };
+        self.accepted(Op::Business, "/mpesa/b2b/v1/paymentrequest", &body).await
+    }
+
     /// Asks Daraja to reverse a completed customer payment in full.
     pub async fn reversal(&self, r: &Reversal) -> Result<RequestAccepted, DarajaError> {
         if r.amount_whole < 1 {
@@ -896,6 +1007,7 @@ impl DarajaClient {
         &self,
         originator_conversation_id: &str,
         occasion: &str,
+        sender: Sender,
     ) -> Result<RequestAccepted, DarajaError> {
         if originator_conversation_id.is_empty() || originator_conversation_id.chars().any(char::is_control) {
             return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
@@ -907,7 +1019,10 @@ impl DarajaClient {
             command_id: COMMAND_STATUS,
             transaction_id: "",
             originator_conversation_id,
-            party_a: &cfg.b2c_short_code,
+            party_a: match sender {
+                Sender::Payouts => &cfg.b2c_short_code,
+                Sender::Business => &cfg.short_code,
+            },
             identifier_type: IDENTIFIER_SHORT_CODE,
             result_url: &cfg.result_url,
             queue_timeout_url: &cfg.timeout_url,

@@ -23,14 +23,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use self::daraja::{
-    ACCOUNT_REFERENCE_CHARS_MAX, ApiResult, B2cPayment, DarajaClient, DarajaError, Msisdn, REMARKS_CHARS_MAX, Reversal,
-    StkCallback, StkPush, StkQueryOutcome, TRANSACTION_DESC_CHARS_MAX,
+    ACCOUNT_REFERENCE_CHARS_MAX, ApiResult, B2B_ACCOUNT_REFERENCE_CHARS_MAX, B2bPayment, B2cPayment, BusinessTo,
+    DarajaClient, DarajaError, Msisdn, REMARKS_CHARS_MAX, Reversal, Sender, StkCallback, StkPush, StkQueryOutcome,
+    TRANSACTION_DESC_CHARS_MAX,
 };
 use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
-    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayoutArgs,
-    PayoutRefusal, PayoutRequest, RailEvent, RailOrder, ReversalRequest, Sent, ValidCollection, ValidPayout,
-    reversal_key, send_once,
+    Authority, BusinessKind, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest,
+    PayeeArg, PayoutArgs, PayoutRefusal, PayoutRequest, RailEvent, RailOrder, ReversalRequest, Sent, ValidCollection,
+    ValidPayout, reversal_key, send_once,
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
@@ -160,14 +161,69 @@ pub fn event_from_result(r: ApiResult, channel: CallbackChannel) -> RailEvent {
     }
 }
 
-/// A payout's arguments → one Daraja will take: the phone, the amount (KES, whole shillings), the
-/// remarks on the statement.
+/// A payout's arguments → one Daraja will take: the payee (a phone; or a paybill and its account
+/// reference, or a till), the amount (KES, whole shillings), the remarks on the statement.
 pub fn payout_from_args(args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
-    let phone = daraja::normalize_phone(args.payee).map_err(PayoutRefusal::Payee)?;
+    let business = |kind: BusinessKind, number: &str| {
+        let number = business_number(number, kind).map_err(PayoutRefusal::Payee)?;
+        let account = business_account(kind, &number).map_err(|e| PayoutRefusal::Payee(e.to_string()))?;
+        Ok::<_, PayoutRefusal>((number, account))
+    };
+    let (payee, payee_account, business) = match args.payee {
+        PayeeArg::Customer(phone) => {
+            let phone = daraja::normalize_phone(phone).map_err(PayoutRefusal::Payee)?;
+            let account = payer_account(&phone).map_err(|e| PayoutRefusal::Payee(e.to_string()))?;
+            (phone.to_string(), account, None)
+        }
+        PayeeArg::Paybill { number, account } => {
+            let (number, payee_account) = business(BusinessKind::Paybill, number)?;
+            let reference =
+                customer_text(account, B2B_ACCOUNT_REFERENCE_CHARS_MAX).map_err(PayoutRefusal::AccountReference)?;
+            (number, payee_account, Some((BusinessKind::Paybill, Some(reference))))
+        }
+        PayeeArg::Till(number) => {
+            let (number, payee_account) = business(BusinessKind::Till, number)?;
+            (number, payee_account, Some((BusinessKind::Till, None)))
+        }
+    };
     let amount = whole_shillings(args.amount, "M-Pesa").map_err(PayoutRefusal::Amount)?;
     let remarks = customer_text(args.remarks, REMARKS_CHARS_MAX).map_err(PayoutRefusal::Remarks)?;
-    let payee_account = payer_account(&phone).map_err(|e| PayoutRefusal::Payee(e.to_string()))?;
-    Ok(ValidPayout::new(phone.to_string(), payee_account, amount, remarks))
+    let payout = ValidPayout::new(payee, payee_account, amount, remarks);
+    Ok(match business {
+        Some((kind, reference)) => payout.for_business(kind, reference),
+        None => payout,
+    })
+}
+
+/// Digits in a paybill or till number (M-Pesa short codes are 5 to 7 digits).
+pub const BUSINESS_NUMBER_DIGITS: std::ops::RangeInclusive<usize> = 5..=7;
+
+/// A paybill or till number as the agent wrote it (spaces ignored) → its digits.
+pub fn business_number(input: &str, kind: BusinessKind) -> Result<String, String> {
+    let digits: String = input.chars().filter(|c| *c != ' ').collect();
+    if digits.bytes().all(|b| b.is_ascii_digit()) && BUSINESS_NUMBER_DIGITS.contains(&digits.len()) {
+        Ok(digits)
+    } else {
+        Err(format!(
+            "a {} number is {} to {} digits, e.g. \"888880\"",
+            kind.as_str(),
+            BUSINESS_NUMBER_DIGITS.start(),
+            BUSINESS_NUMBER_DIGITS.end()
+        ))
+    }
+}
+
+/// A business's side of a payment to it, as an account id (`mpesa-paybill-888880`, `mpesa-till-5123456`).
+pub fn business_account(kind: BusinessKind, number: &str) -> Result<AccountId, crate::domain::ids::IdError> {
+    AccountId::parse(&format!("mpesa-{}-{number}", kind.as_str()))
+}
+
+/// The business a record pays, read back from its payee account (`None`: a customer).
+fn business_of(account: &AccountId) -> Option<(BusinessKind, &str)> {
+    let rest = account.as_str().strip_prefix("mpesa-")?;
+    [BusinessKind::Paybill, BusinessKind::Till]
+        .into_iter()
+        .find_map(|k| rest.strip_prefix(k.as_str()).and_then(|r| r.strip_prefix('-')).map(|n| (k, n)))
 }
 
 /// An STK push query's answer → where the payment stands. A query that failed, or a prompt still
@@ -261,13 +317,16 @@ impl CollectionRail for MpesaRail {
         collection_from_args(args)
     }
 
+    fn pays_businesses(&self) -> bool {
+        self.client.initiator_configured()
+    }
+
     fn validate_payout(&self, args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
         payout_from_args(args)
     }
 
     async fn pay_out(&self, req: PayoutRequest) -> Result<Payment, BackendError> {
         let v = &req.payout;
-        let phone = daraja::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
         let order = &req.order;
         let mut rec = order.record(
             RAIL,
@@ -279,19 +338,50 @@ impl CollectionRail for MpesaRail {
         rec.memo = Some(v.remarks().to_string());
         // Chosen before sending: what the result echoes, and what a status query asks by.
         rec.rail_ref = Some(order.payment_id.to_string());
-        rec.phone = Some(phone.to_string());
         let client = self.client.clone();
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.guards, "M-Pesa payout", |rec| async move {
-            let payout = B2cPayment {
+        let (store, clock, guards) = (self.store.as_ref(), self.clock.as_ref(), req.order.guards.clone());
+        let to = match (v.business(), v.account_reference()) {
+            (None, _) => None,
+            (Some(BusinessKind::Paybill), Some(reference)) => {
+                Some(BusinessTo::Paybill { number: v.payee().to_string(), account_reference: reference.to_string() })
+            }
+            (Some(BusinessKind::Till), _) => Some(BusinessTo::Till { number: v.payee().to_string() }),
+            (Some(BusinessKind::Paybill), None) => {
+                return Err(BackendError::Rejected("a paybill payment needs an account reference".into()));
+            }
+        };
+        // The counterparty a result names: the customer's phone, or the business's number.
+        rec.phone = Some(match &to {
+            None => daraja::normalize_phone(v.payee()).map_err(BackendError::Rejected)?.to_string(),
+            Some(_) => v.payee().to_string(),
+        });
+        let Some(to) = to else {
+            let phone = daraja::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
+            return send_once(store, clock, rec, guards, "M-Pesa payout", |rec| async move {
+                let payout = B2cPayment {
+                    originator_conversation_id: rec.rail_ref.clone().unwrap_or_else(|| rec.id.to_string()),
+                    phone,
+                    amount_whole: rec.amount_minor / 100,
+                    remarks: rec.memo.clone().unwrap_or_default(),
+                };
+                match client.b2c_payment(&payout).await {
+                    // The reference was chosen before sending.
+                    Ok(_) => Sent::Accepted { rail_ref: None },
+                    Err(error) => sent(error, "payout", "no money moved"),
+                }
+            })
+            .await;
+        };
+        send_once(store, clock, rec, guards, "M-Pesa business payment", |rec| async move {
+            let payment = B2bPayment {
                 originator_conversation_id: rec.rail_ref.clone().unwrap_or_else(|| rec.id.to_string()),
-                phone,
+                to,
                 amount_whole: rec.amount_minor / 100,
                 remarks: rec.memo.clone().unwrap_or_default(),
             };
-            match client.b2c_payment(&payout).await {
-                // The reference was chosen before sending.
+            match client.b2b_payment(&payment).await {
                 Ok(_) => Sent::Accepted { rail_ref: None },
-                Err(error) => sent(error, "payout", "no money moved"),
+                Err(error) => sent(error, "business payment", "no money moved"),
             }
         })
         .await
@@ -380,7 +470,8 @@ impl CollectionRail for MpesaRail {
             // A push whose answer was lost has nothing to ask by: reconciliation reports it.
             (RailFlow::Collection, None) => Settlement::Pending(QUERY_FAILED.into()),
             (RailFlow::Payout | RailFlow::Reversal, Some(reference)) => {
-                match self.client.transaction_status(reference, rec.id.as_str()).await {
+                let sender = if business_of(&rec.to_account).is_some() { Sender::Business } else { Sender::Payouts };
+                match self.client.transaction_status(reference, rec.id.as_str(), sender).await {
                     Ok(_) => Settlement::Pending(STATUS_ASKED.into()),
                     Err(error) => {
                         tracing::warn!(payment_id = %rec.id, %error, "M-Pesa transaction status query failed");
@@ -559,16 +650,55 @@ mod tests {
 
     #[test]
     fn payouts_are_checked_like_collections() {
-        let v =
-            payout_from_args(PayoutArgs { payee: "0712 345 678", amount: "150.00", remarks: " Cashback " }).unwrap();
+        let customer = |payee| PayeeArg::Customer(payee);
+        let args = PayoutArgs { payee: customer("0712 345 678"), amount: "150.00", remarks: " Cashback " };
+        let v = payout_from_args(args).unwrap();
         assert_eq!((v.payee(), v.payee_account().as_str()), ("254712345678", "mpesa-254712345678"));
-        assert_eq!((v.amount().minor(), v.remarks()), (15_000, "Cashback"));
-        let refusal = |payee, amount, remarks| payout_from_args(PayoutArgs { payee, amount, remarks }).unwrap_err();
+        assert_eq!((v.amount().minor(), v.remarks(), v.business()), (15_000, "Cashback", None));
+        let refusal = |payee, amount, remarks| {
+            payout_from_args(PayoutArgs { payee: customer(payee), amount, remarks }).unwrap_err()
+        };
         assert!(matches!(refusal("+1 555", "150", "r"), PayoutRefusal::Payee(_)));
         assert!(matches!(refusal("0712345678", "150.50", "r"), PayoutRefusal::Amount(_)));
         assert!(matches!(refusal("0712345678", "0", "r"), PayoutRefusal::Amount(_)));
         assert!(matches!(refusal("0712345678", "150", " "), PayoutRefusal::Remarks(_)));
         assert!(matches!(refusal("0712345678", "150", &"x".repeat(101)), PayoutRefusal::Remarks(_)));
+    }
+
+    #[test]
+    fn business_payees_are_numbers_with_their_own_accounts() {
+        let pay = |payee| payout_from_args(PayoutArgs { payee, amount: "2500", remarks: "Power bill" });
+        let bill = pay(PayeeArg::Paybill { number: "888 880", account: " 1234567 " }).unwrap();
+        assert_eq!((bill.payee(), bill.payee_account().as_str()), ("888880", "mpesa-paybill-888880"));
+        assert_eq!((bill.business(), bill.account_reference()), (Some(BusinessKind::Paybill), Some("1234567")));
+        let till = pay(PayeeArg::Till("5123456")).unwrap();
+        assert_eq!((till.payee(), till.payee_account().as_str()), ("5123456", "mpesa-till-5123456"));
+        assert_eq!((till.business(), till.account_reference()), (Some(BusinessKind::Till), None));
+        assert_eq!(business_of(bill.payee_account()), Some((BusinessKind::Paybill, "888880")));
+        assert_eq!(business_of(till.payee_account()), Some((BusinessKind::Till, "5123456")));
+        assert_eq!(business_of(&AccountId::parse("mpesa-254712345678").unwrap()), None);
+        // Four or eight digits, letters, a phone: not a business number.
+        for number in ["1234", "12345678", "88888O", "", "0712345678"] {
+            let e = pay(PayeeArg::Till(number)).unwrap_err();
+            assert!(matches!(&e, PayoutRefusal::Payee(m) if m.contains("till number is 5 to 7 digits")), "{e:?}");
+        }
+        assert!(
+            pay(PayeeArg::Paybill { number: "12345", account: "" })
+                .is_err_and(|e| matches!(e, PayoutRefusal::AccountReference(_)))
+        );
+        let long = "x".repeat(14);
+        assert!(
+            pay(PayeeArg::Paybill { number: "12345", account: &long })
+                .is_err_and(|e| matches!(e, PayoutRefusal::AccountReference(_)))
+        );
+        assert!(pay(PayeeArg::Paybill { number: "12345", account: "a\u{7}" }).is_err());
+        // The payee is checked first, then the account, then the amount.
+        let both = payout_from_args(PayoutArgs {
+            payee: PayeeArg::Paybill { number: "1", account: "" },
+            amount: "x",
+            remarks: "r",
+        });
+        assert!(matches!(both, Err(PayoutRefusal::Payee(_))));
     }
 
     #[test]
