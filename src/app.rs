@@ -654,6 +654,22 @@ fn gateway(
     } else {
         disabled_tools.push("request_airtel_payment".to_string());
     }
+    // The tools that choose a rail by phone number route among the enabled rails only.
+    let mut tables: Vec<(&str, &[String])> = Vec::new();
+    if config.mpesa.enabled {
+        tables.push((crate::backend::mpesa::RAIL, &config.mpesa.prefixes));
+    }
+    if config.airtel.enabled {
+        tables.push((crate::backend::airtel::RAIL, &config.airtel.prefixes));
+    }
+    if tables.is_empty() {
+        disabled_tools.push("request_payment".to_string());
+    }
+    if disabled_tools.iter().any(|t| t == "send_mpesa_payout") {
+        // Only M-Pesa pays customers: send_payment is offered with its payouts.
+        disabled_tools.push("send_payment".to_string());
+    }
+    gateway = gateway.with_phone_routes(crate::gateway::PhoneRoutes::new(tables));
     Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, rail_callbacks })
 }
 

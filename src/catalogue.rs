@@ -126,6 +126,20 @@ pub const TOOLS: &[ToolSpec] = &[
         open_world: true,
     },
     ToolSpec {
+        name: "request_payment",
+        title: "Request a mobile-money payment",
+        scope: scopes::COLLECT,
+        effect: Effect::MovesMoney { destructive: false },
+        open_world: true,
+    },
+    ToolSpec {
+        name: "send_payment",
+        title: "Send a mobile-money payment",
+        scope: scopes::PAYOUT,
+        effect: Effect::MovesMoney { destructive: true },
+        open_world: true,
+    },
+    ToolSpec {
         name: "pay_paybill",
         title: "Pay an M-Pesa paybill",
         scope: scopes::PAYOUT,
@@ -163,11 +177,13 @@ pub struct Alias {
     pub canonical: &'static str,
 }
 
-/// The names of the widely used M-Pesa MCP servers.
+/// The names of the widely used M-Pesa and payments MCP servers.
 pub const ALIASES: &[Alias] = &[
     Alias { name: "initiate_stk_push", canonical: "request_mpesa_payment" },
     Alias { name: "pay_to_paybill", canonical: "pay_paybill" },
     Alias { name: "pay_to_mpesa_till", canonical: "pay_till" },
+    Alias { name: "initiate_payment", canonical: "request_payment" },
+    Alias { name: "check_payment_status", canonical: "check_transaction_status" },
 ];
 
 /// The tool a name stands for: the canonical name of an alias, or the name itself.
@@ -243,6 +259,8 @@ mod tests {
                 "request_mpesa_payment",
                 "request_airtel_payment",
                 "send_mpesa_payout",
+                "request_payment",
+                "send_payment",
                 "pay_paybill",
                 "pay_till"
             ]

@@ -380,6 +380,8 @@ pub struct MpesaConfig {
     pub token_refresh_margin_secs: i64,
     pub query_after_secs: i64,
     pub pending_timeout_secs: i64,
+    /// Subscriber-number prefixes Safaricom serves (routing by phone number).
+    pub prefixes: Vec<String>,
 }
 
 /// The Airtel Money (Kenya) rail: collections, callbacks at `/callbacks/airtel/collection/<secret>`.
@@ -403,6 +405,8 @@ pub struct AirtelConfig {
     pub request_timeout_ms: i64,
     pub token_refresh_margin_secs: i64,
     pub query_after_secs: i64,
+    /// Subscriber-number prefixes Airtel Kenya serves (routing by phone number).
+    pub prefixes: Vec<String>,
 }
 
 /// The operator console (`/console`).
@@ -591,6 +595,13 @@ impl Config {
             }
         }
         let m = &self.mpesa;
+        prefixes("mpesa.prefixes", &m.prefixes)?;
+        prefixes("airtel.prefixes", &self.airtel.prefixes)?;
+        if let Some(both) = m.prefixes.iter().find(|p| self.airtel.prefixes.contains(p)) {
+            return Err(ConfigError::Invalid(format!(
+                "prefix {both:?} is in both mpesa.prefixes and airtel.prefixes: a number has one operator"
+            )));
+        }
         range("mpesa.connect_timeout_ms", m.connect_timeout_ms, 10, 60_000)?;
         range("mpesa.request_timeout_ms", m.request_timeout_ms, 10, 300_000)?;
         range("mpesa.token_refresh_margin_secs", m.token_refresh_margin_secs, 0, 3000)?;
@@ -921,6 +932,29 @@ impl Config {
     }
 }
 
+/// Most prefixes one rail's routing table holds.
+pub const RAIL_PREFIXES_MAX: usize = 64;
+/// Most digits in one routing prefix.
+pub const RAIL_PREFIX_DIGITS_MAX: usize = 4;
+
+/// A rail's routing table: 1 ..= [`RAIL_PREFIXES_MAX`] distinct prefixes of 1 ..= [`RAIL_PREFIX_DIGITS_MAX`] digits.
+fn prefixes(key: &'static str, list: &[String]) -> Result<(), ConfigError> {
+    if list.is_empty() || list.len() > RAIL_PREFIXES_MAX {
+        return Err(ConfigError::Invalid(format!("{key} must hold 1 to {RAIL_PREFIXES_MAX} prefixes")));
+    }
+    for (i, p) in list.iter().enumerate() {
+        if p.is_empty() || p.len() > RAIL_PREFIX_DIGITS_MAX || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ConfigError::Invalid(format!(
+                "{key}: {p:?} is not a prefix of 1 to {RAIL_PREFIX_DIGITS_MAX} digits (the digits after 0 or 254)"
+            )));
+        }
+        if list[..i].contains(p) {
+            return Err(ConfigError::Invalid(format!("{key}: {p:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
 fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), ConfigError> {
     if (min..=max).contains(&value) { Ok(()) } else { Err(ConfigError::OutOfRange { key, value, min, max }) }
 }
@@ -1082,6 +1116,23 @@ mod tests {
         assert!(matches!(Config::load(None, env(&[("PAYGATE_SERVER__NOPE", "1")])), Err(ConfigError::UnknownEnv(_))));
         assert!(Config::load(None, env(&[("PAYGATE_SERVER__PUBLIC_URL", "https://x/mcp")])).is_err());
         assert!(Config::load(None, env(&[("PAYGATE_AUTH__JWKS_URL", "https://idp/jwks")])).is_err());
+    }
+
+    #[test]
+    fn routing_prefixes_are_digits_bounded_and_each_has_one_operator() {
+        let c = Config::load(None, env(&[])).unwrap();
+        assert!(c.mpesa.prefixes.contains(&"757".to_string()) && c.airtel.prefixes.contains(&"750".to_string()));
+        let err = |f: &dyn Fn(&mut Config)| {
+            let mut c = c.clone();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert!(err(&|c| c.airtel.prefixes.push("757".into())).contains("\"757\" is in both"));
+        assert!(err(&|c| c.mpesa.prefixes.push("7a".into())).contains("mpesa.prefixes: \"7a\" is not a prefix"));
+        assert!(err(&|c| c.mpesa.prefixes.push("07123".into())).contains("not a prefix of 1 to 4 digits"));
+        assert!(err(&|c| c.airtel.prefixes.clear()).contains("airtel.prefixes must hold 1 to 64"));
+        assert!(err(&|c| c.mpesa.prefixes = (1000..1065).map(|n| n.to_string()).collect()).contains("1 to 64"));
+        assert!(err(&|c| c.mpesa.prefixes.push("70".into())).contains("listed twice"));
     }
 
     #[test]

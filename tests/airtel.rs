@@ -352,3 +352,85 @@ async fn mpesa_and_airtel_enabled_together_settle_their_own_and_never_cross() {
     assert_not_logged(&[SECRET, MPESA_SECRET, CLIENT_SECRET, "fake-consumer-secret"]);
     app.stop().await;
 }
+
+fn any_rail(op: &str, phone: &str) -> Value {
+    json!({"operation_id": op, "phone_number": phone, "amount": "150",
+           "account_reference": "INV-1001", "description": "Order 1001"})
+}
+
+/// One tool for any rail: `request_payment` (and the seed's `initiate_payment`) chooses the rail by
+/// the number's operator — a Safaricom number lands on M-Pesa, an Airtel one on Airtel Money — or
+/// by an explicit `rail`; the routed call is the rail's own tool (one operation_id, one prompt,
+/// whichever name); a number no enabled rail serves, or an unknown rail, is refused and sends nothing.
+#[tokio::test]
+async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
+    let airtel = AirtelFake::start().await;
+    let daraja = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // M-Pesa last, with its API operator: it pays customers too.
+    let initiator =
+        "initiator_name = \"testapi\"\nsecurity_credential = \"fake-security-credential\"\nb2c_short_code = \"600996\"";
+    let rails = format!("{}\n{}\n{initiator}\n", airtel_section(&airtel), mpesa_section(&daraja));
+    let app = spawn_with_toml(dir.path(), &overlay(&rails), &[], Arc::new(SystemClock)).await;
+    airtel.set_callback_url(&callback_url(&app, SECRET));
+    let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+
+    let m = ok(&call(c, "request_payment", any_rail("route-1", "0712 345 678")).await).clone();
+    let a = ok(&call(c, "initiate_payment", any_rail("route-2", "0733 123 456")).await).clone();
+    assert_eq!(
+        (m["to_account"].as_str(), a["to_account"].as_str()),
+        (Some("mpesa-collections"), Some("airtel-collections"))
+    );
+    assert_eq!((daraja.pushes().len(), airtel.collections().len()), (1, 1), "each number on its operator's rail");
+    assert_eq!(daraja.pushes()[0].phone, "254712345678");
+    // 0757 is Safaricom's inside Airtel's 075 block: the longest prefix wins.
+    let safaricom_075 = ok(&call(c, "request_payment", any_rail("route-3", "0757 000 111")).await).clone();
+    assert_eq!(safaricom_075["to_account"], "mpesa-collections");
+    assert_eq!(daraja.pushes().len(), 2);
+
+    // The routed call is the rail's own tool: the same operation_id through either name is one
+    // payment and one prompt.
+    let again = ok(&call(c, "request_mpesa_payment", any_rail("route-1", "0712 345 678")).await).clone();
+    assert_eq!((again["payment_id"].clone(), again["replayed"].as_bool()), (m["payment_id"].clone(), Some(true)));
+    let again = ok(&call(c, "request_payment", any_rail("route-2", "0733 123 456")).await).clone();
+    assert_eq!((again["payment_id"].clone(), again["replayed"].as_bool()), (a["payment_id"].clone(), Some(true)));
+    assert_eq!((daraja.pushes().len(), airtel.collections().len()), (2, 1));
+
+    // An explicit rail is obeyed, and its own rules then apply (an M-Pesa number is not Airtel's).
+    let mut named = any_rail("route-4", "0712 345 678");
+    named["rail"] = json!("airtel");
+    let refused = call(c, "request_payment", named).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused:?}");
+    for (args, needle) in [
+        (any_rail("route-5", "0770 123 456"), "no enabled rail serves numbers starting 0770"),
+        (any_rail("route-6", "+1 555 0100"), "phone_number"),
+        (
+            {
+                let mut a = any_rail("route-7", "0712 345 678");
+                a["rail"] = json!("paypal");
+                a
+            },
+            "rail: \"paypal\" is not enabled",
+        ),
+    ] {
+        let bad = call(c, "request_payment", args).await;
+        assert_eq!(code(&bad), "INVALID_ARGUMENT", "{bad:?}");
+        assert!(err(&bad)["message"].as_str().unwrap().contains(needle), "{needle}: {bad:?}");
+    }
+    assert_eq!((daraja.pushes().len(), airtel.collections().len()), (2, 1), "a refusal sends nothing");
+
+    // send_payment: a Safaricom number is an M-Pesa B2C payout; Airtel pays no customers here, so
+    // an Airtel number's payout is refused.
+    let payer = connect(&app.url, &app.token("dev-agent", "payments:read payments:payout"), Era::Modern).await;
+    let payout = json!({"operation_id": "route-p0", "phone_number": "0712 345 678", "amount": "10", "remarks": "r"});
+    let paid = ok(&call(&payer, "send_payment", payout).await).clone();
+    assert_eq!((paid["to_account"].as_str(), daraja.payouts().len()), (Some("mpesa-254712345678"), 1));
+    let payout = json!({"operation_id": "route-p1", "phone_number": "0733 123 456", "amount": "10", "remarks": "r"});
+    let refused = call(&payer, "send_payment", payout).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused:?}");
+    assert!(err(&refused)["message"].as_str().unwrap().contains("payouts through Airtel"), "{refused:?}");
+    // And the check_transaction_status alias reads the same payment.
+    let status = ok(&call(c, "check_payment_status", json!({"payment_id": m["payment_id"]})).await).clone();
+    assert_eq!(status["payment_id"], m["payment_id"]);
+    app.stop().await;
+}

@@ -9,10 +9,12 @@ use serde_json::{Value, json};
 
 // request_mpesa_payment and its alias initiate_stk_push are offered only where the M-Pesa rail is
 // configured (tests/mpesa.rs): mpesa.enabled = false disables the tool, and so its alias. Likewise
-// request_airtel_payment with airtel.enabled = false (tests/airtel.rs).
-const TOOLS: [&str; 16] = [
+// request_airtel_payment with airtel.enabled = false (tests/airtel.rs), request_payment with no rail
+// enabled, and send_payment, pay_paybill and pay_till without M-Pesa's API operator.
+const TOOLS: [&str; 17] = [
     "check_ledger_integrity",
     "check_payment_policy",
+    "check_payment_status",
     "check_transaction_status",
     "create_payment",
     "generate_receipt",
@@ -58,6 +60,7 @@ async fn tools_list_is_the_contract_in_both_eras() {
                     | "get_approval"
                     | "get_payment_summary"
                     | "check_transaction_status"
+                    | "check_payment_status"
                     | "generate_receipt"
                     | "get_today_summary"
                     | "get_today_transactions"

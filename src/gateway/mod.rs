@@ -20,6 +20,7 @@ mod preflight;
 mod refund;
 mod reversal;
 mod reviews;
+mod routing;
 mod stop_rule;
 mod unit_of_work;
 mod waiters;
@@ -61,6 +62,7 @@ pub use reads::{PageAsk, PaymentPage, WindowAsk};
 pub use reconcile::{Finding, ReconcileReport};
 pub use refund::RefundPayment;
 pub use reviews::{PreauthorizeArgs, PrincipalArgs};
+pub use routing::{PhoneRoutes, Routed};
 pub use unit_of_work::Executed;
 pub use windows::parse_instant_arg;
 
@@ -163,6 +165,8 @@ pub struct Gateway {
     backend: Arc<dyn PaymentBackend>,
     /// The rails enabled (M-Pesa, ...), by name. The gateway sees them only through the seam.
     rails: Vec<Arc<dyn CollectionRail>>,
+    /// Which rail serves a phone number, for the tools that choose one (`routing`).
+    routes: routing::PhoneRoutes,
     /// The exactly-once unit of work the money-moving operations hand their intents to.
     work: Box<dyn unit_of_work::UnitOfWork>,
     /// The only source of "now" (tests inject a manual clock).
@@ -277,6 +281,7 @@ impl Gateway {
             store,
             backend,
             rails: Vec::new(),
+            routes: routing::PhoneRoutes::default(),
             work: Box::new(unit_of_work::ExactlyOnce),
             clock,
             keys,
@@ -294,6 +299,12 @@ impl Gateway {
             policy: std::sync::RwLock::new(Arc::new(crate::domain::policy_doc::LivePolicy::none())),
             policy_lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Which rail serves which phone numbers (`request_payment`, `send_payment`).
+    pub fn with_phone_routes(mut self, routes: PhoneRoutes) -> Self {
+        self.routes = routes;
+        self
     }
 
     /// Enable a rail: its tools, callbacks and queries. A rail of the same name replaces it.

@@ -227,6 +227,53 @@ impl From<SendMpesaPayoutArgs> for crate::gateway::SendPayout {
     }
 }
 
+/// `request_payment`'s arguments: `request_mpesa_payment`'s, and the rail. (The schema only: the
+/// call runs as the chosen rail's tool, with `rail` taken out.)
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestPaymentArgs {
+    /// Your id for this payment. Reuse it to retry the SAME payment: one prompt per operation_id
+    /// (it is the chosen rail's tool's operation_id too).
+    pub operation_id: String,
+    /// The payer's Kenyan mobile number: 07XXXXXXXX, 01XXXXXXXX or 2547XXXXXXXX. Its operator
+    /// chooses the rail unless `rail` is given.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150".
+    pub amount: String,
+    /// Shown to the payer as the account being paid (at most 12 characters).
+    pub account_reference: String,
+    /// Shown to the payer (at most 13 characters).
+    pub description: String,
+    /// "mpesa" or "airtel" to choose the rail yourself.
+    #[serde(default)]
+    pub rail: Option<String>,
+    /// A signed mandate from an approval, for payments over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+/// `send_payment`'s arguments: `send_mpesa_payout`'s, and the rail (the schema only, as
+/// [`RequestPaymentArgs`]).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendPaymentArgs {
+    /// Your id for this payout. Reuse it to retry the SAME payout: the customer is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's Kenyan mobile number. Its operator chooses the rail unless `rail` is given.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150".
+    pub amount: String,
+    /// Shown on the customer's statement (at most 100 characters).
+    pub remarks: String,
+    /// "mpesa" to choose the rail yourself (the only one that pays customers here).
+    #[serde(default)]
+    pub rail: Option<String>,
+    /// A signed mandate from an approval, for payouts over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PayPaybillArgs {
@@ -298,7 +345,8 @@ impl From<PayTillArgs> for crate::gateway::PayBusiness {
 #[serde(deny_unknown_fields)]
 pub struct CheckPaymentPolicyArgs {
     /// The money tool to ask about: create_payment, refund_payment, send_mpesa_payout,
-    /// pay_paybill, pay_till, request_mpesa_payment (or initiate_stk_push) or request_airtel_payment.
+    /// pay_paybill, pay_till, request_mpesa_payment (or initiate_stk_push), request_airtel_payment,
+    /// request_payment (or initiate_payment) or send_payment.
     pub tool: String,
     /// Exactly the arguments you would pass to that tool (operation_id included).
     pub arguments: serde_json::Map<String, serde_json::Value>,

@@ -25,11 +25,12 @@ use serde_json::json;
 
 use crate::auth::AgentPrincipal;
 use crate::error::AgentError;
-use crate::gateway::{ApprovalView, Caller, CorrelationId, Gateway, PageAsk, WindowAsk};
+use crate::gateway::{ApprovalView, Caller, CorrelationId, Gateway, PageAsk, Routed, WindowAsk};
 use args::{
     AccountLedgerArgs, CheckPaymentPolicyArgs, CreatePaymentArgs, FailedTransactionsArgs, ListPaymentsArgs,
     PayPaybillArgs, PayTillArgs, PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
-    SendMpesaPayoutArgs, TodaySummaryArgs, TodayTransactionsArgs, TransactionStatusArgs,
+    RequestPaymentArgs, SendMpesaPayoutArgs, SendPaymentArgs, TodaySummaryArgs, TodayTransactionsArgs,
+    TransactionStatusArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
@@ -426,6 +427,69 @@ impl PaygateMcp {
 
     #[tool(
         output_schema = result_schema::<PaymentView>(),
+        description = "Alias of check_transaction_status (the payments MCP server's name): the same lookup, \
+                       arguments and result. Needs scope payments:read.",
+        input_schema = schema_for_type::<TransactionStatusArgs>()
+    )]
+    async fn check_payment_status(
+        &self,
+        caller: Caller,
+        args: JsonObject,
+    ) -> Result<Json<PaymentView>, CallToolResult> {
+        self.check_transaction_status(caller, args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Ask a customer to pay, on whichever mobile-money rail serves their number: M-Pesa for a \
+                       Safaricom number, Airtel Money for an Airtel one (or name it in `rail`). The same prompt, \
+                       result and rules as that rail's own tool (request_mpesa_payment, request_airtel_payment), \
+                       and the same operation_id space: one operation_id is one prompt through either name. \
+                       Needs scope payments:collect.",
+        input_schema = schema_for_type::<RequestPaymentArgs>()
+    )]
+    async fn request_payment(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.routed(caller, round, "request_payment", Routed::Collection, args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Alias of request_payment (the payments MCP server's name): the same rail choice, arguments \
+                       and result. Needs scope payments:collect.",
+        input_schema = schema_for_type::<RequestPaymentArgs>()
+    )]
+    async fn initiate_payment(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.routed(caller, round, "initiate_payment", Routed::Collection, args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
+        description = "Pay a customer on whichever mobile-money rail serves their number (or name it in `rail`); \
+                       today only M-Pesa pays customers. The same payout, result and rules as that rail's own tool \
+                       (send_mpesa_payout) and the same operation_id space. Needs scope payments:payout.",
+        input_schema = schema_for_type::<SendPaymentArgs>()
+    )]
+    async fn send_payment(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.routed(caller, round, "send_payment", Routed::Payout, args).await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentView>(),
         description = "Where a payment stands (status, and its receipt once succeeded), by payment_id or by the \
                        M-Pesa checkout_request_id of an STK push; give exactly one. Reads the gateway's records: a \
                        pending collection settles when the customer answers. Needs scope payments:read.",
@@ -635,6 +699,26 @@ impl PaygateMcp {
                         Ok(x) => gw.send_payout(&dry, "send_mpesa_payout", MPESA, x.into()).await,
                         Err(e) => Err(e),
                     },
+                    "request_payment" | "send_payment" => {
+                        let mut args = args;
+                        let named =
+                            args.remove("rail").map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
+                        let phone = args.get("phone_number").and_then(serde_json::Value::as_str).unwrap_or_default();
+                        let what = if tool == "send_payment" { Routed::Payout } else { Routed::Collection };
+                        match gw.choose_rail(&dry, tool, what, phone, named.as_deref()) {
+                            Ok((rail, rail_tool)) if what == Routed::Payout => {
+                                match parse_args::<SendMpesaPayoutArgs>(args) {
+                                    Ok(x) => gw.send_payout(&dry, rail_tool, rail, x.into()).await,
+                                    Err(e) => Err(e),
+                                }
+                            }
+                            Ok((rail, rail_tool)) => match parse_args::<RequestMpesaPaymentArgs>(args) {
+                                Ok(x) => gw.request_collection(&dry, rail_tool, rail, x.into()).await,
+                                Err(e) => Err(e),
+                            },
+                            Err(e) => Err(e),
+                        }
+                    }
                     "pay_paybill" => match parse_args::<PayPaybillArgs>(args) {
                         Ok(x) => gw.pay_business(&dry, "pay_paybill", MPESA, x.into()).await,
                         Err(e) => Err(e),
@@ -715,6 +799,43 @@ impl PaygateMcp {
         self.money(c, round, "request_mpesa_payment", args, |args| async move {
             let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
             gateway.request_collection(c, "request_mpesa_payment", MPESA, a).await
+        })
+        .await
+    }
+
+    /// `request_payment`, `send_payment` and their aliases (`tool`, the name called): the rail
+    /// chosen (`rail`, or the phone's operator), then the call is that rail's own tool, `rail`
+    /// taken out of its arguments.
+    async fn routed(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        tool: &'static str,
+        what: Routed,
+        mut args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let named = match args.remove("rail") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s),
+            Some(other) => Some(other.to_string()),
+        };
+        let phone = args.get("phone_number").and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+        let (rail, rail_tool) = match self.gateway.route(&caller, tool, what, &phone, named.as_deref()).await {
+            Ok(chosen) => chosen,
+            Err(e) => return Ok(fail(&caller, e).into()),
+        };
+        let (gateway, c) = (&self.gateway, &caller);
+        self.money(c, round, rail_tool, args, |args| async move {
+            match what {
+                Routed::Collection => {
+                    let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
+                    gateway.request_collection(c, rail_tool, rail, a).await
+                }
+                Routed::Payout => {
+                    let a = parse_args::<SendMpesaPayoutArgs>(args)?.into();
+                    gateway.send_payout(c, rail_tool, rail, a).await
+                }
+            }
         })
         .await
     }
