@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::jwks::JwksCache;
 use crate::auth::{Audience, DevToken, Secret, Verifier};
 use crate::backend::ledger::LedgerBackend;
+use crate::backend::mpesa::simulator::SIMULATOR_PATH;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{BackendKind, Config, MpesaEnvironment};
 use crate::domain::payment::AccountSeed;
@@ -324,6 +325,7 @@ pub fn daraja_config(config: &Config, public_url: &str) -> crate::backend::mpesa
         base_url: match (m.base_url.as_str(), m.environment) {
             ("", MpesaEnvironment::Production) => PRODUCTION_BASE_URL.to_string(),
             ("", MpesaEnvironment::Sandbox) => SANDBOX_BASE_URL.to_string(),
+            (_, MpesaEnvironment::Simulator) => format!("{}{SIMULATOR_PATH}", public_url.trim_end_matches('/')),
             (url, _) => url.trim_end_matches('/').to_string(),
         },
         consumer_key: m.consumer_key.clone(),
@@ -530,6 +532,8 @@ fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result
 /// The gateway over its backend and rails, and what the HTTP edge needs to know of the rails.
 struct Assembled {
     gateway: Arc<Gateway>,
+    /// The Daraja simulator, when `mpesa.environment = "simulator"`.
+    simulator: Option<crate::backend::mpesa::simulator::DarajaSimulator>,
     http_ledger: Option<Arc<crate::backend::http::HttpLedger>>,
     disabled_tools: Vec<String>,
     rail_callbacks: HashMap<String, Arc<http::CallbackGuard>>,
@@ -615,9 +619,19 @@ fn gateway(
     // (`mcp`), so a change to it is live.
     let mut disabled_tools = Vec::new();
     let mut rail_callbacks = HashMap::new();
+    let mut simulator = None;
     if config.mpesa.enabled {
         let m = &config.mpesa;
-        let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja_config(config, public_url), clock.clone())
+        let daraja = daraja_config(config, public_url);
+        if m.environment == MpesaEnvironment::Simulator {
+            tracing::warn!(
+                "M-Pesa is SIMULATED inside this gateway (mpesa.environment = \"simulator\"): no money moves"
+            );
+            let sim =
+                crate::backend::mpesa::simulator::DarajaSimulator::new(daraja.clone()).map_err(StartError::Backend)?;
+            simulator = Some(sim);
+        }
+        let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja, clock.clone())
             .map_err(|e| StartError::Backend(e.to_string()))?;
         let client_offers_payouts = client.initiator_configured();
         let rail = crate::backend::mpesa::MpesaRail::new(client, store.clone(), clock.clone(), m.account.clone());
@@ -670,7 +684,7 @@ fn gateway(
         disabled_tools.push("send_payment".to_string());
     }
     gateway = gateway.with_phone_routes(crate::gateway::PhoneRoutes::new(tables));
-    Ok(Assembled { gateway: Arc::new(gateway), http_ledger, disabled_tools, rail_callbacks })
+    Ok(Assembled { gateway: Arc::new(gateway), simulator, http_ledger, disabled_tools, rail_callbacks })
 }
 
 /// The HTTP edge: the app state every handler shares, and the router over it.
@@ -710,6 +724,7 @@ fn router(
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
         rail_callbacks: Arc::new(assembled.rail_callbacks.clone()),
+        simulator: assembled.simulator.clone(),
         metrics_token: Some(config.server.metrics_token.clone()).filter(|t| !t.expose().is_empty()),
         console: config.console.enabled.then(|| http::ConsoleSettings {
             oidc: (!config.console.client_id.is_empty())

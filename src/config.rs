@@ -485,6 +485,9 @@ pub enum BackendKind {
 pub enum MpesaEnvironment {
     Sandbox,
     Production,
+    /// Daraja simulated inside the gateway (`backend::mpesa::simulator`): no credentials reach
+    /// Safaricom and no money moves. For demos and first steps.
+    Simulator,
 }
 
 /// A demo account opened on first start (`ledger.demo`), its opening balance parsed by currency.
@@ -601,6 +604,11 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "prefix {both:?} is in both mpesa.prefixes and airtel.prefixes: a number has one operator"
             )));
+        }
+        if m.environment == MpesaEnvironment::Simulator && !m.base_url.is_empty() {
+            return Err(ConfigError::Invalid(
+                "mpesa.environment = \"simulator\" serves Daraja from this gateway: leave mpesa.base_url empty".into(),
+            ));
         }
         range("mpesa.connect_timeout_ms", m.connect_timeout_ms, 10, 60_000)?;
         range("mpesa.request_timeout_ms", m.request_timeout_ms, 10, 300_000)?;
@@ -1133,6 +1141,12 @@ mod tests {
         assert!(err(&|c| c.airtel.prefixes.clear()).contains("airtel.prefixes must hold 1 to 64"));
         assert!(err(&|c| c.mpesa.prefixes = (1000..1065).map(|n| n.to_string()).collect()).contains("1 to 64"));
         assert!(err(&|c| c.mpesa.prefixes.push("70".into())).contains("listed twice"));
+        // The simulator serves itself: it cannot be pointed anywhere (Safaricom's production included).
+        let e = err(&|c| {
+            c.mpesa.environment = MpesaEnvironment::Simulator;
+            c.mpesa.base_url = "https://api.safaricom.co.ke".into();
+        });
+        assert!(e.contains("leave mpesa.base_url empty"), "{e}");
     }
 
     #[test]

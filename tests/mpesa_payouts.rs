@@ -694,3 +694,110 @@ async fn business_payments_need_their_scope_and_a_human_over_the_limit() {
     assert_eq!(r.fake.business_payments().len(), 1);
     r.app.stop().await;
 }
+
+/// The Daraja simulator inside the gateway (`mpesa.environment = "simulator"`), driven as a
+/// newcomer drives it: an STK push answered on the simulator goes pending → paid (confirmed by the
+/// gateway's own STK query to it); a paybill and a till payment each pay once; a lost answer is
+/// never re-sent and the Transaction Status query settles it; over the limit a human is needed;
+/// only an operator with payments:admin plays the customer.
+#[tokio::test]
+async fn the_simulator_answers_like_daraja_and_a_person_plays_the_customer() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"
+[mpesa]
+enabled = true
+environment = "simulator"
+consumer_key = "demo-consumer-key"
+consumer_secret = "demo-consumer-secret"
+short_code = "174379"
+passkey = "demo-passkey"
+initiator_name = "demo-initiator"
+security_credential = "demo-security-credential"
+callback_secret = "{SECRET}"
+request_timeout_ms = 300
+
+[jobs]
+enabled = false
+
+[policy]
+default_profile = "dev"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+client_ids = []
+allowed_accounts = ["acct-A", "mpesa-collections"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
+issuer = ""
+"#
+    );
+    let app = spawn_with_toml(dir.path(), &config, &[], clock.clone()).await;
+    let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    let control = format!("{}/simulator/control/mpesa", app.base());
+    let http = reqwest::Client::new();
+    let op = app.operator_token("alice", "payments:admin");
+    let post = |path: String| {
+        let (http, op) = (http.clone(), op.clone());
+        async move {
+            let r = http.post(path).bearer_auth(op).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or_default())
+        }
+    };
+
+    // An STK push: pending until the "customer" pays on the simulator.
+    let push = ok(&call(c, "request_mpesa_payment", collect("sim-1", "150")).await).clone();
+    assert_eq!(push["status"], "pending");
+    let pushed = push["payment_id"].as_str().unwrap().to_string();
+    let (status, answered) = post(format!("{control}/latest/accept")).await;
+    assert_eq!((status, answered["callback_status"].as_u64()), (200, Some(200)), "{answered}");
+    assert_eq!(payment(c, &pushed).await["status"], "succeeded");
+    // A declined prompt fails.
+    let declined = ok(&call(c, "request_mpesa_payment", collect("sim-2", "20")).await).clone();
+    assert_eq!(post(format!("{control}/latest/decline")).await.0, 200);
+    assert_eq!(payment(c, declined["payment_id"].as_str().unwrap()).await["status"], "failed");
+
+    // A paybill payment, paid once.
+    let bill = ok(&call(c, "pay_paybill", paybill("sim-bill", "250", "ACC-42")).await).clone();
+    let bill_id = bill["payment_id"].as_str().unwrap().to_string();
+    assert_eq!(post(format!("{control}/{bill_id}/accept")).await.0, 200, "a payment is answered by its own id");
+    assert_eq!(payment(c, &bill_id).await["status"], "succeeded");
+    let again = ok(&call(c, "pay_paybill", paybill("sim-bill", "250", "ACC-42")).await).clone();
+    assert_eq!((again["payment_id"].as_str(), again["replayed"].as_bool()), (Some(bill_id.as_str()), Some(true)));
+
+    // A till payment whose answer is lost: unknown, never sent again, settled by the status query.
+    assert_eq!(post(format!("{control}/lose-next-answer")).await.0, 200);
+    let lost = call(c, "pay_till", till("sim-till", "300")).await;
+    assert_eq!(code(&lost), "OUTCOME_UNKNOWN", "{lost:?}");
+    clock.advance(120);
+    assert_eq!(code(&call(c, "pay_till", till("sim-till", "300")).await), "OUTCOME_UNKNOWN");
+    let view: Value = http.get(&control).bearer_auth(&op).send().await.unwrap().json().await.unwrap();
+    let tills: Vec<&Value> = view["items"].as_array().unwrap().iter().filter(|i| i["party"] == "5123456").collect();
+    assert_eq!(tills.len(), 1, "sent once: {view}");
+    let till_id = tills[0]["id"].as_str().unwrap().to_string();
+    // M-Pesa completed it, but its result is lost: only a queue-timeout notice arrives.
+    assert_eq!(post(format!("{control}/{till_id}/timeout")).await.0, 200);
+    assert_eq!(payment(c, &till_id).await["status"], "pending");
+    assert_eq!(poll(&app).await, 0);
+    assert_eq!(payment(c, &till_id).await["status"], "succeeded", "the status query settled it");
+
+    // Over the autonomous limit: a human first; nothing reaches the simulator.
+    let over = call(c, "pay_paybill", paybill("sim-big", "1500", "ACC-42")).await;
+    assert_eq!(code(&over), "APPROVAL_REQUIRED");
+    let view: Value = http.get(&control).bearer_auth(&op).send().await.unwrap().json().await.unwrap();
+    assert_eq!(view["items"].as_array().unwrap().len(), 4, "{view}");
+
+    // Only an operator with payments:admin plays the customer; an agent's token is not an operator's.
+    let auditor = app.operator_token("bob", "payments:audit");
+    assert_eq!(http.get(&control).bearer_auth(&auditor).send().await.unwrap().status(), 403);
+    let agent = app.token("dev-agent", SCOPES);
+    assert_eq!(http.get(&control).bearer_auth(&agent).send().await.unwrap().status(), 401);
+    assert_eq!(post(format!("{control}/no-such-item/accept")).await.0, 404);
+    assert_eq!(post(format!("{control}/{till_id}/accept")).await.0, 404, "answered once");
+    app.assert_secrets_not_logged();
+    app.stop().await;
+}

@@ -373,7 +373,9 @@ async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mu
     } else {
         r.pass("backend", "embedded reference ledger (in the store)");
     }
-    if c.mpesa.enabled {
+    if c.mpesa.enabled && c.mpesa.environment == crate::config::MpesaEnvironment::Simulator {
+        r.pass("m-pesa", "SIMULATED inside this gateway (mpesa.environment = \"simulator\"): no money moves");
+    } else if c.mpesa.enabled {
         let public_url = crate::app::public_url(c, "http", &c.server.bind);
         let cfg = crate::app::daraja_config(c, &public_url);
         let base = cfg.base_url.clone();
@@ -460,7 +462,8 @@ fn urls(c: &Config, r: &mut Report) {
             ));
         }
     }
-    if c.mpesa.enabled {
+    // The simulator calls back on this gateway itself: any URL that reaches it will do.
+    if c.mpesa.enabled && c.mpesa.environment != crate::config::MpesaEnvironment::Simulator {
         let base = if c.mpesa.callback_base_url.is_empty() { &s.public_url } else { &c.mpesa.callback_base_url };
         if !base.starts_with("https://") {
             problems.push((

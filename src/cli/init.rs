@@ -11,6 +11,9 @@ pub enum Mode {
     Dev,
     /// Tokens from your identity provider (issuer + JWKS), PostgreSQL, secrets by environment.
     Production,
+    /// Dev, with M-Pesa simulated inside the gateway: STK pushes, payouts and business payments
+    /// that a person answers on the simulator, with no credentials and no money moving.
+    Demo,
 }
 
 /// What `init` needs to fill in. Production values default to placeholders the doctor flags.
@@ -81,6 +84,21 @@ fn render(opts: &InitOptions) -> (String, String) {
                 .replace("{data_dir}", &toml_str(&data_dir.to_string_lossy()));
             (text, public_url)
         }
+        Mode::Demo => {
+            let public_url = opts.public_url.clone().unwrap_or_else(|| format!("http://{DEV_BIND}"));
+            let public_line = match &opts.public_url {
+                Some(u) => format!("public_url = {}", toml_str(u)),
+                None => "# public_url = \"\"   # empty: derived from bind (http://127.0.0.1:8080)".to_string(),
+            };
+            // The callback secret is real: the simulator's callbacks pass the same checks Daraja's do.
+            let secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
+            let text = DEMO_TEMPLATE
+                .replace("{bind}", &toml_str(DEV_BIND))
+                .replace("{public_url_line}", &public_line)
+                .replace("{callback_secret}", &toml_str(&secret))
+                .replace("{data_dir}", &toml_str(&opts.dir.join("data").to_string_lossy()));
+            (text, public_url)
+        }
         Mode::Production => {
             let public_url = opts.public_url.clone().unwrap_or_else(|| PLACEHOLDER_PUBLIC_URL.to_string());
             let issuer = opts.issuer.clone().unwrap_or_else(|| PLACEHOLDER_ISSUER.to_string());
@@ -131,6 +149,75 @@ scopes = "payments:read payments:create payments:refund"
 # Opens acct-A (KES 1,000,000.00), acct-B and acct-Z on first start. The compiled-in "dev" policy
 # profile lets dev-agent pay between acct-A and acct-B, up to KES 1,000.00 per payment alone.
 demo = true
+"#;
+
+const DEMO_TEMPLATE: &str = r#"# paygate configuration, written by `paygate init --demo`.
+# A demo: the dev setup (SQLite in data_dir, the embedded ledger, the dev key) with M-Pesa SIMULATED
+# inside the gateway. Agents ask customers to pay (STK push), pay customers (B2C) and pay businesses
+# (paybills, tills); nothing goes to Safaricom and no money moves. You play the customer's phone and
+# M-Pesa on the simulator's control routes (an operator token with payments:admin):
+#
+#   GET  <public_url>/simulator/control/mpesa                      what is pending
+#   POST <public_url>/simulator/control/mpesa/latest/accept        pay it (or decline, timeout)
+#   POST <public_url>/simulator/control/mpesa/lose-next-answer     the next request's answer is lost
+#
+#   paygate serve --config paygate.toml        (from a checkout: cargo run --release -- --config paygate.toml)
+
+[server]
+bind = {bind}
+{public_url_line}
+
+[storage]
+data_dir = {data_dir}
+
+[auth]
+# Accept HS256 tokens signed with the dev key. Never in production.
+dev_key_enabled = true
+
+[dev]
+print_token = true
+subject = "dev-agent"
+scopes = "payments:read payments:create payments:refund payments:collect payments:payout"
+
+[ledger]
+demo = true
+
+[mpesa]
+enabled = true
+# Daraja served by this gateway at <public_url>/simulator/mpesa. Never "production" here.
+environment = "simulator"
+# The simulator checks these exactly as Daraja checks real ones.
+consumer_key = "demo-consumer-key"
+consumer_secret = "demo-consumer-secret"
+short_code = "174379"
+passkey = "demo-passkey"
+initiator_name = "demo-initiator"
+security_credential = "demo-security-credential"
+# Callbacks come back to this gateway's own callback routes, under this secret.
+callback_secret = {callback_secret}
+# A lost answer shows quickly.
+request_timeout_ms = 2000
+
+[policy]
+default_profile = "none"
+
+[[policy.profiles]]
+name = "none"
+allowed_accounts = []
+daily_payments_max = 1
+calls_per_minute = 60
+
+[[policy.profiles]]
+name = "dev"
+dev_key_only = true
+subjects = ["dev-agent"]
+allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
+# Per payment without a human (KES 1,000.00); above it the call returns APPROVAL_REQUIRED.
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_refund_limit = { KES = "10000.00" }
+daily_payments_max = 1000
+calls_per_minute = 600
 "#;
 
 const PRODUCTION_TEMPLATE: &str = r#"# paygate configuration, written by `paygate init --mode production`.
@@ -208,7 +295,7 @@ pub fn client_snippets(mode: Mode, mcp_url: &str, dir: &Path) -> String {
     let headers = dir.join("paygate.headers");
     let headers = headers.to_string_lossy();
     let get_token = match mode {
-        Mode::Dev => format!(
+        Mode::Dev | Mode::Demo => format!(
             "export PAYGATE_TOKEN=$(paygate --config {} token --sub dev-agent --scope \"payments:read payments:create\")",
             dir.join(CONFIG_FILE).to_string_lossy()
         ),
@@ -275,7 +362,7 @@ mod tests {
     #[test]
     fn both_templates_load_as_valid_config_and_say_what_they_promise() {
         let dir = tempfile::tempdir().unwrap();
-        for mode in [Mode::Dev, Mode::Production] {
+        for mode in [Mode::Dev, Mode::Production, Mode::Demo] {
             let sub = dir.path().join(format!("{mode:?}"));
             let w = write_config(&opts(mode, &sub)).unwrap();
             let c = crate::config::Config::load(Some(&w.config_path), Vec::<(String, String)>::new())
@@ -285,6 +372,17 @@ mod tests {
                     assert!(c.auth.dev_key_on());
                     assert_eq!(c.storage.url, "", "dev is SQLite");
                     assert_eq!(w.mcp_url, "http://127.0.0.1:8080/mcp");
+                }
+                Mode::Demo => {
+                    assert!(c.auth.dev_key_on() && c.mpesa.enabled);
+                    assert_eq!(c.mpesa.environment, crate::config::MpesaEnvironment::Simulator);
+                    assert!(c.mpesa.callback_secret.expose().len() >= 24, "a real callback secret");
+                    assert!(
+                        c.policy
+                            .profiles
+                            .iter()
+                            .any(|p| p.allowed_accounts.iter().any(|a| a.as_str() == "mpesa-collections"))
+                    );
                 }
                 Mode::Production => {
                     assert!(!c.auth.dev_key_on(), "production never accepts the dev key");

@@ -84,6 +84,9 @@ enum Command {
     Init {
         #[arg(long, value_enum, default_value = "dev")]
         mode: crate::cli::init::Mode,
+        /// The same as --mode demo: M-Pesa simulated inside the gateway, no credentials needed.
+        #[arg(long)]
+        demo: bool,
         /// Directory to write paygate.toml into (created if missing).
         #[arg(long, default_value = ".")]
         dir: PathBuf,
@@ -202,7 +205,8 @@ pub fn run() -> ExitCode {
     let file = cli.config.as_deref();
     match cli.command.unwrap_or(Command::Serve) {
         // These two work without a valid config: init writes one, doctor reports what is wrong with it.
-        Command::Init { mode, dir, public_url, issuer, jwks_url } => {
+        Command::Init { mode, demo, dir, public_url, issuer, jwks_url } => {
+            let mode = if demo { crate::cli::init::Mode::Demo } else { mode };
             init(crate::cli::init::InitOptions { mode, dir, public_url, issuer, jwks_url })
         }
         Command::Doctor => doctor(file),

@@ -9,6 +9,7 @@ mod operator;
 mod passkeys;
 mod policy;
 mod sessions;
+mod simulator;
 mod tracing_layer;
 
 pub use auth_layer::{Peeked, peek};
@@ -86,6 +87,9 @@ pub struct AppInner {
     pub session_idle_secs: u64,
     /// Each enabled rail's callback secret and source allow-list, by rail name.
     pub rail_callbacks: Arc<std::collections::HashMap<String, Arc<CallbackGuard>>>,
+    /// The Daraja simulator (`mpesa.environment = "simulator"`): its Daraja routes under
+    /// `/simulator/mpesa`, its control routes under `/simulator/control/mpesa` (operators).
+    pub simulator: Option<crate::backend::mpesa::simulator::DarajaSimulator>,
     /// Bearer token /metrics asks for; `None`: loopback peers only.
     pub metrics_token: Option<Secret>,
     /// The operator console's sign-in settings; `None`: the console is off.
@@ -188,7 +192,19 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route("/console/app.css", get(console::style))
         .route("/console/config.json", get(console::config));
 
+    let simulator_routes = match &state.simulator {
+        Some(sim) => Router::new()
+            .nest_service(crate::backend::mpesa::simulator::SIMULATOR_PATH, sim.router())
+            .route("/simulator/control/mpesa", get(simulator::view))
+            .route("/simulator/control/mpesa/lose-next-answer", post(simulator::lose_next_answer))
+            .route("/simulator/control/mpesa/{id}/{answer}", post(simulator::answer))
+            .layer(RequestBodyLimitLayer::new(callbacks::CALLBACK_BODY_BYTES_MAX))
+            .layer(axum::middleware::from_fn(operator::json_errors)),
+        None => Router::new(),
+    };
+
     Router::new()
+        .merge(simulator_routes)
         .merge(operator_routes)
         .merge(policy_routes)
         .merge(console_routes)

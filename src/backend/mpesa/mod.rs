@@ -17,6 +17,7 @@
 //! ([`collection_from_args`], [`classify`], [`event_from_callback`], [`settlement_from_query`]).
 
 pub mod daraja;
+pub mod simulator;
 
 use std::sync::Arc;
 
