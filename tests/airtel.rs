@@ -429,6 +429,15 @@ async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
     let refused = call(&payer, "send_payment", payout).await;
     assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused:?}");
     assert!(err(&refused)["message"].as_str().unwrap().contains("payouts through Airtel"), "{refused:?}");
+    // The preflight answers for the routed tools, through the same choice.
+    let ask = |tool: &str, args: Value| json!({"tool": tool, "arguments": args});
+    let pre = ok(&call(c, "check_payment_policy", ask("initiate_payment", any_rail("route-8", "0733 123 456"))).await)
+        .clone();
+    assert_eq!(pre["verdict"], "allowed", "{pre}");
+    let pre =
+        ok(&call(c, "check_payment_policy", ask("request_payment", any_rail("route-9", "0770 123 456"))).await).clone();
+    assert_eq!((pre["verdict"].as_str(), pre["code"].as_str()), (Some("denied"), Some("INVALID_ARGUMENT")), "{pre}");
+    assert_eq!((daraja.pushes().len(), airtel.collections().len()), (2, 1), "a preflight sends nothing");
     // And the check_transaction_status alias reads the same payment.
     let status = ok(&call(c, "check_payment_status", json!({"payment_id": m["payment_id"]})).await).clone();
     assert_eq!(status["payment_id"], m["payment_id"]);

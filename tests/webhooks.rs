@@ -208,8 +208,18 @@ mode = "known"
 
     // Operators see each message and its attempts.
     let auditor = app.operator_token("carol", "payments:audit");
-    let (status, page) = operator(&app, Method::GET, "/operator/v1/webhooks?state=delivered", &auditor, None).await;
-    assert_eq!(status, 200, "{page}");
+    // The receiver may hear a message before its sender has recorded the delivery: wait (bounded)
+    // for the record, never for time alone.
+    let mut page = Value::Null;
+    for _ in 0..200 {
+        let (status, p) = operator(&app, Method::GET, "/operator/v1/webhooks?state=delivered", &auditor, None).await;
+        assert_eq!(status, 200, "{p}");
+        page = p;
+        if page["items"].as_array().is_some_and(|i| i.len() >= want.len()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
     let items = page["items"].as_array().unwrap();
     assert!(items.len() >= want.len(), "{page}");
     let id = items[0]["id"].as_str().unwrap();

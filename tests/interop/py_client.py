@@ -46,7 +46,7 @@ from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 
 MODERN_VERSION = "2026-07-28"
 EXPECTED_TOOLS = ("create_payment", "get_balance", "get_approval")
-EXPECTED_TOOL_COUNT = 16
+EXPECTED_TOOL_COUNT = 17
 
 
 class StepFailed(Exception):

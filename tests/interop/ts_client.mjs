@@ -39,7 +39,7 @@ import { AjvJsonSchemaValidator } from '@modelcontextprotocol/client/validators/
 
 const MODERN_VERSION = '2026-07-28';
 const EXPECTED_TOOLS = ['create_payment', 'get_balance', 'get_approval'];
-const EXPECTED_TOOL_COUNT = 16;
+const EXPECTED_TOOL_COUNT = 17;
 
 class StepFailed extends Error {}
 
