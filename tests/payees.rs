@@ -133,6 +133,24 @@ new_payee_limit = { KES = "200.00" }"#,
     let r = call(&c, "send_mpesa_payout", payout("other-1", "0722 000 111", "10")).await;
     assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
     assert_eq!(fake.b2c_requests(), 1, "only the known payee's payout went out");
+    // A business is a payee like any other: a paybill (under either name) and a till nobody
+    // approved need a human, whatever the slice.
+    for (tool, args) in [
+        (
+            "pay_paybill",
+            json!({"operation_id": "bill-1", "paybill": "888880", "account_reference": "ACC-1", "amount": "10", "remarks": "r"}),
+        ),
+        (
+            "pay_to_paybill",
+            json!({"operation_id": "bill-2", "paybill": "888880", "account_reference": "ACC-2", "amount": "5", "remarks": "r"}),
+        ),
+        ("pay_till", json!({"operation_id": "till-1", "till": "5123456", "amount": "10", "remarks": "r"})),
+    ] {
+        let r = call(&c, tool, args).await;
+        assert_eq!(code(&r), "APPROVAL_REQUIRED", "{tool}: {r:?}");
+        assert!(err(&r).to_string().contains("new payee"), "{tool}: {r:?}");
+    }
+    assert_eq!(fake.b2b_requests(), 0, "no business payment reached M-Pesa");
 
     // An operator revokes it: the next payment is a first payment again.
     let admin = app.operator_token("bob", "payments:approve");
