@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::jwks::JwksCache;
-use crate::auth::{Audience, DevToken, Secret, Verifier};
+use crate::auth::{AgentAuth, Audience, DevToken, Secret, Verifier};
 use crate::backend::ledger::LedgerBackend;
 use crate::backend::mpesa::simulator::SIMULATOR_PATH;
 use crate::clock::{Clock, SystemClock};
@@ -471,7 +471,7 @@ async fn bind(config: &Config) -> Result<Bound, StartError> {
 
 /// Token verification: the dev key (when on) and the identity provider's keys.
 struct Identity {
-    verifier: Verifier,
+    verifier: Arc<Verifier>,
     dev_key: Option<Secret>,
     /// The dev key's issuer, while the dev key is on.
     dev_issuer: Option<String>,
@@ -526,7 +526,7 @@ fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result
     if let Some(i) = &dev_issuer {
         authorization_servers.push(i.clone());
     }
-    Ok(Identity { verifier, dev_key, dev_issuer, authorization_servers })
+    Ok(Identity { verifier: Arc::new(verifier), dev_key, dev_issuer, authorization_servers })
 }
 
 /// The gateway over its backend and rails, and what the HTTP edge needs to know of the rails.
@@ -704,11 +704,12 @@ fn router(
     if let Some((h, _port)) = host.rsplit_once(':') {
         allowed_hosts.push(h.to_string());
     }
+    let verifier = identity.verifier;
     let state = AppState::new(AppInner {
         gateway: assembled.gateway.clone(),
         route_limits,
         routes_per_minute: config.approvals.routes_per_minute as u32,
-        verifier: Arc::new(identity.verifier),
+        verifier: verifier.clone(),
         sessions: Arc::new(SessionBindings::new(
             Duration::from_secs(config.server.session_idle_secs as u64),
             config.server.sessions_max as usize,
@@ -719,7 +720,7 @@ fn router(
         metadata_url: format!("{public_url}{}/mcp", http::METADATA_PATH),
         operator_resource_url: operator_resource(public_url),
         operator_metadata_url: format!("{public_url}{}/operator", http::METADATA_PATH),
-        legacy_agent_admin_scope: config.auth.legacy_agent_admin_scope,
+        agents: AgentAuth { verifier, legacy_agent_admin_scope: config.auth.legacy_agent_admin_scope },
         authorization_servers: identity.authorization_servers,
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,

@@ -16,6 +16,7 @@ pub use crate::catalogue::scopes;
 pub use crate::secret::Secret;
 
 use crate::domain::policy::Profile;
+use crate::domain::policy_doc::LivePolicy;
 
 /// The two protected resources, each with its own resource identifier, RFC 9728 document and
 /// scopes. A token is accepted only by the resource its `aud` names (RFC 8707), and a token naming
@@ -82,6 +83,51 @@ impl AgentPrincipal {
             Some(u) => format!("{} for {u}", self.subject),
             None => self.subject.clone(),
         }
+    }
+}
+
+/// How a bearer token becomes the agent calling: one path for every edge that serves agents (the
+/// /mcp auth layer on each request, `paygate stdio` at start and on each request), so a token is
+/// judged alike however it arrives.
+#[derive(Clone)]
+pub struct AgentAuth {
+    pub verifier: Arc<Verifier>,
+    /// The migration switch: an identity provider still granting agents the old admin scope.
+    pub legacy_agent_admin_scope: bool,
+}
+
+impl AgentAuth {
+    /// Verify `token` for the agent audience (signature, issuer, audience = the MCP resource and
+    /// not the operator's, exp/nbf) and resolve the agent under `policy`, the version in force:
+    /// with `act`, the actor acting for the token's subject; its profile matched on the agent, the
+    /// user, or both. An operator's token fails the audience check.
+    pub async fn principal(&self, token: &str, policy: Arc<LivePolicy>) -> Result<AgentPrincipal, AuthError> {
+        let claims = self.verifier.verify(token, Audience::Agent).await?;
+        if claims.scopes.contains(scopes::CONFIRM) {
+            // A token a person confirms payments with is theirs, never an agent's: an agent holding
+            // one could approve its own requests.
+            return Err(AuthError::Invalid(
+                "a token with payments:confirm is a person's and cannot be used by an agent",
+            ));
+        }
+        let (subject, user) = match claims.actor {
+            Some(actor) => (actor, Some(claims.subject)),
+            None => (claims.subject, None),
+        };
+        let mut granted = claims.scopes;
+        if self.legacy_agent_admin_scope && granted.remove(scopes::LEGACY_AGENT_ADMIN) {
+            granted.insert(scopes::INTEGRITY.to_string());
+        }
+        let profile = policy.profiles.resolve(&claims.issuer, &subject, user.as_deref(), claims.client_id.as_deref());
+        Ok(AgentPrincipal {
+            issuer: claims.issuer,
+            subject,
+            user,
+            client_id: claims.client_id,
+            scopes: granted,
+            profile,
+            policy,
+        })
     }
 }
 

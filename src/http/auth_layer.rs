@@ -128,15 +128,16 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, AuthError> 
     Ok(token.trim())
 }
 
-/// Verify the bearer token on every request (not only a session's first) and attach the principal.
-/// Only tokens for the MCP resource pass; an operator's token is a 401 here.
+/// Verify the bearer token on every request (not only a session's first) and attach the principal
+/// (`auth::AgentAuth`, the path `paygate stdio` takes too). Only tokens for the MCP resource pass;
+/// an operator's token is a 401 here.
 async fn authenticate(state: &AppState, mut req: Request) -> Result<Request, Response> {
     let verified = match bearer(&req) {
-        Ok(token) => state.verifier.verify(token, Audience::Agent).await,
+        Ok(token) => state.agents.principal(token, state.gateway.policy()).await,
         Err(e) => Err(e),
     };
-    let claims = match verified {
-        Ok(c) => c,
+    let principal = match verified {
+        Ok(p) => p,
         Err(AuthError::Missing) => {
             return Err(challenge(state, StatusCode::UNAUTHORIZED, &[("scope", AGENT_SCOPES.join(" "))], None));
         }
@@ -151,37 +152,8 @@ async fn authenticate(state: &AppState, mut req: Request) -> Result<Request, Res
             ));
         }
     };
-    if claims.scopes.contains(crate::catalogue::scopes::CONFIRM) {
-        // A token a person confirms payments with is theirs, never an agent's: an agent holding
-        // one could approve its own requests.
-        let reason = "a token with payments:confirm is a person's and cannot be used by an agent";
-        return Err(challenge(
-            state,
-            StatusCode::UNAUTHORIZED,
-            &[("error", "invalid_token".into()), ("error_description", reason.into())],
-            Some(reason),
-        ));
-    }
-    let principal = agent_principal(state, claims);
     req.extensions_mut().insert(principal);
     Ok(req)
-}
-
-/// The agent behind a verified agent-audience token: with `act`, the actor acting for the token's
-/// subject; its profile matched on the agent, the user, or both.
-fn agent_principal(state: &AppState, claims: crate::auth::VerifiedClaims) -> AgentPrincipal {
-    let (subject, user) = match claims.actor {
-        Some(actor) => (actor, Some(claims.subject)),
-        None => (claims.subject, None),
-    };
-    let mut scopes = claims.scopes;
-    // The migration switch: an identity provider still granting agents the old admin scope.
-    if state.legacy_agent_admin_scope && scopes.remove(crate::catalogue::scopes::LEGACY_AGENT_ADMIN) {
-        scopes.insert(crate::catalogue::scopes::INTEGRITY.to_string());
-    }
-    let policy = state.gateway.policy();
-    let profile = policy.profiles.resolve(&claims.issuer, &subject, user.as_deref(), claims.client_id.as_deref());
-    AgentPrincipal { issuer: claims.issuer, subject, user, client_id: claims.client_id, scopes, profile, policy }
 }
 
 /// Marks a request whose body holds `initialize`: it opens a session (2025-11-25 era).

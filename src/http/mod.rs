@@ -76,9 +76,10 @@ pub struct AppInner {
     pub operator_resource_url: String,
     /// `<public_url>/.well-known/oauth-protected-resource/operator`, named in operator challenges.
     pub operator_metadata_url: String,
-    /// `auth.legacy_agent_admin_scope`: an agent token's `payments:admin` reads as
-    /// `payments:integrity` (a migration switch, off by default).
-    pub legacy_agent_admin_scope: bool,
+    /// Agent tokens → principals (`auth.legacy_agent_admin_scope` with it: an agent token's
+    /// `payments:admin` reads as `payments:integrity`, a migration switch, off by default). The same
+    /// path `paygate stdio` takes.
+    pub agents: crate::auth::AgentAuth,
     pub authorization_servers: Vec<String>,
     /// Browser origins allowed on /mcp (the public URL's own origin and configured extras).
     pub allowed_origins: Vec<String>,
