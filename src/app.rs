@@ -413,15 +413,120 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     crate::install_crypto_provider();
     let bound = bind(&config).await?;
     let public_url = bound.public_url.clone();
-    let data_dir = config.storage.data_dir.clone();
-    crate::private_fs::create_dir(&data_dir)
-        .map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
-    let store = open_store(&config).await?;
-    if config.backend.kind == BackendKind::Ledger {
-        seed_demo_accounts(&config, &store).await?;
-    }
     let identity = identity(&config, &clock, &public_url)?;
-    let assembled = gateway(&config, &store, &clock, &public_url, identity.dev_issuer.clone())?;
+    let core = core(&config, &clock, &public_url, identity.dev_issuer.clone(), &bound.addr.to_string()).await?;
+    let dev_key = identity.dev_key.clone();
+    let router = router(&config, &bound, identity, core.route_limits, &core.assembled, &core.shutdown);
+    let server = serve(bound.listener, bound.tls, router, core.shutdown.clone());
+    tracing::info!(http.addr = %bound.addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
+    Ok(Running {
+        addr: bound.addr,
+        public_url,
+        store: core.store,
+        gateway: core.assembled.gateway,
+        dev_key,
+        config,
+        clock,
+        shutdown: core.shutdown,
+        server,
+    })
+}
+
+/// `paygate stdio`'s first step: who may call, and nothing else opened or started (but the data
+/// directory and the dev key in it, which verification needs), so a token is judged before any
+/// state is touched. [`HeadlessStart::start`] is the second.
+pub struct HeadlessStart {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    public_url: String,
+    identity: Identity,
+}
+
+impl HeadlessStart {
+    /// The public URL is the one `serve` would use with this config (`server.public_url`, or
+    /// derived from `server.bind`, which is never bound here), so an agent's token for the HTTP
+    /// gateway is its token for this one.
+    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Result<HeadlessStart, StartError> {
+        crate::install_crypto_provider();
+        let scheme = if config.server.tls_cert_file.is_empty() { "http" } else { "https" };
+        let public_url = public_url(&config, scheme, &config.server.bind);
+        let identity = identity(&config, &clock, &public_url)?;
+        Ok(HeadlessStart { config, clock, public_url, identity })
+    }
+
+    /// Agent tokens → principals, exactly as /mcp turns them.
+    pub fn agents(&self) -> AgentAuth {
+        AgentAuth {
+            verifier: self.identity.verifier.clone(),
+            legacy_agent_admin_scope: self.config.auth.legacy_agent_admin_scope,
+        }
+    }
+
+    /// The gateway with no HTTP edge: the same store, backend, rails, policy (kept fresh) and
+    /// scheduler as [`start`], listening on no port.
+    pub async fn start(self) -> Result<Headless, StartError> {
+        let (config, public_url) = (&self.config, &self.public_url);
+        let holder = format!("stdio-{}", std::process::id());
+        let core = core(config, &self.clock, public_url, self.identity.dev_issuer.clone(), &holder).await?;
+        if config.mpesa.enabled || config.airtel.enabled {
+            // The rails call back (and the Daraja simulator answers) at the public URL, which only
+            // `paygate serve` answers; the scheduler's polling settles pending collections either way.
+            tracing::info!(
+                http.public_url = %public_url,
+                "no HTTP edge here: rail callbacks and the M-Pesa simulator are `paygate serve`'s, at the public URL"
+            );
+        }
+        Ok(Headless {
+            agents: self.agents(),
+            gateway: core.assembled.gateway,
+            disabled_tools: core.assembled.disabled_tools,
+            shutdown: core.shutdown,
+        })
+    }
+}
+
+/// The gateway with no HTTP edge (`paygate stdio`). Dropping it does not stop the background work;
+/// call [`Headless::shutdown`].
+pub struct Headless {
+    pub gateway: Arc<Gateway>,
+    /// Agent tokens → principals, exactly as /mcp turns them.
+    pub agents: AgentAuth,
+    /// Tools this configuration does not offer (rails not configured), hidden as on /mcp.
+    pub disabled_tools: Vec<String>,
+    shutdown: CancellationToken,
+}
+
+impl Headless {
+    /// Stop the policy refresh and the scheduler.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// What every edge stands on: the store (migrated; demo accounts opened), the gateway with its
+/// policy in force and kept fresh, and the scheduler.
+struct Core {
+    store: Arc<dyn Store>,
+    assembled: Assembled,
+    route_limits: Arc<crate::rate::KeyedLimits>,
+    shutdown: CancellationToken,
+}
+
+/// Open state and start the background work. `holder`: this process in job leases.
+async fn core(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+    public_url: &str,
+    dev_issuer: Option<String>,
+    holder: &str,
+) -> Result<Core, StartError> {
+    let data_dir = &config.storage.data_dir;
+    crate::private_fs::create_dir(data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+    let store = open_store(config).await?;
+    if config.backend.kind == BackendKind::Ledger {
+        seed_demo_accounts(config, &store).await?;
+    }
+    let assembled = gateway(config, &store, clock, public_url, dev_issuer)?;
     // The policy in force: the store's newest version (the config file's when the store has none).
     let version = assembled.gateway.load_policy(&config.policy_document()).await.map_err(StartError::Policy)?;
     tracing::info!(policy.version = version, "policy loaded");
@@ -429,22 +534,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
     spawn_policy_refresh(&assembled.gateway, config.policy.refresh_secs, &shutdown);
     // Per-operator limits on the approval routes; the scheduler evicts their idle keys.
     let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
-    let dev_key = identity.dev_key.clone();
-    let router = router(&config, &bound, identity, route_limits.clone(), &assembled, &shutdown);
-    spawn_jobs(&config, &assembled, route_limits, bound.addr, &shutdown);
-    let server = serve(bound.listener, bound.tls, router, shutdown.clone());
-    tracing::info!(http.addr = %bound.addr, mcp.url = %format!("{public_url}/mcp"), "paygate listening");
-    Ok(Running {
-        addr: bound.addr,
-        public_url,
-        store,
-        gateway: assembled.gateway,
-        dev_key,
-        config,
-        clock,
-        shutdown,
-        server,
-    })
+    spawn_jobs(config, &assembled, route_limits.clone(), holder, &shutdown);
+    Ok(Core { store, assembled, route_limits, shutdown })
 }
 
 /// The listening socket, TLS when configured, and the public URL clients use.
@@ -771,7 +862,7 @@ fn spawn_jobs(
     config: &Config,
     assembled: &Assembled,
     route_limits: Arc<crate::rate::KeyedLimits>,
-    addr: SocketAddr,
+    holder: &str,
     shutdown: &CancellationToken,
 ) {
     let webhooks = config.webhooks.enabled.then(|| webhooks(config, assembled)).flatten();
@@ -788,7 +879,7 @@ fn spawn_jobs(
             batch_max: config.audit.seal_batch_max as u32,
             checkpoint_every_secs: config.audit.checkpoint_every_secs,
         },
-        holder: format!("{}-{}", addr, uuid::Uuid::new_v4().simple()),
+        holder: format!("{holder}-{}", uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
     }));
 }
