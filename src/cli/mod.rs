@@ -1,10 +1,11 @@
 //! The command line, one room: `paygate` parses its arguments here (clap) and each subcommand is a
 //! function below (serve, token, tools, mandate verify, migrate, ledger-serve, reconcile,
-//! check-ledger, probe), with `init` and `doctor` beside them. `src/main.rs` only calls [`run`].
+//! check-ledger, probe), with `init`, `doctor` and `stdio` beside them. `src/main.rs` only calls [`run`].
 
 pub mod doctor;
 pub mod init;
 mod policy;
+mod stdio;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +28,11 @@ struct Cli {
 enum Command {
     /// Run the gateway (the default).
     Serve,
+    /// Serve MCP over stdin/stdout for the one agent whose token is in PAYGATE_TOKEN (an MCP
+    /// client starts it as a subprocess). Same store, policy, audit and limits as `serve`; no port
+    /// is bound; logs go to stderr. Exits non-zero, before reading stdin, when the token is missing
+    /// or is not an agent's token for <public_url>/mcp.
+    Stdio,
     /// Mint a token with the dev key, for local use: an agent's (for <public_url>/mcp) unless
     /// --operator or --console.
     Token {
@@ -212,6 +218,7 @@ pub fn run() -> ExitCode {
         Command::Doctor => doctor(file),
         Command::Probe { url, timeout_secs } => probe(&url, timeout_secs),
         Command::Serve => with_config(file, serve),
+        Command::Stdio => stdio::run(file),
         Command::Token { sub, scope, ttl_secs, operator, act, console } => with_config(file, |c| {
             let sub = sub.unwrap_or_else(|| "operator".into());
             let scope = scope.unwrap_or_else(|| OPERATOR_SCOPES.into());
@@ -618,30 +625,34 @@ fn serve(config: Config) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        // Traces need the runtime (exports run on it); the logs start with them.
-        let telemetry = if config.telemetry.enabled {
-            match crate::telemetry::start(&config.telemetry.settings()) {
-                Ok((telemetry, tracer)) => {
-                    crate::logging::init_with(Some(tracer));
-                    tracing::info!(otlp.endpoint = %config.telemetry.otlp_endpoint, "exporting traces");
-                    Some(telemetry)
-                }
-                Err(e) => {
-                    init_tracing();
-                    crate::logging::fatal(&e);
-                    return ExitCode::FAILURE;
-                }
-            }
-        } else {
-            init_tracing();
-            None
-        };
+        let Ok(telemetry) = start_logs(&config) else { return ExitCode::FAILURE };
         let code = serve_on(config).await;
         if let Some(t) = telemetry {
             t.shutdown().await;
         }
         code
     })
+}
+
+/// The logs (stderr), and with `[telemetry]` on the trace export, which needs the runtime (exports
+/// run on it): call inside it. `Err`: the exporter could not start (said on stderr).
+fn start_logs(config: &Config) -> Result<Option<crate::telemetry::Telemetry>, ()> {
+    if !config.telemetry.enabled {
+        init_tracing();
+        return Ok(None);
+    }
+    match crate::telemetry::start(&config.telemetry.settings()) {
+        Ok((telemetry, tracer)) => {
+            crate::logging::init_with(Some(tracer));
+            tracing::info!(otlp.endpoint = %config.telemetry.otlp_endpoint, "exporting traces");
+            Ok(Some(telemetry))
+        }
+        Err(e) => {
+            init_tracing();
+            crate::logging::fatal(&e);
+            Err(())
+        }
+    }
 }
 
 async fn serve_on(config: Config) -> ExitCode {

@@ -84,9 +84,7 @@ impl Round {
         let parts = ctx.extensions.get::<http::request::Parts>();
         let session =
             parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let span = parts
-            .and_then(|p| p.extensions.get::<crate::telemetry::RequestSpan>())
-            .map_or_else(tracing::Span::none, |s| s.0.clone());
+        let span = super::attached::<crate::telemetry::RequestSpan>(ctx).map_or_else(tracing::Span::none, |s| s.0);
         Round { url, modern, peer: ctx.peer.clone(), session, state: state.0, responses: responses.0, span }
     }
 

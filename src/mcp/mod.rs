@@ -3,6 +3,7 @@
 
 pub mod args;
 mod elicitation;
+pub mod stdio;
 pub mod views;
 
 pub use elicitation::{INPUT_KEY, URL_ELICITATION_REQUIRED};
@@ -80,17 +81,26 @@ pub struct ApprovalIdArgs {
     pub approval_id: String,
 }
 
-/// The caller of a tool, from the request the HTTP layer authenticated.
+/// The caller of a tool, from the request the HTTP layer authenticated (or `paygate stdio`, its token).
 impl<C: AsRequestContext> FromContextPart<C> for Caller {
     fn from_context_part(context: &mut C) -> Result<Self, ErrorData> {
         caller_from(context.as_request_context())
     }
 }
 
+/// What the edge that authenticated a request attached to it: over HTTP the request's parts (the
+/// auth layer's principal, the correlation id, the request span); over stdio, where no HTTP request
+/// exists, the MCP request itself (`stdio.rs`). Nothing else puts a principal in either place.
+fn attached<T: Clone + Send + Sync + 'static>(ctx: &RequestContext<RoleServer>) -> Option<T> {
+    match ctx.extensions.get::<http::request::Parts>() {
+        Some(parts) => parts.extensions.get::<T>().cloned(),
+        None => ctx.extensions.get::<T>().cloned(),
+    }
+}
+
 fn caller_from(ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
-    let parts = ctx.extensions.get::<http::request::Parts>();
-    let principal = parts.and_then(|p| p.extensions.get::<AgentPrincipal>()).cloned();
-    let correlation = parts.and_then(|p| p.extensions.get::<CorrelationId>()).cloned();
+    let principal = attached::<AgentPrincipal>(ctx);
+    let correlation = attached::<CorrelationId>(ctx);
     match (principal, correlation) {
         (Some(principal), Some(c)) => Ok(Caller::new(principal, c.0)),
         // Architecture Invariant: no tool runs without an authenticated principal.
