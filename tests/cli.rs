@@ -121,6 +121,8 @@ fn init_writes_a_dev_config_that_doctor_passes_and_refuses_to_overwrite_it() {
     for client in [
         "claude mcp add --transport http paygate http://127.0.0.1:8080/mcp",
         "mcp-remote@0.15.1",
+        r#""stdio"],"#,
+        r#""PAYGATE_TOKEN":"#,
         "Cursor",
         "VS Code",
         "streamable_http_client(",

@@ -289,11 +289,26 @@ calls_per_minute = 120
 demo = false
 "#;
 
+/// How an MCP client starts `paygate stdio` for this config: the binary and the config file, as
+/// absolute paths (a client starts its servers from a directory of its own).
+pub struct StdioLaunch<'a> {
+    pub command: &'a Path,
+    pub config: &'a Path,
+    /// The data directory as an absolute path, when the config names it relative to where init
+    /// ran: from the client's directory it would be another one, with another dev key.
+    pub data_dir: Option<&'a Path>,
+}
+
 /// Ready-to-paste client configuration for `mcp_url`, with the token kept out of files the client
-/// shares (an environment variable, a prompt, or a 0600 header file).
-pub fn client_snippets(mode: Mode, mcp_url: &str, dir: &Path) -> String {
+/// shares (an environment variable, a prompt, or a 0600 header file) — but for a stdio entry, whose
+/// client hands the token to `paygate stdio` from its own config file.
+pub fn client_snippets(mode: Mode, mcp_url: &str, dir: &Path, stdio: &StdioLaunch<'_>) -> String {
     let headers = dir.join("paygate.headers");
     let headers = headers.to_string_lossy();
+    // JSON string literals (quotes and backslashes in a path escaped).
+    let json = |p: &Path| serde_json::Value::from(p.to_string_lossy()).to_string();
+    let (command, config) = (json(stdio.command), json(stdio.config));
+    let data_dir = stdio.data_dir.map(|d| format!(", \"PAYGATE_STORAGE__DATA_DIR\": {}", json(d))).unwrap_or_default();
     let get_token = match mode {
         Mode::Dev | Mode::Demo => format!(
             "export PAYGATE_TOKEN=$(paygate --config {} token --sub dev-agent --scope \"payments:read payments:create\")",
@@ -313,7 +328,15 @@ A token for the agent:
 Claude Code:
   claude mcp add --transport http paygate {url} --header "Authorization: Bearer $PAYGATE_TOKEN"
 
-Claude Desktop (stdio bridge through mcp-remote; the token stays in a 0600 header file):
+Claude Desktop or any client that starts its servers (stdio: paygate runs as its subprocess, for the
+one agent whose token it is given; no port, no HTTP):
+  claude_desktop_config.json:
+  {{ "mcpServers": {{ "paygate": {{ "command": {command},
+      "args": ["--config", {config}, "stdio"],
+      "env": {{ "PAYGATE_TOKEN": "<the agent's token, as above>"{data_dir} }} }} }} }}
+  (that file then holds the token: keep it private; it runs the same store, policy and limits as serve)
+
+Claude Desktop bridged to this HTTP gateway through mcp-remote (the token stays in a 0600 header file):
   (umask 077; printf 'Authorization: Bearer %s\n' "$PAYGATE_TOKEN" > {headers})
   claude_desktop_config.json:
   {{ "mcpServers": {{ "paygate": {{ "command": "npx",
@@ -396,6 +419,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_stdio_entry_is_json_that_starts_paygate_stdio_with_the_token_in_its_env() {
+        let dir = Path::new("/srv/my \"gw\"");
+        let config = dir.join(CONFIG_FILE);
+        let entry = |data_dir: Option<&Path>| {
+            let launch = StdioLaunch { command: Path::new("/opt/paygate/bin/paygate"), config: &config, data_dir };
+            let text = client_snippets(Mode::Dev, "http://127.0.0.1:8080/mcp", dir, &launch);
+            let start = text.find(r#"{ "mcpServers": { "paygate": { "command": "/opt"#).expect("a stdio entry");
+            let end = start + text[start..].find("} } } }").unwrap() + "} } } }".len();
+            let entry: serde_json::Value = serde_json::from_str(&text[start..end]).unwrap();
+            entry["mcpServers"]["paygate"].clone()
+        };
+        let server = entry(None);
+        assert_eq!(server["command"], "/opt/paygate/bin/paygate");
+        assert_eq!(server["args"], serde_json::json!(["--config", "/srv/my \"gw\"/paygate.toml", "stdio"]));
+        assert!(server["env"]["PAYGATE_TOKEN"].is_string(), "{server}");
+        assert!(server["env"].get("PAYGATE_STORAGE__DATA_DIR").is_none(), "{server}");
+        // A relative data directory is pinned for a client that starts paygate elsewhere.
+        let server = entry(Some(Path::new("/home/me/gw/data")));
+        assert_eq!(server["env"]["PAYGATE_STORAGE__DATA_DIR"], "/home/me/gw/data");
     }
 
     #[test]

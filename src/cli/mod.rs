@@ -278,7 +278,17 @@ fn init(opts: crate::cli::init::InitOptions) -> ExitCode {
             println!("wrote {}", written.config_path.display());
             println!("check it:  paygate doctor --config {}", written.config_path.display());
             println!("run it:    paygate serve --config {}\n", written.config_path.display());
-            print!("{}", crate::cli::init::client_snippets(mode, &written.mcp_url, &dir));
+            // Absolute paths for a stdio client, which starts paygate from a directory of its own.
+            let command = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("paygate"));
+            let config = std::fs::canonicalize(&written.config_path).unwrap_or_else(|_| written.config_path.clone());
+            // The config names its data directory relative to here when --dir was relative.
+            let data_dir = match dir.is_absolute() {
+                true => None,
+                false => std::fs::canonicalize(&dir).ok().map(|d| d.join("data")),
+            };
+            let stdio =
+                crate::cli::init::StdioLaunch { command: &command, config: &config, data_dir: data_dir.as_deref() };
+            print!("{}", crate::cli::init::client_snippets(mode, &written.mcp_url, &dir, &stdio));
             ExitCode::SUCCESS
         }
         Err(e) => {
