@@ -130,6 +130,22 @@ client "log canaries (phones, a memo)" .venv/bin/python log_canaries.py --url "$
   --op-prefix "canary-$run_id" --memo-canary "$memo_canary"
 client "typescript sdk 1.32.2 legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "sdk1-$run_id"
 client "mcp-remote 0.15.1 stdio legacy" node ts_sdk1.mjs --url "$mcp" --token "$tok" --op-prefix "remote-$run_id" --via mcp-remote
+# paygate stdio, started by the Python SDK itself as a desktop client starts a server (command, args
+# ["stdio"], PAYGATE_TOKEN in its env). Its config is the HTTP gateway's (the same issuer, JWKS and
+# public URL, so the same agent token is valid) with a data directory of its own; the script hands
+# the server every PAYGATE_* variable it is given. Its stderr is checked for leaks below.
+for era in legacy modern; do
+  client "python mcp 2.3.0 paygate stdio $era" env \
+    PAYGATE_SERVER__PUBLIC_URL="$base" \
+    PAYGATE_STORAGE__DATA_DIR="$work/stdio-data" \
+    PAYGATE_AUTH__ISSUER="$issuer" \
+    PAYGATE_AUTH__JWKS_URL="$issuer/jwks" \
+    PAYGATE_AUTH__DEV_KEY_ENABLED=false \
+    PAYGATE_POLICY__DEFAULT_PROFILE=dev \
+    PAYGATE_LOG=${INTEROP_PAYGATE_LOG:-debug} \
+    .venv/bin/python py_stdio_client.py --bin "$bin" --token "$tok" --era "$era" \
+      --op-prefix "py-stdio-$era-$run_id" --server-log "$work/paygate-stdio.log"
+done
 
 # --- tokens from the third-party issuer ------------------------------------------------------
 status() { curl -s -o /dev/null -w '%{http_code}' -X POST "$mcp" -H "authorization: Bearer $1" \
@@ -195,24 +211,27 @@ for req in 2025-11-25 2026-07-28; do
   [ "$rc" = 0 ] || grep -E -i 'unexpected|stale|regression|✗' "$work/conformance-$req.log" | head -40 | sed 's/^/    /'
 done
 
-# --- the log, written at debug the whole run ---------------------------------------------------
+# --- the logs, written at debug the whole run ------------------------------------------------
 # No token (every one minted here), no mandate or other compact JWS, no secret (the keys paygate
-# generated in its data directory), no full phone number (log_canaries.py sent them in every form
-# the rails take), and no tool argument at all (the memo canary): arguments are trace-only.
+# generated in its data directories), no full phone number (log_canaries.py sent them in every form
+# the rails take), and no tool argument at all (the memo canary): arguments are trace-only. The HTTP
+# gateway's log and paygate stdio's stderr alike.
+log="$work/all-paygate.log"
+cat "$work/paygate.log" "$work/paygate-stdio.log" >"$log" 2>/dev/null
 tokens+=("$rotated" "$agent_all" "$auditor" "$other")
 leaks=()
-for t in "${tokens[@]}"; do grep -F -q -- "$t" "$work/paygate.log" && leaks+=("a token (${t:0:12}…)"); done
-grep -E -q 'eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+\.' "$work/paygate.log" && leaks+=("a compact JWS")
-for f in "$work"/data/*.key; do
+for t in "${tokens[@]}"; do grep -F -q -- "$t" "$log" && leaks+=("a token (${t:0:12}…)"); done
+grep -E -q 'eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+\.' "$log" && leaks+=("a compact JWS")
+for f in "$work"/data/*.key "$work"/stdio-data/*.key; do
   [ -f "$f" ] || continue
   secret=$(tr -d '\n' <"$f")
-  [ -n "$secret" ] && grep -F -q -- "$secret" "$work/paygate.log" && leaks+=("the secret in $(basename "$f")")
+  [ -n "$secret" ] && grep -F -q -- "$secret" "$log" && leaks+=("the secret in $(basename "$f")")
 done
 for phone in 0712345678 254712345678 712345678 "712 345 678"; do
-  grep -F -q -- "$phone" "$work/paygate.log" && leaks+=("phone $phone")
+  grep -F -q -- "$phone" "$log" && leaks+=("phone $phone")
 done
-grep -F -q -- "$memo_canary" "$work/paygate.log" && leaks+=("a tool argument (the memo)")
-lines=$(wc -l <"$work/paygate.log")
+grep -F -q -- "$memo_canary" "$log" && leaks+=("a tool argument (the memo)")
+lines=$(wc -l <"$log")
 if [ "${#leaks[@]}" = 0 ]; then
   result "debug log ($lines lines): no token, mandate, secret, phone number or tool argument" 0
 else
