@@ -139,3 +139,60 @@ pub fn principal_key(issuer: &str, subject: &str, user: Option<&str>) -> String 
     }
     key
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+
+    const ISSUER: &str = "https://dev.example";
+    const AGENT: &str = "https://pay.example/mcp";
+    const OPERATOR: &str = "https://pay.example/operator";
+    const NOW: i64 = 1_800_000_000;
+
+    fn auth(legacy_agent_admin_scope: bool) -> (AgentAuth, Secret) {
+        let key = Secret::new("agent-auth-test-key-0123456789".into());
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(NOW));
+        let verifier =
+            Verifier::new(AGENT.into(), OPERATOR.into(), 0, clock).with_dev_key(ISSUER.into(), &key).unwrap();
+        (AgentAuth { verifier: Arc::new(verifier), legacy_agent_admin_scope }, key)
+    }
+
+    fn token(key: &Secret, audience: &str, sub: &str, actor: Option<&str>, scope: &str) -> String {
+        DevToken { issuer: ISSUER, audience, subject: sub, scope, actor, now: NOW, ttl_secs: 600 }.mint(key).unwrap()
+    }
+
+    async fn principal(auth: &AgentAuth, token: &str) -> Result<AgentPrincipal, AuthError> {
+        auth.principal(token, Arc::new(LivePolicy::none())).await
+    }
+
+    #[tokio::test]
+    async fn an_agent_token_becomes_its_principal_and_nothing_else_does() {
+        let (auth, key) = auth(false);
+        let p = principal(&auth, &token(&key, AGENT, "bot", None, "payments:read")).await.unwrap();
+        assert_eq!((p.issuer.as_str(), p.subject.as_str(), p.user.as_deref()), (ISSUER, "bot", None));
+        assert!(p.has_scope("payments:read") && !p.has_scope("payments:create"));
+        // Delegation: the actor is the agent, the token's subject the user it acts for.
+        let p = principal(&auth, &token(&key, AGENT, "alice", Some("bot"), "payments:read")).await.unwrap();
+        assert_eq!((p.subject.as_str(), p.user.as_deref()), ("bot", Some("alice")));
+
+        let operator = token(&key, OPERATOR, "alice", None, "payments:approve");
+        assert_eq!(
+            principal(&auth, &operator).await.unwrap_err(),
+            AuthError::Invalid("token audience is not this resource")
+        );
+        let persons = token(&key, AGENT, "alice", None, "payments:read payments:confirm");
+        let refused = principal(&auth, &persons).await.unwrap_err();
+        assert!(matches!(refused, AuthError::Invalid(r) if r.contains("payments:confirm")), "{refused:?}");
+    }
+
+    #[tokio::test]
+    async fn the_legacy_admin_scope_reads_as_integrity_only_with_the_switch_on() {
+        for on in [false, true] {
+            let (auth, key) = auth(on);
+            let p = principal(&auth, &token(&key, AGENT, "bot", None, "payments:admin")).await.unwrap();
+            assert_eq!(p.has_scope(scopes::INTEGRITY), on);
+            assert_eq!(p.has_scope(scopes::LEGACY_AGENT_ADMIN), !on);
+        }
+    }
+}
