@@ -186,6 +186,16 @@ pub const ALIASES: &[Alias] = &[
     Alias { name: "check_payment_status", canonical: "check_transaction_status" },
 ];
 
+/// The rail tools a routing tool runs as (`gateway::routing`), named for an operator; `None` for
+/// any other tool.
+pub fn routed_to(name: &str) -> Option<&'static str> {
+    match name {
+        "request_payment" => Some("request_mpesa_payment and request_airtel_payment"),
+        "send_payment" => Some("send_mpesa_payout"),
+        _ => None,
+    }
+}
+
 /// The tool a name stands for: the canonical name of an alias, or the name itself.
 pub fn canonical(name: &str) -> &str {
     ALIASES.iter().find(|a| a.name == name).map_or(name, |a| a.canonical)

@@ -225,15 +225,20 @@ fn range(key: &'static str, value: i64, min: i64, max: i64) -> Result<(), Policy
 }
 
 /// Governance is set on a tool, never on an alias: an alias is admitted under its canonical tool's
-/// name, so a setting on the alias would never apply.
+/// name, so a setting on the alias would never apply. Likewise a tool that routes to a rail's own
+/// tool (`request_payment`, `send_payment`): the call runs, and is governed, as that tool, so an
+/// approval rule or quota set on the router would silently never hold.
 pub fn not_an_alias(key: &str, name: &str) -> Result<(), PolicyError> {
-    match crate::catalogue::alias(name) {
-        Some(a) => Err(PolicyError::Invalid(format!(
+    if let Some(a) = crate::catalogue::alias(name) {
+        return Err(PolicyError::Invalid(format!(
             "{key}: {name:?} is an alias of {:?}; set it on {:?}, which governs both names",
             a.canonical, a.canonical
-        ))),
-        None => Ok(()),
+        )));
     }
+    if let Some(runs_as) = crate::catalogue::routed_to(name) {
+        return Err(PolicyError::Invalid(format!("{key}: {name:?} runs as the rail's own tool; set it on {runs_as}")));
+    }
+    Ok(())
 }
 
 impl PolicyDocument {

@@ -78,6 +78,12 @@ fn every_rule_refuses_at_its_bound_and_names_what_is_wrong() {
             "tools.approval_required: \"initiate_stk_push\" is an alias of \"request_mpesa_payment\"",
         ),
         (
+            "governance on a router",
+            Box::new(|d| d.tools.approval_required = vec!["send_payment".into()]),
+            "tools.approval_required: \"send_payment\" runs as the rail's own tool; set it on send_mpesa_payout",
+        ),
+        ("a router disabled", Box::new(|d| d.tools.disabled = vec!["request_payment".into()]), "valid"),
+        (
             "governance on a read",
             Box::new(|d| d.tools.approval_required = vec!["get_balance".into()]),
             "tools.approval_required: \"get_balance\" moves no money",
@@ -170,6 +176,20 @@ fn every_rule_refuses_at_its_bound_and_names_what_is_wrong() {
                 dev(d).tool_calls_per_minute.insert("initiate_stk_push".into(), 1);
             }),
             "policy.profiles.tool_calls_per_minute: \"initiate_stk_push\" is an alias",
+        ),
+        (
+            "a quota on a router",
+            Box::new(|d| {
+                dev(d).tool_calls_per_minute.insert("request_payment".into(), 1);
+            }),
+            "policy.profiles.tool_calls_per_minute: \"request_payment\" runs as the rail's own tool; set it on request_mpesa_payment and request_airtel_payment",
+        ),
+        (
+            "a quota on a rail tool",
+            Box::new(|d| {
+                dev(d).tool_calls_per_minute.insert("send_mpesa_payout".into(), 1);
+            }),
+            "valid",
         ),
         (
             "a default naming nobody",
