@@ -437,6 +437,11 @@ async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
     let pre =
         ok(&call(c, "check_payment_policy", ask("request_payment", any_rail("route-9", "0770 123 456"))).await).clone();
     assert_eq!((pre["verdict"].as_str(), pre["code"].as_str()), (Some("denied"), Some("INVALID_ARGUMENT")), "{pre}");
+    // `"rail": null` is no rail named, for the preflight as for the call.
+    let mut unnamed = any_rail("route-10", "0712 345 678");
+    unnamed["rail"] = Value::Null;
+    let pre = ok(&call(c, "check_payment_policy", ask("request_payment", unnamed)).await).clone();
+    assert_eq!(pre["verdict"], "allowed", "{pre}");
     assert_eq!((daraja.pushes().len(), airtel.collections().len()), (2, 1), "a preflight sends nothing");
     // And the check_transaction_status alias reads the same payment.
     let status = ok(&call(c, "check_payment_status", json!({"payment_id": m["payment_id"]})).await).clone();

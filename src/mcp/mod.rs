@@ -711,21 +711,10 @@ impl PaygateMcp {
                     },
                     "request_payment" | "send_payment" => {
                         let mut args = args;
-                        let named =
-                            args.remove("rail").map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
-                        let phone = args.get("phone_number").and_then(serde_json::Value::as_str).unwrap_or_default();
+                        let (named, phone) = take_route(&mut args);
                         let what = if tool == "send_payment" { Routed::Payout } else { Routed::Collection };
-                        match gw.choose_rail(&dry, tool, what, phone, named.as_deref()) {
-                            Ok((rail, rail_tool)) if what == Routed::Payout => {
-                                match parse_args::<SendMpesaPayoutArgs>(args) {
-                                    Ok(x) => gw.send_payout(&dry, rail_tool, rail, x.into()).await,
-                                    Err(e) => Err(e),
-                                }
-                            }
-                            Ok((rail, rail_tool)) => match parse_args::<RequestMpesaPaymentArgs>(args) {
-                                Ok(x) => gw.request_collection(&dry, rail_tool, rail, x.into()).await,
-                                Err(e) => Err(e),
-                            },
+                        match gw.choose_rail(&dry, tool, what, &phone, named.as_deref()) {
+                            Ok((rail, rail_tool)) => run_routed(gw, &dry, what, (rail, rail_tool), args).await,
                             Err(e) => Err(e),
                         }
                     }
@@ -824,30 +813,13 @@ impl PaygateMcp {
         what: Routed,
         mut args: JsonObject,
     ) -> Result<CallToolResponse, ErrorData> {
-        let named = match args.remove("rail") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(s),
-            Some(other) => Some(other.to_string()),
-        };
-        let phone = args.get("phone_number").and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
-        let (rail, rail_tool) = match self.gateway.route(&caller, tool, what, &phone, named.as_deref()).await {
+        let (named, phone) = take_route(&mut args);
+        let chosen = match self.gateway.route(&caller, tool, what, &phone, named.as_deref()).await {
             Ok(chosen) => chosen,
             Err(e) => return Ok(fail(&caller, e).into()),
         };
         let (gateway, c) = (&self.gateway, &caller);
-        self.money(c, round, rail_tool, args, |args| async move {
-            match what {
-                Routed::Collection => {
-                    let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
-                    gateway.request_collection(c, rail_tool, rail, a).await
-                }
-                Routed::Payout => {
-                    let a = parse_args::<SendMpesaPayoutArgs>(args)?.into();
-                    gateway.send_payout(c, rail_tool, rail, a).await
-                }
-            }
-        })
-        .await
+        self.money(c, round, chosen.1, args, |args| run_routed(gateway, c, what, chosen, args)).await
     }
 
     /// `pay_paybill` / `pay_till` (`tool`, the canonical name) and their aliases: one tool each.
@@ -868,6 +840,39 @@ impl PaygateMcp {
             gateway.pay_business(c, tool, MPESA, a).await
         })
         .await
+    }
+}
+
+/// A routed call's choice, taken out of its arguments: the `rail` named (absent or null: none;
+/// anything but a string is kept as written, and refused as no such rail) and the phone number.
+/// The call and its preflight read it alike.
+fn take_route(args: &mut JsonObject) -> (Option<String>, String) {
+    let named = match args.remove("rail") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(other) => Some(other.to_string()),
+    };
+    let phone = args.get("phone_number").and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+    (named, phone)
+}
+
+/// A routed call as the rail's own tool `rail_tool` on `rail` (the call and its preflight).
+async fn run_routed(
+    gateway: &Gateway,
+    caller: &Caller,
+    what: Routed,
+    (rail, rail_tool): (&'static str, &'static str),
+    args: JsonObject,
+) -> Result<crate::gateway::Executed, AgentError> {
+    match what {
+        Routed::Collection => {
+            let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
+            gateway.request_collection(caller, rail_tool, rail, a).await
+        }
+        Routed::Payout => {
+            let a = parse_args::<SendMpesaPayoutArgs>(args)?.into();
+            gateway.send_payout(caller, rail_tool, rail, a).await
+        }
     }
 }
 
