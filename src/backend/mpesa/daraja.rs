@@ -899,17 +899,7 @@ impl DarajaClient {
 
     /// Sends a payout. `Ok` means only *accepted*: the result is posted to `result_url`.
     pub async fn b2c_payment(&self, p: &B2cPayment) -> Result<RequestAccepted, DarajaError> {
-        if p.amount_whole < 1 {
-            return Err(invalid("Amount", "must be a whole number of shillings, at least 1"));
-        }
-        let id = &p.originator_conversation_id;
-        if id.is_empty() || id.chars().any(char::is_control) {
-            return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
-        }
-        let remarks = clean_text(&p.remarks, REMARKS_CHARS_MAX);
-        if remarks.is_empty() {
-            return Err(invalid("Remarks", "is empty"));
-        }
+        let (id, remarks) = money_out(p.amount_whole, &p.originator_conversation_id, &p.remarks)?;
         let cfg = self.initiator()?;
         let body = B2cRequest {
             originator_conversation_id: id,
@@ -930,17 +920,7 @@ impl DarajaClient {
     /// Pays a business from [`DarajaConfig::short_code`]. `Ok` means only *accepted*: the result is
     /// posted to `result_url`.
     pub async fn b2b_payment(&self, p: &B2bPayment) -> Result<RequestAccepted, DarajaError> {
-        if p.amount_whole < 1 {
-            return Err(invalid("Amount", "must be a whole number of shillings, at least 1"));
-        }
-        let id = &p.originator_conversation_id;
-        if id.is_empty() || id.chars().any(char::is_control) {
-            return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
-        }
-        let remarks = clean_text(&p.remarks, REMARKS_CHARS_MAX);
-        if remarks.is_empty() {
-            return Err(invalid("Remarks", "is empty"));
-        }
+        let (id, remarks) = money_out(p.amount_whole, &p.originator_conversation_id, &p.remarks)?;
         let (command_id, number, account_reference) = match &p.to {
             BusinessTo::Paybill { number, account_reference } => {
                 (COMMAND_BUSINESS_PAY_BILL, number, clean_text(account_reference, B2B_ACCOUNT_REFERENCE_CHARS_MAX))
@@ -1177,6 +1157,22 @@ impl DarajaClient {
         let token = Secret::new(parsed.access_token);
         Ok(CachedToken::new(token, expires_in_secs, cfg.token_refresh_margin_secs, &*self.inner.clock))
     }
+}
+
+/// What every payment out (B2C, B2B) must carry before it is sent: at least a shilling, the
+/// gateway's own id, remarks. The id and the cleaned remarks, or the field refused.
+fn money_out<'a>(amount_whole: i64, id: &'a str, remarks: &str) -> Result<(&'a str, String), DarajaError> {
+    if amount_whole < 1 {
+        return Err(invalid("Amount", "must be a whole number of shillings, at least 1"));
+    }
+    if id.is_empty() || id.chars().any(char::is_control) {
+        return Err(invalid("OriginatorConversationID", "is empty or contains control characters"));
+    }
+    let remarks = clean_text(remarks, REMARKS_CHARS_MAX);
+    if remarks.is_empty() {
+        return Err(invalid("Remarks", "is empty"));
+    }
+    Ok((id, remarks))
 }
 
 fn invalid(field: &str, why: &str) -> DarajaError {
