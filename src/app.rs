@@ -281,9 +281,16 @@ async fn serve_tls(
 
 /// The Airtel client's settings from `[airtel]`. (Airtel's callback URL is set in its portal, not
 /// sent with each request.)
-pub fn airtel_config(config: &Config) -> crate::backend::airtel::wire::AirtelConfig {
+pub fn airtel_config(config: &Config) -> Result<crate::backend::airtel::wire::AirtelConfig, String> {
     let a = &config.airtel;
-    crate::backend::airtel::wire::AirtelConfig {
+    // Validated with the config: both or neither, and they parse.
+    let payouts = match (a.disbursement_pin.expose().is_empty(), a.public_key.trim().is_empty()) {
+        (false, false) => {
+            Some(crate::backend::airtel::wire::PayoutCredentials::new(&a.disbursement_pin, &a.public_key)?)
+        }
+        _ => None,
+    };
+    Ok(crate::backend::airtel::wire::AirtelConfig {
         base_url: a.base_url.trim_end_matches('/').to_string(),
         client_id: a.client_id.clone(),
         client_secret: a.client_secret.clone(),
@@ -293,7 +300,8 @@ pub fn airtel_config(config: &Config) -> crate::backend::airtel::wire::AirtelCon
         retries_max: a.retries_max as u32,
         breaker_failures_max: a.breaker_failures_max as u32,
         breaker_open: Duration::from_millis(a.breaker_open_ms as u64),
-    }
+        payouts,
+    })
 }
 
 /// How long an open collection waits before the scheduler asks its rail: the shortest among the
@@ -745,8 +753,14 @@ fn gateway(
     }
     if config.airtel.enabled {
         let a = &config.airtel;
-        let client = crate::backend::airtel::wire::AirtelClient::new(airtel_config(config), clock.clone())
-            .map_err(|e| StartError::Backend(e.to_string()))?;
+        let client = crate::backend::airtel::wire::AirtelClient::new(
+            airtel_config(config).map_err(StartError::Backend)?,
+            clock.clone(),
+        )
+        .map_err(|e| StartError::Backend(e.to_string()))?;
+        if !client.pays_out() {
+            disabled_tools.push("send_airtel_payout".to_string());
+        }
         let rail = crate::backend::airtel::AirtelRail::new(client, store.clone(), clock.clone(), a.account.clone());
         gateway = gateway.with_collection_rail(Arc::new(rail));
         let guard = http::CallbackGuard::new(
@@ -757,7 +771,7 @@ fn gateway(
         );
         rail_callbacks.insert(crate::backend::airtel::RAIL.to_string(), Arc::new(guard));
     } else {
-        disabled_tools.push("request_airtel_payment".to_string());
+        disabled_tools.extend(["request_airtel_payment", "send_airtel_payout"].map(String::from));
     }
     // The tools that choose a rail by phone number route among the enabled rails only.
     let mut tables: Vec<(&str, &[String])> = Vec::new();
@@ -770,8 +784,8 @@ fn gateway(
     if tables.is_empty() {
         disabled_tools.push("request_payment".to_string());
     }
-    if disabled_tools.iter().any(|t| t == "send_mpesa_payout") {
-        // Only M-Pesa pays customers: send_payment is offered with its payouts.
+    if ["send_mpesa_payout", "send_airtel_payout"].iter().all(|t| disabled_tools.iter().any(|d| d == t)) {
+        // No rail pays customers: send_payment has nowhere to route.
         disabled_tools.push("send_payment".to_string());
     }
     gateway = gateway.with_phone_routes(crate::gateway::PhoneRoutes::new(tables));

@@ -126,6 +126,13 @@ pub const TOOLS: &[ToolSpec] = &[
         open_world: true,
     },
     ToolSpec {
+        name: "send_airtel_payout",
+        title: "Send Airtel Money payout",
+        scope: scopes::PAYOUT,
+        effect: Effect::MovesMoney { destructive: true },
+        open_world: true,
+    },
+    ToolSpec {
         name: "request_payment",
         title: "Request a mobile-money payment",
         scope: scopes::COLLECT,
@@ -191,7 +198,7 @@ pub const ALIASES: &[Alias] = &[
 pub fn routed_to(name: &str) -> Option<&'static str> {
     match name {
         "request_payment" => Some("request_mpesa_payment and request_airtel_payment"),
-        "send_payment" => Some("send_mpesa_payout"),
+        "send_payment" => Some("send_mpesa_payout and send_airtel_payout"),
         _ => None,
     }
 }
@@ -269,6 +276,7 @@ mod tests {
                 "request_mpesa_payment",
                 "request_airtel_payment",
                 "send_mpesa_payout",
+                "send_airtel_payout",
                 "request_payment",
                 "send_payment",
                 "pay_paybill",

@@ -407,6 +407,10 @@ pub struct AirtelConfig {
     pub query_after_secs: i64,
     /// Subscriber-number prefixes Airtel Kenya serves (routing by phone number).
     pub prefixes: Vec<String>,
+    /// The disbursing wallet's PIN; with `public_key`, payouts (`send_airtel_payout`) are offered.
+    pub disbursement_pin: crate::secret::Secret,
+    /// Airtel's RSA public key the PIN is encrypted with (base64 DER as the portal gives it, or PEM).
+    pub public_key: String,
 }
 
 /// The operator console (`/console`).
@@ -922,6 +926,18 @@ impl Config {
                 "airtel.callback_secret must be at least 24 URL-safe characters (letters, digits, - and _)".into(),
             ));
         }
+        match (a.disbursement_pin.expose().is_empty(), a.public_key.trim().is_empty()) {
+            (true, true) => {}
+            (false, false) => {
+                crate::backend::airtel::wire::PayoutCredentials::new(&a.disbursement_pin, &a.public_key)
+                    .map_err(|e| ConfigError::Invalid(format!("airtel.disbursement_pin / airtel.public_key: {e}")))?;
+            }
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "airtel.disbursement_pin and airtel.public_key go together: payouts need both".into(),
+                ));
+            }
+        }
         // Two rails booking to one account could not be told apart in balances and summaries.
         if self.mpesa.enabled && a.account == self.mpesa.account {
             return Err(ConfigError::Invalid("airtel.account must differ from mpesa.account".into()));
@@ -1218,6 +1234,19 @@ mod tests {
         assert!(with(&[secret, ("PAYGATE_AIRTEL__RETRIES_MAX", "2")]).is_err(), "must fit the 30 s lease");
         assert!(with(&[secret, ("PAYGATE_AIRTEL__QUERY_AFTER_SECS", "0")]).is_err());
         assert!(with(&[secret, ("PAYGATE_AIRTEL__CALLBACK_SECRET_HEADER", "bad header")]).is_err());
+        // Payouts: the PIN and Airtel's public key together, both valid.
+        let key = include_str!("../tests/fixtures/rsa1.pub.pem");
+        let (pin, public) = (("PAYGATE_AIRTEL__DISBURSEMENT_PIN", "4321"), ("PAYGATE_AIRTEL__PUBLIC_KEY", key));
+        assert!(with(&[secret, pin, public]).is_ok());
+        let e = |extra: &[(&'static str, &'static str)]| with(extra).unwrap_err().to_string();
+        assert!(e(&[secret, pin]).contains("go together"));
+        assert!(e(&[secret, public]).contains("go together"));
+        assert!(e(&[secret, ("PAYGATE_AIRTEL__DISBURSEMENT_PIN", "43210"), public]).contains("4 digits"));
+        assert!(e(&[secret, pin, ("PAYGATE_AIRTEL__PUBLIC_KEY", "not a key")]).contains("public_key"));
+        assert!(
+            !format!("{:?}", with(&[secret, pin, public]).unwrap().airtel).contains("4321"),
+            "the PIN never prints"
+        );
         // Beside M-Pesa, it books to its own account.
         let mpesa = [
             ("PAYGATE_MPESA__ENABLED", "true"),

@@ -13,7 +13,7 @@ mod daraja;
 use std::sync::Arc;
 use std::time::Duration;
 
-use airtel::{AirtelFake, CLIENT_ID, CLIENT_SECRET, CollectMode, EnquiryAnswer};
+use airtel::{AirtelFake, CLIENT_ID, CLIENT_SECRET, CollectMode, EnquiryAnswer, MoneyOutMode, PIN, PUBLIC_KEY_PEM};
 use common::*;
 use daraja::{DarajaFake, FakeConfig, SANDBOX_PASSKEY};
 use paygate::clock::{Clock, ManualClock, SystemClock};
@@ -419,8 +419,8 @@ async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
     }
     assert_eq!((daraja.pushes().len(), airtel.collections().len()), (2, 1), "a refusal sends nothing");
 
-    // send_payment: a Safaricom number is an M-Pesa B2C payout; Airtel pays no customers here, so
-    // an Airtel number's payout is refused.
+    // send_payment: a Safaricom number is an M-Pesa B2C payout; Airtel without its disbursement PIN
+    // pays no customers, so an Airtel number's payout is refused.
     let payer = connect(&app.url, &app.token("dev-agent", "payments:read payments:payout"), Era::Modern).await;
     let payout = json!({"operation_id": "route-p0", "phone_number": "0712 345 678", "amount": "10", "remarks": "r"});
     let paid = ok(&call(&payer, "send_payment", payout).await).clone();
@@ -447,4 +447,204 @@ async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
     let status = ok(&call(c, "check_payment_status", json!({"payment_id": m["payment_id"]})).await).clone();
     assert_eq!(status["payment_id"], m["payment_id"]);
     app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payouts (disbursements) and refunds
+
+/// `[airtel]` with the disbursing wallet's PIN and Airtel's public key: payouts are offered.
+fn paying_airtel_section(fake: &AirtelFake) -> String {
+    format!("{}disbursement_pin = \"{PIN}\"\npublic_key = '''\n{PUBLIC_KEY_PEM}'''\n", airtel_section(fake))
+}
+
+/// A rig whose Airtel pays out; `wait_ms`: how long a call waits for its key in flight.
+async fn paying_rig(clock: Arc<dyn Clock>, wait_ms: &str) -> Rig {
+    let fake = AirtelFake::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", wait_ms)];
+    let app = spawn_with_toml(dir.path(), &overlay(&paying_airtel_section(&fake)), &overrides, clock).await;
+    fake.set_callback_url(&callback_url(&app, SECRET));
+    let client = connect(&app.url, &app.token("dev-agent", &format!("{SCOPES} payments:payout")), Era::Modern).await;
+    Rig { app, fake, client, _dir: dir }
+}
+
+fn payout(op: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "phone_number": "0733 123 456", "amount": amount, "remarks": "Refund INV-1001"})
+}
+
+/// A payout to an Airtel wallet: 32 identical calls at once send one disbursement (carrying the
+/// PIN encrypted with Airtel's key) and replay one payment; the scheduled enquiry settles it with
+/// Airtel's receipt. `send_payment` routes an Airtel number there, in the same operation_id space.
+#[tokio::test]
+async fn an_airtel_payout_is_sent_once_under_concurrent_retries_and_the_enquiry_settles_it() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = paying_rig(clock.clone(), "10000").await;
+    let c = &r.client;
+    let agent = Arc::new(connect(&r.app.url, &r.app.token("dev-agent", "payments:payout"), Era::Modern).await);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let agent = agent.clone();
+        set.spawn(async move { call(&agent, "send_airtel_payout", payout("pay-1", "250")).await });
+    }
+    let (mut ids, mut replayed) = (std::collections::BTreeSet::new(), 0);
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        ids.insert(ok(&res)["payment_id"].as_str().unwrap().to_string());
+        replayed += usize::from(ok(&res)["replayed"] == true);
+    }
+    assert_eq!((ids.len(), replayed), (1, 31), "one payout, 31 replays");
+    assert_eq!(r.fake.disburse_requests(), 1, "Airtel received one disbursement");
+    let d = r.fake.disbursements()[0].clone();
+    assert_eq!((d.msisdn.as_str(), d.amount, d.pin.as_str()), ("733123456", 250, PIN));
+    assert_eq!(d.reference, "Refund INV-1001");
+    assert_eq!(ids.first(), Some(&d.id), "Airtel's transaction id is the gateway's payment id");
+    let p = payment(c, &d.id).await;
+    assert_eq!((p["status"].as_str(), p["to_account"].as_str()), (Some("pending"), Some("airtel-254733123456")));
+
+    // Still in progress at Airtel: the enquiry keeps it open; then it is paid.
+    clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 0);
+    assert_eq!(payment(c, &d.id).await["status"], "pending");
+    r.fake.set_disbursement_status(&d.id, "TS");
+    clock.advance(1);
+    assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 1);
+    let paid = payment(c, &d.id).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    assert_eq!(paid["receipt"]["reference"], d.airtel_money_id.as_str());
+
+    // One tool for any rail: an Airtel number's send_payment is this rail's payout.
+    let routed = ok(&call(c, "send_payment", payout("pay-2", "100")).await).clone();
+    assert_eq!(routed["to_account"], "airtel-254733123456");
+    assert_eq!(r.fake.disburse_requests(), 2);
+    // The same operation_id through the rail's own tool is the same payout.
+    let again = ok(&call(c, "send_airtel_payout", payout("pay-2", "100")).await).clone();
+    assert_eq!((again["payment_id"].clone(), again["replayed"].as_bool()), (routed["payment_id"].clone(), Some(true)));
+    assert_eq!(r.fake.disburse_requests(), 2);
+    r.app.assert_secrets_not_logged();
+    assert_not_logged(&[SECRET, CLIENT_SECRET]);
+    r.app.stop().await;
+}
+
+/// A disbursement whose answer was lost may have paid: it is never sent again, and the enquiry by
+/// the gateway's id settles it (here a failure: nothing was paid).
+#[tokio::test]
+async fn an_airtel_payout_whose_answer_is_lost_is_never_resent_and_the_enquiry_settles_it() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = paying_rig(clock.clone(), "0").await;
+    let c = &r.client;
+    r.fake.set_disburse_mode(MoneyOutMode::Hang);
+    let first = call(c, "send_airtel_payout", payout("lost-pay", "300")).await;
+    assert_eq!(code(&first), "OUTCOME_UNKNOWN");
+    r.fake.set_disburse_mode(MoneyOutMode::Accept);
+    clock.advance(120);
+    let retry = call(c, "send_airtel_payout", payout("lost-pay", "300")).await;
+    assert_eq!(code(&retry), "OUTCOME_UNKNOWN");
+    assert_eq!(r.fake.disburse_requests(), 1, "never sent again");
+    let id = r.fake.disbursements()[0].id.clone();
+    r.fake.set_disbursement_status(&id, "TF");
+    clock.advance(1);
+    assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 1);
+    let failed = payment(c, &id).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(r.fake.disburse_requests(), 1);
+    r.app.stop().await;
+}
+
+/// Refusals move nothing: Airtel failing the transaction, Airtel unavailable, a number that is not
+/// Airtel's, cents; over the autonomous limit a human must approve first.
+#[tokio::test]
+async fn refused_and_over_limit_airtel_payouts_move_nothing() {
+    let r = paying_rig(Arc::new(SystemClock), "0").await;
+    let c = &r.client;
+    r.fake.set_disburse_mode(MoneyOutMode::Refuse);
+    let refused = call(c, "send_airtel_payout", payout("no-1", "150")).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT");
+    assert!(err(&refused)["message"].as_str().unwrap().contains("no money moved"), "{:?}", err(&refused));
+    r.fake.set_disburse_mode(MoneyOutMode::Unavailable);
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("no-2", "150")).await), "BACKEND_UNAVAILABLE");
+    r.fake.set_disburse_mode(MoneyOutMode::Accept);
+    let safaricom = json!({"operation_id": "no-3", "phone_number": "0712345678", "amount": "150", "remarks": "r"});
+    assert_eq!(code(&call(c, "send_airtel_payout", safaricom).await), "INVALID_ARGUMENT");
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("no-4", "150.50")).await), "INVALID_ARGUMENT");
+    let over = call(c, "send_airtel_payout", payout("no-5", "1500")).await;
+    assert_eq!(code(&over), "APPROVAL_REQUIRED", "{:?}", err(&over));
+    assert!(r.fake.disbursements().is_empty(), "nothing was paid");
+    // A refused operation started nothing: once Airtel is back it is sent (once).
+    let sent = ok(&call(c, "send_airtel_payout", payout("no-2", "150")).await).clone();
+    assert_eq!((sent["status"].as_str(), r.fake.disbursements().len()), (Some("pending"), 1));
+    r.app.stop().await;
+}
+
+fn refund_args(op: &str, pid: &str, amount: Option<&str>) -> Value {
+    let mut a = json!({"operation_id": op, "payment_id": pid, "reason": "goods returned"});
+    if let Some(amount) = amount {
+        a["amount"] = json!(amount);
+    }
+    a
+}
+
+/// `refund_payment` of a succeeded Airtel collection refunds it through Airtel, in full, once:
+/// concurrent retries and a second operation send one refund, which Airtel's answer settles at
+/// once; a part refund and a refund of an unpaid collection are refused before anything is sent.
+#[tokio::test]
+async fn a_paid_airtel_collection_is_refunded_once_in_full() {
+    let r = rig_with(&[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "10000")], Arc::new(SystemClock)).await;
+    let c = &r.client;
+    let unpaid = ok(&call(c, "request_airtel_payment", collect("to-refund-0", "150")).await).clone();
+    let p = ok(&call(c, "request_airtel_payment", collect("to-refund", "400")).await).clone();
+    let id = id_of(&p);
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TS".into()));
+    assert_eq!(r.fake.callback(&id, "TS").await, 200);
+    assert_eq!(payment(c, &id).await["status"], "succeeded");
+    let receipt = r.fake.collections().iter().find(|x| x.id == id).unwrap().airtel_money_id.clone();
+
+    let part = call(c, "refund_payment", refund_args("rf-part", &id, Some("100"))).await;
+    assert_eq!(code(&part), "INVALID_ARGUMENT");
+    let not_paid = call(c, "refund_payment", refund_args("rf-unpaid", &id_of(&unpaid), None)).await;
+    assert_eq!(code(&not_paid), "INVALID_ARGUMENT");
+    assert_eq!(r.fake.refund_requests(), 0, "refusals send nothing");
+
+    let agent = Arc::new(connect(&r.app.url, &r.app.token("dev-agent", SCOPES), Era::Modern).await);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (agent, id) = (agent.clone(), id.clone());
+        set.spawn(async move { call(&agent, "refund_payment", refund_args("rf-1", &id, None)).await });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        let refund = ok(&res);
+        assert_eq!(
+            (refund["status"].as_str(), refund["amount"].as_str()),
+            (Some("succeeded"), Some("400.00")),
+            "{refund}"
+        );
+        ids.insert(refund["payment_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 1, "one refund: {ids:?}");
+    // Another operation refunding the same collection sends nothing more.
+    let _ = call(c, "refund_payment", refund_args("rf-2", &id, None)).await;
+    assert_eq!((r.fake.refund_requests(), r.fake.refunds()), (1, vec![receipt]));
+    r.app.stop().await;
+}
+
+/// A refund whose answer was lost may have been done: it is never sent again.
+#[tokio::test]
+async fn an_airtel_refund_whose_answer_is_lost_is_never_resent() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with(&[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")], clock.clone()).await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_airtel_payment", collect("lost-rf", "400")).await).clone();
+    let id = id_of(&p);
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TS".into()));
+    assert_eq!(r.fake.callback(&id, "TS").await, 200);
+    r.fake.set_refund_mode(MoneyOutMode::Hang);
+    assert_eq!(code(&call(c, "refund_payment", refund_args("rf-lost", &id, None)).await), "OUTCOME_UNKNOWN");
+    r.fake.set_refund_mode(MoneyOutMode::Accept);
+    clock.advance(120);
+    assert_eq!(code(&call(c, "refund_payment", refund_args("rf-lost", &id, None)).await), "OUTCOME_UNKNOWN");
+    let other = call(c, "refund_payment", refund_args("rf-lost-2", &id, None)).await;
+    assert_eq!(other.is_error, Some(true), "a second operation does not refund again");
+    assert_eq!(r.fake.refund_requests(), 1, "one refund request");
+    r.app.stop().await;
 }

@@ -80,7 +80,7 @@ fn every_rule_refuses_at_its_bound_and_names_what_is_wrong() {
         (
             "governance on a router",
             Box::new(|d| d.tools.approval_required = vec!["send_payment".into()]),
-            "tools.approval_required: \"send_payment\" runs as the rail's own tool; set it on send_mpesa_payout",
+            "tools.approval_required: \"send_payment\" runs as the rail's own tool; set it on send_mpesa_payout and send_airtel_payout",
         ),
         ("a router disabled", Box::new(|d| d.tools.disabled = vec!["request_payment".into()]), "valid"),
         (

@@ -21,7 +21,8 @@ use crate::mandate::{CallIntent, MandateClaims, authorizes};
 /// the profile's payee rules apply to them (`domain::payee`), and approving one of their payments
 /// makes its payee known. Not collections (money comes in to the rail's own account) or refunds
 /// (money goes back to whoever paid).
-pub(super) const PAYS_PAYEE: &[&str] = &["create_payment", "send_mpesa_payout", "pay_paybill", "pay_till"];
+pub(super) const PAYS_PAYEE: &[&str] =
+    &["create_payment", "send_mpesa_payout", "send_airtel_payout", "pay_paybill", "pay_till"];
 
 /// Longest memo or reason kept, in characters. Free text from agents is data, never instructions.
 pub const MEMO_CHARS_MAX: usize = 140;

@@ -47,6 +47,7 @@ pub fn rail_tool(rail: &str, what: Routed) -> Option<&'static str> {
         ("mpesa", Routed::Collection) => Some("request_mpesa_payment"),
         ("airtel", Routed::Collection) => Some("request_airtel_payment"),
         ("mpesa", Routed::Payout) => Some("send_mpesa_payout"),
+        ("airtel", Routed::Payout) => Some("send_airtel_payout"),
         _ => None,
     }
 }
@@ -149,7 +150,8 @@ mod tests {
         }
         assert_eq!(PhoneRoutes::default().rail_for("712345678"), None);
         assert_eq!(rail_tool("mpesa", Routed::Payout), Some("send_mpesa_payout"));
-        assert_eq!(rail_tool("airtel", Routed::Payout), None);
+        assert_eq!(rail_tool("airtel", Routed::Payout), Some("send_airtel_payout"));
+        assert_eq!(rail_tool("external", Routed::Payout), None);
         assert_eq!(rail_tool("airtel", Routed::Collection), Some("request_airtel_payment"));
     }
 }

@@ -227,6 +227,31 @@ impl From<SendMpesaPayoutArgs> for crate::gateway::SendPayout {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendAirtelPayoutArgs {
+    /// Your id for this payout. Reuse it to retry the SAME payout: the customer is never paid
+    /// twice for one operation_id.
+    pub operation_id: String,
+    /// The customer's Airtel Money Kenya number: 073XXXXXXX, 075XXXXXXX, 078XXXXXXX, 010XXXXXXX or
+    /// 254 followed by the 9 digits.
+    pub phone_number: String,
+    /// Whole Kenyan shillings as a decimal string, e.g. "150" or "150.00".
+    pub amount: String,
+    /// Shown to the customer (at most 25 characters).
+    pub remarks: String,
+    /// A signed mandate from an approval, for payouts over the autonomous limit.
+    #[serde(default)]
+    pub mandate: Option<String>,
+}
+
+impl From<SendAirtelPayoutArgs> for crate::gateway::SendPayout {
+    fn from(a: SendAirtelPayoutArgs) -> Self {
+        let SendAirtelPayoutArgs { operation_id, phone_number, amount, remarks, mandate } = a;
+        crate::gateway::SendPayout { operation_id, phone_number, amount, remarks, mandate }
+    }
+}
+
 /// `request_payment`'s arguments: `request_mpesa_payment`'s, and the rail. (The schema only: the
 /// call runs as the chosen rail's tool, with `rail` taken out.)
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -344,7 +369,7 @@ impl From<PayTillArgs> for crate::gateway::PayBusiness {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckPaymentPolicyArgs {
-    /// The money tool to ask about: create_payment, refund_payment, send_mpesa_payout,
+    /// The money tool to ask about: create_payment, refund_payment, send_mpesa_payout, send_airtel_payout,
     /// pay_paybill, pay_till, request_mpesa_payment (or initiate_stk_push), request_airtel_payment,
     /// request_payment (or initiate_payment) or send_payment.
     pub tool: String,

@@ -30,8 +30,8 @@ use crate::gateway::{ApprovalView, Caller, CorrelationId, Gateway, PageAsk, Rout
 use args::{
     AccountLedgerArgs, CheckPaymentPolicyArgs, CreatePaymentArgs, FailedTransactionsArgs, ListPaymentsArgs,
     PayPaybillArgs, PayTillArgs, PaymentSummaryArgs, ReconcileArgs, RefundPaymentArgs, RequestMpesaPaymentArgs,
-    RequestPaymentArgs, SendMpesaPayoutArgs, SendPaymentArgs, TodaySummaryArgs, TodayTransactionsArgs,
-    TransactionStatusArgs,
+    RequestPaymentArgs, SendAirtelPayoutArgs, SendMpesaPayoutArgs, SendPaymentArgs, TodaySummaryArgs,
+    TodayTransactionsArgs, TransactionStatusArgs,
 };
 use views::{
     AccountLedger, BalanceView, IntegrityView, PaymentList, PaymentResult, PaymentView, ReceiptDocument, ReconcileView,
@@ -485,8 +485,8 @@ impl PaygateMcp {
     #[tool(
         output_schema = result_schema::<PaymentResult>(),
         description = "Pay a customer on whichever mobile-money rail serves their number (or name it in `rail`); \
-                       today only M-Pesa pays customers. The same payout, result and rules as that rail's own tool \
-                       (send_mpesa_payout) and the same operation_id space. Needs scope payments:payout.",
+                       M-Pesa and Airtel Money pay customers. The same payout, result and rules as that rail's own \
+                       tool (send_mpesa_payout, send_airtel_payout) and the same operation_id space. Needs scope payments:payout.",
         input_schema = schema_for_type::<SendPaymentArgs>()
     )]
     async fn send_payment(
@@ -606,6 +606,29 @@ impl PaygateMcp {
 
     #[tool(
         output_schema = result_schema::<PaymentResult>(),
+        description = "Pay a customer over Airtel Money (disbursement): money leaves the business's Airtel Money \
+                       wallet for their phone. Returns the payment as pending; it settles when Airtel's enquiry \
+                       says how it ended (check with get_payment). Exactly one payout per operation_id, even on \
+                       retries and lost answers. Over your autonomous limit it returns APPROVAL_REQUIRED. Needs \
+                       scope payments:payout.",
+        input_schema = schema_for_type::<SendAirtelPayoutArgs>()
+    )]
+    async fn send_airtel_payout(
+        &self,
+        caller: Caller,
+        round: elicitation::Round,
+        args: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (gateway, c) = (&self.gateway, &caller);
+        self.money(c, round, "send_airtel_payout", args, |args| async move {
+            let a = parse_args::<SendAirtelPayoutArgs>(args)?.into();
+            gateway.send_payout(c, "send_airtel_payout", crate::backend::airtel::RAIL, a).await
+        })
+        .await
+    }
+
+    #[tool(
+        output_schema = result_schema::<PaymentResult>(),
         description = "Pay a business's M-Pesa paybill (B2B Business Pay Bill) from the business's own M-Pesa \
                        account: a supplier, a utility, rent — the paybill number and the account it is for there. \
                        Returns the payment as pending; it settles when M-Pesa posts the result (check with \
@@ -707,6 +730,12 @@ impl PaygateMcp {
                     },
                     "send_mpesa_payout" => match parse_args::<SendMpesaPayoutArgs>(args) {
                         Ok(x) => gw.send_payout(&dry, "send_mpesa_payout", MPESA, x.into()).await,
+                        Err(e) => Err(e),
+                    },
+                    "send_airtel_payout" => match parse_args::<SendAirtelPayoutArgs>(args) {
+                        Ok(x) => {
+                            gw.send_payout(&dry, "send_airtel_payout", crate::backend::airtel::RAIL, x.into()).await
+                        }
                         Err(e) => Err(e),
                     },
                     "request_payment" | "send_payment" => {
@@ -868,6 +897,11 @@ async fn run_routed(
         Routed::Collection => {
             let a = parse_args::<RequestMpesaPaymentArgs>(args)?.into();
             gateway.request_collection(caller, rail_tool, rail, a).await
+        }
+        // The chosen rail's own tool's arguments, as if the agent had called it.
+        Routed::Payout if rail_tool == "send_airtel_payout" => {
+            let a = parse_args::<SendAirtelPayoutArgs>(args)?.into();
+            gateway.send_payout(caller, rail_tool, rail, a).await
         }
         Routed::Payout => {
             let a = parse_args::<SendMpesaPayoutArgs>(args)?.into();

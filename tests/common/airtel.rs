@@ -1,9 +1,12 @@
 //! A local Airtel Money (Kenya) Open API fake: a real HTTP server on 127.0.0.1:0 (axum), never the
 //! internet.
 //!
-//! It implements OAuth (`POST /auth/oauth2/token`), collections (`POST /merchant/v1/payments/`) and
-//! the transaction enquiry (`GET /standard/v1/payments/{id}`), and validates requests the way Airtel
-//! does: client credentials, issued Bearer tokens, the `X-Country: KE` / `X-Currency: KES` headers,
+//! It implements OAuth (`POST /auth/oauth2/token`), collections (`POST /merchant/v1/payments/`), the
+//! transaction enquiry (`GET /standard/v1/payments/{id}`), refunds of collections
+//! (`POST /standard/v1/payments/refund`, by the collection's Airtel reference, at most once each),
+//! disbursements (`POST /standard/v1/disbursements/`, the PIN decrypted with the test private key
+//! `tests/fixtures/rsa1.pem` and checked against [`PIN`]) and their enquiry
+//! (`GET /standard/v1/disbursements/{id}`), and validates requests the way Airtel does: client credentials, issued Bearer tokens, the `X-Country: KE` / `X-Currency: KES` headers,
 //! the body's fields (a 9-digit msisdn without country code, a positive whole amount, KE/KES, a
 //! transaction id not seen before). Invalid requests get HTTP 400 with `status.success: false`.
 //!
@@ -31,6 +34,35 @@ use serde_json::{Value, json};
 
 pub const CLIENT_ID: &str = "fake-airtel-client-id";
 pub const CLIENT_SECRET: &str = "fake-airtel-client-secret";
+/// The disbursing wallet's PIN the fake expects (encrypted with [`PUBLIC_KEY_PEM`]).
+pub const PIN: &str = "4321";
+/// The public half of the key the fake decrypts PINs with (a test-only key).
+pub const PUBLIC_KEY_PEM: &str = include_str!("../fixtures/rsa1.pub.pem");
+const PRIVATE_KEY_PEM: &str = include_str!("../fixtures/rsa1.pem");
+
+/// How the fake answers a disbursement or a refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoneyOutMode {
+    /// Record it and answer `success: true`.
+    Accept,
+    /// Record it (money moved at Airtel) and never answer.
+    Hang,
+    /// Refuse: `success: false` with transaction status `TF`; nothing recorded.
+    Refuse,
+    /// Answer HTTP 503 before looking at it; nothing recorded.
+    Unavailable,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedDisbursement {
+    pub id: String,
+    pub msisdn: String,
+    pub amount: i64,
+    pub reference: String,
+    /// The PIN as decrypted from the request.
+    pub pin: String,
+    pub airtel_money_id: String,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CollectMode {
@@ -70,6 +102,9 @@ struct FakeState {
     token_requests: AtomicUsize,
     collect_requests: AtomicUsize,
     enquiry_requests: AtomicUsize,
+    disburse_requests: AtomicUsize,
+    refund_requests: AtomicUsize,
+    key: rsa::PrivateKey,
 }
 
 struct Inner {
@@ -79,6 +114,12 @@ struct Inner {
     collections: Vec<RecordedCollection>,
     enquiries: HashMap<String, EnquiryAnswer>,
     callback_url: Option<String>,
+    disburse_mode: MoneyOutMode,
+    disbursements: Vec<RecordedDisbursement>,
+    disbursement_status: HashMap<String, String>,
+    refund_mode: MoneyOutMode,
+    /// Airtel references of the collections refunded.
+    refunds: Vec<String>,
 }
 
 pub struct AirtelFake {
@@ -105,15 +146,29 @@ impl AirtelFake {
                 collections: Vec::new(),
                 enquiries: HashMap::new(),
                 callback_url: None,
+                disburse_mode: MoneyOutMode::Accept,
+                disbursements: Vec::new(),
+                disbursement_status: HashMap::new(),
+                refund_mode: MoneyOutMode::Accept,
+                refunds: Vec::new(),
             }),
             token_requests: AtomicUsize::new(0),
             collect_requests: AtomicUsize::new(0),
             enquiry_requests: AtomicUsize::new(0),
+            disburse_requests: AtomicUsize::new(0),
+            refund_requests: AtomicUsize::new(0),
+            key: {
+                use rsa::pkcs8::DecodePrivateKey as _;
+                rsa::PrivateKey::from_pkcs8_pem(PRIVATE_KEY_PEM).expect("test private key")
+            },
         });
         let app = Router::new()
             .route("/auth/oauth2/token", post(oauth))
             .route("/merchant/v1/payments/", post(collect))
             .route("/standard/v1/payments/{id}", get(enquiry))
+            .route("/standard/v1/payments/refund", post(refund))
+            .route("/standard/v1/disbursements/", post(disburse))
+            .route("/standard/v1/disbursements/{id}", get(disbursement_enquiry))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind airtel fake");
         let addr = listener.local_addr().expect("airtel fake address");
@@ -143,6 +198,36 @@ impl AirtelFake {
     /// Where callbacks go (Airtel's portal setting).
     pub fn set_callback_url(&self, url: &str) {
         self.inner().callback_url = Some(url.to_string());
+    }
+
+    pub fn set_disburse_mode(&self, mode: MoneyOutMode) {
+        self.inner().disburse_mode = mode;
+    }
+
+    pub fn set_refund_mode(&self, mode: MoneyOutMode) {
+        self.inner().refund_mode = mode;
+    }
+
+    /// What the disbursement enquiry answers for `id` ("TS", "TF", "TIP", …; "TIP" until set).
+    pub fn set_disbursement_status(&self, id: &str, status: &str) {
+        self.inner().disbursement_status.insert(id.to_string(), status.to_string());
+    }
+
+    pub fn disbursements(&self) -> Vec<RecordedDisbursement> {
+        self.inner().disbursements.clone()
+    }
+
+    pub fn disburse_requests(&self) -> usize {
+        self.state.disburse_requests.load(Ordering::SeqCst)
+    }
+
+    /// The Airtel references of the collections refunded, in order.
+    pub fn refunds(&self) -> Vec<String> {
+        self.inner().refunds.clone()
+    }
+
+    pub fn refund_requests(&self) -> usize {
+        self.state.refund_requests.load(Ordering::SeqCst)
     }
 
     pub fn collections(&self) -> Vec<RecordedCollection> {
@@ -316,4 +401,143 @@ async fn enquiry(State(s): State<Arc<FakeState>>, Path(id): Path<String>, header
         .into_response(),
         _ => refusal(StatusCode::OK, "ESB000008", "Transaction not found"),
     }
+}
+
+fn failed_transaction(result_code: &str, message: &str) -> Response {
+    axum::Json(json!({
+        "data": {"transaction": {"status": "TF", "message": message}},
+        "status": airtel_status(StatusCode::OK, false, result_code, message),
+    }))
+    .into_response()
+}
+
+async fn disburse(State(s): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    s.disburse_requests.fetch_add(1, Ordering::SeqCst);
+    if let Err(r) = authorized(&s, &headers) {
+        return *r;
+    }
+    let mode = s.inner.lock().unwrap().disburse_mode;
+    if mode == MoneyOutMode::Unavailable {
+        return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "Service unavailable");
+    }
+    if !is_json(&headers) {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "Content-Type must be application/json");
+    }
+    let Ok(b) = serde_json::from_slice::<Value>(&body) else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "invalid JSON");
+    };
+    let text = |v: &Value| v.as_str().filter(|s| !s.trim().is_empty()).map(str::to_string);
+    let (payee, tx) = (&b["payee"], &b["transaction"]);
+    let msisdn = text(&payee["msisdn"]).filter(|m| m.len() == 9 && m.bytes().all(|c| c.is_ascii_digit()));
+    let amount = tx["amount"].as_i64().filter(|a| *a > 0);
+    let fields_ok = payee["wallet_type"] == "NORMAL" && tx["type"] == "B2C";
+    let (Some(reference), Some(msisdn), Some(amount), Some(id), Some(pin), true) =
+        (text(&b["reference"]), msisdn, amount, text(&tx["id"]), text(&b["pin"]), fields_ok)
+    else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "invalid disbursement request");
+    };
+    use base64::Engine as _;
+    let pin = base64::engine::general_purpose::STANDARD
+        .decode(pin)
+        .ok()
+        .and_then(|sealed| s.key.decrypt(rsa::Pkcs1v15Encrypt, &sealed).ok())
+        .and_then(|clear| String::from_utf8(clear).ok());
+    if pin.as_deref() != Some(PIN) {
+        return failed_transaction("DP00900001017", "Incorrect PIN");
+    }
+    if mode == MoneyOutMode::Refuse {
+        return failed_transaction("DP00900001007", "Not enough balance");
+    }
+    let airtel_money_id = {
+        let mut inner = s.inner.lock().unwrap();
+        if inner.disbursements.iter().any(|d| d.id == id) {
+            return failed_transaction("DP00900001009", "Duplicate transaction id");
+        }
+        inner.seq += 1;
+        let airtel_money_id = format!("DP261201.{:04}.B{:05}", inner.seq, inner.seq * 11);
+        inner.disbursements.push(RecordedDisbursement {
+            id: id.clone(),
+            msisdn,
+            amount,
+            reference,
+            pin: PIN.to_string(),
+            airtel_money_id: airtel_money_id.clone(),
+        });
+        airtel_money_id
+    };
+    if mode == MoneyOutMode::Hang {
+        std::future::pending::<()>().await;
+    }
+    axum::Json(json!({
+        "data": {"transaction": {"reference_id": "18****354", "airtel_money_id": airtel_money_id, "id": id,
+                                 "status": "TIP", "message": "in progress"}},
+        "status": {"response_code": "DP00900001006", "code": "200", "success": true, "result_code": "ESB000010",
+                   "message": "SUCCESS"},
+    }))
+    .into_response()
+}
+
+async fn disbursement_enquiry(State(s): State<Arc<FakeState>>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    s.enquiry_requests.fetch_add(1, Ordering::SeqCst);
+    if let Err(r) = authorized(&s, &headers) {
+        return *r;
+    }
+    let inner = s.inner.lock().unwrap();
+    let Some(d) = inner.disbursements.iter().find(|d| d.id == id) else {
+        return refusal(StatusCode::OK, "ESB000008", "Transaction not found");
+    };
+    let status = inner.disbursement_status.get(&id).cloned().unwrap_or_else(|| "TIP".into());
+    axum::Json(json!({
+        "data": {"transaction": {
+            "airtel_money_id": if status == "TS" { Value::from(d.airtel_money_id.clone()) } else { Value::Null },
+            "id": id,
+            "message": format!("status {status}"),
+            "status": status,
+        }},
+        "status": airtel_status(StatusCode::OK, true, "ESB000010", "SUCCESS"),
+    }))
+    .into_response()
+}
+
+async fn refund(State(s): State<Arc<FakeState>>, headers: HeaderMap, body: Bytes) -> Response {
+    s.refund_requests.fetch_add(1, Ordering::SeqCst);
+    if let Err(r) = authorized(&s, &headers) {
+        return *r;
+    }
+    let mode = s.inner.lock().unwrap().refund_mode;
+    if mode == MoneyOutMode::Unavailable {
+        return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "Service unavailable");
+    }
+    let Ok(b) = serde_json::from_slice::<Value>(&body) else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "invalid JSON");
+    };
+    let Some(reference) = b["transaction"]["airtel_money_id"].as_str().map(str::to_string) else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "transaction.airtel_money_id is required");
+    };
+    if mode == MoneyOutMode::Refuse {
+        return refusal(StatusCode::OK, "ESB000014", "Refund not allowed");
+    }
+    {
+        let mut inner = s.inner.lock().unwrap();
+        let paid = inner
+            .collections
+            .iter()
+            .find(|c| c.airtel_money_id == reference)
+            .is_some_and(|c| matches!(inner.enquiries.get(&c.id), Some(EnquiryAnswer::Status(st)) if st == "TS"));
+        if !paid {
+            return refusal(StatusCode::OK, "ESB000008", "Transaction not found or not successful");
+        }
+        if inner.refunds.contains(&reference) {
+            return refusal(StatusCode::OK, "ESB000041", "Transaction already refunded");
+        }
+        inner.refunds.push(reference.clone());
+    }
+    if mode == MoneyOutMode::Hang {
+        std::future::pending::<()>().await;
+    }
+    axum::Json(json!({
+        "data": {"transaction": {"airtel_money_id": reference, "status": "SUCCESS"}},
+        "status": airtel_status(StatusCode::OK, true, "ESB000010", "SUCCESS"),
+    }))
+    .into_response()
 }

@@ -1,5 +1,6 @@
-//! The Airtel Money (Kenya) rail: collections only, behind the [`CollectionRail`] seam — the
-//! seam's second implementation, next to M-Pesa, with nothing in the gateway naming either.
+//! The Airtel Money (Kenya) rail: collections, their refunds and disbursements (payouts to
+//! customers), behind the [`CollectionRail`] seam — the seam's second implementation, next to
+//! M-Pesa, with nothing in the gateway naming either.
 //!
 //! Airtel lets the merchant choose the transaction id, so the gateway sends its own payment id and
 //! records it as the rail reference *before* sending. The record is opened (guards drawn) first, and
@@ -11,6 +12,16 @@
 //! is false): a success or failure it reports settles only once the enquiry confirms it. Only `TS`
 //! is a success; `TF`/`TE` are failures; `TIP`/`TA` are still pending; anything else stays pending
 //! for reconciliation, never guessed.
+//!
+//! A disbursement is sent under the gateway's payment id too, so one whose answer was lost is asked
+//! about (`enquire_disbursement`) and settled by the scheduled enquiry like a collection; it is never
+//! sent again. It is offered only with the wallet PIN and Airtel's public key configured.
+//!
+//! A refund reverses a succeeded collection in full, keyed by the collection's Airtel reference
+//! (so Airtel itself refuses a second refund of it) and one at a time per collection
+//! ([`reversal_key`]). Airtel answers a refund at once: a `SUCCESS` settles the record then and
+//! there. One whose answer was lost has no id to ask by: it stays unknown, never re-sent, and
+//! reconciliation reports it.
 //!
 //! Wire types live in [`wire`] only; this file turns them into the seam's rail-neutral values
 //! ([`collection_from_args`], [`settlement_of`], [`event_from_callback`], [`settlement_from_enquiry`]).
@@ -24,12 +35,14 @@ use async_trait::async_trait;
 use self::wire::{AirtelClient, AirtelError, CallbackBody, Enquiry, Msisdn, REFERENCE_CHARS_MAX, TransactionStatus};
 use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
-    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, RailEvent, Sent,
-    ValidCollection, send_once,
+    Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayeeArg,
+    PayoutArgs, PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Sent, ValidCollection, ValidPayout,
+    reversal_key, send_once, settle_record,
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
+use crate::domain::money::Money;
 use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
@@ -56,7 +69,23 @@ pub fn collection_from_args(args: CollectionArgs<'_>) -> Result<ValidCollection,
     Ok(ValidCollection::new(phone.to_string(), payer_account, amount, reference, description))
 }
 
-/// The payer's side of a collection, as an account id (`airtel-2547…`).
+/// A payout's arguments → a disbursement Airtel will take: the payee (an Airtel Kenya phone; Airtel
+/// pays no businesses here), the amount (KES, whole shillings), the remarks (Airtel's `reference`,
+/// shown to the payee).
+pub fn payout_from_args(args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
+    let phone = match args.payee {
+        PayeeArg::Customer(phone) => wire::normalize_phone(phone).map_err(PayoutRefusal::Payee)?,
+        PayeeArg::Paybill { .. } | PayeeArg::Till(_) => {
+            return Err(PayoutRefusal::Payee("Airtel Money pays customers' phones only".into()));
+        }
+    };
+    let account = payer_account(&phone).map_err(|e| PayoutRefusal::Payee(e.to_string()))?;
+    let amount = whole_shillings(args.amount, "Airtel Money").map_err(PayoutRefusal::Amount)?;
+    let remarks = customer_text(args.remarks, REFERENCE_CHARS_MAX).map_err(PayoutRefusal::Remarks)?;
+    Ok(ValidPayout::new(phone.to_string(), account, amount, remarks))
+}
+
+/// The payer's side of a collection, or the payee's of a payout, as an account id (`airtel-2547…`).
 pub fn payer_account(phone: &Msisdn) -> Result<AccountId, crate::domain::ids::IdError> {
     AccountId::parse(&format!("{RAIL}-{phone}"))
 }
@@ -96,6 +125,23 @@ pub fn event_from_callback(cb: CallbackBody) -> RailEvent {
         amount_minor: None,
         payer: None,
         receipt: cb.airtel_money_id,
+    }
+}
+
+/// What an Airtel transaction status means for an open disbursement: as for a collection, but no
+/// prompt is waiting for a payer.
+pub fn payout_settlement_of(status: &TransactionStatus, message: &str) -> Settlement {
+    match status {
+        TransactionStatus::Failed => {
+            Settlement::Failed(with_message("Airtel Money reports the payout failed; no money moved", message))
+        }
+        TransactionStatus::Expired => {
+            Settlement::Failed(with_message("Airtel Money reports the payout expired; no money moved", message))
+        }
+        TransactionStatus::InProgress => {
+            Settlement::Pending("the payout is still being processed by Airtel Money (TIP)".into())
+        }
+        other => settlement_of(other, message),
     }
 }
 
@@ -200,6 +246,141 @@ impl CollectionRail for AirtelRail {
         .await
     }
 
+    fn offers(&self, flow: RailFlow) -> bool {
+        match flow {
+            // A refund needs no more than the collection credentials.
+            RailFlow::Collection | RailFlow::Reversal => true,
+            RailFlow::Payout => self.client.pays_out(),
+            RailFlow::Ledger => false,
+        }
+    }
+
+    fn validate_payout(&self, args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
+        payout_from_args(args)
+    }
+
+    /// Open the record (its reference is the payment id, chosen now) and send the disbursement once.
+    async fn pay_out(&self, req: PayoutRequest) -> Result<Payment, BackendError> {
+        let v = &req.payout;
+        let order = &req.order;
+        // Already normal: parsing again is the identity.
+        let msisdn = wire::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
+        let mut rec = order.record(
+            RAIL,
+            (RailFlow::Payout, PaymentKind::Payment),
+            self.account.clone(),
+            v.payee_account().clone(),
+            v.amount(),
+        );
+        rec.memo = Some(v.remarks().to_string());
+        // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
+        rec.rail_ref = Some(order.payment_id.to_string());
+        rec.phone = Some(msisdn.to_string());
+        let disbursement = wire::Disbursement {
+            id: order.payment_id.to_string(),
+            msisdn,
+            amount_whole: v.amount().minor() / 100,
+            reference: v.remarks().to_string(),
+        };
+        let client = self.client.clone();
+        let what = "Airtel Money payout";
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.guards, what, |_| async move {
+            match client.disburse(&disbursement).await {
+                Ok(()) => Sent::Accepted { rail_ref: None },
+                Err(AirtelError::Refused { code, message }) => {
+                    Sent::Refused(format!("Airtel Money refused the payout (error {code}: {message}); no money moved"))
+                }
+                Err(AirtelError::Unavailable(detail) | AirtelError::Config(detail)) => {
+                    Sent::Unavailable(format!("Airtel Money: {detail}"))
+                }
+                Err(AirtelError::OutcomeUnknown(detail)) => Sent::Unknown(format!("Airtel Money: {detail}")),
+            }
+        })
+        .await
+    }
+
+    /// Refund a succeeded collection in full, by its Airtel reference. Airtel's `SUCCESS` settles the
+    /// record at once; there is nothing to ask about later.
+    async fn reverse(&self, req: ReversalRequest) -> Result<Payment, BackendError> {
+        let o = &req.original;
+        let receipt = match (&o.receipt, o.flow, o.state) {
+            (Some(r), RailFlow::Collection, RailState::Succeeded) => r.clone(),
+            _ => {
+                return Err(BackendError::Rejected(
+                    "only a succeeded Airtel Money collection with a receipt can be refunded".into(),
+                ));
+            }
+        };
+        let amount =
+            Money::from_minor(o.amount_minor, o.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let mut rec = req.order.record(
+            RAIL,
+            (RailFlow::Reversal, PaymentKind::Refund),
+            o.to_account.clone(),
+            o.from_account.clone(),
+            amount,
+        );
+        rec.idempotency_key = reversal_key(self.store.as_ref(), &o.id).await?;
+        rec.refund_of = Some(o.id.clone());
+        rec.memo = req.reason.clone();
+        rec.phone = o.phone.clone();
+        let client = self.client.clone();
+        // Airtel's answer names the refund's reference: kept to settle the record once it is recorded.
+        let done = std::sync::Mutex::new(None::<String>);
+        let done_ref = &done;
+        let sent = send_once(
+            self.store.as_ref(),
+            self.clock.as_ref(),
+            rec,
+            req.order.guards,
+            "Airtel Money refund",
+            |_| async move {
+                match client.refund(&receipt).await {
+                    Ok(reference) => {
+                        if let Ok(mut d) = done_ref.lock() {
+                            *d = Some(reference.unwrap_or(receipt));
+                        }
+                        Sent::Accepted { rail_ref: None }
+                    }
+                    Err(AirtelError::Refused { code, message }) => Sent::Refused(format!(
+                        "Airtel Money refused the refund (error {code}: {message}); no money moved"
+                    )),
+                    Err(AirtelError::Unavailable(detail) | AirtelError::Config(detail)) => {
+                        Sent::Unavailable(format!("Airtel Money: {detail}"))
+                    }
+                    Err(AirtelError::OutcomeUnknown(detail)) => Sent::Unknown(format!("Airtel Money: {detail}")),
+                }
+            },
+        )
+        .await?;
+        let refunded = done.lock().ok().and_then(|mut d| d.take());
+        let Some(reference) = refunded else { return Ok(sent) };
+        // Done at Airtel: settle it now (a failure to write leaves it pending for reconciliation).
+        let settled = match self.store.rail_get(&sent.id).await {
+            Ok(Some(rec)) => {
+                settle_record(
+                    self.store.as_ref(),
+                    self.clock.as_ref(),
+                    self,
+                    &rec,
+                    &Settlement::Succeeded,
+                    Some(reference),
+                )
+                .await
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        };
+        match settled {
+            Ok(Some(rec)) => Ok(rec.payment()),
+            Ok(None) => Ok(sent),
+            Err(error) => {
+                tracing::error!(payment_id = %sent.id, %error, "recording a done Airtel Money refund failed");
+                Ok(sent)
+            }
+        }
+    }
+
     fn parse_callback(&self, channel: CallbackChannel, body: &[u8]) -> Result<RailEvent, String> {
         match channel {
             CallbackChannel::Prompt => wire::parse_callback(body).map(event_from_callback),
@@ -224,10 +405,30 @@ impl CollectionRail for AirtelRail {
                 }
                 settlement_from_enquiry(&answer)
             }
-            (RailFlow::Collection, None) => Settlement::Pending("no Airtel transaction id to ask by".into()),
-            (RailFlow::Payout | RailFlow::Reversal | RailFlow::Ledger, _) => {
-                Settlement::Pending("Airtel Money payouts and reversals are not offered".into())
+            (RailFlow::Payout, Some(id)) => {
+                let answer = self.client.enquire_disbursement(id).await;
+                match &answer {
+                    Err(error) => {
+                        tracing::warn!(payment_id = %rec.id, %error, "Airtel Money disbursement enquiry failed")
+                    }
+                    Ok(Enquiry { status: TransactionStatus::Success, airtel_money_id: Some(receipt), .. }) => {
+                        self.keep_receipt(rec, receipt).await;
+                    }
+                    Ok(_) => {}
+                }
+                match answer {
+                    Ok(e) => payout_settlement_of(&e.status, &e.message),
+                    Err(_) => Settlement::Pending(ENQUIRY_FAILED.into()),
+                }
             }
+            (RailFlow::Collection | RailFlow::Payout, None) => {
+                Settlement::Pending("no Airtel transaction id to ask by".into())
+            }
+            // A refund answers at once; one whose answer was lost has nothing to ask by.
+            (RailFlow::Reversal, _) => Settlement::Pending(
+                "an Airtel Money refund whose answer was lost cannot be asked about; reconciliation reports it".into(),
+            ),
+            (RailFlow::Ledger, _) => Settlement::Pending("not an Airtel Money request".into()),
         }
     }
 
@@ -309,5 +510,39 @@ mod tests {
         );
         let other = event_from_callback(CallbackBody { id: "not-a-payment-id".into(), ..cb });
         assert_eq!(other.payment_ref, None);
+    }
+
+    #[test]
+    fn payouts_pay_airtel_customers_only_in_whole_shillings() {
+        let pay = |payee, amount, remarks| payout_from_args(PayoutArgs { payee, amount, remarks });
+        let v = pay(PayeeArg::Customer("0733 123 456"), "250.00", " Cashback ").unwrap();
+        assert_eq!((v.payee(), v.payee_account().as_str()), ("254733123456", "airtel-254733123456"));
+        assert_eq!((v.amount().minor(), v.remarks(), v.business()), (25_000, "Cashback", None));
+        let refusal = |payee, amount, remarks| pay(payee, amount, remarks).unwrap_err();
+        assert!(matches!(refusal(PayeeArg::Customer("0712345678"), "1", "r"), PayoutRefusal::Payee(_)), "Safaricom");
+        assert!(matches!(refusal(PayeeArg::Till("5123456"), "1", "r"), PayoutRefusal::Payee(_)));
+        let paybill = PayeeArg::Paybill { number: "888880", account: "A-1" };
+        assert!(matches!(refusal(paybill, "1", "r"), PayoutRefusal::Payee(_)));
+        assert!(matches!(refusal(PayeeArg::Customer("0733123456"), "1.50", "r"), PayoutRefusal::Amount(_)));
+        let long = "R".repeat(REFERENCE_CHARS_MAX + 1);
+        assert!(matches!(refusal(PayeeArg::Customer("0733123456"), "1", &long), PayoutRefusal::Remarks(_)));
+        assert!(matches!(refusal(PayeeArg::Customer("0733123456"), "1", " "), PayoutRefusal::Remarks(_)));
+    }
+
+    #[test]
+    fn payout_statuses_settle_and_never_guess() {
+        assert_eq!(payout_settlement_of(&TransactionStatus::Success, ""), Settlement::Succeeded);
+        for failed in [TransactionStatus::Failed, TransactionStatus::Expired] {
+            assert!(
+                matches!(payout_settlement_of(&failed, "x"), Settlement::Failed(r) if r.contains("payout") && r.contains("x"))
+            );
+        }
+        for open in [TransactionStatus::InProgress, TransactionStatus::Ambiguous] {
+            assert!(matches!(payout_settlement_of(&open, ""), Settlement::Pending(_)));
+        }
+        assert!(matches!(
+            payout_settlement_of(&TransactionStatus::Other("ZZ".into()), ""),
+            Settlement::Unrecognised(_)
+        ));
     }
 }

@@ -1,4 +1,5 @@
-//! Airtel Money Open API (Kenya, KES collections): the wire types and an HTTP client for them.
+//! Airtel Money Open API (Kenya, KES): collections, their refunds, disbursements (payouts) — the wire
+//! types and an HTTP client for them.
 //!
 //! Architecture Invariant: Airtel's JSON shapes live only in this file. Callers see [`Msisdn`],
 //! [`Collection`], [`Enquiry`], [`TransactionStatus`], [`CallbackBody`] and [`AirtelError`], whose
@@ -7,7 +8,11 @@
 //! (it may have been processed: keep the record, never send it again, ask by its transaction id).
 //!
 //! Airtel lets the merchant choose the transaction id: the gateway sends its own payment id, so a
-//! collection whose answer was lost can still be asked about (`GET /standard/v1/payments/{id}`).
+//! collection or a disbursement whose answer was lost can still be asked about
+//! (`GET /standard/v1/payments/{id}`, `GET /standard/v1/disbursements/{id}`). A refund is keyed by
+//! the collection's Airtel reference and answers at once; it has no id of its own to ask by.
+//! A disbursement carries the wallet's PIN encrypted with Airtel's RSA public key (PKCS#1 v1.5,
+//! base64), fresh for each request ([`PayoutCredentials`]).
 //! This client retries a request only when it certainly was not processed and failed quickly (no
 //! connection, HTTP 429 or 503) and once after a refused token (401); a timeout after sending a
 //! collection is never retried. A circuit breaker fails fast while Airtel keeps failing.
@@ -41,6 +46,78 @@ pub const TRANSACTION_ID_CHARS_MAX: usize = 64;
 const PATH_TOKEN: &str = "/auth/oauth2/token";
 const PATH_COLLECT: &str = "/merchant/v1/payments/";
 const PATH_ENQUIRY: &str = "/standard/v1/payments/";
+const PATH_REFUND: &str = "/standard/v1/payments/refund";
+const PATH_DISBURSE: &str = "/standard/v1/disbursements/";
+const PATH_DISBURSEMENT_ENQUIRY: &str = "/standard/v1/disbursements/";
+
+/// Digits in an Airtel Money wallet PIN.
+pub const PIN_DIGITS: usize = 4;
+/// Sizes of Airtel's RSA public key this client accepts, in bits.
+pub const PUBLIC_KEY_BITS: std::ops::RangeInclusive<usize> = 1024..=4096;
+
+/// What disbursements need besides the API credentials: the disbursing wallet's PIN, sent encrypted
+/// with Airtel's RSA public key (PKCS#1 v1.5, base64). Each request encrypts it afresh. Debug shows
+/// neither.
+#[derive(Clone)]
+pub struct PayoutCredentials {
+    pin: Secret,
+    key: rsa::PublicKey,
+}
+
+impl std::fmt::Debug for PayoutCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PayoutCredentials(***)")
+    }
+}
+
+impl PayoutCredentials {
+    /// `pin`: [`PIN_DIGITS`] digits. `public_key`: Airtel's key as its portal gives it (base64 of
+    /// the DER SubjectPublicKeyInfo, spaces and line breaks ignored) or as a PEM `PUBLIC KEY`.
+    pub fn new(pin: &Secret, public_key: &str) -> Result<Self, String> {
+        let p = pin.expose();
+        if p.len() != PIN_DIGITS || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("the disbursement PIN must be {PIN_DIGITS} digits"));
+        }
+        Ok(PayoutCredentials { pin: pin.clone(), key: parse_public_key(public_key)? })
+    }
+
+    /// The PIN as a disbursement carries it.
+    fn encrypted_pin(&self) -> Result<String, String> {
+        use base64::Engine as _;
+        let mut rng = getrandom::SysRng;
+        let sealed = self
+            .key
+            .encrypt(&mut rng, rsa::Pkcs1v15Encrypt, self.pin.expose().as_bytes())
+            .map_err(|e| format!("encrypting the disbursement PIN failed: {e}"))?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(sealed))
+    }
+}
+
+/// Airtel's RSA public key: a PEM `PUBLIC KEY`, or the base64 of its DER form.
+pub fn parse_public_key(text: &str) -> Result<rsa::PublicKey, String> {
+    use base64::Engine as _;
+    use rsa::pkcs8::DecodePublicKey as _;
+    use rsa::traits::PublicKeyParts as _;
+    let text = text.trim();
+    let key = if text.starts_with("-----BEGIN") {
+        rsa::PublicKey::from_public_key_pem(text).map_err(|e| format!("not an RSA public key in PEM: {e}"))?
+    } else {
+        let b64: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|_| "not a PEM public key nor base64".to_string())?;
+        rsa::PublicKey::from_public_key_der(&der).map_err(|e| format!("not an RSA public key: {e}"))?
+    };
+    let bits = key.size() * 8;
+    if !PUBLIC_KEY_BITS.contains(&bits) {
+        return Err(format!(
+            "an RSA key of {bits} bits; expected {} to {}",
+            PUBLIC_KEY_BITS.start(),
+            PUBLIC_KEY_BITS.end()
+        ));
+    }
+    Ok(key)
+}
 
 #[derive(Clone)]
 pub struct AirtelConfig {
@@ -58,6 +135,8 @@ pub struct AirtelConfig {
     /// Consecutive failed requests that open the circuit, and how long it stays open.
     pub breaker_failures_max: u32,
     pub breaker_open: Duration,
+    /// Set: disbursements (payouts) are offered.
+    pub payouts: Option<PayoutCredentials>,
 }
 
 /// Debug shows neither credential.
@@ -113,6 +192,18 @@ pub struct Collection {
     /// Whole Kenyan shillings, at least 1.
     pub amount_whole: i64,
     /// Shown to the payer; control characters removed, cut to [`REFERENCE_CHARS_MAX`].
+    pub reference: String,
+}
+
+/// One disbursement: pay `amount_whole` shillings to `msisdn`'s wallet, under the gateway's id.
+#[derive(Debug, Clone)]
+pub struct Disbursement {
+    /// The gateway's payment id: Airtel's `transaction.id`, what enquiries name.
+    pub id: String,
+    pub msisdn: Msisdn,
+    /// Whole Kenyan shillings, at least 1.
+    pub amount_whole: i64,
+    /// Shown to the payee; control characters removed, cut to [`REFERENCE_CHARS_MAX`].
     pub reference: String,
 }
 
@@ -227,6 +318,38 @@ struct CollectRequest<'a> {
 }
 
 #[derive(Serialize)]
+struct DisburseRequest<'a> {
+    payee: Payee<'a>,
+    reference: &'a str,
+    pin: &'a str,
+    transaction: DisburseTransaction<'a>,
+}
+
+#[derive(Serialize)]
+struct Payee<'a> {
+    msisdn: &'a str,
+    wallet_type: &'a str,
+}
+
+#[derive(Serialize)]
+struct DisburseTransaction<'a> {
+    amount: i64,
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+}
+
+#[derive(Serialize)]
+struct RefundRequest<'a> {
+    transaction: RefundTransaction<'a>,
+}
+
+#[derive(Serialize)]
+struct RefundTransaction<'a> {
+    airtel_money_id: &'a str,
+}
+
+#[derive(Serialize)]
 struct Subscriber<'a> {
     country: &'a str,
     currency: &'a str,
@@ -318,6 +441,8 @@ impl std::fmt::Debug for AirtelClient {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
     Collect,
+    Disburse,
+    Refund,
     Enquiry,
 }
 
@@ -325,14 +450,16 @@ impl Op {
     fn as_str(self) -> &'static str {
         match self {
             Op::Collect => "collection",
+            Op::Disburse => "disbursement",
+            Op::Refund => "refund",
             Op::Enquiry => "enquiry",
         }
     }
-    /// The error for a failure after the request may have reached Airtel: a collection may have
-    /// started (unknown); an enquiry moves nothing (ask again).
+    /// The error for a failure after the request may have reached Airtel: a collection, a
+    /// disbursement or a refund may have started (unknown); an enquiry moves nothing (ask again).
     fn after_sending(self, why: String) -> AirtelError {
         match self {
-            Op::Collect => AirtelError::OutcomeUnknown(why),
+            Op::Collect | Op::Disburse | Op::Refund => AirtelError::OutcomeUnknown(why),
             Op::Enquiry => AirtelError::Unavailable(why),
         }
     }
@@ -395,14 +522,111 @@ impl AirtelClient {
         Err(error_answer(Op::Collect, &answer, &status))
     }
 
+    /// Whether disbursements are configured ([`AirtelConfig::payouts`]).
+    pub fn pays_out(&self) -> bool {
+        self.inner.cfg.payouts.is_some()
+    }
+
+    /// Sends the disbursement. `Ok` means only *accepted*: the enquiry says how it ended. Sent at
+    /// most once per call: a timeout, a 5xx, or an answer that is neither an acceptance nor a failure
+    /// Airtel reports for this transaction (`TF`) is `OutcomeUnknown` — money may have moved; ask
+    /// by its id, never send it again.
+    pub async fn disburse(&self, d: &Disbursement) -> Result<(), AirtelError> {
+        let Some(credentials) = &self.inner.cfg.payouts else {
+            return Err(AirtelError::Config("disbursements need airtel.disbursement_pin and airtel.public_key".into()));
+        };
+        if d.amount_whole < 1 {
+            return Err(invalid("transaction.amount", "must be a whole number of shillings, at least 1"));
+        }
+        if !is_transaction_id(&d.id) {
+            return Err(invalid("transaction.id", "is empty, too long or holds control characters"));
+        }
+        let reference = clean_text(&d.reference, REFERENCE_CHARS_MAX);
+        if reference.is_empty() {
+            return Err(invalid("reference", "is empty"));
+        }
+        let pin = credentials.encrypted_pin().map_err(AirtelError::Config)?;
+        let body = DisburseRequest {
+            payee: Payee { msisdn: d.msisdn.subscriber(), wallet_type: "NORMAL" },
+            reference: &reference,
+            pin: &pin,
+            transaction: DisburseTransaction { amount: d.amount_whole, id: &d.id, kind: "B2C" },
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| invalid("body", &e.to_string()))?;
+        let answer = self.call(Op::Disburse, reqwest::Method::POST, PATH_DISBURSE, Some(body)).await?;
+        let envelope: Envelope = serde_json::from_slice(&answer.body).unwrap_or_default();
+        let status = envelope.status.unwrap_or_default();
+        if !answer.status.is_success() {
+            return Err(error_answer(Op::Disburse, &answer, &status));
+        }
+        let reported =
+            envelope.data.and_then(|d| d.transaction).and_then(|t| t.status).map(|s| TransactionStatus::parse(&s));
+        match (status.success, reported) {
+            (Some(true), _) => {
+                tracing::debug!(airtel.transaction_id = %d.id, "airtel accepted the disbursement");
+                Ok(())
+            }
+            // Airtel reports this transaction failed: final, nothing moved.
+            (Some(false), Some(TransactionStatus::Failed)) => {
+                Err(AirtelError::Refused { code: status.code(answer.status), message: status.message() })
+            }
+            (_, reported) => Err(AirtelError::OutcomeUnknown(format!(
+                "disbursement: HTTP {} {} (transaction status {:?}) is neither an acceptance nor a failure",
+                answer.status,
+                status.code(answer.status),
+                reported
+            ))),
+        }
+    }
+
+    /// Refunds a collection in full, by the reference Airtel gave it. Airtel answers at once:
+    /// `Ok` is the refund done, with Airtel's reference when it names one. A refund Airtel did not
+    /// report done (a timeout, a 5xx, an answer not saying `SUCCESS`) is `OutcomeUnknown`.
+    pub async fn refund(&self, airtel_money_id: &str) -> Result<Option<String>, AirtelError> {
+        if !is_reference(airtel_money_id) {
+            return Err(invalid("transaction.airtel_money_id", "is not an Airtel reference"));
+        }
+        let body = RefundRequest { transaction: RefundTransaction { airtel_money_id } };
+        let body = serde_json::to_vec(&body).map_err(|e| invalid("body", &e.to_string()))?;
+        let answer = self.call(Op::Refund, reqwest::Method::POST, PATH_REFUND, Some(body)).await?;
+        let envelope: Envelope = serde_json::from_slice(&answer.body).unwrap_or_default();
+        let status = envelope.status.unwrap_or_default();
+        if !answer.status.is_success() {
+            return Err(error_answer(Op::Refund, &answer, &status));
+        }
+        let tx = envelope.data.and_then(|d| d.transaction).unwrap_or_default();
+        match (status.success, tx.status.as_deref().map(str::trim)) {
+            (Some(true), Some("SUCCESS" | "TS")) => Ok(tx.airtel_money_id.filter(|r| is_reference(r))),
+            (Some(false), _) => {
+                Err(AirtelError::Refused { code: status.code(answer.status), message: status.message() })
+            }
+            (_, reported) => Err(AirtelError::OutcomeUnknown(format!(
+                "refund: HTTP {} {} (status {:?}) does not say the refund was done",
+                answer.status,
+                status.code(answer.status),
+                reported.map(|r| clean_text(r, 20))
+            ))),
+        }
+    }
+
+    /// Asks where a collection stands, by the id it was sent with (see [`AirtelClient::enquire_at`]).
+    pub async fn enquire(&self, id: &str) -> Result<Enquiry, AirtelError> {
+        self.enquire_at(PATH_ENQUIRY, id).await
+    }
+
+    /// Asks where a disbursement stands, by the id it was sent with.
+    pub async fn enquire_disbursement(&self, id: &str) -> Result<Enquiry, AirtelError> {
+        self.enquire_at(PATH_DISBURSEMENT_ENQUIRY, id).await
+    }
+
     /// Asks where a transaction stands, by the id it was sent with. Read-only: a timeout or 5xx is
     /// `Unavailable` (ask again later), and `Refused` means only that this *enquiry* was refused
     /// (e.g. an id Airtel does not know), never that the payment failed.
-    pub async fn enquire(&self, id: &str) -> Result<Enquiry, AirtelError> {
+    async fn enquire_at(&self, prefix: &str, id: &str) -> Result<Enquiry, AirtelError> {
         if !is_transaction_id(id) || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
             return Err(invalid("id", "is not a transaction id this gateway sends"));
         }
-        let path = format!("{PATH_ENQUIRY}{id}");
+        let path = format!("{prefix}{id}");
         let answer = self.call(Op::Enquiry, reqwest::Method::GET, &path, None).await?;
         let unparseable = || AirtelError::Unavailable(format!("enquiry: unparseable answer (HTTP {})", answer.status));
         let envelope: Envelope = serde_json::from_slice(&answer.body).map_err(|_| unparseable())?;
@@ -616,5 +840,31 @@ mod tests {
         assert_eq!(TransactionStatus::parse("TA"), TransactionStatus::Ambiguous);
         assert_eq!(TransactionStatus::parse("ts"), TransactionStatus::Other("ts".into()));
         assert_eq!(TransactionStatus::parse("T S\n"), TransactionStatus::Other("TS".into()), "cleaned, still not TS");
+    }
+
+    #[test]
+    fn the_pin_is_four_digits_and_sealed_afresh_for_airtels_key_alone() {
+        use rsa::pkcs8::DecodePrivateKey as _;
+        let public = include_str!("../../../tests/fixtures/rsa1.pub.pem");
+        let private = rsa::PrivateKey::from_pkcs8_pem(include_str!("../../../tests/fixtures/rsa1.pem")).unwrap();
+        let creds = PayoutCredentials::new(&Secret::new("4321".into()), public).unwrap();
+        assert_eq!(format!("{creds:?}"), "PayoutCredentials(***)");
+        let (a, b) = (creds.encrypted_pin().unwrap(), creds.encrypted_pin().unwrap());
+        assert_ne!(a, b, "PKCS#1 v1.5 padding is random: a fresh ciphertext each time");
+        use base64::Engine as _;
+        for sealed in [a, b] {
+            let raw = base64::engine::general_purpose::STANDARD.decode(sealed).unwrap();
+            assert_eq!(private.decrypt(rsa::Pkcs1v15Encrypt, &raw).unwrap(), b"4321");
+        }
+        // The portal's form: the base64 of the DER key, with line breaks.
+        let der: String = public.lines().filter(|l| !l.starts_with("-----")).collect::<Vec<_>>().join("\n");
+        assert!(PayoutCredentials::new(&Secret::new("4321".into()), &der).is_ok());
+        for pin in ["", "123", "12345", "12a4", " 4321"] {
+            let e = PayoutCredentials::new(&Secret::new(pin.into()), public).unwrap_err();
+            assert!(e.contains("4 digits"), "{pin:?}: {e}");
+        }
+        for key in ["", "not base64!", "AAAA", include_str!("../../../tests/fixtures/ec1.pem")] {
+            assert!(PayoutCredentials::new(&Secret::new("4321".into()), key).is_err(), "{key:?}");
+        }
     }
 }
