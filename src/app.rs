@@ -16,7 +16,7 @@ use crate::auth::{AgentAuth, Audience, DevToken, Secret, Verifier};
 use crate::backend::ledger::LedgerBackend;
 use crate::backend::mpesa::simulator::SIMULATOR_PATH;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{BackendKind, Config, MpesaEnvironment};
+use crate::config::{AirtelEnvironment, BackendKind, Config, MpesaEnvironment};
 use crate::domain::payment::AccountSeed;
 use crate::gateway::{Gateway, GatewayLimits};
 use crate::http::{self, AppInner, AppState, RouterConfig, SessionBindings};
@@ -281,17 +281,25 @@ async fn serve_tls(
 
 /// The Airtel client's settings from `[airtel]`. (Airtel's callback URL is set in its portal, not
 /// sent with each request.)
-pub fn airtel_config(config: &Config) -> Result<crate::backend::airtel::wire::AirtelConfig, String> {
+/// The simulator's (`airtel.environment = "simulator"`) base URL is the gateway's own, and its
+/// payout credentials are the simulator's to add (it seals PINs with a key of its own).
+pub fn airtel_config(config: &Config, public_url: &str) -> Result<crate::backend::airtel::wire::AirtelConfig, String> {
+    use crate::backend::airtel::wire::{PRODUCTION_BASE_URL, PayoutCredentials, STAGING_BASE_URL};
     let a = &config.airtel;
     // Validated with the config: both or neither, and they parse.
     let payouts = match (a.disbursement_pin.expose().is_empty(), a.public_key.trim().is_empty()) {
-        (false, false) => {
-            Some(crate::backend::airtel::wire::PayoutCredentials::new(&a.disbursement_pin, &a.public_key)?)
-        }
+        (false, false) => Some(PayoutCredentials::new(&a.disbursement_pin, &a.public_key)?),
         _ => None,
     };
     Ok(crate::backend::airtel::wire::AirtelConfig {
-        base_url: a.base_url.trim_end_matches('/').to_string(),
+        base_url: match (a.base_url.as_str(), a.environment) {
+            (_, AirtelEnvironment::Simulator) => {
+                format!("{}{}", public_url.trim_end_matches('/'), crate::backend::simulator::path("airtel"))
+            }
+            ("", AirtelEnvironment::Production) => PRODUCTION_BASE_URL.to_string(),
+            ("", AirtelEnvironment::Uat) => STAGING_BASE_URL.to_string(),
+            (url, _) => url.trim_end_matches('/').to_string(),
+        },
         client_id: a.client_id.clone(),
         client_secret: a.client_secret.clone(),
         connect_timeout: Duration::from_millis(a.connect_timeout_ms as u64),
@@ -302,6 +310,25 @@ pub fn airtel_config(config: &Config) -> Result<crate::backend::airtel::wire::Ai
         breaker_open: Duration::from_millis(a.breaker_open_ms as u64),
         payouts,
     })
+}
+
+/// What the Airtel simulator expects and where it calls back: the gateway's own credentials and PIN,
+/// and its collection callback route (the path secret, or the configured header carrying it).
+fn airtel_simulator_terms(config: &Config, public_url: &str) -> crate::backend::airtel::simulator::Terms {
+    let a = &config.airtel;
+    let base = format!("{}/callbacks/airtel/collection", public_url.trim_end_matches('/'));
+    let (callback_url, callback_header) = if a.callback_secret_header.is_empty() {
+        (format!("{base}/{}", a.callback_secret.expose()), None)
+    } else {
+        (base, Some((a.callback_secret_header.clone(), a.callback_secret.clone())))
+    };
+    crate::backend::airtel::simulator::Terms {
+        client_id: a.client_id.clone(),
+        client_secret: a.client_secret.clone(),
+        pin: Some(a.disbursement_pin.clone()).filter(|p| !p.expose().is_empty()),
+        callback_url,
+        callback_header,
+    }
 }
 
 /// How long an open collection waits before the scheduler asks its rail: the shortest among the
@@ -477,11 +504,11 @@ impl HeadlessStart {
         let holder = format!("stdio-{}", std::process::id());
         let core = core(config, &self.clock, public_url, self.identity.dev_issuer.clone(), &holder).await?;
         if config.mpesa.enabled || config.airtel.enabled {
-            // The rails call back (and the Daraja simulator answers) at the public URL, which only
+            // The rails call back (and the rail simulators answer) at the public URL, which only
             // `paygate serve` answers; the scheduler's polling settles pending collections either way.
             tracing::info!(
                 http.public_url = %public_url,
-                "no HTTP edge here: rail callbacks and the M-Pesa simulator are `paygate serve`'s, at the public URL"
+                "no HTTP edge here: rail callbacks and the rail simulators are `paygate serve`'s, at the public URL"
             );
         }
         Ok(Headless {
@@ -631,8 +658,8 @@ fn identity(config: &Config, clock: &Arc<dyn Clock>, public_url: &str) -> Result
 /// The gateway over its backend and rails, and what the HTTP edge needs to know of the rails.
 struct Assembled {
     gateway: Arc<Gateway>,
-    /// The Daraja simulator, when `mpesa.environment = "simulator"`.
-    simulator: Option<crate::backend::mpesa::simulator::DarajaSimulator>,
+    /// The rails simulated here (`<rail>.environment = "simulator"`).
+    simulators: Vec<Arc<dyn crate::backend::simulator::RailSimulator>>,
     http_ledger: Option<Arc<crate::backend::http::HttpLedger>>,
     disabled_tools: Vec<String>,
     rail_callbacks: HashMap<String, Arc<http::CallbackGuard>>,
@@ -718,7 +745,7 @@ fn gateway(
     // (`mcp`), so a change to it is live.
     let mut disabled_tools = Vec::new();
     let mut rail_callbacks = HashMap::new();
-    let mut simulator = None;
+    let mut simulators: Vec<Arc<dyn crate::backend::simulator::RailSimulator>> = Vec::new();
     if config.mpesa.enabled {
         let m = &config.mpesa;
         let daraja = daraja_config(config, public_url);
@@ -728,7 +755,7 @@ fn gateway(
             );
             let sim =
                 crate::backend::mpesa::simulator::DarajaSimulator::new(daraja.clone()).map_err(StartError::Backend)?;
-            simulator = Some(sim);
+            simulators.push(Arc::new(sim));
         }
         let client = crate::backend::mpesa::daraja::DarajaClient::new(daraja, clock.clone())
             .map_err(|e| StartError::Backend(e.to_string()))?;
@@ -753,11 +780,23 @@ fn gateway(
     }
     if config.airtel.enabled {
         let a = &config.airtel;
-        let client = crate::backend::airtel::wire::AirtelClient::new(
-            airtel_config(config).map_err(StartError::Backend)?,
-            clock.clone(),
-        )
-        .map_err(|e| StartError::Backend(e.to_string()))?;
+        let mut airtel = airtel_config(config, public_url).map_err(StartError::Backend)?;
+        if a.environment == AirtelEnvironment::Simulator {
+            tracing::warn!(
+                "Airtel Money is SIMULATED inside this gateway (airtel.environment = \"simulator\"): no money moves"
+            );
+            let sim =
+                crate::backend::airtel::simulator::AirtelSimulator::new(airtel_simulator_terms(config, public_url))
+                    .map_err(StartError::Backend)?;
+            if !a.disbursement_pin.expose().is_empty() {
+                let sealed =
+                    crate::backend::airtel::wire::PayoutCredentials::with_key(&a.disbursement_pin, sim.public_key());
+                airtel.payouts = Some(sealed.map_err(StartError::Backend)?);
+            }
+            simulators.push(Arc::new(sim));
+        }
+        let client = crate::backend::airtel::wire::AirtelClient::new(airtel, clock.clone())
+            .map_err(|e| StartError::Backend(e.to_string()))?;
         if !client.pays_out() {
             disabled_tools.push("send_airtel_payout".to_string());
         }
@@ -789,7 +828,7 @@ fn gateway(
         disabled_tools.push("send_payment".to_string());
     }
     gateway = gateway.with_phone_routes(crate::gateway::PhoneRoutes::new(tables));
-    Ok(Assembled { gateway: Arc::new(gateway), simulator, http_ledger, disabled_tools, rail_callbacks })
+    Ok(Assembled { gateway: Arc::new(gateway), simulators, http_ledger, disabled_tools, rail_callbacks })
 }
 
 /// The HTTP edge: the app state every handler shares, and the router over it.
@@ -830,7 +869,7 @@ fn router(
         allowed_origins,
         body_bytes_max: config.server.body_bytes_max as usize,
         rail_callbacks: Arc::new(assembled.rail_callbacks.clone()),
-        simulator: assembled.simulator.clone(),
+        simulators: assembled.simulators.clone(),
         metrics_token: Some(config.server.metrics_token.clone()).filter(|t| !t.expose().is_empty()),
         console: config.console.enabled.then(|| http::ConsoleSettings {
             oidc: (!config.console.client_id.is_empty())

@@ -389,6 +389,9 @@ pub struct MpesaConfig {
 #[serde(deny_unknown_fields)]
 pub struct AirtelConfig {
     pub enabled: bool,
+    /// `base_url` overrides it (not with the simulator).
+    pub environment: AirtelEnvironment,
+    /// Empty: the environment's host.
     pub base_url: String,
     pub client_id: crate::secret::Secret,
     pub client_secret: crate::secret::Secret,
@@ -491,6 +494,17 @@ pub enum MpesaEnvironment {
     Production,
     /// Daraja simulated inside the gateway (`backend::mpesa::simulator`): no credentials reach
     /// Safaricom and no money moves. For demos and first steps.
+    Simulator,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AirtelEnvironment {
+    /// Airtel's UAT (sandbox) host.
+    Uat,
+    Production,
+    /// Airtel's API simulated inside the gateway (`backend::airtel::simulator`): no credentials
+    /// reach Airtel and no money moves. For demos and first steps.
     Simulator,
 }
 
@@ -909,7 +923,15 @@ impl Config {
         if !a.enabled {
             return Ok(());
         }
-        if !(a.base_url.starts_with("https://") || a.base_url.starts_with("http://")) {
+        let simulated = a.environment == AirtelEnvironment::Simulator;
+        if simulated && !a.base_url.is_empty() {
+            return Err(ConfigError::Invalid(
+                "airtel.environment = \"simulator\" serves Airtel's API from this gateway: leave airtel.base_url empty"
+                    .into(),
+            ));
+        }
+        let url_ok = a.base_url.is_empty() || a.base_url.starts_with("https://") || a.base_url.starts_with("http://");
+        if !url_ok {
             return Err(ConfigError::Invalid("airtel.base_url must be an http(s) URL".into()));
         }
         for (key, v) in [("airtel.client_id", a.client_id.expose()), ("airtel.client_secret", a.client_secret.expose())]
@@ -928,6 +950,16 @@ impl Config {
         }
         match (a.disbursement_pin.expose().is_empty(), a.public_key.trim().is_empty()) {
             (true, true) => {}
+            // The simulator seals PINs with a key of its own.
+            (_, false) if simulated => {
+                return Err(ConfigError::Invalid(
+                    "airtel.public_key: the simulator uses a key of its own; leave it empty".into(),
+                ));
+            }
+            (false, true) if simulated => {
+                crate::backend::airtel::wire::check_pin(&a.disbursement_pin)
+                    .map_err(|e| ConfigError::Invalid(format!("airtel.disbursement_pin: {e}")))?;
+            }
             (false, false) => {
                 crate::backend::airtel::wire::PayoutCredentials::new(&a.disbursement_pin, &a.public_key)
                     .map_err(|e| ConfigError::Invalid(format!("airtel.disbursement_pin / airtel.public_key: {e}")))?;
@@ -1247,6 +1279,15 @@ mod tests {
             !format!("{:?}", with(&[secret, pin, public]).unwrap().airtel).contains("4321"),
             "the PIN never prints"
         );
+        // The simulator serves itself (it cannot point at Airtel's production) and seals PINs with
+        // its own key.
+        let sim = ("PAYGATE_AIRTEL__ENVIRONMENT", "simulator");
+        assert!(with(&[secret, sim, pin]).is_ok());
+        let production = ("PAYGATE_AIRTEL__BASE_URL", "https://openapi.airtel.africa");
+        assert!(e(&[secret, sim, production]).contains("leave airtel.base_url empty"));
+        assert!(e(&[secret, sim, pin, public]).contains("a key of its own"));
+        assert!(e(&[secret, sim, ("PAYGATE_AIRTEL__DISBURSEMENT_PIN", "12")]).contains("4 digits"));
+        assert!(with(&[secret, ("PAYGATE_AIRTEL__ENVIRONMENT", "staging")]).is_err(), "uat, production or simulator");
         // Beside M-Pesa, it books to its own account.
         let mpesa = [
             ("PAYGATE_MPESA__ENABLED", "true"),

@@ -648,3 +648,99 @@ async fn an_airtel_refund_whose_answer_is_lost_is_never_resent() {
     assert_eq!(r.fake.refund_requests(), 1, "one refund request");
     r.app.stop().await;
 }
+
+/// The Airtel simulator inside the gateway (`airtel.environment = "simulator"`), driven as a
+/// newcomer drives it: a collection answered on the simulator goes pending → paid (confirmed by the
+/// gateway's own enquiry to it) and is refunded once; a payout pays once, its answer found by the
+/// enquiry; a lost answer is never re-sent and the enquiry settles it; over the limit a human is
+/// needed; only an operator with payments:admin plays the customer.
+#[tokio::test]
+async fn the_airtel_simulator_answers_like_airtel_and_a_person_plays_the_customer() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let dir = tempfile::tempdir().unwrap();
+    let section = format!(
+        r#"
+[airtel]
+enabled = true
+environment = "simulator"
+client_id = "demo-airtel-client"
+client_secret = "demo-airtel-secret"
+disbursement_pin = "1234"
+callback_secret = "{SECRET}"
+request_timeout_ms = 300
+"#
+    );
+    let app = spawn_with_toml(dir.path(), &overlay(&section), &[], clock.clone()).await;
+    let c = &connect(&app.url, &app.token("dev-agent", &format!("{SCOPES} payments:payout")), Era::Modern).await;
+    let control = format!("{}/simulator/control/airtel", app.base());
+    let http = reqwest::Client::new();
+    let op = app.operator_token("alice", "payments:admin");
+    let post = |path: String| {
+        let (http, op) = (http.clone(), op.clone());
+        async move {
+            let r = http.post(path).bearer_auth(op).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or_default())
+        }
+    };
+    let view = || {
+        let (http, op, control) = (http.clone(), op.clone(), control.clone());
+        async move { http.get(&control).bearer_auth(&op).send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let poll = || async { app.running.gateway.poll_rails(0, POLL_BUDGET).await };
+
+    // A collection: pending until the "customer" pays on the simulator; the callback reaches the
+    // gateway's real route and the gateway's enquiry confirms it.
+    let paid = ok(&call(c, "request_airtel_payment", collect("sim-1", "150")).await).clone();
+    let paid_id = id_of(&paid);
+    assert_eq!(paid["status"], "pending");
+    let (status, answered) = post(format!("{control}/latest/accept")).await;
+    assert_eq!((status, answered["callback_status"].as_u64()), (200, Some(200)), "{answered}");
+    let settled = payment(c, &paid_id).await;
+    assert_eq!((settled["status"].as_str(), settled["receipt"]["rail"].as_str()), (Some("succeeded"), Some("airtel")));
+    let declined = ok(&call(c, "request_airtel_payment", collect("sim-2", "20")).await).clone();
+    assert_eq!(post(format!("{control}/latest/decline")).await.0, 200);
+    assert_eq!(payment(c, &id_of(&declined)).await["status"], "failed");
+
+    // Refunded once, in full: Airtel's answer settles it at once.
+    let refund = ok(&call(c, "refund_payment", refund_args("sim-rf", &paid_id, None)).await).clone();
+    assert_eq!((refund["status"].as_str(), refund["amount"].as_str()), (Some("succeeded"), Some("150.00")), "{refund}");
+    let _ = call(c, "refund_payment", refund_args("sim-rf-2", &paid_id, None)).await;
+    let refunds = |v: &Value| v["items"].as_array().unwrap().iter().filter(|i| i["kind"] == "refund").count();
+    assert_eq!(refunds(&view().await), 1, "refunded once");
+
+    // A payout, paid once: Airtel posts no payout callback; the enquiry finds it paid.
+    let payout_id = id_of(ok(&call(c, "send_airtel_payout", payout("sim-pay", "250")).await));
+    let (status, answered) = post(format!("{control}/{payout_id}/accept")).await;
+    assert_eq!((status, answered["callback_status"].clone()), (200, Value::Null), "{answered}");
+    assert_eq!(payment(c, &payout_id).await["status"], "pending");
+    clock.advance(120);
+    assert_eq!(poll().await, 1);
+    assert_eq!(payment(c, &payout_id).await["status"], "succeeded");
+
+    // A payout whose answer is lost: unknown, never sent again, settled by the enquiry.
+    assert_eq!(post(format!("{control}/lose-next-answer")).await.0, 200);
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("sim-lost", "300")).await), "OUTCOME_UNKNOWN");
+    clock.advance(120);
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("sim-lost", "300")).await), "OUTCOME_UNKNOWN");
+    let v = view().await;
+    let lost: Vec<&Value> = v["items"].as_array().unwrap().iter().filter(|i| i["amount"] == 300).collect();
+    assert_eq!(lost.len(), 1, "sent once: {v}");
+    let lost_id = lost[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(post(format!("{control}/{lost_id}/accept")).await.0, 200);
+    clock.advance(120);
+    assert_eq!(poll().await, 1);
+    assert_eq!(payment(c, &lost_id).await["status"], "succeeded", "the enquiry settled it");
+
+    // Over the autonomous limit: a human first; nothing reaches the simulator.
+    let items = view().await["items"].as_array().unwrap().len();
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("sim-big", "1500")).await), "APPROVAL_REQUIRED");
+    assert_eq!(view().await["items"].as_array().unwrap().len(), items);
+
+    // Only an operator with payments:admin plays the customer; there is no simulator of other rails.
+    let auditor = app.operator_token("bob", "payments:audit");
+    assert_eq!(http.get(&control).bearer_auth(&auditor).send().await.unwrap().status(), 403);
+    assert_eq!(post(format!("{}/simulator/control/mpesa/latest/accept", app.base())).await.0, 404);
+    assert_eq!(post(format!("{control}/{lost_id}/accept")).await.0, 404, "answered once");
+    assert_eq!(post(format!("{control}/latest/shrug")).await.0, 400);
+    app.stop().await;
+}

@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod mpesa;
 pub mod outbound;
 pub mod rail;
+pub mod simulator;
 
 use async_trait::async_trait;
 

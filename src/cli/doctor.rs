@@ -393,6 +393,31 @@ async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mu
             ),
         }
     }
+    if c.airtel.enabled && c.airtel.environment == crate::config::AirtelEnvironment::Simulator {
+        r.pass("airtel", "SIMULATED inside this gateway (airtel.environment = \"simulator\"): no money moves");
+    } else if c.airtel.enabled {
+        let public_url = crate::app::public_url(c, "http", &c.server.bind);
+        let clock: std::sync::Arc<dyn crate::clock::Clock> = std::sync::Arc::new(crate::clock::SystemClock);
+        let checked = match crate::app::airtel_config(c, &public_url) {
+            Ok(cfg) => {
+                let base = cfg.base_url.clone();
+                let client = crate::backend::airtel::wire::AirtelClient::new(cfg, clock).map_err(|e| e.to_string());
+                match client {
+                    Ok(client) => client.check_credentials().await.map(|()| base).map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(base) => r.pass("airtel", format!("Airtel {base} issued an OAuth token for the client id")),
+            Err(e) => r.fail(
+                "airtel",
+                format!("Airtel: {e}"),
+                "check PAYGATE_AIRTEL__CLIENT_ID / __CLIENT_SECRET for this environment (UAT and production differ)",
+            ),
+        }
+    }
 }
 
 fn is_loopback_host(host: &str) -> bool {

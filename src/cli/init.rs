@@ -92,10 +92,12 @@ fn render(opts: &InitOptions) -> (String, String) {
             };
             // The callback secret is real: the simulator's callbacks pass the same checks Daraja's do.
             let secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
+            let airtel_secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
             let text = DEMO_TEMPLATE
                 .replace("{bind}", &toml_str(DEV_BIND))
                 .replace("{public_url_line}", &public_line)
                 .replace("{callback_secret}", &toml_str(&secret))
+                .replace("{airtel_callback_secret}", &toml_str(&airtel_secret))
                 .replace("{data_dir}", &toml_str(&opts.dir.join("data").to_string_lossy()));
             (text, public_url)
         }
@@ -152,14 +154,15 @@ demo = true
 "#;
 
 const DEMO_TEMPLATE: &str = r#"# paygate configuration, written by `paygate init --demo`.
-# A demo: the dev setup (SQLite in data_dir, the embedded ledger, the dev key) with M-Pesa SIMULATED
-# inside the gateway. Agents ask customers to pay (STK push), pay customers (B2C) and pay businesses
-# (paybills, tills); nothing goes to Safaricom and no money moves. You play the customer's phone and
-# M-Pesa on the simulator's control routes (an operator token with payments:admin):
+# A demo: the dev setup (SQLite in data_dir, the embedded ledger, the dev key) with M-Pesa and Airtel
+# Money SIMULATED inside the gateway. Agents ask customers to pay (STK push, Airtel collections), pay
+# customers (B2C, Airtel disbursements), pay businesses (paybills, tills) and refund; nothing goes to
+# Safaricom or Airtel and no money moves. You play the customer's phone and the rail on the
+# simulators' control routes (an operator token with payments:admin), <rail> = mpesa or airtel:
 #
-#   GET  <public_url>/simulator/control/mpesa                      what is pending
-#   POST <public_url>/simulator/control/mpesa/latest/accept        pay it (or decline, timeout)
-#   POST <public_url>/simulator/control/mpesa/lose-next-answer     the next request's answer is lost
+#   GET  <public_url>/simulator/control/<rail>                      what is pending
+#   POST <public_url>/simulator/control/<rail>/latest/accept        pay it (or decline, timeout)
+#   POST <public_url>/simulator/control/<rail>/lose-next-answer     the next request's answer is lost
 #
 #   paygate serve --config paygate.toml        (from a checkout: cargo run --release -- --config paygate.toml)
 
@@ -198,6 +201,19 @@ callback_secret = {callback_secret}
 # A lost answer shows quickly.
 request_timeout_ms = 2000
 
+[airtel]
+enabled = true
+# Airtel's API served by this gateway at <public_url>/simulator/airtel. Never "production" here.
+environment = "simulator"
+# The simulator checks these (and the disbursement PIN, sealed with its own key) as Airtel would.
+client_id = "demo-airtel-client"
+client_secret = "demo-airtel-secret"
+disbursement_pin = "1234"
+callback_secret = {airtel_callback_secret}
+request_timeout_ms = 2000
+# Airtel posts no payout callback: the enquiry finds a payout's outcome; ask soon in a demo.
+query_after_secs = 5
+
 [policy]
 default_profile = "none"
 
@@ -211,7 +227,7 @@ calls_per_minute = 60
 name = "dev"
 dev_key_only = true
 subjects = ["dev-agent"]
-allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
+allowed_accounts = ["acct-A", "acct-B", "mpesa-collections", "airtel-collections"]
 # Per payment without a human (KES 1,000.00); above it the call returns APPROVAL_REQUIRED.
 autonomous_limit = { KES = "1000.00" }
 daily_limit = { KES = "100000.00" }
@@ -400,6 +416,9 @@ mod tests {
                     assert!(c.auth.dev_key_on() && c.mpesa.enabled);
                     assert_eq!(c.mpesa.environment, crate::config::MpesaEnvironment::Simulator);
                     assert!(c.mpesa.callback_secret.expose().len() >= 24, "a real callback secret");
+                    assert_eq!(c.airtel.environment, crate::config::AirtelEnvironment::Simulator);
+                    assert!(c.airtel.enabled && c.airtel.callback_secret.expose().len() >= 24);
+                    assert_ne!(c.airtel.callback_secret.expose(), c.mpesa.callback_secret.expose());
                     assert!(
                         c.policy
                             .profiles

@@ -88,9 +88,9 @@ pub struct AppInner {
     pub session_idle_secs: u64,
     /// Each enabled rail's callback secret and source allow-list, by rail name.
     pub rail_callbacks: Arc<std::collections::HashMap<String, Arc<CallbackGuard>>>,
-    /// The Daraja simulator (`mpesa.environment = "simulator"`): its Daraja routes under
-    /// `/simulator/mpesa`, its control routes under `/simulator/control/mpesa` (operators).
-    pub simulator: Option<crate::backend::mpesa::simulator::DarajaSimulator>,
+    /// The rails simulated here (`<rail>.environment = "simulator"`): each one's API under
+    /// `/simulator/<rail>`, its control routes under `/simulator/control/<rail>` (operators).
+    pub simulators: Vec<Arc<dyn crate::backend::simulator::RailSimulator>>,
     /// Bearer token /metrics asks for; `None`: loopback peers only.
     pub metrics_token: Option<Secret>,
     /// The operator console's sign-in settings; `None`: the console is off.
@@ -193,15 +193,19 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .route("/console/app.css", get(console::style))
         .route("/console/config.json", get(console::config));
 
-    let simulator_routes = match &state.simulator {
-        Some(sim) => Router::new()
-            .nest_service(crate::backend::mpesa::simulator::SIMULATOR_PATH, sim.router())
-            .route("/simulator/control/mpesa", get(simulator::view))
-            .route("/simulator/control/mpesa/lose-next-answer", post(simulator::lose_next_answer))
-            .route("/simulator/control/mpesa/{id}/{answer}", post(simulator::answer))
+    let simulator_routes = if state.simulators.is_empty() {
+        Router::new()
+    } else {
+        let mut routes = Router::new()
+            .route("/simulator/control/{rail}", get(simulator::view))
+            .route("/simulator/control/{rail}/lose-next-answer", post(simulator::lose_next_answer))
+            .route("/simulator/control/{rail}/{id}/{answer}", post(simulator::answer));
+        for sim in &state.simulators {
+            routes = routes.nest_service(&crate::backend::simulator::path(sim.rail()), sim.router());
+        }
+        routes
             .layer(RequestBodyLimitLayer::new(callbacks::CALLBACK_BODY_BYTES_MAX))
-            .layer(axum::middleware::from_fn(operator::json_errors)),
-        None => Router::new(),
+            .layer(axum::middleware::from_fn(operator::json_errors))
     };
 
     Router::new()

@@ -26,6 +26,7 @@
 //! Wire types live in [`wire`] only; this file turns them into the seam's rail-neutral values
 //! ([`collection_from_args`], [`settlement_of`], [`event_from_callback`], [`settlement_from_enquiry`]).
 
+pub mod simulator;
 pub mod wire;
 
 use std::sync::Arc;

@@ -74,11 +74,14 @@ impl PayoutCredentials {
     /// `pin`: [`PIN_DIGITS`] digits. `public_key`: Airtel's key as its portal gives it (base64 of
     /// the DER SubjectPublicKeyInfo, spaces and line breaks ignored) or as a PEM `PUBLIC KEY`.
     pub fn new(pin: &Secret, public_key: &str) -> Result<Self, String> {
-        let p = pin.expose();
-        if p.len() != PIN_DIGITS || !p.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("the disbursement PIN must be {PIN_DIGITS} digits"));
-        }
+        check_pin(pin)?;
         Ok(PayoutCredentials { pin: pin.clone(), key: parse_public_key(public_key)? })
+    }
+
+    /// With a key already parsed (the simulator's own).
+    pub fn with_key(pin: &Secret, key: rsa::PublicKey) -> Result<Self, String> {
+        check_pin(pin)?;
+        Ok(PayoutCredentials { pin: pin.clone(), key })
     }
 
     /// The PIN as a disbursement carries it.
@@ -91,6 +94,15 @@ impl PayoutCredentials {
             .map_err(|e| format!("encrypting the disbursement PIN failed: {e}"))?;
         Ok(base64::engine::general_purpose::STANDARD.encode(sealed))
     }
+}
+
+/// A wallet PIN: [`PIN_DIGITS`] digits.
+pub fn check_pin(pin: &Secret) -> Result<(), String> {
+    let p = pin.expose();
+    if p.len() != PIN_DIGITS || !p.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("the disbursement PIN must be {PIN_DIGITS} digits"));
+    }
+    Ok(())
 }
 
 /// Airtel's RSA public key: a PEM `PUBLIC KEY`, or the base64 of its DER form.
@@ -121,7 +133,8 @@ pub fn parse_public_key(text: &str) -> Result<rsa::PublicKey, String> {
 
 #[derive(Clone)]
 pub struct AirtelConfig {
-    /// [`STAGING_BASE_URL`], [`PRODUCTION_BASE_URL`], or a local fake in tests.
+    /// [`STAGING_BASE_URL`], [`PRODUCTION_BASE_URL`], the gateway's own simulator, or a local fake
+    /// in tests.
     pub base_url: String,
     pub client_id: Secret,
     pub client_secret: Secret,

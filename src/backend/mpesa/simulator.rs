@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -25,30 +26,15 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::daraja::DarajaConfig;
+use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX};
 
 /// Where the simulator's Daraja is served on the gateway (its `base_url` is `<public_url>` + this).
 pub const SIMULATOR_PATH: &str = "/simulator/mpesa";
-/// Prompts and payments the simulator keeps; past this it refuses new ones (503, unprocessed).
-pub const SIMULATOR_ITEMS_MAX: usize = 10_000;
 /// How long a request whose answer is "lost" is held before the simulator lets it go (the client's
 /// own timeout is far shorter).
 const LOST_ANSWER_HOLD: Duration = Duration::from_secs(60);
 /// The lifetime of a simulator token, as Daraja's ("3599").
 const TOKEN_TTL_SECS: u64 = 3599;
-
-/// How a person answers a pending prompt or payment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Answer {
-    /// The customer paid (a prompt), or M-Pesa completed the payment.
-    Accept,
-    /// The customer cancelled (ResultCode 1032), or M-Pesa refused the payment (ResultCode 2001).
-    Decline,
-    /// The phone never answered (ResultCode 1037). For a payment: M-Pesa completed it but its
-    /// result is lost — only a queue-timeout notice arrives (it settles nothing), and the gateway's
-    /// Transaction Status query then finds it completed.
-    Timeout,
-}
 
 /// What kind of request an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -118,9 +104,16 @@ impl DarajaSimulator {
             .map_err(|e| format!("simulator http client: {e}"))?;
         Ok(DarajaSimulator { sim: Arc::new(Sim { cfg, inner: Mutex::new(Inner::default()), http }) })
     }
+}
+
+#[async_trait]
+impl RailSimulator for DarajaSimulator {
+    fn rail(&self) -> &'static str {
+        super::RAIL
+    }
 
     /// Daraja's endpoints, to be nested under `/simulator/mpesa`.
-    pub fn router(&self) -> Router {
+    fn router(&self) -> Router {
         Router::new()
             .route("/oauth/v1/generate", get(oauth))
             .route("/mpesa/stkpush/v1/processrequest", post(stk_push))
@@ -133,21 +126,21 @@ impl DarajaSimulator {
     }
 
     /// Every prompt and payment, newest first, and whether the next answer will be lost.
-    pub fn view(&self) -> Value {
+    fn view(&self) -> Value {
         let inner = self.sim.lock();
         let items: Vec<&Item> = inner.items.iter().rev().collect();
         json!({"items": items, "lose_next_answer": inner.lose_next})
     }
 
     /// The next money request is processed and its answer never sent.
-    pub fn lose_next_answer(&self) {
+    fn lose_next_answer(&self) {
         self.sim.lock().lose_next = true;
     }
 
     /// Answers a pending item (`id`, or "latest": the newest pending one) and posts Daraja's
     /// callback or result to the gateway: the item's id and the HTTP status the gateway gave the
     /// callback. `Err`: no such pending item (a sentence).
-    pub async fn answer(&self, id: &str, answer: Answer) -> Result<(String, u16), String> {
+    async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String> {
         let (item, url, body) = {
             let mut inner = self.sim.lock();
             // "latest": the newest item still pending.
@@ -181,7 +174,7 @@ impl DarajaSimulator {
         };
         let sent = self.sim.http.post(&url).json(&body).send().await;
         match sent {
-            Ok(resp) => Ok((item.id, resp.status().as_u16())),
+            Ok(resp) => Ok((item.id, Some(resp.status().as_u16()))),
             Err(e) => Err(format!("the callback for {} could not be delivered: {e}", item.id)),
         }
     }

@@ -1,0 +1,408 @@
+//! An Airtel Money simulator inside the gateway (`airtel.environment = "simulator"`): Airtel-shaped
+//! endpoints under `/simulator/airtel` — OAuth, collections and their enquiry, refunds,
+//! disbursements and their enquiry — that the gateway's own Airtel client calls over HTTP exactly
+//! as it calls Airtel. Nothing is answered by itself: a person answers each pending collection or
+//! disbursement (accept, decline, time out) through the operator's control routes. A collection's
+//! answer is posted as Airtel's callback to the gateway's real callback route, with the real secret
+//! and the real checks (the gateway then confirms it by enquiry, as with Airtel); a disbursement's
+//! is found by the gateway's scheduled enquiry, as with Airtel. It can also lose its next answer
+//! (the request is processed, its HTTP answer never comes), which is how a newcomer sees an unknown
+//! outcome settled by the enquiry.
+//!
+//! Disbursements carry the PIN sealed with the simulator's own RSA key, made at start (the gateway's
+//! client is given its public half): a wrong PIN is refused as Airtel refuses it.
+//!
+//! It moves no money anywhere: it is for local demos and first steps. A config cannot name it and
+//! Airtel's production at once (there is one `airtel.environment`). Its wire shapes are Airtel's,
+//! written here on the serving side (the client's are in [`super::wire`]).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX};
+use crate::secret::Secret;
+
+/// How long a request whose answer is "lost" is held before the simulator lets it go (the client's
+/// own timeout is far shorter).
+const LOST_ANSWER_HOLD: Duration = Duration::from_secs(60);
+/// The lifetime of a simulator token, in seconds (Airtel's are short-lived too).
+const TOKEN_TTL_SECS: u64 = 180;
+/// The size of the simulator's own RSA key (it seals nothing of value).
+const KEY_BITS: usize = 2048;
+
+/// What the simulator expects of the gateway's client, and where it calls back.
+#[derive(Clone)]
+pub struct Terms {
+    pub client_id: Secret,
+    pub client_secret: Secret,
+    /// The disbursing wallet's PIN; `None`: disbursements are refused.
+    pub pin: Option<Secret>,
+    /// The gateway's collection callback route (with its path secret, unless a header carries it).
+    pub callback_url: String,
+    /// The header carrying the callback secret, when one is configured.
+    pub callback_header: Option<(String, Secret)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    Collection,
+    Payout,
+    Refund,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Item {
+    /// The transaction id the gateway chose (its payment id); a refund's is the simulator's.
+    id: String,
+    kind: Kind,
+    /// The subscriber (9 digits) prompted or paid; for a refund, the Airtel reference refunded.
+    party: String,
+    amount: i64,
+    /// "pending", "paid", "declined", "expired"; a refunded collection "refunded"; a refund "done".
+    status: &'static str,
+    #[serde(skip)]
+    airtel_money_id: String,
+}
+
+impl Item {
+    /// The enquiry's transaction status for it.
+    fn code(&self) -> &'static str {
+        match self.status {
+            "paid" | "refunded" | "done" => "TS",
+            "declined" => "TF",
+            "expired" => "TE",
+            _ => "TIP",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    tokens: Vec<String>,
+    items: Vec<Item>,
+    seq: u64,
+    lose_next: bool,
+}
+
+struct Sim {
+    terms: Terms,
+    key: rsa::PrivateKey,
+    inner: Mutex<Inner>,
+    http: reqwest::Client,
+}
+
+/// The simulator: its Airtel routes and what a person does to it ([`RailSimulator`]).
+#[derive(Clone)]
+pub struct AirtelSimulator {
+    sim: Arc<Sim>,
+}
+
+impl AirtelSimulator {
+    /// A simulator expecting exactly the credentials and PIN in `terms`, with a fresh RSA key.
+    pub fn new(terms: Terms) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("simulator http client: {e}"))?;
+        let key = rsa::PrivateKey::new(&mut getrandom::SysRng, KEY_BITS)
+            .map_err(|e| format!("making the Airtel simulator's key failed: {e}"))?;
+        Ok(AirtelSimulator { sim: Arc::new(Sim { terms, key, inner: Mutex::new(Inner::default()), http }) })
+    }
+
+    /// The public half of the key disbursement PINs are sealed with.
+    pub fn public_key(&self) -> rsa::PublicKey {
+        self.sim.key.to_public_key()
+    }
+}
+
+#[async_trait]
+impl RailSimulator for AirtelSimulator {
+    fn rail(&self) -> &'static str {
+        super::RAIL
+    }
+
+    fn router(&self) -> Router {
+        Router::new()
+            .route("/auth/oauth2/token", post(oauth))
+            .route("/merchant/v1/payments/", post(collect))
+            .route("/standard/v1/payments/refund", post(refund))
+            .route("/standard/v1/payments/{id}", get(|s, p, h| enquiry(s, p, h, Kind::Collection)))
+            .route("/standard/v1/disbursements/", post(disburse))
+            .route("/standard/v1/disbursements/{id}", get(|s, p, h| enquiry(s, p, h, Kind::Payout)))
+            .with_state(self.sim.clone())
+    }
+
+    fn view(&self) -> Value {
+        let inner = self.sim.lock();
+        let items: Vec<&Item> = inner.items.iter().rev().collect();
+        json!({"items": items, "lose_next_answer": inner.lose_next})
+    }
+
+    fn lose_next_answer(&self) {
+        self.sim.lock().lose_next = true;
+    }
+
+    /// A collection's answer is posted as Airtel's callback (accept: `TS`, decline: `TF`, timeout:
+    /// `TE`, the prompt expired). A disbursement's is only recorded (accept: paid, decline: failed,
+    /// timeout: expired, nothing paid): Airtel posts no callback the gateway relies on for it, and
+    /// its scheduled enquiry finds the outcome.
+    async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String> {
+        let item = {
+            let mut inner = self.sim.lock();
+            let found = match id {
+                "latest" => inner.items.iter_mut().rev().find(|i| i.status == "pending"),
+                _ => inner.items.iter_mut().find(|i| i.id == id),
+            };
+            let Some(item) = found else {
+                return Err(format!("no pending collection or payout {id}"));
+            };
+            if item.status != "pending" {
+                return Err(format!("{} was already answered ({})", item.id, item.status));
+            }
+            item.status = match answer {
+                Answer::Accept => "paid",
+                Answer::Decline => "declined",
+                Answer::Timeout => "expired",
+            };
+            item.clone()
+        };
+        if item.kind != Kind::Collection {
+            return Ok((item.id, None));
+        }
+        let body = json!({"transaction": {
+            "id": item.id,
+            "message": format!("simulated: {}", item.status),
+            "status_code": item.code(),
+            "airtel_money_id": if item.status == "paid" { Value::from(item.airtel_money_id.clone()) } else { Value::Null },
+        }});
+        let terms = &self.sim.terms;
+        let mut request = self.sim.http.post(&terms.callback_url).json(&body);
+        if let Some((header, secret)) = &terms.callback_header {
+            request = request.header(header.as_str(), secret.expose());
+        }
+        match request.send().await {
+            Ok(resp) => Ok((item.id, Some(resp.status().as_u16()))),
+            Err(e) => Err(format!("the callback for {} could not be delivered: {e}", item.id)),
+        }
+    }
+}
+
+impl Sim {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a processed request (refused when the simulator is full, or when its id is not new)
+    /// and answers it — or, the answer lost, holds it for a long while.
+    async fn record(&self, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
+        let lost = {
+            let mut inner = self.lock();
+            if inner.items.len() >= SIMULATOR_ITEMS_MAX {
+                return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "The simulator is full; restart it");
+            }
+            if inner.items.iter().any(|i| i.kind == item.kind && i.id == item.id) {
+                return failed(StatusCode::OK, "ESB000041", "Duplicate transaction id");
+            }
+            inner.seq += 1;
+            item.airtel_money_id = format!("SIM{:07}.{:04}", inner.seq % 10_000_000, inner.seq % 10_000);
+            inner.items.push(item.clone());
+            std::mem::take(&mut inner.lose_next)
+        };
+        if lost {
+            tokio::time::sleep(LOST_ANSWER_HOLD).await;
+        }
+        axum::Json(accepted(&item)).into_response()
+    }
+
+    /// A bearer token issued here and Kenya's country and currency headers; `Err`: the refusal.
+    fn authorized(&self, headers: &HeaderMap) -> Result<(), Box<Response>> {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let token = header("authorization").and_then(|v| v.strip_prefix("Bearer "));
+        if !token.is_some_and(|t| self.lock().tokens.iter().any(|k| k == t)) {
+            let body = json!({"error": "invalid_token", "error_description": "Invalid Access Token"});
+            return Err(Box::new((StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()));
+        }
+        if header("x-country") != Some(super::wire::COUNTRY) || header("x-currency") != Some(super::wire::CURRENCY) {
+            let why = "X-Country and X-Currency must be KE and KES";
+            return Err(Box::new(refusal(StatusCode::BAD_REQUEST, "ESB000001", why)));
+        }
+        Ok(())
+    }
+
+    /// The PIN a disbursement carries, unsealed, is the configured one.
+    fn pin_ok(&self, sealed: &str) -> bool {
+        let Some(pin) = &self.terms.pin else { return false };
+        base64::engine::general_purpose::STANDARD
+            .decode(sealed)
+            .ok()
+            .and_then(|raw| self.key.decrypt(rsa::Pkcs1v15Encrypt, &raw).ok())
+            .is_some_and(|clear| clear == pin.expose().as_bytes())
+    }
+}
+
+fn status_block(http: StatusCode, success: bool, result_code: &str, message: &str) -> Value {
+    json!({"code": http.as_u16().to_string(), "message": message, "result_code": result_code, "success": success})
+}
+
+fn refusal(http: StatusCode, result_code: &str, message: &str) -> Response {
+    (http, axum::Json(json!({"data": {}, "status": status_block(http, false, result_code, message)}))).into_response()
+}
+
+/// A transaction Airtel failed (`TF`): final, nothing moved.
+fn failed(http: StatusCode, result_code: &str, message: &str) -> Response {
+    let body = json!({
+        "data": {"transaction": {"status": "TF", "message": message}},
+        "status": status_block(http, false, result_code, message),
+    });
+    (http, axum::Json(body)).into_response()
+}
+
+fn success(transaction: Value) -> Value {
+    json!({"data": {"transaction": transaction}, "status": status_block(StatusCode::OK, true, "ESB000010", "SUCCESS")})
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// A subscriber number as Airtel takes it: 9 digits, no country code.
+fn subscriber(v: &Value) -> Option<String> {
+    text(v).filter(|m| m.len() == 9 && m.bytes().all(|c| c.is_ascii_digit()))
+}
+
+/// A transaction id the gateway sends: bounded, no control characters.
+fn transaction_id(v: &Value) -> Option<String> {
+    text(v).filter(|id| id.len() <= super::wire::TRANSACTION_ID_CHARS_MAX && !id.chars().any(char::is_control))
+}
+
+fn parse(body: &Bytes) -> Result<Value, Box<Response>> {
+    serde_json::from_slice(body)
+        .map_err(|_| Box::new(refusal(StatusCode::BAD_REQUEST, "ESB000001", "Invalid Request Payload")))
+}
+
+async fn oauth(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    let v = match parse(&body) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
+    };
+    let terms = &sim.terms;
+    let valid = v["grant_type"] == "client_credentials"
+        && v["client_id"].as_str() == Some(terms.client_id.expose())
+        && v["client_secret"].as_str() == Some(terms.client_secret.expose());
+    if !valid {
+        let body = json!({"error": "invalid_client", "error_description": "Client authentication failed"});
+        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+    }
+    let token = format!("sim-{}", uuid::Uuid::new_v4().simple());
+    let mut inner = sim.lock();
+    // A handful are live at once; older ones are forgotten (the client refreshes on a 401).
+    if inner.tokens.len() >= 16 {
+        inner.tokens.remove(0);
+    }
+    inner.tokens.push(token.clone());
+    axum::Json(json!({"access_token": token, "expires_in": TOKEN_TTL_SECS, "token_type": "bearer"})).into_response()
+}
+
+async fn collect(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -> Response {
+    let v = match sim.authorized(&headers).and_then(|()| parse(&body)) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
+    };
+    let (sub, tx) = (&v["subscriber"], &v["transaction"]);
+    let kenya = sub["country"] == "KE" && sub["currency"] == "KES" && tx["country"] == "KE" && tx["currency"] == "KES";
+    let amount = tx["amount"].as_i64().filter(|a| *a >= 1);
+    let (Some(_), Some(msisdn), Some(amount), Some(id), true) =
+        (text(&v["reference"]), subscriber(&sub["msisdn"]), amount, transaction_id(&tx["id"]), kenya)
+    else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "Invalid collection request");
+    };
+    let item =
+        Item { id, kind: Kind::Collection, party: msisdn, amount, status: "pending", airtel_money_id: String::new() };
+    sim.record(item, |i| success(json!({"id": i.id, "status": "Success."}))).await
+}
+
+async fn disburse(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -> Response {
+    let v = match sim.authorized(&headers).and_then(|()| parse(&body)) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
+    };
+    let (payee, tx) = (&v["payee"], &v["transaction"]);
+    let amount = tx["amount"].as_i64().filter(|a| *a >= 1);
+    let (Some(_), Some(msisdn), Some(amount), Some(id), Some(pin)) =
+        (text(&v["reference"]), subscriber(&payee["msisdn"]), amount, transaction_id(&tx["id"]), text(&v["pin"]))
+    else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "Invalid disbursement request");
+    };
+    if !sim.pin_ok(&pin) {
+        return failed(StatusCode::OK, "DP00900001017", "Incorrect PIN");
+    }
+    let item =
+        Item { id, kind: Kind::Payout, party: msisdn, amount, status: "pending", airtel_money_id: String::new() };
+    sim.record(item, |i| {
+        success(json!({"id": i.id, "airtel_money_id": i.airtel_money_id, "status": "TIP", "message": "In process"}))
+    })
+    .await
+}
+
+/// A refund of a paid collection, by its Airtel reference: done at once, at most once.
+async fn refund(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -> Response {
+    let v = match sim.authorized(&headers).and_then(|()| parse(&body)) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
+    };
+    let Some(reference) = text(&v["transaction"]["airtel_money_id"]) else {
+        return refusal(StatusCode::BAD_REQUEST, "ESB000001", "transaction.airtel_money_id is required");
+    };
+    let amount = {
+        let mut inner = sim.lock();
+        let found = inner.items.iter_mut().find(|i| i.kind == Kind::Collection && i.airtel_money_id == reference);
+        match found {
+            Some(c) if c.status == "paid" => {
+                c.status = "refunded";
+                c.amount
+            }
+            Some(c) if c.status == "refunded" => {
+                return refusal(StatusCode::OK, "ESB000041", "Transaction already refunded");
+            }
+            _ => return refusal(StatusCode::OK, "ESB000008", "No successful transaction with this reference"),
+        }
+    };
+    let item = Item {
+        id: format!("refund-{reference}"),
+        kind: Kind::Refund,
+        party: reference,
+        amount,
+        status: "done",
+        airtel_money_id: String::new(),
+    };
+    sim.record(item, |i| success(json!({"airtel_money_id": i.airtel_money_id, "status": "SUCCESS"}))).await
+}
+
+async fn enquiry(State(sim): State<Arc<Sim>>, Path(id): Path<String>, headers: HeaderMap, kind: Kind) -> Response {
+    if let Err(refused) = sim.authorized(&headers) {
+        return *refused;
+    }
+    let inner = sim.lock();
+    let Some(item) = inner.items.iter().find(|i| i.kind == kind && i.id == id) else {
+        return refusal(StatusCode::OK, "ESB000008", "Transaction not found");
+    };
+    let paid = item.code() == "TS";
+    axum::Json(success(json!({
+        "id": item.id,
+        "status": item.code(),
+        "message": format!("simulated: {}", item.status),
+        "airtel_money_id": if paid { Value::from(item.airtel_money_id.clone()) } else { Value::Null },
+    })))
+    .into_response()
+}
