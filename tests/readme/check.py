@@ -16,7 +16,8 @@ no config), in README order:
    tests/interop/run.sh has installed it);
 5. every other server the README starts (`cargo run --release …` with environment or --config, and
    `ledger-serve`) starts, block by block, and answers its health probe; with the demo's server
-   (`init --demo`) the demo block runs and must show an STK push and a payout go pending → succeeded;
+   (`init --demo`) the demo block runs and must show an STK push, a payout and an Airtel collection
+   go pending → succeeded;
 6. `paygate <subcommand>` lines (an installed binary) and the benchmark run as `--help`.
 
 Lines that cannot run here (third-party CLIs such as `claude`, curl lines with placeholders) are listed
@@ -393,7 +394,8 @@ def main() -> int:
         r.stop_servers()
 
         # 5. Every other server, block by block. The demo's server (`init --demo`, M-Pesa simulated)
-        #    also runs the demo block: an STK push and a payout go pending → paid on the simulator.
+        #    also runs the demo block: an STK push, a payout (M-Pesa) and a collection (Airtel) go
+        #    pending → paid on the simulators.
         demo = next((b for b in shell if "/simulator/control/" in b.text), None)
         for b in shell:
             servers = [c for c in b.commands if is_server(c) and c != "cargo run --release"]
@@ -404,11 +406,11 @@ def main() -> int:
                 if demo is not None and "demo/paygate.toml" in cmd:
                     out = r.bash(demo.text, secs=120)
                     calls = re.findall(r'"structuredContent":\{[^{}]*"status":"(\w+)"', out)
-                    if calls != ["pending", "succeeded", "pending", "succeeded"] or out.count('"callback_status":200') != 2:
-                        raise CheckFailed(f"the demo block (README line {demo.start_line}) did not go pending → paid twice "
+                    if calls != ["pending", "succeeded"] * 3 or out.count('"callback_status":200') != 3:
+                        raise CheckFailed(f"the demo block (README line {demo.start_line}) did not go pending → paid thrice "
                                           f"(statuses {calls}):\n{indent(out)}")
                     r.ok += 1
-                    r.say("ok", f"demo block (README line {demo.start_line})", "an STK push and a payout: pending → succeeded on the simulator")
+                    r.say("ok", f"demo block (README line {demo.start_line})", "an STK push, a payout and an Airtel collection: pending → succeeded on the simulators")
             r.stop_servers()
 
         # 6. The installed binary's subcommands, the benchmark, cargo build.
