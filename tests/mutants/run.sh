@@ -13,10 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
-version=27.1.0
-if ! cargo mutants --version 2>/dev/null | grep -qx "cargo-mutants $version"; then
-  cargo install cargo-mutants --version "$version" --locked --quiet
-fi
 
 # The core: the pure domain, and the modules money and authority pass through.
 core=(
@@ -46,6 +42,20 @@ case " $* " in
   *" -f "* | *" --file "* | *" --file="*) ;;
   *) for f in "${core[@]}"; do args+=(-f "$f"); done ;;
 esac
+
+version=27.1.0
+if ! cargo mutants --version 2>/dev/null | grep -qx "cargo-mutants $version"; then
+  cargo install cargo-mutants --version "$version" --locked --quiet
+fi
+
+# A diff that changes no mutable line (comments, tests) holds no mutants: stop before copying the
+# target dir (tens of GB) for nothing. A listing that fails is no proof of that: go on.
+if [ -n "${diff:-}" ]; then
+  if listed=$(cargo mutants --list "${args[@]}" "$@" 2>/dev/null) && [ -z "$listed" ]; then
+    echo "mutants: the core's changes since $base hold no mutants (comments or tests only); nothing to mutate"
+    exit 0
+  fi
+fi
 
 # A detached worktree of HEAD plus the uncommitted changes, and a target dir of its own (seeded
 # from the real one when it exists, so only this crate rebuilds).

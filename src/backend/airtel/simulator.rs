@@ -366,6 +366,10 @@ async fn refund(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) ->
     };
     let amount = {
         let mut inner = sim.lock();
+        // Full: refused before anything changes (the refund below would be refused by `record`).
+        if inner.items.len() >= SIMULATOR_ITEMS_MAX {
+            return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "The simulator is full; restart it");
+        }
         let found = inner.items.iter_mut().find(|i| i.kind == Kind::Collection && i.airtel_money_id == reference);
         match found {
             Some(c) if c.status == "paid" => {
