@@ -248,6 +248,43 @@ pub struct ReversalRequest {
     pub reason: Option<String>,
 }
 
+impl ReversalRequest {
+    /// The reversal's record for rail `rail` (what people call it: `display`), opened by nobody yet:
+    /// money from the rail's account back to the payer, in full, keyed by the collection
+    /// ([`reversal_key`]: one at a time), naming the collection it refunds; and the collection's
+    /// receipt, which the rail reverses by. Only a succeeded collection with a receipt is reversed.
+    pub async fn record(
+        &self,
+        rail: &str,
+        display: &str,
+        store: &dyn Store,
+    ) -> Result<(RailPayment, String), BackendError> {
+        let o = &self.original;
+        let receipt = match (&o.receipt, o.flow, o.state) {
+            (Some(r), RailFlow::Collection, RailState::Succeeded) => r.clone(),
+            _ => {
+                return Err(BackendError::Rejected(format!(
+                    "only a succeeded {display} collection with a receipt can be reversed"
+                )));
+            }
+        };
+        let amount =
+            Money::from_minor(o.amount_minor, o.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let mut rec = self.order.record(
+            rail,
+            (RailFlow::Reversal, PaymentKind::Refund),
+            o.to_account.clone(),
+            o.from_account.clone(),
+            amount,
+        );
+        rec.idempotency_key = reversal_key(store, &o.id).await?;
+        rec.refund_of = Some(o.id.clone());
+        rec.memo = self.reason.clone();
+        rec.phone = o.phone.clone();
+        Ok((rec, receipt))
+    }
+}
+
 /// Reversals of one collection a rail may try: after this many failed, it is for a person (the
 /// rail's own portal).
 pub const REVERSAL_ATTEMPTS_MAX: usize = 3;

@@ -58,3 +58,77 @@ pub trait RailSimulator: Send + Sync + 'static {
     /// posted. `Err`: no such pending item (a sentence).
     async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String>;
 }
+
+/// How many of a simulator's tokens are live at once; older ones are forgotten (the client
+/// refreshes its token on a 401, as with the real rail).
+pub const LIVE_TOKENS_MAX: usize = 16;
+
+/// The OAuth tokens a simulator issued, the newest [`LIVE_TOKENS_MAX`].
+#[derive(Debug, Default)]
+pub struct Tokens(std::collections::VecDeque<String>);
+
+impl Tokens {
+    /// A fresh token, now live.
+    pub fn issue(&mut self) -> String {
+        let token = format!("sim-{}", uuid::Uuid::new_v4().simple());
+        if self.0.len() >= LIVE_TOKENS_MAX {
+            self.0.pop_front();
+        }
+        self.0.push_back(token.clone());
+        token
+    }
+
+    /// Whether an `Authorization` header value is `Bearer` and a live token.
+    pub fn authorize(&self, authorization: Option<&str>) -> bool {
+        authorization.and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| self.0.iter().any(|k| k == t))
+    }
+}
+
+/// The pending item a person answers: `id`, or "latest" (the newest pending one). `Err`: a sentence
+/// (no such item, or answered already).
+pub fn pending<'a, T>(
+    items: &'a mut [T],
+    id: &str,
+    id_of: impl Fn(&T) -> &str,
+    status_of: impl Fn(&T) -> &'static str,
+) -> Result<&'a mut T, String> {
+    let found = match id {
+        "latest" => items.iter_mut().rev().find(|i| status_of(i) == "pending"),
+        _ => items.iter_mut().find(|i| id_of(i) == id),
+    };
+    match found {
+        None => Err(format!("no pending prompt or payment {id}")),
+        Some(item) if status_of(item) != "pending" => {
+            Err(format!("{} was already answered ({})", id_of(item), status_of(item)))
+        }
+        Some(item) => Ok(item),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_bearer_and_only_the_newest_live() {
+        let mut tokens = Tokens::default();
+        let first = tokens.issue();
+        assert!(tokens.authorize(Some(&format!("Bearer {first}"))));
+        assert!(!tokens.authorize(Some(&first)) && !tokens.authorize(None) && !tokens.authorize(Some("Bearer x")));
+        for _ in 0..LIVE_TOKENS_MAX {
+            tokens.issue();
+        }
+        assert!(!tokens.authorize(Some(&format!("Bearer {first}"))), "forgotten");
+    }
+
+    #[test]
+    fn a_person_answers_a_pending_item_once() {
+        let mut items = vec![("a", "paid"), ("b", "pending"), ("c", "pending"), ("d", "declined")];
+        let (id, status) = (|i: &(&str, &'static str)| i.0.to_string(), |i: &(&str, &'static str)| i.1);
+        let latest = pending(&mut items, "latest", |i| i.0, status).unwrap();
+        assert_eq!(id(latest), "c");
+        assert_eq!(pending(&mut items, "b", |i| i.0, status).unwrap().0, "b");
+        assert!(pending(&mut items, "a", |i| i.0, status).unwrap_err().contains("already answered (paid)"));
+        assert!(pending(&mut items, "z", |i| i.0, status).unwrap_err().contains("no pending"));
+    }
+}

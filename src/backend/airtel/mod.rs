@@ -38,12 +38,11 @@ use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
     Authority, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest, PayeeArg,
     PayoutArgs, PayoutRefusal, PayoutRequest, RailEvent, ReversalRequest, Sent, ValidCollection, ValidPayout,
-    reversal_key, send_once, settle_record,
+    send_once, settle_record,
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
-use crate::domain::money::Money;
 use crate::domain::rail::RailMove;
 use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
@@ -303,28 +302,7 @@ impl CollectionRail for AirtelRail {
     /// Refund a succeeded collection in full, by its Airtel reference. Airtel's `SUCCESS` settles the
     /// record at once; there is nothing to ask about later.
     async fn reverse(&self, req: ReversalRequest) -> Result<Payment, BackendError> {
-        let o = &req.original;
-        let receipt = match (&o.receipt, o.flow, o.state) {
-            (Some(r), RailFlow::Collection, RailState::Succeeded) => r.clone(),
-            _ => {
-                return Err(BackendError::Rejected(
-                    "only a succeeded Airtel Money collection with a receipt can be refunded".into(),
-                ));
-            }
-        };
-        let amount =
-            Money::from_minor(o.amount_minor, o.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut rec = req.order.record(
-            RAIL,
-            (RailFlow::Reversal, PaymentKind::Refund),
-            o.to_account.clone(),
-            o.from_account.clone(),
-            amount,
-        );
-        rec.idempotency_key = reversal_key(self.store.as_ref(), &o.id).await?;
-        rec.refund_of = Some(o.id.clone());
-        rec.memo = req.reason.clone();
-        rec.phone = o.phone.clone();
+        let (rec, receipt) = req.record(RAIL, "Airtel Money", self.store.as_ref()).await?;
         let client = self.client.clone();
         // Airtel's answer names the refund's reference: kept to settle the record once it is recorded.
         let done = std::sync::Mutex::new(None::<String>);

@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX};
+use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX, Tokens, pending};
 use crate::secret::Secret;
 
 /// How long a request whose answer is "lost" is held before the simulator lets it go (the client's
@@ -89,7 +89,7 @@ impl Item {
 
 #[derive(Default)]
 struct Inner {
-    tokens: Vec<String>,
+    tokens: Tokens,
     items: Vec<Item>,
     seq: u64,
     lose_next: bool,
@@ -160,16 +160,7 @@ impl RailSimulator for AirtelSimulator {
     async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String> {
         let item = {
             let mut inner = self.sim.lock();
-            let found = match id {
-                "latest" => inner.items.iter_mut().rev().find(|i| i.status == "pending"),
-                _ => inner.items.iter_mut().find(|i| i.id == id),
-            };
-            let Some(item) = found else {
-                return Err(format!("no pending collection or payout {id}"));
-            };
-            if item.status != "pending" {
-                return Err(format!("{} was already answered ({})", item.id, item.status));
-            }
+            let item = pending(&mut inner.items, id, |i| &i.id, |i| i.status)?;
             item.status = match answer {
                 Answer::Accept => "paid",
                 Answer::Decline => "declined",
@@ -228,8 +219,7 @@ impl Sim {
     /// A bearer token issued here and Kenya's country and currency headers; `Err`: the refusal.
     fn authorized(&self, headers: &HeaderMap) -> Result<(), Box<Response>> {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let token = header("authorization").and_then(|v| v.strip_prefix("Bearer "));
-        if !token.is_some_and(|t| self.lock().tokens.iter().any(|k| k == t)) {
+        if !self.lock().tokens.authorize(header("authorization")) {
             let body = json!({"error": "invalid_token", "error_description": "Invalid Access Token"});
             return Err(Box::new((StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()));
         }
@@ -304,13 +294,7 @@ async fn oauth(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
         let body = json!({"error": "invalid_client", "error_description": "Client authentication failed"});
         return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
     }
-    let token = format!("sim-{}", uuid::Uuid::new_v4().simple());
-    let mut inner = sim.lock();
-    // A handful are live at once; older ones are forgotten (the client refreshes on a 401).
-    if inner.tokens.len() >= 16 {
-        inner.tokens.remove(0);
-    }
-    inner.tokens.push(token.clone());
+    let token = sim.lock().tokens.issue();
     axum::Json(json!({"access_token": token, "expires_in": TOKEN_TTL_SECS, "token_type": "bearer"})).into_response()
 }
 

@@ -32,13 +32,13 @@ use super::kenya::{customer_text, whole_shillings};
 use super::rail::{
     Authority, BusinessKind, CallbackChannel, CollectionArgs, CollectionRail, CollectionRefusal, CollectionRequest,
     PayeeArg, PayoutArgs, PayoutRefusal, PayoutRequest, RailEvent, RailOrder, ReversalRequest, Sent, ValidCollection,
-    ValidPayout, reversal_key, send_once,
+    ValidPayout, send_once,
 };
 use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, Settlement};
+use crate::domain::rail::{RailFlow, RailPayment, Settlement};
 use crate::store::Store;
 
 /// The `rail` column of M-Pesa records.
@@ -389,28 +389,7 @@ impl CollectionRail for MpesaRail {
     }
 
     async fn reverse(&self, req: ReversalRequest) -> Result<Payment, BackendError> {
-        let o = &req.original;
-        let receipt = match (&o.receipt, o.flow, o.state) {
-            (Some(r), RailFlow::Collection, RailState::Succeeded) => r.clone(),
-            _ => {
-                return Err(BackendError::Rejected(
-                    "only a succeeded M-Pesa collection with a receipt can be reversed".into(),
-                ));
-            }
-        };
-        let amount =
-            Money::from_minor(o.amount_minor, o.currency).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut rec = req.order.record(
-            RAIL,
-            (RailFlow::Reversal, PaymentKind::Refund),
-            o.to_account.clone(),
-            o.from_account.clone(),
-            amount,
-        );
-        rec.idempotency_key = reversal_key(self.store.as_ref(), &o.id).await?;
-        rec.refund_of = Some(o.id.clone());
-        rec.memo = req.reason.clone();
-        rec.phone = o.phone.clone();
+        let (rec, receipt) = req.record(RAIL, "M-Pesa", self.store.as_ref()).await?;
         let client = self.client.clone();
         send_once(
             self.store.as_ref(),

@@ -26,7 +26,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::daraja::DarajaConfig;
-use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX};
+use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX, Tokens, pending};
 
 /// Where the simulator's Daraja is served on the gateway (its `base_url` is `<public_url>` + this).
 pub const SIMULATOR_PATH: &str = "/simulator/mpesa";
@@ -76,7 +76,7 @@ struct Item {
 
 #[derive(Default)]
 struct Inner {
-    tokens: Vec<String>,
+    tokens: Tokens,
     items: Vec<Item>,
     seq: u64,
     lose_next: bool,
@@ -143,17 +143,7 @@ impl RailSimulator for DarajaSimulator {
     async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String> {
         let (item, url, body) = {
             let mut inner = self.sim.lock();
-            // "latest": the newest item still pending.
-            let found = match id {
-                "latest" => inner.items.iter_mut().rev().find(|i| i.status == "pending"),
-                _ => inner.items.iter_mut().find(|i| i.id == id),
-            };
-            let Some(item) = found else {
-                return Err(format!("no prompt or payment {id}"));
-            };
-            if item.status != "pending" {
-                return Err(format!("{id} was already answered ({})", item.status));
-            }
+            let item = pending(&mut inner.items, id, |i| &i.id, |i| i.status)?;
             let (status, code) = match (answer, item.kind) {
                 (Answer::Accept, _) => ("paid", Some(0)),
                 (Answer::Decline, Kind::Prompt) => ("declined", Some(1032)),
@@ -210,8 +200,7 @@ impl Sim {
     }
 
     fn bearer_ok(&self, headers: &HeaderMap) -> bool {
-        let token = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        token.is_some_and(|t| self.lock().tokens.iter().any(|k| k == t))
+        self.lock().tokens.authorize(headers.get("authorization").and_then(|v| v.to_str().ok()))
     }
 
     fn initiator_ok(&self, v: &Value, name_field: &str) -> bool {
@@ -279,13 +268,7 @@ async fn oauth(State(sim): State<Arc<Sim>>, Query(q): Query<HashMap<String, Stri
     if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(expected.as_str()) {
         return error(StatusCode::BAD_REQUEST, "400.008.01", "Invalid Authentication passed");
     }
-    let token = format!("sim-{}", uuid::Uuid::new_v4().simple());
-    let mut inner = sim.lock();
-    // A handful are live at once; older ones are forgotten (the client refreshes on a 401).
-    if inner.tokens.len() >= 16 {
-        inner.tokens.remove(0);
-    }
-    inner.tokens.push(token.clone());
+    let token = sim.lock().tokens.issue();
     axum::Json(json!({"access_token": token, "expires_in": TOKEN_TTL_SECS.to_string()})).into_response()
 }
 
