@@ -345,6 +345,11 @@ pub struct BackendConfig {
     pub tls_ca_file: String,
     pub tls_client_cert_file: String,
     pub tls_client_key_file: String,
+    /// kind = "wallet-service": the `merchantId` every payment is made under (the service scopes
+    /// idempotency keys by it).
+    pub wallet_merchant_id: String,
+    /// kind = "wallet-service": each paygate account id and the service's UUID for it.
+    pub wallet_accounts: std::collections::BTreeMap<AccountId, crate::backend::wallet::WalletAccount>,
 }
 
 /// The Safaricom M-Pesa Daraja rail (STK push collections).
@@ -478,6 +483,19 @@ pub enum BackendKind {
     Ledger,
     /// A ledger service over docs/ledger-api.yaml.
     Http,
+    /// The payments wallet service (`backend::wallet`).
+    #[serde(rename = "wallet-service")]
+    WalletService,
+}
+
+impl BackendKind {
+    /// An external ledger over HTTP (the gateway keeps its own record of every payment).
+    pub fn is_external(self) -> bool {
+        match self {
+            BackendKind::Ledger => false,
+            BackendKind::Http | BackendKind::WalletService => true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -585,6 +603,46 @@ impl Config {
         range("backend.http_retries_max", b.http_retries_max, 0, 10)?;
         range("backend.http_breaker_failures_max", b.http_breaker_failures_max, 1, 1000)?;
         range("backend.http_breaker_open_ms", b.http_breaker_open_ms, 10, 3_600_000)?;
+        if b.kind == BackendKind::WalletService {
+            if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(
+                    "backend.http_url must be an http(s) URL with backend.kind = \"wallet-service\"".into(),
+                ));
+            }
+            let m = b.wallet_merchant_id.trim();
+            let max = crate::backend::wallet::MERCHANT_ID_CHARS_MAX;
+            if m.is_empty() || m.chars().count() > max || m.chars().any(char::is_control) {
+                return Err(ConfigError::Invalid(format!(
+                    "backend.wallet_merchant_id must be 1-{max} printable characters with backend.kind = \"wallet-service\""
+                )));
+            }
+            let accounts_max = crate::backend::wallet::ACCOUNTS_MAX;
+            if b.wallet_accounts.is_empty() || b.wallet_accounts.len() > accounts_max {
+                return Err(ConfigError::Invalid(format!(
+                    "backend.wallet_accounts must map 1-{accounts_max} paygate account ids to the service's UUIDs"
+                )));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for (id, uuid) in &b.wallet_accounts {
+                if !seen.insert(uuid) {
+                    return Err(ConfigError::Invalid(format!(
+                        "backend.wallet_accounts: {id} maps to {}, which another account maps to",
+                        uuid.as_str()
+                    )));
+                }
+            }
+            // Every account a profile may use must reach the service.
+            for p in &self.policy.profiles {
+                for a in &p.allowed_accounts {
+                    if !b.wallet_accounts.contains_key(a) {
+                        return Err(ConfigError::Invalid(format!(
+                            "backend.wallet_accounts has no UUID for {a}, which profile {} may use",
+                            p.name
+                        )));
+                    }
+                }
+            }
+        }
         if b.kind == BackendKind::Http {
             if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
                 return Err(ConfigError::Invalid(
@@ -656,7 +714,7 @@ impl Config {
         // into OUTCOME_UNKNOWN).
         let lease_ms = self.idempotency.lease_secs * 1000;
         let http_worst_ms = (b.http_retries_max + 1) * (b.http_request_timeout_ms + 1000);
-        if b.kind == BackendKind::Http && http_worst_ms >= lease_ms {
+        if b.kind.is_external() && http_worst_ms >= lease_ms {
             return Err(ConfigError::Invalid(format!(
                 "backend: (http_retries_max + 1) × (http_request_timeout_ms + 1 s backoff) = {http_worst_ms} ms must be \
                  under idempotency.lease_secs ({lease_ms} ms)"
