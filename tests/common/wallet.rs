@@ -207,6 +207,22 @@ impl WalletFake {
         self.state.inner.lock().unwrap().accounts[uuid_of(account)].balance
     }
 
+    /// What the report says: the legs sum to zero and no balance drifted from its postings.
+    pub fn balanced(&self) -> bool {
+        let inner = self.state.inner.lock().unwrap();
+        let net: i64 = inner.entries.iter().map(|e| if e.credit { e.amount } else { -e.amount }).sum();
+        net == 0
+            && inner.accounts.iter().all(|(id, a)| {
+                let posted: i64 = inner
+                    .entries
+                    .iter()
+                    .filter(|e| &e.account == id)
+                    .map(|e| if e.credit { e.amount } else { -e.amount })
+                    .sum();
+                a.balance == a.opening + posted
+            })
+    }
+
     /// Move an account's balance without a posting: the report must find the drift.
     pub fn corrupt(&self, account: &str, delta: i64) {
         self.state.inner.lock().unwrap().accounts.get_mut(uuid_of(account)).unwrap().balance += delta;
