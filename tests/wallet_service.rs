@@ -100,6 +100,16 @@ async fn the_whole_flow_works_against_the_wallet_service() {
     assert_eq!(ok(&refund)["status"], "succeeded", "{refund:?}");
     assert_eq!((r.fake.refunds(), r.fake.balance("acct-B")), (1, 1000));
     assert_eq!(r.fake.payments()[0].status, "PARTIALLY_REFUNDED");
+    // The service lists nothing: the listing is the gateway's record of what it made there.
+    let listed = call(c, "list_payments", json!({"account_id": "acct-B", "limit": 10})).await;
+    let listed: Vec<&str> =
+        ok(&listed)["payments"].as_array().unwrap().iter().map(|p| p["payment_id"].as_str().unwrap()).collect();
+    assert_eq!(listed.len(), 2, "the payment and its refund: {listed:?}");
+    assert!(listed.contains(&id.as_str()));
+    // Reconciliation finds the two sides agree.
+    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;
+    let rec = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    assert_eq!((rec["problems"].as_i64(), rec["findings"].as_array().map(Vec::len)), (Some(0), Some(0)), "{rec}");
     // Integrity is the service's reconciliation report.
     let integrity = call(c, "check_ledger_integrity", json!({})).await;
     assert_eq!(ok(&integrity)["ok"], true, "{integrity:?}");

@@ -149,6 +149,32 @@ impl Journaled {
         Ok(Some((Some(rec), r)))
     }
 
+    /// A backend that lists no payments (the wallet service): its payments as the gateway recorded
+    /// them, newest first, paged by the records' `seq` (exactly `query.limit` of them when there
+    /// are that many, so a page read again is the same page). The poll job keeps their status.
+    async fn own_records(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
+        let limit = query.limit as usize;
+        let mut items = Vec::with_capacity(limit);
+        let mut before = query.before_seq;
+        loop {
+            // Every rail's records (the store filters by excluding one rail): ours are kept.
+            let rows = self.store.rail_payments(PaymentQuery { before_seq: before, ..query.clone() }, "").await?;
+            let full = rows.len() >= limit;
+            for (seq, rec) in rows {
+                before = Some(seq);
+                if rec.rail == self.inner.name() && rec.flow == RailFlow::Ledger {
+                    items.push(rec.payment());
+                    if items.len() == limit {
+                        return Ok(Page { items, next_cursor: Some(seq) });
+                    }
+                }
+            }
+            if !full || limit == 0 {
+                return Ok(Page { items, next_cursor: None });
+            }
+        }
+    }
+
     /// One pending record asked about again: settled when the backend's word is final.
     async fn settle_one(&self, rec: &RailPayment) -> Result<bool, BackendError> {
         let Some(p) = self.payment(&rec.id).await? else { return Ok(false) };
@@ -335,6 +361,9 @@ impl PaymentBackend for Journaled {
     }
 
     async fn list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
+        if self.inner.names_its_payments() {
+            return self.own_records(query).await;
+        }
         self.inner.list_payments(query).await
     }
 

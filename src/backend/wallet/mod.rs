@@ -333,7 +333,7 @@ impl PaymentBackend for WalletService {
         }))
     }
 
-    /// The service lists no payments: the gateway's own records are the list (reads merge them).
+    /// The service lists no payments: the journal lists the gateway's own records instead.
     async fn list_payments(&self, _query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
         Ok(Page { items: vec![], next_cursor: None })
     }
