@@ -318,6 +318,10 @@ async fn a_gateway_killed_between_the_services_commit_and_its_bookkeeping_pays_o
 // The backend alone, against the fake: every refusal the service writes, mapped.
 
 fn wallet_backend(url: &str) -> WalletService {
+    wallet_backend_retrying(url, 0)
+}
+
+fn wallet_backend_retrying(url: &str, retries_max: u32) -> WalletService {
     let accounts = wallet::ACCOUNTS
         .iter()
         .map(|(id, uuid, _)| (AccountId::parse(id).unwrap(), WalletAccount::parse(uuid).unwrap()))
@@ -327,7 +331,7 @@ fn wallet_backend(url: &str) -> WalletService {
         credential: paygate::secret::Secret::new(String::new()),
         connect_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_millis(500),
-        retries_max: 0,
+        retries_max,
         breaker_failures_max: 100,
         breaker_open: Duration::from_secs(1),
         tls: Default::default(),
@@ -441,4 +445,20 @@ async fn every_refusal_the_service_writes_is_typed_and_none_is_success() {
     fake.corrupt("acct-B", -1);
     let report = w.check_integrity(true).await.unwrap();
     assert!(!report.ok && !report.problems.is_empty(), "{report:?}");
+}
+
+/// The service's saga throws after its hold committed: it releases its key and answers 500. A
+/// same-key retry would then hold the payer's money a second time, so the client never retries a
+/// 500 (it still retries what certainly was not applied): OUTCOME_UNKNOWN after one POST.
+#[tokio::test]
+async fn a_500_after_the_hold_is_unknown_and_never_retried() {
+    let fake = WalletFake::start().await;
+    let w = wallet_backend_retrying(&fake.url(), 2);
+    fake.set_saga(Saga::ServerErrorAfterHold);
+    let e = w.transfer(transfer("k-500", "acct-A", "acct-B", 1_000)).await.unwrap_err();
+    assert!(matches!(e, BackendError::OutcomeUnknown(_)), "{e:?}");
+    assert_eq!(fake.payment_posts(), 1, "one POST, no automatic retry");
+    let held = fake.payments();
+    assert_eq!((held.len(), held[0].status.as_str()), (1, "PROCESSING"), "the hold committed");
+    assert_eq!(fake.balance("acct-A"), 100_000_000 - 1_000);
 }

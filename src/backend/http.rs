@@ -73,6 +73,16 @@ pub struct HttpLedgerConfig {
     pub tls: super::outbound::OutboundTls,
 }
 
+/// What a contract over the transport asks of it.
+pub(crate) struct Transport {
+    /// Its name in errors, logs and the breaker.
+    pub name: &'static str,
+    /// An empty credential is refused; otherwise an empty one means "send no Authorization".
+    pub credential_required: bool,
+    /// Whether a 5xx other than 503 is retried with the same key (see `HttpLedger`).
+    pub retry_server_errors: bool,
+}
+
 pub struct HttpLedger {
     base: Url,
     /// `Bearer <credential>`, marked sensitive so it never prints (`None`: a service that takes
@@ -80,23 +90,26 @@ pub struct HttpLedger {
     auth: Option<HeaderValue>,
     http: reqwest::Client,
     retries_max: u32,
+    /// Whether a 5xx other than 503 is retried with the same key. Only where the service keeps
+    /// its key through its own failures (the HTTP ledger's contract); the wallet service releases
+    /// a key when its saga throws, so a same-key retry after its 500 could pay again.
+    retry_server_errors: bool,
     breaker: Breaker,
 }
 
 impl HttpLedger {
     pub fn new(cfg: HttpLedgerConfig, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
-        Self::transport(cfg, clock, "http ledger", true)
+        Self::transport(
+            cfg,
+            clock,
+            Transport { name: "http ledger", credential_required: true, retry_server_errors: true },
+        )
     }
 
     /// The transport alone (URL rules, retries with the same key and bytes, the breaker, mutual
-    /// TLS), for another contract over it (`backend::wallet`). `credential_required`: an empty
-    /// credential is refused; otherwise it means "send no Authorization".
-    pub(crate) fn transport(
-        cfg: HttpLedgerConfig,
-        clock: Arc<dyn Clock>,
-        name: &'static str,
-        credential_required: bool,
-    ) -> Result<Self, BackendError> {
+    /// TLS), for another contract over it (`backend::wallet`).
+    pub(crate) fn transport(cfg: HttpLedgerConfig, clock: Arc<dyn Clock>, t: Transport) -> Result<Self, BackendError> {
+        let Transport { name, credential_required, retry_server_errors } = t;
         let invalid = |what: &str| BackendError::Unavailable(format!("invalid {name} configuration: {what}"));
         let base = Url::parse(&cfg.base_url).map_err(|_| invalid("base_url is not a URL"))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() || base.host_str().is_none() {
@@ -141,6 +154,7 @@ impl HttpLedger {
             auth,
             http,
             retries_max: cfg.retries_max,
+            retry_server_errors,
             breaker: Breaker::new(name, cfg.breaker_failures_max, cfg.breaker_open, clock),
         })
     }
@@ -264,6 +278,18 @@ impl HttpLedger {
                 {
                     // The contract: nothing was applied.
                     format!("ledger service answered {status}")
+                }
+                Attempt::Answered { status, .. } if status.is_server_error() && !self.retry_server_errors => {
+                    permit.record(false);
+                    tracing::warn!(
+                        backend.op = op,
+                        http.status = status.as_u16(),
+                        "the service failed the request: not retried"
+                    );
+                    return Ok(Exchange::Failed {
+                        maybe_applied: true,
+                        detail: format!("the service answered {status}"),
+                    });
                 }
                 Attempt::Answered { status, .. } if status.is_server_error() => {
                     maybe_applied = true;

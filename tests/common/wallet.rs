@@ -69,6 +69,9 @@ pub enum Saga {
     Stall,
     /// Answer 422 with a detail the service never writes, after claiming nothing.
     Unknown422,
+    /// The provider call throws after the hold committed: the service releases the key (as its
+    /// `PaymentService` does on any exception) and answers 500; the payment stays `PROCESSING`.
+    ServerErrorAfterHold,
 }
 
 #[derive(Debug, Clone)]
@@ -358,6 +361,10 @@ async fn create_payment(State(s): State<Arc<FakeState>>, headers: HeaderMap, bod
         Saga::Settle | Saga::Stall => finish_saga(&mut inner, &id, true),
         Saga::Decline => finish_saga(&mut inner, &id, false),
         Saga::Processing | Saga::Unknown422 => {}
+        Saga::ServerErrorAfterHold => {
+            inner.keys.remove(&k);
+            return problem(StatusCode::INTERNAL_SERVER_ERROR, "provider unavailable".into());
+        }
     }
     inner.keys.insert(k, KeyRecord { hash, state: KeyState::Completed { resource: id.clone(), code: 201 } });
     (StatusCode::CREATED, axum::Json(view(&inner.payments[&id]))).into_response()

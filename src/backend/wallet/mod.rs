@@ -29,7 +29,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use reqwest::{Method, StatusCode};
 
-use super::http::{Exchange, HttpLedger, HttpLedgerConfig};
+use super::http::{Exchange, HttpLedger, HttpLedgerConfig, Transport};
 use super::{
     BackendError, Balance, EntryQuery, IntegrityReport, LedgerEntry, Page, Payment, PaymentBackend, PaymentKind,
     PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
@@ -91,7 +91,10 @@ impl WalletService {
                 return Err(invalid(&format!("two accounts map to {}", uuid.as_str())));
             }
         }
-        let http = HttpLedger::transport(cfg.transport, clock.clone(), "wallet service", false)?;
+        // A 500 is never retried: the service releases its key when its saga throws, even after
+        // the hold committed, so a same-key retry could hold the payer's money twice.
+        let t = Transport { name: "wallet service", credential_required: false, retry_server_errors: false };
+        let http = HttpLedger::transport(cfg.transport, clock.clone(), t)?;
         Ok(WalletService { http, merchant_id: m.to_string(), accounts: cfg.accounts, by_uuid, clock })
     }
 
