@@ -462,3 +462,24 @@ async fn a_500_after_the_hold_is_unknown_and_never_retried() {
     assert_eq!((held.len(), held[0].status.as_str()), (1, "PROCESSING"), "the hold committed");
     assert_eq!(fake.balance("acct-A"), 100_000_000 - 1_000);
 }
+
+/// The same 500 through the gateway: OUTCOME_UNKNOWN, and the agent's retry after the lease sends
+/// nothing (the key the service released could pay again): the payment stays unknown, for
+/// reconciliation and a person, and the service holds one payment.
+#[tokio::test]
+async fn the_agents_retry_after_a_500_sends_nothing() {
+    let r = rig(0).await;
+    let c = &r.client;
+    r.fake.set_saga(Saga::ServerErrorAfterHold);
+    let first = call(c, "create_payment", pay("boom-1", "9.00")).await;
+    assert_eq!(code(&first), "OUTCOME_UNKNOWN", "{first:?}");
+    r.fake.set_saga(Saga::Settle);
+    r.clock.advance(120);
+    let retry = call(c, "create_payment", pay("boom-1", "9.00")).await;
+    assert_eq!(code(&retry), "OUTCOME_UNKNOWN", "{retry:?}");
+    assert_eq!(payment_posts(&r.proxy).len(), 1, "never sent again");
+    assert_eq!(r.fake.payments().len(), 1);
+    // Another operation still pays.
+    assert_eq!(ok(&call(c, "create_payment", pay("boom-2", "1.00")).await)["status"], "succeeded");
+    r.app.stop().await;
+}

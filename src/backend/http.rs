@@ -73,6 +73,10 @@ pub struct HttpLedgerConfig {
     pub tls: super::outbound::OutboundTls,
 }
 
+/// How an unanswered request's detail begins when the service answered a 5xx that is not
+/// retried (`Transport::retry_server_errors` off).
+pub const SERVER_FAILED: &str = "the service failed the request and was not asked again";
+
 /// What a contract over the transport asks of it.
 pub(crate) struct Transport {
     /// Its name in errors, logs and the breaker.
@@ -286,10 +290,8 @@ impl HttpLedger {
                         http.status = status.as_u16(),
                         "the service failed the request: not retried"
                     );
-                    return Ok(Exchange::Failed {
-                        maybe_applied: true,
-                        detail: format!("the service answered {status}"),
-                    });
+                    let detail = format!("{SERVER_FAILED} ({status})");
+                    return Ok(Exchange::Failed { maybe_applied: true, detail });
                 }
                 Attempt::Answered { status, .. } if status.is_server_error() => {
                     maybe_applied = true;

@@ -244,6 +244,13 @@ impl PaymentBackend for Journaled {
         if !matches!(rec.state, RailState::Submitting | RailState::Unknown) {
             return self.settled(&rec).await;
         }
+        if !created && !self.inner.resend_safe(rec.reason.as_deref()) {
+            // Sending it again could pay twice: it stays unknown for reconciliation and a person.
+            return Err(BackendError::OutcomeUnknown(format!(
+                "not sent again ({}); reconciliation reports it",
+                rec.reason.as_deref().unwrap_or("an earlier attempt failed")
+            )));
+        }
         // The first attempt's payment id and key, every time.
         let send = TransferRequest {
             attempt: Attempt::reserved(req.attempt.key.clone()),

@@ -42,6 +42,12 @@ pub trait PaymentBackend: Send + Sync + 'static {
     fn names_its_payments(&self) -> bool {
         false
     }
+    /// Whether a payment whose earlier attempt ended unanswered, for `reason` (the record's), may
+    /// be sent again under the same key. Yes where the backend applies a key at most once whatever
+    /// happened; the wallet service releases a key when its saga fails after holding the money.
+    fn resend_safe(&self, _reason: Option<&str>) -> bool {
+        true
+    }
     /// Settle the gateway's pending records of this backend's payments from the backend's word
     /// (an external ledger that answers before it is final). Records untouched for
     /// `older_than_secs`, until `deadline`; returns how many settled. The poll job calls it.

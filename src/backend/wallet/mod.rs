@@ -254,6 +254,12 @@ impl PaymentBackend for WalletService {
         true
     }
 
+    /// Not after the service answered a 5xx: its `PaymentService` releases the key when the saga
+    /// throws, even once the hold committed, so the same key would make a second payment.
+    fn resend_safe(&self, reason: Option<&str>) -> bool {
+        reason.is_none_or(|r| !r.contains(super::http::SERVER_FAILED))
+    }
+
     async fn transfer(&self, req: TransferRequest) -> Result<Payment, BackendError> {
         let (payer, payee) = (self.uuid(&req.from_account)?, self.uuid(&req.to_account)?);
         let url = self.http.url(&["v1", "payments"], &[])?;
