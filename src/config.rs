@@ -1208,6 +1208,36 @@ mod tests {
     }
 
     #[test]
+    fn the_wallet_service_needs_a_merchant_and_a_uuid_for_every_profile_account() {
+        let a = "0a0a0a0a-0000-4000-8000-00000000000a";
+        let b = "0b0b0b0b-0000-4000-8000-00000000000b";
+        let accounts = format!("{{ acct-A = \"{a}\", acct-B = \"{b}\" }}");
+        let base = |merchant: &str, accounts: &str| {
+            Config::load(
+                None,
+                env(&[
+                    ("PAYGATE_BACKEND__KIND", "wallet-service"),
+                    ("PAYGATE_BACKEND__HTTP_URL", "http://127.0.0.1:8080"),
+                    ("PAYGATE_BACKEND__WALLET_MERCHANT_ID", merchant),
+                    ("PAYGATE_BACKEND__WALLET_ACCOUNTS", accounts),
+                ]),
+            )
+        };
+        let c = base("paygate", &accounts).unwrap();
+        assert_eq!(c.backend.kind, BackendKind::WalletService);
+        assert!(c.backend.http_credential.expose().is_empty(), "no credential needed");
+        assert_eq!(c.backend.wallet_accounts[&AccountId::parse("acct-B").unwrap()].as_str(), b);
+        let e = |merchant: &str, accounts: &str| base(merchant, accounts).unwrap_err().to_string();
+        assert!(e("", &accounts).contains("backend.wallet_merchant_id"));
+        assert!(e(&"m".repeat(129), &accounts).contains("backend.wallet_merchant_id"));
+        assert!(e("paygate", "{}").contains("backend.wallet_accounts must map"));
+        assert!(e("paygate", &format!("{{ acct-A = \"{a}\" }}")).contains("no UUID for acct-B"));
+        assert!(e("paygate", &format!("{{ acct-A = \"{a}\", acct-B = \"{a}\" }}")).contains("another account maps to"));
+        assert!(e("paygate", "{ acct-A = \"nope\", acct-B = \"x\" }").contains("is not a UUID"));
+        assert!(e("paygate", &format!("{{ \"bad id!\" = \"{a}\" }}")).contains("account"));
+    }
+
+    #[test]
     fn rails_need_their_settings_and_fit_the_lease() {
         let http = [("PAYGATE_BACKEND__KIND", "http"), ("PAYGATE_BACKEND__HTTP_URL", "http://127.0.0.1:8090")];
         assert!(Config::load(None, env(&http)).is_err(), "a credential is required");
