@@ -268,6 +268,10 @@ impl PaymentBackend for Journaled {
             .payment(&req.payment_id)
             .await?
             .ok_or_else(|| BackendError::PaymentNotFound(req.payment_id.clone()))?;
+        // How the backend knows the payment (before anything is drawn).
+        let Some((_, backend_ref)) = self.backend_ref(&req.payment_id).await? else {
+            return Err(BackendError::PaymentNotFound(req.payment_id.clone()));
+        };
         // The journal records an amount: "everything still refundable" is fixed when first sent
         // (a retry finds the record and re-sends that amount).
         let earlier = self.store.rail_by_key(&req.attempt.key).await?;
@@ -292,9 +296,6 @@ impl PaymentBackend for Journaled {
         if !matches!(rec.state, RailState::Submitting | RailState::Unknown) {
             return self.settled(&rec).await;
         }
-        let Some((_, backend_ref)) = self.backend_ref(&req.payment_id).await? else {
-            return Err(BackendError::PaymentNotFound(req.payment_id.clone()));
-        };
         let gateway_id = req.payment_id.clone();
         let send = RefundRequest {
             payment_id: backend_ref,
