@@ -80,8 +80,10 @@ fn backend(
         };
         let wallet = crate::backend::wallet::WalletService::new(cfg, clock.clone())
             .map_err(|e| StartError::Backend(e.to_string()))?;
+        // Its transport is an HttpLedger: its breaker is the one the gauge shows.
+        let transport = wallet.transport();
         let journaled = crate::backend::journal::Journaled::new(Arc::new(wallet), store.clone(), clock.clone());
-        return Ok((Arc::new(journaled), None));
+        return Ok((Arc::new(journaled), Some(transport)));
     }
     let http = crate::backend::http::HttpLedger::new(transport, clock.clone())
         .map_err(|e| StartError::Backend(e.to_string()))?;

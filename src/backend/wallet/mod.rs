@@ -57,7 +57,7 @@ pub struct WalletConfig {
 }
 
 pub struct WalletService {
-    http: HttpLedger,
+    http: Arc<HttpLedger>,
     merchant_id: String,
     accounts: BTreeMap<AccountId, WalletAccount>,
     by_uuid: BTreeMap<WalletAccount, AccountId>,
@@ -94,7 +94,7 @@ impl WalletService {
         // A 500 is never retried: the service releases its key when its saga throws, even after
         // the hold committed, so a same-key retry could hold the payer's money twice.
         let t = Transport { name: "wallet service", credential_required: false, retry_server_errors: false };
-        let http = HttpLedger::transport(cfg.transport, clock.clone(), t)?;
+        let http = Arc::new(HttpLedger::transport(cfg.transport, clock.clone(), t)?);
         Ok(WalletService { http, merchant_id: m.to_string(), accounts: cfg.accounts, by_uuid, clock })
     }
 
@@ -103,9 +103,9 @@ impl WalletService {
         &self.accounts
     }
 
-    /// The circuit breaker's state for metrics: "closed", "open" or "half_open".
-    pub fn breaker_state(&self) -> &'static str {
-        self.http.breaker_state()
+    /// The transport, for its breaker's gauge (the same one the HTTP ledger's shows).
+    pub fn transport(&self) -> Arc<HttpLedger> {
+        self.http.clone()
     }
 
     fn uuid(&self, account: &AccountId) -> Result<&WalletUuid, BackendError> {
