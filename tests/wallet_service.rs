@@ -483,3 +483,24 @@ async fn the_agents_retry_after_a_500_sends_nothing() {
     assert_eq!(ok(&call(c, "create_payment", pay("boom-2", "1.00")).await)["status"], "succeeded");
     r.app.stop().await;
 }
+
+/// Reconciliation settles a pending payment the service has since finished, as the poll job does
+/// (here the jobs are off): one `resolved` finding, and the agent's replay shows it succeeded.
+#[tokio::test]
+async fn reconciliation_settles_a_payment_the_service_finished() {
+    let r = rig(0).await;
+    let c = &r.client;
+    r.fake.set_saga(Saga::Processing);
+    let first = call(c, "create_payment", pay("rec-1", "6.00")).await;
+    assert_eq!(ok(&first)["status"], "pending");
+    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;
+    let before = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    assert_eq!(before["resolved"], 0, "still processing: nothing to settle: {before}");
+    r.fake.finish(&r.fake.payments()[0].id, true);
+    let after = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    assert_eq!((after["resolved"].as_i64(), after["problems"].as_i64()), (Some(1), Some(0)), "{after}");
+    let replay = call(c, "create_payment", pay("rec-1", "6.00")).await;
+    assert_eq!((ok(&replay)["status"].as_str(), ok(&replay)["replayed"].as_bool()), (Some("succeeded"), Some(true)));
+    assert_eq!(r.fake.payment_posts(), 1);
+    r.app.stop().await;
+}
