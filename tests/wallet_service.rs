@@ -486,11 +486,12 @@ async fn the_agents_retry_after_a_500_sends_nothing() {
 
 /// Reconciliation settles a pending payment the service has since finished, as the poll job does
 /// (here the jobs are off): one `resolved` finding, and the agent's replay shows it succeeded.
+/// (`AUTHORIZED`: the provider authorized, the capture comes later.)
 #[tokio::test]
 async fn reconciliation_settles_a_payment_the_service_finished() {
     let r = rig(0).await;
     let c = &r.client;
-    r.fake.set_saga(Saga::Processing);
+    r.fake.set_saga(Saga::Authorized);
     let first = call(c, "create_payment", pay("rec-1", "6.00")).await;
     assert_eq!(ok(&first)["status"], "pending");
     let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;

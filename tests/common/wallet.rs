@@ -64,6 +64,9 @@ pub enum Saga {
     Decline,
     /// The provider answers later: the payment stays `PROCESSING` (funds held) until `finish`.
     Processing,
+    /// The provider authorized and captures asynchronously (the service's `authorizePending`):
+    /// `AUTHORIZED`, funds held, until `finish` (the capture webhook, or the hold's expiry).
+    Authorized,
     /// The key is claimed, then nothing happens until `release` (a concurrent request gets 409);
     /// then the payment settles.
     Stall,
@@ -188,7 +191,8 @@ impl WalletFake {
     /// The provider's late answer for a `PROCESSING` payment: settle or reverse it.
     pub fn finish(&self, id: &str, captured: bool) {
         let mut inner = self.state.inner.lock().unwrap();
-        assert_eq!(inner.payments[id].status, "PROCESSING", "only a processing payment finishes");
+        let status = inner.payments[id].status.as_str();
+        assert!(matches!(status, "PROCESSING" | "AUTHORIZED"), "only an open payment finishes: {status}");
         finish_saga(&mut inner, id, captured);
     }
 
@@ -361,6 +365,7 @@ async fn create_payment(State(s): State<Arc<FakeState>>, headers: HeaderMap, bod
         Saga::Settle | Saga::Stall => finish_saga(&mut inner, &id, true),
         Saga::Decline => finish_saga(&mut inner, &id, false),
         Saga::Processing | Saga::Unknown422 => {}
+        Saga::Authorized => inner.payments.get_mut(&id).unwrap().status = "AUTHORIZED".into(),
         Saga::ServerErrorAfterHold => {
             inner.keys.remove(&k);
             return problem(StatusCode::INTERNAL_SERVER_ERROR, "provider unavailable".into());
