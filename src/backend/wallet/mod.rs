@@ -17,6 +17,9 @@
 //!   (the key is in progress there) is `OutcomeUnknown` (the key stays in flight; a retry asks
 //!   again with the same key), and a 422 whose detail is none of the three the service writes is
 //!   `OutcomeUnknown` too.
+//! - **A 5xx is never sent again under the same key**: the service releases its key when its saga
+//!   throws, even after the hold committed (`http::Transport::retry_server_errors` off, and
+//!   `resend_safe` keeps the journal from re-sending it on the agent's retry).
 //!
 //! The transport is the HTTP ledger's (`HttpLedger::transport`): same key and bytes on every retry,
 //! the breaker, `backend.tls_*` (private CA, client certificate), no redirects.
