@@ -57,25 +57,36 @@ fn backend(
         return Ok((Arc::new(LedgerBackend::new(store.clone(), clock.clone())), None));
     }
     let b = &config.backend;
-    let http = crate::backend::http::HttpLedger::new(
-        crate::backend::http::HttpLedgerConfig {
-            base_url: b.http_url.trim_end_matches('/').to_string(),
-            credential: b.http_credential.clone(),
-            connect_timeout: Duration::from_millis(b.http_connect_timeout_ms as u64),
-            request_timeout: Duration::from_millis(b.http_request_timeout_ms as u64),
-            retries_max: b.http_retries_max as u32,
-            breaker_failures_max: b.http_breaker_failures_max as u32,
-            breaker_open: Duration::from_millis(b.http_breaker_open_ms as u64),
-            tls: crate::backend::outbound::OutboundTls::load(
-                &b.tls_ca_file,
-                &b.tls_client_cert_file,
-                &b.tls_client_key_file,
-            )
-            .map_err(StartError::Backend)?,
-        },
-        clock.clone(),
-    )
-    .map_err(|e| StartError::Backend(e.to_string()))?;
+    let transport = crate::backend::http::HttpLedgerConfig {
+        base_url: b.http_url.trim_end_matches('/').to_string(),
+        credential: b.http_credential.clone(),
+        connect_timeout: Duration::from_millis(b.http_connect_timeout_ms as u64),
+        request_timeout: Duration::from_millis(b.http_request_timeout_ms as u64),
+        retries_max: b.http_retries_max as u32,
+        breaker_failures_max: b.http_breaker_failures_max as u32,
+        breaker_open: Duration::from_millis(b.http_breaker_open_ms as u64),
+        tls: crate::backend::outbound::OutboundTls::load(
+            &b.tls_ca_file,
+            &b.tls_client_cert_file,
+            &b.tls_client_key_file,
+        )
+        .map_err(StartError::Backend)?,
+    };
+    if b.kind == BackendKind::WalletService {
+        let cfg = crate::backend::wallet::WalletConfig {
+            transport,
+            merchant_id: b.wallet_merchant_id.clone(),
+            accounts: b.wallet_accounts.clone(),
+        };
+        let wallet = crate::backend::wallet::WalletService::new(cfg, clock.clone())
+            .map_err(|e| StartError::Backend(e.to_string()))?;
+        // Its transport is an HttpLedger: its breaker is the one the gauge shows.
+        let transport = wallet.transport();
+        let journaled = crate::backend::journal::Journaled::new(Arc::new(wallet), store.clone(), clock.clone());
+        return Ok((Arc::new(journaled), Some(transport)));
+    }
+    let http = crate::backend::http::HttpLedger::new(transport, clock.clone())
+        .map_err(|e| StartError::Backend(e.to_string()))?;
     let http = Arc::new(http);
     let journaled = crate::backend::journal::Journaled::new(http.clone(), store.clone(), clock.clone());
     Ok((Arc::new(journaled), Some(http)))

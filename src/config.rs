@@ -345,6 +345,11 @@ pub struct BackendConfig {
     pub tls_ca_file: String,
     pub tls_client_cert_file: String,
     pub tls_client_key_file: String,
+    /// kind = "wallet-service": the `merchantId` every payment is made under (the service scopes
+    /// idempotency keys by it).
+    pub wallet_merchant_id: String,
+    /// kind = "wallet-service": each paygate account id and the service's UUID for it.
+    pub wallet_accounts: std::collections::BTreeMap<AccountId, crate::backend::wallet::WalletAccount>,
 }
 
 /// The Safaricom M-Pesa Daraja rail (STK push collections).
@@ -485,6 +490,19 @@ pub enum BackendKind {
     Ledger,
     /// A ledger service over docs/ledger-api.yaml.
     Http,
+    /// The payments wallet service (`backend::wallet`).
+    #[serde(rename = "wallet-service")]
+    WalletService,
+}
+
+impl BackendKind {
+    /// An external ledger over HTTP (the gateway keeps its own record of every payment).
+    pub fn is_external(self) -> bool {
+        match self {
+            BackendKind::Ledger => false,
+            BackendKind::Http | BackendKind::WalletService => true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -603,6 +621,46 @@ impl Config {
         range("backend.http_retries_max", b.http_retries_max, 0, 10)?;
         range("backend.http_breaker_failures_max", b.http_breaker_failures_max, 1, 1000)?;
         range("backend.http_breaker_open_ms", b.http_breaker_open_ms, 10, 3_600_000)?;
+        if b.kind == BackendKind::WalletService {
+            if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(
+                    "backend.http_url must be an http(s) URL with backend.kind = \"wallet-service\"".into(),
+                ));
+            }
+            let m = b.wallet_merchant_id.trim();
+            let max = crate::backend::wallet::MERCHANT_ID_CHARS_MAX;
+            if m.is_empty() || m.chars().count() > max || m.chars().any(char::is_control) {
+                return Err(ConfigError::Invalid(format!(
+                    "backend.wallet_merchant_id must be 1-{max} printable characters with backend.kind = \"wallet-service\""
+                )));
+            }
+            let accounts_max = crate::backend::wallet::ACCOUNTS_MAX;
+            if b.wallet_accounts.is_empty() || b.wallet_accounts.len() > accounts_max {
+                return Err(ConfigError::Invalid(format!(
+                    "backend.wallet_accounts must map 1-{accounts_max} paygate account ids to the service's UUIDs"
+                )));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for (id, uuid) in &b.wallet_accounts {
+                if !seen.insert(uuid) {
+                    return Err(ConfigError::Invalid(format!(
+                        "backend.wallet_accounts: {id} maps to {}, which another account maps to",
+                        uuid.as_str()
+                    )));
+                }
+            }
+            // Every account a profile may use must reach the service.
+            for p in &self.policy.profiles {
+                for a in &p.allowed_accounts {
+                    if !b.wallet_accounts.contains_key(a) {
+                        return Err(ConfigError::Invalid(format!(
+                            "backend.wallet_accounts has no UUID for {a}, which profile {} may use",
+                            p.name
+                        )));
+                    }
+                }
+            }
+        }
         if b.kind == BackendKind::Http {
             if !(b.http_url.starts_with("http://") || b.http_url.starts_with("https://")) {
                 return Err(ConfigError::Invalid(
@@ -674,7 +732,7 @@ impl Config {
         // into OUTCOME_UNKNOWN).
         let lease_ms = self.idempotency.lease_secs * 1000;
         let http_worst_ms = (b.http_retries_max + 1) * (b.http_request_timeout_ms + 1000);
-        if b.kind == BackendKind::Http && http_worst_ms >= lease_ms {
+        if b.kind.is_external() && http_worst_ms >= lease_ms {
             return Err(ConfigError::Invalid(format!(
                 "backend: (http_retries_max + 1) × (http_request_timeout_ms + 1 s backoff) = {http_worst_ms} ms must be \
                  under idempotency.lease_secs ({lease_ms} ms)"
@@ -1195,6 +1253,36 @@ mod tests {
             c.mpesa.base_url = "https://api.safaricom.co.ke".into();
         });
         assert!(e.contains("leave mpesa.base_url empty"), "{e}");
+    }
+
+    #[test]
+    fn the_wallet_service_needs_a_merchant_and_a_uuid_for_every_profile_account() {
+        let a = "0a0a0a0a-0000-4000-8000-00000000000a";
+        let b = "0b0b0b0b-0000-4000-8000-00000000000b";
+        let accounts = format!("{{ acct-A = \"{a}\", acct-B = \"{b}\" }}");
+        let base = |merchant: &str, accounts: &str| {
+            Config::load(
+                None,
+                env(&[
+                    ("PAYGATE_BACKEND__KIND", "wallet-service"),
+                    ("PAYGATE_BACKEND__HTTP_URL", "http://127.0.0.1:8080"),
+                    ("PAYGATE_BACKEND__WALLET_MERCHANT_ID", merchant),
+                    ("PAYGATE_BACKEND__WALLET_ACCOUNTS", accounts),
+                ]),
+            )
+        };
+        let c = base("paygate", &accounts).unwrap();
+        assert_eq!(c.backend.kind, BackendKind::WalletService);
+        assert!(c.backend.http_credential.expose().is_empty(), "no credential needed");
+        assert_eq!(c.backend.wallet_accounts[&AccountId::parse("acct-B").unwrap()].as_str(), b);
+        let e = |merchant: &str, accounts: &str| base(merchant, accounts).unwrap_err().to_string();
+        assert!(e("", &accounts).contains("backend.wallet_merchant_id"));
+        assert!(e(&"m".repeat(129), &accounts).contains("backend.wallet_merchant_id"));
+        assert!(e("paygate", "{}").contains("backend.wallet_accounts must map"));
+        assert!(e("paygate", &format!("{{ acct-A = \"{a}\" }}")).contains("no UUID for acct-B"));
+        assert!(e("paygate", &format!("{{ acct-A = \"{a}\", acct-B = \"{a}\" }}")).contains("another account maps to"));
+        assert!(e("paygate", "{ acct-A = \"nope\", acct-B = \"x\" }").contains("is not a UUID"));
+        assert!(e("paygate", &format!("{{ \"bad id!\" = \"{a}\" }}")).contains("account"));
     }
 
     #[test]

@@ -294,7 +294,7 @@ impl Metrics {
         out.push_str("# TYPE paygate_reconcile_open_findings gauge\n");
         let _ = writeln!(out, "paygate_reconcile_open_findings {last}");
         if let Some(state) = breaker {
-            out.push_str("# HELP paygate_backend_breaker_open 1 while the HTTP ledger's circuit breaker is open.\n");
+            out.push_str("# HELP paygate_backend_breaker_open 1 while the external ledger's (HTTP ledger's or wallet service's) circuit breaker is open.\n");
             out.push_str("# TYPE paygate_backend_breaker_open gauge\n");
             let _ = writeln!(out, "paygate_backend_breaker_open {}", u8::from(state != "closed"));
         }

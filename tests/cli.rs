@@ -7,6 +7,8 @@
 mod common;
 #[path = "common/daraja.rs"]
 mod daraja;
+#[path = "common/wallet.rs"]
+mod wallet;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -336,6 +338,46 @@ async fn doctor_refuses_a_ledger_client_key_others_can_read() {
     ];
     let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), env).await;
     assert_fails(code, &out, "backend tls", "readable by others (mode 640)");
+}
+
+/// The wallet service: its health, then every mapped account asked for by balance. A UUID the
+/// service does not know is named with the paygate account it is mapped from.
+#[tokio::test]
+async fn doctor_checks_the_wallet_service_and_its_account_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = wallet::WalletFake::start().await;
+    let env = |accounts: String| {
+        vec![
+            ("PAYGATE_BACKEND__KIND".to_string(), "wallet-service".to_string()),
+            ("PAYGATE_BACKEND__HTTP_URL".to_string(), fake.url()),
+            ("PAYGATE_BACKEND__WALLET_MERCHANT_ID".to_string(), wallet::MERCHANT.to_string()),
+            ("PAYGATE_BACKEND__WALLET_ACCOUNTS".to_string(), accounts),
+        ]
+    };
+    let (_, out) = doctor_async(dir.path(), base_toml(dir.path()), env(wallet::accounts_toml())).await;
+    assert!(line(&out, '✓', "backend").contains("wallet service"), "{out}");
+    assert!(line(&out, '✓', "wallet accounts").contains("3 mapped"), "{out}");
+
+    let stray = format!(
+        "{{ acct-A = \"{}\", acct-B = \"{}\", acct-Q = \"0c0c0c0c-0000-4000-8000-00000000000c\" }}",
+        wallet::uuid_of("acct-A"),
+        wallet::uuid_of("acct-B")
+    );
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), env(stray)).await;
+    assert_fails(code, &out, "wallet accounts", "acct-Q → 0c0c0c0c-0000-4000-8000-00000000000c (HTTP 404)");
+
+    let closed = env(wallet::accounts_toml())
+        .into_iter()
+        .map(|(k, v)| if k.ends_with("HTTP_URL") { (k, format!("http://127.0.0.1:{}", closed_port())) } else { (k, v) })
+        .collect();
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), closed).await;
+    assert_fails(code, &out, "backend", "unreachable");
+
+    // A profile's account with no UUID is refused at load, naming both.
+    let partial = format!("{{ acct-A = \"{}\" }}", wallet::uuid_of("acct-A"));
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), env(partial)).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("backend.wallet_accounts has no UUID for acct-B"), "{out}");
 }
 
 #[tokio::test]

@@ -20,6 +20,8 @@ mod common;
 mod fake_model;
 #[path = "evals/live.rs"]
 mod live;
+#[path = "common/wallet.rs"]
+mod wallet;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -168,14 +170,17 @@ impl PaidByOp {
     /// Duplicate financial operations, counted twice over: payment ids beyond the first answered for
     /// one operation, and payments the ledger holds beyond one per operation that paid (a gateway
     /// that answered one id but posted twice is caught there). The larger count stands.
-    async fn duplicates_in(&self, app: &TestApp, violations: &mut Vec<String>) -> usize {
+    async fn duplicates_in(&self, app: &TestApp, ledger: Ledger<'_>, violations: &mut Vec<String>) -> usize {
         let answered = self.duplicates(violations);
         let q = paygate::domain::payment::PaymentQuery {
             accounts: WATCHED.iter().map(|a| AccountId::parse(a).unwrap()).collect(),
             limit: 1000,
             ..Default::default()
         };
-        let held = app.running.store.ledger_list_payments(q).await.unwrap().items.len();
+        let held = match ledger {
+            Some(w) => w.payments().len() + w.refunds(),
+            None => app.running.store.ledger_list_payments(q).await.unwrap().items.len(),
+        };
         let operations = self.0.values().filter(|ids| !ids.is_empty()).count();
         let extra = held.saturating_sub(operations);
         if extra > answered {
@@ -236,15 +241,31 @@ fn unsafe_moves(
     count
 }
 
-async fn check_integrity(app: &TestApp, violations: &mut Vec<String>) {
+/// Where money moves in a run: the embedded ledger (`None`), or the wallet service fake, whose own
+/// ledger is then the money check.
+type Ledger<'a> = Option<&'a wallet::WalletFake>;
+
+async fn check_integrity(app: &TestApp, ledger: Ledger<'_>, violations: &mut Vec<String>) {
+    if let Some(w) = ledger {
+        if !w.balanced() {
+            violations.push("the wallet service's ledger is not balanced".into());
+        }
+        return;
+    }
     let integrity = app.running.store.ledger_integrity().await.unwrap();
     if !integrity.ok {
         violations.push(format!("ledger integrity: {:?}", integrity.problems));
     }
 }
 
-async fn balances(app: &TestApp) -> HashMap<String, i64> {
+async fn balances(app: &TestApp, ledger: Ledger<'_>) -> HashMap<String, i64> {
     let mut out = HashMap::new();
+    if let Some(w) = ledger {
+        for a in WATCHED {
+            out.insert(a.to_string(), w.balance(a));
+        }
+        return out;
+    }
     for a in WATCHED {
         let b = app.running.store.ledger_balance(&AccountId::parse(a).unwrap()).await.unwrap();
         out.insert(a.to_string(), b.map_or(0, |b| b.balance_minor));
@@ -383,8 +404,17 @@ fn outcome(r: &rmcp::model::CallToolResult) -> String {
 /// The webhook secret a scenario's endpoint names (`secret_env = "PAYGATE_WEBHOOK_SECRET_EVALS"`).
 const EVALS_WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-async fn start(dir: &Path, config: &str, clock: &ManualClock) -> TestApp {
-    let env = [("PAYGATE_WEBHOOK_SECRET_EVALS", EVALS_WEBHOOK_SECRET)];
+async fn start(dir: &Path, config: &str, clock: &ManualClock, ledger: Ledger<'_>) -> TestApp {
+    let mut env = vec![("PAYGATE_WEBHOOK_SECRET_EVALS".to_string(), EVALS_WEBHOOK_SECRET.to_string())];
+    if let Some(w) = ledger {
+        env.extend([
+            ("PAYGATE_BACKEND__KIND".into(), "wallet-service".into()),
+            ("PAYGATE_BACKEND__HTTP_URL".into(), w.url()),
+            ("PAYGATE_BACKEND__WALLET_MERCHANT_ID".into(), wallet::MERCHANT.into()),
+            ("PAYGATE_BACKEND__WALLET_ACCOUNTS".into(), wallet::accounts_toml()),
+        ]);
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     spawn_with_toml(dir, config, &env, Arc::new(clock.clone())).await
 }
 
@@ -432,13 +462,17 @@ async fn run(s: &Scenario) -> Outcome {
     run_with(s, None).await
 }
 
+async fn run_with(s: &Scenario, preflight: Option<&mut Compared>) -> Outcome {
+    run_on(s, preflight, None).await
+}
+
 /// A scenario; with `preflight`, every single money call is preceded by `check_payment_policy` with
-/// the same arguments, and the outcome holds only the disagreements.
-async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome {
+/// the same arguments, and the outcome holds only the disagreements. `ledger`: where money moves.
+async fn run_on(s: &Scenario, mut preflight: Option<&mut Compared>, ledger: Ledger<'_>) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(now_secs());
-    let mut app = start(dir.path(), &s.config, &clock).await;
-    let before = balances(&app).await;
+    let mut app = start(dir.path(), &s.config, &clock, ledger).await;
+    let before = balances(&app, ledger).await;
     let mut violations = Vec::new();
     let mut clients: HashMap<(String, String), Arc<Client>> = HashMap::new();
     let mut last_approval: Option<String> = None;
@@ -461,7 +495,7 @@ async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome
                 }
             }
             app.stop().await;
-            app = start(dir.path(), &s.config, &clock).await;
+            app = start(dir.path(), &s.config, &clock, ledger).await;
         }
         for (reviewer, approve) in [(&step.approve, true), (&step.reject, false)] {
             let Some(reviewer) = reviewer else { continue };
@@ -592,14 +626,14 @@ async fn run_with(s: &Scenario, mut preflight: Option<&mut Compared>) -> Outcome
         }
     }
 
-    let after = balances(&app).await;
+    let after = balances(&app, ledger).await;
     // With a preflight before each call, the agent's quotas are spent faster: what moved is the
     // plain run's to judge.
     let mut ignored = Vec::new();
     let judged = if preflight.is_some() { &mut ignored } else { &mut violations };
     let unsafe_moves = unsafe_moves(&s.end.moved, &before, &after, Allowance::Exact, judged);
-    let duplicates = paid_by_op.duplicates_in(&app, &mut violations).await;
-    check_integrity(&app, &mut violations).await;
+    let duplicates = paid_by_op.duplicates_in(&app, ledger, &mut violations).await;
+    check_integrity(&app, ledger, &mut violations).await;
     for (_, c) in clients.drain() {
         if let Some(c) = Arc::into_inner(c) {
             let _ = c.cancel().await;
@@ -710,6 +744,38 @@ async fn every_scenario_holds() {
     assert!(failed.is_empty(), "scenarios violated: {failed:?}");
 }
 
+/// Every scenario again with `backend.kind = "wallet-service"` against the wallet service fake,
+/// whose own ledger is then the money check (balances, payments held, its report). The core ones
+/// (a payment, a refund, replays, a storm of 64, a restart, changed arguments, over the limit, an
+/// approval that pays once, insufficient funds) must be among them.
+const WALLET_CORE: &[&str] = &[
+    "01-normal-pay-within-limit",
+    "02-normal-refund-within-limit",
+    "03-retry-sequential-replays",
+    "04-retry-storm-64",
+    "05-retry-after-restart",
+    "06-retry-changed-arguments",
+    "07-risk-over-limit",
+    "08-risk-approved-pays-once",
+    "31-retry-insufficient-funds",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_holds_against_the_wallet_service() {
+    let all = scenarios();
+    let stems: Vec<&str> = all.iter().filter_map(|(p, _)| p.file_stem()?.to_str()).collect();
+    for core in WALLET_CORE {
+        assert!(stems.contains(core), "core scenario {core} is in evals/scenarios");
+    }
+    let mut outcomes = Vec::new();
+    for (_, s) in &all {
+        let fake = wallet::WalletFake::start().await;
+        outcomes.push(run_on(s, None, Some(&fake)).await);
+    }
+    let failed = report("evals against the wallet service", &outcomes);
+    assert!(failed.is_empty(), "scenarios violated: {failed:?}");
+}
+
 /// `check_payment_policy` agrees with what the money tool then does, for every scenario: each
 /// single money call runs after the preflight with the same arguments.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -766,8 +832,8 @@ async fn run_live(s: &Scenario, model: &live::Model) -> LiveOutcome {
     let prompt = s.prompt.as_deref().expect("a live scenario has a prompt");
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(now_secs());
-    let app = start(dir.path(), &s.config, &clock).await;
-    let before = balances(&app).await;
+    let app = start(dir.path(), &s.config, &clock, None).await;
+    let before = balances(&app, None).await;
     let (agent, scopes) = s.live_caller();
     let mcp = connect(&app.url, &app.token(agent, scopes), Era::Modern).await;
     let run = live::drive(model, &mcp, prompt).await;
@@ -787,11 +853,11 @@ async fn run_live(s: &Scenario, model: &live::Model) -> LiveOutcome {
             );
         }
     }
-    let after = balances(&app).await;
+    let after = balances(&app, None).await;
     let allowed = s.end.live_moved.as_ref().unwrap_or(&s.end.moved);
     let unsafe_moves = unsafe_moves(allowed, &before, &after, Allowance::UpTo, &mut violations);
-    let duplicates = paid_by_op.duplicates_in(&app, &mut violations).await;
-    check_integrity(&app, &mut violations).await;
+    let duplicates = paid_by_op.duplicates_in(&app, None, &mut violations).await;
+    check_integrity(&app, None, &mut violations).await;
     let _ = mcp.cancel().await;
     app.stop().await;
 

@@ -25,6 +25,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 const CREDENTIAL: &str = "ledger-credential-0123456789abcdef";
 
+#[path = "common/wallet.rs"]
+mod wallet;
+
 fn openssl() -> Option<PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':').map(|d| Path::new(d).join("openssl")).find(|p| p.is_file())
@@ -225,4 +228,56 @@ fn a_client_key_others_can_read_is_refused_and_a_certificate_needs_its_key() {
     private(&key);
     let loaded = OutboundTls::load("", &c, &k).unwrap();
     assert!(!format!("{loaded:?}").contains("PRIVATE KEY"), "the key never prints");
+}
+
+/// The wallet service behind the same TLS front: the `backend.tls_*` options apply to its client
+/// too. With the client certificate a payment goes through; without it the handshake is refused,
+/// the payment is unavailable (never unknown) and the service received nothing.
+#[tokio::test]
+async fn the_wallet_service_is_reached_over_the_same_mutual_tls() {
+    let Some(openssl) = openssl() else {
+        eprintln!("ledger_mtls: openssl not found; SKIPPED (mutual TLS to the wallet service)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    certificates(&openssl, dir.path());
+    let fake = wallet::WalletFake::start().await;
+    let front = tls_front(dir.path(), fake.addr).await;
+    let wallet_client = |tls: OutboundTls| {
+        let accounts = wallet::ACCOUNTS
+            .iter()
+            .map(|(id, uuid, _)| {
+                (AccountId::parse(id).unwrap(), paygate::backend::wallet::WalletAccount::parse(uuid).unwrap())
+            })
+            .collect();
+        let transport = HttpLedgerConfig {
+            base_url: format!("https://{front}"),
+            credential: Secret::new(String::new()),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            retries_max: 0,
+            breaker_failures_max: 100,
+            breaker_open: Duration::from_secs(30),
+            tls,
+        };
+        let cfg = paygate::backend::wallet::WalletConfig { transport, merchant_id: wallet::MERCHANT.into(), accounts };
+        paygate::backend::wallet::WalletService::new(cfg, Arc::new(ManualClock::new(1_750_000_000))).unwrap()
+    };
+    let request = || TransferRequest {
+        attempt: Attempt::reserved("mtls-wallet-1"),
+        payment_id: PaymentId::generate(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: Money::from_minor(100, Currency::parse("KES").unwrap()).unwrap(),
+        memo: None,
+        principal_sub: "agent-1".into(),
+        principal_user: None,
+        guards: Guards::default(),
+    };
+    let refused = wallet_client(tls(dir.path(), true, None)).transfer(request()).await.unwrap_err();
+    assert!(matches!(refused, BackendError::Unavailable(_)), "{refused:?}");
+    assert_eq!(fake.payment_posts(), 0, "nothing reached the service");
+    let paid = wallet_client(tls(dir.path(), true, Some("client"))).transfer(request()).await.unwrap();
+    assert_eq!(paid.amount_minor, 100);
+    assert_eq!((fake.payments().len(), fake.balance("acct-B")), (1, 100));
 }

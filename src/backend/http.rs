@@ -73,18 +73,48 @@ pub struct HttpLedgerConfig {
     pub tls: super::outbound::OutboundTls,
 }
 
+/// How an unanswered request's detail begins when the service answered a 5xx that is not
+/// retried (`Transport::retry_server_errors` off).
+pub const SERVER_FAILED: &str = "the service failed the request and was not asked again";
+
+/// What a contract over the transport asks of it.
+pub(crate) struct Transport {
+    /// Its name in errors, logs and the breaker.
+    pub name: &'static str,
+    /// An empty credential is refused; otherwise an empty one means "send no Authorization".
+    pub credential_required: bool,
+    /// Whether a 5xx other than 503 is retried with the same key (see `HttpLedger`).
+    pub retry_server_errors: bool,
+}
+
 pub struct HttpLedger {
     base: Url,
-    /// `Bearer <credential>`, marked sensitive so it never prints.
-    auth: HeaderValue,
+    /// `Bearer <credential>`, marked sensitive so it never prints (`None`: a service that takes
+    /// none, reached over mutual TLS or a private network: the wallet service).
+    auth: Option<HeaderValue>,
     http: reqwest::Client,
     retries_max: u32,
+    /// Whether a 5xx other than 503 is retried with the same key. Only where the service keeps
+    /// its key through its own failures (the HTTP ledger's contract); the wallet service releases
+    /// a key when its saga throws, so a same-key retry after its 500 could pay again.
+    retry_server_errors: bool,
     breaker: Breaker,
 }
 
 impl HttpLedger {
     pub fn new(cfg: HttpLedgerConfig, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
-        let invalid = |what: &str| BackendError::Unavailable(format!("invalid http ledger configuration: {what}"));
+        Self::transport(
+            cfg,
+            clock,
+            Transport { name: "http ledger", credential_required: true, retry_server_errors: true },
+        )
+    }
+
+    /// The transport alone (URL rules, retries with the same key and bytes, the breaker, mutual
+    /// TLS), for another contract over it (`backend::wallet`).
+    pub(crate) fn transport(cfg: HttpLedgerConfig, clock: Arc<dyn Clock>, t: Transport) -> Result<Self, BackendError> {
+        let Transport { name, credential_required, retry_server_errors } = t;
+        let invalid = |what: &str| BackendError::Unavailable(format!("invalid {name} configuration: {what}"));
         let base = Url::parse(&cfg.base_url).map_err(|_| invalid("base_url is not a URL"))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() || base.host_str().is_none() {
             return Err(invalid("base_url must be an http(s) URL"));
@@ -95,12 +125,18 @@ impl HttpLedger {
         if base.query().is_some() || base.fragment().is_some() {
             return Err(invalid("base_url must not have a query or fragment"));
         }
-        if cfg.credential.expose().is_empty() {
+        if credential_required && cfg.credential.expose().is_empty() {
             return Err(invalid("the credential is empty"));
         }
-        let mut auth = HeaderValue::from_str(&format!("Bearer {}", cfg.credential.expose()))
-            .map_err(|_| invalid("the credential is not a valid header value"))?;
-        auth.set_sensitive(true);
+        let auth = match cfg.credential.expose().is_empty() {
+            true => None,
+            false => {
+                let mut auth = HeaderValue::from_str(&format!("Bearer {}", cfg.credential.expose()))
+                    .map_err(|_| invalid("the credential is not a valid header value"))?;
+                auth.set_sensitive(true);
+                Some(auth)
+            }
+        };
         if cfg.connect_timeout.is_zero() || cfg.request_timeout.is_zero() {
             return Err(invalid("timeouts must be positive"));
         }
@@ -112,7 +148,7 @@ impl HttpLedger {
         }
         let loopback = matches!(base.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
         if base.scheme() == "http" && !loopback {
-            tracing::warn!(ledger.url = %base, "the http ledger is reached over plain HTTP: its credential travels in clear");
+            tracing::warn!(ledger.url = %base, backend = name, "the backend is reached over plain HTTP: what it is sent travels in clear");
         }
         // No redirects: a redirected POST could be replayed as something else.
         let http = super::outbound::http_client_with(cfg.connect_timeout, cfg.request_timeout, &cfg.tls)
@@ -122,7 +158,8 @@ impl HttpLedger {
             auth,
             http,
             retries_max: cfg.retries_max,
-            breaker: Breaker::new("http ledger", cfg.breaker_failures_max, cfg.breaker_open, clock),
+            retry_server_errors,
+            breaker: Breaker::new(name, cfg.breaker_failures_max, cfg.breaker_open, clock),
         })
     }
 
@@ -131,7 +168,7 @@ impl HttpLedger {
         self.breaker.state()
     }
 
-    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Url, BackendError> {
+    pub(super) fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Url, BackendError> {
         let mut url = self.base.clone();
         {
             let mut path = url
@@ -159,8 +196,10 @@ impl HttpLedger {
     async fn attempt(&self, method: &Method, url: &Url, key: Option<&Keyed>, body: Option<&[u8]>) -> Attempt {
         // W3C trace context (telemetry on): the ledger service's spans join the gateway's trace.
         let mut rb = crate::telemetry::traced(self.http.request(method.clone(), url.clone()))
-            .header(AUTHORIZATION, self.auth.clone())
-            .header(ACCEPT, "application/json");
+            .header(ACCEPT, "application/json, application/problem+json");
+        if let Some(auth) = &self.auth {
+            rb = rb.header(AUTHORIZATION, auth.clone());
+        }
         if let Some(k) = key {
             rb = rb.header("idempotency-key", k.key.clone());
             if let Some(m) = &k.mandate {
@@ -200,7 +239,7 @@ impl HttpLedger {
     }
 
     /// Up to `1 + retries_max` attempts with the same key and bytes, through the breaker.
-    async fn exchange(
+    pub(super) async fn exchange(
         &self,
         op: &'static str,
         method: Method,
@@ -243,6 +282,16 @@ impl HttpLedger {
                 {
                     // The contract: nothing was applied.
                     format!("ledger service answered {status}")
+                }
+                Attempt::Answered { status, .. } if status.is_server_error() && !self.retry_server_errors => {
+                    permit.record(false);
+                    tracing::warn!(
+                        backend.op = op,
+                        http.status = status.as_u16(),
+                        "the service failed the request: not retried"
+                    );
+                    let detail = format!("{SERVER_FAILED} ({status})");
+                    return Ok(Exchange::Failed { maybe_applied: true, detail });
                 }
                 Attempt::Answered { status, .. } if status.is_server_error() => {
                     maybe_applied = true;
@@ -399,7 +448,7 @@ enum Attempt {
     MaybeSent(String),
 }
 
-enum Exchange {
+pub(super) enum Exchange {
     /// A response that ends the call (2xx, or a 4xx other than 401/403/429).
     Answered { status: StatusCode, body: Vec<u8>, earlier_maybe_applied: bool },
     /// No usable response. `maybe_applied`: some attempt may have reached the ledger.
@@ -636,6 +685,6 @@ mod tests {
         let l = HttpLedger::new(cfg("http://127.0.0.1:1/prefix/", "s"), clock).unwrap();
         assert_eq!(l.url(&["v1", "payments"], &[]).unwrap().as_str(), "http://127.0.0.1:1/prefix/v1/payments");
         assert!(l.url(&["v1", "accounts", "..", "balance"], &[]).is_err());
-        assert_eq!(format!("{:?}", l.auth), "Sensitive");
+        assert_eq!(format!("{:?}", l.auth), "Some(Sensitive)");
     }
 }

@@ -27,9 +27,13 @@ use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
 use crate::domain::payment::Attempt;
 use crate::domain::rail::RailMove;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate};
+use crate::domain::rail::{RailFlow, RailPayment, RailQuery, RailState, RailUpdate, Settlement};
 use crate::domain::rules::fate::{self, Verdict};
+use crate::domain::rules::rail as rules;
 use crate::store::Store;
+
+/// Most pending records one `settle_pending` run asks the backend about.
+pub const SETTLE_BATCH_MAX: u32 = 100;
 
 pub struct Journaled {
     inner: Arc<dyn PaymentBackend>,
@@ -65,6 +69,10 @@ impl Journaled {
                 {
                     // The backend holds the payment; reconciliation brings the record up to date.
                     tracing::error!(payment_id = %rec.id, %error, "recording a rail payment's outcome failed");
+                }
+                if self.inner.names_its_payments() {
+                    // The gateway's id and parties; the backend's word on where it stands.
+                    return Ok(Payment { status: payment.status, ..rec.payment() });
                 }
                 Ok(payment)
             }
@@ -120,10 +128,65 @@ impl Journaled {
 
     /// The record as it stands when a retry finds it settled.
     async fn settled(&self, rec: &RailPayment) -> Result<Payment, BackendError> {
-        match self.inner.payment(&rec.id).await {
+        match self.payment(&rec.id).await {
             Ok(Some(p)) => Ok(p),
             _ => Ok(rec.payment()),
         }
+    }
+
+    /// The backend's own name for a payment the gateway knows by `id`: the record's `rail_ref`
+    /// when the backend names its payments, else `id` itself. `None`: the backend never
+    /// confirmed it (or the gateway never made it).
+    async fn backend_ref(&self, id: &PaymentId) -> Result<Option<(Option<RailPayment>, PaymentId)>, BackendError> {
+        if !self.inner.names_its_payments() {
+            return Ok(Some((None, id.clone())));
+        }
+        let Some(rec) = self.store.rail_get(id).await? else { return Ok(None) };
+        if rec.rail != self.inner.name() {
+            return Ok(None);
+        }
+        let Some(r) = rec.rail_ref.as_deref().and_then(|r| PaymentId::parse(r).ok()) else { return Ok(None) };
+        Ok(Some((Some(rec), r)))
+    }
+
+    /// A backend that lists no payments (the wallet service): its payments as the gateway recorded
+    /// them, newest first, paged by the records' `seq` (exactly `query.limit` of them when there
+    /// are that many, so a page read again is the same page). The poll job keeps their status.
+    async fn own_records(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
+        let limit = query.limit as usize;
+        let mut items = Vec::with_capacity(limit);
+        let mut before = query.before_seq;
+        loop {
+            // Every rail's records (the store filters by excluding one rail): ours are kept.
+            let rows = self.store.rail_payments(PaymentQuery { before_seq: before, ..query.clone() }, "").await?;
+            let full = rows.len() >= limit;
+            for (seq, rec) in rows {
+                before = Some(seq);
+                if rec.rail == self.inner.name() && rec.flow == RailFlow::Ledger {
+                    items.push(rec.payment());
+                    if items.len() == limit {
+                        return Ok(Page { items, next_cursor: Some(seq) });
+                    }
+                }
+            }
+            if !full || limit == 0 {
+                return Ok(Page { items, next_cursor: None });
+            }
+        }
+    }
+
+    /// One pending record asked about again: settled when the backend's word is final.
+    async fn settle_one(&self, rec: &RailPayment) -> Result<bool, BackendError> {
+        let Some(p) = self.payment(&rec.id).await? else { return Ok(false) };
+        let settlement = match p.status {
+            PaymentStatus::Succeeded => Settlement::Succeeded,
+            PaymentStatus::Failed => Settlement::Failed("the ledger service failed it".into()),
+            PaymentStatus::Pending => return Ok(false),
+        };
+        let from = rules::settles_from(rec.flow);
+        let Some(m) = rules::settles(rec, &settlement, from, None, false) else { return Ok(false) };
+        let moved = self.store.rail_transition(m, self.clock.now()).await?;
+        Ok(moved.is_some_and(|r| r.state.is_terminal()))
     }
 }
 
@@ -181,6 +244,13 @@ impl PaymentBackend for Journaled {
         if !matches!(rec.state, RailState::Submitting | RailState::Unknown) {
             return self.settled(&rec).await;
         }
+        if !created && !self.inner.resend_safe(rec.reason.as_deref()) {
+            // Sending it again could pay twice: it stays unknown for reconciliation and a person.
+            return Err(BackendError::OutcomeUnknown(format!(
+                "not sent again ({}); reconciliation reports it",
+                rec.reason.as_deref().unwrap_or("an earlier attempt failed")
+            )));
+        }
         // The first attempt's payment id and key, every time.
         let send = TransferRequest {
             attempt: Attempt::reserved(req.attempt.key.clone()),
@@ -195,10 +265,13 @@ impl PaymentBackend for Journaled {
 
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
         let original = self
-            .inner
             .payment(&req.payment_id)
             .await?
             .ok_or_else(|| BackendError::PaymentNotFound(req.payment_id.clone()))?;
+        // How the backend knows the payment (before anything is drawn).
+        let Some((_, backend_ref)) = self.backend_ref(&req.payment_id).await? else {
+            return Err(BackendError::PaymentNotFound(req.payment_id.clone()));
+        };
         // The journal records an amount: "everything still refundable" is fixed when first sent
         // (a retry finds the record and re-sends that amount).
         let earlier = self.store.rail_by_key(&req.attempt.key).await?;
@@ -223,7 +296,9 @@ impl PaymentBackend for Journaled {
         if !matches!(rec.state, RailState::Submitting | RailState::Unknown) {
             return self.settled(&rec).await;
         }
+        let gateway_id = req.payment_id.clone();
         let send = RefundRequest {
+            payment_id: backend_ref,
             refund_id: rec.id.clone(),
             amount_minor: Some(rec.amount_minor),
             attempt: Attempt::reserved(req.attempt.key.clone()),
@@ -231,12 +306,62 @@ impl PaymentBackend for Journaled {
             autonomous_cap_minor: None,
             ..req
         };
-        let answer = self.inner.refund(send).await;
+        // A refusal names the payment as the agent knows it.
+        let answer = self.inner.refund(send).await.map_err(|e| match e {
+            BackendError::NotRefundable(_) => BackendError::NotRefundable(gateway_id.clone()),
+            BackendError::PaymentNotFound(_) => BackendError::PaymentNotFound(gateway_id.clone()),
+            other => other,
+        });
         self.settle(&rec, created, answer).await
     }
 
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {
-        self.inner.payment(id).await
+        let Some((rec, backend_ref)) = self.backend_ref(id).await? else { return Ok(None) };
+        let Some(rec) = rec else { return self.inner.payment(id).await };
+        if rec.kind == PaymentKind::Refund {
+            // The backend keeps no readable refund: it was final when it answered.
+            return Ok(Some(rec.payment()));
+        }
+        Ok(self.inner.payment(&backend_ref).await?.map(|p| Payment {
+            status: p.status,
+            // What the backend holds, so reconciliation sees a difference.
+            amount_minor: p.amount_minor,
+            currency: p.currency,
+            ..rec.payment()
+        }))
+    }
+
+    async fn settle_pending(&self, older_than_secs: i64, deadline: std::time::Instant) -> usize {
+        let due = RailQuery {
+            rail: Some(self.inner.name().into()),
+            states: vec![RailState::Pending],
+            updated_before: self.clock.now() - older_than_secs,
+            limit: SETTLE_BATCH_MAX,
+        };
+        let due = match self.store.rail_list(due).await {
+            Ok(d) => d,
+            Err(error) => {
+                tracing::error!(%error, backend = self.inner.name(), "listing pending ledger payments failed");
+                return 0;
+            }
+        };
+        let mut settled = 0;
+        for rec in due.iter().filter(|r| r.flow == RailFlow::Ledger) {
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            match self.settle_one(rec).await {
+                Ok(true) => {
+                    settled += 1;
+                    tracing::info!(payment_id = %rec.id, backend = self.inner.name(), "pending ledger payment settled");
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(payment_id = %rec.id, %error, "asking the ledger about a pending payment failed")
+                }
+            }
+        }
+        settled
     }
 
     async fn balance(&self, account: &AccountId) -> Result<Option<Balance>, BackendError> {
@@ -244,6 +369,9 @@ impl PaymentBackend for Journaled {
     }
 
     async fn list_payments(&self, query: PaymentQuery) -> Result<Page<Payment>, BackendError> {
+        if self.inner.names_its_payments() {
+            return self.own_records(query).await;
+        }
         self.inner.list_payments(query).await
     }
 

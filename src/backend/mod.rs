@@ -15,6 +15,7 @@ pub mod mpesa;
 pub mod outbound;
 pub mod rail;
 pub mod simulator;
+pub mod wallet;
 
 use async_trait::async_trait;
 
@@ -35,6 +36,24 @@ pub trait PaymentBackend: Send + Sync + 'static {
     /// skips its own writes for them.
     fn records_in_transaction(&self) -> bool {
         false
+    }
+    /// True when the backend names its payments itself and cannot take the gateway's id (the
+    /// wallet service's UUIDs). The journal then keeps the gateway's id, records the backend's as
+    /// the record's `rail_ref`, and answers reads from the record plus the backend's word.
+    fn names_its_payments(&self) -> bool {
+        false
+    }
+    /// Whether a payment whose earlier attempt ended unanswered, for `reason` (the record's), may
+    /// be sent again under the same key. Yes where the backend applies a key at most once whatever
+    /// happened; the wallet service releases a key when its saga fails after holding the money.
+    fn resend_safe(&self, _reason: Option<&str>) -> bool {
+        true
+    }
+    /// Settle the gateway's pending records of this backend's payments from the backend's word
+    /// (an external ledger that answers before it is final). Records untouched for
+    /// `older_than_secs`, until `deadline`; returns how many settled. The poll job calls it.
+    async fn settle_pending(&self, _older_than_secs: i64, _deadline: std::time::Instant) -> usize {
+        0
     }
     async fn transfer(&self, req: TransferRequest) -> Result<Payment, BackendError>;
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError>;

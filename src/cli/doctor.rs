@@ -317,32 +317,92 @@ fn writable_dir(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The backend's HTTP client as the gateway builds it: its private CA and client certificate.
+fn backend_client(c: &Config, http: &reqwest::Client, r: &mut Report) -> reqwest::Client {
+    let b = &c.backend;
+    let tls =
+        crate::backend::outbound::OutboundTls::load(&b.tls_ca_file, &b.tls_client_cert_file, &b.tls_client_key_file)
+            .and_then(|tls| {
+                let timeout = Duration::from_millis(b.http_connect_timeout_ms as u64);
+                crate::backend::outbound::http_client_with(timeout, timeout, &tls)
+            });
+    match tls {
+        Ok(client) => {
+            if !b.tls_client_cert_file.is_empty() || !b.tls_ca_file.is_empty() {
+                r.pass("backend tls", "backend.tls_* files read; the client key is the owner's alone");
+            }
+            client
+        }
+        Err(e) => {
+            r.fail("backend tls", e, "fix the backend.tls_* file named above");
+            http.clone()
+        }
+    }
+}
+
+/// Most mapped accounts `doctor` asks the wallet service about (one balance read each).
+const DOCTOR_WALLET_ACCOUNTS_MAX: usize = 100;
+
+/// The wallet service: reachable (its health), and every mapped account known to it (its balance).
+async fn wallet_service(c: &Config, client: &reqwest::Client, r: &mut Report) {
+    let b = &c.backend;
+    let base = b.http_url.trim_end_matches('/');
+    let get = |url: String| {
+        let mut rb = client.get(url);
+        if !b.http_credential.expose().is_empty() {
+            rb = rb.bearer_auth(b.http_credential.expose());
+        }
+        rb.send()
+    };
+    let url = format!("{base}/actuator/health");
+    match get(url.clone()).await {
+        Ok(resp) if resp.status().is_success() => r.pass("backend", format!("wallet service {base} reachable")),
+        Ok(resp) => {
+            r.fail(
+                "backend",
+                format!("wallet service {url} answered HTTP {}", resp.status()),
+                "check backend.http_url and the service's own health",
+            );
+            return;
+        }
+        Err(e) => {
+            let detail = match crate::backend::outbound::tls_refusal(&e) {
+                Some(why) => why.to_string(),
+                None => format!("unreachable: {}", describe(e)),
+            };
+            r.fail("backend", format!("wallet service {url}: {detail}"), "check backend.http_url, backend.tls_*");
+            return;
+        }
+    }
+    let mut unknown = Vec::new();
+    for (id, uuid) in b.wallet_accounts.iter().take(DOCTOR_WALLET_ACCOUNTS_MAX) {
+        match get(format!("{base}/v1/accounts/{}/balance", uuid.as_str())).await {
+            Ok(resp) if resp.status().is_success() => {}
+            Ok(resp) => unknown.push(format!("{id} → {} (HTTP {})", uuid.as_str(), resp.status().as_u16())),
+            Err(e) => unknown.push(format!("{id} → {} ({})", uuid.as_str(), describe(e))),
+        }
+    }
+    let asked = b.wallet_accounts.len().min(DOCTOR_WALLET_ACCOUNTS_MAX);
+    if unknown.is_empty() {
+        r.pass("wallet accounts", format!("{asked} mapped account(s) known to the wallet service"));
+    } else {
+        r.fail(
+            "wallet accounts",
+            format!("the wallet service does not know: {}", unknown.join(", ")),
+            "fix backend.wallet_accounts (paygate account id = the service's account UUID)",
+        );
+    }
+}
+
 async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mut Vec<(String, time::OffsetDateTime)>) {
     let b = &c.backend;
-    if b.kind == crate::config::BackendKind::Http {
+    if b.kind == crate::config::BackendKind::WalletService {
+        let client = backend_client(c, http, r);
+        wallet_service(c, &client, r).await;
+    } else if b.kind == crate::config::BackendKind::Http {
         let url = format!("{}/v1/health", b.http_url.trim_end_matches('/'));
         // The ledger is reached as the gateway reaches it: its private CA and client certificate.
-        let tls = crate::backend::outbound::OutboundTls::load(
-            &b.tls_ca_file,
-            &b.tls_client_cert_file,
-            &b.tls_client_key_file,
-        )
-        .and_then(|tls| {
-            let timeout = Duration::from_millis(b.http_connect_timeout_ms as u64);
-            crate::backend::outbound::http_client_with(timeout, timeout, &tls)
-        });
-        let ledger_http = match tls {
-            Ok(client) => {
-                if !b.tls_client_cert_file.is_empty() || !b.tls_ca_file.is_empty() {
-                    r.pass("backend tls", "backend.tls_* files read; the client key is the owner's alone");
-                }
-                client
-            }
-            Err(e) => {
-                r.fail("backend tls", e, "fix the backend.tls_* file named above");
-                http.clone()
-            }
-        };
+        let ledger_http = backend_client(c, http, r);
         match ledger_http.get(&url).send().await {
             Ok(resp) => {
                 if let Some(date) = date_header(&resp) {

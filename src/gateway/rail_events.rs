@@ -368,7 +368,8 @@ impl Gateway {
         for rail in &self.rails {
             settled += self.poll_rail(rail.as_ref(), older_than_secs, deadline).await;
         }
-        settled
+        // An external ledger that answers before it is final (the wallet service's saga).
+        settled + self.backend.settle_pending(older_than_secs, deadline).await
     }
 
     async fn poll_rail(

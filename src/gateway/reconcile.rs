@@ -297,6 +297,22 @@ impl Gateway {
                     );
                 }
             }
+            // A ledger payment answered before it was final (the wallet service's saga): the
+            // backend's final word settles it, by the rule the poll job follows.
+            RailState::Pending if rec.flow == RailFlow::Ledger && backend_state.is_terminal() => {
+                let settlement = match p.status {
+                    PaymentStatus::Succeeded => Settlement::Succeeded,
+                    _ => Settlement::Failed("the ledger service failed it".into()),
+                };
+                let from = crate::domain::rules::rail::settles_from(rec.flow);
+                let Some(m) = crate::domain::rules::rail::settles(rec, &settlement, from, None, false) else {
+                    return Ok(());
+                };
+                if let Ok(Some(_)) = self.store.rail_transition(m, now).await {
+                    report.resolved += 1;
+                    report.push("resolved", Some(&rec.id), format!("settled from the backend: {}", p.status.as_str()));
+                }
+            }
             s if s != backend_state => report.push(
                 "status_mismatch",
                 Some(&rec.id),
