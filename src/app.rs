@@ -400,6 +400,14 @@ pub fn public_url(config: &Config, scheme: &str, addr: &str) -> String {
     if config.server.public_url.is_empty() { format!("{scheme}://{addr}") } else { config.server.public_url.clone() }
 }
 
+/// The public URL `serve` will use, as far as the config alone tells (no socket bound):
+/// `server.public_url`, or `server.bind` under the scheme its TLS settings give. What the CLI mints
+/// tokens for and checks against, so they match the server's audience and issuer.
+pub fn configured_public_url(config: &Config) -> String {
+    let scheme = if config.server.tls_cert_file.is_empty() { "http" } else { "https" };
+    public_url(config, scheme, &config.server.bind)
+}
+
 /// Open the configured demo accounts that do not exist yet (when `ledger.demo` is on).
 pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Result<(), StartError> {
     if !config.ledger.demo {
@@ -494,8 +502,7 @@ impl HeadlessStart {
     /// gateway is its token for this one.
     pub fn new(config: Config, clock: Arc<dyn Clock>) -> Result<HeadlessStart, StartError> {
         crate::install_crypto_provider();
-        let scheme = if config.server.tls_cert_file.is_empty() { "http" } else { "https" };
-        let public_url = public_url(&config, scheme, &config.server.bind);
+        let public_url = configured_public_url(&config);
         let identity = identity(&config, &clock, &public_url)?;
         Ok(HeadlessStart { config, clock, public_url, identity })
     }

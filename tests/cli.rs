@@ -606,6 +606,22 @@ fn token_for_the_console() {
     );
     let o = paygate(&["--config", cfg, "token", "--operator", "--sub", "a", "--scope", "payments:create"], &[]);
     assert_eq!(o.status.code(), Some(2), "an agent scope on an operator's token");
+    // With TLS and no public_url, `serve` answers at https://<bind>: the token is minted for it.
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let tls = format!(
+        "{}\n[server]\ntls_cert_file = \"{fixtures}/tls-cert.pem\"\ntls_key_file = \"{fixtures}/tls-key.pem\"\n",
+        base_toml(dir.path())
+    );
+    let tls_file = dir.path().join("tls.toml");
+    std::fs::write(&tls_file, tls).unwrap();
+    let o =
+        paygate(&["--config", tls_file.to_str().unwrap(), "token", "--sub", "pat", "--scope", "payments:read"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let claims = decode(&o);
+    assert_eq!(
+        (claims["aud"].as_str(), claims["iss"].as_str()),
+        (Some("https://127.0.0.1:8080/mcp"), Some("https://127.0.0.1:8080"))
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

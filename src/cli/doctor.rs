@@ -436,7 +436,7 @@ async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mu
     if c.mpesa.enabled && c.mpesa.environment == crate::config::MpesaEnvironment::Simulator {
         r.pass("m-pesa", "SIMULATED inside this gateway (mpesa.environment = \"simulator\"): no money moves");
     } else if c.mpesa.enabled {
-        let public_url = crate::app::public_url(c, "http", &c.server.bind);
+        let public_url = crate::app::configured_public_url(c);
         let cfg = crate::app::daraja_config(c, &public_url);
         let base = cfg.base_url.clone();
         let clock: std::sync::Arc<dyn crate::clock::Clock> = std::sync::Arc::new(crate::clock::SystemClock);
@@ -456,7 +456,7 @@ async fn backend(c: &Config, http: &reqwest::Client, r: &mut Report, clocks: &mu
     if c.airtel.enabled && c.airtel.environment == crate::config::AirtelEnvironment::Simulator {
         r.pass("airtel", "SIMULATED inside this gateway (airtel.environment = \"simulator\"): no money moves");
     } else if c.airtel.enabled {
-        let public_url = crate::app::public_url(c, "http", &c.server.bind);
+        let public_url = crate::app::configured_public_url(c);
         let clock: std::sync::Arc<dyn crate::clock::Clock> = std::sync::Arc::new(crate::clock::SystemClock);
         let checked = match crate::app::airtel_config(c, &public_url) {
             Ok(cfg) => {

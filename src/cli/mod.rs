@@ -224,7 +224,7 @@ pub fn run() -> ExitCode {
             let scope = scope.unwrap_or_else(|| OPERATOR_SCOPES.into());
             let code = token(&c, &sub, act.as_deref(), &scope, ttl_secs, operator || console);
             if console && code == ExitCode::SUCCESS {
-                let public_url = crate::app::public_url(&c, "http", &c.server.bind);
+                let public_url = crate::app::configured_public_url(&c);
                 eprintln!("paste it at {public_url}/console (the page keeps it in memory only)");
             }
             code
@@ -766,7 +766,7 @@ fn token(
             return ExitCode::FAILURE;
         }
     };
-    let public_url = crate::app::public_url(config, "http", &config.server.bind);
+    let public_url = crate::app::configured_public_url(config);
     let audience =
         if operator { crate::app::operator_resource(&public_url) } else { crate::app::agent_resource(&public_url) };
     let issuer = crate::app::dev_issuer(config, &public_url);

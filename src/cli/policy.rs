@@ -16,7 +16,7 @@ use crate::gateway::{Operator, ProposeArgs};
 /// widening change there either.
 fn operator(config: &Config, author: &str) -> Operator {
     let issuer = if config.auth.issuer.is_empty() {
-        crate::app::dev_issuer(config, &crate::app::public_url(config, "http", &config.server.bind))
+        crate::app::dev_issuer(config, &crate::app::configured_public_url(config))
     } else {
         config.auth.issuer.clone()
     };
