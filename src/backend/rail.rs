@@ -248,6 +248,26 @@ pub struct ReversalRequest {
     pub reason: Option<String>,
 }
 
+impl PayoutRequest {
+    /// The payout's record for rail `rail`, opened by nobody yet: money from the rail's `account` to
+    /// the payee, the remarks as its memo, and the gateway's payment id as the rail's reference —
+    /// chosen before sending, so a result can echo it and a status question can ask by it even when
+    /// the answer is lost.
+    pub fn record(&self, rail: &str, account: &AccountId) -> RailPayment {
+        let v = &self.payout;
+        let mut rec = self.order.record(
+            rail,
+            (RailFlow::Payout, PaymentKind::Payment),
+            account.clone(),
+            v.payee_account().clone(),
+            v.amount(),
+        );
+        rec.memo = Some(v.remarks().to_string());
+        rec.rail_ref = Some(self.order.payment_id.to_string());
+        rec
+    }
+}
+
 impl ReversalRequest {
     /// The reversal's record for rail `rail` (what people call it: `display`), opened by nobody yet:
     /// money from the rail's account back to the payer, in full, keyed by the collection

@@ -265,16 +265,8 @@ impl CollectionRail for AirtelRail {
         let order = &req.order;
         // Already normal: parsing again is the identity.
         let msisdn = wire::normalize_phone(v.payee()).map_err(BackendError::Rejected)?;
-        let mut rec = order.record(
-            RAIL,
-            (RailFlow::Payout, PaymentKind::Payment),
-            self.account.clone(),
-            v.payee_account().clone(),
-            v.amount(),
-        );
-        rec.memo = Some(v.remarks().to_string());
-        // Airtel's transaction id is ours: known before sending, so a lost answer can be asked about.
-        rec.rail_ref = Some(order.payment_id.to_string());
+        // Airtel's transaction id is ours (the record's reference): a lost answer can be asked about.
+        let mut rec = req.record(RAIL, &self.account);
         rec.phone = Some(msisdn.to_string());
         let disbursement = wire::Disbursement {
             id: order.payment_id.to_string(),

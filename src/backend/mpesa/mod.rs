@@ -328,17 +328,8 @@ impl CollectionRail for MpesaRail {
 
     async fn pay_out(&self, req: PayoutRequest) -> Result<Payment, BackendError> {
         let v = &req.payout;
-        let order = &req.order;
-        let mut rec = order.record(
-            RAIL,
-            (RailFlow::Payout, PaymentKind::Payment),
-            self.account.clone(),
-            v.payee_account().clone(),
-            v.amount(),
-        );
-        rec.memo = Some(v.remarks().to_string());
-        // Chosen before sending: what the result echoes, and what a status query asks by.
-        rec.rail_ref = Some(order.payment_id.to_string());
+        // Its reference is the payment id: what the result echoes, and what a status query asks by.
+        let mut rec = req.record(RAIL, &self.account);
         let client = self.client.clone();
         let (store, clock, guards) = (self.store.as_ref(), self.clock.as_ref(), req.order.guards.clone());
         let to = match (v.business(), v.account_reference()) {
