@@ -1534,3 +1534,30 @@ contract!(the_outbox_keeps_messages_with_their_events_and_moves_each_once, |stor
     assert_eq!(tries.iter().map(|t| t.attempt).collect::<Vec<_>>(), vec![1, 2], "{label}");
     assert_eq!(store.outbox_attempts(&a).await.unwrap().len(), 1, "{label}: recorded once");
 });
+
+// A payee's row and its daily cap's usage, read the same on both engines (one statement each,
+// `store::queries`): nothing known and nothing paid, then known, then what a capped payment wrote.
+contract!(payee_state_reads_the_row_and_the_days_usage, |store, label| async move {
+    use paygate::domain::payee::{PayeeCap, PayeeRecord};
+    with_accounts(&store, 10_000).await;
+    let today = Some((0, kes()));
+    assert_eq!(store.payee_state("agent", "acct-B", today).await.unwrap(), (None, 0), "{label}");
+    let known = PayeeRecord {
+        owner: "agent".into(),
+        payee: "acct-B".into(),
+        known_since: 5,
+        added_by: "iss alice".into(),
+        approval_id: None,
+        revoked_at: None,
+        revoked_by: None,
+    };
+    assert!(store.payee_add(known.clone(), vec![]).await.unwrap(), "{label}");
+    let cap = PayeeCap { owner: "agent".into(), payee: "acct-B".into(), since: 0, max_minor: 10_000 };
+    let guards = Guards { budget: None, mandate: None, payee: Some(cap) };
+    store.ledger_transfer(claimed("capped", "fp", 250, guards), 10).await.unwrap();
+    let (rec, paid) = store.payee_state("agent", "acct-B", today).await.unwrap();
+    assert_eq!((rec, paid), (Some(known.clone()), 250), "{label}");
+    assert_eq!(store.payee_state("agent", "acct-B", None).await.unwrap(), (Some(known), 0), "{label}: not asked");
+    let usd = Currency::parse("USD").unwrap();
+    assert_eq!(store.payee_state("agent", "acct-B", Some((0, usd))).await.unwrap().1, 0, "{label}: another currency");
+});

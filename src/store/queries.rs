@@ -332,6 +332,24 @@ pub(crate) fn volume(from: i64, to: i64, dialect: Dialect) -> Statement {
 }
 
 /// A statement without parameters.
+/// `owner`'s row for `payee`, a revoked one too (`rows::payee`).
+pub(crate) fn payee(owner: &str, payee: &str, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (owner, payee) = (b.text(owner), b.text(payee));
+    b.finish(format!("SELECT {} FROM payees WHERE owner = {owner} AND payee = {payee}", rows::PAYEE_COLS))
+}
+
+/// What `owner`'s autonomous payments to `payee` total on `day` in `currency` (the daily cap's
+/// usage): one row, one BIGINT, 0 when none.
+pub(crate) fn payee_usage(owner: &str, payee: &str, day: i64, currency: &str, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (owner, payee, day, currency) = (b.text(owner), b.text(payee), b.int(day), b.text(currency));
+    b.finish(format!(
+        "SELECT CAST(COALESCE(SUM(spent_minor), 0) AS BIGINT) FROM payee_usage
+         WHERE owner = {owner} AND payee = {payee} AND day = {day} AND currency = {currency}"
+    ))
+}
+
 pub(crate) fn plain(text: &str, dialect: Dialect) -> Statement {
     Builder::new(dialect).finish(text.to_string())
 }

@@ -6,34 +6,12 @@ use super::outbox::insert_outbox;
 use super::{Cached, Mapped, PostgresStore};
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
-use crate::domain::money::Currency;
 use crate::domain::payee::PayeeRecord;
 use crate::domain::webhook::OutboxMessage;
 use crate::store::{PayeeStore, rows};
 
 #[async_trait]
 impl PayeeStore for PostgresStore {
-    async fn payee_state(
-        &self,
-        owner: &str,
-        payee: &str,
-        usage: Option<(UnixSecs, Currency)>,
-    ) -> Result<(Option<PayeeRecord>, i64), StoreError> {
-        let client = self.pool.get().await?;
-        let sql = format!("SELECT {} FROM payees WHERE owner = $1 AND payee = $2", rows::PAYEE_COLS);
-        let rec = client.get(&sql, &[&owner, &payee], rows::payee).await?;
-        let Some((day, currency)) = usage else { return Ok((rec, 0)) };
-        let paid = client
-            .one(
-                "SELECT COALESCE(SUM(spent_minor), 0)::BIGINT FROM payee_usage
-                 WHERE owner = $1 AND payee = $2 AND day = $3 AND currency = $4",
-                &[&owner, &payee, &day, &currency.code()],
-            )
-            .await?
-            .get(0);
-        Ok((rec, paid))
-    }
-
     async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;

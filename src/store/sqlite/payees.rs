@@ -7,7 +7,6 @@ use super::outbox::insert_outbox;
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
 use crate::domain::error::StoreError;
-use crate::domain::money::Currency;
 use crate::domain::payee::PayeeRecord;
 use crate::domain::webhook::OutboxMessage;
 use crate::store::{PayeeStore, rows};
@@ -21,28 +20,6 @@ pub(super) const ADD_PAYEE: &str = "INSERT INTO payees (owner, payee, known_sinc
 
 #[async_trait]
 impl PayeeStore for SqliteStore {
-    async fn payee_state(
-        &self,
-        owner: &str,
-        payee: &str,
-        usage: Option<(UnixSecs, Currency)>,
-    ) -> Result<(Option<PayeeRecord>, i64), StoreError> {
-        let (owner, payee) = (owner.to_string(), payee.to_string());
-        self.run(move |c| {
-            let sql = format!("SELECT {} FROM payees WHERE owner = ?1 AND payee = ?2", rows::PAYEE_COLS);
-            let rec = c.opt(&sql, params![owner, payee], rows::payee)?;
-            let Some((day, currency)) = usage else { return Ok((rec, 0)) };
-            let paid: i64 = c.q_row(
-                "SELECT COALESCE(SUM(spent_minor), 0) FROM payee_usage
-                 WHERE owner = ?1 AND payee = ?2 AND day = ?3 AND currency = ?4",
-                params![owner, payee, day, currency.code()],
-                |r| r.get(0),
-            )?;
-            Ok((rec, paid))
-        })
-        .await
-    }
-
     async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;

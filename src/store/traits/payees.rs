@@ -7,18 +7,34 @@ use crate::domain::error::StoreError;
 use crate::domain::money::Currency;
 use crate::domain::payee::PayeeRecord;
 use crate::domain::webhook::OutboxMessage;
+use crate::store::rows::Columns as _;
+use crate::store::{queries, rows};
+
+use super::Engine;
 
 #[async_trait]
-pub trait PayeeStore: Send + Sync {
+pub trait PayeeStore: Engine {
     /// `owner`'s row for `payee` (a revoked one too), and, when `usage` names a day and currency,
     /// what `owner`'s autonomous payments to it total then (the daily cap's usage, written where
-    /// each payment commits; 0 when not asked).
+    /// each payment commits; 0 when not asked). Statements built once (`store::queries`) for both
+    /// engines.
     async fn payee_state(
         &self,
         owner: &str,
         payee: &str,
         usage: Option<(UnixSecs, Currency)>,
-    ) -> Result<(Option<PayeeRecord>, i64), StoreError>;
+    ) -> Result<(Option<PayeeRecord>, i64), StoreError> {
+        let dialect = self.dialect();
+        let found = self.select_rows(queries::payee(owner, payee, dialect)).await?;
+        let rec = rows::map_plain(found, rows::payee)?.into_iter().next();
+        let Some((day, currency)) = usage else { return Ok((rec, 0)) };
+        let st = queries::payee_usage(owner, payee, day, currency.code(), dialect);
+        let paid = match self.select_rows(st).await?.first() {
+            Some(row) => row.int(0)?,
+            None => 0,
+        };
+        Ok((rec, paid))
+    }
     /// Make `rec.payee` known to `rec.owner` from `rec.known_since`. A payee known already keeps
     /// the time it became known (its cooling-off does not start over); a revoked one is known again
     /// from now. Returns whether it was not known before; only then are `notify` (`payee.added`)
