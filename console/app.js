@@ -149,9 +149,34 @@ function b64urlBytes(s) {
 
 const passkeysAvailable = () => typeof window.PublicKeyCredential === 'function' && !!navigator.credentials;
 
-async function registerPasskey(name) {
+// A bearer token alone never registers a passkey: the first one takes an enrolment code another
+// operator issued for this person (or `paygate passkeys enrol-code` at the box); a later one is
+// vouched for by one of the person's live passkeys (an assertion over the registration's own
+// challenge), or by a fresh code when one is given.
+async function registerPasskey(name, enrolmentCode) {
   if (!passkeysAvailable()) throw new Error('This browser has no passkey support (WebAuthn).');
-  const { publicKey: o } = await api('POST', '/passkeys/options');
+  const code = (enrolmentCode ?? '').trim();
+  const { publicKey: o, enrolment } = await api('POST', '/passkeys/options');
+  if (!code && (enrolment?.code_required ?? true)) {
+    throw new Error('Your first passkey needs an enrolment code: ask another operator (an admin) to issue one for you, then enter it here.');
+  }
+  let vouch = null;
+  if (!code) {
+    const v = enrolment.publicKey;
+    const got = await navigator.credentials.get({
+      publicKey: {
+        ...v,
+        challenge: b64urlBytes(v.challenge),
+        allowCredentials: (v.allowCredentials ?? []).map((c) => ({ ...c, id: b64urlBytes(c.id) })),
+      },
+    });
+    vouch = {
+      credential_id: b64urlEncode(got.rawId),
+      client_data_json: b64urlEncode(got.response.clientDataJSON),
+      authenticator_data: b64urlEncode(got.response.authenticatorData),
+      signature: b64urlEncode(got.response.signature),
+    };
+  }
   const publicKey = {
     ...o,
     challenge: b64urlBytes(o.challenge),
@@ -165,6 +190,7 @@ async function registerPasskey(name) {
       client_data_json: b64urlEncode(cred.response.clientDataJSON),
       attestation_object: b64urlEncode(cred.response.attestationObject),
       name: name || null,
+      ...(code ? { enrolment_code: code } : { passkey: vouch }),
     },
   });
 }
@@ -298,7 +324,7 @@ function explain(e, { needs, control, what } = {}) {
   const where = what ? `${what}: ` : '';
   const ref = e.correlationId ? ` (ref ${e.correlationId})` : '';
   if (e.status === 401) return; // signOut already said so
-  if (e.code === 'PASSKEY_REQUIRED' || e.code === 'PASSKEY_INVALID') {
+  if (['PASSKEY_REQUIRED', 'PASSKEY_INVALID', 'ENROLMENT_REQUIRED', 'ENROLMENT_CODE_INVALID'].includes(e.code)) {
     notify(`${where}${clean(e.message)} [${clean(e.code)}]${ref}`, 'error');
     return;
   }
@@ -890,12 +916,15 @@ function renderConfirm(box, a) {
   no.addEventListener('click', () => decide('reject'));
   box.append(h('div', { class: 'review' }, yes, no));
   if (a.passkey_required) {
-    // The person confirming may have no passkey yet: register one here, on this device.
+    // The person confirming may have no passkey yet: register one here, on this device, with the
+    // enrolment code an operator gave them.
+    const codeInput = h('input', { name: 'enrolment_code', autocomplete: 'off', spellcheck: 'false', placeholder: 'xxxx-xxxx-…', 'data-testid': 'confirm-passkey-code' });
     const add = h('button', { type: 'button', class: 'ghost', 'data-testid': 'confirm-register-passkey' }, 'Register a passkey on this device');
     add.addEventListener('click', async () => {
       add.disabled = true;
       try {
-        await registerPasskey('confirmation');
+        await registerPasskey('confirmation', codeInput.value);
+        codeInput.value = '';
         notify('Passkey registered. Confirm or decline with it now.', 'ok');
       } catch (e) {
         if (e instanceof ApiError) explain(e, { needs: SCOPE.confirm, what: 'Registering the passkey failed' });
@@ -904,7 +933,8 @@ function renderConfirm(box, a) {
         add.disabled = false;
       }
     });
-    box.append(h('p', { class: 'muted small' }, 'This payment is confirmed only with a passkey: your device signs exactly what is shown above.'), add);
+    box.append(h('p', { class: 'muted small' }, 'This payment is confirmed only with a passkey: your device signs exactly what is shown above. Your first passkey needs the enrolment code an operator gave you.'),
+      h('label', {}, 'Enrolment code ', codeInput), add);
   }
 }
 
@@ -921,7 +951,7 @@ function loadPasskeys() {
         const submit = $('[data-testid="passkey-register-submit"]', form);
         submit.disabled = true;
         try {
-          const p = await registerPasskey(form.elements.name.value.trim());
+          const p = await registerPasskey(form.elements.name.value.trim(), form.elements.enrolment_code.value);
           notify(`Passkey ${clean(p.name)} registered: decisions that need a passkey can be signed with it.`, 'ok');
           form.reset();
           await loadPasskeys();
@@ -933,9 +963,38 @@ function loadPasskeys() {
         }
       });
     }
+    wireEnrolmentCodes();
     const mine = await api('GET', '/passkeys');
     for (const p of mine?.items ?? []) body.append(passkeyRow(p));
     if (!mine?.items?.length) body.append(h('tr', {}, h('td', { colspan: 5, class: 'empty muted', 'data-testid': 'passkeys-empty' }, 'No passkeys yet.')));
+  });
+}
+
+// An admin issues an enrolment code for another person (never for themself); it is shown once,
+// here, to hand over out of band.
+function wireEnrolmentCodes() {
+  const form = $('[data-testid="enrolment-code-form"]');
+  form.hidden = !can(SCOPE.admin);
+  if (form.dataset.wired) return;
+  form.dataset.wired = '1';
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    const submit = $('[data-testid="enrolment-code-submit"]', form);
+    const out = $('[data-testid="enrolment-code-value"]');
+    out.hidden = true;
+    out.textContent = '';
+    submit.disabled = true;
+    try {
+      const issued = await api('POST', '/passkeys/enrolment-codes', { body: { owner: form.elements.owner.value.trim() } });
+      out.textContent = `${issued.code} — for ${clean(issued.owner)}, single use, until ${fmtTime(issued.expires_at)}. Give it to them yourself; it is not shown again.`;
+      out.hidden = false;
+      form.reset();
+    } catch (e) {
+      if (e instanceof ApiError) explain(e, { needs: SCOPE.admin, what: 'Issuing the enrolment code failed' });
+      else notify(e.message, 'error');
+    } finally {
+      submit.disabled = false;
+    }
   });
 }
 
@@ -1650,7 +1709,11 @@ function proposalCard(p) {
     reject.disabled = true;
     try {
       const r = await api('POST', `/policy/proposals/${encodeURIComponent(p.proposal_id)}/approve`);
-      notify(`Approved ${id}: policy version ${clean(r?.version)} is in force.`, 'ok');
+      if (r?.status === 'pending') {
+        // Nobody authenticated proposed it (the config file, `paygate policy import`) and it widens:
+        // approving adopted it as yours; a second operator approves the new proposal.
+        notify(`Adopted ${id} as proposal ${clean(r?.proposal_id)}: it widens the policy and applies once another operator approves it.`, 'warn');
+      } else notify(`Approved ${id}: policy version ${clean(r?.version)} is in force.`, 'ok');
       await loadPolicy();
     } catch (e) {
       if (e instanceof ApiError) {

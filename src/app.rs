@@ -113,6 +113,8 @@ pub struct Running {
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
     server: JoinHandle<std::io::Result<()>>,
+    /// The policy refresh and the scheduler: a job under way finishes before shutdown returns.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -154,11 +156,19 @@ impl Running {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.server.await;
+        for task in self.background {
+            let _ = task.await;
+        }
     }
 
     /// Wait until the server stops (ctrl-c in `paygate serve`).
+    /// The scheduler's job under way finishes before it returns.
     pub async fn wait(self) -> std::io::Result<()> {
-        self.server.await.unwrap_or(Ok(()))
+        let served = self.server.await.unwrap_or(Ok(()));
+        for task in self.background {
+            let _ = task.await;
+        }
+        served
     }
 
     pub fn shutdown_token(&self) -> CancellationToken {
@@ -483,6 +493,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
         clock,
         shutdown: core.shutdown,
         server,
+        background: core.background,
     })
 }
 
@@ -534,6 +545,7 @@ impl HeadlessStart {
             gateway: core.assembled.gateway,
             disabled_tools: core.assembled.disabled_tools,
             shutdown: core.shutdown,
+            background: core.background,
         })
     }
 }
@@ -547,12 +559,16 @@ pub struct Headless {
     /// Tools this configuration does not offer (rails not configured), hidden as on /mcp.
     pub disabled_tools: Vec<String>,
     shutdown: CancellationToken,
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Headless {
-    /// Stop the policy refresh and the scheduler.
-    pub fn shutdown(&self) {
+    /// Stop the policy refresh and the scheduler, and wait for a job under way to finish.
+    pub async fn shutdown(&mut self) {
         self.shutdown.cancel();
+        for task in std::mem::take(&mut self.background) {
+            let _ = task.await;
+        }
     }
 }
 
@@ -563,6 +579,7 @@ struct Core {
     assembled: Assembled,
     route_limits: Arc<crate::rate::KeyedLimits>,
     shutdown: CancellationToken,
+    background: Vec<JoinHandle<()>>,
 }
 
 /// Open state and start the background work. `holder`: this process in job leases.
@@ -584,11 +601,11 @@ async fn core(
     let version = assembled.gateway.load_policy(&config.policy_document()).await.map_err(StartError::Policy)?;
     tracing::info!(policy.version = version, "policy loaded");
     let shutdown = CancellationToken::new();
-    spawn_policy_refresh(&assembled.gateway, config.policy.refresh_secs, &shutdown);
+    let refresh = spawn_policy_refresh(&assembled.gateway, config.policy.refresh_secs, &shutdown);
     // Per-operator limits on the approval routes; the scheduler evicts their idle keys.
     let route_limits = Arc::new(crate::rate::KeyedLimits::new(clock.clone()));
-    spawn_jobs(config, &assembled, route_limits.clone(), holder, &shutdown);
-    Ok(Core { store, assembled, route_limits, shutdown })
+    let jobs = spawn_jobs(config, &assembled, route_limits.clone(), holder, &shutdown);
+    Ok(Core { store, assembled, route_limits, shutdown, background: vec![refresh, jobs] })
 }
 
 /// The listening socket, TLS when configured, and the public URL clients use.
@@ -727,12 +744,15 @@ fn gateway(
         idempotency_wait: Duration::from_millis(config.idempotency.wait_ms_max as u64),
         approval_ttl_secs: config.approvals.ttl_secs,
         pending_approvals_per_agent_max: config.approvals.pending_per_agent_max,
+        rejected_cooldown_secs: config.approvals.rejected_cooldown_secs,
         reviewers_required: config.approvals.reviewers_required,
         high_risk_reviewers: config.approvals.high_risk_reviewers,
         high_risk_amount_minor: config.approvals.high_risk_amount.iter().collect(),
         passkey_rp: config.passkeys.relying_party(public_url),
         passkey_required_amount_minor: config.passkeys.required_amount.iter().collect(),
         passkeys_per_person_max: config.passkeys.per_person_max,
+        passkey_enrolment_code_ttl_secs: config.passkeys.enrolment_code_ttl_secs,
+        passkey_challenges_per_person_max: config.passkeys.registration_challenges_max,
         mandate_ttl_secs: config.mandates.ttl_secs,
         open_mandate_valid_max_secs: config.mandates.open_valid_max_secs,
         stop_denials_max: config.stop_rules.denials_max,
@@ -740,6 +760,10 @@ fn gateway(
         rate_limited_per_denial: config.stop_rules.rate_limited_per_denial,
         stop_repeat_max: config.stop_rules.repeat_max as u32,
         refusal_audit_interval_secs: config.audit.refusals_interval_secs,
+        audit_seal_batch_max: config.audit.seal_batch_max as u32,
+        audit_checkpoint_every_secs: config.audit.checkpoint_every_secs,
+        audit_stale_after_secs: config.audit.seal_every_secs + config.audit.unsealed_slack_secs,
+        audit_shutdown_seal: Duration::from_millis(config.audit.shutdown_seal_ms as u64),
         list_limit_max: config.limits.list_limit_max as u32,
         list_limit_default: config.limits.list_limit_default as u32,
         reconcile_window_secs: config.jobs.reconcile_window_secs,
@@ -909,7 +933,7 @@ fn router(
 
 /// Each replica puts the store's newest policy version in force within `every_secs` (not a leased
 /// job: every replica must, and it runs whether or not the scheduler does).
-fn spawn_policy_refresh(gateway: &Arc<Gateway>, every_secs: i64, shutdown: &CancellationToken) {
+fn spawn_policy_refresh(gateway: &Arc<Gateway>, every_secs: i64, shutdown: &CancellationToken) -> JoinHandle<()> {
     let (gateway, stop) = (gateway.clone(), shutdown.clone());
     let every = Duration::from_secs(every_secs.max(1) as u64);
     tokio::spawn(async move {
@@ -925,7 +949,7 @@ fn spawn_policy_refresh(gateway: &Arc<Gateway>, every_secs: i64, shutdown: &Canc
                 }
             }
         }
-    });
+    })
 }
 
 /// The in-process scheduler (M-Pesa polling, idempotency purge, reconciliation).
@@ -935,7 +959,7 @@ fn spawn_jobs(
     route_limits: Arc<crate::rate::KeyedLimits>,
     holder: &str,
     shutdown: &CancellationToken,
-) {
+) -> JoinHandle<()> {
     let webhooks = config.webhooks.enabled.then(|| webhooks(config, assembled)).flatten();
     tokio::spawn(crate::jobs::run(crate::jobs::Scheduler {
         webhooks: webhooks.map(|w| (w, config.webhooks.every_secs)),
@@ -948,11 +972,10 @@ fn spawn_jobs(
         audit_seal: crate::jobs::SealSettings {
             every_secs: config.audit.seal_every_secs,
             batch_max: config.audit.seal_batch_max as u32,
-            checkpoint_every_secs: config.audit.checkpoint_every_secs,
         },
         holder: format!("{holder}-{}", uuid::Uuid::new_v4().simple()),
         stop: shutdown.clone(),
-    }));
+    }))
 }
 
 /// Webhook delivery over the gateway's store and clock (config checked every endpoint's secret).

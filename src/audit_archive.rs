@@ -1,11 +1,12 @@
 //! Audit retention: records older than `audit.retention_days` leave the database, never silently
 //! and never breaking the chain. Only sealed records go, as a whole range of the hash chain that
-//! ends at a signed checkpoint (made here if none is there): each batch is written to a JSON Lines
+//! ends at a signed retention marker (a checkpoint whose claims say `retention`, made here): each batch is written to a JSON Lines
 //! file (one record per line with its link — `chain_seq`, `prev_hash`, `hash` — oldest first),
 //! synced and renamed into place, and only when every file of the range is written is the range
 //! deleted, records and links together. A failed write deletes nothing. `paygate audit verify
 //! --archive-dir` walks the files and then the database as one chain; without the files the walk
-//! starts at the checkpoint the range ended at. The archive's own run is audited. With
+//! starts at the marker the range ended at, and only there: a chain in the database that starts
+//! past position 1 anywhere else had its beginning deleted. The archive's own run is audited. With
 //! `audit.retention_days = 0` (the default) nothing leaves.
 //!
 //! Files are named `audit-<first chain position>-<last>.jsonl` (zero-padded, so they sort in order)
@@ -14,9 +15,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::audit_chain::Sealer;
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
-use crate::domain::audit_chain::{ChainHead, ChainedRecord, CheckpointSigner};
+use crate::domain::audit_chain::{ChainHead, ChainedRecord};
 use crate::domain::error::StoreError;
 use crate::store::Store;
 
@@ -59,7 +61,7 @@ pub struct Archived {
 /// at a signed checkpoint.
 pub async fn archive(
     store: &dyn Store,
-    signer: &dyn CheckpointSigner,
+    sealer: &Sealer<'_>,
     s: &Settings,
     now: UnixSecs,
 ) -> Result<Vec<Archived>, ArchiveError> {
@@ -69,7 +71,8 @@ pub async fn archive(
     }
     let cutoff = now - s.retention_secs;
     // What committed before is sealed first: only the chain's records leave.
-    crate::audit_chain::seal(store, signer, now, s.batch_max, None).await?;
+    crate::audit_chain::seal(store, sealer, now, s.batch_max).await?;
+    mark_legacy_range(store, sealer, &s.dir, now).await?;
     let (Some(first), Some(older)) = (store.audit_chain_first().await?, store.audit_chain_older_than(cutoff).await?)
     else {
         return Ok(done);
@@ -99,13 +102,48 @@ pub async fn archive(
         after = last_pos;
     }
     let Some(end) = end else { return Ok(done) };
-    // The range ends at a signed checkpoint: the walk without the files starts there.
-    crate::audit_chain::checkpoint_at(store, signer, &end, now).await?;
+    // The range ends at a signed retention marker: the walk without the files starts there.
+    crate::audit_chain::checkpoint_at(store, sealer, &end, now, true).await?;
     let deleted = store.audit_delete_through(end.chain_seq).await?;
     if let Some(last) = done.last_mut() {
         last.deleted = deleted;
     }
     Ok(done)
+}
+
+/// A range archived by an older paygate ended at a plain checkpoint, so the walk over the database
+/// alone would name its positions as deleted. When the archive's newest file ends exactly there,
+/// with the hash that checkpoint signed, the range was archived, not deleted: sign the retention
+/// marker it lacks. Anything else (no such file, another hash, a checkpoint that does not verify)
+/// marks nothing.
+async fn mark_legacy_range(
+    store: &dyn Store,
+    sealer: &Sealer<'_>,
+    dir: &Path,
+    now: UnixSecs,
+) -> Result<(), StoreError> {
+    let Some(first) = store.audit_chain_first().await?.filter(|f| *f > 1) else { return Ok(()) };
+    let Some(cp) = store.audit_checkpoints(first - 2, 1).await?.pop().filter(|c| c.chain_seq == first - 1) else {
+        return Ok(());
+    };
+    match sealer.signer.verify_checkpoint(&cp.jws) {
+        Ok(claims) if !claims.retention && claims.chain_seq == cp.chain_seq && claims.hash == cp.hash => {}
+        _ => return Ok(()),
+    }
+    let dir = dir.to_path_buf();
+    let last = tokio::task::spawn_blocking(move || {
+        let file = crate::audit_chain::files(&dir).ok()?.pop()?;
+        crate::audit_chain::read_chained(&file).ok()?.pop()
+    })
+    .await
+    .ok()
+    .flatten();
+    if last.is_some_and(|r| r.chain_seq == cp.chain_seq && r.hash == cp.hash) {
+        let end = ChainHead { chain_seq: cp.chain_seq, hash: cp.hash };
+        crate::audit_chain::checkpoint_at(store, sealer, &end, now, true).await?;
+        tracing::info!(audit.chain_seq = end.chain_seq, "an archived range's end marked for retention");
+    }
+    Ok(())
 }
 
 /// Write the batch to a temporary file, sync it, rename it into place and sync the directory.

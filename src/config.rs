@@ -61,6 +61,10 @@ pub struct PasskeysConfig {
     /// WebAuthn relying party id; empty: the host of `server.public_url`.
     pub rp_id: String,
     pub per_person_max: i64,
+    /// How long an enrolment code may be used, in seconds.
+    pub enrolment_code_ttl_secs: i64,
+    /// Unexpired registration challenges one person may hold at once.
+    pub registration_challenges_max: i64,
     /// At or above this amount (per currency) deciding an approval needs a passkey.
     pub required_amount: MoneyMap,
 }
@@ -125,7 +129,14 @@ pub struct TelemetryConfig {
 pub struct AuditConfig {
     pub seal_every_secs: i64,
     pub seal_batch_max: i64,
+    /// Every sealing run that moves the head signs it; of those, the store keeps the newest and at
+    /// most one per this many seconds before it (retention markers always).
     pub checkpoint_every_secs: i64,
+    /// `audit verify` fails on records unsealed, or links unsigned, for longer than
+    /// `seal_every_secs` plus this.
+    pub unsealed_slack_secs: i64,
+    /// A graceful stop seals what committed for at most this long before the process exits.
+    pub shutdown_seal_ms: i64,
     pub retention_days: i64,
     /// Empty: `<storage.data_dir>/audit-archive`.
     pub archive_dir: String,
@@ -257,6 +268,9 @@ pub struct ApprovalsConfig {
     pub high_risk_amount: MoneyMap,
     pub routes_per_minute: i64,
     pub pending_per_agent_max: i64,
+    /// After a human rejects a payment, the same intent asked again under any operation_id is
+    /// APPROVAL_REJECTED for this long, in seconds (no new approval, no new webhook).
+    pub rejected_cooldown_secs: i64,
     /// URL elicitation: how long a retry waits for a pending approval's decision, in seconds.
     pub elicitation_wait_secs: i64,
     /// URL elicitation: retries answered `input_required` while pending, per sealed state chain.
@@ -673,6 +687,16 @@ impl Config {
                 ));
             }
         }
+        // TLS settings with a plain-http URL would be silently unused: the credential, payments and
+        // mandates would go in clear while the operator believes the link is mutual TLS.
+        let tls_set = [&b.tls_ca_file, &b.tls_client_cert_file, &b.tls_client_key_file].iter().any(|f| !f.is_empty());
+        if tls_set && b.kind != BackendKind::Ledger && !b.http_url.to_ascii_lowercase().starts_with("https://") {
+            return Err(ConfigError::Invalid(
+                "backend.tls_ca_file / tls_client_cert_file / tls_client_key_file are set but backend.http_url is not \
+                 https://: TLS would not be used and everything would go in clear; use an https:// URL"
+                    .into(),
+            ));
+        }
         let m = &self.mpesa;
         prefixes("mpesa.prefixes", &m.prefixes)?;
         prefixes("airtel.prefixes", &self.airtel.prefixes)?;
@@ -865,6 +889,13 @@ impl Config {
         range("auth.jwks_refetch_min_interval_secs", a.jwks_refetch_min_interval_secs, 1, 3600)?;
         range("auth.jwks_fetch_timeout_ms", a.jwks_fetch_timeout_ms, 100, 30_000)?;
         range("auth.jwks_stale_max_secs", a.jwks_stale_max_secs, 0, 86_400)?;
+        if a.jwks_refetch_min_interval_secs * 1000 <= a.jwks_fetch_timeout_ms {
+            return Err(ConfigError::Invalid(
+                "auth.jwks_refetch_min_interval_secs must be longer than auth.jwks_fetch_timeout_ms: otherwise a \
+                 fetch that timed out is tried again at once, by every request"
+                    .into(),
+            ));
+        }
         range("auth.leeway_secs", a.leeway_secs, 0, 300)?;
         range("auth.verified_token_cache_max", a.verified_token_cache_max, 0, 1_000_000)?;
         range("dev.token_ttl_secs", self.dev.token_ttl_secs, 60, 2_592_000)?;
@@ -891,8 +922,11 @@ impl Config {
         range("approvals.high_risk_reviewers", ap.high_risk_reviewers, ap.reviewers_required, 10)?;
         range("approvals.routes_per_minute", ap.routes_per_minute, 1, 100_000)?;
         range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
+        range("approvals.rejected_cooldown_secs", ap.rejected_cooldown_secs, 0, 2_592_000)?;
         range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
         range("passkeys.per_person_max", self.passkeys.per_person_max, 1, 100)?;
+        range("passkeys.enrolment_code_ttl_secs", self.passkeys.enrolment_code_ttl_secs, 60, 604_800)?;
+        range("passkeys.registration_challenges_max", self.passkeys.registration_challenges_max, 1, 100)?;
         let pk = &self.passkeys;
         if !pk.rp_id.is_empty()
             && (pk.rp_id.len() > 253 || !pk.rp_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'))
@@ -911,6 +945,8 @@ impl Config {
         range("audit.seal_every_secs", self.audit.seal_every_secs, 1, 3600)?;
         range("audit.seal_batch_max", self.audit.seal_batch_max, 100, 100_000)?;
         range("audit.checkpoint_every_secs", self.audit.checkpoint_every_secs, 10, 86_400)?;
+        range("audit.unsealed_slack_secs", self.audit.unsealed_slack_secs, 1, 86_400)?;
+        range("audit.shutdown_seal_ms", self.audit.shutdown_seal_ms, 0, 60_000)?;
         // A waiting retry must answer before the server's own request timeout cuts it off.
         let wait_max = (self.server.request_timeout_ms / 1000 - 5).clamp(0, 55);
         range("approvals.elicitation_wait_secs", ap.elicitation_wait_secs, 0, wait_max)?;
@@ -1171,6 +1207,22 @@ mod tests {
         assert!(err(&c).contains("approvals_by must be"));
     }
 
+    /// `payees.cooling_off_total` (issue 52): compiled-in default empty, and checked when the config
+    /// loads against the same profile's new-payee limit.
+    #[test]
+    fn the_cooling_off_total_defaults_empty_and_is_checked_at_load() {
+        let mut c = Config::load(None, env(&[])).unwrap();
+        assert!(c.policy.profiles.iter().all(|p| p.payees.cooling_off_total.is_empty()));
+        let money = |t: &str| toml::from_str::<MoneyMap>(t).unwrap();
+        c.policy.profiles[0].payees.new_payee_limit = money(r#"KES = "100.00""#);
+        c.policy.profiles[0].payees.cooling_off_total = money(r#"KES = "99.99""#);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("payees.cooling_off_total for KES must be at least its new_payee_limit"), "{e}");
+        c.policy.profiles[0].payees.cooling_off_total = money(r#"KES = "300.00""#);
+        assert!(c.validate().is_ok());
+        assert!(toml::from_str::<MoneyMap>(r#"KES = "-1.00""#).is_err(), "never negative");
+    }
+
     #[test]
     fn env_overrides_by_type() {
         let c = Config::load(
@@ -1285,6 +1337,32 @@ mod tests {
         assert!(e("paygate", &format!("{{ \"bad id!\" = \"{a}\" }}")).contains("account"));
     }
 
+    /// Issue 53: with backend.tls_* set and an http:// URL, mutual TLS silently turned off.
+    #[test]
+    fn backend_tls_settings_need_an_https_url() {
+        let with = |url: &str, key: &str| {
+            Config::load(
+                None,
+                env(&[
+                    ("PAYGATE_BACKEND__KIND", "http"),
+                    ("PAYGATE_BACKEND__HTTP_URL", url),
+                    ("PAYGATE_BACKEND__HTTP_CREDENTIAL", "c".repeat(32).as_str()),
+                    (key, "/etc/paygate/ledger.pem"),
+                ]),
+            )
+        };
+        for key in [
+            "PAYGATE_BACKEND__TLS_CA_FILE",
+            "PAYGATE_BACKEND__TLS_CLIENT_CERT_FILE",
+            "PAYGATE_BACKEND__TLS_CLIENT_KEY_FILE",
+        ] {
+            let e = with("http://ledger.internal:8443", key).unwrap_err().to_string();
+            assert!(e.contains("not https://"), "{key}: {e}");
+            assert!(with("HTTP://ledger.internal", key).is_err(), "{key}: any case");
+        }
+        assert!(with("https://ledger.internal:8443", "PAYGATE_BACKEND__TLS_CA_FILE").is_ok());
+    }
+
     #[test]
     fn rails_need_their_settings_and_fit_the_lease() {
         let http = [("PAYGATE_BACKEND__KIND", "http"), ("PAYGATE_BACKEND__HTTP_URL", "http://127.0.0.1:8090")];
@@ -1393,10 +1471,28 @@ mod tests {
     }
 
     #[test]
+    fn passkey_enrolment_limits_are_range_checked() {
+        let c = Config::load(None, env(&[])).unwrap();
+        assert_eq!((c.passkeys.enrolment_code_ttl_secs, c.passkeys.registration_challenges_max), (86_400, 5));
+        for (key, bad) in [
+            ("PAYGATE_PASSKEYS__ENROLMENT_CODE_TTL_SECS", "59"),
+            ("PAYGATE_PASSKEYS__ENROLMENT_CODE_TTL_SECS", "604801"),
+            ("PAYGATE_PASSKEYS__REGISTRATION_CHALLENGES_MAX", "0"),
+            ("PAYGATE_PASSKEYS__REGISTRATION_CHALLENGES_MAX", "101"),
+        ] {
+            let e = Config::load(None, env(&[(key, bad)])).unwrap_err().to_string();
+            let name = key.trim_start_matches("PAYGATE_PASSKEYS__").to_lowercase();
+            assert!(e.contains(&format!("passkeys.{name}")), "{key}={bad}: {e}");
+        }
+    }
+
+    #[test]
     fn passkeys_take_their_relying_party_from_the_public_url() {
         let pk = |rp_id: &str| PasskeysConfig {
             rp_id: rp_id.into(),
             per_person_max: 10,
+            enrolment_code_ttl_secs: 86_400,
+            registration_challenges_max: 5,
             required_amount: Default::default(),
         };
         let rp = |rp_id: &str, url: &str| pk(rp_id).relying_party(url);

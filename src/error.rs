@@ -44,6 +44,11 @@ pub enum ErrorCode {
     /// The passkey assertion does not verify: another intent or decision, another person's or a
     /// revoked credential, a replayed counter, or a bad signature.
     PasskeyInvalid,
+    /// Registering a passkey needs more than the bearer token: an enrolment code issued for this
+    /// person (always for the first), or an assertion by one of their live passkeys.
+    EnrolmentRequired,
+    /// The enrolment code is unknown, used, expired or issued for someone else.
+    EnrolmentCodeInvalid,
     /// The thing is no longer in a state this action applies to (decided, revoked, reviewed).
     Conflict,
     /// The approval has expired.
@@ -80,6 +85,8 @@ impl ErrorCode {
             ErrorCode::NotUserApprovable => "NOT_USER_APPROVABLE",
             ErrorCode::PasskeyRequired => "PASSKEY_REQUIRED",
             ErrorCode::PasskeyInvalid => "PASSKEY_INVALID",
+            ErrorCode::EnrolmentRequired => "ENROLMENT_REQUIRED",
+            ErrorCode::EnrolmentCodeInvalid => "ENROLMENT_CODE_INVALID",
             ErrorCode::Conflict => "CONFLICT",
             ErrorCode::Expired => "EXPIRED",
             ErrorCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
@@ -101,6 +108,8 @@ impl ErrorCode {
             | ErrorCode::NotUserApprovable
             | ErrorCode::PasskeyRequired
             | ErrorCode::PasskeyInvalid
+            | ErrorCode::EnrolmentRequired
+            | ErrorCode::EnrolmentCodeInvalid
             | ErrorCode::PrincipalSuspended
             | ErrorCode::ApprovalRejected => S::FORBIDDEN,
             ErrorCode::NotFound => S::NOT_FOUND,
@@ -189,6 +198,12 @@ impl ErrorCode {
             ErrorCode::PasskeyRequired => "Decide it with your passkey: this approval needs a passkey-signed decision.",
             ErrorCode::PasskeyInvalid => {
                 "The passkey signature is not for this approval and decision: reload it and sign again."
+            }
+            ErrorCode::EnrolmentRequired => {
+                "Registering a passkey needs an enrolment code another operator issued for you, or your existing passkey."
+            }
+            ErrorCode::EnrolmentCodeInvalid => {
+                "The enrolment code is wrong, used, expired or someone else's: ask another operator for a new one."
             }
             ErrorCode::Conflict => "It has changed meanwhile (decided, reviewed or revoked): reload it.",
             ErrorCode::Expired => "The approval has expired: the agent must ask again.",
@@ -387,6 +402,8 @@ mod tests {
             NotUserApprovable,
             PasskeyRequired,
             PasskeyInvalid,
+            EnrolmentRequired,
+            EnrolmentCodeInvalid,
             Conflict,
             Expired,
             MethodNotAllowed,

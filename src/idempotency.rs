@@ -165,7 +165,7 @@ mod tests {
         assert_ne!(k, other.key("iss", "sub", "create_payment", "op-1"));
     }
 
-    /// Subkeys sign what replicas and restarts must agree on (passkey registration challenges,
+    /// Subkeys sign what replicas and restarts must agree on (URL-elicitation request states,
     /// mandate keys): fixed for a secret and a label, different for another of either, and the
     /// derivation itself pinned (HMAC-SHA256(secret, "subkey\0" ‖ label), computed by Python's hmac).
     #[test]

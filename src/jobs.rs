@@ -39,7 +39,6 @@ pub struct Scheduler {
 pub struct SealSettings {
     pub every_secs: i64,
     pub batch_max: u32,
-    pub checkpoint_every_secs: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,6 +94,8 @@ pub async fn run(s: Scheduler) {
             s.route_limits.evict_idle();
             // The last refusals of a flood, if no later refusal wrote them (one record per window).
             s.gateway.flush_refusals().await;
+            // The records this replica wrote that should be sealed by now: still there, unchanged.
+            s.gateway.audit_witness_due().await;
             next_evict = now + EVICT_INTERVAL;
         }
         if let Some(h) = &s.http_ledger {
@@ -158,15 +159,7 @@ async fn run_job(s: &Scheduler, job: Job) {
         }
         Job::SealAudit => {
             let c = s.audit_seal;
-            match crate::audit_chain::seal(
-                &**g.store(),
-                &**g.mandate_keys(),
-                now,
-                c.batch_max,
-                Some(c.checkpoint_every_secs),
-            )
-            .await
-            {
+            match crate::audit_chain::seal(&**g.store(), &g.audit_sealer(), now, c.batch_max).await {
                 Ok(run) => {
                     g.metrics().audit_sealed(run.sealed, run.head.chain_seq, run.checkpoint.as_ref().map(|c| c.at));
                     if run.sealed > 0 {
@@ -191,7 +184,7 @@ async fn run_job(s: &Scheduler, job: Job) {
         },
         Job::ArchiveAudit => {
             let Some(settings) = &s.audit_archive else { return };
-            match crate::audit_archive::archive(&**g.store(), &**g.mandate_keys(), settings, now).await {
+            match crate::audit_archive::archive(&**g.store(), &g.audit_sealer(), settings, now).await {
                 Ok(batches) => {
                     for b in batches {
                         tracing::info!(records = b.records, file = %b.file.display(), "audit records archived");
@@ -201,11 +194,7 @@ async fn run_job(s: &Scheduler, job: Job) {
                             b.last_chain_seq,
                             b.file.display()
                         );
-                        if let Err(error) =
-                            g.store().audit_append(g.system_audit("audit.archive", "archived", detail)).await
-                        {
-                            tracing::error!(%error, "audit append failed");
-                        }
+                        g.append_audit_notify(g.system_audit("audit.archive", "archived", detail), Vec::new()).await;
                     }
                 }
                 // Nothing was deleted: the records stay until a run can archive them.
@@ -219,9 +208,7 @@ async fn run_job(s: &Scheduler, job: Job) {
                 tracing::error!(%problems, "ledger integrity check failed");
                 let notify = g.integrity_failed_notice(&report);
                 let record = g.system_audit("check_ledger_integrity", "integrity_failed", problems);
-                if let Err(error) = g.store().audit_append_notify(record, notify).await {
-                    tracing::error!(%error, "audit append failed");
-                }
+                g.append_audit_notify(record, notify).await;
             }
             Err(error) => tracing::warn!(%error, "ledger integrity check failed to run"),
         },
@@ -233,9 +220,7 @@ async fn run_job(s: &Scheduler, job: Job) {
                 }
                 let a = g.reconcile_audit(&report);
                 let notify = g.reconciliation_notice(&report, a.detail.as_deref());
-                if let Err(error) = g.store().audit_append_notify(a, notify).await {
-                    tracing::error!(%error, "audit append failed");
-                }
+                g.append_audit_notify(a, notify).await;
             }
             Err(error) => tracing::warn!(%error, "reconciliation failed"),
         },

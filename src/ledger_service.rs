@@ -558,7 +558,7 @@ async fn list_payments(
     State(svc): State<Svc>,
     q: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let pairs = query_pairs(q, &["account", "status", "from", "to", "before", "limit"])?;
+    let pairs = query_pairs(q, &["account", "status", "from", "to", "before", "limit", "principal_user"])?;
     let accounts = pairs
         .iter()
         .filter(|(k, _)| k == "account")
@@ -579,6 +579,9 @@ async fn list_payments(
         limit: parse_limit(single(&pairs, "limit")?)?,
         from: parse_instant(single(&pairs, "from")?, "from")?,
         to: parse_instant(single(&pairs, "to")?, "to")?,
+        principal_user: single(&pairs, "principal_user")?
+            .map(|u| check_principal(u).map(|()| u.to_string()))
+            .transpose()?,
     };
     let page = svc.store.ledger_list_payments(query).await?;
     Ok(axum::Json(PageBody { items: page.items, next_cursor: page.next_cursor }).into_response())

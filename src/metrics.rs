@@ -55,6 +55,7 @@ struct Inner {
     bookkeeping_failures: BTreeMap<&'static str, u64>,
     audit_chain: AuditChainCounts,
     key_waits: u64,
+    audit_witness_breaks: u64,
 }
 
 /// The audit hash chain's sealing runs on this replica (`seal_audit`).
@@ -107,6 +108,7 @@ pub const OPERATOR_ROUTES: &[&str] = &[
     "/operator/v1/approvals/{approval_id}/passkeys",
     "/operator/v1/passkeys",
     "/operator/v1/passkeys/options",
+    "/operator/v1/passkeys/enrolment-codes",
     "/operator/v1/passkeys/{credential_id}/revoke",
     "/operator/v1/confirmations/{approval_id}",
     "/operator/v1/confirmations/{approval_id}/approve",
@@ -201,6 +203,16 @@ impl Metrics {
         self.with(|m| *m.bookkeeping_failures.entry(write).or_default() += 1);
     }
 
+    /// A record this replica wrote was gone or changed before it was sealed (`audit_witness`).
+    pub fn audit_witness_break(&self) {
+        self.with(|m| m.audit_witness_breaks += 1);
+    }
+
+    /// How many such breaks this replica has seen since it started.
+    pub fn audit_witness_breaks(&self) -> u64 {
+        self.with(|m| m.audit_witness_breaks)
+    }
+
     /// A call found its idempotency key held by another attempt in flight and waits for it.
     pub fn key_wait(&self) {
         self.with(|m| m.key_waits += 1);
@@ -264,6 +276,12 @@ impl Metrics {
         );
         out.push_str("# TYPE paygate_idempotency_key_waits_total counter\n");
         let _ = writeln!(out, "paygate_idempotency_key_waits_total {waits}");
+        let breaks = self.with(|m| m.audit_witness_breaks);
+        out.push_str(
+            "# HELP paygate_audit_witness_breaks_total Audit records this replica wrote that were deleted or changed in the database before they were sealed.\n",
+        );
+        out.push_str("# TYPE paygate_audit_witness_breaks_total counter\n");
+        let _ = writeln!(out, "paygate_audit_witness_breaks_total {breaks}");
     }
 
     fn render_rails(&self, out: &mut String) {
@@ -490,6 +508,22 @@ mod process {
             max_fds,
         })
     }
+}
+
+/// `paygate_rail_breaker_open{rail,endpoint}`: 1 while that endpoint's circuit is not closed (its
+/// requests are refused unsent), from the rails' breakers as they stand at the scrape.
+pub fn render_rail_circuits(circuits: &[(&'static str, &'static str, &'static str)]) -> String {
+    let mut out = String::new();
+    if circuits.is_empty() {
+        return out;
+    }
+    out.push_str("# HELP paygate_rail_breaker_open Whether a rail endpoint's circuit breaker is open or half-open (requests refused unsent).\n");
+    out.push_str("# TYPE paygate_rail_breaker_open gauge\n");
+    for (rail, endpoint, state) in circuits {
+        let open = u8::from(*state != "closed");
+        let _ = writeln!(out, "paygate_rail_breaker_open{{rail=\"{rail}\",endpoint=\"{endpoint}\"}} {open}");
+    }
+    out
 }
 
 #[cfg(test)]

@@ -277,6 +277,32 @@ async fn refused_and_unavailable_collections_charge_nothing() {
     r.app.stop().await;
 }
 
+/// Issue 53: each Airtel endpoint has its own circuit breaker, shown on the Health page and in
+/// /metrics: collections failing open the collection circuit only.
+#[tokio::test]
+async fn a_failing_airtel_endpoint_opens_its_own_circuit_and_shows_it() {
+    let overrides = [("PAYGATE_AIRTEL__RETRIES_MAX", "0"), ("PAYGATE_AIRTEL__BREAKER_FAILURES_MAX", "2")];
+    let r = rig_with(&overrides, Arc::new(SystemClock)).await;
+    r.fake.set_collect_mode(CollectMode::Unavailable);
+    for i in 0..2 {
+        let down = call(&r.client, "request_airtel_payment", collect(&format!("down-{i}"), "150")).await;
+        assert_eq!(code(&down), "BACKEND_UNAVAILABLE");
+    }
+    r.fake.set_collect_mode(CollectMode::Accept);
+    let refused = call(&r.client, "request_airtel_payment", collect("while-open", "150")).await;
+    assert_eq!(code(&refused), "BACKEND_UNAVAILABLE", "the open circuit refuses, unsent");
+    assert_eq!(r.fake.collect_requests(), 2);
+    let ops = r.app.operator_token("ops", "payments:audit");
+    let (_, h) = operator(&r.app, reqwest::Method::GET, "/operator/v1/health", &ops, None).await;
+    let rail = h["checks"].as_array().unwrap().iter().find(|c| c["name"] == "rail").unwrap().clone();
+    let detail = rail["detail"].as_str().unwrap();
+    assert!(rail["ok"] == false && detail.contains("collection") && !detail.contains("enquiry"), "{h}");
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("paygate_rail_breaker_open{rail=\"airtel\",endpoint=\"collection\"} 1"), "{metrics}");
+    assert!(metrics.contains("paygate_rail_breaker_open{rail=\"airtel\",endpoint=\"enquiry\"} 0"), "{metrics}");
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn callbacks_without_the_secret_are_refused_and_change_nothing() {
     let r = rig().await;

@@ -61,38 +61,39 @@ struct Trail {
 }
 
 /// Seal everything committed (on PostgreSQL a record waits for every older transaction on the
-/// cluster to end; bounded), then sign a checkpoint if asked.
+/// cluster to end; bounded), then sign the head as a sealing run does, if asked (not: a run whose
+/// checkpoint is still being signed).
 async fn seal(app: &TestApp, checkpoint: bool) {
-    let store = &*app.running.store;
+    let (store, g) = (&*app.running.store, &app.running.gateway);
     for _ in 0..500 {
-        store.audit_seal(1000).await.unwrap();
-        if store.audit_unsealed().await.unwrap() == 0 {
+        store.audit_seal(g.audit_sealer().links, 1000).await.unwrap();
+        if store.audit_unsealed().await.unwrap().count == 0 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(store.audit_unsealed().await.unwrap(), 0, "everything sealed");
-    let every = checkpoint.then_some(0);
-    paygate::audit_chain::seal(
-        store,
-        &**app.running.gateway.mandate_keys(),
-        app.running.gateway.clock().now(),
-        1000,
-        every,
-    )
-    .await
-    .unwrap();
+    assert_eq!(store.audit_unsealed().await.unwrap().count, 0, "everything sealed");
+    if checkpoint {
+        paygate::audit_chain::seal(store, &g.audit_sealer(), g.clock().now(), 1000).await.unwrap();
+    }
 }
 
 /// A trail of a few dozen records: payments allowed and refused, an approval asked for and
 /// granted. Checkpoints after the first and second parts; the third part is after the last one.
 async fn trail(pg: bool, clock: Arc<dyn Clock>) -> Option<Trail> {
+    trail_with(pg, clock, &[]).await
+}
+
+/// [`trail`], with more configuration.
+async fn trail_with(pg: bool, clock: Arc<dyn Clock>, extra: &[(&str, &str)]) -> Option<Trail> {
     let dir = tempfile::tempdir().unwrap();
     let mut env: Vec<(String, String)> = vec![
         ("PAYGATE_STORAGE__DATA_DIR".into(), dir.path().display().to_string()),
         ("PAYGATE_AUTH__DEV_ISSUER".into(), "https://dev.paygate.test".into()),
         // The test seals and checkpoints by hand, where it wants them.
         ("PAYGATE_JOBS__ENABLED".into(), "false".into()),
+        // The trail's last part is sealed and not yet signed: young enough for the slowest run here.
+        ("PAYGATE_AUDIT__UNSEALED_SLACK_SECS".into(), "600".into()),
     ];
     let db = if pg {
         let db = database("audit chain (postgres)")?;
@@ -102,6 +103,7 @@ async fn trail(pg: bool, clock: Arc<dyn Clock>) -> Option<Trail> {
     } else {
         None
     };
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let overrides: Vec<(&str, &str)> = env.iter().skip(2).map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let app = spawn_with_clock(dir.path(), &overrides, clock).await;
     let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
@@ -136,12 +138,15 @@ async fn trail(pg: bool, clock: Arc<dyn Clock>) -> Option<Trail> {
 
 /// `paygate audit verify` in another process: (exit code, verdict, stderr).
 async fn verify_cli(t: &Trail, archive_dir: Option<&Path>) -> (i32, Value, String) {
+    let args = archive_dir.map(|d| vec!["--archive-dir".to_string(), d.display().to_string()]).unwrap_or_default();
+    verify_with(&t.env, &args).await
+}
+
+/// `paygate audit verify ARGS` in another process with `env`: (exit code, verdict, stderr).
+async fn verify_with(env: &[(String, String)], args: &[String]) -> (i32, Value, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"));
-    cmd.args(["audit", "verify"]).env_remove("PAYGATE_CONFIG").env_remove("PAYGATE_MANDATES__SECRET");
-    if let Some(dir) = archive_dir {
-        cmd.arg("--archive-dir").arg(dir);
-    }
-    for (k, v) in &t.env {
+    cmd.args(["audit", "verify"]).args(args).env_remove("PAYGATE_CONFIG").env_remove("PAYGATE_MANDATES__SECRET");
+    for (k, v) in env {
         cmd.env(k, v);
     }
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
@@ -210,8 +215,8 @@ async fn tampering_is_named(pg: bool) {
     assert_breaks_at(&t, "reorder", t.links[2].chain_seq, None).await;
     t.app.stop().await;
 
-    // 4. A record edited and every later link's hash recomputed (and the head): each link holds,
-    //    the signed checkpoint after it does not.
+    // 4. A record edited and every later link's hash recomputed (and the head), the only way
+    //    someone without the gateway's link key can: unkeyed. The first remade link is a break.
     let t = trail(pg, clock()).await.unwrap();
     let mut prev = t.links[1].hash.clone();
     let mut sql = format!("UPDATE audit_records SET detail = 'rewritten' WHERE seq = {};", t.links[2].seq);
@@ -229,7 +234,111 @@ async fn tampering_is_named(pg: bool) {
     }
     sql += &format!("UPDATE audit_chain_head SET hash = '{prev}';");
     t.engine.tamper(&sql).await;
-    assert_breaks_at(&t, "rewrite", t.checkpoints[0], None).await;
+    assert_breaks_at(&t, "rewrite", t.links[2].chain_seq, Some(t.links[2].seq)).await;
+    t.app.stop().await;
+
+    // 6. A record sealed after the newest checkpoint rewritten and every later link remade (and the
+    //    head): nothing signed covers it yet, but the links are keyed: named at the record.
+    let t = trail(pg, clock()).await.unwrap();
+    let from = t.checkpoints[1] as usize;
+    let victim = &t.links[from];
+    let mut prev = t.links[from - 1].hash.clone();
+    let mut sql = format!("UPDATE audit_records SET detail = 'rewritten' WHERE seq = {};", victim.seq);
+    for (i, link) in t.links.iter().enumerate().skip(from) {
+        let mut record = link.record.clone().unwrap();
+        if i == from {
+            record.detail = Some("rewritten".into());
+        }
+        let hash = link_hash(&prev, link.chain_seq, &record);
+        sql += &format!(
+            "UPDATE audit_chain SET prev_hash = '{prev}', hash = '{hash}' WHERE chain_seq = {};",
+            link.chain_seq
+        );
+        prev = hash;
+    }
+    sql += &format!("UPDATE audit_chain_head SET hash = '{prev}';");
+    t.engine.tamper(&sql).await;
+    assert_breaks_at(&t, "rewrite after the newest checkpoint", victim.chain_seq, Some(victim.seq)).await;
+    t.app.stop().await;
+
+    // 7. A rollback: the newest checkpoints and every record after an older one deleted, the head
+    //    moved back. What is left is a consistent, signed chain; a head kept outside the database
+    //    (a witness's checkpoint) names the rollback, on the command line and the operator route.
+    let t = trail(pg, clock()).await.unwrap();
+    let keep = t.checkpoints[0];
+    let witness = &t.links[t.checkpoints[1] as usize - 1];
+    let kept_hash = &t.links[keep as usize - 1].hash;
+    t.engine
+        .tamper(&format!(
+            "DELETE FROM audit_records WHERE seq IN (SELECT seq FROM audit_chain WHERE chain_seq > {keep})
+               OR seq NOT IN (SELECT seq FROM audit_chain);
+             DELETE FROM audit_chain WHERE chain_seq > {keep};
+             DELETE FROM audit_checkpoints WHERE chain_seq > {keep};
+             UPDATE audit_chain_head SET chain_seq = {keep}, hash = '{kept_hash}';"
+        ))
+        .await;
+    let expect = format!("{}:{}", witness.chain_seq, witness.hash);
+    let (code, verdict, stderr) = verify_with(&t.env, &["--expect".into(), expect.clone()]).await;
+    let label = format!("{} / rollback", t.engine.label());
+    assert_eq!(code, 1, "{label}: {verdict} {stderr}");
+    assert_eq!(verdict["first_break"]["chain_seq"], keep + 1, "{label}: {verdict}");
+    assert!(verdict["first_break"]["reason"].as_str().unwrap().starts_with("rollback"), "{label}: {verdict}");
+    let ops = t.app.operator_token("auditor", "payments:audit");
+    let (status, body) =
+        operator(&t.app, Method::GET, &format!("/operator/v1/audit/verify?expect={expect}"), &ops, None).await;
+    assert_eq!((status.as_u16(), body["ok"].clone()), (200, json!(false)), "{label}: {body}");
+    assert_eq!(body["first_break"]["chain_seq"], keep + 1, "{label}: {body}");
+    let (status, _) = operator(&t.app, Method::GET, "/operator/v1/audit/verify?expect=7:nothex", &ops, None).await;
+    assert_eq!(status, 400, "{label}: a malformed expectation is refused");
+    // The witness's position at the kept head itself: there, same hash — it holds; the rollback is
+    // still named, witness or not, by the payments it left without their records (issue 52's hostile
+    // review: money the trail does not know about).
+    let (code, verdict, _) = verify_with(&t.env, &["--expect".into(), format!("{keep}:{kept_hash}")]).await;
+    assert_eq!((code, verdict["expected"].clone()), (1, json!("matched")), "{label}: {verdict}");
+    assert!(verdict["first_break"]["reason"].as_str().unwrap().contains("has no audit record"), "{label}: {verdict}");
+    t.app.stop().await;
+
+    // 8. The beginning of the trail deleted up to a signed checkpoint (no retention configured, so
+    //    no signed retention marker there): the missing positions are named from position 1.
+    let t = trail(pg, clock()).await.unwrap();
+    let upto = t.checkpoints[0];
+    t.engine
+        .tamper(&format!(
+            "DELETE FROM audit_records WHERE seq IN (SELECT seq FROM audit_chain WHERE chain_seq <= {upto});
+             DELETE FROM audit_chain WHERE chain_seq <= {upto};"
+        ))
+        .await;
+    assert_breaks_at(&t, "prefix deleted", 1, None).await;
+    t.app.stop().await;
+
+    // 9. A record edited before it was sealed (a database writer rewriting rows as they are
+    //    written: here it blames another agent). No link holds it yet, but its writer's tag does:
+    //    named while unsealed, and still after the chain has sealed the edit. Then a record whose
+    //    tag was removed with the edit.
+    let t = trail(pg, clock()).await.unwrap();
+    let agent = connect(&t.app.url, &t.app.dev_token(), Era::Modern).await;
+    let pay = |op: &str| json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": "1.00", "currency": "KES"});
+    call(&agent, "create_payment", pay("edited-unsealed")).await;
+    let (store, next) = (&*t.app.running.store, t.links.len() as i64 + 1);
+    let (seq, _) = store.audit_unsealed().await.unwrap().oldest.expect("the new record is not sealed yet");
+    t.engine.tamper(&format!("UPDATE audit_records SET principal_sub = 'another-agent' WHERE seq = {seq}")).await;
+    assert_breaks_at(&t, "edited before sealing", next, Some(seq)).await;
+    let (_, verdict, _) = verify_cli(&t, None).await;
+    let reason = verdict["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains("unsealed record") && reason.contains("tag does not match"), "{reason}");
+    seal(&t.app, true).await;
+    assert_breaks_at(&t, "edited before sealing, then sealed", next, Some(seq)).await;
+    t.app.stop().await;
+    let t = trail(pg, clock()).await.unwrap();
+    let agent = connect(&t.app.url, &t.app.dev_token(), Era::Modern).await;
+    call(&agent, "create_payment", pay("untagged-unsealed")).await;
+    let store = &*t.app.running.store;
+    let (seq, _) = store.audit_unsealed().await.unwrap().oldest.unwrap();
+    t.engine.tamper(&format!("UPDATE audit_records SET tag = NULL, detail = 'nothing' WHERE seq = {seq}")).await;
+    assert_breaks_at(&t, "tag removed before sealing", t.links.len() as i64 + 1, Some(seq)).await;
+    let (_, verdict, _) = verify_cli(&t, None).await;
+    assert!(verdict["first_break"]["reason"].as_str().unwrap().contains("tag was removed"), "{verdict}");
+    let _ = agent.cancel().await;
     t.app.stop().await;
 
     // 5. The tail cut off after the first checkpoint (records, links and head): the second
@@ -278,8 +387,9 @@ async fn archived_and_live_records_verify_as_one_chain() {
     seal(&t.app, false).await;
     let archive = t.dir.path().join("archive");
     let settings = paygate::audit_archive::Settings { retention_secs: 86_400, dir: archive.clone(), batch_max: 10 };
-    let keys = t.app.running.gateway.mandate_keys().clone();
-    let done = paygate::audit_archive::archive(store, &*keys, &settings, clock.now()).await.unwrap();
+    let done = paygate::audit_archive::archive(store, &t.app.running.gateway.audit_sealer(), &settings, clock.now())
+        .await
+        .unwrap();
     assert_eq!(done.iter().map(|b| b.records as i64).sum::<i64>(), old, "every older record archived");
     assert_eq!(done.last().unwrap().last_chain_seq, old);
     assert_eq!(store.audit_chain_first().await.unwrap(), Some(old + 1), "the live chain starts after them");
@@ -293,6 +403,19 @@ async fn archived_and_live_records_verify_as_one_chain() {
         (whole["from_chain_seq"].clone(), whole["to_chain_seq"].clone()),
         (json!(1), live["to_chain_seq"].clone())
     );
+
+    // A range an older paygate archived ended at a plain checkpoint: the database alone names its
+    // positions as deleted, until the next archive run finds the newest file ends there with that
+    // hash and signs the retention marker.
+    t.engine.tamper(&format!("DELETE FROM audit_checkpoints WHERE chain_seq = {old}")).await;
+    let sealer = t.app.running.gateway.audit_sealer();
+    let end = paygate::domain::audit_chain::ChainHead { chain_seq: old, hash: t.links[old as usize - 1].hash.clone() };
+    paygate::audit_chain::checkpoint_at(store, &sealer, &end, clock.now(), false).await.unwrap();
+    let (code, verdict, _) = verify_cli(&t, None).await;
+    assert_eq!((code, verdict["first_break"]["chain_seq"].clone()), (1, json!(1)), "{verdict}");
+    assert!(paygate::audit_archive::archive(store, &sealer, &settings, clock.now()).await.unwrap().is_empty());
+    let (code, verdict, stderr) = verify_cli(&t, None).await;
+    assert_eq!(code, 0, "{verdict} {stderr}");
 
     // An archived record edited in its file.
     let file = &done[1].file;
@@ -356,4 +479,264 @@ async fn checkpoints_signed_before_the_secret_changed_verify_with_the_keys_expor
     let other = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "mk1-0", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]});
     std::fs::write(&file, other.to_string()).unwrap();
     assert_eq!(run(t.env.clone(), verify(Some(&file))).await.0, 1);
+}
+
+/// Records left unsealed longer than the sealing interval allows (the job stopped, or their links
+/// were deleted) fail the walk, named by the oldest; once sealed and signed, the trail holds.
+#[tokio::test]
+async fn stale_unsealed_records_fail_verify() {
+    let now = SystemClock.now();
+    let clock = Arc::new(ManualClock::new(now));
+    let t = trail(false, clock.clone()).await.unwrap();
+    seal(&t.app, true).await;
+    assert_eq!(verify_cli(&t, None).await.0, 0, "sealed and signed, it holds");
+    // An hour ago (as far as these records say), nothing sealed them.
+    clock.set(now - 3_600);
+    let agent = connect(&t.app.url, &t.app.dev_token(), Era::Modern).await;
+    let pay = json!({"operation_id": "late", "from_account": "acct-A", "to_account": "acct-B", "amount": "1.00", "currency": "KES"});
+    call(&agent, "create_payment", pay).await;
+    agent.cancel().await.unwrap();
+    let unsealed = t.app.running.store.audit_unsealed().await.unwrap();
+    assert!(unsealed.count >= 1, "{unsealed:?}");
+    // Back to now: the Health page says sealing is not running (no sealing job ran for an hour:
+    // every replica's jobs stopped, or someone holds the seal_audit job lease).
+    clock.set(now);
+    let auditor = t.app.operator_token("auditor", "payments:audit");
+    let audit_check = || async {
+        let (_, health) = operator(&t.app, Method::GET, "/operator/v1/health", &auditor, None).await;
+        health["checks"].as_array().unwrap().iter().find(|c| c["name"] == "audit").unwrap().clone()
+    };
+    let check = audit_check().await;
+    assert_eq!(check["ok"], false, "{check}");
+    assert!(check["detail"].as_str().unwrap().contains("sealing is not running"), "{check}");
+    let (code, verdict, stderr) = verify_cli(&t, None).await;
+    assert_eq!(code, 1, "{verdict} {stderr}");
+    assert_eq!(verdict["first_break"]["seq"], unsealed.oldest.unwrap().0, "{verdict}");
+    assert!(verdict["first_break"]["reason"].as_str().unwrap().contains("not sealed"), "{verdict}");
+    // Sealed onto the chain but never signed (the checkpoints deleted, or signing failing): still
+    // a break, at the first unsigned link.
+    let head = t.app.running.store.audit_chain_head().await.unwrap();
+    seal(&t.app, false).await;
+    let (code, verdict, _) = verify_cli(&t, None).await;
+    assert_eq!((code, verdict["first_break"]["chain_seq"].clone()), (1, json!(head.chain_seq + 1)), "{verdict}");
+    seal(&t.app, true).await;
+    let (code, verdict, _) = verify_cli(&t, None).await;
+    assert_eq!(code, 0, "{verdict}");
+    assert_eq!(audit_check().await["ok"], true, "sealed again");
+    t.app.stop().await;
+}
+
+/// `paygate serve` stopped by SIGTERM seals what its requests audited and signs the head before
+/// it exits: nothing is left unsealed (editable) while it is down, and the trail verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigterm_nothing_is_unsealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display().to_string();
+    // No scheduler on this replica: only the stop can seal the calls.
+    let env = [("PAYGATE_STORAGE__DATA_DIR", data.as_str()), ("PAYGATE_JOBS__ENABLED", "false")];
+    let mut server = spawn_binary(&env);
+    let agent = connect(&server.url, &server.token, Era::Modern).await;
+    for i in 0..3 {
+        let pay = json!({"operation_id": format!("stop-{i}"), "from_account": "acct-A", "to_account": "acct-B",
+                         "amount": "10.00", "currency": "KES"});
+        call(&agent, "create_payment", pay).await;
+    }
+    agent.cancel().await.unwrap();
+    let db = || rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    let unsealed = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT COUNT(*) FROM audit_records WHERE seq NOT IN (SELECT seq FROM audit_chain)", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    assert!(unsealed(&db()) >= 3, "the calls' records wait for the next sealing run");
+    let pid = server.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.child.wait().unwrap();
+        drop(server);
+        status
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "a graceful stop: {status:?}");
+    let c = db();
+    assert_eq!(unsealed(&c), 0, "after SIGTERM nothing is unsealed");
+    let head: i64 = c.query_row("SELECT chain_seq FROM audit_chain_head", [], |r| r.get(0)).unwrap();
+    let signed: i64 = c.query_row("SELECT MAX(chain_seq) FROM audit_checkpoints", [], |r| r.get(0)).unwrap();
+    assert_eq!(signed, head, "the head is signed");
+    let env: Vec<(String, String)> = vec![
+        ("PAYGATE_STORAGE__DATA_DIR".into(), data.clone()),
+        ("PAYGATE_AUTH__DEV_ISSUER".into(), DEV_ISSUER.into()),
+    ];
+    let (code, verdict, stderr) = verify_with(&env, &[]).await;
+    assert_eq!(code, 0, "{verdict} {stderr}");
+}
+
+/// Each signed checkpoint is an `audit.checkpoint` webhook event (position, head hash, key id,
+/// signature): a witness keeps the newest, and `paygate audit verify --expect FILE` holds the chain
+/// to it — after a rollback that deleted it from the database, named as one; a checkpoint whose
+/// hash was changed is refused.
+#[tokio::test]
+async fn the_webhook_carries_checkpoints_a_witness_holds_the_chain_to() {
+    let secret = format!("whsec_{}", base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [9u8; 32]));
+    let extra = [
+        ("PAYGATE_WEBHOOKS__ENABLED", "true"),
+        (
+            "PAYGATE_WEBHOOKS__ENDPOINTS",
+            r#"[{name = "witness", url = "http://127.0.0.1:9/checkpoints", secret_env = "PAYGATE_WEBHOOK_SECRET_WITNESS", events = ["audit.checkpoint"]}]"#,
+        ),
+        ("PAYGATE_WEBHOOK_SECRET_WITNESS", secret.as_str()),
+    ];
+    let t = trail_with(false, Arc::new(SystemClock), &extra).await.unwrap();
+    let messages = t.app.running.store.outbox_list(None, 100).await.unwrap();
+    let events: Vec<Value> = messages
+        .iter()
+        .filter(|m| m.event == "audit.checkpoint")
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(events.len(), t.checkpoints.len(), "one event per checkpoint: {events:?}");
+    let newest = events.iter().max_by_key(|e| e["data"]["chain_seq"].as_i64()).unwrap();
+    let data = &newest["data"];
+    assert_eq!(data["chain_seq"], t.checkpoints[1], "{newest}");
+    assert_eq!(data["hash"], t.links[t.checkpoints[1] as usize - 1].hash, "{newest}");
+    assert!(data["kid"].as_str().unwrap().starts_with("mk1-"), "{newest}");
+    // The signature verifies from the published keys alone.
+    let jwks: Value =
+        reqwest::get(format!("{}/.well-known/mandate-jwks.json", t.app.base())).await.unwrap().json().await.unwrap();
+    let verifier = paygate::mandate::JwksVerifier::from_jwks(&jwks).unwrap();
+    let claims =
+        paygate::domain::audit_chain::CheckpointSigner::verify_checkpoint(&verifier, data["jws"].as_str().unwrap())
+            .unwrap();
+    assert_eq!((claims.chain_seq, claims.hash.as_str()), (t.checkpoints[1], data["hash"].as_str().unwrap()));
+
+    let witness = t.dir.path().join("witness.json");
+    std::fs::write(&witness, newest.to_string()).unwrap();
+    let expect = vec!["--expect".to_string(), witness.display().to_string()];
+    let (code, verdict, stderr) = verify_with(&t.env, &expect).await;
+    assert_eq!((code, verdict["expected"].clone()), (0, json!("matched")), "{verdict} {stderr}");
+
+    // A checkpoint file whose hash was changed: its signature says otherwise, nothing is walked.
+    let mut forged = newest.clone();
+    forged["data"]["hash"] = json!(t.links[0].hash);
+    let forged_file = t.dir.path().join("forged.json");
+    std::fs::write(&forged_file, forged.to_string()).unwrap();
+    let (code, _, stderr) = verify_with(&t.env, &["--expect".into(), forged_file.display().to_string()]).await;
+    assert_eq!(code, 2, "{stderr}");
+
+    // Rolled back past the witness's checkpoint, its checkpoint and all: named as a rollback.
+    let keep = t.checkpoints[0];
+    let kept_hash = &t.links[keep as usize - 1].hash;
+    t.engine
+        .tamper(&format!(
+            "DELETE FROM audit_records WHERE seq IN (SELECT seq FROM audit_chain WHERE chain_seq > {keep});
+             DELETE FROM audit_chain WHERE chain_seq > {keep};
+             DELETE FROM audit_checkpoints WHERE chain_seq > {keep};
+             UPDATE audit_chain_head SET chain_seq = {keep}, hash = '{kept_hash}';"
+        ))
+        .await;
+    let (code, verdict, stderr) = verify_with(&t.env, &expect).await;
+    assert_eq!(code, 1, "{verdict} {stderr}");
+    assert!(verdict["first_break"]["reason"].as_str().unwrap().starts_with("rollback"), "{verdict}");
+    t.app.stop().await;
+}
+
+/// The sealing job as it runs: a tail it sealed is signed by the same run, so cutting the newest
+/// records off (records, links and head) is named, checkpoint and all, with no witness needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_the_job_sealed_cannot_be_cut_unnoticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display().to_string();
+    let app = spawn_on(dir.path(), &[("PAYGATE_AUDIT__SEAL_EVERY_SECS", "1")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let store = app.running.store.clone();
+    for i in 0..4 {
+        let pay = json!({"operation_id": format!("tail-{i}"), "from_account": "acct-A", "to_account": "acct-B",
+                         "amount": "10.00", "currency": "KES"});
+        call(&agent, "create_payment", pay).await;
+        if i == 0 {
+            // A first run seals and signs; the rest is sealed by later runs.
+            let store = store.clone();
+            until("a first checkpoint", move || {
+                let store = store.clone();
+                async move { store.audit_checkpoint_latest().await.unwrap() }
+            })
+            .await;
+        }
+    }
+    agent.cancel().await.unwrap();
+    let head = until("the job to seal every record", || {
+        let store = store.clone();
+        async move {
+            let unsealed = store.audit_unsealed().await.unwrap();
+            let head = store.audit_chain_head().await.unwrap();
+            let cp = store.audit_checkpoint_latest().await.unwrap();
+            // Sealed, and the run that sealed it done (its checkpoint, if it signs one, stored).
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            let again = store.audit_chain_head().await.unwrap();
+            let cp_again = store.audit_checkpoint_latest().await.unwrap();
+            (unsealed.count == 0 && head.chain_seq >= 4 && head == again && cp == cp_again).then_some(head)
+        }
+    })
+    .await;
+    app.stop().await;
+    let links = store.audit_chain_links(head.chain_seq - 3, 10).await.unwrap();
+    let keep = &links[0];
+    let tamper = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    tamper
+        .execute_batch(&format!(
+            "DELETE FROM audit_records WHERE seq IN (SELECT seq FROM audit_chain WHERE chain_seq > {k});
+             DELETE FROM audit_chain WHERE chain_seq > {k};
+             UPDATE audit_chain_head SET chain_seq = {k}, hash = '{h}';",
+            k = keep.chain_seq,
+            h = keep.hash
+        ))
+        .unwrap();
+    let env: Vec<(String, String)> =
+        vec![("PAYGATE_STORAGE__DATA_DIR".into(), data), ("PAYGATE_AUTH__DEV_ISSUER".into(), DEV_ISSUER.into())];
+    let (code, verdict, stderr) = verify_with(&env, &[]).await;
+    assert_eq!(code, 1, "{verdict} {stderr}");
+    assert_eq!(verdict["first_break"]["chain_seq"], keep.chain_seq + 1, "{verdict}");
+}
+
+async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut probe: impl FnMut() -> F) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            if let Some(v) = probe().await {
+                return v;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// Every run that moves the head signs it, but the store keeps only the newest checkpoint and at
+/// most one per `audit.checkpoint_every_secs` before it; every one was sent as an event, and the
+/// trail verifies with what is kept.
+#[tokio::test]
+async fn checkpoints_are_thinned_to_one_per_interval_and_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(SystemClock.now() - 1_000));
+    let overrides = [("PAYGATE_JOBS__ENABLED", "false"), ("PAYGATE_AUDIT__CHECKPOINT_EVERY_SECS", "300")];
+    let app = spawn_with_clock(dir.path(), &overrides, clock.clone()).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let mut signed = Vec::new();
+    for i in 0..5 {
+        let pay = json!({"operation_id": format!("thin-{i}"), "from_account": "acct-A", "to_account": "acct-B",
+                         "amount": "1.00", "currency": "KES"});
+        call(&agent, "create_payment", pay).await;
+        seal(&app, true).await;
+        signed.push(app.running.store.audit_checkpoint_latest().await.unwrap().unwrap().chain_seq);
+        clock.advance(100);
+    }
+    agent.cancel().await.unwrap();
+    // Signed at 0, 100, 200, 300 and 400 s: kept 0 and 300 (300 s apart), and the newest.
+    let kept: Vec<i64> =
+        app.running.store.audit_checkpoints(0, 100).await.unwrap().iter().map(|c| c.chain_seq).collect();
+    assert_eq!(kept, vec![signed[0], signed[3], signed[4]], "signed {signed:?}");
+    let verdict = app.running.gateway.verify_audit(None).await.unwrap();
+    assert!(verdict.ok && verdict.checkpoints_matched == 3, "{verdict:?}");
+    app.stop().await;
 }

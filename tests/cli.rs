@@ -687,3 +687,44 @@ fn startup_failures_are_json_when_the_log_format_is_json() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.starts_with("paygate: ") && stderr.contains("limits.list_limit_max"), "{stderr}");
 }
+
+/// Finding 11 (issue 52): `init --demo` wrote the same simulator credentials into every config, so
+/// anyone who read the README could use any demo gateway's simulator. Each config gets its own.
+#[test]
+fn init_demo_writes_simulator_credentials_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let creds = |name: &str| {
+        let target = dir.path().join(name);
+        let o = paygate(&["init", "--demo", "--dir", target.to_str().unwrap()], &[]);
+        assert!(o.status.success(), "init --demo: {}", String::from_utf8_lossy(&o.stderr));
+        let written = std::fs::read_to_string(target.join("paygate.toml")).unwrap();
+        let value: toml::Value = toml::from_str(&written).unwrap();
+        let pick = |section: &str, key: &str| value[section][key].as_str().unwrap().to_string();
+        [
+            pick("mpesa", "consumer_key"),
+            pick("mpesa", "consumer_secret"),
+            pick("mpesa", "passkey"),
+            pick("mpesa", "security_credential"),
+            pick("airtel", "client_id"),
+            pick("airtel", "client_secret"),
+        ]
+    };
+    let (one, two) = (creds("one"), creds("two"));
+    for (a, b) in one.iter().zip(two.iter()) {
+        assert_ne!(a, b, "a credential two demo configs share");
+        assert!(a.len() >= 32, "{a}: long enough not to guess");
+    }
+}
+
+/// The hostile review of issue 52 (F6): the command line issued enrolment codes for owners the API
+/// refuses (bidi and zero-width characters: a person reading "bob" would be reading another name).
+#[test]
+fn the_enrolment_code_command_refuses_owners_no_one_can_read_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display().to_string();
+    for owner in ["b\u{202e}ob", "bob\u{200b}", "\u{feff}bob", ""] {
+        let o = paygate(&["passkeys", "enrol-code", "--owner", owner], &[("PAYGATE_STORAGE__DATA_DIR", &data)]);
+        assert_eq!(o.status.code(), Some(2), "{owner:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(stdout(&o).is_empty(), "{owner:?}: no code printed");
+    }
+}

@@ -776,9 +776,13 @@ fn wait_ready(urls: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn faults_keep_every_payment_exactly_once() {
-    if std::env::var("PAYGATE_FAULTS").as_deref() != Ok("1") || !is_root() {
-        eprintln!("faults: needs PAYGATE_FAULTS=1 and root (namespaces, runuser, tc); SKIPPED");
+    // Not asked for: `cargo test` leaves the suite to its own step (`.ci/run`, PAYGATE_FAULTS=1).
+    if std::env::var("PAYGATE_FAULTS").as_deref() != Ok("1") {
+        eprintln!("faults: needs PAYGATE_FAULTS=1 (and root: namespaces, runuser, tc); SKIPPED");
         return;
+    }
+    if !is_root() {
+        return common::skipped("faults: PAYGATE_FAULTS=1 but not root (namespaces, runuser, tc)");
     }
     // The binary, copied before waiting for the lock: another cargo run with other features
     // replaces target/debug/paygate when it starts (checked below by behaviour).
@@ -800,7 +804,7 @@ async fn faults_keep_every_payment_exactly_once() {
     let _ = std::fs::remove_file(&bin);
     let clock = faketime().is_some();
     if !clock {
-        eprintln!("faults: libfaketime could not be installed; clock-step SKIPPED");
+        common::skipped("faults: libfaketime could not be installed; clock-step");
     }
     std::fs::write(format!("{ROOT}/faketime"), "+0\n").unwrap();
     let iptables = iptables();
@@ -842,7 +846,7 @@ async fn faults_keep_every_payment_exactly_once() {
             continue;
         }
         if matches!(f, Fault::PartitionClients) && !suite.iptables {
-            eprintln!("faults: iptables could not be installed; partition-replica-clients SKIPPED");
+            common::skipped("faults: iptables could not be installed; partition-replica-clients");
             continue;
         }
         rows.push(suite.run(f).await);

@@ -310,6 +310,25 @@ async fn response_dropped_after_commit_is_outcome_unknown_and_the_retry_replays(
     l.assert_integrity().await;
 }
 
+/// Issue 53: a ledger answering 201 Created with a payment whose status is `failed` was believed —
+/// the agent was told `failed` while the money had moved. A 2xx means applied (the contract); a
+/// body that says otherwise contradicts it: an unknown outcome, for reconciliation.
+#[tokio::test]
+async fn an_answer_that_contradicts_its_status_code_is_outcome_unknown() {
+    let l = start().await;
+    let b = l.via_proxy(Opts { retries_max: 0, ..Opts::default() });
+    for (n, said) in [(1, r#""status":"failed"   "#), (2, r#""status":"pending"  "#)] {
+        let pay = PaymentId::generate();
+        l.proxy.set_mode(Mode::Rewrite(r#""status":"succeeded""#, said)).await;
+        match b.transfer(transfer(&format!("idk_contradicts_{n}"), &pay, "acct-A", "acct-B", kes(100))).await {
+            Err(BackendError::OutcomeUnknown(why)) => assert!(why.contains("contradicts"), "{why}"),
+            other => panic!("{said}: a 2xx answer naming another state must be OutcomeUnknown, got {other:?}"),
+        }
+    }
+    l.proxy.set_mode(Mode::PassThrough).await;
+    assert_eq!(l.payments().await.len(), 2, "the ledger applied both: the gateway must not have said failed");
+}
+
 #[tokio::test]
 async fn server_errors_retry_with_the_same_key_then_outcome_unknown() {
     let l = start().await;

@@ -114,6 +114,33 @@ async fn concurrent_duplicate_collections_push_once() {
     r.app.stop().await;
 }
 
+/// Issue 53: the console's Health page said M-Pesa was "ok" while its circuit was open and every
+/// push was refused. The health check and /metrics now show each endpoint's circuit.
+#[tokio::test]
+async fn an_open_circuit_shows_on_the_health_page_and_in_metrics_per_endpoint() {
+    let r = rig_with("retries_max = 0\nbreaker_failures_max = 2", &[], Arc::new(SystemClock)).await;
+    let ops = r.app.operator_token("ops", "payments:audit");
+    let health = async || operator(&r.app, reqwest::Method::GET, "/operator/v1/health", &ops, None).await.1;
+    let rail = |h: &Value| h["checks"].as_array().unwrap().iter().find(|c| c["name"] == "rail").unwrap().clone();
+    assert_eq!(rail(&health().await)["ok"], true);
+    r.fake.fail_next(2);
+    for i in 0..2 {
+        let res = call(&r.client, "request_mpesa_payment", collect(&format!("down-{i}"), "10")).await;
+        assert_eq!(err(&res)["code"], "BACKEND_UNAVAILABLE", "{res:?}");
+    }
+    let h = health().await;
+    assert_eq!((h["status"].clone(), rail(&h)["ok"].clone()), (json!("degraded"), json!(false)), "{h}");
+    let detail = rail(&h)["detail"].as_str().unwrap().to_string();
+    assert!(
+        detail.contains("circuit open") && detail.contains("stk_push") && !detail.contains("stk_query"),
+        "{detail}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("paygate_rail_breaker_open{rail=\"mpesa\",endpoint=\"stk_push\"} 1"), "{metrics}");
+    assert!(metrics.contains("paygate_rail_breaker_open{rail=\"mpesa\",endpoint=\"stk_query\"} 0"), "{metrics}");
+    r.app.stop().await;
+}
+
 fn collect(op: &str, amount: &str) -> Value {
     json!({"operation_id": op, "phone_number": "0712 345 678", "amount": amount,
            "account_reference": "INV-1001", "description": "Order 1001"})

@@ -446,6 +446,52 @@ async fn the_circuit_opens_after_repeated_failures_and_a_probe_closes_it() {
     assert_eq!((h.fake.push_requests(), h.fake.pushes().len()), (4, 2));
 }
 
+/// Issue 53: Daraja answers a status query on a prompt still open with HTTP 500 "The transaction
+/// is being processed"; the client counted each against one breaker for all of Daraja, so a few
+/// customers ignoring their prompts refused every push and payout to anyone. Now that answer is a
+/// state (pending), and each endpoint has its own breaker: a status endpoint truly failing stops
+/// status queries only.
+#[tokio::test]
+async fn unanswered_prompts_never_open_the_circuit_and_a_failing_endpoint_stops_only_itself() {
+    let h = harness_with(|c| {
+        c.retries_max = 0;
+        c.breaker_failures_max = 2;
+        c.breaker_open = Duration::from_secs(30);
+    })
+    .await;
+    let mut open = Vec::new();
+    for i in 0..10 {
+        open.push(bounded(h.client.stk_push(&push(10 + i))).await.unwrap().checkout_request_id);
+    }
+    // Five minutes of status queries every ten seconds, none answered by the customers.
+    for _ in 0..30 {
+        for id in &open {
+            assert_eq!(bounded(h.client.stk_query(id)).await.unwrap(), StkQueryOutcome::Pending);
+        }
+        h.clock.advance(10);
+    }
+    bounded(h.client.stk_push(&push(99))).await.expect("a new push still goes out");
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_still_out".into(),
+        phone: normalize_phone("0712 345 678").unwrap(),
+        amount_whole: 5,
+        remarks: "refund".into(),
+    };
+    bounded(h.client.b2c_payment(&payout)).await.expect("a payout still goes out");
+
+    // The status endpoint truly failing (503 twice) opens its own circuit only.
+    h.fake.fail_next(2);
+    for _ in 0..2 {
+        assert!(matches!(bounded(h.client.stk_query(&open[0])).await, Err(DarajaError::Unavailable(_))));
+    }
+    match bounded(h.client.stk_query(&open[0])).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("circuit is open"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    bounded(h.client.stk_push(&push(98))).await.expect("pushes are another endpoint");
+    assert_eq!(h.fake.pushes().len(), 12);
+}
+
 #[tokio::test]
 async fn payouts_reversals_and_status_queries_send_what_daraja_accepts() {
     let h = harness().await;

@@ -112,9 +112,13 @@ new_payee_limit = { KES = "200.00" }"#,
     assert_eq!(fake.b2c_requests(), 0, "no slice reached M-Pesa");
     assert!(payees(&app).await.is_empty());
 
-    // A human approves one: its payee is known from now, audited, listed.
+    // A human approves one, and its payout settles: its payee is known from now, audited, listed.
     let (status, body) = approve(&app, &approvals[0], "alice").await;
     assert_eq!(status, 200, "{body}");
+    let mut args = payout("slice-0", "0712 345 678", "50");
+    args["mandate"] = json!(mandate_of(&c, &approvals[0]).await);
+    let paid = ok(&call(&c, "send_mpesa_payout", args).await).clone();
+    assert_eq!(fake.post_result(paid["payment_id"].as_str().unwrap(), 0).await, 200);
     let known = payees(&app).await;
     assert_eq!(known.len(), 1, "{known:?}");
     assert_eq!((known[0]["payee"].as_str(), known[0]["status"].as_str()), (Some("mpesa-254712345678"), Some("known")));
@@ -132,7 +136,7 @@ new_payee_limit = { KES = "200.00" }"#,
     // Another phone is a new payee of its own.
     let r = call(&c, "send_mpesa_payout", payout("other-1", "0722 000 111", "10")).await;
     assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
-    assert_eq!(fake.b2c_requests(), 1, "only the known payee's payout went out");
+    assert_eq!(fake.b2c_requests(), 2, "only the known payee's payouts went out");
     // A business is a payee like any other: a paybill (under either name) and a till nobody
     // approved need a human, whatever the slice.
     for (tool, args) in [
@@ -161,7 +165,7 @@ new_payee_limit = { KES = "200.00" }"#,
     assert_eq!(status, 404, "revoking twice: nothing known to revoke");
     let r = call(&c, "send_mpesa_payout", payout("after-revoke", "0712345678", "10")).await;
     assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
-    assert_eq!(fake.b2c_requests(), 1);
+    assert_eq!(fake.b2c_requests(), 2);
     let revoked = audit_actions(&app, "payees.revoke").await;
     assert_eq!(revoked.iter().filter(|r| r.decision == "recorded").count(), 1);
     assert!(revoked[0].detail.as_deref().unwrap_or_default().contains("fraud report"));
@@ -290,4 +294,274 @@ async fn the_preflight_tells_what_would_happen_and_writes_nothing() {
     let r = call(&c, "create_payment", transfer("pre-1", "10")).await;
     assert_eq!(code(&r), "APPROVAL_REQUIRED");
     app.stop().await;
+}
+
+// ---- Issue 52, items 7, 8 and 12: payee rules an agent cannot slip past. ----
+
+/// The mandate an approved approval issued, as its agent fetches it.
+async fn mandate_of(c: &Client, approval_id: &str) -> String {
+    let r = call(c, "get_approval", json!({"approval_id": approval_id})).await;
+    ok(&r)["mandate"].as_str().unwrap_or_else(|| panic!("no mandate: {r:?}")).to_string()
+}
+
+async fn revoke_mandate(app: &TestApp, approval_id: &str) {
+    let bob = app.operator_token("bob", "payments:approve");
+    let path = format!("/approvals/{approval_id}/revoke");
+    let (status, body) = operator(app, Method::POST, &path, &bob, Some(json!({"reason": "disputed"}))).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The payees known to dev-agent now (revoked ones left out).
+async fn known_payees(app: &TestApp) -> Vec<String> {
+    payees(app)
+        .await
+        .into_iter()
+        .filter(|p| p["status"] == "known")
+        .map(|p| p["payee"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Ask for a human for `args` (the agent's call is APPROVAL_REQUIRED), have alice approve it,
+/// and return the approval id.
+async fn approved(app: &TestApp, c: &Client, tool: &str, args: Value) -> String {
+    let r = call(c, tool, args).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "{tool}: {r:?}");
+    let id = err(&r)["approval_id"].as_str().unwrap().to_string();
+    let (status, body) = approve(app, &id, "alice").await;
+    assert_eq!(status, 200, "{body}");
+    id
+}
+
+/// Issue 52 item 7: the payee was learned when the mandate was issued, so revoking the mandate
+/// (or never using it) left the agent free to pay that payee alone. A payee is learned when the
+/// mandated payment settles — never from the approval alone, never when its mandate was revoked
+/// before the payout settled — and revoking the mandate afterwards forgets it.
+#[tokio::test]
+async fn a_payee_is_learned_only_when_its_approved_payout_settles_and_a_revoked_mandate_teaches_nothing() {
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = mpesa(&fake)
+        + &profile(
+            r#"mode = "known"
+cooling_off_secs = 3600
+new_payee_limit = { KES = "200.00" }"#,
+        );
+    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")];
+    let app = spawn_with_toml(dir.path(), &toml, &overrides, Arc::new(SystemClock)).await;
+    let c = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+
+    // Approved, not yet paid: the approval alone teaches nothing.
+    let first = approved(&app, &c, "send_mpesa_payout", payout("p1", "0712345678", "50")).await;
+    assert!(known_payees(&app).await.is_empty(), "known from the approval alone");
+    let r = call(&c, "send_mpesa_payout", payout("p1-alone", "0712345678", "10")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
+    // Paid under the mandate, still pending at M-Pesa: not known yet.
+    let mut args = payout("p1", "0712345678", "50");
+    args["mandate"] = json!(mandate_of(&c, &first).await);
+    let paid = ok(&call(&c, "send_mpesa_payout", args).await).clone();
+    assert_eq!(paid["status"], "pending", "{paid}");
+    assert!(known_payees(&app).await.is_empty(), "known before the payout settled");
+    // M-Pesa's result settles it: the payee is known from now, in alice's name.
+    assert_eq!(fake.post_result(paid["payment_id"].as_str().unwrap(), 0).await, 200);
+    assert_eq!(known_payees(&app).await, ["mpesa-254712345678"]);
+    let added = audit_actions(&app, "payees.add").await;
+    assert_eq!((added.len(), added[0].principal_sub.as_str()), (1, "alice"), "{added:?}");
+    let r = call(&c, "send_mpesa_payout", payout("p1-known", "0712345678", "100")).await;
+    assert_eq!(ok(&r)["status"], "pending", "{r:?}");
+
+    // Another phone: approved and paid, then the mandate is revoked before the payout settles.
+    let second = approved(&app, &c, "send_mpesa_payout", payout("p2", "0722000111", "50")).await;
+    let mut args = payout("p2", "0722000111", "50");
+    args["mandate"] = json!(mandate_of(&c, &second).await);
+    let paid2 = ok(&call(&c, "send_mpesa_payout", args).await).clone();
+    revoke_mandate(&app, &second).await;
+    assert_eq!(fake.post_result(paid2["payment_id"].as_str().unwrap(), 0).await, 200);
+    assert_eq!(known_payees(&app).await, ["mpesa-254712345678"], "a revoked mandate taught its payee");
+    let before = fake.b2c_requests();
+    let r = call(&c, "send_mpesa_payout", payout("p2-alone", "0722000111", "100")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "the agent pays a revoked mandate's payee alone: {r:?}");
+
+    // Revoking the first mandate, after its payout settled, forgets the payee it taught.
+    revoke_mandate(&app, &first).await;
+    assert!(known_payees(&app).await.is_empty());
+    let r = call(&c, "send_mpesa_payout", payout("p1-after-revoke", "0712345678", "100")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
+    assert_eq!(fake.b2c_requests(), before, "nothing more reached M-Pesa");
+    app.stop().await;
+}
+
+/// Issue 52 item 7: a mandate that expires unused leaves its payee unknown; a mandated ledger
+/// payment that succeeds teaches it at once.
+#[tokio::test]
+async fn a_mandate_that_expires_unused_teaches_no_payee_and_a_settled_one_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = paygate::clock::ManualClock::new(now_secs());
+    let toml = profile("mode = \"known\"\ncooling_off_secs = 3600\nnew_payee_limit = { KES = \"100.00\" }");
+    let app = spawn_with_toml(dir.path(), &toml, &[], Arc::new(clock.clone())).await;
+    let c = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    let before = balance(&c, "acct-B").await;
+
+    approved(&app, &c, "create_payment", transfer("unused", "10")).await;
+    clock.advance(2 * 3600); // past mandates.ttl_secs: the mandate expires unused
+    let _ = c.cancel().await;
+    let c = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    assert!(known_payees(&app).await.is_empty(), "an unused mandate taught its payee");
+    let r = call(&c, "create_payment", transfer("alone-1", "10")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "the agent pays an expired mandate's payee alone: {r:?}");
+    assert_eq!(balance(&c, "acct-B").await, before);
+
+    // Approved and paid: the ledger settles it at once, and the payee is known.
+    let id = approved(&app, &c, "create_payment", transfer("used", "10")).await;
+    let mut args = transfer("used", "10");
+    args["mandate"] = json!(mandate_of(&c, &id).await);
+    assert_eq!(ok(&call(&c, "create_payment", args.clone()).await)["status"], "succeeded");
+    assert_eq!(known_payees(&app).await, ["acct-B"]);
+    let r = call(&c, "create_payment", transfer("alone-2", "10")).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+    // An operator revokes the payee; the agent replays the mandated call: a replay teaches nothing.
+    let admin = app.operator_token("bob", "payments:approve");
+    let body = json!({"agent_subject": "dev-agent", "payee": "acct-B"});
+    let (status, _) = operator(&app, Method::POST, "/operator/v1/payees/revoke", &admin, Some(body)).await;
+    assert_eq!(status, 200);
+    assert_eq!(ok(&call(&c, "create_payment", args).await)["replayed"], true);
+    assert!(known_payees(&app).await.is_empty(), "a replay taught the payee again");
+    app.stop().await;
+}
+
+fn bill(op: &str, reference: &str, amount: &str) -> Value {
+    json!({"operation_id": op, "paybill": "247247", "account_reference": reference, "amount": amount,
+           "remarks": "supplier invoice"})
+}
+
+/// Issue 52 item 8: approving `247247 / SUPPLIER-001` made the paybill known for every account
+/// reference, so `247247 / ATTACKER-999` went to M-Pesa with no human. A paybill payee is the pair
+/// (paybill, account reference): in what a settled payment teaches, in the preflight, in the
+/// operator's payee routes.
+#[tokio::test]
+async fn a_known_paybill_reference_does_not_make_another_reference_known() {
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = mpesa(&fake) + &profile("mode = \"known\"\ncooling_off_secs = 0");
+    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")];
+    let app = spawn_with_toml(dir.path(), &toml, &overrides, Arc::new(SystemClock)).await;
+    let c = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+
+    let id = approved(&app, &c, "pay_paybill", bill("b-1", "SUPPLIER-001", "50")).await;
+    let mut args = bill("b-1", "SUPPLIER-001", "50");
+    args["mandate"] = json!(mandate_of(&c, &id).await);
+    let paid = ok(&call(&c, "pay_paybill", args).await).clone();
+    assert_eq!(fake.post_result(paid["payment_id"].as_str().unwrap(), 0).await, 200);
+    let sent = fake.b2b_requests();
+
+    // The attacker's reference at the same paybill: a new payee, whatever the amount.
+    let r = call(&c, "pay_paybill", bill("b-attack", "ATTACKER-999", "50")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "another account at a known paybill paid alone: {r:?}");
+    assert!(err(&r).to_string().contains("mpesa-paybill-247247/ATTACKER-999"), "{r:?}");
+    assert_eq!(fake.b2b_requests(), sent, "nothing reached M-Pesa");
+    assert_eq!(known_payees(&app).await, ["mpesa-paybill-247247/SUPPLIER-001"]);
+    // The preflight agrees, and names the pair.
+    let ask = json!({"tool": "pay_paybill", "arguments": bill("b-pre", "ATTACKER-999", "50")});
+    let pre = ok(&call(&c, "check_payment_policy", ask).await).clone();
+    assert_eq!(pre["verdict"], "approval_required", "{pre}");
+    assert_eq!(
+        (pre["payee"]["payee"].as_str(), pre["payee"]["known"].as_bool()),
+        (Some("mpesa-paybill-247247/ATTACKER-999"), Some(false))
+    );
+    // The known reference itself: paid alone.
+    let r = call(&c, "pay_paybill", bill("b-2", "SUPPLIER-001", "50")).await;
+    assert_eq!(ok(&r)["status"], "pending", "{r:?}");
+
+    // The operator's routes key a paybill payee by the pair too: a paybill alone is refused (it
+    // would match no payment), an account reference on anything else too; nothing is written.
+    let admin = app.operator_token("bob", "payments:approve");
+    for body in [
+        json!({"agent_subject": "dev-agent", "payee": "mpesa-paybill-247247"}),
+        json!({"agent_subject": "dev-agent", "payee": "acct-B", "account_reference": "X"}),
+        json!({"agent_subject": "dev-agent", "payee": "mpesa-paybill-247247", "account_reference": "bad\u{7}ref"}),
+    ] {
+        let (status, view) = operator(&app, Method::POST, "/operator/v1/payees", &admin, Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {view}");
+    }
+    assert_eq!(known_payees(&app).await, ["mpesa-paybill-247247/SUPPLIER-001"]);
+    let add = json!({"agent_subject": "dev-agent", "payee": "mpesa-paybill-247247", "account_reference": "RENT-7"});
+    let (status, view) = operator(&app, Method::POST, "/operator/v1/payees", &admin, Some(add)).await;
+    assert_eq!((status.as_u16(), view["payee"].as_str()), (200, Some("mpesa-paybill-247247/RENT-7")), "{view}");
+    let r = call(&c, "pay_paybill", bill("b-rent", "RENT-7", "50")).await;
+    assert_eq!(ok(&r)["status"], "pending", "{r:?}");
+    let r = call(&c, "pay_paybill", bill("b-rent-8", "RENT-8", "50")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
+    let revoke = json!({"agent_subject": "dev-agent", "payee": "mpesa-paybill-247247", "account_reference": "RENT-7"});
+    let (status, view) = operator(&app, Method::POST, "/operator/v1/payees/revoke", &admin, Some(revoke)).await;
+    assert_eq!((status.as_u16(), view["status"].as_str()), (200, Some("revoked")), "{view}");
+    app.stop().await;
+}
+
+/// Issue 52 item 12: the cooling-off limit bounded each payment, not their sum: eight 100.00
+/// payments to a payee known for a minute (new_payee_limit 100.00) all went through. The
+/// cooling-off total is drawn where each payment commits, under the budget lock: eight concurrent
+/// payments of 100.00 against a total of 300.00 pay exactly three.
+async fn concurrent_payments_stop_at_the_cooling_off_total(overrides: &[(&str, &str)], label: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = profile(
+        r#"mode = "known"
+cooling_off_secs = 3600
+new_payee_limit = { KES = "100.00" }
+cooling_off_total = { KES = "300.00" }"#,
+    );
+    let mut env = vec![("PAYGATE_STOP_RULES__REPEAT_MAX", "0")];
+    env.extend_from_slice(overrides);
+    let app = spawn_with_toml(dir.path(), &toml, &env, Arc::new(SystemClock)).await;
+    let c = Arc::new(connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await);
+    let admin = app.operator_token("bob", "payments:approve");
+    let add = json!({"agent_subject": "dev-agent", "payee": "acct-B", "reason": "supplier onboarded"});
+    let (status, _) = operator(&app, Method::POST, "/operator/v1/payees", &admin, Some(add)).await;
+    assert_eq!(status, 200, "{label}");
+    let before = balance(&c, "acct-B").await;
+
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let c = c.clone();
+            tokio::spawn(async move { call(&c, "create_payment", transfer(&format!("cool-{n}"), "100")).await })
+        })
+        .collect();
+    let mut paid = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.is_error == Some(true) {
+            // Refused as read (APPROVAL_REQUIRED) or as locked where it commits (BUDGET_EXCEEDED).
+            assert!(["APPROVAL_REQUIRED", "BUDGET_EXCEEDED"].contains(&code(&r).as_str()), "{label}: {r:?}");
+        } else {
+            paid += 1;
+        }
+    }
+    assert_eq!(paid, 3, "{label}: a cooling-off total of 300.00 holds 3 payments of 100.00");
+    let moved = |b: &str| b.parse::<f64>().unwrap();
+    assert_eq!(moved(&balance(&c, "acct-B").await) - moved(&before), 300.0, "{label}");
+    // One by one, too: the next is a human's, and says why.
+    let r = call(&c, "create_payment", transfer("cool-next", "1")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "{label}: {r:?}");
+    assert!(err(&r).to_string().contains("cooling-off total"), "{label}: {r:?}");
+    let pre = ok(&call(
+        &c,
+        "check_payment_policy",
+        json!({"tool": "create_payment", "arguments": transfer("cool-pre", "1")}),
+    )
+    .await)
+    .clone();
+    assert_eq!(pre["verdict"], "approval_required", "{label}: {pre}");
+    assert_eq!(pre["payee"]["paid_cooling_off_minor"], 30_000, "{label}: {pre}");
+    app.assert_integrity().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_payments_stop_at_the_cooling_off_total_on_sqlite() {
+    concurrent_payments_stop_at_the_cooling_off_total(&[], "sqlite").await;
+}
+
+#[tokio::test]
+async fn concurrent_payments_stop_at_the_cooling_off_total_on_postgres() {
+    let Some(db) = database("payees cooling-off (postgres)") else { return };
+    let env = [("PAYGATE_STORAGE__URL", db.url.as_str()), ("PAYGATE_STORAGE__POSTGRES_SCHEMA", db.schema.as_str())];
+    concurrent_payments_stop_at_the_cooling_off_total(&env, "postgres").await;
 }

@@ -315,8 +315,8 @@ async fn bad_proposals_change_nothing_and_a_stale_one_is_refused() {
     }
     assert_eq!(get(&app, "/policy/versions/99", &bob).await.0, StatusCode::NOT_FOUND);
 
-    // A whole document travels in one body: 300 profiles (~100 KiB) are a proposal (profiles added
-    // widen), past 16 KiB, the rest of the operator API's bound; a body past 272 KiB is refused.
+    // A whole document travels in one body: 300 profiles (~100 KiB) are a proposal (300 agents
+    // given an account widen), past 16 KiB, the rest of the operator API's bound; a body past 272 KiB is refused.
     let (_, now) = current(&app, &bob).await;
     let mut big = now.clone();
     let template = big["policy"]["profiles"][0].clone();
@@ -324,6 +324,7 @@ async fn bad_proposals_change_nothing_and_a_stale_one_is_refused() {
         let mut p = template.clone();
         p["name"] = json!(format!("agent-{i:03}"));
         p["subjects"] = json!([format!("agent-{i:03}")]);
+        p["allowed_accounts"] = json!(["acct-A"]);
         big["policy"]["profiles"].as_array_mut().unwrap().push(p);
     }
     let body = json!({"document": big, "reason": "onboard 300 agents"});
@@ -337,41 +338,6 @@ async fn bad_proposals_change_nothing_and_a_stale_one_is_refused() {
         (StatusCode::PAYLOAD_TOO_LARGE, Some("PAYLOAD_TOO_LARGE")),
         "{answer}"
     );
-}
-
-#[tokio::test]
-async fn the_file_bootstraps_version_one_and_an_operators_version_outlives_an_edited_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let toml = |limit: &str| {
-        format!(
-            "[[policy.profiles]]\nname = \"default\"\n\n[[policy.profiles]]\nname = \"dev\"\ndev_key_only = true\n\
-             subjects = [\"dev-agent\"]\nallowed_accounts = [\"acct-A\", \"acct-B\"]\nautonomous_limit = {{ KES = \"{limit}\" }}\n\
-             daily_limit = {{ KES = \"100000.00\" }}\n"
-        )
-    };
-    let limit_in_force = |app: &TestApp| {
-        let policy = app.running.gateway.policy();
-        let profile = policy.profiles.resolve(DEV_ISSUER, "dev-agent", None, None);
-        (policy.version, profile.limit_decimal(paygate::domain::money::Currency::parse("KES").unwrap()))
-    };
-    let clock: Arc<dyn paygate::clock::Clock> = Arc::new(paygate::clock::SystemClock);
-    let app = spawn_with_toml(dir.path(), &toml("100.00"), &[], clock.clone()).await;
-    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())));
-    app.stop().await;
-    // No operator has changed it: an edited file is the next version.
-    let app = spawn_with_toml(dir.path(), &toml("200.00"), &[], clock.clone()).await;
-    assert_eq!(limit_in_force(&app), (2, Some("200.00".into())));
-    // An operator's change stands over a file edited afterwards.
-    let alice = app.operator_token("alice", "payments:admin payments:audit");
-    let (v, doc) = current(&app, &alice).await;
-    assert_eq!(
-        propose(&app, &alice, with_dev(doc, "autonomous_limit", json!({"KES": "50.00"})), v).await.0,
-        StatusCode::OK
-    );
-    app.stop().await;
-    let app = spawn_with_toml(dir.path(), &toml("300.00"), &[], clock.clone()).await;
-    assert_eq!(limit_in_force(&app), (3, Some("50.00".into())), "the operator's version stands");
-    app.stop().await;
 }
 
 /// `paygate policy export` prints a version as config sections; `import` of the same file changes
@@ -415,7 +381,14 @@ fn export_import_and_simulate_round_trip_through_the_command_line() {
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["version"], 2, "{out}");
     let (_, v2, _) = paygate(&["policy", "export"]);
-    assert!(v2.starts_with("# paygate policy version 2: lower (alice)") && v2.contains("KES = \"400.00\""), "{v2}");
+    // Whoever ran it is nobody the gateway authenticated: the version is "cli"'s, the name a claim.
+    assert!(
+        v2.starts_with(
+            "# paygate policy version 2: lower (paygate policy import; --author \"alice\", not verified) (cli)"
+        ),
+        "{v2}"
+    );
+    assert!(v2.contains("KES = \"400.00\""), "{v2}");
 
     std::fs::write(&file, &v1).unwrap();
     let (code, out, err) =
@@ -424,4 +397,271 @@ fn export_import_and_simulate_round_trip_through_the_command_line() {
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["status"], "pending", "{out}");
     let (_, still, _) = paygate(&["policy", "export"]);
     assert!(still.starts_with("# paygate policy version 2"), "a widening import waits: {still}");
+}
+
+/// Issue 52, item 2: two profiles name `ro-bot` (`tight` first, `wide` second). Swapping them
+/// *and* lowering a number in the same proposal hands `ro-bot` the wide profile: that widens what
+/// `ro-bot` may do, so one operator alone only proposes it, and the diff shows `ro-bot`'s
+/// effective change, not only the number.
+#[tokio::test]
+async fn swapping_profiles_that_name_one_agent_and_lowering_a_number_needs_a_second_operator() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = |name: &str, limit: &str| {
+        format!(
+            "[[policy.profiles]]\nname = \"{name}\"\nsubjects = [\"ro-bot\"]\nallowed_accounts = [\"acct-A\", \"acct-B\"]\n\
+             autonomous_limit = {{ KES = \"{limit}\" }}\ndaily_limit = {{ KES = \"100000.00\" }}\n\n"
+        )
+    };
+    let toml = format!(
+        "[[policy.profiles]]\nname = \"default\"\n\n{}{}",
+        profile("tight", "10.00"),
+        profile("wide", "5000.00")
+    );
+    let clock: Arc<dyn paygate::clock::Clock> = Arc::new(paygate::clock::SystemClock);
+    let app = spawn_with_toml(dir.path(), &toml, &[], clock).await;
+    let robot = connect(&app.url, &app.token("ro-bot", ALL_AGENT_SCOPES), Era::Modern).await;
+    let (alice, bob) =
+        (app.operator_token("alice", "payments:admin payments:audit"), app.operator_token("bob", "payments:admin"));
+    let r = call(&robot, "create_payment", pay("before-swap", "4000.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "tight (10.00) is ro-bot's profile: {r:?}");
+
+    // The attack as reproduced: swap the two, lower any number by one.
+    let (v1, doc) = current(&app, &alice).await;
+    let mut swapped = doc.clone();
+    let profiles = swapped["policy"]["profiles"].as_array_mut().unwrap();
+    let (t, w) = (
+        profiles.iter().position(|p| p["name"] == "tight").unwrap(),
+        profiles.iter().position(|p| p["name"] == "wide").unwrap(),
+    );
+    profiles.swap(t, w);
+    let cpm = profiles[w]["calls_per_minute"].as_i64().unwrap();
+    profiles[w]["calls_per_minute"] = json!(cpm - 1);
+    let (status, body) = propose(&app, &alice, swapped.clone(), v1).await;
+    assert_eq!(
+        (status, body["status"].as_str(), body["widens"].as_bool()),
+        (StatusCode::ACCEPTED, Some("pending"), Some(true)),
+        "{body}"
+    );
+    // What it does to ro-bot is named: tight → wide, its autonomous limit raised.
+    let robot_change = body["authority"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["principal"]["subject"] == "ro-bot")
+        .unwrap_or_else(|| panic!("ro-bot's effective change: {body}"))
+        .clone();
+    assert_eq!(
+        (robot_change["before"].as_str(), robot_change["after"].as_str()),
+        (Some("tight"), Some("wide")),
+        "{robot_change}"
+    );
+    assert!(
+        robot_change["dimensions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["path"] == "autonomous_limit.KES" && d["widens"] == true),
+        "{robot_change}"
+    );
+    let r = call(&robot, "create_payment", pay("after-swap-alone", "4000.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "one operator changed nothing for ro-bot: {r:?}");
+    assert_eq!(current(&app, &alice).await.0, v1, "nothing applied");
+    let id = body["proposal_id"].as_str().unwrap().to_string();
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &alice, json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("SELF_REVIEW")), "{body}");
+
+    // The same swap alone (nothing else changed) is the same widening.
+    let mut swap_only = doc.clone();
+    swap_only["policy"]["profiles"].as_array_mut().unwrap().swap(t, w);
+    let (status, body) = propose(&app, &alice, swap_only, v1).await;
+    assert_eq!((status, body["widens"].as_bool()), (StatusCode::ACCEPTED, Some(true)), "{body}");
+
+    // With bob, it applies; the diff route shows ro-bot's effective change.
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    let (status, diff) = get(&app, &format!("/policy/diff?from={v1}&to={}", v1 + 1), &alice).await;
+    assert_eq!(status, StatusCode::OK, "{diff}");
+    assert!(
+        diff["authority"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["principal"]["subject"] == "ro-bot" && c["widens"] == true),
+        "{diff}"
+    );
+    assert_eq!(diff["widens"], true, "{diff}");
+    let r = call(&robot, "create_payment", pay("after-two", "4000.00")).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
+
+    // Swapping back (to tight) narrows ro-bot: one operator.
+    let (v, now) = current(&app, &alice).await;
+    let mut back = now.clone();
+    back["policy"]["profiles"].as_array_mut().unwrap().swap(t, w);
+    let (status, body) = propose(&app, &alice, back, v).await;
+    assert_eq!(
+        (status, body["status"].as_str(), body["widens"].as_bool()),
+        (StatusCode::OK, Some("applied"), Some(false)),
+        "{body}"
+    );
+    app.stop().await;
+}
+
+fn file_policy(limit: &str) -> String {
+    format!(
+        "[[policy.profiles]]\nname = \"default\"\n\n[[policy.profiles]]\nname = \"dev\"\ndev_key_only = true\n\
+         subjects = [\"dev-agent\"]\nallowed_accounts = [\"acct-A\", \"acct-B\"]\nautonomous_limit = {{ KES = \"{limit}\" }}\n\
+         daily_limit = {{ KES = \"100000.00\" }}\n"
+    )
+}
+
+fn limit_in_force(app: &TestApp) -> (i64, Option<String>) {
+    let policy = app.running.gateway.policy();
+    let profile = policy.profiles.resolve(DEV_ISSUER, "dev-agent", None, None);
+    (policy.version, profile.limit_decimal(paygate::domain::money::Currency::parse("KES").unwrap()))
+}
+
+/// The config file is the baseline (version 1 of an empty store); after that a file that differs
+/// from the version in force is never applied silently: one that only narrows, while no operator
+/// has changed the policy since the file last set it, is the next version; anything else — one
+/// that widens, or any edit once an operator has changed the policy — waits as a proposal by
+/// "config-file", which no operator can apply alone when it widens (the first adopts it, a
+/// second, distinct one approves).
+#[tokio::test]
+async fn a_restart_with_a_wider_config_file_applies_nothing_until_two_operators_approve() {
+    wider_file_at_restart(&[]).await;
+}
+
+/// The same on PostgreSQL (`PAYGATE_TEST_DATABASE_URL`): proposals, adoption and approval are the
+/// store's, and both engines keep them alike.
+#[tokio::test]
+async fn a_restart_with_a_wider_config_file_applies_nothing_until_two_operators_approve_on_postgres() {
+    let Some(db) = database("policy: a wider config file at restart") else { return };
+    wider_file_at_restart(&[("PAYGATE_STORAGE__URL", &db.url), ("PAYGATE_STORAGE__POSTGRES_SCHEMA", &db.schema)]).await;
+}
+
+async fn wider_file_at_restart(store: &[(&str, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn paygate::clock::Clock> = Arc::new(paygate::clock::SystemClock);
+    let app = spawn_with_toml(dir.path(), &file_policy("100.00"), store, clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())), "the file is the baseline");
+    app.stop().await;
+    // Nobody has changed it; the edited file raises the limit: no second pair of eyes, not applied.
+    let app = spawn_with_toml(dir.path(), &file_policy("5000.00"), store, clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())), "a wider file waits");
+    let alice = app.operator_token("alice", "payments:admin payments:audit");
+    let (_, pending) = get(&app, "/policy/proposals?status=pending", &alice).await;
+    let items = pending["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{pending}");
+    assert_eq!(
+        (items[0]["author"].as_str(), items[0]["widens"].as_bool()),
+        (Some("config-file"), Some(true)),
+        "{pending}"
+    );
+    app.stop().await;
+    // Started again with the same file: still waiting, no second proposal.
+    let app = spawn_with_toml(dir.path(), &file_policy("5000.00"), store, clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())));
+    let (alice, bob) =
+        (app.operator_token("alice", "payments:admin payments:audit"), app.operator_token("bob", "payments:admin"));
+    let (_, pending) = get(&app, "/policy/proposals?status=pending", &alice).await;
+    let items = pending["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 1, "{pending}");
+    let id = items[0]["proposal_id"].as_str().unwrap().to_string();
+    // One operator's approval only adopts it: they become its author, a second must approve.
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &alice, json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::ACCEPTED, Some("pending")), "{body}");
+    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())), "one operator applied nothing");
+    let adopted = body["proposal_id"].as_str().unwrap().to_string();
+    assert_ne!(adopted, id);
+    let (status, body) = post(&app, &format!("/policy/proposals/{adopted}/approve"), &alice, json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("SELF_REVIEW")), "{body}");
+    let (status, body) = post(&app, &format!("/policy/proposals/{adopted}/approve"), &bob, json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    assert_eq!(limit_in_force(&app), (2, Some("5000.00".into())));
+    app.stop().await;
+    // The file now matches: nothing to do. A narrower file after an operator's change waits too
+    // (it would silently undo what two operators approved); the store's version stands.
+    let app = spawn_with_toml(dir.path(), &file_policy("5000.00"), store, clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (2, Some("5000.00".into())));
+    app.stop().await;
+    let app = spawn_with_toml(dir.path(), &file_policy("50.00"), store, clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (2, Some("5000.00".into())), "the operators' version stands");
+    let (alice, bob) =
+        (app.operator_token("alice", "payments:admin payments:audit"), app.operator_token("bob", "payments:admin"));
+    let (_, pending) = get(&app, "/policy/proposals?status=pending", &alice).await;
+    let items = pending["items"].as_array().unwrap();
+    assert_eq!((items.len(), items[0]["widens"].as_bool()), (1, Some(false)), "{pending}");
+    // A narrowing one needs one operator: approved, it applies.
+    let id = items[0]["proposal_id"].as_str().unwrap();
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    assert_eq!(limit_in_force(&app), (3, Some("50.00".into())));
+    app.stop().await;
+}
+
+/// With no operator change since, a file that only narrows is the next version at start.
+#[tokio::test]
+async fn a_restart_with_a_narrower_config_file_applies_it_as_the_next_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: Arc<dyn paygate::clock::Clock> = Arc::new(paygate::clock::SystemClock);
+    let app = spawn_with_toml(dir.path(), &file_policy("100.00"), &[], clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (1, Some("100.00".into())));
+    app.stop().await;
+    let app = spawn_with_toml(dir.path(), &file_policy("40.00"), &[], clock.clone()).await;
+    assert_eq!(limit_in_force(&app), (2, Some("40.00".into())));
+    app.stop().await;
+}
+
+/// `policy import --author` is not taken on trust: whoever runs the command is nobody the gateway
+/// authenticated. A widening import is a proposal by "cli" (the claimed name only in its reason);
+/// an operator over the API cannot apply it alone — not even one whose name the import claimed.
+#[tokio::test]
+async fn an_import_naming_an_author_is_not_that_operators_word() {
+    let dir = tempfile::tempdir().unwrap();
+    let paygate = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(args)
+            .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+            .env("PAYGATE_LOG", "error")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, v1, err) = paygate(&["policy", "export"]);
+    assert_eq!(code, Some(0), "{err}");
+    let raise = v1.replace("autonomous_limit]\nKES = \"1000.00\"", "autonomous_limit]\nKES = \"9000.00\"");
+    assert_ne!(raise, v1, "{v1}");
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, &raise).unwrap();
+    // Bob, at a shell, claims alice wrote it; then approves it over the API as himself.
+    let (code, out, err) =
+        paygate(&["policy", "import", file.to_str().unwrap(), "--author", "alice", "--reason", "raise"]);
+    assert_eq!(code, Some(0), "{err}");
+    let outcome: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(outcome["status"], "pending", "{out}");
+    let id = outcome["proposal_id"].as_str().unwrap().to_string();
+
+    let app = spawn_on(dir.path(), &[]).await;
+    let (bob, carol) =
+        (app.operator_token("bob", "payments:admin payments:audit"), app.operator_token("carol", "payments:admin"));
+    let (_, p) = get(&app, &format!("/policy/proposals/{id}"), &bob).await;
+    assert_eq!(p["author"], "cli", "the claimed author is not the author: {p}");
+    assert!(p["reason"].as_str().unwrap().contains("alice"), "the claim is kept, as a claim: {p}");
+    let (status, body) = post(&app, &format!("/policy/proposals/{id}/approve"), &bob, json!({})).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("pending")),
+        "bob alone applies nothing: {body}"
+    );
+    assert_eq!(current(&app, &bob).await.0, 1);
+    let adopted = body["proposal_id"].as_str().unwrap().to_string();
+    let (status, body) = post(&app, &format!("/policy/proposals/{adopted}/approve"), &carol, json!({})).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    assert_eq!(current(&app, &bob).await.0, 2);
+    app.stop().await;
 }

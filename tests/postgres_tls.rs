@@ -77,7 +77,7 @@ impl Cluster {
     fn start() -> Option<Cluster> {
         let (Some(initdb), Some(pg_ctl), Some(openssl)) = (program("initdb"), program("pg_ctl"), program("openssl"))
         else {
-            eprintln!("postgres_tls: initdb, pg_ctl or openssl not found; SKIPPED (PostgreSQL over TLS)");
+            skipped("postgres_tls: initdb, pg_ctl or openssl not found (PostgreSQL over TLS)");
             return None;
         };
         // initdb refuses to run as root: the cluster is the postgres user's then.
@@ -86,7 +86,7 @@ impl Cluster {
             match ids_of("postgres") {
                 Some(ids) => Some(ids),
                 None => {
-                    eprintln!("postgres_tls: running as root without a postgres user; SKIPPED");
+                    skipped("postgres_tls: running as root without a postgres user");
                     return None;
                 }
             }

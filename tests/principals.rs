@@ -21,39 +21,25 @@ fn pay(op: &str, from: &str, to: &str, amount: &str) -> Value {
     json!({"operation_id": op, "from_account": from, "to_account": to, "amount": amount, "currency": "KES"})
 }
 
-/// Every operator route (the approval routes, `/principals`, `/operator/v1`), with a body where it
-/// takes one.
+/// Every operator route, from the table the router is built from (`paygate::http::operator_routes`),
+/// its path parameters filled in.
 fn operator_routes(approval: &str) -> Vec<(Method, String)> {
-    let v1 = "/operator/v1";
-    let mut routes = vec![
-        (Method::GET, "/approvals".to_string()),
-        (Method::POST, "/approvals".to_string()),
-        (Method::GET, format!("/approvals/{approval}")),
-        (Method::POST, format!("/approvals/{approval}/approve")),
-        (Method::POST, format!("/approvals/{approval}/reject")),
-        (Method::POST, format!("/approvals/{approval}/revoke")),
-        (Method::POST, "/principals/dev-agent/suspend".to_string()),
-        (Method::POST, "/principals/dev-agent/resume".to_string()),
-    ];
-    for get in
-        ["/health", "/summary", "/payments", "/audit", "/approvals", "/mandates", "/principals", "/reconciliation"]
-    {
-        routes.push((Method::GET, format!("{v1}{get}")));
-    }
-    routes.extend([
-        (Method::GET, format!("{v1}/payments/pay_01a00000000000000000000000000000")),
-        (Method::GET, format!("{v1}/approvals/{approval}")),
-        (Method::POST, format!("{v1}/approvals/{approval}/approve")),
-        (Method::POST, format!("{v1}/approvals/{approval}/reject")),
-        (Method::GET, format!("{v1}/confirmations/{approval}")),
-        (Method::POST, format!("{v1}/confirmations/{approval}/approve")),
-        (Method::POST, format!("{v1}/confirmations/{approval}/reject")),
-        (Method::POST, format!("{v1}/mandates/mdt_anything/revoke")),
-        (Method::POST, format!("{v1}/principals/dev-agent/suspend")),
-        (Method::POST, format!("{v1}/principals/dev-agent/resume")),
-        (Method::POST, format!("{v1}/reconciliation/run")),
-    ]);
-    routes
+    paygate::http::operator_routes()
+        .into_iter()
+        .map(|(method, path)| {
+            let path = path
+                .replace("{id}", approval)
+                .replace("{approval_id}", approval)
+                .replace("{subject}", "dev-agent")
+                .replace("{payment_id}", "pay_01a00000000000000000000000000000")
+                .replace("{mandate_id}", "mdt_anything")
+                .replace("{credential_id}", "AAAA")
+                .replace("{message_id}", "msg_anything")
+                .replace("{proposal_id}", "prop_anything")
+                .replace("{version}", "1");
+            (method, path)
+        })
+        .collect()
 }
 
 async fn raw(app: &TestApp, method: Method, path: &str, token: &str) -> reqwest::Response {
@@ -452,11 +438,13 @@ async fn a_delegated_token_is_the_pair_of_agent_and_user() {
     assert_eq!(theirs["replayed"], false);
     ok(&call(&bot, "create_payment", pay("same-op", "acct-A", "acct-B", "600.00")).await);
 
-    // get_payment names the agent and the user.
-    let got = ok(&call(&bot, "get_payment", json!({"payment_id": first["payment_id"]})).await).clone();
+    // get_payment names the agent and the user; each pair sees its own payments, and the agent on
+    // its own token (another principal) sees neither person's.
+    let got = ok(&call(&pat, "get_payment", json!({"payment_id": first["payment_id"]})).await).clone();
     assert_eq!((got["agent"].as_str(), got["user"].as_str()), (Some("bot"), Some("pat")), "{got}");
-    let direct = ok(&call(&bot, "get_payment", json!({"payment_id": theirs["payment_id"]})).await).clone();
+    let direct = ok(&call(&quinn, "get_payment", json!({"payment_id": theirs["payment_id"]})).await).clone();
     assert_eq!(direct["user"], "quinn");
+    assert_eq!(code(&call(&bot, "get_payment", json!({"payment_id": first["payment_id"]})).await), "NOT_FOUND");
     // The audit row names both.
     let audit = app.audit("bot").await;
     let allowed =

@@ -87,6 +87,7 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
             repeats: 1,
             policy_version: None,
             intent: None,
+            tag: None,
         };
         paygate::store::AuditStore::audit_append(&store, rec).await.unwrap();
     }
@@ -103,6 +104,13 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
         &paygate::secret::Secret::new("k".repeat(32)),
     )
     .unwrap();
+    let link_key = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let keys = paygate::audit_chain::Sealer {
+        links: &link_key,
+        signer: &keys,
+        notice: paygate::domain::webhook::Notice::default(),
+        keep_every_secs: 0,
+    };
     let done = paygate::audit_archive::archive(&store, &keys, &settings, 1_000).await.unwrap();
     assert_eq!(done.len(), 1);
     assert_eq!(std::fs::read(&victim).unwrap(), b"untouched", "the link was removed, not written through");

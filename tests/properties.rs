@@ -758,9 +758,13 @@ fn jwt_iss() -> impl Strategy<Value = Field> {
 
 fn jwt_sub() -> impl Strategy<Value = Field> {
     prop_oneof![
-        // A subject the gateway keys on: no control characters (they would forge log lines).
-        12 => prop_oneof!["[a-z0-9-]{1,12}", any_text(8).prop_filter("non-empty", |s| !s.is_empty())]
-            .prop_map(|s| if s.chars().any(char::is_control) { bad(json!(s)) } else { good(json!(s)) }),
+        // A subject the gateway keys on: no control characters (they would forge log lines),
+        // nothing a person would not see as written (bidi controls, zero-width characters), and no
+        // white space at either end ("alice " would read as alice).
+        12 => prop_oneof!["[a-z0-9-]{1,12}", any_text(8).prop_filter("non-empty", |s| !s.is_empty())].prop_map(|s| {
+            let padded = s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace);
+            if s.chars().any(paygate::domain::text::is_hidden) || padded { bad(json!(s)) } else { good(json!(s)) }
+        }),
         1 => select(vec![
             (None, false),
             bad(json!("")),
@@ -1661,4 +1665,296 @@ fn separator_crafted_tuples_get_their_own_keys() {
     assert_ne!(d.key("iss", "a|b", "create_payment", "c"), d.key("iss", "a", "create_payment", "b|c"));
     assert_ne!(d.key("iss", "a", "create_payment", "bc"), d.key("iss", "ab", "create_payment", "c"));
     assert_ne!(d.key("iss|sub", "", "create_payment", "op"), d.key("iss", "sub", "create_payment", "op"));
+}
+
+// ---- Policy changes: "widens" is effective authority (issue 52, item 2) ----
+
+use paygate::domain::money::MoneyMap;
+use paygate::domain::policy::Profile;
+use paygate::domain::policy_doc::{PolicyDocument, review};
+
+const SUBJECTS: [&str; 3] = ["a1", "a2", "a3"];
+const USERS: [&str; 2] = ["u1", "u2"];
+const CLIENTS: [&str; 2] = ["c1", "c2"];
+const ACCOUNTS: [&str; 3] = ["acct-A", "acct-B", "acct-C"];
+const IDP: &str = "https://idp.test";
+
+fn kes_text(minor: i64) -> String {
+    format!("{}.{:02}", minor / 100, minor % 100)
+}
+
+/// One profile as JSON: matchers from small alphabets (so profiles often name the same principal)
+/// and every dimension of authority.
+fn policy_profile() -> impl Strategy<Value = Value> {
+    (
+        (
+            proptest::sample::subsequence(SUBJECTS.to_vec(), 0..=2),
+            proptest::sample::subsequence(USERS.to_vec(), 0..=1),
+            proptest::sample::subsequence(CLIENTS.to_vec(), 0..=1),
+            any::<bool>(),
+        ),
+        (
+            proptest::sample::subsequence(ACCOUNTS.to_vec(), 0..=3),
+            prop::option::of(0..4_i64),
+            0..4_i64,
+            1..4_i64,
+            any::<bool>(),
+            select(vec!["open", "known", "allow_list"]),
+            0..3_i64,
+            prop::option::of(1..3_i64),
+        ),
+    )
+        .prop_map(
+            |((subjects, users, clients, bound), (accounts, auto, daily, cpm, passkey, mode, cooling, quota))| {
+                let mut p = json!({
+                    "name": "",
+                    "subjects": subjects, "users": users, "client_ids": clients,
+                    "issuer": if bound { IDP } else { "" },
+                    "allowed_accounts": accounts,
+                    "daily_limit": {"KES": kes_text(daily * 100_000 + 100_000)},
+                    "calls_per_minute": cpm,
+                    "daily_payments_max": cpm,
+                    "passkey_required": passkey,
+                    "payees": {"mode": mode, "cooling_off_secs": cooling * 3600},
+                });
+                if let Some(a) = auto {
+                    p["autonomous_limit"] = json!({"KES": kes_text(a * 100_000)});
+                }
+                if let Some(q) = quota {
+                    p["tool_calls_per_minute"] = json!({"create_payment": q});
+                }
+                p
+            },
+        )
+}
+
+fn policy_doc() -> impl Strategy<Value = Value> {
+    (prop::collection::vec(policy_profile(), 1..5), any::<Index>()).prop_map(|(mut profiles, default)| {
+        for (i, p) in profiles.iter_mut().enumerate() {
+            p["name"] = json!(format!("p{i}"));
+        }
+        let default = format!("p{}", default.index(profiles.len()));
+        json!({"policy": {"default_profile": default, "profiles": profiles}, "tools": {"disabled": [], "approval_required": []}})
+    })
+}
+
+/// An edit an operator might make; applied to profile `Index`.
+#[derive(Debug, Clone)]
+enum PolicyEdit {
+    Swap(Index, Index),
+    Auto(Index, i64),
+    Daily(Index, i64),
+    Account(Index, Index),
+    Subject(Index, Index),
+    User(Index, Index),
+    Client(Index, Index),
+    Issuer(Index),
+    Passkey(Index),
+    Mode(Index, Index),
+    Cpm(Index, i64),
+    Cooling(Index, i64),
+    Default(Index),
+    Disable(bool),
+}
+
+fn policy_edit() -> impl Strategy<Value = PolicyEdit> {
+    prop_oneof![
+        3 => (any::<Index>(), any::<Index>()).prop_map(|(a, b)| PolicyEdit::Swap(a, b)),
+        2 => (any::<Index>(), -2..3_i64).prop_map(|(a, d)| PolicyEdit::Auto(a, d)),
+        1 => (any::<Index>(), -2..3_i64).prop_map(|(a, d)| PolicyEdit::Daily(a, d)),
+        1 => (any::<Index>(), any::<Index>()).prop_map(|(a, b)| PolicyEdit::Account(a, b)),
+        2 => (any::<Index>(), any::<Index>()).prop_map(|(a, b)| PolicyEdit::Subject(a, b)),
+        1 => (any::<Index>(), any::<Index>()).prop_map(|(a, b)| PolicyEdit::User(a, b)),
+        1 => (any::<Index>(), any::<Index>()).prop_map(|(a, b)| PolicyEdit::Client(a, b)),
+        1 => any::<Index>().prop_map(PolicyEdit::Issuer),
+        1 => any::<Index>().prop_map(PolicyEdit::Passkey),
+        1 => (any::<Index>(), any::<Index>()).prop_map(|(a, b)| PolicyEdit::Mode(a, b)),
+        1 => (any::<Index>(), -1..2_i64).prop_map(|(a, d)| PolicyEdit::Cpm(a, d)),
+        1 => (any::<Index>(), -1..2_i64).prop_map(|(a, d)| PolicyEdit::Cooling(a, d)),
+        1 => any::<Index>().prop_map(PolicyEdit::Default),
+        1 => any::<bool>().prop_map(PolicyEdit::Disable),
+    ]
+}
+
+fn toggle_name(list: &mut Value, item: &str) {
+    let a = list.as_array_mut().unwrap();
+    match a.iter().position(|x| x == item) {
+        Some(i) => _ = a.remove(i),
+        None => a.push(json!(item)),
+    }
+}
+
+fn minor_of(v: &Value) -> Option<i64> {
+    v.as_str().map(|s| parse_minor(s, Currency::parse("KES").unwrap()).unwrap())
+}
+
+fn apply_edit(doc: &mut Value, e: &PolicyEdit) {
+    let n = doc["policy"]["profiles"].as_array().unwrap().len();
+    let profiles = doc["policy"]["profiles"].as_array_mut().unwrap();
+    match e {
+        PolicyEdit::Swap(a, b) => profiles.swap(a.index(n), b.index(n)),
+        PolicyEdit::Auto(a, d) => {
+            let p = &mut profiles[a.index(n)];
+            let now = minor_of(&p["autonomous_limit"]["KES"]).unwrap_or(0);
+            p["autonomous_limit"] = json!({"KES": kes_text((now + d * 50_000).max(0))});
+        }
+        PolicyEdit::Daily(a, d) => {
+            let p = &mut profiles[a.index(n)];
+            let now = minor_of(&p["daily_limit"]["KES"]).unwrap_or(0);
+            p["daily_limit"] = json!({"KES": kes_text((now + d * 50_000).max(0))});
+        }
+        PolicyEdit::Account(a, b) => toggle_name(&mut profiles[a.index(n)]["allowed_accounts"], ACCOUNTS[b.index(3)]),
+        PolicyEdit::Subject(a, b) => toggle_name(&mut profiles[a.index(n)]["subjects"], SUBJECTS[b.index(3)]),
+        PolicyEdit::User(a, b) => toggle_name(&mut profiles[a.index(n)]["users"], USERS[b.index(2)]),
+        PolicyEdit::Client(a, b) => toggle_name(&mut profiles[a.index(n)]["client_ids"], CLIENTS[b.index(2)]),
+        PolicyEdit::Issuer(a) => {
+            let p = &mut profiles[a.index(n)];
+            p["issuer"] = json!(if p["issuer"] == IDP { "" } else { IDP });
+        }
+        PolicyEdit::Passkey(a) => {
+            let p = &mut profiles[a.index(n)];
+            p["passkey_required"] = json!(!p["passkey_required"].as_bool().unwrap());
+        }
+        PolicyEdit::Mode(a, b) => {
+            profiles[a.index(n)]["payees"]["mode"] = json!(["open", "known", "allow_list"][b.index(3)])
+        }
+        PolicyEdit::Cpm(a, d) => {
+            let p = &mut profiles[a.index(n)];
+            p["calls_per_minute"] = json!((p["calls_per_minute"].as_i64().unwrap() + d).max(1));
+        }
+        PolicyEdit::Cooling(a, d) => {
+            let p = &mut profiles[a.index(n)];
+            p["payees"]["cooling_off_secs"] =
+                json!((p["payees"]["cooling_off_secs"].as_i64().unwrap() + d * 3600).max(0));
+        }
+        PolicyEdit::Default(a) => doc["policy"]["default_profile"] = json!(format!("p{}", a.index(n))),
+        PolicyEdit::Disable(on) => {
+            doc["tools"]["disabled"] = if *on { json!(["create_payment"]) } else { json!([]) };
+        }
+    }
+}
+
+fn parse_doc(v: &Value) -> Option<PolicyDocument> {
+    let high: MoneyMap = serde_json::from_value(json!({"KES": "100000.00"})).unwrap();
+    PolicyDocument::parse(&v.to_string(), &high).ok()
+}
+
+/// The definition, by brute force and independently of the gateway's comparison: some principal
+/// (every name the alphabets hold, and one no profile names, at every level) is allowed more after
+/// than before in some dimension, or a tool became callable.
+fn wider_for_someone(before: &PolicyDocument, after: &PolicyDocument) -> bool {
+    let (b, a) = (before.live(0, None), after.live(0, None));
+    if b.disabled.iter().any(|t| !a.disabled.contains(t)) {
+        return true;
+    }
+    let kes = Currency::parse("KES").unwrap();
+    let more = |x: &Profile, y: &Profile| -> bool {
+        let zero = |m: &std::collections::HashMap<Currency, i64>| m.get(&kes).copied().unwrap_or(0);
+        let cap = |m: &std::collections::HashMap<Currency, i64>| m.get(&kes).copied().unwrap_or(i64::MAX);
+        let quota = |p: &Profile| p.tool_calls_per_minute.get("create_payment").copied().unwrap_or(u32::MAX);
+        let strict = |p: &Profile| p.payees.mode as u8;
+        y.allowed_accounts.iter().any(|acct| !x.allowed_accounts.contains(acct))
+            || zero(&y.autonomous_limit_minor) > zero(&x.autonomous_limit_minor)
+            || cap(&y.daily_limit_minor) > cap(&x.daily_limit_minor)
+            || cap(&y.daily_refund_limit_minor) > cap(&x.daily_refund_limit_minor)
+            || y.daily_payments_max > x.daily_payments_max
+            || y.calls_per_minute > x.calls_per_minute
+            || quota(y) > quota(x)
+            || (x.passkey_required && !y.passkey_required)
+            || strict(y) < strict(x)
+            || y.payees.cooling_off_secs < x.payees.cooling_off_secs
+    };
+    let subjects = SUBJECTS.iter().copied().chain(["nobody"]);
+    for iss in [IDP, "https://other.test"] {
+        for s in subjects.clone() {
+            for u in USERS.iter().copied().map(Some).chain([Some("nobody"), None]) {
+                for c in CLIENTS.iter().copied().map(Some).chain([Some("nobody"), None]) {
+                    if more(&b.profiles.resolve(iss, s, u, c), &a.profiles.resolve(iss, s, u, c)) {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+    false
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Swaps, moved matchers, raised and lowered numbers, in any mix: the gateway calls a change
+    /// widening exactly when some principal is allowed more after it (the definition, by brute
+    /// force over every principal).
+    #[test]
+    fn a_change_widens_exactly_when_some_principal_may_do_more(
+        doc in policy_doc(), edits in prop::collection::vec(policy_edit(), 1..6),
+    ) {
+        let mut after = doc.clone();
+        for e in &edits {
+            apply_edit(&mut after, e);
+        }
+        let (Some(b), Some(a)) = (parse_doc(&doc), parse_doc(&after)) else { return Ok(()) };
+        let r = review(&b, &a, None);
+        prop_assert_eq!(r.widens, wider_for_someone(&b, &a), "{:?} {:#?}", edits, r.authority);
+    }
+
+    /// Narrowings alone (limits lowered, accounts taken away, passkeys required, payee rules made
+    /// stricter, quotas lowered, a tool disabled) never widen; the same narrowings with one
+    /// principal's own profile raised by a cent, hidden among them and a reordering of profiles
+    /// that match nobody, always do.
+    #[test]
+    fn narrowings_never_widen_and_one_raise_among_them_always_does(
+        doc in policy_doc(),
+        narrowings in prop::collection::vec((any::<Index>(), 0..6_u8), 0..6),
+        who in (any::<Index>(), any::<Index>(), any::<Index>()),
+    ) {
+        let Some(b) = parse_doc(&doc) else { return Ok(()) };
+        let n = doc["policy"]["profiles"].as_array().unwrap().len();
+        let mut after = doc.clone();
+        for (i, kind) in &narrowings {
+            let p = &mut after["policy"]["profiles"][i.index(n)];
+            match kind {
+                0 => if let Some(m) = minor_of(&p["autonomous_limit"]["KES"]) { p["autonomous_limit"]["KES"] = json!(kes_text(m / 2)) },
+                1 => { let m = minor_of(&p["daily_limit"]["KES"]).unwrap(); p["daily_limit"]["KES"] = json!(kes_text(m / 2)) }
+                2 => _ = p["allowed_accounts"].as_array_mut().unwrap().pop(),
+                3 => p["passkey_required"] = json!(true),
+                4 => p["payees"]["mode"] = json!("allow_list"),
+                _ => p["calls_per_minute"] = json!(1),
+            }
+        }
+        after["tools"]["disabled"] = json!(["create_payment"]);
+        let a = parse_doc(&after).unwrap();
+        prop_assert!(!review(&b, &a, None).widens, "narrowings only: {:?}", narrowings);
+
+        // One principal's profile (as it resolves now) gets a cent more than it ever had.
+        let (s, u, c) = (SUBJECTS[who.0.index(3)], USERS.get(who.1.index(3)).copied(), CLIENTS.get(who.2.index(3)).copied());
+        let target = b.live(0, None).profiles.resolve(IDP, s, u, c).name.clone();
+        let profiles = after["policy"]["profiles"].as_array_mut().unwrap();
+        let p = profiles.iter_mut().find(|p| p["name"] == target.as_str()).unwrap();
+        let was = doc["policy"]["profiles"].as_array().unwrap().iter().find(|p| p["name"] == target.as_str()).unwrap();
+        let raised = minor_of(&was["autonomous_limit"]["KES"]).unwrap_or(0) + 1;
+        p["autonomous_limit"] = json!({"KES": kes_text(raised)});
+        // A profile that matches nobody, added and moved to the front, hides nothing.
+        profiles.insert(0, json!({"name": "decoy", "daily_limit": {"KES": "1.00"}}));
+        let a = parse_doc(&after).unwrap();
+        let r = review(&b, &a, None);
+        prop_assert!(r.widens, "{} raised to {}: {:#?}", target, raised, r.authority);
+    }
+}
+
+/// Issue 52's reproduction (`ro-bot` is `a1` here, inside the alphabet the brute force walks), as
+/// the smallest case of the properties above.
+#[test]
+fn swapping_two_profiles_of_one_agent_and_lowering_a_number_widens() {
+    let p = |name: &str, limit: &str| {
+        json!({"name": name, "subjects": ["a1"], "allowed_accounts": ["acct-A"],
+               "autonomous_limit": {"KES": limit}, "daily_limit": {"KES": "100000.00"}})
+    };
+    let before = json!({"policy": {"default_profile": "d", "profiles": [{"name": "d"}, p("tight", "10.00"), p("wide", "5000.00")]}});
+    let mut wide = p("wide", "5000.00");
+    wide["calls_per_minute"] = json!(119);
+    let after = json!({"policy": {"default_profile": "d", "profiles": [{"name": "d"}, wide, p("tight", "10.00")]}});
+    let (b, a) = (parse_doc(&before).unwrap(), parse_doc(&after).unwrap());
+    assert!(wider_for_someone(&b, &a));
+    assert!(review(&b, &a, None).widens);
 }

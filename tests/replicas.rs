@@ -98,6 +98,30 @@ async fn storm(all: &[Arc<Client>], args: impl Fn(usize) -> Value) -> (usize, us
     (fresh, replayed, other)
 }
 
+/// Issue 53: replicas starting at once on a fresh custom schema raced on `CREATE SCHEMA IF NOT
+/// EXISTS` (before the migration lock) and the losers failed to start (23505).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_starting_at_once_on_a_fresh_schema_all_migrate() {
+    let Some(db) = database("replicas (fresh schema)") else { return };
+    for round in 0..3 {
+        let schema = format!("{}_{round}", db.schema);
+        let starts: Vec<_> = (0..6)
+            .map(|_| {
+                let (url, schema) = (db.url.clone(), schema.clone());
+                tokio::spawn(async move { paygate::store::postgres::PostgresStore::connect(&url, &schema).await })
+            })
+            .collect();
+        for start in starts {
+            if let Err(e) = start.await.unwrap() {
+                panic!("round {round}: a replica failed to migrate a fresh schema: {e}");
+            }
+        }
+        let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_pay_each_operation_once() {
     let Some(db) = database("replicas") else { return };

@@ -141,7 +141,7 @@ async fn the_scheduler_seals_the_audit_trail_and_signs_checkpoints() {
     let checkpoint = until("the trail sealed and checkpointed", || {
         let store = store.clone();
         async move {
-            let unsealed = store.audit_unsealed().await.unwrap();
+            let unsealed = store.audit_unsealed().await.unwrap().count;
             let cp = store.audit_checkpoint_latest().await.unwrap();
             cp.filter(|_| unsealed == 0)
         }

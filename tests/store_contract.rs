@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use paygate::domain::approval::{ApprovalRecord, ApprovalReview, IssuedMandate, MandateIssuer, Review, ReviewError};
-use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, PasskeyInsert, PasskeyRecord, ReviewDecision};
+use paygate::domain::approval::{ApprovalRequest, ApprovalStatus, PasskeyRecord, ReviewDecision};
+use paygate::domain::approval::{ChallengeIssued, EnrolmentCode, EnrolmentProof, PasskeyChallenge};
+use paygate::domain::approval::{PasskeyEnrolled, PasskeyEnrolment};
 use paygate::domain::audit::AuditRecord;
 use paygate::domain::error::BackendError;
 use paygate::domain::idempotency::{NewIdempotencyRecord, Reservation};
@@ -60,7 +62,13 @@ fn engines() -> Vec<Engine> {
     let mut v = vec![Engine::Sqlite];
     match std::env::var("PAYGATE_TEST_DATABASE_URL") {
         Ok(url) if !url.is_empty() => v.push(Engine::Postgres(url)),
-        _ => eprintln!("store contract: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)"),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "store contract: PAYGATE_TEST_DATABASE_URL is not set, and CI requires it"
+            );
+            eprintln!("store contract: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)")
+        }
     }
     v
 }
@@ -205,20 +213,65 @@ fn passkey(id: &str, sub: &str, at: i64) -> PasskeyRecord {
     }
 }
 
+fn challenge(hash: &str, sub: &str, at: i64, expires_at: i64) -> PasskeyChallenge {
+    PasskeyChallenge {
+        challenge_sha256: hash.into(),
+        owner_iss: "ops".into(),
+        owner_sub: sub.into(),
+        created_at: at,
+        expires_at,
+    }
+}
+
+fn code(hash: &str, sub: &str, at: i64, expires_at: i64) -> EnrolmentCode {
+    EnrolmentCode {
+        code_sha256: hash.into(),
+        owner_iss: "ops".into(),
+        owner_sub: sub.into(),
+        issued_by: "ann".into(),
+        issued_at: at,
+        expires_at,
+    }
+}
+
+fn enrolment(rec: PasskeyRecord, challenge: &str, proof: EnrolmentProof, max: i64) -> PasskeyEnrolment {
+    PasskeyEnrolment { rec, challenge_sha256: challenge.into(), proof, max, notify: vec![] }
+}
+
+fn by_code(hash: &str) -> EnrolmentProof {
+    EnrolmentProof::Code { code_sha256: hash.into() }
+}
+
+/// Register `rec` the only way there is: a fresh challenge and a fresh code of its owner's.
+async fn enrol(store: &Arc<dyn Store>, rec: PasskeyRecord, max: i64) -> PasskeyEnrolled {
+    let (c, k) = (format!("c-{}", uuid::Uuid::new_v4()), format!("k-{}", uuid::Uuid::new_v4()));
+    let at = rec.created_at;
+    let put = store.passkey_challenge_put(challenge(&c, &rec.owner_sub, at, at + 300), 100).await.unwrap();
+    assert_eq!(put, ChallengeIssued::Stored);
+    store.passkey_code_put(code(&k, &rec.owner_sub, at, at + 3600)).await.unwrap();
+    store.passkey_enrol(enrolment(rec, &c, by_code(&k), max), at).await.unwrap()
+}
+
+const INSERTED: PasskeyEnrolled = PasskeyEnrolled::Inserted { code_issued_by: None };
+
+fn registered(e: &PasskeyEnrolled) -> bool {
+    matches!(e, PasskeyEnrolled::Inserted { .. })
+}
+
 // Passkeys: a credential id registers once (to anyone); one person's live passkeys stay within the
 // bound under concurrent registrations; the counter moves only from what was read (a replayed or
 // concurrent assertion loses); a revoked one stays readable, counts no more and moves no counter.
 contract!(passkeys_register_once_within_the_bound_and_count_forward, |store, label| async move {
-    assert_eq!(store.passkey_insert(passkey("k1", "rita", 1), 3).await.unwrap(), PasskeyInsert::Inserted);
-    assert_eq!(store.passkey_insert(passkey("k1", "bob", 2), 3).await.unwrap(), PasskeyInsert::Duplicate, "{label}");
+    assert!(registered(&enrol(&store, passkey("k1", "rita", 1), 3).await), "{label}");
+    assert_eq!(enrol(&store, passkey("k1", "bob", 2), 3).await, PasskeyEnrolled::Duplicate, "{label}");
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..8 {
         let s = store.clone();
-        tasks.spawn(async move { s.passkey_insert(passkey(&format!("r{n}"), "rita", 3 + n), 3).await.unwrap() });
+        tasks.spawn(async move { enrol(&s, passkey(&format!("r{n}"), "rita", 3 + n), 3).await });
     }
     let mut inserted = 0;
     while let Some(r) = tasks.join_next().await {
-        if r.unwrap() == PasskeyInsert::Inserted {
+        if registered(&r.unwrap()) {
             inserted += 1;
         }
     }
@@ -237,11 +290,96 @@ contract!(passkeys_register_once_within_the_bound_and_count_forward, |store, lab
     assert!(!store.passkey_count("k1", 5, 6).await.unwrap(), "{label}: a revoked passkey counts no more");
     let revoked = store.passkey_get("k1").await.unwrap().unwrap();
     assert_eq!((revoked.revoked_at, revoked.revoked_by.as_deref()), (Some(50), Some("rita")), "{label}");
+    assert!(registered(&enrol(&store, passkey("r9", "rita", 60), 3).await), "{label}: room again");
+});
+
+// Enrolment: a challenge registers one credential, its owner's, before it expires; a code
+// likewise; a passkey vouches only while live, its owner's, with its counter where it was read;
+// any refusal leaves the challenge, the code and the counter as they were; the announcement is
+// written with the credential and only then; one person's unexpired challenges are bounded.
+contract!(passkey_challenges_and_codes_register_once_and_refusals_change_nothing, |store, label| async move {
+    use paygate::domain::webhook::{Notice, PASSKEY_REGISTERED};
+    let max = 10;
+    for (h, sub, exp) in [("c1", "rita", 100), ("c2", "rita", 50), ("c3", "rita", 200), ("c5", "bob", 200)] {
+        assert_eq!(store.passkey_challenge_put(challenge(h, sub, 10, exp), 5).await.unwrap(), ChallengeIssued::Stored);
+    }
+    for (h, sub, exp) in [("k1", "rita", 100), ("k2", "bob", 100), ("k3", "rita", 50), ("k4", "rita", 100)] {
+        store.passkey_code_put(code(h, sub, 10, exp)).await.unwrap();
+    }
+    // Bob's code, then an unknown one, for Rita: refused; c1 and k1 still work after.
+    let refused = store.passkey_enrol(enrolment(passkey("p1", "rita", 20), "c1", by_code("k2"), max), 20).await;
+    assert_eq!(refused.unwrap(), PasskeyEnrolled::CodeRefused, "{label}");
+    let refused = store.passkey_enrol(enrolment(passkey("p1", "rita", 20), "c1", by_code("k9"), max), 20).await;
+    assert_eq!(refused.unwrap(), PasskeyEnrolled::CodeRefused, "{label}");
+    let notice = Notice { event: PASSKEY_REGISTERED, endpoints: vec!["ops".into()], at: 20 };
+    let mut e = enrolment(passkey("p1", "rita", 20), "c1", by_code("k1"), max);
+    e.notify = notice.messages(json!({"credential_id": "p1"}));
     assert_eq!(
-        store.passkey_insert(passkey("r9", "rita", 60), 3).await.unwrap(),
-        PasskeyInsert::Inserted,
-        "{label}: room again"
+        store.passkey_enrol(e, 20).await.unwrap(),
+        PasskeyEnrolled::Inserted { code_issued_by: Some("ann".into()) },
+        "{label}"
     );
+    // The challenge and the code are spent.
+    let again = store.passkey_enrol(enrolment(passkey("p2", "rita", 21), "c1", by_code("k4"), max), 21).await;
+    assert_eq!(again.unwrap(), PasskeyEnrolled::ChallengeSpent, "{label}");
+    let again = store.passkey_enrol(enrolment(passkey("p2", "rita", 21), "c3", by_code("k1"), max), 21).await;
+    assert_eq!(again.unwrap(), PasskeyEnrolled::CodeRefused, "{label}");
+    // Expired: the challenge c2, the code k3; another person's challenge c5.
+    let late = store.passkey_enrol(enrolment(passkey("p2", "rita", 60), "c2", by_code("k4"), max), 60).await;
+    assert_eq!(late.unwrap(), PasskeyEnrolled::ChallengeSpent, "{label}");
+    let late = store.passkey_enrol(enrolment(passkey("p2", "rita", 60), "c3", by_code("k3"), max), 60).await;
+    assert_eq!(late.unwrap(), PasskeyEnrolled::CodeRefused, "{label}");
+    let theirs = store.passkey_enrol(enrolment(passkey("p2", "rita", 60), "c5", by_code("k4"), max), 60).await;
+    assert_eq!(theirs.unwrap(), PasskeyEnrolled::ChallengeSpent, "{label}");
+    // A passkey vouches: Rita's own live p1, from the counter read; not Bob's, not a stale read.
+    let vouch = |id: &str, seen, count| EnrolmentProof::Passkey { credential_id: id.into(), seen, count };
+    let stale = store.passkey_enrol(enrolment(passkey("p2", "rita", 61), "c3", vouch("p1", 7, 8), max), 61).await;
+    assert_eq!(stale.unwrap(), PasskeyEnrolled::PasskeyStale, "{label}");
+    assert_eq!(store.passkey_get("p1").await.unwrap().unwrap().sign_count, 0, "{label}: nothing moved");
+    let ok = store.passkey_enrol(enrolment(passkey("p2", "rita", 61), "c3", vouch("p1", 0, 4), max), 61).await;
+    assert_eq!(ok.unwrap(), INSERTED, "{label}: c3 survived the refusals");
+    assert_eq!(store.passkey_get("p1").await.unwrap().unwrap().sign_count, 4, "{label}");
+    assert!(registered(&enrol(&store, passkey("b1", "bob", 62), max).await));
+    store.passkey_challenge_put(challenge("c6", "rita", 62, 300), 5).await.unwrap();
+    let bobs = store.passkey_enrol(enrolment(passkey("p3", "rita", 62), "c6", vouch("b1", 0, 1), max), 62).await;
+    assert_eq!(bobs.unwrap(), PasskeyEnrolled::PasskeyStale, "{label}: not her passkey");
+    assert!(store.passkey_revoke("p1", "rita", 63).await.unwrap());
+    let revoked = store.passkey_enrol(enrolment(passkey("p3", "rita", 63), "c6", vouch("p1", 4, 5), max), 63).await;
+    assert_eq!(revoked.unwrap(), PasskeyEnrolled::PasskeyStale, "{label}: a revoked passkey");
+    // The announcement: written once, with the one registration that carried it.
+    let out = store.outbox_list(None, 100).await.unwrap();
+    assert_eq!(out.iter().filter(|m| m.event == "passkey.registered").count(), 1, "{label}");
+    // A person's unexpired challenges are bounded; expired ones make room.
+    for n in 0..3 {
+        let put = store.passkey_challenge_put(challenge(&format!("d{n}"), "carl", 100, 110), 3).await.unwrap();
+        assert_eq!(put, ChallengeIssued::Stored, "{label}");
+    }
+    let full = store.passkey_challenge_put(challenge("d3", "carl", 100, 110), 3).await.unwrap();
+    assert_eq!(full, ChallengeIssued::TooMany, "{label}");
+    let later = store.passkey_challenge_put(challenge("d4", "carl", 111, 411), 3).await.unwrap();
+    assert_eq!(later, ChallengeIssued::Stored, "{label}: the expired ones are gone");
+    // Eight registrations at once on one challenge, each with its own code: one wins.
+    store.passkey_challenge_put(challenge("e1", "dana", 200, 500), 5).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..8 {
+        let s = store.clone();
+        tasks.spawn(async move {
+            let k = format!("ek{n}");
+            s.passkey_code_put(code(&k, "dana", 200, 500)).await.unwrap();
+            s.passkey_enrol(enrolment(passkey(&format!("e{n}"), "dana", 201), "e1", by_code(&k), max), 201)
+                .await
+                .unwrap()
+        });
+    }
+    let mut won = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            PasskeyEnrolled::Inserted { .. } => won += 1,
+            other => assert_eq!(other, PasskeyEnrolled::ChallengeSpent, "{label}"),
+        }
+    }
+    assert_eq!(won, 1, "{label}: one challenge, one credential");
+    assert_eq!(store.passkey_list("ops", "dana").await.unwrap().len(), 1, "{label}");
 });
 
 // A herd on one hot key whose holders keep releasing it (an operation refused before it moved
@@ -426,7 +564,14 @@ fn reviewed(id: &ApprovalId, sub: &str, decision: &str, at: i64, issue: MandateI
         passkey: None,
         as_user: false,
     };
-    ApprovalReview { id: id.clone(), review, issue, decided: Default::default(), page: String::new() }
+    ApprovalReview {
+        id: id.clone(),
+        review,
+        issue,
+        decided: Default::default(),
+        page: String::new(),
+        in_force: Default::default(),
+    }
 }
 
 fn issuer(max_uses: i64, budget: Option<i64>) -> MandateIssuer {
@@ -718,6 +863,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
             repeats: 1,
             policy_version: None,
             intent: None,
+            tag: None,
         }
     };
     let pid = paid[1].id.to_string();
@@ -863,6 +1009,7 @@ contract!(suspension_and_denials, |store, label| async move {
         detail: None,
         repeats,
         policy_version: None,
+        tag: None,
         intent: None,
     };
     let agent = PrincipalRef { issuer: "iss".into(), subject: "agent".into(), user: None };
@@ -1111,6 +1258,7 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
             from: 0,
             to: 100,
             currency: None,
+            principal_user: None,
         })
         .await
         .unwrap();
@@ -1153,6 +1301,7 @@ contract!(rail_records_list_as_payments_filtered_and_paged, |store, label| async
         limit,
         from,
         to,
+        principal_user: None,
     };
     let ids = |rows: Vec<(i64, RailPayment)>| rows.into_iter().map(|(_, r)| r.id).collect::<Vec<_>>();
     let all = store.rail_payments(q(None, None, None, None, 10), "http").await.unwrap();
@@ -1225,9 +1374,56 @@ contract!(a_job_lease_has_one_holder_until_it_ends, |store, label| async move {
     assert_eq!(store.approval_get(&id).await.unwrap().unwrap().status.as_str(), "expired");
 });
 
+contract!(an_appended_record_is_read_back_by_its_seq_with_its_tag_until_and_after_sealing, |store, label| async move {
+    let key = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let record = |at: i64| {
+        let r = AuditRecord {
+            repeats: 1,
+            tag: None,
+            policy_version: None,
+            intent: None,
+            seq: 0,
+            at,
+            correlation_id: format!("corr-{at}"),
+            principal_iss: "iss".into(),
+            principal_sub: "agent".into(),
+            principal_user: None,
+            tool: "get_balance".into(),
+            decision: "denied".into(),
+            code: Some("ACCOUNT_NOT_ALLOWED".into()),
+            idempotency_key: None,
+            payment_id: None,
+            approval_id: None,
+            detail: None,
+        };
+        paygate::domain::audit_chain::tagged(&key, r, [at as u8; 8])
+    };
+    let (a, b) = (record(10), record(11));
+    let sa = store.audit_append(a.clone()).await.unwrap();
+    let sb = store.audit_append_notify(b.clone(), Vec::new()).await.unwrap();
+    assert!(sb > sa, "{label}: each append answers its own seq");
+    let mut read = store.audit_witness_read(&[sa, sb, sb + 1000]).await.unwrap();
+    read.sort();
+    assert_eq!(read, vec![(sa, a.tag.clone(), false), (sb, b.tag.clone(), false)], "{label}");
+    for _ in 0..500 {
+        store.audit_seal(&key, 100).await.unwrap();
+        if store.audit_unsealed().await.unwrap().count == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut read = store.audit_witness_read(&[sa, sb]).await.unwrap();
+    read.sort();
+    assert_eq!(read, vec![(sa, a.tag.clone(), true), (sb, b.tag.clone(), true)], "{label}: sealed");
+    let listed = store.audit_list(None, 10).await.unwrap();
+    assert!(listed.iter().all(|r| paygate::domain::audit_chain::tag_fault(&key, r, true).is_none()), "{label}");
+    assert!(store.audit_witness_read(&[]).await.unwrap().is_empty());
+});
+
 contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store, label| async move {
     let record = |at: i64, detail: &str| AuditRecord {
         repeats: 1,
+        tag: None,
         policy_version: None,
         intent: None,
         seq: 0,
@@ -1262,10 +1458,17 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
         &paygate::secret::Secret::new("k".repeat(32)),
     )
     .unwrap();
+    let link_key = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let keys = paygate::audit_chain::Sealer {
+        links: &link_key,
+        signer: &keys,
+        notice: paygate::domain::webhook::Notice::default(),
+        keep_every_secs: 0,
+    };
     // Sealed first (on PostgreSQL a record is sealed once every older transaction has ended).
     for _ in 0..500 {
-        store.audit_seal(100).await.unwrap();
-        if store.audit_unsealed().await.unwrap() == 0 {
+        store.audit_seal(&link_key, 100).await.unwrap();
+        if store.audit_unsealed().await.unwrap().count == 0 {
             break;
         }
         // Another test's transaction on the cluster is still open: sealing waits for it to end.
@@ -1275,10 +1478,11 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
     assert_eq!(store.audit_list(None, 100).await.unwrap().len(), 5, "{label}: nothing deleted");
 
     let done = paygate::audit_archive::archive(&*store, &keys, &settings, 113).await.unwrap();
-    // The range is deleted once all of it is written, and it ends at a signed checkpoint.
+    // The range is deleted once all of it is written, and it ends at a signed retention marker.
     assert_eq!(done.iter().map(|b| (b.records, b.deleted)).collect::<Vec<_>>(), vec![(2, 0), (1, 3)], "{label}");
-    let checkpoint = store.audit_checkpoint_latest().await.unwrap().expect("a checkpoint ends the range");
+    let checkpoint = store.audit_checkpoints(2, 1).await.unwrap().pop().expect("a checkpoint ends the range");
     assert_eq!(checkpoint.chain_seq, 3, "{label}");
+    assert!(keys.signer.verify_checkpoint(&checkpoint.jws).unwrap().retention, "{label}: a retention marker");
     let chained = paygate::audit_chain::read_chained(&done[1].file).unwrap();
     assert_eq!((chained[0].chain_seq, chained[0].hash.as_str()), (3, checkpoint.hash.as_str()), "{label}");
     let mut archived = Vec::new();
@@ -1552,7 +1756,8 @@ contract!(payee_state_reads_the_row_and_the_days_usage, |store, label| async mov
         revoked_by: None,
     };
     assert!(store.payee_add(known.clone(), vec![]).await.unwrap(), "{label}");
-    let cap = PayeeCap { owner: "agent".into(), payee: "acct-B".into(), since: 0, max_minor: 10_000 };
+    let cap =
+        PayeeCap { owner: "agent".into(), payee: "acct-B".into(), since: 0, max_minor: Some(10_000), cooling: None };
     let guards = Guards { budget: None, mandate: None, payee: Some(cap) };
     store.ledger_transfer(claimed("capped", "fp", 250, guards), 10).await.unwrap();
     let (rec, paid) = store.payee_state("agent", "acct-B", today).await.unwrap();
@@ -1561,3 +1766,184 @@ contract!(payee_state_reads_the_row_and_the_days_usage, |store, label| async mov
     let usd = Currency::parse("USD").unwrap();
     assert_eq!(store.payee_state("agent", "acct-B", Some((0, usd))).await.unwrap().1, 0, "{label}: another currency");
 });
+
+// Issue 52 item 7: a settled payment teaches its payee only while its mandate is not revoked, and
+// revoking the mandate forgets the payee it taught — in the same transaction, on both engines.
+contract!(a_payee_is_learned_only_under_a_live_mandate_and_forgotten_with_it, |store, label| async move {
+    use paygate::domain::payee::PayeeRecord;
+    let rec = |approval: &ApprovalId| PayeeRecord {
+        owner: "agent".into(),
+        payee: "acct-B".into(),
+        known_since: 7,
+        added_by: "ops alice".into(),
+        approval_id: Some(approval.to_string()),
+        revoked_at: None,
+        revoked_by: None,
+    };
+    // A mandate revoked before its payment settled teaches nothing.
+    let revoked = ApprovalId::generate();
+    store.approval_insert(approval(&revoked, MandateKind::Closed, 1, 1_000)).await.unwrap();
+    let a = store.approval_review(reviewed(&revoked, "alice", "approve", 1, issuer(1, None))).await.unwrap();
+    assert!(store.mandate_revoke(&revoked, "bob", 2).await.unwrap().is_some(), "{label}");
+    let m = a.mandate_id.unwrap();
+    assert!(!store.payee_learn(rec(&revoked), &m, vec![]).await.unwrap(), "{label}: a revoked mandate taught");
+    assert!(!store.payee_learn(rec(&revoked), "mdt_nosuchmandate", vec![]).await.unwrap(), "{label}: no mandate");
+    assert_eq!(store.payee_state("agent", "acct-B", None).await.unwrap(), (None, 0), "{label}");
+    // A live one teaches; revoking it afterwards forgets the payee (and no other owner's).
+    let live = ApprovalId::generate();
+    store.approval_insert(approval(&live, MandateKind::Closed, 1, 1_000)).await.unwrap();
+    let a = store.approval_review(reviewed(&live, "alice", "approve", 3, issuer(1, None))).await.unwrap();
+    assert!(store.payee_learn(rec(&live), &a.mandate_id.unwrap(), vec![]).await.unwrap(), "{label}");
+    let other = PayeeRecord { owner: "another".into(), approval_id: None, ..rec(&live) };
+    assert!(store.payee_add(other, vec![]).await.unwrap(), "{label}");
+    let (row, _) = store.payee_state("agent", "acct-B", None).await.unwrap();
+    assert_eq!(row.and_then(|r| r.known_since()), Some(7), "{label}");
+    assert!(store.mandate_revoke(&live, "bob", 9).await.unwrap().is_some(), "{label}");
+    let (row, _) = store.payee_state("agent", "acct-B", None).await.unwrap();
+    let row = row.unwrap();
+    assert_eq!((row.revoked_at, row.revoked_by.as_deref()), (Some(9), Some("bob")), "{label}: forgotten");
+    let (other, _) = store.payee_state("another", "acct-B", None).await.unwrap();
+    assert_eq!(other.and_then(|r| r.known_since()), Some(7), "{label}: an operator's entry stays");
+});
+
+// Issue 52 item 12: the cooling-off total is drawn where the payment commits, kept per the time
+// the payee became known, and read back by `payee_cooling_paid`, on both engines.
+contract!(the_cooling_off_total_is_drawn_where_the_payment_commits, |store, label| async move {
+    use paygate::domain::payee::{CoolingCap, PayeeCap};
+    with_accounts(&store, 10_000).await;
+    let cap = PayeeCap {
+        owner: "agent".into(),
+        payee: "acct-B".into(),
+        since: 0,
+        max_minor: None,
+        cooling: Some(CoolingCap { known_since: 5, max_minor: 250 }),
+    };
+    let guards = || Guards { budget: None, mandate: None, payee: Some(cap.clone()) };
+    store.ledger_transfer(claimed("c1", "fp", 200, guards()), 10).await.unwrap();
+    let over = store.ledger_transfer(claimed("c2", "fp", 51, guards()), 11).await;
+    assert!(matches!(over, Err(BackendError::BudgetExceeded(_))), "{label}: {over:?}");
+    store.ledger_transfer(claimed("c3", "fp", 50, guards()), 12).await.unwrap();
+    assert_eq!(store.payee_cooling_paid("agent", "acct-B", 5, kes()).await.unwrap(), 250, "{label}");
+    // Known again later: a new period, nothing paid in it yet.
+    assert_eq!(store.payee_cooling_paid("agent", "acct-B", 6, kes()).await.unwrap(), 0, "{label}");
+    assert_eq!(balance(&store, "acct-B").await, 250, "{label}");
+});
+
+// Issue 52 item 7, raced: a settled payment's learning and its mandate's revoke at the same time.
+// Whichever commits first, the payee ends unknown (the learning sees the revoke, or the revoke
+// forgets what was learned) — on both engines.
+contract!(a_revoke_racing_a_learning_always_leaves_the_payee_unknown, |store, label| async move {
+    use paygate::domain::payee::PayeeRecord;
+    for n in 0..20 {
+        let id = ApprovalId::generate();
+        store.approval_insert(approval(&id, MandateKind::Closed, 1, 1_000)).await.unwrap();
+        let a = store.approval_review(reviewed(&id, "alice", "approve", 1, issuer(1, None))).await.unwrap();
+        let payee = format!("acct-race-{n}");
+        let rec = PayeeRecord {
+            owner: "agent".into(),
+            payee: payee.clone(),
+            known_since: 7,
+            added_by: "ops alice".into(),
+            approval_id: Some(id.to_string()),
+            revoked_at: None,
+            revoked_by: None,
+        };
+        let mandate = a.mandate_id.unwrap();
+        let (s1, s2, id2) = (store.clone(), store.clone(), id.clone());
+        let learn = tokio::spawn(async move { s1.payee_learn(rec, &mandate, vec![]).await.unwrap() });
+        let revoke = tokio::spawn(async move { s2.mandate_revoke(&id2, "bob", 8).await.unwrap() });
+        let (_, revoked) = (learn.await.unwrap(), revoke.await.unwrap());
+        assert!(revoked.is_some(), "{label}");
+        let (row, _) = store.payee_state("agent", &payee, None).await.unwrap();
+        assert_eq!(row.and_then(|r| r.known_since()), None, "{label}: round {n} left the payee known");
+    }
+});
+
+// A posting's "allowed" record is stored as the gateway tagged it, naming the payment its attempt
+// drew an id for — also when the key already posted and the ledger replays the earlier payment
+// (that payment keeps its own record): the store never rewrites a tagged record's payment id.
+contract!(a_postings_record_is_stored_as_tagged_replay_included, |store, label| async move {
+    with_accounts(&store, 10_000).await;
+    let key = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let attempt = |nonce: u8| {
+        let mut req = transfer("k-tagged", 100, Guards::default());
+        req.payment_id = req.attempt.payment_id.clone();
+        let r = AuditRecord {
+            repeats: 1,
+            tag: None,
+            policy_version: None,
+            intent: None,
+            seq: 0,
+            at: 10,
+            correlation_id: format!("corr-{nonce}"),
+            principal_iss: "iss".into(),
+            principal_sub: "agent".into(),
+            principal_user: None,
+            tool: "create_payment".into(),
+            decision: "allowed".into(),
+            code: None,
+            idempotency_key: Some("k-tagged".into()),
+            payment_id: Some(req.payment_id.to_string()),
+            approval_id: None,
+            detail: None,
+        };
+        req.attempt.audit = Some(paygate::domain::audit_chain::tagged(&key, r, [nonce; 8]));
+        req
+    };
+    let (first, second) = (attempt(1), attempt(2));
+    let (drew_first, drew_second) = (first.payment_id.to_string(), second.payment_id.to_string());
+    let paid = store.ledger_transfer(first, 10).await.unwrap();
+    let again = store.ledger_transfer(second, 11).await.unwrap();
+    assert_eq!((paid.id.as_str(), again.id.as_str()), (drew_first.as_str(), drew_first.as_str()), "{label}: replayed");
+    let mut records = store.audit_list(None, 10).await.unwrap();
+    records.reverse();
+    let named: Vec<Option<&str>> = records.iter().map(|r| r.payment_id.as_deref()).collect();
+    assert_eq!(named, [Some(drew_first.as_str()), Some(drew_second.as_str())], "{label}");
+    for r in &records {
+        assert_eq!(paygate::domain::audit_chain::tag_fault(&key, r, true), None, "{label}: {r:?}");
+    }
+    assert_eq!(balance(&store, "acct-B").await, 100, "{label}: paid once");
+});
+
+/// The seventh hostile review: a refunded payment's `refunded_minor` set back to 0 by a database
+/// writer let a second refund of the same money through. A refund's posting sums the refunds the
+/// original already has from their own rows: the second refund is refused and nothing moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refunded_column_reset_in_the_database_never_refunds_twice() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("paygate.sqlite3");
+        let (store, schema, label): (Arc<dyn Store>, Option<Schema>, &str) = match &engine {
+            Engine::Sqlite => (Arc::new(SqliteStore::open(&path).unwrap()), None, "sqlite"),
+            Engine::Postgres(_) => open(&engine).await,
+        };
+        with_accounts(&store, 10_000).await;
+        let p = store.ledger_transfer(transfer("pay", 10_000, Guards::default()), 0).await.unwrap();
+        let refund = |key: &str| RefundRequest {
+            attempt: Attempt::reserved(key),
+            refund_id: PaymentId::generate(),
+            payment_id: p.id.clone(),
+            amount_minor: None,
+            reason: None,
+            principal_sub: "agent".into(),
+            principal_user: None,
+            guards: Guards::default(),
+            autonomous_cap_minor: None,
+        };
+        assert_eq!(store.ledger_refund(refund("r1"), 1).await.unwrap().amount_minor, 10_000, "{label}");
+        let reset = format!("UPDATE payments SET refunded_minor = 0 WHERE id = '{}'", p.id);
+        match &schema {
+            None => rusqlite::Connection::open(&path).unwrap().execute_batch(&reset).unwrap(),
+            Some(s) => {
+                let (admin, conn) = tokio_postgres::connect(&s.url, tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(conn);
+                admin.batch_execute(&format!("SET search_path = {}; {reset}", s.name)).await.unwrap();
+            }
+        }
+        assert_eq!(store.ledger_payment(&p.id).await.unwrap().unwrap().refunded_minor, 0, "{label}: reset");
+        let again = store.ledger_refund(refund("r2"), 2).await;
+        assert!(matches!(again, Err(BackendError::NotRefundable(_))), "{label}: {again:?}");
+        assert_eq!(balance(&store, "acct-A").await, 10_000, "{label}: refunded once");
+        assert_eq!(balance(&store, "acct-B").await, 0, "{label}: refunded once");
+    }
+}

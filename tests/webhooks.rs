@@ -172,10 +172,16 @@ mode = "known"
     let app = spawn_with_toml(dir.path(), &toml, &overrides, Arc::new(SystemClock)).await;
     let c = connect(&app.url, &app.token("dev-agent", "payments:read payments:create"), Era::Modern).await;
 
-    // A first payment to a new payee: approval.requested; approving it: approval.decided and payee.added.
+    // A first payment to a new payee: approval.requested; approving it: approval.decided; the
+    // approved payment settling: payee.added.
     let r = call(&c, "create_payment", over_limit(0)).await;
     let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
     assert_eq!(approve(&app, &approval, "alice").await.0, 200);
+    let fetched = call(&c, "get_approval", json!({"approval_id": approval})).await;
+    let mut paid = over_limit(0);
+    paid["mandate"] = ok(&fetched)["mandate"].clone();
+    let r = call(&c, "create_payment", paid).await;
+    assert_eq!(ok(&r)["status"], "succeeded", "{r:?}");
     // An operator suspends the agent: principal.suspended.
     let admin = app.operator_token("bob", "payments:admin payments:audit");
     let (status, _) =
@@ -190,7 +196,14 @@ mode = "known"
     )
     .unwrap();
 
-    let want = ["approval.requested", "approval.decided", "payee.added", "principal.suspended", "integrity.failed"];
+    let want = [
+        "approval.requested",
+        "approval.decided",
+        "payee.added",
+        "principal.suspended",
+        "integrity.failed",
+        "audit.checkpoint",
+    ];
     let got =
         until(&rx.log, "every kind of event", |g| want.iter().all(|w| g.iter().any(|l| l["type"] == json!(w)))).await;
     assert!(got.iter().all(|l| l["verified"] == json!(true)), "{got:?}");
@@ -204,7 +217,13 @@ mode = "known"
     );
     assert_eq!(of("principal.suspended")["subject"], "dev-agent");
     assert!(of("integrity.failed")["problems"].as_array().is_some_and(|p| !p.is_empty()));
-    assert!(!got.iter().any(|l| l.to_string().contains("eyJ")), "no token or mandate rides in a webhook");
+    // A signed audit checkpoint (a JWS of position and hash, for a witness) is the one JWS sent.
+    let checkpoint = of("audit.checkpoint");
+    assert!(
+        checkpoint["jws"].as_str().is_some_and(|j| j.starts_with("eyJ")) && checkpoint["chain_seq"].as_i64() > Some(0)
+    );
+    let others = got.iter().filter(|l| l["type"] != json!("audit.checkpoint"));
+    assert!(!others.clone().any(|l| l.to_string().contains("eyJ")), "no token or mandate rides in a webhook");
 
     // Operators see each message and its attempts.
     let auditor = app.operator_token("carol", "payments:audit");

@@ -498,6 +498,8 @@ mod tests {
             serde_json::json!({"act": {"sub": ""}}),
             serde_json::json!({"act": {"sub": "bo\nt"}}),
             serde_json::json!({"sub": "ali\u{1}ce"}),
+            serde_json::json!({"sub": "alice\u{a0}"}),
+            serde_json::json!({"act": {"sub": " bot"}}),
             serde_json::json!({"sub": "a".repeat(SUBJECT_BYTES_MAX + 1)}),
         ] {
             assert!(v.verify(&with(bad.clone()), Audience::Agent).await.is_err(), "{bad}");
@@ -652,6 +654,106 @@ mod tests {
         clock.advance(61);
         assert!(v.verify(&token, Audience::Agent).await.is_err(), "the provider removed k1");
         assert_ne!(v.generation(), first, "a rotation starts a new generation");
+    }
+
+    /// What the test identity provider answers for its JWKS.
+    #[derive(Clone)]
+    enum Answer {
+        Set(serde_json::Value),
+        /// Never answers (an IdP that hangs).
+        Hang,
+        /// This body, as is.
+        Raw(String),
+    }
+
+    async fn idp_server(answer: Arc<std::sync::Mutex<Answer>>) -> String {
+        let app = axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                let answer = answer.lock().unwrap().clone();
+                async move {
+                    match answer {
+                        Answer::Set(v) => v.to_string(),
+                        Answer::Hang => std::future::pending().await,
+                        Answer::Raw(body) => body,
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    fn idp_verifier(clock: &ManualClock, url: String, stale_max: u64) -> Verifier {
+        crate::install_crypto_provider();
+        let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30)).build().unwrap();
+        let jwks = JwksCache::new(
+            url,
+            http,
+            std::time::Duration::from_secs(60),
+            std::time::Duration::ZERO,
+            Arc::new(clock.clone()),
+        )
+        .with_stale_max(std::time::Duration::from_secs(stale_max));
+        Verifier::new("http://gw/mcp".into(), "http://gw/operator".into(), 30, Arc::new(clock.clone()))
+            .with_idp("https://idp".into(), vec![], Some(jwks))
+            .with_cache(10)
+    }
+
+    /// Issue 53: once the key set was older than jwks_cache_secs, every request refetched it inline
+    /// behind one lock, so an identity provider that hangs stalled every call (3–6 s each), cached
+    /// tokens included. A usable set now answers at once and is refreshed in the background.
+    #[tokio::test]
+    async fn no_token_waits_on_a_hanging_identity_provider_while_a_usable_key_set_exists() {
+        let clock = ManualClock::new(1_000_000);
+        let (jwk, sign) = idp_key(1, "k1");
+        let answer = Arc::new(std::sync::Mutex::new(Answer::Set(serde_json::json!({"keys": [jwk]}))));
+        let v = idp_verifier(&clock, idp_server(answer.clone()).await, 3600);
+        let cached = sign("agent");
+        assert_eq!(v.verify(&cached, Audience::Agent).await.unwrap().subject, "agent");
+        *answer.lock().unwrap() = Answer::Hang;
+        for step in [50, 11, 400] {
+            clock.advance(step);
+            for token in [cached.clone(), sign(&format!("fresh-{step}"))] {
+                let answered =
+                    tokio::time::timeout(std::time::Duration::from_secs(2), v.verify(&token, Audience::Agent))
+                        .await
+                        .expect("answered without waiting on the identity provider");
+                assert!(answered.is_ok(), "{step}: {answered:?}");
+            }
+        }
+    }
+
+    /// Keys published for encryption (`use: "enc"`, or `key_ops` without "verify") never verify a
+    /// signature; two keys under one kid that both fit the token's algorithm are ambiguous (never
+    /// resolved by order); an answer over JWKS_BYTES_MAX is refused and the last good set stays.
+    #[tokio::test]
+    async fn only_signature_keys_verify_ambiguous_kids_never_and_a_huge_answer_is_refused() {
+        let clock = ManualClock::new(1_000_000);
+        let (good, sign_good) = idp_key(1, "good");
+        let (mut enc, sign_enc) = idp_key(2, "enc");
+        enc["use"] = serde_json::json!("enc");
+        let (mut ops, sign_ops) = idp_key(3, "ops");
+        ops.as_object_mut().unwrap().remove("use");
+        ops["key_ops"] = serde_json::json!(["encrypt"]);
+        let (dup_a, sign_dup) = idp_key(4, "dup");
+        let (dup_b, _) = idp_key(5, "dup");
+        let set = serde_json::json!({"keys": [good, enc, ops, dup_a, dup_b]});
+        let answer = Arc::new(std::sync::Mutex::new(Answer::Set(set)));
+        let v = idp_verifier(&clock, idp_server(answer.clone()).await, 3600);
+        assert!(v.verify(&sign_good("a"), Audience::Agent).await.is_ok());
+        for (what, token) in [("use enc", sign_enc("a")), ("key_ops", sign_ops("a")), ("ambiguous kid", sign_dup("a"))]
+        {
+            assert!(v.verify(&token, Audience::Agent).await.is_err(), "{what}");
+        }
+        let (newer, sign_newer) = idp_key(6, "newer");
+        let padding = "x".repeat(super::super::jwks::JWKS_BYTES_MAX);
+        *answer.lock().unwrap() = Answer::Raw(serde_json::json!({"keys": [newer], "padding": padding}).to_string());
+        clock.advance(61);
+        assert!(v.verify(&sign_newer("a"), Audience::Agent).await.is_err(), "the oversized set was not taken");
+        assert!(v.verify(&sign_good("b"), Audience::Agent).await.is_ok(), "the last good set stays");
     }
 
     #[test]

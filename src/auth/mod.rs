@@ -77,6 +77,14 @@ impl AgentPrincipal {
         crate::domain::principal::usage_subject(&self.subject, self.user.as_deref())
     }
 
+    /// Whether this principal may see (and so refund) `payment`: it touches one of the profile's
+    /// accounts, and it was made for the person this agent acts for (`rules::authority::sees`).
+    /// What it may not see does not exist for it (NOT_FOUND).
+    pub fn sees(&self, payment: &crate::domain::payment::Payment) -> bool {
+        payment.touches_any(&self.profile.allowed_accounts)
+            && crate::domain::rules::authority::sees(self.user.as_deref(), payment.principal_user.as_deref())
+    }
+
     /// How the principal is named to people: `agent`, or `agent for user`.
     pub fn display(&self) -> String {
         match &self.user {

@@ -350,6 +350,19 @@ impl HttpLedger {
             };
         if status == StatusCode::OK || status == StatusCode::CREATED {
             return match serde_json::from_slice::<Payment>(&body) {
+                // A 2xx means applied (docs/ledger-api.yaml): a payment in any other state
+                // contradicts the answer's own status code, so nobody knows what happened.
+                Ok(p) if p.status != crate::domain::payment::PaymentStatus::Succeeded => {
+                    tracing::error!(ledger.op = op, payment.id = %p.id, payment.status = p.status.as_str(),
+                        "ledger service answered a 2xx with a payment not succeeded");
+                    Err(unknown(
+                        op,
+                        format!(
+                            "{status} with a payment in state {}: the answer contradicts itself",
+                            p.status.as_str()
+                        ),
+                    ))
+                }
                 Ok(p) if matches(&p) => Ok(p),
                 Ok(p) => {
                     tracing::error!(ledger.op = op, payment.id = %p.id, "ledger service answered a payment that does not match the request");
@@ -616,6 +629,8 @@ impl PaymentBackend for HttpLedger {
         if let Some(to) = query.to {
             q.push(("to", to.to_string()));
         }
+        // `query.principal_user` is not sent: a service built on the contract before the filter
+        // would refuse the parameter. The gateway filters what it shows itself (`reads.rs`).
         q.push(("limit", query.limit.to_string()));
         let url = self.url(&["v1", "payments"], &q)?;
         let page: Option<WirePage<Payment>> = self.get_json("list_payments", url, None).await?;

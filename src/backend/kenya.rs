@@ -73,8 +73,8 @@ pub fn customer_text(value: &str, chars_max: usize) -> Result<String, String> {
     if v.is_empty() || v.chars().count() > chars_max {
         return Err(format!("must be 1-{chars_max} characters"));
     }
-    if v.chars().any(|c| c.is_control()) {
-        return Err("must not contain control characters".into());
+    if let Some(why) = crate::domain::text::refusal(v) {
+        return Err(why);
     }
     Ok(v.to_string())
 }

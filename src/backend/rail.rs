@@ -408,6 +408,11 @@ pub trait CollectionRail: Send + Sync + 'static {
     fn offers(&self, flow: RailFlow) -> bool {
         flow == RailFlow::Collection
     }
+    /// This rail's circuit breakers: (endpoint, "closed" | "open" | "half_open"), for the health
+    /// page and metrics (an open one refuses that endpoint's requests unsent).
+    fn circuits(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
     /// Parse the agent's arguments against this rail's rules, first refusal first.
     fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal>;
     /// Open the gateway's record and send the request, at most once per idempotency key.

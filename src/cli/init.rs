@@ -93,7 +93,18 @@ fn render(opts: &InitOptions) -> (String, String) {
             // The callback secret is real: the simulator's callbacks pass the same checks Daraja's do.
             let secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
             let airtel_secret = format!("demo-{}", uuid::Uuid::new_v4().simple());
+            // The simulators' credentials, random per config (a demo config copied from another
+            // machine's README would otherwise open this one's simulator to whoever read it).
+            let random = |label: &str| toml_str(&format!("demo-{label}-{}", uuid::Uuid::new_v4().simple()));
+            let pin = uuid::Uuid::new_v4().as_u128() % 10_000;
             let text = DEMO_TEMPLATE
+                .replace("{consumer_key}", &random("key"))
+                .replace("{consumer_secret}", &random("secret"))
+                .replace("{passkey}", &random("passkey"))
+                .replace("{security_credential}", &random("credential"))
+                .replace("{airtel_client_id}", &random("airtel-client"))
+                .replace("{airtel_client_secret}", &random("airtel-secret"))
+                .replace("{disbursement_pin}", &toml_str(&format!("{pin:04}")))
                 .replace("{bind}", &toml_str(DEV_BIND))
                 .replace("{public_url_line}", &public_line)
                 .replace("{callback_secret}", &toml_str(&secret))
@@ -189,13 +200,14 @@ demo = true
 enabled = true
 # Daraja served by this gateway at <public_url>/simulator/mpesa. Never "production" here.
 environment = "simulator"
-# The simulator checks these exactly as Daraja checks real ones.
-consumer_key = "demo-consumer-key"
-consumer_secret = "demo-consumer-secret"
+# The simulator checks these exactly as Daraja checks real ones. Random for each config `init`
+# writes: anyone who can reach the port and knows them could put requests to the simulator.
+consumer_key = {consumer_key}
+consumer_secret = {consumer_secret}
 short_code = "174379"
-passkey = "demo-passkey"
+passkey = {passkey}
 initiator_name = "demo-initiator"
-security_credential = "demo-security-credential"
+security_credential = {security_credential}
 # Callbacks come back to this gateway's own callback routes, under this secret.
 callback_secret = {callback_secret}
 # A lost answer shows quickly.
@@ -206,9 +218,9 @@ enabled = true
 # Airtel's API served by this gateway at <public_url>/simulator/airtel. Never "production" here.
 environment = "simulator"
 # The simulator checks these (and the disbursement PIN, sealed with its own key) as Airtel would.
-client_id = "demo-airtel-client"
-client_secret = "demo-airtel-secret"
-disbursement_pin = "1234"
+client_id = {airtel_client_id}
+client_secret = {airtel_client_secret}
+disbursement_pin = {disbursement_pin}
 callback_secret = {airtel_callback_secret}
 request_timeout_ms = 2000
 # Airtel posts no payout callback: the enquiry finds a payout's outcome; ask soon in a demo.

@@ -4,6 +4,7 @@
 
 pub mod doctor;
 pub mod init;
+mod passkeys;
 mod policy;
 mod stdio;
 
@@ -134,6 +135,26 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Passkeys of the people who decide approvals.
+    Passkeys {
+        #[command(subcommand)]
+        command: PasskeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PasskeysCommand {
+    /// Issue an enrolment code for --owner (printed once): what registers their first passkey
+    /// (or a later one without an existing passkey). Single use, valid for
+    /// passkeys.enrolment_code_ttl_secs, stored only as a hash, audited. Hand it over out of band.
+    EnrolCode {
+        /// The person's subject, as their operator tokens carry it.
+        #[arg(long)]
+        owner: String,
+        /// The issuer of their tokens (default: auth.issuer, or the dev key's).
+        #[arg(long)]
+        issuer: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -143,11 +164,12 @@ enum PolicyCommand {
         #[arg(long)]
         version: Option<i64>,
     },
-    /// Propose FILE's [policy] and [tools] as the next version, as the operator --author: applied
-    /// at once when it only narrows; otherwise a proposal a second operator approves.
+    /// Propose FILE's [policy] and [tools] as the next version, by "cli" (whoever runs this is
+    /// nobody the gateway authenticated): applied at once when it only narrows; otherwise a
+    /// proposal that the first operator to approve adopts and a second, distinct one approves.
     Import {
         file: PathBuf,
-        /// Who makes the change (an operator subject; they cannot approve it themselves).
+        /// Who says they make the change: recorded in the reason as a claim, never as the author.
         #[arg(long)]
         author: String,
         /// Why (recorded with the version).
@@ -180,6 +202,11 @@ enum AuditCommand {
         /// export-keys` before the mandate secret or key id changed). May be given more than once.
         #[arg(long = "keys")]
         keys: Vec<String>,
+        /// A head kept outside the database: `POSITION:HASH`, or a file holding a signed
+        /// checkpoint (the `audit.checkpoint` webhook event a witness kept, or its `data`). The
+        /// position must be on the chain with that hash; missing or different is a rollback.
+        #[arg(long)]
+        expect: Option<String>,
     },
 }
 
@@ -244,8 +271,8 @@ pub fn run() -> ExitCode {
         Command::Mandate { command: MandateCommand::ExportKeys { since } } => {
             with_config(file, |c| export_keys(c, &since))
         }
-        Command::Audit { command: AuditCommand::Verify { archive_dir, keys } } => {
-            with_config(file, |c| verify_audit(c, archive_dir, &keys))
+        Command::Audit { command: AuditCommand::Verify { archive_dir, keys, expect } } => {
+            with_config(file, |c| verify_audit(c, archive_dir, &keys, expect))
         }
         Command::Policy { command: PolicyCommand::Export { version } } => {
             with_config(file, |c| policy::export(c, version))
@@ -255,6 +282,9 @@ pub fn run() -> ExitCode {
         }
         Command::Policy { command: PolicyCommand::Simulate { file: doc, since, until } } => {
             with_config(file, |c| policy::simulate(c, &doc, since.as_deref(), until.as_deref()))
+        }
+        Command::Passkeys { command: PasskeysCommand::EnrolCode { owner, issuer } } => {
+            with_config(file, |c| passkeys::enrol_code(c, &owner, issuer.as_deref()))
         }
     }
 }
@@ -428,7 +458,12 @@ fn check_ledger(config: Config, full: bool) -> ExitCode {
     })
 }
 
-fn verify_audit(config: Config, archive_dir: Option<std::path::PathBuf>, keys: &[String]) -> ExitCode {
+fn verify_audit(
+    config: Config,
+    archive_dir: Option<std::path::PathBuf>,
+    keys: &[String],
+    expect: Option<String>,
+) -> ExitCode {
     init_tracing();
     let mut retired = Vec::new();
     for source in keys {
@@ -440,8 +475,20 @@ fn verify_audit(config: Config, archive_dir: Option<std::path::PathBuf>, keys: &
             }
         }
     }
-    one_shot(config, |g| async move {
-        match g.verify_audit_with(archive_dir.as_deref(), &retired).await {
+    one_shot_with(config, false, |g| async move {
+        // `--expect`: POSITION:HASH, or a file holding a signed checkpoint (its signature checked).
+        let expect = expect.map(|e| match std::path::Path::new(&e).is_file() {
+            true => std::fs::read_to_string(&e).map_err(|err| format!("{e}: {err}")),
+            false => Ok(e),
+        });
+        let expect = match expect.map(|e| e.and_then(|spec| g.expected_audit_head(&spec, &retired))).transpose() {
+            Ok(e) => e,
+            Err(e) => {
+                crate::logging::fatal(&format!("--expect: {e}"));
+                return could_not_run();
+            }
+        };
+        match g.verify_audit_with(archive_dir.as_deref(), &retired, expect).await {
             Ok(verdict) => {
                 println!("{}", serde_json::to_string_pretty(&verdict).unwrap_or_default());
                 if let Some(b) = &verdict.first_break {
@@ -467,7 +514,18 @@ fn could_not_run() -> ExitCode {
 
 /// A one-shot command (`reconcile`, `check-ledger`): the gateway's own assembly (store, backend,
 /// rails) on a private port with no scheduler, `run` against it, then a clean shutdown.
-fn one_shot<F, Fut>(mut config: Config, run: F) -> ExitCode
+fn one_shot<F, Fut>(config: Config, run: F) -> ExitCode
+where
+    F: FnOnce(std::sync::Arc<crate::gateway::Gateway>) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
+    one_shot_with(config, true, run)
+}
+
+/// [`one_shot`]; `seal`: seal and sign what the command audited before it exits (it runs no
+/// scheduler, and a record left unsealed is editable until a server seals it). `audit verify`
+/// does not: it only reads.
+fn one_shot_with<F, Fut>(mut config: Config, seal: bool, run: F) -> ExitCode
 where
     F: FnOnce(std::sync::Arc<crate::gateway::Gateway>) -> Fut,
     Fut: std::future::Future<Output = ExitCode>,
@@ -484,6 +542,9 @@ where
             }
         };
         let code = run(running.gateway.clone()).await;
+        if seal {
+            running.gateway.seal_audit_at_stop().await;
+        }
         running.shutdown().await;
         code
     })
@@ -698,7 +759,12 @@ async fn serve_on(config: Config) -> ExitCode {
             tracing::info!("shutting down");
             stop.cancel();
         });
-        match running.wait().await {
+        let gateway = running.gateway.clone();
+        let served = running.wait().await;
+        // In-flight requests are done and the scheduler stopped: seal what they audited and sign
+        // the head, so nothing is left unsealed (editable) while the gateway is down.
+        gateway.seal_audit_at_stop().await;
+        match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 crate::logging::fatal(&e.to_string());

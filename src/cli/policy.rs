@@ -1,7 +1,8 @@
 //! `paygate policy export | import | simulate`: the policy document as a file. Export prints a
 //! version as the `[policy]` and `[tools]` sections of a config file; import proposes a file's as
-//! a change under the same rules as the operator API (it applies at once only when it narrows, and
-//! otherwise waits for a second operator to approve it in the console or the API); simulate runs
+//! a change by "cli" — whoever runs the command is nobody the gateway authenticated, so `--author`
+//! is recorded as a claim — that applies at once only when it narrows, and otherwise waits for
+//! operators: the first to approve it adopts it, a second, distinct one approves that; simulate runs
 //! the dry run of a file against the audited history. Each runs the gateway's own assembly once.
 
 use std::path::Path;
@@ -9,19 +10,12 @@ use std::process::ExitCode;
 
 use crate::config::Config;
 use crate::config::PolicyDocument;
-use crate::gateway::{Operator, ProposeArgs};
+use crate::gateway::Operator;
 
-/// The operator a command acts as: `author` under the configured issuer (the dev key's when there
-/// is none), so the person is the same one the operator API knows, and cannot approve their own
-/// widening change there either.
-fn operator(config: &Config, author: &str) -> Operator {
-    let issuer = if config.auth.issuer.is_empty() {
-        crate::app::dev_issuer(config, &crate::app::configured_public_url(config))
-    } else {
-        config.auth.issuer.clone()
-    };
-    let scopes = [crate::catalogue::scopes::ADMIN, crate::catalogue::scopes::AUDIT].map(str::to_string).into();
-    Operator { issuer, subject: author.to_string(), scopes, correlation_id: "cli".into() }
+/// The operator `simulate` reads as (it writes nothing; the dry run needs no person).
+fn reader() -> Operator {
+    let scopes = [crate::catalogue::scopes::AUDIT].map(str::to_string).into();
+    Operator { issuer: String::new(), subject: "cli".into(), scopes, correlation_id: "cli".into() }
 }
 
 /// A file holding `[policy]` and `[tools]` (an exported one, or the same sections of a config file).
@@ -65,17 +59,17 @@ pub fn import(config: Config, file: &Path, author: &str, reason: &str) -> ExitCo
         Ok(d) => d,
         Err(e) => return fail(&e),
     };
-    let op = operator(&config, author);
     super::one_shot(config, |g| async move {
-        let args = ProposeArgs { document, reason: Some(reason.to_string()), base_version: None };
-        match g.ops_policy_propose(&op, args).await {
+        // Whoever runs this is nobody the gateway authenticated: `author` is kept as a claim.
+        match g.import_policy(&document, author, reason).await {
             Ok(outcome) => {
                 println!("{}", serde_json::to_string_pretty(&outcome).unwrap_or_default());
                 match outcome.status {
                     "applied" => eprintln!("applied as version {}", outcome.version.unwrap_or_default()),
                     _ => eprintln!(
-                        "it widens policy: proposal {} waits for a second operator (console, or POST \
-                         /operator/v1/policy/proposals/{{id}}/approve)",
+                        "it widens policy: proposal {} waits for operators (console, or POST \
+                         /operator/v1/policy/proposals/{{id}}/approve): an import is nobody's word, so the \
+                         first operator to approve it adopts it and a second, distinct one approves that",
                         outcome.proposal_id.as_deref().unwrap_or("")
                     ),
                 }
@@ -91,7 +85,7 @@ pub fn simulate(config: Config, file: &Path, since: Option<&str>, until: Option<
         Ok(d) => d,
         Err(e) => return fail(&e),
     };
-    let op = operator(&config, "cli");
+    let op = reader();
     super::one_shot(config, |g| async move {
         match g.ops_policy_simulate(&op, &document, since, until).await {
             Ok(report) => {

@@ -76,7 +76,7 @@ async fn serve_on(config: Config, token: Secret) -> ExitCode {
         crate::logging::fatal(&refused.to_string());
         return ExitCode::from(2);
     }
-    let headless = match first.start().await {
+    let mut headless = match first.start().await {
         Ok(h) => h,
         Err(e) => {
             crate::logging::fatal(&e.to_string());
@@ -112,6 +112,8 @@ async fn serve_on(config: Config, token: Secret) -> ExitCode {
         }
     };
     tracing::info!("stdio closed; stopping");
-    headless.shutdown();
+    headless.shutdown().await;
+    // Nothing this process audited is left unsealed (editable) while it is down.
+    headless.gateway.seal_audit_at_stop().await;
     code
 }

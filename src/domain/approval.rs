@@ -153,7 +153,30 @@ impl Approver {
     }
 }
 
+/// What deciding an approval takes under the policy in force now (its principal's profile, the
+/// reviewer and passkey tiers as configured): a pending approval is judged by the stricter of
+/// this and what it was created under (`ApprovalRecord::under`), so narrowing policy during an
+/// incident reaches approvals already waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InForce {
+    /// The user may no longer confirm it alone (their tier no longer covers it): an operator decides.
+    pub operator_only: bool,
+    pub reviewers_required: i64,
+    pub passkey_required: bool,
+}
+
 impl ApprovalRecord {
+    /// This approval as it is decided now: the stricter of its creation terms and `now` — an
+    /// operator instead of the user, more reviewers, a passkey. Never laxer than it was created.
+    pub fn under(mut self, now: &InForce) -> ApprovalRecord {
+        if now.operator_only {
+            self.approver = Approver::Operator;
+        }
+        self.reviewers_required = self.reviewers_required.max(now.reviewers_required);
+        self.passkey_required |= now.passkey_required;
+        self
+    }
+
     /// The status as of `now`: a pending approval past its expiry is expired, whether or not anyone
     /// has touched it since.
     pub fn status_at(&self, now: UnixSecs) -> ApprovalStatus {
@@ -228,6 +251,8 @@ pub struct ApprovalReview {
     /// the approval's page as its `approval_url`.
     pub decided: crate::domain::webhook::Notice,
     pub page: String,
+    /// What deciding it takes under the policy in force (`ApprovalRecord::under`).
+    pub in_force: InForce,
 }
 
 /// Sign the mandate of approval `rec` inside its review transaction: over every review that
@@ -301,13 +326,72 @@ pub struct PasskeyRecord {
     pub origin: String,
 }
 
-/// What registering a passkey did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PasskeyInsert {
-    Inserted,
+/// A registration challenge handed out by `POST /operator/v1/passkeys/options`, as stored: only its
+/// SHA-256 (hex), for one person, until `expires_at`. Deleted by the registration it admits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PasskeyChallenge {
+    pub challenge_sha256: String,
+    pub owner_iss: String,
+    pub owner_sub: String,
+    pub created_at: UnixSecs,
+    pub expires_at: UnixSecs,
+}
+
+/// An enrolment code, as stored: only its SHA-256 (hex), for one person, single-use, expiring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnrolmentCode {
+    pub code_sha256: String,
+    pub owner_iss: String,
+    pub owner_sub: String,
+    /// Who issued it: an operator's subject, or `cli:<user>` for the command line at the box.
+    pub issued_by: String,
+    pub issued_at: UnixSecs,
+    pub expires_at: UnixSecs,
+}
+
+/// What vouches for a new passkey besides the bearer token: an enrolment code issued for this
+/// person, or an assertion by one of their live passkeys over the registration's challenge (its
+/// counter read as `seen` before it was verified, moving to `count`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnrolmentProof {
+    Code { code_sha256: String },
+    Passkey { credential_id: String, seen: i64, count: i64 },
+}
+
+/// One registration, for the store to commit whole or not at all: consume the challenge, consume
+/// the code or move the vouching passkey's counter, insert the credential (within `max` live ones
+/// per person), and write the announcement's outbox messages.
+#[derive(Debug, Clone)]
+pub struct PasskeyEnrolment {
+    pub rec: PasskeyRecord,
+    pub challenge_sha256: String,
+    pub proof: EnrolmentProof,
+    pub max: i64,
+    pub notify: Vec<crate::domain::webhook::OutboxMessage>,
+}
+
+/// What a registration did. Every refusal changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PasskeyEnrolled {
+    /// Registered; with a code, who issued it.
+    Inserted { code_issued_by: Option<String> },
+    /// The challenge is unknown, used, expired or another person's.
+    ChallengeSpent,
+    /// The code is unknown, used, expired or another person's.
+    CodeRefused,
+    /// The vouching passkey is not a live one of this person's, or its counter moved meanwhile.
+    PasskeyStale,
     /// That credential id is registered already (to anyone).
     Duplicate,
     /// The person already has this many live passkeys.
+    TooMany,
+}
+
+/// What storing a registration challenge did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeIssued {
+    Stored,
+    /// The person has this many unexpired challenges already.
     TooMany,
 }
 
@@ -342,9 +426,43 @@ pub(crate) fn sample_record() -> ApprovalRecord {
     }
 }
 
+/// A rejected intent to look for before asking a human again (`approvals.rejected_cooldown_secs`):
+/// the same principal, tool and fingerprint (the arguments without the operation_id), rejected at
+/// or after `since`, under another operation than `key`, while `key`'s own approval is neither
+/// pending nor approved. `created_since` bounds the scan (a decision follows its creation).
+#[derive(Debug, Clone, Copy)]
+pub struct RejectedIntent<'a> {
+    pub issuer: &'a str,
+    pub subject: &'a str,
+    pub user: Option<&'a str>,
+    pub tool: &'a str,
+    pub fingerprint: &'a str,
+    pub key: &'a str,
+    pub since: i64,
+    pub created_since: i64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_approval_is_decided_under_the_stricter_terms_never_laxer() {
+        let mut rec = sample_record();
+        rec.approver = Approver::User;
+        rec.reviewers_required = 2;
+        rec.passkey_required = false;
+        // Stricter now: an operator, three reviewers, a passkey.
+        let strict = InForce { operator_only: true, reviewers_required: 3, passkey_required: true };
+        let now = rec.clone().under(&strict);
+        assert_eq!((now.approver, now.reviewers_required, now.passkey_required), (Approver::Operator, 3, true));
+        // Laxer now: nothing relaxes what it was created under.
+        let lax = InForce { operator_only: false, reviewers_required: 1, passkey_required: false };
+        let now = rec.clone().under(&lax);
+        assert_eq!((now.approver, now.reviewers_required, now.passkey_required), (Approver::User, 2, false));
+        rec.passkey_required = true;
+        assert!(rec.under(&lax).passkey_required, "a passkey asked for at creation stays asked for");
+    }
 
     /// The names the stores, claims and views use: each reads back, nothing else parses.
     #[test]

@@ -47,6 +47,11 @@ pub struct AuditRecord {
     /// what `policy simulate` replays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent: Option<String>,
+    /// The writer's keyed tag over the record's contents (`domain::audit_chain::record_tag`), set
+    /// by the gateway as it writes the record: an edit is named by `audit verify` even before the
+    /// record is sealed. `None` on records written before tags (and by tools outside the gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 fn one() -> i64 {

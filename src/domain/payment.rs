@@ -217,8 +217,12 @@ pub struct Attempt {
     /// A second idempotency record completed with the same outcome (the operation's own key when
     /// `key` is anchored on a closed mandate).
     pub alias_key: Option<String>,
+    /// The id a payment this attempt makes takes, drawn before the call so that the "allowed"
+    /// record naming it is tagged by the gateway (`audit_chain::record_tag`). A replay (the key
+    /// already posted) answers with the earlier payment; its record still names this id.
+    pub payment_id: PaymentId,
     /// The "allowed" audit record, appended with the postings by backends that record in the
-    /// transaction (its payment id is filled in there).
+    /// transaction; it names `payment_id`.
     pub audit: Option<AuditRecord>,
     /// `Some`: the keys are not reserved yet; the posting transaction claims them.
     pub claim: Option<Claim>,
@@ -228,7 +232,7 @@ impl Attempt {
     /// An attempt under one key, already reserved by the caller: nothing claimed or recorded in the
     /// posting's transaction.
     pub fn reserved(key: impl Into<String>) -> Self {
-        Attempt { key: key.into(), alias_key: None, audit: None, claim: None }
+        Attempt { key: key.into(), alias_key: None, payment_id: PaymentId::generate(), audit: None, claim: None }
     }
 }
 
@@ -290,6 +294,10 @@ pub struct PaymentQuery {
     pub from: Option<UnixSecs>,
     /// Only payments created before this instant (exclusive).
     pub to: Option<UnixSecs>,
+    /// Only payments made for this user (an agent acting for someone sees that person's payments
+    /// alone: `rules::authority::sees`); `Some("")`: only payments made for no one (an agent on its
+    /// own token); `None`, no such filter.
+    pub principal_user: Option<String>,
 }
 
 /// One account's ledger entries, newest first, below `before_seq` (a page's cursor).
@@ -326,6 +334,8 @@ pub struct SummaryQuery {
     pub from: UnixSecs,
     pub to: UnixSecs,
     pub currency: Option<Currency>,
+    /// Only payments made for this user (`PaymentQuery::principal_user`).
+    pub principal_user: Option<String>,
 }
 
 #[cfg(test)]

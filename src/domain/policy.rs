@@ -1,7 +1,7 @@
 //! The policy decision: a pure function of (principal's scopes, profile, intent). No I/O, no clock,
 //! so every rule is table-tested.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::catalogue::scopes;
@@ -65,6 +65,17 @@ impl Default for Profiles {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The names profiles match on, gathered from one or more `Profiles` (`Profiles::match_keys`).
+#[derive(Debug, Clone, Default)]
+pub struct MatchKeys {
+    pub issuers: BTreeSet<String>,
+    pub subjects: BTreeSet<String>,
+    pub users: BTreeSet<String>,
+    /// (agent subject, user).
+    pub pairs: BTreeSet<(String, String)>,
+    pub clients: BTreeSet<String>,
 }
 
 /// Who a profile is for: agent subjects, the users agents act for (RFC 8693 delegation), client ids.
@@ -150,24 +161,88 @@ impl Profiles {
         all
     }
 
+    /// Every name some profile here matches on (for comparing two versions' effective authority,
+    /// `domain::policy_authority`): issuers profiles are bound to, subjects, users, (subject, user)
+    /// pairs (their parts counted as subjects and users too), client ids.
+    pub fn match_keys(&self, keys: &mut MatchKeys) {
+        let issuers = |list: &Vec<Arc<Profile>>| list.iter().filter_map(|p| p.issuer.clone()).collect::<Vec<_>>();
+        for (s, list) in &self.by_subject {
+            keys.subjects.insert(s.clone());
+            keys.issuers.extend(issuers(list));
+        }
+        for (u, list) in &self.by_user {
+            keys.users.insert(u.clone());
+            keys.issuers.extend(issuers(list));
+        }
+        for ((s, u), list) in &self.by_pair {
+            keys.pairs.insert((s.clone(), u.clone()));
+            keys.subjects.insert(s.clone());
+            keys.users.insert(u.clone());
+            keys.issuers.extend(issuers(list));
+        }
+        for (c, list) in &self.by_client {
+            keys.clients.insert(c.clone());
+            keys.issuers.extend(issuers(list));
+        }
+    }
+
+    fn pick(list: Option<&Vec<Arc<Profile>>>, issuer: &str) -> Option<Arc<Profile>> {
+        let list = list?;
+        list.iter()
+            .find(|p| p.issuer.as_deref() == Some(issuer))
+            .or_else(|| list.iter().find(|p| p.issuer.is_none()))
+            .cloned()
+    }
+
+    /// The profile naming exactly this (agent, user) pair, for this issuer's tokens.
+    pub fn for_pair(&self, issuer: &str, subject: &str, user: &str) -> Option<Arc<Profile>> {
+        Self::pick(self.by_pair.get(&(subject.to_string(), user.to_string())), issuer)
+    }
+    pub fn for_user(&self, issuer: &str, user: &str) -> Option<Arc<Profile>> {
+        Self::pick(self.by_user.get(user), issuer)
+    }
+    pub fn for_subject(&self, issuer: &str, subject: &str) -> Option<Arc<Profile>> {
+        Self::pick(self.by_subject.get(subject), issuer)
+    }
+    pub fn for_client(&self, issuer: &str, client_id: &str) -> Option<Arc<Profile>> {
+        Self::pick(self.by_client.get(client_id), issuer)
+    }
+    /// Whom no profile names gets this one.
+    pub fn default_profile(&self) -> Arc<Profile> {
+        self.default.clone()
+    }
+
     /// Most specific first: the (agent, user) pair, the user the agent acts for, the agent's
     /// subject, its client id, then the default. A user's profile bounds every agent acting for
     /// them, whatever profile the agent has of its own (policy per person); name both to bound one
     /// agent for one person. A profile bound to an issuer matches only that issuer's tokens, and wins
     /// over an unbound one.
     pub fn resolve(&self, issuer: &str, subject: &str, user: Option<&str>, client_id: Option<&str>) -> Arc<Profile> {
-        let pick = |list: Option<&Vec<Arc<Profile>>>| -> Option<Arc<Profile>> {
-            let list = list?;
-            list.iter()
-                .find(|p| p.issuer.as_deref() == Some(issuer))
-                .or_else(|| list.iter().find(|p| p.issuer.is_none()))
-                .cloned()
-        };
-        user.and_then(|u| pick(self.by_pair.get(&(subject.to_string(), u.to_string()))))
-            .or_else(|| user.and_then(|u| pick(self.by_user.get(u))))
-            .or_else(|| pick(self.by_subject.get(subject)))
-            .or_else(|| client_id.and_then(|c| pick(self.by_client.get(c))))
+        user.and_then(|u| self.for_pair(issuer, subject, u))
+            .or_else(|| user.and_then(|u| self.for_user(issuer, u)))
+            .or_else(|| self.for_subject(issuer, subject))
+            .or_else(|| client_id.and_then(|c| self.for_client(issuer, c)))
             .unwrap_or_else(|| self.default.clone())
+    }
+
+    /// Every profile that could be this principal's when its client id is not known (a stored
+    /// approval keeps no client id): the one profile a pair, user or subject match gives, or else
+    /// every client profile its issuer may match and the default. Whoever judges by these takes
+    /// the strictest, so not knowing the client never makes anything laxer.
+    pub fn candidates(&self, issuer: &str, subject: &str, user: Option<&str>) -> Vec<Arc<Profile>> {
+        let named = self.resolve(issuer, subject, user, None);
+        if !Arc::ptr_eq(&named, &self.default) {
+            return vec![named];
+        }
+        let mut all: Vec<Arc<Profile>> = self
+            .by_client
+            .values()
+            .flatten()
+            .filter(|p| p.issuer.as_deref().is_none_or(|i| i == issuer))
+            .cloned()
+            .collect();
+        all.push(named);
+        all
     }
 }
 
@@ -658,5 +733,39 @@ mod tests {
         assert_eq!(profiles.resolve("iss", "dev-agent", Some("bob"), None).name, "dev");
         assert_eq!(profiles.resolve("iss", "bot", None, None).name, "default", "a pair's profile needs the pair");
         assert_eq!(profiles.resolve("iss", "alice", None, None).name, "default", "a user's profile is not an agent's");
+    }
+
+    #[test]
+    fn candidates_are_the_named_profile_or_else_every_client_profile_and_the_default() {
+        let named = |name: &str, issuer: Option<&str>| Profile {
+            name: name.into(),
+            issuer: issuer.map(str::to_string),
+            ..profile()
+        };
+        let strings = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let (dev, clients, pat) = (strings(&["dev-agent"]), strings(&["billing"]), strings(&["pat"]));
+        let mut profiles = Profiles::new();
+        profiles.add(named("dev", None), Matchers { subjects: &dev, ..Default::default() }, false);
+        profiles.add(named("by-client", None), Matchers { client_ids: &clients, ..Default::default() }, false);
+        profiles.add(
+            named("by-client-elsewhere", Some("https://other")),
+            Matchers { client_ids: &clients, ..Default::default() },
+            false,
+        );
+        profiles.add(named("pat", None), Matchers { users: &pat, ..Default::default() }, false);
+        profiles.add(named("default", None), Matchers::default(), true);
+        let names = |v: Vec<Arc<Profile>>| {
+            let mut n: Vec<String> = v.iter().map(|p| p.name.clone()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(profiles.candidates("iss", "dev-agent", None)), ["dev"]);
+        assert_eq!(names(profiles.candidates("iss", "bot", Some("pat"))), ["pat"]);
+        // Unnamed: the client profiles its issuer may match, and the default.
+        assert_eq!(names(profiles.candidates("iss", "stranger", None)), ["by-client", "default"]);
+        assert_eq!(
+            names(profiles.candidates("https://other", "stranger", None)),
+            ["by-client", "by-client-elsewhere", "default"]
+        );
     }
 }

@@ -108,6 +108,11 @@ pub struct PayeesConfig {
     pub mode: String,
     pub cooling_off_secs: i64,
     pub new_payee_limit: MoneyMap,
+    /// Per currency: what autonomous payments to one payee may total during its cooling-off
+    /// period (drawn where each payment commits). Not written when empty, so a version stored
+    /// before it existed reads and writes back the same.
+    #[serde(skip_serializing_if = "MoneyMap::is_empty")]
+    pub cooling_off_total: MoneyMap,
     pub daily_cap: MoneyMap,
 }
 
@@ -120,6 +125,7 @@ impl Default for PayeesConfig {
             mode: "open".into(),
             cooling_off_secs: 86_400,
             new_payee_limit: MoneyMap::default(),
+            cooling_off_total: MoneyMap::default(),
             daily_cap: MoneyMap::default(),
         }
     }
@@ -132,6 +138,7 @@ impl PayeesConfig {
             mode: super::payee::PayeeMode::parse(&self.mode).unwrap_or_default(),
             cooling_off_secs: self.cooling_off_secs,
             new_payee_limit_minor: self.new_payee_limit.iter().collect(),
+            cooling_off_total_minor: self.cooling_off_total.iter().collect(),
             daily_cap_minor: self.daily_cap.iter().collect(),
         }
     }
@@ -330,6 +337,16 @@ impl PolicyDocument {
                 ));
             }
             range("policy.profiles.payees.cooling_off_secs", p.payees.cooling_off_secs, 0, COOLING_OFF_SECS_MAX)?;
+            // A total under the per-payment limit would make that limit a lie: refused. (No amount
+            // is negative, nor past the money bound: a money map refuses those when it is read.)
+            for (cur, total) in p.payees.cooling_off_total.iter() {
+                if p.payees.new_payee_limit.get(cur).is_some_and(|limit| total < limit) {
+                    return invalid(format!(
+                        "profile {:?}: payees.cooling_off_total for {cur} must be at least its new_payee_limit",
+                        p.name
+                    ));
+                }
+            }
             range("policy.profiles.daily_payments_max", p.daily_payments_max, 1, 1_000_000)?;
             range("policy.profiles.calls_per_minute", p.calls_per_minute, 1, CALLS_PER_MINUTE_MAX)?;
             for (tool, n) in &p.tool_calls_per_minute {
@@ -564,6 +581,13 @@ fn profile_changes(out: &mut Vec<Change>, b: &ProfileConfig, a: &ProfileConfig) 
         &a.payees.new_payee_limit,
         Absent::Unbounded,
     );
+    map_changes(
+        out,
+        &at("payees.cooling_off_total"),
+        &b.payees.cooling_off_total,
+        &a.payees.cooling_off_total,
+        Absent::Unbounded,
+    );
     map_changes(out, &at("payees.daily_cap"), &b.payees.daily_cap, &a.payees.daily_cap, Absent::Unbounded);
 }
 
@@ -612,17 +636,55 @@ pub fn changes(before: &PolicyDocument, after: &PolicyDocument) -> Vec<Change> {
             });
         }
     }
+    // The order of profiles naming the same agent decides which one it gets (the first): named
+    // whenever it moved, whatever else changed. Whose profile it changes, `review` says.
+    let order = |d: &PolicyDocument| d.policy.profiles.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    let (ob, oa) = (order(before), order(after));
+    if ob != oa && ob.len() == oa.len() && ob.iter().collect::<BTreeSet<_>>() == oa.iter().collect::<BTreeSet<_>>() {
+        out.push(Change { path: "policy.profiles.order".into(), before: json!(ob), after: json!(oa), widens: true });
+    }
     if out.is_empty() && before.canonical() != after.canonical() {
-        // The order of profiles naming the same agent decides which one it gets; any other
-        // difference no rule above names: taken as widening (fail closed).
+        // Any other difference no rule above names (listed for people; `review` decides).
         out.push(Change { path: "policy".into(), before: Value::Null, after: Value::Null, widens: true });
     }
     out
 }
 
+/// What a change does, for the people deciding it and for the four-eyes rule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Review {
+    /// It lets some principal do more than before: a second, distinct operator must approve it.
+    /// Decided from `authority` and `governance` only, never from `changes`.
+    pub widens: bool,
+    /// Each difference in the document, named (`widens` there: it may widen; for reading).
+    pub changes: Vec<Change>,
+    /// Each class of principals whose effective profile changes, and how.
+    pub authority: Vec<super::policy_authority::AuthorityChange>,
+    /// Tool governance (the same for everyone).
+    pub governance: Vec<Change>,
+}
+
+impl Review {
+    /// Two documents that cannot be compared (one no longer validates): widening, nothing named.
+    pub fn unknown() -> Review {
+        Review { widens: true, changes: Vec::new(), authority: Vec::new(), governance: Vec::new() }
+    }
+}
+
+/// Compare `after` with `before` by effective authority (`domain::policy_authority`): every
+/// principal's resolved profile, every dimension, and tool governance. `dev_issuer`: the dev key's
+/// issuer while it is on (a `dev_key_only` profile matches only its tokens), as in the live form.
+pub fn review(before: &PolicyDocument, after: &PolicyDocument, dev_issuer: Option<&str>) -> Review {
+    let (b, a) = (before.live(0, dev_issuer), after.live(0, dev_issuer));
+    let authority = super::policy_authority::compare(&b.profiles, &a.profiles);
+    let governance = super::policy_authority::governance(&b, &a);
+    let widens = authority.iter().any(|c| c.widens) || governance.iter().any(|c| c.widens);
+    Review { widens, changes: changes(before, after), authority, governance }
+}
+
 /// Whether applying `after` over `before` needs a second operator.
-pub fn widens(before: &PolicyDocument, after: &PolicyDocument) -> bool {
-    changes(before, after).iter().any(|c| c.widens)
+pub fn widens(before: &PolicyDocument, after: &PolicyDocument, dev_issuer: Option<&str>) -> bool {
+    review(before, after, dev_issuer).widens
 }
 
 /// One stored version of the policy (never changed once written).
@@ -639,6 +701,31 @@ pub struct PolicyVersion {
     pub approver_sub: String,
     pub proposal_id: Option<String>,
     pub created_at: UnixSecs,
+    /// The gateway's tag over every field above (`audit_chain::row_tag` under
+    /// [`VERSION_TAG_DOMAIN`]): a version a database writer inserted or edited has none that holds,
+    /// and is never put in force.
+    #[serde(skip)]
+    pub tag: Option<String>,
+}
+
+/// What a policy version's tag is made under.
+pub const VERSION_TAG_DOMAIN: &str = "paygate-policy-version-v1\n";
+
+impl PolicyVersion {
+    /// What its tag binds: every field but the tag.
+    pub fn tag_fields(&self) -> Value {
+        json!([
+            self.version,
+            self.document,
+            self.author_iss,
+            self.author_sub,
+            self.reason,
+            self.approver_iss,
+            self.approver_sub,
+            self.proposal_id,
+            self.created_at,
+        ])
+    }
 }
 
 /// Where a proposed change stands.
@@ -684,6 +771,44 @@ pub struct PolicyProposal {
     pub decided_sub: Option<String>,
     pub decided_at: Option<UnixSecs>,
     pub applied_version: Option<i64>,
+    /// The gateway's tag over the proposal (`tag_fields`; `audit_chain::row_tag` under
+    /// [`PROPOSAL_TAG_DOMAIN`]): a proposal a database writer inserted, re-authored or re-opened
+    /// is never decided.
+    #[serde(skip)]
+    pub tag: Option<String>,
+}
+
+/// What a proposal's tag is made under.
+pub const PROPOSAL_TAG_DOMAIN: &str = "paygate-policy-proposal-v1\n";
+
+impl PolicyProposal {
+    /// What its tag binds: what its author wrote and where it stands (status, decider, applied
+    /// version). The gateway tags it again as it is decided, so a decided proposal set back to
+    /// pending in the database is never decided again.
+    pub fn tag_fields(&self) -> Value {
+        json!([
+            self.id,
+            self.base_version,
+            self.document,
+            self.author_iss,
+            self.author_sub,
+            self.reason,
+            self.created_at,
+            self.status.as_str(),
+            self.decided_iss,
+            self.decided_sub,
+            self.decided_at,
+            self.applied_version,
+        ])
+    }
+
+    /// Written by no operator the gateway authenticated: the config file at start, or
+    /// `paygate policy import` (whose `--author` is a claim). Operators' tokens always name an
+    /// issuer. Such a proposal is never one operator's second pair of eyes: approving one that
+    /// widens only adopts it (`gateway::policy`), and a second operator approves that.
+    pub fn is_unauthenticated(&self) -> bool {
+        self.author_iss.is_empty()
+    }
 }
 
 /// Who may decide a proposal: never its author (four eyes), under the rule approvals use

@@ -59,6 +59,7 @@ fn rec(seq: i64, at: i64, q: &Question, decision: &str) -> AuditRecord {
         repeats: 1,
         policy_version: Some(1),
         intent: Some(q.canonical()),
+        tag: None,
     }
 }
 

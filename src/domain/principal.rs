@@ -63,9 +63,16 @@ pub const SUBJECT_BYTES_MAX: usize = 256;
 
 /// A subject the gateway can key on — a token's `sub` or `act.sub`, or one an operator names (to
 /// suspend, resume or pre-authorize): 1 to [`SUBJECT_BYTES_MAX`] bytes, no control characters
-/// (they could forge log lines, and no identity provider issues them).
+/// (they could forge log lines, and no identity provider issues them) and nothing that is not shown
+/// as itself (`domain::text`: bidi controls, zero-width characters — a person reading "alice" must
+/// be reading alice), nor white space at either end ("alice " and "alice\u{a0}" read as alice and
+/// would be another principal).
 pub fn valid_subject(s: &str) -> bool {
-    !s.is_empty() && s.len() <= SUBJECT_BYTES_MAX && !s.chars().any(char::is_control)
+    !s.is_empty()
+        && s.len() <= SUBJECT_BYTES_MAX
+        && !s.chars().any(super::text::is_hidden)
+        && !s.starts_with(char::is_whitespace)
+        && !s.ends_with(char::is_whitespace)
 }
 
 #[cfg(test)]
@@ -78,7 +85,14 @@ mod tests {
         assert!(valid_subject(&"é".repeat(SUBJECT_BYTES_MAX / 2)), "bytes, not characters");
         assert!(!valid_subject(&"é".repeat(SUBJECT_BYTES_MAX / 2 + 1)));
         assert!(valid_subject(&"a".repeat(SUBJECT_BYTES_MAX)));
+        for hidden in ["ali\u{202e}ce", "alice\u{200b}", "\u{feff}alice", "bob\u{2066}"] {
+            assert!(!valid_subject(hidden), "{hidden:?}");
+        }
         assert!(!valid_subject(&"a".repeat(SUBJECT_BYTES_MAX + 1)));
+        for padded in [" alice", "alice ", "alice\u{a0}", "\u{3000}alice", "\u{2003}bob"] {
+            assert!(!valid_subject(padded), "{padded:?}: white space at an end");
+        }
+        assert!(valid_subject("alice smith"), "inside is fine");
         for bad in ["", "ali\nce", "bo\u{7}b", "\u{85}"] {
             assert!(!valid_subject(bad), "{bad:?}");
         }

@@ -16,6 +16,10 @@ pub const PRINCIPAL_SUSPENDED: &str = "principal.suspended";
 pub const INTEGRITY_FAILED: &str = "integrity.failed";
 pub const RECONCILIATION_MISMATCH: &str = "reconciliation.mismatch";
 pub const PAYEE_ADDED: &str = "payee.added";
+pub const PASSKEY_REGISTERED: &str = "passkey.registered";
+/// Each signed audit checkpoint (`audit_chain::checkpoint_data`): a witness outside the database
+/// keeps the newest and hands it to `paygate audit verify --expect`.
+pub const AUDIT_CHECKPOINT: &str = "audit.checkpoint";
 
 /// Every event a webhook endpoint may subscribe to.
 pub const EVENTS: &[&str] = &[
@@ -25,6 +29,8 @@ pub const EVENTS: &[&str] = &[
     INTEGRITY_FAILED,
     RECONCILIATION_MISMATCH,
     PAYEE_ADDED,
+    PASSKEY_REGISTERED,
+    AUDIT_CHECKPOINT,
 ];
 
 /// One delivery to one endpoint, as the outbox keeps it.

@@ -10,8 +10,8 @@ use crate::auth::AgentPrincipal;
 use crate::backend::rail::RailOrder;
 use crate::domain::ids::{OperationId, PaymentId};
 use crate::domain::money::{Currency, Money};
-use crate::domain::payee::{self, PayeeCap, PayeeState};
-use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind};
+use crate::domain::payee::{self, CoolingCap, PayeeCap, PayeeState};
+use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind, PaymentStatus};
 use crate::domain::policy::{self, Decision as Policy, Profile};
 use crate::domain::rules::guards;
 use crate::error::AgentError;
@@ -32,10 +32,11 @@ pub(super) fn parse_text(field: &str, value: Option<String>) -> Result<Option<St
         Some(v) if v.chars().count() > MEMO_CHARS_MAX => {
             Err(AgentError::invalid(format!("{field} must be at most {MEMO_CHARS_MAX} characters")))
         }
-        Some(v) if v.chars().any(|c| c.is_control()) => {
-            Err(AgentError::invalid(format!("{field} must not contain control characters")))
-        }
-        other => Ok(other),
+        Some(v) => match crate::domain::text::refusal(&v) {
+            Some(why) => Err(AgentError::invalid(format!("{field} {why}"))),
+            None => Ok(Some(v)),
+        },
+        None => Ok(None),
     }
 }
 
@@ -201,9 +202,9 @@ impl Gateway {
         })
     }
 
-    /// What the profile's payee rules say of paying `amount` to `payee` (nothing is read when
-    /// no rule applies): the verdict, the cap to re-check where the payment commits, and what was
-    /// read (the preflight tool shows it).
+    /// What the profile's payee rules say of paying `amount` to `payee` (its key,
+    /// `domain::payee::key`; nothing is read when no rule applies): the verdict, the caps to
+    /// re-check where the payment commits, and what was read (the preflight tool shows it).
     pub(super) async fn payee_verdict(
         &self,
         p: &AgentPrincipal,
@@ -211,19 +212,31 @@ impl Gateway {
         amount: Money,
     ) -> Result<PayeeVerdict, crate::domain::error::StoreError> {
         let rules = &p.profile.payees;
-        if !rules.applies(amount.currency()) {
+        let currency = amount.currency();
+        if !rules.applies(currency) {
             return Ok(PayeeVerdict { decision: Policy::Allow, cap: None, state: None });
         }
         let now = self.clock.now();
         let owner = p.usage_subject();
         let day = guards::day_of(now);
-        let (rec, paid) = self.store.payee_state(&owner, payee, Some((day, amount.currency()))).await?;
-        let state = PayeeState { known_since: rec.and_then(|r| r.known_since()), paid_today_minor: paid };
-        let cap = rules.daily_cap_minor.get(&amount.currency()).map(|max| PayeeCap {
+        let (rec, paid) = self.store.payee_state(&owner, payee, Some((day, currency))).await?;
+        let known_since = rec.and_then(|r| r.known_since());
+        let cooling = rules
+            .cooling_total(known_since, currency, now)
+            .zip(known_since)
+            .map(|(max_minor, known_since)| CoolingCap { known_since, max_minor });
+        let paid_cooling = match cooling {
+            Some(c) => self.store.payee_cooling_paid(&owner, payee, c.known_since, currency).await?,
+            None => 0,
+        };
+        let state = PayeeState { known_since, paid_today_minor: paid, paid_cooling_minor: paid_cooling };
+        let max_minor = rules.daily_cap_minor.get(&currency).copied();
+        let cap = (max_minor.is_some() || cooling.is_some()).then(|| PayeeCap {
             owner,
             payee: payee.to_string(),
             since: day,
-            max_minor: *max,
+            max_minor,
+            cooling,
         });
         Ok(PayeeVerdict { decision: payee::decide(rules, payee, state, amount, now), cap, state: Some(state) })
     }
@@ -310,6 +323,8 @@ impl Gateway {
         let caller = &governed;
         let mut payee_cap = None;
         if PAYS_PAYEE.contains(&tool) && !matches!(decision, Policy::Deny(_)) {
+            // A paybill's payee is the pair (paybill, account reference), as the intent shows it.
+            let payee = &payee_key(tool, &asked.intent).unwrap_or_else(|| payee.to_string());
             match self.payee_verdict(&caller.principal, payee, amount).await {
                 Ok(verdict) => {
                     if let (Some(pf), Some(state)) = (&caller.preflight, verdict.state) {
@@ -328,13 +343,25 @@ impl Gateway {
         let decision = authorize(decision, mandate.is_some());
         let mut guards = self.guards_for(mandate.as_ref(), &caller.principal.profile, kind, amount.currency());
         if mandate.is_none() {
-            // The payee's daily cap is re-checked where the payment commits, with the budget.
+            // The payee's daily cap and cooling-off total are re-checked where the payment
+            // commits, with the budget.
             guards.payee = payee_cap;
         }
         let mandated = mandate.is_some();
+        let taught = mandate.as_ref().filter(|_| PAYS_PAYEE.contains(&tool)).map(|m| m.claims.jti.clone());
         let intent = self.intent_for(caller, asked, mandate.as_ref(), amount);
         let movement = move_money(Terms { guards: guards.clone(), mandated });
-        self.work.run(self, caller, Work { strategy, intent, decision, guards, movement }).await
+        let done = self.work.run(self, caller, Work { strategy, intent, decision, guards, movement }).await;
+        if let (Ok(executed), Some(mandate_id)) = (&done, taught)
+            && !executed.replayed
+            && caller.preflight.is_none()
+            && executed.payment.status == PaymentStatus::Succeeded
+        {
+            // A human approved this payment and it settled: its payee is known from now. (A payout
+            // still pending learns it when the rail's word settles it: `rail_events`.)
+            self.learn_payee(&mandate_id, &caller.correlation_id).await;
+        }
+        done
     }
 }
 
@@ -383,6 +410,17 @@ pub(super) struct PayeeVerdict {
     pub cap: Option<PayeeCap>,
     /// What was read: `None` when no rule applies.
     pub state: Option<PayeeState>,
+}
+
+/// The payee key of a call whose intent names a paybill's account reference
+/// (`domain::payee::key`); `None`: the payee account alone is the key.
+pub(super) fn payee_key(tool: &str, intent: &Value) -> Option<String> {
+    if !PAYS_PAYEE.contains(&tool) {
+        return None;
+    }
+    let account = intent.get("payee")?.as_str()?;
+    let reference = intent.get("account_reference")?.as_str()?;
+    Some(payee::key(account, Some(reference)))
 }
 
 /// Who pays whom in a call (as a mandate names them), and the payment it gives back, if any.

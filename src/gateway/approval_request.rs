@@ -4,7 +4,7 @@
 
 use super::keys::Idem;
 use super::{Caller, Decision, Gateway};
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalStatus, Approver};
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalStatus, Approver, RejectedIntent};
 use crate::domain::ids::ApprovalId;
 use crate::domain::money::Money;
 use crate::domain::webhook;
@@ -47,6 +47,26 @@ impl Gateway {
         } else {
             Approver::Operator
         };
+        // Approval fatigue: the intent a human rejected, asked again under a new operation_id, is
+        // not put before a person again while the cool-down lasts. Refused (audited, counted
+        // toward both stop rules: the windowed count and the no-progress row) instead.
+        match self.rejected_before(caller, tool, idem, now).await {
+            Ok(Some((approval_id, decided_at))) => {
+                let until = decided_at + self.limits.rejected_cooldown_secs;
+                let e = AgentError::new(
+                    ErrorCode::ApprovalRejected,
+                    format!(
+                        "a human rejected this same payment (approval {approval_id}); asking again under another \
+                         operation_id is refused until {}. Nothing moved.",
+                        crate::clock::rfc3339(until)
+                    ),
+                )
+                .with_detail("approval_id", approval_id);
+                return self.refuse_as(caller, tool, idem, "denied", e).await;
+            }
+            Ok(None) => {}
+            Err(error) => return self.internal(caller, tool, idem, error).await,
+        }
         if caller.dry() {
             // A preflight asks nobody: it says who would be asked, and why.
             return AgentError::new(ErrorCode::ApprovalRequired, format!("{reason}; a human must approve it"))
@@ -130,5 +150,32 @@ impl Gateway {
             .with_detail("reviewers_required", approval.reviewers_required)
             .with_detail("passkey_required", approval.passkey_required)
             .with_detail("expires_at", crate::clock::rfc3339(approval.expires_at))
+    }
+
+    /// A rejection of this call's intent (its fingerprint) under another operation within
+    /// `approvals.rejected_cooldown_secs`: its approval id and when it was rejected.
+    async fn rejected_before(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        now: crate::clock::UnixSecs,
+    ) -> Result<Option<(String, i64)>, crate::domain::error::StoreError> {
+        let cooldown = self.limits.rejected_cooldown_secs;
+        if cooldown == 0 {
+            return Ok(None);
+        }
+        let p = &caller.principal;
+        let q = RejectedIntent {
+            issuer: &p.issuer,
+            subject: &p.subject,
+            user: p.user.as_deref(),
+            tool,
+            fingerprint: &idem.fingerprint,
+            key: &idem.key,
+            since: now - cooldown,
+            created_since: now - cooldown - self.limits.approval_ttl_secs,
+        };
+        self.store.rejected_intent(q).await
     }
 }

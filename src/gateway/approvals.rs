@@ -45,6 +45,10 @@ impl OpError {
     pub fn invalid(message: String) -> Self {
         OpError::new(ErrorCode::InvalidArgument, message)
     }
+    /// The input itself was refused (a command line exits 2, as for a usage error).
+    pub fn is_invalid_argument(&self) -> bool {
+        self.code == ErrorCode::InvalidArgument
+    }
     pub fn forbidden(scope: &'static str) -> Self {
         OpError::new(ErrorCode::InsufficientScope, format!("this operator lacks scope {scope}"))
     }

@@ -6,7 +6,7 @@ use serde_json::json;
 use super::admission::{Parties, Proposal, Terms, parse_text};
 use super::unit_of_work::{Executed, movement};
 use super::{Caller, Gateway};
-use crate::domain::ids::{AccountId, OperationId, PaymentId};
+use crate::domain::ids::{AccountId, OperationId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::payment::{Attempt, PaymentKind, TransferRequest};
 use crate::domain::policy;
@@ -58,8 +58,8 @@ impl Gateway {
         self.operate(caller, proposal, question, self.ledger_strategy(), |t: Terms| {
             movement(move |a: Attempt| {
                 let req = TransferRequest {
+                    payment_id: a.payment_id.clone(),
                     attempt: a,
-                    payment_id: PaymentId::generate(),
                     from_account: from.clone(),
                     to_account: to.clone(),
                     amount,

@@ -5,6 +5,7 @@ mod admission;
 mod approval_request;
 mod approvals;
 mod audit_trail;
+pub mod audit_witness;
 mod collection;
 mod create_payment;
 mod exactly_once;
@@ -16,6 +17,7 @@ mod passkeys;
 mod payees;
 mod payout;
 mod policy;
+mod policy_tags;
 mod preflight;
 mod refund;
 mod reversal;
@@ -49,7 +51,8 @@ pub use operator::{AuditFilters, PaymentFilters, decode_key_cursor, encode_key_c
 pub use operator_views::{
     AuditView, HealthView, MandateView, OpsPaymentView, PaymentDetail, PrincipalView, ReconciliationRun, SummaryView,
 };
-pub use passkeys::{PasskeyAssertion, PasskeyPayloads, PasskeyRegistration, PasskeyView};
+pub use passkeys::{EnrolmentCodeIssued, EnrolmentCodeRequest, PasskeyAssertion, PasskeyPayloads, PasskeyRegistration};
+pub use passkeys::{PasskeyView, enrolment_challenge};
 pub use payees::{PAYEES_LISTED_MAX, PayeeArgs, PayeeView};
 pub use payout::{PayBusiness, SendPayout};
 pub use policy::{
@@ -123,6 +126,8 @@ pub struct GatewayLimits {
     pub approval_ttl_secs: i64,
     /// Approvals one agent may have waiting for a human at once.
     pub pending_approvals_per_agent_max: i64,
+    /// `approvals.rejected_cooldown_secs`.
+    pub rejected_cooldown_secs: i64,
     pub reviewers_required: i64,
     pub high_risk_reviewers: i64,
     pub high_risk_amount_minor: HashMap<crate::domain::money::Currency, i64>,
@@ -131,6 +136,10 @@ pub struct GatewayLimits {
     /// At or above this amount (per currency) an approval is decided with a passkey only.
     pub passkey_required_amount_minor: HashMap<crate::domain::money::Currency, i64>,
     pub passkeys_per_person_max: i64,
+    /// How long an enrolment code may be used (`passkeys.enrolment_code_ttl_secs`).
+    pub passkey_enrolment_code_ttl_secs: i64,
+    /// Unexpired registration challenges per person (`passkeys.registration_challenges_max`).
+    pub passkey_challenges_per_person_max: i64,
     pub mandate_ttl_secs: i64,
     pub open_mandate_valid_max_secs: i64,
     pub stop_denials_max: i64,
@@ -143,6 +152,15 @@ pub struct GatewayLimits {
     /// Pre-body refusals (RATE_LIMITED, PRINCIPAL_SUSPENDED, a missing scope) are audited at most once
     /// per this many seconds per principal, tool and code; the record carries the count.
     pub refusal_audit_interval_secs: i64,
+    /// Records sealed per batch (`audit.seal_batch_max`).
+    pub audit_seal_batch_max: u32,
+    /// Signed checkpoints kept: the newest and at most one per this many seconds before it.
+    pub audit_checkpoint_every_secs: i64,
+    /// Records older than this must be sealed, and sealed links signed, or `audit verify` fails
+    /// (`audit.seal_every_secs + audit.unsealed_slack_secs`).
+    pub audit_stale_after_secs: i64,
+    /// How long a graceful stop keeps sealing (PostgreSQL: records wait for older transactions).
+    pub audit_shutdown_seal: Duration,
     pub list_limit_max: u32,
     pub list_limit_default: u32,
     /// Reconciliation looks this far back by default.
@@ -175,6 +193,8 @@ pub struct Gateway {
     /// Derives idempotency keys and the request-state sealing key from the configured secret.
     keys: KeyDeriver,
     /// Signs and verifies mandates (the current key and those still accepted).
+    /// The audit chain's link key (a subkey of the idempotency secret; never in the store).
+    audit_link_key: crate::domain::audit_chain::LinkKey,
     mandates: Arc<MandateKeys>,
     /// Seals the `requestState` of approvals resumed through URL elicitation.
     states: crate::request_state::StateSealer,
@@ -201,6 +221,8 @@ pub struct Gateway {
     policy: std::sync::RwLock<Arc<crate::domain::policy_doc::LivePolicy>>,
     /// One policy load or change at a time on this replica.
     policy_lock: tokio::sync::Mutex<()>,
+    /// The audit records this replica appended, until it sees them sealed (`audit_witness`).
+    witness: audit_witness::Witness,
 }
 
 /// A deliberately broken build for the evals (`--features broken-gateways-for-evals`), chosen at
@@ -277,6 +299,8 @@ impl Gateway {
         };
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let states = crate::request_state::StateSealer::new(keys.subkey(crate::request_state::KEY_LABEL));
+        let audit_link_key =
+            crate::domain::audit_chain::LinkKey::new(keys.subkey(crate::domain::audit_chain::LINK_KEY_LABEL));
         Gateway {
             store,
             backend,
@@ -285,6 +309,7 @@ impl Gateway {
             work: Box::new(unit_of_work::ExactlyOnce),
             clock,
             keys,
+            audit_link_key,
             mandates,
             states,
             limits,
@@ -298,6 +323,7 @@ impl Gateway {
             suspended_seen: Mutex::new(HashMap::new()),
             policy: std::sync::RwLock::new(Arc::new(crate::domain::policy_doc::LivePolicy::none())),
             policy_lock: tokio::sync::Mutex::new(()),
+            witness: audit_witness::Witness::default(),
         }
     }
 
@@ -354,6 +380,11 @@ impl Gateway {
 
     pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
         &self.metrics
+    }
+
+    /// Every rail endpoint's circuit breaker: (rail, endpoint, state).
+    pub fn rail_circuits(&self) -> Vec<(&'static str, &'static str, &'static str)> {
+        self.rails.iter().flat_map(|r| r.circuits().into_iter().map(|(e, s)| (r.name(), e, s))).collect()
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -471,13 +502,6 @@ impl Gateway {
         self.append_audit(rec).await
     }
 
-    async fn append_audit(&self, rec: AuditRecord) {
-        if let Err(error) = self.store.audit_append(rec.clone()).await {
-            self.metrics.bookkeeping_failure("audit");
-            tracing::error!(correlation_id = %rec.correlation_id, %error, "audit append failed");
-        }
-    }
-
     /// The record of an agent's decision: the agent and, with delegation, the user it acts for.
     pub(crate) fn agent_audit_record(&self, caller: &Caller, d: Decision<'_>) -> AuditRecord {
         let p = &caller.principal;
@@ -512,6 +536,7 @@ impl Gateway {
             repeats: 1,
             policy_version: None,
             intent: None,
+            tag: None,
         }
     }
 

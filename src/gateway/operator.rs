@@ -401,12 +401,34 @@ impl Gateway {
                 .await
                 .map(|r| r.len())
                 .map_err(internal("rail list"))?;
+            let open: Vec<&str> =
+                rail.circuits().into_iter().filter(|(_, state)| *state != "closed").map(|(e, _)| e).collect();
+            let circuits = match open.is_empty() {
+                true => String::new(),
+                false => format!("; circuit open (requests refused unsent): {}", open.join(", ")),
+            };
             checks.push(CheckView {
                 name: "rail",
-                ok: stuck == 0,
-                detail: format!("{}: {stuck} payments with an unknown outcome", rail.display_name()),
+                ok: stuck == 0 && open.is_empty(),
+                detail: format!("{}: {stuck} payments with an unknown outcome{circuits}", rail.display_name()),
             });
         }
+        let breaks = self.metrics.audit_witness_breaks();
+        let stalled = self.audit_sealing_stalled().await;
+        let mut detail = match breaks {
+            0 => "no record this replica wrote went missing before it was sealed".to_string(),
+            n => format!(
+                "{n} records this replica wrote were deleted or changed in the database before they were \
+                 sealed (see the error log; paygate_audit_witness_breaks_total)"
+            ),
+        };
+        if let Some((count, age)) = stalled {
+            detail.push_str(&format!(
+                "; sealing is not running: {count} records unsealed, the oldest {age} s old (audit verify fails \
+                 on them; is a sealing job running, and who holds the seal_audit job lease?)"
+            ));
+        }
+        checks.push(CheckView { name: "audit", ok: breaks == 0 && stalled.is_none(), detail });
         let pending = self.store.approvals_pending(now).await.map_err(internal("approval count"))?;
         checks.push(CheckView { name: "approvals", ok: true, detail: format!("{pending} pending") });
         let status = if checks.iter().all(|c| c.ok) { "ok" } else { "degraded" };
@@ -470,6 +492,7 @@ mod tests {
             repeats: 1,
             policy_version: None,
             intent: None,
+            tag: None,
         }
     }
 

@@ -6,13 +6,20 @@
 //! public key (`approval_passkeys`). An approval whose agent's profile or amount tier requires a
 //! passkey refuses a plain click.
 //!
-//! Registration challenges are stateless: the expiry and an HMAC (a subkey of the idempotency
-//! secret, which replicas share) over the person and the expiry; the credential's id is unique, so
-//! a ceremony answered twice registers once.
+//! A bearer token alone never registers a passkey (whoever holds the token could otherwise
+//! register their own authenticator and sign as the person): a person's first passkey needs an
+//! enrolment code issued for them by another operator (`payments:admin`, never for themself) or at
+//! the box (`paygate passkeys enrol-code`); a later one needs an assertion by one of their live
+//! passkeys over the new registration's challenge ([`enrolment_challenge`]), or a fresh code.
+//! Codes are random (128 bits), stored only as their SHA-256, single-use, expiring
+//! (`passkeys.enrolment_code_ttl_secs`). Registration challenges are random and single-use: the
+//! store keeps their SHA-256 until they expire or register, and the registration deletes the row
+//! in the transaction that consumes the code (or moves the vouching passkey's counter), stores the
+//! credential and writes the `passkey.registered` webhook messages. Every code issued and every
+//! registration (and every refusal) is audited.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use hmac::{Hmac, Mac};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -22,7 +29,8 @@ use super::approvals::{OpError, Operator};
 use super::{Decision, Gateway};
 use crate::catalogue::scopes;
 use crate::clock::{UnixSecs, rfc3339};
-use crate::domain::approval::{ApprovalRecord, PasskeyInsert, PasskeyRecord, ReviewDecision};
+use crate::domain::approval::{ApprovalRecord, PasskeyRecord, ReviewDecision};
+use crate::domain::approval::{ChallengeIssued, EnrolmentCode, EnrolmentProof, PasskeyEnrolled, PasskeyEnrolment};
 use crate::domain::approval::{passkey_challenge, passkey_evidence_digest, passkey_payload};
 use crate::domain::ids::ApprovalId;
 use crate::error::ErrorCode;
@@ -33,7 +41,11 @@ use crate::passkey::{Assertion, Counter, Credential, RelyingParty};
 pub const REGISTRATION_TTL_SECS: i64 = 300;
 /// Longest passkey name, in characters.
 pub const PASSKEY_NAME_CHARS_MAX: usize = 64;
-const REGISTRATION_LABEL: &str = "passkey registration challenge v1";
+/// What an existing passkey signs to vouch for a new registration: this label, then the
+/// registration's challenge (never a JSON text, so never an approval's payload).
+const ENROLMENT_LABEL: &[u8] = b"paygate passkey enrolment v1\0";
+/// Random bytes in an enrolment code (written as 32 hex digits in groups of four).
+const ENROLMENT_CODE_BYTES: usize = 16;
 
 /// A passkey assertion answering an approval's challenge (`navigator.credentials.get`), every
 /// field base64url: sent with approve, reject or confirm.
@@ -56,6 +68,51 @@ pub struct PasskeyRegistration {
     pub attestation_object: String,
     #[serde(default)]
     pub name: Option<String>,
+    /// An enrolment code issued for this person (the first passkey needs one).
+    #[serde(default)]
+    pub enrolment_code: Option<String>,
+    /// Or: an assertion by one of the person's live passkeys over `enrolment.publicKey.challenge`
+    /// of the same options.
+    #[serde(default)]
+    pub passkey: Option<PasskeyAssertion>,
+}
+
+/// `POST /operator/v1/passkeys/enrolment-codes`: a code for `owner` (a subject under the issuing
+/// operator's issuer).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnrolmentCodeRequest {
+    pub owner: String,
+}
+
+/// A freshly issued enrolment code: shown once, to hand to its owner out of band.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnrolmentCodeIssued {
+    pub code: String,
+    pub owner: String,
+    pub issuer: String,
+    pub issued_by: String,
+    pub expires_at: String,
+}
+
+/// The challenge an existing passkey signs to vouch for the registration answering `challenge`.
+pub fn enrolment_challenge(challenge: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(ENROLMENT_LABEL);
+    h.update(challenge);
+    h.finalize().into()
+}
+
+/// SHA-256 (hex) of an enrolment code as typed: dashes and spaces dropped, lower case; `None` when
+/// it is not 32 hex digits (no code ever is).
+fn code_hash(code: &str) -> Option<String> {
+    let digits: String = code.chars().filter(|c| *c != '-' && !c.is_whitespace()).collect::<String>().to_lowercase();
+    (digits.len() == 2 * ENROLMENT_CODE_BYTES && digits.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| crate::domain::ids::hex(&Sha256::digest(digits.as_bytes())))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    crate::domain::ids::hex(&Sha256::digest(bytes))
 }
 
 /// A registered passkey, as its owner sees it: the public key as a JWK, to verify its assertions
@@ -171,15 +228,6 @@ impl Gateway {
         })
     }
 
-    fn registration_mac(&self, op: &Operator, exp: UnixSecs) -> [u8; 32] {
-        let key = self.keys.subkey(REGISTRATION_LABEL);
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key).unwrap_or_else(|_| unreachable!("any key length"));
-        for part in [op.issuer.as_bytes(), b"\0", op.subject.as_bytes(), b"\0", &exp.to_be_bytes()] {
-            mac.update(part);
-        }
-        mac.finalize().into_bytes().into()
-    }
-
     fn may_decide(&self, op: &Operator) -> Result<(), OpError> {
         if op.scopes.contains(scopes::APPROVE) || op.scopes.contains(scopes::CONFIRM) {
             Ok(())
@@ -189,53 +237,107 @@ impl Gateway {
     }
 
     /// `PublicKeyCredentialCreationOptions` for the signed-in person (ES256, a user-verifying
-    /// authenticator, attestation none), with a challenge valid for [`REGISTRATION_TTL_SECS`].
+    /// authenticator, attestation none), with a fresh single-use challenge valid for
+    /// [`REGISTRATION_TTL_SECS`]; and under `enrolment`, what must vouch for the new passkey: a
+    /// code (`code_required`, the person has no live passkey) or the request options of an
+    /// assertion by one of their live passkeys (`publicKey`).
     pub async fn passkey_options(&self, op: &Operator) -> Result<Value, OpError> {
         self.may_decide(op)?;
         let (rp_id, _) = self.limits.passkey_rp.as_ref().map_err(|why| OpError::conflict(why.clone()))?;
-        let exp = self.clock.now() + REGISTRATION_TTL_SECS;
-        let mut challenge = exp.to_be_bytes().to_vec();
-        challenge.extend_from_slice(&self.registration_mac(op, exp));
+        let internal = |error: crate::domain::error::StoreError| {
+            tracing::error!(%error, "passkey options failed");
+            OpError::internal()
+        };
+        let now = self.clock.now();
+        let challenge: [u8; 32] = rand::random();
+        let stored = crate::domain::approval::PasskeyChallenge {
+            challenge_sha256: sha256_hex(&challenge),
+            owner_iss: op.issuer.clone(),
+            owner_sub: op.subject.clone(),
+            created_at: now,
+            expires_at: now + REGISTRATION_TTL_SECS,
+        };
+        let max = self.limits.passkey_challenges_per_person_max;
+        if self.store.passkey_challenge_put(stored, max).await.map_err(internal)? == ChallengeIssued::TooMany {
+            return Err(OpError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "{max} passkey registrations are under way for you already: finish one or wait {REGISTRATION_TTL_SECS} s"
+                ),
+            ));
+        }
         let user_id = Sha256::digest(format!("{}\0{}", op.issuer, op.subject).as_bytes());
-        let exclude: Vec<Value> = self
+        let live: Vec<Value> = self
             .store
             .passkey_list(&op.issuer, &op.subject)
             .await
-            .map_err(|error| {
-                tracing::error!(%error, "passkey list failed");
-                OpError::internal()
-            })?
+            .map_err(internal)?
             .iter()
             .filter(|p| p.revoked_at.is_none())
             .map(|p| json!({"type": "public-key", "id": p.credential_id}))
             .collect();
-        Ok(json!({"publicKey": {
-            "challenge": B64.encode(&challenge),
-            "rp": {"id": rp_id, "name": "paygate"},
-            "user": {"id": B64.encode(&user_id[..16]), "name": op.subject, "displayName": op.subject},
-            "pubKeyCredParams": [{"type": "public-key", "alg": -7}],
-            "authenticatorSelection": {"residentKey": "preferred", "userVerification": "required"},
-            "attestation": "none",
-            "timeout": REGISTRATION_TTL_SECS * 1000,
-            "excludeCredentials": exclude,
-        }}))
+        let vouch = (!live.is_empty()).then(|| {
+            json!({
+                "challenge": B64.encode(enrolment_challenge(&challenge)),
+                "rpId": rp_id,
+                "allowCredentials": live,
+                "userVerification": "required",
+                "timeout": REGISTRATION_TTL_SECS * 1000,
+            })
+        });
+        Ok(json!({
+            "publicKey": {
+                "challenge": B64.encode(challenge),
+                "rp": {"id": rp_id, "name": "paygate"},
+                "user": {"id": B64.encode(&user_id[..16]), "name": op.subject, "displayName": op.subject},
+                "pubKeyCredParams": [{"type": "public-key", "alg": -7}],
+                "authenticatorSelection": {"residentKey": "preferred", "userVerification": "required"},
+                "attestation": "none",
+                "timeout": REGISTRATION_TTL_SECS * 1000,
+                "excludeCredentials": live,
+            },
+            "enrolment": {"code_required": vouch.is_none(), "publicKey": vouch},
+        }))
     }
 
-    /// Register the passkey a registration ceremony made; audited.
+    /// Register the passkey a registration ceremony made, vouched for by an enrolment code or an
+    /// assertion by one of the person's live passkeys; audited (refusals too) and announced.
     pub async fn passkey_register(&self, op: &Operator, reg: PasskeyRegistration) -> Result<PasskeyView, OpError> {
         self.may_decide(op)?;
+        let outcome = self.enrol(op, reg).await;
+        let mut d = Decision::new("passkeys.register", if outcome.is_ok() { "registered" } else { "refused" });
+        match &outcome {
+            Ok((rec, by)) => {
+                let vouch = match by {
+                    Some(issuer) => format!("an enrolment code issued by {issuer}"),
+                    None => "an assertion by a passkey of theirs".to_string(),
+                };
+                d.detail = Some(format!(
+                    "credential {} ({}) of {}, registered with {vouch}",
+                    rec.credential_id, rec.name, rec.owner_sub
+                ));
+            }
+            Err(e) => {
+                d.code = Some(e.code);
+                d.detail = Some(e.message.clone());
+            }
+        }
+        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        outcome.map(|(rec, _)| view(&rec))
+    }
+
+    /// [`Gateway::passkey_register`]'s checks and the store's one transaction: the registered
+    /// credential and who issued the code it was registered with (`None`: a passkey vouched).
+    async fn enrol(&self, op: &Operator, reg: PasskeyRegistration) -> Result<(PasskeyRecord, Option<String>), OpError> {
         let rp = self.relying_party()?;
         let (rp_id, origin) = self.limits.passkey_rp.clone().map_err(OpError::conflict)?;
         let now = self.clock.now();
         let challenge = b64("challenge", &reg.challenge)?;
-        let stale =
-            || OpError::invalid("the registration challenge is not this person's, or has expired: ask again".into());
-        let (exp, mac) = challenge.split_at_checked(8).ok_or_else(stale)?;
-        let exp = i64::from_be_bytes(exp.try_into().map_err(|_| stale())?);
-        let expected = self.registration_mac(op, exp);
-        if exp < now || exp > now + REGISTRATION_TTL_SECS || !constant_time_eq(mac, &expected) {
-            return Err(stale());
-        }
+        let stale = || {
+            OpError::invalid(
+                "the registration challenge is not this person's, or was used or has expired: ask again".into(),
+            )
+        };
         let name = reg.name.unwrap_or_default().trim().to_string();
         let name = if name.is_empty() { "passkey".to_string() } else { name };
         if name.chars().count() > PASSKEY_NAME_CHARS_MAX || name.chars().any(char::is_control) {
@@ -243,6 +345,35 @@ impl Gateway {
                 "name is at most {PASSKEY_NAME_CHARS_MAX} characters, without control characters"
             )));
         }
+        let code_refused = || {
+            OpError::new(
+                ErrorCode::EnrolmentCodeInvalid,
+                "the enrolment code is not valid: wrong, used, expired or issued for someone else",
+            )
+        };
+        let internal = |error: crate::domain::error::StoreError| {
+            tracing::error!(%error, "passkey registration failed");
+            OpError::internal()
+        };
+        let code = match (reg.enrolment_code.as_deref(), reg.passkey.as_ref()) {
+            (Some(_), Some(_)) => {
+                return Err(OpError::invalid("give an enrolment code or a passkey assertion, not both".into()));
+            }
+            (None, None) => {
+                return Err(OpError::new(
+                    ErrorCode::EnrolmentRequired,
+                    "registering a passkey needs an enrolment code issued for you by another operator, \
+                     or an assertion by one of your live passkeys",
+                ));
+            }
+            (Some(code), None) => {
+                let hash = code_hash(code).ok_or_else(code_refused)?;
+                let issuer =
+                    self.store.passkey_code_issuer(&hash, &op.issuer, &op.subject, now).await.map_err(internal)?;
+                Some((hash, issuer.ok_or_else(code_refused)?))
+            }
+            (None, Some(_)) => None,
+        };
         let cred = rp
             .finish_registration(
                 &challenge,
@@ -250,6 +381,33 @@ impl Gateway {
                 &b64("attestation_object", &reg.attestation_object)?,
             )
             .map_err(|e| OpError::invalid(format!("the passkey registration does not verify: {e}")))?;
+        let (proof, code_issued_by) = match (code, reg.passkey.as_ref()) {
+            (Some((code_sha256, issuer)), _) => (EnrolmentProof::Code { code_sha256 }, Some(issuer)),
+            (None, Some(presented)) => {
+                let a = assertion(presented)?;
+                let id = B64.encode(&a.credential_id);
+                let stored = match self.store.passkey_get(&id).await.map_err(internal)? {
+                    Some(p) if p.owner_iss == op.issuer && p.owner_sub == op.subject && p.revoked_at.is_none() => p,
+                    _ => return Err(invalid("not a live passkey of yours")),
+                };
+                if (rp_id.as_str(), origin.as_str()) != (stored.rp_id.as_str(), stored.origin.as_str()) {
+                    return Err(invalid(format!(
+                        "it was registered for {}: use an enrolment code here",
+                        stored.origin
+                    )));
+                }
+                let count = rp
+                    .verify_assertion(&enrolment_challenge(&challenge), &credential(&stored)?, &a, Counter::Check)
+                    .map_err(|e| match e {
+                        crate::passkey::PasskeyError::WrongChallenge => {
+                            invalid("it was not signed for this registration's challenge")
+                        }
+                        other => invalid(other),
+                    })?;
+                (EnrolmentProof::Passkey { credential_id: id, seen: stored.sign_count, count: i64::from(count) }, None)
+            }
+            (None, None) => return Err(OpError::internal()),
+        };
         let rec = PasskeyRecord {
             credential_id: B64.encode(&cred.id),
             owner_iss: op.issuer.clone(),
@@ -264,26 +422,106 @@ impl Gateway {
             rp_id,
             origin,
         };
-        let outcome = self.store.passkey_insert(rec.clone(), self.limits.passkeys_per_person_max).await;
-        let refused = match outcome {
-            Ok(PasskeyInsert::Inserted) => None,
-            Ok(PasskeyInsert::Duplicate) => Some(OpError::conflict("this passkey is registered already".into())),
-            Ok(PasskeyInsert::TooMany) => Some(OpError::conflict(format!(
+        let notify = self.notice(crate::domain::webhook::PASSKEY_REGISTERED).messages(json!({
+            "owner": rec.owner_sub,
+            "owner_issuer": rec.owner_iss,
+            "credential_id": rec.credential_id,
+            "name": rec.name,
+            "registered_at": rfc3339(now),
+            "registered_with": if code_issued_by.is_some() { "enrolment_code" } else { "passkey" },
+            "code_issued_by": code_issued_by,
+            "vouching_credential_id": match &proof {
+                EnrolmentProof::Passkey { credential_id, .. } => Some(credential_id.clone()),
+                EnrolmentProof::Code { .. } => None,
+            },
+        }));
+        let enrolment = PasskeyEnrolment {
+            rec: rec.clone(),
+            challenge_sha256: sha256_hex(&challenge),
+            proof,
+            max: self.limits.passkeys_per_person_max,
+            notify,
+        };
+        match self.store.passkey_enrol(enrolment, now).await.map_err(internal)? {
+            PasskeyEnrolled::Inserted { code_issued_by } => Ok((rec, code_issued_by)),
+            PasskeyEnrolled::ChallengeSpent => Err(stale()),
+            PasskeyEnrolled::CodeRefused => Err(code_refused()),
+            PasskeyEnrolled::PasskeyStale => {
+                Err(invalid("the passkey was used or revoked meanwhile (a replayed assertion?)"))
+            }
+            PasskeyEnrolled::Duplicate => Err(OpError::conflict("this passkey is registered already".into())),
+            PasskeyEnrolled::TooMany => Err(OpError::conflict(format!(
                 "you have {} passkeys already: revoke one first",
                 self.limits.passkeys_per_person_max
             ))),
-            Err(error) => {
-                tracing::error!(%error, "passkey insert failed");
-                return Err(OpError::internal());
-            }
-        };
-        let mut d = Decision::new("passkeys.register", if refused.is_none() { "registered" } else { "refused" });
-        d.detail = Some(format!("credential {} ({})", rec.credential_id, rec.name));
-        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
-        match refused {
-            Some(e) => Err(e),
-            None => Ok(view(&rec)),
         }
+    }
+
+    /// `POST /operator/v1/passkeys/enrolment-codes`: an admin issues a code for another person
+    /// (never for themself: no principal acts on itself); audited.
+    pub async fn passkey_enrolment_code(
+        &self,
+        op: &Operator,
+        req: EnrolmentCodeRequest,
+    ) -> Result<EnrolmentCodeIssued, OpError> {
+        if !op.scopes.contains(scopes::ADMIN) {
+            return Err(OpError::forbidden(scopes::ADMIN));
+        }
+        let owner = req.owner;
+        valid_owner(&owner)?;
+        let target = crate::domain::rules::authority::Target { agent: &owner, user: None };
+        if crate::domain::rules::authority::acts_on_itself(&op.subject, target) {
+            let mut d = Decision::new("passkeys.enrolment_code", "refused");
+            d.code = Some(ErrorCode::SelfReview);
+            d.detail = Some(format!("for {owner}: nobody issues their own enrolment code"));
+            self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+            return Err(OpError::self_review(
+                "another operator must issue your enrolment code: nobody enrols their own passkey on their own say"
+                    .into(),
+            ));
+        }
+        self.issue_enrolment_code(&op.issuer, &owner, &op.subject, &op.correlation_id).await
+    }
+
+    /// An enrolment code for `owner` under `owner_iss`, issued by `issued_by` (an operator's
+    /// subject, or `cli:<user>` at the box); stored as its hash, audited under the issuer's name.
+    /// The code itself is returned once and never logged or audited.
+    pub async fn issue_enrolment_code(
+        &self,
+        owner_iss: &str,
+        owner: &str,
+        issued_by: &str,
+        correlation_id: &str,
+    ) -> Result<EnrolmentCodeIssued, OpError> {
+        valid_owner(owner)?;
+        let now = self.clock.now();
+        let bytes: [u8; ENROLMENT_CODE_BYTES] = rand::random();
+        let digits = crate::domain::ids::hex(&bytes);
+        let code =
+            digits.as_bytes().chunks(4).map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join("-");
+        let expires_at = now + self.limits.passkey_enrolment_code_ttl_secs;
+        let rec = EnrolmentCode {
+            code_sha256: crate::domain::ids::hex(&Sha256::digest(digits.as_bytes())),
+            owner_iss: owner_iss.to_string(),
+            owner_sub: owner.to_string(),
+            issued_by: issued_by.to_string(),
+            issued_at: now,
+            expires_at,
+        };
+        self.store.passkey_code_put(rec).await.map_err(|error| {
+            tracing::error!(%error, "enrolment code store failed");
+            OpError::internal()
+        })?;
+        let mut d = Decision::new("passkeys.enrolment_code", "issued");
+        d.detail = Some(format!("for {owner}, by {issued_by}, until {}", rfc3339(expires_at)));
+        self.audit_as(owner_iss, issued_by, correlation_id, d).await;
+        Ok(EnrolmentCodeIssued {
+            code,
+            owner: owner.to_string(),
+            issuer: owner_iss.to_string(),
+            issued_by: issued_by.to_string(),
+            expires_at: rfc3339(expires_at),
+        })
     }
 
     /// The signed-in person's passkeys, newest first (revoked ones too).
@@ -432,10 +670,6 @@ impl Gateway {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl Gateway {
     /// The passkey evidence a decision on approval `id` carries ([`Gateway::passkey_evidence`]),
     /// checked while it is pending; a missing, decided or expired approval answers as such in the
@@ -456,6 +690,20 @@ impl Gateway {
                 return Err(OpError::internal());
             }
         };
+        // The passkey tier in force now, if stricter than when it was asked for.
+        let rec = self.judged_now(rec);
         self.passkey_evidence(op, &rec, decision, presented).await
     }
+}
+
+/// The owner of an enrolment code is a token subject, so it meets the rule every subject the
+/// gateway keys on meets (`domain::principal::valid_subject`): the API and the CLI both pass here.
+fn valid_owner(owner: &str) -> Result<(), OpError> {
+    if crate::domain::principal::valid_subject(owner) {
+        return Ok(());
+    }
+    let max = crate::auth::jwt::SUBJECT_BYTES_MAX;
+    Err(OpError::invalid(format!(
+        "owner must be 1 to {max} bytes, without control, bidirectional or invisible characters"
+    )))
 }

@@ -1,18 +1,25 @@
-//! Payees (`domain::payee`): made known when a human approves a payment to one, listed, added and
+//! Payees (`domain::payee`): made known when a payment a human approved settles, listed, added and
 //! revoked by operators (`/operator/v1/payees`). Every change is audited under whoever made it.
+//! A mandate that is revoked, or expires unused, teaches nothing: the approval alone never makes a
+//! payee known, and revoking a mandate forgets the payee its payment taught (`mandate_revoke`).
 
+use crate::domain::rules::authority::{Target, acts_on_itself};
 use serde::{Deserialize, Serialize};
 
 use super::admission::PAYS_PAYEE;
 use super::approvals_api::OpError;
 use super::operator::internal;
-use super::{ApprovalView, Decision, Gateway, Operator};
+use super::{Decision, Gateway, Operator};
 use crate::catalogue::scopes;
-use crate::clock::{UnixSecs, rfc3339};
+use crate::clock::rfc3339;
+use crate::domain::approval::ReviewDecision;
 use crate::domain::ids::AccountId;
-use crate::domain::payee::PayeeRecord;
+use crate::domain::payee::{self, PayeeRecord};
 use crate::domain::principal::usage_subject;
 use crate::domain::principal::valid_subject as is_name;
+
+/// Longest account reference a paybill payee names (M-Pesa B2B's, which every payment is held to).
+const ACCOUNT_REFERENCE_CHARS_MAX: usize = crate::backend::mpesa::daraja::B2B_ACCOUNT_REFERENCE_CHARS_MAX;
 
 /// Payees one list answers at most.
 pub const PAYEES_LISTED_MAX: u32 = 500;
@@ -24,7 +31,8 @@ pub struct PayeeView {
     pub agent_subject: String,
     /// The user the agent acts for, when it is known to the agent acting for that user only.
     pub user: Option<String>,
-    /// The payee: a ledger account, or a customer's phone as its account (`mpesa-2547…`).
+    /// The payee: a ledger account, a customer's phone as its account (`mpesa-2547…`), or a
+    /// paybill with its account reference (`mpesa-paybill-247247/SUPPLIER-001`).
     pub payee: String,
     /// "known" or "revoked".
     pub status: String,
@@ -64,6 +72,9 @@ pub struct PayeeArgs {
     pub user: Option<String>,
     /// A ledger account id, or a customer's phone as its account (`mpesa-254712345678`).
     pub payee: String,
+    /// A paybill's account reference: a paybill payee (`mpesa-paybill-…`) is the pair, and needs it.
+    #[serde(default)]
+    pub account_reference: Option<String>,
     /// Why (kept in the audit trail).
     #[serde(default)]
     pub reason: Option<String>,
@@ -78,7 +89,19 @@ impl PayeeArgs {
             return Err(bad_name("user"));
         }
         let payee = AccountId::parse(&self.payee).map_err(|e| OpError::invalid(format!("payee: {e}")))?;
-        Ok((usage_subject(&self.agent_subject, self.user.as_deref()), payee.to_string()))
+        // A paybill credits whatever account the reference names: its payee is the pair.
+        let paybill = payee.as_str().contains("-paybill-");
+        let reference = match (&self.account_reference, paybill) {
+            (None, false) => None,
+            (Some(r), true) => Some(
+                crate::backend::kenya::customer_text(r, ACCOUNT_REFERENCE_CHARS_MAX)
+                    .map_err(|e| OpError::invalid(format!("account_reference {e}")))?,
+            ),
+            (None, true) => return Err(OpError::invalid("a paybill payee needs its account_reference".into())),
+            (Some(_), false) => return Err(OpError::invalid("account_reference is only for a paybill payee".into())),
+        };
+        let key = payee::key(payee.as_str(), reference.as_deref());
+        Ok((usage_subject(&self.agent_subject, self.user.as_deref()), key))
     }
 }
 
@@ -113,6 +136,14 @@ impl Gateway {
     pub async fn ops_add_payee(&self, op: &Operator, args: PayeeArgs) -> Result<PayeeView, OpError> {
         self.require_op(op, &[scopes::APPROVE])?;
         let (owner, payee) = args.owner_and_payee()?;
+        // A known payee is pre-authorization by another name: never for oneself, nor for an agent
+        // acting for oneself (`rules::authority`).
+        let target = Target { agent: &args.agent_subject, user: args.user.as_deref() };
+        if acts_on_itself(&op.subject, target) {
+            return Err(OpError::self_review(
+                "no one adds a payee for themself, nor for an agent acting for them".into(),
+            ));
+        }
         let reason = super::reviews::reason_text(args.reason)?;
         let now = self.clock.now();
         let rec = PayeeRecord {
@@ -160,31 +191,61 @@ impl Gateway {
         }
     }
 
-    /// A human approved a payment (its mandate is issued): its payee is known to the agent (and the
-    /// user it acts for) from now. A payee that cannot be recorded stays unknown (fail closed: the
-    /// next payment to it asks again).
-    pub(super) async fn learn_payee(&self, op: &Operator, v: &ApprovalView, now: UnixSecs) {
-        if v.status != "approved" || !PAYS_PAYEE.contains(&v.tool.as_str()) {
+    /// A payment drawn on `mandate_id` settled (it succeeded): the payee the human approved is
+    /// known to the agent (and the user it acts for) from now — unless the mandate was revoked,
+    /// which the store checks in the same transaction as it records the payee (a revoke after
+    /// that forgets it). The approval alone teaches nothing, so a mandate that is revoked or
+    /// expires unused leaves its payee unknown. A payee that cannot be recorded stays unknown
+    /// (fail closed: the next payment to it asks again).
+    pub(super) async fn learn_payee(&self, mandate_id: &str, correlation_id: &str) {
+        let now = self.clock.now();
+        let approval = match self.store.mandate_get(mandate_id, now).await {
+            Ok(Some(m)) if m.revoked_at.is_none() => match crate::domain::ids::ApprovalId::parse(&m.approval_id) {
+                Ok(id) => self.store.approval_get(&id).await,
+                Err(_) => Ok(None),
+            },
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        };
+        let v = match approval {
+            Ok(Some(v)) => v,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::error!(%error, "payee learning failed; it stays unknown");
+                return;
+            }
+        };
+        if !PAYS_PAYEE.contains(&v.tool.as_str()) {
             return;
         }
-        let Some(payee) = v.intent.get("payee").and_then(|p| p.as_str()) else { return };
-        let owner = usage_subject(&v.agent_subject, v.user.as_deref());
+        let Some(account) = v.intent.get("payee").and_then(|p| p.as_str()) else { return };
+        let payee = super::admission::payee_key(&v.tool, &v.intent).unwrap_or_else(|| account.to_string());
+        let owner = usage_subject(&v.principal_sub, v.principal_user.as_deref());
+        // Who made it known: the people who approved the payment.
+        let approvers: Vec<&crate::domain::approval::Review> =
+            v.reviews.iter().filter(|r| r.decision == ReviewDecision::Approve).collect();
+        // Every issued mandate has its approving reviews; none found: nothing to vouch for it.
+        let Some(last) = approvers.last() else { return };
+        let added_by = approvers.iter().map(|r| format!("{} {}", r.reviewer_iss, r.reviewer_sub)).collect::<Vec<_>>();
         let rec = PayeeRecord {
             owner: owner.clone(),
-            payee: payee.to_string(),
+            payee: payee.clone(),
             known_since: now,
-            added_by: format!("{} {}", op.issuer, op.subject),
-            approval_id: Some(v.approval_id.clone()),
+            added_by: added_by.join(", "),
+            approval_id: Some(v.id.to_string()),
             revoked_at: None,
             revoked_by: None,
         };
         let notify = self.payee_notice(&rec);
-        match self.store.payee_add(rec, notify).await {
+        match self.store.payee_learn(rec, mandate_id, notify).await {
             Ok(true) => {
                 let mut d = Decision::new("payees.add", "recorded");
-                d.approval_id = Some(&v.approval_id);
-                d.detail = Some(format!("{payee} for {} (approved payment)", owner.replace('\u{1f}', " for ")));
-                self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+                d.approval_id = Some(v.id.as_str());
+                d.detail = Some(format!(
+                    "{payee} for {} (approved payment settled, mandate {mandate_id})",
+                    owner.replace('\u{1f}', " for ")
+                ));
+                self.audit_as(&last.reviewer_iss, &last.reviewer_sub, correlation_id, d).await;
             }
             Ok(false) => {}
             Err(error) => tracing::error!(%error, "payee record failed; it stays unknown"),

@@ -71,6 +71,9 @@ pub struct PayeeRoom {
     pub known_since: Option<String>,
     /// What autonomous payments to it total today in the call's currency, in minor units.
     pub paid_today_minor: i64,
+    /// While it cools off under a cooling-off total: what autonomous payments to it total since it
+    /// became known, in minor units (0 otherwise).
+    pub paid_cooling_off_minor: i64,
 }
 
 /// What an agent may still do today without a human.
@@ -164,6 +167,15 @@ impl Gateway {
                 self.store.payee_state(&cap.owner, &cap.payee, Some((cap.since, currency))).await.map_err(&failed)?;
             payee::check_cap(cap, paid, amount.minor(), currency)
                 .map_err(|why| AgentError::new(ErrorCode::BudgetExceeded, why))?;
+            if let Some(cooling) = &cap.cooling {
+                let paid = self
+                    .store
+                    .payee_cooling_paid(&cap.owner, &cap.payee, cooling.known_since, currency)
+                    .await
+                    .map_err(&failed)?;
+                payee::check_cooling(cap, paid, amount.minor(), currency)
+                    .map_err(|why| AgentError::new(ErrorCode::BudgetExceeded, why))?;
+            }
         }
         if let Some(pf) = &caller.preflight {
             pf.allowed.store(true, Ordering::Release);
@@ -213,6 +225,7 @@ impl Gateway {
                 known: state.known_since.is_some(),
                 known_since: state.known_since.map(rfc3339),
                 paid_today_minor: state.paid_today_minor,
+                paid_cooling_off_minor: state.paid_cooling_minor,
             });
         }
         Ok(view)

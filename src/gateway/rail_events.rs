@@ -60,7 +60,16 @@ impl Gateway {
         settlement: &Settlement,
         receipt: Option<String>,
     ) -> Result<Option<RailPayment>, crate::domain::error::StoreError> {
-        settle_record(&*self.store, &*self.clock, rail, rec, settlement, receipt).await
+        let settled = settle_record(&*self.store, &*self.clock, rail, rec, settlement, receipt).await?;
+        if let Some(done) = &settled
+            && done.state == RailState::Succeeded
+            && done.flow == RailFlow::Payout
+            && let Some(mandate_id) = &done.mandate_id
+        {
+            // A payout a human approved settled: its payee is known from now (`learn_payee`).
+            self.learn_payee(mandate_id, "-").await;
+        }
+        Ok(settled)
     }
 
     /// Callback and query decisions are audited under the rail's name (`<rail>_callback`, issuer `<rail>`).
@@ -84,11 +93,7 @@ impl Gateway {
     }
 
     async fn audit_callback(&self, rail: &str, rec: Option<&RailPayment>, decision: &str, code: &str, detail: String) {
-        let a = self.rail_audit(rail, rec, decision, code, detail);
-        if let Err(error) = self.store.audit_append(a).await {
-            self.metrics.bookkeeping_failure("audit");
-            tracing::error!(%error, "audit append failed");
-        }
+        self.append_audit_notify(self.rail_audit(rail, rec, decision, code, detail), Vec::new()).await
     }
 
     /// A callback refused before it was read (wrong secret, source not allowed): audited.

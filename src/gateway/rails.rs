@@ -113,7 +113,7 @@ impl Gateway {
             },
             Err(e) => return Err(AgentError::from(&e)),
         };
-        if !payment.touches_any(&caller.principal.profile.allowed_accounts) {
+        if !caller.principal.sees(&payment) {
             return Err(not_found());
         }
         let receipt = self.receipt(&payment, rec.as_ref());
@@ -201,7 +201,13 @@ impl Gateway {
     ) -> Result<PaymentSummary, AgentError> {
         let (from, to) = today_window(self.clock.now(), window.from, window.to)?;
         let currency = currency.map(Currency::parse).transpose()?;
-        let query = SummaryQuery { accounts: caller.principal.profile.allowed_accounts.clone(), from, to, currency };
+        let query = SummaryQuery {
+            accounts: caller.principal.profile.allowed_accounts.clone(),
+            from,
+            to,
+            currency,
+            principal_user: Some(caller.principal.user.clone().unwrap_or_default()),
+        };
         let rows = self.store.payment_summary(query).await.map_err(|error| {
             tracing::error!(correlation_id = %caller.correlation_id, %error, "summary failed");
             AgentError::internal()

@@ -1,5 +1,6 @@
-//! Read-only operations. Reads are scoped to the principal's accounts: what it may not touch, it
-//! may not see (a foreign payment is NOT_FOUND, not "forbidden", so ids cannot be probed).
+//! Read-only operations. Reads are scoped to the principal: its profile's accounts and, for an agent
+//! acting for someone, that person's payments alone (`AgentPrincipal::sees`). What it may not see
+//! does not exist for it (a foreign payment is NOT_FOUND, not "forbidden", so ids cannot be probed).
 //!
 //! Payments live in two places: the backend holds the ledger's payments, and the gateway's rail
 //! records hold the collections (M-Pesa) that no ledger holds. `list_payments` merges both, newest
@@ -217,6 +218,9 @@ impl Gateway {
             limit: self.page_limit(limit)?,
             from: listing.from,
             to: listing.to,
+            // An agent acting for someone lists that person's payments alone; one on its own token,
+            // the payments made for no one.
+            principal_user: Some(caller.principal.user.clone().unwrap_or_default()),
         };
         let mut attempt = 1;
         loop {
@@ -308,6 +312,9 @@ impl Gateway {
             }
         };
         let next = ListCursor { backend: backend_next, rails: rails_next };
+        // Filtered in the query; again here for a backend that ignores the filter (an external
+        // ledger): the cursors above keep their places whatever this leaves out.
+        items.retain(|p| caller.principal.sees(p));
         Ok(Some(PaymentPage { items, next_cursor: next.encode() }))
     }
 

@@ -73,16 +73,16 @@ impl ReconcileReport {
 }
 
 impl Gateway {
-    /// The audit record of a scheduled (or CLI) reconciliation.
+    /// The audit record of a scheduled (or CLI) reconciliation, tagged for the store.
     pub fn reconcile_audit(&self, report: &ReconcileReport) -> AuditRecord {
-        self.audit_record(GATEWAY_ISSUER, "scheduler", "-", reconcile_decision(report))
+        self.tag_audit(self.audit_record(GATEWAY_ISSUER, "scheduler", "-", reconcile_decision(report)))
     }
 
-    /// A record of the scheduler's own work (`tool`: what ran).
+    /// A record of the scheduler's own work (`tool`: what ran), tagged for the store.
     pub fn system_audit(&self, tool: &str, decision: &str, detail: String) -> AuditRecord {
         let mut d = Decision::new(tool, decision);
         d.detail = Some(detail);
-        self.audit_record(GATEWAY_ISSUER, "scheduler", "-", d)
+        self.tag_audit(self.audit_record(GATEWAY_ISSUER, "scheduler", "-", d))
     }
 
     /// `reconcile` tool: admin only; audited.

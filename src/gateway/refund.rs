@@ -35,14 +35,13 @@ impl Gateway {
             Ok::<_, AgentError>((op, pid, reason))
         })();
         let (op, pid, reason) = self.or_refuse(caller, TOOL, parsed).await?;
-        // The original must be visible to this agent: a payment it cannot see does not exist for it.
+        // The original must be visible to this principal (its accounts, and made for the person it
+        // acts for): a payment it cannot see does not exist for it.
         let not_found = || AgentError::new(ErrorCode::NotFound, format!("payment {pid} does not exist"));
         let original = match self.backend.payment(&pid).await {
-            Ok(Some(pay)) if pay.touches_any(&p.profile.allowed_accounts) => pay,
+            Ok(Some(pay)) if p.sees(&pay) => pay,
             Ok(None) => match self.store.rail_get(&pid).await {
-                Ok(Some(r))
-                    if self.is_collection_record(&r) && r.payment().touches_any(&p.profile.allowed_accounts) =>
-                {
+                Ok(Some(r)) if self.is_collection_record(&r) && p.sees(&r.payment()) => {
                     // A rail payment is given back through its rail: a collection by a reversal.
                     return self.reverse_collection(caller, op, reason, args, r).await;
                 }
@@ -81,8 +80,8 @@ impl Gateway {
             let explicit_amount = (explicit || t.mandated).then(|| amount.minor());
             movement(move |a: Attempt| {
                 let req = RefundRequest {
+                    refund_id: a.payment_id.clone(),
                     attempt: a,
-                    refund_id: PaymentId::generate(),
                     payment_id: pid.clone(),
                     amount_minor: explicit_amount,
                     reason: reason.clone(),

@@ -176,6 +176,7 @@ impl Gateway {
                 repeats: w.unrecorded,
                 policy_version: None,
                 intent: None,
+                tag: None,
             };
             self.append_audit(rec).await;
         }

@@ -10,13 +10,13 @@ use super::approvals::{ApprovalView, OpError, Operator, decision_key};
 use super::passkeys::PasskeyAssertion;
 use super::{Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
-use crate::domain::approval::{ApprovalRecord, ApprovalReview, Review, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalReview, InForce, Review, ReviewError};
 use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::domain::ids::{AccountId, ApprovalId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::ops::ApprovalQuery;
 use crate::domain::principal::{Suspension, SuspensionScope, valid_subject};
-use crate::domain::rules::authority::{Target, acts_on_itself};
+use crate::domain::rules::authority::{Target, acts_on_itself, reaches_itself};
 use crate::mandate::MandateKind;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -148,14 +148,19 @@ impl Gateway {
                 tracing::error!(%error, "approval list failed");
                 OpError::internal()
             })?;
-        Ok((page.items.iter().map(|(_, a)| self.view(a, now, false)).collect(), page.next_cursor.map(encode_cursor)))
+        // Each as it is decided now (the policy in force may ask more than when it was created).
+        let views = page.items.iter().map(|(_, a)| self.view(&self.judged_now(a.clone()), now, false)).collect();
+        Ok((views, page.next_cursor.map(encode_cursor)))
     }
 
     pub async fn approval(&self, op: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
         self.require(op, &[scopes::AUDIT, scopes::APPROVE])?;
         let id = ApprovalId::parse(approval_id).map_err(|_| OpError::not_found())?;
         match self.store.approval_get(&id).await {
-            Ok(Some(a)) => Ok(self.view(&a, self.clock.now(), false)),
+            Ok(Some(a)) => {
+                let a = self.judged_now(a);
+                Ok(self.view(&a, self.clock.now(), false))
+            }
             Ok(None) => Err(OpError::not_found()),
             Err(error) => {
                 tracing::error!(%error, "approval read failed");
@@ -185,7 +190,7 @@ impl Gateway {
     /// delegating subject, same issuer, their own operator-audience sign-in with `payments:confirm`)
     /// sees it.
     pub async fn user_approval(&self, person: &Operator, approval_id: &str) -> Result<ApprovalView, OpError> {
-        let a = self.users_own(person, approval_id).await?;
+        let a = self.judged_now(self.users_own(person, approval_id).await?);
         Ok(self.view(&a, self.clock.now(), false))
     }
 
@@ -199,7 +204,8 @@ impl Gateway {
         reason: Option<String>,
         passkey: Option<PasskeyAssertion>,
     ) -> Result<ApprovalView, OpError> {
-        let a = self.users_own(person, approval_id).await?;
+        // Judged under the policy in force too: a tier narrowed since it was asked for is an operator's.
+        let a = self.judged_now(self.users_own(person, approval_id).await?);
         if a.approver != Approver::User {
             return Err(OpError::not_the_user(
                 "this payment is over your own approval limit: an operator decides it".into(),
@@ -272,7 +278,13 @@ impl Gateway {
         };
         let issue = self.mandate_issuer(now);
         let (decided, page) = (self.notice(crate::domain::webhook::APPROVAL_DECIDED), self.approval_url(&id));
-        let result = self.store.approval_review(ApprovalReview { id: id.clone(), review, issue, decided, page }).await;
+        let in_force = match self.store.approval_get(&id).await {
+            Ok(Some(rec)) => self.in_force(&rec),
+            // Not found, or unreadable: the review transaction answers for it.
+            _ => InForce::default(),
+        };
+        let ask = ApprovalReview { id: id.clone(), review, issue, decided, page, in_force };
+        let result = self.store.approval_review(ask).await;
         let (outcome, error) = match result {
             Ok(a) => (Ok(self.view(&a, now, false)), None),
             Err(e) => {
@@ -311,7 +323,6 @@ impl Gateway {
             d.approval_id = Some(id.as_str());
             d.detail = Some(format!("mandate {mid} for {}", v.agent_subject));
             self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
-            self.learn_payee(op, v, now).await;
         }
         outcome
     }
@@ -431,6 +442,36 @@ impl Gateway {
         self.review(op, id.as_str(), ReviewDecision::Approve, args.reason, None).await
     }
 
+    /// What deciding `rec` takes under the policy in force now: its principal's profile as it is now
+    /// (the strictest of the profiles it could be, when only a client id would tell), the reviewer
+    /// tiers and the passkey tiers. Narrowing policy during an incident reaches pending approvals.
+    pub(super) fn in_force(&self, rec: &ApprovalRecord) -> InForce {
+        let live = self.policy();
+        let amount = crate::domain::money::Money::from_minor(rec.amount_minor, rec.currency);
+        let candidates =
+            live.profiles.candidates(&rec.principal_iss, &rec.principal_sub, rec.principal_user.as_deref());
+        let reviewers_required = self.reviewers_for(rec.amount_minor, rec.currency);
+        let user_tier = rec.principal_user.is_some()
+            && reviewers_required == 1
+            && amount.as_ref().is_ok_and(|a| candidates.iter().all(|p| p.user_may_approve(*a)));
+        let profile_passkey = candidates.iter().any(|p| p.passkey_required);
+        InForce {
+            operator_only: !user_tier,
+            reviewers_required,
+            passkey_required: self.passkey_required_for(profile_passkey, rec.amount_minor, rec.currency),
+        }
+    }
+
+    /// `rec` as it is decided now (`ApprovalRecord::under`), while it is pending; a decided one is
+    /// shown as it was decided.
+    pub(super) fn judged_now(&self, rec: ApprovalRecord) -> ApprovalRecord {
+        if rec.status_at(self.clock.now()) != ApprovalStatus::Pending {
+            return rec;
+        }
+        let now = self.in_force(&rec);
+        rec.under(&now)
+    }
+
     /// Distinct reviewers an approval of `amount_minor` needs: `high_risk_reviewers` at or above the
     /// currency's `approvals.high_risk_amount`, and for a currency with no threshold configured
     /// (an unknown risk counts as high); `reviewers_required` otherwise.
@@ -510,6 +551,23 @@ impl Gateway {
         self.require(op, &[scopes::ADMIN])?;
         let issuer = who.issuer(op)?;
         self.not_itself(op, who)?;
+        if who.user.is_none() {
+            // Without a user the resume lifts every suspension of the agent, the pair of the agent
+            // acting for this very operator included: that is acting on themself too.
+            let lifted = self.store.agent_suspensions(issuer, &who.subject).await.map_err(|error| {
+                tracing::error!(%error, "suspensions read failed");
+                OpError::internal()
+            })?;
+            let users = lifted.iter().filter_map(|s| match &s.scope {
+                SuspensionScope::Pair(user) => Some(user.as_deref()),
+                SuspensionScope::Agent => None,
+            });
+            if reaches_itself(&op.subject, &who.subject, users) {
+                return Err(OpError::self_review(
+                    "this would lift the suspension of an agent acting for you; a colleague resumes it".into(),
+                ));
+            }
+        }
         let resumed =
             self.store.resume(issuer, &who.subject, who.user.as_deref(), self.clock.now()).await.map_err(|error| {
                 tracing::error!(%error, "resume failed");

@@ -22,6 +22,7 @@ use super::{Caller, Decision, Gateway};
 use crate::domain::audit::AuditRecord;
 use crate::domain::error::{BackendError, StoreError};
 use crate::domain::idempotency::Reservation;
+use crate::domain::ids::PaymentId;
 use crate::domain::money::Money;
 use crate::domain::payment::{Attempt, Guards, Payment, PaymentStatus};
 use crate::domain::policy::Decision as Policy;
@@ -195,10 +196,12 @@ impl Gateway {
         //    audit are one write. Others reserve the operation's key, then the mandate's, first;
         //    duplicates wait and replay.
         if strategy == Strategy::ClaimInPosting {
+            let payment_id = PaymentId::generate();
             let attempt = Attempt {
                 key: idem.key.clone(),
                 alias_key: alias_key(),
-                audit: Some(self.allowed_audit(caller, tool, &idem)),
+                audit: Some(self.allowed_audit(caller, tool, &idem, &payment_id)),
+                payment_id,
                 claim: Some(self.claim_for(caller, tool, &idem)),
             };
             let started = std::time::Instant::now();
@@ -245,10 +248,12 @@ impl Gateway {
         // 4. Move the money. The key travels to the backend, which applies it at most once. A
         //    posting transaction completes the key(s) and appends the "allowed" record itself.
         let in_tx = strategy == Strategy::ClaimInPosting;
+        let payment_id = PaymentId::generate();
         let attempt = Attempt {
             key: idem.key.clone(),
             alias_key: alias_key(),
-            audit: in_tx.then(|| self.allowed_audit(caller, tool, &idem)),
+            audit: in_tx.then(|| self.allowed_audit(caller, tool, &idem, &payment_id)),
+            payment_id,
             claim: None,
         };
         let started = std::time::Instant::now();
@@ -258,11 +263,13 @@ impl Gateway {
         self.settle_call(caller, tool, &idem, keys, result).await
     }
 
-    /// The "allowed" audit record a posting transaction appends.
-    fn allowed_audit(&self, caller: &Caller, tool: &str, idem: &Idem) -> AuditRecord {
+    /// The "allowed" audit record a posting transaction appends, naming the payment the attempt
+    /// makes (tagged here, the payment id included: the store adds nothing).
+    fn allowed_audit(&self, caller: &Caller, tool: &str, idem: &Idem, payment: &PaymentId) -> AuditRecord {
         let mut d = Decision::new(tool, "allowed");
         d.idempotency_key = Some(&idem.key);
-        self.agent_audit_record(caller, d)
+        d.payment_id = Some(payment.as_str());
+        self.tag_audit(self.agent_audit_record(caller, d))
     }
 
     /// What the backend's answer means for the keys, the audit trail and the agent.

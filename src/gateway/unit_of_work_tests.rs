@@ -247,6 +247,29 @@ async fn an_allowed_call_in_posting_leaves_the_key_to_the_postings_claim() {
     assert_eq!(attempts[0].audit.as_ref().map(|a| a.decision.as_str()), Some("allowed"));
 }
 
+/// The posting's "allowed" record names the payment its attempt makes, and its writer's tag binds
+/// that id (so a database writer moving it to another payment breaks the tag); a new attempt
+/// draws a new id.
+#[tokio::test]
+async fn the_allowed_record_names_the_attempts_payment_under_its_tag() {
+    let gw = gateway().await;
+    let c = caller(&[scopes::CREATE]);
+    let (m, seen) = backend(|a: Attempt| {
+        std::future::ready(Ok(Payment { id: a.payment_id.clone(), ..payment(PaymentStatus::Succeeded) }))
+    });
+    let paid = run(&gw, &c, Strategy::ClaimInPosting, Policy::Allow, idem(&gw, &c, "op-1", "a"), m).await.unwrap();
+    let (m, _) =
+        backend(|a: Attempt| std::future::ready(Ok(Payment { id: a.payment_id, ..payment(PaymentStatus::Succeeded) })));
+    let other = run(&gw, &c, Strategy::ClaimInPosting, Policy::Allow, idem(&gw, &c, "op-2", "a"), m).await.unwrap();
+    assert_ne!(paid.payment.id, other.payment.id);
+    let attempt = seen.lock().unwrap()[0].clone();
+    let record = attempt.audit.expect("the posting appends the allowed record");
+    assert_eq!(record.payment_id.as_deref(), Some(paid.payment.id.as_str()));
+    assert_eq!(crate::domain::audit_chain::tag_fault(&gw.audit_link_key, &record, true), None);
+    let moved = AuditRecord { payment_id: Some(other.payment.id.to_string()), ..record };
+    assert!(crate::domain::audit_chain::tag_fault(&gw.audit_link_key, &moved, true).is_some());
+}
+
 /// The claim's answer is what decides, not a second read: a claim that found the earlier
 /// outcome replays it even when the record is gone right after (retention purged it), and
 /// nothing is paid again.

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
+use axum::handler::Handler;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodFilter, MethodRouter, get, on, post};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -152,19 +153,12 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
         .layer(cors);
 
-    let operator_routes = Router::new()
-        .route("/approvals", get(approvals::list).post(approvals::preauthorize))
-        .route("/approvals/{id}", get(approvals::get))
-        .route("/approvals/{id}/approve", post(approvals::approve))
-        .route("/approvals/{id}/reject", post(approvals::reject))
-        .route("/approvals/{id}/revoke", post(approvals::revoke))
-        .route("/principals/{subject}/suspend", post(approvals::suspend))
-        .route("/principals/{subject}/resume", post(approvals::resume))
-        .nest("/operator/v1", operator_api())
+    let operator_routes = table(Router::new(), approval_routes())
+        .nest("/operator/v1", table(Router::new(), operator_api()))
         .layer(RequestBodyLimitLayer::new(approvals::OPERATOR_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
         .layer(axum::middleware::from_fn(operator::json_errors));
-    let policy_routes = policy_api()
+    let policy_routes = table(Router::new(), policy_api())
         .layer(RequestBodyLimitLayer::new(approvals::POLICY_BODY_BYTES_MAX))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, cfg.request_timeout))
         .layer(axum::middleware::from_fn(operator::json_errors));
@@ -232,53 +226,112 @@ pub fn router(state: AppState, cfg: RouterConfig) -> Router {
         .with_state(state)
 }
 
+/// One route of a table: a method, a path and its handler. A table is the one list its router is
+/// built from and `operator_routes` reads, so a test that walks `operator_routes` walks every route
+/// the operator resource serves: none can be added without being walked.
+type Route = (Method, &'static str, MethodRouter<AppState>);
+
+/// The methods operator routes take.
+#[derive(Clone, Copy)]
+enum Verb {
+    Get,
+    Post,
+}
+
+fn at<H, T>(verb: Verb, path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    let (method, filter) = match verb {
+        Verb::Get => (Method::GET, MethodFilter::GET),
+        Verb::Post => (Method::POST, MethodFilter::POST),
+    };
+    (method, path, on(filter, handler))
+}
+
+fn table(router: Router<AppState>, routes: Vec<Route>) -> Router<AppState> {
+    routes.into_iter().fold(router, |r, (_, path, handler)| r.route(path, handler))
+}
+
+/// Every (method, path) that takes an operator's token (the approval routes, `/principals`,
+/// `/operator/v1` and its policy routes), as the router serves them, path parameters in braces.
+pub fn operator_routes() -> Vec<(Method, String)> {
+    let plain = approval_routes().into_iter().chain(policy_api()).map(|(m, p, _)| (m, p.to_string()));
+    let v1 = operator_api().into_iter().map(|(m, p, _)| (m, format!("/operator/v1{p}")));
+    plain.chain(v1).collect()
+}
+
+/// The approval routes from before `/operator/v1` (kept: scripts call them).
+fn approval_routes() -> Vec<Route> {
+    use Verb::{Get, Post};
+    vec![
+        at(Get, "/approvals", approvals::list),
+        at(Post, "/approvals", approvals::preauthorize),
+        at(Get, "/approvals/{id}", approvals::get),
+        at(Post, "/approvals/{id}/approve", approvals::approve),
+        at(Post, "/approvals/{id}/reject", approvals::reject),
+        at(Post, "/approvals/{id}/revoke", approvals::revoke),
+        at(Post, "/principals/{subject}/suspend", approvals::suspend),
+        at(Post, "/principals/{subject}/resume", approvals::resume),
+    ]
+}
+
 /// `/operator/v1/policy…`: policy as data. Apart from the rest of `/operator/v1` only for its body
 /// limit: a proposal carries a whole policy document.
-fn policy_api() -> Router<AppState> {
-    Router::new()
-        .route("/operator/v1/policy", get(policy::current))
-        .route("/operator/v1/policy/versions", get(policy::versions))
-        .route("/operator/v1/policy/versions/{version}", get(policy::version))
-        .route("/operator/v1/policy/diff", get(policy::diff))
-        .route("/operator/v1/policy/proposals", get(policy::proposals).post(policy::propose))
-        .route("/operator/v1/policy/proposals/{proposal_id}", get(policy::proposal))
-        .route("/operator/v1/policy/proposals/{proposal_id}/approve", post(policy::approve))
-        .route("/operator/v1/policy/proposals/{proposal_id}/reject", post(policy::reject))
-        .route("/operator/v1/policy/rollback", post(policy::rollback))
-        .route("/operator/v1/policy/simulate", post(policy::simulate))
+fn policy_api() -> Vec<Route> {
+    use Verb::{Get, Post};
+    vec![
+        at(Get, "/operator/v1/policy", policy::current),
+        at(Get, "/operator/v1/policy/versions", policy::versions),
+        at(Get, "/operator/v1/policy/versions/{version}", policy::version),
+        at(Get, "/operator/v1/policy/diff", policy::diff),
+        at(Get, "/operator/v1/policy/proposals", policy::proposals),
+        at(Post, "/operator/v1/policy/proposals", policy::propose),
+        at(Get, "/operator/v1/policy/proposals/{proposal_id}", policy::proposal),
+        at(Post, "/operator/v1/policy/proposals/{proposal_id}/approve", policy::approve),
+        at(Post, "/operator/v1/policy/proposals/{proposal_id}/reject", policy::reject),
+        at(Post, "/operator/v1/policy/rollback", policy::rollback),
+        at(Post, "/operator/v1/policy/simulate", policy::simulate),
+    ]
 }
 
 /// `/operator/v1`: what the console calls (`docs/operator-api.yaml`).
-fn operator_api() -> Router<AppState> {
-    Router::new()
-        .route("/health", get(operator::health))
-        .route("/summary", get(operator::summary))
-        .route("/payments", get(operator::payments))
-        .route("/payments/{payment_id}", get(operator::payment))
-        .route("/audit", get(operator::audit))
-        .route("/audit/verify", get(operator::verify_audit))
-        .route("/approvals", get(operator::approvals))
-        .route("/approvals/{approval_id}", get(approvals::get))
-        .route("/approvals/{approval_id}/approve", post(approvals::approve))
-        .route("/approvals/{approval_id}/reject", post(approvals::reject))
-        .route("/approvals/{approval_id}/passkeys", get(passkeys::approval))
-        .route("/passkeys", get(passkeys::list).post(passkeys::register))
-        .route("/passkeys/options", post(passkeys::options))
-        .route("/passkeys/{credential_id}/revoke", post(passkeys::revoke))
-        .route("/confirmations/{approval_id}", get(approvals::user_get))
-        .route("/confirmations/{approval_id}/approve", post(approvals::user_approve))
-        .route("/confirmations/{approval_id}/reject", post(approvals::user_reject))
-        .route("/mandates", get(operator::mandates))
-        .route("/mandates/{mandate_id}/revoke", post(operator::revoke_mandate))
-        .route("/principals", get(operator::principals))
-        .route("/principals/{subject}/suspend", post(approvals::suspend))
-        .route("/principals/{subject}/resume", post(approvals::resume))
-        .route("/payees", get(operator::payees).post(operator::add_payee))
-        .route("/payees/revoke", post(operator::revoke_payee))
-        .route("/webhooks", get(operator::webhooks))
-        .route("/webhooks/{message_id}/attempts", get(operator::webhook_attempts))
-        .route("/reconciliation", get(operator::reconciliation))
-        .route("/reconciliation/run", post(operator::reconcile))
+fn operator_api() -> Vec<Route> {
+    use Verb::{Get, Post};
+    vec![
+        at(Get, "/health", operator::health),
+        at(Get, "/summary", operator::summary),
+        at(Get, "/payments", operator::payments),
+        at(Get, "/payments/{payment_id}", operator::payment),
+        at(Get, "/audit", operator::audit),
+        at(Get, "/audit/verify", operator::verify_audit),
+        at(Get, "/approvals", operator::approvals),
+        at(Get, "/approvals/{approval_id}", approvals::get),
+        at(Post, "/approvals/{approval_id}/approve", approvals::approve),
+        at(Post, "/approvals/{approval_id}/reject", approvals::reject),
+        at(Get, "/approvals/{approval_id}/passkeys", passkeys::approval),
+        at(Get, "/passkeys", passkeys::list),
+        at(Post, "/passkeys", passkeys::register),
+        at(Post, "/passkeys/options", passkeys::options),
+        at(Post, "/passkeys/enrolment-codes", passkeys::enrolment_code),
+        at(Post, "/passkeys/{credential_id}/revoke", passkeys::revoke),
+        at(Get, "/confirmations/{approval_id}", approvals::user_get),
+        at(Post, "/confirmations/{approval_id}/approve", approvals::user_approve),
+        at(Post, "/confirmations/{approval_id}/reject", approvals::user_reject),
+        at(Get, "/mandates", operator::mandates),
+        at(Post, "/mandates/{mandate_id}/revoke", operator::revoke_mandate),
+        at(Get, "/principals", operator::principals),
+        at(Post, "/principals/{subject}/suspend", approvals::suspend),
+        at(Post, "/principals/{subject}/resume", approvals::resume),
+        at(Get, "/payees", operator::payees),
+        at(Post, "/payees", operator::add_payee),
+        at(Post, "/payees/revoke", operator::revoke_payee),
+        at(Get, "/webhooks", operator::webhooks),
+        at(Get, "/webhooks/{message_id}/attempts", operator::webhook_attempts),
+        at(Get, "/reconciliation", operator::reconciliation),
+        at(Post, "/reconciliation/run", operator::reconcile),
+    ]
 }
 
 /// RFC 9728 protected resource metadata of the MCP resource (agents).
@@ -358,7 +411,8 @@ async fn metrics(
         grouped_transfers: c.grouped_transfers,
         fallbacks: c.fallbacks,
     });
-    let body = g.metrics().render(pending, ping, group_commit);
+    let mut body = g.metrics().render(pending, ping, group_commit);
+    body.push_str(&crate::metrics::render_rail_circuits(&g.rail_circuits()));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

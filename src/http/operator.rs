@@ -88,9 +88,25 @@ pub struct AuditParams {
 }
 
 /// Walk the audit hash chain: 200 with the verdict, whether or not the chain holds (`ok`,
-/// `first_break`); the walk is a read and changes nothing.
-pub async fn verify_audit(State(state): State<AppState>, Authed(op): Authed) -> Response {
-    respond(state.gateway.ops_verify_audit(&op).await, &op.correlation_id, StatusCode::OK)
+/// `first_break`); the walk is a read and changes nothing. `expect=POSITION:HASH` (a witness's
+/// newest checkpoint) holds the chain to it: missing or different is named as a rollback.
+pub async fn verify_audit(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<VerifyParams>) -> Response {
+    let Ok(Query(q)) = q else { return bad_query(&op.correlation_id) };
+    let expect = match q.expect.as_deref() {
+        None => None,
+        Some(text) => match crate::domain::audit_chain::ChainHead::parse(text) {
+            Some(head) => Some(head),
+            None => return bad_query(&op.correlation_id),
+        },
+    };
+    respond(state.gateway.ops_verify_audit(&op, expect).await, &op.correlation_id, StatusCode::OK)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyParams {
+    /// `POSITION:HASH`.
+    expect: Option<String>,
 }
 
 pub async fn audit(State(state): State<AppState>, Authed(op): Authed, q: QueryResult<AuditParams>) -> Response {

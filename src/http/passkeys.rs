@@ -1,4 +1,5 @@
-//! Passkey routes under `/operator/v1`: a person registers, lists and revokes their passkeys; an
+//! Passkey routes under `/operator/v1`: a person registers (with an enrolment code or an existing
+//! passkey), lists and revokes their passkeys; an admin issues enrolment codes for others; an
 //! auditor verifies the passkey-signed reviews of an approval again. Same operator tokens, rate
 //! limit and error envelope as the rest of the operator API.
 
@@ -10,7 +11,7 @@ use serde_json::json;
 use super::AppState;
 use super::approvals::{Authed, refusal, respond};
 use crate::error::ErrorCode;
-use crate::gateway::PasskeyRegistration;
+use crate::gateway::{EnrolmentCodeRequest, PasskeyRegistration};
 
 /// `POST /operator/v1/passkeys/options`: the registration ceremony's options.
 pub async fn options(State(state): State<AppState>, Authed(op): Authed) -> Response {
@@ -30,6 +31,16 @@ pub async fn register(State(state): State<AppState>, Authed(op): Authed, body: a
         Err(e) => return refusal(ErrorCode::InvalidArgument, &format!("invalid JSON body: {e}"), &op.correlation_id),
     };
     respond(state.gateway.passkey_register(&op, reg).await, &op.correlation_id, StatusCode::CREATED)
+}
+
+/// `POST /operator/v1/passkeys/enrolment-codes`: an admin issues an enrolment code for another
+/// person (shown once).
+pub async fn enrolment_code(State(state): State<AppState>, Authed(op): Authed, body: axum::body::Bytes) -> Response {
+    let req: EnrolmentCodeRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refusal(ErrorCode::InvalidArgument, &format!("invalid JSON body: {e}"), &op.correlation_id),
+    };
+    respond(state.gateway.passkey_enrolment_code(&op, req).await, &op.correlation_id, StatusCode::CREATED)
 }
 
 /// `POST /operator/v1/passkeys/{credential_id}/revoke`.

@@ -67,9 +67,8 @@ pub async fn diff(State(state): State<AppState>, Authed(op): Authed, q: QueryRes
         (Ok(a), Ok(b)) => (a, b),
         (Err(resp), _) | (_, Err(resp)) => return *resp,
     };
-    let result =
-        state.gateway.ops_policy_diff(&op, from, to).await.map(|changes| serde_json::json!({ "changes": changes }));
-    respond(result, &op.correlation_id, StatusCode::OK)
+    // `widens`, the named `changes`, each principal's effective change (`authority`), `governance`.
+    respond(state.gateway.ops_policy_diff(&op, from, to).await, &op.correlation_id, StatusCode::OK)
 }
 
 #[derive(Debug, Deserialize)]

@@ -113,7 +113,7 @@ fn exported_keys_cover_since_through_the_next_and_are_bounded() {
 }
 
 fn checkpoint(iat: UnixSecs) -> CheckpointClaims {
-    CheckpointClaims { iss: CHECKPOINT_ISSUER.into(), chain_seq: 42, hash: "ab".repeat(32), iat }
+    CheckpointClaims { iss: CHECKPOINT_ISSUER.into(), chain_seq: 42, hash: "ab".repeat(32), iat, retention: false }
 }
 
 /// A checkpoint signed by hand: `key`'s period, any claims, any header.

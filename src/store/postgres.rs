@@ -77,6 +77,12 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0015_passkeys.sql"),
     include_str!("../../migrations/postgres/0016_policy_versions.sql"),
     include_str!("../../migrations/postgres/0017_rate_quotas.sql"),
+    include_str!("../../migrations/postgres/0018_passkey_enrolment.sql"),
+    include_str!("../../migrations/postgres/0019_payee_cooling.sql"),
+    include_str!("../../migrations/postgres/0020_audit_by_user.sql"),
+    include_str!("../../migrations/postgres/0021_audit_record_tags.sql"),
+    include_str!("../../migrations/postgres/0022_policy_version_tags.sql"),
+    include_str!("../../migrations/postgres/0023_refunds_by_original.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;
@@ -304,9 +310,11 @@ impl PostgresStore {
 
     async fn migrate(&self, schema: &str) -> Result<(), StoreError> {
         let mut client = self.pool.get().await?;
-        client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await?;
         let tx = client.transaction().await?;
         tx.exec("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+        // Under the lock: replicas starting at once on a fresh schema would otherwise race on
+        // CREATE SCHEMA IF NOT EXISTS, and the losers fail (23505 on the catalog).
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await?;
         tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
             .await?;
         let applied: i64 = tx.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", &[]).await?.get(0);

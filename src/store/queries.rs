@@ -3,6 +3,7 @@
 //! parameters; the engines only run them through the shared row mappers in `store::rows`.
 
 use super::rows::{self, Value};
+use crate::domain::approval::RejectedIntent;
 use crate::domain::ops::{AuditQuery, AuditRelated, MandateQuery, OpsPaymentQuery};
 use crate::domain::payment::PaymentQuery;
 use crate::domain::rail::RailState;
@@ -153,6 +154,10 @@ pub(crate) fn rail_payments(q: &PaymentQuery, except_rail: &str, dialect: Dialec
         let p = b.int(seq);
         b.when(format!("seq < {p}"));
     }
+    if let Some(user) = &q.principal_user {
+        let p = b.text(user);
+        b.when(format!("COALESCE(principal_user, '') = {p}"));
+    }
     let limit = b.int(i64::from(q.limit));
     let text =
         format!("SELECT {} FROM rail_payments{} ORDER BY seq DESC LIMIT {limit}", rows::RAIL_COLS, b.where_clause());
@@ -296,6 +301,143 @@ pub(crate) fn principal_states(limit: u32, dialect: Dialect) -> Statement {
     b.finish(text)
 }
 
+/// The newest approval a human rejected at or after `since` for the same principal, tool and intent
+/// (`fingerprint`: the arguments without the operation_id) under another operation than `key`,
+/// unless `key`'s own approval is pending or approved: `id, decided_at`. Uses `approvals_status`
+/// (a decision comes after its creation, so `created_at >= created_since` loses nothing).
+pub(crate) fn rejected_intent(q: &RejectedIntent<'_>, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (iss, sub, user) = (b.text(q.issuer), b.text(q.subject), b.text(q.user.unwrap_or("")));
+    let (tool, fingerprint, key) = (b.text(q.tool), b.text(q.fingerprint), b.text(q.key));
+    let (since, created_since) = (b.int(q.since), b.int(q.created_since));
+    let text = format!(
+        "SELECT id, decided_at FROM approvals
+         WHERE status = 'rejected' AND created_at >= {created_since} AND decided_at >= {since}
+           AND principal_iss = {iss} AND principal_sub = {sub} AND COALESCE(principal_user, '') = {user}
+           AND tool = {tool} AND fingerprint = {fingerprint} AND idempotency_key <> {key}
+           AND NOT EXISTS (SELECT 1 FROM approvals o WHERE o.idempotency_key = {key}
+                                                      AND o.status IN ('pending', 'approved'))
+         ORDER BY decided_at DESC LIMIT 1"
+    );
+    b.finish(text)
+}
+
+/// Who issued the unexpired, unused enrolment code `code_sha256` of the person (issuer, subject),
+/// read only (`PasskeyStore::passkey_enrol` consumes it).
+pub(crate) fn passkey_code_issuer(code_sha256: &str, owner: (&str, &str), now: i64, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (hash, iss, sub, now) = (b.text(code_sha256), b.text(owner.0), b.text(owner.1), b.int(now));
+    let text = format!(
+        "SELECT issued_by FROM passkey_enrolment_codes
+         WHERE code_sha256 = {hash} AND owner_iss = {iss} AND owner_sub = {sub} AND used_at IS NULL
+           AND expires_at >= {now}"
+    );
+    b.finish(text)
+}
+
+/// The newest payment the gateway knows (a ledger payment or a rail record), and the newest thing
+/// the audit trail holds (a record or a checkpoint): `newest_payment, newest_audit`.
+pub(crate) fn audit_freshness(dialect: Dialect) -> Statement {
+    let b = Builder::new(dialect);
+    let text = "SELECT (SELECT MAX(t) FROM (SELECT MAX(created_at) AS t FROM payments
+                                            UNION ALL SELECT MAX(created_at) FROM rail_payments) p),
+                       (SELECT MAX(t) FROM (SELECT MAX(at) AS t FROM audit_records
+                                            UNION ALL SELECT MAX(at) FROM audit_checkpoints) a)"
+        .to_string();
+    b.finish(text)
+}
+
+/// The oldest ledger payment made in `[since, before)` without its "allowed" audit record — one
+/// naming it under the payment's own idempotency key (the record's key and decision are bound by
+/// its writer's tag): the posting transaction writes a payment and that record together, so one
+/// without the other lost its record, or had another record (a replay, a refusal) pinned on it.
+pub(crate) fn unaudited_payment(since: i64, before: i64, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (since, before) = (b.int(since), b.int(before));
+    let text = format!(
+        "SELECT id, created_at FROM payments p
+         WHERE created_at >= {since} AND created_at < {before}
+           AND NOT EXISTS (SELECT 1 FROM audit_records a WHERE a.payment_id = p.id
+                             AND a.idempotency_key = p.idempotency_key AND a.decision = 'allowed')
+         ORDER BY created_at, id LIMIT 1"
+    );
+    b.finish(text)
+}
+
+/// Ledger payments made in `[since, before)` after the position `after` (created_at, id, record
+/// seq), each with every "allowed" record naming it under its idempotency key, in that order: what
+/// `audit verify` holds each payment to (`domain::trail_money`).
+pub(crate) fn payment_decisions(
+    since: i64,
+    before: i64,
+    after: (i64, &str, i64),
+    limit: u32,
+    dialect: Dialect,
+) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (since, before) = (b.int(since), b.int(before));
+    let (at, id, seq) = (b.int(after.0), b.text(after.1), b.int(after.2));
+    let limit = b.int(i64::from(limit));
+    let text = format!(
+        "SELECT p.id, p.created_at, p.kind, p.from_account, p.to_account, p.amount_minor, p.currency,
+                p.principal_sub, p.principal_user, p.mandate_id, a.principal_sub, a.principal_user, a.intent, a.seq
+         FROM payments p JOIN audit_records a
+           ON a.payment_id = p.id AND a.idempotency_key = p.idempotency_key AND a.decision = 'allowed'
+         WHERE p.created_at >= {since} AND p.created_at < {before}
+           AND (p.created_at > {at} OR (p.created_at = {at} AND (p.id > {id} OR (p.id = {id} AND a.seq > {seq}))))
+         ORDER BY p.created_at, p.id, a.seq LIMIT {limit}"
+    );
+    b.finish(text)
+}
+
+/// The payments whose postings are not exactly one debit of the payment's amount from its payer
+/// and one credit of it to its payee, in its currency (`rules::integrity`: "not one balanced
+/// debit/credit pair"): a posting rewritten to another account or amount is named, not only an
+/// unbalanced one. `postings`: the postings table as read (alias `p`, engine hints allowed);
+/// `since`: the condition on them (`"TRUE"` for all).
+pub(crate) fn unbalanced_payments(postings: &str, since: &str) -> String {
+    format!(
+        "SELECT p.payment_id FROM {postings} LEFT JOIN payments y ON y.id = p.payment_id
+         WHERE p.payment_id IS NOT NULL AND {since}
+         GROUP BY p.payment_id
+         HAVING SUM(p.amount_minor) <> 0 OR COUNT(*) <> 2
+             OR SUM(CASE WHEN p.account_id = y.from_account AND p.amount_minor = -y.amount_minor
+                          AND p.currency = y.currency THEN 1 ELSE 0 END) <> 1
+             OR SUM(CASE WHEN p.account_id = y.to_account AND p.amount_minor = y.amount_minor
+                          AND p.currency = y.currency THEN 1 ELSE 0 END) <> 1"
+    )
+}
+
+/// When the oldest audit record still in the store was made.
+pub(crate) fn oldest_audit_record(dialect: Dialect) -> Statement {
+    Builder::new(dialect).finish("SELECT MIN(at) FROM audit_records".to_string())
+}
+
+/// The agents that have acted for `user` (delegated tokens), as the audit trail names them: at most
+/// `limit`, by name.
+pub(crate) fn agents_for_user(user: &str, limit: u32, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (user, limit) = (b.text(user), b.int(i64::from(limit)));
+    let text = format!(
+        "SELECT DISTINCT principal_sub FROM audit_records WHERE principal_user = {user}
+         ORDER BY principal_sub LIMIT {limit}"
+    );
+    b.finish(text)
+}
+
+/// The suspensions in force of one agent (`principal_state` rows with `suspended_at`), under
+/// `issuer` or from before issuers were recorded: what a resume without a user would lift.
+pub(crate) fn agent_suspensions(issuer: &str, subject: &str, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (subject, issuer) = (b.text(subject), b.text(issuer));
+    let text = format!(
+        "SELECT subject, suspended_at, suspended_reason, resumed_at, issuer, scope, principal_user FROM principal_state
+         WHERE subject = {subject} AND issuer IN ({issuer}, '') AND suspended_at IS NOT NULL
+         ORDER BY scope, principal_user"
+    );
+    b.finish(text)
+}
+
 /// Subjects that called any of `tools` since `since` (under any issuer but `internal_issuer`, the
 /// gateway's own), most recent first, with when they last did.
 pub(crate) fn agents_seen(
@@ -331,7 +473,6 @@ pub(crate) fn volume(from: i64, to: i64, dialect: Dialect) -> Statement {
     b.finish(text)
 }
 
-/// A statement without parameters.
 /// `owner`'s row for `payee`, a revoked one too (`rows::payee`).
 pub(crate) fn payee(owner: &str, payee: &str, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
@@ -350,6 +491,24 @@ pub(crate) fn payee_usage(owner: &str, payee: &str, day: i64, currency: &str, di
     ))
 }
 
+/// What `owner`'s autonomous payments to `payee` total since it became known at `known_since`, in
+/// `currency` (the cooling-off total's usage): one row, one BIGINT, 0 when none.
+pub(crate) fn payee_cooling_usage(
+    owner: &str,
+    payee: &str,
+    known_since: i64,
+    currency: &str,
+    dialect: Dialect,
+) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (owner, payee, since, currency) = (b.text(owner), b.text(payee), b.int(known_since), b.text(currency));
+    b.finish(format!(
+        "SELECT CAST(COALESCE(SUM(spent_minor), 0) AS BIGINT) FROM payee_cooling_usage
+         WHERE owner = {owner} AND payee = {payee} AND known_since = {since} AND currency = {currency}"
+    ))
+}
+
+/// A statement without parameters.
 pub(crate) fn plain(text: &str, dialect: Dialect) -> Statement {
     Builder::new(dialect).finish(text.to_string())
 }
@@ -367,11 +526,58 @@ pub(crate) fn audit_chain_links(after: i64, limit: u32, dialect: Dialect) -> Sta
     b.finish(text)
 }
 
+/// The first record of `tool`: seq, detail.
+pub(crate) fn audit_first_of_tool(tool: &str, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let tool = b.text(tool);
+    b.finish(format!("SELECT seq, detail FROM audit_records WHERE tool = {tool} ORDER BY seq LIMIT 1"))
+}
+
+/// The highest policy version any record names (`policy_version`: the version a call was judged
+/// under, or the version a policy change applied).
+pub(crate) fn audit_policy_version_max(dialect: Dialect) -> Statement {
+    plain("SELECT MAX(policy_version) FROM audit_records", dialect)
+}
+
+/// Which of the records `seqs` are stored: seq, tag, and 1 when a link names it (sealed).
+pub(crate) fn audit_witness_read(seqs: &[i64], dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let list: Vec<String> = seqs.iter().map(|s| b.int(*s)).collect();
+    let text = format!(
+        "SELECT a.seq, a.tag, CASE WHEN EXISTS (SELECT 1 FROM audit_chain c WHERE c.seq = a.seq) THEN 1 ELSE 0 END
+         FROM audit_records a WHERE a.seq IN ({})",
+        list.join(", ")
+    );
+    b.finish(text)
+}
+
+/// Records no link names yet (not sealed), after seq `after`, in seq order.
+pub(crate) fn audit_unsealed_records(after: i64, limit: u32, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (after, limit) = (b.int(after), b.int(i64::from(limit)));
+    let cols: Vec<String> = rows::AUDIT_COLS.split(',').map(|c| format!("a.{}", c.trim())).collect();
+    let text = format!(
+        "SELECT {} FROM audit_records a
+         WHERE a.seq > {after} AND NOT EXISTS (SELECT 1 FROM audit_chain c WHERE c.seq = a.seq)
+         ORDER BY a.seq LIMIT {limit}",
+        cols.join(", ")
+    );
+    b.finish(text)
+}
+
 pub(crate) fn audit_checkpoints(after: i64, limit: u32, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
     let (after, limit) = (b.int(after), b.int(i64::from(limit)));
     b.finish(format!(
         "SELECT chain_seq, hash, at, jws FROM audit_checkpoints WHERE chain_seq > {after} ORDER BY chain_seq LIMIT {limit}"
+    ))
+}
+
+pub(crate) fn audit_checkpoint_before(before: i64, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let before = b.int(before);
+    b.finish(format!(
+        "SELECT chain_seq, hash, at, jws FROM audit_checkpoints WHERE chain_seq < {before} ORDER BY chain_seq DESC LIMIT 1"
     ))
 }
 

@@ -459,7 +459,8 @@ pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
     ]
 }
 
-/// `AUDIT_COLS` without `seq`; `payment_id` (the payment the posting made) overrides the record's.
+/// `AUDIT_COLS` without `seq`; `payment_id` (the payment the posting made) names it when the record
+/// does not (a gateway-written "allowed" record names the id its attempt drew, replay or not).
 pub(crate) fn audit_values(r: &AuditRecord, payment_id: Option<&str>) -> Vec<Value> {
     vec![
         int(r.at),
@@ -470,13 +471,14 @@ pub(crate) fn audit_values(r: &AuditRecord, payment_id: Option<&str>) -> Vec<Val
         text(r.decision.as_str()),
         opt_text(r.code.as_deref()),
         opt_text(r.idempotency_key.as_deref()),
-        opt_text(payment_id.or(r.payment_id.as_deref())),
+        opt_text(r.payment_id.as_deref().or(payment_id)),
         opt_text(r.approval_id.as_deref()),
         opt_text(r.detail.as_deref()),
         opt_text(r.principal_user.as_deref()),
         int(r.repeats),
         Value::Int(r.policy_version),
         opt_text(r.intent.as_deref()),
+        opt_text(r.tag.as_deref()),
     ]
 }
 

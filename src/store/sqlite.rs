@@ -57,6 +57,12 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0015_passkeys.sql"),
     include_str!("../../migrations/sqlite/0016_policy_versions.sql"),
     include_str!("../../migrations/sqlite/0017_rate_quotas.sql"),
+    include_str!("../../migrations/sqlite/0018_passkey_enrolment.sql"),
+    include_str!("../../migrations/sqlite/0019_payee_cooling.sql"),
+    include_str!("../../migrations/sqlite/0020_audit_by_user.sql"),
+    include_str!("../../migrations/sqlite/0021_audit_record_tags.sql"),
+    include_str!("../../migrations/sqlite/0022_policy_version_tags.sql"),
+    include_str!("../../migrations/sqlite/0023_refunds_by_original.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

@@ -31,6 +31,9 @@ pub enum Mode {
     HoldResponseAfterForward,
     /// Answer this status without forwarding.
     Status(u16),
+    /// Forward, let the ledger answer (and commit), and pass the answer on with the first `from`
+    /// replaced by `to` (same length: the headers stand) — a ledger whose answer contradicts itself.
+    Rewrite(&'static str, &'static str),
     /// Hold the request for this long *and* until the client has hung up (so the client has
     /// certainly given up), then forward it; the answer goes nowhere.
     Slow(Duration),
@@ -207,6 +210,13 @@ async fn handle(mut client: TcpStream, shared: Arc<Shared>, upstream: SocketAddr
         Mode::DropResponseAfterForward => {
             let _ = forward(&raw, upstream, &shared).await;
             drop(client);
+        }
+        Mode::Rewrite(from, to) => {
+            assert_eq!(from.len(), to.len(), "a rewrite keeps the length (content-length stands)");
+            let response = forward(&raw, upstream, &shared).await;
+            let text = String::from_utf8_lossy(&response).replacen(from, to, 1);
+            let _ = client.write_all(text.as_bytes()).await;
+            let _ = client.shutdown().await;
         }
         Mode::HoldResponseAfterForward => {
             let _ = forward(&raw, upstream, &shared).await;

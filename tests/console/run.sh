@@ -146,7 +146,11 @@ pk_env() { PAYGATE_STORAGE__DATA_DIR="$work/passkeys" PAYGATE_SERVER__PUBLIC_URL
 PAYGATE_PASSKEY_OPERATOR_TOKEN=$(pk_env token --console --sub passkey-operator) || { say "paygate token --console failed"; exit 1; }
 PAYGATE_PASSKEY_AGENT_TOKEN=$(pk_env token --sub dev-agent --scope "payments:read payments:create") ||
   { say "paygate token failed"; exit 1; }
-export PAYGATE_PASSKEY_OPERATOR_TOKEN PAYGATE_PASSKEY_AGENT_TOKEN
+# A bearer token alone registers no passkey: the operator's first one takes an enrolment code,
+# issued here at the box (out of band).
+PAYGATE_PASSKEY_ENROLMENT_CODE=$(pk_env passkeys enrol-code --owner passkey-operator) ||
+  { say "paygate passkeys enrol-code failed"; exit 1; }
+export PAYGATE_PASSKEY_OPERATOR_TOKEN PAYGATE_PASSKEY_AGENT_TOKEN PAYGATE_PASSKEY_ENROLMENT_CODE
 
 say "== console: $base/console (issuer $issuer), $dev_base/console (dev), $pk_base/console (passkeys); screenshots in $shots"
 rc=0

@@ -192,6 +192,10 @@ impl CollectionRail for AirtelRail {
         RAIL
     }
 
+    fn circuits(&self) -> Vec<(&'static str, &'static str)> {
+        self.client.circuits()
+    }
+
     fn display_name(&self) -> &'static str {
         "Airtel Money"
     }

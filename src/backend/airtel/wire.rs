@@ -442,7 +442,9 @@ struct Inner {
     http: reqwest::Client,
     clock: Arc<dyn Clock>,
     token: TokenCache,
-    breaker: Breaker,
+    /// One breaker per endpoint (`Op::ALL` order): enquiries failing never stop collections or
+    /// disbursements, nor the other way round.
+    breakers: Vec<Breaker>,
 }
 
 impl std::fmt::Debug for AirtelClient {
@@ -460,6 +462,19 @@ enum Op {
 }
 
 impl Op {
+    /// Every endpoint, in declaration order (`op as usize` indexes the breakers).
+    const ALL: [Op; 4] = [Op::Collect, Op::Disburse, Op::Refund, Op::Enquiry];
+
+    /// The endpoint's breaker, as named in logs.
+    fn breaker_name(self) -> &'static str {
+        match self {
+            Op::Collect => "airtel collection",
+            Op::Disburse => "airtel disbursement",
+            Op::Refund => "airtel refund",
+            Op::Enquiry => "airtel enquiry",
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Op::Collect => "collection",
@@ -481,6 +496,11 @@ impl Op {
 type Failure = outbound::Failure<AirtelError>;
 
 impl AirtelClient {
+    /// Each endpoint's circuit breaker: (endpoint, state).
+    pub fn circuits(&self) -> Vec<(&'static str, &'static str)> {
+        Op::ALL.iter().map(|op| (op.as_str(), self.inner.breakers[*op as usize].state())).collect()
+    }
+
     pub fn new(cfg: AirtelConfig, clock: Arc<dyn Clock>) -> Result<Self, AirtelError> {
         let base = outbound::base_url(&cfg.base_url).map_err(AirtelError::Config)?;
         if cfg.client_id.expose().is_empty() || cfg.client_secret.expose().is_empty() {
@@ -491,8 +511,11 @@ impl AirtelClient {
         outbound::check_bounds(timeouts, cfg.token_refresh_margin_secs, cfg.retries_max, breaker)
             .map_err(AirtelError::Config)?;
         let http = http_client(cfg.connect_timeout, cfg.request_timeout).map_err(AirtelError::Config)?;
-        let breaker = Breaker::new("airtel", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
-        Ok(AirtelClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breaker }) })
+        let breakers = Op::ALL
+            .iter()
+            .map(|op| Breaker::new(op.breaker_name(), cfg.breaker_failures_max, cfg.breaker_open, clock.clone()))
+            .collect();
+        Ok(AirtelClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breakers }) })
     }
 
     /// Sends the collection (the payer's prompt). `Ok` means only *accepted*: the outcome arrives
@@ -680,7 +703,7 @@ impl AirtelClient {
         let retries = Retries {
             vendor: "airtel",
             op: op.as_str(),
-            breaker: &self.inner.breaker,
+            breaker: &self.inner.breakers[op as usize],
             retries_max: self.inner.cfg.retries_max,
         };
         let count = |answer: &Answer| {

@@ -708,13 +708,24 @@ pub struct DarajaClient {
     inner: Arc<Inner>,
 }
 
+/// Daraja's answer to a status query while the customer's prompt is still open: HTTP 500 with
+/// `errorCode` 500.001.1001 "The transaction is being processed". A state of one payment (pending),
+/// not a failure of Daraja.
+fn still_processing(answer: &Answer) -> bool {
+    let err = parse_error_body(&answer.body);
+    err.error_code.as_deref() == Some(ERROR_CODE_PROCESSING)
+        && err.error_message.as_deref().is_some_and(|m| m.to_ascii_lowercase().contains("being processed"))
+}
+
 struct Inner {
     cfg: DarajaConfig,
     base: String,
     http: reqwest::Client,
     clock: Arc<dyn Clock>,
     token: TokenCache,
-    breaker: Breaker,
+    /// One breaker per endpoint (`Op::ALL` order): status queries failing never stop pushes or
+    /// payouts, nor the other way round.
+    breakers: Vec<Breaker>,
 }
 
 impl std::fmt::Debug for DarajaClient {
@@ -737,6 +748,21 @@ enum Op {
 }
 
 impl Op {
+    /// Every endpoint, in declaration order (`op as usize` indexes the breakers).
+    const ALL: [Op; 6] = [Op::Push, Op::Query, Op::Payout, Op::Business, Op::Reversal, Op::Status];
+
+    /// The endpoint's breaker, as named in logs.
+    fn breaker_name(self) -> &'static str {
+        match self {
+            Op::Push => "daraja stk_push",
+            Op::Query => "daraja stk_query",
+            Op::Payout => "daraja b2c_payment",
+            Op::Business => "daraja b2b_payment",
+            Op::Reversal => "daraja reversal",
+            Op::Status => "daraja transaction_status",
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Op::Push => "stk_push",
@@ -800,8 +826,11 @@ impl DarajaClient {
             }
         }
         let http = http_client(cfg.connect_timeout, cfg.request_timeout).map_err(DarajaError::Config)?;
-        let breaker = Breaker::new("daraja", cfg.breaker_failures_max, cfg.breaker_open, clock.clone());
-        Ok(DarajaClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breaker }) })
+        let breakers = Op::ALL
+            .iter()
+            .map(|op| Breaker::new(op.breaker_name(), cfg.breaker_failures_max, cfg.breaker_open, clock.clone()))
+            .collect();
+        Ok(DarajaClient { inner: Arc::new(Inner { cfg, base, http, clock, token: TokenCache::default(), breakers }) })
     }
 
     /// Sends the payment prompt. `Ok` means only *accepted*: the result arrives by callback or query.
@@ -883,13 +912,15 @@ impl DarajaClient {
             let result_code = ok.result_code.as_ref().and_then(json_int).ok_or_else(unparseable)?;
             return Ok(StkQueryOutcome::Completed { result_code, result_desc: ok.result_desc });
         }
-        let err = parse_error_body(&answer.body);
-        if err.error_code.as_deref() == Some(ERROR_CODE_PROCESSING)
-            && err.error_message.as_deref().is_some_and(|m| m.to_ascii_lowercase().contains("being processed"))
-        {
+        if still_processing(&answer) {
             return Ok(StkQueryOutcome::Pending);
         }
         Err(self.error_answer(Op::Query, &answer))
+    }
+
+    /// Each endpoint's circuit breaker: (endpoint, state).
+    pub fn circuits(&self) -> Vec<(&'static str, &'static str)> {
+        Op::ALL.iter().map(|op| (op.as_str(), self.inner.breakers[*op as usize].state())).collect()
     }
 
     /// Whether payouts, reversals and status queries are configured (an initiator and its credential).
@@ -1046,18 +1077,22 @@ impl DarajaClient {
         let retries = Retries {
             vendor: "daraja",
             op: op.as_str(),
-            breaker: &self.inner.breaker,
+            breaker: &self.inner.breakers[op as usize],
             retries_max: self.inner.cfg.retries_max,
         };
-        // Daraja answered: it is up, even when it refused (a 4xx is about the request).
+        // Daraja answered: it is up, even when it refused (a 4xx is about the request), and when a
+        // status query is answered "still being processed" (an HTTP 500 that is a state: the
+        // customer has not answered the prompt yet), which must never count against the breaker.
         let count = |answer: &Answer| Counted {
-            up: !(answer.status.is_server_error() || answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS),
+            up: still_processing(answer)
+                || !(answer.status.is_server_error() || answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS),
             unprocessed: self.is_transient_answer(answer),
         };
         send_with_retries(retries, DarajaError::Unavailable, count, || self.call_once(op, path, body)).await
     }
 
     /// An answer that says the request was refused before processing, by overload.
+    /// (Daraja's "still being processed" is not one: see [`still_processing`].)
     fn is_transient_answer(&self, answer: &Answer) -> bool {
         answer.status == reqwest::StatusCode::TOO_MANY_REQUESTS
             || answer.status == reqwest::StatusCode::SERVICE_UNAVAILABLE

@@ -298,6 +298,10 @@ impl CollectionRail for MpesaRail {
         RAIL
     }
 
+    fn circuits(&self) -> Vec<(&'static str, &'static str)> {
+        self.client.circuits()
+    }
+
     fn display_name(&self) -> &'static str {
         "M-Pesa"
     }
@@ -503,7 +507,7 @@ mod tests {
         assert_eq!(reason(args("0712345678", "0", "r", "d")), "amount must be greater than zero");
         assert_eq!(reason(args("0712345678", "150", "THIRTEEN-CHAR", "d")), "must be 1-12 characters");
         assert_eq!(reason(args("0712345678", "150", "r", "Fourteen chars")), "must be 1-13 characters");
-        assert_eq!(reason(args("0712345678", "150", "r", "a\tb")), "must not contain control characters");
+        assert!(reason(args("0712345678", "150", "r", "a\tb")).starts_with("must not contain control"));
     }
 
     #[test]

@@ -231,8 +231,12 @@ fn amount(v: &Value) -> Option<i64> {
     text(v, "Amount").and_then(|a| a.parse::<i64>().ok()).filter(|a| *a >= 1)
 }
 
-fn url(v: &Value, name: &str) -> Option<String> {
-    text(v, name).filter(|u| u.starts_with("http://") || u.starts_with("https://"))
+/// A URL the simulator will post to: only the gateway's own callback routes (the ones its client
+/// sends, path secret included). Anyone else who reached the simulator could otherwise make the
+/// gateway POST to any address of their choosing.
+fn url(sim: &Sim, v: &Value, name: &str) -> Option<String> {
+    let own = [&sim.cfg.callback_url, &sim.cfg.result_url, &sim.cfg.timeout_url];
+    text(v, name).filter(|u| own.iter().any(|o| o.as_str() == u.as_str()))
 }
 
 /// A 10-character receipt (`SIM` and 7 more), unique per simulator run.
@@ -289,7 +293,7 @@ async fn stk_push(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) 
     let Some(phone) = text(&v, "PhoneNumber").filter(|p| p.len() == 12 && p.starts_with("254")) else {
         return bad("PhoneNumber");
     };
-    let Some(reply_to) = url(&v, "CallBackURL") else { return bad("CallBackURL") };
+    let Some(reply_to) = url(&sim, &v, "CallBackURL") else { return bad("CallBackURL") };
     let item = Item {
         id: String::new(),
         kind: Kind::Prompt,
@@ -341,7 +345,7 @@ async fn stk_query(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes)
     }
 }
 
-fn outbound(v: &Value, kind: Kind, party: String, amount: i64) -> Option<Item> {
+fn outbound(sim: &Sim, v: &Value, kind: Kind, party: String, amount: i64) -> Option<Item> {
     Some(Item {
         id: text(v, "OriginatorConversationID").unwrap_or_default(),
         kind,
@@ -350,8 +354,8 @@ fn outbound(v: &Value, kind: Kind, party: String, amount: i64) -> Option<Item> {
         status: "pending",
         conversation_id: String::new(),
         merchant_request_id: String::new(),
-        reply_to: url(v, "ResultURL")?,
-        timeout_to: url(v, "QueueTimeOutURL")?,
+        reply_to: url(sim, v, "ResultURL")?,
+        timeout_to: url(sim, v, "QueueTimeOutURL")?,
         occasion: text(v, "Occassion").or_else(|| text(v, "Occasion")).unwrap_or_default(),
         receipt: String::new(),
         result_code: None,
@@ -367,7 +371,7 @@ async fn b2c(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -> Re
         return bad("Initiator");
     }
     let (Some(amount), Some(phone)) = (amount(&v), text(&v, "PartyB")) else { return bad("Amount or PartyB") };
-    let Some(item) = outbound(&v, Kind::Payout, phone, amount) else { return bad("ResultURL") };
+    let Some(item) = outbound(&sim, &v, Kind::Payout, phone, amount) else { return bad("ResultURL") };
     sim.record(item, accepted_outbound).await
 }
 
@@ -380,7 +384,7 @@ async fn b2b(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -> Re
         return bad("Initiator or PartyA");
     }
     let (Some(amount), Some(business)) = (amount(&v), text(&v, "PartyB")) else { return bad("Amount or PartyB") };
-    let Some(item) = outbound(&v, Kind::BusinessPayment, business, amount) else { return bad("ResultURL") };
+    let Some(item) = outbound(&sim, &v, Kind::BusinessPayment, business, amount) else { return bad("ResultURL") };
     sim.record(item, accepted_outbound).await
 }
 
@@ -395,7 +399,7 @@ async fn reversal(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) 
     let receipt = text(&v, "TransactionID").unwrap_or_default();
     let paid = sim.lock().items.iter().any(|i| i.kind == Kind::Prompt && i.status == "paid" && i.receipt == receipt);
     let Some(amount) = amount(&v).filter(|_| paid) else { return bad("TransactionID") };
-    let Some(item) = outbound(&v, Kind::Reversal, receipt, amount) else { return bad("ResultURL") };
+    let Some(item) = outbound(&sim, &v, Kind::Reversal, receipt, amount) else { return bad("ResultURL") };
     sim.record(item, accepted_outbound).await
 }
 
@@ -409,7 +413,7 @@ async fn status(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) ->
     if !sim.initiator_ok(&v, "Initiator") {
         return bad("Initiator");
     }
-    let (Some(asked), Some(reply_to)) = (text(&v, "OriginatorConversationID"), url(&v, "ResultURL")) else {
+    let (Some(asked), Some(reply_to)) = (text(&v, "OriginatorConversationID"), url(&sim, &v, "ResultURL")) else {
         return bad("OriginatorConversationID");
     };
     let occasion = text(&v, "Occasion").unwrap_or_default();

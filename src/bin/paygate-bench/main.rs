@@ -1133,6 +1133,7 @@ mod growth {
                         attempt: Attempt {
                             key: key.clone(),
                             alias_key: None,
+                            payment_id: PaymentId::generate(),
                             audit: Some(AuditRecord {
                                 seq: 0,
                                 at: now,
@@ -1150,6 +1151,8 @@ mod growth {
                                 repeats: 1,
                                 policy_version: None,
                                 intent: None,
+                                // A writer's tag is 64 hex digits (the gateway's key is not here).
+                                tag: Some("0".repeat(64)),
                             }),
                             claim: Some(Claim {
                                 records: vec![NewIdempotencyRecord {

@@ -48,11 +48,11 @@ pub(super) async fn load_approval(
 
 /// Record one reviewer's decision: the state machine (`rules::review`) under the approval's row lock.
 pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
-    let ApprovalReview { id, review, issue, decided, page } = ask;
+    let ApprovalReview { id, review, issue, decided, page, in_force } = ask;
     let (id, now) = (&id, review.at);
     let mut client = pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
-    let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?;
+    let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?.under(&in_force);
     let (plan, id) = (rules::plan(&rec, &review, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
         tx.exec("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2", &[&now, &id])
@@ -229,9 +229,21 @@ impl ApprovalStore for PostgresStore {
     }
 
     async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
         let sql = "UPDATE mandates SET revoked_at = $1, revoked_by = $2
                    WHERE approval_id = $3 AND revoked_at IS NULL RETURNING id";
-        Ok(client.opt(sql, &[&now, &by, &id.as_str()]).await?.map(|r| r.get(0)))
+        let revoked: Option<String> = tx.opt(sql, &[&now, &by, &id.as_str()]).await?.map(|r| r.get(0));
+        if revoked.is_some() {
+            // The payee this mandate's settled payment taught is forgotten with it (a learning in
+            // flight holds the mandate's row: it committed before this update could lock it).
+            tx.exec(
+                "UPDATE payees SET revoked_at = $1, revoked_by = $2 WHERE approval_id = $3 AND revoked_at IS NULL",
+                &[&now, &by, &id.as_str()],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(revoked)
     }
 }

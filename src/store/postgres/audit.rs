@@ -6,16 +6,23 @@ use deadpool_postgres::GenericClient;
 
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::domain::audit::AuditRecord;
-use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, link_hash};
+use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, LinkKey, keyed_link_hash};
 use crate::domain::error::StoreError;
+use crate::domain::webhook::OutboxMessage;
 use crate::store::AuditStore;
 use crate::store::rows;
 
 pub(super) const INSERT_AUDIT: &str =
     "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                                      idempotency_key, payment_id, approval_id, detail, principal_user,
-                                                     repeats, policy_version, intent)
-                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+                                                     repeats, policy_version, intent, tag)
+                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+
+/// Insert one record on its own (not a posting's): its seq.
+pub(super) async fn append_audit(c: &impl GenericClient, r: &AuditRecord) -> Result<i64, StoreError> {
+    let sql = format!("{INSERT_AUDIT} RETURNING seq");
+    Ok(c.one(&sql, &bind(&rows::audit_values(r, None))).await?.get(0))
+}
 
 pub(super) async fn insert_audit(
     c: &impl GenericClient,
@@ -28,9 +35,9 @@ pub(super) async fn insert_audit(
 
 #[async_trait]
 impl AuditStore for PostgresStore {
-    async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
+    async fn audit_append(&self, r: AuditRecord) -> Result<i64, StoreError> {
         let client = self.pool.get().await?;
-        insert_audit(&client, &r, None).await
+        append_audit(&client, &r).await
     }
 
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
@@ -42,7 +49,7 @@ impl AuditStore for PostgresStore {
         client.list(&sql, &[&principal_sub, &i64::from(limit)], rows::audit).await
     }
 
-    async fn audit_seal(&self, limit: u32) -> Result<(u64, ChainHead), StoreError> {
+    async fn audit_seal(&self, key: &LinkKey, limit: u32) -> Result<(u64, ChainHead), StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         // One sealing run at a time, whichever replica: the head's row lock.
@@ -70,7 +77,7 @@ impl AuditStore for PostgresStore {
         for row in &found {
             let r = rows::audit(row)?;
             chain_seq += 1;
-            let hash = link_hash(&prev, chain_seq, &r);
+            let hash = keyed_link_hash(key, &prev, chain_seq, &r);
             links.0.push(chain_seq);
             links.1.push(r.seq);
             links.2.push(std::mem::replace(&mut prev, hash.clone()));
@@ -95,15 +102,29 @@ impl AuditStore for PostgresStore {
         Ok((found.len() as u64, ChainHead { chain_seq, hash: prev }))
     }
 
-    async fn audit_checkpoint_put(&self, cp: Checkpoint) -> Result<(), StoreError> {
+    async fn audit_checkpoint_put(
+        &self,
+        cp: Checkpoint,
+        replace: bool,
+        messages: Vec<OutboxMessage>,
+    ) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.exec(
+            "INSERT INTO audit_checkpoints (chain_seq, hash, at, jws) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (chain_seq) DO UPDATE SET at = excluded.at, jws = excluded.jws
+             WHERE $5 AND audit_checkpoints.hash = excluded.hash",
+            &[&cp.chain_seq, &cp.hash, &cp.at, &cp.jws, &replace],
+        )
+        .await?;
+        super::outbox::insert_outbox(&tx, &messages).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn audit_checkpoint_drop(&self, chain_seq: i64) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        client
-            .exec(
-                "INSERT INTO audit_checkpoints (chain_seq, hash, at, jws) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (chain_seq) DO NOTHING",
-                &[&cp.chain_seq, &cp.hash, &cp.at, &cp.jws],
-            )
-            .await?;
+        client.exec("DELETE FROM audit_checkpoints WHERE chain_seq = $1", &[&chain_seq]).await?;
         Ok(())
     }
 

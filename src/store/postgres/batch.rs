@@ -219,7 +219,7 @@ const RELEASE_KEYS: &str = "DELETE FROM idempotency_records WHERE key = ANY($1) 
 const PAYMENT_COLUMNS: &str = "id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency, \
      refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id, principal_user";
 const AUDIT_COLUMNS: &str = "at, correlation_id, principal_iss, principal_sub, tool, decision, code, \
-     idempotency_key, payment_id, approval_id, detail, principal_user, repeats, policy_version, intent";
+     idempotency_key, payment_id, approval_id, detail, principal_user, repeats, policy_version, intent, tag";
 
 /// Rows of engine-neutral values (`store::rows`), as one array per column for `unnest`.
 enum Column {

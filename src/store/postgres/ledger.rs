@@ -82,11 +82,19 @@ impl LedgerStore for PostgresStore {
                AND ($3::BIGINT IS NULL OR seq < $3)
                AND ($5::BIGINT IS NULL OR created_at >= $5)
                AND ($6::BIGINT IS NULL OR created_at < $6)
+               AND ($7::TEXT IS NULL OR COALESCE(principal_user, '') = $7)
              ORDER BY seq DESC LIMIT $4",
             rows::PAYMENT_COLS
         );
-        let params: [&(dyn ToSql + Sync); 6] =
-            [&accounts, &q.status.map(|s| s.as_str()), &q.before_seq, &(i64::from(q.limit) + 1), &q.from, &q.to];
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &accounts,
+            &q.status.map(|s| s.as_str()),
+            &q.before_seq,
+            &(i64::from(q.limit) + 1),
+            &q.from,
+            &q.to,
+            &q.principal_user,
+        ];
         let page = Page::from_overfetch(client.list(&sql, &params, rows::payment).await?, q.limit, |(_, seq)| *seq);
         Ok(Page { items: page.items.into_iter().map(|(p, _)| p).collect(), next_cursor: page.next_cursor })
     }
@@ -134,18 +142,17 @@ impl LedgerStore for PostgresStore {
             out_of_bounds: tx
                 .list(
                     "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
-                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor",
+                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor
+                     UNION ALL SELECT y.id FROM payments y
+                       LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
+                                  WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
+                       WHERE y.refunded_minor <> COALESCE(r.refunded, 0)",
                     &[],
                     text,
                 )
                 .await?,
             unbalanced_payments: tx
-                .list(
-                    "SELECT payment_id FROM postings WHERE payment_id IS NOT NULL GROUP BY payment_id
-                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
-                    &[],
-                    text,
-                )
+                .list(&crate::store::queries::unbalanced_payments("postings p", "1 = 1"), &[], text)
                 .await?,
             accounts_checked: tx.one("SELECT COUNT(*) FROM accounts", &[]).await?.get(0),
             postings_checked: counts.get(0),
@@ -206,12 +213,7 @@ impl LedgerStore for PostgresStore {
                 )
                 .await?,
             unbalanced_payments: tx
-                .list(
-                    "SELECT payment_id FROM postings WHERE txid >= $1 AND payment_id IS NOT NULL GROUP BY payment_id
-                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
-                    &[&watermark],
-                    text,
-                )
+                .list(&crate::store::queries::unbalanced_payments("postings p", "p.txid >= $1"), &[&watermark], text)
                 .await?,
             postings_checked: counts.get(0),
             postings_covered: counts.get(1),

@@ -3,7 +3,6 @@
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 
-use super::audit::insert_audit;
 use super::{Cached, Mapped, PostgresStore};
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
@@ -80,12 +79,12 @@ impl OutboxStore for PostgresStore {
         client.list(&sql, &[&message_id], rows::attempt).await
     }
 
-    async fn audit_append_notify(&self, rec: AuditRecord, messages: Vec<OutboxMessage>) -> Result<(), StoreError> {
+    async fn audit_append_notify(&self, rec: AuditRecord, messages: Vec<OutboxMessage>) -> Result<i64, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        insert_audit(&tx, &rec, None).await?;
+        let seq = super::audit::append_audit(&tx, &rec).await?;
         insert_outbox(&tx, &messages).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(seq)
     }
 }

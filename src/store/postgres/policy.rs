@@ -13,8 +13,8 @@ use crate::domain::policy_doc::{PolicyProposal, PolicyVersion, ProposalStatus};
 use crate::store::{PolicyStore, rows};
 
 const INSERT_VERSION: &str = "INSERT INTO policy_versions (version, document, author_iss, author_sub, reason,
-         approver_iss, approver_sub, proposal_id, created_at)
-     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+         approver_iss, approver_sub, proposal_id, created_at, tag)
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10
      WHERE $1 = (SELECT COALESCE(MAX(version), 0) + 1 FROM policy_versions)
      ON CONFLICT (version) DO NOTHING";
 
@@ -41,6 +41,24 @@ impl PolicyStore for PostgresStore {
         client.list(&sql, &[&i64::from(limit)], rows::policy_version).await
     }
 
+    async fn policy_adopt_tags(&self, tags: Vec<(i64, String)>) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        for (version, tag) in &tags {
+            client
+                .exec("UPDATE policy_versions SET tag = $1 WHERE version = $2 AND tag IS NULL", &[tag, version])
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn policy_adopt_proposal_tags(&self, tags: Vec<(String, String)>) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        for (id, tag) in &tags {
+            client.exec("UPDATE policy_proposals SET tag = $1 WHERE id = $2 AND tag IS NULL", &[tag, id]).await?;
+        }
+        Ok(())
+    }
+
     async fn policy_append(&self, v: PolicyVersion) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
         insert_version(&client, &v).await
@@ -49,7 +67,7 @@ impl PolicyStore for PostgresStore {
     async fn policy_propose(&self, p: PolicyProposal) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
         let sql = format!(
-            "INSERT INTO policy_proposals ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "INSERT INTO policy_proposals ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             rows::POLICY_PROPOSAL_COLS
         );
         client.exec(&sql, &bind(&rows::policy_proposal_values(&p))).await?;
@@ -84,6 +102,7 @@ impl PolicyStore for PostgresStore {
         decided_by: (&str, &str),
         at: UnixSecs,
         version: Option<PolicyVersion>,
+        tag: &str,
     ) -> Result<bool, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
@@ -93,9 +112,9 @@ impl PolicyStore for PostgresStore {
         let decided = tx
             .exec(
                 "UPDATE policy_proposals SET status = $2, decided_iss = $3, decided_sub = $4, decided_at = $5,
-                        applied_version = $6
+                        applied_version = $6, tag = $7
                  WHERE id = $1 AND status = 'pending'",
-                &[&id, &status.as_str(), &decided_by.0, &decided_by.1, &at, &applied],
+                &[&id, &status.as_str(), &decided_by.0, &decided_by.1, &at, &applied, &tag],
             )
             .await?
             == 1;

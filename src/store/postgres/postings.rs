@@ -44,6 +44,8 @@ const INSERT_PAYMENT: &str =
     "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
                            refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id, principal_user)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+/// The refunds a payment has, by their own rows (`payments_refund_of` index).
+const REFUNDED_SUM: &str = "SELECT COALESCE(SUM(amount_minor), 0)::BIGINT FROM payments WHERE refund_of = $1";
 const ADD_REFUNDED: &str = "UPDATE payments SET refunded_minor = refunded_minor + $1 WHERE id = $2";
 const DRAW_MANDATE: &str = "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + $1 WHERE id = $2";
 
@@ -140,8 +142,9 @@ pub(super) async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<u
 pub(super) struct GuardState {
     usage: Option<BudgetUsage>,
     mandate: Option<MandateRow>,
-    /// What the payee was already paid today (read under the same lock).
-    payee_paid: Option<i64>,
+    /// What the payee was already paid today, and since it became known (read under the same
+    /// lock).
+    payee_paid: Option<(i64, i64)>,
 }
 
 impl GuardState {
@@ -150,8 +153,9 @@ impl GuardState {
         if let (Some(b), Some(usage)) = (&g.budget, self.usage) {
             guards::check_budget(b, usage, amount, currency)?;
         }
-        if let (Some(cap), Some(paid)) = (&g.payee, self.payee_paid) {
-            payee::check_cap(cap, paid, amount, currency).map_err(BackendError::BudgetExceeded)?;
+        if let (Some(cap), Some((today, cooling))) = (&g.payee, self.payee_paid) {
+            payee::check_cap(cap, today, amount, currency).map_err(BackendError::BudgetExceeded)?;
+            payee::check_cooling(cap, cooling, amount, currency).map_err(BackendError::BudgetExceeded)?;
         }
         if g.mandate.is_some() {
             guards::check_mandate(self.mandate.as_ref(), amount, currency, now)?;
@@ -204,8 +208,10 @@ pub(super) async fn read_guards(
         async {
             match &g.payee {
                 Some(cap) => {
-                    let row = c.one(PAYEE_PAID, &[&cap.owner, &cap.payee, &cap.since, &currency.code()]).await?;
-                    Ok(Some(row.get::<_, i64>(0)))
+                    let since = cap.cooling.map(|c| c.known_since);
+                    let row =
+                        c.one(PAYEE_PAID, &[&cap.owner, &cap.payee, &cap.since, &currency.code(), &since]).await?;
+                    Ok(Some((row.get::<_, i64>(0), row.get::<_, i64>(1))))
                 }
                 None => Ok::<_, tokio_postgres::Error>(None),
             }
@@ -221,9 +227,19 @@ pub(super) async fn read_guards(
     Ok(GuardState { usage: usage?, mandate: mandate?, payee_paid: payee_paid? })
 }
 
-/// What a payee was already paid today by its owner (the daily cap's usage).
-const PAYEE_PAID: &str = "SELECT COALESCE(SUM(spent_minor), 0)::BIGINT FROM payee_usage
-     WHERE owner = $1 AND payee = $2 AND day = $3 AND currency = $4";
+/// What a payee was already paid today by its owner (the daily cap's usage), and since it became
+/// known at $5 (the cooling-off total's usage; 0 when $5 is NULL: not cooling off).
+const PAYEE_PAID: &str = "SELECT
+     (SELECT COALESCE(SUM(spent_minor), 0)::BIGINT FROM payee_usage
+      WHERE owner = $1 AND payee = $2 AND day = $3 AND currency = $4),
+     (SELECT COALESCE(SUM(spent_minor), 0)::BIGINT FROM payee_cooling_usage
+      WHERE owner = $1 AND payee = $2 AND known_since = $5::BIGINT AND currency = $4)";
+/// Count a payment toward its payee's cooling-off total.
+const ADD_COOLING: &str = "INSERT INTO payee_cooling_usage (owner, payee, known_since, currency, spent_minor, payments)
+     VALUES ($1, $2, $3, $4, $5, 1)
+     ON CONFLICT (owner, payee, known_since, currency) DO UPDATE
+         SET spent_minor = payee_cooling_usage.spent_minor + excluded.spent_minor,
+             payments = payee_cooling_usage.payments + 1";
 /// Count a payment toward its payee's day.
 const ADD_PAYEE_USAGE: &str = "INSERT INTO payee_usage (owner, payee, day, currency, spent_minor, payments)
      VALUES ($1, $2, $3, $4, $5, 1)
@@ -239,6 +255,9 @@ async fn draw_mandate(
 ) -> Result<u64, tokio_postgres::Error> {
     if let Some(cap) = &g.payee {
         c.exec(ADD_PAYEE_USAGE, &[&cap.owner, &cap.payee, &cap.since, &currency.code(), &amount]).await?;
+        if let Some(cooling) = &cap.cooling {
+            c.exec(ADD_COOLING, &[&cap.owner, &cap.payee, &cooling.known_since, &currency.code(), &amount]).await?;
+        }
     }
     match &g.mandate {
         Some(d) => c.exec(DRAW_MANDATE, &[&amount, &d.mandate_id]).await,
@@ -516,17 +535,20 @@ async fn refund_in(
         let plan = refund::plan(req, existing, None, None, now).map_err(TxError::Backend)?;
         return write_posting(tx, plan, &GuardState::default(), Posting::from(req), savepoint, now).await;
     };
-    let loaded = load_posting(
-        tx,
-        false,
-        &o.to_account,
-        &o.from_account,
-        &req.attempt.key,
-        &req.guards,
-        &req.usage_subject(),
-        o.currency,
-    )
-    .await?;
+    let (subject, original_id) = (req.usage_subject(), o.id.as_str());
+    let by_original: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&original_id];
+    let (loaded, refunded) = tokio::join!(
+        load_posting(tx, false, &o.to_account, &o.from_account, &req.attempt.key, &req.guards, &subject, o.currency,),
+        tx.one(REFUNDED_SUM, &by_original),
+    );
+    let loaded = loaded?;
+    let refunded: i64 = refunded.map_err(TxError::pg)?.get(0);
+    // What was refunded is what the refund rows say, never less: a `refunded_minor` reset by a
+    // database writer does not make the payment refundable twice.
+    let original = original.map(|mut o| {
+        o.refunded_minor = o.refunded_minor.max(refunded);
+        o
+    });
     let plan =
         refund::plan(req, loaded.existing, original.as_ref(), loaded.from.as_ref(), now).map_err(TxError::Backend)?;
     write_posting(tx, plan, &loaded.guards, Posting::from(req), savepoint, now).await

@@ -7,7 +7,7 @@ use crate::domain::error::StoreError;
 
 pub(crate) const AUDIT_COLS: &str = "seq, at, correlation_id, principal_iss, principal_sub, tool, decision, code, \
                                      idempotency_key, payment_id, approval_id, detail, principal_user, repeats, \
-                                     policy_version, intent";
+                                     policy_version, intent, tag";
 
 pub(crate) fn audit(r: &dyn Columns) -> Result<AuditRecord, StoreError> {
     audit_at(r, 0)
@@ -32,6 +32,7 @@ fn audit_at(r: &dyn Columns, o: usize) -> Result<AuditRecord, StoreError> {
         repeats: r.int(o + 13)?,
         policy_version: r.opt_int(o + 14)?,
         intent: r.opt_text(o + 15)?,
+        tag: r.opt_text(o + 16)?,
     })
 }
 

@@ -5,10 +5,10 @@ use crate::domain::error::StoreError;
 use crate::domain::policy_doc::{PolicyProposal, PolicyVersion, ProposalStatus};
 
 pub(crate) const POLICY_VERSION_COLS: &str =
-    "version, document, author_iss, author_sub, reason, approver_iss, approver_sub, proposal_id, created_at";
+    "version, document, author_iss, author_sub, reason, approver_iss, approver_sub, proposal_id, created_at, tag";
 
 pub(crate) const POLICY_PROPOSAL_COLS: &str = "id, base_version, document, author_iss, author_sub, reason, \
-                                               created_at, status, decided_iss, decided_sub, decided_at, applied_version";
+                                               created_at, status, decided_iss, decided_sub, decided_at, applied_version, tag";
 
 pub(crate) fn policy_version(r: &dyn Columns) -> Result<PolicyVersion, StoreError> {
     Ok(PolicyVersion {
@@ -21,6 +21,7 @@ pub(crate) fn policy_version(r: &dyn Columns) -> Result<PolicyVersion, StoreErro
         approver_sub: r.text(6)?,
         proposal_id: r.opt_text(7)?,
         created_at: r.int(8)?,
+        tag: r.opt_text(9)?,
     })
 }
 
@@ -36,6 +37,7 @@ pub(crate) fn policy_version_values(v: &PolicyVersion) -> Vec<Value> {
         text(&v.approver_sub),
         opt_text(v.proposal_id.as_deref()),
         int(v.created_at),
+        opt_text(v.tag.as_deref()),
     ]
 }
 
@@ -53,6 +55,7 @@ pub(crate) fn policy_proposal(r: &dyn Columns) -> Result<PolicyProposal, StoreEr
         decided_sub: r.opt_text(9)?,
         decided_at: r.opt_int(10)?,
         applied_version: r.opt_int(11)?,
+        tag: r.opt_text(12)?,
     })
 }
 
@@ -71,5 +74,6 @@ pub(crate) fn policy_proposal_values(p: &PolicyProposal) -> Vec<Value> {
         opt_text(p.decided_sub.as_deref()),
         Value::Int(p.decided_at),
         Value::Int(p.applied_version),
+        opt_text(p.tag.as_deref()),
     ]
 }

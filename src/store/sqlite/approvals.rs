@@ -40,10 +40,10 @@ pub(super) fn load_approval(c: &Connection, id: &str) -> Result<Option<ApprovalR
 }
 
 pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
-    let ApprovalReview { id, review: r, issue, decided, page } = ask;
+    let ApprovalReview { id, review: r, issue, decided, page, in_force } = ask;
     let (id, now) = (&id, r.at);
     let tx = c.savepoint().map_err(StoreError::from)?;
-    let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?;
+    let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?.under(&in_force);
     let (plan, id) = (review::plan(&rec, &r, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
         tx.exec("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id])
@@ -200,10 +200,21 @@ impl ApprovalStore for SqliteStore {
     async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError> {
         let (id, by) = (id.to_string(), by.to_string());
         self.write(move |c| {
+            let tx = c.savepoint()?;
             let sql = "UPDATE mandates SET revoked_at = ?1, revoked_by = ?2
                        WHERE approval_id = ?3 AND revoked_at IS NULL RETURNING id";
-            Ok(c.q_row(sql, params![now, by, id], |r| r.get(0)).optional()?)
+            let revoked: Option<String> = tx.q_row(sql, params![now, by, id], |r| r.get(0)).optional()?;
+            if revoked.is_some() {
+                // The payee this mandate's settled payment taught is forgotten with it.
+                tx.exec(FORGET_PAYEES, params![now, by, id])?;
+            }
+            tx.commit()?;
+            Ok(revoked)
         })
         .await
     }
 }
+
+/// A revoked mandate's payees (those its approval taught) are known no more.
+const FORGET_PAYEES: &str =
+    "UPDATE payees SET revoked_at = ?1, revoked_by = ?2 WHERE approval_id = ?3 AND revoked_at IS NULL";

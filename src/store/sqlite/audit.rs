@@ -6,25 +6,28 @@ use rusqlite::{Connection, params, params_from_iter};
 
 use super::{Cached, SqliteStore};
 use crate::domain::audit::AuditRecord;
-use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, link_hash};
+use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, LinkKey, keyed_link_hash};
 use crate::domain::error::StoreError;
+use crate::domain::webhook::OutboxMessage;
 use crate::store::AuditStore;
 use crate::store::rows;
 
-pub(super) fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<usize> {
+/// Insert one record; its seq.
+pub(super) fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<i64> {
     c.exec(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                     idempotency_key, payment_id, approval_id, detail, principal_user, repeats,
-                                    policy_version, intent)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                                    policy_version, intent, tag)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         params_from_iter(rows::audit_values(r, payment_id)),
-    )
+    )?;
+    Ok(c.last_insert_rowid())
 }
 
 #[async_trait]
 impl AuditStore for SqliteStore {
-    async fn audit_append(&self, r: AuditRecord) -> Result<(), StoreError> {
-        self.write(move |c| Ok(insert_audit(c, &r, None).map(|_| ())?)).await
+    async fn audit_append(&self, r: AuditRecord) -> Result<i64, StoreError> {
+        self.write(move |c| Ok(insert_audit(c, &r, None)?)).await
     }
 
     async fn audit_list(&self, principal_sub: Option<&str>, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
@@ -39,7 +42,8 @@ impl AuditStore for SqliteStore {
         .await
     }
 
-    async fn audit_seal(&self, limit: u32) -> Result<(u64, ChainHead), StoreError> {
+    async fn audit_seal(&self, key: &LinkKey, limit: u32) -> Result<(u64, ChainHead), StoreError> {
+        let key = key.clone();
         self.write(move |c| {
             // One writer: seq order is commit order, and everything committed is visible here.
             let head = c.opt("SELECT chain_seq, hash, last_seq FROM audit_chain_head WHERE id = 1", [], |r| {
@@ -50,7 +54,7 @@ impl AuditStore for SqliteStore {
             let records = c.all(&sql, params![last_seq, limit], rows::audit)?;
             for r in &records {
                 chain_seq += 1;
-                let hash = link_hash(&prev, chain_seq, r);
+                let hash = keyed_link_hash(&key, &prev, chain_seq, r);
                 c.exec(
                     "INSERT INTO audit_chain (chain_seq, seq, prev_hash, hash) VALUES (?1, ?2, ?3, ?4)",
                     params![chain_seq, r.seq, prev, hash],
@@ -70,13 +74,30 @@ impl AuditStore for SqliteStore {
         .await
     }
 
-    async fn audit_checkpoint_put(&self, cp: Checkpoint) -> Result<(), StoreError> {
+    async fn audit_checkpoint_put(
+        &self,
+        cp: Checkpoint,
+        replace: bool,
+        messages: Vec<OutboxMessage>,
+    ) -> Result<(), StoreError> {
         self.write(move |c| {
-            c.exec(
+            let tx = c.savepoint()?;
+            tx.exec(
                 "INSERT INTO audit_checkpoints (chain_seq, hash, at, jws) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (chain_seq) DO NOTHING",
-                params![cp.chain_seq, cp.hash, cp.at, cp.jws],
+                 ON CONFLICT (chain_seq) DO UPDATE SET at = excluded.at, jws = excluded.jws
+                 WHERE ?5 AND audit_checkpoints.hash = excluded.hash",
+                params![cp.chain_seq, cp.hash, cp.at, cp.jws, replace],
             )?;
+            super::outbox::insert_outbox(&tx, &messages)?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit_checkpoint_drop(&self, chain_seq: i64) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.exec("DELETE FROM audit_checkpoints WHERE chain_seq = ?1", params![chain_seq])?;
             Ok(())
         })
         .await

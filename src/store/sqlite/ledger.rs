@@ -81,11 +81,19 @@ impl LedgerStore for SqliteStore {
                    AND (?3 IS NULL OR seq < ?3)
                    AND (?5 IS NULL OR created_at >= ?5)
                    AND (?6 IS NULL OR created_at < ?6)
+                   AND (?7 IS NULL OR COALESCE(principal_user, '') = ?7)
                  ORDER BY seq DESC LIMIT ?4",
                 rows::PAYMENT_COLS
             );
-            let params =
-                params![accounts, q.status.map(|s| s.as_str()), q.before_seq, i64::from(q.limit) + 1, q.from, q.to];
+            let params = params![
+                accounts,
+                q.status.map(|s| s.as_str()),
+                q.before_seq,
+                i64::from(q.limit) + 1,
+                q.from,
+                q.to,
+                q.principal_user
+            ];
             let page = Page::from_overfetch(c.all(&sql, params, rows::payment)?, q.limit, |(_, seq)| *seq);
             Ok(Page { items: page.items.into_iter().map(|(p, _)| p).collect(), next_cursor: page.next_cursor })
         })
@@ -126,13 +134,16 @@ impl LedgerStore for SqliteStore {
                 )?,
                 out_of_bounds: tx.all(
                     "SELECT id FROM accounts WHERE allow_overdraft = 0 AND balance_minor < 0
-                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor",
+                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor
+                     UNION ALL SELECT y.id FROM payments y
+                       LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
+                                  WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
+                       WHERE y.refunded_minor <> COALESCE(r.refunded, 0)",
                     [],
                     text,
                 )?,
                 unbalanced_payments: tx.all(
-                    "SELECT payment_id FROM postings WHERE payment_id IS NOT NULL GROUP BY payment_id
-                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
+                    &crate::store::queries::unbalanced_payments("postings AS p", "1 = 1"),
                     [],
                     text,
                 )?,
@@ -185,13 +196,15 @@ impl LedgerStore for SqliteStore {
                     text,
                 )?,
                 unbalanced_payments: tx.all(
-                    "SELECT payment_id FROM postings NOT INDEXED WHERE seq >= ?1 AND payment_id IS NOT NULL GROUP BY payment_id
-                     HAVING SUM(amount_minor) <> 0 OR COUNT(*) <> 2",
+                    &crate::store::queries::unbalanced_payments("postings AS p NOT INDEXED", "p.seq >= ?1"),
                     [watermark],
                     text,
                 )?,
-                postings_checked: tx
-                    .q_row("SELECT COUNT(*) FROM postings NOT INDEXED WHERE seq >= ?1", [watermark], |r| r.get(0))?,
+                postings_checked: tx.q_row(
+                    "SELECT COUNT(*) FROM postings NOT INDEXED WHERE seq >= ?1",
+                    [watermark],
+                    |r| r.get(0),
+                )?,
                 postings_covered: 0,
             };
             tx.commit()?;

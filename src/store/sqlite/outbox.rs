@@ -87,13 +87,13 @@ impl OutboxStore for SqliteStore {
         .await
     }
 
-    async fn audit_append_notify(&self, rec: AuditRecord, messages: Vec<OutboxMessage>) -> Result<(), StoreError> {
+    async fn audit_append_notify(&self, rec: AuditRecord, messages: Vec<OutboxMessage>) -> Result<i64, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
-            insert_audit(&tx, &rec, None)?;
+            let seq = insert_audit(&tx, &rec, None)?;
             insert_outbox(&tx, &messages)?;
             tx.commit()?;
-            Ok(())
+            Ok(seq)
         })
         .await
     }

@@ -1,7 +1,7 @@
 //! Payees (SQLite): who each owner may pay as a known payee, and the daily cap's usage.
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{OptionalExtension as _, params};
 
 use super::outbox::insert_outbox;
 use super::{Cached, SqliteStore};
@@ -25,6 +25,31 @@ impl PayeeStore for SqliteStore {
             let tx = c.savepoint()?;
             let added =
                 tx.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])? == 1;
+            if added {
+                insert_outbox(&tx, &notify)?;
+            }
+            tx.commit()?;
+            Ok(added)
+        })
+        .await
+    }
+
+    async fn payee_learn(
+        &self,
+        rec: PayeeRecord,
+        mandate_id: &str,
+        notify: Vec<OutboxMessage>,
+    ) -> Result<bool, StoreError> {
+        let mandate_id = mandate_id.to_string();
+        // One writer: the mandate's state read here cannot change before this commits.
+        self.write(move |c| {
+            let tx = c.savepoint()?;
+            let live: Option<i64> = tx
+                .q_row("SELECT 1 FROM mandates WHERE id = ?1 AND revoked_at IS NULL", [&mandate_id], |r| r.get(0))
+                .optional()?;
+            let added = live.is_some()
+                && tx.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])?
+                    == 1;
             if added {
                 insert_outbox(&tx, &notify)?;
             }

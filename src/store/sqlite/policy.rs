@@ -11,8 +11,8 @@ use crate::domain::policy_doc::{PolicyProposal, PolicyVersion, ProposalStatus};
 use crate::store::{PolicyStore, rows};
 
 const INSERT_VERSION: &str = "INSERT INTO policy_versions (version, document, author_iss, author_sub, reason,
-         approver_iss, approver_sub, proposal_id, created_at)
-     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9
+         approver_iss, approver_sub, proposal_id, created_at, tag)
+     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10
      WHERE ?1 = (SELECT COALESCE(MAX(version), 0) + 1 FROM policy_versions)";
 
 fn insert_version(c: &Connection, v: &PolicyVersion) -> Result<bool, StoreError> {
@@ -42,6 +42,29 @@ impl PolicyStore for SqliteStore {
         .await
     }
 
+    async fn policy_adopt_tags(&self, tags: Vec<(i64, String)>) -> Result<(), StoreError> {
+        self.write(move |c| {
+            for (version, tag) in &tags {
+                c.exec(
+                    "UPDATE policy_versions SET tag = ?1 WHERE version = ?2 AND tag IS NULL",
+                    params![tag, version],
+                )?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn policy_adopt_proposal_tags(&self, tags: Vec<(String, String)>) -> Result<(), StoreError> {
+        self.write(move |c| {
+            for (id, tag) in &tags {
+                c.exec("UPDATE policy_proposals SET tag = ?1 WHERE id = ?2 AND tag IS NULL", params![tag, id])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn policy_append(&self, v: PolicyVersion) -> Result<bool, StoreError> {
         self.write(move |c| insert_version(c, &v)).await
     }
@@ -49,7 +72,7 @@ impl PolicyStore for SqliteStore {
     async fn policy_propose(&self, p: PolicyProposal) -> Result<(), StoreError> {
         self.write(move |c| {
             let sql = format!(
-                "INSERT INTO policy_proposals ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                "INSERT INTO policy_proposals ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 rows::POLICY_PROPOSAL_COLS
             );
             c.exec(&sql, params_from_iter(rows::policy_proposal_values(&p)))?;
@@ -90,15 +113,17 @@ impl PolicyStore for SqliteStore {
         decided_by: (&str, &str),
         at: UnixSecs,
         version: Option<PolicyVersion>,
+        tag: &str,
     ) -> Result<bool, StoreError> {
         let (id, iss, sub) = (id.to_string(), decided_by.0.to_string(), decided_by.1.to_string());
+        let tag = tag.to_string();
         self.write(move |c| {
             let sp = c.savepoint()?;
             let decided = sp.exec(
                 "UPDATE policy_proposals SET status = ?2, decided_iss = ?3, decided_sub = ?4, decided_at = ?5,
-                        applied_version = ?6
+                        applied_version = ?6, tag = ?7
                  WHERE id = ?1 AND status = 'pending'",
-                params![id, status.as_str(), iss, sub, at, version.as_ref().map(|v| v.version)],
+                params![id, status.as_str(), iss, sub, at, version.as_ref().map(|v| v.version), tag],
             )? == 1;
             if !decided {
                 return Ok(false);

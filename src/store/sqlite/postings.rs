@@ -88,6 +88,12 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
             )
             .map_err(db)?;
         payee::check_cap(cap, paid, amount, currency).map_err(BackendError::BudgetExceeded)?;
+        if let Some(cooling) = &cap.cooling {
+            let paid: i64 = tx
+                .q_row(COOLING_PAID, params![cap.owner, cap.payee, cooling.known_since, currency.code()], |r| r.get(0))
+                .map_err(db)?;
+            payee::check_cooling(cap, paid, amount, currency).map_err(BackendError::BudgetExceeded)?;
+        }
     }
     if let Some(d) = &g.mandate {
         let sql = format!("SELECT {} FROM mandates WHERE id = ?1", rows::MANDATE_COLS);
@@ -108,9 +114,22 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
                 params![cap.owner, cap.payee, cap.since, currency.code(), amount],
             )
             .map_err(db)?;
+        if let Some(cooling) = &cap.cooling {
+            tx.exec(ADD_COOLING, params![cap.owner, cap.payee, cooling.known_since, currency.code(), amount])
+                .map_err(db)?;
+        }
     }
     Ok(())
 }
+
+/// What a payee was paid by its owner since it became known (the cooling-off total's usage).
+const COOLING_PAID: &str = "SELECT COALESCE(SUM(spent_minor), 0) FROM payee_cooling_usage
+     WHERE owner = ?1 AND payee = ?2 AND known_since = ?3 AND currency = ?4";
+/// Count a payment toward its payee's cooling-off total.
+const ADD_COOLING: &str = "INSERT INTO payee_cooling_usage (owner, payee, known_since, currency, spent_minor, payments)
+     VALUES (?1, ?2, ?3, ?4, ?5, 1)
+     ON CONFLICT (owner, payee, known_since, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
+                                                                  payments = payments + 1";
 
 /// Write a transfer's or refund's plan in its posting's job: a new payment draws its guards and posts
 /// (a replay writes nothing of its own). The request's audit record goes in with it; the keys are
@@ -326,7 +345,19 @@ pub(super) fn transfer_tx(conn: &Connection, req: TransferRequest, now: UnixSecs
 pub(super) fn refund_tx(conn: &Connection, req: RefundRequest, now: UnixSecs) -> Result<Payment, BackendError> {
     posting_tx(conn, &req.attempt, now, |tx| {
         let existing = load_payment(tx, "idempotency_key", &req.attempt.key)?;
-        let original = load_payment(tx, "id", req.payment_id.as_str())?;
+        let mut original = load_payment(tx, "id", req.payment_id.as_str())?;
+        if let Some(o) = original.as_mut() {
+            // What was refunded is what the refund rows say, never less: a `refunded_minor` reset
+            // by a database writer does not make the payment refundable twice.
+            let refunded: i64 = tx
+                .q_row(
+                    "SELECT COALESCE(SUM(amount_minor), 0) FROM payments WHERE refund_of = ?1",
+                    [o.id.as_str()],
+                    |r| r.get(0),
+                )
+                .map_err(db)?;
+            o.refunded_minor = o.refunded_minor.max(refunded);
+        }
         let payee = match &original {
             Some(o) => load_account(tx, &o.to_account)?,
             None => None,

@@ -31,6 +31,6 @@ pub trait OutboxStore: Send + Sync {
     /// One message's attempts, in order.
     async fn outbox_attempts(&self, message_id: &str) -> Result<Vec<DeliveryAttempt>, StoreError>;
     /// An event the gateway records as an audit record only (an integrity failure, a reconciliation
-    /// mismatch): the record and its messages in one transaction.
-    async fn audit_append_notify(&self, rec: AuditRecord, messages: Vec<OutboxMessage>) -> Result<(), StoreError>;
+    /// mismatch): the record and its messages in one transaction; the record's seq.
+    async fn audit_append_notify(&self, rec: AuditRecord, messages: Vec<OutboxMessage>) -> Result<i64, StoreError>;
 }

@@ -35,6 +35,31 @@ pub trait PayeeStore: Engine {
         };
         Ok((rec, paid))
     }
+    /// What `owner`'s autonomous payments to `payee` total since it became known at
+    /// `known_since` (the cooling-off total's usage, written where each payment commits).
+    async fn payee_cooling_paid(
+        &self,
+        owner: &str,
+        payee: &str,
+        known_since: UnixSecs,
+        currency: Currency,
+    ) -> Result<i64, StoreError> {
+        let st = queries::payee_cooling_usage(owner, payee, known_since, currency.code(), self.dialect());
+        match self.select_rows(st).await?.first() {
+            Some(row) => Ok(row.int(0)?),
+            None => Ok(0),
+        }
+    }
+    /// [`PayeeStore::payee_add`] for a payee a settled payment taught: only while the mandate it
+    /// was drawn on (`mandate_id`) is issued and not revoked, checked in the same transaction
+    /// (the mandate's row locked, so a concurrent revoke comes before, and refuses it, or after,
+    /// and forgets it: `ApprovalStore::mandate_revoke`).
+    async fn payee_learn(
+        &self,
+        rec: PayeeRecord,
+        mandate_id: &str,
+        notify: Vec<OutboxMessage>,
+    ) -> Result<bool, StoreError>;
     /// Make `rec.payee` known to `rec.owner` from `rec.known_since`. A payee known already keeps
     /// the time it became known (its cooling-off does not start over); a revoked one is known again
     /// from now. Returns whether it was not known before; only then are `notify` (`payee.added`)

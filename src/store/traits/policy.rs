@@ -19,6 +19,11 @@ pub trait PolicyStore: Send + Sync {
     /// Write `v` as the next version: only when `v.version` is one past the newest (`false`:
     /// another change got there first, nothing was written).
     async fn policy_append(&self, v: PolicyVersion) -> Result<bool, StoreError>;
+    /// Give untagged versions (written before versions were tagged) the gateway's tags, once, at
+    /// the first start that knows tags: (version, tag) pairs; a version tagged meanwhile is left.
+    async fn policy_adopt_tags(&self, tags: Vec<(i64, String)>) -> Result<(), StoreError>;
+    /// The same for pending proposals: (id, tag) pairs.
+    async fn policy_adopt_proposal_tags(&self, tags: Vec<(String, String)>) -> Result<(), StoreError>;
     async fn policy_propose(&self, p: PolicyProposal) -> Result<(), StoreError>;
     async fn policy_proposal(&self, id: &str) -> Result<Option<PolicyProposal>, StoreError>;
     /// Proposals, newest first, optionally of one status, at most `limit`.
@@ -27,9 +32,11 @@ pub trait PolicyStore: Send + Sync {
         status: Option<ProposalStatus>,
         limit: u32,
     ) -> Result<Vec<PolicyProposal>, StoreError>;
-    /// Decide a pending proposal in one transaction: mark it `status` by (iss, sub) at `at` and,
-    /// when applied, write `version` as the next version. `false` (nothing written): it was no
-    /// longer pending, or `version` is no longer one past the newest.
+    /// Decide a pending proposal in one transaction: mark it `status` by (iss, sub) at `at` with
+    /// the gateway's `tag` over it as decided and, when applied, write `version` as the next
+    /// version. `false` (nothing written): it was no longer pending, or `version` is no longer one
+    /// past the newest.
+    #[allow(clippy::too_many_arguments)]
     async fn policy_decide(
         &self,
         id: &str,
@@ -37,6 +44,7 @@ pub trait PolicyStore: Send + Sync {
         decided_by: (&str, &str),
         at: UnixSecs,
         version: Option<PolicyVersion>,
+        tag: &str,
     ) -> Result<bool, StoreError>;
     /// Audited agent decisions that carry an intent, at `since ..= until`, oldest first, at most
     /// `limit` (what `policy simulate` replays).

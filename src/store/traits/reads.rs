@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::Engine;
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
-use crate::domain::audit_chain::{ChainHead, ChainLink, Checkpoint};
+use crate::domain::audit_chain::{ChainHead, ChainLink, Checkpoint, Unsealed};
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
 use crate::domain::money::Currency;
@@ -18,6 +18,7 @@ use crate::domain::payment::{PaymentKind, PaymentQuery};
 use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::domain::rail::RailPayment;
 use crate::domain::rules::guards::BudgetUsage;
+use crate::domain::trail_money::{Decided, PaymentFacts};
 use crate::store::{queries, rows};
 
 #[async_trait]
@@ -63,13 +64,50 @@ pub trait ReadStore: Engine {
         let st = queries::plain("SELECT MIN(chain_seq) FROM audit_chain", self.dialect());
         Ok(rows::map_plain(self.select_rows(st).await?, |r| r.opt_int(0))?.into_iter().next().flatten())
     }
-    /// Audit records not yet sealed onto the chain.
-    async fn audit_unsealed(&self) -> Result<i64, StoreError> {
+    /// Audit records not yet sealed onto the chain: how many, and the oldest's seq and time.
+    async fn audit_unsealed(&self) -> Result<Unsealed, StoreError> {
         let st = queries::plain(
-            "SELECT COUNT(*) FROM audit_records a WHERE NOT EXISTS (SELECT 1 FROM audit_chain c WHERE c.seq = a.seq)",
+            "SELECT COUNT(*), MIN(a.seq), MIN(a.at) FROM audit_records a
+             WHERE NOT EXISTS (SELECT 1 FROM audit_chain c WHERE c.seq = a.seq)",
             self.dialect(),
         );
-        Ok(rows::map_plain(self.select_rows(st).await?, |r| r.int(0))?.into_iter().next().unwrap_or(0))
+        let found = rows::map_plain(self.select_rows(st).await?, |r| {
+            let oldest = match (r.opt_int(1)?, r.opt_int(2)?) {
+                (Some(seq), Some(at)) => Some((seq, at)),
+                _ => None,
+            };
+            Ok(Unsealed { count: r.int(0)?, oldest })
+        })?;
+        Ok(found.into_iter().next().unwrap_or_default())
+    }
+    /// Records not yet sealed, in seq order, after seq `after`: at most `limit` (`audit verify`
+    /// checks their writers' tags).
+    async fn audit_unsealed_records(&self, after: i64, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        rows::map_plain(
+            self.select_rows(queries::audit_unsealed_records(after, limit, self.dialect())).await?,
+            rows::audit,
+        )
+    }
+    /// Of the records `seqs`, those still stored: (seq, tag, sealed) — what a writer checks of the
+    /// records it wrote (`Gateway::audit_witness_check`).
+    async fn audit_witness_read(&self, seqs: &[i64]) -> Result<Vec<(i64, Option<String>, bool)>, StoreError> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        rows::map_plain(self.select_rows(queries::audit_witness_read(seqs, self.dialect())).await?, |r| {
+            Ok((r.int(0)?, r.opt_text(1)?, r.int(2)? != 0))
+        })
+    }
+    /// The first record of `tool` still stored: (seq, detail) — `audit verify` asks for a
+    /// witness's break record (`domain::audit_chain::WITNESS_TOOL`).
+    async fn audit_first_of_tool(&self, tool: &str) -> Result<Option<(i64, Option<String>)>, StoreError> {
+        let found = self.select_rows(queries::audit_first_of_tool(tool, self.dialect())).await?;
+        rows::map_plain(found, |r| Ok((r.int(0)?, r.opt_text(1)?))).map(|v| v.into_iter().next())
+    }
+    /// The highest policy version any record names (`queries::audit_policy_version_max`).
+    async fn audit_policy_version_max(&self) -> Result<Option<i64>, StoreError> {
+        let found = self.select_rows(queries::audit_policy_version_max(self.dialect())).await?;
+        Ok(rows::map_plain(found, |r| r.opt_int(0))?.into_iter().next().flatten())
     }
     /// The newest signed checkpoint.
     async fn audit_checkpoint_latest(&self) -> Result<Option<Checkpoint>, StoreError> {
@@ -77,6 +115,11 @@ pub trait ReadStore: Engine {
             "SELECT chain_seq, hash, at, jws FROM audit_checkpoints ORDER BY chain_seq DESC LIMIT 1",
             self.dialect(),
         );
+        Ok(rows::map_plain(self.select_rows(st).await?, rows::audit_checkpoint)?.pop())
+    }
+    /// The newest signed checkpoint before position `before`.
+    async fn audit_checkpoint_before(&self, before: i64) -> Result<Option<Checkpoint>, StoreError> {
+        let st = queries::audit_checkpoint_before(before, self.dialect());
         Ok(rows::map_plain(self.select_rows(st).await?, rows::audit_checkpoint)?.pop())
     }
     /// Signed checkpoints after position `after`, oldest first.
@@ -112,6 +155,94 @@ pub trait ReadStore: Engine {
     async fn principal_states(&self, limit: u32) -> Result<Vec<PrincipalState>, StoreError> {
         rows::map_plain(
             self.select_rows(queries::principal_states(limit, self.dialect())).await?,
+            rows::principal_state,
+        )
+    }
+    /// The newest rejection of the same intent under another operation (`queries::rejected_intent`):
+    /// its approval id and when it was rejected.
+    async fn rejected_intent(
+        &self,
+        q: crate::domain::approval::RejectedIntent<'_>,
+    ) -> Result<Option<(String, i64)>, StoreError> {
+        let found = self.select_rows(queries::rejected_intent(&q, self.dialect())).await?;
+        rows::map_plain(found, |r| Ok((r.text(0)?, r.int(1)?))).map(|v| v.into_iter().next())
+    }
+    /// Who issued the unexpired, unused enrolment code `code_sha256` of this person (read only: the
+    /// code is consumed by `PasskeyStore::passkey_enrol`).
+    async fn passkey_code_issuer(
+        &self,
+        code_sha256: &str,
+        owner_iss: &str,
+        owner_sub: &str,
+        now: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let st = queries::passkey_code_issuer(code_sha256, (owner_iss, owner_sub), now, self.dialect());
+        rows::map_plain(self.select_rows(st).await?, |r| r.text(0)).map(|v| v.into_iter().next())
+    }
+    /// The newest payment's creation and the audit trail's newest record or checkpoint
+    /// (`queries::audit_freshness`).
+    async fn audit_freshness(&self) -> Result<(Option<i64>, Option<i64>), StoreError> {
+        let found = rows::map_plain(self.select_rows(queries::audit_freshness(self.dialect())).await?, |r| {
+            Ok((r.opt_int(0)?, r.opt_int(1)?))
+        })?;
+        Ok(found.into_iter().next().unwrap_or((None, None)))
+    }
+    /// Where the payments the trail must know about begin: with `retained` (retention has archived
+    /// part of the trail), after the oldest record still stored (the boundary second left out;
+    /// `None` when no record is left); without, every payment.
+    async fn trail_payments_since(&self, retained: bool) -> Result<Option<i64>, StoreError> {
+        if !retained {
+            return Ok(Some(i64::MIN));
+        }
+        let oldest =
+            rows::map_plain(self.select_rows(queries::oldest_audit_record(self.dialect())).await?, |r| r.opt_int(0))?;
+        Ok(oldest.into_iter().next().flatten().map(|at| at + 1))
+    }
+    /// A ledger payment made before `before` that no audit record names
+    /// (`queries::unaudited_payment`): its id and creation time, among the payments
+    /// [`trail_payments_since`](Self::trail_payments_since) asks about.
+    async fn unaudited_payment(&self, retained: bool, before: i64) -> Result<Option<(String, i64)>, StoreError> {
+        let Some(since) = self.trail_payments_since(retained).await? else { return Ok(None) };
+        let found = self.select_rows(queries::unaudited_payment(since, before, self.dialect())).await?;
+        rows::map_plain(found, |r| Ok((r.text(0)?, r.int(1)?))).map(|v| v.into_iter().next())
+    }
+    /// One page of ledger payments made in `[since, before)` with their "allowed" records
+    /// (`queries::payment_decisions`), after `after` (created_at, payment id, record seq): each
+    /// row's position, what the payment says and what its record decided.
+    async fn payment_decisions(
+        &self,
+        since: i64,
+        before: i64,
+        after: (i64, String, i64),
+        limit: u32,
+    ) -> Result<Vec<((i64, String, i64), PaymentFacts, Decided)>, StoreError> {
+        let st = queries::payment_decisions(since, before, (after.0, &after.1, after.2), limit, self.dialect());
+        rows::map_plain(self.select_rows(st).await?, |r| {
+            let id = r.text(0)?;
+            let facts = PaymentFacts {
+                id: id.clone(),
+                kind: r.text(2)?,
+                from_account: r.text(3)?,
+                to_account: r.text(4)?,
+                amount_minor: r.int(5)?,
+                currency: r.text(6)?,
+                principal_sub: r.text(7)?,
+                principal_user: r.opt_text(8)?,
+                mandated: r.opt_text(9)?.is_some(),
+            };
+            let decided =
+                Decided { principal_sub: r.text(10)?, principal_user: r.opt_text(11)?, intent: r.opt_text(12)? };
+            Ok(((r.int(1)?, id, r.int(13)?), facts, decided))
+        })
+    }
+    /// The agents that have acted for `user` (`queries::agents_for_user`).
+    async fn agents_for_user(&self, user: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        rows::map_plain(self.select_rows(queries::agents_for_user(user, limit, self.dialect())).await?, |r| r.text(0))
+    }
+    /// One agent's suspensions in force, under `issuer` (or from before issuers were recorded).
+    async fn agent_suspensions(&self, issuer: &str, subject: &str) -> Result<Vec<PrincipalState>, StoreError> {
+        rows::map_plain(
+            self.select_rows(queries::agent_suspensions(issuer, subject, self.dialect())).await?,
             rows::principal_state,
         )
     }

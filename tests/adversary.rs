@@ -1,0 +1,1096 @@
+//! The adversarial suite: each test plays the attacker against one promise SECURITY.md makes
+//! (its "Guarantees" table names the test), through the real server's routes, and asserts both that
+//! the attack is refused and that nothing changed. The hostile review of issue 52 found each hole
+//! here on the release binary; every test failed on the code before its fix.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use paygate::clock::{Clock, SystemClock};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+/// Every scope the gateway knows, agent's and operator's alike.
+const EVERY_SCOPE: &str = "payments:read payments:create payments:refund payments:collect payments:payout \
+                           payments:integrity payments:approve payments:audit payments:admin payments:confirm";
+
+const AGENT_SCOPES: &str = "payments:read payments:create payments:refund";
+
+fn pay(op: &str, amount: &str, memo: &str) -> Value {
+    json!({"operation_id": op, "from_account": "acct-A", "to_account": "acct-B", "amount": amount,
+           "currency": "KES", "memo": memo})
+}
+
+/// One agent (`x-bot`) serving two people over shared accounts; alice is also an operator.
+const SHARED_AGENT: &str = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "x"
+subjects = ["x-bot"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "1000.00" }
+daily_limit = { KES = "100000.00" }
+daily_payments_max = 1000
+calls_per_minute = 10000
+"#;
+
+// ---- delegation isolation ------------------------------------------------------------------------
+
+/// Finding 4: one agent acting for bob read alice's payment (user, amount, memo) and refunded it,
+/// and a refund of alice's mandated payment went to bob's confirmation. Now a payment made for
+/// alice does not exist for the agent acting for bob, whatever accounts they share: every read,
+/// the listing, the summary, the receipt, the refund and its preflight.
+#[tokio::test]
+async fn an_agent_acting_for_bob_cannot_see_or_refund_alices_payments() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), SHARED_AGENT, &[], Arc::new(SystemClock)).await;
+    let for_alice = connect(&app.url, &app.delegated_token("alice", "x-bot", AGENT_SCOPES), Era::Modern).await;
+    let for_bob = connect(&app.url, &app.delegated_token("bob", "x-bot", AGENT_SCOPES), Era::Legacy).await;
+
+    let alices = ok(&call(&for_alice, "create_payment", pay("rent", "400.00", "alice's rent")).await).clone();
+    let id = alices["payment_id"].as_str().unwrap().to_string();
+    let bobs = ok(&call(&for_bob, "create_payment", pay("lunch", "7.00", "bob's lunch")).await).clone();
+
+    // Reads: NOT_FOUND, exactly as for an id that does not exist.
+    for (tool, args) in [
+        ("get_payment", json!({"payment_id": id})),
+        ("check_transaction_status", json!({"payment_id": id})),
+        ("generate_receipt", json!({"payment_id": id})),
+    ] {
+        assert_eq!(code(&call(&for_bob, tool, args).await), "NOT_FOUND", "{tool}");
+    }
+    // Listings and the summary: bob's payments alone.
+    for tool in ["list_payments", "get_today_transactions"] {
+        let listed = ok(&call(&for_bob, tool, json!({})).await).clone();
+        let text = listed.to_string();
+        assert!(!text.contains(&id) && !text.contains("alice"), "{tool}: {listed}");
+        assert!(text.contains(bobs["payment_id"].as_str().unwrap()), "{tool} lists bob's own: {listed}");
+    }
+    let summary = ok(&call(&for_bob, "get_today_summary", json!({})).await).to_string();
+    assert!(!summary.contains("400.00") && summary.contains("7.00"), "{summary}");
+    // The refund and its preflight: NOT_FOUND; nothing moved, no approval asked of anyone.
+    let before = balance(&for_alice, "acct-A").await;
+    let refund = json!({"operation_id": "steal", "payment_id": id, "amount": "400.00"});
+    assert_eq!(code(&call(&for_bob, "refund_payment", refund.clone()).await), "NOT_FOUND");
+    let preflight =
+        call(&for_bob, "check_payment_policy", json!({"tool": "refund_payment", "arguments": refund})).await;
+    assert_eq!(ok(&preflight)["code"], "NOT_FOUND", "{preflight:?}");
+    assert_eq!(balance(&for_alice, "acct-A").await, before, "nothing refunded");
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (_, approvals) = operator(&app, Method::GET, "/operator/v1/approvals", &auditor, None).await;
+    assert_eq!(approvals["items"].as_array().map(Vec::len), Some(0), "{approvals}");
+
+    // The same agent on its own token is another principal: alice's payment is not its either (it
+    // would walk around a suspension of the pair (alice, x-bot)); its own payments it sees.
+    let org = connect(&app.url, &app.token("x-bot", AGENT_SCOPES), Era::Modern).await;
+    assert_eq!(code(&call(&org, "get_payment", json!({"payment_id": id})).await), "NOT_FOUND");
+    let refund = json!({"operation_id": "org-refund", "payment_id": id, "amount": "1.00"});
+    assert_eq!(code(&call(&org, "refund_payment", refund).await), "NOT_FOUND");
+    let own = ok(&call(&org, "create_payment", pay("org-own", "3.00", "the agent's own")).await).clone();
+    let listed = ok(&call(&org, "list_payments", json!({})).await).to_string();
+    assert!(listed.contains(own["payment_id"].as_str().unwrap()) && !listed.contains(&id), "{listed}");
+    // Alice's own agent still sees and refunds it.
+    assert_eq!(ok(&call(&for_alice, "get_payment", json!({"payment_id": id})).await)["user"], "alice");
+    let refund = json!({"operation_id": "mine", "payment_id": id, "amount": "400.00"});
+    assert_eq!(ok(&call(&for_alice, "refund_payment", refund).await)["status"], "succeeded");
+    for c in [for_alice, for_bob, org] {
+        let _ = c.cancel().await;
+    }
+    app.assert_integrity().await;
+    app.stop().await;
+}
+
+// ---- no principal acts on itself ----------------------------------------------------------------
+
+/// Finding 5: alice (an admin) resumed her own agent by leaving `?user=` off: a resume without a
+/// user lifts every suspension of the agent, her pair's included. Now that is acting on herself.
+#[tokio::test]
+async fn a_person_cannot_resume_the_agent_acting_for_them_by_leaving_the_user_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), SHARED_AGENT, &[], Arc::new(SystemClock)).await;
+    let colleague = app.operator_token("ops-root", "payments:admin");
+    let alice = app.operator_token("alice", "payments:admin");
+    let for_alice = connect(&app.url, &app.delegated_token("alice", "x-bot", AGENT_SCOPES), Era::Modern).await;
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        "/principals/x-bot/suspend?user=alice",
+        &colleague,
+        Some(json!({"reason": "alice's agent misbehaved"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    for path in
+        ["/principals/x-bot/resume", "/operator/v1/principals/x-bot/resume", "/principals/x-bot/resume?user=alice"]
+    {
+        let (status, body) = operator(&app, Method::POST, path, &alice, Some(json!({}))).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "SELF_REVIEW", "{path}: {body}");
+    }
+    let r = call(&for_alice, "get_balance", json!({"account_id": "acct-A"})).await;
+    assert_eq!(code(&r), "PRINCIPAL_SUSPENDED", "still suspended");
+    // A colleague may; then alice may resume an agent that is not hers to act on (no pair of hers).
+    let (status, _) = operator(&app, Method::POST, "/principals/x-bot/resume", &colleague, None).await;
+    assert_eq!(status, StatusCode::OK);
+    ok(&call(&for_alice, "get_balance", json!({"account_id": "acct-A"})).await);
+    let _ = for_alice.cancel().await;
+    app.stop().await;
+}
+
+/// Finding 6: a person who is also an operator made a payee known for their own agent, which then
+/// paid it alone. A known payee is pre-authorization by another name: refused for oneself.
+#[tokio::test]
+async fn a_person_cannot_add_a_payee_for_the_agent_acting_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), SHARED_AGENT, &[], Arc::new(SystemClock)).await;
+    let alice = app.operator_token("alice", "payments:approve payments:audit");
+    for body in [
+        json!({"agent_subject": "x-bot", "user": "alice", "payee": "acct-B", "reason": "mine"}),
+        json!({"agent_subject": "alice", "payee": "acct-B", "reason": "me"}),
+    ] {
+        let (status, answer) = operator(&app, Method::POST, "/operator/v1/payees", &alice, Some(body.clone())).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "SELF_REVIEW", "{answer}");
+    }
+    let (_, listed) = operator(&app, Method::GET, "/operator/v1/payees?agent=x-bot&user=alice", &alice, None).await;
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(0), "nothing recorded: {listed}");
+    // A colleague may.
+    let carol = app.operator_token("carol", "payments:approve");
+    let body = json!({"agent_subject": "x-bot", "user": "alice", "payee": "acct-B", "reason": "supplier"});
+    let (status, answer) = operator(&app, Method::POST, "/operator/v1/payees", &carol, Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.stop().await;
+}
+
+// ---- the operator resource, every route of it ---------------------------------------------------
+
+/// Path parameters filled with values of the right shape.
+fn fill(path: &str, approval: &str) -> String {
+    path.replace("{id}", approval)
+        .replace("{approval_id}", approval)
+        .replace("{subject}", "dev-agent")
+        .replace("{payment_id}", "pay_01a00000000000000000000000000000")
+        .replace("{mandate_id}", "mdt_anything")
+        .replace("{credential_id}", "AAAA")
+        .replace("{message_id}", "msg_anything")
+        .replace("{proposal_id}", "prop_anything")
+        .replace("{version}", "1")
+}
+
+/// Route coverage from the router itself (`paygate::http::operator_routes`, the one table the
+/// router is built from): an agent-audience token carrying every scope, an operator-audience token
+/// acting for someone (`act`), a token the dev key did not sign and no token at all are refused by
+/// every operator route, and nothing changes. A route added later is walked without editing this.
+#[tokio::test]
+async fn no_agent_token_reaches_any_operator_route_the_router_serves() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let r = call(&agent, "create_payment", pay("over", "5000.00", "big")).await;
+    let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
+
+    let routes = paygate::http::operator_routes();
+    assert!(routes.len() >= 49, "the operator resource serves {} routes", routes.len());
+    let agent_all = app.token("dev-agent", EVERY_SCOPE);
+    let acting =
+        app.running.mint(paygate::auth::Audience::Operator, "pat", Some("dev-agent"), EVERY_SCOPE, 600).unwrap();
+    let forged = {
+        // The dev token with its signature's last characters changed.
+        let mut t = app.operator_token("ops", EVERY_SCOPE);
+        t.truncate(t.len() - 4);
+        t.push_str("AAAA");
+        t
+    };
+    let body = json!({"reason": "an agent tries", "subject": "dev-agent", "kind": "closed", "currency": "KES",
+                      "payer": "acct-A", "payee": "acct-B", "amount": "1.00", "agent_subject": "dev-agent",
+                      "document": {}, "base_version": 1});
+    paygate::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let mut walked = 0;
+    for (method, template) in &routes {
+        let path = fill(template, &approval);
+        for (who, token) in
+            [("agent", Some(&agent_all)), ("acting", Some(&acting)), ("forged", Some(&forged)), ("none", None)]
+        {
+            let mut req = http.request(method.clone(), format!("{}{path}", app.base()));
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            if *method == Method::POST {
+                req = req.json(&body);
+            }
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{who} token on {method} {template}");
+            assert!(resp.headers().contains_key("www-authenticate"), "{who} on {method} {template}: a challenge");
+        }
+        walked += 1;
+    }
+    assert_eq!(walked, routes.len());
+    // Nothing changed: the approval still pending, nobody suspended, the policy at version 1.
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (_, a) = operator(&app, Method::GET, &format!("/operator/v1/approvals/{approval}"), &auditor, None).await;
+    assert_eq!(a["status"], "pending", "{a}");
+    let (_, agents) = operator(&app, Method::GET, "/operator/v1/principals", &auditor, None).await;
+    assert!(agents["items"].as_array().unwrap().iter().all(|p| p["suspended"] == false), "{agents}");
+    let (_, policy) = operator(&app, Method::GET, "/operator/v1/policy", &auditor, None).await;
+    assert_eq!(policy["version"], 1, "{policy}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+// ---- approvals ----------------------------------------------------------------------------------
+
+/// pat's agent with a user tier: pat confirms up to KES 10,000 themselves.
+const USER_TIER: &str = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "pat"
+users = ["pat"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "100.00" }
+daily_limit = { KES = "1000000.00" }
+daily_payments_max = 1000
+calls_per_minute = 10000
+approvals_by = "user"
+user_approval_max = { KES = "10000.00" }
+"#;
+
+/// Finding 9: narrowing a profile during an incident (operators decide, with a passkey) did not
+/// reach approvals already pending: pat still confirmed with a click. A pending approval is judged
+/// at decision time by the stricter of the policy it was created under and the policy in force.
+#[tokio::test]
+async fn narrowing_policy_reaches_approvals_already_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), USER_TIER, &[], Arc::new(SystemClock)).await;
+    let agent = connect(&app.url, &app.delegated_token("pat", "bot", AGENT_SCOPES), Era::Modern).await;
+    let r = call(&agent, "create_payment", pay("incident", "5000.00", "during the incident")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "{r:?}");
+    assert_eq!(err(&r)["approver"], "user");
+    let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
+
+    // The incident: operators take the tier back and want passkeys.
+    let alice = app.operator_token("alice", "payments:admin payments:audit");
+    let (_, current) = operator(&app, Method::GET, "/operator/v1/policy", &alice, None).await;
+    let (version, mut doc) = (current["version"].as_i64().unwrap(), current["document"].clone());
+    let pat = doc["policy"]["profiles"].as_array_mut().unwrap().iter_mut().find(|p| p["name"] == "pat").unwrap();
+    pat["approvals_by"] = json!("operator");
+    pat["user_approval_max"] = json!({});
+    pat["passkey_required"] = json!(true);
+    let proposal = json!({"document": doc, "reason": "incident", "base_version": version});
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/policy/proposals", &alice, Some(proposal)).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+
+    // pat's click is refused; the page says an operator decides.
+    let confirm = app.operator_token("pat", "payments:confirm");
+    let path = format!("/operator/v1/confirmations/{approval}");
+    let (status, view) = operator(&app, Method::GET, &path, &confirm, None).await;
+    assert_eq!((status, view["approver"].as_str()), (StatusCode::OK, Some("operator")), "{view}");
+    let (status, body) = operator(&app, Method::POST, &format!("{path}/approve"), &confirm, Some(json!({}))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "NOT_USER_APPROVABLE", "{body}");
+    // An operator's plain click is refused too: a passkey is required now.
+    let carol = app.operator_token("carol", "payments:approve");
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        &format!("/operator/v1/approvals/{approval}/approve"),
+        &carol,
+        Some(json!({"reason": "ok"})),
+    )
+    .await;
+    assert_eq!(body["error"]["code"], "PASSKEY_REQUIRED", "{status} {body}");
+    let (_, view) = operator(&app, Method::GET, &format!("/operator/v1/approvals/{approval}"), &alice, None).await;
+    assert_eq!((view["status"].as_str(), view["passkey_required"].as_bool()), (Some("pending"), Some(true)), "{view}");
+    // The listing the console reads says so too (else its page would not ask for the passkey).
+    let (_, listed) = operator(&app, Method::GET, "/operator/v1/approvals?status=pending", &alice, None).await;
+    let item = listed["items"].as_array().unwrap().iter().find(|a| a["approval_id"] == approval.as_str()).cloned();
+    assert_eq!(
+        item.map(|a| (a["passkey_required"].clone(), a["approver"].clone())),
+        Some((json!(true), json!("operator"))),
+        "{listed}"
+    );
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// Finding 13 (approval fatigue): after a human rejected a payment, the agent asked again under a
+/// new operation_id and got a fresh approval and fresh webhooks, as often as the pending bound
+/// allowed. Now the same intent is APPROVAL_REJECTED for `approvals.rejected_cooldown_secs`, no
+/// approval is created, and the asks count toward the no-progress stop rule, which suspends.
+#[tokio::test]
+async fn asking_again_after_a_rejection_is_refused_and_ends_in_suspension() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_STOP_RULES__REPEAT_MAX", "3")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let r = call(&agent, "create_payment", pay("ask-1", "5000.00", "invoice 7")).await;
+    let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
+    let carol = app.operator_token("carol", "payments:approve");
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        &format!("/operator/v1/approvals/{approval}/reject"),
+        &carol,
+        Some(json!({"reason": "not ours"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let approvals = || async {
+        let (_, all) = operator(&app, Method::GET, "/operator/v1/approvals?status=pending", &auditor, None).await;
+        all["items"].as_array().map(Vec::len).unwrap_or(0)
+    };
+    // The same intent under new operation_ids: refused, no approval for a person to click through.
+    let r = call(&agent, "create_payment", pay("ask-2", "5000.00", "invoice 7")).await;
+    assert_eq!(code(&r), "APPROVAL_REJECTED", "{r:?}");
+    assert_eq!(err(&r)["approval_id"], approval.as_str());
+    assert_eq!(approvals().await, 0, "no fresh approval");
+    // The preflight says the same and writes nothing.
+    let check = call(
+        &agent,
+        "check_payment_policy",
+        json!({"tool": "create_payment",
+                                                           "arguments": pay("ask-x", "5000.00", "invoice 7")}),
+    )
+    .await;
+    assert_eq!(ok(&check)["code"], "APPROVAL_REJECTED", "{check:?}");
+    // Another intent is another question.
+    let other = call(&agent, "create_payment", pay("other", "4000.00", "invoice 8")).await;
+    assert_eq!(code(&other), "APPROVAL_REQUIRED");
+    // Asking again and again: the no-progress rule suspends the agent (repeat_max = 3).
+    let mut last = String::new();
+    for n in 3..=6 {
+        last = code(&call(&agent, "create_payment", pay(&format!("ask-{n}"), "5000.00", "invoice 7")).await);
+        if last == "PRINCIPAL_SUSPENDED" {
+            break;
+        }
+        assert_eq!(last, "APPROVAL_REJECTED");
+    }
+    let r = call(&agent, "get_balance", json!({"account_id": "acct-A"})).await;
+    assert_eq!(code(&r), "PRINCIPAL_SUSPENDED", "suspended after asking again ({last})");
+    assert_eq!(approvals().await, 1, "only the other intent waits for a person");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+// ---- agent-written text ----------------------------------------------------------------------------
+
+/// Finding 10 (Trojan source): bidi overrides, isolates, zero-width characters and the BOM passed
+/// the memo filter, so the approver read other text than the mandate pins. Every agent-written
+/// text field refuses them, with the code point named, and nothing is recorded.
+#[tokio::test]
+async fn bidi_and_invisible_characters_are_refused_in_agent_text() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    for (n, c) in ['\u{202E}', '\u{202C}', '\u{2066}', '\u{2069}', '\u{200B}', '\u{200F}', '\u{FEFF}', '\u{E0041}']
+        .into_iter()
+        .enumerate()
+    {
+        let memo = format!("invoice 42{c}24 ecioval");
+        let r = call(&agent, "create_payment", pay(&format!("trojan-{n}"), "5000.00", &memo)).await;
+        assert_eq!(code(&r), "INVALID_ARGUMENT", "U+{:04X}: {r:?}", u32::from(c));
+        assert!(err(&r)["message"].as_str().unwrap().contains(&format!("U+{:04X}", u32::from(c))), "{r:?}");
+        let paid = ok(&call(&agent, "create_payment", pay(&format!("plain-{n}"), "1.00", "invoice 42")).await).clone();
+        let refund = json!({"operation_id": format!("r-{n}"), "payment_id": paid["payment_id"], "reason": memo});
+        assert_eq!(code(&call(&agent, "refund_payment", refund).await), "INVALID_ARGUMENT");
+    }
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (_, approvals) = operator(&app, Method::GET, "/operator/v1/approvals", &auditor, None).await;
+    assert_eq!(approvals["items"].as_array().map(Vec::len), Some(0), "no approval shows the text: {approvals}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+// ---- the demo simulators ------------------------------------------------------------------------
+
+/// Finding 11: with the demo credentials anyone who reached the port made the M-Pesa simulator
+/// (and so the gateway) POST to any URL: an STK push's CallBackURL, a payout's ResultURL, a
+/// Transaction Status query's ResultURL. It now posts only to the gateway's own callback routes.
+#[tokio::test]
+async fn the_mpesa_simulator_posts_only_to_the_gateways_own_callback_routes() {
+    const SECRET: &str = "a-callback-path-secret-of-enough-length";
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"
+[mpesa]
+enabled = true
+environment = "simulator"
+consumer_key = "k-0123456789abcdef0123456789abcdef"
+consumer_secret = "s-0123456789abcdef0123456789abcdef"
+short_code = "174379"
+passkey = "p-0123456789abcdef"
+initiator_name = "demo-initiator"
+security_credential = "c-0123456789abcdef"
+callback_secret = "{SECRET}"
+
+[jobs]
+enabled = false
+"#
+    );
+    let app = spawn_with_toml(dir.path(), &config, &[], Arc::new(SystemClock)).await;
+    paygate::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let sim = format!("{}/simulator/mpesa", app.base());
+    let basic = base64_basic("k-0123456789abcdef0123456789abcdef", "s-0123456789abcdef0123456789abcdef");
+    let token: Value = http
+        .get(format!("{sim}/oauth/v1/generate?grant_type=client_credentials"))
+        .header("authorization", format!("Basic {basic}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bearer = token["access_token"].as_str().expect("a simulator token").to_string();
+    let own = |channel: &str| format!("{}/callbacks/mpesa/{channel}/{SECRET}", app.base());
+    let elsewhere = "http://127.0.0.1:9/collect-everything";
+    let timestamp = "20261206120000";
+    let password = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("174379p-0123456789abcdef{timestamp}"))
+    };
+    let push = |callback: &str| {
+        json!({"BusinessShortCode": "174379", "Password": password, "Timestamp": timestamp,
+               "TransactionType": "CustomerPayBillOnline", "Amount": "10", "PartyA": "254712345678",
+               "PartyB": "174379", "PhoneNumber": "254712345678", "CallBackURL": callback,
+               "AccountReference": "INV-1", "TransactionDesc": "x"})
+    };
+    let payout = |result: &str, timeout: &str| {
+        json!({"OriginatorConversationID": "planted-1", "InitiatorName": "demo-initiator",
+               "SecurityCredential": "c-0123456789abcdef", "CommandID": "BusinessPayment", "Amount": "10",
+               "PartyA": "174379", "PartyB": "254712345678", "Remarks": "x", "QueueTimeOutURL": timeout,
+               "ResultURL": result, "Occassion": ""})
+    };
+    let status = |result: &str| {
+        json!({"Initiator": "demo-initiator", "SecurityCredential": "c-0123456789abcdef",
+               "CommandID": "TransactionStatusQuery", "TransactionID": "", "OriginatorConversationID": "planted-1",
+               "PartyA": "174379", "IdentifierType": "4", "ResultURL": result, "QueueTimeOutURL": result,
+               "Remarks": "x", "Occasion": ""})
+    };
+    let post = |path: &'static str, body: Value| {
+        let (http, sim, bearer) = (http.clone(), sim.clone(), bearer.clone());
+        async move { http.post(format!("{sim}{path}")).bearer_auth(bearer).json(&body).send().await.unwrap().status() }
+    };
+    for (path, body) in [
+        ("/mpesa/stkpush/v1/processrequest", push(elsewhere)),
+        ("/mpesa/b2c/v3/paymentrequest", payout(elsewhere, &own("timeout"))),
+        ("/mpesa/b2c/v3/paymentrequest", payout(&own("result"), elsewhere)),
+        ("/mpesa/transactionstatus/v1/query", status(elsewhere)),
+    ] {
+        assert_eq!(post(path, body.clone()).await, StatusCode::BAD_REQUEST, "{path}: {body}");
+    }
+    // The gateway's own routes are taken (the simulator works for the gateway itself).
+    assert_eq!(post("/mpesa/stkpush/v1/processrequest", push(&own("stk"))).await, StatusCode::OK);
+    let admin = app.operator_token("ops", "payments:admin");
+    let (_, items) = operator(&app, Method::GET, "/simulator/control/mpesa", &admin, None).await;
+    assert_eq!(items["items"].as_array().map(Vec::len), Some(1), "only the push to the gateway: {items}");
+    app.stop().await;
+}
+
+fn base64_basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+}
+
+// ---- policy -------------------------------------------------------------------------------------
+
+/// No principal acts on itself, on the policy routes too: an operator who is also a person agents
+/// act for (or an agent's subject) cannot be the second pair of eyes on a change that widens their
+/// own authority. A colleague can.
+#[tokio::test]
+async fn an_operator_cannot_approve_a_policy_change_that_widens_their_own_authority() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "alice"
+users = ["alice"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "100.00" }
+daily_limit = { KES = "1000.00" }
+"#;
+    let app = spawn_with_toml(dir.path(), toml, &[], Arc::new(SystemClock)).await;
+    let (alice, bob, carol) = (
+        app.operator_token("alice", "payments:admin"),
+        app.operator_token("bob", "payments:admin"),
+        app.operator_token("carol", "payments:admin"),
+    );
+    let (_, current) = operator(&app, Method::GET, "/operator/v1/policy", &bob, None).await;
+    let (version, mut doc) = (current["version"].as_i64().unwrap(), current["document"].clone());
+    let profile = doc["policy"]["profiles"].as_array_mut().unwrap().iter_mut().find(|p| p["name"] == "alice").unwrap();
+    profile["autonomous_limit"] = json!({"KES": "5000.00"});
+    let proposal = json!({"document": doc, "reason": "alice asked", "base_version": version});
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/policy/proposals", &bob, Some(proposal)).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::ACCEPTED, Some("pending")), "{body}");
+    let id = body["proposal_id"].as_str().unwrap().to_string();
+    let approve = format!("/operator/v1/policy/proposals/{id}/approve");
+    let (status, body) = operator(&app, Method::POST, &approve, &alice, Some(json!({}))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "SELF_REVIEW", "{body}");
+    let (_, now) = operator(&app, Method::GET, "/operator/v1/policy", &bob, None).await;
+    assert_eq!(now["version"], version, "nothing applied");
+    let (status, body) = operator(&app, Method::POST, &approve, &carol, Some(json!({}))).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    app.stop().await;
+}
+
+/// The hostile review of this fix: the own-widening check saw only profiles naming the operator.
+/// Bob, an operator whose own agent acts for him through the agent's profile (no profile names
+/// bob), approved giving that profile a user tier, then confirmed his own agent's payment alone.
+/// The pairs the store has seen act for the approver count as theirs.
+#[tokio::test]
+async fn an_operator_cannot_widen_the_profile_their_own_agent_acts_for_them_under() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = r#"
+[[policy.profiles]]
+name = "default"
+
+[[policy.profiles]]
+name = "deleg"
+subjects = ["helper"]
+allowed_accounts = ["acct-A", "acct-B"]
+autonomous_limit = { KES = "100.00" }
+daily_limit = { KES = "100000.00" }
+"#;
+    let app = spawn_with_toml(dir.path(), toml, &[], Arc::new(SystemClock)).await;
+    let for_bob = connect(&app.url, &app.delegated_token("bob", "helper", AGENT_SCOPES), Era::Modern).await;
+    ok(&call(&for_bob, "create_payment", pay("bob-1", "5.00", "bob's")).await);
+    let (alice, bob, carol) = (
+        app.operator_token("alice", "payments:admin"),
+        app.operator_token("bob", "payments:admin"),
+        app.operator_token("carol", "payments:admin"),
+    );
+    let (_, current) = operator(&app, Method::GET, "/operator/v1/policy", &alice, None).await;
+    let (version, mut doc) = (current["version"].as_i64().unwrap(), current["document"].clone());
+    let profile = doc["policy"]["profiles"].as_array_mut().unwrap().iter_mut().find(|p| p["name"] == "deleg").unwrap();
+    profile["approvals_by"] = json!("user");
+    profile["user_approval_max"] = json!({"KES": "5000.00"});
+    let proposal = json!({"document": doc, "reason": "let people confirm", "base_version": version});
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/policy/proposals", &alice, Some(proposal)).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::ACCEPTED, Some("pending")), "{body}");
+    let approve = format!("/operator/v1/policy/proposals/{}/approve", body["proposal_id"].as_str().unwrap());
+    let (status, body) = operator(&app, Method::POST, &approve, &bob, Some(json!({}))).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("SELF_REVIEW")), "{body}");
+    let (status, body) = operator(&app, Method::POST, &approve, &carol, Some(json!({}))).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
+    let _ = for_bob.cancel().await;
+    app.stop().await;
+}
+
+// ---- the audit trail against a database writer ---------------------------------------------------
+
+async fn verify(app: &TestApp) -> Value {
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (status, v) = operator(app, Method::GET, "/operator/v1/audit/verify", &auditor, None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v
+}
+
+/// The hostile review of this fix (F1): a database writer deleted a payment's audit record as it
+/// was written (a trigger, or a DELETE before the sealing run), and the chain, sealed over what was
+/// left, verified. A ledger payment and its record are written in one transaction, so a payment no
+/// record names is a record removed: `audit verify` names it.
+#[tokio::test]
+async fn a_payments_record_removed_before_it_was_sealed_is_named() {
+    let (app, dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("before", "2.00", "kept")).await);
+    assert_eq!(verify(&app).await["ok"], true);
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER hide AFTER INSERT ON audit_records WHEN new.payment_id IS NOT NULL
+         BEGIN DELETE FROM audit_records WHERE seq = new.seq; END;",
+    )
+    .unwrap();
+    let hidden = ok(&call(&agent, "create_payment", pay("hidden", "3.00", "hidden")).await).clone();
+    db.execute_batch("DROP TRIGGER hide").unwrap();
+    ok(&call(&agent, "create_payment", pay("after", "4.00", "kept too")).await);
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains(hidden["payment_id"].as_str().unwrap()), "{reason}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The residual that review left open: a database writer deleted a record no payment names (here
+/// a refusal: the evidence of an agent's attempt) as it was written; the chain sealed what was left
+/// and verified. The replica that wrote the record witnesses it until it is sealed: gone is a break,
+/// recorded, and `audit verify` names it from then on.
+#[tokio::test]
+async fn a_record_deleted_before_it_was_sealed_is_named_by_the_replica_that_wrote_it() {
+    let (app, dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("before", "2.00", "kept")).await);
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER hide AFTER INSERT ON audit_records WHEN new.code = 'ACCOUNT_NOT_ALLOWED'
+         BEGIN DELETE FROM audit_records WHERE seq = new.seq; END;",
+    )
+    .unwrap();
+    let foreign = json!({"operation_id": "hidden", "from_account": "acct-A", "to_account": "acct-Z",
+                         "amount": "3.00", "currency": "KES"});
+    assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    db.execute_batch("DROP TRIGGER hide").unwrap();
+    let hidden: i64 =
+        db.query_row("SELECT seq FROM sqlite_sequence WHERE name = 'audit_records'", [], |r| r.get(0)).unwrap();
+    // The links alone cannot tell: nothing is left of the refusal, and no payment lacks its record.
+    assert_eq!(verify(&app).await["ok"], true);
+    let g = &app.running.gateway;
+    assert_eq!(g.audit_witness_check(i64::MAX).await, 1, "the writer finds its record gone");
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains("witnessed") && reason.contains(&format!("record seq {hidden} ")), "{reason}");
+    // Checked once: the same record is not reported again; records still there are not reported.
+    assert_eq!(g.audit_witness_check(i64::MAX).await, 0);
+    // The operators' Health page says so too (the hostile review of this fix, F2: a database that
+    // also deletes the witness's records leaves the log, the metric and this).
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (_, health) = operator(&app, Method::GET, "/operator/v1/health", &auditor, None).await;
+    let audit = health["checks"].as_array().unwrap().iter().find(|c| c["name"] == "audit").unwrap().clone();
+    assert_eq!((health["status"].clone(), audit["ok"].clone()), (json!("degraded"), json!(false)), "{health}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The hostile review of the writer's tag and witness (F1, F3): a trigger moved a payment's
+/// "allowed" record's payment id onto an earlier, unrelated record and deleted the allowed record
+/// (the payment then had "a record"), and another trigger copied records whole (their tags held).
+/// A payment needs its own allowed record (its idempotency key, bound by the tag); a copied tag
+/// repeats.
+#[tokio::test]
+async fn a_payments_record_swapped_for_a_decoy_or_a_copied_record_is_named() {
+    // No sealing run meanwhile: the decoy is certainly still unsealed when the trigger fires.
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER hide AFTER INSERT ON audit_records
+         WHEN NEW.decision = 'allowed' AND NEW.payment_id IS NOT NULL
+         BEGIN
+           UPDATE audit_records SET payment_id = NEW.payment_id
+            WHERE seq = (SELECT max(seq) FROM audit_records WHERE seq < NEW.seq AND payment_id IS NULL
+                           AND seq NOT IN (SELECT seq FROM audit_chain));
+           DELETE FROM audit_records WHERE seq = NEW.seq;
+         END;",
+    )
+    .unwrap();
+    let foreign = json!({"operation_id": "decoy", "from_account": "acct-A", "to_account": "acct-Z",
+                         "amount": "3.00", "currency": "KES"});
+    assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    let hidden = ok(&call(&agent, "create_payment", pay("hidden", "9.99", "to my mule")).await).clone();
+    db.execute_batch("DROP TRIGGER hide").unwrap();
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    // The decoy now names the payment: its writer's tag (which binds the payment id) breaks first;
+    // the payment itself has no allowed record of its own either.
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains("unsealed record") && reason.contains("tag does not match"), "{reason}");
+    let hidden = hidden["payment_id"].as_str().unwrap();
+    let payments: i64 = db
+        .query_row(&format!("SELECT count(*) FROM audit_records WHERE payment_id = '{hidden}'"), [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(payments, 1, "the trigger moved the decoy onto the payment");
+    let _ = agent.cancel().await;
+    app.stop().await;
+
+    let (app, dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER dup AFTER INSERT ON audit_records WHEN NEW.code = 'ACCOUNT_NOT_ALLOWED'
+         BEGIN INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
+                idempotency_key, payment_id, approval_id, detail, principal_user, repeats, policy_version, intent, tag)
+              VALUES (NEW.at, NEW.correlation_id, NEW.principal_iss, NEW.principal_sub, NEW.tool, NEW.decision,
+                NEW.code, NEW.idempotency_key, NEW.payment_id, NEW.approval_id, NEW.detail, NEW.principal_user,
+                NEW.repeats, NEW.policy_version, NEW.intent, NEW.tag);
+         END;",
+    )
+    .unwrap();
+    let foreign = json!({"operation_id": "copied", "from_account": "acct-A", "to_account": "acct-Z",
+                         "amount": "3.00", "currency": "KES"});
+    assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    db.execute_batch("DROP TRIGGER dup").unwrap();
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(v["first_break"]["reason"].as_str().unwrap().contains("copy of an earlier record"), "{v}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The fourth hostile review (high): before the sealing run, a database writer swapped two
+/// payments' "allowed" records (their payment ids) and the payments' idempotency keys, so that
+/// each payment still had an allowed record under its key — the trail then said the 9.99 to the
+/// mule was decided as the other payment, and verify said ok. The writer's tag binds the payment
+/// id: the moved record is named.
+#[tokio::test]
+async fn allowed_records_moved_between_payments_before_sealing_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let a = ok(&call(&agent, "create_payment", pay("first", "1.00", "rent")).await)["payment_id"].clone();
+    let b = ok(&call(&agent, "create_payment", pay("second", "9.99", "to my mule")).await)["payment_id"].clone();
+    let (a, b) = (a.as_str().unwrap(), b.as_str().unwrap());
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let unsealed: i64 = db
+        .query_row(
+            &format!(
+                "SELECT count(*) FROM audit_records WHERE payment_id IN ('{a}', '{b}') AND decision = 'allowed'
+                   AND seq NOT IN (SELECT seq FROM audit_chain)"
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(unsealed, 2, "both allowed records are still unsealed");
+    db.execute_batch(&format!(
+        "UPDATE audit_records SET payment_id = 'swap' WHERE payment_id = '{a}' AND decision = 'allowed';
+         UPDATE audit_records SET payment_id = '{a}' WHERE payment_id = '{b}' AND decision = 'allowed';
+         UPDATE audit_records SET payment_id = '{b}' WHERE payment_id = 'swap';
+         UPDATE payments SET idempotency_key = 'swap' WHERE id = '{a}';
+         UPDATE payments SET idempotency_key = (SELECT idempotency_key FROM audit_records
+                                                 WHERE payment_id = '{b}' AND decision = 'allowed') WHERE id = '{b}';
+         UPDATE payments SET idempotency_key = (SELECT idempotency_key FROM audit_records
+                                                 WHERE payment_id = '{a}' AND decision = 'allowed') WHERE id = '{a}';"
+    ))
+    .unwrap();
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains("tag does not match"), "{reason}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The fifth hostile review (high): a database writer rewrote a payment row after it was decided
+/// — 50.00 to acct-B became 9,000.00 to acct-Z, its postings and balances rewritten to match —
+/// and verify said ok (so did check-ledger). A payment is held to its "allowed" record's intent,
+/// the policy question the gateway answered: amount, accounts, currency, principal, mandate.
+#[tokio::test]
+async fn a_payment_rewritten_after_it_was_decided_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let paid = ok(&call(&agent, "create_payment", pay("op-1", "50.00", "rent")).await)["payment_id"].clone();
+    let paid = paid.as_str().unwrap();
+    let tea = ok(&call(&agent, "create_payment", pay("op-2", "2.00", "tea")).await)["payment_id"].clone();
+    // Refunds too: one of an amount, then "everything left".
+    let refund = |op: &str, amount: Option<&str>| {
+        let mut r = json!({"operation_id": op, "payment_id": tea, "reason": "returned"});
+        if let Some(a) = amount {
+            r["amount"] = json!(a);
+        }
+        r
+    };
+    ok(&call(&agent, "refund_payment", refund("r-1", Some("0.50"))).await);
+    ok(&call(&agent, "refund_payment", refund("r-2", None)).await);
+    assert_eq!(verify(&app).await["ok"], true, "as made, it holds");
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    for (tamper, named) in [
+        (format!("UPDATE payments SET amount_minor = 900000, to_account = 'acct-Z' WHERE id = '{paid}'"), "accounts"),
+        (format!("UPDATE payments SET amount_minor = 900000 WHERE id = '{paid}'"), "amount"),
+        (format!("UPDATE payments SET principal_sub = 'another-agent' WHERE id = '{paid}'"), "principal"),
+    ] {
+        db.execute_batch(&tamper).unwrap();
+        let v = verify(&app).await;
+        db.execute_batch(&format!(
+            "UPDATE payments SET amount_minor = 5000, to_account = 'acct-B', principal_sub = 'dev-agent' WHERE id = '{paid}'"
+        ))
+        .unwrap();
+        assert_eq!(v["ok"], false, "{tamper}: {v}");
+        let reason = v["first_break"]["reason"].as_str().unwrap();
+        assert!(reason.contains(paid) && reason.contains(named), "{tamper}: {reason}");
+    }
+    assert_eq!(verify(&app).await["ok"], true, "put back, it holds again");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The store's SQLite file, opened as a database writer would.
+fn store_db(dir: &std::path::Path) -> rusqlite::Connection {
+    let db = rusqlite::Connection::open(dir.join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db
+}
+
+/// Policy version `version`'s document as stored, and the same with every profile's KES
+/// autonomous limit set to `limit`.
+fn with_kes_limit(db: &rusqlite::Connection, version: i64, limit: &str) -> (String, Value) {
+    let document: String =
+        db.query_row("SELECT document FROM policy_versions WHERE version = ?1", [version], |r| r.get(0)).unwrap();
+    let mut doc: Value = serde_json::from_str(&document).unwrap();
+    for profile in doc["policy"]["profiles"].as_array_mut().unwrap() {
+        if profile["autonomous_limit"].get("KES").is_some() {
+            profile["autonomous_limit"]["KES"] = json!(limit);
+        }
+    }
+    (document, doc)
+}
+
+/// The fifth hostile review (F1, high): a database writer inserted a policy version (the dev
+/// agent's autonomous limit raised to 90,000.00, "approved" by two people who never acted); every
+/// replica put it in force within seconds, the agent paid 80,000.00 alone, and later genuine
+/// changes were built on it. Versions carry the gateway's tag: an inserted one is never in force
+/// nor built on, and stripping every tag does not make it look older than tags.
+#[tokio::test]
+async fn a_policy_version_written_in_the_database_is_never_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let g = &app.running.gateway;
+    let in_force = g.policy().version;
+    let db = store_db(dir.path());
+    let (document, doc) = with_kes_limit(&db, in_force, "90000.00");
+    db.execute(
+        "INSERT INTO policy_versions (version, document, author_iss, author_sub, reason, approver_iss, approver_sub,
+                                      proposal_id, created_at)
+         VALUES (?1, ?2, 'https://dev.paygate.test', 'carol', 'routine', 'https://dev.paygate.test', 'dave', NULL, ?3)",
+        rusqlite::params![in_force + 1, doc.to_string(), SystemClock.now()],
+    )
+    .unwrap();
+    g.refresh_policy().await.unwrap();
+    assert_eq!(g.policy().version, in_force, "the inserted version is not in force");
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let big = call(&agent, "create_payment", pay("big", "2000.00", "over the limit in force")).await;
+    assert_eq!(code(&big), "APPROVAL_REQUIRED", "{big:?}");
+    // Nothing is built on it either.
+    let admin = app.operator_token("alice", "payments:admin");
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        "/operator/v1/policy/proposals",
+        &admin,
+        Some(json!({"document": serde_json::from_str::<Value>(&document).unwrap(), "reason": "narrow it"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("tag does not hold"), "{body}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+    // Every tag stripped: a restart does not adopt the inserted version as an old one.
+    db.execute("UPDATE policy_versions SET tag = NULL", []).unwrap();
+    let again =
+        paygate::app::start(config_for(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]), Arc::new(SystemClock)).await;
+    let error = again.err().expect("a store whose newest version is not the gateway's does not start").to_string();
+    assert!(error.contains("tag does not hold"), "{error}");
+}
+
+/// Found reading the policy versions' tag: it proves a version is the gateway's, not that it is
+/// the newest. A database writer deleting the newest version (an incident's narrowing) rolled
+/// policy back at the next restart. The trail records each applied version: verify names the
+/// rollback, a replica in force on a deleted version logs it, and the store does not start.
+#[tokio::test]
+async fn policy_rolled_back_by_deleting_its_newest_version_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let g = &app.running.gateway;
+    let before = g.policy().version;
+    let db = store_db(dir.path());
+    let (_, doc) = with_kes_limit(&db, before, "500.00");
+    let admin = app.operator_token("alice", "payments:admin");
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        "/operator/v1/policy/proposals",
+        &admin,
+        Some(json!({"document": doc, "reason": "incident: lower the limit"})),
+    )
+    .await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::OK, json!("applied")), "{body}");
+    assert_eq!(g.policy().version, before + 1);
+    // A call judged under the new version names it too.
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("after", "1.00", "tea")).await);
+    let _ = agent.cancel().await;
+    assert_eq!(verify(&app).await["ok"], true);
+    db.execute("DELETE FROM policy_versions WHERE version = ?1", [before + 1]).unwrap();
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&format!("version {}", before + 1)) && reason.contains("deleted"), "{reason}");
+    g.refresh_policy().await.unwrap();
+    assert_eq!(g.policy().version, before + 1, "a replica never goes back");
+    // Seventh review (F1): nothing is built on the rolled-back store either (a decided widening
+    // re-opened and approved there would have replaced the incident's narrowing).
+    let (status, body) = operator(
+        &app,
+        Method::POST,
+        "/operator/v1/policy/proposals",
+        &admin,
+        Some(json!({"document": doc, "reason": "again"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("rolled back"), "{body}");
+    app.stop().await;
+    // The change's own record rewritten to name the older version as well (verify names that
+    // edit): the calls judged under the deleted version still name it, and the store does not start.
+    db.execute(
+        "UPDATE audit_records SET policy_version = ?1 WHERE tool LIKE 'policy.%' AND decision = 'applied'",
+        [before],
+    )
+    .unwrap();
+    let again =
+        paygate::app::start(config_for(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]), Arc::new(SystemClock)).await;
+    let error = again.err().expect("a rolled-back policy does not start").to_string();
+    assert!(error.contains("rolled back"), "{error}");
+}
+
+/// The sixth hostile review (F1, high): policy proposals carried no tag, so a database writer
+/// rewrote a pending widening's author (alice's became "bob's") or inserted a whole proposal "by
+/// bob", and alice alone approved it: one person widened policy. A proposal carries the gateway's
+/// tag over what its author wrote; one that does not hold is never decided.
+#[tokio::test]
+async fn a_policy_proposal_whose_author_was_rewritten_is_never_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let version = app.running.gateway.policy().version;
+    let db = store_db(dir.path());
+    let (_, doc) = with_kes_limit(&db, version, "900000.00");
+    let alice = app.operator_token("alice", "payments:admin");
+    let propose = json!({"document": doc, "reason": "widen", "base_version": version});
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/policy/proposals", &alice, Some(propose)).await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::ACCEPTED, json!("pending")), "{body}");
+    let id = body["proposal_id"].as_str().unwrap().to_string();
+    let approve = |id: &str| {
+        let path = format!("/operator/v1/policy/proposals/{id}/approve");
+        let (app, alice) = (&app, alice.clone());
+        async move { operator(app, Method::POST, &path, &alice, Some(json!({}))).await }
+    };
+    assert_eq!(approve(&id).await.1["error"]["code"], "SELF_REVIEW");
+    db.execute("UPDATE policy_proposals SET author_sub = 'bob' WHERE id = ?1", [&id]).unwrap();
+    let (status, body) = approve(&id).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("tag does not hold"), "{body}");
+    // A whole proposal inserted "by bob".
+    db.execute(
+        "INSERT INTO policy_proposals (id, base_version, document, author_iss, author_sub, reason, created_at, status)
+         SELECT 'pol_inserted', base_version, document, author_iss, 'bob', 'routine', created_at, 'pending'
+         FROM policy_proposals WHERE id = ?1",
+        [&id],
+    )
+    .unwrap();
+    let (status, body) = approve("pol_inserted").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    // Seventh review (F2): a proposal bob withdrew (rejected), set back to pending in the database.
+    db.execute("DELETE FROM policy_proposals WHERE id = 'pol_inserted'", []).unwrap();
+    db.execute("UPDATE policy_proposals SET author_sub = 'alice' WHERE id = ?1", [&id]).unwrap();
+    let bob = app.operator_token("bob", "payments:admin");
+    let propose = json!({"document": doc, "reason": "widen, bob's", "base_version": version});
+    let (_, body) = operator(&app, Method::POST, "/operator/v1/policy/proposals", &bob, Some(propose)).await;
+    let bobs = body["proposal_id"].as_str().unwrap().to_string();
+    let path = format!("/operator/v1/policy/proposals/{bobs}/reject");
+    let (status, body) = operator(&app, Method::POST, &path, &bob, Some(json!({"reason": "withdrawn"}))).await;
+    assert!(status.is_success(), "{body}");
+    db.execute(
+        "UPDATE policy_proposals SET status = 'pending', decided_iss = NULL, decided_sub = NULL, decided_at = NULL
+         WHERE id = ?1",
+        [&bobs],
+    )
+    .unwrap();
+    let (status, body) = approve(&bobs).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("tag does not hold"), "{body}");
+    assert_eq!(app.running.gateway.policy().version, version, "nothing applied");
+    app.stop().await;
+}
+
+/// The sixth hostile review (F2, high): a payment's postings rewritten — its credit moved to an
+/// account off the allow-list, or both legs multiplied by 100, balances recomputed — while the
+/// payment row and the trail stayed as decided: verify, the full integrity check and
+/// reconciliation all said ok. The integrity check holds each payment's postings to the payment:
+/// one debit of its amount from its payer, one credit of it to its payee, in its currency.
+#[tokio::test]
+async fn a_payments_postings_rewritten_are_named_by_the_integrity_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let paid = ok(&call(&agent, "create_payment", pay("op-1", "400.00", "supplies")).await)["payment_id"].clone();
+    let paid = paid.as_str().unwrap();
+    let store = &app.running.store;
+    assert!(store.ledger_integrity().await.unwrap().ok);
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    // Balances recomputed from the postings, as a careful writer would.
+    let rebalance = "UPDATE accounts SET balance_minor = (SELECT COALESCE(SUM(amount_minor), 0) FROM postings
+                                                          WHERE account_id = accounts.id)";
+    let reset = format!(
+        "UPDATE postings SET account_id = 'acct-B', amount_minor = 40000 WHERE payment_id = '{paid}' AND amount_minor > 0;
+         UPDATE postings SET amount_minor = -40000 WHERE payment_id = '{paid}' AND amount_minor < 0; {rebalance};"
+    );
+    for tamper in [
+        format!("UPDATE postings SET account_id = 'acct-Z' WHERE payment_id = '{paid}' AND amount_minor > 0"),
+        format!("UPDATE postings SET amount_minor = amount_minor * 100 WHERE payment_id = '{paid}'"),
+    ] {
+        db.execute_batch(&format!("{tamper}; {rebalance};")).unwrap();
+        let report = store.ledger_integrity().await.unwrap();
+        db.execute_batch(&reset).unwrap();
+        assert!(!report.ok, "{tamper}: {report:?}");
+        assert!(report.problems.iter().any(|p| p.contains(paid)), "{tamper}: {report:?}");
+    }
+    assert!(store.ledger_integrity().await.unwrap().ok, "put back, it holds");
+    // Seventh review (F3): a refunded payment's `refunded_minor` set back to 0 (a second refund
+    // would then go through) is named: it must equal the sum of its refunds.
+    let refund = json!({"operation_id": "r-1", "payment_id": paid, "amount": "100.00", "reason": "returned"});
+    ok(&call(&agent, "refund_payment", refund).await);
+    assert!(store.ledger_integrity().await.unwrap().ok);
+    db.execute_batch(&format!("UPDATE payments SET refunded_minor = 0 WHERE id = '{paid}'")).unwrap();
+    let report = store.ledger_integrity().await.unwrap();
+    assert!(!report.ok && report.problems.iter().any(|p| p.contains(paid)), "{report:?}");
+    // ... and the reset column does not refund the same money twice: 300.00 is all that is left.
+    let before = ok(&call(&agent, "get_balance", json!({"account_id": "acct-B"})).await)["balance"].clone();
+    let again = json!({"operation_id": "r-2", "payment_id": paid, "amount": "400.00", "reason": "returned"});
+    assert_eq!(code(&call(&agent, "refund_payment", again).await), "INVALID_ARGUMENT");
+    assert_eq!(ok(&call(&agent, "get_balance", json!({"account_id": "acct-B"})).await)["balance"], before);
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// F2 of the same review: emptying every audit table passed `audit verify` without a witness.
+/// Payments the trail does not know about are a trail emptied (or cut back past them).
+#[tokio::test]
+async fn an_emptied_audit_trail_is_named_without_a_witness() {
+    let (app, dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("one", "2.00", "x")).await);
+    ok(&call(&agent, "create_payment", pay("two", "3.00", "y")).await);
+    let _ = agent.cancel().await;
+    app.stop().await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.execute_batch(
+        "DELETE FROM audit_records; DELETE FROM audit_chain; DELETE FROM audit_checkpoints;
+         DELETE FROM audit_chain_head; DELETE FROM sqlite_sequence WHERE name = 'audit_records';",
+    )
+    .unwrap();
+    drop(db);
+    // `paygate audit verify` on the stopped store, as the reviewer ran it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+        .args(["audit", "verify"])
+        .env_remove("PAYGATE_CONFIG")
+        .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+        .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        (out.status.code(), v["ok"].clone()),
+        (Some(1), json!(false)),
+        "{v} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(v["first_break"]["reason"].as_str().unwrap().contains("the trail was emptied"), "{v}");
+}
