@@ -1000,7 +1000,7 @@ fn webhooks(config: &Config, assembled: &Assembled) -> Option<Arc<crate::webhook
     };
     let g = &assembled.gateway;
     match crate::webhooks::Webhooks::new(endpoints, settings, g.store().clone(), g.clock().clone()) {
-        Ok(w) => Some(Arc::new(w)),
+        Ok(w) => Some(Arc::new(w.with_metrics(g.metrics().clone()))),
         Err(error) => {
             tracing::error!(%error, "webhooks are off");
             None

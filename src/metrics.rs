@@ -47,7 +47,11 @@ struct Inner {
     http_latency: BTreeMap<&'static str, Histogram>,
     tool_latency: BTreeMap<String, Histogram>,
     ledger_latency: Histogram,
-    callbacks: BTreeMap<&'static str, u64>,
+    /// Rail callbacks by (rail, outcome).
+    callbacks: BTreeMap<(String, &'static str), u64>,
+    /// Webhook delivery attempts by (endpoint, outcome), and each endpoint's breaker (open or not).
+    webhook_attempts: BTreeMap<(String, &'static str), u64>,
+    webhook_breakers: BTreeMap<String, bool>,
     reconcile_findings: BTreeMap<String, u64>,
     reconcile_runs: u64,
     reconcile_last_problems: u64,
@@ -178,9 +182,22 @@ impl Metrics {
         self.with(|m| m.ledger_latency.observe(took.as_secs_f64()));
     }
 
-    /// One M-Pesa callback, by outcome (a fixed set of names).
-    pub fn callback(&self, outcome: &'static str) {
-        self.with(|m| *m.callbacks.entry(outcome).or_default() += 1);
+    /// One rail callback (`rail` a configured rail's name), by outcome (a fixed set of names).
+    pub fn callback(&self, rail: &str, outcome: &'static str) {
+        self.with(|m| *m.callbacks.entry((rail.to_string(), outcome)).or_default() += 1);
+    }
+
+    /// One webhook delivery attempt to `endpoint` (a configured endpoint's name): `delivered`,
+    /// `failed` (tried again later) or `gave_up` (its last attempt failed).
+    pub fn webhook_attempt(&self, endpoint: &str, outcome: &'static str) {
+        self.with(|m| *m.webhook_attempts.entry((endpoint.to_string(), outcome)).or_default() += 1);
+    }
+
+    /// Whether `endpoint`'s webhook breaker is open (its messages held, unsent).
+    pub fn webhook_breaker(&self, endpoint: &str, open: bool) {
+        self.with(|m| {
+            m.webhook_breakers.insert(endpoint.to_string(), open);
+        });
     }
 
     /// One reconciliation finding, by kind (a fixed set of names).
@@ -294,9 +311,25 @@ impl Metrics {
                 m.breaker_state,
             )
         });
-        out.push_str("# HELP paygate_mpesa_callbacks_total M-Pesa STK callbacks by outcome.\n");
+        let (attempts, webhook_breakers) = self.with(|m| (m.webhook_attempts.clone(), m.webhook_breakers.clone()));
+        out.push_str("# HELP paygate_webhook_attempts_total Webhook delivery attempts by endpoint and outcome (delivered, failed, gave_up).\n");
+        out.push_str("# TYPE paygate_webhook_attempts_total counter\n");
+        for ((endpoint, o), n) in &attempts {
+            let _ = writeln!(out, "paygate_webhook_attempts_total{{endpoint=\"{endpoint}\",outcome=\"{o}\"}} {n}");
+        }
+        out.push_str("# HELP paygate_webhook_breaker_open Whether a webhook endpoint's breaker is open (its messages held).\n");
+        out.push_str("# TYPE paygate_webhook_breaker_open gauge\n");
+        for (endpoint, open) in &webhook_breakers {
+            let _ = writeln!(out, "paygate_webhook_breaker_open{{endpoint=\"{endpoint}\"}} {}", u8::from(*open));
+        }
+        out.push_str("# HELP paygate_rail_callbacks_total Rail callbacks (M-Pesa, Airtel) by rail and outcome.\n");
+        out.push_str("# TYPE paygate_rail_callbacks_total counter\n");
+        for ((rail, o), n) in &callbacks {
+            let _ = writeln!(out, "paygate_rail_callbacks_total{{rail=\"{rail}\",outcome=\"{o}\"}} {n}");
+        }
+        out.push_str("# HELP paygate_mpesa_callbacks_total M-Pesa callbacks by outcome (paygate_rail_callbacks_total{rail=\"mpesa\"}).\n");
         out.push_str("# TYPE paygate_mpesa_callbacks_total counter\n");
-        for (o, n) in &callbacks {
+        for ((_, o), n) in callbacks.iter().filter(|((rail, _), _)| rail == "mpesa") {
             let _ = writeln!(out, "paygate_mpesa_callbacks_total{{outcome=\"{o}\"}} {n}");
         }
         out.push_str(

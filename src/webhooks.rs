@@ -64,6 +64,8 @@ pub struct Webhooks {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     breakers: Mutex<HashMap<String, Breaker>>,
+    /// Where attempts and breakers are counted (`paygate_webhook_*`), when the gateway's.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// What one run did.
@@ -94,7 +96,13 @@ impl Webhooks {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("webhook client: {e}"))?;
-        Ok(Webhooks { endpoints: by_name, settings, client, store, clock, breakers: Mutex::new(HashMap::new()) })
+        let breakers = Mutex::new(HashMap::new());
+        Ok(Webhooks { endpoints: by_name, settings, client, store, clock, breakers, metrics: None })
+    }
+
+    /// Count every attempt and each endpoint's breaker in `metrics`.
+    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Webhooks {
+        Webhooks { metrics: Some(metrics), ..self }
     }
 
     fn breaker_open(&self, endpoint: &str, now: UnixSecs) -> bool {
@@ -122,6 +130,11 @@ impl Webhooks {
         let started = Instant::now();
         let mut run = Run::default();
         let now = self.clock.now();
+        if let Some(metrics) = &self.metrics {
+            for endpoint in self.endpoints.keys() {
+                metrics.webhook_breaker(endpoint, self.breaker_open(endpoint, now));
+            }
+        }
         let due = match self.store.outbox_due(now, self.settings.batch_max).await {
             Ok(d) => d,
             Err(error) => {
@@ -182,6 +195,15 @@ impl Webhooks {
             let s = &self.settings;
             AttemptOutcome::RetryAt(next_attempt(now, m.attempts, s.backoff_initial_secs, s.backoff_max_secs))
         };
+        if let Some(metrics) = &self.metrics {
+            let counted = match outcome {
+                AttemptOutcome::Delivered => "delivered",
+                AttemptOutcome::GiveUp => "gave_up",
+                AttemptOutcome::RetryAt(_) => "failed",
+            };
+            metrics.webhook_attempt(&m.endpoint, counted);
+            metrics.webhook_breaker(&m.endpoint, self.breaker_open(&m.endpoint, now));
+        }
         if let Some(why) = &error {
             tracing::warn!(webhook.id = %m.id, webhook.endpoint = %m.endpoint, attempt, error = %why, "webhook not delivered");
         }

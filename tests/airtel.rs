@@ -329,6 +329,12 @@ async fn callbacks_without_the_secret_are_refused_and_change_nothing() {
         ["MALFORMED", "BAD_SECRET"],
         "newest first; refusals before reading are throttled"
     );
+    // Counted under Airtel's name, every one (the audit throttles, the counters do not), and
+    // never as M-Pesa's.
+    let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("paygate_rail_callbacks_total{rail=\"airtel\",outcome=\"bad_secret\"} 3"), "{metrics}");
+    assert!(metrics.contains("paygate_rail_callbacks_total{rail=\"airtel\",outcome=\"malformed\"} 1"), "{metrics}");
+    assert!(!metrics.contains("paygate_mpesa_callbacks_total{"), "{metrics}");
     r.app.stop().await;
 }
 

@@ -246,5 +246,13 @@ mode = "known"
         operator(&app, Method::GET, &format!("/operator/v1/webhooks/{id}/attempts"), &auditor, None).await;
     assert_eq!(status, 200, "{attempts}");
     assert_eq!(attempts["items"][0]["status"], 204, "{attempts}");
+    // /metrics counts each delivery by endpoint, and shows the endpoint's breaker closed.
+    let metrics = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
+    let delivered = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("paygate_webhook_attempts_total{endpoint=\"ops\",outcome=\"delivered\"} "))
+        .and_then(|n| n.parse::<usize>().ok());
+    assert!(delivered.is_some_and(|n| n >= items.len()), "{} delivered, {metrics}", items.len());
+    assert!(metrics.contains("paygate_webhook_breaker_open{endpoint=\"ops\"} 0"), "{metrics}");
     app.stop().await;
 }

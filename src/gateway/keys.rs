@@ -71,13 +71,17 @@ impl Gateway {
         // mandate (a retry after approval is the same payment, not a new one).
         // A deliberately broken build for the evals (`--features weaken-idempotency-for-evals`):
         // every call gets a key of its own, so retries pay again. The evals must catch it.
+        // (Not when another broken build is chosen at run time: each is caught on its own.)
         #[cfg(feature = "weaken-idempotency-for-evals")]
-        let op = &OperationId::parse(&format!(
-            "{}.{}",
-            &op.as_str()[..op.as_str().len().min(80)],
-            uuid::Uuid::new_v4().simple()
-        ))
-        .unwrap_or_else(|_| op.clone());
+        let op = &match super::idempotency_weakened() {
+            true => OperationId::parse(&format!(
+                "{}.{}",
+                &op.as_str()[..op.as_str().len().min(80)],
+                uuid::Uuid::new_v4().simple()
+            ))
+            .unwrap_or_else(|_| op.clone()),
+            false => op.clone(),
+        };
         let operation = Idem {
             key: self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), tool, op.as_str()),
             fingerprint: call_fingerprint(args, None),

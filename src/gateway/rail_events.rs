@@ -111,7 +111,7 @@ impl Gateway {
             Ok(event) => event,
             Err(reason) => {
                 self.audit_callback(rail.name(), None, "callback_refused", "MALFORMED", reason).await;
-                self.metrics.callback("malformed");
+                self.metrics.callback(rail.name(), "malformed");
                 return CallbackOutcome::Malformed;
             }
         };
@@ -134,7 +134,7 @@ impl Gateway {
             Ok(None) => {
                 let detail = format!("unknown rail reference {}", clip(&event.rail_ref));
                 self.audit_callback(rail.name(), None, "callback_refused", "UNKNOWN_CHECKOUT", detail).await;
-                self.metrics.callback("unknown");
+                self.metrics.callback(rail.name(), "unknown");
                 return CallbackOutcome::UnknownReference;
             }
             Err(error) => {
@@ -147,7 +147,7 @@ impl Gateway {
             let detail = event.settlement.reason().unwrap_or("notice").to_string();
             let touched = self.touch_open(rail.as_ref(), &rec, &event.settlement).await;
             self.audit_callback(rail.name(), Some(&rec), "callback_notice", "QUEUE_TIMEOUT", detail).await;
-            self.metrics.callback("still_pending");
+            self.metrics.callback(rail.name(), "still_pending");
             return touched;
         }
         let paid = event.settlement == Settlement::Succeeded;
@@ -177,7 +177,7 @@ impl Gateway {
                         "receipt recorded".into(),
                     )
                     .await;
-                    self.metrics.callback("receipt");
+                    self.metrics.callback(rail.name(), "receipt");
                     return CallbackOutcome::ReceiptRecorded;
                 }
             }
@@ -188,7 +188,7 @@ impl Gateway {
             };
             let detail = format!("callback for a payment already {}", rec.state.as_str());
             self.audit_callback(rail.name(), Some(&rec), "callback_refused", code, detail).await;
-            self.metrics.callback("duplicate");
+            self.metrics.callback(rail.name(), "duplicate");
             return outcome;
         }
         if paid {
@@ -204,19 +204,19 @@ impl Gateway {
                     rec.amount_minor
                 );
                 self.audit_callback(rail.name(), Some(&rec), "callback_refused", "AMOUNT_MISMATCH", detail).await;
-                self.metrics.callback("mismatch");
+                self.metrics.callback(rail.name(), "mismatch");
                 return CallbackOutcome::AmountMismatch;
             }
             if (claims_required || event.payer.is_some()) && event.payer.as_deref() != rec.phone.as_deref() {
                 let detail = "the paying phone does not match the one prompted".to_string();
                 self.audit_callback(rail.name(), Some(&rec), "callback_refused", "PHONE_MISMATCH", detail).await;
-                self.metrics.callback("mismatch");
+                self.metrics.callback(rail.name(), "mismatch");
                 return CallbackOutcome::PayerMismatch;
             }
             if event.receipt.is_none() {
                 let detail = format!("a success without an {} receipt number", rail.display_name());
                 self.audit_callback(rail.name(), Some(&rec), "callback_refused", "RECEIPT_MISSING", detail).await;
-                self.metrics.callback("mismatch");
+                self.metrics.callback(rail.name(), "mismatch");
                 return CallbackOutcome::ReceiptMissing;
             }
         }
@@ -234,7 +234,7 @@ impl Gateway {
                         queried.reason().unwrap_or("-")
                     );
                     self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
-                    self.metrics.callback("mismatch");
+                    self.metrics.callback(rail.name(), "mismatch");
                     // The query is the rail's own answer: a known failure settles the payment.
                     if let Settlement::Failed(_) = queried
                         && let Ok(Some(updated)) = self.settle(&*rail, &rec, &queried, None).await
@@ -277,7 +277,7 @@ impl Gateway {
                                 detail,
                             )
                             .await;
-                            self.metrics.callback("awaiting_confirmation");
+                            self.metrics.callback(rail.name(), "awaiting_confirmation");
                             CallbackOutcome::AwaitingConfirmation
                         }
                         Ok(None) => CallbackOutcome::Terminal,
@@ -300,7 +300,7 @@ impl Gateway {
                         other.reason().unwrap_or("it reports the payment succeeded")
                     );
                     self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
-                    self.metrics.callback("mismatch");
+                    self.metrics.callback(rail.name(), "mismatch");
                     return CallbackOutcome::NotConfirmed;
                 }
             }
@@ -324,7 +324,7 @@ impl Gateway {
                     Some(reason) => reason.to_string(),
                 };
                 self.audit_callback(rail.name(), Some(&updated), decision, code, detail).await;
-                self.metrics.callback(metric);
+                self.metrics.callback(rail.name(), metric);
                 outcome
             }
             Ok(None) => {
@@ -337,7 +337,7 @@ impl Gateway {
                     "settled concurrently".into(),
                 )
                 .await;
-                self.metrics.callback("duplicate");
+                self.metrics.callback(rail.name(), "duplicate");
                 CallbackOutcome::Terminal
             }
             Err(error) => {

@@ -122,7 +122,7 @@ async fn refuse_unread(
     what: String,
 ) {
     let g = &state.gateway;
-    g.metrics().callback(metric);
+    g.metrics().callback(rail, metric);
     tracing::warn!(rail, reason = %what, "rail callback refused");
     if let Some(unaudited) = guard.map_or(Some(0), CallbackGuard::refusal_audit) {
         let detail = if unaudited > 0 { format!("{what} ({unaudited} earlier refusals not audited)") } else { what };
