@@ -317,7 +317,9 @@ impl Metrics {
         for ((endpoint, o), n) in &attempts {
             let _ = writeln!(out, "paygate_webhook_attempts_total{{endpoint=\"{endpoint}\",outcome=\"{o}\"}} {n}");
         }
-        out.push_str("# HELP paygate_webhook_breaker_open Whether a webhook endpoint's breaker is open (its messages held).\n");
+        out.push_str(
+            "# HELP paygate_webhook_breaker_open Whether a webhook endpoint's breaker is open (its messages held).\n",
+        );
         out.push_str("# TYPE paygate_webhook_breaker_open gauge\n");
         for (endpoint, open) in &webhook_breakers {
             let _ = writeln!(out, "paygate_webhook_breaker_open{{endpoint=\"{endpoint}\"}} {}", u8::from(*open));
