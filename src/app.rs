@@ -777,6 +777,7 @@ fn gateway(
             high_risk_amount: config.approvals.high_risk_amount.clone(),
             simulate_window_max_secs: config.policy.simulate_window_max_secs,
             simulate_records_max: config.policy.simulate_records_max as u32,
+            adopt_untagged_versions: config.policy.adopt_untagged_versions,
         },
         shared_quotas: config.limits.shared_quotas(&config.storage),
     };
@@ -1000,7 +1001,7 @@ fn webhooks(config: &Config, assembled: &Assembled) -> Option<Arc<crate::webhook
     };
     let g = &assembled.gateway;
     match crate::webhooks::Webhooks::new(endpoints, settings, g.store().clone(), g.clock().clone()) {
-        Ok(w) => Some(Arc::new(w.with_metrics(g.metrics().clone()))),
+        Ok(w) => Some(Arc::new(w)),
         Err(error) => {
             tracing::error!(%error, "webhooks are off");
             None

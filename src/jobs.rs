@@ -153,6 +153,13 @@ async fn run_job(s: &Scheduler, job: Job) {
             // Half the lease: the run ends before another replica may take the job over.
             let budget = Duration::from_secs((s.config.lease_secs / 2).max(1) as u64);
             let run = webhooks.deliver_due(budget).await;
+            let metrics = g.metrics();
+            for (endpoint, outcome) in &run.attempts {
+                metrics.webhook_attempt(endpoint, outcome);
+            }
+            for (endpoint, open) in &run.breakers {
+                metrics.webhook_breaker(endpoint, *open);
+            }
             if run.delivered + run.failed > 0 {
                 tracing::debug!(delivered = run.delivered, failed = run.failed, held = run.held, "webhooks sent");
             }

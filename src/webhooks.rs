@@ -64,17 +64,19 @@ pub struct Webhooks {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     breakers: Mutex<HashMap<String, Breaker>>,
-    /// Where attempts and breakers are counted (`paygate_webhook_*`), when the gateway's.
-    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// What one run did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Run {
     pub delivered: usize,
     pub failed: usize,
     /// Messages left waiting because their endpoint's breaker is open.
     pub held: usize,
+    /// Each attempt: its endpoint and "delivered", "failed" (tried again later) or "gave_up".
+    pub attempts: Vec<(String, &'static str)>,
+    /// Each endpoint, and whether its breaker is open, as the run ends.
+    pub breakers: Vec<(String, bool)>,
 }
 
 impl Webhooks {
@@ -96,13 +98,7 @@ impl Webhooks {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("webhook client: {e}"))?;
-        let breakers = Mutex::new(HashMap::new());
-        Ok(Webhooks { endpoints: by_name, settings, client, store, clock, breakers, metrics: None })
-    }
-
-    /// Count every attempt and each endpoint's breaker in `metrics`.
-    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Webhooks {
-        Webhooks { metrics: Some(metrics), ..self }
+        Ok(Webhooks { endpoints: by_name, settings, client, store, clock, breakers: Mutex::new(HashMap::new()) })
     }
 
     fn breaker_open(&self, endpoint: &str, now: UnixSecs) -> bool {
@@ -130,11 +126,6 @@ impl Webhooks {
         let started = Instant::now();
         let mut run = Run::default();
         let now = self.clock.now();
-        if let Some(metrics) = &self.metrics {
-            for endpoint in self.endpoints.keys() {
-                metrics.webhook_breaker(endpoint, self.breaker_open(endpoint, now));
-            }
-        }
         let due = match self.store.outbox_due(now, self.settings.batch_max).await {
             Ok(d) => d,
             Err(error) => {
@@ -150,18 +141,26 @@ impl Webhooks {
                 run.held += 1;
                 continue;
             }
-            match self.send(&m).await {
-                Some(true) => run.delivered += 1,
-                Some(false) => run.failed += 1,
-                None => {}
+            let Some(outcome) = self.send(&m).await else { continue };
+            let counted = match outcome {
+                AttemptOutcome::Delivered => "delivered",
+                AttemptOutcome::GiveUp => "gave_up",
+                AttemptOutcome::RetryAt(_) => "failed",
+            };
+            match outcome {
+                AttemptOutcome::Delivered => run.delivered += 1,
+                _ => run.failed += 1,
             }
+            run.attempts.push((m.endpoint.clone(), counted));
         }
+        let now = self.clock.now();
+        run.breakers = self.endpoints.keys().map(|e| (e.clone(), self.breaker_open(e, now))).collect();
         run
     }
 
-    /// One attempt; `Some(delivered)`, or `None` when the message's endpoint is gone from config
+    /// One attempt; `Some(its outcome)`, or `None` when the message's endpoint is gone from config
     /// (it waits: an endpoint put back delivers it).
-    async fn send(&self, m: &OutboxMessage) -> Option<bool> {
+    async fn send(&self, m: &OutboxMessage) -> Option<AttemptOutcome> {
         let (ep, key) = self.endpoints.get(&m.endpoint)?;
         let ts = self.clock.now();
         let sent = Instant::now();
@@ -195,15 +194,6 @@ impl Webhooks {
             let s = &self.settings;
             AttemptOutcome::RetryAt(next_attempt(now, m.attempts, s.backoff_initial_secs, s.backoff_max_secs))
         };
-        if let Some(metrics) = &self.metrics {
-            let counted = match outcome {
-                AttemptOutcome::Delivered => "delivered",
-                AttemptOutcome::GiveUp => "gave_up",
-                AttemptOutcome::RetryAt(_) => "failed",
-            };
-            metrics.webhook_attempt(&m.endpoint, counted);
-            metrics.webhook_breaker(&m.endpoint, self.breaker_open(&m.endpoint, now));
-        }
         if let Some(why) = &error {
             tracing::warn!(webhook.id = %m.id, webhook.endpoint = %m.endpoint, attempt, error = %why, "webhook not delivered");
         }
@@ -212,7 +202,7 @@ impl Webhooks {
             // Not recorded: the message stays due and goes again (at least once).
             tracing::error!(%error, webhook.id = %m.id, "webhook attempt not recorded");
         }
-        Some(ok)
+        Some(outcome)
     }
 }
 
