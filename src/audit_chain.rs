@@ -295,6 +295,16 @@ pub async fn verify(
         let first_break = Break { chain_seq: verdict.to_chain_seq + 1, seq: None, reason };
         return Ok(Verdict { ok: false, first_break: Some(first_break), ..verdict });
     }
+    // A payment deleted after it was decided (with its postings, balances put back): its record
+    // names a payment the store no longer holds.
+    if verdict.ok
+        && let Some((seq, id)) = store.vanished_payment(!markers.is_empty(), opts.now + 1).await?
+    {
+        let reason =
+            format!("the allowed record seq {seq} names payment {id}, which the store no longer holds: deleted");
+        let first_break = Break { chain_seq: verdict.to_chain_seq + 1, seq: Some(seq), reason };
+        return Ok(Verdict { ok: false, first_break: Some(first_break), ..verdict });
+    }
     // A payment rewritten after it was decided (amount, accounts, principal, mandate), or one that
     // borrowed another operation's record: the record's intent says what was decided.
     if verdict.ok

@@ -633,16 +633,17 @@ async fn a_record_deleted_before_it_was_sealed_is_named_by_the_replica_that_wrot
     ok(&call(&agent, "create_payment", pay("before", "2.00", "kept")).await);
     let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
     db.execute_batch(
-        "CREATE TRIGGER hide AFTER INSERT ON audit_records WHEN new.code = 'ACCOUNT_NOT_ALLOWED'
-         BEGIN DELETE FROM audit_records WHERE seq = new.seq; END;",
+        "CREATE TABLE hidden (seq INTEGER);
+         CREATE TRIGGER hide AFTER INSERT ON audit_records WHEN new.code = 'ACCOUNT_NOT_ALLOWED'
+         BEGIN INSERT INTO hidden VALUES (new.seq); DELETE FROM audit_records WHERE seq = new.seq; END;",
     )
     .unwrap();
     let foreign = json!({"operation_id": "hidden", "from_account": "acct-A", "to_account": "acct-Z",
                          "amount": "3.00", "currency": "KES"});
     assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
     db.execute_batch("DROP TRIGGER hide").unwrap();
-    let hidden: i64 =
-        db.query_row("SELECT seq FROM sqlite_sequence WHERE name = 'audit_records'", [], |r| r.get(0)).unwrap();
+    // The record the trigger deleted (the scheduler may have written others since).
+    let hidden: i64 = db.query_row("SELECT seq FROM hidden", [], |r| r.get(0)).unwrap();
     // The links alone cannot tell: nothing is left of the refusal, and no payment lacks its record.
     assert_eq!(verify(&app).await["ok"], true);
     let g = &app.running.gateway;
@@ -821,6 +822,88 @@ async fn a_payment_rewritten_after_it_was_decided_is_named() {
     app.stop().await;
 }
 
+/// The eighth hostile review, as a database writer on a live store: a refund detached from its
+/// original (or moved to another payment) so the original could be refunded again — both checks
+/// said ok —, a whole payment deleted with its postings and the balances put back, a payment
+/// marked failed or moved days back in time. `audit verify` names each against the record that
+/// decided it, and the full integrity check names a refund that gives back no payment it holds.
+#[tokio::test]
+async fn ledger_rows_detached_deleted_or_moved_in_time_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let id = |v: &Value| v["payment_id"].as_str().unwrap().to_string();
+    let paid = id(ok(&call(&agent, "create_payment", pay("op-1", "300.00", "rent")).await));
+    let other = id(ok(&call(&agent, "create_payment", pay("op-2", "200.00", "tea")).await));
+    let refund = json!({"operation_id": "r-1", "payment_id": paid, "amount": "100.00", "reason": "returned"});
+    let refund = id(ok(&call(&agent, "refund_payment", refund).await));
+    assert_ne!(refund, paid);
+    assert_eq!(verify(&app).await["ok"], true, "as made, it holds");
+    let store = &app.running.store;
+    assert!(store.ledger_integrity().await.unwrap().ok);
+    let db = store_db(dir.path());
+    let created: i64 =
+        db.query_row(&format!("SELECT created_at FROM payments WHERE id = '{other}'"), [], |r| r.get(0)).unwrap();
+    let put_back = format!(
+        "UPDATE payments SET refund_of = '{paid}' WHERE id = '{refund}';
+         UPDATE payments SET refunded_minor = 10000 WHERE id = '{paid}';
+         UPDATE payments SET refunded_minor = 0, status = 'succeeded', refund_of = NULL, created_at = {created}
+           WHERE id = '{other}';"
+    );
+    for (tamper, named, integrity) in [
+        (
+            format!(
+                "UPDATE payments SET refund_of = NULL WHERE id = '{refund}';
+                 UPDATE payments SET refunded_minor = 0 WHERE id = '{paid}'"
+            ),
+            "original payment",
+            true,
+        ),
+        (
+            format!(
+                "UPDATE payments SET refund_of = '{other}' WHERE id = '{refund}';
+                 UPDATE payments SET refunded_minor = 0 WHERE id = '{paid}';
+                 UPDATE payments SET refunded_minor = 10000 WHERE id = '{other}'"
+            ),
+            "original payment",
+            false,
+        ),
+        (format!("UPDATE payments SET status = 'failed' WHERE id = '{other}'"), "failed", false),
+        (format!("UPDATE payments SET created_at = created_at - 259200 WHERE id = '{other}'"), "moved in time", false),
+        (format!("UPDATE payments SET refund_of = '{paid}' WHERE id = '{other}'"), "no refund", false),
+    ] {
+        db.execute_batch(&tamper).unwrap();
+        let v = verify(&app).await;
+        let report = store.ledger_integrity().await.unwrap();
+        db.execute_batch(&put_back).unwrap();
+        assert_eq!(v["ok"], false, "{tamper}: {v}");
+        let reason = v["first_break"]["reason"].as_str().unwrap();
+        assert!(reason.contains(named), "{tamper}: {reason}");
+        if integrity {
+            assert!(!report.ok && report.problems.iter().any(|p| p.contains(&refund)), "{tamper}: {report:?}");
+        }
+    }
+    // Put back, it holds again.
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], true, "{v}");
+    // A whole payment deleted, postings and balances with it.
+    db.execute_batch(&format!(
+        "UPDATE accounts SET balance_minor = balance_minor -
+             (SELECT amount_minor FROM postings WHERE payment_id = '{other}' AND account_id = accounts.id)
+           WHERE id IN (SELECT account_id FROM postings WHERE payment_id = '{other}');
+         DELETE FROM postings WHERE payment_id = '{other}';
+         DELETE FROM payments WHERE id = '{other}';"
+    ))
+    .unwrap();
+    assert!(store.ledger_integrity().await.unwrap().ok, "the ledger alone balances");
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&other) && reason.contains("no longer holds"), "{reason}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 /// The store's SQLite file, opened as a database writer would.
 fn store_db(dir: &std::path::Path) -> rusqlite::Connection {
     let db = rusqlite::Connection::open(dir.join("paygate.sqlite3")).unwrap();
@@ -886,7 +969,59 @@ async fn a_policy_version_written_in_the_database_is_never_in_force() {
     let again =
         paygate::app::start(config_for(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]), Arc::new(SystemClock)).await;
     let error = again.err().expect("a store whose newest version is not the gateway's does not start").to_string();
-    assert!(error.contains("tag does not hold"), "{error}");
+    assert!(error.contains("carry no tag") && error.contains("adopt_untagged_versions"), "{error}");
+    // The eighth review (high): with every tag stripped and no adoption on record, a restart, a
+    // one-shot command or `audit verify` tagged every version as it stood, the forged one too, and
+    // a running replica put it in force. Nothing adopts unless the operator asks, and none of them
+    // writes a tag.
+    for args in [&["check-ledger"][..], &["audit", "verify"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(args)
+            .env_remove("PAYGATE_CONFIG")
+            .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+            .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("carry no tag"), "{args:?}");
+    }
+    let tagged: i64 =
+        db.query_row("SELECT COUNT(*) FROM policy_versions WHERE tag IS NOT NULL", [], |r| r.get(0)).unwrap();
+    assert_eq!(tagged, 0, "nothing was adopted unasked");
+}
+
+/// An upgrade from before policy versions were tagged: the store does not start until an
+/// operator asks (`policy.adopt_untagged_versions`); then its versions are tagged as they stand and
+/// the adoption is recorded, and a store whose tags are stripped after that is never adopted again.
+#[tokio::test]
+async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_only_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = ("PAYGATE_JOBS__ENABLED", "false");
+    let app = spawn_on(dir.path(), &[quiet]).await;
+    let version = app.running.gateway.policy().version;
+    app.stop().await;
+    let db = store_db(dir.path());
+    // What a store from before tags looks like.
+    db.execute("UPDATE policy_versions SET tag = NULL", []).unwrap();
+    let start = |asked: bool| {
+        let flag = ("PAYGATE_POLICY__ADOPT_UNTAGGED_VERSIONS", if asked { "true" } else { "false" });
+        paygate::app::start(config_for(dir.path(), &[quiet, flag]), Arc::new(SystemClock))
+    };
+    let refused = start(false).await.err().expect("untagged versions are not adopted unasked").to_string();
+    assert!(refused.contains("carry no tag"), "{refused}");
+    let adopted = start(true).await.expect("adopted when asked");
+    assert_eq!(adopted.gateway.policy().version, version);
+    let records = adopted.store.audit_first_of_tool("policy.adopt_tags").await.unwrap();
+    assert!(records.is_some(), "the adoption is in the trail");
+    adopted.shutdown().await;
+    let tagged: i64 =
+        db.query_row("SELECT COUNT(*) FROM policy_versions WHERE tag IS NOT NULL", [], |r| r.get(0)).unwrap();
+    assert!(tagged >= 1);
+    start(false).await.expect("tagged, it starts without the flag").shutdown().await;
+    // Stripped again after the adoption: never adopted a second time, asked or not.
+    db.execute("UPDATE policy_versions SET tag = NULL", []).unwrap();
+    let again = start(true).await.err().expect("not adopted twice").to_string();
+    assert!(again.contains("adopted before"), "{again}");
 }
 
 /// Found reading the policy versions' tag: it proves a version is the gateway's, not that it is

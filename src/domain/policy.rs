@@ -348,6 +348,9 @@ pub struct Question {
     /// The token's client id, which profiles may match on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+    /// A refund's original payment: the refund's row must name it (`domain::trail_money`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<String>,
 }
 
 impl Question {
@@ -374,6 +377,7 @@ impl Question {
             Question::of("refund_payment", scopes::REFUND, accounts, original.from_account.as_str(), amount, together);
         q.kind = PAYMENT_KIND_REFUND.into();
         q.original_minor = Some(original.amount_minor);
+        q.original = Some(original.id.to_string());
         q
     }
     /// Reversing `original`, a collection through a rail, in full: as a refund (scope, autonomous
@@ -392,6 +396,7 @@ impl Question {
             original_minor: None,
             mandated: false,
             client_id: None,
+            original: None,
         }
     }
 
@@ -415,6 +420,7 @@ impl Question {
             original_minor: None,
             mandated: false,
             client_id: None,
+            original: None,
         }
     }
 

@@ -39,6 +39,11 @@ pub struct PolicyConfig {
     /// The most audited calls one `policy simulate` replays (not part of a version).
     #[serde(default = "default_simulate_records_max", skip_serializing)]
     pub simulate_records_max: i64,
+    /// Tag, once, the policy versions of a store that has never had tags (an upgrade from before
+    /// versions were tagged). Off by default: untagged versions are never adopted unasked, since
+    /// a database writer who strips every tag makes a forged version look like an old one.
+    #[serde(default, skip_serializing)]
+    pub adopt_untagged_versions: bool,
 }
 
 fn default_refresh_secs() -> i64 {

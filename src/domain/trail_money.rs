@@ -22,6 +22,11 @@ pub struct PaymentFacts {
     pub principal_user: Option<String>,
     /// It drew on a mandate (its `mandate_id` is set).
     pub mandated: bool,
+    /// The payment a refund gives back (`refund_of`).
+    pub refund_of: Option<String>,
+    /// "succeeded": a ledger payment is written only when it posts.
+    pub status: String,
+    pub created_at: i64,
 }
 
 /// What the payment's "allowed" record says of the call it decided.
@@ -31,7 +36,13 @@ pub struct Decided {
     pub principal_user: Option<String>,
     /// The policy question, canonical JSON; `None` on records from before intents were kept.
     pub intent: Option<String>,
+    /// When the record was made: in the payment's own transaction, by the same call.
+    pub at: i64,
 }
+
+/// How far apart a payment's creation and its record's time may be (the record is made as the
+/// call is judged, the payment as it posts, in the same call): more is a payment moved in time.
+pub const RECORD_SKEW_MAX_SECS: i64 = 300;
 
 /// Why payment `p` is not what its record `d` decided, or `None` when it is. A payment pays its
 /// question's amount from its first account to its second; a refund gives back at most the
@@ -43,6 +54,18 @@ pub fn contradiction(p: &PaymentFacts, d: &Decided) -> Option<String> {
             "payment {} names principal {} (for {:?}), its allowed record {} (for {:?})",
             p.id, p.principal_sub, p.principal_user, d.principal_sub, d.principal_user
         ));
+    }
+    if p.status != "succeeded" {
+        return Some(format!("payment {} is {}: a ledger payment is written only when it posts", p.id, p.status));
+    }
+    if (p.created_at - d.at).abs() > RECORD_SKEW_MAX_SECS {
+        return Some(format!(
+            "payment {} was made at {}, its allowed record at {}: the payment was moved in time",
+            p.id, p.created_at, d.at
+        ));
+    }
+    if p.kind != "refund" && p.refund_of.is_some() {
+        return Some(format!("payment {} is no refund, yet names a payment it refunds", p.id));
     }
     let intent = d.intent.as_deref()?;
     let Ok(q) = serde_json::from_str::<Question>(intent) else {
@@ -66,6 +89,12 @@ pub fn contradiction(p: &PaymentFacts, d: &Decided) -> Option<String> {
     let amount_holds = if refund { p.amount_minor <= q.amount_minor } else { p.amount_minor == q.amount_minor };
     if !amount_holds {
         return differs("amount (minor units)", &p.amount_minor.to_string(), &q.amount_minor.to_string());
+    }
+    if let Some(original) = &q.original
+        && p.refund_of.as_deref() != Some(original.as_str())
+    {
+        let named = p.refund_of.as_deref().unwrap_or("no payment");
+        return differs("original payment", named, original);
     }
     if p.mandated != q.mandated {
         let says = |m: bool| if m { "with a mandate" } else { "without one" };
@@ -101,11 +130,19 @@ mod tests {
             principal_sub: "agent".into(),
             principal_user: Some("alice".into()),
             mandated: false,
+            refund_of: None,
+            status: "succeeded".into(),
+            created_at: 1_000,
         }
     }
 
     fn decided(q: &Question) -> Decided {
-        Decided { principal_sub: "agent".into(), principal_user: Some("alice".into()), intent: Some(q.canonical()) }
+        Decided {
+            principal_sub: "agent".into(),
+            principal_user: Some("alice".into()),
+            intent: Some(q.canonical()),
+            at: 1_000,
+        }
     }
 
     fn transfer() -> Question {
@@ -129,7 +166,10 @@ mod tests {
             principal_user: Some("alice".into()),
             created_at: 0,
         };
-        Question::refund(&original, Money::from_minor(asked, kes()).unwrap())
+        Question {
+            original: Some("pay_orig".into()),
+            ..Question::refund(&original, Money::from_minor(asked, kes()).unwrap())
+        }
     }
 
     fn refund(amount_minor: i64) -> PaymentFacts {
@@ -138,6 +178,7 @@ mod tests {
             from_account: "acct-B".into(),
             to_account: "acct-A".into(),
             amount_minor,
+            refund_of: Some("pay_orig".into()),
             ..payment()
         }
     }
@@ -165,6 +206,18 @@ mod tests {
         // A refund's record does not decide a payment, nor a payment's a refund.
         assert!(contradiction(&PaymentFacts { kind: "payment".into(), ..refund(3_000) }, &decided(&q)).is_some());
         assert!(contradiction(&PaymentFacts { kind: "refund".into(), ..payment() }, &decided(&transfer())).is_some());
+        // The eighth review: a refund detached from its original (refund_of cleared) or moved to
+        // another payment, so the original could be refunded again.
+        for moved in [None, Some("pay_other".to_string())] {
+            let why = contradiction(&PaymentFacts { refund_of: moved.clone(), ..refund(3_000) }, &decided(&q));
+            assert!(
+                why.as_deref().is_some_and(|w| w.contains("original payment") && w.contains("pay_orig")),
+                "{moved:?}: {why:?}"
+            );
+        }
+        // A record from before refunds named their original holds the rest only.
+        let old = Question { original: None, ..q };
+        assert_eq!(contradiction(&PaymentFacts { refund_of: None, ..refund(3_000) }, &decided(&old)), None);
     }
 
     /// Each field a database writer could rewrite after the decision is named.
@@ -182,7 +235,13 @@ mod tests {
             ("amount", PaymentFacts { amount_minor: 900_000, ..payment() }),
             ("amount", PaymentFacts { amount_minor: 4_999, ..payment() }),
             ("authority", PaymentFacts { mandated: true, ..payment() }),
+            // The eighth review: a payment marked failed, moved days back, or named a refund.
+            ("failed", PaymentFacts { status: "failed".into(), ..payment() }),
+            ("moved in time", PaymentFacts { created_at: 1_000 - 3 * 86_400, ..payment() }),
+            ("moved in time", PaymentFacts { created_at: 1_000 + RECORD_SKEW_MAX_SECS + 1, ..payment() }),
+            ("no refund", PaymentFacts { refund_of: Some("pay_x".into()), ..payment() }),
         ];
+        assert_eq!(contradiction(&PaymentFacts { created_at: 1_000 + RECORD_SKEW_MAX_SECS, ..payment() }, &d), None);
         for (what, p) in cases {
             let why = contradiction(&p, &d).unwrap_or_else(|| panic!("{what}: {p:?} not named"));
             assert!(why.contains(what) && why.contains("pay_1"), "{what}: {why}");

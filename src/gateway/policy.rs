@@ -47,6 +47,8 @@ pub struct PolicySettings {
     pub high_risk_amount: MoneyMap,
     pub simulate_window_max_secs: i64,
     pub simulate_records_max: u32,
+    /// `policy.adopt_untagged_versions`: a store with no tagged version is tagged as it stands.
+    pub adopt_untagged_versions: bool,
 }
 
 /// One stored version as operators see it.

@@ -1,9 +1,10 @@
 //! Policy versions carry the gateway's tag (`audit_chain::row_tag` under the audit link key, over
 //! every field of the version), so a version a database writer inserted or edited is never put in
 //! force: a replica keeps judging under the version it has, logs the error, and refuses policy
-//! changes on top of it. Versions written before tags existed are adopted once, at the first start
-//! that knows tags, and the adoption is recorded in the trail (`policy.adopt_tags`): a later start
-//! adopts nothing, so stripping every tag does not make a forged version look old. Proposals carry
+//! changes on top of it. Versions written before tags existed are adopted only when the operator
+//! asks (`policy.adopt_untagged_versions`), once, and the adoption is recorded in the trail
+//! (`policy.adopt_tags`): a store with no tagged version does not start otherwise, so stripping
+//! every tag does not make a forged version look old. Proposals carry
 //! one over what their author wrote: one inserted, or whose author was rewritten, in the database
 //! is never decided (its author is who the four-eyes rule keeps from approving it).
 
@@ -85,17 +86,38 @@ impl Gateway {
         }))
     }
 
-    /// At start, once per store: tag the versions written before versions were tagged, and record
-    /// that it was done. Nothing to do when the trail records an adoption, or a version is tagged
-    /// already (the trail's record may have been archived since).
+    /// At start: a store whose versions carry no tag at all is refused, unless the operator asked
+    /// (`policy.adopt_untagged_versions`) and the trail records no earlier adoption; then its
+    /// versions and pending proposals are tagged as they stand, and the adoption recorded. Never
+    /// unasked: "no tag anywhere and no adoption recorded" is also what a database writer who
+    /// strips every tag and deletes the record leaves, with a forged version among them.
     pub(super) async fn adopt_version_tags(&self) -> Result<(), String> {
         // The versions first (a small table): once one is tagged, no start reads the trail here.
         let versions = self.store.policy_versions(ADOPT_MAX).await.map_err(|e| e.to_string())?;
-        if versions.iter().any(|v| v.tag.is_some()) {
+        if versions.is_empty() || versions.iter().any(|v| v.tag.is_some()) {
+            if self.limits.policy.adopt_untagged_versions && !versions.is_empty() {
+                tracing::warn!(
+                    "policy.adopt_untagged_versions is on, and the store's versions are tagged: turn it off"
+                );
+            }
             return Ok(());
         }
-        if self.store.audit_first_of_tool(ADOPT_TAGS_TOOL).await.map_err(|e| e.to_string())?.is_some() {
-            return Ok(());
+        let earlier = self.store.audit_first_of_tool(ADOPT_TAGS_TOOL).await.map_err(|e| e.to_string())?;
+        if let Some((seq, _)) = earlier {
+            return Err(format!(
+                "no policy version in the store carries the gateway's tag, yet they were adopted before (audit \
+                 record seq {seq}): the tags were stripped in the database since; this store is not adopted again"
+            ));
+        }
+        if !self.limits.policy.adopt_untagged_versions {
+            return Err(format!(
+                "the store's {} policy versions carry no tag: written before versions were tagged (an upgrade), or \
+                 in the database by someone other than the gateway. Check policy_versions (author, approver, \
+                 document) against what your operators decided, then start once with \
+                 policy.adopt_untagged_versions = true (PAYGATE_POLICY__ADOPT_UNTAGGED_VERSIONS=true) to tag them as \
+                 they stand",
+                versions.len()
+            ));
         }
         let tags: Vec<(i64, String)> =
             versions.into_iter().filter_map(|v| Some((v.version, self.tag_version(v).tag?))).collect();
@@ -108,7 +130,10 @@ impl Gateway {
             pending.into_iter().filter_map(|p| Some((p.id.clone(), self.tag_proposal(p).tag?))).collect();
         self.store.policy_adopt_proposal_tags(tags).await.map_err(|e| e.to_string())?;
         let mut d = super::Decision::new(ADOPT_TAGS_TOOL, "recorded");
-        d.detail = Some(format!("{adopted} policy versions written before versions were tagged, tagged as they stood"));
+        d.detail = Some(format!(
+            "{adopted} policy versions written before versions were tagged, tagged as they stood \
+             (policy.adopt_untagged_versions)"
+        ));
         self.audit_as(super::rails::GATEWAY_ISSUER, "gateway", "-", d).await;
         if adopted > 0 {
             tracing::info!(

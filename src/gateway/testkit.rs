@@ -178,6 +178,7 @@ fn limits() -> GatewayLimits {
         policy: super::PolicySettings {
             simulate_window_max_secs: 2_592_000,
             simulate_records_max: 1000,
+            adopt_untagged_versions: false,
             ..Default::default()
         },
         shared_quotas: false,

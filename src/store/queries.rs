@@ -364,6 +364,24 @@ pub(crate) fn unaudited_payment(since: i64, before: i64, dialect: Dialect) -> St
     b.finish(text)
 }
 
+/// The first "allowed" record made in `[since, before)` that names a payment the store does not
+/// hold: not in `payments` (by id, nor a payment under its idempotency key — a ledger replay's
+/// record names the attempt's id while the earlier payment answers), nor in `rail_payments`. A
+/// payment deleted, postings and balances with it, after it was decided.
+pub(crate) fn vanished_payment(since: i64, before: i64, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let (since, before) = (b.int(since), b.int(before));
+    let text = format!(
+        "SELECT a.seq, a.payment_id FROM audit_records a
+         WHERE a.decision = 'allowed' AND a.payment_id IS NOT NULL AND a.at >= {since} AND a.at < {before}
+           AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = a.payment_id)
+           AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.idempotency_key = a.idempotency_key)
+           AND NOT EXISTS (SELECT 1 FROM rail_payments r WHERE r.id = a.payment_id)
+         ORDER BY a.seq LIMIT 1"
+    );
+    b.finish(text)
+}
+
 /// Ledger payments made in `[since, before)` after the position `after` (created_at, id, record
 /// seq), each with every "allowed" record naming it under its idempotency key, in that order: what
 /// `audit verify` holds each payment to (`domain::trail_money`).
@@ -380,7 +398,8 @@ pub(crate) fn payment_decisions(
     let limit = b.int(i64::from(limit));
     let text = format!(
         "SELECT p.id, p.created_at, p.kind, p.from_account, p.to_account, p.amount_minor, p.currency,
-                p.principal_sub, p.principal_user, p.mandate_id, a.principal_sub, a.principal_user, a.intent, a.seq
+                p.principal_sub, p.principal_user, p.mandate_id, a.principal_sub, a.principal_user, a.intent, a.seq,
+                p.refund_of, p.status, a.at
          FROM payments p JOIN audit_records a
            ON a.payment_id = p.id AND a.idempotency_key = p.idempotency_key AND a.decision = 'allowed'
          WHERE p.created_at >= {since} AND p.created_at < {before}
@@ -407,6 +426,14 @@ pub(crate) fn unbalanced_payments(postings: &str, since: &str) -> String {
                           AND p.currency = y.currency THEN 1 ELSE 0 END) <> 1"
     )
 }
+
+/// Refunds that do not give back a payment the ledger holds: no original (`refund_of` cleared or
+/// naming nothing), an original that is itself a refund, or money going another way than back
+/// from the original's payee to its payer in its currency. A refund detached from its original
+/// would let the original be refunded again. Both engines' full integrity check.
+pub(crate) const REFUNDS_ASTRAY: &str = "SELECT r.id FROM payments r LEFT JOIN payments o ON o.id = r.refund_of
+     WHERE r.kind = 'refund' AND (o.id IS NULL OR o.kind <> 'payment' OR r.from_account <> o.to_account
+                                  OR r.to_account <> o.from_account OR r.currency <> o.currency)";
 
 /// When the oldest audit record still in the store was made.
 pub(crate) fn oldest_audit_record(dialect: Dialect) -> Statement {

@@ -141,12 +141,16 @@ impl LedgerStore for PostgresStore {
             balances: balances.iter().map(|(id, balance, sum, _)| (id.clone(), *balance, *sum)).collect(),
             out_of_bounds: tx
                 .list(
-                    "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
+                    &format!(
+                        "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
                      UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor
                      UNION ALL SELECT y.id FROM payments y
                        LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
                                   WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
-                       WHERE y.refunded_minor <> COALESCE(r.refunded, 0)",
+                       WHERE y.refunded_minor <> COALESCE(r.refunded, 0)
+                     UNION ALL {}",
+                        crate::store::queries::REFUNDS_ASTRAY
+                    ),
                     &[],
                     text,
                 )

@@ -206,6 +206,15 @@ pub trait ReadStore: Engine {
         let found = self.select_rows(queries::unaudited_payment(since, before, self.dialect())).await?;
         rows::map_plain(found, |r| Ok((r.text(0)?, r.int(1)?))).map(|v| v.into_iter().next())
     }
+    /// The first "allowed" record that names a payment the store no longer holds
+    /// (`queries::vanished_payment`), among the records made since
+    /// [`trail_payments_since`](Self::trail_payments_since) and before `before`: its seq and the
+    /// payment's id.
+    async fn vanished_payment(&self, retained: bool, before: i64) -> Result<Option<(i64, String)>, StoreError> {
+        let Some(since) = self.trail_payments_since(retained).await? else { return Ok(None) };
+        let found = self.select_rows(queries::vanished_payment(since, before, self.dialect())).await?;
+        rows::map_plain(found, |r| Ok((r.int(0)?, r.text(1)?))).map(|v| v.into_iter().next())
+    }
     /// One page of ledger payments made in `[since, before)` with their "allowed" records
     /// (`queries::payment_decisions`), after `after` (created_at, payment id, record seq): each
     /// row's position, what the payment says and what its record decided.
@@ -229,9 +238,16 @@ pub trait ReadStore: Engine {
                 principal_sub: r.text(7)?,
                 principal_user: r.opt_text(8)?,
                 mandated: r.opt_text(9)?.is_some(),
+                refund_of: r.opt_text(14)?,
+                status: r.text(15)?,
+                created_at: r.int(1)?,
             };
-            let decided =
-                Decided { principal_sub: r.text(10)?, principal_user: r.opt_text(11)?, intent: r.opt_text(12)? };
+            let decided = Decided {
+                principal_sub: r.text(10)?,
+                principal_user: r.opt_text(11)?,
+                intent: r.opt_text(12)?,
+                at: r.int(16)?,
+            };
             Ok(((r.int(1)?, id, r.int(13)?), facts, decided))
         })
     }
