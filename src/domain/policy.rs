@@ -351,6 +351,10 @@ pub struct Question {
     /// A refund's original payment: the refund's row must name it (`domain::trail_money`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original: Option<String>,
+    /// A refund that named its amount gives back exactly it; one that asked for "everything
+    /// left" at most the amount judged (`domain::trail_money`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exact: bool,
 }
 
 impl Question {
@@ -397,6 +401,7 @@ impl Question {
             mandated: false,
             client_id: None,
             original: None,
+            exact: false,
         }
     }
 
@@ -421,6 +426,7 @@ impl Question {
             mandated: false,
             client_id: None,
             original: None,
+            exact: false,
         }
     }
 

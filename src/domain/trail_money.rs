@@ -86,7 +86,10 @@ pub fn contradiction(p: &PaymentFacts, d: &Decided) -> Option<String> {
         let paid = format!("{} → {}", p.from_account, p.to_account);
         return differs("accounts", &paid, &format!("{payer} → {payee}"));
     }
-    let amount_holds = if refund { p.amount_minor <= q.amount_minor } else { p.amount_minor == q.amount_minor };
+    // A refund that asked for "everything left" may find less left where it posts; one that named
+    // its amount, and every payment, moves exactly it.
+    let amount_holds =
+        if refund && !q.exact { p.amount_minor <= q.amount_minor } else { p.amount_minor == q.amount_minor };
     if !amount_holds {
         return differs("amount (minor units)", &p.amount_minor.to_string(), &q.amount_minor.to_string());
     }
@@ -201,6 +204,12 @@ mod tests {
         assert_eq!(contradiction(&refund(2_999), &decided(&q)), None, "everything left, found smaller");
         let more = contradiction(&refund(3_001), &decided(&q)).unwrap();
         assert!(more.contains("amount") && more.contains("3001") && more.contains("3000"), "{more}");
+        // The ninth review: a refund that named its amount, lowered in the database (so the
+        // original could be refunded again), is named; only "everything left" may be smaller.
+        let exact = Question { exact: true, ..q.clone() };
+        assert_eq!(contradiction(&refund(3_000), &decided(&exact)), None);
+        let lowered = contradiction(&refund(1), &decided(&exact)).unwrap();
+        assert!(lowered.contains("amount") && lowered.contains("3000"), "{lowered}");
         let forward = PaymentFacts { from_account: "acct-A".into(), to_account: "acct-B".into(), ..refund(3_000) };
         assert!(contradiction(&forward, &decided(&q)).unwrap().contains("accounts"));
         // A refund's record does not decide a payment, nor a payment's a refund.

@@ -109,6 +109,16 @@ impl Gateway {
                  record seq {seq}): the tags were stripped in the database since; this store is not adopted again"
             ));
         }
+        // A store that has run a gateway that tags (its audit records carry tags: records and
+        // versions were tagged together from then on) was never a store from before tags.
+        if self.store.audit_tagged_era().await.map_err(|e| e.to_string())? {
+            return Err(
+                "no policy version in the store carries the gateway's tag, yet its audit records do: the versions \
+                 were stripped (or inserted) in the database; this store is never adopted — restore the versions \
+                 from a backup"
+                    .into(),
+            );
+        }
         if !self.limits.policy.adopt_untagged_versions {
             return Err(format!(
                 "the store's {} policy versions carry no tag: written before versions were tagged (an upgrade), or \
@@ -118,6 +128,16 @@ impl Gateway {
                  they stand",
                 versions.len()
             ));
+        }
+        // Asked: only over a trail that verifies, so the adoption's own record (or any other) was
+        // not deleted or edited to make this look like the first time.
+        match self.verify_audit(None).await {
+            Ok(v) if v.ok => {}
+            Ok(v) => {
+                let why = v.first_break.map(|b| b.reason).unwrap_or_default();
+                return Err(format!("untagged policy versions are adopted only over a trail that verifies: {why}"));
+            }
+            Err(e) => return Err(format!("untagged policy versions are adopted only over a trail that verifies: {e}")),
         }
         let tags: Vec<(i64, String)> =
             versions.into_iter().filter_map(|v| Some((v.version, self.tag_version(v).tag?))).collect();
@@ -135,6 +155,12 @@ impl Gateway {
              (policy.adopt_untagged_versions)"
         ));
         self.audit_as(super::rails::GATEWAY_ISSUER, "gateway", "-", d).await;
+        // Sealed at once: the adoption's record deleted or edited later breaks the chain, so no
+        // later adoption (which needs a trail that verifies) can follow it.
+        let (store, now, batch) = (&*self.store, self.clock.now(), self.limits.audit_seal_batch_max);
+        crate::audit_chain::seal(store, &self.audit_sealer(), now, batch)
+            .await
+            .map_err(|e| format!("the adoption's audit record could not be sealed: {e}"))?;
         if adopted > 0 {
             tracing::info!(
                 versions = adopted,

@@ -69,7 +69,7 @@ impl Gateway {
             return Err(AgentError::invalid(format!("payment {pid} has {left} left to refund")));
         }
         let proposal = refund_proposal(&op, &original, amount, args.amount.is_some(), &reason, args.mandate.as_deref());
-        let question = policy::Question::refund(&original, amount);
+        let question = policy::Question { exact: args.amount.is_some(), ..policy::Question::refund(&original, amount) };
         let (pid, reason, explicit) = (&pid, &reason, args.amount.is_some());
         self.operate(caller, proposal, question, self.ledger_strategy(), |t: Terms| {
             // Without a mandate the posting transaction holds the refunds' total to the autonomous limit.

@@ -104,6 +104,12 @@ pub trait ReadStore: Engine {
         let found = self.select_rows(queries::audit_first_of_tool(tool, self.dialect())).await?;
         rows::map_plain(found, |r| Ok((r.int(0)?, r.opt_text(1)?))).map(|v| v.into_iter().next())
     }
+    /// Whether any audit record carries its writer's tag: the store has run a gateway that tags
+    /// (records and policy versions were tagged together from then on).
+    async fn audit_tagged_era(&self) -> Result<bool, StoreError> {
+        let st = queries::plain("SELECT seq FROM audit_records WHERE tag IS NOT NULL LIMIT 1", self.dialect());
+        Ok(!self.select_rows(st).await?.is_empty())
+    }
     /// The highest policy version any record names (`queries::audit_policy_version_max`).
     async fn audit_policy_version_max(&self) -> Result<Option<i64>, StoreError> {
         let found = self.select_rows(queries::audit_policy_version_max(self.dialect())).await?;
