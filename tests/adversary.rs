@@ -1225,6 +1225,39 @@ async fn a_payments_postings_rewritten_are_named_by_the_integrity_check() {
     app.stop().await;
 }
 
+/// The ninth hostile review (medium): the day's budget counter deleted mid-day let the agent pay
+/// past its daily limit (169,550 against 100,000), and nothing named it. The full integrity check
+/// holds each usage counter (payments' and refunds') to the payments it counts.
+#[tokio::test]
+async fn a_usage_counter_reset_in_the_database_is_named_by_the_integrity_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let paid = ok(&call(&agent, "create_payment", pay("op-1", "40.00", "x")).await)["payment_id"].clone();
+    ok(&call(&agent, "create_payment", pay("op-2", "2.00", "y")).await);
+    let refund = json!({"operation_id": "r-1", "payment_id": paid, "amount": "10.00", "reason": "returned"});
+    ok(&call(&agent, "refund_payment", refund).await);
+    let store = &app.running.store;
+    assert!(store.ledger_integrity().await.unwrap().ok, "as made, it holds");
+    let db = store_db(dir.path());
+    for (table, tamper) in [
+        ("budget_usage", "DELETE FROM budget_usage"),
+        ("budget_usage", "UPDATE budget_usage SET spent_minor = 4000"),
+        ("budget_usage", "UPDATE budget_usage SET payments = 1"),
+        ("refund_usage", "DELETE FROM refund_usage"),
+    ] {
+        db.execute_batch(&format!("CREATE TABLE saved AS SELECT * FROM {table}; {tamper};")).unwrap();
+        let report = store.ledger_integrity().await.unwrap();
+        db.execute_batch(&format!("DELETE FROM {table}; INSERT INTO {table} SELECT * FROM saved; DROP TABLE saved;"))
+            .unwrap();
+        assert!(!report.ok, "{tamper}: {report:?}");
+        assert!(report.problems.iter().any(|p| p.contains(table) && p.contains("dev-agent")), "{tamper}: {report:?}");
+    }
+    assert!(store.ledger_integrity().await.unwrap().ok, "put back, it holds");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 /// F2 of the same review: emptying every audit table passed `audit verify` without a witness.
 /// Payments the trail does not know about are a trail emptied (or cut back past them).
 #[tokio::test]

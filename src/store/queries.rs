@@ -435,6 +435,43 @@ pub(crate) const REFUNDS_ASTRAY: &str = "SELECT r.id FROM payments r LEFT JOIN p
      WHERE r.kind = 'refund' AND (o.id IS NULL OR o.kind <> 'payment' OR r.from_account <> o.to_account
                                   OR r.to_account <> o.from_account OR r.currency <> o.currency)";
 
+/// Daily usage counters (`budget_usage`, `refund_usage`) that count less than the payments they
+/// count: every ledger payment, and every rail payment not failed (a failure gives its draw back),
+/// draws on its principal's row for its UTC day when it is made, so a counter below the sum was
+/// reset or lowered in the database — and a reset counter lets an agent pay past its daily limit.
+/// `sep`: the engine's expression for the unit separator of `principal::usage_subject`. Both
+/// engines' full integrity check.
+pub(crate) fn usage_undercounted(sep: &str) -> String {
+    let subject = format!(
+        "CASE WHEN principal_user IS NULL THEN principal_sub ELSE principal_sub || {sep} || principal_user END"
+    );
+    let who = "CASE WHEN principal_user IS NULL THEN principal_sub ELSE principal_sub || ' for ' || principal_user END";
+    let drawn = |table: &str, only: &str| {
+        format!(
+            "SELECT CASE WHEN kind = 'refund' THEN 'refund_usage' ELSE 'budget_usage' END AS counter,
+                    {subject} AS subject, {who} AS who, created_at - (created_at % 86400) AS day, currency,
+                    amount_minor
+             FROM {table} {only}"
+        )
+    };
+    format!(
+        "SELECT * FROM (WITH drawn AS ({} UNION ALL {}),
+              totals AS (SELECT counter, subject, MIN(who) AS who, day, currency, SUM(amount_minor) AS spent,
+                                COUNT(*) AS n
+                         FROM drawn GROUP BY counter, subject, day, currency)
+         SELECT t.counter || ' of ' || t.who || ' for the day starting ' || CAST(t.day AS TEXT) || ' (' || t.currency || ')'
+         FROM totals t
+         LEFT JOIN budget_usage b ON t.counter = 'budget_usage' AND b.subject = t.subject AND b.day = t.day
+                                 AND b.currency = t.currency
+         LEFT JOIN refund_usage r ON t.counter = 'refund_usage' AND r.subject = t.subject AND r.day = t.day
+                                 AND r.currency = t.currency
+         WHERE COALESCE(b.spent_minor, r.spent_minor, 0) < t.spent OR COALESCE(b.payments, r.payments, 0) < t.n
+        ) undercounted",
+        drawn("payments", ""),
+        drawn("rail_payments", "WHERE state <> 'failed'"),
+    )
+}
+
 /// When the oldest audit record still in the store was made.
 pub(crate) fn oldest_audit_record(dialect: Dialect) -> Statement {
     Builder::new(dialect).finish("SELECT MIN(at) FROM audit_records".to_string())

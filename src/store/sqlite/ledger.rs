@@ -140,8 +140,10 @@ impl LedgerStore for SqliteStore {
                        LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
                                   WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
                        WHERE y.refunded_minor <> COALESCE(r.refunded, 0)
+                     UNION ALL {}
                      UNION ALL {}",
-                        crate::store::queries::REFUNDS_ASTRAY
+                        crate::store::queries::REFUNDS_ASTRAY,
+                        crate::store::queries::usage_undercounted("char(31)")
                     ),
                     [],
                     text,
