@@ -427,6 +427,28 @@ pub(crate) fn unbalanced_payments(postings: &str, since: &str) -> String {
     )
 }
 
+/// The full integrity check's out-of-bounds ids, one text for both engines: non-overdraft
+/// accounts below zero, payments refunded beyond their amount or whose `refunded_minor` is not the
+/// sum of their refunds, refunds astray ([`REFUNDS_ASTRAY`]) and undercounted usage
+/// ([`usage_undercounted`]).
+pub(crate) fn out_of_bounds_full(dialect: Dialect) -> String {
+    let sep = match dialect {
+        Dialect::Sqlite => "char(31)",
+        Dialect::Postgres => "chr(31)",
+    };
+    format!(
+        "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
+         UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor
+         UNION ALL SELECT y.id FROM payments y
+           LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
+                      WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
+           WHERE y.refunded_minor <> COALESCE(r.refunded, 0)
+         UNION ALL {REFUNDS_ASTRAY}
+         UNION ALL {}",
+        usage_undercounted(sep)
+    )
+}
+
 /// Refunds that do not give back a payment the ledger holds: no original (`refund_of` cleared or
 /// naming nothing), an original that is itself a refund, or money going another way than back
 /// from the original's payee to its payer in its currency. A refund detached from its original

@@ -140,22 +140,7 @@ impl LedgerStore for PostgresStore {
                 .await?,
             balances: balances.iter().map(|(id, balance, sum, _)| (id.clone(), *balance, *sum)).collect(),
             out_of_bounds: tx
-                .list(
-                    &format!(
-                        "SELECT id FROM accounts WHERE NOT allow_overdraft AND balance_minor < 0
-                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor
-                     UNION ALL SELECT y.id FROM payments y
-                       LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
-                                  WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
-                       WHERE y.refunded_minor <> COALESCE(r.refunded, 0)
-                     UNION ALL {}
-                     UNION ALL {}",
-                        crate::store::queries::REFUNDS_ASTRAY,
-                        crate::store::queries::usage_undercounted("chr(31)")
-                    ),
-                    &[],
-                    text,
-                )
+                .list(&crate::store::queries::out_of_bounds_full(crate::store::queries::Dialect::Postgres), &[], text)
                 .await?,
             unbalanced_payments: tx
                 .list(&crate::store::queries::unbalanced_payments("postings p", "1 = 1"), &[], text)

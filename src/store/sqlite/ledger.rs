@@ -133,18 +133,7 @@ impl LedgerStore for SqliteStore {
                     |r| Ok((r.text(0)?, r.int(1)?, r.int(2)?)),
                 )?,
                 out_of_bounds: tx.all(
-                    &format!(
-                        "SELECT id FROM accounts WHERE allow_overdraft = 0 AND balance_minor < 0
-                     UNION ALL SELECT id FROM payments WHERE refunded_minor > amount_minor
-                     UNION ALL SELECT y.id FROM payments y
-                       LEFT JOIN (SELECT refund_of, SUM(amount_minor) AS refunded FROM payments
-                                  WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
-                       WHERE y.refunded_minor <> COALESCE(r.refunded, 0)
-                     UNION ALL {}
-                     UNION ALL {}",
-                        crate::store::queries::REFUNDS_ASTRAY,
-                        crate::store::queries::usage_undercounted("char(31)")
-                    ),
+                    &crate::store::queries::out_of_bounds_full(crate::store::queries::Dialect::Sqlite),
                     [],
                     text,
                 )?,
