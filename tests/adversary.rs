@@ -918,6 +918,60 @@ async fn ledger_rows_detached_deleted_or_moved_in_time_are_named() {
     app.stop().await;
 }
 
+/// The tenth hostile review (high), as a database writer on a live store: a refund of "everything
+/// left" (no amount) lowered from 70.00 to 10.00 — postings, balances and the original's refunded
+/// amount to match — let the original be refunded again (160.00 decided against 100.00), and
+/// verify said ok. After an "everything left" refund its original has nothing left: verify names
+/// the lowered refund, and the refund made after it.
+#[tokio::test]
+async fn an_everything_left_refund_lowered_in_the_database_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let id = |v: &Value| v["payment_id"].as_str().unwrap().to_string();
+    let paid = id(ok(&call(&agent, "create_payment", pay("op-1", "100.00", "rent")).await));
+    let refund = |op: &str, amount: Option<&str>| {
+        let mut r = json!({"operation_id": op, "payment_id": paid, "reason": "returned"});
+        if let Some(a) = amount {
+            r["amount"] = json!(a);
+        }
+        r
+    };
+    ok(&call(&agent, "refund_payment", refund("r-1", Some("30.00"))).await);
+    let rest = ok(&call(&agent, "refund_payment", refund("r-2", None)).await).clone();
+    assert_eq!(rest["amount"], "70.00", "{rest}");
+    let rest = id(&rest);
+    assert_eq!(verify(&app).await["ok"], true, "as made, it holds");
+    let db = store_db(dir.path());
+    db.execute_batch(&format!(
+        "UPDATE payments SET amount_minor = 1000 WHERE id = '{rest}';
+         UPDATE payments SET refunded_minor = 4000 WHERE id = '{paid}';
+         UPDATE accounts SET balance_minor = balance_minor +
+             (SELECT -amount_minor - CASE WHEN amount_minor < 0 THEN 1000 ELSE -1000 END
+              FROM postings WHERE payment_id = '{rest}' AND account_id = accounts.id)
+           WHERE id IN (SELECT account_id FROM postings WHERE payment_id = '{rest}');
+         UPDATE postings SET amount_minor = -1000 WHERE payment_id = '{rest}' AND amount_minor < 0;
+         UPDATE postings SET amount_minor = 1000 WHERE payment_id = '{rest}' AND amount_minor > 0;"
+    ))
+    .unwrap();
+    let store = &app.running.store;
+    assert!(store.ledger_integrity().await.unwrap().ok, "the ledger alone is consistent");
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&rest) && reason.contains("everything left"), "{reason}");
+    // The gateway believes 60.00 is left and refunds it; verify still names the lowered refund,
+    // now by the refund posted after it.
+    let again = ok(&call(&agent, "refund_payment", refund("r-3", None)).await).clone();
+    assert_eq!(again["amount"], "60.00", "{again}");
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&rest) && reason.contains("posted after"), "{reason}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 /// The store's SQLite file, opened as a database writer would.
 fn store_db(dir: &std::path::Path) -> rusqlite::Connection {
     let db = rusqlite::Connection::open(dir.join("paygate.sqlite3")).unwrap();
@@ -1052,6 +1106,76 @@ async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_onl
     db.execute("DELETE FROM audit_records WHERE tool = 'policy.adopt_tags'", []).unwrap();
     let again = start(true).await.err().expect("not adopted over a deleted record").to_string();
     assert!(again.contains("never adopted") || again.contains("verifies"), "{again}");
+}
+
+/// The tenth hostile review (medium): every policy version's tag stripped and every audit record's
+/// too, so "the store's records carry tags" found none, and an operator who set
+/// `policy.adopt_untagged_versions` adopted the versions as they stood, a forged one among them.
+/// A trail sealed with the gateway's keyed links was sealed by a gateway that tags: never adopted.
+#[tokio::test]
+async fn a_store_sealed_with_keyed_links_is_never_adopted_with_every_tag_stripped() {
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = ("PAYGATE_JOBS__ENABLED", "false");
+    let app = spawn_on(dir.path(), &[quiet]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("op-1", "5.00", "tea")).await);
+    let _ = agent.cancel().await;
+    app.running.gateway.seal_audit_at_stop().await;
+    let in_force = app.running.gateway.policy().version;
+    app.stop().await;
+    let db = store_db(dir.path());
+    let (_, doc) = with_kes_limit(&db, in_force, "90000.00");
+    db.execute_batch("UPDATE policy_versions SET tag = NULL; UPDATE audit_records SET tag = NULL;").unwrap();
+    db.execute(
+        "INSERT INTO policy_versions (version, document, author_iss, author_sub, reason, approver_iss, approver_sub,
+                                      proposal_id, created_at)
+         VALUES (?1, ?2, 'https://dev.paygate.test', 'carol', 'routine', 'https://dev.paygate.test', 'dave', NULL, ?3)",
+        rusqlite::params![in_force + 1, doc.to_string(), SystemClock.now()],
+    )
+    .unwrap();
+    let flag = ("PAYGATE_POLICY__ADOPT_UNTAGGED_VERSIONS", "true");
+    let refused = paygate::app::start(config_for(dir.path(), &[quiet, flag]), Arc::new(SystemClock))
+        .await
+        .err()
+        .expect("a store sealed with keyed links is never adopted")
+        .to_string();
+    assert!(refused.contains("keyed links") && refused.contains("never adopted"), "{refused}");
+    let tagged: i64 =
+        db.query_row("SELECT COUNT(*) FROM policy_versions WHERE tag IS NOT NULL", [], |r| r.get(0)).unwrap();
+    assert_eq!(tagged, 0, "nothing was adopted");
+}
+
+/// The tenth hostile review (medium): every tag stripped at once, then a ledger payment's record
+/// and row, not yet sealed, rewritten together (payee acct-B to acct-Z) and sealed: verify, the
+/// full check and the witness said nothing, since "an untagged record after tagged ones" had no
+/// tagged one left. After the sealing run that first keyed a link, every record is owed a tag.
+#[tokio::test]
+async fn a_record_rewritten_with_every_tag_stripped_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("op-1", "5.00", "tea")).await);
+    app.running.gateway.seal_audit_at_stop().await;
+    let paid = ok(&call(&agent, "create_payment", pay("op-2", "50.00", "rent")).await)["payment_id"].clone();
+    let paid = paid.as_str().unwrap();
+    assert_eq!(verify(&app).await["ok"], true, "as made, it holds");
+    let db = store_db(dir.path());
+    db.execute_batch(&format!(
+        "UPDATE policy_versions SET tag = NULL; UPDATE audit_records SET tag = NULL;
+         UPDATE audit_records SET intent = replace(intent, 'acct-B', 'acct-Z') WHERE payment_id = '{paid}';
+         UPDATE payments SET to_account = 'acct-Z' WHERE id = '{paid}';
+         UPDATE postings SET account_id = 'acct-Z' WHERE payment_id = '{paid}' AND account_id = 'acct-B';"
+    ))
+    .unwrap();
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "unsealed: {v}");
+    assert!(v["first_break"]["reason"].as_str().unwrap().contains("tag was removed"), "{v}");
+    app.running.gateway.seal_audit_at_stop().await;
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "sealed: {v}");
+    assert!(v["first_break"]["reason"].as_str().unwrap().contains("tag was removed"), "{v}");
+    let _ = agent.cancel().await;
+    app.stop().await;
 }
 
 /// Found reading the policy versions' tag: it proves a version is the gateway's, not that it is

@@ -290,6 +290,9 @@ pub struct Verdict {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expected: Option<&'static str>,
     pub first_break: Option<Break>,
+    /// A keyed link was walked: a gateway holding the link key sealed this store (and tagged it).
+    #[serde(skip)]
+    pub keyed: bool,
 }
 
 /// What the walk holds the chain to beyond its own links.
@@ -359,7 +362,8 @@ impl Walk {
         self.first_break.is_some()
     }
 
-    /// A tagged record was walked (every record after it, sealed or not, must be tagged).
+    /// A tagged record was walked, or a signed checkpoint after a keyed link (every record after
+    /// it, sealed or not, must be tagged).
     pub fn tagged_seen(&self) -> bool {
         self.tagged
     }
@@ -443,6 +447,10 @@ impl Walk {
                 );
             }
             self.matched += 1;
+            // A signed checkpoint after a keyed link ends the sealing run that first keyed: every
+            // record sealed after it was written by a gateway that tags (tags came before keyed
+            // links), so an untagged one had its tag stripped in the database (the tenth review).
+            self.tagged |= self.keyed;
         }
         if let Some(expect) = &self.rules.expect
             && expect.chain_seq == at
@@ -536,6 +544,7 @@ impl Walk {
             unsealed: unsealed.count,
             expected: self.expected,
             first_break: self.first_break,
+            keyed: self.keyed,
         }
     }
 }
@@ -797,12 +806,13 @@ mod tests {
         assert_eq!(w.finish(&head, Unsealed::default()).first_break.unwrap().chain_seq, 4);
     }
 
-    /// A keyed chain (v3), as every sealing run now writes, after `unkeyed` links sealed before.
+    /// A keyed chain (v3), as every sealing run now writes, after `unkeyed` links sealed before;
+    /// its records tagged, as every gateway that keys links tags them.
     fn keyed_chain(unkeyed: i64, n: i64) -> Vec<ChainLink> {
         let mut links = chain(unkeyed);
         let mut prev = links.last().map_or(GENESIS.to_string(), |l| l.hash.clone());
         for i in unkeyed + 1..=n {
-            let r = rec(i * 10, "x");
+            let r = tagged(&key(), rec(i * 10, "x"), (i as u64).to_be_bytes());
             let hash = keyed_link_hash(&key(), &prev, i, &r);
             links.push(ChainLink {
                 chain_seq: i,
@@ -884,6 +894,56 @@ mod tests {
         assert!(walk_with(&links, &cp, rules(1_800), young).ok);
         let b = walk_with(&links, &cp, rules(2_000), young).first_break.unwrap();
         assert_eq!((b.chain_seq, b.seq), (6, Some(60)), "{}", b.reason);
+    }
+
+    /// The tenth review: every tag stripped at once (records' too), so "an untagged record after a
+    /// tagged one" had nothing to go by. A signed checkpoint after a keyed link ends the run that
+    /// first keyed; every record sealed after it, and every one not yet sealed, must be tagged.
+    /// Untagged records sealed by the first keyed run (written before the upgrade) still hold.
+    #[test]
+    fn records_after_the_first_keyed_run_must_be_tagged_even_with_every_tag_stripped() {
+        let mut links = keyed_chain(2, 6);
+        let strip = |links: &mut Vec<ChainLink>, from: usize| {
+            let key = key();
+            let mut prev = links[from - 1].hash.clone();
+            for l in links.iter_mut().skip(from) {
+                l.record.as_mut().unwrap().tag = None;
+                l.prev_hash = prev.clone();
+                l.hash = keyed_link_hash(&key, &prev, l.chain_seq, l.record.as_ref().unwrap());
+                prev = l.hash.clone();
+            }
+        };
+        // The upgrade: records 3 and 4 written before tags, sealed by the first keyed run (its
+        // checkpoint at 4); 5 and 6 after it, tagged.
+        for l in links.iter_mut().take(4) {
+            l.record.as_mut().unwrap().tag = None;
+        }
+        let relink = |links: &mut Vec<ChainLink>| {
+            let key = key();
+            let mut prev = links[1].hash.clone();
+            for l in links.iter_mut().skip(2) {
+                l.prev_hash = prev.clone();
+                l.hash = keyed_link_hash(&key, &prev, l.chain_seq, l.record.as_ref().unwrap());
+                prev = l.hash.clone();
+            }
+        };
+        relink(&mut links);
+        let cp = |links: &[ChainLink]| vec![(4, links[3].hash.clone())];
+        assert!(walk(&links, &cp(&links)).ok, "{:?}", walk(&links, &cp(&links)));
+        // Every tag stripped (as a writer could: links do not cover the tag, but the walk
+        // compares): before the first keyed run's checkpoint nothing is owed; after it, a break.
+        let mut stripped = links.clone();
+        strip(&mut stripped, 4);
+        let v = walk(&stripped, &cp(&links));
+        let b = v.first_break.unwrap();
+        assert_eq!(b.chain_seq, 5, "{}", b.reason);
+        // With no checkpoint after a keyed link yet, an untagged record is not owed a tag.
+        assert!(walk(&stripped, &[]).ok);
+        assert!(walk(&stripped, &cp(&links)).keyed);
+        assert!(!walk(&chain(3), &[]).keyed);
+        let mut w = Walk::new(ChainHead::genesis(), cp(&links), key(), Rules::default());
+        links.iter().take(4).for_each(|l| w.push(l));
+        assert!(w.tagged_seen(), "the records not yet sealed must be tagged");
     }
 
     /// An externally kept head: its position must be on the chain with its hash, else a rollback.

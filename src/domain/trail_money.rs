@@ -27,6 +27,19 @@ pub struct PaymentFacts {
     /// "succeeded": a ledger payment is written only when it posts.
     pub status: String,
     pub created_at: i64,
+    /// For a refund whose original the store holds: that original's refunds.
+    pub original: Option<OriginalRefunds>,
+}
+
+/// A refund's original as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginalRefunds {
+    /// The original's amount.
+    pub amount_minor: i64,
+    /// What all its refunds add up to.
+    pub refunded_minor: i64,
+    /// How many of its refunds were posted after this one.
+    pub refunds_after: i64,
 }
 
 /// What the payment's "allowed" record says of the call it decided.
@@ -99,6 +112,27 @@ pub fn contradiction(p: &PaymentFacts, d: &Decided) -> Option<String> {
         let named = p.refund_of.as_deref().unwrap_or("no payment");
         return differs("original payment", named, original);
     }
+    // "Everything left" leaves nothing: the original's refunds add up to its amount and none
+    // comes after. Otherwise it was lowered in the database, so the original could be refunded
+    // again (the tenth review).
+    if refund
+        && !q.exact
+        && let (Some(original), Some(o)) = (&q.original, &p.original)
+    {
+        if o.refunds_after > 0 {
+            return Some(format!(
+                "payment {} refunded everything left of {original}, yet {} refund(s) of it were posted after",
+                p.id, o.refunds_after
+            ));
+        }
+        if o.refunded_minor != o.amount_minor {
+            return Some(format!(
+                "payment {} refunded everything left of {original}, yet its refunds add up to {} of its amount {} \
+                 (minor units)",
+                p.id, o.refunded_minor, o.amount_minor
+            ));
+        }
+    }
     if p.mandated != q.mandated {
         let says = |m: bool| if m { "with a mandate" } else { "without one" };
         return differs("authority", says(p.mandated), says(q.mandated));
@@ -136,6 +170,7 @@ mod tests {
             refund_of: None,
             status: "succeeded".into(),
             created_at: 1_000,
+            original: None,
         }
     }
 
@@ -152,7 +187,8 @@ mod tests {
         Question::transfer(&acct("acct-A"), &acct("acct-B"), Money::from_minor(5_000, kes()).unwrap())
     }
 
-    /// A refund of 30.00 of a 50.00 payment from acct-A to acct-B (so from acct-B back to acct-A).
+    /// A refund of 30.00 of a 50.00 payment from acct-A to acct-B (so from acct-B back to acct-A);
+    /// `asked` is what the question judged (for "everything left", what was left then).
     fn refund_question(asked: i64) -> Question {
         let original = Payment {
             id: crate::domain::ids::PaymentId::generate(),
@@ -182,6 +218,7 @@ mod tests {
             to_account: "acct-A".into(),
             amount_minor,
             refund_of: Some("pay_orig".into()),
+            original: Some(OriginalRefunds { amount_minor: 5_000, refunded_minor: 5_000, refunds_after: 0 }),
             ..payment()
         }
     }
@@ -227,6 +264,28 @@ mod tests {
         // A record from before refunds named their original holds the rest only.
         let old = Question { original: None, ..q };
         assert_eq!(contradiction(&PaymentFacts { refund_of: None, ..refund(3_000) }, &decided(&old)), None);
+    }
+
+    /// The tenth review (high): "everything left" (no amount) lowered in the database — 70.00 to
+    /// 10.00, postings, balances and the original's refunded amount to match — so the original was
+    /// refunded again. After such a refund its original has nothing left.
+    #[test]
+    fn everything_left_leaves_nothing() {
+        let q = refund_question(3_000);
+        let with = |refunded_minor, refunds_after| PaymentFacts {
+            original: Some(OriginalRefunds { amount_minor: 5_000, refunded_minor, refunds_after }),
+            ..refund(3_000)
+        };
+        assert_eq!(contradiction(&with(5_000, 0), &decided(&q)), None, "2,000 first, then everything left");
+        let lowered = contradiction(&PaymentFacts { amount_minor: 1_000, ..with(3_000, 0) }, &decided(&q)).unwrap();
+        assert!(lowered.contains("everything left") && lowered.contains("3000 of its amount 5000"), "{lowered}");
+        let again = contradiction(&PaymentFacts { amount_minor: 1_000, ..with(5_000, 1) }, &decided(&q)).unwrap();
+        assert!(again.contains("1 refund(s) of it were posted after"), "{again}");
+        // A refund that named its amount leaves the rest refundable.
+        let exact = Question { exact: true, ..q.clone() };
+        assert_eq!(contradiction(&with(3_000, 2), &decided(&exact)), None);
+        // A record from before refunds named their original is not held to it.
+        assert_eq!(contradiction(&with(3_000, 1), &decided(&Question { original: None, ..q })), None);
     }
 
     /// Each field a database writer could rewrite after the decision is named.

@@ -132,6 +132,16 @@ impl Gateway {
         // Asked: only over a trail that verifies, so the adoption's own record (or any other) was
         // not deleted or edited to make this look like the first time.
         match self.verify_audit(None).await {
+            // A trail sealed with keyed links was sealed by a gateway that tagged every version it
+            // wrote: with every tag gone (records' too), the tags were stripped in the database.
+            Ok(v) if v.ok && v.keyed => {
+                return Err(
+                    "no policy version in the store carries the gateway's tag, yet its audit trail is sealed with \
+                     the gateway's keyed links (made only by gateways that tag): the tags were stripped in the \
+                     database; this store is never adopted — restore the versions from a backup"
+                        .into(),
+                );
+            }
             Ok(v) if v.ok => {}
             Ok(v) => {
                 let why = v.first_break.map(|b| b.reason).unwrap_or_default();

@@ -384,7 +384,10 @@ pub(crate) fn vanished_payment(since: i64, before: i64, dialect: Dialect) -> Sta
 
 /// Ledger payments made in `[since, before)` after the position `after` (created_at, id, record
 /// seq), each with every "allowed" record naming it under its idempotency key, in that order: what
-/// `audit verify` holds each payment to (`domain::trail_money`).
+/// `audit verify` holds each payment to (`domain::trail_money`). A refund comes with its
+/// original's amount, what all the original's refunds add up to, and how many of them were posted
+/// after it (their records are made in the posting transaction, under the original's row lock, so
+/// record order is posting order).
 pub(crate) fn payment_decisions(
     since: i64,
     before: i64,
@@ -399,9 +402,15 @@ pub(crate) fn payment_decisions(
     let text = format!(
         "SELECT p.id, p.created_at, p.kind, p.from_account, p.to_account, p.amount_minor, p.currency,
                 p.principal_sub, p.principal_user, p.mandate_id, a.principal_sub, a.principal_user, a.intent, a.seq,
-                p.refund_of, p.status, a.at
+                p.refund_of, p.status, a.at, o.amount_minor,
+                (SELECT CAST(COALESCE(SUM(r.amount_minor), 0) AS BIGINT) FROM payments r
+                 WHERE p.refund_of IS NOT NULL AND r.refund_of = p.refund_of),
+                (SELECT COUNT(*) FROM payments r JOIN audit_records b
+                   ON b.payment_id = r.id AND b.idempotency_key = r.idempotency_key AND b.decision = 'allowed'
+                 WHERE p.refund_of IS NOT NULL AND r.refund_of = p.refund_of AND r.id <> p.id AND b.seq > a.seq)
          FROM payments p JOIN audit_records a
            ON a.payment_id = p.id AND a.idempotency_key = p.idempotency_key AND a.decision = 'allowed'
+           LEFT JOIN payments o ON o.id = p.refund_of
          WHERE p.created_at >= {since} AND p.created_at < {before}
            AND (p.created_at > {at} OR (p.created_at = {at} AND (p.id > {id} OR (p.id = {id} AND a.seq > {seq}))))
          ORDER BY p.created_at, p.id, a.seq LIMIT {limit}"

@@ -18,7 +18,7 @@ use crate::domain::payment::{PaymentKind, PaymentQuery};
 use crate::domain::payment::{SummaryQuery, SummaryRow};
 use crate::domain::rail::RailPayment;
 use crate::domain::rules::guards::BudgetUsage;
-use crate::domain::trail_money::{Decided, PaymentFacts};
+use crate::domain::trail_money::{Decided, OriginalRefunds, PaymentFacts};
 use crate::store::{queries, rows};
 
 #[async_trait]
@@ -247,6 +247,12 @@ pub trait ReadStore: Engine {
                 refund_of: r.opt_text(14)?,
                 status: r.text(15)?,
                 created_at: r.int(1)?,
+                original: match r.opt_int(17)? {
+                    Some(amount_minor) => {
+                        Some(OriginalRefunds { amount_minor, refunded_minor: r.int(18)?, refunds_after: r.int(19)? })
+                    }
+                    None => None,
+                },
             };
             let decided = Decided {
                 principal_sub: r.text(10)?,
