@@ -778,7 +778,7 @@ fn wait_ready(urls: &[String]) {
 async fn faults_keep_every_payment_exactly_once() {
     // Not asked for: `cargo test` leaves the suite to its own step (`.ci/run`, PAYGATE_FAULTS=1).
     if std::env::var("PAYGATE_FAULTS").as_deref() != Ok("1") {
-        eprintln!("faults: needs PAYGATE_FAULTS=1 (and root: namespaces, runuser, tc); SKIPPED");
+        common::say("faults: needs PAYGATE_FAULTS=1 (and root: namespaces, runuser, tc); SKIPPED");
         return;
     }
     if !is_root() {

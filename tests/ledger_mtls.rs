@@ -167,7 +167,7 @@ fn tls(dir: &Path, ca: bool, client: Option<&str>) -> OutboundTls {
 async fn a_ledger_that_requires_a_client_certificate_is_reached_with_one_and_refused_without() {
     let Some(openssl) = openssl() else {
         assert!(std::env::var_os("CI").is_none(), "ledger_mtls: openssl not found, and CI requires it");
-        eprintln!("ledger_mtls: openssl not found; SKIPPED (mutual TLS to the HTTP ledger)");
+        say("ledger_mtls: openssl not found; SKIPPED (mutual TLS to the HTTP ledger)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -238,7 +238,7 @@ fn a_client_key_others_can_read_is_refused_and_a_certificate_needs_its_key() {
 async fn the_wallet_service_is_reached_over_the_same_mutual_tls() {
     let Some(openssl) = openssl() else {
         assert!(std::env::var_os("CI").is_none(), "ledger_mtls: openssl not found, and CI requires it");
-        eprintln!("ledger_mtls: openssl not found; SKIPPED (mutual TLS to the wallet service)");
+        say("ledger_mtls: openssl not found; SKIPPED (mutual TLS to the wallet service)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -282,4 +282,16 @@ async fn the_wallet_service_is_reached_over_the_same_mutual_tls() {
     let paid = wallet_client(tls(dir.path(), true, Some("client"))).transfer(request()).await.unwrap();
     assert_eq!(paid.amount_minor, 100);
     assert_eq!((fake.payments().len(), fake.balance("acct-B")), (1, 100));
+}
+
+/// A line on the terminal past the test harness's capture (`eprintln!` inside a passing test is
+/// swallowed, so a skip would go unsaid on `cargo test`), once per test binary.
+fn say(line: &str) {
+    use std::io::Write;
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !said.iter().any(|l| l == line) {
+        said.push(line.to_string());
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
 }

@@ -67,7 +67,7 @@ fn engines() -> Vec<Engine> {
                 std::env::var_os("CI").is_none(),
                 "store contract: PAYGATE_TEST_DATABASE_URL is not set, and CI requires it"
             );
-            eprintln!("store contract: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)")
+            say("store contract: PAYGATE_TEST_DATABASE_URL is not set; PostgreSQL cases SKIPPED (SQLite only)")
         }
     }
     v
@@ -1508,7 +1508,7 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
 /// PAYGATE_TEST_DATABASE_URL). The schema is dropped when the returned guard is.
 async fn postgres_only() -> Option<(PostgresStore, Arc<dyn Store>, Schema)> {
     let Some(Engine::Postgres(url)) = engines().pop() else {
-        eprintln!("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
+        say("postgres group commit: PAYGATE_TEST_DATABASE_URL is not set; SKIPPED");
         return None;
     };
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
@@ -1945,5 +1945,17 @@ async fn a_refunded_column_reset_in_the_database_never_refunds_twice() {
         assert!(matches!(again, Err(BackendError::NotRefundable(_))), "{label}: {again:?}");
         assert_eq!(balance(&store, "acct-A").await, 10_000, "{label}: refunded once");
         assert_eq!(balance(&store, "acct-B").await, 0, "{label}: refunded once");
+    }
+}
+
+/// A line on the terminal past the test harness's capture (`eprintln!` inside a passing test is
+/// swallowed, so a skip would go unsaid on `cargo test`), once per test binary.
+fn say(line: &str) {
+    use std::io::Write;
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !said.iter().any(|l| l == line) {
+        said.push(line.to_string());
+        let _ = writeln!(std::io::stderr(), "{line}");
     }
 }
