@@ -494,6 +494,9 @@ pub struct JobsConfig {
     pub reconcile_window_secs: i64,
     /// The incremental ledger check, whose clean result moves the checkpoint forward.
     pub integrity_every_secs: i64,
+    /// The full ledger check (every posting, refunds, usage counters): what the incremental one
+    /// does not hold.
+    pub integrity_full_every_secs: i64,
     pub lease_secs: i64,
 }
 
@@ -780,6 +783,7 @@ impl Config {
         range("jobs.reconcile_every_secs", j.reconcile_every_secs, 1, 86_400)?;
         range("jobs.reconcile_window_secs", j.reconcile_window_secs, 60, 2_592_000)?;
         range("jobs.integrity_every_secs", j.integrity_every_secs, 1, 86_400)?;
+        range("jobs.integrity_full_every_secs", j.integrity_full_every_secs, 1, 604_800)?;
         range("jobs.lease_secs", j.lease_secs, 1, 3600)?;
         let c = &self.console;
         if !c.client_id.is_empty() && self.auth.issuer.is_empty() {

@@ -50,6 +50,7 @@ enum Job {
     Reconcile,
     ArchiveAudit,
     Integrity,
+    IntegrityFull,
     Webhooks,
 }
 
@@ -62,6 +63,7 @@ impl Job {
             Job::Reconcile => "reconcile",
             Job::ArchiveAudit => "archive_audit",
             Job::Integrity => "check_integrity",
+            Job::IntegrityFull => "check_integrity_full",
             Job::Webhooks => "deliver_webhooks",
             Job::SealAudit => "seal_audit",
         }
@@ -77,6 +79,7 @@ pub async fn run(s: Scheduler) {
             Job::Purge | Job::ExpireApprovals | Job::ArchiveAudit => s.config.purge_every_secs,
             Job::Reconcile => s.config.reconcile_every_secs,
             Job::Integrity => s.config.integrity_every_secs,
+            Job::IntegrityFull => s.config.integrity_full_every_secs,
             Job::Webhooks => s.webhooks.as_ref().map_or(60, |(_, every)| *every),
             Job::SealAudit => s.audit_seal.every_secs,
         }
@@ -112,6 +115,7 @@ pub async fn run(s: Scheduler) {
             Job::Reconcile,
             Job::ArchiveAudit,
             Job::Integrity,
+            Job::IntegrityFull,
             Job::Webhooks,
         ];
         for job in jobs {
@@ -208,7 +212,7 @@ async fn run_job(s: &Scheduler, job: Job) {
                 Err(error) => tracing::error!(%error, "audit archival failed; nothing was deleted"),
             }
         }
-        Job::Integrity => match g.scheduled_integrity().await {
+        Job::Integrity | Job::IntegrityFull => match g.scheduled_integrity(job == Job::IntegrityFull).await {
             Ok(report) if report.ok => {}
             Ok(report) => {
                 let problems = report.problems.join("; ");

@@ -126,6 +126,46 @@ async fn the_scheduled_integrity_check_keeps_the_checkpoint_current_and_audits_a
     agent.cancel().await.unwrap();
 }
 
+/// The ninth review's residual: a daily usage counter reset in the database let an agent pay past
+/// its limit, and only a full integrity check — which nothing scheduled — named it. The
+/// `check_integrity_full` job runs it: the reset is audited (`integrity_failed`) without anyone
+/// asking, though the incremental check finds nothing wrong.
+#[tokio::test]
+async fn the_scheduled_full_check_names_a_usage_counter_reset_in_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = [("PAYGATE_JOBS__ENABLED", "false")];
+    let app = spawn_on(dir.path(), &quiet).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let pay = json!({"operation_id": "p-1", "from_account": "acct-A", "to_account": "acct-B",
+                     "amount": "10.00", "currency": "KES"});
+    ok(&call(&agent, "create_payment", pay).await);
+    agent.cancel().await.unwrap();
+    // A clean check, as the incremental job makes every minute: the checkpoint the next one starts from.
+    assert!(app.running.gateway.scheduled_integrity(false).await.unwrap().ok);
+    app.stop().await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute("DELETE FROM budget_usage", []).unwrap();
+    let overrides = [("PAYGATE_JOBS__INTEGRITY_FULL_EVERY_SECS", "1"), ("PAYGATE_JOBS__TICK_MS", "20")];
+    let app = spawn_on(dir.path(), &overrides).await;
+    let store = app.running.store.clone();
+    let incremental = app.running.gateway.scheduled_integrity(false).await.unwrap();
+    assert!(incremental.ok, "the incremental check sees nothing wrong: {incremental:?}");
+    let failed = until("an audited full-check failure", || {
+        let store = store.clone();
+        async move {
+            let all = store.audit_list(None, 1000).await.unwrap();
+            all.into_iter().find(|r| r.decision == "integrity_failed")
+        }
+    })
+    .await;
+    assert!(
+        failed.detail.as_deref().is_some_and(|d| d.contains("budget_usage") && d.contains("dev-agent")),
+        "{failed:?}"
+    );
+    app.stop().await;
+}
+
 /// The seal_audit job seals what committed onto the hash chain and signs a checkpoint of the head;
 /// the chain then verifies whole.
 #[tokio::test]

@@ -330,8 +330,8 @@ impl Gateway {
     }
 
     /// The scheduler's incremental check (no caller): a clean result moves the checkpoint forward.
-    pub async fn scheduled_integrity(&self) -> Result<IntegrityReport, crate::domain::error::BackendError> {
-        self.backend.check_integrity(false).await
+    pub async fn scheduled_integrity(&self, full: bool) -> Result<IntegrityReport, crate::domain::error::BackendError> {
+        self.backend.check_integrity(full).await
     }
 
     /// `paygate check-ledger`: the same check from the operator's shell, where no request timeout
