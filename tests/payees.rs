@@ -565,3 +565,50 @@ async fn concurrent_payments_stop_at_the_cooling_off_total_on_postgres() {
     let env = [("PAYGATE_STORAGE__URL", db.url.as_str()), ("PAYGATE_STORAGE__POSTGRES_SCHEMA", db.schema.as_str())];
     concurrent_payments_stop_at_the_cooling_off_total(&env, "postgres").await;
 }
+
+/// The hostile reviews' open item: a `payees` row a database writer inserted made a payee known
+/// (no `payees.add` record, verify ok) and the agent paid it alone. Payee rows carry the gateway's
+/// tag: an inserted row, or a genuine row's tag copied onto another owner, makes nothing known;
+/// operators see it as "unverified", and adding the payee again makes it known for real.
+#[tokio::test]
+async fn a_payee_row_written_in_the_database_makes_no_payee_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_toml(dir.path(), &profile(r#"mode = "known""#), &[], Arc::new(SystemClock)).await;
+    let c = connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    let r = call(&c, "create_payment", transfer("t-1", "5.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "unknown payee: {r:?}");
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute(
+        "INSERT INTO payees (owner, payee, known_since, added_by, approval_id)
+         VALUES ('dev-agent', 'acct-B', 0, 'https://idp.example bob', NULL)",
+        [],
+    )
+    .unwrap();
+    let r = call(&c, "create_payment", transfer("t-2", "5.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "an inserted row: {r:?}");
+    assert_eq!(payees(&app).await[0]["status"], "unverified");
+    // A genuine row's tag (another agent's) copied onto the inserted one.
+    let bob = app.operator_token("bob", "payments:approve");
+    let add = |agent: &str| json!({"agent_subject": agent, "payee": "acct-B", "reason": "supplier onboarded"});
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/payees", &bob, Some(add("other-agent"))).await;
+    assert_eq!(status, 200, "{body}");
+    db.execute(
+        "UPDATE payees SET tag = (SELECT tag FROM payees WHERE owner = 'other-agent'),
+                known_since = (SELECT known_since FROM payees WHERE owner = 'other-agent'),
+                added_by = (SELECT added_by FROM payees WHERE owner = 'other-agent')
+         WHERE owner = 'dev-agent'",
+        [],
+    )
+    .unwrap();
+    let r = call(&c, "create_payment", transfer("t-3", "5.00")).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "a copied tag: {r:?}");
+    assert!(
+        audit_actions(&app, "payees.add").await.iter().all(|a| !a.detail.as_deref().unwrap().contains("dev-agent"))
+    );
+    // An operator adds it: the row is the gateway's, and the agent pays it.
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/payees", &bob, Some(add("dev-agent"))).await;
+    assert_eq!((status, body["status"].clone()), (reqwest::StatusCode::OK, json!("known")), "{body}");
+    ok(&call(&c, "create_payment", transfer("t-4", "5.00")).await);
+    app.stop().await;
+}

@@ -1754,6 +1754,8 @@ contract!(payee_state_reads_the_row_and_the_days_usage, |store, label| async mov
         approval_id: None,
         revoked_at: None,
         revoked_by: None,
+        // The gateway's tag, stored and read back as given.
+        tag: Some("0011223344556677.tag".into()),
     };
     assert!(store.payee_add(known.clone(), vec![]).await.unwrap(), "{label}");
     let cap =
@@ -1779,6 +1781,7 @@ contract!(a_payee_is_learned_only_under_a_live_mandate_and_forgotten_with_it, |s
         approval_id: Some(approval.to_string()),
         revoked_at: None,
         revoked_by: None,
+        tag: None,
     };
     // A mandate revoked before its payment settled teaches nothing.
     let revoked = ApprovalId::generate();
@@ -1847,6 +1850,7 @@ contract!(a_revoke_racing_a_learning_always_leaves_the_payee_unknown, |store, la
             approval_id: Some(id.to_string()),
             revoked_at: None,
             revoked_by: None,
+            tag: None,
         };
         let mandate = a.mandate_id.unwrap();
         let (s1, s2, id2) = (store.clone(), store.clone(), id.clone());

@@ -107,9 +107,17 @@ pub struct PayeeRecord {
     pub approval_id: Option<String>,
     pub revoked_at: Option<UnixSecs>,
     pub revoked_by: Option<String>,
+    /// The gateway's row tag over what made it known ([`PayeeRecord::tag_fields`]): a row without
+    /// one that holds was not written by the gateway, and makes no payee known.
+    pub tag: Option<String>,
 }
 
 impl PayeeRecord {
+    /// What the gateway's tag covers: who may pay whom since when, on whose word.
+    pub fn tag_fields(&self) -> serde_json::Value {
+        serde_json::json!([self.owner, self.payee, self.known_since, self.added_by, self.approval_id])
+    }
+
     /// Known now: added and not revoked.
     pub fn known_since(&self) -> Option<UnixSecs> {
         self.revoked_at.is_none().then_some(self.known_since)
@@ -292,6 +300,7 @@ mod tests {
             approval_id: None,
             revoked_at: None,
             revoked_by: None,
+            tag: None,
         };
         assert_eq!(rec.known_since(), Some(1_000));
         rec.revoked_at = Some(2_000);

@@ -231,7 +231,9 @@ impl Gateway {
         let owner = p.usage_subject();
         let day = guards::day_of(now);
         let (rec, paid) = self.store.payee_state(&owner, payee, Some((day, currency))).await?;
-        let known_since = rec.and_then(|r| r.known_since());
+        // Only a row the gateway wrote makes a payee known (a row inserted or edited in the
+        // database does not: the payment is judged as to an unknown payee).
+        let known_since = rec.filter(|r| self.payee_tag_holds(r)).and_then(|r| r.known_since());
         let cooling = rules
             .cooling_total(known_since, currency, now)
             .zip(known_since)

@@ -13,6 +13,7 @@ use super::{Decision, Gateway, Operator};
 use crate::catalogue::scopes;
 use crate::clock::rfc3339;
 use crate::domain::approval::ReviewDecision;
+use crate::domain::audit_chain::{row_tag, row_tag_holds};
 use crate::domain::ids::AccountId;
 use crate::domain::payee::{self, PayeeRecord};
 use crate::domain::principal::usage_subject;
@@ -34,7 +35,8 @@ pub struct PayeeView {
     /// The payee: a ledger account, a customer's phone as its account (`mpesa-2547…`), or a
     /// paybill with its account reference (`mpesa-paybill-247247/SUPPLIER-001`).
     pub payee: String,
-    /// "known" or "revoked".
+    /// "known", "revoked", or "unverified": its row does not carry the gateway's tag (written in
+    /// the database, or before payees were tagged), so it makes no payee known until added again.
     pub status: String,
     pub known_since: String,
     pub added_by: String,
@@ -43,7 +45,8 @@ pub struct PayeeView {
     pub revoked_by: Option<String>,
 }
 
-fn payee_view(r: PayeeRecord) -> PayeeView {
+/// `ours`: its row carries the gateway's tag (else it makes no payee known: "unverified").
+fn payee_view(r: PayeeRecord, ours: bool) -> PayeeView {
     let (agent, user) = match r.owner.split_once('\u{1f}') {
         Some((a, u)) => (a.to_string(), Some(u.to_string())),
         None => (r.owner.clone(), None),
@@ -52,7 +55,12 @@ fn payee_view(r: PayeeRecord) -> PayeeView {
         agent_subject: agent,
         user,
         payee: r.payee,
-        status: if r.revoked_at.is_some() { "revoked" } else { "known" }.into(),
+        status: match (r.revoked_at, ours) {
+            (Some(_), _) => "revoked",
+            (None, true) => "known",
+            (None, false) => "unverified",
+        }
+        .into(),
         known_since: rfc3339(r.known_since),
         added_by: r.added_by,
         approval_id: r.approval_id,
@@ -105,7 +113,43 @@ impl PayeeArgs {
     }
 }
 
+/// The domain of a payee row's tag (`audit_chain::row_tag`).
+const PAYEE_TAG_DOMAIN: &str = "paygate-payee-v1\n";
+
 impl Gateway {
+    /// `rec` with the gateway's tag over what made it known.
+    fn tag_payee(&self, mut rec: PayeeRecord) -> PayeeRecord {
+        let nonce = crate::domain::ids::hex(&rand::random::<[u8; 8]>());
+        rec.tag = Some(row_tag(&self.audit_link_key, PAYEE_TAG_DOMAIN, &rec.tag_fields(), &nonce));
+        rec
+    }
+
+    /// Whether `rec` is a row the gateway wrote: a payee row inserted or edited in the database
+    /// (or written before payees were tagged) makes no payee known.
+    pub(super) fn payee_tag_holds(&self, rec: &PayeeRecord) -> bool {
+        rec.tag.as_deref().is_some_and(|t| row_tag_holds(&self.audit_link_key, PAYEE_TAG_DOMAIN, &rec.tag_fields(), t))
+    }
+
+    /// A row for (`owner`, `payee`) that is not the gateway's and not revoked is revoked first, so
+    /// that making the payee known writes a row of the gateway's (an unrevoked row is kept as it is).
+    async fn retire_unverified_payee(&self, owner: &str, payee: &str) {
+        if let Ok((Some(rec), _)) = self.store.payee_state(owner, payee, None).await
+            && rec.revoked_at.is_none()
+            && !self.payee_tag_holds(&rec)
+        {
+            tracing::error!(
+                payee.owner = owner,
+                payee.payee = payee,
+                "a payee row the gateway did not write (edited or inserted in the database, or from before tags): \
+                 retired"
+            );
+            if let Err(error) = self.store.payee_revoke(owner, payee, "gateway: unverified row", self.clock.now()).await
+            {
+                tracing::error!(%error, "retiring an unverified payee row failed");
+            }
+        }
+    }
+
     /// Payees, most recently known first: every agent's, or one agent's (and user's).
     pub async fn ops_payees(
         &self,
@@ -127,7 +171,10 @@ impl Gateway {
         let rows = self.store.payee_list(owner.as_deref(), i64::from(fetch)).await.map_err(internal("payee list"))?;
         let views = rows
             .into_iter()
-            .map(payee_view)
+            .map(|r| {
+                let ours = self.payee_tag_holds(&r);
+                payee_view(r, ours)
+            })
             .filter(|v| owner.is_some() || user.is_none_or(|u| v.user.as_deref() == Some(u)));
         Ok(views.take(limit as usize).collect())
     }
@@ -154,8 +201,11 @@ impl Gateway {
             approval_id: None,
             revoked_at: None,
             revoked_by: None,
+            tag: None,
         };
+        let rec = self.tag_payee(rec);
         let notify = self.payee_notice(&rec);
+        self.retire_unverified_payee(&owner, &payee).await;
         let added = self.store.payee_add(rec, notify).await.map_err(internal("payee add"))?;
         let mut d = Decision::new("payees.add", if added { "recorded" } else { "unchanged" });
         d.detail = Some(format!("{payee} for {}{}", owner.replace('\u{1f}', " for "), because(&reason)));
@@ -182,7 +232,10 @@ impl Gateway {
 
     async fn payee_now(&self, owner: &str, payee: &str) -> Result<PayeeView, OpError> {
         match self.store.payee_state(owner, payee, None).await {
-            Ok((Some(rec), _)) => Ok(payee_view(rec)),
+            Ok((Some(rec), _)) => {
+                let ours = self.payee_tag_holds(&rec);
+                Ok(payee_view(rec, ours))
+            }
             Ok((None, _)) => Err(OpError::missing("payee")),
             Err(error) => {
                 tracing::error!(%error, "payee read failed");
@@ -235,8 +288,11 @@ impl Gateway {
             approval_id: Some(v.id.to_string()),
             revoked_at: None,
             revoked_by: None,
+            tag: None,
         };
+        let rec = self.tag_payee(rec);
         let notify = self.payee_notice(&rec);
+        self.retire_unverified_payee(&owner, &payee).await;
         match self.store.payee_learn(rec, mandate_id, notify).await {
             Ok(true) => {
                 let mut d = Decision::new("payees.add", "recorded");
@@ -254,7 +310,7 @@ impl Gateway {
 
     /// `payee.added`'s messages (written only if the payee was not known).
     fn payee_notice(&self, rec: &PayeeRecord) -> Vec<crate::domain::webhook::OutboxMessage> {
-        let view = payee_view(rec.clone());
+        let view = payee_view(rec.clone(), true);
         self.notice(crate::domain::webhook::PAYEE_ADDED).messages(serde_json::json!({
             "agent_subject": view.agent_subject,
             "user": view.user,

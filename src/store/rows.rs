@@ -536,7 +536,7 @@ pub(crate) fn checkpoint(body: &str) -> Result<crate::domain::rules::integrity::
 }
 
 /// The columns of `payees`, in this order.
-pub(crate) const PAYEE_COLS: &str = "owner, payee, known_since, added_by, approval_id, revoked_at, revoked_by";
+pub(crate) const PAYEE_COLS: &str = "owner, payee, known_since, added_by, approval_id, revoked_at, revoked_by, tag";
 
 pub(crate) fn payee(r: &dyn Columns) -> Result<crate::domain::payee::PayeeRecord, StoreError> {
     Ok(crate::domain::payee::PayeeRecord {
@@ -547,6 +547,7 @@ pub(crate) fn payee(r: &dyn Columns) -> Result<crate::domain::payee::PayeeRecord
         approval_id: r.opt_text(4)?,
         revoked_at: r.opt_int(5)?,
         revoked_by: r.opt_text(6)?,
+        tag: r.opt_text(7)?,
     })
 }
 

@@ -12,9 +12,10 @@ use crate::store::{PayeeStore, rows};
 
 /// Known again (or for the first time) from `known_since`; a payee known already keeps its time.
 const ADD_PAYEE: &str =
-    "INSERT INTO payees (owner, payee, known_since, added_by, approval_id) VALUES ($1, $2, $3, $4, $5)
+    "INSERT INTO payees (owner, payee, known_since, added_by, approval_id, tag) VALUES ($1, $2, $3, $4, $5, $6)
      ON CONFLICT (owner, payee) DO UPDATE SET known_since = excluded.known_since,
-         added_by = excluded.added_by, approval_id = excluded.approval_id, revoked_at = NULL, revoked_by = NULL
+         added_by = excluded.added_by, approval_id = excluded.approval_id, revoked_at = NULL, revoked_by = NULL,
+         tag = excluded.tag
      WHERE payees.revoked_at IS NOT NULL";
 
 #[async_trait]
@@ -22,9 +23,10 @@ impl PayeeStore for PostgresStore {
     async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let added =
-            tx.exec(ADD_PAYEE, &[&rec.owner, &rec.payee, &rec.known_since, &rec.added_by, &rec.approval_id]).await?
-                == 1;
+        let added = tx
+            .exec(ADD_PAYEE, &[&rec.owner, &rec.payee, &rec.known_since, &rec.added_by, &rec.approval_id, &rec.tag])
+            .await?
+            == 1;
         if added {
             insert_outbox(&tx, &notify).await?;
         }
@@ -47,7 +49,9 @@ impl PayeeStore for PostgresStore {
             .await?
             .is_some();
         let added = live
-            && tx.exec(ADD_PAYEE, &[&rec.owner, &rec.payee, &rec.known_since, &rec.added_by, &rec.approval_id]).await?
+            && tx
+                .exec(ADD_PAYEE, &[&rec.owner, &rec.payee, &rec.known_since, &rec.added_by, &rec.approval_id, &rec.tag])
+                .await?
                 == 1;
         if added {
             insert_outbox(&tx, &notify).await?;

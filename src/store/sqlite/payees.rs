@@ -12,10 +12,10 @@ use crate::domain::webhook::OutboxMessage;
 use crate::store::{PayeeStore, rows};
 
 /// Known again (or for the first time) from `known_since`; a payee known already keeps its time.
-pub(super) const ADD_PAYEE: &str = "INSERT INTO payees (owner, payee, known_since, added_by, approval_id)
-     VALUES (?1, ?2, ?3, ?4, ?5)
+pub(super) const ADD_PAYEE: &str = "INSERT INTO payees (owner, payee, known_since, added_by, approval_id, tag)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
      ON CONFLICT (owner, payee) DO UPDATE SET known_since = excluded.known_since, added_by = excluded.added_by,
-         approval_id = excluded.approval_id, revoked_at = NULL, revoked_by = NULL
+         approval_id = excluded.approval_id, revoked_at = NULL, revoked_by = NULL, tag = excluded.tag
      WHERE payees.revoked_at IS NOT NULL";
 
 #[async_trait]
@@ -23,8 +23,10 @@ impl PayeeStore for SqliteStore {
     async fn payee_add(&self, rec: PayeeRecord, notify: Vec<OutboxMessage>) -> Result<bool, StoreError> {
         self.write(move |c| {
             let tx = c.savepoint()?;
-            let added =
-                tx.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])? == 1;
+            let added = tx.exec(
+                ADD_PAYEE,
+                params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id, rec.tag],
+            )? == 1;
             if added {
                 insert_outbox(&tx, &notify)?;
             }
@@ -48,8 +50,10 @@ impl PayeeStore for SqliteStore {
                 .q_row("SELECT 1 FROM mandates WHERE id = ?1 AND revoked_at IS NULL", [&mandate_id], |r| r.get(0))
                 .optional()?;
             let added = live.is_some()
-                && tx.exec(ADD_PAYEE, params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id])?
-                    == 1;
+                && tx.exec(
+                    ADD_PAYEE,
+                    params![rec.owner, rec.payee, rec.known_since, rec.added_by, rec.approval_id, rec.tag],
+                )? == 1;
             if added {
                 insert_outbox(&tx, &notify)?;
             }
