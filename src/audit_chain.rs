@@ -350,6 +350,20 @@ async fn payment_contradiction(
     }
 }
 
+/// The first record not yet sealed that carries no tag: the sealer never seals one, so on a store
+/// adopted as "from before tags" it is a tag stripped (with the chain deleted), not an old record.
+pub async fn first_untagged_unsealed(store: &dyn Store) -> Result<Option<i64>, StoreError> {
+    let mut after = 0;
+    loop {
+        let page = store.audit_unsealed_records(after, PAGE).await?;
+        let Some(last) = page.last() else { return Ok(None) };
+        after = last.seq;
+        if let Some(r) = page.iter().find(|r| r.tag.is_none()) {
+            return Ok(Some(r.seq));
+        }
+    }
+}
+
 /// The first record not yet sealed whose writer's tag does not hold (`tagged`: a sealed record
 /// carried a tag, so every later one must).
 async fn unsealed_tag_fault(

@@ -1077,15 +1077,28 @@ async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_onl
     let quiet = ("PAYGATE_JOBS__ENABLED", "false");
     let app = spawn_on(dir.path(), &[quiet]).await;
     let version = app.running.gateway.policy().version;
+    // A refusal, so the trail holds a record (no payment: the records go below).
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let foreign = json!({"operation_id": "f-1", "from_account": "acct-A", "to_account": "acct-Z",
+                         "amount": "1.00", "currency": "KES"});
+    assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    let _ = agent.cancel().await;
     app.stop().await;
     let db = store_db(dir.path());
-    // What a store from before tags looks like: no version and no audit record tagged (nothing was
-    // sealed here: the scheduler is off and the test stops the gateway without the CLI's seal).
-    db.execute_batch("UPDATE policy_versions SET tag = NULL; UPDATE audit_records SET tag = NULL;").unwrap();
+    // What a store from before tags looks like: no version tagged and no audit record left
+    // unsealed without a tag (the builds before tags sealed what they wrote; the sealer now never
+    // seals an untagged record, so one left unsealed is a tag stripped). Nothing was sealed here
+    // (the scheduler is off), so the records go: the store's trail is empty.
     let start = |asked: bool| {
         let flag = ("PAYGATE_POLICY__ADOPT_UNTAGGED_VERSIONS", if asked { "true" } else { "false" });
         paygate::app::start(config_for(dir.path(), &[quiet, flag]), Arc::new(SystemClock))
     };
+    // The eleventh review: records left unsealed with their tags stripped (the chain deleted
+    // with them) are not a store from before tags — never adopted, asked or not.
+    db.execute_batch("UPDATE policy_versions SET tag = NULL; UPDATE audit_records SET tag = NULL;").unwrap();
+    let stripped = start(true).await.err().expect("unsealed records stripped of their tags").to_string();
+    assert!(stripped.contains("carries none"), "{stripped}");
+    db.execute_batch("DELETE FROM audit_records;").unwrap();
     let refused = start(false).await.err().expect("untagged versions are not adopted unasked").to_string();
     assert!(refused.contains("carry no tag"), "{refused}");
     let adopted = start(true).await.expect("adopted when asked");
@@ -1139,7 +1152,9 @@ async fn a_store_sealed_with_keyed_links_is_never_adopted_with_every_tag_strippe
         .err()
         .expect("a store sealed with keyed links is never adopted")
         .to_string();
-    assert!(refused.contains("keyed links") && refused.contains("never adopted"), "{refused}");
+    // Refused: the trail's keyed links name the stripped tags themselves (the eleventh review's
+    // rule), and a trail sealed with keyed links is never adopted.
+    assert!(refused.contains("tag was removed") || refused.contains("keyed links"), "{refused}");
     let tagged: i64 =
         db.query_row("SELECT COUNT(*) FROM policy_versions WHERE tag IS NOT NULL", [], |r| r.get(0)).unwrap();
     assert_eq!(tagged, 0, "nothing was adopted");
@@ -1175,6 +1190,66 @@ async fn a_record_rewritten_with_every_tag_stripped_is_named() {
     assert_eq!(v["ok"], false, "sealed: {v}");
     assert!(v["first_break"]["reason"].as_str().unwrap().contains("tag was removed"), "{v}");
     let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The eleventh hostile review (high): the chain tables emptied and every record's tag stripped,
+/// so the store looked never sealed and older than tags; a payment's record and row rewritten
+/// (100.00 to 5,000.00); the next sealing run linked the rewrite with the gateway's own keyed
+/// links and signed it, and verify said ok. The sealer never links a record without its writer's
+/// tag: the rewrite stays unsealed, and verify names it once it is older than sealing allows.
+#[tokio::test]
+async fn a_trail_emptied_of_its_chain_and_tags_is_never_sealed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    ok(&call(&agent, "create_payment", pay("op-1", "100.00", "rent")).await);
+    app.running.gateway.seal_audit_at_stop().await;
+    let paid = ok(&call(&agent, "create_payment", pay("op-2", "100.00", "rent")).await)["payment_id"].clone();
+    let paid = paid.as_str().unwrap().to_string();
+    let _ = agent.cancel().await;
+    app.stop().await;
+    let db = store_db(dir.path());
+    db.execute_batch(&format!(
+        "DELETE FROM audit_chain; DELETE FROM audit_chain_head; DELETE FROM audit_checkpoints;
+         UPDATE audit_records SET tag = NULL;
+         UPDATE audit_records SET intent = replace(intent, '10000', '500000') WHERE payment_id = '{paid}';
+         UPDATE payments SET amount_minor = 500000 WHERE id = '{paid}';
+         UPDATE postings SET amount_minor = amount_minor * 50 WHERE payment_id = '{paid}';"
+    ))
+    .unwrap();
+    let app = spawn_on(
+        dir.path(),
+        &[
+            ("PAYGATE_AUDIT__SEAL_EVERY_SECS", "1"),
+            ("PAYGATE_AUDIT__UNSEALED_SLACK_SECS", "1"),
+            ("PAYGATE_JOBS__TICK_MS", "20"),
+        ],
+    )
+    .await;
+    app.running.gateway.seal_audit_at_stop().await;
+    let linked: i64 = db
+        .query_row(
+            &format!(
+                "SELECT COUNT(*) FROM audit_chain c JOIN audit_records a ON a.seq = c.seq WHERE a.payment_id = '{paid}'"
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(linked, 0, "the stripped, rewritten record is never sealed");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let v = loop {
+        let v = verify(&app).await;
+        if v["ok"] == false || std::time::Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    // Named at once when the new start's own records were sealed after them, else once stale.
+    assert!(reason.contains("tag was removed") || reason.contains("not sealed"), "{reason}");
     app.stop().await;
 }
 

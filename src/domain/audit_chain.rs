@@ -410,7 +410,8 @@ impl Walk {
                 "its prev_hash is not the previous link's hash (reordered or rewritten)".into(),
             );
         }
-        if keyed_link_hash(&self.key, &self.prev, at, record) == link.hash {
+        let keyed = keyed_link_hash(&self.key, &self.prev, at, record) == link.hash;
+        if keyed {
             self.keyed = true;
         } else if link_hash(&self.prev, at, record) == link.hash {
             if self.keyed {
@@ -429,7 +430,10 @@ impl Walk {
                     .into(),
             );
         }
-        if let Some(fault) = tag_fault(&self.key, record, self.tagged) {
+        // The sealer never links an untagged record with a keyed link (it leaves it unsealed): an
+        // untagged record under one had its tag stripped in the database (the eleventh review:
+        // the chain deleted and every tag stripped, so the store looked never sealed).
+        if let Some(fault) = tag_fault(&self.key, record, self.tagged || keyed) {
             return self.fail(at, Some(link.seq), fault.into());
         }
         self.tagged |= record.tag.is_some();
@@ -896,52 +900,30 @@ mod tests {
         assert_eq!((b.chain_seq, b.seq), (6, Some(60)), "{}", b.reason);
     }
 
-    /// The tenth review: every tag stripped at once (records' too), so "an untagged record after a
-    /// tagged one" had nothing to go by. A signed checkpoint after a keyed link ends the run that
-    /// first keyed; every record sealed after it, and every one not yet sealed, must be tagged.
-    /// Untagged records sealed by the first keyed run (written before the upgrade) still hold.
+    /// The tenth and eleventh reviews: every tag stripped at once (records' too), so "an untagged
+    /// record after a tagged one" had nothing to go by. The sealer never links an untagged record
+    /// with a keyed link: an untagged record under one is a break, checkpoint or none; so is one
+    /// after a signed checkpoint that follows a keyed link. Untagged records under unkeyed links
+    /// (sealed before tags and keys) still hold.
     #[test]
-    fn records_after_the_first_keyed_run_must_be_tagged_even_with_every_tag_stripped() {
-        let mut links = keyed_chain(2, 6);
-        let strip = |links: &mut Vec<ChainLink>, from: usize| {
-            let key = key();
-            let mut prev = links[from - 1].hash.clone();
-            for l in links.iter_mut().skip(from) {
-                l.record.as_mut().unwrap().tag = None;
-                l.prev_hash = prev.clone();
-                l.hash = keyed_link_hash(&key, &prev, l.chain_seq, l.record.as_ref().unwrap());
-                prev = l.hash.clone();
-            }
-        };
-        // The upgrade: records 3 and 4 written before tags, sealed by the first keyed run (its
-        // checkpoint at 4); 5 and 6 after it, tagged.
-        for l in links.iter_mut().take(4) {
+    fn records_under_keyed_links_must_be_tagged_even_with_every_tag_stripped() {
+        let links = keyed_chain(2, 6);
+        let cp = vec![(4, links[3].hash.clone())];
+        assert!(walk(&links, &cp).ok, "{:?}", walk(&links, &cp));
+        // Every tag stripped (links do not cover the tag): a break at the first keyed link.
+        let mut stripped = links.clone();
+        for l in stripped.iter_mut() {
             l.record.as_mut().unwrap().tag = None;
         }
-        let relink = |links: &mut Vec<ChainLink>| {
-            let key = key();
-            let mut prev = links[1].hash.clone();
-            for l in links.iter_mut().skip(2) {
-                l.prev_hash = prev.clone();
-                l.hash = keyed_link_hash(&key, &prev, l.chain_seq, l.record.as_ref().unwrap());
-                prev = l.hash.clone();
-            }
-        };
-        relink(&mut links);
-        let cp = |links: &[ChainLink]| vec![(4, links[3].hash.clone())];
-        assert!(walk(&links, &cp(&links)).ok, "{:?}", walk(&links, &cp(&links)));
-        // Every tag stripped (as a writer could: links do not cover the tag, but the walk
-        // compares): before the first keyed run's checkpoint nothing is owed; after it, a break.
-        let mut stripped = links.clone();
-        strip(&mut stripped, 4);
-        let v = walk(&stripped, &cp(&links));
-        let b = v.first_break.unwrap();
-        assert_eq!(b.chain_seq, 5, "{}", b.reason);
-        // With no checkpoint after a keyed link yet, an untagged record is not owed a tag.
-        assert!(walk(&stripped, &[]).ok);
-        assert!(walk(&stripped, &cp(&links)).keyed);
+        for checkpoints in [cp.clone(), vec![]] {
+            let v = walk(&stripped, &checkpoints);
+            let b = v.first_break.unwrap();
+            assert_eq!(b.chain_seq, 3, "{}", b.reason);
+            assert!(b.reason.contains("tag was removed"), "{}", b.reason);
+        }
+        assert!(walk(&links, &cp).keyed);
         assert!(!walk(&chain(3), &[]).keyed);
-        let mut w = Walk::new(ChainHead::genesis(), cp(&links), key(), Rules::default());
+        let mut w = Walk::new(ChainHead::genesis(), cp.clone(), key(), Rules::default());
         links.iter().take(4).for_each(|l| w.push(l));
         assert!(w.tagged_seen(), "the records not yet sealed must be tagged");
     }
@@ -1060,7 +1042,11 @@ mod tests {
                 .into_iter()
                 .zip(1..)
                 .map(|(r, i)| {
-                    let hash = keyed_link_hash(&key(), &prev, i, &r);
+                    // Records from before tags were sealed before keys (unkeyed links).
+                    let hash = match r.detail.as_deref() {
+                        Some("before tags") => link_hash(&prev, i, &r),
+                        _ => keyed_link_hash(&key(), &prev, i, &r),
+                    };
                     let link = ChainLink {
                         chain_seq: i,
                         seq: r.seq,
@@ -1149,7 +1135,11 @@ mod tests {
             let mut w = Walk::new(ChainHead::genesis(), [], key(), Rules::default());
             let mut prev = GENESIS.to_string();
             for (r, i) in records.into_iter().zip(1..) {
-                let hash = keyed_link_hash(&key(), &prev, i, &r);
+                // Untagged records were sealed before keys (the sealer never keys one).
+                let hash = match r.tag {
+                    Some(_) => keyed_link_hash(&key(), &prev, i, &r),
+                    None => link_hash(&prev, i, &r),
+                };
                 w.push(&ChainLink {
                     chain_seq: i,
                     seq: r.seq,

@@ -142,7 +142,19 @@ impl Gateway {
                         .into(),
                 );
             }
-            Ok(v) if v.ok => {}
+            Ok(v) if v.ok => {
+                // Records before tags were sealed by the builds that wrote them; an unsealed one
+                // without a tag is one stripped, the chain with it (the eleventh review).
+                if let Some(seq) =
+                    crate::audit_chain::first_untagged_unsealed(&*self.store).await.map_err(|e| e.to_string())?
+                {
+                    return Err(format!(
+                        "untagged policy versions are adopted only over a trail whose unsealed records carry their \
+                         writer's tag; record seq {seq} carries none (stripped in the database): this store is not \
+                         adopted"
+                    ));
+                }
+            }
             Ok(v) => {
                 let why = v.first_break.map(|b| b.reason).unwrap_or_default();
                 return Err(format!("untagged policy versions are adopted only over a trail that verifies: {why}"));

@@ -6,7 +6,7 @@ use deadpool_postgres::GenericClient;
 
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::domain::audit::AuditRecord;
-use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, LinkKey, keyed_link_hash};
+use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, LinkKey, keyed_link_hash, tag_fault};
 use crate::domain::error::StoreError;
 use crate::domain::webhook::OutboxMessage;
 use crate::store::AuditStore;
@@ -76,6 +76,13 @@ impl AuditStore for PostgresStore {
         let mut links: (Vec<i64>, Vec<i64>, Vec<String>, Vec<String>) = Default::default();
         for row in &found {
             let r = rows::audit(row)?;
+            if tag_fault(key, &r, true).is_some() {
+                // Never sealed: a record without its writer's tag (stripped, forged, or from before
+                // tags) stays unsealed, and `audit verify` names it once it is stale.
+                tracing::error!(audit.seq = r.seq, "an audit record without its writer's tag is not sealed");
+                (last_seq, last_xid) = (r.seq, row.get(rows::AUDIT_COLS.split(',').count()));
+                continue;
+            }
             chain_seq += 1;
             let hash = keyed_link_hash(key, &prev, chain_seq, &r);
             links.0.push(chain_seq);

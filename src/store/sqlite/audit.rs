@@ -6,7 +6,7 @@ use rusqlite::{Connection, params, params_from_iter};
 
 use super::{Cached, SqliteStore};
 use crate::domain::audit::AuditRecord;
-use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, LinkKey, keyed_link_hash};
+use crate::domain::audit_chain::{ChainHead, Checkpoint, GENESIS, LinkKey, keyed_link_hash, tag_fault};
 use crate::domain::error::StoreError;
 use crate::domain::webhook::OutboxMessage;
 use crate::store::AuditStore;
@@ -53,6 +53,13 @@ impl AuditStore for SqliteStore {
             let sql = format!("SELECT {} FROM audit_records WHERE seq > ?1 ORDER BY seq LIMIT ?2", rows::AUDIT_COLS);
             let records = c.all(&sql, params![last_seq, limit], rows::audit)?;
             for r in &records {
+                if tag_fault(&key, r, true).is_some() {
+                    // Never sealed: a record without its writer's tag (stripped, forged, or from
+                    // before tags) stays unsealed, and `audit verify` names it once it is stale.
+                    tracing::error!(audit.seq = r.seq, "an audit record without its writer's tag is not sealed");
+                    last_seq = r.seq;
+                    continue;
+                }
                 chain_seq += 1;
                 let hash = keyed_link_hash(&key, &prev, chain_seq, r);
                 c.exec(
