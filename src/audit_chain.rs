@@ -41,6 +41,8 @@ pub struct Sealer<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SealRun {
     pub sealed: u64,
+    /// The head as the run found it (what a replica holds against the heads it saw before).
+    pub found: ChainHead,
     pub head: ChainHead,
     pub checkpoint: Option<Checkpoint>,
 }
@@ -51,6 +53,7 @@ pub struct SealRun {
 pub async fn seal(store: &dyn Store, s: &Sealer<'_>, now: UnixSecs, batch: u32) -> Result<SealRun, StoreError> {
     let mut sealed = 0;
     let mut head = store.audit_chain_head().await?;
+    let found = head.clone();
     for _ in 0..SEAL_BATCHES_PER_RUN_MAX {
         let (n, h) = store.audit_seal(s.links, batch).await?;
         (sealed, head) = (sealed + n, h);
@@ -67,7 +70,7 @@ pub async fn seal(store: &dyn Store, s: &Sealer<'_>, now: UnixSecs, batch: u32) 
     if let (Some(_), Some(prev)) = (&checkpoint, &latest) {
         thin(store, s, prev).await?;
     }
-    Ok(SealRun { sealed, head, checkpoint })
+    Ok(SealRun { sealed, found, head, checkpoint })
 }
 
 /// A newer checkpoint is stored: the previous newest is dropped when the one before it is less

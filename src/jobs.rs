@@ -172,6 +172,8 @@ async fn run_job(s: &Scheduler, job: Job) {
             let c = s.audit_seal;
             match crate::audit_chain::seal(&**g.store(), &g.audit_sealer(), now, c.batch_max).await {
                 Ok(run) => {
+                    g.audit_witness_head(run.found.chain_seq).await;
+                    g.audit_witness_head(run.head.chain_seq).await;
                     g.metrics().audit_sealed(run.sealed, run.head.chain_seq, run.checkpoint.as_ref().map(|c| c.at));
                     if run.sealed > 0 {
                         tracing::debug!(sealed = run.sealed, chain_seq = run.head.chain_seq, "audit sealed");

@@ -1253,6 +1253,48 @@ async fn a_trail_emptied_of_its_chain_and_tags_is_never_sealed_again() {
     app.stop().await;
 }
 
+/// The eleventh hostile review: with a replica running, the chain tables emptied; the replica
+/// re-sealed from position 1, below the head it had signed itself, without a word (the log showed
+/// the signed position going back). A replica remembers the highest head its sealing runs saw: a
+/// lower one is recorded as an `audit.witness` record, which verify names from then on.
+#[tokio::test]
+async fn a_running_replica_names_its_chain_head_going_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_AUDIT__SEAL_EVERY_SECS", "1"), ("PAYGATE_JOBS__TICK_MS", "20")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    for op in ["op-1", "op-2", "op-3"] {
+        ok(&call(&agent, "create_payment", pay(op, "1.00", "tea")).await);
+    }
+    let _ = agent.cancel().await;
+    let store = app.running.store.clone();
+    let poll = |what: &'static str| {
+        let store = store.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let done = match what {
+                    "sealed" => store.audit_chain_head().await.unwrap().chain_seq >= 3,
+                    _ => store.audit_first_of_tool("audit.witness").await.unwrap().is_some(),
+                };
+                if done {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "timed out waiting: {what}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    };
+    poll("sealed").await;
+    let db = store_db(dir.path());
+    db.execute_batch("DELETE FROM audit_chain; DELETE FROM audit_chain_head; DELETE FROM audit_checkpoints;").unwrap();
+    poll("witnessed").await;
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains("went back"), "{reason}");
+    app.stop().await;
+}
+
 /// Found reading the policy versions' tag: it proves a version is the gateway's, not that it is
 /// the newest. A database writer deleting the newest version (an incident's narrowing) rolled
 /// policy back at the next restart. The trail records each applied version: verify names the

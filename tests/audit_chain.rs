@@ -313,7 +313,8 @@ async fn tampering_is_named(pg: bool) {
 
     // 9. A record edited before it was sealed (a database writer rewriting rows as they are
     //    written: here it blames another agent). No link holds it yet, but its writer's tag does:
-    //    named while unsealed, and still after the chain has sealed the edit. Then a record whose
+    //    named while unsealed, and the sealer never links it (the eleventh review: a trail emptied
+    //    of its chain and tags was re-sealed as genuine), so it stays named. Then a record whose
     //    tag was removed with the edit.
     let t = trail(pg, clock()).await.unwrap();
     let agent = connect(&t.app.url, &t.app.dev_token(), Era::Modern).await;
@@ -326,8 +327,10 @@ async fn tampering_is_named(pg: bool) {
     let (_, verdict, _) = verify_cli(&t, None).await;
     let reason = verdict["first_break"]["reason"].as_str().unwrap();
     assert!(reason.contains("unsealed record") && reason.contains("tag does not match"), "{reason}");
-    seal(&t.app, true).await;
-    assert_breaks_at(&t, "edited before sealing, then sealed", next, Some(seq)).await;
+    store.audit_seal(t.app.running.gateway.audit_sealer().links, 1000).await.unwrap();
+    let unsealed = store.audit_unsealed().await.unwrap();
+    assert_eq!(unsealed.oldest.map(|(s, _)| s), Some(seq), "the edited record is never sealed");
+    assert_breaks_at(&t, "edited before sealing, after a sealing run", next, Some(seq)).await;
     t.app.stop().await;
     let t = trail(pg, clock()).await.unwrap();
     let agent = connect(&t.app.url, &t.app.dev_token(), Era::Modern).await;

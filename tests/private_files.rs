@@ -89,6 +89,12 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
             intent: None,
             tag: None,
         };
+        // Tagged as the gateway tags every record (the sealer never seals an untagged one).
+        let rec = paygate::domain::audit_chain::tagged(
+            &paygate::domain::audit_chain::LinkKey::new([7; 32]),
+            rec,
+            rand_nonce(),
+        );
         paygate::store::AuditStore::audit_append(&store, rec).await.unwrap();
     }
     let dir = tmp.path().join("archive");
@@ -122,13 +128,24 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
     let settings = paygate::audit_archive::Settings { retention_secs: 1, dir: fresh.clone(), batch_max: 100 };
     paygate::store::AuditStore::audit_append(
         &store,
-        paygate::domain::audit::AuditRecord {
-            at: 500,
-            ..paygate::audit_archive::read(&done[0].file).unwrap()[0].clone()
-        },
+        paygate::domain::audit_chain::tagged(
+            &link_key,
+            paygate::domain::audit::AuditRecord {
+                at: 500,
+                ..paygate::audit_archive::read(&done[0].file).unwrap()[0].clone()
+            },
+            rand_nonce(),
+        ),
     )
     .await
     .unwrap();
     paygate::audit_archive::archive(&store, &keys, &settings, 1_000).await.unwrap();
     assert_eq!(mode(&fresh), 0o700);
+}
+
+/// A fresh tag nonce.
+fn rand_nonce() -> [u8; 8] {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    N.fetch_add(1, Ordering::Relaxed).to_be_bytes()
 }

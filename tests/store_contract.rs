@@ -1442,7 +1442,13 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
     };
     for at in 10..15 {
         // Agent-written text survives the round trip byte for byte.
-        store.audit_append(record(at, &format!("memo \"{at}\"\n\u{202e}line"))).await.unwrap();
+        // Tagged as the gateway tags every record (the sealer never seals an untagged one).
+        let rec = paygate::domain::audit_chain::tagged(
+            &paygate::domain::audit_chain::LinkKey::new([7; 32]),
+            record(at, &format!("memo \"{at}\"\n\u{202e}line")),
+            (at as u64).to_be_bytes(),
+        );
+        store.audit_append(rec).await.unwrap();
     }
     let before: Vec<AuditRecord> = store.audit_list(None, 100).await.unwrap().into_iter().rev().collect();
     let dir = tempfile::tempdir().unwrap();

@@ -55,6 +55,13 @@ impl Gateway {
                     return;
                 }
             };
+            // The head went back (links deleted): recorded, and sealed by one more pass.
+            if let Ok(r) = &run
+                && (self.audit_witness_head(r.found.chain_seq).await | self.audit_witness_head(r.head.chain_seq).await)
+                && tokio::time::Instant::now() < deadline
+            {
+                continue;
+            }
             // Everything this replica wrote before the stop is sealed now: a record gone or changed
             // meanwhile is a break, recorded (and sealed by one more pass, while time is left).
             if left == 0 && witness_passes < STOP_WITNESS_PASSES_MAX {

@@ -38,6 +38,8 @@ struct Witnessed {
 #[derive(Default)]
 pub(super) struct Witness {
     pending: Mutex<VecDeque<Witnessed>>,
+    /// The highest chain head this replica's sealing runs have seen (0 before the first).
+    head: std::sync::atomic::AtomicI64,
 }
 
 impl Witness {
@@ -109,6 +111,32 @@ impl Gateway {
         if !self.witness.note(seq, tag.to_string(), at) {
             tracing::warn!(max = WITNESS_MAX, "audit witness full: the oldest record is let go unchecked");
         }
+    }
+
+    /// After a sealing run on this replica: the chain's head never goes back. One lower than a
+    /// head this replica saw is links deleted in the database (the eleventh review emptied the
+    /// chain tables and a replica re-sealed below its own signed head without a word): logged,
+    /// counted, and recorded as an `audit.witness` record, which `audit verify` names for ever
+    /// after. Each fall is recorded once (the mark follows the head down). Whether it fell.
+    pub async fn audit_witness_head(&self, head: i64) -> bool {
+        use std::sync::atomic::Ordering;
+        let seen = self.witness.head.fetch_max(head, Ordering::SeqCst);
+        if head >= seen {
+            return false;
+        }
+        self.witness.head.store(head, Ordering::SeqCst);
+        self.metrics.audit_witness_break();
+        tracing::error!(
+            audit.chain_seq = head,
+            audit.seen_chain_seq = seen,
+            "the audit chain's head went back: links were deleted in the database"
+        );
+        let mut d = Decision::new(WITNESS_TOOL, "rolled_back");
+        d.detail = Some(format!(
+            "the chain's head went back from position {seen} (seen by this replica) to {head}: links were deleted"
+        ));
+        self.audit_as(super::rails::GATEWAY_ISSUER, "witness", "-", d).await;
+        true
     }
 
     /// The scheduler's check (every replica, every minute): the records written longer ago than
