@@ -88,7 +88,14 @@ pub async fn run(s: Scheduler) {
     let mut next_evict = Instant::now() + EVICT_INTERVAL;
     loop {
         tokio::select! {
-            _ = s.stop.cancelled() => break,
+            _ = s.stop.cancelled() => {
+                // A graceful stop gives its leases back (a run under way has ended: runs are awaited
+                // in this loop), so a restart, or another replica, runs the jobs at once.
+                if let Err(error) = s.gateway.store().job_release(&s.holder).await {
+                    tracing::warn!(%error, "job leases could not be given back; they end on their own");
+                }
+                break;
+            }
             _ = tick.tick() => {}
         }
         let now = Instant::now();

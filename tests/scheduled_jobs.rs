@@ -166,6 +166,42 @@ async fn the_scheduled_full_check_names_a_usage_counter_reset_in_the_database() 
     app.stop().await;
 }
 
+/// The eleventh review (low): a `seal_audit` lease taken with a long `audit.seal_every_secs`
+/// outlived a graceful stop, so the restarted gateway, with a short interval, did not seal until
+/// it ended. A graceful stop gives its job leases back.
+#[tokio::test]
+async fn a_graceful_stop_gives_its_job_leases_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = [("PAYGATE_AUDIT__SEAL_EVERY_SECS", "3600"), ("PAYGATE_JOBS__TICK_MS", "20")];
+    let app = spawn_on(dir.path(), &long).await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    let leases = |db: &rusqlite::Connection| -> i64 {
+        db.query_row("SELECT COUNT(*) FROM job_leases WHERE kind = 'seal_audit'", [], |r| r.get(0)).unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while leases(&db) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the seal_audit lease was never taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.stop().await;
+    assert_eq!(leases(&db), 0, "given back at the stop");
+    // Restarted with a short interval, it seals at once.
+    let app = spawn_on(dir.path(), &[("PAYGATE_AUDIT__SEAL_EVERY_SECS", "1"), ("PAYGATE_JOBS__TICK_MS", "20")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let pay = json!({"operation_id": "p-1", "from_account": "acct-A", "to_account": "acct-B",
+                     "amount": "1.00", "currency": "KES"});
+    ok(&call(&agent, "create_payment", pay).await);
+    agent.cancel().await.unwrap();
+    let store = app.running.store.clone();
+    until("the restarted gateway's sealing", || {
+        let store = store.clone();
+        async move { (store.audit_unsealed().await.unwrap().count == 0).then_some(()) }
+    })
+    .await;
+    app.stop().await;
+}
+
 /// The seal_audit job seals what committed onto the hash chain and signs a checkpoint of the head;
 /// the chain then verifies whole.
 #[tokio::test]

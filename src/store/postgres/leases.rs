@@ -26,6 +26,12 @@ impl LeaseStore for PostgresStore {
         lease(&client, kind, holder, now, lease_secs).await
     }
 
+    async fn job_release(&self, holder: &str) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        client.exec("DELETE FROM job_leases WHERE holder = $1", &[&holder]).await?;
+        Ok(())
+    }
+
     async fn quota_take(&self, key: &str, take: QuotaTake) -> Result<Option<i64>, StoreError> {
         if let Err(wait) = take.apply(None) {
             return Ok(Some(wait)); // more than the whole bucket: never fits

@@ -24,6 +24,15 @@ impl LeaseStore for SqliteStore {
         self.write(move |c| lease_tx(c, &kind, &holder, now, lease_secs)).await
     }
 
+    async fn job_release(&self, holder: &str) -> Result<(), StoreError> {
+        let holder = holder.to_string();
+        self.write(move |c| {
+            c.exec("DELETE FROM job_leases WHERE holder = ?1", params![holder])?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn quota_take(&self, key: &str, take: QuotaTake) -> Result<Option<i64>, StoreError> {
         if let Err(wait) = take.apply(None) {
             return Ok(Some(wait)); // more than the whole bucket: never fits

@@ -34,6 +34,10 @@ pub trait LeaseStore: Send + Sync {
     /// One runner per kind across every replica sharing the store.
     async fn job_lease(&self, kind: &str, holder: &str, now: UnixSecs, lease_secs: i64) -> Result<bool, StoreError>;
 
+    /// Give up every job lease `holder` has (a graceful stop): another replica, or this one
+    /// restarted, may run the jobs at once instead of when the leases would have ended.
+    async fn job_release(&self, holder: &str) -> Result<(), StoreError>;
+
     /// Take from the shared bucket `key` atomically (one statement, whichever replica asks):
     /// `Ok(None)` when taken, `Ok(Some(wait_us))` when the bucket has too little now.
     async fn quota_take(&self, key: &str, take: QuotaTake) -> Result<Option<i64>, StoreError>;
