@@ -284,14 +284,6 @@ async fn the_wallet_service_is_reached_over_the_same_mutual_tls() {
     assert_eq!((fake.payments().len(), fake.balance("acct-B")), (1, 100));
 }
 
-/// A line on the terminal past the test harness's capture (`eprintln!` inside a passing test is
-/// swallowed, so a skip would go unsaid on `cargo test`), once per test binary.
-fn say(line: &str) {
-    use std::io::Write;
-    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !said.iter().any(|l| l == line) {
-        said.push(line.to_string());
-        let _ = writeln!(std::io::stderr(), "{line}");
-    }
-}
+#[path = "common/say.rs"]
+mod say;
+use say::say;

@@ -1958,14 +1958,6 @@ async fn a_refunded_column_reset_in_the_database_never_refunds_twice() {
     }
 }
 
-/// A line on the terminal past the test harness's capture (`eprintln!` inside a passing test is
-/// swallowed, so a skip would go unsaid on `cargo test`), once per test binary.
-fn say(line: &str) {
-    use std::io::Write;
-    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !said.iter().any(|l| l == line) {
-        said.push(line.to_string());
-        let _ = writeln!(std::io::stderr(), "{line}");
-    }
-}
+#[path = "common/say.rs"]
+mod say;
+use say::say;
