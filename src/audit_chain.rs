@@ -35,6 +35,10 @@ pub struct Sealer<'a> {
     /// Checkpoints kept in the store: the newest, and at most one per this many seconds before it
     /// (retention markers always; 0 keeps every one). Each is logged and sent either way.
     pub keep_every_secs: i64,
+    /// A chain is begun (sealed from position 1) only over records younger than this: a store's
+    /// first records are sealed within the sealing interval, so older records before an empty
+    /// chain are a chain deleted (`audit.seal_every_secs + audit.unsealed_slack_secs`).
+    pub genesis_within_secs: i64,
 }
 
 /// What one sealing run did.
@@ -54,6 +58,25 @@ pub async fn seal(store: &dyn Store, s: &Sealer<'_>, now: UnixSecs, batch: u32) 
     let mut sealed = 0;
     let mut head = store.audit_chain_head().await?;
     let found = head.clone();
+    // The twelfth review: the chain tables emptied on a stopped store (records deleted, the rest
+    // left tagged) and the next start sealed what was left from position 1 as genuine. A store's
+    // first records are sealed within the sealing interval; older ones before an empty chain had
+    // their links deleted: never sealed again (verify names them as unsealed).
+    if head.chain_seq == 0
+        && let Some((seq, at)) = store.audit_unsealed().await?.oldest
+        && at < now - s.genesis_within_secs
+    {
+        tracing::error!(
+            audit.seq = seq,
+            audit.at = at,
+            "the audit chain is empty but records older than the sealing interval are not sealed: the chain was \
+             deleted in the database; it is not begun again (audit verify names the records)"
+        );
+        return Err(StoreError::Database(format!(
+            "the audit chain is empty, yet record seq {seq} (made at {at}) is older than the sealing interval: the \
+             chain was deleted; it is not begun again"
+        )));
+    }
     for _ in 0..SEAL_BATCHES_PER_RUN_MAX {
         let (n, h) = store.audit_seal(s.links, batch).await?;
         (sealed, head) = (sealed + n, h);

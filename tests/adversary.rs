@@ -1295,6 +1295,45 @@ async fn a_running_replica_names_its_chain_head_going_back() {
     app.stop().await;
 }
 
+/// The twelfth hostile review (high): with the gateway stopped, sealed records deleted (an
+/// approval, a `payees.add`, a whole payment with its record, a witness's report) and the chain
+/// tables emptied; the next start sealed what was left from position 1 with the gateway's own
+/// keyed links, and verify said ok. A chain is begun only over records younger than the sealing
+/// interval (a store's first records are sealed within it): older ones before an empty chain stay
+/// unsealed, and verify names them.
+#[tokio::test]
+async fn a_chain_deleted_on_a_stopped_store_is_never_begun_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // The trail made an hour ago (the clock the first gateway ran on).
+    let then = paygate::clock::ManualClock::new(SystemClock.now() - 3_600);
+    let app = spawn_with_clock(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")], Arc::new(then)).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    for op in ["op-1", "op-2", "op-3"] {
+        ok(&call(&agent, "create_payment", pay(op, "1.00", "tea")).await);
+    }
+    let foreign = json!({"operation_id": "f-1", "from_account": "acct-A", "to_account": "acct-Z",
+                         "amount": "1.00", "currency": "KES"});
+    assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    let _ = agent.cancel().await;
+    app.running.gateway.seal_audit_at_stop().await;
+    app.stop().await;
+    let db = store_db(dir.path());
+    db.execute_batch(
+        "DELETE FROM audit_records WHERE code = 'ACCOUNT_NOT_ALLOWED';
+         DELETE FROM audit_chain; DELETE FROM audit_chain_head; DELETE FROM audit_checkpoints;",
+    )
+    .unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    app.running.gateway.seal_audit_at_stop().await;
+    let links: i64 = db.query_row("SELECT COUNT(*) FROM audit_chain", [], |r| r.get(0)).unwrap();
+    assert_eq!(links, 0, "the chain is not begun again over the hour-old records");
+    let v = verify(&app).await;
+    assert_eq!(v["ok"], false, "{v}");
+    let reason = v["first_break"]["reason"].as_str().unwrap();
+    assert!(reason.contains("not sealed"), "{reason}");
+    app.stop().await;
+}
+
 /// Found reading the policy versions' tag: it proves a version is the gateway's, not that it is
 /// the newest. A database writer deleting the newest version (an incident's narrowing) rolled
 /// policy back at the next restart. The trail records each applied version: verify names the

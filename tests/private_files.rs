@@ -116,6 +116,7 @@ async fn the_audit_archive_is_owner_only_and_never_writes_through_a_planted_link
         signer: &keys,
         notice: paygate::domain::webhook::Notice::default(),
         keep_every_secs: 0,
+        genesis_within_secs: i64::MAX / 2,
     };
     let done = paygate::audit_archive::archive(&store, &keys, &settings, 1_000).await.unwrap();
     assert_eq!(done.len(), 1);

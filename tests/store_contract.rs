@@ -1470,6 +1470,7 @@ contract!(audit_past_retention_is_archived_to_a_file_first_then_deleted, |store,
         signer: &keys,
         notice: paygate::domain::webhook::Notice::default(),
         keep_every_secs: 0,
+        genesis_within_secs: i64::MAX / 2,
     };
     // Sealed first (on PostgreSQL a record is sealed once every older transaction has ended).
     for _ in 0..500 {

@@ -362,8 +362,8 @@ impl Walk {
         self.first_break.is_some()
     }
 
-    /// A tagged record was walked, or a signed checkpoint after a keyed link (every record after
-    /// it, sealed or not, must be tagged).
+    /// A tagged record was walked — as every keyed link's record is (every record after it,
+    /// sealed or not, must be tagged).
     pub fn tagged_seen(&self) -> bool {
         self.tagged
     }
@@ -451,10 +451,6 @@ impl Walk {
                 );
             }
             self.matched += 1;
-            // A signed checkpoint after a keyed link ends the sealing run that first keyed: every
-            // record sealed after it was written by a gateway that tags (tags came before keyed
-            // links), so an untagged one had its tag stripped in the database (the tenth review).
-            self.tagged |= self.keyed;
         }
         if let Some(expect) = &self.rules.expect
             && expect.chain_seq == at
@@ -902,9 +898,8 @@ mod tests {
 
     /// The tenth and eleventh reviews: every tag stripped at once (records' too), so "an untagged
     /// record after a tagged one" had nothing to go by. The sealer never links an untagged record
-    /// with a keyed link: an untagged record under one is a break, checkpoint or none; so is one
-    /// after a signed checkpoint that follows a keyed link. Untagged records under unkeyed links
-    /// (sealed before tags and keys) still hold.
+    /// with a keyed link: an untagged record under one is a break, checkpoint or none. Untagged
+    /// records under unkeyed links (sealed before tags and keys) still hold.
     #[test]
     fn records_under_keyed_links_must_be_tagged_even_with_every_tag_stripped() {
         let links = keyed_chain(2, 6);

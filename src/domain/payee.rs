@@ -303,6 +303,8 @@ mod tests {
             tag: None,
         };
         assert_eq!(rec.known_since(), Some(1_000));
+        // The gateway's tag covers who may pay whom since when, on whose word.
+        assert_eq!(rec.tag_fields(), serde_json::json!(["agent", "acct-B", 1_000, "iss op", null]));
         rec.revoked_at = Some(2_000);
         assert_eq!(rec.known_since(), None);
     }

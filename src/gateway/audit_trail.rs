@@ -22,6 +22,7 @@ impl Gateway {
             signer: &*self.mandates,
             notice: self.notice(crate::domain::webhook::AUDIT_CHECKPOINT),
             keep_every_secs: self.limits.audit_checkpoint_every_secs,
+            genesis_within_secs: self.limits.audit_stale_after_secs,
         }
     }
 
