@@ -1332,6 +1332,31 @@ async fn a_chain_deleted_on_a_stopped_store_is_never_begun_again() {
     let reason = v["first_break"]["reason"].as_str().unwrap();
     assert!(reason.contains("not sealed"), "{reason}");
     app.stop().await;
+    // `paygate serve` refuses the store (its policy and payments are not what the trail proves).
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+        .env_remove("PAYGATE_CONFIG")
+        .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+        .env("PAYGATE_AUTH__DEV_ISSUER", DEV_ISSUER)
+        .env("PAYGATE_SERVER__BIND", "127.0.0.1:0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = serve.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = serve.kill();
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(serve.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.is_some_and(|s| !s.success()), "serve ran on a store whose chain was deleted: {stderr}");
+    assert!(stderr.contains("chain was deleted"), "{stderr}");
 }
 
 /// Found reading the policy versions' tag: it proves a version is the gateway's, not that it is

@@ -737,6 +737,14 @@ async fn serve_on(config: Config) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        // A store whose audit chain was deleted (the twelfth review) is not served: the policy
+        // and payments it holds are not what the trail proves. One-shot commands still run
+        // (`audit verify` names it).
+        if let Some(why) = running.gateway.audit_chain_deleted().await {
+            crate::logging::fatal(&why);
+            running.shutdown().await;
+            return ExitCode::FAILURE;
+        }
         say(format_args!("paygate MCP endpoint: {}", running.mcp_url()));
         if console_on {
             say(format_args!(

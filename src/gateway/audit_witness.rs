@@ -155,6 +155,23 @@ impl Gateway {
         self.audit_witness_check(self.clock.now() - self.limits.audit_stale_after_secs).await
     }
 
+    /// Why this store's audit chain was deleted, if it was: the chain is empty, yet a record is
+    /// older than the sealing interval (a store's first records are sealed within it, and no
+    /// chain is begun again over older ones: `audit_chain::Sealer::genesis_within_secs`). `serve`
+    /// refuses such a store: the policy and payments it holds are not what the trail proves.
+    pub async fn audit_chain_deleted(&self) -> Option<String> {
+        let head = self.store.audit_chain_head().await.ok()?;
+        let (seq, at) = self.store.audit_unsealed().await.ok()?.oldest?;
+        (head.chain_seq == 0 && at < self.clock.now() - self.limits.audit_stale_after_secs).then(|| {
+            format!(
+                "the audit chain is empty, yet record seq {seq} (made at {}) is older than the sealing interval: \
+                 the chain was deleted in the database; this store is not served (run `paygate audit verify`, \
+                 restore the store from a backup)",
+                crate::clock::rfc3339(at)
+            )
+        })
+    }
+
     /// `Some((unsealed records, age of the oldest in seconds))` when the oldest unsealed record is
     /// older than `audit.seal_every_secs + audit.unsealed_slack_secs` (what `audit verify` fails on).
     pub async fn audit_sealing_stalled(&self) -> Option<(i64, i64)> {
