@@ -63,8 +63,7 @@ pub async fn seal(store: &dyn Store, s: &Sealer<'_>, now: UnixSecs, batch: u32) 
     // first records are sealed within the sealing interval; older ones before an empty chain had
     // their links deleted: never sealed again (verify names them as unsealed).
     if head.chain_seq == 0
-        && let Some((seq, at)) = store.audit_unsealed().await?.oldest
-        && at < now - s.genesis_within_secs
+        && let Some((seq, at)) = chain_deleted(store, now, s.genesis_within_secs).await?
     {
         tracing::error!(
             audit.seq = seq,
@@ -374,6 +373,17 @@ async fn payment_contradiction(
             }
         }
     }
+}
+
+/// The oldest unsealed record (seq, made at) when the chain is empty yet that record is older than
+/// `within` seconds at `now`: a store's first records are sealed within the sealing interval, so
+/// this is a chain deleted in the database. The sealer never begins a chain over it, and `serve`
+/// refuses the store (`Gateway::audit_chain_deleted`).
+pub async fn chain_deleted(store: &dyn Store, now: UnixSecs, within: i64) -> Result<Option<(i64, i64)>, StoreError> {
+    if store.audit_chain_head().await?.chain_seq != 0 {
+        return Ok(None);
+    }
+    Ok(store.audit_unsealed().await?.oldest.filter(|(_, at)| *at < now - within))
 }
 
 /// The first record not yet sealed that carries no tag: the sealer never seals one, so on a store

@@ -160,16 +160,14 @@ impl Gateway {
     /// chain is begun again over older ones: `audit_chain::Sealer::genesis_within_secs`). `serve`
     /// refuses such a store: the policy and payments it holds are not what the trail proves.
     pub async fn audit_chain_deleted(&self) -> Option<String> {
-        let head = self.store.audit_chain_head().await.ok()?;
-        let (seq, at) = self.store.audit_unsealed().await.ok()?.oldest?;
-        (head.chain_seq == 0 && at < self.clock.now() - self.limits.audit_stale_after_secs).then(|| {
-            format!(
-                "the audit chain is empty, yet record seq {seq} (made at {}) is older than the sealing interval: \
-                 the chain was deleted in the database; this store is not served (run `paygate audit verify`, \
-                 restore the store from a backup)",
-                crate::clock::rfc3339(at)
-            )
-        })
+        let (now, within) = (self.clock.now(), self.limits.audit_stale_after_secs);
+        let (seq, at) = crate::audit_chain::chain_deleted(&*self.store, now, within).await.ok()??;
+        Some(format!(
+            "the audit chain is empty, yet record seq {seq} (made at {}) is older than the sealing interval: the \
+             chain was deleted in the database; this store is not served (run `paygate audit verify`, restore the \
+             store from a backup)",
+            crate::clock::rfc3339(at)
+        ))
     }
 
     /// `Some((unsealed records, age of the oldest in seconds))` when the oldest unsealed record is
