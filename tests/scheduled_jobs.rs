@@ -19,6 +19,7 @@ async fn the_scheduler_archives_audit_records_past_retention_and_they_read_back(
     let clock = Arc::new(ManualClock::new(now_secs()));
     let overrides = [
         ("PAYGATE_AUDIT__RETENTION_DAYS", "1"),
+        ("PAYGATE_AUDIT__SEAL_EVERY_SECS", "1"),
         ("PAYGATE_JOBS__PURGE_EVERY_SECS", "1"),
         ("PAYGATE_JOBS__TICK_MS", "20"),
     ];
@@ -29,6 +30,14 @@ async fn the_scheduler_archives_audit_records_past_retention_and_they_read_back(
     ok(&call(&agent, "create_payment", pay).await);
     let old = app.audit("dev-agent").await;
     assert!(!old.is_empty());
+    // Sealed within the sealing interval, as a store's records are (a chain is never begun over
+    // records older than it: the clock's jump below must come after the first seal).
+    let store = app.running.store.clone();
+    until("the first sealing run", || {
+        let store = store.clone();
+        async move { (store.audit_unsealed().await.unwrap().count == 0).then_some(()) }
+    })
+    .await;
 
     // Two days later the job finds them past retention: archived, then deleted.
     clock.advance(2 * 86_400);
