@@ -701,3 +701,64 @@ async fn a_failing_key_read_sends_nothing_and_the_retry_pays_once() {
     assert_eq!(ledger_payments(&r).await.len(), 1);
     r.app.stop().await;
 }
+
+/// Issue 53: a payment whose answer was lost after the ledger committed, or arrived and could not
+/// be recorded, and that no retry ever settles, left the gateway's record open until a
+/// reconciliation run (every 5 minutes, over the whole day's records). The poll job now asks the
+/// ledger by id — never posting again — and brings the record to the ledger's word; a payment the
+/// ledger never received stays open for the agent's retry and reconciliation.
+#[tokio::test]
+async fn the_poll_job_settles_open_records_from_the_ledgers_word_without_sending_again() {
+    let r = rig().await;
+    let c = &r.client;
+    // Lost after the ledger committed: OUTCOME_UNKNOWN, the record `unknown`.
+    r.proxy.set_mode(Mode::DropResponseAfterForward).await;
+    assert_eq!(code(&call(c, "create_payment", pay("open-lost", "40.00")).await), "OUTCOME_UNKNOWN");
+    // Never reached the ledger (a 500 from in front of it): also `unknown`.
+    r.proxy.set_mode(Mode::Status(500)).await;
+    assert_eq!(code(&call(c, "create_payment", pay("open-never", "60.00")).await), "OUTCOME_UNKNOWN");
+    r.proxy.set_mode(Mode::PassThrough).await;
+    // Paid and answered, but the answer could not be recorded: the record stays `submitting`.
+    fail_writes(&r.app, "UPDATE ON rail_payments");
+    let paid = call(c, "create_payment", pay("open-unrecorded", "50.00")).await;
+    assert_eq!(ok(&paid)["status"], "succeeded", "{paid:?}");
+    gateway_sql(&r.app, "DROP TRIGGER injected_fault");
+
+    let store = &r.app.running.store;
+    let record = |minor: i64| async move {
+        let all = store.rail_since(RailPage { since: 0, after_seq: 0, limit: 100 }).await.unwrap();
+        all.into_iter().map(|(_, rec)| rec).find(|rec| rec.amount_minor == minor).unwrap()
+    };
+    assert_eq!(
+        [record(4000).await.state, record(6000).await.state, record(5000).await.state],
+        [RailState::Unknown, RailState::Unknown, RailState::Submitting]
+    );
+    let posts = || r.proxy.seen().iter().filter(|s| s.method == "POST").count();
+    let posted = posts();
+
+    // Not yet older than the poll's threshold: left alone.
+    assert_eq!(r.app.running.gateway.poll_rails(60, std::time::Duration::from_secs(10)).await, 0);
+    r.clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(60, std::time::Duration::from_secs(10)).await, 2);
+    assert_eq!(posts(), posted, "settled by asking, never by sending again");
+    let held = ledger_payments(&r).await;
+    assert_eq!(held.len(), 2, "the lost one and the unrecorded one");
+    for minor in [4000, 5000] {
+        let rec = record(minor).await;
+        assert_eq!(rec.state, RailState::Succeeded, "{rec:?}");
+        assert_eq!(rec.rail_ref.as_deref(), Some(rec.id.as_str()), "the ledger's word recorded");
+        assert!(held.iter().any(|p| p.id == rec.id));
+    }
+    assert_eq!(record(6000).await.state, RailState::Unknown, "the ledger never received it: still open");
+
+    // The agent's retries: the settled one replays the ledger's payment, the open one is sent
+    // again under the same key and pays once.
+    r.clock.advance(120);
+    let lost = call(c, "create_payment", pay("open-lost", "40.00")).await;
+    assert_eq!(ok(&lost)["payment_id"].as_str(), Some(record(4000).await.id.as_str()), "{lost:?}");
+    assert_eq!(posts(), posted, "a settled record is not sent again");
+    ok(&call(c, "create_payment", pay("open-never", "60.00")).await);
+    assert_eq!(ledger_payments(&r).await.len(), 3);
+    assert_eq!(balance(c, "acct-B").await, "150.00");
+    r.app.stop().await;
+}

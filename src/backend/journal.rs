@@ -188,6 +188,43 @@ impl Journaled {
         let moved = self.store.rail_transition(m, self.clock.now()).await?;
         Ok(moved.is_some_and(|r| r.state.is_terminal()))
     }
+
+    /// One open record (`submitting` or `unknown`: its answer was lost, or arrived and could not be
+    /// recorded) that no retry settled, brought to the backend's word when the backend holds the
+    /// payment — as reconciliation does, within the poll job's interval instead of its window.
+    /// A payment the backend does not hold stays open: a retry with the same operation_id sends it
+    /// again, and reconciliation reports it. Refunds are left to reconciliation (a backend that
+    /// names its own payments keeps no readable refund).
+    async fn settle_open(&self, rec: &RailPayment) -> Result<bool, BackendError> {
+        if rec.kind != PaymentKind::Payment {
+            return Ok(false);
+        }
+        let held = self.payment(&rec.id).await?;
+        let Some(p) = held.filter(|p| {
+            p.kind == PaymentKind::Payment && p.amount_minor == rec.amount_minor && p.currency == rec.currency
+        }) else {
+            // Not held (or held differently: reconciliation reports it). Touched, so the next
+            // run's batch (oldest first) reaches the records behind it.
+            let touch = RailMove {
+                id: &rec.id,
+                from: std::slice::from_ref(&rec.state),
+                to: rec.state,
+                update: RailUpdate::default(),
+            };
+            self.store.rail_transition(touch, self.clock.now()).await?;
+            return Ok(false);
+        };
+        let to = match p.status {
+            PaymentStatus::Succeeded => RailState::Succeeded,
+            PaymentStatus::Failed => RailState::Failed,
+            PaymentStatus::Pending => RailState::Pending,
+        };
+        let update = RailUpdate { rail_ref: Some(p.id.to_string()), ..Default::default() };
+        let from = [RailState::Submitting, RailState::Unknown];
+        let moved =
+            self.store.rail_transition(RailMove { id: &rec.id, from: &from, to, update }, self.clock.now()).await?;
+        Ok(moved.is_some_and(|r| r.state.is_terminal()))
+    }
 }
 
 /// What an unanswered send said, for the rail record's reason.
@@ -332,9 +369,11 @@ impl PaymentBackend for Journaled {
     }
 
     async fn settle_pending(&self, older_than_secs: i64, deadline: std::time::Instant) -> usize {
+        // Pending records, and open ones (sent, answer lost or never recorded) that no retry
+        // settled: the backend's word on each, asked by id, never by sending it again.
         let due = RailQuery {
             rail: Some(self.inner.name().into()),
-            states: vec![RailState::Pending],
+            states: vec![RailState::Pending, RailState::Unknown, RailState::Submitting],
             updated_before: self.clock.now() - older_than_secs,
             limit: SETTLE_BATCH_MAX,
         };
@@ -350,14 +389,16 @@ impl PaymentBackend for Journaled {
             if std::time::Instant::now() >= deadline {
                 break;
             }
-            match self.settle_one(rec).await {
+            let asked =
+                if rec.state == RailState::Pending { self.settle_one(rec).await } else { self.settle_open(rec).await };
+            match asked {
                 Ok(true) => {
                     settled += 1;
-                    tracing::info!(payment_id = %rec.id, backend = self.inner.name(), "pending ledger payment settled");
+                    tracing::info!(payment_id = %rec.id, backend = self.inner.name(), "ledger payment settled from the backend");
                 }
                 Ok(false) => {}
                 Err(error) => {
-                    tracing::warn!(payment_id = %rec.id, %error, "asking the ledger about a pending payment failed")
+                    tracing::warn!(payment_id = %rec.id, %error, "asking the ledger about a payment failed")
                 }
             }
         }
