@@ -37,6 +37,8 @@ const LEDGER_CREDENTIAL: &str = "fault-suite-ledger-credential";
 /// Short, so a pause or a partition outlives an in-flight claim.
 const LEASE_SECS: u64 = 2;
 const WAIT_MS_MAX: u64 = 1500;
+/// Each of a racing pair of partial refunds of a 1.00 payment: both cannot fit.
+const REFUND: &str = "0.60";
 /// A call not answered within this is `unknown`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(4);
 const CLIENTS: usize = 6;
@@ -409,11 +411,27 @@ impl History {
     }
 }
 
-fn args_for(op: &str, refused: bool) -> Value {
-    // The memo carries the operation id, so the checker finds each payment's operation in the database.
+/// One operation a client asks for: a payment (memo = its id, so the checker finds each payment's
+/// operation in the database) or a partial refund (reason = its id).
+#[derive(Clone, Debug)]
+struct Op {
+    id: String,
+    tool: &'static str,
+    args: Value,
+}
+
+/// A payment of 1.00; `refused`: to acct-C, which policy does not allow.
+fn pay_op(id: String, refused: bool) -> Op {
     let to = if refused { "acct-C" } else { "acct-B" };
-    json!({"operation_id": op, "from_account": "acct-A", "to_account": to, "amount": "1.00",
-           "currency": "KES", "memo": op})
+    let args = json!({"operation_id": id, "from_account": "acct-A", "to_account": to, "amount": "1.00",
+                      "currency": "KES", "memo": id});
+    Op { id, tool: "create_payment", args }
+}
+
+/// A partial refund of 0.60 of `payment`: two of them on one payment cannot both succeed.
+fn refund_op(id: String, payment: &str) -> Op {
+    let args = json!({"operation_id": id, "payment_id": payment, "amount": REFUND, "reason": id});
+    Op { id, tool: "refund_payment", args }
 }
 
 /// One client: a connection per replica, re-made after an unknown.
@@ -434,13 +452,25 @@ impl Agent {
         self.conns[r].as_ref()
     }
 
+    /// A second client with the same history and connections of its own (to race this one).
+    fn twin(&self) -> Agent {
+        Agent {
+            urls: self.urls.clone(),
+            token: self.token.clone(),
+            conns: (0..REPLICAS).map(|_| None).collect(),
+            history: self.history.clone(),
+            t0: self.t0,
+        }
+    }
+
     /// One invocation of `op` on replica `r`, recorded; `None` when no connection could be made (not invoked).
-    async fn invoke(&mut self, op: &str, refused: bool, r: usize) -> Option<Outcome> {
+    async fn invoke(&mut self, op: &Op, r: usize) -> Option<Outcome> {
         let (history, t0) = (self.history.clone(), self.t0);
         let c = self.conn(r).await?;
-        history.push(t0, op, r, "invoke", None);
-        let args = args_for(op, refused).as_object().cloned().unwrap();
-        let req = rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args);
+        let op_id = op.id.as_str();
+        history.push(t0, op_id, r, "invoke", None);
+        let args = op.args.as_object().cloned().unwrap();
+        let req = rmcp::model::CallToolRequestParams::new(op.tool).with_arguments(args);
         let outcome = match tokio::time::timeout(CALL_TIMEOUT, c.call_tool(req)).await {
             Ok(Ok(res)) if res.is_error == Some(true) => {
                 let v = res.structured_content.unwrap_or_default();
@@ -463,29 +493,48 @@ impl Agent {
             Outcome::Transient(_) => "fail-transient",
             Outcome::Unknown => "unknown",
         };
-        history.push(t0, op, r, phase, Some(outcome.clone()));
+        history.push(t0, op_id, r, phase, Some(outcome.clone()));
         Some(outcome)
+    }
+
+    /// `op` tried on replica `first`, then the next ones while the answer says nothing about
+    /// whether it happened (at most three tries); the last answer.
+    async fn attempt(&mut self, op: &Op, first: usize) -> Option<Outcome> {
+        let mut last = None;
+        for k in 0..3 {
+            last = self.invoke(op, (first + k) % REPLICAS).await;
+            if last.as_ref().is_some_and(Outcome::determinate) {
+                break;
+            }
+        }
+        last
     }
 }
 
 /// Each client pays under fresh operation ids until the deadline; an unknown or a transient
 /// answer is retried with the same operation id on the next replica (at most three tries, then
 /// it is left for the resolution after healing). Every tenth operation is one policy refuses.
+/// Every fifth payment answered ok is refunded twice at once, 0.60 each, by this client and a
+/// twin on another replica: the two partial refunds race, and at most one may succeed.
 /// The first try of each operation on replica `pin` when given: two clients with the
 /// same `c` pinned to different replicas race every operation id across them.
-async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>) -> Vec<(String, bool)> {
+async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>) -> Vec<Op> {
+    let mut twin = agent.twin();
     let mut ops = Vec::new();
     let mut n = 0;
     while Instant::now() < until {
-        let op = format!("{fault}-c{c}-{n}");
-        let refused = n % 10 == 9;
-        ops.push((op.clone(), refused));
-        for attempt in 0..3 {
-            let r = (pin.unwrap_or(c + n) + attempt) % REPLICAS;
-            if agent.invoke(&op, refused, r).await.is_some_and(|o| o.determinate()) {
-                break;
-            }
+        let op = pay_op(format!("{fault}-c{c}-{n}"), n % 10 == 9);
+        let first = pin.unwrap_or(c + n);
+        let paid = agent.attempt(&op, first).await;
+        if n % 5 == 2
+            && let Some(Outcome::Ok(payment)) = paid
+        {
+            let a = refund_op(format!("{}-ra", op.id), &payment);
+            let b = refund_op(format!("{}-rb", op.id), &payment);
+            tokio::join!(agent.attempt(&a, first + 1), twin.attempt(&b, first + 2));
+            ops.extend([a, b]);
         }
+        ops.push(op);
         n += 1;
     }
     ops
@@ -494,7 +543,7 @@ async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Opt
 /// After healing: every operation without a determinate answer is retried until it has one, and
 /// every refused one is asked once more (it must stay refused). Answered ones are not asked again:
 /// a weakened build would pay those twice with no fault at all, which proves nothing.
-async fn resolve(agent: &mut Agent, ops: &[(String, bool)], c: usize) {
+async fn resolve(agent: &mut Agent, ops: &[Op], c: usize) {
     let deadline = Instant::now() + RESOLVE_FOR;
     let mut last: BTreeMap<String, Outcome> = BTreeMap::new();
     for e in agent.history.events() {
@@ -502,15 +551,14 @@ async fn resolve(agent: &mut Agent, ops: &[(String, bool)], c: usize) {
             last.insert(e.op, o);
         }
     }
-    for (k, (op, refused)) in ops.iter().enumerate() {
-        let ask_again = match last.get(op) {
-            Some(Outcome::Ok(_)) => continue,
-            Some(Outcome::Refused(_)) => true,
-            _ => false,
-        };
+    for (k, op) in ops.iter().enumerate() {
+        if let Some(Outcome::Ok(_)) = last.get(&op.id) {
+            continue;
+        }
         let mut r = (c + k) % REPLICAS;
         while Instant::now() < deadline {
-            if agent.invoke(op, *refused, r).await.is_some_and(|o| o.determinate()) || ask_again {
+            // (A refused one asked again may meet a transient answer too: asked until determinate.)
+            if agent.invoke(op, r).await.is_some_and(|o| o.determinate()) {
                 break;
             }
             r = (r + 1) % REPLICAS;
@@ -533,6 +581,8 @@ struct Row {
     phantom: usize,
     diverged: usize,
     refusal_broken: usize,
+    /// Payments refunded more than once by a racing pair, or beyond their amount.
+    over_refunded: usize,
     /// Operations whose gateway record (`rail_payments`, backends other than the embedded ledger)
     /// is still unsettled after resolution (`submitting`/`unknown`), or names other payments than
     /// the backend made.
@@ -547,6 +597,7 @@ impl Row {
             && self.phantom == 0
             && self.diverged == 0
             && self.refusal_broken == 0
+            && self.over_refunded == 0
             && self.unknown == self.resolved
             && self.disagree == 0
             && self.conserved
@@ -634,11 +685,8 @@ async fn by_memo(db: &tokio_postgres::Client, sql: &str) -> BTreeMap<String, Vec
 async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
     let db = pg().await;
     let money = backend.money_schema();
-    let payments = by_memo(
-        &db,
-        &format!("SELECT memo, id FROM {money}.payments WHERE kind = 'payment' AND memo LIKE '{fault}-%'"),
-    )
-    .await;
+    // Payments and refunds, each by the operation that made it (memo / reason).
+    let payments = by_memo(&db, &format!("SELECT memo, id FROM {money}.payments WHERE memo LIKE '{fault}-%'")).await;
     let mut by_op: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
     for e in events {
         let list = by_op.entry(e.op.as_str()).or_default();
@@ -679,6 +727,13 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
         }
     }
     row.phantom = payments.keys().filter(|m| !by_op.contains_key(m.as_str())).count();
+    // Racing partial refunds of 0.60 on a 1.00 payment: one refund at most, never beyond the amount.
+    row.over_refunded = count(&format!(
+        "SELECT count(*) FROM (SELECT r.refund_of FROM {money}.payments r JOIN {money}.payments p ON p.id = r.refund_of \
+         WHERE r.kind = 'refund' AND r.memo LIKE '{fault}-%' GROUP BY r.refund_of, p.amount_minor \
+         HAVING count(*) > 1 OR sum(r.amount_minor) > p.amount_minor) x"
+    ))
+    .await as usize;
     if backend != Backend::Embedded {
         // The gateway's record follows the backend's: after resolution none is unsettled, and
         // the payments it says succeeded are exactly those the backend made.
@@ -689,7 +744,10 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
         let waiting = Instant::now();
         let mut open = by_memo(&db, &open_sql).await;
         let was_open = open.len();
-        while !open.is_empty() && waiting.elapsed() < SETTLE_WITHIN {
+        // (Not on the weakened build: its retries send new keys, so a record the backend never
+        // received is never sent again, and it is caught anyway.)
+        let settle_within = if cfg!(feature = "weaken-idempotency-for-evals") { Duration::ZERO } else { SETTLE_WITHIN };
+        while !open.is_empty() && waiting.elapsed() < settle_within {
             tokio::time::sleep(Duration::from_millis(500)).await;
             open = by_memo(&db, &open_sql).await;
         }
@@ -702,7 +760,7 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
         }
         let sent = by_memo(
             &db,
-            &format!("SELECT memo, id FROM {gw}.rail_payments WHERE kind = 'payment' AND state = 'succeeded' AND memo LIKE '{fault}-%'"),
+            &format!("SELECT memo, id FROM {gw}.rail_payments WHERE state = 'succeeded' AND memo LIKE '{fault}-%'"),
         )
         .await;
         let ops: BTreeSet<&String> = sent.keys().chain(payments.keys()).chain(open.keys()).collect();
@@ -718,12 +776,12 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
 
 fn table(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| backend | fault | operations | acknowledged | refused | unknown→resolved | duplicates | lost | phantom | diverged | refusal broken | gateway ≠ backend | conservation |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| backend | fault | operations | acknowledged | refused | unknown→resolved | duplicates | lost | phantom | diverged | refusal broken | over-refunded | gateway ≠ backend | conservation |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {}→{} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {}→{} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.backend,
             r.fault,
             r.ops,
@@ -736,6 +794,7 @@ fn table(rows: &[Row]) -> String {
             r.phantom,
             r.diverged,
             r.refusal_broken,
+            r.over_refunded,
             if r.backend == "embedded" { "n/a".to_string() } else { r.disagree.to_string() },
             if r.conserved { "ok" } else { "VIOLATED" }
         );
@@ -977,7 +1036,7 @@ async fn probe_build(url: &str, token: &str, weakened: bool) {
     let c = try_connect(url, token, Era::Modern).await.expect("the probe connects");
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let args = args_for("probe-build", false).as_object().cloned().unwrap();
+        let args = pay_op("probe-build".into(), false).args.as_object().cloned().unwrap();
         let req = rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args);
         let r = c.call_tool(req).await.expect("the probe is answered");
         ids.push(r.structured_content.unwrap_or_default()["payment_id"].clone());

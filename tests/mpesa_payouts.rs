@@ -801,3 +801,78 @@ issuer = ""
     app.assert_secrets_not_logged();
     app.stop().await;
 }
+
+/// Issue 53's outage, as it was found: on the simulator (`init --demo`), pushes the customers
+/// never answer are asked about again and again, and Daraja — and the simulator, faithfully —
+/// answers each status query with HTTP 500 "The transaction is being processed". Counted as
+/// failures, they opened the one breaker all of M-Pesa shared: every push and payout to anyone was
+/// refused. Now: ten pushes unanswered through five minutes of status queries (the poll job's, one
+/// round every ten seconds), and a new push and a payout still go out; the Health page and
+/// /metrics say every M-Pesa circuit is closed.
+#[tokio::test]
+async fn ten_pushes_unanswered_for_five_minutes_leave_pushes_and_payouts_working() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"
+[mpesa]
+enabled = true
+environment = "simulator"
+consumer_key = "demo-consumer-key"
+consumer_secret = "demo-consumer-secret"
+short_code = "174379"
+passkey = "demo-passkey"
+initiator_name = "demo-initiator"
+security_credential = "demo-security-credential"
+callback_secret = "{SECRET}"
+
+[jobs]
+enabled = false
+
+[policy]
+default_profile = "dev"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+client_ids = []
+allowed_accounts = ["acct-A", "mpesa-collections"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "100000.00" }}
+daily_payments_max = 1000
+calls_per_minute = 600
+issuer = ""
+"#
+    );
+    let app = spawn_with_toml(dir.path(), &config, &[], clock.clone()).await;
+    let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    let mut open = Vec::new();
+    for i in 0..10 {
+        let push = ok(&call(c, "request_mpesa_payment", collect(&format!("ignored-{i}"), "10")).await).clone();
+        assert_eq!(push["status"], "pending");
+        open.push(push["payment_id"].as_str().unwrap().to_string());
+    }
+    // Five minutes of status queries, every pending push asked each round, none answered.
+    for _ in 0..30 {
+        clock.advance(10);
+        assert_eq!(poll(&app).await, 0, "nothing settles: the customers never answer");
+    }
+    for id in &open {
+        assert_eq!(payment(c, id).await["status"], "pending", "still open, never failed by the queries");
+    }
+    let pushed = call(c, "request_mpesa_payment", collect("after-five-minutes", "25")).await;
+    assert_eq!(ok(&pushed)["status"], "pending", "a new push still goes out: {pushed:?}");
+    let paid = call(c, "send_mpesa_payout", payout("payout-after-five-minutes", "30")).await;
+    assert!(matches!(ok(&paid)["status"].as_str(), Some("pending" | "succeeded")), "a payout still goes out: {paid:?}");
+
+    let ops = app.operator_token("ops", "payments:audit");
+    let (_, health) = operator(&app, reqwest::Method::GET, "/operator/v1/health", &ops, None).await;
+    let rail = health["checks"].as_array().unwrap().iter().find(|c| c["name"] == "rail").unwrap().clone();
+    assert_eq!(rail["ok"], true, "{health}");
+    let metrics = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
+    let circuits: Vec<&str> =
+        metrics.lines().filter(|l| l.starts_with("paygate_rail_breaker_open{rail=\"mpesa\"")).collect();
+    assert!(!circuits.is_empty(), "{metrics}");
+    assert!(circuits.iter().all(|l| l.ends_with(" 0")), "every M-Pesa circuit closed: {circuits:?}");
+    app.stop().await;
+}

@@ -196,12 +196,16 @@ impl Journaled {
     /// again, and reconciliation reports it. Refunds are left to reconciliation (a backend that
     /// names its own payments keeps no readable refund).
     async fn settle_open(&self, rec: &RailPayment) -> Result<bool, BackendError> {
-        if rec.kind != PaymentKind::Payment {
+        if rec.kind == PaymentKind::Refund && self.inner.names_its_payments() {
+            // Its refunds are read from the gateway's own record: nothing to ask.
             return Ok(false);
         }
         let held = self.payment(&rec.id).await?;
         let Some(p) = held.filter(|p| {
-            p.kind == PaymentKind::Payment && p.amount_minor == rec.amount_minor && p.currency == rec.currency
+            p.kind == rec.kind
+                && p.refund_of == rec.refund_of
+                && p.amount_minor == rec.amount_minor
+                && p.currency == rec.currency
         }) else {
             // Not held (or held differently: reconciliation reports it). Touched, so the next
             // run's batch (oldest first) reaches the records behind it.
