@@ -10,6 +10,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
+#[path = "common/wallet.rs"]
+mod wallet;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -34,6 +36,9 @@ const LEDGER_ADDR: &str = "10.77.0.20";
 const LEDGER_PORT: u16 = 8090;
 const LEDGER_SCHEMA: &str = "ledger";
 const LEDGER_CREDENTIAL: &str = "fault-suite-ledger-credential";
+/// The wallet service's fake (tests/common/wallet.rs), served by this process on the bridge's
+/// host address: the replicas reach it over their veths, and the faults cut their side.
+const WALLET_PORT: u16 = 18090;
 /// Short, so a pause or a partition outlives an in-flight claim.
 const LEASE_SECS: u64 = 2;
 const WAIT_MS_MAX: u64 = 1500;
@@ -230,6 +235,10 @@ enum Backend {
     /// `backend.kind = "http"`: `paygate ledger-serve` in its own namespace, on its own schema of
     /// the same cluster; the gateway keeps its own record (`rail_payments`) of what it sent.
     Http,
+    /// `backend.kind = "wallet-service"`: the wallet service's fake (its saga settles at once), on
+    /// the host's bridge address; the gateway keeps its own record, and the service names its
+    /// payments (the record's `rail_ref`).
+    Wallet,
 }
 
 impl Backend {
@@ -237,20 +246,27 @@ impl Backend {
         match self {
             Backend::Embedded => "embedded",
             Backend::Http => "http",
+            Backend::Wallet => "wallet",
         }
+    }
+    /// Whether the workload refunds (the wallet fake's refunds are not read back by the checker).
+    fn refunds(self) -> bool {
+        self != Backend::Wallet
     }
     /// The gateway replicas' schema.
     fn schema(self) -> &'static str {
         match self {
             Backend::Embedded => SCHEMA,
             Backend::Http => "faults_http",
+            Backend::Wallet => "faults_wallet",
         }
     }
-    /// Where the payments the backend made are: its own records, not the gateway's.
+    /// Where the payments the backend made are: its own records, not the gateway's (the wallet
+    /// fake's are in this process).
     fn money_schema(self) -> &'static str {
         match self {
             Backend::Embedded => SCHEMA,
-            Backend::Http => LEDGER_SCHEMA,
+            Backend::Http | Backend::Wallet => LEDGER_SCHEMA,
         }
     }
     /// The claim lease: short, so a pause or a partition outlives an in-flight claim; over http it
@@ -258,7 +274,7 @@ impl Backend {
     fn lease_secs(self) -> u64 {
         match self {
             Backend::Embedded => LEASE_SECS,
-            Backend::Http => LEASE_SECS + 1,
+            Backend::Http | Backend::Wallet => LEASE_SECS + 1,
         }
     }
     fn faults(self) -> Vec<Fault> {
@@ -281,6 +297,9 @@ impl Backend {
                 Fault::Pause,
                 Fault::PgRestart,
             ],
+            Backend::Wallet => {
+                vec![Fault::PartitionWallet, Fault::WalletAnswersLost, Fault::Kill, Fault::Pause, Fault::PgRestart]
+            }
         }
     }
 }
@@ -324,6 +343,16 @@ fn spawn_replica(i: usize, clock: bool, backend: Backend) -> (Child, String, Str
             // settled from the ledger's word by the poll job: within a few seconds here.
             .env("PAYGATE_JOBS__MPESA_POLL_EVERY_SECS", "1")
             .env("PAYGATE_MPESA__QUERY_AFTER_SECS", SETTLE_AFTER_SECS.to_string());
+    }
+    if backend == Backend::Wallet {
+        cmd.env("PAYGATE_BACKEND__KIND", "wallet-service")
+            .env("PAYGATE_BACKEND__HTTP_URL", format!("http://{HOST_ADDR}:{WALLET_PORT}"))
+            .env("PAYGATE_BACKEND__WALLET_MERCHANT_ID", wallet::MERCHANT)
+            .env("PAYGATE_BACKEND__WALLET_ACCOUNTS", wallet::accounts_toml())
+            .env("PAYGATE_BACKEND__HTTP_CONNECT_TIMEOUT_MS", "500")
+            .env("PAYGATE_BACKEND__HTTP_REQUEST_TIMEOUT_MS", "1500")
+            .env("PAYGATE_BACKEND__HTTP_RETRIES_MAX", "0")
+            .env("PAYGATE_BACKEND__HTTP_BREAKER_OPEN_MS", "2000");
     }
     if clock {
         cmd.env("LD_PRELOAD", FAKETIME_LIB)
@@ -518,7 +547,7 @@ impl Agent {
 /// twin on another replica: the two partial refunds race, and at most one may succeed.
 /// The first try of each operation on replica `pin` when given: two clients with the
 /// same `c` pinned to different replicas race every operation id across them.
-async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>) -> Vec<Op> {
+async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>, refunds: bool) -> Vec<Op> {
     let mut twin = agent.twin();
     let mut ops = Vec::new();
     let mut n = 0;
@@ -526,7 +555,8 @@ async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Opt
         let op = pay_op(format!("{fault}-c{c}-{n}"), n % 10 == 9);
         let first = pin.unwrap_or(c + n);
         let paid = agent.attempt(&op, first).await;
-        if n % 5 == 2
+        if refunds
+            && n % 5 == 2
             && let Some(Outcome::Ok(payment)) = paid
         {
             let a = refund_op(format!("{}-ra", op.id), &payment);
@@ -680,13 +710,20 @@ async fn by_memo(db: &tokio_postgres::Client, sql: &str) -> BTreeMap<String, Vec
 }
 
 /// The checker: the history of one fault kind against the final database — the backend's own
-/// records of what it paid (the embedded ledger's tables, or the ledger service's), and for an
-/// external backend the gateway's record of what it sent.
-async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
+/// records of what it paid (the embedded ledger's tables, the ledger service's, or the wallet
+/// fake's), and for an external backend the gateway's record of what it sent.
+async fn check(backend: Backend, fault: &str, events: &[Event], wallet: Option<(&wallet::WalletFake, usize)>) -> Row {
     let db = pg().await;
     let money = backend.money_schema();
-    // Payments and refunds, each by the operation that made it (memo / reason).
-    let payments = by_memo(&db, &format!("SELECT memo, id FROM {money}.payments WHERE memo LIKE '{fault}-%'")).await;
+    // Payments and refunds, each by the operation that made it (memo / reason); the wallet fake's
+    // by the gateway records that name them, and those no record names.
+    let (payments, untracked) = match wallet {
+        None => {
+            let sql = format!("SELECT memo, id FROM {money}.payments WHERE memo LIKE '{fault}-%'");
+            (by_memo(&db, &sql).await, 0)
+        }
+        Some((fake, from)) => wallet_payments(&db, backend.schema(), fault, fake, from).await,
+    };
     let mut by_op: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
     for e in events {
         let list = by_op.entry(e.op.as_str()).or_default();
@@ -726,14 +763,18 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
             }
         }
     }
-    row.phantom = payments.keys().filter(|m| !by_op.contains_key(m.as_str())).count();
+    row.phantom = payments.keys().filter(|m| !by_op.contains_key(m.as_str())).count() + untracked;
     // Racing partial refunds of 0.60 on a 1.00 payment: one refund at most, never beyond the amount.
-    row.over_refunded = count(&format!(
+    row.over_refunded = if !backend.refunds() {
+        0
+    } else {
+        count(&format!(
         "SELECT count(*) FROM (SELECT r.refund_of FROM {money}.payments r JOIN {money}.payments p ON p.id = r.refund_of \
          WHERE r.kind = 'refund' AND r.memo LIKE '{fault}-%' GROUP BY r.refund_of, p.amount_minor \
          HAVING count(*) > 1 OR sum(r.amount_minor) > p.amount_minor) x"
     ))
-    .await as usize;
+    .await as usize
+    };
     if backend != Backend::Embedded {
         // The gateway's record follows the backend's: after resolution none is unsettled, and
         // the payments it says succeeded are exactly those the backend made.
@@ -746,7 +787,13 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
         let was_open = open.len();
         // (Not on the weakened build: its retries send new keys, so a record the backend never
         // received is never sent again, and it is caught anyway.)
-        let settle_within = if cfg!(feature = "weaken-idempotency-for-evals") { Duration::ZERO } else { SETTLE_WITHIN };
+        // (Nor on the wallet service: it names its payments, so a record never answered has no
+        // name to ask by; the clients' retries settle those.)
+        let settle_within = if cfg!(feature = "weaken-idempotency-for-evals") || backend == Backend::Wallet {
+            Duration::ZERO
+        } else {
+            SETTLE_WITHIN
+        };
         while !open.is_empty() && waiting.elapsed() < settle_within {
             tokio::time::sleep(Duration::from_millis(500)).await;
             open = by_memo(&db, &open_sql).await;
@@ -770,8 +817,63 @@ async fn check(backend: Backend, fault: &str, events: &[Event]) -> Row {
             eprintln!("faults: {fault}: gateway records unsettled {open:?}");
         }
     }
-    row.conserved = conserved(money).await;
+    row.conserved = match wallet {
+        None => conserved(money).await,
+        Some((fake, _)) => wallet_conserved(fake),
+    };
     row
+}
+
+/// The wallet fake's payments of this kind (made since `from`), as the checker counts payments:
+/// `memo → [gateway record id]` for the records whose `rail_ref` names a payment the service
+/// made (`SUCCEEDED`), and how many such payments no record names (money moved the gateway does
+/// not know of).
+async fn wallet_payments(
+    db: &tokio_postgres::Client,
+    gw: &str,
+    fault: &str,
+    fake: &wallet::WalletFake,
+    from: usize,
+) -> (BTreeMap<String, Vec<String>>, usize) {
+    // The gateway's reference for a payment the service named: `pay_<its UUID's 32 hex digits>`.
+    let made: BTreeSet<String> = fake.payments()[from..]
+        .iter()
+        .filter(|p| p.status == "SUCCEEDED")
+        .map(|p| format!("pay_{}", p.id.replace('-', "").to_ascii_lowercase()))
+        .collect();
+    let mut payments: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut named = BTreeSet::new();
+    let sql = format!("SELECT memo, id, COALESCE(rail_ref, '') FROM {gw}.rail_payments WHERE memo LIKE '{fault}-%'");
+    for m in db.simple_query(&sql).await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            let rail_ref = r.get(2).unwrap().to_string();
+            if made.contains(&rail_ref) {
+                payments.entry(r.get(0).unwrap().to_string()).or_default().push(r.get(1).unwrap().to_string());
+                named.insert(rail_ref);
+            }
+        }
+    }
+    for ids in payments.values_mut() {
+        ids.sort();
+    }
+    (payments, made.len() - named.len())
+}
+
+/// The wallet fake's ledger: legs sum to zero, balances are their postings, and what acct-B
+/// received is exactly what its succeeded payments carried (and acct-A paid it).
+fn wallet_conserved(fake: &wallet::WalletFake) -> bool {
+    let paid: i64 = fake.payments().iter().filter(|p| p.status == "SUCCEEDED").map(|p| p.amount).sum();
+    let opening_a = wallet::ACCOUNTS.iter().find(|(id, _, _)| *id == "acct-A").unwrap().2;
+    let ok = fake.balanced() && fake.balance("acct-B") == paid && fake.balance("acct-A") == opening_a - paid;
+    if !ok {
+        eprintln!(
+            "conservation (wallet): balanced {}, acct-B {} vs paid {paid}, acct-A {}",
+            fake.balanced(),
+            fake.balance("acct-B"),
+            fake.balance("acct-A")
+        );
+    }
+    ok
 }
 
 fn table(rows: &[Row]) -> String {
@@ -832,6 +934,12 @@ enum Fault {
     LedgerDegrade,
     /// The ledger service SIGKILLed with calls in flight, restarted FAULT_FOR later.
     LedgerKill,
+    /// Replica 0 cannot reach the wallet service nor it replica 0 (iptables DROP on the service's
+    /// port in the replica's namespace).
+    PartitionWallet,
+    /// The wallet service's answers to replica 1 are dropped (iptables INPUT DROP from its port
+    /// in the replica's namespace): requests reach it and are applied, answers never arrive.
+    WalletAnswersLost,
 }
 
 impl Fault {
@@ -848,12 +956,16 @@ impl Fault {
             Fault::AnswersLost => "ledger-answers-lost",
             Fault::LedgerDegrade => "ledger-delay-loss-tbf",
             Fault::LedgerKill => "sigkill-ledger",
+            Fault::PartitionWallet => "partition-replica-wallet",
+            Fault::WalletAnswersLost => "wallet-answers-lost",
         }
     }
 }
 
 struct Suite {
     backend: Backend,
+    /// The wallet service's fake (backend `wallet`).
+    wallet: Option<Arc<wallet::WalletFake>>,
     lab: Lab,
     urls: Arc<Vec<String>>,
     token: Arc<String>,
@@ -913,6 +1025,21 @@ impl Suite {
                 c.kill().unwrap();
                 c.wait().unwrap();
             }
+            Fault::PartitionWallet => {
+                let n = ns(0);
+                must(&format!(
+                    "ip netns exec {n} iptables -w -I OUTPUT -d {HOST_ADDR} -p tcp --dport {WALLET_PORT} -j DROP"
+                ));
+                must(&format!(
+                    "ip netns exec {n} iptables -w -I INPUT -s {HOST_ADDR} -p tcp --sport {WALLET_PORT} -j DROP"
+                ));
+            }
+            Fault::WalletAnswersLost => {
+                let n = ns(1);
+                must(&format!(
+                    "ip netns exec {n} iptables -w -I INPUT -s {HOST_ADDR} -p tcp --sport {WALLET_PORT} -j DROP"
+                ));
+            }
         }
     }
 
@@ -942,6 +1069,8 @@ impl Suite {
                 sh(&format!("ip netns exec {LEDGER_NS} tc qdisc del dev pgf-nl root"));
             }
             Fault::LedgerKill => self.lab.ledger = Some(spawn_ledger()),
+            Fault::PartitionWallet => must(&format!("ip netns exec {} iptables -w -F", ns(0))),
+            Fault::WalletAnswersLost => must(&format!("ip netns exec {} iptables -w -F", ns(1))),
         }
     }
 
@@ -959,6 +1088,12 @@ impl Suite {
         let racers: &[(usize, Option<usize>)] =
             if matches!(fault, Fault::ClockStep) { &[(CLIENTS, Some(REPLICAS - 1)), (CLIENTS, Some(0))] } else { &[] };
         let clients = (0..CLIENTS).map(|c| (c, None)).chain(racers.iter().copied());
+        let refunds = self.backend.refunds();
+        // The wallet fake's payments made before this kind are not this kind's.
+        let wallet = self.wallet.clone().map(|w| {
+            let from = w.payments().len();
+            (w, from)
+        });
         for (c, pin) in clients {
             let mut agent = Agent {
                 urls: self.urls.clone(),
@@ -968,7 +1103,7 @@ impl Suite {
                 t0,
             };
             tasks.spawn(async move {
-                let ops = load(&mut agent, name, c, until, pin).await;
+                let ops = load(&mut agent, name, c, until, pin, refunds).await;
                 (agent, ops, c)
             });
         }
@@ -994,7 +1129,7 @@ impl Suite {
         }
         let events = history.events();
         write_history(name, &events);
-        let mut row = check(self.backend, name, &events).await;
+        let mut row = check(self.backend, name, &events, wallet.as_ref().map(|(w, from)| (w.as_ref(), *from))).await;
         row.fault = fault.name().to_string();
         if matches!(fault, Fault::ClockStep) {
             // The step took: replica 2 stamped payments 30 s ahead of, or behind, the real clock.
@@ -1103,7 +1238,7 @@ async fn faults_keep_every_payment_exactly_once() {
     }
     network();
     postgres();
-    let mut backends = vec![Backend::Embedded, Backend::Http];
+    let mut backends = vec![Backend::Embedded, Backend::Http, Backend::Wallet];
     if let Ok(only) = std::env::var("PAYGATE_FAULTS_BACKENDS") {
         backends.retain(|b| only.split(',').any(|o| o == b.name()));
     }
@@ -1115,6 +1250,12 @@ async fn faults_keep_every_payment_exactly_once() {
         if backend == Backend::Http {
             lab.ledger = Some(spawn_ledger());
         }
+        let wallet = match backend {
+            Backend::Wallet => {
+                Some(Arc::new(wallet::WalletFake::start_on(&format!("{HOST_ADDR}:{WALLET_PORT}")).await))
+            }
+            _ => None,
+        };
         let mut urls = Vec::new();
         let mut token = String::new();
         for i in 0..REPLICAS {
@@ -1128,7 +1269,7 @@ async fn faults_keep_every_payment_exactly_once() {
         wait_ready(&urls);
         probe_build(&urls[0], &token, weakened).await;
         eprintln!("faults: {}: {REPLICAS} replicas up in {:?}", backend.name(), up.elapsed());
-        let mut suite = Suite { backend, lab, urls: Arc::new(urls), token: Arc::new(token), clock, iptables };
+        let mut suite = Suite { backend, wallet, lab, urls: Arc::new(urls), token: Arc::new(token), clock, iptables };
         let mut faults = backend.faults();
         if let Some(only) = &only {
             faults.retain(|f| only.split(',').any(|o| o == f.name()));
@@ -1137,7 +1278,14 @@ async fn faults_keep_every_payment_exactly_once() {
             if matches!(f, Fault::ClockStep) && !suite.clock {
                 continue;
             }
-            let needs_iptables = matches!(f, Fault::PartitionClients | Fault::PartitionLedger | Fault::AnswersLost);
+            let needs_iptables = matches!(
+                f,
+                Fault::PartitionClients
+                    | Fault::PartitionLedger
+                    | Fault::AnswersLost
+                    | Fault::PartitionWallet
+                    | Fault::WalletAnswersLost
+            );
             if needs_iptables && !suite.iptables {
                 common::skipped(&format!("faults: iptables could not be installed; {}", f.name()));
                 continue;

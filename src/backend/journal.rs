@@ -23,6 +23,7 @@ use super::{
     PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
+use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
 use crate::domain::payment::Attempt;
@@ -31,6 +32,11 @@ use crate::domain::rail::{RailFlow, RailPayment, RailQuery, RailState, RailUpdat
 use crate::domain::rules::fate::{self, Verdict};
 use crate::domain::rules::rail as rules;
 use crate::store::Store;
+
+/// Writes of a backend's answer to its record before giving up (`record_answer`), and the wait
+/// before the second, doubling after each: 100 + 200 + 400 + 800 + 1600 ms, about 3 s in all.
+const RECORD_ANSWER_TRIES: u32 = 6;
+const RECORD_ANSWER_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Most pending records one `settle_pending` run asks the backend about.
 pub const SETTLE_BATCH_MAX: u32 = 100;
@@ -64,10 +70,11 @@ impl Journaled {
                     PaymentStatus::Failed => RailState::Failed,
                 };
                 let update = RailUpdate { rail_ref: Some(payment.id.to_string()), ..Default::default() };
-                if let Err(error) =
-                    self.store.rail_transition(RailMove { id: &rec.id, from: &open, to: state, update }, now).await
-                {
-                    // The backend holds the payment; reconciliation brings the record up to date.
+                let answer = RailMove { id: &rec.id, from: &open, to: state, update };
+                if let Err(error) = self.record_answer(answer, now).await {
+                    // The backend holds the payment. The poll job asks a backend named by the
+                    // gateway's id; one that names its own payments is settled by the agent's
+                    // retry (the same key replays), else reconciliation reports it.
                     tracing::error!(payment_id = %rec.id, %error, "recording a rail payment's outcome failed");
                 }
                 if self.inner.names_its_payments() {
@@ -123,6 +130,27 @@ impl Journaled {
                     Err(error)
                 }
             },
+        }
+    }
+
+    /// The backend's answer written to the record, tried again a few times over a store that
+    /// just went away (a database restart or failover takes about a second): the answer may be
+    /// the only word the gateway gets of a payment the backend named itself.
+    async fn record_answer(&self, answer: RailMove<'_>, now: crate::clock::UnixSecs) -> Result<(), StoreError> {
+        let mut wait = RECORD_ANSWER_FIRST_WAIT;
+        let mut tries = 1;
+        loop {
+            let m = RailMove { id: answer.id, from: answer.from, to: answer.to, update: answer.update.clone() };
+            match self.store.rail_transition(m, now).await {
+                Ok(_) => return Ok(()),
+                Err(StoreError::Database(e)) if tries < RECORD_ANSWER_TRIES => {
+                    tracing::warn!(payment_id = %answer.id, error = %e, tries, "recording a rail payment's outcome failed; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                    tries += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 

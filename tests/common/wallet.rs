@@ -145,6 +145,11 @@ pub struct WalletFake {
 
 impl WalletFake {
     pub async fn start() -> WalletFake {
+        WalletFake::start_on("127.0.0.1:0").await
+    }
+
+    /// The fake listening on `bind` (the fault suite's: an address its replicas reach).
+    pub async fn start_on(bind: &str) -> WalletFake {
         let mut inner = Inner { saga: Some(Saga::Settle), ..Default::default() };
         for (_, uuid, opening) in ACCOUNTS {
             inner
@@ -162,7 +167,7 @@ impl WalletFake {
             .route("/v1/accounts/{id}/ledger", get(ledger))
             .route("/v1/reconciliation/report", get(report))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
