@@ -695,16 +695,10 @@ async fn business_payments_need_their_scope_and_a_human_over_the_limit() {
     r.app.stop().await;
 }
 
-/// The Daraja simulator inside the gateway (`mpesa.environment = "simulator"`), driven as a
-/// newcomer drives it: an STK push answered on the simulator goes pending → paid (confirmed by the
-/// gateway's own STK query to it); a paybill and a till payment each pay once; a lost answer is
-/// never re-sent and the Transaction Status query settles it; over the limit a human is needed;
-/// only an operator with payments:admin plays the customer.
-#[tokio::test]
-async fn the_simulator_answers_like_daraja_and_a_person_plays_the_customer() {
-    let clock = Arc::new(ManualClock::new(SystemClock.now()));
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
+/// The gateway with the Daraja simulator inside it (`mpesa.environment = "simulator"`, what
+/// `init --demo` writes), jobs off (the tests run the poll job themselves), one agent profile.
+fn simulator_config() -> String {
+    format!(
         r#"
 [mpesa]
 enabled = true
@@ -735,7 +729,19 @@ daily_payments_max = 1000
 calls_per_minute = 600
 issuer = ""
 "#
-    );
+    )
+}
+
+/// The Daraja simulator inside the gateway (`mpesa.environment = "simulator"`), driven as a
+/// newcomer drives it: an STK push answered on the simulator goes pending → paid (confirmed by the
+/// gateway's own STK query to it); a paybill and a till payment each pay once; a lost answer is
+/// never re-sent and the Transaction Status query settles it; over the limit a human is needed;
+/// only an operator with payments:admin plays the customer.
+#[tokio::test]
+async fn the_simulator_answers_like_daraja_and_a_person_plays_the_customer() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let dir = tempfile::tempdir().unwrap();
+    let config = simulator_config();
     let app = spawn_with_toml(dir.path(), &config, &[], clock.clone()).await;
     let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
     let control = format!("{}/simulator/control/mpesa", app.base());
@@ -813,37 +819,7 @@ issuer = ""
 async fn ten_pushes_unanswered_for_five_minutes_leave_pushes_and_payouts_working() {
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        r#"
-[mpesa]
-enabled = true
-environment = "simulator"
-consumer_key = "demo-consumer-key"
-consumer_secret = "demo-consumer-secret"
-short_code = "174379"
-passkey = "demo-passkey"
-initiator_name = "demo-initiator"
-security_credential = "demo-security-credential"
-callback_secret = "{SECRET}"
-
-[jobs]
-enabled = false
-
-[policy]
-default_profile = "dev"
-
-[[policy.profiles]]
-name = "dev"
-subjects = ["dev-agent"]
-client_ids = []
-allowed_accounts = ["acct-A", "mpesa-collections"]
-autonomous_limit = {{ KES = "1000.00" }}
-daily_limit = {{ KES = "100000.00" }}
-daily_payments_max = 1000
-calls_per_minute = 600
-issuer = ""
-"#
-    );
+    let config = simulator_config();
     let app = spawn_with_toml(dir.path(), &config, &[], clock.clone()).await;
     let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
     let mut open = Vec::new();
