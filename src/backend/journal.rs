@@ -221,8 +221,8 @@ impl Journaled {
     /// recorded) that no retry settled, brought to the backend's word when the backend holds the
     /// payment — as reconciliation does, within the poll job's interval instead of its window.
     /// A payment the backend does not hold stays open: a retry with the same operation_id sends it
-    /// again, and reconciliation reports it. Refunds are left to reconciliation (a backend that
-    /// names its own payments keeps no readable refund).
+    /// again, and reconciliation reports it. Refunds are asked about like payments, except on a
+    /// backend that names its own payments (it keeps no readable refund): reconciliation's.
     async fn settle_open(&self, rec: &RailPayment) -> Result<bool, BackendError> {
         if rec.kind == PaymentKind::Refund && self.inner.names_its_payments() {
             // Its refunds are read from the gateway's own record: nothing to ask.
