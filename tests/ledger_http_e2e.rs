@@ -601,7 +601,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         updated_at: 0,
         flow: paygate::domain::rail::RailFlow::Ledger,
     };
-    assert!(gateway_store.rail_open(rec, budget(), r.clock.now()).await.unwrap().created);
+    assert!(gateway_store.rail_open(rec, budget(), None, r.clock.now()).await.unwrap().created);
     let applied = r.ledger.ledger_transfer(request(&first_id), r.clock.now()).await.unwrap();
     // Attempt 2 cannot reach the ledger: the outcome is unknown, not "nothing moved".
     r.proxy.set_mode(Mode::Refuse).await;

@@ -428,6 +428,7 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
         principal_sub: "dev-agent".into(),
         principal_user: None,
         guards: Default::default(),
+        audit: None,
     };
     let collection = Collection {
         order: order.clone(),

@@ -803,7 +803,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     };
     store.ledger_refund(refund, 7_400).await.unwrap();
     let rec = RailPayment { rail: "mpesa".into(), ..rail(&PaymentId::generate(), "mpesa-op", 2_500) };
-    store.rail_open(rec, Guards::default(), 7_500).await.unwrap();
+    store.rail_open(rec, Guards::default(), None, 7_500).await.unwrap();
 
     let all = store.ops_payments(OpsPaymentQuery { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(all.len(), 5, "{label}");
@@ -1137,7 +1137,7 @@ contract!(outbound_records_keep_their_flow_and_settle_once_from_any_open_state, 
             rail_ref: Some(id.to_string()),
             ..rail(&id, &format!("payout-{i}"), 500)
         };
-        store.rail_open(rec, Guards::default(), 10).await.unwrap();
+        store.rail_open(rec, Guards::default(), None, 10).await.unwrap();
         if open != RailState::Submitting {
             let moved = store
                 .rail_transition(
@@ -1166,7 +1166,7 @@ contract!(outbound_records_keep_their_flow_and_settle_once_from_any_open_state, 
     }
     let id = PaymentId::generate();
     let rec = RailPayment { rail: "mpesa".into(), flow: RailFlow::Collection, ..rail(&id, "collect-1", 500) };
-    store.rail_open(rec, Guards::default(), 10).await.unwrap();
+    store.rail_open(rec, Guards::default(), None, 10).await.unwrap();
     let early = store.rail_transition(
         RailMove {
             id: &id,
@@ -1189,19 +1189,19 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
         payee: None,
     };
     let (p1, p2, p3) = (PaymentId::generate(), PaymentId::generate(), PaymentId::generate());
-    let r1 = store.rail_open(rail(&p1, "k1", 2_000), budget(), 10).await.unwrap();
+    let r1 = store.rail_open(rail(&p1, "k1", 2_000), budget(), None, 10).await.unwrap();
     assert_eq!((r1.rec.state, r1.rec.created_at, r1.created), (RailState::Submitting, 10, true));
     // The same key again: the first record, nothing drawn twice (its id wins over the new one).
-    let again = store.rail_open(rail(&PaymentId::generate(), "k1", 2_000), budget(), 11).await.unwrap();
+    let again = store.rail_open(rail(&PaymentId::generate(), "k1", 2_000), budget(), None, 11).await.unwrap();
     assert_eq!((again.rec.id, again.created), (p1.clone(), false), "{label}: an earlier attempt's record");
     assert!(matches!(
-        store.rail_open(rail(&p2, "k2", 2_000), budget(), 12).await,
+        store.rail_open(rail(&p2, "k2", 2_000), budget(), None, 12).await,
         Err(BackendError::BudgetExceeded(_))
     ));
     // Abandoning the first gives its 2000 back: now the second fits.
     assert!(store.rail_abandon(&p1).await.unwrap());
     assert!(store.rail_get(&p1).await.unwrap().is_none());
-    store.rail_open(rail(&p2, "k2", 2_000), budget(), 13).await.unwrap();
+    store.rail_open(rail(&p2, "k2", 2_000), budget(), None, 13).await.unwrap();
     // Forward moves only from the expected states; a late or duplicate move changes nothing.
     let update = RailUpdate { rail_ref: Some("ref-2".into()), ..Default::default() };
     let sent = store
@@ -1228,7 +1228,7 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
     assert!(late.unwrap().is_none(), "{label}: terminal states never change");
     assert!(!store.rail_abandon(&p2).await.unwrap(), "only an unsent record can be abandoned");
     // A failure gives the draw back too.
-    store.rail_open(rail(&p3, "k3", 1_000), budget(), 17).await.unwrap();
+    store.rail_open(rail(&p3, "k3", 1_000), budget(), None, 17).await.unwrap();
     store
         .rail_transition(
             RailMove { id: &p3, from: &[RailState::Submitting], to: RailState::Failed, update: RailUpdate::default() },
@@ -1236,7 +1236,7 @@ contract!(rail_records_draw_guards_once_and_give_them_back_when_nothing_moved, |
         )
         .await
         .unwrap();
-    store.rail_open(rail(&PaymentId::generate(), "k4", 1_000), budget(), 19).await.unwrap();
+    store.rail_open(rail(&PaymentId::generate(), "k4", 1_000), budget(), None, 19).await.unwrap();
     // Listing and paging.
     let submitting = |rail: Option<&str>| RailQuery {
         rail: rail.map(str::to_string),
@@ -1280,7 +1280,7 @@ contract!(rail_records_list_as_payments_filtered_and_paged, |store, label| async
     };
     let open = |rec: RailPayment, at: i64| {
         let store = store.clone();
-        async move { store.rail_open(rec, Guards::default(), at).await.unwrap().rec.id }
+        async move { store.rail_open(rec, Guards::default(), None, at).await.unwrap().rec.id }
     };
     let a = open(mpesa("mpesa-collections", "a"), 10).await;
     let b = open(mpesa("mpesa-collections", "b"), 20).await;

@@ -283,6 +283,7 @@ fn ledger_order(key: &str, payment_id: &PaymentId, principal_sub: &str, principa
         principal_sub: principal_sub.to_string(),
         principal_user: principal_user.map(str::to_string),
         guards: Guards::default(),
+        audit: None,
     }
 }
 
@@ -300,7 +301,7 @@ impl PaymentBackend for Journaled {
         let (from, to) = (req.from_account.clone(), req.to_account.clone());
         let mut rec = order.record(self.inner.name(), (RailFlow::Ledger, PaymentKind::Payment), from, to, req.amount);
         rec.memo = req.memo.clone();
-        let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let opened = self.store.rail_open(rec, req.guards.clone(), req.attempt.audit.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Payment
             || rec.from_account != req.from_account
@@ -357,7 +358,7 @@ impl PaymentBackend for Journaled {
         let mut rec = order.record(self.inner.name(), (RailFlow::Ledger, PaymentKind::Refund), from, to, amount);
         rec.refund_of = Some(req.payment_id.clone());
         rec.memo = req.reason.clone();
-        let opened = self.store.rail_open(rec, req.guards.clone(), self.clock.now()).await?;
+        let opened = self.store.rail_open(rec, req.guards.clone(), req.attempt.audit.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Refund || rec.refund_of.as_ref() != Some(&req.payment_id) {
             return Err(BackendError::IdempotencyKeyReused);

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 
 use super::{BackendError, Guards, Payment, PaymentKind};
 use crate::clock::Clock;
+use crate::domain::audit::AuditRecord;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
@@ -191,9 +192,16 @@ pub struct RailOrder {
     /// The user the agent acts for, if it does.
     pub principal_user: Option<String>,
     pub guards: Guards,
+    /// The "submitted" audit record naming `payment_id`, appended with the record when it opens.
+    pub audit: Option<AuditRecord>,
 }
 
 impl RailOrder {
+    /// What its record's opening draws and appends: the guards and the "submitted" record.
+    pub fn terms(&self) -> (Guards, Option<AuditRecord>) {
+        (self.guards.clone(), self.audit.clone())
+    }
+
     /// The record a rail (or the journal around an external ledger) opens for this order before it
     /// sends anything: `Submitting`, moving `amount` from `from` to `to`; `rail_open` stamps it and
     /// names its mandate. The sender fills in what else it knows (memo, phone, reference).
@@ -460,6 +468,7 @@ pub async fn settle_record(
     rec: &RailPayment,
     settlement: &Settlement,
     receipt: Option<String>,
+    audit: Option<AuditRecord>,
 ) -> Result<Option<RailPayment>, StoreError> {
     let from = rail.settles_from(rec.flow);
     let kept_receipt = match settlement {
@@ -467,7 +476,10 @@ pub async fn settle_record(
         _ => false,
     };
     match rules::settles(rec, settlement, from, receipt, kept_receipt) {
-        Some(m) => store.rail_transition(m, clock.now()).await,
+        Some(mut m) => {
+            m.update.audit = audit;
+            store.rail_transition(m, clock.now()).await
+        }
         None => Ok(None),
     }
 }
@@ -497,7 +509,7 @@ pub async fn send_once<F, Fut>(
     store: &dyn Store,
     clock: &dyn Clock,
     rec: RailPayment,
-    guards: Guards,
+    (guards, audit): (Guards, Option<AuditRecord>),
     what: &str,
     send: F,
 ) -> Result<Payment, BackendError>
@@ -506,7 +518,7 @@ where
     Fut: Future<Output = Sent>,
 {
     let asked = rec.clone();
-    let opened = store.rail_open(rec, guards, clock.now()).await?;
+    let opened = store.rail_open(rec, guards, audit, clock.now()).await?;
     let rec = opened.rec;
     if !rules::same_request(&asked, &rec) {
         return Err(BackendError::IdempotencyKeyReused);

@@ -220,6 +220,9 @@ pub struct RailUpdate {
     pub rail_ref: Option<String>,
     pub receipt: Option<String>,
     pub reason: Option<String>,
+    /// The audit record of the word that moved it (a callback, a status query), appended in the
+    /// move's transaction: a record never settles without the trail saying why.
+    pub audit: Option<crate::domain::audit::AuditRecord>,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use super::unit_of_work::{Executed, Intent, Movement, Strategy, Work};
 use super::{Caller, Decision, Gateway};
 use crate::auth::AgentPrincipal;
 use crate::backend::rail::RailOrder;
-use crate::domain::ids::{OperationId, PaymentId};
+use crate::domain::ids::OperationId;
 use crate::domain::money::{Currency, Money};
 use crate::domain::payee::{self, CoolingCap, PayeeCap, PayeeState};
 use crate::domain::payment::{Attempt, DailyBudget, Guards, MandateDraw, PaymentKind, PaymentStatus};
@@ -405,15 +405,17 @@ pub(super) struct Terms {
 }
 
 impl Terms {
-    /// The order a rail operation sends under attempt `a`: its key, a new payment id, the agent
+    /// The order a rail operation sends under attempt `a`: its key and payment id, the agent
     /// (and the user it acts for), and these terms' guards.
     pub(super) fn rail_order(&self, a: Attempt, p: &AgentPrincipal) -> RailOrder {
         RailOrder {
             idempotency_key: a.key,
-            payment_id: PaymentId::generate(),
+            // The attempt's id: the "submitted" record it carries names it.
+            payment_id: a.payment_id,
             principal_sub: p.subject.clone(),
             principal_user: p.user.clone(),
             guards: self.guards.clone(),
+            audit: a.audit,
         }
     }
 }

@@ -167,6 +167,7 @@ pub fn step_of(rec: &AuditRecord) -> &'static str {
         ("mandates.revoke", _) => "revoked",
         (_, "mandate_accepted") => "mandate_accepted",
         ("refund_payment", "allowed") => "refunded",
+        (_, "submitted") => "submitted",
         (_, "allowed") => "paid",
         (_, "replayed") => "replayed",
         (tool, _) if tool.ends_with("_callback") => "receipt",

@@ -53,14 +53,20 @@ pub enum CallbackOutcome {
 
 impl Gateway {
     /// A rail's word applied to its record (`backend::rail::settle_record`, the same for every rail).
+    /// `said`: the audit record of that word (decision, code, detail), appended in the move's own
+    /// transaction when the record moves: a record never settles without the trail saying why.
     async fn settle(
         &self,
         rail: &dyn CollectionRail,
         rec: &RailPayment,
         settlement: &Settlement,
         receipt: Option<String>,
+        said: Option<(&str, &str, String)>,
     ) -> Result<Option<RailPayment>, crate::domain::error::StoreError> {
-        let settled = settle_record(&*self.store, &*self.clock, rail, rec, settlement, receipt).await?;
+        let audit = said.map(|(decision, code, detail)| {
+            self.tag_audit(self.rail_audit(rail.name(), Some(rec), decision, code, detail))
+        });
+        let settled = settle_record(&*self.store, &*self.clock, rail, rec, settlement, receipt, audit).await?;
         if let Some(done) = &settled
             && done.state == RailState::Succeeded
             && done.flow == RailFlow::Payout
@@ -236,17 +242,9 @@ impl Gateway {
                     self.audit_callback(rail.name(), Some(&rec), "callback_refused", "NOT_CONFIRMED", detail).await;
                     self.metrics.callback(rail.name(), "mismatch");
                     // The query is the rail's own answer: a known failure settles the payment.
-                    if let Settlement::Failed(_) = queried
-                        && let Ok(Some(updated)) = self.settle(&*rail, &rec, &queried, None).await
-                    {
-                        self.audit_callback(
-                            rail.name(),
-                            Some(&updated),
-                            "query_settled",
-                            "FAILED",
-                            format!("{queried:?}"),
-                        )
-                        .await;
+                    if let Settlement::Failed(_) = queried {
+                        let said = ("query_settled", "FAILED", format!("{queried:?}"));
+                        let _ = self.settle(&*rail, &rec, &queried, None, Some(said)).await;
                     }
                     return CallbackOutcome::NotConfirmed;
                 }
@@ -307,23 +305,24 @@ impl Gateway {
         } else {
             event.settlement
         };
-        match self.settle(&*rail, &rec, &settlement, event.receipt.clone()).await {
-            Ok(Some(updated)) => {
-                let (decision, code, metric, outcome) = match &settlement {
-                    Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded", CallbackOutcome::Succeeded),
-                    Settlement::Failed(_) => ("callback_settled", "FAILED", "failed", CallbackOutcome::Failed),
-                    Settlement::Pending(_) => {
-                        ("callback_pending", "STILL_PENDING", "still_pending", CallbackOutcome::StillPending)
-                    }
-                    Settlement::Unrecognised(_) => {
-                        ("callback_unrecognised", "UNRECOGNISED_RESULT", "still_pending", CallbackOutcome::StillPending)
-                    }
-                };
-                let detail = match settlement.reason() {
-                    None => format!("settled; receipt {}", updated.receipt.as_deref().unwrap_or("-")),
-                    Some(reason) => reason.to_string(),
-                };
-                self.audit_callback(rail.name(), Some(&updated), decision, code, detail).await;
+        let (decision, code, metric, outcome) = match &settlement {
+            Settlement::Succeeded => ("callback_settled", "SUCCEEDED", "succeeded", CallbackOutcome::Succeeded),
+            Settlement::Failed(_) => ("callback_settled", "FAILED", "failed", CallbackOutcome::Failed),
+            Settlement::Pending(_) => {
+                ("callback_pending", "STILL_PENDING", "still_pending", CallbackOutcome::StillPending)
+            }
+            Settlement::Unrecognised(_) => {
+                ("callback_unrecognised", "UNRECOGNISED_RESULT", "still_pending", CallbackOutcome::StillPending)
+            }
+        };
+        let detail = match settlement.reason() {
+            // A receipt the record holds is kept; else the callback's fills the gap.
+            None => format!("settled; receipt {}", rec.receipt.as_deref().or(event.receipt.as_deref()).unwrap_or("-")),
+            Some(reason) => reason.to_string(),
+        };
+        let said = Some((decision, code, detail));
+        match self.settle(&*rail, &rec, &settlement, event.receipt.clone(), said).await {
+            Ok(Some(_)) => {
                 self.metrics.callback(rail.name(), metric);
                 outcome
             }
@@ -354,7 +353,7 @@ impl Gateway {
         rec: &RailPayment,
         settlement: &Settlement,
     ) -> CallbackOutcome {
-        match self.settle(rail, rec, settlement, None).await {
+        match self.settle(rail, rec, settlement, None, None).await {
             Ok(Some(_)) => CallbackOutcome::StillPending,
             Ok(None) => CallbackOutcome::Terminal,
             Err(error) => {
@@ -408,13 +407,13 @@ impl Gateway {
             let settlement = rail.query(rec).await;
             // Every queried record is touched (updated_at), so records that keep failing to answer
             // do not starve newer ones out of the oldest-first batch.
-            match self.settle(rail, rec, &settlement, None).await {
-                Ok(Some(updated)) if updated.state.is_terminal() => {
-                    settled += 1;
-                    let code = if updated.state == RailState::Succeeded { "SUCCEEDED" } else { "FAILED" };
-                    let detail = format!("{settlement:?}");
-                    self.audit_callback(rail.name(), Some(&updated), "query_settled", code, detail).await;
-                }
+            let said = match &settlement {
+                Settlement::Succeeded => Some(("query_settled", "SUCCEEDED", format!("{settlement:?}"))),
+                Settlement::Failed(_) => Some(("query_settled", "FAILED", format!("{settlement:?}"))),
+                Settlement::Pending(_) | Settlement::Unrecognised(_) => None,
+            };
+            match self.settle(rail, rec, &settlement, None, said).await {
+                Ok(Some(updated)) if updated.state.is_terminal() => settled += 1,
                 Ok(_) => {}
                 Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording a rail query result failed"),
             }

@@ -116,8 +116,13 @@ mod tests {
             updated_at: NOW,
             flow: RailFlow::Collection,
         };
-        store.rail_open(rec, Guards::default(), NOW).await.unwrap();
-        let update = RailUpdate { receipt: Some(format!("R{id}")), rail_ref: Some(format!("ws_{id}")), reason: None };
+        store.rail_open(rec, Guards::default(), None, NOW).await.unwrap();
+        let update = RailUpdate {
+            receipt: Some(format!("R{id}")),
+            rail_ref: Some(format!("ws_{id}")),
+            reason: None,
+            audit: None,
+        };
         store
             .rail_transition(RailMove { id: &id, from: &[RailState::Submitting], to: state, update }, NOW)
             .await

@@ -200,7 +200,7 @@ impl Gateway {
             let attempt = Attempt {
                 key: idem.key.clone(),
                 alias_key: alias_key(),
-                audit: Some(self.allowed_audit(caller, tool, &idem, &payment_id)),
+                audit: Some(self.opening_audit(caller, tool, &idem, &payment_id, "allowed")),
                 payment_id,
                 claim: Some(self.claim_for(caller, tool, &idem)),
             };
@@ -246,13 +246,17 @@ impl Gateway {
             return result;
         }
         // 4. Move the money. The key travels to the backend, which applies it at most once. A
-        //    posting transaction completes the key(s) and appends the "allowed" record itself.
+        //    posting transaction completes the key(s) and appends the "allowed" record itself; a
+        //    rail or an external ledger opens its record with the "submitted" one before it sends
+        //    anything (no money moves that the trail does not name), and the outcome's record
+        //    follows the answer.
         let in_tx = strategy == Strategy::ClaimInPosting;
         let payment_id = PaymentId::generate();
+        let opening = if in_tx { "allowed" } else { "submitted" };
         let attempt = Attempt {
             key: idem.key.clone(),
             alias_key: alias_key(),
-            audit: in_tx.then(|| self.allowed_audit(caller, tool, &idem, &payment_id)),
+            audit: Some(self.opening_audit(caller, tool, &idem, &payment_id, opening)),
             payment_id,
             claim: None,
         };
@@ -263,10 +267,18 @@ impl Gateway {
         self.settle_call(caller, tool, &idem, keys, result).await
     }
 
-    /// The "allowed" audit record a posting transaction appends, naming the payment the attempt
-    /// makes (tagged here, the payment id included: the store adds nothing).
-    fn allowed_audit(&self, caller: &Caller, tool: &str, idem: &Idem, payment: &PaymentId) -> AuditRecord {
-        let mut d = Decision::new(tool, "allowed");
+    /// The record the attempt's first write appends, naming the payment it makes (tagged here,
+    /// the payment id included: the store adds nothing): "allowed" in a posting transaction,
+    /// "submitted" where a rail's or external ledger's record opens before it is sent.
+    fn opening_audit(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        idem: &Idem,
+        payment: &PaymentId,
+        decision: &str,
+    ) -> AuditRecord {
+        let mut d = Decision::new(tool, decision);
         d.idempotency_key = Some(&idem.key);
         d.payment_id = Some(payment.as_str());
         self.tag_audit(self.agent_audit_record(caller, d))

@@ -332,8 +332,9 @@ async fn a_claim_finding_the_same_operation_in_flight_waits_for_it() {
 }
 
 /// `ReserveCallSettle`: the key is reserved (in flight) before the one call, which carries no
-/// claim and no audit record; the gateway then completes the key with the payment and writes
-/// the "allowed" record itself, and a retry replays it without calling again.
+/// claim, only the "submitted" record its record opens with; the gateway then completes the key
+/// with the payment and writes the "allowed" record itself, and a retry replays it without calling
+/// again.
 #[tokio::test]
 async fn reserve_call_settle_reserves_then_completes_the_key_with_the_payment() {
     let gw = gateway().await;
@@ -353,7 +354,11 @@ async fn reserve_call_settle_reserves_then_completes_the_key_with_the_payment() 
     assert_eq!((done.replayed, &done.payment.id), (false, &paid.id));
     let attempt = seen.lock().unwrap()[0].clone();
     assert_eq!(attempt.key, id.key);
-    assert!(attempt.claim.is_none() && attempt.audit.is_none(), "{attempt:?}");
+    assert!(attempt.claim.is_none(), "{attempt:?}");
+    // The "submitted" record the rail's or ledger's record opens with, naming the attempt's payment.
+    let submitted = attempt.audit.as_ref().expect("the opening record travels with the attempt");
+    assert_eq!(submitted.decision, "submitted");
+    assert_eq!(submitted.payment_id.as_deref(), Some(attempt.payment_id.as_str()));
     assert_eq!(*during.lock().unwrap(), Some((id.fingerprint.clone(), None)), "reserved before the call");
     assert_eq!(peek(&gw, &id.key).await, Some((id.fingerprint.clone(), Some(succeeded(&paid)))));
     assert_eq!(audited(&gw).await, [("allowed".to_string(), None, Some(paid.id.as_str().to_string()))]);
@@ -468,7 +473,7 @@ async fn a_replayed_rail_payment_is_shown_where_it_stands_now() {
         updated_at: NOW,
         flow: RailFlow::Collection,
     };
-    gw.store.rail_open(rec, Guards::default(), NOW).await.unwrap();
+    gw.store.rail_open(rec, Guards::default(), None, NOW).await.unwrap();
     let settle = RailMove {
         id: &pending.id,
         from: &[RailState::Submitting],

@@ -367,7 +367,8 @@ pub(crate) fn unaudited_payment(since: i64, before: i64, dialect: Dialect) -> St
 /// The first "allowed" record made in `[since, before)` that names a payment the store does not
 /// hold: not in `payments` (by id, nor a payment under its idempotency key — a ledger replay's
 /// record names the attempt's id while the earlier payment answers), nor in `rail_payments`. A
-/// payment deleted, postings and balances with it, after it was decided.
+/// payment deleted, postings and balances with it, after it was decided. ("submitted" records are
+/// not held to it: a rail record the rail refused before anything started is abandoned, deleted.)
 pub(crate) fn vanished_payment(since: i64, before: i64, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
     let (since, before) = (b.int(since), b.int(before));

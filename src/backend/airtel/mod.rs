@@ -234,7 +234,7 @@ impl CollectionRail for AirtelRail {
         };
         let client = self.client.clone();
         let what = "Airtel Money collection";
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.guards, what, |_| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.terms(), what, |_| async move {
             match client.collect(&collection).await {
                 // The transaction id is ours, recorded at opening.
                 Ok(()) => Sent::Accepted { rail_ref: None },
@@ -280,7 +280,7 @@ impl CollectionRail for AirtelRail {
         };
         let client = self.client.clone();
         let what = "Airtel Money payout";
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.guards, what, |_| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, req.order.terms(), what, |_| async move {
             match client.disburse(&disbursement).await {
                 Ok(()) => Sent::Accepted { rail_ref: None },
                 Err(AirtelError::Refused { code, message }) => {
@@ -307,7 +307,7 @@ impl CollectionRail for AirtelRail {
             self.store.as_ref(),
             self.clock.as_ref(),
             rec,
-            req.order.guards,
+            req.order.terms(),
             "Airtel Money refund",
             |_| async move {
                 match client.refund(&receipt).await {
@@ -340,6 +340,7 @@ impl CollectionRail for AirtelRail {
                     &rec,
                     &Settlement::Succeeded,
                     Some(reference),
+                    None,
                 )
                 .await
             }

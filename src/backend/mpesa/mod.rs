@@ -269,7 +269,7 @@ impl MpesaRail {
             description: c.description.clone(),
         };
         let client = self.client.clone();
-        send_once(self.store.as_ref(), self.clock.as_ref(), rec, c.order.guards, "M-Pesa STK push", |_| async move {
+        send_once(self.store.as_ref(), self.clock.as_ref(), rec, c.order.terms(), "M-Pesa STK push", |_| async move {
             match client.stk_push(&push).await {
                 Ok(accepted) => Sent::Accepted { rail_ref: Some(accepted.checkout_request_id) },
                 Err(error) => sent(error, "STK push", "nothing was charged"),
@@ -335,7 +335,7 @@ impl CollectionRail for MpesaRail {
         // Its reference is the payment id: what the result echoes, and what a status query asks by.
         let mut rec = req.record(RAIL, &self.account);
         let client = self.client.clone();
-        let (store, clock, guards) = (self.store.as_ref(), self.clock.as_ref(), req.order.guards.clone());
+        let (store, clock, guards) = (self.store.as_ref(), self.clock.as_ref(), req.order.terms());
         let to = match (v.business(), v.account_reference()) {
             (None, _) => None,
             (Some(BusinessKind::Paybill), Some(reference)) => {
@@ -390,7 +390,7 @@ impl CollectionRail for MpesaRail {
             self.store.as_ref(),
             self.clock.as_ref(),
             rec,
-            req.order.guards,
+            req.order.terms(),
             "M-Pesa reversal",
             |rec| async move {
                 let reversal = Reversal {

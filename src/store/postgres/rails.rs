@@ -8,6 +8,7 @@ use deadpool_postgres::{GenericClient, Pool};
 use super::postings::{add_usage, apply_guards};
 use super::{Cached, Mapped, PostgresStore, TxError, bind, db};
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
@@ -66,6 +67,7 @@ pub(super) async fn open_once(
     pool: &Pool,
     rec: &RailPayment,
     guards: &Guards,
+    audit: Option<&AuditRecord>,
     now: UnixSecs,
 ) -> Result<RailOpened, TxError> {
     let mut client = pool.get().await.map_err(|e| TxError::Backend(db(e)))?;
@@ -95,6 +97,9 @@ pub(super) async fn open_once(
     )
     .await
     .map_err(TxError::pg)?;
+    if let Some(r) = audit {
+        super::audit::insert_audit(&tx, r, Some(rec.id.as_str())).await.map_err(TxError::store)?;
+    }
     tx.commit().await.map_err(TxError::pg)?;
     Ok(RailOpened { rec, created: true })
 }
@@ -120,6 +125,9 @@ pub(super) async fn transition(pool: &Pool, m: RailMove<'_>, now: UnixSecs) -> R
         &[&to.as_str(), &update.rail_ref, &update.receipt, &update.reason, &now, &id],
     )
     .await?;
+    if let Some(r) = &update.audit {
+        super::audit::insert_audit(&tx, r, Some(id)).await?;
+    }
     if let Some(draws) = rules::released_by(&rec, to) {
         give_back(&tx, &draws).await?;
     }
@@ -164,8 +172,14 @@ pub(super) async fn since(c: &impl GenericClient, p: RailPage) -> Result<Vec<(i6
 
 #[async_trait]
 impl RailStore for PostgresStore {
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
-        with_retry!(open_once(&self.pool, &rec, &guards, now).await)
+    async fn rail_open(
+        &self,
+        rec: RailPayment,
+        guards: Guards,
+        audit: Option<AuditRecord>,
+        now: UnixSecs,
+    ) -> Result<RailOpened, BackendError> {
+        with_retry!(open_once(&self.pool, &rec, &guards, audit.as_ref(), now).await)
     }
 
     async fn rail_transition(&self, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError> {

@@ -6,6 +6,7 @@ use rusqlite::{Connection, params, params_from_iter};
 use super::postings::{add_usage, apply_guards};
 use super::{Cached, SqliteStore, db};
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
@@ -47,6 +48,7 @@ pub(super) fn open_tx(
     conn: &mut Connection,
     rec: RailPayment,
     guards: Guards,
+    audit: Option<&AuditRecord>,
     now: UnixSecs,
 ) -> Result<RailOpened, BackendError> {
     let tx = conn.savepoint().map_err(db)?;
@@ -66,6 +68,9 @@ pub(super) fn open_tx(
         params_from_iter(rows::rail_values(&rec)),
     )
     .map_err(db)?;
+    if let Some(r) = audit {
+        super::insert_audit(&tx, r, Some(rec.id.as_str())).map_err(db)?;
+    }
     tx.commit().map_err(db)?;
     Ok(RailOpened { rec, created: true })
 }
@@ -89,6 +94,9 @@ pub(super) fn transition_tx(
          WHERE id = ?6",
         params![to.as_str(), update.rail_ref, update.receipt, update.reason, now, id],
     )?;
+    if let Some(r) = &update.audit {
+        super::insert_audit(&tx, r, Some(id))?;
+    }
     if let Some(draws) = rules::released_by(&rec, to) {
         give_back(&tx, &draws)?;
     }
@@ -131,8 +139,14 @@ pub(super) fn since(c: &Connection, p: RailPage) -> Result<Vec<(i64, RailPayment
 
 #[async_trait]
 impl RailStore for SqliteStore {
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError> {
-        self.write(move |c| open_tx(c, rec, guards, now)).await
+    async fn rail_open(
+        &self,
+        rec: RailPayment,
+        guards: Guards,
+        audit: Option<AuditRecord>,
+        now: UnixSecs,
+    ) -> Result<RailOpened, BackendError> {
+        self.write(move |c| open_tx(c, rec, guards, audit.as_ref(), now)).await
     }
 
     async fn rail_transition(&self, m: RailMove<'_>, now: UnixSecs) -> Result<Option<RailPayment>, StoreError> {

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
+use crate::domain::audit::AuditRecord;
 use crate::domain::error::BackendError;
 use crate::domain::error::StoreError;
 use crate::domain::ids::PaymentId;
@@ -15,8 +16,16 @@ pub trait RailStore: Send + Sync {
     /// the day's usage counts it. A record already open under the same idempotency key is returned
     /// as it is, with nothing drawn again, and `created: false`: an earlier attempt may have sent it
     /// (a crash, or a retry that took over an expired lease), so the caller must not treat it as
-    /// unsent.
-    async fn rail_open(&self, rec: RailPayment, guards: Guards, now: UnixSecs) -> Result<RailOpened, BackendError>;
+    /// unsent. `audit` (the "submitted" record naming the payment) is appended in the same
+    /// transaction when the record is created: no rail or external ledger is ever asked to move
+    /// money that the audit trail does not name.
+    async fn rail_open(
+        &self,
+        rec: RailPayment,
+        guards: Guards,
+        audit: Option<AuditRecord>,
+        now: UnixSecs,
+    ) -> Result<RailOpened, BackendError>;
     /// Move record `m.id` from one of `m.from` to `m.to`, filling what `m.update` knows. `None` when the record
     /// is missing or not in one of `from` (a duplicate or late update changes nothing). Moving to
     /// `Failed` gives back what it drew (budget usage, mandate use): it moved no money.
