@@ -8,6 +8,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
 mod common;
+#[path = "common/daraja.rs"]
+mod daraja;
 
 use common::*;
 use serde_json::{Value, json};
@@ -22,16 +24,22 @@ struct Rig {
 impl Rig {
     /// SQLite when `db` is `None`, else PostgreSQL in the test's own schema.
     async fn start(db: Option<Db>) -> Rig {
+        Rig::start_with(db, None).await
+    }
+
+    /// The same, with a config file's text (`toml`) and a clock, under the engine's settings.
+    async fn start_with(db: Option<Db>, toml: Option<(&str, std::sync::Arc<dyn paygate::clock::Clock>)>) -> Rig {
         let dir = tempfile::tempdir().unwrap();
-        let app = match &db {
-            None => spawn_on(dir.path(), &[]).await,
-            Some(db) => {
-                let overrides = [
-                    ("PAYGATE_STORAGE__URL", db.url.as_str()),
-                    ("PAYGATE_STORAGE__POSTGRES_SCHEMA", db.schema.as_str()),
-                ];
-                spawn_on(dir.path(), &overrides).await
-            }
+        let overrides: Vec<(&str, &str)> = match &db {
+            None => vec![],
+            Some(db) => vec![
+                ("PAYGATE_STORAGE__URL", db.url.as_str()),
+                ("PAYGATE_STORAGE__POSTGRES_SCHEMA", db.schema.as_str()),
+            ],
+        };
+        let app = match toml {
+            None => spawn_on(dir.path(), &overrides).await,
+            Some((toml, clock)) => spawn_with_toml(dir.path(), toml, &overrides, clock).await,
         };
         Rig { app, db, _dir: dir }
     }
@@ -71,6 +79,65 @@ impl Rig {
                 self.sql(&t).await
             }
         }
+    }
+
+    /// Record every INSERT and UPDATE on `tables` in `fault_reach` (table, event) until
+    /// [`Rig::reached`]: which writes a call really makes, so the matrix faults only what is there.
+    async fn reach(&self, tables: &[&str]) {
+        let mut sql = String::from("CREATE TABLE IF NOT EXISTS fault_reach (tbl TEXT, ev TEXT);");
+        match &self.db {
+            None => {
+                for t in tables {
+                    for ev in EVENTS {
+                        sql += &format!(
+                            "CREATE TRIGGER reach_{t}_{ev} AFTER {ev} ON {t} \
+                             BEGIN INSERT INTO fault_reach VALUES ('{t}', '{ev}'); END;"
+                        );
+                    }
+                }
+            }
+            Some(db) => {
+                sql += &format!(
+                    "CREATE FUNCTION fault_reach() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN INSERT INTO {}.fault_reach VALUES (TG_TABLE_NAME, TG_OP); RETURN NULL; END $$;",
+                    db.schema
+                );
+                for t in tables {
+                    sql += &format!(
+                        "CREATE TRIGGER reach AFTER INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION fault_reach();"
+                    );
+                }
+            }
+        }
+        self.sql(&sql).await
+    }
+
+    /// The writes recorded since [`Rig::reach`], which stops recording.
+    async fn reached(&self, tables: &[&str]) -> std::collections::BTreeSet<(String, String)> {
+        let read = "SELECT DISTINCT ev, tbl FROM fault_reach";
+        let seen = match &self.db {
+            None => {
+                let db = rusqlite::Connection::open(self.app.data_dir.join("paygate.sqlite3")).unwrap();
+                db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+                let mut q = db.prepare(read).unwrap();
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+            }
+            Some(db) => {
+                let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(conn);
+                let rows = client.query(&read.replace("fault_reach", &format!("{}.fault_reach", db.schema)), &[]).await;
+                rows.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect()
+            }
+        };
+        let drop = match &self.db {
+            None => {
+                let each = tables.iter().flat_map(|t| EVENTS.map(|ev| format!("DROP TRIGGER reach_{t}_{ev};")));
+                each.collect::<String>() + "DROP TABLE fault_reach;"
+            }
+            Some(_) => "DROP FUNCTION fault_reach() CASCADE; DROP TABLE fault_reach;".to_string(),
+        };
+        self.sql(&drop).await;
+        seen
     }
 
     async fn heal(&self) {
@@ -170,6 +237,586 @@ async fn an_unreadable_stored_outcome_is_refused_never_paid_again(db: Option<Db>
     rig.app.stop().await;
 }
 
+// ── Every money table ─────────────────────────────────────────────────────────────────────────────
+//
+// Each money-moving call below, with a write it makes failing (every table it writes, INSERT and
+// UPDATE, found by recording its writes on a clean run first: the matrix cannot fault a write that
+// is not there, nor miss one that is). For each: the answer either claims what committed (the
+// payment is there, its money moved once, an audit record names it) or is a retryable refusal
+// after which nothing moved; the same call once healed converges on one payment, moved once
+// (at the ledger, or at the rail: one request Daraja received), named by the audit trail.
+
+const EVENTS: [&str; 2] = ["INSERT", "UPDATE"];
+
+/// `idempotency.lease_secs` as the matrix's gateway runs.
+const LEASE_SECS: i64 = 30;
+
+/// Every table a money-moving call may write.
+const MONEY_TABLES: [&str; 13] = [
+    "idempotency_records",
+    "payments",
+    "postings",
+    "accounts",
+    "budget_usage",
+    "refund_usage",
+    "payee_usage",
+    "mandates",
+    "approvals",
+    "rail_payments",
+    "audit_records",
+    "webhook_outbox",
+    "approval_reviews",
+];
+
+/// The gateway with the embedded ledger and M-Pesa (payouts to the Daraja fake), one agent profile:
+/// autonomous up to 1,000, a daily budget (so payments draw on it), jobs off.
+fn matrix_config(fake: &daraja::DarajaFake) -> String {
+    format!(
+        r#"
+[mpesa]
+enabled = true
+base_url = "{base}"
+consumer_key = "fake-consumer-key"
+consumer_secret = "fake-consumer-secret"
+short_code = "174379"
+passkey = "{passkey}"
+callback_secret = "cb-secret-0123456789abcdefghij"
+initiator_name = "testapi"
+security_credential = "fake-security-credential"
+b2c_short_code = "600996"
+request_timeout_ms = 2000
+
+[jobs]
+enabled = false
+
+[idempotency]
+lease_secs = {LEASE_SECS}
+
+[policy]
+default_profile = "dev"
+
+[[policy.profiles]]
+name = "dev"
+subjects = ["dev-agent"]
+client_ids = []
+allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
+autonomous_limit = {{ KES = "1000.00" }}
+daily_limit = {{ KES = "1000000.00" }}
+daily_refund_limit = {{ KES = "1000000.00" }}
+daily_payments_max = 100000
+calls_per_minute = 100000
+tool_calls_per_minute = {{}}
+issuer = ""
+"#,
+        base = fake.base_url(),
+        passkey = daraja::SANDBOX_PASSKEY,
+    )
+}
+
+/// One money-moving call the matrix faults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Move {
+    /// create_payment of 10.00 on the embedded ledger.
+    Payment,
+    /// refund_payment of 4.00 of a fresh 10.00 payment.
+    Refund,
+    /// create_payment of 5,000.00 with the mandate its approval issued.
+    MandatePayment,
+    /// An approval asked for (over the autonomous limit).
+    Approval,
+    /// An approval granted by one reviewer: the rows that make a mandate.
+    Grant,
+    /// send_mpesa_payout of 150 to the Daraja fake.
+    Payout,
+    /// Daraja's result callback settling a payout.
+    PayoutResult,
+}
+
+/// What a call left: the ledger's two accounts, the payments listed, Daraja's B2C requests.
+#[derive(Debug, Clone, PartialEq)]
+struct Books {
+    a: String,
+    b: String,
+    payments: usize,
+    sent: usize,
+}
+
+struct Matrix {
+    rig: Rig,
+    fake: daraja::DarajaFake,
+    agent: Client,
+    clock: paygate::clock::ManualClock,
+}
+
+impl Matrix {
+    async fn start(db: Option<Db>) -> Matrix {
+        let clock = paygate::clock::ManualClock::new(now_secs());
+        let fake = daraja::DarajaFake::start(daraja::FakeConfig {
+            clock: std::sync::Arc::new(clock.clone()),
+            ..Default::default()
+        })
+        .await;
+        let rig = Rig::start_with(db, Some((&matrix_config(&fake), std::sync::Arc::new(clock.clone())))).await;
+        let agent = connect(
+            &rig.app.url,
+            &rig.app.token("dev-agent", "payments:read payments:create payments:refund payments:payout"),
+            Era::Modern,
+        )
+        .await;
+        Matrix { rig, fake, agent, clock }
+    }
+
+    async fn books(&self) -> Books {
+        Books {
+            a: balance(&self.agent, "acct-A").await,
+            b: balance(&self.agent, "acct-B").await,
+            payments: all_payments(&self.agent).await,
+            sent: self.fake.b2c_requests(),
+        }
+    }
+
+    /// What `m` needs before the faulted call (a payment to refund, an approval and its mandate).
+    async fn prepare(&self, m: Move, op: &str) -> Value {
+        match m {
+            Move::Refund => {
+                let paid = call(&self.agent, "create_payment", pay(&format!("{op}-paid"), "10.00")).await;
+                json!({"operation_id": op, "payment_id": ok(&paid)["payment_id"], "amount": "4.00"})
+            }
+            Move::MandatePayment => {
+                let mandate = self.approved(op).await;
+                let mut args = pay(op, "5000.00");
+                args["mandate"] = json!(mandate);
+                args
+            }
+            Move::PayoutResult => {
+                let sent = call(&self.agent, "send_mpesa_payout", payout(op)).await;
+                json!({"payment_id": ok(&sent)["payment_id"]})
+            }
+            Move::Grant => {
+                let asked = call(&self.agent, "create_payment", pay(op, "5000.00")).await;
+                json!({"approval_id": err(&asked)["approval_id"]})
+            }
+            Move::Payment => pay(op, "10.00"),
+            Move::Approval => pay(op, "5000.00"),
+            Move::Payout => payout(op),
+        }
+    }
+
+    /// Ask for an approval of 5,000.00 under `op`, grant it, and return the mandate it issued.
+    async fn approved(&self, op: &str) -> String {
+        let asked = call(&self.agent, "create_payment", pay(op, "5000.00")).await;
+        assert_eq!(code(&asked), "APPROVAL_REQUIRED", "{asked:?}");
+        let id = err(&asked)["approval_id"].as_str().unwrap().to_string();
+        let (status, view) = approve(&self.rig.app, &id, "alice").await;
+        assert_eq!(status, 200, "{view}");
+        let mine = call(&self.agent, "get_approval", json!({"approval_id": id})).await;
+        ok(&mine)["mandate"].as_str().expect("the approval issued a mandate").to_string()
+    }
+
+    /// The faulted call itself: the agent's answer, or the HTTP status Daraja's callback got.
+    async fn act(&self, m: Move, args: &Value) -> Result<Value, Value> {
+        let tool = match m {
+            Move::Payment | Move::MandatePayment | Move::Approval => "create_payment",
+            Move::Refund => "refund_payment",
+            Move::Payout => "send_mpesa_payout",
+            Move::PayoutResult => {
+                let id = args["payment_id"].as_str().unwrap();
+                let status = self.fake.post_result(id, 0).await.as_u16();
+                return if status == 200 { Ok(json!({"payment_id": id})) } else { Err(json!(status)) };
+            }
+            Move::Grant => {
+                let (status, view) = approve(&self.rig.app, args["approval_id"].as_str().unwrap(), "alice").await;
+                return if status == 200 { Ok(view) } else { Err(json!({"status": status.as_u16(), "body": view})) };
+            }
+        };
+        let r = call(&self.agent, tool, args.clone()).await;
+        match r.is_error {
+            Some(true) => Err(err(&r).clone()),
+            _ => Ok(ok(&r).clone()),
+        }
+    }
+
+    /// Whether an audit record names `payment` (or, for an approval, `approval`).
+    async fn audited(&self, key: &str, id: &str) -> bool {
+        let records = self.rig.app.running.store.audit_list(None, 100_000).await.unwrap();
+        records.iter().any(|r| match key {
+            "approval" => r.approval_id.as_deref() == Some(id),
+            _ => r.payment_id.as_deref() == Some(id),
+        })
+    }
+
+    /// One case: `m` with every `event` write on `table` failing, then healed and tried again.
+    async fn case(&self, m: Move, event: &str, table: &str, n: usize) {
+        let what = format!("{m:?} with {event} on {table} failing");
+        let op = format!("m{n}-{m:?}-{table}-{event}").to_lowercase();
+        let args = self.prepare(m, &op).await;
+        let before = self.books().await;
+        self.rig.inject(event, table).await;
+        let first = self.act(m, &args).await;
+        self.rig.heal().await;
+        match &first {
+            Ok(answer) => self.holds(m, answer, &before, &what).await,
+            Err(refusal) if m == Move::PayoutResult => {
+                assert_ne!(refusal, &json!(200), "{what}");
+                let id = args["payment_id"].as_str().unwrap();
+                let p = call(&self.agent, "get_payment", json!({"payment_id": id})).await;
+                assert_eq!(ok(&p)["status"], "pending", "{what}: a refused callback settles nothing");
+            }
+            Err(refusal) => {
+                assert_eq!(refusal["retryable"], true, "{what}: {refusal}");
+                let code = refusal["code"].as_str().unwrap();
+                // A rail that accepted a payout whose record could not say so: the outcome is not
+                // known to the gateway, and it says so (never "failed", never sent again).
+                let honest: &[&str] = match m {
+                    Move::Payout => &["INTERNAL", "BACKEND_UNAVAILABLE", "OUTCOME_UNKNOWN"],
+                    _ => &["INTERNAL", "BACKEND_UNAVAILABLE"],
+                };
+                assert!(honest.contains(&code), "{what}: {refusal}");
+                assert!(!refusal["message"].as_str().unwrap().contains("injected"), "{what}: store text leaked");
+                let after = self.books().await;
+                if code == "OUTCOME_UNKNOWN" {
+                    // Listed as what it is: a payment whose outcome is not known yet.
+                    assert!(after.sent <= before.sent + 1 && after.payments <= before.payments + 1, "{what}");
+                } else {
+                    assert_eq!(Books { sent: before.sent, ..after.clone() }, before, "{what}: nothing moved");
+                }
+                assert!(after.sent <= before.sent + 1, "{what}");
+            }
+        }
+        let mut again = self.act(m, &args).await;
+        for _ in 0..3 {
+            let Err(e) = &again else { break };
+            match e["code"].as_str() {
+                // The money moved and the answer said so, but the key's completion did not commit:
+                // the key holds the operation until its lease ends (the agent is told to retry
+                // shortly); then the retry takes it over and finds what was done.
+                Some("OPERATION_IN_PROGRESS") if first.is_ok() => {
+                    assert_eq!(table, "idempotency_records", "{what}: {e}");
+                }
+                // An unknown outcome keeps its key until the lease ends (never sent again meanwhile).
+                Some("OPERATION_IN_PROGRESS") if first.as_ref().is_err_and(|f| f["code"] == "OUTCOME_UNKNOWN") => {}
+                // The payout's outcome is unknown to the gateway: it is not sent again; Daraja's
+                // result settles it, and the retry after the key's lease finds it settled.
+                Some("OUTCOME_UNKNOWN") if m == Move::Payout => {
+                    assert_eq!(self.fake.b2c_requests(), before.sent + 1, "{what}: Daraja got it once");
+                    let id = self.fake.payouts().last().unwrap().originator_conversation_id.clone();
+                    assert_eq!(self.fake.post_result(&id, 0).await.as_u16(), 200, "{what}");
+                }
+                _ => break,
+            }
+            assert_eq!(e["retryable"], true, "{what}: {e}");
+            self.clock.advance(LEASE_SECS + 1);
+            again = self.act(m, &args).await;
+        }
+        let again = again.unwrap_or_else(|e| panic!("{what}: the retry once healed: {e}"));
+        self.holds(m, &again, &before, &what).await;
+        if let (Ok(first), Some(id)) = (&first, again.get("payment_id")) {
+            assert_eq!(first["payment_id"], *id, "{what}: the retry is the same payment");
+        }
+        // Settle a payout, so the next case starts from no payout in flight.
+        if m == Move::Payout && again["status"] == "pending" {
+            let id = again["payment_id"].as_str().unwrap();
+            assert_eq!(self.fake.post_result(id, 0).await.as_u16(), 200, "{what}");
+        }
+    }
+
+    /// An approval asked for or granted with a write failing: either it is there whole (asked: the
+    /// approval exists and the trail names it; granted: approved, its mandate issued) or the call
+    /// was refused and nothing of it is there; once healed the same call makes it, once.
+    async fn approval_case(&self, m: Move, event: &str, table: &str, n: usize) {
+        let what = format!("{m:?} with {event} on {table} failing");
+        let op = format!("m{n}-{m:?}-{table}-{event}").to_lowercase();
+        let args = self.prepare(m, &op).await;
+        let before = self.books().await;
+        self.rig.inject(event, table).await;
+        let first = self.act(m, &args).await;
+        self.rig.heal().await;
+        let again = self.act(m, &args).await;
+        assert_eq!(self.books().await, before, "{what}: nothing moved");
+        match m {
+            Move::Approval => {
+                let (first, again) = (first.unwrap_err(), again.unwrap_err());
+                assert_eq!(again["code"], "APPROVAL_REQUIRED", "{what}: the retry once healed asks: {again}");
+                match first["code"].as_str().unwrap() {
+                    "APPROVAL_REQUIRED" => assert_eq!(first["approval_id"], again["approval_id"], "{what}: asked once"),
+                    "INTERNAL" => assert_eq!(first["retryable"], true, "{what}: {first}"),
+                    _ => panic!("{what}: {first}"),
+                }
+                let id = again["approval_id"].as_str().unwrap();
+                let token = self.rig.app.operator_token("auditor", "payments:audit");
+                let (status, view) =
+                    operator(&self.rig.app, reqwest::Method::GET, &format!("/approvals/{id}"), &token, None).await;
+                assert_eq!((status.as_u16(), view["status"].as_str()), (200, Some("pending")), "{what}: {view}");
+                let (_, listed) =
+                    operator(&self.rig.app, reqwest::Method::GET, "/approvals?status=pending&limit=100", &token, None)
+                        .await;
+                let mine = listed["approvals"].as_array().unwrap().iter().filter(|a| a["approval_id"] == id).count();
+                assert_eq!(mine, 1, "{what}: one approval for the operation");
+                assert!(self.audited("approval", id).await, "{what}: no audit record names approval {id}");
+            }
+            Move::Grant => {
+                let id = args["approval_id"].as_str().unwrap();
+                let mine = call(&self.agent, "get_approval", json!({"approval_id": id})).await;
+                if let Err(refusal) = &first {
+                    assert!(refusal["status"].as_u64().unwrap() >= 500, "{what}: {refusal}");
+                }
+                match (&first, &again) {
+                    (Ok(_), Err(second)) => assert_eq!(second["status"], 409, "{what}: decided once: {second}"),
+                    (Err(_), Ok(view)) => assert_eq!(view["status"], "approved", "{what}: {view}"),
+                    _ => panic!("{what}: {first:?} then {again:?}"),
+                }
+                let mandate = ok(&mine)["mandate"].as_str().unwrap_or_else(|| panic!("{what}: no mandate: {mine:?}"));
+                assert!(self.audited("approval", id).await, "{what}");
+                // The mandate pays its operation once.
+                let mut paid = pay(&op, "5000.00");
+                paid["mandate"] = json!(mandate);
+                let answer = ok(&call(&self.agent, "create_payment", paid).await).clone();
+                self.holds(Move::MandatePayment, &answer, &before, &what).await;
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    /// What an answer that claims success must mean: it committed, moved once, and is audited.
+    async fn holds(&self, m: Move, answer: &Value, before: &Books, what: &str) {
+        let after = self.books().await;
+        let moved =
+            |a: &str, b: &str| Books { a: a.into(), b: b.into(), payments: before.payments + 1, ..before.clone() };
+        let minor = |s: &str| (s.parse::<f64>().unwrap() * 100.0).round() as i64;
+        let shifted = |by: i64| {
+            let a = format!("{:.2}", (minor(&before.a) - by) as f64 / 100.0);
+            let b = format!("{:.2}", (minor(&before.b) + by) as f64 / 100.0);
+            moved(&a, &b)
+        };
+        match m {
+            Move::Payment => assert_eq!(after, shifted(1_000), "{what}: {answer}"),
+            Move::MandatePayment => assert_eq!(after, shifted(500_000), "{what}: {answer}"),
+            Move::Refund => assert_eq!(after, shifted(-400), "{what}: {answer}"),
+            Move::Payout => {
+                assert!(["pending", "succeeded"].contains(&answer["status"].as_str().unwrap()), "{what}: {answer}");
+                assert_eq!(after.sent, before.sent + 1, "{what}: Daraja received one B2C request");
+                let sent = self.fake.payouts();
+                assert_eq!(sent.last().unwrap().originator_conversation_id, answer["payment_id"].as_str().unwrap());
+            }
+            Move::PayoutResult => {
+                assert_eq!(&after, before, "{what}");
+                // Settled, and the trail says by what word.
+                let records = self.rig.app.running.store.audit_list(None, 100_000).await.unwrap();
+                let id = answer["payment_id"].as_str().unwrap();
+                let said =
+                    records.iter().any(|r| r.payment_id.as_deref() == Some(id) && r.decision == "callback_settled");
+                assert!(said, "{what}: payout {id} settled without its callback's audit record");
+                return;
+            }
+            Move::Approval | Move::Grant => unreachable!("approval_case"),
+        }
+        let id = answer["payment_id"].as_str().unwrap();
+        assert!(self.audited("payment", id).await, "{what}: no audit record names payment {id}: {answer}");
+    }
+}
+
+fn payout(op: &str) -> Value {
+    json!({"operation_id": op, "phone_number": "0712 345 678", "amount": "150", "remarks": "Cashback"})
+}
+
+async fn all_payments(agent: &Client) -> usize {
+    let (mut n, mut cursor) = (0, None::<String>);
+    loop {
+        let mut args = json!({"limit": 100});
+        if let Some(c) = &cursor {
+            args["cursor"] = json!(c);
+        }
+        let r = call(agent, "list_payments", args).await;
+        n += ok(&r)["payments"].as_array().unwrap().len();
+        match ok(&r)["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return n,
+        }
+    }
+}
+
+/// The writes each call makes, recorded on a clean run: (event, table).
+async fn writes_of(x: &Matrix, m: Move, n: usize) -> Vec<(String, String)> {
+    let op = format!("reach{n}-{m:?}").to_lowercase();
+    let args = x.prepare(m, &op).await;
+    x.rig.reach(&MONEY_TABLES).await;
+    let answer = x.act(m, &args).await;
+    let seen = x.rig.reached(&MONEY_TABLES).await;
+    assert!(answer.is_ok() || m == Move::Approval, "{m:?} on a clean run: {answer:?}");
+    if m == Move::Payout {
+        let id = answer.unwrap()["payment_id"].as_str().unwrap().to_string();
+        assert_eq!(x.fake.post_result(&id, 0).await.as_u16(), 200);
+    }
+    seen.into_iter().collect()
+}
+
+async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_moves_once(db: Option<Db>) {
+    let x = Matrix::start(db).await;
+    // Warm every usage row (a first write INSERTs, later ones UPDATE; both are faulted below).
+    for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout] {
+        let args = x.prepare(m, &format!("warm-{m:?}").to_lowercase()).await;
+        x.act(m, &args).await.unwrap();
+    }
+    let mut n = 0;
+    let mut faulted = std::collections::BTreeSet::new();
+    let moves = [
+        Move::Payment,
+        Move::Refund,
+        Move::MandatePayment,
+        Move::Approval,
+        Move::Grant,
+        Move::Payout,
+        Move::PayoutResult,
+    ];
+    for m in moves {
+        n += 1;
+        let writes = writes_of(&x, m, n).await;
+        assert!(!writes.is_empty(), "{m:?} writes nothing?");
+        for (event, table) in writes {
+            if matches!(m, Move::Approval | Move::Grant) {
+                n += 1;
+                x.approval_case(m, &event, &table, n).await;
+            } else {
+                n += 1;
+                x.case(m, &event, &table, n).await;
+            }
+            faulted.insert(table);
+        }
+    }
+    say(&format!("store_faults: {n} cases over {} tables: {faulted:?}", faulted.len()));
+    for t in ["idempotency_records", "payments", "postings", "accounts", "budget_usage", "refund_usage", "mandates"] {
+        assert!(faulted.contains(t), "{t} was never written by the matrix's calls");
+    }
+    for t in ["approvals", "rail_payments", "audit_records"] {
+        assert!(faulted.contains(t), "{t} was never written by the matrix's calls");
+    }
+    x.rig.app.assert_integrity().await;
+    x.rig.app.stop().await;
+}
+
+// ── A slow store ──────────────────────────────────────────────────────────────────────────────────
+
+/// Make the store slow until the returned guard is dropped: on PostgreSQL every row written to a
+/// money table waits `SLOW_MS` first (a trigger, latency per statement, locks held meanwhile); on
+/// SQLite another connection holds the write lock `SLOW_MS` of every `SLOW_MS + 10` ms (a disk
+/// that keeps the writer waiting), so every write waits its turn.
+const SLOW_MS: u64 = 40;
+
+struct Slow {
+    stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    holder: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Rig {
+    async fn slow(&self) -> Slow {
+        match &self.db {
+            None => {
+                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (flag, path) = (stop.clone(), self.app.data_dir.join("paygate.sqlite3"));
+                let holder = std::thread::spawn(move || {
+                    let db = rusqlite::Connection::open(path).unwrap();
+                    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+                    while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        db.execute_batch("BEGIN IMMEDIATE").unwrap();
+                        std::thread::sleep(std::time::Duration::from_millis(SLOW_MS));
+                        db.execute_batch("COMMIT").unwrap();
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                });
+                Slow { stop: Some(stop), holder: Some(holder) }
+            }
+            Some(_) => {
+                let mut sql = format!(
+                    "CREATE FUNCTION slow_store() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN PERFORM pg_sleep({}); RETURN NEW; END $$;",
+                    SLOW_MS as f64 / 1000.0
+                );
+                for t in MONEY_TABLES {
+                    sql += &format!(
+                        "CREATE TRIGGER slow_store BEFORE INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION slow_store();"
+                    );
+                }
+                self.sql(&sql).await;
+                Slow { stop: None, holder: None }
+            }
+        }
+    }
+
+    async fn fast(&self, mut slow: Slow) {
+        if let Some(stop) = slow.stop.take() {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(holder) = slow.holder.take() {
+            tokio::task::spawn_blocking(move || holder.join().unwrap()).await.unwrap();
+        }
+        if self.db.is_some() {
+            self.sql("DROP FUNCTION slow_store() CASCADE").await;
+        }
+    }
+}
+
+/// Payments and payouts sent three times each at once (an agent and its retries racing) while
+/// every write waits: each answer is what committed or a typed, retryable refusal; once the store
+/// is fast again every operation's retry converges on one payment, each moved once at the ledger
+/// or sent once to Daraja, each named by the audit trail.
+async fn a_slow_store_keeps_every_operation_once_under_racing_retries(db: Option<Db>) {
+    let x = std::sync::Arc::new(Matrix::start(db).await);
+    let before = x.books().await;
+    let ops: Vec<(Move, String)> =
+        (0..6).map(|i| (if i % 2 == 0 { Move::Payment } else { Move::Payout }, format!("slow-{i}"))).collect();
+    let slow = x.rig.slow().await;
+    let began = std::time::Instant::now();
+    let mut racing = tokio::task::JoinSet::new();
+    for (m, op) in &ops {
+        for _ in 0..3 {
+            let (x, m, op) = (x.clone(), *m, op.clone());
+            racing.spawn(async move {
+                let args = if m == Move::Payment { pay(&op, "10.00") } else { payout(&op) };
+                (op, x.act(m, &args).await)
+            });
+        }
+    }
+    let (mut answered, mut oks) = (std::collections::BTreeMap::<String, String>::new(), 0);
+    while let Some(done) = racing.join_next().await {
+        let (op, answer) = done.unwrap();
+        match answer {
+            Ok(a) => {
+                oks += 1;
+                let id = a["payment_id"].as_str().unwrap().to_string();
+                let earlier = answered.insert(op.clone(), id.clone());
+                assert!(
+                    earlier.as_ref().is_none_or(|e| *e == id),
+                    "{op}: two payments for one operation: {earlier:?}, {id}"
+                );
+            }
+            Err(e) => {
+                assert_eq!(e["retryable"], true, "{op}: {e}");
+                let code = e["code"].as_str().unwrap();
+                assert!(["OPERATION_IN_PROGRESS", "INTERNAL", "BACKEND_UNAVAILABLE"].contains(&code), "{op}: {e}");
+            }
+        }
+    }
+    let took = began.elapsed();
+    say(&format!("store_faults: slow store, 18 racing calls in {took:?}: {oks} answered, {} refused", 18 - oks));
+    x.rig.fast(slow).await;
+    x.clock.advance(LEASE_SECS + 1);
+    for (m, op) in &ops {
+        let args = if *m == Move::Payment { pay(op, "10.00") } else { payout(op) };
+        let again = x.act(*m, &args).await.unwrap_or_else(|e| panic!("{op} once the store is fast: {e}"));
+        let id = again["payment_id"].as_str().unwrap();
+        if let Some(earlier) = answered.get(op) {
+            assert_eq!(earlier, id, "{op}: the retry is the payment already answered");
+        }
+        assert!(x.audited("payment", id).await, "{op}: no audit record names {id}");
+    }
+    let after = x.books().await;
+    let minor = |s: &str| (s.parse::<f64>().unwrap() * 100.0).round() as i64;
+    assert_eq!(minor(&before.a) - minor(&after.a), 3 * 1_000, "three payments of 10.00 moved once each");
+    assert_eq!(minor(&after.b) - minor(&before.b), 3 * 1_000);
+    assert_eq!((after.payments, after.sent), (before.payments + 6, before.sent + 3), "one payment per operation");
+    x.rig.app.assert_integrity().await;
+}
+
 /// Each case on SQLite, and on PostgreSQL when `PAYGATE_TEST_DATABASE_URL` is set.
 macro_rules! on_both_engines {
     ($($case:ident),* $(,)?) => {
@@ -195,5 +842,7 @@ on_both_engines!(
     a_failing_key_write_in_the_posting_transaction_moves_nothing_and_the_retry_pays_once,
     a_failing_posting_write_moves_nothing_and_the_retry_pays_once,
     a_failing_approval_write_asks_nobody_and_the_retry_asks_once,
-    an_unreadable_stored_outcome_is_refused_never_paid_again
+    an_unreadable_stored_outcome_is_refused_never_paid_again,
+    every_money_write_failing_is_refused_or_committed_whole_and_the_retry_moves_once,
+    a_slow_store_keeps_every_operation_once_under_racing_retries
 );
