@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::Secret;
 use crate::backend::simulator::{Answer, AutoAnswer, RailSimulator};
 use crate::config::Config;
-use crate::secret::Secret;
 
 /// The longest `--auto-after-ms`, in milliseconds (ten minutes: past any client's patience).
 pub const AUTO_AFTER_MS_MAX: u64 = 600_000;
