@@ -335,7 +335,7 @@ pub fn airtel_config(config: &Config, public_url: &str) -> Result<crate::backend
 
 /// What the Airtel simulator expects and where it calls back: the gateway's own credentials and PIN,
 /// and its collection callback route (the path secret, or the configured header carrying it).
-fn airtel_simulator_terms(config: &Config, public_url: &str) -> crate::backend::airtel::simulator::Terms {
+pub fn airtel_simulator_terms(config: &Config, public_url: &str) -> crate::backend::airtel::simulator::Terms {
     let a = &config.airtel;
     let base = format!("{}/callbacks/airtel/collection", public_url.trim_end_matches('/'));
     let (callback_url, callback_header) = if a.callback_secret_header.is_empty() {

@@ -15,6 +15,7 @@ pub mod mpesa;
 pub mod outbound;
 pub mod rail;
 pub mod simulator;
+pub mod simulator_server;
 pub mod wallet;
 
 use async_trait::async_trait;

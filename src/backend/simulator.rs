@@ -1,9 +1,11 @@
-//! Rails simulated inside the gateway (`mpesa.environment` / `airtel.environment` = "simulator"):
-//! what every rail's simulator offers the HTTP edge. Each serves its rail's API under
+//! Rails simulated inside the gateway (`mpesa.environment` / `airtel.environment` = "simulator"),
+//! or in a process of their own (`paygate rail-simulator`, [`super::simulator_server`]): what every
+//! rail's simulator offers an HTTP edge. Inside the gateway each serves its rail's API under
 //! `/simulator/<rail>` (the gateway's own client calls it over HTTP, exactly as it calls the real
 //! rail) and is steered by a person through the operator's control routes
-//! (`/simulator/control/<rail>`): answer a pending item, or lose the next answer. None of them moves
-//! money anywhere; each is bounded ([`SIMULATOR_ITEMS_MAX`]) and in memory.
+//! (`/simulator/control/<rail>`): answer a pending item, or lose the next answer. Standalone, it
+//! serves the same API at its root and may answer every item by itself ([`AutoAnswer`]). None of
+//! them moves money anywhere; each is bounded ([`SIMULATOR_ITEMS_MAX`]) and in memory.
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -42,6 +44,47 @@ impl Answer {
     }
 }
 
+/// A standalone simulator's own answer to every prompt and payment it takes (`--auto`), so a load
+/// test needs no person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoAnswer {
+    pub answer: Answer,
+    /// How long after the request the answer comes (the rail's "customer" is this quick).
+    pub after: std::time::Duration,
+}
+
+/// Which item a person (or the auto-answer) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick<'a> {
+    /// The newest pending one.
+    Latest,
+    /// The pending one with this id (the pending one, when a repeated request reused the id), or
+    /// else the answered one (for the sentence saying so).
+    Id(&'a str),
+    /// The one the simulator numbered so (each item has its own number, repeats included).
+    Seq(u64),
+}
+
+impl<'a> Pick<'a> {
+    /// `latest`, or an item's id.
+    pub fn parse(id: &'a str) -> Pick<'a> {
+        match id {
+            "latest" => Pick::Latest,
+            _ => Pick::Id(id),
+        }
+    }
+}
+
+impl std::fmt::Display for Pick<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pick::Latest => f.write_str("latest"),
+            Pick::Id(id) => f.write_str(id),
+            Pick::Seq(seq) => write!(f, "#{seq}"),
+        }
+    }
+}
+
 /// One rail's simulator, as the HTTP edge sees it.
 #[async_trait]
 pub trait RailSimulator: Send + Sync + 'static {
@@ -49,14 +92,17 @@ pub trait RailSimulator: Send + Sync + 'static {
     fn rail(&self) -> &'static str;
     /// The rail's API, to be nested under [`path`].
     fn router(&self) -> axum::Router;
-    /// Every prompt and payment, newest first, and whether the next answer will be lost.
+    /// Every prompt and payment, newest first, and whether the next answer will be lost. Each item
+    /// has its own `seq`, the rail's id for it (`rail_id`) and the id its caller chose
+    /// (`originator_id`, `null` where the rail takes none): a repeated request is listed again
+    /// under the same `originator_id`, never folded into the first.
     fn view(&self) -> Value;
     /// The next money request is processed and its answer never sent.
     fn lose_next_answer(&self);
-    /// Answers a pending item (`id`, or "latest": the newest pending one) and tells the gateway as
-    /// the rail would: the item's id and the HTTP status the gateway gave the callback, if one was
-    /// posted. `Err`: no such pending item (a sentence).
-    async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String>;
+    /// Answers a pending item and tells the gateway as the rail would: the item's id and the HTTP
+    /// status the gateway gave the callback, if one was posted. `Err`: no such pending item (a
+    /// sentence).
+    async fn answer(&self, pick: Pick<'_>, answer: Answer) -> Result<(String, Option<u16>), String>;
 }
 
 /// How many of a simulator's tokens are live at once; older ones are forgotten (the client
@@ -84,20 +130,25 @@ impl Tokens {
     }
 }
 
-/// The pending item a person answers: `id`, or "latest" (the newest pending one). `Err`: a sentence
-/// (no such item, or answered already).
+/// The pending item a person answers (see [`Pick`]). `Err`: a sentence (no such item, or answered
+/// already).
 pub fn pending<'a, T>(
     items: &'a mut [T],
-    id: &str,
+    pick: Pick<'_>,
     id_of: impl Fn(&T) -> &str,
+    seq_of: impl Fn(&T) -> u64,
     status_of: impl Fn(&T) -> &'static str,
 ) -> Result<&'a mut T, String> {
-    let found = match id {
-        "latest" => items.iter_mut().rev().find(|i| status_of(i) == "pending"),
-        _ => items.iter_mut().find(|i| id_of(i) == id),
+    let position = match pick {
+        Pick::Latest => items.iter().rposition(|i| status_of(i) == "pending"),
+        Pick::Id(id) => items
+            .iter()
+            .position(|i| id_of(i) == id && status_of(i) == "pending")
+            .or_else(|| items.iter().position(|i| id_of(i) == id)),
+        Pick::Seq(seq) => items.iter().position(|i| seq_of(i) == seq),
     };
-    match found {
-        None => Err(format!("no pending prompt or payment {id}")),
+    match position.and_then(|p| items.get_mut(p)) {
+        None => Err(format!("no pending prompt or payment {pick}")),
         Some(item) if status_of(item) != "pending" => {
             Err(format!("{} was already answered ({})", id_of(item), status_of(item)))
         }
@@ -123,12 +174,28 @@ mod tests {
 
     #[test]
     fn a_person_answers_a_pending_item_once() {
-        let mut items = vec![("a", "paid"), ("b", "pending"), ("c", "pending"), ("d", "declined")];
-        let (id, status) = (|i: &(&str, &'static str)| i.0.to_string(), |i: &(&str, &'static str)| i.1);
-        let latest = pending(&mut items, "latest", |i| i.0, status).unwrap();
-        assert_eq!(id(latest), "c");
-        assert_eq!(pending(&mut items, "b", |i| i.0, status).unwrap().0, "b");
-        assert!(pending(&mut items, "a", |i| i.0, status).unwrap_err().contains("already answered (paid)"));
-        assert!(pending(&mut items, "z", |i| i.0, status).unwrap_err().contains("no pending"));
+        type I = (u64, &'static str, &'static str);
+        let mut items: Vec<I> =
+            vec![(1, "a", "paid"), (2, "b", "pending"), (3, "c", "pending"), (4, "d", "declined"), (5, "a", "pending")];
+        fn seq(i: &I) -> u64 {
+            i.0
+        }
+        fn id(i: &I) -> &str {
+            i.1
+        }
+        fn status(i: &I) -> &'static str {
+            i.2
+        }
+        let latest = pending(&mut items, Pick::Latest, id, seq, status).unwrap();
+        assert_eq!(latest.0, 5, "the newest pending one");
+        assert_eq!(pending(&mut items, Pick::Id("a"), id, seq, status).unwrap().0, 5, "a repeat's pending one");
+        items[4].2 = "paid";
+        assert_eq!(pending(&mut items, Pick::Latest, id, seq, status).unwrap().0, 3);
+        assert_eq!(pending(&mut items, Pick::Id("b"), id, seq, status).unwrap().0, 2);
+        assert_eq!(pending(&mut items, Pick::Seq(3), id, seq, status).unwrap().1, "c");
+        let repeated = pending(&mut items, Pick::Id("a"), id, seq, status).unwrap_err();
+        assert!(repeated.contains("already answered (paid)"), "{repeated}");
+        assert!(pending(&mut items, Pick::Id("z"), id, seq, status).unwrap_err().contains("no pending"));
+        assert!(pending(&mut items, Pick::Seq(4), id, seq, status).unwrap_err().contains("already answered"));
     }
 }

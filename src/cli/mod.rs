@@ -1,11 +1,12 @@
 //! The command line, one room: `paygate` parses its arguments here (clap) and each subcommand is a
 //! function below (serve, token, tools, mandate verify, migrate, ledger-serve, reconcile,
-//! check-ledger, probe), with `init`, `doctor` and `stdio` beside them. `src/main.rs` only calls [`run`].
+//! check-ledger, probe), with `init`, `doctor`, `stdio` and `rail-simulator` beside them. `src/main.rs` only calls [`run`].
 
 pub mod doctor;
 pub mod init;
 mod passkeys;
 mod policy;
+mod rail_simulator;
 mod stdio;
 
 use std::path::PathBuf;
@@ -70,6 +71,37 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8090")]
         bind: String,
+    },
+    /// Serve one rail's simulator (M-Pesa's Daraja or Airtel Money) in a process of its own, for
+    /// gateways whose mpesa.base_url / airtel.base_url name it: the rail's API at the root, the
+    /// control routes and records view at /simulator/control/<rail>. It expects the credentials of
+    /// this config's [mpesa] or [airtel] (the gateways' own). Prints its address on stdout. Moves
+    /// no money anywhere.
+    RailSimulator {
+        #[arg(long, value_enum)]
+        rail: rail_simulator::Rail,
+        /// Address to listen on (port 0: any free port; the line on stdout names it).
+        #[arg(long, default_value = "127.0.0.1:8091")]
+        bind: String,
+        /// Airtel: the gateway (or the balancer in front of its replicas) collection callbacks go
+        /// to; the route and its secret come from the config. Default: the config's public URL.
+        #[arg(long)]
+        callback_base_url: Option<String>,
+        /// Answer every prompt and payment by itself, this way (no person needed).
+        #[arg(long, value_enum)]
+        auto: Option<rail_simulator::Auto>,
+        /// How long after a request its automatic answer comes, in milliseconds.
+        #[arg(long, default_value_t = 200)]
+        auto_after_ms: u64,
+        /// The bearer token the control routes ask for (at least 16 characters); without one they
+        /// answer loopback peers only. Prefer the environment variable: arguments are visible to
+        /// other users of the machine.
+        #[arg(long, env = "PAYGATE_RAIL_SIMULATOR_CONTROL_TOKEN", hide_env_values = true)]
+        control_token: Option<String>,
+        /// Airtel: the RSA private key (PKCS#8 PEM) disbursement PINs are sealed for; give the
+        /// gateways its public half as airtel.public_key. Default: a fresh key (payouts refused).
+        #[arg(long)]
+        pin_key_file: Option<PathBuf>,
     },
     /// Compare the gateway's payment records with the backend and the rails, settle what the
     /// backend can answer, print the report (JSON) and audit it. Exit code 1 when problems remain.
@@ -266,6 +298,18 @@ pub fn run() -> ExitCode {
         }
         Command::Migrate => with_config(file, |c| migrate(&c)),
         Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
+        Command::RailSimulator { rail, bind, callback_base_url, auto, auto_after_ms, control_token, pin_key_file } => {
+            let opts = rail_simulator::Options {
+                rail,
+                bind,
+                callback_base_url,
+                auto,
+                auto_after_ms,
+                control_token,
+                pin_key_file,
+            };
+            with_config(file, |c| rail_simulator::run(c, opts))
+        }
         Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
         Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
         Command::Mandate { command: MandateCommand::ExportKeys { since } } => {

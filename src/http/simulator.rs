@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::approvals::{Authed, refusal};
-use crate::backend::simulator::{Answer, RailSimulator};
+use crate::backend::simulator::{Answer, Pick, RailSimulator};
 use crate::catalogue::scopes;
 use crate::error::ErrorCode;
 
@@ -66,7 +66,7 @@ pub async fn answer(
     let Some(answer) = Answer::parse(&answer) else {
         return refusal(ErrorCode::InvalidArgument, "answer with accept, decline or timeout", &op.correlation_id);
     };
-    match sim.answer(&id, answer).await {
+    match sim.answer(Pick::parse(&id), answer).await {
         Ok((id, status)) => (StatusCode::OK, axum::Json(json!({"id": id, "callback_status": status}))).into_response(),
         Err(why) => refusal(ErrorCode::NotFound, &why, &op.correlation_id),
     }

@@ -15,6 +15,12 @@
 //! It moves no money anywhere: it is for local demos and first steps. A config cannot name it and
 //! Airtel's production at once (there is one `airtel.environment`). Its wire shapes are Airtel's,
 //! written here on the serving side (the client's are in [`super::wire`]).
+//!
+//! Standalone (`paygate rail-simulator --rail airtel`, [`AirtelSimulator::standalone`]) it serves
+//! the same endpoints at its root and posts collection callbacks to the one URL its terms name (as
+//! Airtel posts to the URL registered in its portal); its PIN key may be given, so that a gateway's
+//! `airtel.public_key` can be its public half. A transaction id it has taken already is refused
+//! (`ESB000041`), nothing moved; the view counts each such refusal.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,7 +35,7 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX, Tokens, pending};
+use crate::backend::simulator::{Answer, AutoAnswer, Pick, RailSimulator, SIMULATOR_ITEMS_MAX, Tokens, pending};
 use crate::secret::Secret;
 
 /// How long a request whose answer is "lost" is held before the simulator lets it go (the client's
@@ -63,8 +69,14 @@ enum Kind {
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Item {
+    /// The simulator's own number for it, one per request taken.
+    seq: u64,
     /// The transaction id the gateway chose (its payment id); a refund's is the simulator's.
     id: String,
+    /// Airtel's id for it (`airtel_money_id`).
+    rail_id: String,
+    /// The transaction id the caller chose (`None`: a refund, which takes none).
+    originator_id: Option<String>,
     kind: Kind,
     /// The subscriber (9 digits) prompted or paid; for a refund, the Airtel reference refunded.
     party: String,
@@ -76,6 +88,21 @@ struct Item {
 }
 
 impl Item {
+    /// A collection or payout the caller named `id`, pending until answered.
+    fn taken(id: String, kind: Kind, party: String, amount: i64) -> Item {
+        Item {
+            seq: 0,
+            originator_id: Some(id.clone()),
+            id,
+            rail_id: String::new(),
+            kind,
+            party,
+            amount,
+            status: "pending",
+            airtel_money_id: String::new(),
+        }
+    }
+
     /// The enquiry's transaction status for it.
     fn code(&self) -> &'static str {
         match self.status {
@@ -87,16 +114,27 @@ impl Item {
     }
 }
 
+/// A request refused because its transaction id was taken already (nothing moved).
+#[derive(Debug, Clone, serde::Serialize)]
+struct Refused {
+    originator_id: String,
+    kind: Kind,
+    amount: i64,
+}
+
 #[derive(Default)]
 struct Inner {
     tokens: Tokens,
     items: Vec<Item>,
+    /// Repeats refused, oldest first (bounded like the items).
+    refused_duplicates: Vec<Refused>,
     seq: u64,
     lose_next: bool,
 }
 
 struct Sim {
     terms: Terms,
+    auto: Option<AutoAnswer>,
     key: rsa::PrivateKey,
     inner: Mutex<Inner>,
     http: reqwest::Client,
@@ -111,13 +149,23 @@ pub struct AirtelSimulator {
 impl AirtelSimulator {
     /// A simulator expecting exactly the credentials and PIN in `terms`, with a fresh RSA key.
     pub fn new(terms: Terms) -> Result<Self, String> {
+        Self::standalone(terms, None, None)
+    }
+
+    /// A simulator in a process of its own: the credentials and PIN in `terms`, PINs sealed with
+    /// `key`'s public half (`None`: a fresh key), every item answered by `auto`, if given.
+    pub fn standalone(terms: Terms, key: Option<rsa::PrivateKey>, auto: Option<AutoAnswer>) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("simulator http client: {e}"))?;
-        let key = rsa::PrivateKey::new(&mut getrandom::SysRng, KEY_BITS)
-            .map_err(|e| format!("making the Airtel simulator's key failed: {e}"))?;
-        Ok(AirtelSimulator { sim: Arc::new(Sim { terms, key, inner: Mutex::new(Inner::default()), http }) })
+        let key = match key {
+            Some(key) => key,
+            None => rsa::PrivateKey::new(&mut getrandom::SysRng, KEY_BITS)
+                .map_err(|e| format!("making the Airtel simulator's key failed: {e}"))?,
+        };
+        let inner = Mutex::new(Inner::default());
+        Ok(AirtelSimulator { sim: Arc::new(Sim { terms, auto, key, inner, http }) })
     }
 
     /// The public half of the key disbursement PINs are sealed with.
@@ -143,10 +191,12 @@ impl RailSimulator for AirtelSimulator {
             .with_state(self.sim.clone())
     }
 
+    /// As every simulator's, and `refused_duplicates`: each request refused because its
+    /// transaction id was taken already, oldest first.
     fn view(&self) -> Value {
         let inner = self.sim.lock();
         let items: Vec<&Item> = inner.items.iter().rev().collect();
-        json!({"items": items, "lose_next_answer": inner.lose_next})
+        json!({"items": items, "lose_next_answer": inner.lose_next, "refused_duplicates": inner.refused_duplicates})
     }
 
     fn lose_next_answer(&self) {
@@ -157,10 +207,21 @@ impl RailSimulator for AirtelSimulator {
     /// `TE`, the prompt expired). A disbursement's is only recorded (accept: paid, decline: failed,
     /// timeout: expired, nothing paid): Airtel posts no callback the gateway relies on for it, and
     /// its scheduled enquiry finds the outcome.
-    async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String> {
+    async fn answer(&self, pick: Pick<'_>, answer: Answer) -> Result<(String, Option<u16>), String> {
+        self.sim.answer(pick, answer).await
+    }
+}
+
+impl Sim {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Answers a pending item (see [`RailSimulator::answer`]).
+    async fn answer(&self, pick: Pick<'_>, answer: Answer) -> Result<(String, Option<u16>), String> {
         let item = {
-            let mut inner = self.sim.lock();
-            let item = pending(&mut inner.items, id, |i| &i.id, |i| i.status)?;
+            let mut inner = self.lock();
+            let item = pending(&mut inner.items, pick, |i| &i.id, |i| i.seq, |i| i.status)?;
             item.status = match answer {
                 Answer::Accept => "paid",
                 Answer::Decline => "declined",
@@ -168,6 +229,12 @@ impl RailSimulator for AirtelSimulator {
             };
             item.clone()
         };
+        tracing::info!(
+            item.seq = item.seq,
+            item.id = %item.id,
+            item.status = item.status,
+            "simulator: Airtel answered an item"
+        );
         if item.kind != Kind::Collection {
             return Ok((item.id, None));
         }
@@ -177,8 +244,8 @@ impl RailSimulator for AirtelSimulator {
             "status_code": item.code(),
             "airtel_money_id": if item.status == "paid" { Value::from(item.airtel_money_id.clone()) } else { Value::Null },
         }});
-        let terms = &self.sim.terms;
-        let mut request = self.sim.http.post(&terms.callback_url).json(&body);
+        let terms = &self.terms;
+        let mut request = self.http.post(&terms.callback_url).json(&body);
         if let Some((header, secret)) = &terms.callback_header {
             request = request.header(header.as_str(), secret.expose());
         }
@@ -187,29 +254,48 @@ impl RailSimulator for AirtelSimulator {
             Err(e) => Err(format!("the callback for {} could not be delivered: {e}", item.id)),
         }
     }
-}
-
-impl Sim {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
 
     /// Records a processed request (refused when the simulator is full, or when its id is not new)
-    /// and answers it — or, the answer lost, holds it for a long while.
-    async fn record(&self, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
+    /// and answers it — or, the answer lost, holds it for a long while. With an auto-answer, a
+    /// collection or payout is answered by itself a little later, lost answer or not.
+    async fn record(self: &Arc<Self>, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
         let lost = {
             let mut inner = self.lock();
             if inner.items.len() >= SIMULATOR_ITEMS_MAX {
                 return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "The simulator is full; restart it");
             }
             if inner.items.iter().any(|i| i.kind == item.kind && i.id == item.id) {
+                if inner.refused_duplicates.len() < SIMULATOR_ITEMS_MAX {
+                    let refused = Refused { originator_id: item.id.clone(), kind: item.kind, amount: item.amount };
+                    inner.refused_duplicates.push(refused);
+                }
+                tracing::info!(item.id = %item.id, "simulator: Airtel refused a repeated transaction id");
                 return failed(StatusCode::OK, "ESB000041", "Duplicate transaction id");
             }
             inner.seq += 1;
+            item.seq = inner.seq;
             item.airtel_money_id = format!("SIM{:07}.{:04}", inner.seq % 10_000_000, inner.seq % 10_000);
+            item.rail_id = item.airtel_money_id.clone();
             inner.items.push(item.clone());
             std::mem::take(&mut inner.lose_next)
         };
+        tracing::info!(
+            item.seq = item.seq,
+            item.kind = ?item.kind,
+            item.id = %item.id,
+            item.amount = item.amount,
+            answer_lost = lost,
+            "simulator: Airtel took a request"
+        );
+        if let (Some(auto), true) = (self.auto, item.status == "pending") {
+            let (sim, seq) = (self.clone(), item.seq);
+            tokio::spawn(async move {
+                tokio::time::sleep(auto.after).await;
+                if let Err(error) = sim.answer(Pick::Seq(seq), auto.answer).await {
+                    tracing::warn!(%error, item.seq = seq, "simulator: an automatic answer was not delivered");
+                }
+            });
+        }
         if lost {
             tokio::time::sleep(LOST_ANSWER_HOLD).await;
         }
@@ -311,8 +397,7 @@ async fn collect(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -
     else {
         return refusal(StatusCode::BAD_REQUEST, "ESB000001", "Invalid collection request");
     };
-    let item =
-        Item { id, kind: Kind::Collection, party: msisdn, amount, status: "pending", airtel_money_id: String::new() };
+    let item = Item::taken(id, Kind::Collection, msisdn, amount);
     sim.record(item, |i| success(json!({"id": i.id, "status": "Success."}))).await
 }
 
@@ -331,8 +416,7 @@ async fn disburse(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) 
     if !sim.pin_ok(&pin) {
         return failed(StatusCode::OK, "DP00900001017", "Incorrect PIN");
     }
-    let item =
-        Item { id, kind: Kind::Payout, party: msisdn, amount, status: "pending", airtel_money_id: String::new() };
+    let item = Item::taken(id, Kind::Payout, msisdn, amount);
     sim.record(item, |i| {
         success(json!({"id": i.id, "airtel_money_id": i.airtel_money_id, "status": "TIP", "message": "In process"}))
     })
@@ -367,12 +451,9 @@ async fn refund(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) ->
         }
     };
     let item = Item {
-        id: format!("refund-{reference}"),
-        kind: Kind::Refund,
-        party: reference,
-        amount,
+        originator_id: None,
         status: "done",
-        airtel_money_id: String::new(),
+        ..Item::taken(format!("refund-{reference}"), Kind::Refund, reference, amount)
     };
     sim.record(item, |i| success(json!({"airtel_money_id": i.airtel_money_id, "status": "SUCCESS"}))).await
 }

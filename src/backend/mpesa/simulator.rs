@@ -9,6 +9,12 @@
 //!
 //! It moves no money anywhere: it is for local demos and first steps. A config cannot name it and
 //! Safaricom's production at once (there is one `mpesa.environment`).
+//!
+//! Standalone (`paygate rail-simulator --rail mpesa`, [`DarajaSimulator::standalone`]) it serves the
+//! same endpoints at its root, for gateways whose `mpesa.base_url` names it, and posts callbacks and
+//! results to the URLs each request names, as Daraja does (it takes requests only with a token made
+//! from the configured credentials). A request repeated under the same OriginatorConversationID is
+//! a new payment, as Daraja documents no idempotency for it: the view lists both.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +32,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::daraja::DarajaConfig;
-use crate::backend::simulator::{Answer, RailSimulator, SIMULATOR_ITEMS_MAX, Tokens, pending};
+use crate::backend::simulator::{Answer, AutoAnswer, Pick, RailSimulator, SIMULATOR_ITEMS_MAX, Tokens, pending};
 
 /// Where the simulator's Daraja is served on the gateway (its `base_url` is `<public_url>` + this).
 pub const SIMULATOR_PATH: &str = "/simulator/mpesa";
@@ -48,8 +54,14 @@ enum Kind {
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Item {
+    /// The simulator's own number for it, one per request taken (a repeat has its own).
+    seq: u64,
     /// The CheckoutRequestID of a prompt; the OriginatorConversationID of anything else.
     id: String,
+    /// Daraja's id for it: the CheckoutRequestID of a prompt, the ConversationID of anything else.
+    rail_id: String,
+    /// The OriginatorConversationID the caller sent (`None`: a prompt, or none sent).
+    originator_id: Option<String>,
     kind: Kind,
     /// The customer's phone, or the business paid (payouts, business payments), or the receipt
     /// reversed.
@@ -82,8 +94,21 @@ struct Inner {
     lose_next: bool,
 }
 
+/// Where the simulator posts callbacks and results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Callbacks {
+    /// Only to the gateway's own callback routes (inside the gateway: anyone who reached the
+    /// simulator could otherwise make the gateway POST to any address of their choosing).
+    Gateway,
+    /// To the http(s) URLs each request names, as Daraja does (standalone: each replica names its
+    /// own).
+    AsSent,
+}
+
 struct Sim {
     cfg: DarajaConfig,
+    callbacks: Callbacks,
+    auto: Option<AutoAnswer>,
     inner: Mutex<Inner>,
     http: reqwest::Client,
 }
@@ -95,14 +120,25 @@ pub struct DarajaSimulator {
 }
 
 impl DarajaSimulator {
-    /// A simulator that expects exactly the credentials, short codes and passkey in `cfg` (the
-    /// gateway's own client config).
+    /// A simulator inside the gateway that expects exactly the credentials, short codes and passkey
+    /// in `cfg` (the gateway's own client config) and calls back only to its callback routes.
     pub fn new(cfg: DarajaConfig) -> Result<Self, String> {
+        Self::with(cfg, Callbacks::Gateway, None)
+    }
+
+    /// A simulator in a process of its own: the credentials, short codes and passkey in `cfg`;
+    /// callbacks to the URLs each request names; every item answered by `auto`, if given.
+    pub fn standalone(cfg: DarajaConfig, auto: Option<AutoAnswer>) -> Result<Self, String> {
+        Self::with(cfg, Callbacks::AsSent, auto)
+    }
+
+    fn with(cfg: DarajaConfig, callbacks: Callbacks, auto: Option<AutoAnswer>) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("simulator http client: {e}"))?;
-        Ok(DarajaSimulator { sim: Arc::new(Sim { cfg, inner: Mutex::new(Inner::default()), http }) })
+        let inner = Mutex::new(Inner::default());
+        Ok(DarajaSimulator { sim: Arc::new(Sim { cfg, callbacks, auto, inner, http }) })
     }
 }
 
@@ -137,13 +173,23 @@ impl RailSimulator for DarajaSimulator {
         self.sim.lock().lose_next = true;
     }
 
-    /// Answers a pending item (`id`, or "latest": the newest pending one) and posts Daraja's
-    /// callback or result to the gateway: the item's id and the HTTP status the gateway gave the
-    /// callback. `Err`: no such pending item (a sentence).
-    async fn answer(&self, id: &str, answer: Answer) -> Result<(String, Option<u16>), String> {
+    /// Answers a pending item and posts Daraja's callback or result to the gateway: the item's id
+    /// and the HTTP status the gateway gave the callback. `Err`: no such pending item (a sentence).
+    async fn answer(&self, pick: Pick<'_>, answer: Answer) -> Result<(String, Option<u16>), String> {
+        self.sim.answer(pick, answer).await
+    }
+}
+
+impl Sim {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Answers a pending item (see [`RailSimulator::answer`]).
+    async fn answer(&self, pick: Pick<'_>, answer: Answer) -> Result<(String, Option<u16>), String> {
         let (item, url, body) = {
-            let mut inner = self.sim.lock();
-            let item = pending(&mut inner.items, id, |i| &i.id, |i| i.status)?;
+            let mut inner = self.lock();
+            let item = pending(&mut inner.items, pick, |i| &i.id, |i| i.seq, |i| i.status)?;
             let (status, code) = match (answer, item.kind) {
                 (Answer::Accept, _) => ("paid", Some(0)),
                 (Answer::Decline, Kind::Prompt) => ("declined", Some(1032)),
@@ -158,25 +204,26 @@ impl RailSimulator for DarajaSimulator {
             let (url, body) = match (item.kind, code, answer) {
                 (Kind::Prompt, Some(code), _) => (item.reply_to.clone(), stk_callback(&item, code)),
                 (_, _, Answer::Timeout) => (item.timeout_to.clone(), queue_timeout(&item)),
-                (_, code, _) => (item.reply_to.clone(), result(&self.sim.cfg, &item, code.unwrap_or_default())),
+                (_, code, _) => (item.reply_to.clone(), result(&self.cfg, &item, code.unwrap_or_default())),
             };
             (item, url, body)
         };
-        let sent = self.sim.http.post(&url).json(&body).send().await;
+        tracing::info!(
+            item.seq = item.seq,
+            item.id = %item.id,
+            item.status = item.status,
+            "simulator: M-Pesa answered an item"
+        );
+        let sent = self.http.post(&url).json(&body).send().await;
         match sent {
             Ok(resp) => Ok((item.id, Some(resp.status().as_u16()))),
             Err(e) => Err(format!("the callback for {} could not be delivered: {e}", item.id)),
         }
     }
-}
 
-impl Sim {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Records a processed request: its answer, or (the answer lost) nothing for a long while.
-    async fn record(&self, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
+    /// Records a processed request: its answer, or (the answer lost) nothing for a long while. With
+    /// an auto-answer, the item is answered by itself a little later, lost answer or not.
+    async fn record(self: &Arc<Self>, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
         let lost = {
             let mut inner = self.lock();
             if inner.items.len() >= SIMULATOR_ITEMS_MAX {
@@ -184,15 +231,37 @@ impl Sim {
             }
             inner.seq += 1;
             let seq = inner.seq;
+            item.seq = seq;
             item.conversation_id = format!("AG_SIM_{seq:012}");
             item.merchant_request_id = format!("SIM-{seq}");
             if item.id.is_empty() {
                 item.id = format!("sim-{seq:012}");
             }
+            item.rail_id = match item.kind {
+                Kind::Prompt => item.id.clone(),
+                Kind::Payout | Kind::BusinessPayment | Kind::Reversal => item.conversation_id.clone(),
+            };
             item.receipt = receipt(seq);
             inner.items.push(item.clone());
             std::mem::take(&mut inner.lose_next)
         };
+        tracing::info!(
+            item.seq = item.seq,
+            item.kind = ?item.kind,
+            item.id = %item.id,
+            item.amount = item.amount,
+            answer_lost = lost,
+            "simulator: M-Pesa took a request"
+        );
+        if let Some(auto) = self.auto {
+            let (sim, seq) = (self.clone(), item.seq);
+            tokio::spawn(async move {
+                tokio::time::sleep(auto.after).await;
+                if let Err(error) = sim.answer(Pick::Seq(seq), auto.answer).await {
+                    tracing::warn!(%error, item.seq = seq, "simulator: an automatic answer was not delivered");
+                }
+            });
+        }
         if lost {
             tokio::time::sleep(LOST_ANSWER_HOLD).await;
         }
@@ -231,12 +300,15 @@ fn amount(v: &Value) -> Option<i64> {
     text(v, "Amount").and_then(|a| a.parse::<i64>().ok()).filter(|a| *a >= 1)
 }
 
-/// A URL the simulator will post to: only the gateway's own callback routes (the ones its client
-/// sends, path secret included). Anyone else who reached the simulator could otherwise make the
-/// gateway POST to any address of their choosing.
+/// A URL the simulator will post to. Inside the gateway only its own callback routes (the ones its
+/// client sends, path secret included): anyone else who reached the simulator could otherwise make
+/// the gateway POST to any address of their choosing. Standalone, any http(s) URL, as Daraja.
 fn url(sim: &Sim, v: &Value, name: &str) -> Option<String> {
     let own = [&sim.cfg.callback_url, &sim.cfg.result_url, &sim.cfg.timeout_url];
-    text(v, name).filter(|u| own.iter().any(|o| o.as_str() == u.as_str()))
+    text(v, name).filter(|u| match sim.callbacks {
+        Callbacks::Gateway => own.iter().any(|o| o.as_str() == u.as_str()),
+        Callbacks::AsSent => u.starts_with("http://") || u.starts_with("https://"),
+    })
 }
 
 /// A 10-character receipt (`SIM` and 7 more), unique per simulator run.
@@ -295,7 +367,10 @@ async fn stk_push(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) 
     };
     let Some(reply_to) = url(&sim, &v, "CallBackURL") else { return bad("CallBackURL") };
     let item = Item {
+        seq: 0,
         id: String::new(),
+        rail_id: String::new(),
+        originator_id: None,
         kind: Kind::Prompt,
         party: phone,
         amount,
@@ -346,8 +421,12 @@ async fn stk_query(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes)
 }
 
 fn outbound(sim: &Sim, v: &Value, kind: Kind, party: String, amount: i64) -> Option<Item> {
+    let originator_id = text(v, "OriginatorConversationID");
     Some(Item {
-        id: text(v, "OriginatorConversationID").unwrap_or_default(),
+        seq: 0,
+        id: originator_id.clone().unwrap_or_default(),
+        rail_id: String::new(),
+        originator_id,
         kind,
         party,
         amount,
