@@ -39,6 +39,21 @@ const LEDGER_CREDENTIAL: &str = "fault-suite-ledger-credential";
 /// The wallet service's fake (tests/common/wallet.rs), served by this process on the bridge's
 /// host address: the replicas reach it over their veths, and the faults cut their side.
 const WALLET_PORT: u16 = 18090;
+/// `paygate rail-simulator --rail mpesa` listens in the backend's namespace (the ledger's), here.
+const RAIL_PORT: u16 = 8091;
+const RAIL_CONTROL_TOKEN: &str = "fault-suite-rail-control-token";
+/// Daraja's credentials, the same on the replicas and the simulator (which checks them).
+const MPESA_ENV: [(&str, &str); 9] = [
+    ("PAYGATE_MPESA__ENABLED", "true"),
+    ("PAYGATE_MPESA__ENVIRONMENT", "sandbox"),
+    ("PAYGATE_MPESA__CONSUMER_KEY", "fault-suite-consumer-key"),
+    ("PAYGATE_MPESA__CONSUMER_SECRET", "fault-suite-consumer-secret"),
+    ("PAYGATE_MPESA__SHORT_CODE", "174379"),
+    ("PAYGATE_MPESA__PASSKEY", "fault-suite-passkey"),
+    ("PAYGATE_MPESA__INITIATOR_NAME", "fault-suite-initiator"),
+    ("PAYGATE_MPESA__SECURITY_CREDENTIAL", "fault-suite-security-credential"),
+    ("PAYGATE_MPESA__CALLBACK_SECRET", "fault-suite-callback-secret-0123456789"),
+];
 /// Short, so a pause or a partition outlives an in-flight claim.
 const LEASE_SECS: u64 = 2;
 const WAIT_MS_MAX: u64 = 1500;
@@ -67,7 +82,7 @@ name = "default"
 [[policy.profiles]]
 name = "dev"
 subjects = ["dev-agent"]
-allowed_accounts = ["acct-A", "acct-B"]
+allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
 autonomous_limit = { KES = "1000.00" }
 daily_limit = { KES = "100000.00" }
 daily_payments_max = 100000
@@ -139,7 +154,7 @@ fn clean() {
 /// Cleans up at the end, whatever happened.
 struct Lab {
     replicas: Vec<Option<Child>>,
-    ledger: Option<Child>,
+    service: Option<Child>,
 }
 
 impl Drop for Lab {
@@ -148,7 +163,7 @@ impl Drop for Lab {
         // The replicas', the ledger service's and PostgreSQL's logs outlive the run, next to the histories.
         let keep = std::env::temp_dir().join("paygate-faults-history");
         let _ = std::fs::create_dir_all(&keep);
-        for f in ["r0.log", "r1.log", "r2.log", "ledger.log", "pg.log"] {
+        for f in ["r0.log", "r1.log", "r2.log", "ledger.log", "rail.log", "pg.log"] {
             let _ = std::fs::copy(format!("{ROOT}/{f}"), keep.join(f));
         }
         clean();
@@ -156,9 +171,10 @@ impl Drop for Lab {
 }
 
 impl Lab {
-    /// Stops the replicas and the ledger service (between backends, and at the end).
+    /// Stops the replicas and the backend's service: the ledger service or the rail simulator
+    /// (between backends, and at the end).
     fn stop(&mut self) {
-        for c in self.replicas.iter_mut().chain(std::iter::once(&mut self.ledger)).filter_map(Option::take) {
+        for c in self.replicas.iter_mut().chain(std::iter::once(&mut self.service)).filter_map(Option::take) {
             let mut c = c;
             let _ = nix_kill(c.id(), "CONT");
             let _ = c.kill();
@@ -239,6 +255,12 @@ enum Backend {
     /// the host's bridge address; the gateway keeps its own record, and the service names its
     /// payments (the record's `rail_ref`).
     Wallet,
+    /// M-Pesa payouts (`send_mpesa_payout`) to `paygate rail-simulator --rail mpesa` in the
+    /// backend's namespace, which answers every payout itself (`--auto accept`) with Daraja's
+    /// result posted to the replica that sent it; the gateway keeps its record (`rail_payments`,
+    /// its id the payout's OriginatorConversationID), and the simulator's records view is what
+    /// the rail did. Daraja has no idempotency key: a payout sent twice is paid twice.
+    Mpesa,
 }
 
 impl Backend {
@@ -247,11 +269,12 @@ impl Backend {
             Backend::Embedded => "embedded",
             Backend::Http => "http",
             Backend::Wallet => "wallet",
+            Backend::Mpesa => "mpesa",
         }
     }
     /// Whether the workload refunds (the wallet fake's refunds are not read back by the checker).
     fn refunds(self) -> bool {
-        self != Backend::Wallet
+        self != Backend::Wallet && self != Backend::Mpesa
     }
     /// The gateway replicas' schema.
     fn schema(self) -> &'static str {
@@ -259,6 +282,7 @@ impl Backend {
             Backend::Embedded => SCHEMA,
             Backend::Http => "faults_http",
             Backend::Wallet => "faults_wallet",
+            Backend::Mpesa => "faults_mpesa",
         }
     }
     /// Where the payments the backend made are: its own records, not the gateway's (the wallet
@@ -266,7 +290,7 @@ impl Backend {
     fn money_schema(self) -> &'static str {
         match self {
             Backend::Embedded => SCHEMA,
-            Backend::Http | Backend::Wallet => LEDGER_SCHEMA,
+            Backend::Http | Backend::Wallet | Backend::Mpesa => LEDGER_SCHEMA,
         }
     }
     /// The claim lease: short, so a pause or a partition outlives an in-flight claim; over http it
@@ -274,7 +298,7 @@ impl Backend {
     fn lease_secs(self) -> u64 {
         match self {
             Backend::Embedded => LEASE_SECS,
-            Backend::Http | Backend::Wallet => LEASE_SECS + 1,
+            Backend::Http | Backend::Wallet | Backend::Mpesa => LEASE_SECS + 1,
         }
     }
     fn faults(self) -> Vec<Fault> {
@@ -300,6 +324,14 @@ impl Backend {
             Backend::Wallet => {
                 vec![Fault::PartitionWallet, Fault::WalletAnswersLost, Fault::Kill, Fault::Pause, Fault::PgRestart]
             }
+            Backend::Mpesa => vec![
+                Fault::PartitionRail,
+                Fault::RailAnswersLost,
+                Fault::RailDegrade,
+                Fault::Kill,
+                Fault::Pause,
+                Fault::PgRestart,
+            ],
         }
     }
 }
@@ -354,6 +386,21 @@ fn spawn_replica(i: usize, clock: bool, backend: Backend) -> (Child, String, Str
             .env("PAYGATE_BACKEND__HTTP_RETRIES_MAX", "0")
             .env("PAYGATE_BACKEND__HTTP_BREAKER_OPEN_MS", "2000");
     }
+    if backend == Backend::Mpesa {
+        // One try per request, bounded well under the lease; Daraja's results come back to this
+        // replica, and a payout whose result never arrived is asked about by the poll job.
+        cmd.envs(MPESA_ENV)
+            .env("PAYGATE_DEV__SCOPES", "payments:read payments:payout")
+            .env("PAYGATE_MPESA__BASE_URL", format!("http://{LEDGER_ADDR}:{RAIL_PORT}"))
+            .env("PAYGATE_MPESA__CALLBACK_BASE_URL", format!("http://{}:8080", replica_addr(i)))
+            .env("PAYGATE_MPESA__REQUEST_TIMEOUT_MS", "500")
+            .env("PAYGATE_MPESA__RETRIES_MAX", "0")
+            // A killed replica holds the poll job's lease until it ends: short here, so another
+            // replica's status queries settle the payouts it left open within the resolution.
+            .env("PAYGATE_JOBS__LEASE_SECS", "5")
+            .env("PAYGATE_JOBS__MPESA_POLL_EVERY_SECS", "1")
+            .env("PAYGATE_MPESA__QUERY_AFTER_SECS", SETTLE_AFTER_SECS.to_string());
+    }
     if clock {
         cmd.env("LD_PRELOAD", FAKETIME_LIB)
             .env("FAKETIME_TIMESTAMP_FILE", format!("{ROOT}/faketime"))
@@ -399,6 +446,50 @@ fn spawn_ledger() -> Child {
     let listening = lines.next().and_then(Result::ok).unwrap_or_default();
     assert!(listening.starts_with("paygate ledger service: "), "the ledger service did not start: {listening:?}");
     child
+}
+
+/// `paygate rail-simulator --rail mpesa` in the backend's namespace, answering every payout
+/// itself; returns once it listens.
+fn spawn_rail() -> Child {
+    use std::io::BufRead;
+    let data = format!("{ROOT}/rail");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(format!("{ROOT}/config.toml"), CONFIG).unwrap();
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/rail.log")).unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", LEDGER_NS, &format!("{ROOT}/paygate"), "rail-simulator", "--rail", "mpesa"])
+        .args(["--auto", "accept", "--auto-after-ms", "200", "--bind"])
+        .arg(format!("{LEDGER_ADDR}:{RAIL_PORT}"))
+        .envs(MPESA_ENV)
+        .env("PAYGATE_RAIL_SIMULATOR_CONTROL_TOKEN", RAIL_CONTROL_TOKEN)
+        .env("PAYGATE_CONFIG", format!("{ROOT}/config.toml"))
+        .env("PAYGATE_STORAGE__DATA_DIR", &data)
+        .env("PAYGATE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("paygate rail-simulator starts");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(listening.starts_with("paygate rail simulator (mpesa): "), "the simulator did not start: {listening:?}");
+    child
+}
+
+/// What the rail simulator did: every payout it received (`seq`, the caller's originator id =
+/// the gateway's record id, amount in whole shillings, status), from its records view.
+async fn rail_payouts() -> Vec<Value> {
+    let url = format!("http://{LEDGER_ADDR}:{RAIL_PORT}/simulator/control/mpesa");
+    let view: Value = reqwest::Client::new()
+        .get(url)
+        .bearer_auth(RAIL_CONTROL_TOKEN)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("the rail simulator's records view")
+        .json()
+        .await
+        .unwrap();
+    view["items"].as_array().unwrap().iter().filter(|i| i["kind"] == "payout").cloned().collect()
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -455,6 +546,15 @@ fn pay_op(id: String, refused: bool) -> Op {
     let args = json!({"operation_id": id, "from_account": "acct-A", "to_account": to, "amount": "1.00",
                       "currency": "KES", "memo": id});
     Op { id, tool: "create_payment", args }
+}
+
+/// An M-Pesa payout of 10 shillings (remarks = its id); `refused`: to a number that is no
+/// Kenyan phone (INVALID_ARGUMENT: nothing is sent). (Not over the autonomous limit: asking for
+/// approvals that fast is RATE_LIMITED past the pending bound, which is not a refusal.)
+fn payout_op(id: String, refused: bool) -> Op {
+    let phone = if refused { "0012 345 678" } else { "0712 345 678" };
+    let args = json!({"operation_id": id, "phone_number": phone, "amount": "10", "remarks": id});
+    Op { id, tool: "send_mpesa_payout", args }
 }
 
 /// A partial refund of 0.60 of `payment`: two of them on one payment cannot both succeed.
@@ -547,12 +647,21 @@ impl Agent {
 /// twin on another replica: the two partial refunds race, and at most one may succeed.
 /// The first try of each operation on replica `pin` when given: two clients with the
 /// same `c` pinned to different replicas race every operation id across them.
-async fn load(agent: &mut Agent, fault: &str, c: usize, until: Instant, pin: Option<usize>, refunds: bool) -> Vec<Op> {
+async fn load(
+    agent: &mut Agent,
+    fault: &str,
+    c: usize,
+    until: Instant,
+    pin: Option<usize>,
+    backend: Backend,
+) -> Vec<Op> {
     let mut twin = agent.twin();
     let mut ops = Vec::new();
     let mut n = 0;
+    let refunds = backend.refunds();
     while Instant::now() < until {
-        let op = pay_op(format!("{fault}-c{c}-{n}"), n % 10 == 9);
+        let (id, refused) = (format!("{fault}-c{c}-{n}"), n % 10 == 9);
+        let op = if backend == Backend::Mpesa { payout_op(id, refused) } else { pay_op(id, refused) };
         let first = pin.unwrap_or(c + n);
         let paid = agent.attempt(&op, first).await;
         if refunds
@@ -581,19 +690,23 @@ async fn resolve(agent: &mut Agent, ops: &[Op], c: usize) {
             last.insert(e.op, o);
         }
     }
-    for (k, op) in ops.iter().enumerate() {
-        if let Some(Outcome::Ok(_)) = last.get(&op.id) {
-            continue;
-        }
-        let mut r = (c + k) % REPLICAS;
-        while Instant::now() < deadline {
-            // (A refused one asked again may meet a transient answer too: asked until determinate.)
-            if agent.invoke(op, r).await.is_some_and(|o| o.determinate()) {
-                break;
+    let mut left: Vec<(usize, &Op)> =
+        ops.iter().enumerate().filter(|(_, op)| !matches!(last.get(&op.id), Some(Outcome::Ok(_)))).collect();
+    // In rounds, each operation once per round on the next replica, so one that stays unknown
+    // (held by the gateway for a person) does not keep the others from being asked.
+    // (A refused one asked again may meet a transient answer too: asked until determinate.)
+    let mut round = 0;
+    while !left.is_empty() && Instant::now() < deadline {
+        let mut still = Vec::new();
+        for (k, op) in left {
+            let r = (c + k + round) % REPLICAS;
+            if !agent.invoke(op, r).await.is_some_and(|o| o.determinate()) {
+                still.push((k, op));
             }
-            r = (r + 1) % REPLICAS;
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        left = still;
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -617,6 +730,11 @@ struct Row {
     /// is still unsettled after resolution (`submitting`/`unknown`), or names other payments than
     /// the backend made.
     disagree: usize,
+    /// Operations without a definite answer whose payout the rail never received (the rail's
+    /// records name none of their gateway records, each still open): nothing moved, and the
+    /// gateway never sends them again — held for reconciliation and a person (M-Pesa: Daraja's
+    /// status query has no answer for a payout it never received).
+    held: usize,
     conserved: bool,
 }
 
@@ -628,7 +746,7 @@ impl Row {
             && self.diverged == 0
             && self.refusal_broken == 0
             && self.over_refunded == 0
-            && self.unknown == self.resolved
+            && self.unknown == self.resolved + self.held
             && self.disagree == 0
             && self.conserved
     }
@@ -712,12 +830,42 @@ async fn by_memo(db: &tokio_postgres::Client, sql: &str) -> BTreeMap<String, Vec
 /// The checker: the history of one fault kind against the final database — the backend's own
 /// records of what it paid (the embedded ledger's tables, the ledger service's, or the wallet
 /// fake's), and for an external backend the gateway's record of what it sent.
-async fn check(backend: Backend, fault: &str, events: &[Event], wallet: Option<(&wallet::WalletFake, usize)>) -> Row {
+async fn check(
+    backend: Backend,
+    fault: &str,
+    events: &[Event],
+    wallet: Option<(&wallet::WalletFake, usize)>,
+    rail_from: u64,
+) -> Row {
     let db = pg().await;
     let money = backend.money_schema();
+    // Every payout the rail received this kind (any status), once its automatic answers are in.
+    let rail_seen: BTreeSet<String> = if backend == Backend::Mpesa {
+        let waiting = Instant::now();
+        let mut seen = rail_payouts().await;
+        let open =
+            |seen: &[Value]| seen.iter().any(|i| i["seq"].as_u64() > Some(rail_from) && i["status"] == "pending");
+        while open(&seen) && waiting.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            seen = rail_payouts().await;
+        }
+        seen.iter()
+            .filter(|i| i["seq"].as_u64() > Some(rail_from))
+            .filter_map(|i| i["originator_id"].as_str())
+            .map(str::to_string)
+            .collect()
+    } else {
+        BTreeSet::new()
+    };
     // Payments and refunds, each by the operation that made it (memo / reason); the wallet fake's
-    // by the gateway records that name them, and those no record names.
+    // and the rail simulator's by the gateway records that name them, and those no record names.
+    let mut amounts_agree = true;
     let (payments, untracked) = match wallet {
+        None if backend == Backend::Mpesa => {
+            let (payments, untracked, agree) = rail_payments(&db, backend.schema(), fault, rail_from).await;
+            amounts_agree = agree;
+            (payments, untracked)
+        }
         None => {
             let sql = format!("SELECT memo, id FROM {money}.payments WHERE memo LIKE '{fault}-%'");
             (by_memo(&db, &sql).await, 0)
@@ -760,6 +908,28 @@ async fn check(backend: Backend, fault: &str, events: &[Event], wallet: Option<(
             row.unknown += 1;
             if outcomes.last().is_some_and(|o| o.determinate()) {
                 row.resolved += 1;
+            } else if backend == Backend::Mpesa {
+                let sql = format!("SELECT state, id FROM {}.rail_payments WHERE memo = '{op}'", backend.schema());
+                let records = by_memo(&db, &sql).await;
+                let open = records.keys().all(|state| state == "submitting" || state == "unknown");
+                let received = records.values().flatten().any(|id| rail_seen.contains(id));
+                if !records.is_empty() && open && !received && in_db.is_empty() {
+                    row.held += 1;
+                } else {
+                    let sql = format!(
+                        "SELECT id, state || ' (' || COALESCE(reason, '-') || ')' FROM {}.rail_payments WHERE memo = '{op}'",
+                        backend.schema()
+                    );
+                    let at_rail: Vec<Value> = rail_payouts()
+                        .await
+                        .into_iter()
+                        .filter(|i| records.values().flatten().any(|id| i["originator_id"] == *id))
+                        .collect();
+                    eprintln!(
+                        "faults: {fault}: {op} unresolved: records {:?}, at the rail {at_rail:?}, in_db {in_db:?}",
+                        by_memo(&db, &sql).await
+                    );
+                }
             }
         }
     }
@@ -779,11 +949,20 @@ async fn check(backend: Backend, fault: &str, events: &[Event], wallet: Option<(
         // The gateway's record follows the backend's: after resolution none is unsettled, and
         // the payments it says succeeded are exactly those the backend made.
         let gw = backend.schema();
-        let open_sql = format!(
-            "SELECT memo, id FROM {gw}.rail_payments WHERE state IN ('submitting', 'unknown') AND memo LIKE '{fault}-%'"
-        );
+        // (A payout is open until Daraja's result settles it: `pending` too.)
+        let open_states =
+            if backend == Backend::Mpesa { "'submitting', 'unknown', 'pending'" } else { "'submitting', 'unknown'" };
+        let open_sql =
+            format!("SELECT memo, id FROM {gw}.rail_payments WHERE state IN ({open_states}) AND memo LIKE '{fault}-%'");
         let waiting = Instant::now();
-        let mut open = by_memo(&db, &open_sql).await;
+        // (A payout the rail never received is held, not unsettled: see `Row::held`.)
+        let unsettled = |mut open: BTreeMap<String, Vec<String>>| {
+            if backend == Backend::Mpesa {
+                open.retain(|_, ids| ids.iter().any(|id| rail_seen.contains(id)));
+            }
+            open
+        };
+        let mut open = unsettled(by_memo(&db, &open_sql).await);
         let was_open = open.len();
         // (Not on the weakened build: its retries send new keys, so a record the backend never
         // received is never sent again, and it is caught anyway.)
@@ -796,7 +975,7 @@ async fn check(backend: Backend, fault: &str, events: &[Event], wallet: Option<(
         };
         while !open.is_empty() && waiting.elapsed() < settle_within {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            open = by_memo(&db, &open_sql).await;
+            open = unsettled(by_memo(&db, &open_sql).await);
         }
         if was_open > 0 {
             eprintln!(
@@ -814,14 +993,62 @@ async fn check(backend: Backend, fault: &str, events: &[Event], wallet: Option<(
         row.disagree =
             ops.into_iter().filter(|op| open.contains_key(*op) || sent.get(*op) != payments.get(*op)).count();
         if row.disagree > 0 {
-            eprintln!("faults: {fault}: gateway records unsettled {open:?}");
+            let sql = format!(
+                "SELECT id, state || ' (' || COALESCE(reason, '-') || ')' FROM {gw}.rail_payments \
+                 WHERE state IN ({open_states}) AND memo LIKE '{fault}-%'"
+            );
+            eprintln!("faults: {fault}: gateway records unsettled {open:?}: {:?}", by_memo(&db, &sql).await);
         }
     }
     row.conserved = match wallet {
+        // The rail keeps no books here: every payout it paid carried its record's amount.
+        None if backend == Backend::Mpesa => amounts_agree,
         None => conserved(money).await,
         Some((fake, _)) => wallet_conserved(fake),
     };
     row
+}
+
+/// The rail simulator's paid payouts of this kind (received after `from`, its records' `seq`), as
+/// the checker counts payments: `memo → [gateway record id]` for each payout whose originator id
+/// is a record of this kind (one per time the rail paid it), how many paid payouts no record
+/// names, and whether each paid what its record says.
+async fn rail_payments(
+    db: &tokio_postgres::Client,
+    gw: &str,
+    fault: &str,
+    from: u64,
+) -> (BTreeMap<String, Vec<String>>, usize, bool) {
+    let mut records: BTreeMap<String, (String, i64)> = BTreeMap::new();
+    let sql = format!("SELECT memo, id, amount_minor FROM {gw}.rail_payments WHERE memo LIKE '{fault}-%'");
+    for m in db.simple_query(&sql).await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            let amount = r.get(2).unwrap().parse().unwrap();
+            records.insert(r.get(1).unwrap().to_string(), (r.get(0).unwrap().to_string(), amount));
+        }
+    }
+    let (mut payments, mut untracked, mut agree): (BTreeMap<String, Vec<String>>, usize, bool) =
+        (BTreeMap::new(), 0, true);
+    for item in rail_payouts().await {
+        if item["seq"].as_u64().unwrap() <= from || item["status"] != "paid" {
+            continue;
+        }
+        let id = item["originator_id"].as_str().unwrap_or_default();
+        match records.get(id) {
+            Some((memo, amount)) => {
+                payments.entry(memo.clone()).or_default().push(id.to_string());
+                agree &= item["amount"].as_i64() == Some(amount / 100);
+            }
+            None => untracked += 1,
+        }
+    }
+    for ids in payments.values_mut() {
+        ids.sort();
+    }
+    if !agree {
+        eprintln!("conservation (mpesa): a payout the rail paid carried another amount than its record");
+    }
+    (payments, untracked, agree)
 }
 
 /// The wallet fake's payments of this kind (made since `from`), as the checker counts payments:
@@ -878,12 +1105,12 @@ fn wallet_conserved(fake: &wallet::WalletFake) -> bool {
 
 fn table(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| backend | fault | operations | acknowledged | refused | unknown→resolved | duplicates | lost | phantom | diverged | refusal broken | over-refunded | gateway ≠ backend | conservation |\n\
+        "| backend | fault | operations | acknowledged | refused | unknown→resolved (+held) | duplicates | lost | phantom | diverged | refusal broken | over-refunded | gateway ≠ backend | conservation |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {}→{} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {}→{}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.backend,
             r.fault,
             r.ops,
@@ -891,6 +1118,7 @@ fn table(rows: &[Row]) -> String {
             r.refused,
             r.unknown,
             r.resolved,
+            if r.held > 0 { format!(" (+{} held)", r.held) } else { String::new() },
             r.duplicates,
             r.lost,
             r.phantom,
@@ -940,6 +1168,15 @@ enum Fault {
     /// The wallet service's answers to replica 1 are dropped (iptables INPUT DROP from its port
     /// in the replica's namespace): requests reach it and are applied, answers never arrive.
     WalletAnswersLost,
+    /// Replica 0 cannot reach the rail simulator nor it replica 0 (iptables DROP in the replica's
+    /// namespace): payouts stall to their timeout, unknown whether Daraja took them; results for
+    /// replica 0 cannot be posted (the poll job's status query settles them).
+    PartitionRail,
+    /// The rail's answers and results to replica 1 are dropped (iptables OUTPUT DROP in the
+    /// rail's namespace): payouts that reached it are paid, their answers never arrive.
+    RailAnswersLost,
+    /// The rail's link shaped (tbf, both directions): queueing delay and tail drops.
+    RailDegrade,
 }
 
 impl Fault {
@@ -958,6 +1195,9 @@ impl Fault {
             Fault::LedgerKill => "sigkill-ledger",
             Fault::PartitionWallet => "partition-replica-wallet",
             Fault::WalletAnswersLost => "wallet-answers-lost",
+            Fault::PartitionRail => "partition-replica-rail",
+            Fault::RailAnswersLost => "rail-answers-lost",
+            Fault::RailDegrade => "rail-delay-loss-tbf",
         }
     }
 }
@@ -1007,21 +1247,21 @@ impl Suite {
                 tokio::time::sleep(FAULT_FOR / 2).await;
                 std::fs::write(format!("{ROOT}/faketime"), "-30\n").unwrap();
             }
-            Fault::PartitionLedger => {
+            Fault::PartitionLedger | Fault::PartitionRail => {
                 must(&format!("ip netns exec {} iptables -w -I INPUT -s {LEDGER_ADDR} -j DROP", ns(0)));
                 must(&format!("ip netns exec {} iptables -w -I OUTPUT -d {LEDGER_ADDR} -j DROP", ns(0)));
             }
-            Fault::AnswersLost => {
+            Fault::AnswersLost | Fault::RailAnswersLost => {
                 must(&format!("ip netns exec {LEDGER_NS} iptables -w -I OUTPUT -d {} -j DROP", replica_addr(1)));
             }
-            Fault::LedgerDegrade => {
+            Fault::LedgerDegrade | Fault::RailDegrade => {
                 must("tc qdisc add dev pgf-hl root tbf rate 16kbit burst 2kb limit 16kb");
                 must(&format!(
                     "ip netns exec {LEDGER_NS} tc qdisc add dev pgf-nl root tbf rate 16kbit burst 2kb limit 16kb"
                 ));
             }
             Fault::LedgerKill => {
-                let mut c = self.lab.ledger.take().unwrap();
+                let mut c = self.lab.service.take().unwrap();
                 c.kill().unwrap();
                 c.wait().unwrap();
             }
@@ -1062,13 +1302,13 @@ impl Suite {
                 sh(&format!("ip netns exec {} tc qdisc del dev pgf-n1 root", ns(1)));
             }
             Fault::ClockStep => std::fs::write(format!("{ROOT}/faketime"), "+0\n").unwrap(),
-            Fault::PartitionLedger => must(&format!("ip netns exec {} iptables -w -F", ns(0))),
-            Fault::AnswersLost => must(&format!("ip netns exec {LEDGER_NS} iptables -w -F")),
-            Fault::LedgerDegrade => {
+            Fault::PartitionLedger | Fault::PartitionRail => must(&format!("ip netns exec {} iptables -w -F", ns(0))),
+            Fault::AnswersLost | Fault::RailAnswersLost => must(&format!("ip netns exec {LEDGER_NS} iptables -w -F")),
+            Fault::LedgerDegrade | Fault::RailDegrade => {
                 sh("tc qdisc del dev pgf-hl root");
                 sh(&format!("ip netns exec {LEDGER_NS} tc qdisc del dev pgf-nl root"));
             }
-            Fault::LedgerKill => self.lab.ledger = Some(spawn_ledger()),
+            Fault::LedgerKill => self.lab.service = Some(spawn_ledger()),
             Fault::PartitionWallet => must(&format!("ip netns exec {} iptables -w -F", ns(0))),
             Fault::WalletAnswersLost => must(&format!("ip netns exec {} iptables -w -F", ns(1))),
         }
@@ -1088,7 +1328,12 @@ impl Suite {
         let racers: &[(usize, Option<usize>)] =
             if matches!(fault, Fault::ClockStep) { &[(CLIENTS, Some(REPLICAS - 1)), (CLIENTS, Some(0))] } else { &[] };
         let clients = (0..CLIENTS).map(|c| (c, None)).chain(racers.iter().copied());
-        let refunds = self.backend.refunds();
+        let backend = self.backend;
+        // The rail's payouts received before this kind are not this kind's.
+        let rail_from = match self.backend {
+            Backend::Mpesa => rail_payouts().await.iter().filter_map(|i| i["seq"].as_u64()).max().unwrap_or(0),
+            _ => 0,
+        };
         // The wallet fake's payments made before this kind are not this kind's.
         let wallet = self.wallet.clone().map(|w| {
             let from = w.payments().len();
@@ -1103,7 +1348,7 @@ impl Suite {
                 t0,
             };
             tasks.spawn(async move {
-                let ops = load(&mut agent, name, c, until, pin, refunds).await;
+                let ops = load(&mut agent, name, c, until, pin, backend).await;
                 (agent, ops, c)
             });
         }
@@ -1129,7 +1374,8 @@ impl Suite {
         }
         let events = history.events();
         write_history(name, &events);
-        let mut row = check(self.backend, name, &events, wallet.as_ref().map(|(w, from)| (w.as_ref(), *from))).await;
+        let wallet = wallet.as_ref().map(|(w, from)| (w.as_ref(), *from));
+        let mut row = check(self.backend, name, &events, wallet, rail_from).await;
         row.fault = fault.name().to_string();
         if matches!(fault, Fault::ClockStep) {
             // The step took: replica 2 stamped payments 30 s ahead of, or behind, the real clock.
@@ -1167,12 +1413,17 @@ fn write_history(name: &str, events: &[Event]) {
 
 /// The replicas run the build this test was compiled for: one operation id twice on a healthy
 /// replica replays the payment, except on the weakened build, which pays it again.
-async fn probe_build(url: &str, token: &str, weakened: bool) {
+async fn probe_build(url: &str, token: &str, weakened: bool, backend: Backend) {
     let c = try_connect(url, token, Era::Modern).await.expect("the probe connects");
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let args = pay_op("probe-build".into(), false).args.as_object().cloned().unwrap();
-        let req = rmcp::model::CallToolRequestParams::new("create_payment").with_arguments(args);
+        let op = if backend == Backend::Mpesa {
+            payout_op("probe-build".into(), false)
+        } else {
+            pay_op("probe-build".into(), false)
+        };
+        let args = op.args.as_object().cloned().unwrap();
+        let req = rmcp::model::CallToolRequestParams::new(op.tool).with_arguments(args);
         let r = c.call_tool(req).await.expect("the probe is answered");
         ids.push(r.structured_content.unwrap_or_default()["payment_id"].clone());
     }
@@ -1238,18 +1489,21 @@ async fn faults_keep_every_payment_exactly_once() {
     }
     network();
     postgres();
-    let mut backends = vec![Backend::Embedded, Backend::Http, Backend::Wallet];
+    let mut backends = vec![Backend::Embedded, Backend::Http, Backend::Wallet, Backend::Mpesa];
     if let Ok(only) = std::env::var("PAYGATE_FAULTS_BACKENDS") {
         backends.retain(|b| only.split(',').any(|o| o == b.name()));
     }
     let only = std::env::var("PAYGATE_FAULTS_ONLY").ok();
     let mut rows = Vec::new();
-    let mut lab = Lab { replicas: Vec::new(), ledger: None };
+    let mut lab = Lab { replicas: Vec::new(), service: None };
     let ran = backends.clone();
     for backend in backends {
         let up = Instant::now();
         if backend == Backend::Http {
-            lab.ledger = Some(spawn_ledger());
+            lab.service = Some(spawn_ledger());
+        }
+        if backend == Backend::Mpesa {
+            lab.service = Some(spawn_rail());
         }
         let wallet = match backend {
             Backend::Wallet => {
@@ -1268,7 +1522,7 @@ async fn faults_keep_every_payment_exactly_once() {
             }
         }
         wait_ready(&urls);
-        probe_build(&urls[0], &token, weakened).await;
+        probe_build(&urls[0], &token, weakened, backend).await;
         eprintln!("faults: {}: {REPLICAS} replicas up in {:?}", backend.name(), up.elapsed());
         let mut suite = Suite { backend, wallet, lab, urls: Arc::new(urls), token: Arc::new(token), clock, iptables };
         let mut faults = backend.faults();
@@ -1286,6 +1540,8 @@ async fn faults_keep_every_payment_exactly_once() {
                     | Fault::AnswersLost
                     | Fault::PartitionWallet
                     | Fault::WalletAnswersLost
+                    | Fault::PartitionRail
+                    | Fault::RailAnswersLost
             );
             if needs_iptables && !suite.iptables {
                 common::skipped(&format!("faults: iptables could not be installed; {}", f.name()));
