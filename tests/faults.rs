@@ -82,7 +82,7 @@ name = "default"
 [[policy.profiles]]
 name = "dev"
 subjects = ["dev-agent"]
-allowed_accounts = ["acct-A", "acct-B", "mpesa-collections"]
+allowed_accounts = ["acct-A", "acct-B"]
 autonomous_limit = { KES = "1000.00" }
 daily_limit = { KES = "100000.00" }
 daily_payments_max = 100000
@@ -301,6 +301,14 @@ impl Backend {
             Backend::Http | Backend::Wallet | Backend::Mpesa => LEASE_SECS + 1,
         }
     }
+    /// The replicas' config file: the payouts' account is allowed on M-Pesa only (the wallet
+    /// service refuses a profile naming an account it has no UUID for).
+    fn config(self) -> String {
+        match self {
+            Backend::Mpesa => CONFIG.replace(r#"["acct-A", "acct-B"]"#, r#"["acct-A", "acct-B", "mpesa-collections"]"#),
+            _ => CONFIG.to_string(),
+        }
+    }
     fn faults(self) -> Vec<Fault> {
         match self {
             Backend::Embedded => vec![
@@ -342,7 +350,7 @@ fn spawn_replica(i: usize, clock: bool, backend: Backend) -> (Child, String, Str
     use std::io::BufRead;
     let data = format!("{ROOT}/{}-r{i}", backend.name());
     std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(format!("{ROOT}/config.toml"), CONFIG).unwrap();
+    std::fs::write(format!("{ROOT}/config.toml"), backend.config()).unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/r{i}.log")).unwrap();
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &ns(i), &format!("{ROOT}/paygate")])
@@ -454,7 +462,7 @@ fn spawn_rail() -> Child {
     use std::io::BufRead;
     let data = format!("{ROOT}/rail");
     std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(format!("{ROOT}/config.toml"), CONFIG).unwrap();
+    std::fs::write(format!("{ROOT}/config.toml"), Backend::Mpesa.config()).unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/rail.log")).unwrap();
     let mut child = Command::new("ip")
         .args(["netns", "exec", LEDGER_NS, &format!("{ROOT}/paygate"), "rail-simulator", "--rail", "mpesa"])
