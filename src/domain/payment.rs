@@ -221,8 +221,9 @@ pub struct Attempt {
     /// record naming it is tagged by the gateway (`audit_chain::record_tag`). A replay (the key
     /// already posted) answers with the earlier payment; its record still names this id.
     pub payment_id: PaymentId,
-    /// The "allowed" audit record, appended with the postings by backends that record in the
-    /// transaction; it names `payment_id`.
+    /// The record the attempt's first write appends, naming `payment_id`: "allowed", with the
+    /// postings, by backends that record in the transaction; "submitted", with the record a rail
+    /// or an external ledger opens before it sends anything (`Store::rail_open`).
     pub audit: Option<AuditRecord>,
     /// `Some`: the keys are not reserved yet; the posting transaction claims them.
     pub claim: Option<Claim>,
