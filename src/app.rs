@@ -52,6 +52,7 @@ fn backend(
     config: &Config,
     store: &Arc<dyn Store>,
     clock: &Arc<dyn Clock>,
+    links: crate::domain::audit_chain::LinkKey,
 ) -> Result<(Arc<dyn crate::backend::PaymentBackend>, Option<Arc<crate::backend::http::HttpLedger>>), StartError> {
     if config.backend.kind == BackendKind::Ledger {
         return Ok((Arc::new(LedgerBackend::new(store.clone(), clock.clone())), None));
@@ -82,13 +83,13 @@ fn backend(
             .map_err(|e| StartError::Backend(e.to_string()))?;
         // Its transport is an HttpLedger: its breaker is the one the gauge shows.
         let transport = wallet.transport();
-        let journaled = crate::backend::journal::Journaled::new(Arc::new(wallet), store.clone(), clock.clone());
+        let journaled = crate::backend::journal::Journaled::new(Arc::new(wallet), store.clone(), clock.clone(), links);
         return Ok((Arc::new(journaled), Some(transport)));
     }
     let http = crate::backend::http::HttpLedger::new(transport, clock.clone())
         .map_err(|e| StartError::Backend(e.to_string()))?;
     let http = Arc::new(http);
-    let journaled = crate::backend::journal::Journaled::new(http.clone(), store.clone(), clock.clone());
+    let journaled = crate::backend::journal::Journaled::new(http.clone(), store.clone(), clock.clone(), links);
     Ok((Arc::new(journaled), Some(http)))
 }
 
@@ -733,7 +734,11 @@ fn gateway(
     let mandate_secret = secret_or_file(config, &config.mandates.secret, "mandate.key")?;
     let schedule = mandate_schedule(config).map_err(|e| StartError::Auth(e.to_string()))?;
     let mandate_keys = Arc::new(MandateKeys::new(schedule, &mandate_secret).map_err(StartError::Auth)?);
-    let (backend, http_ledger) = backend(config, store, clock)?;
+    // The journal of an external ledger tags the records it writes as the gateway does.
+    let links = crate::domain::audit_chain::LinkKey::new(
+        KeyDeriver::new(idem_secret.clone()).subkey(crate::domain::audit_chain::LINK_KEY_LABEL),
+    );
+    let (backend, http_ledger) = backend(config, store, clock, links)?;
     let limits = GatewayLimits {
         public_url: public_url.to_string(),
         approval_page_base: config.console.enabled.then(|| format!("{public_url}/console")),

@@ -558,7 +558,8 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         clock.clone(),
     )
     .unwrap();
-    let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone());
+    let links = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone(), links);
     let today = r.clock.now() - r.clock.now().rem_euclid(86_400);
     let budget = || Guards {
         budget: Some(DailyBudget { kind: PaymentKind::Payment, since: today, max_minor: 1_000_000, max_payments: 1 }),
@@ -760,5 +761,75 @@ async fn the_poll_job_settles_open_records_from_the_ledgers_word_without_sending
     ok(&call(c, "create_payment", pay("open-never", "60.00")).await);
     assert_eq!(ledger_payments(&r).await.len(), 3);
     assert_eq!(balance(c, "acct-B").await, "150.00");
+    r.app.stop().await;
+}
+
+/// Whether the audit trail says the ledger's word on `payment`: a record naming it with `decision`
+/// and `code`, tagged by the gateway.
+async fn trail_says(app: &TestApp, payment: &str, decision: &str, code: &str) -> bool {
+    let records = app.running.store.audit_list(None, 10_000).await.unwrap();
+    records.iter().any(|r| {
+        r.payment_id.as_deref() == Some(payment)
+            && r.decision == decision
+            && r.code.as_deref() == Some(code)
+            && r.tag.is_some()
+    })
+}
+
+/// Stop 64's review (high): the ledger's answer moved the gateway's record to `succeeded` with no
+/// audit record of it in that transaction, and the "allowed" record appended after it could fail
+/// unseen: money the ledger moved, settled in the gateway's books, that the trail never said
+/// settled. The answer is now audited in the transaction that records it ("answered"), and the
+/// poll job's word too ("query_settled"): with every record but the opening one failing, the
+/// record is not settled at all until its audit record can be written with it.
+#[tokio::test]
+async fn no_ledger_payment_settles_in_the_gateways_record_without_the_trail_saying_so() {
+    let r = rig().await;
+    let c = &r.client;
+    let store = &r.app.running.store;
+    let record_of = |id: String| async move {
+        let id = PaymentId::parse(&id).unwrap();
+        store.rail_get(&id).await.unwrap().expect("the gateway's record")
+    };
+
+    // A plain payment: submitted, then the ledger's answer in the same write as the record's move.
+    let paid = call(c, "create_payment", pay("said-1", "30.00")).await;
+    let id = ok(&paid)["payment_id"].as_str().unwrap().to_string();
+    assert_eq!(record_of(id.clone()).await.state, RailState::Succeeded);
+    assert!(trail_says(&r.app, &id, "answered", "SUCCEEDED").await, "the ledger's answer is in the trail");
+
+    // Every audit write after the opening one fails: the ledger pays and the agent is told so, but
+    // the gateway's record does not settle without its record of the ledger's word.
+    gateway_sql(
+        &r.app,
+        "CREATE TRIGGER injected_fault BEFORE INSERT ON audit_records WHEN NEW.decision <> 'submitted'
+         BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+    );
+    let paid = call(c, "create_payment", pay("said-2", "20.00")).await;
+    assert_eq!(ok(&paid)["status"], "succeeded", "{paid:?}");
+    let id = ok(&paid)["payment_id"].as_str().unwrap().to_string();
+    assert!(ledger_payments(&r).await.iter().any(|p| p.id.as_str() == id), "the ledger paid");
+    let rec = record_of(id.clone()).await;
+    assert_eq!(rec.state, RailState::Submitting, "not settled without its audit record: {rec:?}");
+    assert!(!trail_says(&r.app, &id, "answered", "SUCCEEDED").await);
+    gateway_sql(&r.app, "DROP TRIGGER injected_fault");
+
+    // Healed: the poll job asks the ledger (never sending again) and settles it with its record.
+    r.clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(60, std::time::Duration::from_secs(10)).await, 1);
+    assert_eq!(record_of(id.clone()).await.state, RailState::Succeeded);
+    assert!(trail_says(&r.app, &id, "query_settled", "SUCCEEDED").await, "the ledger's word is in the trail");
+    assert_eq!(ledger_payments(&r).await.len(), 2, "paid once each");
+
+    // Every settled record of the gateway's has a record of the ledger's word saying so.
+    for (_, rec) in store.rail_since(RailPage { since: 0, after_seq: 0, limit: 100 }).await.unwrap() {
+        assert_eq!(rec.state, RailState::Succeeded, "{rec:?}");
+        let id = rec.id.to_string();
+        assert!(
+            trail_says(&r.app, &id, "answered", "SUCCEEDED").await
+                || trail_says(&r.app, &id, "query_settled", "SUCCEEDED").await,
+            "{rec:?}"
+        );
+    }
     r.app.stop().await;
 }

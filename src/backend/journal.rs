@@ -12,6 +12,11 @@
 //!   payment id (the backend applies it at most once); reconciliation settles what no retry does.
 //!
 //! A record found under the key on a retry is re-sent as it was, with nothing drawn again.
+//!
+//! Every word of the backend that moves a record (its answer, a status read by the poll job)
+//! is audited in the same transaction (`RailUpdate::audit`, tagged with the gateway's link key):
+//! money the backend moved is never settled in the gateway's record without a record naming it,
+//! whatever becomes of the "allowed" record the gateway appends after the answer.
 
 use std::sync::Arc;
 
@@ -23,6 +28,8 @@ use super::{
     PaymentKind, PaymentQuery, PaymentStatus, RefundRequest, TransferRequest,
 };
 use crate::clock::Clock;
+use crate::domain::audit::AuditRecord;
+use crate::domain::audit_chain::LinkKey;
 use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
@@ -45,11 +52,76 @@ pub struct Journaled {
     inner: Arc<dyn PaymentBackend>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
+    /// The gateway's audit link key (`audit_chain::LINK_KEY_LABEL`): the records this journal
+    /// writes are tagged as the gateway's own.
+    links: LinkKey,
 }
 
+/// The decision of the record written with a backend's answer to a send.
+pub const ANSWERED: &str = "answered";
+/// The decision of the record written with a backend's word read later (the poll job).
+pub const QUERY_SETTLED: &str = "query_settled";
+
 impl Journaled {
-    pub fn new(inner: Arc<dyn PaymentBackend>, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
-        Journaled { inner, store, clock }
+    pub fn new(inner: Arc<dyn PaymentBackend>, store: Arc<dyn Store>, clock: Arc<dyn Clock>, links: LinkKey) -> Self {
+        Journaled { inner, store, clock, links }
+    }
+
+    /// The audit record of a backend's word on `rec`, written in the transaction that moves the
+    /// record. `opening`: the attempt's "submitted" record (its caller, tool and key are this
+    /// one's); without it (the poll job), the record is the backend's, under `<backend>_callback`
+    /// as a rail's word is.
+    fn said(
+        &self,
+        opening: Option<&AuditRecord>,
+        rec: &RailPayment,
+        decision: &str,
+        status: PaymentStatus,
+        detail: String,
+    ) -> AuditRecord {
+        let name = self.inner.name();
+        let base = match opening {
+            Some(o) => o.clone(),
+            None => AuditRecord {
+                seq: 0,
+                at: 0,
+                correlation_id: "-".into(),
+                principal_iss: name.to_string(),
+                principal_sub: rec.principal_sub.clone(),
+                principal_user: rec.principal_user.clone(),
+                tool: format!("{name}_callback"),
+                decision: String::new(),
+                code: None,
+                idempotency_key: Some(rec.idempotency_key.clone()),
+                payment_id: None,
+                approval_id: None,
+                detail: None,
+                repeats: 1,
+                policy_version: None,
+                intent: None,
+                tag: None,
+            },
+        };
+        let code = match status {
+            PaymentStatus::Succeeded => "SUCCEEDED",
+            PaymentStatus::Pending => "PENDING",
+            PaymentStatus::Failed => "FAILED",
+        };
+        let record = AuditRecord {
+            seq: 0,
+            at: self.clock.now(),
+            decision: decision.to_string(),
+            code: Some(code.to_string()),
+            payment_id: Some(rec.id.to_string()),
+            detail: Some(detail),
+            repeats: 1,
+            // Not a decision of policy: nothing for `policy simulate` to replay.
+            policy_version: None,
+            intent: None,
+            tag: None,
+            ..base
+        };
+        crate::domain::audit_chain::tagged(&self.links, record, rand::random())
     }
 
     /// Record the backend's answer to a send of `rec`. `created`: this call opened the record, so
@@ -58,6 +130,7 @@ impl Journaled {
         &self,
         rec: &RailPayment,
         created: bool,
+        opening: Option<&AuditRecord>,
         answer: Result<Payment, BackendError>,
     ) -> Result<Payment, BackendError> {
         let now = self.clock.now();
@@ -69,7 +142,10 @@ impl Journaled {
                     PaymentStatus::Pending => RailState::Pending,
                     PaymentStatus::Failed => RailState::Failed,
                 };
-                let update = RailUpdate { rail_ref: Some(payment.id.to_string()), ..Default::default() };
+                let detail = format!("the {} answered: {} ({})", self.inner.name(), state.as_str(), payment.id);
+                let said = self.said(opening, rec, ANSWERED, payment.status, detail);
+                let update =
+                    RailUpdate { rail_ref: Some(payment.id.to_string()), audit: Some(said), ..Default::default() };
                 let answer = RailMove { id: &rec.id, from: &open, to: state, update };
                 if let Err(error) = self.record_answer(answer, now).await {
                     // The backend holds the payment. The poll job asks a backend named by the
@@ -114,7 +190,10 @@ impl Journaled {
                     let given_back = match rec.state {
                         RailState::Submitting => self.store.rail_abandon(&rec.id).await.map(|_| ()),
                         _ => {
-                            let update = RailUpdate { reason: Some(error.to_string()), ..Default::default() };
+                            let detail = format!("the {} refused it: {error}", self.inner.name());
+                            let said = self.said(opening, rec, ANSWERED, PaymentStatus::Failed, detail);
+                            let update =
+                                RailUpdate { reason: Some(error.to_string()), audit: Some(said), ..Default::default() };
                             self.store
                                 .rail_transition(
                                     RailMove { id: &rec.id, from: &open, to: RailState::Failed, update },
@@ -212,7 +291,9 @@ impl Journaled {
             PaymentStatus::Pending => return Ok(false),
         };
         let from = rules::settles_from(rec.flow);
-        let Some(m) = rules::settles(rec, &settlement, from, None, false) else { return Ok(false) };
+        let Some(mut m) = rules::settles(rec, &settlement, from, None, false) else { return Ok(false) };
+        let detail = format!("the {} said: {}", self.inner.name(), m.to.as_str());
+        m.update.audit = Some(self.said(None, rec, QUERY_SETTLED, p.status, detail));
         let moved = self.store.rail_transition(m, self.clock.now()).await?;
         Ok(moved.is_some_and(|r| r.state.is_terminal()))
     }
@@ -251,7 +332,9 @@ impl Journaled {
             PaymentStatus::Failed => RailState::Failed,
             PaymentStatus::Pending => RailState::Pending,
         };
-        let update = RailUpdate { rail_ref: Some(p.id.to_string()), ..Default::default() };
+        let detail = format!("the {} holds it: {} ({})", self.inner.name(), to.as_str(), p.id);
+        let said = self.said(None, rec, QUERY_SETTLED, p.status, detail);
+        let update = RailUpdate { rail_ref: Some(p.id.to_string()), audit: Some(said), ..Default::default() };
         let from = [RailState::Submitting, RailState::Unknown];
         let moved =
             self.store.rail_transition(RailMove { id: &rec.id, from: &from, to, update }, self.clock.now()).await?;
@@ -301,7 +384,8 @@ impl PaymentBackend for Journaled {
         let (from, to) = (req.from_account.clone(), req.to_account.clone());
         let mut rec = order.record(self.inner.name(), (RailFlow::Ledger, PaymentKind::Payment), from, to, req.amount);
         rec.memo = req.memo.clone();
-        let opened = self.store.rail_open(rec, req.guards.clone(), req.attempt.audit.clone(), self.clock.now()).await?;
+        let opening = req.attempt.audit.clone();
+        let opened = self.store.rail_open(rec, req.guards.clone(), opening.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Payment
             || rec.from_account != req.from_account
@@ -330,7 +414,7 @@ impl PaymentBackend for Journaled {
             ..req
         };
         let answer = self.inner.transfer(send).await;
-        self.settle(&rec, created, answer).await
+        self.settle(&rec, created, opening.as_ref(), answer).await
     }
 
     async fn refund(&self, req: RefundRequest) -> Result<Payment, BackendError> {
@@ -358,7 +442,8 @@ impl PaymentBackend for Journaled {
         let mut rec = order.record(self.inner.name(), (RailFlow::Ledger, PaymentKind::Refund), from, to, amount);
         rec.refund_of = Some(req.payment_id.clone());
         rec.memo = req.reason.clone();
-        let opened = self.store.rail_open(rec, req.guards.clone(), req.attempt.audit.clone(), self.clock.now()).await?;
+        let opening = req.attempt.audit.clone();
+        let opened = self.store.rail_open(rec, req.guards.clone(), opening.clone(), self.clock.now()).await?;
         let (rec, created) = (opened.rec, opened.created);
         if rec.kind != PaymentKind::Refund || rec.refund_of.as_ref() != Some(&req.payment_id) {
             return Err(BackendError::IdempotencyKeyReused);
@@ -382,7 +467,7 @@ impl PaymentBackend for Journaled {
             BackendError::PaymentNotFound(_) => BackendError::PaymentNotFound(gateway_id.clone()),
             other => other,
         });
-        self.settle(&rec, created, answer).await
+        self.settle(&rec, created, opening.as_ref(), answer).await
     }
 
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, BackendError> {

@@ -510,6 +510,7 @@ mod tests {
             ("create_payment", "allowed", "paid"),
             ("refund_payment", "allowed", "refunded"),
             ("send_mpesa_payout", "submitted", "submitted"),
+            ("create_payment", "answered", "answered"),
             ("create_payment", "replayed", "replayed"),
             ("mpesa_callback", "settled", "receipt"),
             ("create_payment", "denied", "refused"),

@@ -168,6 +168,7 @@ pub fn step_of(rec: &AuditRecord) -> &'static str {
         (_, "mandate_accepted") => "mandate_accepted",
         ("refund_payment", "allowed") => "refunded",
         (_, "submitted") => "submitted",
+        (_, "answered") => "answered",
         (_, "allowed") => "paid",
         (_, "replayed") => "replayed",
         (tool, _) if tool.ends_with("_callback") => "receipt",

@@ -367,14 +367,17 @@ pub(crate) fn unaudited_payment(since: i64, before: i64, dialect: Dialect) -> St
 /// The first "allowed" record made in `[since, before)` that names a payment the store does not
 /// hold: not in `payments` (by id, nor a payment under its idempotency key — a ledger replay's
 /// record names the attempt's id while the earlier payment answers), nor in `rail_payments`. A
-/// payment deleted, postings and balances with it, after it was decided. ("submitted" records are
-/// not held to it: a rail record the rail refused before anything started is abandoned, deleted.)
+/// payment deleted, postings and balances with it, after it was decided; or a rail's or external
+/// ledger's record deleted after its word settled it ("answered", "query_settled": such a record
+/// is never abandoned). ("submitted" records are not held to it: a rail record the rail refused
+/// before anything started is abandoned, deleted.)
 pub(crate) fn vanished_payment(since: i64, before: i64, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);
     let (since, before) = (b.int(since), b.int(before));
     let text = format!(
         "SELECT a.seq, a.payment_id FROM audit_records a
-         WHERE a.decision = 'allowed' AND a.payment_id IS NOT NULL AND a.at >= {since} AND a.at < {before}
+         WHERE a.decision IN ('allowed', 'answered', 'query_settled') AND a.payment_id IS NOT NULL
+           AND a.at >= {since} AND a.at < {before}
            AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = a.payment_id)
            AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.idempotency_key = a.idempotency_key)
            AND NOT EXISTS (SELECT 1 FROM rail_payments r WHERE r.id = a.payment_id)
