@@ -450,6 +450,36 @@ pub async fn seed_demo_accounts(config: &Config, store: &Arc<dyn Store>) -> Resu
 }
 
 /// Open the configured store (running its migrations).
+/// The SQLite database file the config names (`storage.url` `sqlite://…`, else `storage.data_dir`
+/// joined with `storage.sqlite_file`; relative to the directory paygate runs in).
+pub fn sqlite_path(config: &Config) -> PathBuf {
+    let st = &config.storage;
+    match st.url.strip_prefix("sqlite://") {
+        Some(p) => PathBuf::from(p),
+        None => st.data_dir.join(&st.sqlite_file),
+    }
+}
+
+/// For commands that read a store and must not make one (`audit verify`, `reconcile`,
+/// `check-ledger`): the SQLite file the config names must already exist. A relative data_dir read
+/// from another directory would otherwise open a new, empty store, and "nothing wrong in it" is
+/// not an answer about the gateway's. `Err`: why, naming the absolute path looked for.
+pub fn existing_store(config: &Config) -> Result<(), String> {
+    if config.storage.is_postgres() {
+        return Ok(());
+    }
+    let path = sqlite_path(config);
+    if path.is_file() {
+        return Ok(());
+    }
+    let shown = std::path::absolute(&path).unwrap_or(path);
+    Err(format!(
+        "no store at {}: nothing to check (storage.data_dir is relative to the directory paygate runs in; \
+         run it where the gateway runs, or give the path whole)",
+        shown.display()
+    ))
+}
+
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     let st = &config.storage;
     if st.is_postgres() {
@@ -457,10 +487,7 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
         let store = PostgresStore::connect_with(&st.url, &st.postgres_schema, &tls).await?;
         return Ok(Arc::new(store));
     }
-    let path = match st.url.strip_prefix("sqlite://") {
-        Some(p) => PathBuf::from(p),
-        None => st.data_dir.join(&st.sqlite_file),
-    };
+    let path = sqlite_path(config);
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         crate::private_fs::create_dir(parent)
             .map_err(|source| StartError::DataDir { path: parent.to_path_buf(), source })?;

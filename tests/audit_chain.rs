@@ -743,3 +743,31 @@ async fn checkpoints_are_thinned_to_one_per_interval_and_the_newest() {
     assert!(verdict.ok && verdict.checkpoints_matched == 3, "{verdict:?}");
     app.stop().await;
 }
+
+/// Stop 64's review (low): `paygate audit verify` (and `reconcile`, `check-ledger`) with a relative
+/// `storage.data_dir`, run from another directory, opened — and created — an empty store there
+/// and answered `ok: true, checked: 0`: a verdict about nothing, read as one about the gateway's
+/// trail. A command that reads a store now refuses when the store is not there, naming the path it
+/// looked for, and creates nothing.
+#[tokio::test]
+async fn checking_a_store_that_is_not_there_is_refused_and_creates_nothing() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    for args in [&["audit", "verify"][..], &["check-ledger"], &["reconcile"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(args)
+            .current_dir(elsewhere.path())
+            .env_remove("PAYGATE_CONFIG")
+            .env_remove("PAYGATE_STORAGE__URL")
+            .env("PAYGATE_STORAGE__DATA_DIR", "gateway-data")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {} {stderr}", String::from_utf8_lossy(&out.stdout));
+        let looked_for = elsewhere.path().join("gateway-data");
+        assert!(
+            stderr.contains("no store at") && stderr.contains(&looked_for.display().to_string()),
+            "{args:?}: {stderr}"
+        );
+        assert!(!looked_for.exists(), "{args:?}: it created a store");
+    }
+}

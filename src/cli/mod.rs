@@ -310,13 +310,13 @@ pub fn run() -> ExitCode {
             };
             with_config(file, |c| rail_simulator::run(c, opts))
         }
-        Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
-        Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
+        Command::Reconcile { since } => with_store(file, |c| reconcile(c, since.as_deref())),
+        Command::CheckLedger { full } => with_store(file, |c| check_ledger(c, full)),
         Command::Mandate { command: MandateCommand::ExportKeys { since } } => {
             with_config(file, |c| export_keys(c, &since))
         }
         Command::Audit { command: AuditCommand::Verify { archive_dir, keys, expect } } => {
-            with_config(file, |c| verify_audit(c, archive_dir, &keys, expect))
+            with_store(file, |c| verify_audit(c, archive_dir, &keys, expect))
         }
         Command::Policy { command: PolicyCommand::Export { version } } => {
             with_config(file, |c| policy::export(c, version))
@@ -331,6 +331,18 @@ pub fn run() -> ExitCode {
             with_config(file, |c| passkeys::enrol_code(c, &owner, issuer.as_deref()))
         }
     }
+}
+
+/// `with_config` for a command that reads the gateway's store and must not create one: exit 2,
+/// naming the path looked for, when the SQLite file the config names does not exist.
+fn with_store(file: Option<&std::path::Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    with_config(file, |c| match crate::app::existing_store(&c) {
+        Ok(()) => f(c),
+        Err(e) => {
+            crate::logging::fatal(&e);
+            could_not_run()
+        }
+    })
 }
 
 /// Load the config (defaults → file → environment) and run `f` with it; exit 2 when it is invalid.
