@@ -466,7 +466,10 @@ fn spawn_rail() -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/rail.log")).unwrap();
     let mut child = Command::new("ip")
         .args(["netns", "exec", LEDGER_NS, &format!("{ROOT}/paygate"), "rail-simulator", "--rail", "mpesa"])
-        .args(["--auto", "accept", "--auto-after-ms", "200", "--bind"])
+        // Room for every payout of the six kinds: past the default 10,000 items the simulator
+        // answers 503, and operations refused BACKEND_UNAVAILABLE for good never resolve (a run
+        // on a quiet machine makes ~10,000 payouts).
+        .args(["--auto", "accept", "--auto-after-ms", "200", "--items-max", "100000", "--bind"])
         .arg(format!("{LEDGER_ADDR}:{RAIL_PORT}"))
         .envs(MPESA_ENV)
         .env("PAYGATE_RAIL_SIMULATOR_CONTROL_TOKEN", RAIL_CONTROL_TOKEN)

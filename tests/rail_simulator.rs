@@ -329,3 +329,39 @@ async fn a_simulator_killed_holding_a_payout_is_never_sent_it_again() {
     assert!(items(&after, |i| i["kind"] == "payout").is_empty(), "never sent again: {after}");
     app.stop().await;
 }
+
+/// `--items-max`: a simulator keeps that many items, then refuses new ones with 503 (nothing
+/// recorded, nothing paid) — and the gateway tells the agent nothing moved. Out of its bounds the
+/// simulator does not start. (The fault suite runs one with room for its ~10,000 payouts: at the
+/// default of 10,000 a quick run filled it, and its last payouts could never be made.)
+#[tokio::test]
+async fn a_full_simulator_refuses_new_payments_and_its_bound_is_checked() {
+    for bad in ["0", "200001"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(["rail-simulator", "--rail", "mpesa", "--bind", "127.0.0.1:0", "--items-max", bad])
+            .env_remove("PAYGATE_CONFIG")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--items-max {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--items-max must be between 1 and 200000"), "{bad}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sim_dir = tempfile::tempdir().unwrap();
+    let sim = RailSim::start(
+        sim_dir.path(),
+        &mpesa_section(""),
+        &["--rail", "mpesa", "--bind", "127.0.0.1:0", "--auto", "accept", "--auto-after-ms", "50", "--items-max", "1"],
+        None,
+    );
+    let app = spawn_with_toml(dir.path(), &overlay(&mpesa_section(&sim.base)), &[], Arc::new(SystemClock)).await;
+    let c = &connect(&app.url, &app.token("dev-agent", SCOPES), Era::Modern).await;
+    let payout = |op: &str| json!({"operation_id": op, "phone_number": "0712 345 678", "amount": "40", "remarks": "x"});
+    let first = ok(&call(c, "send_payment", payout("full-1")).await).clone();
+    assert_eq!(settled(c, &id_of(&first)).await["status"], "succeeded");
+    let refused = call(c, "send_payment", payout("full-2")).await;
+    assert_eq!(code(&refused), "BACKEND_UNAVAILABLE", "{refused:?}");
+    assert_eq!(err(&refused)["retryable"], true, "{refused:?}");
+    let (_, view) = sim.view("mpesa", None).await;
+    assert_eq!(view["items"].as_array().unwrap().len(), 1, "the full simulator recorded nothing more: {view}");
+    app.stop().await;
+}

@@ -5,13 +5,17 @@
 //! rail) and is steered by a person through the operator's control routes
 //! (`/simulator/control/<rail>`): answer a pending item, or lose the next answer. Standalone, it
 //! serves the same API at its root and may answer every item by itself ([`AutoAnswer`]). None of
-//! them moves money anywhere; each is bounded ([`SIMULATOR_ITEMS_MAX`]) and in memory.
+//! them moves money anywhere; each is bounded ([`SIMULATOR_ITEMS_MAX`] by default) and in memory.
 
 use async_trait::async_trait;
 use serde_json::Value;
 
 /// Prompts and payments one simulator keeps; past this it refuses new ones (503, unprocessed).
+/// The default; `paygate rail-simulator --items-max` sets it, up to [`SIMULATOR_ITEMS_MAX_BOUND`].
 pub const SIMULATOR_ITEMS_MAX: usize = 10_000;
+
+/// The most `--items-max` may be (every item is kept in memory and listed by the records view).
+pub const SIMULATOR_ITEMS_MAX_BOUND: usize = 200_000;
 
 /// Where a rail's simulated API is served on the gateway (its client's base URL is the public URL
 /// and this).

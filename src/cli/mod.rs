@@ -102,6 +102,10 @@ enum Command {
         /// gateways its public half as airtel.public_key. Default: a fresh key (payouts refused).
         #[arg(long)]
         pin_key_file: Option<PathBuf>,
+        /// Prompts and payments kept (in memory) before new ones are refused with 503; at most
+        /// 200000.
+        #[arg(long, default_value_t = crate::backend::simulator::SIMULATOR_ITEMS_MAX)]
+        items_max: usize,
     },
     /// Compare the gateway's payment records with the backend and the rails, settle what the
     /// backend can answer, print the report (JSON) and audit it. Exit code 1 when problems remain.
@@ -298,7 +302,16 @@ pub fn run() -> ExitCode {
         }
         Command::Migrate => with_config(file, |c| migrate(&c)),
         Command::LedgerServe { bind } => with_config(file, |c| ledger_serve(c, &bind)),
-        Command::RailSimulator { rail, bind, callback_base_url, auto, auto_after_ms, control_token, pin_key_file } => {
+        Command::RailSimulator {
+            rail,
+            bind,
+            callback_base_url,
+            auto,
+            auto_after_ms,
+            control_token,
+            pin_key_file,
+            items_max,
+        } => {
             let opts = rail_simulator::Options {
                 rail,
                 bind,
@@ -307,6 +320,7 @@ pub fn run() -> ExitCode {
                 auto_after_ms,
                 control_token,
                 pin_key_file,
+                items_max,
             };
             with_config(file, |c| rail_simulator::run(c, opts))
         }

@@ -46,6 +46,7 @@ pub struct Options {
     pub auto_after_ms: u64,
     pub control_token: Option<String>,
     pub pin_key_file: Option<std::path::PathBuf>,
+    pub items_max: usize,
 }
 
 /// Runs the simulator until SIGINT or SIGTERM. Prints `paygate rail simulator (<rail>): http://ADDR`
@@ -87,6 +88,10 @@ fn simulator(config: &Config, opts: &Options) -> Result<(Arc<dyn RailSimulator>,
     if opts.auto_after_ms > AUTO_AFTER_MS_MAX {
         return Err(format!("--auto-after-ms must be at most {AUTO_AFTER_MS_MAX}"));
     }
+    let bound = crate::backend::simulator::SIMULATOR_ITEMS_MAX_BOUND;
+    if opts.items_max == 0 || opts.items_max > bound {
+        return Err(format!("--items-max must be between 1 and {bound}"));
+    }
     let auto = opts.auto.map(|a| AutoAnswer {
         answer: match a {
             Auto::Accept => Answer::Accept,
@@ -118,7 +123,7 @@ fn simulator(config: &Config, opts: &Options) -> Result<(Arc<dyn RailSimulator>,
                 ("mpesa.passkey", m.passkey.expose()),
             ])?;
             let cfg = crate::app::daraja_config(config, &public_url);
-            Arc::new(crate::backend::mpesa::simulator::DarajaSimulator::standalone(cfg, auto)?)
+            Arc::new(crate::backend::mpesa::simulator::DarajaSimulator::standalone(cfg, auto, opts.items_max)?)
         }
         Rail::Airtel => {
             let a = &config.airtel;
@@ -135,7 +140,7 @@ fn simulator(config: &Config, opts: &Options) -> Result<(Arc<dyn RailSimulator>,
             }
             let base = opts.callback_base_url.as_deref().unwrap_or(&public_url);
             let terms = crate::app::airtel_simulator_terms(config, base);
-            Arc::new(crate::backend::airtel::simulator::AirtelSimulator::standalone(terms, key, auto)?)
+            Arc::new(crate::backend::airtel::simulator::AirtelSimulator::standalone(terms, key, auto, opts.items_max)?)
         }
     };
     Ok((sim, token))

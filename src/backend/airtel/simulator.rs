@@ -136,6 +136,8 @@ struct Sim {
     terms: Terms,
     auto: Option<AutoAnswer>,
     key: rsa::PrivateKey,
+    /// Items kept before new ones are refused (503).
+    items_max: usize,
     inner: Mutex<Inner>,
     http: reqwest::Client,
 }
@@ -149,12 +151,18 @@ pub struct AirtelSimulator {
 impl AirtelSimulator {
     /// A simulator expecting exactly the credentials and PIN in `terms`, with a fresh RSA key.
     pub fn new(terms: Terms) -> Result<Self, String> {
-        Self::standalone(terms, None, None)
+        Self::standalone(terms, None, None, SIMULATOR_ITEMS_MAX)
     }
 
     /// A simulator in a process of its own: the credentials and PIN in `terms`, PINs sealed with
-    /// `key`'s public half (`None`: a fresh key), every item answered by `auto`, if given.
-    pub fn standalone(terms: Terms, key: Option<rsa::PrivateKey>, auto: Option<AutoAnswer>) -> Result<Self, String> {
+    /// `key`'s public half (`None`: a fresh key), every item answered by `auto`, if given; at most
+    /// `items_max` items kept.
+    pub fn standalone(
+        terms: Terms,
+        key: Option<rsa::PrivateKey>,
+        auto: Option<AutoAnswer>,
+        items_max: usize,
+    ) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
@@ -165,7 +173,7 @@ impl AirtelSimulator {
                 .map_err(|e| format!("making the Airtel simulator's key failed: {e}"))?,
         };
         let inner = Mutex::new(Inner::default());
-        Ok(AirtelSimulator { sim: Arc::new(Sim { terms, auto, key, inner, http }) })
+        Ok(AirtelSimulator { sim: Arc::new(Sim { terms, auto, key, items_max, inner, http }) })
     }
 
     /// The public half of the key disbursement PINs are sealed with.
@@ -261,11 +269,11 @@ impl Sim {
     async fn record(self: &Arc<Self>, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
         let lost = {
             let mut inner = self.lock();
-            if inner.items.len() >= SIMULATOR_ITEMS_MAX {
+            if inner.items.len() >= self.items_max {
                 return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "The simulator is full; restart it");
             }
             if inner.items.iter().any(|i| i.kind == item.kind && i.id == item.id) {
-                if inner.refused_duplicates.len() < SIMULATOR_ITEMS_MAX {
+                if inner.refused_duplicates.len() < self.items_max {
                     let refused = Refused { originator_id: item.id.clone(), kind: item.kind, amount: item.amount };
                     inner.refused_duplicates.push(refused);
                 }
@@ -435,7 +443,7 @@ async fn refund(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) ->
     let amount = {
         let mut inner = sim.lock();
         // Full: refused before anything changes (the refund below would be refused by `record`).
-        if inner.items.len() >= SIMULATOR_ITEMS_MAX {
+        if inner.items.len() >= sim.items_max {
             return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "The simulator is full; restart it");
         }
         let found = inner.items.iter_mut().find(|i| i.kind == Kind::Collection && i.airtel_money_id == reference);

@@ -109,6 +109,8 @@ struct Sim {
     cfg: DarajaConfig,
     callbacks: Callbacks,
     auto: Option<AutoAnswer>,
+    /// Items kept before new ones are refused (503).
+    items_max: usize,
     inner: Mutex<Inner>,
     http: reqwest::Client,
 }
@@ -123,22 +125,28 @@ impl DarajaSimulator {
     /// A simulator inside the gateway that expects exactly the credentials, short codes and passkey
     /// in `cfg` (the gateway's own client config) and calls back only to its callback routes.
     pub fn new(cfg: DarajaConfig) -> Result<Self, String> {
-        Self::with(cfg, Callbacks::Gateway, None)
+        Self::with(cfg, Callbacks::Gateway, None, SIMULATOR_ITEMS_MAX)
     }
 
     /// A simulator in a process of its own: the credentials, short codes and passkey in `cfg`;
-    /// callbacks to the URLs each request names; every item answered by `auto`, if given.
-    pub fn standalone(cfg: DarajaConfig, auto: Option<AutoAnswer>) -> Result<Self, String> {
-        Self::with(cfg, Callbacks::AsSent, auto)
+    /// callbacks to the URLs each request names; every item answered by `auto`, if given; at most
+    /// `items_max` items kept.
+    pub fn standalone(cfg: DarajaConfig, auto: Option<AutoAnswer>, items_max: usize) -> Result<Self, String> {
+        Self::with(cfg, Callbacks::AsSent, auto, items_max)
     }
 
-    fn with(cfg: DarajaConfig, callbacks: Callbacks, auto: Option<AutoAnswer>) -> Result<Self, String> {
+    fn with(
+        cfg: DarajaConfig,
+        callbacks: Callbacks,
+        auto: Option<AutoAnswer>,
+        items_max: usize,
+    ) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("simulator http client: {e}"))?;
         let inner = Mutex::new(Inner::default());
-        Ok(DarajaSimulator { sim: Arc::new(Sim { cfg, callbacks, auto, inner, http }) })
+        Ok(DarajaSimulator { sim: Arc::new(Sim { cfg, callbacks, auto, items_max, inner, http }) })
     }
 }
 
@@ -226,7 +234,7 @@ impl Sim {
     async fn record(self: &Arc<Self>, mut item: Item, accepted: impl FnOnce(&Item) -> Value) -> Response {
         let lost = {
             let mut inner = self.lock();
-            if inner.items.len() >= SIMULATOR_ITEMS_MAX {
+            if inner.items.len() >= self.items_max {
                 return error(StatusCode::SERVICE_UNAVAILABLE, "503.001.01", "The simulator is full; restart it");
             }
             inner.seq += 1;
