@@ -460,8 +460,7 @@ pub fn sqlite_path(config: &Config) -> PathBuf {
     }
 }
 
-/// For commands that read a store and must not make one (`audit verify`, `reconcile`,
-/// `check-ledger`): the SQLite file the config names must already exist. A relative data_dir read
+/// For a command that reads a store and must not make one (`audit verify`): the SQLite file the config names must already exist. A relative data_dir read
 /// from another directory would otherwise open a new, empty store, and "nothing wrong in it" is
 /// not an answer about the gateway's. `Err`: why, naming the absolute path looked for.
 pub fn existing_store(config: &Config) -> Result<(), String> {

@@ -324,8 +324,8 @@ pub fn run() -> ExitCode {
             };
             with_config(file, |c| rail_simulator::run(c, opts))
         }
-        Command::Reconcile { since } => with_store(file, |c| reconcile(c, since.as_deref())),
-        Command::CheckLedger { full } => with_store(file, |c| check_ledger(c, full)),
+        Command::Reconcile { since } => with_config(file, |c| reconcile(c, since.as_deref())),
+        Command::CheckLedger { full } => with_config(file, |c| check_ledger(c, full)),
         Command::Mandate { command: MandateCommand::ExportKeys { since } } => {
             with_config(file, |c| export_keys(c, &since))
         }
