@@ -833,3 +833,48 @@ async fn no_ledger_payment_settles_in_the_gateways_record_without_the_trail_sayi
     }
     r.app.stop().await;
 }
+
+/// The stop-65 review (medium): the same with triggers that *swallow* the records
+/// (`RAISE(IGNORE)`: not written, the statement succeeds) rather than fail them: the payment
+/// moved at the ledger, the agent was told `succeeded`, the record settled, and no record of any
+/// kind named it; verify, check-ledger, reconcile and Health all said ok. A swallowed record now
+/// fails its transaction like a failed one.
+#[tokio::test]
+async fn swallowed_audit_records_never_let_a_ledger_payment_settle_unnamed() {
+    let r = rig().await;
+    let c = &r.client;
+    let store = &r.app.running.store;
+    let swallow = |decisions: &str| {
+        format!(
+            "CREATE TRIGGER swallow BEFORE INSERT ON audit_records WHEN NEW.decision IN ({decisions})
+             BEGIN SELECT RAISE(IGNORE); END;"
+        )
+    };
+    // The opening record swallowed: nothing is sent.
+    gateway_sql(&r.app, &swallow("'submitted'"));
+    let refused = call(c, "create_payment", pay("swallow-1", "88.00")).await;
+    assert_eq!(err(&refused)["retryable"], true, "{refused:?}");
+    assert!(r.proxy.seen().is_empty(), "nothing was sent to the ledger");
+    gateway_sql(&r.app, "DROP TRIGGER swallow");
+
+    // The answer's record (and the poll job's) swallowed: the ledger pays, the record stays open.
+    gateway_sql(&r.app, &swallow("'answered', 'query_settled', 'allowed'"));
+    r.clock.advance(120);
+    let paid = call(c, "create_payment", pay("swallow-1", "88.00")).await;
+    let id = ok(&paid)["payment_id"].as_str().unwrap().to_string();
+    let rec = store.rail_get(&PaymentId::parse(&id).unwrap()).await.unwrap().unwrap();
+    assert_eq!(rec.state, RailState::Submitting, "not settled without its record: {rec:?}");
+    r.clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(60, std::time::Duration::from_secs(10)).await, 0);
+    let rec = store.rail_get(&PaymentId::parse(&id).unwrap()).await.unwrap().unwrap();
+    assert_eq!(rec.state, RailState::Submitting, "nor by the poll job: {rec:?}");
+    gateway_sql(&r.app, "DROP TRIGGER swallow");
+
+    r.clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(60, std::time::Duration::from_secs(10)).await, 1);
+    let rec = store.rail_get(&PaymentId::parse(&id).unwrap()).await.unwrap().unwrap();
+    assert_eq!(rec.state, RailState::Succeeded);
+    assert!(trail_says(&r.app, &id, "query_settled", "SUCCEEDED").await, "named once it can be");
+    assert_eq!(ledger_payments(&r).await.len(), 1, "paid once");
+    r.app.stop().await;
+}

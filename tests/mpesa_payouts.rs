@@ -852,3 +852,62 @@ async fn ten_pushes_unanswered_for_five_minutes_leave_pushes_and_payouts_working
     assert!(circuits.iter().all(|l| l.ends_with(" 0")), "every M-Pesa circuit closed: {circuits:?}");
     app.stop().await;
 }
+
+/// A statement against the gateway's own SQLite file, as another process (a database writer) would.
+fn gateway_sql(app: &TestApp, statement: &str) {
+    let db = rusqlite::Connection::open(app.data_dir.join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(statement).unwrap();
+}
+
+/// The stop-65 review (high): a trigger that swallows the rail record's insert (`RAISE(IGNORE)`:
+/// the row is not written, the statement succeeds) let the gateway believe it had opened the
+/// record: the payout went to Daraja, and every retry after the key's lease found no record and
+/// sent it again — one operation, three payouts. A write that must change one row and changed
+/// none now fails its transaction: nothing is sent, the agent is told to retry, and once the
+/// trigger is gone the retry pays once. The same for the record's move (a swallowed settle leaves
+/// the result callback refused, the payout pending) and for its audit records.
+#[tokio::test]
+async fn a_swallowed_rail_record_or_audit_record_sends_nothing_and_settles_nothing() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", clock.clone()).await;
+    let c = &r.client;
+    for swallow in [
+        "CREATE TRIGGER swallow BEFORE INSERT ON rail_payments BEGIN SELECT RAISE(IGNORE); END;",
+        "CREATE TRIGGER swallow BEFORE INSERT ON audit_records WHEN NEW.decision = 'submitted'
+         BEGIN SELECT RAISE(IGNORE); END;",
+    ] {
+        gateway_sql(&r.app, swallow);
+        for _ in 0..3 {
+            let refused = call(c, "send_mpesa_payout", payout("swallowed-1", "250")).await;
+            assert_eq!(err(&refused)["retryable"], true, "{swallow}: {refused:?}");
+            assert_ne!(code(&refused), "OUTCOME_UNKNOWN", "{swallow}: nothing was sent: {refused:?}");
+            assert_eq!(r.fake.b2c_requests(), 0, "{swallow}: nothing reached Daraja");
+            clock.advance(120);
+        }
+        gateway_sql(&r.app, "DROP TRIGGER swallow");
+    }
+    let paid = ok(&call(c, "send_mpesa_payout", payout("swallowed-1", "250")).await).clone();
+    assert_eq!((paid["status"].as_str(), r.fake.b2c_requests()), (Some("pending"), 1), "sent once: {paid}");
+    let id = paid["payment_id"].as_str().unwrap().to_string();
+
+    // The result callback with the record's move swallowed: refused, the payout stays pending.
+    gateway_sql(&r.app, "CREATE TRIGGER swallow BEFORE UPDATE ON rail_payments BEGIN SELECT RAISE(IGNORE); END;");
+    assert_ne!(r.fake.post_result(&id, 0).await, 200, "a settle that did not happen is not acknowledged");
+    gateway_sql(&r.app, "DROP TRIGGER swallow");
+    assert_eq!(payment(c, &id).await["status"], "pending");
+    // … and with its settling record swallowed: refused too.
+    gateway_sql(
+        &r.app,
+        "CREATE TRIGGER swallow BEFORE INSERT ON audit_records WHEN NEW.decision = 'callback_settled'
+         BEGIN SELECT RAISE(IGNORE); END;",
+    );
+    assert_ne!(r.fake.post_result(&id, 0).await, 200);
+    gateway_sql(&r.app, "DROP TRIGGER swallow");
+    assert_eq!(payment(c, &id).await["status"], "pending");
+    assert_eq!(r.fake.post_result(&id, 0).await, 200);
+    assert_eq!(payment(c, &id).await["status"], "succeeded");
+    assert!(audit_codes(&r.app).await.iter().any(|c| c == "SUCCEEDED"), "the settling record is there");
+    assert_eq!(r.fake.b2c_requests(), 1, "one payout in all");
+    r.app.stop().await;
+}

@@ -25,6 +25,18 @@ use crate::domain::error::StoreError;
 use crate::domain::payment::{Attempt, Guards, IntegrityReport, Payment, RefundRequest, TransferRequest};
 use crate::domain::rules::integrity::{self, Checkpoint};
 
+/// A write that must change exactly one row did (`n`: the rows `what` changed). A trigger or rule
+/// in the database can swallow a write and let its statement succeed (SQLite `RAISE(IGNORE)`, a
+/// PostgreSQL BEFORE trigger returning NULL): a record the gateway believes it opened, or an audit
+/// record it believes it wrote, that is not there. The transaction must fail instead (the stop-65
+/// review: a swallowed rail record let each retry after the key's lease send a payout again).
+pub(crate) fn wrote_one(what: &str, n: u64) -> Result<(), StoreError> {
+    match n {
+        1 => Ok(()),
+        n => Err(StoreError::Database(format!("{what}: {n} rows written where one was meant"))),
+    }
+}
+
 /// The outcome a posting stores on the idempotency record(s) it completes in its own transaction.
 pub(crate) fn completed_outcome(p: &Payment) -> String {
     crate::idempotency::StoredOutcome::Succeeded { payment: p.clone() }.to_json()

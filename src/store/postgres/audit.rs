@@ -29,8 +29,8 @@ pub(super) async fn insert_audit(
     r: &AuditRecord,
     payment_id: Option<&str>,
 ) -> Result<(), StoreError> {
-    c.exec(INSERT_AUDIT, &bind(&rows::audit_values(r, payment_id))).await?;
-    Ok(())
+    let n = c.exec(INSERT_AUDIT, &bind(&rows::audit_values(r, payment_id))).await?;
+    crate::store::wrote_one("audit record", n)
 }
 
 #[async_trait]

@@ -88,15 +88,17 @@ pub(super) async fn open_once(
         return Err(TxError::Backend(refusal));
     }
     add_usage(&tx, &draws.usage).await.map_err(TxError::pg)?;
-    tx.exec(
-        "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
+    let n = tx
+        .exec(
+            "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
                                     reason, created_at, updated_at, flow, principal_user)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
-        &bind(&rows::rail_values(&rec)),
-    )
-    .await
-    .map_err(TxError::pg)?;
+            &bind(&rows::rail_values(&rec)),
+        )
+        .await
+        .map_err(TxError::pg)?;
+    crate::store::wrote_one("rail record", n).map_err(TxError::store)?;
     if let Some(r) = audit {
         super::audit::insert_audit(&tx, r, Some(rec.id.as_str())).await.map_err(TxError::store)?;
     }
@@ -118,13 +120,15 @@ pub(super) async fn transition(pool: &Pool, m: RailMove<'_>, now: UnixSecs) -> R
     if !rules::may_move(&rec, from) {
         return Ok(None);
     }
-    tx.exec(
-        "UPDATE rail_payments SET state = $1, rail_ref = COALESCE($2, rail_ref), receipt = COALESCE($3, receipt),
+    let n = tx
+        .exec(
+            "UPDATE rail_payments SET state = $1, rail_ref = COALESCE($2, rail_ref), receipt = COALESCE($3, receipt),
                                   reason = COALESCE($4, reason), updated_at = $5
          WHERE id = $6",
-        &[&to.as_str(), &update.rail_ref, &update.receipt, &update.reason, &now, &id],
-    )
-    .await?;
+            &[&to.as_str(), &update.rail_ref, &update.receipt, &update.reason, &now, &id],
+        )
+        .await?;
+    crate::store::wrote_one("rail record", n)?;
     if let Some(r) = &update.audit {
         super::audit::insert_audit(&tx, r, Some(id)).await?;
     }

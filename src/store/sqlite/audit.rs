@@ -13,15 +13,17 @@ use crate::store::AuditStore;
 use crate::store::rows;
 
 /// Insert one record; its seq.
+/// Insert one record: its seq, as the insert returns it (a record a trigger swallowed returns
+/// none, and fails: never `last_insert_rowid`, which would name another table's row).
 pub(super) fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&str>) -> rusqlite::Result<i64> {
-    c.exec(
+    c.q_row(
         "INSERT INTO audit_records (at, correlation_id, principal_iss, principal_sub, tool, decision, code,
                                     idempotency_key, payment_id, approval_id, detail, principal_user, repeats,
                                     policy_version, intent, tag)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) RETURNING seq",
         params_from_iter(rows::audit_values(r, payment_id)),
-    )?;
-    Ok(c.last_insert_rowid())
+        |row| row.get(0),
+    )
 }
 
 #[async_trait]

@@ -60,14 +60,16 @@ pub(super) fn open_tx(
     let draws = Draws::of(&rec);
     apply_guards(&tx, &guards, &draws.usage, now)?;
     add_usage(&tx, &draws.usage).map_err(db)?;
-    tx.exec(
-        "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
+    let n = tx
+        .exec(
+            "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
                                     reason, created_at, updated_at, flow, principal_user)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
-        params_from_iter(rows::rail_values(&rec)),
-    )
-    .map_err(db)?;
+            params_from_iter(rows::rail_values(&rec)),
+        )
+        .map_err(db)?;
+    crate::store::wrote_one("rail record", n as u64).map_err(db)?;
     if let Some(r) = audit {
         super::insert_audit(&tx, r, Some(rec.id.as_str())).map_err(db)?;
     }
@@ -88,12 +90,13 @@ pub(super) fn transition_tx(
     if !rules::may_move(&rec, from) {
         return Ok(None);
     }
-    tx.exec(
+    let n = tx.exec(
         "UPDATE rail_payments SET state = ?1, rail_ref = COALESCE(?2, rail_ref), receipt = COALESCE(?3, receipt),
                                   reason = COALESCE(?4, reason), updated_at = ?5
          WHERE id = ?6",
         params![to.as_str(), update.rail_ref, update.receipt, update.reason, now, id],
     )?;
+    crate::store::wrote_one("rail record", n as u64)?;
     if let Some(r) = &update.audit {
         super::insert_audit(&tx, r, Some(id))?;
     }
