@@ -468,15 +468,26 @@ pub fn existing_store(config: &Config) -> Result<(), String> {
         return Ok(());
     }
     let path = sqlite_path(config);
-    if path.is_file() {
-        return Ok(());
+    let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone()).display().to_string();
+    if !path.is_file() {
+        return Err(format!(
+            "no store at {shown}: nothing to check (storage.data_dir is relative to the directory paygate runs \
+             in; run it where the gateway runs, or give the path whole)"
+        ));
     }
-    let shown = std::path::absolute(&path).unwrap_or(path);
-    Err(format!(
-        "no store at {}: nothing to check (storage.data_dir is relative to the directory paygate runs in; \
-         run it where the gateway runs, or give the path whole)",
-        shown.display()
-    ))
+    // Read-only: an empty or foreign file is named, never migrated into a fresh store (the stop-65
+    // review: `audit verify` on an empty file made a whole store and answered ok).
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let trail = rusqlite::Connection::open_with_flags(&path, flags).and_then(|c| {
+        c.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'audit_records'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+    });
+    match trail {
+        Ok(1) => Ok(()),
+        Ok(_) => Err(format!("{shown} is not a paygate store (it holds no audit trail): nothing to check")),
+        Err(e) => Err(format!("{shown} cannot be read as a paygate store: {e}")),
+    }
 }
 
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {

@@ -765,3 +765,32 @@ async fn checking_a_store_that_is_not_there_is_refused_and_creates_nothing() {
     assert!(stderr.contains("no store at") && stderr.contains(&looked_for.display().to_string()), "{stderr}");
     assert!(!looked_for.exists(), "it created a store");
 }
+
+/// The stop-65 review (low–medium): `audit verify` pointed at an empty file, or at a SQLite file
+/// of something else, migrated it into a whole new store (accounts, policy, fresh secrets) and
+/// answered `ok: true`. It now names the file as no paygate store and changes nothing.
+#[tokio::test]
+async fn verifying_an_empty_or_foreign_file_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("paygate.sqlite3");
+    for (what, make) in [("empty", None), ("foreign", Some("CREATE TABLE foo (x INTEGER);"))] {
+        let _ = std::fs::remove_file(&db);
+        std::fs::write(&db, b"").unwrap();
+        if let Some(sql) = make {
+            rusqlite::Connection::open(&db).unwrap().execute_batch(sql).unwrap();
+        }
+        let before = std::fs::read(&db).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_paygate"))
+            .args(["audit", "verify"])
+            .env_remove("PAYGATE_CONFIG")
+            .env_remove("PAYGATE_STORAGE__URL")
+            .env("PAYGATE_STORAGE__DATA_DIR", dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {} {stderr}", String::from_utf8_lossy(&out.stdout));
+        assert!(stderr.contains("is not a paygate store"), "{what}: {stderr}");
+        assert_eq!(std::fs::read(&db).unwrap(), before, "{what}: the file was changed");
+        assert!(!dir.path().join("idempotency.key").exists(), "{what}: secrets were made");
+    }
+}
