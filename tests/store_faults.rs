@@ -84,6 +84,27 @@ impl Rig {
         }
     }
 
+    /// Make every write of `event` on `table` vanish while its statement succeeds (SQLite
+    /// `RAISE(IGNORE)`, a PostgreSQL BEFORE trigger returning NULL) until `unswallow`: a
+    /// database writer's quieter fault, which a store must not take for a write.
+    async fn swallow(&self, event: &str, table: &str) {
+        let t = match &self.db {
+            None => format!("CREATE TRIGGER swallowed BEFORE {event} ON {table} BEGIN SELECT RAISE(IGNORE); END;"),
+            Some(_) => format!(
+                "CREATE FUNCTION swallowed() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+                 CREATE TRIGGER swallowed BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION swallowed();"
+            ),
+        };
+        self.sql(&t).await
+    }
+
+    async fn unswallow(&self) {
+        match &self.db {
+            None => self.sql("DROP TRIGGER swallowed").await,
+            Some(_) => self.sql("DROP FUNCTION swallowed() CASCADE").await,
+        }
+    }
+
     /// Record every INSERT and UPDATE on `tables` in `fault_reach` (table, event) until
     /// [`Rig::reached`]: which writes a call really makes, so the matrix faults only what is there.
     async fn reach(&self, tables: &[&str]) {
@@ -871,6 +892,43 @@ async fn a_slow_store_keeps_every_operation_once_under_racing_retries(db: Option
     x.rig.app.assert_integrity().await;
 }
 
+/// The stop-65 review (high): a swallowed rail record (the row dropped, the statement successful)
+/// let the gateway send a payout it had no record of, and send it again on every retry after the
+/// key's lease; a swallowed audit record let one settle unnamed. On both engines, a payout whose
+/// record or "submitted" record is swallowed is refused retryably and never sent; a result whose
+/// record move is swallowed is refused and leaves the payout pending; healed, each goes through once.
+async fn a_swallowed_rail_or_audit_write_sends_nothing_and_settles_nothing(db: Option<Db>) {
+    let x = Matrix::start(db).await;
+    for (n, (event, table)) in [("INSERT", "rail_payments"), ("INSERT", "audit_records")].into_iter().enumerate() {
+        let what = format!("{event} on {table} swallowed");
+        let args = x.prepare(Move::Payout, &format!("swallow-{n}")).await;
+        let before = x.books().await;
+        x.rig.swallow(event, table).await;
+        for _ in 0..2 {
+            let refused = x.act(Move::Payout, &args).await.expect_err(&what);
+            assert_eq!(refused["retryable"], true, "{what}: {refused}");
+            assert_ne!(refused["code"], "OUTCOME_UNKNOWN", "{what}: nothing was sent: {refused}");
+            assert_eq!(x.books().await, before, "{what}: nothing moved, nothing sent");
+            x.clock.advance(LEASE_SECS + 1);
+        }
+        x.rig.unswallow().await;
+        let paid = x.act(Move::Payout, &args).await.unwrap_or_else(|e| panic!("{what}: healed: {e}"));
+        assert_eq!(x.fake.b2c_requests(), before.sent + 1, "{what}: sent once");
+        // Its result, with the record's move swallowed: refused, still pending; then settled once.
+        let id = paid["payment_id"].as_str().unwrap();
+        x.rig.swallow("UPDATE", "rail_payments").await;
+        assert_ne!(x.fake.post_result(id, 0).await.as_u16(), 200, "{what}: a settle that did not happen");
+        x.rig.unswallow().await;
+        let p = call(&x.agent, "get_payment", json!({"payment_id": id})).await;
+        assert_eq!(ok(&p)["status"], "pending", "{what}");
+        assert_eq!(x.fake.post_result(id, 0).await.as_u16(), 200, "{what}");
+        let p = call(&x.agent, "get_payment", json!({"payment_id": id})).await;
+        assert_eq!(ok(&p)["status"], "succeeded", "{what}");
+        assert!(x.audited("payment", id).await, "{what}");
+    }
+    x.rig.app.assert_integrity().await;
+}
+
 /// Each case on SQLite, and on PostgreSQL when `PAYGATE_TEST_DATABASE_URL` is set.
 macro_rules! on_both_engines {
     ($($case:ident),* $(,)?) => {
@@ -898,5 +956,6 @@ on_both_engines!(
     a_failing_approval_write_asks_nobody_and_the_retry_asks_once,
     an_unreadable_stored_outcome_is_refused_never_paid_again,
     every_money_write_failing_is_refused_or_committed_whole_and_the_retry_moves_once,
-    a_slow_store_keeps_every_operation_once_under_racing_retries
+    a_slow_store_keeps_every_operation_once_under_racing_retries,
+    a_swallowed_rail_or_audit_write_sends_nothing_and_settles_nothing
 );
