@@ -313,6 +313,17 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     Ok(key.to_string())
 }
 
+/// The `Paygate-Mandate` header, when present, within the spec's bound (`MANDATE_BYTES_MAX`, as the
+/// gateway holds mandates to): this service does not verify mandates, but an over-long header is
+/// bad input, refused with nothing applied (schemathesis found one accepted).
+fn check_mandate_header(headers: &HeaderMap) -> Result<(), ApiError> {
+    let max = crate::mandate::MANDATE_BYTES_MAX;
+    match headers.get(crate::backend::http::MANDATE_HEADER) {
+        Some(v) if v.len() > max => Err(ApiError::invalid(format!("Paygate-Mandate must be at most {max} bytes"))),
+        _ => Ok(()),
+    }
+}
+
 fn check_text(field: &str, value: &Option<String>) -> Result<(), ApiError> {
     match value {
         Some(v) if v.chars().count() > TEXT_CHARS_MAX || v.chars().any(char::is_control) => Err(ApiError::invalid(
@@ -471,6 +482,7 @@ async fn id_conflict_or(svc: &Svc, id: &PaymentId, err: BackendError) -> ApiErro
 
 async fn create_payment(State(svc): State<Svc>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
+    check_mandate_header(&headers)?;
     let b: TransferBody = read_json(body).await?;
     let amount = Money::from_minor(b.amount_minor, b.currency).map_err(|e| ApiError::invalid(e.to_string()))?;
     check_text("memo", &b.memo)?;
@@ -511,6 +523,7 @@ async fn create_refund(
 ) -> Result<Response, ApiError> {
     let payment_id = path_payment(id)?;
     let key = idempotency_key(&headers)?;
+    check_mandate_header(&headers)?;
     let b: RefundBody = read_json(body).await?;
     if b.amount_minor.is_some_and(|a| a <= 0) {
         return Err(ApiError::invalid("amount_minor must be greater than zero"));
@@ -661,6 +674,20 @@ mod tests {
         assert_eq!(refund("null").unwrap(), None);
         assert_eq!(refund("250.0").unwrap(), Some(250));
         assert!(refund("0.25").is_err());
+    }
+
+    #[test]
+    fn a_mandate_header_over_its_bound_is_refused() {
+        let max = crate::mandate::MANDATE_BYTES_MAX;
+        let with = |len: usize| {
+            let mut h = HeaderMap::new();
+            h.insert(crate::backend::http::MANDATE_HEADER, HeaderValue::from_str(&"v".repeat(len)).unwrap());
+            h
+        };
+        assert!(check_mandate_header(&HeaderMap::new()).is_ok());
+        assert!(check_mandate_header(&with(max)).is_ok(), "exactly the bound");
+        let refused = check_mandate_header(&with(max + 1)).unwrap_err();
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
     }
 
     #[test]
