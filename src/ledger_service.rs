@@ -317,7 +317,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 /// gateway holds mandates to): this service does not verify mandates, but an over-long header is
 /// bad input, refused with nothing applied (schemathesis found one accepted).
 fn check_mandate_header(headers: &HeaderMap) -> Result<(), ApiError> {
-    let max = crate::mandate::MANDATE_BYTES_MAX;
+    let max = crate::domain::approval::MANDATE_BYTES_MAX;
     match headers.get(crate::backend::http::MANDATE_HEADER) {
         Some(v) if v.len() > max => Err(ApiError::invalid(format!("Paygate-Mandate must be at most {max} bytes"))),
         _ => Ok(()),
@@ -678,7 +678,7 @@ mod tests {
 
     #[test]
     fn a_mandate_header_over_its_bound_is_refused() {
-        let max = crate::mandate::MANDATE_BYTES_MAX;
+        let max = crate::domain::approval::MANDATE_BYTES_MAX;
         let with = |len: usize| {
             let mut h = HeaderMap::new();
             h.insert(crate::backend::http::MANDATE_HEADER, HeaderValue::from_str(&"v".repeat(len)).unwrap());

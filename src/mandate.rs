@@ -22,10 +22,7 @@ pub const MANDATE_ISSUER: &str = "paygate";
 /// Where the gateway serves the public keys that verify its mandates (a JWKS, RFC 7517): anyone
 /// may fetch it.
 pub const JWKS_PATH: &str = "/.well-known/mandate-jwks.json";
-/// Longest mandate string accepted, in bytes (bounded before any parsing).
-pub const MANDATE_BYTES_MAX: usize = 8192;
-
-pub use crate::domain::approval::MandateKind;
+pub use crate::domain::approval::{MANDATE_BYTES_MAX, MandateKind};
 
 /// The signed claims. Amounts are integer minor units.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

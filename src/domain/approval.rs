@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Longest mandate string accepted, in bytes (bounded before any parsing; the ledger API's
+/// `Paygate-Mandate` header is held to it too).
+pub const MANDATE_BYTES_MAX: usize = 8192;
+
 /// A closed mandate allows one payment exactly as approved; an open one, payments within its
 /// bounds until it expires or is used up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
