@@ -481,6 +481,97 @@ async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
     app.stop().await;
 }
 
+/// One operation_id is one payment whichever rail carries it: a retry of `send_payment` (or
+/// `request_payment`) that names the other rail, or calls the other rail's own tool, is
+/// `IDEMPOTENCY_CONFLICT` and sends nothing there; retried as first called it replays. Racing
+/// calls that name different rails for one operation_id send one payout between them.
+/// (Stop-65 review: the hint re-keyed the call and the same operation paid out on both rails.)
+#[tokio::test]
+async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
+    let airtel = AirtelFake::start().await;
+    let daraja = DarajaFake::start(FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let initiator =
+        "initiator_name = \"testapi\"\nsecurity_credential = \"fake-security-credential\"\nb2c_short_code = \"600996\"";
+    let rails = format!("{}\n{}\n{initiator}\n", paying_airtel_section(&airtel), mpesa_section(&daraja));
+    let app = spawn_with_toml(dir.path(), &overlay(&rails), &[], Arc::new(SystemClock)).await;
+    airtel.set_callback_url(&callback_url(&app, SECRET));
+    let scopes = format!("{SCOPES} payments:payout");
+    let c = connect(&app.url, &app.token("dev-agent", &scopes), Era::Modern).await;
+    let with_rail = |mut args: Value, rail: &str| {
+        args["rail"] = json!(rail);
+        args
+    };
+    let sent = || (airtel.disburse_requests(), daraja.payouts().len());
+
+    // A payout routed to Airtel by the number; the retry names M-Pesa, then calls M-Pesa's tool.
+    let first = ok(&call(&c, "send_payment", payout("x1", "100")).await).clone();
+    assert_eq!(first["to_account"], "airtel-254733123456");
+    assert_eq!(sent(), (1, 0));
+    for (tool, args) in [
+        ("send_payment", with_rail(payout("x1", "100"), "mpesa")),
+        ("send_mpesa_payout", payout("x1", "100")),
+    ] {
+        let other = call(&c, tool, args).await;
+        assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");
+        assert!(err(&other)["message"].as_str().unwrap().contains("another rail"), "{other:?}");
+    }
+    assert_eq!(sent(), (1, 0), "nothing went out on M-Pesa");
+    // Retried as first called (or naming the rail it went to, or through that rail's own tool): a replay.
+    for (tool, args) in [
+        ("send_payment", payout("x1", "100")),
+        ("send_payment", with_rail(payout("x1", "100"), "airtel")),
+        ("send_airtel_payout", payout("x1", "100")),
+    ] {
+        let again = ok(&call(&c, tool, args).await).clone();
+        assert_eq!((again["payment_id"].clone(), again["replayed"].as_bool()), (first["payment_id"].clone(), Some(true)));
+    }
+    assert_eq!(sent(), (1, 0));
+
+    // The other way round: M-Pesa first, by name; then Airtel by the number.
+    let mpesa = ok(&call(&c, "send_payment", with_rail(payout("x2", "100"), "mpesa")).await).clone();
+    assert_eq!(mpesa["to_account"], "mpesa-254733123456");
+    assert_eq!(sent(), (1, 1));
+    let other = call(&c, "send_payment", payout("x2", "100")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{other:?}");
+    assert_eq!(sent(), (1, 1));
+
+    // Collections alike: an STK push for an operation that went to Airtel is never sent.
+    let collected = ok(&call(&c, "request_payment", any_rail("c1", "0733 123 456")).await).clone();
+    assert_eq!(collected["to_account"], "airtel-collections");
+    let other = call(&c, "request_payment", with_rail(any_rail("c1", "0733 123 456"), "mpesa")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{other:?}");
+    let other = call(&c, "request_mpesa_payment", any_rail("c1", "0733 123 456")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{other:?}");
+    assert_eq!((airtel.collections().len(), daraja.pushes().len()), (1, 0));
+
+    // Racing: eight calls for one operation_id at once, half naming each rail: one payout.
+    let c = Arc::new(c);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let c = c.clone();
+        let rail = if i % 2 == 0 { "mpesa" } else { "airtel" };
+        set.spawn(async move { call(&c, "send_payment", with_rail(payout("x3", "100"), rail)).await });
+    }
+    let mut paid = std::collections::BTreeSet::new();
+    while let Some(res) = set.join_next().await {
+        let res = res.unwrap();
+        match res.is_error {
+            Some(true) => assert!(
+                ["IDEMPOTENCY_CONFLICT", "OPERATION_IN_PROGRESS"].contains(&code(&res).as_str()),
+                "{res:?}"
+            ),
+            _ => {
+                paid.insert(ok(&res)["payment_id"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    assert_eq!(paid.len(), 1, "one payment between them: {paid:?}");
+    let (a, m) = sent();
+    assert_eq!(a + m, 3, "one more payout in all, on one rail");
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Payouts (disbursements) and refunds
 

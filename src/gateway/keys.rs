@@ -28,13 +28,19 @@ pub(super) struct Idem {
     /// For a key anchored on a closed mandate: the operation_id's own key, reserved and completed
     /// with it, so the operation cannot move money again under another mandate.
     pub alias: Option<Box<Idem>>,
+    /// For a rail's payout or collection: the operation_id's key across the rails
+    /// ([`crate::gateway::routing::operation_family`]), its fingerprint naming the rail's tool.
+    /// Taken first, so the same operation_id cannot move money on a second rail (a retry of
+    /// `send_payment` naming another `rail`, or another rail's own tool) while the other keys
+    /// stay the ones every earlier version took.
+    pub family: Option<Box<Idem>>,
 }
 
 impl Idem {
-    /// The keys in the order they are taken: the operation's own (when anchored on a mandate),
-    /// then the call's.
+    /// The keys in the order they are taken: the operation's across the rails (a rail's payout
+    /// or collection), the operation's own (when anchored on a mandate), then the call's.
     pub fn all(&self) -> impl Iterator<Item = &Idem> {
-        self.alias.as_deref().into_iter().chain(std::iter::once(self))
+        self.family.as_deref().into_iter().chain(self.alias.as_deref()).chain(std::iter::once(self))
     }
 
     /// The operation's own key: the alias when the call's is anchored on a mandate.
@@ -47,6 +53,11 @@ const REUSED_OPERATION: (ErrorCode, &str) =
     (ErrorCode::IdempotencyConflict, "this operation_id was already used with different arguments; nothing moved");
 const REUSED_MANDATE: (ErrorCode, &str) =
     (ErrorCode::MandateInvalid, "this mandate was already used for another operation; nothing moved");
+const OTHER_RAIL: (ErrorCode, &str) = (
+    ErrorCode::IdempotencyConflict,
+    "this operation_id was already used on another rail or with different arguments; nothing moved. Retry it \
+     exactly as first called (the same tool and rail), or use a new operation_id for a new payment",
+);
 
 /// How a reservation ended.
 pub(super) enum Reserved {
@@ -87,7 +98,21 @@ impl Gateway {
             fingerprint: call_fingerprint(args, None),
             conflict: REUSED_OPERATION,
             alias: None,
+            family: None,
         };
+        // A family name is no tool's name, so no tool's key equals a family's.
+        let family = super::routing::operation_family(tool).map(|family| {
+            Box::new(Idem {
+                key: self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), family, op.as_str()),
+                fingerprint: crate::idempotency::fingerprint(&serde_json::json!({
+                    "tool": crate::catalogue::canonical(tool),
+                    "args": args,
+                })),
+                conflict: OTHER_RAIL,
+                alias: None,
+                family: None,
+            })
+        });
         match mandate {
             Some(m) if m.kind == MandateKind::Closed => Idem {
                 // '/' cannot appear in an operation_id, so no operation can land on a mandate's key.
@@ -95,8 +120,9 @@ impl Gateway {
                 fingerprint: call_fingerprint(args, Some(op.as_str())),
                 conflict: REUSED_MANDATE,
                 alias: Some(Box::new(operation)),
+                family,
             },
-            _ => operation,
+            _ => Idem { family, ..operation },
         }
     }
 

@@ -2,7 +2,8 @@
 //! or the one whose operator serves the phone number — by its prefix, from each rail's configured
 //! table (`mpesa.prefixes`, `airtel.prefixes`), longest prefix first. The routed call then is the
 //! rail's own tool in every respect (operation_id space, policy, limits, approvals, audit), so one
-//! operation_id is one payment whichever name the agent used.
+//! operation_id is one payment whichever name the agent used; and the rails' tools for one flow
+//! share one more key ([`operation_family`]), so it is one payment whichever rail a retry names.
 
 use super::{Caller, Gateway};
 use crate::error::AgentError;
@@ -48,6 +49,19 @@ pub fn rail_tool(rail: &str, what: Routed) -> Option<&'static str> {
         ("airtel", Routed::Collection) => Some("request_airtel_payment"),
         ("mpesa", Routed::Payout) => Some("send_mpesa_payout"),
         ("airtel", Routed::Payout) => Some("send_airtel_payout"),
+        _ => None,
+    }
+}
+
+/// The operation_id space a rail tool shares with the other rails' tool for the same flow: one
+/// operation_id is one payout (one collection) whichever rail or tool name carried it. The key
+/// of this name is taken first ([`super::keys::Idem::family`]); its fingerprint names the rail's
+/// tool, so the same operation_id on a second rail is `IDEMPOTENCY_CONFLICT` and moves nothing.
+/// Family names are no tool's name.
+pub fn operation_family(tool: &str) -> Option<&'static str> {
+    match crate::catalogue::canonical(tool) {
+        "send_mpesa_payout" | "send_airtel_payout" => Some("rails/payout"),
+        "request_mpesa_payment" | "request_airtel_payment" => Some("rails/collection"),
         _ => None,
     }
 }

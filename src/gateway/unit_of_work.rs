@@ -227,23 +227,23 @@ impl Gateway {
                 result => return self.settle_call(caller, tool, &idem, KeyState::Claimed, result).await,
             }
         }
-        if let Some(alias) = idem.alias.as_deref()
-            && let Reserved::Finished(done) = self.reserve(caller, tool, alias).await
-        {
-            return done.0;
-        }
-        if let Reserved::Finished(done) = self.reserve(caller, tool, &idem).await {
-            let (result, outcome) = *done;
-            if let Some(alias) = idem.alias.as_deref() {
-                // The mandate already paid for this very operation: record that under its own key
-                // too; anything else leaves the operation free to try again.
+        let taken: Vec<&Idem> = idem.all().collect();
+        for (i, id) in taken.iter().enumerate() {
+            if let Reserved::Finished(done) = self.reserve(caller, tool, id).await {
+                let (result, outcome) = *done;
+                // A later key (the mandate's) already paid for this very operation: record that
+                // under the keys taken before it too; anything else gives them back, leaving the
+                // operation free to try again.
+                let earlier: Vec<&str> = taken[..i].iter().map(|k| k.key.as_str()).collect();
                 match outcome.as_deref() {
-                    Some(o) => self.complete_keys(caller, &[&alias.key], o).await,
-                    None => self.release_keys(caller, &[&alias.key]).await,
+                    Some(o) => self.complete_keys(caller, &earlier, o).await,
+                    None => self.release_keys(caller, &earlier).await,
                 }
-                self.wake(&alias.key);
+                for key in earlier {
+                    self.wake(key);
+                }
+                return result;
             }
-            return result;
         }
         // 4. Move the money. The key travels to the backend, which applies it at most once. A
         //    posting transaction completes the key(s) and appends the "allowed" record itself; a
