@@ -508,10 +508,9 @@ async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
     let first = ok(&call(&c, "send_payment", payout("x1", "100")).await).clone();
     assert_eq!(first["to_account"], "airtel-254733123456");
     assert_eq!(sent(), (1, 0));
-    for (tool, args) in [
-        ("send_payment", with_rail(payout("x1", "100"), "mpesa")),
-        ("send_mpesa_payout", payout("x1", "100")),
-    ] {
+    for (tool, args) in
+        [("send_payment", with_rail(payout("x1", "100"), "mpesa")), ("send_mpesa_payout", payout("x1", "100"))]
+    {
         let other = call(&c, tool, args).await;
         assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");
         assert!(err(&other)["message"].as_str().unwrap().contains("another rail"), "{other:?}");
@@ -524,7 +523,10 @@ async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
         ("send_airtel_payout", payout("x1", "100")),
     ] {
         let again = ok(&call(&c, tool, args).await).clone();
-        assert_eq!((again["payment_id"].clone(), again["replayed"].as_bool()), (first["payment_id"].clone(), Some(true)));
+        assert_eq!(
+            (again["payment_id"].clone(), again["replayed"].as_bool()),
+            (first["payment_id"].clone(), Some(true))
+        );
     }
     assert_eq!(sent(), (1, 0));
 
@@ -557,10 +559,9 @@ async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
     while let Some(res) = set.join_next().await {
         let res = res.unwrap();
         match res.is_error {
-            Some(true) => assert!(
-                ["IDEMPOTENCY_CONFLICT", "OPERATION_IN_PROGRESS"].contains(&code(&res).as_str()),
-                "{res:?}"
-            ),
+            Some(true) => {
+                assert!(["IDEMPOTENCY_CONFLICT", "OPERATION_IN_PROGRESS"].contains(&code(&res).as_str()), "{res:?}")
+            }
             _ => {
                 paid.insert(ok(&res)["payment_id"].as_str().unwrap().to_string());
             }

@@ -484,14 +484,29 @@ impl Matrix {
     }
 
     /// One case: `m` with every `event` write on `table` failing, then healed and tried again.
-    async fn case(&self, m: Move, event: &str, table: &str, n: usize) {
-        let what = format!("{m:?} with {event} on {table} failing");
-        let op = format!("m{n}-{m:?}-{table}-{event}").to_lowercase();
+    /// A money call with one of its writes failing (`swallowed`: the row dropped while the
+    /// statement succeeds — what a store must not take for a write): either it went through
+    /// whole (its books, and with a swallowed write the ledger's integrity and the audit chain
+    /// too) or it was refused retryably with nothing moved; once healed the same call converges
+    /// on one payment.
+    async fn case(&self, m: Move, event: &str, table: &str, n: usize, swallowed: bool) {
+        let how = if swallowed { "swallowed" } else { "failing" };
+        let what = format!("{m:?} with {event} on {table} {how}");
+        let op = format!("{}{n}-{m:?}-{table}-{event}", if swallowed { "s" } else { "m" }).to_lowercase();
         let args = self.prepare(m, &op).await;
         let before = self.books().await;
-        self.rig.inject(event, table).await;
+        match swallowed {
+            true => self.rig.swallow(event, table).await,
+            false => self.rig.inject(event, table).await,
+        }
         let first = self.act(m, &args).await;
-        self.rig.heal().await;
+        match swallowed {
+            true => self.rig.unswallow().await,
+            false => self.rig.heal().await,
+        }
+        if swallowed && first.is_ok() {
+            self.whole(&what).await;
+        }
         match &first {
             Ok(answer) => self.holds(m, answer, &before, &what).await,
             Err(refusal) if m == Move::PayoutResult => {
@@ -556,6 +571,17 @@ impl Matrix {
             let id = again["payment_id"].as_str().unwrap();
             assert_eq!(self.fake.post_result(id, 0).await.as_u16(), 200, "{what}");
         }
+    }
+
+    /// The books a swallowed write must not leave behind an answer that went through: the
+    /// ledger's full integrity check and the audit chain both hold.
+    async fn whole(&self, what: &str) {
+        let report = self.rig.app.running.store.ledger_integrity().await.unwrap();
+        assert!(report.ok, "{what}: answered ok, and the ledger says {:?}", report.problems);
+        // Sealed first: the manual clock runs ahead of the sealing job (PostgreSQL seals by job).
+        self.rig.app.running.gateway.seal_audit_at_stop().await;
+        let verdict = self.rig.app.running.gateway.verify_audit(None).await.unwrap();
+        assert!(verdict.ok, "{what}: answered ok, and the audit chain says {verdict:?}");
     }
 
     /// An approval asked for or granted with a write failing: either it is there whole (asked: the
@@ -716,7 +742,7 @@ async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_m
                 x.approval_case(m, &event, &table, n).await;
             } else {
                 n += 1;
-                x.case(m, &event, &table, n).await;
+                x.case(m, &event, &table, n, false).await;
             }
             faulted.insert(table);
         }
@@ -727,6 +753,35 @@ async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_m
     }
     for t in ["approvals", "approval_reviews", "webhook_outbox", "rail_payments", "audit_records"] {
         assert!(faulted.contains(t), "{t} was never written by the matrix's calls");
+    }
+    x.rig.app.assert_integrity().await;
+    x.rig.app.stop().await;
+}
+
+/// Every write of the money calls swallowed in turn (a SQLite `RAISE(IGNORE)` trigger, a
+/// PostgreSQL BEFORE trigger returning NULL: the row dropped, the statement successful — a
+/// database writer's quieter fault). Each call is refused retryably with nothing moved, or went
+/// through whole: its books, the ledger's full integrity check and the audit chain all hold, so
+/// no payment, posting, usage count, mandate draw or record is missing behind an answer. Healed,
+/// the same call converges on one payment.
+async fn every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_once(db: Option<Db>) {
+    let x = Matrix::start(db).await;
+    for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout] {
+        let args = x.prepare(m, &format!("warm-{m:?}").to_lowercase()).await;
+        x.act(m, &args).await.unwrap();
+    }
+    let (mut n, mut swallowed) = (0, std::collections::BTreeSet::new());
+    for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout, Move::PayoutResult] {
+        n += 1;
+        for (event, table) in writes_of(&x, m, n).await {
+            n += 1;
+            x.case(m, &event, &table, n, true).await;
+            swallowed.insert(format!("{event} {table}"));
+        }
+    }
+    say(&format!("store_faults: {n} swallowed writes: {swallowed:?}"));
+    for t in ["INSERT payments", "INSERT postings", "UPDATE mandates", "INSERT rail_payments", "INSERT audit_records"] {
+        assert!(swallowed.contains(t), "{t} was never swallowed by the matrix's calls");
     }
     x.rig.app.assert_integrity().await;
     x.rig.app.stop().await;
@@ -957,5 +1012,6 @@ on_both_engines!(
     an_unreadable_stored_outcome_is_refused_never_paid_again,
     every_money_write_failing_is_refused_or_committed_whole_and_the_retry_moves_once,
     a_slow_store_keeps_every_operation_once_under_racing_retries,
-    a_swallowed_rail_or_audit_write_sends_nothing_and_settles_nothing
+    a_swallowed_rail_or_audit_write_sends_nothing_and_settles_nothing,
+    every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_once
 );

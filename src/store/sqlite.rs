@@ -79,6 +79,15 @@ trait Cached {
         f: F,
     ) -> rusqlite::Result<T>;
     fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    /// A write meant to change exactly one row (a money write): any other count fails it
+    /// (`StatementChangedRows`), so a row a trigger swallowed (`RAISE(IGNORE)`: the statement
+    /// succeeds, nothing is written) fails the transaction instead of passing for a write.
+    fn exec_one<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<()> {
+        match self.exec(sql, params)? {
+            1 => Ok(()),
+            n => Err(rusqlite::Error::StatementChangedRows(n)),
+        }
+    }
     /// One row or none, through a shared mapper (`store::rows`).
     fn opt<T, P: Params>(
         &self,

@@ -17,10 +17,12 @@
 //!    the transfers before it in the batch left;
 //! 3. one pipelined round trip writes the batch: payments, postings (each with its balance after),
 //!    the accounts' new balances, the day's usage, the keys completed (or given back, as a
-//!    refusal's fate says) and the audit records — each one multi-row statement; then `COMMIT`.
+//!    refusal's fate says) and the audit records — each one multi-row statement, each held to
+//!    the number of rows it was meant to write (a row a trigger swallowed fails the batch);
+//! 4. `COMMIT`, a round trip of its own, once every count is right.
 //!
 //! Nothing is answered before `COMMIT` returns. If any statement fails (a lost race, a dropped
-//! connection), the whole batch rolls back and each transfer runs again alone, through the single
+//! connection, a count that is not right), the whole batch rolls back and each transfer runs again alone, through the single
 //! posting (`postings::transfer_once`); the keys make that safe whatever the batch did.
 //! Two transfers under one key never share a batch: the second runs alone after the batch, and
 //! finds the first's answer under the key.
@@ -317,10 +319,11 @@ async fn write_batch(pool: &Pool, jobs: &[Job]) -> Result<Vec<Result<Payment, Ba
     Ok(answers)
 }
 
-/// A pooled connection inside a batch's transaction. `BEGIN` and `COMMIT` ride in the batch's two
-/// pipelines instead of taking a round trip each, so nothing rolls the transaction back on drop by
-/// itself: unless the batch committed, the connection leaves the pool and closes (a failure, or a
-/// panic unwinding), and PostgreSQL rolls back whatever it held. A new one takes its place.
+/// A pooled connection inside a batch's transaction. `BEGIN` rides in the batch's first pipeline
+/// instead of taking a round trip, so nothing rolls the transaction back on drop by itself: unless
+/// the batch committed, the connection leaves the pool and closes (a failure, a write that changed
+/// other rows than meant, or a panic unwinding), and PostgreSQL rolls back whatever it held. A new
+/// one takes its place.
 struct InTransaction(Option<deadpool_postgres::Object>);
 
 impl InTransaction {
@@ -408,7 +411,8 @@ async fn load(tx: &impl GenericClient, jobs: &[Job]) -> Result<Loaded, BatchErro
     Ok(loaded)
 }
 
-/// Round trip 2 (after any rare key step): every write, one statement each, then `COMMIT`.
+/// Round trip 2 (after any rare key step): every write, one statement each; their row counts
+/// checked; then round trip 3, `COMMIT`.
 async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchError> {
     for (rec, step, now) in &w.steps {
         let (r, now) = (*rec, *now);
@@ -430,6 +434,7 @@ async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchErro
             ReserveStep::Found(_) => 0,
         };
     }
+    let (payments_meant, audits_meant) = (w.payments.len(), w.audits.len());
     let (payments_sql, payment_cols) = insert_rows("payments", PAYMENT_COLUMNS, w.payments)?;
     let (audit_sql, audit_cols) = insert_rows("audit_records", AUDIT_COLUMNS, w.audits)?;
     let payment_params: Vec<&(dyn ToSql + Sync)> = payment_cols.iter().map(Column::param).collect();
@@ -462,7 +467,7 @@ async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchErro
     let complete_params: [&(dyn ToSql + Sync); 2] = [&done, &outcomes];
     let release_params: [&(dyn ToSql + Sync); 1] = [&w.released];
     // The payments first: the postings refer to them.
-    let (inserted, balanced, posted, counted, completed, released, audited, committed) = tokio::join!(
+    let (inserted, balanced, posted, counted, completed, released, audited) = tokio::join!(
         exec_if(tx, !payments_sql.is_empty(), &payments_sql, &payment_params),
         exec_if(tx, !moved.is_empty(), SET_BALANCES, &balance_params),
         exec_if(tx, !w.postings.is_empty(), INSERT_POSTINGS, &posting_params),
@@ -470,15 +475,25 @@ async fn write(tx: &impl GenericClient, w: WriteSet<'_>) -> Result<(), BatchErro
         exec_if(tx, !done.is_empty(), COMPLETE_KEYS, &complete_params),
         exec_if(tx, !w.released.is_empty(), RELEASE_KEYS, &release_params),
         exec_if(tx, !audit_sql.is_empty(), &audit_sql, &audit_params),
-        // Last, in the same pipeline. After a failed statement PostgreSQL answers COMMIT with a
-        // rollback and no error: the statements' own answers, checked below, say which it was.
-        tx.batch_execute("COMMIT"),
     );
-    // (Every account moved was locked by this transaction: its balance is set, never missed.)
-    for written in [inserted, balanced, posted, counted, completed, released, audited] {
-        written?;
+    let (_, _) = (completed?, released?);
+    // Every money write changed exactly its rows before anything commits: a row a trigger
+    // swallowed (the statement succeeds, nothing is written) fails the batch, and the connection
+    // closes with the transaction open (rolled back). So `COMMIT` takes a round trip of its own.
+    for (what, written, meant) in [
+        ("payments", inserted, payments_meant),
+        ("account balances", balanced, moved.len()),
+        ("postings", posted, w.postings.len()),
+        ("usage counts", counted, u.len()),
+        ("audit records", audited, audits_meant),
+    ] {
+        let written = written?;
+        if written != meant as u64 {
+            let e = format!("{what}: {written} rows written where {meant} were meant");
+            return Err(StoreError::Database(e).into());
+        }
     }
-    committed?;
+    tx.batch_execute("COMMIT").await?;
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use crate::domain::rules::reservation::{self, EarlierKeys};
 use crate::domain::rules::{PostingPlan, refund, transfer};
 use crate::idempotency::StoredOutcome;
 use crate::store::rows;
-use crate::store::{Posting, completed_outcome};
+use crate::store::{Posting, completed_outcome, wrote_one};
 
 /// `column` is one of a few fixed names chosen by this module, never input.
 pub(super) async fn load_payment(
@@ -131,9 +131,10 @@ async fn complete_key(c: &impl GenericClient, outcome: &str, key: &str) -> Resul
 }
 
 /// Count a payment or refund toward its subject's day.
-pub(super) async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<u64, tokio_postgres::Error> {
-    c.exec(&add_usage_sql(guards::usage_table(d.kind)), &[&d.subject, &d.day, &d.currency.code(), &d.amount_minor])
-        .await
+pub(super) async fn add_usage(c: &impl GenericClient, d: &UsageDraw) -> Result<(), StoreError> {
+    let sql = add_usage_sql(guards::usage_table(d.kind));
+    let n = c.exec(&sql, &[&d.subject, &d.day, &d.currency.code(), &d.amount_minor]).await?;
+    wrote_one("usage count", n)
 }
 
 /// What the guards check, as read in the posting transaction: the subject's usage for the day
@@ -247,22 +248,21 @@ const ADD_PAYEE_USAGE: &str = "INSERT INTO payee_usage (owner, payee, day, curre
                                                           payments = payee_usage.payments + 1";
 
 /// Record a mandate draw (its uses and spend) and the payee's daily usage, once the guards passed.
-async fn draw_mandate(
-    c: &impl GenericClient,
-    g: &Guards,
-    amount: i64,
-    currency: Currency,
-) -> Result<u64, tokio_postgres::Error> {
+/// Each write must change its one row (`store::wrote_one`: a row a trigger swallowed is no draw).
+async fn draw_mandate(c: &impl GenericClient, g: &Guards, amount: i64, currency: Currency) -> Result<(), StoreError> {
     if let Some(cap) = &g.payee {
-        c.exec(ADD_PAYEE_USAGE, &[&cap.owner, &cap.payee, &cap.since, &currency.code(), &amount]).await?;
+        let n = c.exec(ADD_PAYEE_USAGE, &[&cap.owner, &cap.payee, &cap.since, &currency.code(), &amount]).await?;
+        wrote_one("payee usage", n)?;
         if let Some(cooling) = &cap.cooling {
-            c.exec(ADD_COOLING, &[&cap.owner, &cap.payee, &cooling.known_since, &currency.code(), &amount]).await?;
+            let n =
+                c.exec(ADD_COOLING, &[&cap.owner, &cap.payee, &cooling.known_since, &currency.code(), &amount]).await?;
+            wrote_one("payee cooling-off usage", n)?;
         }
     }
-    match &g.mandate {
-        Some(d) => c.exec(DRAW_MANDATE, &[&amount, &d.mandate_id]).await,
-        None => Ok(0),
+    if let Some(d) = &g.mandate {
+        wrote_one("mandate draw", c.exec(DRAW_MANDATE, &[&amount, &d.mandate_id]).await?)?;
     }
+    Ok(())
 }
 
 /// Check the guards and record the draw (rails: one call, no pipeline to share).
@@ -384,10 +384,15 @@ async fn write_posting(
         audit_in_tx(c, w.audit, &p),
         release(),
     );
-    drawn.map_err(TxError::pg)?;
-    inserted.map_err(TxError::pg)?;
-    counted.map_err(TxError::pg)?;
-    refunded.map_err(TxError::pg)?;
+    drawn.map_err(TxError::store)?;
+    // Every write changed its one row (a row a trigger swallowed is no write: the transaction
+    // fails, nothing commits).
+    wrote_one("payment", inserted.map_err(TxError::pg)?).map_err(TxError::store)?;
+    counted.map_err(TxError::store)?;
+    let refunded = refunded.map_err(TxError::pg)?;
+    if p.refund_of.is_some() {
+        wrote_one("refunded amount", refunded).map_err(TxError::store)?;
+    }
     debit.map_err(TxError::store)?;
     credit.map_err(TxError::store)?;
     completed.map_err(TxError::store)?;

@@ -87,7 +87,7 @@ pub(super) async fn open_once(
         }
         return Err(TxError::Backend(refusal));
     }
-    add_usage(&tx, &draws.usage).await.map_err(TxError::pg)?;
+    add_usage(&tx, &draws.usage).await.map_err(TxError::store)?;
     let n = tx
         .exec(
             "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,

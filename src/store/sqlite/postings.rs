@@ -39,7 +39,7 @@ pub(super) fn post(tx: &Connection, entry: &DoubleEntry<'_>, leg: usize, now: Un
         params![amount, account],
         |r| r.get(0),
     )?;
-    tx.exec(
+    tx.exec_one(
         "INSERT INTO postings (payment_id, account_id, amount_minor, currency, balance_after_minor, description, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![entry.payment_id, account, amount, entry.currency.code(), balance, entry.description, now],
@@ -48,9 +48,9 @@ pub(super) fn post(tx: &Connection, entry: &DoubleEntry<'_>, leg: usize, now: Un
 }
 
 /// Count a payment or refund toward its subject's day.
-pub(super) fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<usize> {
+pub(super) fn add_usage(tx: &Connection, d: &UsageDraw) -> rusqlite::Result<()> {
     let table = guards::usage_table(d.kind);
-    tx.exec(
+    tx.exec_one(
         &format!(
             "INSERT INTO {table} (subject, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, 1)
              ON CONFLICT (subject, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
@@ -99,7 +99,7 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
         let sql = format!("SELECT {} FROM mandates WHERE id = ?1", rows::MANDATE_COLS);
         let mandate = tx.opt(&sql, [&d.mandate_id], rows::mandate).map_err(db)?;
         guards::check_mandate(mandate.as_ref(), amount, currency, now)?;
-        tx.exec(
+        tx.exec_one(
             "UPDATE mandates SET uses = uses + 1, spent_minor = spent_minor + ?1 WHERE id = ?2",
             params![amount, d.mandate_id],
         )
@@ -107,7 +107,7 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
     }
     // Every check passed: the writes (a check failing after a write would poison the batch).
     if let Some(cap) = &g.payee {
-        tx.exec(
+        tx.exec_one(
                 "INSERT INTO payee_usage (owner, payee, day, currency, spent_minor, payments) VALUES (?1, ?2, ?3, ?4, ?5, 1)
                  ON CONFLICT (owner, payee, day, currency) DO UPDATE SET spent_minor = spent_minor + excluded.spent_minor,
                                                                       payments = payments + 1",
@@ -115,7 +115,7 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
             )
             .map_err(db)?;
         if let Some(cooling) = &cap.cooling {
-            tx.exec(ADD_COOLING, params![cap.owner, cap.payee, cooling.known_since, currency.code(), amount])
+            tx.exec_one(ADD_COOLING, params![cap.owner, cap.payee, cooling.known_since, currency.code(), amount])
                 .map_err(db)?;
         }
     }
@@ -141,7 +141,7 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
             let draw = guards::usage_draw(p.kind, &p.usage_subject(), p.currency, p.amount_minor, now);
             apply_guards(tx, w.guards, &draw, now)?;
             let mandate_id = w.guards.mandate.as_ref().map(|m| m.mandate_id.as_str());
-            tx.exec(
+            tx.exec_one(
                 "INSERT INTO payments (id, idempotency_key, kind, status, from_account, to_account, amount_minor, currency,
                                        refunded_minor, refund_of, memo, principal_sub, created_at, mandate_id,
                                        principal_user)
@@ -151,7 +151,7 @@ fn write_posting(tx: &Connection, plan: PostingPlan, w: Posting<'_>, now: UnixSe
             .map_err(db)?;
             add_usage(tx, &draw).map_err(db)?;
             if let Some(original) = &p.refund_of {
-                tx.exec(
+                tx.exec_one(
                     "UPDATE payments SET refunded_minor = refunded_minor + ?1 WHERE id = ?2",
                     params![p.amount_minor, original.as_str()],
                 )
