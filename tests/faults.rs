@@ -54,6 +54,18 @@ const MPESA_ENV: [(&str, &str); 9] = [
     ("PAYGATE_MPESA__SECURITY_CREDENTIAL", "fault-suite-security-credential"),
     ("PAYGATE_MPESA__CALLBACK_SECRET", "fault-suite-callback-secret-0123456789"),
 ];
+/// The replicas' and the Airtel simulator's `[airtel]` (disbursements: the PIN, sealed for the
+/// simulator's key; the replicas get the key's public half).
+const AIRTEL_ENV: [(&str, &str); 6] = [
+    ("PAYGATE_AIRTEL__ENABLED", "true"),
+    ("PAYGATE_AIRTEL__ENVIRONMENT", "uat"),
+    ("PAYGATE_AIRTEL__CLIENT_ID", "fault-suite-airtel-client"),
+    ("PAYGATE_AIRTEL__CLIENT_SECRET", "fault-suite-airtel-secret"),
+    ("PAYGATE_AIRTEL__CALLBACK_SECRET", "fault-suite-airtel-callback-secret-0123"),
+    ("PAYGATE_AIRTEL__DISBURSEMENT_PIN", "4321"),
+];
+const AIRTEL_PUBLIC_KEY_PEM: &str = include_str!("fixtures/rsa1.pub.pem");
+const AIRTEL_PRIVATE_KEY_PEM: &str = include_str!("fixtures/rsa1.pem");
 /// Short, so a pause or a partition outlives an in-flight claim.
 const LEASE_SECS: u64 = 2;
 const WAIT_MS_MAX: u64 = 1500;
@@ -261,6 +273,11 @@ enum Backend {
     /// its id the payout's OriginatorConversationID), and the simulator's records view is what
     /// the rail did. Daraja has no idempotency key: a payout sent twice is paid twice.
     Mpesa,
+    /// Airtel Money disbursements (`send_airtel_payout`) to `paygate rail-simulator --rail airtel`
+    /// in the backend's namespace (`--auto accept`: each is paid 200 ms after it arrives; Airtel
+    /// posts no result for a disbursement, so the poll job's enquiry settles it). The transaction
+    /// id is the gateway record's id; the simulator's records view is what the rail did.
+    Airtel,
 }
 
 impl Backend {
@@ -270,11 +287,16 @@ impl Backend {
             Backend::Http => "http",
             Backend::Wallet => "wallet",
             Backend::Mpesa => "mpesa",
+            Backend::Airtel => "airtel",
         }
+    }
+    /// A rail's payouts to `paygate rail-simulator` (M-Pesa, Airtel), not a ledger's payments.
+    fn is_rail(self) -> bool {
+        matches!(self, Backend::Mpesa | Backend::Airtel)
     }
     /// Whether the workload refunds (the wallet fake's refunds are not read back by the checker).
     fn refunds(self) -> bool {
-        self != Backend::Wallet && self != Backend::Mpesa
+        self != Backend::Wallet && !self.is_rail()
     }
     /// The gateway replicas' schema.
     fn schema(self) -> &'static str {
@@ -283,6 +305,7 @@ impl Backend {
             Backend::Http => "faults_http",
             Backend::Wallet => "faults_wallet",
             Backend::Mpesa => "faults_mpesa",
+            Backend::Airtel => "faults_airtel",
         }
     }
     /// Where the payments the backend made are: its own records, not the gateway's (the wallet
@@ -290,7 +313,7 @@ impl Backend {
     fn money_schema(self) -> &'static str {
         match self {
             Backend::Embedded => SCHEMA,
-            Backend::Http | Backend::Wallet | Backend::Mpesa => LEDGER_SCHEMA,
+            Backend::Http | Backend::Wallet | Backend::Mpesa | Backend::Airtel => LEDGER_SCHEMA,
         }
     }
     /// The claim lease: short, so a pause or a partition outlives an in-flight claim; over http it
@@ -298,7 +321,7 @@ impl Backend {
     fn lease_secs(self) -> u64 {
         match self {
             Backend::Embedded => LEASE_SECS,
-            Backend::Http | Backend::Wallet | Backend::Mpesa => LEASE_SECS + 1,
+            Backend::Http | Backend::Wallet | Backend::Mpesa | Backend::Airtel => LEASE_SECS + 1,
         }
     }
     /// The replicas' config file: the payouts' account is allowed on M-Pesa only (the wallet
@@ -306,6 +329,9 @@ impl Backend {
     fn config(self) -> String {
         match self {
             Backend::Mpesa => CONFIG.replace(r#"["acct-A", "acct-B"]"#, r#"["acct-A", "acct-B", "mpesa-collections"]"#),
+            Backend::Airtel => {
+                CONFIG.replace(r#"["acct-A", "acct-B"]"#, r#"["acct-A", "acct-B", "airtel-collections"]"#)
+            }
             _ => CONFIG.to_string(),
         }
     }
@@ -332,7 +358,7 @@ impl Backend {
             Backend::Wallet => {
                 vec![Fault::PartitionWallet, Fault::WalletAnswersLost, Fault::Kill, Fault::Pause, Fault::PgRestart]
             }
-            Backend::Mpesa => vec![
+            Backend::Mpesa | Backend::Airtel => vec![
                 Fault::PartitionRail,
                 Fault::RailAnswersLost,
                 Fault::RailDegrade,
@@ -409,6 +435,19 @@ fn spawn_replica(i: usize, clock: bool, backend: Backend) -> (Child, String, Str
             .env("PAYGATE_JOBS__MPESA_POLL_EVERY_SECS", "1")
             .env("PAYGATE_MPESA__QUERY_AFTER_SECS", SETTLE_AFTER_SECS.to_string());
     }
+    if backend == Backend::Airtel {
+        // As on M-Pesa: one try per request, bounded well under the lease; a disbursement's
+        // outcome comes from the poll job's enquiry (Airtel posts none for it).
+        cmd.envs(AIRTEL_ENV)
+            .env("PAYGATE_AIRTEL__PUBLIC_KEY", AIRTEL_PUBLIC_KEY_PEM)
+            .env("PAYGATE_DEV__SCOPES", "payments:read payments:payout")
+            .env("PAYGATE_AIRTEL__BASE_URL", format!("http://{LEDGER_ADDR}:{RAIL_PORT}"))
+            .env("PAYGATE_AIRTEL__REQUEST_TIMEOUT_MS", "500")
+            .env("PAYGATE_AIRTEL__RETRIES_MAX", "0")
+            .env("PAYGATE_JOBS__LEASE_SECS", "5")
+            .env("PAYGATE_JOBS__MPESA_POLL_EVERY_SECS", "1")
+            .env("PAYGATE_AIRTEL__QUERY_AFTER_SECS", SETTLE_AFTER_SECS.to_string());
+    }
     if clock {
         cmd.env("LD_PRELOAD", FAKETIME_LIB)
             .env("FAKETIME_TIMESTAMP_FILE", format!("{ROOT}/faketime"))
@@ -456,16 +495,23 @@ fn spawn_ledger() -> Child {
     child
 }
 
-/// `paygate rail-simulator --rail mpesa` in the backend's namespace, answering every payout
-/// itself; returns once it listens.
-fn spawn_rail() -> Child {
+/// `paygate rail-simulator --rail <backend>` (M-Pesa or Airtel) in the backend's namespace,
+/// answering every payout itself; returns once it listens.
+fn spawn_rail(backend: Backend) -> Child {
     use std::io::BufRead;
     let data = format!("{ROOT}/rail");
     std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(format!("{ROOT}/config.toml"), Backend::Mpesa.config()).unwrap();
+    std::fs::write(format!("{ROOT}/config.toml"), backend.config()).unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{ROOT}/rail.log")).unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", LEDGER_NS, &format!("{ROOT}/paygate"), "rail-simulator", "--rail", "mpesa"])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", LEDGER_NS, &format!("{ROOT}/paygate"), "rail-simulator", "--rail", backend.name()]);
+    if backend == Backend::Airtel {
+        // The key the replicas seal the disbursement PIN for (they are given its public half).
+        let key = format!("{ROOT}/airtel-pin-key.pem");
+        std::fs::write(&key, AIRTEL_PRIVATE_KEY_PEM).unwrap();
+        cmd.args(["--pin-key-file", &key]).envs(AIRTEL_ENV).env("PAYGATE_AIRTEL__PUBLIC_KEY", AIRTEL_PUBLIC_KEY_PEM);
+    }
+    let mut child = cmd
         // Room for every payout of the six kinds: past the default 10,000 items the simulator
         // answers 503, and operations refused BACKEND_UNAVAILABLE for good never resolve (a run
         // on a quiet machine makes ~10,000 payouts).
@@ -482,14 +528,15 @@ fn spawn_rail() -> Child {
         .expect("paygate rail-simulator starts");
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let listening = lines.next().and_then(Result::ok).unwrap_or_default();
-    assert!(listening.starts_with("paygate rail simulator (mpesa): "), "the simulator did not start: {listening:?}");
+    let expected = format!("paygate rail simulator ({}): ", backend.name());
+    assert!(listening.starts_with(&expected), "the simulator did not start: {listening:?}");
     child
 }
 
 /// What the rail simulator did: every payout it received (`seq`, the caller's originator id =
 /// the gateway's record id, amount in whole shillings, status), from its records view.
-async fn rail_payouts() -> Vec<Value> {
-    let url = format!("http://{LEDGER_ADDR}:{RAIL_PORT}/simulator/control/mpesa");
+async fn rail_payouts(backend: Backend) -> Vec<Value> {
+    let url = format!("http://{LEDGER_ADDR}:{RAIL_PORT}/simulator/control/{}", backend.name());
     let view: Value = reqwest::Client::new()
         .get(url)
         .bearer_auth(RAIL_CONTROL_TOKEN)
@@ -562,10 +609,14 @@ fn pay_op(id: String, refused: bool) -> Op {
 /// An M-Pesa payout of 10 shillings (remarks = its id); `refused`: to a number that is no
 /// Kenyan phone (INVALID_ARGUMENT: nothing is sent). (Not over the autonomous limit: asking for
 /// approvals that fast is RATE_LIMITED past the pending bound, which is not a refusal.)
-fn payout_op(id: String, refused: bool) -> Op {
-    let phone = if refused { "0012 345 678" } else { "0712 345 678" };
+fn payout_op(backend: Backend, id: String, refused: bool) -> Op {
+    let (tool, phone) = match backend {
+        Backend::Airtel => ("send_airtel_payout", "0733 123 456"),
+        _ => ("send_mpesa_payout", "0712 345 678"),
+    };
+    let phone = if refused { "0012 345 678" } else { phone };
     let args = json!({"operation_id": id, "phone_number": phone, "amount": "10", "remarks": id});
-    Op { id, tool: "send_mpesa_payout", args }
+    Op { id, tool, args }
 }
 
 /// A partial refund of 0.60 of `payment`: two of them on one payment cannot both succeed.
@@ -672,7 +723,7 @@ async fn load(
     let refunds = backend.refunds();
     while Instant::now() < until {
         let (id, refused) = (format!("{fault}-c{c}-{n}"), n % 10 == 9);
-        let op = if backend == Backend::Mpesa { payout_op(id, refused) } else { pay_op(id, refused) };
+        let op = if backend.is_rail() { payout_op(backend, id, refused) } else { pay_op(id, refused) };
         let first = pin.unwrap_or(c + n);
         let paid = agent.attempt(&op, first).await;
         if refunds
@@ -851,14 +902,14 @@ async fn check(
     let db = pg().await;
     let money = backend.money_schema();
     // Every payout the rail received this kind (any status), once its automatic answers are in.
-    let rail_seen: BTreeSet<String> = if backend == Backend::Mpesa {
+    let rail_seen: BTreeSet<String> = if backend.is_rail() {
         let waiting = Instant::now();
-        let mut seen = rail_payouts().await;
+        let mut seen = rail_payouts(backend).await;
         let open =
             |seen: &[Value]| seen.iter().any(|i| i["seq"].as_u64() > Some(rail_from) && i["status"] == "pending");
         while open(&seen) && waiting.elapsed() < Duration::from_secs(10) {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            seen = rail_payouts().await;
+            seen = rail_payouts(backend).await;
         }
         seen.iter()
             .filter(|i| i["seq"].as_u64() > Some(rail_from))
@@ -872,8 +923,8 @@ async fn check(
     // and the rail simulator's by the gateway records that name them, and those no record names.
     let mut amounts_agree = true;
     let (payments, untracked) = match wallet {
-        None if backend == Backend::Mpesa => {
-            let (payments, untracked, agree) = rail_payments(&db, backend.schema(), fault, rail_from).await;
+        None if backend.is_rail() => {
+            let (payments, untracked, agree) = rail_payments(&db, backend, fault, rail_from).await;
             amounts_agree = agree;
             (payments, untracked)
         }
@@ -919,7 +970,7 @@ async fn check(
             row.unknown += 1;
             if outcomes.last().is_some_and(|o| o.determinate()) {
                 row.resolved += 1;
-            } else if backend == Backend::Mpesa {
+            } else if backend.is_rail() {
                 let sql = format!("SELECT state, id FROM {}.rail_payments WHERE memo = '{op}'", backend.schema());
                 let records = by_memo(&db, &sql).await;
                 let open = records.keys().all(|state| state == "submitting" || state == "unknown");
@@ -931,7 +982,7 @@ async fn check(
                         "SELECT id, state || ' (' || COALESCE(reason, '-') || ')' FROM {}.rail_payments WHERE memo = '{op}'",
                         backend.schema()
                     );
-                    let at_rail: Vec<Value> = rail_payouts()
+                    let at_rail: Vec<Value> = rail_payouts(backend)
                         .await
                         .into_iter()
                         .filter(|i| records.values().flatten().any(|id| i["originator_id"] == *id))
@@ -962,13 +1013,13 @@ async fn check(
         let gw = backend.schema();
         // (A payout is open until Daraja's result settles it: `pending` too.)
         let open_states =
-            if backend == Backend::Mpesa { "'submitting', 'unknown', 'pending'" } else { "'submitting', 'unknown'" };
+            if backend.is_rail() { "'submitting', 'unknown', 'pending'" } else { "'submitting', 'unknown'" };
         let open_sql =
             format!("SELECT memo, id FROM {gw}.rail_payments WHERE state IN ({open_states}) AND memo LIKE '{fault}-%'");
         let waiting = Instant::now();
         // (A payout the rail never received is held, not unsettled: see `Row::held`.)
         let unsettled = |mut open: BTreeMap<String, Vec<String>>| {
-            if backend == Backend::Mpesa {
+            if backend.is_rail() {
                 open.retain(|_, ids| ids.iter().any(|id| rail_seen.contains(id)));
             }
             open
@@ -1013,7 +1064,7 @@ async fn check(
     }
     row.conserved = match wallet {
         // The rail keeps no books here: every payout it paid carried its record's amount.
-        None if backend == Backend::Mpesa => amounts_agree,
+        None if backend.is_rail() => amounts_agree,
         None => conserved(money).await,
         Some((fake, _)) => wallet_conserved(fake),
     };
@@ -1026,10 +1077,11 @@ async fn check(
 /// names, and whether each paid what its record says.
 async fn rail_payments(
     db: &tokio_postgres::Client,
-    gw: &str,
+    backend: Backend,
     fault: &str,
     from: u64,
 ) -> (BTreeMap<String, Vec<String>>, usize, bool) {
+    let gw = backend.schema();
     let mut records: BTreeMap<String, (String, i64)> = BTreeMap::new();
     let sql = format!("SELECT memo, id, amount_minor FROM {gw}.rail_payments WHERE memo LIKE '{fault}-%'");
     for m in db.simple_query(&sql).await.unwrap() {
@@ -1040,7 +1092,7 @@ async fn rail_payments(
     }
     let (mut payments, mut untracked, mut agree): (BTreeMap<String, Vec<String>>, usize, bool) =
         (BTreeMap::new(), 0, true);
-    for item in rail_payouts().await {
+    for item in rail_payouts(backend).await {
         if item["seq"].as_u64().unwrap() <= from || item["status"] != "paid" {
             continue;
         }
@@ -1057,7 +1109,7 @@ async fn rail_payments(
         ids.sort();
     }
     if !agree {
-        eprintln!("conservation (mpesa): a payout the rail paid carried another amount than its record");
+        eprintln!("conservation ({}): a payout the rail paid carried another amount than its record", backend.name());
     }
     (payments, untracked, agree)
 }
@@ -1326,8 +1378,12 @@ impl Suite {
     }
 
     async fn run(&mut self, fault: Fault) -> Row {
-        // The operation ids (and memos) name the backend and the fault.
-        let name: &'static str = format!("{}-{}", self.backend.name(), fault.name()).leak();
+        // The operation ids (and memos) name the backend and the fault. On Airtel a payout's
+        // remarks (the memo) are at most 25 characters: the fault by its initials there
+        // (`airtel-ral-c3-1234` for rail-answers-lost).
+        let short = || fault.name().split('-').filter_map(|w| w.chars().next()).collect::<String>();
+        let kind = if self.backend == Backend::Airtel { short() } else { fault.name().to_string() };
+        let name: &'static str = format!("{}-{kind}", self.backend.name()).leak();
         let t0 = Instant::now();
         let wall_start = common::now_secs();
         let history = History::default();
@@ -1342,7 +1398,9 @@ impl Suite {
         let backend = self.backend;
         // The rail's payouts received before this kind are not this kind's.
         let rail_from = match self.backend {
-            Backend::Mpesa => rail_payouts().await.iter().filter_map(|i| i["seq"].as_u64()).max().unwrap_or(0),
+            Backend::Mpesa | Backend::Airtel => {
+                rail_payouts(self.backend).await.iter().filter_map(|i| i["seq"].as_u64()).max().unwrap_or(0)
+            }
             _ => 0,
         };
         // The wallet fake's payments made before this kind are not this kind's.
@@ -1428,8 +1486,8 @@ async fn probe_build(url: &str, token: &str, weakened: bool, backend: Backend) {
     let c = try_connect(url, token, Era::Modern).await.expect("the probe connects");
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let op = if backend == Backend::Mpesa {
-            payout_op("probe-build".into(), false)
+        let op = if backend.is_rail() {
+            payout_op(backend, "probe-build".into(), false)
         } else {
             pay_op("probe-build".into(), false)
         };
@@ -1500,7 +1558,7 @@ async fn faults_keep_every_payment_exactly_once() {
     }
     network();
     postgres();
-    let mut backends = vec![Backend::Embedded, Backend::Http, Backend::Wallet, Backend::Mpesa];
+    let mut backends = vec![Backend::Embedded, Backend::Http, Backend::Wallet, Backend::Mpesa, Backend::Airtel];
     if let Ok(only) = std::env::var("PAYGATE_FAULTS_BACKENDS") {
         backends.retain(|b| only.split(',').any(|o| o == b.name()));
     }
@@ -1513,8 +1571,8 @@ async fn faults_keep_every_payment_exactly_once() {
         if backend == Backend::Http {
             lab.service = Some(spawn_ledger());
         }
-        if backend == Backend::Mpesa {
-            lab.service = Some(spawn_rail());
+        if backend.is_rail() {
+            lab.service = Some(spawn_rail(backend));
         }
         let wallet = match backend {
             Backend::Wallet => {

@@ -14,8 +14,12 @@ use crate::domain::rail::RailMove;
 use crate::domain::rail::Settlement;
 use crate::domain::rail::{RailFlow, RailPayment, RailQuery, RailState};
 use crate::domain::rules::rail as rail_rules;
-/// Pending collections queried per scheduler run.
+/// Open rail records read per batch; a run takes batches until none is due or its budget ends.
 const POLL_BATCH_MAX: u32 = 50;
+/// Questions to one rail in flight at once during a run (each is one status or enquiry call):
+/// a backlog of thousands of open payouts settles in minutes, not hours, without flooding the
+/// rail (its own breaker and rate limits still apply to every call).
+pub const POLL_CONCURRENCY: usize = 8;
 
 /// How a rail callback ended. Rail-neutral and HTTP-free: `http::callbacks` maps each to a status
 /// and a short body (never echoing the callback).
@@ -382,42 +386,72 @@ impl Gateway {
         older_than_secs: i64,
         deadline: std::time::Instant,
     ) -> usize {
-        let now = self.clock.now();
-        // Pending records, and those whose answer was lost (a payout's status can be asked).
-        let due = RailQuery {
-            rail: Some(rail.name().into()),
-            states: vec![RailState::Pending, RailState::Unknown],
-            updated_before: now - older_than_secs,
-            limit: POLL_BATCH_MAX,
-        };
-        let due = match self.store.rail_list(due).await {
-            Ok(d) => d,
-            Err(error) => {
-                tracing::error!(%error, rail = rail.name(), "listing open rail payments failed");
-                return 0;
-            }
-        };
+        use futures_util::StreamExt as _;
         let mut settled = 0;
-        for rec in &due {
-            if std::time::Instant::now() >= deadline {
+        let mut asked = std::collections::HashSet::new();
+        // Batch after batch, oldest first, until none is due or the budget has passed: each record
+        // asked is touched (updated_at), so the next batch holds others.
+        while std::time::Instant::now() < deadline {
+            let now = self.clock.now();
+            // Pending records, and those whose answer was lost (a payout's status can be asked).
+            let due = RailQuery {
+                rail: Some(rail.name().into()),
+                states: vec![RailState::Pending, RailState::Unknown],
+                updated_before: now - older_than_secs,
+                limit: POLL_BATCH_MAX,
+            };
+            let due = match self.store.rail_list(due).await {
+                Ok(d) => d,
+                Err(error) => {
+                    tracing::error!(%error, rail = rail.name(), "listing open rail payments failed");
+                    break;
+                }
+            };
+            // (A record its settle could not touch comes back: asked once per run.)
+            let fresh: Vec<&RailPayment> = due.iter().filter(|r| asked.insert(r.id.clone())).collect();
+            if fresh.is_empty() {
                 break;
             }
-            // The rail's own answer: success, a known failure, still pending (or not answerable
-            // now), or an answer kept for reconciliation.
-            let settlement = rail.query(rec).await;
-            // Every queried record is touched (updated_at), so records that keep failing to answer
-            // do not starve newer ones out of the oldest-first batch.
-            let said = match &settlement {
-                Settlement::Succeeded => Some(("query_settled", "SUCCEEDED", format!("{settlement:?}"))),
-                Settlement::Failed(_) => Some(("query_settled", "FAILED", format!("{settlement:?}"))),
-                Settlement::Pending(_) | Settlement::Unrecognised(_) => None,
-            };
-            match self.settle(rail, rec, &settlement, None, said).await {
-                Ok(Some(updated)) if updated.state.is_terminal() => settled += 1,
-                Ok(_) => {}
-                Err(error) => tracing::warn!(payment_id = %rec.id, %error, "recording a rail query result failed"),
+            let asks: Vec<_> = fresh.into_iter().map(|rec| self.poll_one(rail, rec, deadline)).collect();
+            let mut answers = futures_util::stream::iter(asks).buffer_unordered(POLL_CONCURRENCY);
+            while let Some(terminal) = answers.next().await {
+                settled += usize::from(terminal);
+            }
+            if due.len() < POLL_BATCH_MAX as usize {
+                break;
             }
         }
         settled
+    }
+
+    /// Ask the rail about one open record (unless the run's budget has passed) and settle it by
+    /// the answer; whether it reached a terminal state.
+    async fn poll_one(
+        &self,
+        rail: &dyn crate::backend::rail::CollectionRail,
+        rec: &RailPayment,
+        deadline: std::time::Instant,
+    ) -> bool {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        // The rail's own answer: success, a known failure, still pending (or not answerable
+        // now), or an answer kept for reconciliation.
+        let settlement = rail.query(rec).await;
+        // Every queried record is touched (updated_at), so records that keep failing to answer
+        // do not starve newer ones out of the oldest-first batch.
+        let said = match &settlement {
+            Settlement::Succeeded => Some(("query_settled", "SUCCEEDED", format!("{settlement:?}"))),
+            Settlement::Failed(_) => Some(("query_settled", "FAILED", format!("{settlement:?}"))),
+            Settlement::Pending(_) | Settlement::Unrecognised(_) => None,
+        };
+        match self.settle(rail, rec, &settlement, None, said).await {
+            Ok(Some(updated)) => updated.state.is_terminal(),
+            Ok(None) => false,
+            Err(error) => {
+                tracing::warn!(payment_id = %rec.id, %error, "recording a rail query result failed");
+                false
+            }
+        }
     }
 }
