@@ -481,13 +481,8 @@ async fn request_payment_chooses_the_rail_by_the_numbers_operator() {
     app.stop().await;
 }
 
-/// One operation_id is one payment whichever rail carries it: a retry of `send_payment` (or
-/// `request_payment`) that names the other rail, or calls the other rail's own tool, is
-/// `IDEMPOTENCY_CONFLICT` and sends nothing there; retried as first called it replays. Racing
-/// calls that name different rails for one operation_id send one payout between them.
-/// (Stop-65 review: the hint re-keyed the call and the same operation paid out on both rails.)
-#[tokio::test]
-async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
+/// M-Pesa (paying customers too) and Airtel (with its disbursement PIN) on one gateway.
+async fn both_rails_paying() -> (TestApp, AirtelFake, DarajaFake, tempfile::TempDir) {
     let airtel = AirtelFake::start().await;
     let daraja = DarajaFake::start(FakeConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -496,6 +491,49 @@ async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
     let rails = format!("{}\n{}\n{initiator}\n", paying_airtel_section(&airtel), mpesa_section(&daraja));
     let app = spawn_with_toml(dir.path(), &overlay(&rails), &[], Arc::new(SystemClock)).await;
     airtel.set_callback_url(&callback_url(&app, SECRET));
+    (app, airtel, daraja, dir)
+}
+
+/// The stop-66 review (high): a trigger that swallowed the idempotency record's insert left the
+/// key shared across the rails unwritten, so one operation paid out on M-Pesa and then on Airtel
+/// (and a collection was pushed on both), every check green. A reservation that did not write
+/// its record is now refused retryably and nothing is sent; healed, the operation pays once, on
+/// one rail.
+#[tokio::test]
+async fn a_swallowed_idempotency_record_never_lets_one_operation_pay_on_two_rails() {
+    let (app, airtel, daraja, _dir) = both_rails_paying().await;
+    let c = connect(&app.url, &app.token("dev-agent", &format!("{SCOPES} payments:payout")), Era::Modern).await;
+    let db = rusqlite::Connection::open(app.data_dir.join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    let sent = || (airtel.disburse_requests(), daraja.payouts().len());
+    let to = |phone: &str| json!({"operation_id": "s1", "phone_number": phone, "amount": "40", "remarks": "r"});
+    db.execute_batch("CREATE TRIGGER sw BEFORE INSERT ON idempotency_records BEGIN SELECT RAISE(IGNORE); END;")
+        .unwrap();
+    for phone in ["0712 345 678", "0733 123 456"] {
+        let refused = call(&c, "send_payment", to(phone)).await;
+        assert_eq!(err(&refused)["retryable"], true, "{refused:?}");
+        assert_ne!(code(&refused), "OUTCOME_UNKNOWN", "nothing was sent: {refused:?}");
+    }
+    let pushed = call(&c, "request_payment", any_rail("s3", "0712 345 678")).await;
+    assert_eq!(err(&pushed)["retryable"], true, "{pushed:?}");
+    assert_eq!((sent(), daraja.pushes().len()), ((0, 0), 0), "nothing went out on either rail");
+    db.execute_batch("DROP TRIGGER sw").unwrap();
+    let paid = ok(&call(&c, "send_payment", to("0712 345 678")).await).clone();
+    assert_eq!(paid["to_account"], "mpesa-254712345678");
+    let other = call(&c, "send_payment", to("0733 123 456")).await;
+    assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{other:?}");
+    assert_eq!(sent(), (0, 1), "one payout, on M-Pesa");
+    app.stop().await;
+}
+
+/// One operation_id is one payment whichever rail carries it: a retry of `send_payment` (or
+/// `request_payment`) that names the other rail, or calls the other rail's own tool, is
+/// `IDEMPOTENCY_CONFLICT` and sends nothing there; retried as first called it replays. Racing
+/// calls that name different rails for one operation_id send one payout between them.
+/// (Stop-65 review: the hint re-keyed the call and the same operation paid out on both rails.)
+#[tokio::test]
+async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
+    let (app, airtel, daraja, _dir) = both_rails_paying().await;
     let scopes = format!("{SCOPES} payments:payout");
     let c = connect(&app.url, &app.token("dev-agent", &scopes), Era::Modern).await;
     let with_rail = |mut args: Value, rail: &str| {

@@ -787,6 +787,44 @@ async fn every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_onc
     x.rig.app.stop().await;
 }
 
+/// The stop-66 review (medium): a trigger that rewrote a mandate's row after its draw (SQLite: an
+/// AFTER UPDATE trigger setting the use count back; PostgreSQL: a BEFORE UPDATE trigger keeping
+/// the old row) let an open mandate be drawn past its uses and budget with every check green. The
+/// draw is read back where it commits: refused retryably, nothing moved; healed, it pays once. A
+/// row lowered by hand afterwards is named by the full integrity check.
+async fn a_mandate_row_that_does_not_show_its_draw_is_refused_and_a_lowered_one_is_named(db: Option<Db>) {
+    let x = Matrix::start(db).await;
+    let args = x.prepare(Move::MandatePayment, "rewrite-1").await;
+    let before = x.books().await;
+    let keep = match &x.rig.db {
+        None => {
+            "CREATE TRIGGER kept AFTER UPDATE OF uses ON mandates \
+                 BEGIN UPDATE mandates SET uses = OLD.uses, spent_minor = OLD.spent_minor WHERE id = NEW.id; END;"
+        }
+        Some(_) => {
+            "CREATE FUNCTION kept() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN OLD; END $$; \
+                    CREATE TRIGGER kept BEFORE UPDATE ON mandates FOR EACH ROW EXECUTE FUNCTION kept();"
+        }
+    };
+    x.rig.sql(keep).await;
+    let refused = x.act(Move::MandatePayment, &args).await.expect_err("a draw its row does not show");
+    assert_eq!(refused["retryable"], true, "{refused}");
+    assert_eq!(x.books().await, before, "nothing moved: {refused}");
+    match &x.rig.db {
+        None => x.rig.sql("DROP TRIGGER kept").await,
+        Some(_) => x.rig.sql("DROP FUNCTION kept() CASCADE").await,
+    }
+    let paid = x.act(Move::MandatePayment, &args).await.unwrap();
+    x.holds(Move::MandatePayment, &paid, &before, "healed").await;
+    x.rig.app.assert_integrity().await;
+    // Lowered by hand after the payment: the full check names the mandate.
+    x.rig.sql("UPDATE mandates SET uses = 0, spent_minor = 0").await;
+    let report = x.rig.app.running.store.ledger_integrity().await.unwrap();
+    assert!(!report.ok, "a mandate drawn more than its row says passed the full check");
+    assert!(report.problems.iter().any(|p| p.contains("mdt_")), "{:?}", report.problems);
+    x.rig.app.stop().await;
+}
+
 // ── A slow store ──────────────────────────────────────────────────────────────────────────────────
 
 /// Make the store slow until the returned guard is dropped: on PostgreSQL every row written to a
@@ -1013,5 +1051,6 @@ on_both_engines!(
     every_money_write_failing_is_refused_or_committed_whole_and_the_retry_moves_once,
     a_slow_store_keeps_every_operation_once_under_racing_retries,
     a_swallowed_rail_or_audit_write_sends_nothing_and_settles_nothing,
-    every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_once
+    every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_once,
+    a_mandate_row_that_does_not_show_its_draw_is_refused_and_a_lowered_one_is_named
 );

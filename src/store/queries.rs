@@ -442,8 +442,8 @@ pub(crate) fn unbalanced_payments(postings: &str, since: &str) -> String {
 
 /// The full integrity check's out-of-bounds ids, one text for both engines: non-overdraft
 /// accounts below zero, payments refunded beyond their amount or whose `refunded_minor` is not the
-/// sum of their refunds, refunds astray ([`REFUNDS_ASTRAY`]) and undercounted usage
-/// ([`usage_undercounted`]).
+/// sum of their refunds, refunds astray ([`REFUNDS_ASTRAY`]), mandates drawn more than their row
+/// says ([`MANDATES_UNDERCOUNTED`]) and undercounted usage ([`usage_undercounted`]).
 pub(crate) fn out_of_bounds_full(dialect: Dialect) -> String {
     let sep = match dialect {
         Dialect::Sqlite => "char(31)",
@@ -457,10 +457,23 @@ pub(crate) fn out_of_bounds_full(dialect: Dialect) -> String {
                       WHERE refund_of IS NOT NULL GROUP BY refund_of) r ON r.refund_of = y.id
            WHERE y.refunded_minor <> COALESCE(r.refunded, 0)
          UNION ALL {REFUNDS_ASTRAY}
+         UNION ALL {MANDATES_UNDERCOUNTED}
          UNION ALL {}",
         usage_undercounted(sep)
     )
 }
+
+/// Mandates whose use count or spend is below the payments drawing on them: every ledger payment
+/// and every rail payment not failed (a failure gives its draw back) made under a mandate drew one
+/// use and its amount in the posting, so a row below that was reset or lowered in the database —
+/// and a reset mandate can be drawn past its uses and budget. Both engines' full integrity check.
+pub(crate) const MANDATES_UNDERCOUNTED: &str = "SELECT m.id FROM mandates m
+     JOIN (SELECT mandate_id, COUNT(*) AS n, SUM(amount_minor) AS spent
+           FROM (SELECT mandate_id, amount_minor FROM payments WHERE mandate_id IS NOT NULL
+                 UNION ALL SELECT mandate_id, amount_minor FROM rail_payments
+                           WHERE mandate_id IS NOT NULL AND state <> 'failed') d
+           GROUP BY mandate_id) t ON t.mandate_id = m.id
+     WHERE m.uses < t.n OR m.spent_minor < t.spent";
 
 /// Refunds that do not give back a payment the ledger holds: no original (`refund_of` cleared or
 /// naming nothing), an original that is itself a refund, or money going another way than back

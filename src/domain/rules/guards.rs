@@ -3,7 +3,7 @@
 //! and records the draw.
 
 use crate::clock::UnixSecs;
-use crate::domain::error::BackendError;
+use crate::domain::error::{BackendError, StoreError};
 use crate::domain::money::{Currency, format_minor};
 use crate::domain::payment::{DailyBudget, PaymentKind};
 
@@ -72,6 +72,21 @@ pub struct MandateRow {
     pub expires_at: UnixSecs,
     /// When an operator revoked it, if one did.
     pub revoked_at: Option<UnixSecs>,
+}
+
+/// The mandate row read back after its draw of `amount` (`drawn`: uses, spend) says exactly one
+/// more use and `amount` more than `before`: anything else (a trigger that reset or rewrote it)
+/// fails the posting, so a mandate is never drawn past its bounds on a count that did not move.
+pub fn drawn_as_meant(before: &MandateRow, amount: i64, drawn: (i64, i64)) -> Result<(), StoreError> {
+    let meant = (before.uses + 1, before.spent_minor + amount);
+    if drawn == meant {
+        Ok(())
+    } else {
+        Err(StoreError::Database(format!(
+            "mandate draw: the row says {} uses and {} spent where {} and {} were meant",
+            drawn.0, drawn.1, meant.0, meant.1
+        )))
+    }
 }
 
 /// Refuse a draw of `amount` on a mandate (`None`: not one this gateway issued). On `Ok` the engine

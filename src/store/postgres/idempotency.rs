@@ -48,21 +48,26 @@ pub(super) async fn reserve_key(
             Reservation::Acquired
         } else {
             let step = reservation::decide(Some(rows::idempotency(&row, 1)?), &rec.fingerprint, now)?;
+            // The key's record is what holds the operation (for a rail's shared key, the only
+            // thing that does): a write a trigger swallowed is no reservation.
             match &step {
                 ReserveStep::Claim => {
-                    tx.exec(
+                    let n = tx.exec(
                         "UPDATE idempotency_records SET fingerprint = $2, tool = $3, principal_iss = $4, principal_sub = $5,
                                 state = 'in_flight', outcome = NULL, lease_until = $6, created_at = $7, expires_at = $8 WHERE key = $1",
                         &[&rec.key, &rec.fingerprint, &rec.tool, &rec.principal_iss, &rec.principal_sub, &rec.lease_until, &now, &rec.expires_at],
                     )
                     .await?;
+                    crate::store::wrote_one("idempotency record", n)?;
                 }
                 ReserveStep::TakeOver => {
-                    tx.exec(
-                        "UPDATE idempotency_records SET lease_until = $1 WHERE key = $2",
-                        &[&rec.lease_until, &rec.key],
-                    )
-                    .await?;
+                    let n = tx
+                        .exec(
+                            "UPDATE idempotency_records SET lease_until = $1 WHERE key = $2",
+                            &[&rec.lease_until, &rec.key],
+                        )
+                        .await?;
+                    crate::store::wrote_one("idempotency record", n)?;
                 }
                 ReserveStep::Found(_) => {}
             }

@@ -249,7 +249,13 @@ const ADD_PAYEE_USAGE: &str = "INSERT INTO payee_usage (owner, payee, day, curre
 
 /// Record a mandate draw (its uses and spend) and the payee's daily usage, once the guards passed.
 /// Each write must change its one row (`store::wrote_one`: a row a trigger swallowed is no draw).
-async fn draw_mandate(c: &impl GenericClient, g: &Guards, amount: i64, currency: Currency) -> Result<(), StoreError> {
+async fn draw_mandate(
+    c: &impl GenericClient,
+    g: &Guards,
+    before: Option<&MandateRow>,
+    amount: i64,
+    currency: Currency,
+) -> Result<(), StoreError> {
     if let Some(cap) = &g.payee {
         let n = c.exec(ADD_PAYEE_USAGE, &[&cap.owner, &cap.payee, &cap.since, &currency.code(), &amount]).await?;
         wrote_one("payee usage", n)?;
@@ -261,6 +267,12 @@ async fn draw_mandate(c: &impl GenericClient, g: &Guards, amount: i64, currency:
     }
     if let Some(d) = &g.mandate {
         wrote_one("mandate draw", c.exec(DRAW_MANDATE, &[&amount, &d.mandate_id]).await?)?;
+        // Read back: the draw is what the row now says (a trigger that kept or rewrote the old
+        // values would let the mandate be drawn past its bounds).
+        let row = c.one("SELECT uses, spent_minor FROM mandates WHERE id = $1", &[&d.mandate_id]).await?;
+        if let Some(m) = before {
+            guards::drawn_as_meant(m, amount, (row.try_get(0)?, row.try_get(1)?))?;
+        }
     }
     Ok(())
 }
@@ -274,7 +286,7 @@ pub(super) async fn apply_guards(
 ) -> Result<(), BackendError> {
     let state = read_guards(c, g, &draw.subject, draw.currency).await.map_err(db)?;
     state.check(g, draw.amount_minor, draw.currency, now)?;
-    draw_mandate(c, g, draw.amount_minor, draw.currency).await.map_err(db)?;
+    draw_mandate(c, g, state.mandate.as_ref(), draw.amount_minor, draw.currency).await.map_err(db)?;
     Ok(())
 }
 
@@ -368,7 +380,7 @@ async fn write_posting(
     // The account rows stay locked until COMMIT: every round trip from here on is time other
     // payments between these accounts wait, so the writes go out together.
     let (drawn, inserted, counted, refunded, debit, credit, completed, audited, released) = tokio::join!(
-        draw_mandate(c, w.guards, amount, p.currency),
+        draw_mandate(c, w.guards, guard_state.mandate.as_ref(), amount, p.currency),
         // The payment row goes first after the draw: a lost race on the key fails here (a retry).
         c.exec(INSERT_PAYMENT, &values),
         add_usage(c, &usage),

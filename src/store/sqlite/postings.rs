@@ -104,6 +104,16 @@ pub(super) fn apply_guards(tx: &Connection, g: &Guards, draw: &UsageDraw, now: U
             params![amount, d.mandate_id],
         )
         .map_err(db)?;
+        // Read back: the draw is what the row now says (a trigger that rewrote it after the
+        // statement — the use count reset — would let the mandate be drawn past its bounds).
+        let drawn = tx
+            .q_row("SELECT uses, spent_minor FROM mandates WHERE id = ?1", [&d.mandate_id], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(db)?;
+        if let Some(m) = &mandate {
+            guards::drawn_as_meant(m, amount, drawn).map_err(db)?;
+        }
     }
     // Every check passed: the writes (a check failing after a write would poison the batch).
     if let Some(cap) = &g.payee {
@@ -176,14 +186,17 @@ pub(crate) fn reserve_key(
     now: UnixSecs,
 ) -> Result<Reservation, StoreError> {
     let step = decide_key(tx, rec, now)?;
-    match &step {
+    // The key's record is what holds the operation (for a rail's shared key, the only thing that
+    // does): a write a trigger swallowed is no reservation (`store::wrote_one`).
+    let written = match &step {
         ReserveStep::Claim => insert_record(tx, rec, None, now)?,
         ReserveStep::TakeOver => tx.exec(
             "UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2",
             params![rec.lease_until, rec.key],
         )?,
-        ReserveStep::Found(_) => 0,
+        ReserveStep::Found(_) => 1,
     };
+    crate::store::wrote_one("idempotency record", written as u64)?;
     Ok(step.reservation())
 }
 
@@ -264,18 +277,24 @@ fn write_keys(
     now: UnixSecs,
 ) -> Result<(), StoreError> {
     for (rec, step) in records.iter().zip(steps) {
-        match (step, outcome) {
-            (ReserveStep::Claim, Some(o)) => insert_record(tx, rec, Some(o), now)?,
-            (ReserveStep::TakeOver, Some(o)) => tx.exec(
-                "UPDATE idempotency_records SET state = 'completed', outcome = ?1, lease_until = ?2
-                 WHERE key = ?3 AND state = 'in_flight'",
-                params![o, rec.lease_until, rec.key],
-            )?,
+        let (written, meant) = match (step, outcome) {
+            (ReserveStep::Claim, Some(o)) => (insert_record(tx, rec, Some(o), now)?, 1),
+            (ReserveStep::TakeOver, Some(o)) => (
+                tx.exec(
+                    "UPDATE idempotency_records SET state = 'completed', outcome = ?1, lease_until = ?2
+                     WHERE key = ?3 AND state = 'in_flight'",
+                    params![o, rec.lease_until, rec.key],
+                )?,
+                1,
+            ),
             (ReserveStep::TakeOver, None) => {
-                tx.exec("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [&rec.key])?
+                (tx.exec("DELETE FROM idempotency_records WHERE key = ?1 AND state = 'in_flight'", [&rec.key])?, 0)
             }
-            (ReserveStep::Claim, None) | (ReserveStep::Found(_), _) => 0,
+            (ReserveStep::Claim, None) | (ReserveStep::Found(_), _) => (0, 0),
         };
+        if meant == 1 {
+            crate::store::wrote_one("idempotency record", written as u64)?;
+        }
     }
     Ok(())
 }
