@@ -584,17 +584,25 @@ impl Matrix {
         assert!(verdict.ok, "{what}: answered ok, and the audit chain says {verdict:?}");
     }
 
-    /// An approval asked for or granted with a write failing: either it is there whole (asked: the
-    /// approval exists and the trail names it; granted: approved, its mandate issued) or the call
-    /// was refused and nothing of it is there; once healed the same call makes it, once.
-    async fn approval_case(&self, m: Move, event: &str, table: &str, n: usize) {
-        let what = format!("{m:?} with {event} on {table} failing");
-        let op = format!("m{n}-{m:?}-{table}-{event}").to_lowercase();
+    /// An approval asked for or granted with a write failing (`swallowed`: dropped while its
+    /// statement succeeds): either it is there whole (asked: the approval exists and the trail
+    /// names it; granted: approved by the reviewer it names, its mandate issued) or the call was
+    /// refused and nothing of it is there; once healed the same call makes it, once.
+    async fn approval_case(&self, m: Move, event: &str, table: &str, n: usize, swallowed: bool) {
+        let how = if swallowed { "swallowed" } else { "failing" };
+        let what = format!("{m:?} with {event} on {table} {how}");
+        let op = format!("{}{n}-{m:?}-{table}-{event}", if swallowed { "s" } else { "m" }).to_lowercase();
         let args = self.prepare(m, &op).await;
         let before = self.books().await;
-        self.rig.inject(event, table).await;
+        match swallowed {
+            true => self.rig.swallow(event, table).await,
+            false => self.rig.inject(event, table).await,
+        }
         let first = self.act(m, &args).await;
-        self.rig.heal().await;
+        match swallowed {
+            true => self.rig.unswallow().await,
+            false => self.rig.heal().await,
+        }
         let again = self.act(m, &args).await;
         assert_eq!(self.books().await, before, "{what}: nothing moved");
         match m {
@@ -631,6 +639,11 @@ impl Matrix {
                 }
                 let mandate = ok(&mine)["mandate"].as_str().unwrap_or_else(|| panic!("{what}: no mandate: {mine:?}"));
                 assert!(self.audited("approval", id).await, "{what}");
+                // Approved by the reviewer the record names (no approval without its review).
+                let token = self.rig.app.operator_token("auditor", "payments:audit");
+                let (_, view) =
+                    operator(&self.rig.app, reqwest::Method::GET, &format!("/approvals/{id}"), &token, None).await;
+                assert_eq!(view["approved_by"], json!(["alice"]), "{what}: {view}");
                 // The mandate pays its operation once.
                 let mut paid = pay(&op, "5000.00");
                 paid["mandate"] = json!(mandate);
@@ -739,7 +752,7 @@ async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_m
         for (event, table) in writes {
             if matches!(m, Move::Approval | Move::Grant) {
                 n += 1;
-                x.approval_case(m, &event, &table, n).await;
+                x.approval_case(m, &event, &table, n, false).await;
             } else {
                 n += 1;
                 x.case(m, &event, &table, n, false).await;
@@ -758,12 +771,13 @@ async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_m
     x.rig.app.stop().await;
 }
 
-/// Every write of the money calls swallowed in turn (a SQLite `RAISE(IGNORE)` trigger, a
-/// PostgreSQL BEFORE trigger returning NULL: the row dropped, the statement successful — a
-/// database writer's quieter fault). Each call is refused retryably with nothing moved, or went
-/// through whole: its books, the ledger's full integrity check and the audit chain all hold, so
-/// no payment, posting, usage count, mandate draw or record is missing behind an answer. Healed,
-/// the same call converges on one payment.
+/// Every write of the money calls, and of an approval asked for and granted, swallowed in turn (a
+/// SQLite `RAISE(IGNORE)` trigger, a PostgreSQL BEFORE trigger returning NULL: the row dropped,
+/// the statement successful — a database writer's quieter fault). Each call is refused retryably
+/// with nothing moved, or went through whole: its books, the ledger's full integrity check and
+/// the audit chain all hold, so no payment, posting, usage count, mandate draw or record is
+/// missing behind an answer, and no approval stands without the review that granted it. Healed,
+/// the same call converges on one payment (one approval).
 async fn every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_once(db: Option<Db>) {
     let x = Matrix::start(db).await;
     for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout] {
@@ -771,16 +785,37 @@ async fn every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_onc
         x.act(m, &args).await.unwrap();
     }
     let (mut n, mut swallowed) = (0, std::collections::BTreeSet::new());
-    for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout, Move::PayoutResult] {
+    let moves = [
+        Move::Payment,
+        Move::Refund,
+        Move::MandatePayment,
+        Move::Approval,
+        Move::Grant,
+        Move::Payout,
+        Move::PayoutResult,
+    ];
+    for m in moves {
         n += 1;
         for (event, table) in writes_of(&x, m, n).await {
             n += 1;
-            x.case(m, &event, &table, n, true).await;
+            match m {
+                Move::Approval | Move::Grant => x.approval_case(m, &event, &table, n, true).await,
+                _ => x.case(m, &event, &table, n, true).await,
+            }
             swallowed.insert(format!("{event} {table}"));
         }
     }
     say(&format!("store_faults: {n} swallowed writes: {swallowed:?}"));
-    for t in ["INSERT payments", "INSERT postings", "UPDATE mandates", "INSERT rail_payments", "INSERT audit_records"] {
+    for t in [
+        "INSERT payments",
+        "INSERT postings",
+        "UPDATE mandates",
+        "INSERT rail_payments",
+        "INSERT audit_records",
+        "INSERT approvals",
+        "INSERT approval_reviews",
+        "INSERT webhook_outbox",
+    ] {
         assert!(swallowed.contains(t), "{t} was never swallowed by the matrix's calls");
     }
     x.rig.app.assert_integrity().await;

@@ -180,6 +180,25 @@ mod tests {
     }
 
     #[test]
+    fn a_draw_read_back_must_show_one_more_use_and_the_amount() {
+        let before = MandateRow {
+            currency: "KES".into(),
+            budget_minor: Some(5_000),
+            max_uses: 3,
+            spent_minor: 1_000,
+            uses: 1,
+            expires_at: 100,
+            revoked_at: None,
+        };
+        assert!(drawn_as_meant(&before, 400, (2, 1_400)).is_ok());
+        // The row kept (a trigger returning OLD), reset, or moved by another amount or count.
+        for drawn in [(1, 1_000), (0, 0), (2, 1_000), (1, 1_400), (3, 1_400), (2, 1_800), (2, 600)] {
+            let e = drawn_as_meant(&before, 400, drawn).expect_err("a draw the row does not show");
+            assert!(e.to_string().contains("where 2 and 1400 were meant"), "{drawn:?}: {e}");
+        }
+    }
+
+    #[test]
     fn mandate_refusals() {
         let row = MandateRow {
             currency: "KES".into(),

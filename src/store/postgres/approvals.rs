@@ -13,11 +13,11 @@ use crate::domain::ops::ApprovalQuery;
 use crate::domain::payment::Page;
 use crate::domain::rules::review::{self as rules, RequestPlan, ReviewPlan};
 use crate::domain::webhook::{self, OutboxMessage};
-use crate::store::ApprovalStore;
 use crate::store::rows::{self, Columns};
+use crate::store::{ApprovalStore, wrote_one};
 
 pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord) -> Result<(), StoreError> {
-    c.exec(
+    let n = c.exec(
         &format!(
             "INSERT INTO approvals ({})
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
@@ -26,7 +26,7 @@ pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord
         &bind(&rows::approval_values(rec)),
     )
     .await?;
-    Ok(())
+    crate::store::wrote_one("approval", n)
 }
 
 pub(super) async fn load_reviews(c: &impl GenericClient, id: &str) -> Result<Vec<Review>, StoreError> {
@@ -55,28 +55,34 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
     let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?.under(&in_force);
     let (plan, id) = (rules::plan(&rec, &review, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
-        tx.exec("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2", &[&now, &id])
+        let n = tx
+            .exec("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2", &[&now, &id])
             .await
             .map_err(StoreError::from)?;
+        wrote_one("approval", n)?;
         tx.commit().await.map_err(StoreError::from)?;
         return Err(ReviewError::Expired);
     }
-    tx.exec(
-        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
+    // Every write of a decision is held to its row (`store::wrote_one`): a review a trigger
+    // swallowed would approve with no record of who approved.
+    let n = tx
+        .exec(
+            "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            &id,
-            &review.reviewer_iss,
-            &review.reviewer_sub,
-            &review.decision.as_str(),
-            &review.reason,
-            &now,
-            &review.passkey,
-        ],
-    )
-    .await
-    .map_err(StoreError::from)?;
-    match plan {
+            &[
+                &id,
+                &review.reviewer_iss,
+                &review.reviewer_sub,
+                &review.decision.as_str(),
+                &review.reason,
+                &now,
+                &review.passkey,
+            ],
+        )
+        .await
+        .map_err(StoreError::from)?;
+    wrote_one("approval review", n)?;
+    let n = match plan {
         ReviewPlan::Reject => {
             tx.exec(
                 "UPDATE approvals SET status = 'rejected', decided_at = $1, decision_reason = $2 WHERE id = $3",
@@ -86,7 +92,8 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
         }
         ReviewPlan::Approve { issue: Some(approvers) } => {
             let issued = crate::domain::approval::issue_mandate(issue, &rec, &review, &approvers)?;
-            tx.exec(
+            let n = tx
+                .exec(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
                                        principal_user)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -94,6 +101,7 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
             )
             .await
             .map_err(StoreError::from)?;
+            wrote_one("mandate", n)?;
             tx.exec(
                 "UPDATE approvals SET status = 'approved', decided_at = $1, decision_reason = $2, mandate_id = $3, mandate = $4
                  WHERE id = $5",
@@ -101,9 +109,10 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
             )
             .await
         }
-        ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(0),
+        ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(1),
     }
     .map_err(StoreError::from)?;
+    wrote_one("approval", n)?;
     let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
     if updated.status != rec.status {
         insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).await?;

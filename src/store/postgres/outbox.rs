@@ -13,12 +13,16 @@ use crate::store::{AttemptOutcome, OutboxStore, rows};
 /// Write an event's messages in the event's own transaction.
 pub(super) async fn insert_outbox(c: &impl GenericClient, messages: &[OutboxMessage]) -> Result<(), StoreError> {
     for m in messages {
-        c.exec(
-            "INSERT INTO webhook_outbox (id, endpoint, event, body, created_at, next_attempt_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            &[&m.id, &m.endpoint, &m.event, &m.body, &m.created_at, &m.next_attempt_at],
-        )
-        .await?;
+        // Held to its row: a message a trigger swallowed would leave the people it tells
+        // uninformed while the change it tells of commits.
+        let n = c
+            .exec(
+                "INSERT INTO webhook_outbox (id, endpoint, event, body, created_at, next_attempt_at)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[&m.id, &m.endpoint, &m.event, &m.body, &m.created_at, &m.next_attempt_at],
+            )
+            .await?;
+        crate::store::wrote_one("webhook message", n)?;
     }
     Ok(())
 }

@@ -16,8 +16,8 @@ use crate::domain::webhook::{self, OutboxMessage};
 use crate::store::ApprovalStore;
 use crate::store::rows;
 
-pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<usize> {
-    tx.exec(
+pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite::Result<()> {
+    tx.exec_one(
         &format!(
             "INSERT INTO approvals ({})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
@@ -46,38 +46,40 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
     let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?.under(&in_force);
     let (plan, id) = (review::plan(&rec, &r, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
-        tx.exec("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id])
+        tx.exec_one("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id])
             .map_err(StoreError::from)?;
         tx.commit().map_err(StoreError::from)?;
         return Err(ReviewError::Expired);
     }
-    tx.exec(
+    // Every write of a decision is held to its row (`Cached::exec_one`): a review a trigger
+    // swallowed would approve with no record of who approved.
+    tx.exec_one(
         "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![id, r.reviewer_iss, r.reviewer_sub, r.decision.as_str(), r.reason, now, r.passkey],
     )
     .map_err(StoreError::from)?;
     match plan {
-        ReviewPlan::Reject => tx.exec(
+        ReviewPlan::Reject => tx.exec_one(
             "UPDATE approvals SET status = 'rejected', decided_at = ?1, decision_reason = ?2 WHERE id = ?3",
             params![now, r.reason, id],
         ),
         ReviewPlan::Approve { issue: Some(approvers) } => {
             let issued = crate::domain::approval::issue_mandate(issue, &rec, &r, &approvers)?;
-            tx.exec(
+            tx.exec_one(
                 "INSERT INTO mandates (id, kind, approval_id, subject, currency, budget_minor, max_uses, expires_at, created_at,
                                        principal_user)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params_from_iter(rows::mandate_values(&issued, &rec, now)),
             )
             .map_err(StoreError::from)?;
-            tx.exec(
+            tx.exec_one(
                 "UPDATE approvals SET status = 'approved', decided_at = ?1, decision_reason = ?2, mandate_id = ?3, mandate = ?4
                  WHERE id = ?5",
                 params![now, r.reason, issued.id, issued.jws, id],
             )
         }
-        ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(0),
+        ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(()),
     }
     .map_err(StoreError::from)?;
     let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
@@ -150,7 +152,7 @@ impl ApprovalStore for SqliteStore {
     }
 
     async fn approval_insert(&self, rec: ApprovalRecord) -> Result<(), StoreError> {
-        self.write(move |c| Ok(insert_approval(c, &rec).map(|_| ())?)).await
+        self.write(move |c| Ok(insert_approval(c, &rec)?)).await
     }
 
     async fn approval_list(&self, q: ApprovalQuery) -> Result<Page<(i64, ApprovalRecord)>, StoreError> {

@@ -14,7 +14,9 @@ use crate::store::{AttemptOutcome, OutboxStore, rows};
 /// Write an event's messages in the event's own transaction.
 pub(super) fn insert_outbox(tx: &Connection, messages: &[OutboxMessage]) -> rusqlite::Result<()> {
     for m in messages {
-        tx.exec(
+        // Held to its row (`Cached::exec_one`): a message a trigger swallowed would leave the
+        // people it tells uninformed while the change it tells of commits.
+        tx.exec_one(
             "INSERT INTO webhook_outbox (id, endpoint, event, body, created_at, next_attempt_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![m.id, m.endpoint, m.event, m.body, m.created_at, m.next_attempt_at],
