@@ -98,6 +98,21 @@ impl Rig {
         self.sql(&t).await
     }
 
+    /// A failing write (`inject`) or a swallowed one (`swallow`), until [`Rig::unfault`].
+    async fn fault(&self, event: &str, table: &str, swallowed: bool) {
+        match swallowed {
+            true => self.swallow(event, table).await,
+            false => self.inject(event, table).await,
+        }
+    }
+
+    async fn unfault(&self, swallowed: bool) {
+        match swallowed {
+            true => self.unswallow().await,
+            false => self.heal().await,
+        }
+    }
+
     async fn unswallow(&self) {
         match &self.db {
             None => self.sql("DROP TRIGGER swallowed").await,
@@ -280,6 +295,10 @@ const WEBHOOK_SECRET: &str = "whsec_MDEyMzQ1Njc4OWFiY2RlZmdoaWprbG1u";
 const LEASE_SECS: i64 = 30;
 
 /// Every table a money-moving call may write.
+/// Every call the matrices fault, in order (an approval before its grant, a payout before its result).
+const EVERY_MOVE: [Move; 7] =
+    [Move::Payment, Move::Refund, Move::MandatePayment, Move::Approval, Move::Grant, Move::Payout, Move::PayoutResult];
+
 const MONEY_TABLES: [&str; 13] = [
     "idempotency_records",
     "payments",
@@ -387,6 +406,17 @@ struct Matrix {
 }
 
 impl Matrix {
+    /// Started, and every usage row written once (a first write INSERTs, later ones UPDATE: the
+    /// matrices fault the UPDATEs too).
+    async fn warmed(db: Option<Db>) -> Matrix {
+        let x = Matrix::start(db).await;
+        for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout] {
+            let args = x.prepare(m, &format!("warm-{m:?}").to_lowercase()).await;
+            x.act(m, &args).await.unwrap();
+        }
+        x
+    }
+
     async fn start(db: Option<Db>) -> Matrix {
         let clock = paygate::clock::ManualClock::new(now_secs());
         let fake = daraja::DarajaFake::start(daraja::FakeConfig {
@@ -495,15 +525,9 @@ impl Matrix {
         let op = format!("{}{n}-{m:?}-{table}-{event}", if swallowed { "s" } else { "m" }).to_lowercase();
         let args = self.prepare(m, &op).await;
         let before = self.books().await;
-        match swallowed {
-            true => self.rig.swallow(event, table).await,
-            false => self.rig.inject(event, table).await,
-        }
+        self.rig.fault(event, table, swallowed).await;
         let first = self.act(m, &args).await;
-        match swallowed {
-            true => self.rig.unswallow().await,
-            false => self.rig.heal().await,
-        }
+        self.rig.unfault(swallowed).await;
         if swallowed && first.is_ok() {
             self.whole(&what).await;
         }
@@ -594,15 +618,9 @@ impl Matrix {
         let op = format!("{}{n}-{m:?}-{table}-{event}", if swallowed { "s" } else { "m" }).to_lowercase();
         let args = self.prepare(m, &op).await;
         let before = self.books().await;
-        match swallowed {
-            true => self.rig.swallow(event, table).await,
-            false => self.rig.inject(event, table).await,
-        }
+        self.rig.fault(event, table, swallowed).await;
         let first = self.act(m, &args).await;
-        match swallowed {
-            true => self.rig.unswallow().await,
-            false => self.rig.heal().await,
-        }
+        self.rig.unfault(swallowed).await;
         let again = self.act(m, &args).await;
         assert_eq!(self.books().await, before, "{what}: nothing moved");
         match m {
@@ -728,24 +746,10 @@ async fn writes_of(x: &Matrix, m: Move, n: usize) -> Vec<(String, String)> {
 }
 
 async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_moves_once(db: Option<Db>) {
-    let x = Matrix::start(db).await;
-    // Warm every usage row (a first write INSERTs, later ones UPDATE; both are faulted below).
-    for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout] {
-        let args = x.prepare(m, &format!("warm-{m:?}").to_lowercase()).await;
-        x.act(m, &args).await.unwrap();
-    }
+    let x = Matrix::warmed(db).await;
     let mut n = 0;
     let mut faulted = std::collections::BTreeSet::new();
-    let moves = [
-        Move::Payment,
-        Move::Refund,
-        Move::MandatePayment,
-        Move::Approval,
-        Move::Grant,
-        Move::Payout,
-        Move::PayoutResult,
-    ];
-    for m in moves {
+    for m in EVERY_MOVE {
         n += 1;
         let writes = writes_of(&x, m, n).await;
         assert!(!writes.is_empty(), "{m:?} writes nothing?");
@@ -779,22 +783,9 @@ async fn every_money_write_failing_is_refused_or_committed_whole_and_the_retry_m
 /// missing behind an answer, and no approval stands without the review that granted it. Healed,
 /// the same call converges on one payment (one approval).
 async fn every_money_write_swallowed_is_refused_or_whole_and_the_retry_moves_once(db: Option<Db>) {
-    let x = Matrix::start(db).await;
-    for m in [Move::Payment, Move::Refund, Move::MandatePayment, Move::Payout] {
-        let args = x.prepare(m, &format!("warm-{m:?}").to_lowercase()).await;
-        x.act(m, &args).await.unwrap();
-    }
+    let x = Matrix::warmed(db).await;
     let (mut n, mut swallowed) = (0, std::collections::BTreeSet::new());
-    let moves = [
-        Move::Payment,
-        Move::Refund,
-        Move::MandatePayment,
-        Move::Approval,
-        Move::Grant,
-        Move::Payout,
-        Move::PayoutResult,
-    ];
-    for m in moves {
+    for m in EVERY_MOVE {
         n += 1;
         for (event, table) in writes_of(&x, m, n).await {
             n += 1;

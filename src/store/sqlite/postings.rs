@@ -189,14 +189,16 @@ pub(crate) fn reserve_key(
     // The key's record is what holds the operation (for a rail's shared key, the only thing that
     // does): a write a trigger swallowed is no reservation (`store::wrote_one`).
     let written = match &step {
-        ReserveStep::Claim => insert_record(tx, rec, None, now)?,
-        ReserveStep::TakeOver => tx.exec(
+        ReserveStep::Claim => Some(insert_record(tx, rec, None, now)?),
+        ReserveStep::TakeOver => Some(tx.exec(
             "UPDATE idempotency_records SET lease_until = ?1 WHERE key = ?2",
             params![rec.lease_until, rec.key],
-        )?,
-        ReserveStep::Found(_) => 1,
+        )?),
+        ReserveStep::Found(_) => None,
     };
-    crate::store::wrote_one("idempotency record", written as u64)?;
+    if let Some(n) = written {
+        crate::store::wrote_one("idempotency record", n as u64)?;
+    }
     Ok(step.reservation())
 }
 
