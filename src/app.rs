@@ -810,6 +810,7 @@ fn gateway(
         list_limit_default: config.limits.list_limit_default as u32,
         reconcile_window_secs: config.jobs.reconcile_window_secs,
         collection_pending_timeout_secs: config.mpesa.pending_timeout_secs,
+        resolution_after_secs: config.approvals.resolution_after_secs,
         webhook_routes: match config.webhooks.enabled {
             true => config.webhooks.endpoints.iter().map(|e| (e.name.clone(), e.events.clone())).collect(),
             false => vec![],

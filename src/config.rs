@@ -275,6 +275,9 @@ pub struct ApprovalsConfig {
     pub elicitation_wait_secs: i64,
     /// URL elicitation: retries answered `input_required` while pending, per sealed state chain.
     pub elicitation_rounds_max: i64,
+    /// A payout whose outcome is unknown (the rail has no answer about it) may be settled by two
+    /// operators this long after it was made, in seconds.
+    pub resolution_after_secs: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -928,6 +931,7 @@ impl Config {
         range("approvals.pending_per_agent_max", ap.pending_per_agent_max, 1, 1000)?;
         range("approvals.rejected_cooldown_secs", ap.rejected_cooldown_secs, 0, 2_592_000)?;
         range("approvals.elicitation_rounds_max", ap.elicitation_rounds_max, 1, 1000)?;
+        range("approvals.resolution_after_secs", ap.resolution_after_secs, 60, 2_592_000)?;
         range("passkeys.per_person_max", self.passkeys.per_person_max, 1, 100)?;
         range("passkeys.enrolment_code_ttl_secs", self.passkeys.enrolment_code_ttl_secs, 60, 604_800)?;
         range("passkeys.registration_challenges_max", self.passkeys.registration_challenges_max, 1, 100)?;

@@ -103,6 +103,7 @@ pub const OPERATOR_ROUTES: &[&str] = &[
     "/operator/v1/summary",
     "/operator/v1/payments",
     "/operator/v1/payments/{payment_id}",
+    "/operator/v1/payments/{payment_id}/resolve",
     "/operator/v1/audit",
     "/operator/v1/audit/verify",
     "/operator/v1/approvals",

@@ -621,10 +621,13 @@ fn paying_airtel_section(fake: &AirtelFake) -> String {
 
 /// A rig whose Airtel pays out; `wait_ms`: how long a call waits for its key in flight.
 async fn paying_rig(clock: Arc<dyn Clock>, wait_ms: &str) -> Rig {
+    paying_rig_with(clock, &[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", wait_ms)]).await
+}
+
+async fn paying_rig_with(clock: Arc<dyn Clock>, overrides: &[(&str, &str)]) -> Rig {
     let fake = AirtelFake::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", wait_ms)];
-    let app = spawn_with_toml(dir.path(), &overlay(&paying_airtel_section(&fake)), &overrides, clock).await;
+    let app = spawn_with_toml(dir.path(), &overlay(&paying_airtel_section(&fake)), overrides, clock).await;
     fake.set_callback_url(&callback_url(&app, SECRET));
     let client = connect(&app.url, &app.token("dev-agent", &format!("{SCOPES} payments:payout")), Era::Modern).await;
     Rig { app, fake, client, _dir: dir }
@@ -709,6 +712,123 @@ async fn an_airtel_payout_whose_answer_is_lost_is_never_resent_and_the_enquiry_s
     let failed = payment(c, &id).await;
     assert_eq!(failed["status"], "failed", "{failed}");
     assert_eq!(r.fake.disburse_requests(), 1);
+    r.app.stop().await;
+}
+
+/// The payment id of the only Airtel payment of `amount` the operator API lists.
+async fn payout_id_of(app: &TestApp, amount: &str) -> String {
+    let token = app.operator_token("auditor", "payments:audit");
+    let (status, page) = operator(app, reqwest::Method::GET, "/operator/v1/payments?rail=airtel", &token, None).await;
+    assert_eq!(status, 200, "{page}");
+    let items = page["items"].as_array().unwrap();
+    let open: Vec<&Value> = items.iter().filter(|p| p["amount"] == amount).collect();
+    assert_eq!(open.len(), 1, "{amount}: {page}");
+    open[0]["payment_id"].as_str().unwrap().to_string()
+}
+
+/// A payout that never reached Airtel stays unknown for ever (Airtel's enquiry answers
+/// "Transaction not found", which is no failure, and the gateway never sends it again). Two people
+/// who read the statement settle it: never one, never the agent it was for, never before
+/// `approvals.resolution_after_secs`, never against Airtel's own word; and a proposal a database
+/// writer inserts stands in for nobody.
+#[tokio::test]
+async fn a_payout_airtel_never_received_is_settled_by_two_people_and_only_so() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let overrides = [("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0"), ("PAYGATE_APPROVALS__RESOLUTION_AFTER_SECS", "600")];
+    let r = paying_rig_with(clock.clone(), &overrides).await;
+    let c = &r.client;
+    // held-1 is lost on its way (Airtel never sees it); held-2 reaches Airtel, which never answers.
+    r.fake.set_disburse_mode(MoneyOutMode::Swallow);
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("held-1", "300")).await), "OUTCOME_UNKNOWN");
+    r.fake.set_disburse_mode(MoneyOutMode::Hang);
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("held-2", "200")).await), "OUTCOME_UNKNOWN");
+    r.fake.set_disburse_mode(MoneyOutMode::Accept);
+    let held = payout_id_of(&r.app, "300.00").await;
+    let known = payout_id_of(&r.app, "200.00").await;
+    assert_eq!(r.fake.disbursements().len(), 1, "Airtel holds held-2 only");
+    // (The sealing job is off here: the trail is sealed by hand before the clock moves on.)
+    r.app.running.gateway.seal_audit_at_stop().await;
+    // The enquiry cannot settle held-1 (not found) nor held-2 (in progress): both stay open.
+    clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 0);
+    assert_eq!(payment(c, &held).await["status"], "pending");
+
+    let app = &r.app;
+    let resolve = |id: &str, who: &str, scope: &str, body: Value| {
+        let (path, token) = (format!("/operator/v1/payments/{id}/resolve"), app.operator_token(who, scope));
+        async move { operator(app, reqwest::Method::POST, &path, &token, Some(body)).await }
+    };
+    let admin = "payments:admin";
+    let failed = json!({"outcome": "failed", "reason": "not on the disbursement statement of the day"});
+    let code_of = |b: &Value| b["error"]["code"].as_str().unwrap_or("-").to_string();
+
+    // Too soon: Airtel may still answer.
+    let (status, body) = resolve(&held, "alice", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), code_of(&body).as_str()), (409, "CONFLICT"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("approvals.resolution_after_secs"), "{body}");
+    clock.advance(480);
+    // Only payments:admin; never the agent the payment was for; a success needs its receipt.
+    let (status, _) = resolve(&held, "alice", "payments:approve", failed.clone()).await;
+    assert_eq!(status, 403);
+    let (status, body) = resolve(&held, "dev-agent", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), code_of(&body).as_str()), (403, "SELF_REVIEW"), "{body}");
+    let paid_without = json!({"outcome": "succeeded", "reason": "on the statement"});
+    assert_eq!(resolve(&held, "alice", admin, paid_without).await.0, 400);
+    // One person proposes; the same person again is no second pair of eyes.
+    let (status, body) = resolve(&held, "alice", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), body["status"].as_str()), (202, Some("proposed")), "{body}");
+    let (status, body) = resolve(&held, "alice", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), code_of(&body).as_str()), (403, "SELF_REVIEW"), "{body}");
+    assert_eq!(payment(c, &held).await["status"], "pending", "a proposal settles nothing");
+    // A second person confirms the same outcome: it settles, naming both.
+    let (status, body) = resolve(&held, "bob", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), body["status"].as_str()), (200, Some("resolved")), "{body}");
+    assert_eq!((body["proposed_by"].as_str(), body["confirmed_by"].as_str()), (Some("alice"), Some("bob")));
+    let settled = payment(c, &held).await;
+    assert_eq!(settled["status"], "failed", "{settled}");
+    // The agent's retry learns it failed; nothing is sent, and the operation is closed.
+    let retry = ok(&call(c, "send_airtel_payout", payout("held-1", "300")).await).clone();
+    assert_eq!((retry["payment_id"].as_str(), retry["status"].as_str()), (Some(held.as_str()), Some("failed")));
+    assert_eq!((r.fake.disburse_requests(), r.fake.disbursements().len()), (2, 1), "never sent again");
+    let (status, body) = resolve(&held, "carol", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), code_of(&body).as_str()), (409, "CONFLICT"), "settled: {body}");
+
+    // Airtel knows held-2: in progress, its word is awaited; then paid, its word settles it.
+    assert_eq!(resolve(&known, "alice", admin, failed.clone()).await.0, 202);
+    let (status, body) = resolve(&known, "bob", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), code_of(&body).as_str()), (409, "CONFLICT"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("still open"), "{body}");
+    assert_eq!(payment(c, &known).await["status"], "pending");
+    r.fake.set_disbursement_status(&known, "TS");
+    let (status, body) = resolve(&known, "bob", admin, failed.clone()).await;
+    assert_eq!(status, 409, "{body}");
+    let paid = payment(c, &known).await;
+    assert_eq!(paid["status"], "succeeded", "Airtel's word, not the people's: {paid}");
+
+    // The trail names both people, and holds.
+    let records = r.app.running.store.audit_list(None, 500).await.unwrap();
+    let by = |decision: &str| -> Vec<String> {
+        records.iter().filter(|a| a.decision == decision).map(|a| a.principal_sub.clone()).collect()
+    };
+    assert_eq!(by("resolution_proposed"), ["alice", "alice"], "newest first");
+    assert_eq!(by("resolution_confirmed"), ["bob"]);
+    r.app.running.gateway.seal_audit_at_stop().await;
+    let verdict = r.app.running.gateway.verify_audit(None).await.unwrap();
+    assert!(verdict.ok, "{verdict:?}");
+
+    // A proposal written into the trail by a database writer (no writer's tag) is nobody's.
+    r.fake.set_disburse_mode(MoneyOutMode::Swallow);
+    assert_eq!(code(&call(c, "send_airtel_payout", payout("held-3", "100")).await), "OUTCOME_UNKNOWN");
+    let forged_for = payout_id_of(&r.app, "100.00").await;
+    clock.advance(601);
+    let mut forged = records.iter().find(|a| a.decision == "resolution_proposed").unwrap().clone();
+    (forged.seq, forged.at, forged.principal_sub, forged.tag) = (0, clock.now(), "mallory".into(), None);
+    forged.payment_id = Some(forged_for.clone());
+    forged.detail = Some(json!({"outcome": "failed", "receipt": null, "reason": "forged"}).to_string());
+    r.app.running.store.audit_append(forged).await.unwrap();
+    let (status, body) = resolve(&forged_for, "carol", admin, failed.clone()).await;
+    assert_eq!((status.as_u16(), body["status"].as_str()), (202, Some("proposed")), "{body}");
+    assert_eq!(payment(c, &forged_for).await["status"], "pending");
     r.app.stop().await;
 }
 

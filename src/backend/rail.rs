@@ -20,7 +20,7 @@ use crate::domain::error::StoreError;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
 use crate::domain::rail::RailMove;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
+use crate::domain::rail::{Lookup, RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
 use crate::store::Store;
 
@@ -449,6 +449,12 @@ pub trait CollectionRail: Send + Sync + 'static {
     /// rail): it is asked again, never guessed. A rail whose status answers arrive by callback
     /// sends the question and answers `Pending`.
     async fn query(&self, rec: &RailPayment) -> Settlement;
+    /// What the rail says about an open record a person is about to settle by hand. The default
+    /// takes every answer of [`CollectionRail::query`] as the rail knowing the payment (so nothing
+    /// is settled by hand): a rail must say "not found" itself.
+    async fn lookup(&self, rec: &RailPayment) -> Lookup {
+        Lookup::Known(self.query(rec).await)
+    }
     /// The states this rail's word may settle a record from: [`rules::settles_from`], or
     /// [`rules::settles_from_asked_by_own_ref`] for a rail asked by the gateway's own reference.
     /// What the word then does is the same for every rail ([`settle_record`]).

@@ -177,6 +177,21 @@ impl Settlement {
     }
 }
 
+/// What a rail says about a record whose outcome is unknown when people are about to settle it by
+/// hand (`gateway::resolution`): its own word wins, and only a rail that says it has no such
+/// payment, or that has no synchronous answer to give at all, leaves it to them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The rail knows the payment: its word (settled, or still in progress).
+    Known(Settlement),
+    /// The rail says it has no such payment.
+    NotFound,
+    /// The rail could not be asked now (unreachable, or it refused the question): ask again later.
+    NoAnswer(String),
+    /// The rail has no synchronous answer to give (its status answers come by callback).
+    NeverSynchronous,
+}
+
 /// Records (of `rail`, or of every rail) in one of `states` last updated at or before
 /// `updated_before`, oldest first: what reconciliation and polling look for.
 #[derive(Debug, Clone, PartialEq)]

@@ -44,6 +44,7 @@ mod rails;
 mod reads;
 mod reconcile;
 mod refusals;
+mod resolution;
 mod testkit;
 
 pub use crate::domain::approval::ReviewDecision;
@@ -69,6 +70,7 @@ pub use rails::{PaymentSummary, Receipt};
 pub use reads::{PageAsk, PaymentPage, WindowAsk};
 pub use reconcile::{Finding, ReconcileReport};
 pub use refund::RefundPayment;
+pub use resolution::{RESOLVE_TOOL, ResolutionView, ResolveArgs};
 pub use reviews::{PreauthorizeArgs, PrincipalArgs};
 pub use routing::{PhoneRoutes, Routed};
 pub use unit_of_work::Executed;
@@ -172,6 +174,9 @@ pub struct GatewayLimits {
     pub reconcile_window_secs: i64,
     /// A collection pending at its rail longer than this is a reconciliation finding.
     pub collection_pending_timeout_secs: i64,
+    /// A payout whose outcome is unknown may be settled by two people this long after it was made
+    /// (`approvals.resolution_after_secs`).
+    pub resolution_after_secs: i64,
     /// Webhook endpoints (name, the events it hears: empty = all) while webhooks are on.
     pub webhook_routes: Vec<(String, Vec<String>)>,
     /// Policy as data: how documents are judged, and the dry run's bounds.

@@ -59,7 +59,7 @@ impl Gateway {
     /// A rail's word applied to its record (`backend::rail::settle_record`, the same for every rail).
     /// `said`: the audit record of that word (decision, code, detail), appended in the move's own
     /// transaction when the record moves: a record never settles without the trail saying why.
-    async fn settle(
+    pub(super) async fn settle(
         &self,
         rail: &dyn CollectionRail,
         rec: &RailPayment,
@@ -67,9 +67,22 @@ impl Gateway {
         receipt: Option<String>,
         said: Option<(&str, &str, String)>,
     ) -> Result<Option<RailPayment>, crate::domain::error::StoreError> {
-        let audit = said.map(|(decision, code, detail)| {
-            self.tag_audit(self.rail_audit(rail.name(), Some(rec), decision, code, detail))
-        });
+        let audit =
+            said.map(|(decision, code, detail)| self.rail_audit(rail.name(), Some(rec), decision, code, detail));
+        self.settle_recorded(rail, rec, settlement, receipt, audit).await
+    }
+
+    /// [`Gateway::settle`] with the record of who settled it (tagged here), written in the
+    /// settling transaction: the rail's word, or people's (`resolution`).
+    pub(super) async fn settle_recorded(
+        &self,
+        rail: &dyn CollectionRail,
+        rec: &RailPayment,
+        settlement: &Settlement,
+        receipt: Option<String>,
+        audit: Option<AuditRecord>,
+    ) -> Result<Option<RailPayment>, crate::domain::error::StoreError> {
+        let audit = audit.map(|a| self.tag_audit(a));
         let settled = settle_record(&*self.store, &*self.clock, rail, rec, settlement, receipt, audit).await?;
         if let Some(done) = &settled
             && done.state == RailState::Succeeded

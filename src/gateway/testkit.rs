@@ -174,6 +174,7 @@ fn limits() -> GatewayLimits {
         list_limit_default: 20,
         reconcile_window_secs: 86_400,
         collection_pending_timeout_secs: 600,
+        resolution_after_secs: 3600,
         webhook_routes: vec![],
         policy: super::PolicySettings {
             simulate_window_max_secs: 2_592_000,

@@ -304,6 +304,7 @@ fn operator_api() -> Vec<Route> {
         at(Get, "/summary", operator::summary),
         at(Get, "/payments", operator::payments),
         at(Get, "/payments/{payment_id}", operator::payment),
+        at(Post, "/payments/{payment_id}/resolve", operator::resolve_payment),
         at(Get, "/audit", operator::audit),
         at(Get, "/audit/verify", operator::verify_audit),
         at(Get, "/approvals", operator::approvals),

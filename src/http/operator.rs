@@ -10,7 +10,7 @@ use serde_json::json;
 use super::AppState;
 use super::approvals::{Authed, ReasonBody, parse_body, refusal, respond};
 use crate::error::ErrorCode;
-use crate::gateway::{AuditFilters, PayeeArgs, PaymentFilters};
+use crate::gateway::{AuditFilters, PayeeArgs, PaymentFilters, ResolveArgs};
 
 type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
 
@@ -158,6 +158,26 @@ pub async fn revoke_mandate(
         Err(resp) => return *resp,
     };
     respond(state.gateway.ops_revoke_mandate(&op, &id, body.reason).await, &op.correlation_id, StatusCode::OK)
+}
+
+/// A person's word on a payout whose outcome is unknown: 202 while it waits for a second person,
+/// 200 once it settled the payment.
+pub async fn resolve_payment(
+    State(state): State<AppState>,
+    Authed(op): Authed,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let args: ResolveArgs = match parse_body(&body, &op.correlation_id) {
+        Ok(b) => b,
+        Err(resp) => return *resp,
+    };
+    let result = state.gateway.ops_resolve_payment(&op, &id, args).await;
+    let status = match &result {
+        Ok(v) if v.status == "proposed" => StatusCode::ACCEPTED,
+        _ => StatusCode::OK,
+    };
+    respond(result, &op.correlation_id, status)
 }
 
 pub async fn principals(State(state): State<AppState>, Authed(op): Authed) -> Response {

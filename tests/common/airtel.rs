@@ -51,6 +51,9 @@ pub enum MoneyOutMode {
     Refuse,
     /// Answer HTTP 503 before looking at it; nothing recorded.
     Unavailable,
+    /// Never answer, and record nothing: the request was lost before Airtel processed it (its
+    /// enquiry answers "Transaction not found").
+    Swallow,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,6 +422,9 @@ async fn disburse(State(s): State<Arc<FakeState>>, headers: HeaderMap, body: Byt
     let mode = s.inner.lock().unwrap().disburse_mode;
     if mode == MoneyOutMode::Unavailable {
         return refusal(StatusCode::SERVICE_UNAVAILABLE, "ESB000500", "Service unavailable");
+    }
+    if mode == MoneyOutMode::Swallow {
+        std::future::pending::<()>().await;
     }
     if !is_json(&headers) {
         return refusal(StatusCode::BAD_REQUEST, "ESB000001", "Content-Type must be application/json");

@@ -44,7 +44,7 @@ use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::rail::RailMove;
-use crate::domain::rail::{RailFlow, RailPayment, RailState, RailUpdate, Settlement};
+use crate::domain::rail::{Lookup, RailFlow, RailPayment, RailState, RailUpdate, Settlement};
 use crate::domain::rules::rail as rules;
 use crate::store::Store;
 
@@ -56,6 +56,8 @@ pub const DESCRIPTION_CHARS_MAX: usize = 100;
 const STILL_PROCESSING: &str = "still being processed by Airtel Money";
 /// The reason a pending record keeps when the enquiry could not be made.
 const ENQUIRY_FAILED: &str = "Airtel Money enquiry failed; will ask again";
+/// Airtel's answer to an enquiry about a transaction id it never received ("Transaction not found").
+pub const ENQUIRY_NOT_FOUND: &str = "ESB000008";
 
 /// The agent's arguments → a collection Airtel will take, checked in the order the agent wrote them:
 /// the phone (an Airtel Kenya number, normalized), the amount (KES, whole shillings), the reference
@@ -151,6 +153,15 @@ pub fn settlement_from_enquiry(answer: &Result<Enquiry, AirtelError>) -> Settlem
     match answer {
         Ok(e) => settlement_of(&e.status, &e.message),
         Err(_) => Settlement::Pending(ENQUIRY_FAILED.into()),
+    }
+}
+
+/// A disbursement enquiry's answer, for a person about to settle a payout by hand.
+fn lookup_of(answer: Result<Enquiry, AirtelError>) -> Lookup {
+    match answer {
+        Ok(e) => Lookup::Known(payout_settlement_of(&e.status, &e.message)),
+        Err(AirtelError::Refused { code, .. }) if code == ENQUIRY_NOT_FOUND => Lookup::NotFound,
+        Err(error) => Lookup::NoAnswer(format!("Airtel Money's enquiry failed: {error}")),
     }
 }
 
@@ -408,6 +419,15 @@ impl CollectionRail for AirtelRail {
         }
     }
 
+    /// A payout asked about by the transaction id the gateway sent it under: Airtel knows it (its
+    /// status, in progress included), or says it never received it.
+    async fn lookup(&self, rec: &RailPayment) -> Lookup {
+        let (RailFlow::Payout, Some(id)) = (rec.flow, rec.rail_ref.as_deref()) else {
+            return Lookup::Known(self.query(rec).await);
+        };
+        lookup_of(self.client.enquire_disbursement(id).await)
+    }
+
     fn settles_from(&self, flow: RailFlow) -> &'static [RailState] {
         // Asked by the transaction id the gateway chose and recorded before sending: a collection
         // whose answer was lost can still be asked about.
@@ -460,6 +480,25 @@ mod tests {
         ] {
             assert_eq!(settlement_from_enquiry(&Err(error)), Settlement::Pending(ENQUIRY_FAILED.into()));
         }
+    }
+
+    #[test]
+    fn only_airtels_not_found_leaves_a_payout_to_people() {
+        assert_eq!(
+            lookup_of(Err(AirtelError::Refused { code: ENQUIRY_NOT_FOUND.into(), message: "x".into() })),
+            Lookup::NotFound
+        );
+        for error in [
+            AirtelError::Refused { code: "ESB000001".into(), message: "x".into() },
+            AirtelError::Unavailable("503".into()),
+            AirtelError::OutcomeUnknown("timeout".into()),
+        ] {
+            assert!(matches!(lookup_of(Err(error)), Lookup::NoAnswer(_)));
+        }
+        let enquiry = |status| Enquiry { status, message: String::new(), airtel_money_id: None };
+        assert_eq!(lookup_of(Ok(enquiry(TransactionStatus::Success))), Lookup::Known(Settlement::Succeeded));
+        assert!(matches!(lookup_of(Ok(enquiry(TransactionStatus::InProgress))), Lookup::Known(Settlement::Pending(_))));
+        assert!(matches!(lookup_of(Ok(enquiry(TransactionStatus::Failed))), Lookup::Known(Settlement::Failed(_))));
     }
 
     #[test]

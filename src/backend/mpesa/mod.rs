@@ -38,7 +38,7 @@ use super::{BackendError, Payment, PaymentKind};
 use crate::clock::Clock;
 use crate::domain::ids::{AccountId, PaymentId};
 use crate::domain::money::Money;
-use crate::domain::rail::{RailFlow, RailPayment, Settlement};
+use crate::domain::rail::{Lookup, RailFlow, RailPayment, Settlement};
 use crate::store::Store;
 
 /// The `rail` column of M-Pesa records.
@@ -430,6 +430,15 @@ impl CollectionRail for MpesaRail {
             CallbackChannel::Result | CallbackChannel::Timeout => {
                 daraja::parse_result(body).map(|r| event_from_result(r, channel))
             }
+        }
+    }
+
+    /// Daraja answers a payout's or reversal's status only by callback (`query` sends the question):
+    /// there is no synchronous word to wait for, the people reading the statement decide.
+    async fn lookup(&self, rec: &RailPayment) -> Lookup {
+        match rec.flow {
+            RailFlow::Payout | RailFlow::Reversal => Lookup::NeverSynchronous,
+            RailFlow::Collection | RailFlow::Ledger => Lookup::Known(self.query(rec).await),
         }
     }
 

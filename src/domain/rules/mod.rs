@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod rail;
 pub mod refund;
 pub mod reservation;
+pub mod resolution;
 pub mod review;
 pub mod transfer;
 
