@@ -213,11 +213,19 @@ impl Gateway {
         }
         match rec.state {
             RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
+                // Money sent out that the rail has no answer about is for two people to settle.
+                let by_hand = match rec.flow {
+                    RailFlow::Payout | RailFlow::Reversal => {
+                        "; if the rail has no answer about it, two operators settle it by hand \
+                         (POST /operator/v1/payments/{id}/resolve)"
+                    }
+                    RailFlow::Collection | RailFlow::Ledger => "",
+                };
                 report.push(
                     "outcome_unknown",
                     Some(&rec.id),
                     format!(
-                        "a {} request whose answer was lost: check the {} statement for this customer and amount",
+                        "a {} request whose answer was lost: check the {} statement for this customer and amount{by_hand}",
                         rec.flow.as_str(),
                         rec.rail
                     ),
