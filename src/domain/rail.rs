@@ -188,8 +188,9 @@ pub enum Lookup {
     NotFound,
     /// The rail could not be asked now (unreachable, or it refused the question): ask again later.
     NoAnswer(String),
-    /// The rail has no synchronous answer to give (its status answers come by callback).
-    NeverSynchronous,
+    /// The rail cannot be asked about it and answer now: its status answers come by callback
+    /// (M-Pesa), or it gave no reference to ask by (an Airtel refund whose answer was lost).
+    CannotBeAsked,
 }
 
 /// Records (of `rail`, or of every rail) in one of `states` last updated at or before

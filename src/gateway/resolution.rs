@@ -143,7 +143,7 @@ impl Gateway {
             return Err(OpError::conflict(format!("the {} rail is not enabled on this gateway", rec.rail)));
         };
         match rail.lookup(rec).await {
-            Lookup::NotFound | Lookup::NeverSynchronous => {}
+            Lookup::NotFound | Lookup::CannotBeAsked => {}
             Lookup::NoAnswer(why) => {
                 return Err(OpError::new(
                     ErrorCode::BackendUnavailable,

@@ -420,12 +420,14 @@ impl CollectionRail for AirtelRail {
     }
 
     /// A payout asked about by the transaction id the gateway sent it under: Airtel knows it (its
-    /// status, in progress included), or says it never received it.
+    /// status, in progress included), or says it never received it. A refund whose answer was lost
+    /// has no id to ask by.
     async fn lookup(&self, rec: &RailPayment) -> Lookup {
-        let (RailFlow::Payout, Some(id)) = (rec.flow, rec.rail_ref.as_deref()) else {
-            return Lookup::Known(self.query(rec).await);
-        };
-        lookup_of(self.client.enquire_disbursement(id).await)
+        match (rec.flow, rec.rail_ref.as_deref()) {
+            (RailFlow::Payout, Some(id)) => lookup_of(self.client.enquire_disbursement(id).await),
+            (RailFlow::Reversal, _) => Lookup::CannotBeAsked,
+            _ => Lookup::Known(self.query(rec).await),
+        }
     }
 
     fn settles_from(&self, flow: RailFlow) -> &'static [RailState] {

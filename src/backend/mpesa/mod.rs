@@ -437,7 +437,7 @@ impl CollectionRail for MpesaRail {
     /// there is no synchronous word to wait for, the people reading the statement decide.
     async fn lookup(&self, rec: &RailPayment) -> Lookup {
         match rec.flow {
-            RailFlow::Payout | RailFlow::Reversal => Lookup::NeverSynchronous,
+            RailFlow::Payout | RailFlow::Reversal => Lookup::CannotBeAsked,
             RailFlow::Collection | RailFlow::Ledger => Lookup::Known(self.query(rec).await),
         }
     }
