@@ -64,8 +64,14 @@ target="${MUTANTS_TARGET_DIR:-$root/target/mutants-target}"
 git worktree remove --force "$work" 2>/dev/null || rm -rf "$work"
 git worktree add --detach --quiet "$work" HEAD
 git diff HEAD | (cd "$work" && git apply --allow-empty)
-if [ ! -d "$target" ] && [ -d "${CARGO_TARGET_DIR:-$root/target}/debug" ]; then
-  mkdir -p "$target" && cp -a "${CARGO_TARGET_DIR:-$root/target}/debug" "$target/"
+# Only what the dependencies built (their libraries, build scripts and fingerprints): the test and
+# bin executables (tens of GB; every file in deps/ without an extension) would be rebuilt here
+# anyway, since the tree's path differs and this crate's fingerprints with it.
+seed="${CARGO_TARGET_DIR:-$root/target}/debug"
+if [ ! -d "$target" ] && [ -d "$seed/deps" ]; then
+  mkdir -p "$target/debug/deps"
+  (cd "$seed" && cp -a build .fingerprint "$target/debug/" &&
+    find deps -maxdepth 1 -type f -name '*.*' -exec cp -a -t "$target/debug/deps" {} +)
 fi
 cleanup() { git -C "$root" worktree remove --force "$work" 2>/dev/null || true; rm -f "${diff:-}"; }
 trap cleanup EXIT
