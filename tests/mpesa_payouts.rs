@@ -184,7 +184,8 @@ async fn a_payout_is_pending_until_its_result_settles_it_and_is_sent_once() {
     assert_eq!(settled["receipt"]["reference"].as_str(), Some(r.fake.payouts()[0].receipt.as_str()));
     assert!(settled["receipt"].get("checkout_request_id").is_none_or(Value::is_null), "{settled}");
     assert_eq!(settled["receipt"]["phone"], "25471****678");
-    // A duplicate or contrary late result changes nothing.
+    // A duplicate or contrary late result changes nothing (the contrary one is refused loudly).
+    assert_eq!(r.fake.post_result(&id, 0).await, 409);
     assert_eq!(r.fake.post_result(&id, 2001).await, 409);
     assert_eq!(payment(c, &id).await["status"], "succeeded");
 
@@ -205,11 +206,41 @@ async fn a_payout_is_pending_until_its_result_settles_it_and_is_sent_once() {
     let report = ok(&call(c, "reconcile", json!({})).await).clone();
     assert_eq!(r.fake.status_requests(), asked, "{report}");
     let codes = audit_codes(&r.app).await;
-    for c in ["QUEUE_TIMEOUT", "AMOUNT_MISMATCH", "SUCCEEDED", "DUPLICATE_OR_LATE", "FAILED"] {
+    for c in ["QUEUE_TIMEOUT", "AMOUNT_MISMATCH", "SUCCEEDED", "DUPLICATE_OR_LATE", "CONTRADICTS_RECORD", "FAILED"] {
         assert!(codes.iter().any(|x| x == c), "{c} not audited: {codes:?}");
     }
     r.app.assert_secrets_not_logged();
     assert_not_logged(&[SECRET, "fake-security-credential", "fake-consumer-secret"]);
+    r.app.stop().await;
+}
+
+/// A payout M-Pesa never answered, settled failed by two people (M-Pesa answers status only by
+/// callback: their word stands), and then paid by M-Pesa after all: its late result cannot move the
+/// settled record, and it is refused loudly (CONTRADICTS_RECORD, an error log), not as a duplicate.
+#[tokio::test]
+async fn a_result_that_contradicts_a_payout_settled_by_hand_is_refused_loudly() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("\n[approvals]\nresolution_after_secs = 600\n", clock.clone()).await;
+    let c = &r.client;
+    r.fake.set_outbound_mode(OutboundMode::Hang);
+    assert_eq!(code(&call(c, "send_mpesa_payout", payout("hand-1", "200")).await), "OUTCOME_UNKNOWN");
+    r.fake.set_outbound_mode(OutboundMode::Accept);
+    let id = r.fake.payouts()[0].originator_conversation_id.clone();
+    clock.advance(601);
+    let path = format!("/operator/v1/payments/{id}/resolve");
+    let body = json!({"outcome": "failed", "reason": "not on the B2C statement"});
+    for (who, want) in [("alice", 202), ("bob", 200)] {
+        let token = r.app.operator_token(who, "payments:admin");
+        let (status, answer) = operator(&r.app, reqwest::Method::POST, &path, &token, Some(body.clone())).await;
+        assert_eq!(status.as_u16(), want, "{who}: {answer}");
+    }
+    assert_eq!(payment(c, &id).await["status"], "failed");
+    // M-Pesa paid it after all: its result comes late.
+    assert_eq!(r.fake.post_result(&id, 0).await, 409);
+    assert_eq!(payment(c, &id).await["status"], "failed", "a settled record never moves");
+    let codes = audit_codes(&r.app).await;
+    assert!(codes.iter().any(|c| c == "CONTRADICTS_RECORD"), "{codes:?}");
+    assert!(!codes.iter().any(|c| c == "DUPLICATE_OR_LATE"), "{codes:?}");
     r.app.stop().await;
 }
 

@@ -204,14 +204,26 @@ impl Gateway {
                     return CallbackOutcome::ReceiptRecorded;
                 }
             }
-            let (code, outcome) = if rec.state.is_terminal() {
+            // The rail's final word against a settled record (a payout people settled by hand as
+            // failed, then paid after all): money moved that the record denies. Refused all the
+            // same (a settled record never moves), but loudly: for a person to put right.
+            let contradicts = event.authority == Authority::Final
+                && matches!(
+                    (rec.state, &event.settlement),
+                    (RailState::Failed, Settlement::Succeeded) | (RailState::Succeeded, Settlement::Failed(_))
+                );
+            let (code, outcome) = if contradicts {
+                tracing::error!(payment_id = %rec.id, rail = rail.name(), state = rec.state.as_str(),
+                    "the rail's final result contradicts a settled record: money may have moved that the record denies");
+                ("CONTRADICTS_RECORD", CallbackOutcome::Terminal)
+            } else if rec.state.is_terminal() {
                 ("DUPLICATE_OR_LATE", CallbackOutcome::Terminal)
             } else {
                 ("NOT_PENDING", CallbackOutcome::NotPending)
             };
             let detail = format!("callback for a payment already {}", rec.state.as_str());
             self.audit_callback(rail.name(), Some(&rec), "callback_refused", code, detail).await;
-            self.metrics.callback(rail.name(), "duplicate");
+            self.metrics.callback(rail.name(), if contradicts { "contradiction" } else { "duplicate" });
             return outcome;
         }
         if paid {

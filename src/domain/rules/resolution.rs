@@ -177,6 +177,8 @@ mod tests {
         // One second short of the bound: the rail may still answer.
         let young = rec(RailFlow::Payout, RailState::Unknown, AFTER - 1);
         assert_eq!(plan(&young, "alice", failed, None, None, NOW, AFTER), Err(Refusal::TooSoon { wait_secs: 1 }));
+        let fresh = rec(RailFlow::Payout, RailState::Submitting, 600);
+        assert_eq!(plan(&fresh, "alice", failed, None, None, NOW, AFTER), Err(Refusal::TooSoon { wait_secs: 3000 }));
     }
 
     #[test]
