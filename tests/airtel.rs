@@ -786,6 +786,20 @@ async fn a_payout_airtel_never_received_is_settled_by_two_people_and_only_so() {
     assert_eq!((body["proposed_by"].as_str(), body["confirmed_by"].as_str()), (Some("alice"), Some("bob")));
     let settled = payment(c, &held).await;
     assert_eq!(settled["status"], "failed", "{settled}");
+    // The payment's timeline, as the console shows it, names both steps and both people.
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (_, detail) =
+        operator(app, reqwest::Method::GET, &format!("/operator/v1/payments/{held}"), &auditor, None).await;
+    let steps: Vec<(String, String)> = detail["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["tool"] == "resolve_payment")
+        .map(|e| (e["step"].as_str().unwrap().to_string(), e["actor"].as_str().unwrap().to_string()))
+        .collect();
+    let want =
+        [("resolution_proposed", "alice"), ("settled_by_hand", "bob")].map(|(s, a)| (s.to_string(), a.to_string()));
+    assert_eq!(steps, want, "{detail}");
     // The agent's retry learns it failed; nothing is sent, and the operation is closed.
     let retry = ok(&call(c, "send_airtel_payout", payout("held-1", "300")).await).clone();
     assert_eq!((retry["payment_id"].as_str(), retry["status"].as_str()), (Some(held.as_str()), Some("failed")));

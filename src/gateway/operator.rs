@@ -514,6 +514,8 @@ mod tests {
             ("create_payment", "replayed", "replayed"),
             ("mpesa_callback", "settled", "receipt"),
             ("create_payment", "denied", "refused"),
+            ("resolve_payment", "resolution_proposed", "resolution_proposed"),
+            ("resolve_payment", "resolution_confirmed", "settled_by_hand"),
             ("reconcile", "reconciled", "other"),
         ];
         for (tool, decision, step) in cases {

@@ -165,6 +165,8 @@ pub fn step_of(rec: &AuditRecord) -> &'static str {
         ("approvals.reject", "recorded") => "rejected",
         ("mandates.issue", _) => "mandate_issued",
         ("mandates.revoke", _) => "revoked",
+        ("resolve_payment", "resolution_proposed") => "resolution_proposed",
+        ("resolve_payment", "resolution_confirmed") => "settled_by_hand",
         (_, "mandate_accepted") => "mandate_accepted",
         ("refund_payment", "allowed") => "refunded",
         (_, "submitted") => "submitted",
