@@ -320,6 +320,39 @@ async fn narrowing_policy_reaches_approvals_already_pending() {
     app.stop().await;
 }
 
+/// The stop-67 review (high): a trigger rewriting each approval review's subject as it was written
+/// let one person grant a two-person approval by approving twice (the mandate named a "ghost"),
+/// and one deleting each review let an approval be granted with nobody on record. A review is read
+/// back in its transaction now: rewritten or missing, it decides nothing.
+#[tokio::test]
+async fn a_review_a_trigger_rewrites_or_deletes_decides_nothing() {
+    let rewrite = "CREATE TRIGGER t AFTER INSERT ON approval_reviews BEGIN UPDATE approval_reviews \
+                   SET reviewer_sub = 'ghost-' || (SELECT count(*) FROM approval_reviews) WHERE rowid = new.rowid; END;";
+    let delete = "CREATE TRIGGER t AFTER INSERT ON approval_reviews BEGIN \
+                  DELETE FROM approval_reviews WHERE rowid = new.rowid; END;";
+    for (name, trigger) in [("rewrite", rewrite), ("delete", delete)] {
+        let dir = tempfile::tempdir().unwrap();
+        let app = spawn_on(dir.path(), &[("PAYGATE_APPROVALS__REVIEWERS_REQUIRED", "2")]).await;
+        let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+        let r = call(&agent, "create_payment", pay("four-eyes", "5000.00", "supplier")).await;
+        assert_eq!(code(&r), "APPROVAL_REQUIRED", "{name}: {r:?}");
+        let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
+        store_db(dir.path()).execute_batch(trigger).unwrap();
+        for _ in 0..2 {
+            let (status, body) = approve(&app, &approval, "alice").await;
+            assert!(status.is_server_error(), "{name}: {status} {body}");
+        }
+        let auditor = app.operator_token("auditor", "payments:audit");
+        let path = format!("/operator/v1/approvals/{approval}");
+        let (_, view) = operator(&app, Method::GET, &path, &auditor, None).await;
+        assert_eq!((view["status"].as_str(), view["mandate_id"].as_str()), (Some("pending"), None), "{name}: {view}");
+        let again = call(&agent, "create_payment", pay("four-eyes", "5000.00", "supplier")).await;
+        assert_eq!(code(&again), "APPROVAL_REQUIRED", "{name}: nothing moves: {again:?}");
+        let _ = agent.cancel().await;
+        app.stop().await;
+    }
+}
+
 /// Finding 13 (approval fatigue): after a human rejected a payment, the agent asked again under a
 /// new operation_id and got a fresh approval and fresh webhooks, as often as the pending bound
 /// allowed. Now the same intent is APPROVAL_REJECTED for `approvals.rejected_cooldown_secs`, no

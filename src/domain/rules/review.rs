@@ -86,6 +86,25 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
     Ok(ReviewPlan::Approve { issue: complete.then_some(approvers) })
 }
 
+/// Whether an approval's reviews, read back in the review's transaction after it was written, are
+/// those the plan was made on plus `review`, each exactly as written (in any order; `as_user` is
+/// not stored). A trigger that rewrote or deleted the new row, or touched an earlier one, would
+/// otherwise decide with another person — or nobody — on record (the stop-67 review: one person
+/// granted a two-person tier by approving twice under a rewritten subject).
+pub fn recorded_as_meant(before: &[Review], after: &[Review], review: &Review) -> bool {
+    let stored = |r: &Review| Review { as_user: false, ..r.clone() };
+    let mut left: Vec<Review> = after.iter().map(stored).collect();
+    for meant in before.iter().chain(std::iter::once(review)).map(stored) {
+        match left.iter().position(|r| *r == meant) {
+            Some(i) => {
+                left.swap_remove(i);
+            }
+            None => return false,
+        }
+    }
+    left.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,5 +281,34 @@ mod tests {
         for (status, now, read) in cases {
             assert_eq!(approval(status, 1, vec![]).status_at(now).as_str(), read, "{status} at {now}");
         }
+    }
+
+    #[test]
+    fn a_review_must_read_back_as_written_beside_the_others() {
+        let alice = review("iss", "alice", APPROVE);
+        let one = std::slice::from_ref(&alice);
+        let bob = review("iss", "bob", APPROVE);
+        let as_user = Review { as_user: true, ..bob.clone() };
+        // Written as meant, in any order; `as_user` is not stored.
+        assert!(recorded_as_meant(&[], std::slice::from_ref(&alice), &alice));
+        assert!(recorded_as_meant(one, &[bob.clone(), alice.clone()], &bob));
+        assert!(recorded_as_meant(one, &[alice.clone(), bob.clone()], &as_user));
+        // The new row rewritten (another subject, issuer, decision, reason, time or passkey).
+        let rewritten = [
+            review("iss", "ghost-1", APPROVE),
+            review("other", "alice", APPROVE),
+            review("iss", "alice", REJECT),
+            Review { reason: Some("x".into()), ..alice.clone() },
+            Review { at: 2, ..alice.clone() },
+            Review { passkey: Some("p".into()), ..alice.clone() },
+        ];
+        for r in &rewritten {
+            assert!(!recorded_as_meant(&[], std::slice::from_ref(r), &alice), "{r:?}");
+        }
+        // Deleted, doubled, or an earlier one touched.
+        assert!(!recorded_as_meant(one, std::slice::from_ref(&alice), &bob));
+        assert!(!recorded_as_meant(&[], &[alice.clone(), alice.clone()], &alice));
+        assert!(!recorded_as_meant(one, &[review("iss", "ghost", APPROVE), bob.clone()], &bob));
+        assert!(!recorded_as_meant(one, &[bob.clone(), bob.clone()], &bob));
     }
 }

@@ -114,6 +114,10 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
     .map_err(StoreError::from)?;
     wrote_one("approval", n)?;
     let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
+    // Read back: a trigger that rewrote or deleted the review decides nothing.
+    if !rules::recorded_as_meant(&rec.reviews, &updated.reviews, &review) {
+        return Err(StoreError::Database("the review did not read back as written".into()).into());
+    }
     if updated.status != rec.status {
         insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).await?;
     }

@@ -83,6 +83,10 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
     }
     .map_err(StoreError::from)?;
     let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
+    // Read back: a trigger that rewrote or deleted the review decides nothing.
+    if !review::recorded_as_meant(&rec.reviews, &updated.reviews, &r) {
+        return Err(StoreError::Database("the review did not read back as written".into()).into());
+    }
     if updated.status != rec.status {
         insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).map_err(StoreError::from)?;
     }
