@@ -189,6 +189,35 @@ fn count_audit(records: &[paygate::domain::audit::AuditRecord], tool: &str, deci
     records.iter().filter(|a| a.tool == tool && a.decision == decision && a.code.as_deref() == Some(code)).count()
 }
 
+/// The stop-67 review (medium–high): an operator revoked a mandate, then a database writer cleared
+/// `revoked_at` in its row, and the mandate paid again. The revocation is on the trail under the
+/// writer's tag, and the gateway reads it there too: the mandate stays revoked.
+#[tokio::test]
+async fn a_revocation_cleared_in_the_database_still_stands() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[DEV_DEFAULT, NO_REPEAT_STOP]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let (approval_id, mandate) = approved_mandate(&app, &agent, "revoked-1", "5000.00").await;
+    let bob = app.operator_token("bob", "payments:approve");
+    let path = format!("/approvals/{approval_id}/revoke");
+    let (status, body) =
+        operator(&app, reqwest::Method::POST, &path, &bob, Some(json!({"reason": "wrong payee"}))).await;
+    assert_eq!(status, 200, "{body}");
+    let before = books(&agent).await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let cleared = db
+        .execute("UPDATE mandates SET revoked_at = NULL, revoked_by = NULL WHERE approval_id = ?1", [&approval_id])
+        .unwrap();
+    assert_eq!(cleared, 1);
+    let r = pay(&agent, "revoked-1", "acct-A", "acct-B", "5000.00", "KES", Some(&mandate)).await;
+    assert_eq!(code(&r), "MANDATE_INVALID", "{r:?}");
+    assert!(err(&r)["message"].as_str().unwrap().contains("revoked"), "{r:?}");
+    assert_eq!(books(&agent).await, before, "nothing moved");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 // 1 ───────────────────────────────────────────────────────────────────────────────────────────────
 
 #[tokio::test]

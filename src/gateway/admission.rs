@@ -137,11 +137,18 @@ impl Gateway {
             payment_id,
             intent_sha256: &intent_sha256,
         };
-        let verified = self
+        let mut verified = self
             .mandates
             .verify(jws.trim(), self.clock.now())
             .and_then(|claims| authorizes(&claims, &call).map(|()| claims))
             .map_err(AgentError::from);
+        // A revocation stands on the trail even if a database writer cleared it in `mandates`.
+        if let Ok(claims) = &verified
+            && self.revoked_in_trail(&claims.approval_id).await?
+        {
+            let revoked = crate::domain::error::BackendError::MandateExhausted("an operator revoked it".into());
+            verified = Err(AgentError::from(&revoked));
+        }
         match verified {
             Ok(claims) => {
                 let mut d = Decision::new(asked.tool, "mandate_accepted");
@@ -162,6 +169,24 @@ impl Gateway {
                 }
             },
         }
+    }
+
+    /// Whether the trail holds an operator's revocation of the mandate `approval_id` issued (a
+    /// record whose writer's tag holds): the `mandates` row is not the only word on it, so a
+    /// revocation a database writer cleared there still stands (the stop-67 review).
+    async fn revoked_in_trail(&self, approval_id: &str) -> Result<bool, AgentError> {
+        let q = crate::domain::ops::AuditQuery {
+            tool: Some("mandates.revoke".into()),
+            decision: Some("revoked".into()),
+            approval_id: Some(approval_id.into()),
+            limit: 20,
+            ..Default::default()
+        };
+        let records = self.store.audit_query(q).await.map_err(|e| {
+            tracing::error!(error = %e, "reading a mandate's revocations failed");
+            AgentError::new(crate::error::ErrorCode::Internal, "internal error")
+        })?;
+        Ok(records.iter().any(|r| crate::domain::audit_chain::tag_fault(&self.audit_link_key, r, true).is_none()))
     }
 
     /// The outcome already recorded for this operation with these very arguments, replayed; `None`
