@@ -752,6 +752,19 @@ async fn a_payout_airtel_never_received_is_settled_by_two_people_and_only_so() {
     clock.advance(120);
     assert_eq!(r.app.running.gateway.poll_rails(0, POLL_BUDGET).await, 0);
     assert_eq!(payment(c, &held).await["status"], "pending");
+    // Reconciliation names both, though the poll job has just touched them (it asks by age since
+    // they were made), and says how the one nobody can answer for is settled.
+    let report = ok(&call(c, "reconcile", json!({})).await).clone();
+    let unknown: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            f["kind"] == "outcome_unknown" && (f["payment_id"] == held.as_str() || f["payment_id"] == known.as_str())
+        })
+        .collect();
+    assert_eq!(unknown.len(), 2, "{report}");
+    assert!(unknown.iter().all(|f| f["detail"].as_str().unwrap().contains("/resolve")), "{report}");
 
     let app = &r.app;
     let resolve = |id: &str, who: &str, scope: &str, body: Value| {

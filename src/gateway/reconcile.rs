@@ -212,7 +212,9 @@ impl Gateway {
             return;
         }
         match rec.state {
-            RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
+            // By age since it was made: the poll job touches `updated_at` each time it asks, so a
+            // record the rail never answers for would never look old enough (the stop-67 review).
+            RailState::Unknown | RailState::Submitting if now - rec.created_at > self.limits.idempotency_lease_secs => {
                 // Money sent out that the rail has no answer about is for two people to settle.
                 let by_hand = match rec.flow {
                     RailFlow::Payout | RailFlow::Reversal => {
@@ -254,7 +256,7 @@ impl Gateway {
                     Some(&rec.id),
                     format!("the gateway recorded {} but the backend has no such payment", rec.state.as_str()),
                 ),
-                RailState::Unknown | RailState::Submitting if now - rec.updated_at > self.limits.idempotency_lease_secs => {
+                RailState::Unknown | RailState::Submitting if now - rec.created_at > self.limits.idempotency_lease_secs => {
                     report.push(
                         "outcome_unknown",
                         Some(&rec.id),

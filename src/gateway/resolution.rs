@@ -186,7 +186,9 @@ impl Gateway {
                     confirmed_by = %op.subject, "a rail payment was settled by hand");
                 Ok(view(&done, "resolved", outcome, &proposed_by, Some(op.subject.clone())))
             }
-            None => Err(OpError::conflict("the payment was settled meanwhile (by the rail's own word)".into())),
+            None => Err(OpError::conflict(
+                "the payment was settled meanwhile (by another confirmation or the rail's own word)".into(),
+            )),
         }
     }
 
