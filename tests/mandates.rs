@@ -213,6 +213,11 @@ async fn a_revocation_cleared_in_the_database_still_stands() {
     let r = pay(&agent, "revoked-1", "acct-A", "acct-B", "5000.00", "KES", Some(&mandate)).await;
     assert_eq!(code(&r), "MANDATE_INVALID", "{r:?}");
     assert!(err(&r)["message"].as_str().unwrap().contains("revoked"), "{r:?}");
+    // Its record edited too (verify names that): the revocation still stands, never fails open.
+    let edited = db.execute("UPDATE audit_records SET tag = NULL WHERE tool = 'mandates.revoke'", []).unwrap();
+    assert_eq!(edited, 1);
+    let r = pay(&agent, "revoked-1", "acct-A", "acct-B", "5000.00", "KES", Some(&mandate)).await;
+    assert_eq!(code(&r), "MANDATE_INVALID", "{r:?}");
     assert_eq!(books(&agent).await, before, "nothing moved");
     let _ = agent.cancel().await;
     app.stop().await;
