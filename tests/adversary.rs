@@ -353,6 +353,50 @@ async fn a_review_a_trigger_rewrites_or_deletes_decides_nothing() {
     }
 }
 
+/// The second stop-67 review (high): alice's first review rewritten to a "ghost" after it was
+/// written — by hand, or by a trigger her approval's own audit record fires, after the decision
+/// committed — let her second approval count as a second person (the mandate named the ghost,
+/// money moved). The trail's record of her first decision stands: her second is refused.
+#[tokio::test]
+async fn one_person_rewritten_out_of_their_review_still_decides_once() {
+    let on_the_trail = "CREATE TRIGGER g AFTER INSERT ON audit_records WHEN NEW.tool = 'approvals.approve' BEGIN \
+                        UPDATE approval_reviews SET reviewer_sub = 'ghost-' || NEW.seq \
+                        WHERE approval_id = NEW.approval_id AND reviewer_sub = NEW.principal_sub; END;";
+    for (name, trigger) in [("by hand", None), ("by a trigger on the trail", Some(on_the_trail))] {
+        let dir = tempfile::tempdir().unwrap();
+        let app = spawn_on(dir.path(), &[("PAYGATE_APPROVALS__REVIEWERS_REQUIRED", "2")]).await;
+        let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+        let r = call(&agent, "create_payment", pay("ghost", "5000.00", "supplier")).await;
+        let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
+        let db = store_db(dir.path());
+        if let Some(t) = trigger {
+            db.execute_batch(t).unwrap();
+        }
+        let (status, body) = approve(&app, &approval, "alice").await;
+        assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("pending")), "{name}: {body}");
+        if trigger.is_none() {
+            let sql = "UPDATE approval_reviews SET reviewer_sub = 'ghost' WHERE approval_id = ?1";
+            assert_eq!(db.execute(sql, [&approval]).unwrap(), 1);
+        }
+        let ghost: String = db
+            .query_row("SELECT reviewer_sub FROM approval_reviews WHERE approval_id = ?1", [&approval], |r| r.get(0))
+            .unwrap();
+        assert!(ghost.starts_with("ghost"), "{name}: the row no longer names alice: {ghost}");
+        let (status, body) = approve(&app, &approval, "alice").await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::CONFLICT, Some("CONFLICT")),
+            "{name}: {body}"
+        );
+        let auditor = app.operator_token("auditor", "payments:audit");
+        let path = format!("/operator/v1/approvals/{approval}");
+        let (_, view) = operator(&app, Method::GET, &path, &auditor, None).await;
+        assert_eq!((view["status"].as_str(), view["mandate_id"].as_str()), (Some("pending"), None), "{name}: {view}");
+        let _ = agent.cancel().await;
+        app.stop().await;
+    }
+}
+
 /// Finding 13 (approval fatigue): after a human rejected a payment, the agent asked again under a
 /// new operation_id and got a fresh approval and fresh webhooks, as often as the pending bound
 /// allowed. Now the same intent is APPROVAL_REJECTED for `approvals.rejected_cooldown_secs`, no
