@@ -171,35 +171,6 @@ impl Gateway {
         }
     }
 
-    /// Whether the trail holds an operator's revocation of the mandate `approval_id` issued: the
-    /// `mandates` row is not the only word on it, so a revocation a database writer cleared there
-    /// still stands (the stop-67 review). Any such record counts, its writer's tag holding or not:
-    /// an edited one (verify names it) must not turn a revocation back into a mandate, and a
-    /// forged one can only refuse.
-    async fn revoked_in_trail(&self, approval_id: &str) -> Result<bool, AgentError> {
-        let q = crate::domain::ops::AuditQuery {
-            tool: Some("mandates.revoke".into()),
-            decision: Some("revoked".into()),
-            approval_id: Some(approval_id.into()),
-            limit: 20,
-            ..Default::default()
-        };
-        let records = self.store.audit_query(q).await.map_err(|e| {
-            tracing::error!(error = %e, "reading a mandate's revocations failed");
-            AgentError::new(crate::error::ErrorCode::Internal, "internal error")
-        })?;
-        if let Some(r) =
-            records.iter().find(|r| crate::domain::audit_chain::tag_fault(&self.audit_link_key, r, true).is_some())
-        {
-            tracing::error!(
-                seq = r.seq,
-                approval_id,
-                "a mandate revocation record's writer's tag does not hold; the revocation stands"
-            );
-        }
-        Ok(!records.is_empty())
-    }
-
     /// The outcome already recorded for this operation with these very arguments, replayed; `None`
     /// when there is none. For a call that would be refused for what the operation itself changed
     /// (an expired mandate it used, a payment it refunded whole): its retry must still replay.

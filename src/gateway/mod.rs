@@ -6,6 +6,7 @@ mod approval_request;
 mod approvals;
 mod audit_trail;
 pub mod audit_witness;
+mod authority_trail;
 mod broken_builds;
 #[cfg(feature = "broken-gateways-for-evals")]
 pub use broken_builds::broken_for_evals;

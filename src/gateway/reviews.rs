@@ -18,10 +18,6 @@ use crate::domain::ops::ApprovalQuery;
 use crate::domain::principal::{Suspension, SuspensionScope, valid_subject};
 use crate::domain::rules::authority::{Target, acts_on_itself, reaches_itself};
 use crate::mandate::MandateKind;
-
-/// Decisions on one approval read from the trail, at most (an approval needs at most 10 reviewers;
-/// refusals are recorded as "refused", not read).
-const DECISIONS_READ_MAX: u32 = 200;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreauthorizeArgs {
@@ -335,21 +331,6 @@ impl Gateway {
             self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
         }
         outcome
-    }
-
-    /// Whether the trail holds a decision `subject` recorded on approval `id` (an operator's
-    /// approve or reject, a user's confirm or decline). Any such record counts, its writer's tag
-    /// holding or not: a forged one can only refuse, and an edited one is named by verify.
-    async fn decided_on_trail(&self, id: &ApprovalId, subject: &str) -> Result<bool, crate::domain::error::StoreError> {
-        let q = crate::domain::ops::AuditQuery {
-            approval_id: Some(id.to_string()),
-            decision: Some("recorded".into()),
-            limit: DECISIONS_READ_MAX,
-            ..Default::default()
-        };
-        let records = self.store.audit_query(q).await?;
-        let decisions = ["approvals.approve", "approvals.reject", "approvals.user_confirm", "approvals.user_decline"];
-        Ok(records.iter().any(|r| r.principal_sub == subject && decisions.contains(&r.tool.as_str())))
     }
 
     /// Pre-authorize a payment (closed) or a standing mandate (open) for a named agent. The

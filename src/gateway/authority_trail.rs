@@ -1,0 +1,64 @@
+//! What the trail says about authority, read beside the rows that say it too: a person's earlier
+//! decision on an approval, and an operator's revocation of a mandate. The rows (`approval_reviews`,
+//! `mandates.revoked_at`) are what a database writer can rewrite outside the decision's
+//! transaction; the trail's records stand (the stop-67 reviews). Any matching record counts, its
+//! writer's tag holding or not: a forged one can only refuse, and an edited one is named by
+//! `audit verify`.
+
+use super::Gateway;
+use crate::domain::error::StoreError;
+use crate::domain::ids::ApprovalId;
+use crate::domain::ops::AuditQuery;
+use crate::error::AgentError;
+
+/// Decisions on one approval read from the trail, at most (an approval needs at most 10 reviewers;
+/// refusals are recorded as "refused", not read).
+const DECISIONS_READ_MAX: u32 = 200;
+
+/// Revocation records of one mandate read from the trail, at most (one suffices; more are copies).
+const REVOCATIONS_READ_MAX: u32 = 20;
+
+/// The tools whose "recorded" records are a person's decision on an approval.
+const DECISION_TOOLS: [&str; 4] =
+    ["approvals.approve", "approvals.reject", "approvals.user_confirm", "approvals.user_decline"];
+
+impl Gateway {
+    /// Whether the trail holds an operator's revocation of the mandate `approval_id` issued: a
+    /// revocation cleared in the `mandates` row still stands.
+    pub(super) async fn revoked_in_trail(&self, approval_id: &str) -> Result<bool, AgentError> {
+        let q = AuditQuery {
+            tool: Some("mandates.revoke".into()),
+            decision: Some("revoked".into()),
+            approval_id: Some(approval_id.into()),
+            limit: REVOCATIONS_READ_MAX,
+            ..Default::default()
+        };
+        let records = self.store.audit_query(q).await.map_err(|e| {
+            tracing::error!(error = %e, "reading a mandate's revocations failed");
+            AgentError::new(crate::error::ErrorCode::Internal, "internal error")
+        })?;
+        if let Some(r) =
+            records.iter().find(|r| crate::domain::audit_chain::tag_fault(&self.audit_link_key, r, true).is_some())
+        {
+            tracing::error!(
+                seq = r.seq,
+                approval_id,
+                "a mandate revocation record's writer's tag does not hold; the revocation stands"
+            );
+        }
+        Ok(!records.is_empty())
+    }
+
+    /// Whether the trail holds a decision `subject` recorded on approval `id` (an operator's
+    /// approve or reject, a user's confirm or decline): one person decides once.
+    pub(super) async fn decided_on_trail(&self, id: &ApprovalId, subject: &str) -> Result<bool, StoreError> {
+        let q = AuditQuery {
+            approval_id: Some(id.to_string()),
+            decision: Some("recorded".into()),
+            limit: DECISIONS_READ_MAX,
+            ..Default::default()
+        };
+        let records = self.store.audit_query(q).await?;
+        Ok(records.iter().any(|r| r.principal_sub == subject && DECISION_TOOLS.contains(&r.tool.as_str())))
+    }
+}
