@@ -223,6 +223,47 @@ async fn a_revocation_cleared_in_the_database_still_stands() {
     app.stop().await;
 }
 
+/// The second stop-67 review (medium-high): a revocation answered 200 while a trigger swallowed its
+/// audit record, and with `revoked_at` then cleared the mandate paid. The record is written in the
+/// revocation's transaction now: swallowed, the revocation fails as a whole and says so.
+#[tokio::test]
+async fn a_revocation_is_never_answered_without_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[DEV_DEFAULT, NO_REPEAT_STOP]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let (approval_id, _mandate) = approved_mandate(&app, &agent, "swallowed-1", "5000.00").await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER s BEFORE INSERT ON audit_records WHEN NEW.tool = 'mandates.revoke' \
+         BEGIN SELECT RAISE(IGNORE); END;",
+    )
+    .unwrap();
+    let bob = app.operator_token("bob", "payments:approve");
+    let path = format!("/approvals/{approval_id}/revoke");
+    let (status, body) =
+        operator(&app, reqwest::Method::POST, &path, &bob, Some(json!({"reason": "wrong payee"}))).await;
+    assert!(status.is_server_error(), "a revocation without its record is not answered as done: {status} {body}");
+    let revoked: Option<i64> =
+        db.query_row("SELECT revoked_at FROM mandates WHERE approval_id = ?1", [&approval_id], |r| r.get(0)).unwrap();
+    assert_eq!(revoked, None, "nothing half-done: the mandate's row is as it was");
+    // Without the trigger the same revocation goes through, with its record.
+    db.execute_batch("DROP TRIGGER s;").unwrap();
+    let (status, body) =
+        operator(&app, reqwest::Method::POST, &path, &bob, Some(json!({"reason": "wrong payee"}))).await;
+    assert_eq!(status, 200, "{body}");
+    let records: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit_records WHERE tool = 'mandates.revoke' AND approval_id = ?1",
+            [&approval_id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(records, 1);
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 // 1 ───────────────────────────────────────────────────────────────────────────────────────────────
 
 #[tokio::test]

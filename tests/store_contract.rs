@@ -563,7 +563,9 @@ fn reviewed(id: &ApprovalId, sub: &str, decision: &str, at: i64, issue: MandateI
         at,
         passkey: None,
         as_user: false,
-    };
+        tag: None,
+    }
+    .tagged(&review_key(), id, [at as u8; 8]);
     ApprovalReview {
         id: id.clone(),
         review,
@@ -571,7 +573,14 @@ fn reviewed(id: &ApprovalId, sub: &str, decision: &str, at: i64, issue: MandateI
         decided: Default::default(),
         page: String::new(),
         in_force: Default::default(),
+        key: review_key(),
+        record: None,
     }
+}
+
+/// The link key the contract's reviews are tagged under.
+fn review_key() -> paygate::domain::audit_chain::LinkKey {
+    paygate::domain::audit_chain::LinkKey::new([9; 32])
 }
 
 fn issuer(max_uses: i64, budget: Option<i64>) -> MandateIssuer {
@@ -905,7 +914,7 @@ contract!(operator_reads_filter_and_page_the_same_on_every_engine, |store, label
     );
     assert_eq!(store.mandate_list(mq(Some(MandateStatus::Expired), 10_000)).await.unwrap().len(), 1, "{label}");
     assert!(store.mandate_list(mq(Some(MandateStatus::Revoked), 100)).await.unwrap().is_empty());
-    store.mandate_revoke(&id, "bob", 30).await.unwrap();
+    store.mandate_revoke(&id, "bob", 30, None).await.unwrap();
     let got = store.mandate_get(&active[0].id, 100).await.unwrap().unwrap();
     assert_eq!((got.status, got.revoked_by.as_deref()), (MandateStatus::Revoked, Some("bob")), "{label}");
     assert!(store.mandate_get("mdt_none", 100).await.unwrap().is_none());
@@ -1794,7 +1803,7 @@ contract!(a_payee_is_learned_only_under_a_live_mandate_and_forgotten_with_it, |s
     let revoked = ApprovalId::generate();
     store.approval_insert(approval(&revoked, MandateKind::Closed, 1, 1_000)).await.unwrap();
     let a = store.approval_review(reviewed(&revoked, "alice", "approve", 1, issuer(1, None))).await.unwrap();
-    assert!(store.mandate_revoke(&revoked, "bob", 2).await.unwrap().is_some(), "{label}");
+    assert!(store.mandate_revoke(&revoked, "bob", 2, None).await.unwrap().is_some(), "{label}");
     let m = a.mandate_id.unwrap();
     assert!(!store.payee_learn(rec(&revoked), &m, vec![]).await.unwrap(), "{label}: a revoked mandate taught");
     assert!(!store.payee_learn(rec(&revoked), "mdt_nosuchmandate", vec![]).await.unwrap(), "{label}: no mandate");
@@ -1808,7 +1817,7 @@ contract!(a_payee_is_learned_only_under_a_live_mandate_and_forgotten_with_it, |s
     assert!(store.payee_add(other, vec![]).await.unwrap(), "{label}");
     let (row, _) = store.payee_state("agent", "acct-B", None).await.unwrap();
     assert_eq!(row.and_then(|r| r.known_since()), Some(7), "{label}");
-    assert!(store.mandate_revoke(&live, "bob", 9).await.unwrap().is_some(), "{label}");
+    assert!(store.mandate_revoke(&live, "bob", 9, None).await.unwrap().is_some(), "{label}");
     let (row, _) = store.payee_state("agent", "acct-B", None).await.unwrap();
     let row = row.unwrap();
     assert_eq!((row.revoked_at, row.revoked_by.as_deref()), (Some(9), Some("bob")), "{label}: forgotten");
@@ -1862,7 +1871,7 @@ contract!(a_revoke_racing_a_learning_always_leaves_the_payee_unknown, |store, la
         let mandate = a.mandate_id.unwrap();
         let (s1, s2, id2) = (store.clone(), store.clone(), id.clone());
         let learn = tokio::spawn(async move { s1.payee_learn(rec, &mandate, vec![]).await.unwrap() });
-        let revoke = tokio::spawn(async move { s2.mandate_revoke(&id2, "bob", 8).await.unwrap() });
+        let revoke = tokio::spawn(async move { s2.mandate_revoke(&id2, "bob", 8, None).await.unwrap() });
         let (_, revoked) = (learn.await.unwrap(), revoke.await.unwrap());
         assert!(revoked.is_some(), "{label}");
         let (row, _) = store.payee_state("agent", &payee, None).await.unwrap();

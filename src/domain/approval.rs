@@ -34,6 +34,7 @@ impl MandateKind {
 }
 
 use crate::clock::UnixSecs;
+use crate::domain::audit_chain::{LinkKey, row_tag, row_tag_holds};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::money::Currency;
@@ -207,6 +208,46 @@ pub struct Review {
     /// review being planned carries it).
     #[serde(default, skip)]
     pub as_user: bool,
+    /// The gateway's tag over the review as stored ([`review_tag`]); `None`: written before reviews
+    /// were tagged, or by someone else. Never shown.
+    #[serde(default, skip)]
+    pub tag: Option<String>,
+}
+
+/// The domain of a review row's tag (`audit_chain::row_tag`).
+const REVIEW_TAG_DOMAIN: &str = "paygate-approval-review-v1\n";
+
+impl Review {
+    /// What a review's tag covers: everything stored of it, and the approval it is on (a tagged
+    /// review copied onto another approval does not hold there).
+    fn tag_fields(&self, approval_id: &ApprovalId) -> serde_json::Value {
+        serde_json::json!([
+            approval_id.as_str(),
+            self.reviewer_iss,
+            self.reviewer_sub,
+            self.decision.as_str(),
+            self.reason,
+            self.at,
+            self.passkey
+        ])
+    }
+
+    /// This review with the gateway's tag under `key` and `nonce` (random, drawn by the writer).
+    pub fn tagged(mut self, key: &LinkKey, approval_id: &ApprovalId, nonce: [u8; 8]) -> Self {
+        self.tag = Some(review_tag(key, approval_id, &self, &super::ids::hex(&nonce)));
+        self
+    }
+
+    /// Whether the review carries the gateway's tag over what it says, on this approval.
+    pub fn tag_holds(&self, key: &LinkKey, approval_id: &ApprovalId) -> bool {
+        self.tag.as_deref().is_some_and(|t| row_tag_holds(key, REVIEW_TAG_DOMAIN, &self.tag_fields(approval_id), t))
+    }
+}
+
+/// The gateway's tag of review `r` on approval `approval_id` under `nonce`: a review row a
+/// database writer inserted or edited does not carry one that holds.
+fn review_tag(key: &LinkKey, approval_id: &ApprovalId, r: &Review, nonce: &str) -> String {
+    row_tag(key, REVIEW_TAG_DOMAIN, &r.tag_fields(approval_id), nonce)
 }
 
 /// What asking for an approval found or did.
@@ -237,6 +278,10 @@ pub enum ReviewError {
     NotTheUser,
     #[error("cannot issue the mandate: {0}")]
     Mandate(String),
+    /// A review on record does not hold its gateway's tag, or one person is on record twice: the
+    /// approval's reviews were written outside the gateway, and it is decided no further.
+    #[error("the approval's reviews were altered outside the gateway; it cannot be decided")]
+    Altered,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -257,6 +302,11 @@ pub struct ApprovalReview {
     pub page: String,
     /// What deciding it takes under the policy in force (`ApprovalRecord::under`).
     pub in_force: InForce,
+    /// The key the reviews on record are held to (`Review::tag_holds`).
+    pub key: LinkKey,
+    /// The decision's audit record (tagged), written in the review's transaction: a review that
+    /// decides is never without its record on the trail.
+    pub record: Option<crate::domain::audit::AuditRecord>,
 }
 
 /// Sign the mandate of approval `rec` inside its review transaction: over every review that
@@ -543,6 +593,43 @@ mod tests {
         );
     }
 
+    /// A review holds its tag on its own approval only, and only as tagged.
+    #[test]
+    fn a_review_holds_its_tag_as_written_on_its_own_approval() {
+        let key = LinkKey::new([7; 32]);
+        let (id, other) = (ApprovalId::parse("apr_1").unwrap(), ApprovalId::parse("apr_2").unwrap());
+        let review = Review {
+            reviewer_iss: "iss".into(),
+            reviewer_sub: "op".into(),
+            decision: ReviewDecision::Approve,
+            reason: Some("ok".into()),
+            at: 1_500,
+            passkey: None,
+            as_user: false,
+            tag: None,
+        };
+        assert!(!review.tag_holds(&key, &id), "untagged");
+        let tagged = review.clone().tagged(&key, &id, [1; 8]);
+        assert!(tagged.tag_holds(&key, &id));
+        assert!(!tagged.tag_holds(&key, &other), "copied onto another approval");
+        assert!(!tagged.tag_holds(&LinkKey::new([8; 32]), &id), "another key");
+        let edits = [
+            Review { reviewer_iss: "iss2".into(), ..tagged.clone() },
+            Review { reviewer_sub: "op2".into(), ..tagged.clone() },
+            Review { decision: ReviewDecision::Reject, ..tagged.clone() },
+            Review { reason: None, ..tagged.clone() },
+            Review { at: 1_501, ..tagged.clone() },
+            Review { passkey: Some("p".into()), ..tagged.clone() },
+        ];
+        for e in edits {
+            assert!(!e.tag_holds(&key, &id), "{e:?}");
+        }
+        // Another nonce is another tag, and both hold.
+        let again = review.tagged(&key, &id, [2; 8]);
+        assert_ne!(again.tag, tagged.tag);
+        assert!(again.tag_holds(&key, &id));
+    }
+
     /// The mandate is signed over every review that completes the approval, the one being
     /// recorded included; the issuer's refusal is the review's error.
     #[test]
@@ -555,6 +642,7 @@ mod tests {
             at: 1_500,
             passkey: None,
             as_user: false,
+            tag: None,
         };
         let issue: MandateIssuer = Box::new(|rec, approvers| {
             assert_eq!(rec.reviews.len(), 1);

@@ -6,6 +6,7 @@
 //! `audit verify`.
 
 use super::Gateway;
+use crate::domain::approval::ApprovalStatus;
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::AuditQuery;
@@ -49,9 +50,11 @@ impl Gateway {
         Ok(!records.is_empty())
     }
 
-    /// Whether the trail holds a decision `subject` recorded on approval `id` (an operator's
-    /// approve or reject, a user's confirm or decline): one person decides once.
-    pub(super) async fn decided_on_trail(&self, id: &ApprovalId, subject: &str) -> Result<bool, StoreError> {
+    /// What the trail holds about approval `id`: whether `subject` recorded a decision on it (an
+    /// operator's approve or reject, a user's confirm or decline: one person decides once), and
+    /// whether a decision settled it (a rejection, a user's own decision, a mandate issued): an
+    /// approval settled by the trail's word stays settled even if its row was reopened.
+    pub(super) async fn decided_on_trail(&self, id: &ApprovalId, subject: &str) -> Result<Trail, StoreError> {
         let q = AuditQuery {
             approval_id: Some(id.to_string()),
             decision: Some("recorded".into()),
@@ -59,6 +62,34 @@ impl Gateway {
             ..Default::default()
         };
         let records = self.store.audit_query(q).await?;
-        Ok(records.iter().any(|r| r.principal_sub == subject && DECISION_TOOLS.contains(&r.tool.as_str())))
+        let decisions = || records.iter().filter(|r| DECISION_TOOLS.contains(&r.tool.as_str()));
+        let by_subject = decisions().any(|r| r.principal_sub == subject);
+        let mut settled = decisions().find_map(|r| match r.tool.as_str() {
+            "approvals.reject" | "approvals.user_decline" => Some(ApprovalStatus::Rejected),
+            "approvals.user_confirm" => Some(ApprovalStatus::Approved),
+            _ => None,
+        });
+        if settled.is_none() {
+            let q = AuditQuery {
+                tool: Some("mandates.issue".into()),
+                decision: Some("issued".into()),
+                approval_id: Some(id.to_string()),
+                limit: 1,
+                ..Default::default()
+            };
+            if !self.store.audit_query(q).await?.is_empty() {
+                settled = Some(ApprovalStatus::Approved);
+            }
+        }
+        Ok(Trail { by_subject, settled })
     }
+}
+
+/// What the trail holds about one approval ([`Gateway::decided_on_trail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Trail {
+    /// The person asking recorded a decision on it already.
+    pub by_subject: bool,
+    /// A decision on record settled it so.
+    pub settled: Option<ApprovalStatus>,
 }

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::approvals::{ApprovalView, OpError, Operator, decision_key};
+use super::authority_trail::Trail;
 use super::passkeys::PasskeyAssertion;
 use super::{Decision, Gateway, decode_cursor, encode_cursor};
 use crate::catalogue::scopes;
@@ -275,7 +276,9 @@ impl Gateway {
             at: now,
             passkey: evidence,
             as_user,
-        };
+            tag: None,
+        }
+        .tagged(&self.audit_link_key, &id, rand::random());
         let issue = self.mandate_issuer(now);
         let (decided, page) = (self.notice(crate::domain::webhook::APPROVAL_DECIDED), self.approval_url(&id));
         let in_force = match self.store.approval_get(&id).await {
@@ -283,12 +286,35 @@ impl Gateway {
             // Not found, or unreadable: the review transaction answers for it.
             _ => InForce::default(),
         };
-        let ask = ApprovalReview { id: id.clone(), review, issue, decided, page, in_force };
+        // The decision's record, written in the review's transaction: a review on record always
+        // has its record on the trail (what `decided_on_trail` reads).
+        let record = |detail: Option<String>| {
+            let mut d = Decision::new(action, "recorded");
+            d.approval_id = Some(id.as_str());
+            d.detail = detail;
+            if let Some(digest) = &signed {
+                // Which assertion signed it: its hash is in the mandate, the assertion with the review.
+                d.detail = Some(format!("{} [passkey assertion sha256 {digest}]", d.detail.unwrap_or_default()));
+            }
+            self.tag_audit(self.audit_record(&op.issuer, &op.subject, &op.correlation_id, d))
+        };
+        let ask = ApprovalReview {
+            id: id.clone(),
+            review,
+            issue,
+            decided,
+            page,
+            in_force,
+            key: self.audit_link_key.clone(),
+            record: Some(record(reason.clone())),
+        };
         // One person decides once, by the trail's word too: their earlier decision's record stands
-        // even if a database writer rewrote that review's row (the second stop-67 review).
+        // even if a database writer rewrote that review's row (the second stop-67 review); and a
+        // decision the trail holds stands even if the approval's row was reopened.
         let result = match self.decided_on_trail(&id, &op.subject).await {
-            Ok(true) => Err(ReviewError::AlreadyReviewed),
-            Ok(false) => self.store.approval_review(ask).await,
+            Ok(Trail { by_subject: true, .. }) => Err(ReviewError::AlreadyReviewed),
+            Ok(Trail { settled: Some(status), .. }) => Err(ReviewError::Terminal(status)),
+            Ok(Trail { .. }) => self.store.approval_review(ask).await,
             Err(e) => Err(ReviewError::Store(e)),
         };
         let (outcome, error) = match result {
@@ -303,6 +329,11 @@ impl Gateway {
                     }
                     ReviewError::AlreadyReviewed => OpError::conflict("this reviewer has already reviewed it".into()),
                     ReviewError::NotTheUser => OpError::not_the_user(e.to_string()),
+                    ReviewError::Altered => {
+                        tracing::error!(approval_id = %id, "an approval's reviews do not hold the gateway's tags: \
+                            written outside the gateway; it is decided no further");
+                        OpError::conflict(e.to_string())
+                    }
                     ReviewError::Mandate(_) | ReviewError::Store(_) => {
                         tracing::error!(error = %e, "approval review failed");
                         OpError::internal()
@@ -314,14 +345,18 @@ impl Gateway {
         if outcome.as_ref().is_ok_and(|v| v.status != "pending") {
             self.wake(&decision_key(&id));
         }
-        let mut d = Decision::new(action, if outcome.is_ok() { "recorded" } else { "refused" });
-        d.approval_id = Some(id.as_str());
-        d.detail = error.or(reason);
-        if let Some(digest) = signed {
-            // Which assertion signed it: its hash is in the mandate, the assertion with the review.
-            d.detail = Some(format!("{} [passkey assertion sha256 {digest}]", d.detail.unwrap_or_default()));
+        if outcome.is_ok() {
+            // Its record was written with it.
+            self.metrics.decision(action, "recorded", None);
+        } else {
+            let mut d = Decision::new(action, "refused");
+            d.approval_id = Some(id.as_str());
+            d.detail = error;
+            if let Some(digest) = &signed {
+                d.detail = Some(format!("{} [passkey assertion sha256 {digest}]", d.detail.unwrap_or_default()));
+            }
+            self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
         }
-        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
         if let Ok(v) = &outcome
             && let Some(mid) = &v.mandate_id
         {
@@ -507,15 +542,19 @@ impl Gateway {
         if rec.mandate_id.is_none() {
             return Err(OpError::conflict(format!("the approval is {} and issued no mandate", rec.status_at(now))));
         }
-        let revoked = self.store.mandate_revoke(&id, &op.subject, now).await.map_err(internal)?;
-        let Some(mandate_id) = revoked else {
-            return Err(OpError::conflict("its mandate is already revoked".into()));
-        };
         let reason = reason_text(reason)?;
         let mut d = Decision::new("mandates.revoke", "revoked");
         d.approval_id = Some(id.as_str());
-        d.detail = Some(format!("mandate {mandate_id}: {}", reason.as_deref().unwrap_or("no reason given")));
-        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
+        let named = rec.mandate_id.as_deref().unwrap_or_default();
+        d.detail = Some(format!("mandate {named}: {}", reason.as_deref().unwrap_or("no reason given")));
+        // Its record is written in the revocation's transaction: a revocation that answered is on
+        // the trail, where `revoked_in_trail` reads it whatever the mandate's row says later.
+        let record = self.tag_audit(self.audit_record(&op.issuer, &op.subject, &op.correlation_id, d));
+        let revoked = self.store.mandate_revoke(&id, &op.subject, now, Some(record)).await.map_err(internal)?;
+        if revoked.is_none() {
+            return Err(OpError::conflict("its mandate is already revoked".into()));
+        }
+        self.metrics.decision("mandates.revoke", "revoked", None);
         Ok(self.view(&rec, now, false))
     }
 

@@ -315,7 +315,7 @@ pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
     })
 }
 
-pub(crate) const REVIEW_COLS: &str = "reviewer_iss, reviewer_sub, decision, reason, at, passkey";
+pub(crate) const REVIEW_COLS: &str = "reviewer_iss, reviewer_sub, decision, reason, at, passkey, tag";
 
 pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
     Ok(Review {
@@ -326,6 +326,7 @@ pub(crate) fn review(r: &dyn Columns) -> Result<Review, StoreError> {
         at: r.int(4)?,
         passkey: r.opt_text(5)?,
         as_user: false,
+        tag: r.opt_text(6)?,
     })
 }
 

@@ -86,6 +86,15 @@ pub fn plan(rec: &ApprovalRecord, review: &Review, now: UnixSecs) -> Result<Revi
     Ok(ReviewPlan::Approve { issue: complete.then_some(approvers) })
 }
 
+/// Whether the reviews on record were written outside the gateway: one whose tag does not hold
+/// (`holds`: `Review::tag_holds` under the link key; a row inserted, edited, copied from another
+/// approval, or from before reviews were tagged), or one person on record twice (a tagged row
+/// copied within the approval). Such an approval is decided no further: who approved it is not
+/// known (the second stop-67 review: an inserted review row counted as a person).
+pub fn altered(reviews: &[Review], holds: impl Fn(&Review) -> bool) -> bool {
+    reviews.iter().enumerate().any(|(i, r)| !holds(r) || reviews[..i].iter().any(|e| e.reviewer_sub == r.reviewer_sub))
+}
+
 /// Whether an approval's reviews, read back in the review's transaction after it was written, are
 /// those the plan was made on plus `review`, each exactly as written (in any order; `as_user` is
 /// not stored). A trigger that rewrote or deleted the new row, or touched an earlier one, would
@@ -108,6 +117,22 @@ pub fn recorded_as_meant(before: &[Review], after: &[Review], review: &Review) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reviews_not_all_the_gateways_or_one_person_twice_are_altered() {
+        let (alice, bob) = (review("iss", "alice", APPROVE), review("iss", "bob", APPROVE));
+        let all = |_: &Review| true;
+        assert!(!altered(&[], all));
+        assert!(!altered(&[alice.clone(), bob.clone()], all));
+        // A copy of one person's review, under any issuer or decision.
+        assert!(altered(&[alice.clone(), bob.clone(), alice.clone()], all));
+        assert!(altered(&[alice.clone(), review("other", "alice", REJECT)], all));
+        // One review whose tag does not hold, wherever it is.
+        let not_bob = |r: &Review| r.reviewer_sub != "bob";
+        assert!(altered(&[bob.clone(), alice.clone()], not_bob));
+        assert!(altered(&[alice.clone(), bob.clone()], not_bob));
+        assert!(!altered(std::slice::from_ref(&alice), not_bob));
+    }
     use crate::domain::approval::MandateKind;
     use crate::domain::ids::ApprovalId;
     use crate::domain::money::Currency;
@@ -173,6 +198,7 @@ mod tests {
             at: 1,
             passkey: None,
             as_user: false,
+            tag: None,
         }
     }
 

@@ -48,11 +48,15 @@ pub(super) async fn load_approval(
 
 /// Record one reviewer's decision: the state machine (`rules::review`) under the approval's row lock.
 pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
-    let ApprovalReview { id, review, issue, decided, page, in_force } = ask;
+    let ApprovalReview { id, review, issue, decided, page, in_force, key, record } = ask;
     let (id, now) = (&id, review.at);
     let mut client = pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
     let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?.under(&in_force);
+    // Who is on record is the gateway's word, or nobody's: fail closed.
+    if rules::altered(&rec.reviews, |x| x.tag_holds(&key, id)) {
+        return Err(ReviewError::Altered);
+    }
     let (plan, id) = (rules::plan(&rec, &review, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
         let n = tx
@@ -67,8 +71,8 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
     // swallowed would approve with no record of who approved.
     let n = tx
         .exec(
-            "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey, tag)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             &[
                 &id,
                 &review.reviewer_iss,
@@ -77,6 +81,7 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
                 &review.reason,
                 &now,
                 &review.passkey,
+                &review.tag,
             ],
         )
         .await
@@ -113,6 +118,11 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
     }
     .map_err(StoreError::from)?;
     wrote_one("approval", n)?;
+    // The decision's record commits with it, or neither does (written before the
+    // read-back: a trigger it fires is read back too).
+    if let Some(record) = &record {
+        super::audit::insert_audit(&tx, record, None).await?;
+    }
     let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
     // Read back: a trigger that rewrote or deleted the review decides nothing.
     if !rules::recorded_as_meant(&rec.reviews, &updated.reviews, &review) {
@@ -241,7 +251,13 @@ impl ApprovalStore for PostgresStore {
         Ok(client.opt(sql, &[&id.as_str(), &max]).await?.map(|r| r.get(0)))
     }
 
-    async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError> {
+    async fn mandate_revoke(
+        &self,
+        id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+        record: Option<crate::domain::audit::AuditRecord>,
+    ) -> Result<Option<String>, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let sql = "UPDATE mandates SET revoked_at = $1, revoked_by = $2
@@ -255,6 +271,10 @@ impl ApprovalStore for PostgresStore {
                 &[&now, &by, &id.as_str()],
             )
             .await?;
+            // The revocation's record commits with it, or neither does.
+            if let Some(record) = &record {
+                super::audit::insert_audit(&tx, record, None).await?;
+            }
         }
         tx.commit().await?;
         Ok(revoked)

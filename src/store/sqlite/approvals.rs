@@ -40,10 +40,14 @@ pub(super) fn load_approval(c: &Connection, id: &str) -> Result<Option<ApprovalR
 }
 
 pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
-    let ApprovalReview { id, review: r, issue, decided, page, in_force } = ask;
+    let ApprovalReview { id, review: r, issue, decided, page, in_force, key, record } = ask;
     let (id, now) = (&id, r.at);
     let tx = c.savepoint().map_err(StoreError::from)?;
     let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?.under(&in_force);
+    // Who is on record is the gateway's word, or nobody's: fail closed.
+    if review::altered(&rec.reviews, |x| x.tag_holds(&key, id)) {
+        return Err(ReviewError::Altered);
+    }
     let (plan, id) = (review::plan(&rec, &r, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
         tx.exec_one("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id])
@@ -54,9 +58,9 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
     // Every write of a decision is held to its row (`Cached::exec_one`): a review a trigger
     // swallowed would approve with no record of who approved.
     tx.exec_one(
-        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![id, r.reviewer_iss, r.reviewer_sub, r.decision.as_str(), r.reason, now, r.passkey],
+        "INSERT INTO approval_reviews (approval_id, reviewer_iss, reviewer_sub, decision, reason, at, passkey, tag)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![id, r.reviewer_iss, r.reviewer_sub, r.decision.as_str(), r.reason, now, r.passkey, r.tag],
     )
     .map_err(StoreError::from)?;
     match plan {
@@ -82,6 +86,11 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
         ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(()),
     }
     .map_err(StoreError::from)?;
+    // The decision's record commits with it, or neither does (written before the
+    // read-back: a trigger it fires is read back too).
+    if let Some(record) = &record {
+        super::insert_audit(&tx, record, None).map_err(StoreError::from)?;
+    }
     let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
     // Read back: a trigger that rewrote or deleted the review decides nothing.
     if !review::recorded_as_meant(&rec.reviews, &updated.reviews, &r) {
@@ -203,7 +212,13 @@ impl ApprovalStore for SqliteStore {
         .await
     }
 
-    async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError> {
+    async fn mandate_revoke(
+        &self,
+        id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+        record: Option<crate::domain::audit::AuditRecord>,
+    ) -> Result<Option<String>, StoreError> {
         let (id, by) = (id.to_string(), by.to_string());
         self.write(move |c| {
             let tx = c.savepoint()?;
@@ -213,6 +228,10 @@ impl ApprovalStore for SqliteStore {
             if revoked.is_some() {
                 // The payee this mandate's settled payment taught is forgotten with it.
                 tx.exec(FORGET_PAYEES, params![now, by, id])?;
+                // The revocation's record commits with it, or neither does.
+                if let Some(record) = &record {
+                    super::insert_audit(&tx, record, None)?;
+                }
             }
             tx.commit()?;
             Ok(revoked)

@@ -43,5 +43,11 @@ pub trait ApprovalStore: Send + Sync {
 
     /// Revoke the mandate an approval issued (`None`: none, or it was revoked already). Draws on it
     /// are refused from then on, in the posting transaction.
-    async fn mandate_revoke(&self, id: &ApprovalId, by: &str, now: UnixSecs) -> Result<Option<String>, StoreError>;
+    async fn mandate_revoke(
+        &self,
+        id: &ApprovalId,
+        by: &str,
+        now: UnixSecs,
+        record: Option<crate::domain::audit::AuditRecord>,
+    ) -> Result<Option<String>, StoreError>;
 }
