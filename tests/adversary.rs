@@ -454,6 +454,108 @@ async fn a_review_written_outside_the_gateway_decides_nothing() {
     }
 }
 
+/// The stop-68 review (high): a database writer rewrote an approval's intent and amount between
+/// two reviews (6,000 → 90,000; an open pre-authorization's limits ×250): the second reviewer's
+/// approval completed it, the mandate named both people, 90,000 moved. An approval carries the
+/// gateway's tag over what it asks now: rewritten, it is decided no further.
+#[tokio::test]
+async fn an_approval_rewritten_between_reviews_is_decided_no_further() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_APPROVALS__REVIEWERS_REQUIRED", "2")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let db = store_db(dir.path());
+    let r = call(&agent, "create_payment", pay("rewritten", "5000.00", "supplier")).await;
+    let asked = err(&r)["approval_id"].as_str().unwrap().to_string();
+    // An open pre-authorization by alice: her approval counts once, a colleague completes it.
+    let alice = app.operator_token("alice", "payments:approve");
+    let open = json!({"subject": "dev-agent", "kind": "open", "currency": "KES", "payer": "acct-A",
+                      "payees": ["acct-B"], "per_payment_max": "2000.00", "budget": "6000.00", "max_uses": 3});
+    let (status, view) = operator(&app, Method::POST, "/approvals", &alice, Some(open)).await;
+    assert_eq!((status.as_u16(), view["status"].as_str()), (201, Some("pending")), "{view}");
+    let preauthorized = view["approval_id"].as_str().unwrap().to_string();
+    let (status, body) = approve(&app, &asked, "alice").await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("pending")), "{body}");
+    let intent: String = db.query_row("SELECT intent FROM approvals WHERE id = ?1", [&asked], |r| r.get(0)).unwrap();
+    let raised = intent.replace("5000.00", "90000.00");
+    assert_ne!(raised, intent);
+    let sql = "UPDATE approvals SET intent = ?2, amount_minor = 9000000 WHERE id = ?1";
+    assert_eq!(db.execute(sql, rusqlite::params![asked, raised]).unwrap(), 1);
+    let sql = "UPDATE approvals SET intent = replace(replace(intent, '2000.00', '500000.00'), '6000.00', '500000.00'),
+               amount_minor = 50000000 WHERE id = ?1";
+    assert_eq!(db.execute(sql, [&preauthorized]).unwrap(), 1);
+    let auditor = app.operator_token("auditor", "payments:audit");
+    for approval in [&asked, &preauthorized] {
+        let (status, body) = approve(&app, approval, "bob").await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::CONFLICT, Some("CONFLICT")),
+            "{approval}: {body}"
+        );
+        assert!(body["error"]["message"].as_str().unwrap().contains("altered"), "{body}");
+        let (_, view) =
+            operator(&app, Method::GET, &format!("/operator/v1/approvals/{approval}"), &auditor, None).await;
+        assert_eq!((view["status"].as_str(), view["mandate_id"].as_str()), (Some("pending"), None), "{view}");
+    }
+    // Rewritten before anyone reviewed it: the first click decides nothing either.
+    let r = call(&agent, "create_payment", pay("rewritten-early", "5000.00", "supplier")).await;
+    let early = err(&r)["approval_id"].as_str().unwrap().to_string();
+    assert_eq!(db.execute("UPDATE approvals SET amount_minor = 100000 WHERE id = ?1", [&early]).unwrap(), 1);
+    let (status, body) = approve(&app, &early, "carol").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
+/// The stop-68 review (high): an AFTER INSERT trigger on `audit_records` deleting the decision's
+/// own record (written in the decision's transaction) let a rejection, an approval and a
+/// revocation answer 200 with nothing on the trail; the rejection was then reopened and paid, the
+/// revocation cleared and paid. The record is read back last in its transaction now: deleted, the
+/// decision fails whole. Deleted by hand after it committed, the replica that wrote it names it.
+#[tokio::test]
+async fn a_decision_whose_record_is_deleted_is_not_answered_as_done_and_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let db = store_db(dir.path());
+    db.execute_batch(
+        "CREATE TRIGGER eat AFTER INSERT ON audit_records
+         WHEN NEW.tool IN ('approvals.approve', 'approvals.reject', 'mandates.revoke')
+         BEGIN DELETE FROM audit_records WHERE seq = NEW.seq; END;",
+    )
+    .unwrap();
+    let r = call(&agent, "create_payment", pay("eaten", "5000.00", "supplier")).await;
+    let approval = err(&r)["approval_id"].as_str().unwrap().to_string();
+    let carol = app.operator_token("carol", "payments:approve");
+    let reject = format!("/operator/v1/approvals/{approval}/reject");
+    let (status, body) = operator(&app, Method::POST, &reject, &carol, Some(json!({"reason": "not ours"}))).await;
+    assert!(status.is_server_error(), "{status} {body}");
+    let (status, body) = approve(&app, &approval, "alice").await;
+    assert!(status.is_server_error(), "{status} {body}");
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let path = format!("/operator/v1/approvals/{approval}");
+    let (_, view) = operator(&app, Method::GET, &path, &auditor, None).await;
+    assert_eq!((view["status"].as_str(), view["mandate_id"].as_str()), (Some("pending"), None), "{view}");
+    // Without the trigger: decided, and each record deleted by hand afterwards is named by the
+    // replica that wrote it (it witnesses the records written in a decision's transaction too).
+    db.execute_batch("DROP TRIGGER eat").unwrap();
+    let (status, body) = approve(&app, &approval, "alice").await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("approved")), "{body}");
+    let revoke = format!("/approvals/{approval}/revoke");
+    let (status, body) = operator(&app, Method::POST, &revoke, &carol, Some(json!({"reason": "wrong"}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let deleted = db
+        .execute(
+            "DELETE FROM audit_records WHERE approval_id = ?1 AND tool IN ('approvals.approve', 'mandates.revoke')",
+            [&approval],
+        )
+        .unwrap();
+    assert_eq!(deleted, 2);
+    // Named: both, and the two refusals' records the trigger ate earlier.
+    assert_eq!(app.running.gateway.audit_witness_check(i64::MAX).await, 4);
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
+
 /// The second stop-67 review (medium): a rejection reopened in the database (the approval's row
 /// back to pending, the rejecting review deleted) was then approved and paid. The rejection's
 /// record is written in its transaction now, and the trail's word stands: it stays rejected.

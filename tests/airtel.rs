@@ -611,6 +611,32 @@ async fn one_operation_id_pays_on_one_rail_whatever_rail_a_retry_names() {
     app.stop().await;
 }
 
+/// The stop-66 review (medium): a database writer deleting an operation's idempotency records
+/// (its rail tool's and its family's) let a retry naming the other rail pay again there. The rail
+/// record names the operation's family too, unique across rails: the retry finds it and is
+/// `IDEMPOTENCY_CONFLICT`, and nothing goes out on the other rail.
+#[tokio::test]
+async fn one_operation_pays_on_one_rail_even_with_its_idempotency_records_deleted() {
+    let (app, airtel, daraja, _dir) = both_rails_paying().await;
+    let scopes = format!("{SCOPES} payments:payout");
+    let c = connect(&app.url, &app.token("dev-agent", &scopes), Era::Modern).await;
+    let sent = || (airtel.disburse_requests(), daraja.payouts().len());
+    let mut to_mpesa = payout("gone-1", "100");
+    to_mpesa["rail"] = json!("mpesa");
+    ok(&call(&c, "send_payment", payout("gone-1", "100")).await);
+    assert_eq!(sent(), (1, 0));
+    let db = rusqlite::Connection::open(app.data_dir.join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let deleted = db.execute("DELETE FROM idempotency_records", []).unwrap();
+    assert!(deleted >= 2, "the tool's and the family's records: {deleted}");
+    for (tool, args) in [("send_payment", to_mpesa), ("send_mpesa_payout", payout("gone-1", "100"))] {
+        let other = call(&c, tool, args).await;
+        assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");
+    }
+    assert_eq!(sent(), (1, 0), "nothing went out on M-Pesa");
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Payouts (disbursements) and refunds
 

@@ -601,6 +601,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         created_at: 0,
         updated_at: 0,
         flow: paygate::domain::rail::RailFlow::Ledger,
+        family_key: None,
     };
     assert!(gateway_store.rail_open(rec, budget(), None, r.clock.now()).await.unwrap().created);
     let applied = r.ledger.ledger_transfer(request(&first_id), r.clock.now()).await.unwrap();

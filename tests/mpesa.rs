@@ -424,6 +424,7 @@ async fn an_attempt_that_died_after_pushing_is_never_pushed_again() {
     ));
     let order = RailOrder {
         idempotency_key: "key-1".into(),
+        family_key: None,
         payment_id: paygate::domain::ids::PaymentId::generate(),
         principal_sub: "dev-agent".into(),
         principal_user: None,

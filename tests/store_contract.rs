@@ -545,12 +545,14 @@ fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64)
         reviews: vec![],
         approver: Default::default(),
         passkey_required: false,
+        tag: None,
     }
+    .tagged(&review_key(), [3; 8])
 }
 
 /// An approval asked for at `at` (its `created_at`: "now" to `approval_get_or_create`).
 fn asked(rec: ApprovalRecord, at: i64) -> ApprovalRecord {
-    ApprovalRecord { created_at: at, ..rec }
+    ApprovalRecord { created_at: at, ..rec }.tagged(&review_key(), [4; 8])
 }
 
 /// Reviewer `sub` of issuer "ops" decides approval `id` at `at`.
@@ -602,13 +604,13 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
         store.approval_review(reviewed(&id, "agent", "approve", 1, issuer(1, None))).await,
         Err(ReviewError::SelfReview)
     ));
-    let a = store.approval_review(reviewed(&id, "alice", "approve", 2, issuer(1, None))).await.unwrap();
+    let a = store.approval_review(reviewed(&id, "alice", "approve", 2, issuer(1, None))).await.unwrap().approval;
     assert_eq!(a.status.as_str(), "pending", "{label}: one of two reviewers");
     assert!(matches!(
         store.approval_review(reviewed(&id, "alice", "approve", 3, issuer(1, None))).await,
         Err(ReviewError::AlreadyReviewed)
     ));
-    let a = store.approval_review(reviewed(&id, "bob", "approve", 4, issuer(1, None))).await.unwrap();
+    let a = store.approval_review(reviewed(&id, "bob", "approve", 4, issuer(1, None))).await.unwrap().approval;
     assert_eq!(a.status.as_str(), "approved");
     assert_eq!(a.mandate.as_deref(), Some("signed-by-alice+bob"));
     assert!(matches!(
@@ -626,7 +628,7 @@ contract!(approvals_run_their_state_machine, |store, label| async move {
 
     let rejected = ApprovalId::generate();
     store.approval_insert(approval(&rejected, MandateKind::Closed, 1, 1_000)).await.unwrap();
-    let r = store.approval_review(reviewed(&rejected, "alice", "reject", 6, issuer(1, None))).await.unwrap();
+    let r = store.approval_review(reviewed(&rejected, "alice", "reject", 6, issuer(1, None))).await.unwrap().approval;
     assert_eq!(r.status.as_str(), "rejected");
     assert!(r.mandate.is_none());
 
@@ -692,7 +694,7 @@ contract!(mandates_are_drawn_once_under_concurrency, |store, label| async move {
     with_accounts(&store, 1_000_000).await;
     let id = ApprovalId::generate();
     store.approval_insert(approval(&id, MandateKind::Open, 1, 1_000)).await.unwrap();
-    let a = store.approval_review(reviewed(&id, "alice", "approve", 1, issuer(3, Some(2_500)))).await.unwrap();
+    let a = store.approval_review(reviewed(&id, "alice", "approve", 1, issuer(3, Some(2_500)))).await.unwrap().approval;
     let mandate_id = a.mandate_id.unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..16 {
@@ -1130,6 +1132,7 @@ fn rail(id: &PaymentId, key: &str, minor: i64) -> RailPayment {
         created_at: 0,
         updated_at: 0,
         flow: RailFlow::Ledger,
+        family_key: None,
     }
 }
 
@@ -1188,6 +1191,36 @@ contract!(outbound_records_keep_their_flow_and_settle_once_from_any_open_state, 
     assert_eq!(early.await.unwrap(), None, "{label}: a collection not yet pushed does not settle");
     assert_eq!(store.rail_get(&id).await.unwrap().unwrap().flow, RailFlow::Collection, "{label}");
 });
+
+// One operation is one payout across rails: a record under the family key another rail's record
+// holds is never opened (the open answers with that record, which `send_once` refuses as another
+// request), whatever became of the family's idempotency record (the stop-66 review: a writer
+// deleting it let the other rail pay).
+contract!(one_family_opens_one_rail_record, |store, label| async move {
+    let payout = |rail: &str, key: &str| RailPayment {
+        rail: rail.into(),
+        flow: RailFlow::Payout,
+        family_key: Some("family-op-1".into()),
+        ..rail_payment_for(key)
+    };
+    let first = store.rail_open(payout("mpesa", "mpesa-key"), Guards::default(), None, 10).await.unwrap();
+    assert!(first.created, "{label}");
+    let second = store.rail_open(payout("airtel", "airtel-key"), Guards::default(), None, 11).await.unwrap();
+    assert!(!second.created, "{label}: no second record under one family");
+    assert_eq!((second.rec.id, second.rec.rail.as_str()), (first.rec.id.clone(), "mpesa"), "{label}");
+    assert_eq!(store.rail_by_key("airtel-key").await.unwrap(), None, "{label}");
+    // Another family, or none, opens as before.
+    let other = RailPayment { family_key: Some("family-op-2".into()), ..payout("airtel", "airtel-key-2") };
+    assert!(store.rail_open(other, Guards::default(), None, 12).await.unwrap().created, "{label}");
+    let none = RailPayment { family_key: None, ..payout("airtel", "airtel-key-3") };
+    assert!(store.rail_open(none, Guards::default(), None, 12).await.unwrap().created, "{label}");
+    let again = store.rail_get(&first.rec.id).await.unwrap().unwrap();
+    assert_eq!(again.family_key.as_deref(), Some("family-op-1"), "{label}: the key is stored");
+});
+
+fn rail_payment_for(key: &str) -> RailPayment {
+    rail(&PaymentId::generate(), key, 700)
+}
 
 // The gateway's record of external-rail payments: guards drawn once per key, given back when
 // nothing moved, and states that only move forward from what the caller expects.
@@ -1802,7 +1835,7 @@ contract!(a_payee_is_learned_only_under_a_live_mandate_and_forgotten_with_it, |s
     // A mandate revoked before its payment settled teaches nothing.
     let revoked = ApprovalId::generate();
     store.approval_insert(approval(&revoked, MandateKind::Closed, 1, 1_000)).await.unwrap();
-    let a = store.approval_review(reviewed(&revoked, "alice", "approve", 1, issuer(1, None))).await.unwrap();
+    let a = store.approval_review(reviewed(&revoked, "alice", "approve", 1, issuer(1, None))).await.unwrap().approval;
     assert!(store.mandate_revoke(&revoked, "bob", 2, None).await.unwrap().is_some(), "{label}");
     let m = a.mandate_id.unwrap();
     assert!(!store.payee_learn(rec(&revoked), &m, vec![]).await.unwrap(), "{label}: a revoked mandate taught");
@@ -1811,7 +1844,7 @@ contract!(a_payee_is_learned_only_under_a_live_mandate_and_forgotten_with_it, |s
     // A live one teaches; revoking it afterwards forgets the payee (and no other owner's).
     let live = ApprovalId::generate();
     store.approval_insert(approval(&live, MandateKind::Closed, 1, 1_000)).await.unwrap();
-    let a = store.approval_review(reviewed(&live, "alice", "approve", 3, issuer(1, None))).await.unwrap();
+    let a = store.approval_review(reviewed(&live, "alice", "approve", 3, issuer(1, None))).await.unwrap().approval;
     assert!(store.payee_learn(rec(&live), &a.mandate_id.unwrap(), vec![]).await.unwrap(), "{label}");
     let other = PayeeRecord { owner: "another".into(), approval_id: None, ..rec(&live) };
     assert!(store.payee_add(other, vec![]).await.unwrap(), "{label}");
@@ -1856,7 +1889,7 @@ contract!(a_revoke_racing_a_learning_always_leaves_the_payee_unknown, |store, la
     for n in 0..20 {
         let id = ApprovalId::generate();
         store.approval_insert(approval(&id, MandateKind::Closed, 1, 1_000)).await.unwrap();
-        let a = store.approval_review(reviewed(&id, "alice", "approve", 1, issuer(1, None))).await.unwrap();
+        let a = store.approval_review(reviewed(&id, "alice", "approve", 1, issuer(1, None))).await.unwrap().approval;
         let payee = format!("acct-race-{n}");
         let rec = PayeeRecord {
             owner: "agent".into(),

@@ -362,6 +362,7 @@ fn evidence_only(guards: &Guards) -> Guards {
 fn ledger_order(key: &str, payment_id: &PaymentId, principal_sub: &str, principal_user: Option<&str>) -> RailOrder {
     RailOrder {
         idempotency_key: key.to_string(),
+        family_key: None,
         payment_id: payment_id.clone(),
         principal_sub: principal_sub.to_string(),
         principal_user: principal_user.map(str::to_string),

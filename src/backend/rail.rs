@@ -187,6 +187,8 @@ impl ValidPayout {
 #[derive(Debug, Clone)]
 pub struct RailOrder {
     pub idempotency_key: String,
+    /// The operation's family key (`Attempt::family_key`), which its record opens under.
+    pub family_key: Option<String>,
     pub payment_id: PaymentId,
     pub principal_sub: String,
     /// The user the agent acts for, if it does.
@@ -235,6 +237,7 @@ impl RailOrder {
             created_at: 0,
             updated_at: 0,
             flow,
+            family_key: self.family_key.clone(),
         }
     }
 }

@@ -129,7 +129,14 @@ pub struct ApprovalRecord {
     /// when it was asked for.
     #[serde(default)]
     pub passkey_required: bool,
+    /// The gateway's tag over what the approval asks ([`ApprovalRecord::tagged`]): set where it is
+    /// created, never changed. Never shown.
+    #[serde(default, skip)]
+    pub tag: Option<String>,
 }
+
+/// The domain of an approval row's tag (`audit_chain::row_tag`).
+const APPROVAL_TAG_DOMAIN: &str = "paygate-approval-v1\n";
 
 /// Who may decide an approval besides operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -171,6 +178,45 @@ pub struct InForce {
 }
 
 impl ApprovalRecord {
+    /// What an approval's tag covers: everything it asks and everything it was created under,
+    /// none of which changes after it is created (its status, decision and mandate do, and are
+    /// held to the trail and the mandate's signature instead). An intent, amount, agent or expiry
+    /// a database writer rewrote between two reviews makes the tag fail: the reviewers saw another.
+    fn tag_fields(&self) -> serde_json::Value {
+        serde_json::json!([
+            self.id.as_str(),
+            self.kind.as_str(),
+            self.idempotency_key,
+            self.fingerprint,
+            self.principal_iss,
+            self.principal_sub,
+            self.principal_user,
+            self.tool,
+            self.intent,
+            self.amount_minor,
+            self.currency.code(),
+            self.reason,
+            self.created_at,
+            self.expires_at,
+            self.reviewers_required,
+            self.requested_by,
+            self.approver.as_str(),
+            self.passkey_required
+        ])
+    }
+
+    /// This approval with the gateway's tag under `key` and `nonce` (random, drawn by the writer).
+    pub fn tagged(mut self, key: &LinkKey, nonce: [u8; 8]) -> Self {
+        let nonce = super::ids::hex(&nonce);
+        self.tag = Some(row_tag(key, APPROVAL_TAG_DOMAIN, &self.tag_fields(), &nonce));
+        self
+    }
+
+    /// Whether the approval carries the gateway's tag over what it asks, as it was created.
+    pub fn tag_holds(&self, key: &LinkKey) -> bool {
+        self.tag.as_deref().is_some_and(|t| row_tag_holds(key, APPROVAL_TAG_DOMAIN, &self.tag_fields(), t))
+    }
+
     /// This approval as it is decided now: the stricter of its creation terms and `now` — an
     /// operator instead of the user, more reviewers, a passkey. Never laxer than it was created.
     pub fn under(mut self, now: &InForce) -> ApprovalRecord {
@@ -307,6 +353,21 @@ pub struct ApprovalReview {
     /// The decision's audit record (tagged), written in the review's transaction: a review that
     /// decides is never without its record on the trail.
     pub record: Option<crate::domain::audit::AuditRecord>,
+}
+
+/// A review the store recorded: the approval as it now stands, and the sequence number of the
+/// decision's record written with it (the gateway witnesses it until it is sealed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reviewed {
+    pub approval: ApprovalRecord,
+    pub record_seq: Option<i64>,
+}
+
+/// A mandate the store revoked, and the sequence number of the revocation's record written with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoked {
+    pub mandate_id: String,
+    pub record_seq: Option<i64>,
 }
 
 /// Sign the mandate of approval `rec` inside its review transaction: over every review that
@@ -477,6 +538,7 @@ pub(crate) fn sample_record() -> ApprovalRecord {
         reviews: vec![],
         approver: Approver::Operator,
         passkey_required: false,
+        tag: None,
     }
 }
 

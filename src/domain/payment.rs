@@ -217,6 +217,9 @@ pub struct Attempt {
     /// A second idempotency record completed with the same outcome (the operation's own key when
     /// `key` is anchored on a closed mandate).
     pub alias_key: Option<String>,
+    /// The operation's family key, for a flow one operation_id names across rails (a rail record
+    /// opens under it at most once: `RailPayment::family_key`).
+    pub family_key: Option<String>,
     /// The id a payment this attempt makes takes, drawn before the call so that the "allowed"
     /// record naming it is tagged by the gateway (`audit_chain::record_tag`). A replay (the key
     /// already posted) answers with the earlier payment; its record still names this id.
@@ -233,7 +236,14 @@ impl Attempt {
     /// An attempt under one key, already reserved by the caller: nothing claimed or recorded in the
     /// posting's transaction.
     pub fn reserved(key: impl Into<String>) -> Self {
-        Attempt { key: key.into(), alias_key: None, payment_id: PaymentId::generate(), audit: None, claim: None }
+        Attempt {
+            key: key.into(),
+            alias_key: None,
+            family_key: None,
+            payment_id: PaymentId::generate(),
+            audit: None,
+            claim: None,
+        }
     }
 }
 

@@ -124,6 +124,10 @@ pub struct RailPayment {
     pub created_at: UnixSecs,
     pub updated_at: UnixSecs,
     pub flow: RailFlow,
+    /// The operation's family key (`gateway::routing::operation_family`: a payout or a collection
+    /// whichever rail carries it): one record per family across rails. `None`: a flow without
+    /// one (ledger postings, reversals), or a record from before.
+    pub family_key: Option<String>,
 }
 
 impl RailPayment {

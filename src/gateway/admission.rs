@@ -417,6 +417,7 @@ impl Terms {
     pub(super) fn rail_order(&self, a: Attempt, p: &AgentPrincipal) -> RailOrder {
         RailOrder {
             idempotency_key: a.key,
+            family_key: a.family_key,
             // The attempt's id: the "submitted" record it carries names it.
             payment_id: a.payment_id,
             principal_sub: p.subject.clone(),

@@ -98,7 +98,9 @@ impl Gateway {
             reason: reason.clone(),
             created_at: now,
             expires_at: now + self.limits.approval_ttl_secs,
-        };
+            tag: None,
+        }
+        .tagged(&self.audit_link_key, rand::random());
         let page = self.approval_page(&rec.id, rec.approver);
         let notify = self.notice(webhook::APPROVAL_REQUESTED).messages(webhook::approval_data(&rec, &page));
         let max = self.limits.pending_approvals_per_agent_max;

@@ -107,6 +107,7 @@ mod tests {
             memo: None,
             principal_sub: "agent".into(),
             principal_user: None,
+            family_key: None,
             mandate_id: None,
             rail_ref: None,
             receipt: None,

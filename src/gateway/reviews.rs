@@ -298,6 +298,8 @@ impl Gateway {
             }
             self.tag_audit(self.audit_record(&op.issuer, &op.subject, &op.correlation_id, d))
         };
+        let written = record(reason.clone());
+        let record_tag = written.tag.clone();
         let ask = ApprovalReview {
             id: id.clone(),
             review,
@@ -306,7 +308,7 @@ impl Gateway {
             page,
             in_force,
             key: self.audit_link_key.clone(),
-            record: Some(record(reason.clone())),
+            record: Some(written.clone()),
         };
         // One person decides once, by the trail's word too: their earlier decision's record stands
         // even if a database writer rewrote that review's row (the second stop-67 review); and a
@@ -318,7 +320,13 @@ impl Gateway {
             Err(e) => Err(ReviewError::Store(e)),
         };
         let (outcome, error) = match result {
-            Ok(a) => (Ok(self.view(&a, now, false)), None),
+            Ok(done) => {
+                // Its record was written with it: witnessed until it is sealed, as any other.
+                if let Some(seq) = done.record_seq {
+                    self.witness(seq, record_tag.as_deref(), now);
+                }
+                (Ok(self.view(&done.approval, now, false)), None)
+            }
             Err(e) => {
                 let mapped = match &e {
                     ReviewError::NotFound => OpError::not_found(),
@@ -466,7 +474,9 @@ impl Gateway {
             reviews: vec![],
             approver: Approver::Operator,
             passkey_required,
-        };
+            tag: None,
+        }
+        .tagged(&self.audit_link_key, rand::random());
         self.store.approval_insert(rec).await.map_err(|error| {
             tracing::error!(%error, "approval insert failed");
             OpError::internal()
@@ -550,9 +560,13 @@ impl Gateway {
         // Its record is written in the revocation's transaction: a revocation that answered is on
         // the trail, where `revoked_in_trail` reads it whatever the mandate's row says later.
         let record = self.tag_audit(self.audit_record(&op.issuer, &op.subject, &op.correlation_id, d));
+        let tag = record.tag.clone();
         let revoked = self.store.mandate_revoke(&id, &op.subject, now, Some(record)).await.map_err(internal)?;
-        if revoked.is_none() {
+        let Some(revoked) = revoked else {
             return Err(OpError::conflict("its mandate is already revoked".into()));
+        };
+        if let Some(seq) = revoked.record_seq {
+            self.witness(seq, tag.as_deref(), now);
         }
         self.metrics.decision("mandates.revoke", "revoked", None);
         Ok(self.view(&rec, now, false))

@@ -192,6 +192,7 @@ impl Gateway {
             )
         };
         let alias_key = || idem.alias.as_ref().map(|a| a.key.clone());
+        let family_key = || idem.family.as_ref().map(|f| f.key.clone());
         // 3. The ledger's posting transaction claims the keys: claim, posting, completion and
         //    audit are one write. Others reserve the operation's key, then the mandate's, first;
         //    duplicates wait and replay.
@@ -200,6 +201,7 @@ impl Gateway {
             let attempt = Attempt {
                 key: idem.key.clone(),
                 alias_key: alias_key(),
+                family_key: family_key(),
                 audit: Some(self.opening_audit(caller, tool, &idem, &payment_id, "allowed")),
                 payment_id,
                 claim: Some(self.claim_for(caller, tool, &idem)),
@@ -256,6 +258,7 @@ impl Gateway {
         let attempt = Attempt {
             key: idem.key.clone(),
             alias_key: alias_key(),
+            family_key: family_key(),
             audit: Some(self.opening_audit(caller, tool, &idem, &payment_id, opening)),
             payment_id,
             claim: None,

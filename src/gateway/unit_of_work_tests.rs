@@ -464,6 +464,7 @@ async fn a_replayed_rail_payment_is_shown_where_it_stands_now() {
         memo: None,
         principal_sub: "agent".into(),
         principal_user: None,
+        family_key: None,
         mandate_id: None,
         rail_ref: None,
         receipt: None,

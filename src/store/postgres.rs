@@ -84,7 +84,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0022_policy_version_tags.sql"),
     include_str!("../../migrations/postgres/0023_refunds_by_original.sql"),
     include_str!("../../migrations/postgres/0024_payee_tags.sql"),
-    include_str!("../../migrations/postgres/0025_review_tags.sql"),
+    include_str!("../../migrations/postgres/0025_approval_tags.sql"),
+    include_str!("../../migrations/postgres/0026_rail_family_key.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

@@ -169,7 +169,7 @@ pub(crate) fn payment(r: &dyn Columns) -> Result<(Payment, i64), StoreError> {
 
 pub(crate) const RAIL_COLS: &str = "seq, id, idempotency_key, rail, kind, state, from_account, to_account, \
                                     amount_minor, currency, refund_of, memo, principal_sub, mandate_id, rail_ref, \
-                                    receipt, phone, reason, created_at, updated_at, flow, principal_user";
+                                    receipt, phone, reason, created_at, updated_at, flow, principal_user, family_key";
 
 /// A `RAIL_COLS` row: its `seq` and the record.
 pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
@@ -195,6 +195,7 @@ pub(crate) fn rail(r: &dyn Columns) -> Result<(i64, RailPayment), StoreError> {
         created_at: r.int(18)?,
         updated_at: r.int(19)?,
         flow: RailFlow::parse(&r.text(20)?).ok_or_else(|| corrupt("rail payment flow"))?,
+        family_key: r.opt_text(22)?,
     };
     Ok((r.int(0)?, rec))
 }
@@ -283,7 +284,7 @@ pub(crate) fn volume(r: &dyn Columns) -> Result<VolumeRow, StoreError> {
 pub(crate) const APPROVAL_COLS: &str = "id, status, idempotency_key, fingerprint, principal_iss, principal_sub, tool, \
                                         intent, amount_minor, currency, reason, created_at, expires_at, kind, \
                                         reviewers_required, requested_by, mandate_id, mandate, decided_at, \
-                                        decision_reason, approver, principal_user, passkey_required";
+                                        decision_reason, approver, principal_user, passkey_required, tag";
 
 /// An `APPROVAL_COLS` row, without its reviews.
 pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
@@ -312,6 +313,7 @@ pub(crate) fn approval(r: &dyn Columns) -> Result<ApprovalRecord, StoreError> {
         reviews: vec![],
         approver: Approver::parse(&r.text(20)?).ok_or_else(|| corrupt("approvals.approver"))?,
         passkey_required: r.int(22)? != 0,
+        tag: r.opt_text(23)?,
     })
 }
 
@@ -457,6 +459,7 @@ pub(crate) fn approval_values(rec: &ApprovalRecord) -> Vec<Value> {
         text(rec.approver.as_str()),
         opt_text(rec.principal_user.as_deref()),
         int(i64::from(rec.passkey_required)),
+        opt_text(rec.tag.as_deref()),
     ]
 }
 
@@ -507,6 +510,7 @@ pub(crate) fn rail_values(rec: &RailPayment) -> Vec<Value> {
         int(rec.updated_at),
         text(rec.flow.as_str()),
         opt_text(rec.principal_user.as_deref()),
+        opt_text(rec.family_key.as_deref()),
     ]
 }
 

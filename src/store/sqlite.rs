@@ -64,7 +64,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0022_policy_version_tags.sql"),
     include_str!("../../migrations/sqlite/0023_refunds_by_original.sql"),
     include_str!("../../migrations/sqlite/0024_payee_tags.sql"),
-    include_str!("../../migrations/sqlite/0025_review_tags.sql"),
+    include_str!("../../migrations/sqlite/0025_approval_tags.sql"),
+    include_str!("../../migrations/sqlite/0026_rail_family_key.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).

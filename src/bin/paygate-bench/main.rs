@@ -1133,6 +1133,7 @@ mod growth {
                         attempt: Attempt {
                             key: key.clone(),
                             alias_key: None,
+                            family_key: None,
                             payment_id: PaymentId::generate(),
                             audit: Some(AuditRecord {
                                 seq: 0,

@@ -148,6 +148,7 @@ mod tests {
             memo: None,
             principal_sub: "agent".into(),
             principal_user: None,
+            family_key: None,
             mandate_id: mandate.map(str::to_string),
             rail_ref: None,
             receipt: None,

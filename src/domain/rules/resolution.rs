@@ -140,6 +140,7 @@ mod tests {
             memo: None,
             principal_sub: "agent-1".into(),
             principal_user: Some("carol".into()),
+            family_key: None,
             mandate_id: None,
             rail_ref: None,
             receipt: None,

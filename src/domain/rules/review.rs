@@ -167,6 +167,7 @@ mod tests {
             reviews,
             approver: Approver::Operator,
             passkey_required: false,
+            tag: None,
         }
     }
 

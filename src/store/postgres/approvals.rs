@@ -6,7 +6,9 @@ use deadpool_postgres::{GenericClient, Pool};
 use super::outbox::insert_outbox;
 use super::{Cached, Mapped, PostgresStore, bind};
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError};
+use crate::domain::approval::{
+    ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError, Reviewed, Revoked,
+};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
@@ -20,7 +22,7 @@ pub(super) async fn insert_approval(c: &impl GenericClient, rec: &ApprovalRecord
     let n = c.exec(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)",
             rows::APPROVAL_COLS
         ),
         &bind(&rows::approval_values(rec)),
@@ -47,16 +49,17 @@ pub(super) async fn load_approval(
 }
 
 /// Record one reviewer's decision: the state machine (`rules::review`) under the approval's row lock.
-pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<Reviewed, ReviewError> {
     let ApprovalReview { id, review, issue, decided, page, in_force, key, record } = ask;
     let (id, now) = (&id, review.at);
     let mut client = pool.get().await.map_err(StoreError::from)?;
     let tx = client.transaction().await.map_err(StoreError::from)?;
-    let rec = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?.under(&in_force);
-    // Who is on record is the gateway's word, or nobody's: fail closed.
-    if rules::altered(&rec.reviews, |x| x.tag_holds(&key, id)) {
+    let loaded = load_approval(&tx, id.as_str(), true).await?.ok_or(ReviewError::NotFound)?;
+    // What it asks, and who is on record, are the gateway's word or nobody's: fail closed.
+    if !loaded.tag_holds(&key) || rules::altered(&loaded.reviews, |x| x.tag_holds(&key, id)) {
         return Err(ReviewError::Altered);
     }
+    let rec = loaded.under(&in_force);
     let (plan, id) = (rules::plan(&rec, &review, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
         let n = tx
@@ -118,21 +121,33 @@ pub(super) async fn review(pool: &Pool, ask: ApprovalReview) -> Result<ApprovalR
     }
     .map_err(StoreError::from)?;
     wrote_one("approval", n)?;
-    // The decision's record commits with it, or neither does (written before the
-    // read-back: a trigger it fires is read back too).
-    if let Some(record) = &record {
-        super::audit::insert_audit(&tx, record, None).await?;
-    }
+    // The decision's record commits with it, or neither does.
+    let record_seq = match &record {
+        Some(r) => Some(super::audit::append_audit(&tx, r).await?),
+        None => None,
+    };
     let updated = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
-    // Read back: a trigger that rewrote or deleted the review decides nothing.
-    if !rules::recorded_as_meant(&rec.reviews, &updated.reviews, &review) {
-        return Err(StoreError::Database("the review did not read back as written".into()).into());
-    }
     if updated.status != rec.status {
         insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).await?;
     }
+    // Read back last, after every write (what a trigger any of them fired did is read too): the
+    // approval as the plan left it and still the gateway's, its reviews those the plan was made on
+    // plus this one as written (else another person, or nobody, would be on record), and the
+    // decision's record as written.
+    let now_stored = load_approval(&tx, id, false).await?.ok_or(ReviewError::NotFound)?;
+    let recorded = match (record_seq, &record) {
+        (Some(seq), Some(written)) => super::audit::reads_back(&tx, seq, written).await?,
+        _ => true,
+    };
+    let as_meant = now_stored == updated
+        && now_stored.tag_holds(&key)
+        && rules::recorded_as_meant(&rec.reviews, &now_stored.reviews, &review)
+        && recorded;
+    if !as_meant {
+        return Err(StoreError::Database("the review did not read back as written".into()).into());
+    }
     tx.commit().await.map_err(StoreError::from)?;
-    Ok(updated)
+    Ok(Reviewed { approval: updated, record_seq })
 }
 
 #[async_trait]
@@ -232,7 +247,7 @@ impl ApprovalStore for PostgresStore {
             )
             .await?;
         let found =
-            found.iter().map(|r| Ok((r.int(23)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
+            found.iter().map(|r| Ok((r.int(24)?, rows::approval(r)?))).collect::<Result<Vec<_>, StoreError>>()?;
         let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
         for (_, a) in &mut page.items {
             a.reviews = load_reviews(&client, a.id.as_str()).await?;
@@ -240,7 +255,7 @@ impl ApprovalStore for PostgresStore {
         Ok(page)
     }
 
-    async fn approval_review(&self, r: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+    async fn approval_review(&self, r: ApprovalReview) -> Result<Reviewed, ReviewError> {
         self::review(&self.pool, r).await
     }
 
@@ -257,26 +272,35 @@ impl ApprovalStore for PostgresStore {
         by: &str,
         now: UnixSecs,
         record: Option<crate::domain::audit::AuditRecord>,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Option<Revoked>, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let sql = "UPDATE mandates SET revoked_at = $1, revoked_by = $2
                    WHERE approval_id = $3 AND revoked_at IS NULL RETURNING id";
-        let revoked: Option<String> = tx.opt(sql, &[&now, &by, &id.as_str()]).await?.map(|r| r.get(0));
-        if revoked.is_some() {
-            // The payee this mandate's settled payment taught is forgotten with it (a learning in
-            // flight holds the mandate's row: it committed before this update could lock it).
-            tx.exec(
-                "UPDATE payees SET revoked_at = $1, revoked_by = $2 WHERE approval_id = $3 AND revoked_at IS NULL",
-                &[&now, &by, &id.as_str()],
-            )
-            .await?;
-            // The revocation's record commits with it, or neither does.
-            if let Some(record) = &record {
-                super::audit::insert_audit(&tx, record, None).await?;
-            }
+        let Some(mandate_id): Option<String> = tx.opt(sql, &[&now, &by, &id.as_str()]).await?.map(|r| r.get(0)) else {
+            return Ok(None);
+        };
+        // The payee this mandate's settled payment taught is forgotten with it (a learning in
+        // flight holds the mandate's row: it committed before this update could lock it).
+        tx.exec(
+            "UPDATE payees SET revoked_at = $1, revoked_by = $2 WHERE approval_id = $3 AND revoked_at IS NULL",
+            &[&now, &by, &id.as_str()],
+        )
+        .await?;
+        // The revocation's record commits with it, or neither does; both are read back last.
+        let record_seq = match &record {
+            Some(r) => Some(super::audit::append_audit(&tx, r).await?),
+            None => None,
+        };
+        let stored: Option<i64> = tx.one("SELECT revoked_at FROM mandates WHERE id = $1", &[&mandate_id]).await?.get(0);
+        let recorded = match (record_seq, &record) {
+            (Some(seq), Some(written)) => super::audit::reads_back(&tx, seq, written).await?,
+            _ => true,
+        };
+        if stored != Some(now) || !recorded {
+            return Err(StoreError::Database("the revocation did not read back as written".into()));
         }
         tx.commit().await?;
-        Ok(revoked)
+        Ok(Some(Revoked { mandate_id, record_seq }))
     }
 }

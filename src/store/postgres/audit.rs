@@ -33,6 +33,14 @@ pub(super) async fn insert_audit(
     crate::store::wrote_one("audit record", n)
 }
 
+/// Whether record `seq` reads back as `written` (a trigger did not delete or rewrite it in the
+/// transaction that wrote it).
+pub(super) async fn reads_back(c: &impl GenericClient, seq: i64, written: &AuditRecord) -> Result<bool, StoreError> {
+    let sql = format!("SELECT {} FROM audit_records WHERE seq = $1", rows::AUDIT_COLS);
+    let stored = c.get(&sql, &[&seq], rows::audit).await?;
+    Ok(stored.is_some_and(|s| s == AuditRecord { seq, ..written.clone() }))
+}
+
 #[async_trait]
 impl AuditStore for PostgresStore {
     async fn audit_append(&self, r: AuditRecord) -> Result<i64, StoreError> {

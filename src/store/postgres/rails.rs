@@ -77,6 +77,15 @@ pub(super) async fn open_once(
         tx.commit().await.map_err(TxError::pg)?;
         return Ok(RailOpened { rec: found, created: false });
     }
+    // The operation's record on another rail is the answer (`send_once` refuses it as another
+    // request): its family's idempotency record may have been deleted, the record stands. Two
+    // rails opening one family at once: the unique index makes the loser retry, and find it here.
+    if let Some(family) = &rec.family_key
+        && let Some(found) = load_rail(&tx, "family_key", family, false).await.map_err(TxError::store)?
+    {
+        tx.commit().await.map_err(TxError::pg)?;
+        return Ok(RailOpened { rec: found, created: false });
+    }
     let rec = rules::opened(rec.clone(), guards, now);
     let draws = Draws::of(&rec);
     if let Err(refusal) = apply_guards(&tx, guards, &draws.usage, now).await {
@@ -92,8 +101,8 @@ pub(super) async fn open_once(
         .exec(
             "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
-                                    reason, created_at, updated_at, flow, principal_user)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+                                    reason, created_at, updated_at, flow, principal_user, family_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
             &bind(&rows::rail_values(&rec)),
         )
         .await

@@ -6,7 +6,9 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use super::outbox::insert_outbox;
 use super::{Cached, SqliteStore};
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError};
+use crate::domain::approval::{
+    ApprovalRecord, ApprovalRequest, ApprovalReview, Review, ReviewError, Reviewed, Revoked,
+};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
@@ -20,7 +22,7 @@ pub(super) fn insert_approval(tx: &Connection, rec: &ApprovalRecord) -> rusqlite
     tx.exec_one(
         &format!(
             "INSERT INTO approvals ({})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
             rows::APPROVAL_COLS
         ),
         params_from_iter(rows::approval_values(rec)),
@@ -39,15 +41,16 @@ pub(super) fn load_approval(c: &Connection, id: &str) -> Result<Option<ApprovalR
     Ok(Some(a))
 }
 
-pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Reviewed, ReviewError> {
     let ApprovalReview { id, review: r, issue, decided, page, in_force, key, record } = ask;
     let (id, now) = (&id, r.at);
     let tx = c.savepoint().map_err(StoreError::from)?;
-    let rec = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?.under(&in_force);
-    // Who is on record is the gateway's word, or nobody's: fail closed.
-    if review::altered(&rec.reviews, |x| x.tag_holds(&key, id)) {
+    let loaded = load_approval(&tx, id.as_str())?.ok_or(ReviewError::NotFound)?;
+    // What it asks, and who is on record, are the gateway's word or nobody's: fail closed.
+    if !loaded.tag_holds(&key) || review::altered(&loaded.reviews, |x| x.tag_holds(&key, id)) {
         return Err(ReviewError::Altered);
     }
+    let rec = loaded.under(&in_force);
     let (plan, id) = (review::plan(&rec, &r, now)?, id.as_str());
     if plan == ReviewPlan::Expire {
         tx.exec_one("UPDATE approvals SET status = 'expired', decided_at = ?1 WHERE id = ?2", params![now, id])
@@ -86,21 +89,30 @@ pub(super) fn review_tx(c: &mut Connection, ask: ApprovalReview) -> Result<Appro
         ReviewPlan::Approve { issue: None } | ReviewPlan::Expire => Ok(()),
     }
     .map_err(StoreError::from)?;
-    // The decision's record commits with it, or neither does (written before the
-    // read-back: a trigger it fires is read back too).
-    if let Some(record) = &record {
-        super::insert_audit(&tx, record, None).map_err(StoreError::from)?;
-    }
+    // The decision's record commits with it, or neither does.
+    let record_seq =
+        record.as_ref().map(|rec| super::insert_audit(&tx, rec, None)).transpose().map_err(StoreError::from)?;
     let updated = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
-    // Read back: a trigger that rewrote or deleted the review decides nothing.
-    if !review::recorded_as_meant(&rec.reviews, &updated.reviews, &r) {
-        return Err(StoreError::Database("the review did not read back as written".into()).into());
-    }
     if updated.status != rec.status {
         insert_outbox(&tx, &decided.messages(webhook::approval_data(&updated, &page))).map_err(StoreError::from)?;
     }
+    // Read back last, after every write (what a trigger any of them fired did is read too): the
+    // approval as the plan left it and still the gateway's, its reviews those the plan was made on
+    // plus this one as written (else another person, or nobody, would be on record), and the
+    // decision's record as written.
+    let now_stored = load_approval(&tx, id)?.ok_or(ReviewError::NotFound)?;
+    let as_meant = now_stored == updated
+        && now_stored.tag_holds(&key)
+        && review::recorded_as_meant(&rec.reviews, &now_stored.reviews, &r)
+        && match (record_seq, &record) {
+            (Some(seq), Some(written)) => super::audit::reads_back(&tx, seq, written)?,
+            _ => true,
+        };
+    if !as_meant {
+        return Err(StoreError::Database("the review did not read back as written".into()).into());
+    }
     tx.commit().map_err(StoreError::from)?;
-    Ok(updated)
+    Ok(Reviewed { approval: updated, record_seq })
 }
 
 #[async_trait]
@@ -183,7 +195,7 @@ impl ApprovalStore for SqliteStore {
                 rows::APPROVAL_COLS
             );
             let found = c.all(&sql, params![status, before, i64::from(limit) + 1, now], |r| {
-                Ok((r.int(23)?, rows::approval(r)?))
+                Ok((r.int(24)?, rows::approval(r)?))
             })?;
             let mut page = Page::from_overfetch(found, limit, |(seq, _)| *seq);
             for (_, a) in &mut page.items {
@@ -194,7 +206,7 @@ impl ApprovalStore for SqliteStore {
         .await
     }
 
-    async fn approval_review(&self, r: ApprovalReview) -> Result<ApprovalRecord, ReviewError> {
+    async fn approval_review(&self, r: ApprovalReview) -> Result<Reviewed, ReviewError> {
         self.write(move |c| review_tx(c, r)).await
     }
 
@@ -218,23 +230,30 @@ impl ApprovalStore for SqliteStore {
         by: &str,
         now: UnixSecs,
         record: Option<crate::domain::audit::AuditRecord>,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Option<Revoked>, StoreError> {
         let (id, by) = (id.to_string(), by.to_string());
         self.write(move |c| {
             let tx = c.savepoint()?;
             let sql = "UPDATE mandates SET revoked_at = ?1, revoked_by = ?2
                        WHERE approval_id = ?3 AND revoked_at IS NULL RETURNING id";
-            let revoked: Option<String> = tx.q_row(sql, params![now, by, id], |r| r.get(0)).optional()?;
-            if revoked.is_some() {
-                // The payee this mandate's settled payment taught is forgotten with it.
-                tx.exec(FORGET_PAYEES, params![now, by, id])?;
-                // The revocation's record commits with it, or neither does.
-                if let Some(record) = &record {
-                    super::insert_audit(&tx, record, None)?;
-                }
+            let Some(mandate_id): Option<String> = tx.q_row(sql, params![now, by, id], |r| r.get(0)).optional()? else {
+                return Ok(None);
+            };
+            // The payee this mandate's settled payment taught is forgotten with it.
+            tx.exec(FORGET_PAYEES, params![now, by, id])?;
+            // The revocation's record commits with it, or neither does; both are read back last.
+            let record_seq = record.as_ref().map(|r| super::insert_audit(&tx, r, None)).transpose()?;
+            let stored: Option<i64> =
+                tx.q_row("SELECT revoked_at FROM mandates WHERE id = ?1", [&mandate_id], |r| r.get(0))?;
+            let recorded = match (record_seq, &record) {
+                (Some(seq), Some(written)) => super::audit::reads_back(&tx, seq, written)?,
+                _ => true,
+            };
+            if stored != Some(now) || !recorded {
+                return Err(StoreError::Database("the revocation did not read back as written".into()));
             }
             tx.commit()?;
-            Ok(revoked)
+            Ok(Some(Revoked { mandate_id, record_seq }))
         })
         .await
     }

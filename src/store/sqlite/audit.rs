@@ -26,6 +26,14 @@ pub(super) fn insert_audit(c: &Connection, r: &AuditRecord, payment_id: Option<&
     )
 }
 
+/// Whether record `seq` reads back as `written` (a trigger did not delete or rewrite it in the
+/// transaction that wrote it).
+pub(super) fn reads_back(c: &Connection, seq: i64, written: &AuditRecord) -> Result<bool, StoreError> {
+    let sql = format!("SELECT {} FROM audit_records WHERE seq = ?1", rows::AUDIT_COLS);
+    let stored = c.opt(&sql, [seq], rows::audit)?;
+    Ok(stored.is_some_and(|s| s == AuditRecord { seq, ..written.clone() }))
+}
+
 #[async_trait]
 impl AuditStore for SqliteStore {
     async fn audit_append(&self, r: AuditRecord) -> Result<i64, StoreError> {

@@ -56,6 +56,14 @@ pub(super) fn open_tx(
         tx.commit().map_err(db)?;
         return Ok(RailOpened { rec: existing, created: false });
     }
+    // The operation's record on another rail is the answer (`send_once` refuses it as another
+    // request): its family's idempotency record may have been deleted, the record stands.
+    if let Some(family) = &rec.family_key
+        && let Some(existing) = load_rail(&tx, "family_key", family)?
+    {
+        tx.commit().map_err(db)?;
+        return Ok(RailOpened { rec: existing, created: false });
+    }
     let rec = rules::opened(rec, &guards, now);
     let draws = Draws::of(&rec);
     apply_guards(&tx, &guards, &draws.usage, now)?;
@@ -64,8 +72,8 @@ pub(super) fn open_tx(
         .exec(
             "INSERT INTO rail_payments (id, idempotency_key, rail, kind, state, from_account, to_account, amount_minor,
                                     currency, refund_of, memo, principal_sub, mandate_id, rail_ref, receipt, phone,
-                                    reason, created_at, updated_at, flow, principal_user)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+                                    reason, created_at, updated_at, flow, principal_user, family_key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
             params_from_iter(rows::rail_values(&rec)),
         )
         .map_err(db)?;

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::clock::UnixSecs;
-use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, ReviewError};
+use crate::domain::approval::{ApprovalRecord, ApprovalRequest, ApprovalReview, ReviewError, Reviewed, Revoked};
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
 use crate::domain::ops::ApprovalQuery;
@@ -34,7 +34,7 @@ pub trait ApprovalStore: Send + Sync {
     async fn approval_list(&self, q: ApprovalQuery) -> Result<Page<(i64, ApprovalRecord)>, StoreError>;
     /// Record one reviewer's decision; the state machine runs in one transaction. Enough approvals
     /// issue the mandate (`r.issue`) in the same transaction.
-    async fn approval_review(&self, r: ApprovalReview) -> Result<ApprovalRecord, ReviewError>;
+    async fn approval_review(&self, r: ApprovalReview) -> Result<Reviewed, ReviewError>;
 
     /// Count one more URL-elicitation round answered for this approval, unless `max` were answered
     /// already: the round's number, or `None` once the bound is reached (whichever sealed state the
@@ -49,5 +49,5 @@ pub trait ApprovalStore: Send + Sync {
         by: &str,
         now: UnixSecs,
         record: Option<crate::domain::audit::AuditRecord>,
-    ) -> Result<Option<String>, StoreError>;
+    ) -> Result<Option<Revoked>, StoreError>;
 }
