@@ -655,6 +655,51 @@ mod tests {
         );
     }
 
+    /// An approval holds its tag only as it was created: any field it asks or was created under,
+    /// changed, and it does not; what a decision changes (status, mandate, reviews) leaves it.
+    #[test]
+    fn an_approval_holds_its_tag_only_as_it_was_created() {
+        let key = LinkKey::new([5; 32]);
+        let rec = sample_record();
+        assert!(!rec.tag_holds(&key), "untagged");
+        let tagged = rec.tagged(&key, [1; 8]);
+        assert!(tagged.tag_holds(&key));
+        assert!(!tagged.tag_holds(&LinkKey::new([6; 32])), "another key");
+        let t = || tagged.clone();
+        let edits = [
+            ApprovalRecord { id: ApprovalId::parse("apr_other").unwrap(), ..t() },
+            ApprovalRecord { kind: MandateKind::Open, ..t() },
+            ApprovalRecord { idempotency_key: "k2".into(), ..t() },
+            ApprovalRecord { fingerprint: "f2".into(), ..t() },
+            ApprovalRecord { principal_iss: "i2".into(), ..t() },
+            ApprovalRecord { principal_sub: "s2".into(), ..t() },
+            ApprovalRecord { principal_user: Some("u2".into()), ..t() },
+            ApprovalRecord { tool: "refund_payment".into(), ..t() },
+            ApprovalRecord { intent: serde_json::json!({"amount": "90000.00"}), ..t() },
+            ApprovalRecord { amount_minor: t().amount_minor + 1, ..t() },
+            ApprovalRecord { currency: Currency::parse("USD").unwrap(), ..t() },
+            ApprovalRecord { reason: "r2".into(), ..t() },
+            ApprovalRecord { created_at: t().created_at + 1, ..t() },
+            ApprovalRecord { expires_at: t().expires_at + 1, ..t() },
+            ApprovalRecord { reviewers_required: t().reviewers_required + 1, ..t() },
+            ApprovalRecord { requested_by: "r2".into(), ..t() },
+            ApprovalRecord { approver: Approver::User, ..t() },
+            ApprovalRecord { passkey_required: !t().passkey_required, ..t() },
+        ];
+        for e in edits {
+            assert!(!e.tag_holds(&key), "{e:?}");
+        }
+        let decided = ApprovalRecord {
+            status: ApprovalStatus::Approved,
+            mandate_id: Some("m".into()),
+            mandate: Some("jws".into()),
+            decided_at: Some(9),
+            decision_reason: Some("ok".into()),
+            ..t()
+        };
+        assert!(decided.tag_holds(&key), "a decision leaves what was asked as it was");
+    }
+
     /// A review holds its tag on its own approval only, and only as tagged.
     #[test]
     fn a_review_holds_its_tag_as_written_on_its_own_approval() {
