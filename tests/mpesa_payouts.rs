@@ -241,6 +241,14 @@ async fn a_result_that_contradicts_a_payout_settled_by_hand_is_refused_loudly() 
     let codes = audit_codes(&r.app).await;
     assert!(codes.iter().any(|c| c == "CONTRADICTS_RECORD"), "{codes:?}");
     assert!(!codes.iter().any(|c| c == "DUPLICATE_OR_LATE"), "{codes:?}");
+    // Reconciliation lists it, once, for a person to put right.
+    let report = r.app.running.gateway.reconcile(None).await.unwrap();
+    let named: Vec<_> = report.findings.iter().filter(|f| f.kind == "contradicts_record").collect();
+    assert_eq!(named.len(), 1, "{report:?}");
+    assert_eq!(named[0].payment_id.as_deref(), Some(id.as_str()), "{report:?}");
+    assert_eq!(r.fake.post_result(&id, 0).await, 409, "again: still refused");
+    let report = r.app.running.gateway.reconcile(None).await.unwrap();
+    assert_eq!(report.findings.iter().filter(|f| f.kind == "contradicts_record").count(), 1, "{report:?}");
     r.app.stop().await;
 }
 

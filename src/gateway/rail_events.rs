@@ -215,7 +215,7 @@ impl Gateway {
             let (code, outcome) = if contradicts {
                 tracing::error!(payment_id = %rec.id, rail = rail.name(), state = rec.state.as_str(),
                     "the rail's final result contradicts a settled record: money may have moved that the record denies");
-                ("CONTRADICTS_RECORD", CallbackOutcome::Terminal)
+                (super::reconcile::CONTRADICTS_RECORD, CallbackOutcome::Terminal)
             } else if rec.state.is_terminal() {
                 ("DUPLICATE_OR_LATE", CallbackOutcome::Terminal)
             } else {

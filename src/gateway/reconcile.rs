@@ -12,6 +12,7 @@ use crate::catalogue::scopes;
 use crate::clock::UnixSecs;
 use crate::domain::audit::AuditRecord;
 use crate::domain::ids::PaymentId;
+use crate::domain::ops::AuditQuery;
 use crate::domain::payment::{PaymentKind, PaymentQuery, PaymentStatus};
 use crate::domain::rail::RailMove;
 use crate::domain::rail::Settlement;
@@ -24,6 +25,9 @@ const RECHECK_FINISHED_MAX: usize = 50;
 
 const RECONCILE_PAGE: u32 = 200;
 
+/// The audit code of a rail's final word against a record already settled (`rail_events`).
+pub(crate) const CONTRADICTS_RECORD: &str = "CONTRADICTS_RECORD";
+
 /// Most findings one reconciliation reports (the rest are counted).
 pub const RECONCILE_FINDINGS_MAX: usize = 500;
 
@@ -31,7 +35,7 @@ pub const RECONCILE_FINDINGS_MAX: usize = 500;
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct Finding {
     /// missing_in_gateway | missing_in_backend | amount_mismatch | status_mismatch | outcome_unknown |
-    /// pending_too_long | resolved | integrity
+    /// pending_too_long | contradicts_record | resolved | integrity
     pub kind: String,
     pub payment_id: Option<String>,
     pub detail: String,
@@ -175,6 +179,29 @@ impl Gateway {
                     Some(c) => before = Some(c),
                     None => break,
                 }
+            }
+        }
+        // 3. A rail's final word against a record already settled (CONTRADICTS_RECORD: a payout
+        //    people settled as failed that the rail then paid): money may have moved that the
+        //    record denies. Refused when it came (a settled record never moves); listed here, once
+        //    per payment, for a person to put right.
+        let q = AuditQuery {
+            code: Some(CONTRADICTS_RECORD.into()),
+            from: Some(since),
+            limit: RECONCILE_FINDINGS_MAX as u32,
+            ..Default::default()
+        };
+        let mut named = std::collections::BTreeSet::new();
+        for r in self.store.audit_query(q).await? {
+            let Some(id) = r.payment_id.as_deref().and_then(|p| PaymentId::parse(p).ok()) else { continue };
+            if named.insert(id.to_string()) {
+                let detail = format!(
+                    "{}'s final result contradicts the settled record ({}): money may have moved that the record \
+                     denies; compare with the rail's statement",
+                    r.principal_sub,
+                    r.detail.as_deref().unwrap_or("settled")
+                );
+                report.push("contradicts_record", Some(&id), detail);
             }
         }
         for f in &report.findings {
