@@ -587,6 +587,15 @@ async fn a_rejection_reopened_in_the_database_stays_rejected() {
     let auditor = app.operator_token("auditor", "payments:audit");
     let (_, view) = operator(&app, Method::GET, &format!("/operator/v1/approvals/{approval}"), &auditor, None).await;
     assert_eq!(view["mandate_id"].as_str(), None, "{view}");
+    // Marked expired instead (the second stop-68 review): the operation would ask a human again,
+    // and a fresh approval would be approved by anyone. The trail's rejection still answers.
+    let expired = db.execute("UPDATE approvals SET status = 'expired' WHERE id = ?1", [&approval]).unwrap();
+    assert_eq!(expired, 1);
+    let again = call(&agent, "create_payment", pay("reopened", "5000.00", "supplier")).await;
+    assert_eq!(code(&again), "APPROVAL_REJECTED", "{again:?}");
+    assert_eq!(err(&again)["approval_id"].as_str(), Some(approval.as_str()), "{again:?}");
+    let approvals: i64 = db.query_row("SELECT count(*) FROM approvals", [], |r| r.get(0)).unwrap();
+    assert_eq!(approvals, 1, "no new approval was asked for");
     let _ = agent.cancel().await;
     app.stop().await;
 }

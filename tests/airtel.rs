@@ -629,6 +629,15 @@ async fn one_operation_pays_on_one_rail_even_with_its_idempotency_records_delete
     db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     let deleted = db.execute("DELETE FROM idempotency_records", []).unwrap();
     assert!(deleted >= 2, "the tool's and the family's records: {deleted}");
+    for (tool, args) in [("send_payment", to_mpesa.clone()), ("send_mpesa_payout", payout("gone-1", "100"))] {
+        let other = call(&c, tool, args).await;
+        assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");
+    }
+    assert_eq!(sent(), (1, 0), "nothing went out on M-Pesa");
+    // The rail record's family key blanked too (the second stop-68 review): the trail's
+    // "submitted" record of the Airtel payout still says where the operation went.
+    db.execute("DELETE FROM idempotency_records", []).unwrap();
+    assert_eq!(db.execute("UPDATE rail_payments SET family_key = NULL", []).unwrap(), 1);
     for (tool, args) in [("send_payment", to_mpesa), ("send_mpesa_payout", payout("gone-1", "100"))] {
         let other = call(&c, tool, args).await;
         assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");

@@ -203,6 +203,11 @@ async fn a_revocation_cleared_in_the_database_still_stands() {
     let (status, body) =
         operator(&app, reqwest::Method::POST, &path, &bob, Some(json!({"reason": "wrong payee"}))).await;
     assert_eq!(status, 200, "{body}");
+    // Asked again without the mandate, the agent is told it was revoked (the second stop-68
+    // review: it was sent to fetch the revoked mandate, round and round).
+    let r = pay(&agent, "revoked-1", "acct-A", "acct-B", "5000.00", "KES", None).await;
+    assert_eq!(code(&r), "MANDATE_INVALID", "{r:?}");
+    assert!(err(&r)["message"].as_str().unwrap().contains("revoked"), "{r:?}");
     let before = books(&agent).await;
     let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
     db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();

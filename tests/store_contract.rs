@@ -519,6 +519,18 @@ contract!(concurrent_payments_stay_within_the_daily_budget, |store, label| async
     assert_integrity(&store, label).await;
 });
 
+// The queue depth operators and the metrics read: pending approvals not yet past their expiry.
+contract!(approvals_pending_counts_the_live_queue, |store, label| async move {
+    let (a, b, c) = (ApprovalId::generate(), ApprovalId::generate(), ApprovalId::generate());
+    store.approval_insert(approval(&a, MandateKind::Closed, 1, 100)).await.unwrap();
+    store.approval_insert(approval(&b, MandateKind::Closed, 1, 1_000)).await.unwrap();
+    store.approval_insert(approval(&c, MandateKind::Closed, 1, 1_000)).await.unwrap();
+    assert_eq!(store.approvals_pending(50).await.unwrap(), 3, "{label}");
+    assert_eq!(store.approvals_pending(100).await.unwrap(), 2, "{label}: one expired at 100");
+    store.approval_review(reviewed(&c, "carol", "reject", 60, issuer(1, None))).await.unwrap();
+    assert_eq!(store.approvals_pending(60).await.unwrap(), 2, "{label}: one rejected");
+});
+
 fn approval(id: &ApprovalId, kind: MandateKind, reviewers: i64, expires_at: i64) -> ApprovalRecord {
     ApprovalRecord {
         id: id.clone(),

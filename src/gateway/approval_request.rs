@@ -67,6 +67,21 @@ impl Gateway {
             Ok(None) => {}
             Err(error) => return self.internal(caller, tool, idem, error).await,
         }
+        // A rejection sticks to its operation by the trail's word too: an approval of this
+        // operation the trail shows rejected stays so whatever its row says now (the second
+        // stop-68 review: its status set to expired, and the operation asked a human again).
+        match self.rejected_on_trail(&idem.key).await {
+            Ok(Some(approval_id)) => {
+                let e = AgentError::new(
+                    ErrorCode::ApprovalRejected,
+                    "a human rejected this operation; it will not be approved again. Nothing moved.",
+                )
+                .with_detail("approval_id", approval_id);
+                return self.refuse_as(caller, tool, idem, "denied", e).await;
+            }
+            Ok(None) => {}
+            Err(error) => return self.internal(caller, tool, idem, error).await,
+        }
         if caller.dry() {
             // A preflight asks nobody: it says who would be asked, and why.
             return AgentError::new(ErrorCode::ApprovalRequired, format!("{reason}; a human must approve it"))
@@ -131,6 +146,22 @@ impl Gateway {
             )
             .with_detail("approval_id", approval.id.to_string());
             return self.refuse_as(caller, tool, idem, "denied", e).await;
+        }
+        if approval.status == ApprovalStatus::Approved {
+            // Its mandate revoked: the agent is told so, not sent to fetch a mandate that cannot pay.
+            match self.revoked_in_trail(approval.id.as_str()).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    let e = AgentError::new(
+                        ErrorCode::MandateInvalid,
+                        "an operator revoked the mandate this operation's approval issued; it will not be paid \
+                         under it. Nothing moved.",
+                    )
+                    .with_detail("approval_id", approval.id.to_string());
+                    return self.refuse_as(caller, tool, idem, "denied", e).await;
+                }
+                Err(e) => return e,
+            }
         }
         let mut d = Decision::new(tool, "approval_required");
         d.code = Some(ErrorCode::ApprovalRequired);

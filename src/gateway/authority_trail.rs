@@ -1,11 +1,13 @@
 //! What the trail says about authority, read beside the rows that say it too: a person's earlier
-//! decision on an approval, and an operator's revocation of a mandate. The rows (`approval_reviews`,
+//! decision on an approval, an operator's revocation of a mandate, and an operation sent on
+//! another rail. The rows (`approval_reviews`,
 //! `mandates.revoked_at`) are what a database writer can rewrite outside the decision's
 //! transaction; the trail's records stand (the stop-67 reviews). Any matching record counts, its
 //! writer's tag holding or not: a forged one can only refuse, and an edited one is named by
 //! `audit verify`.
 
 use super::Gateway;
+use super::keys::Idem;
 use crate::domain::approval::ApprovalStatus;
 use crate::domain::error::StoreError;
 use crate::domain::ids::ApprovalId;
@@ -16,6 +18,10 @@ use crate::error::AgentError;
 /// refusals are recorded as "refused", not read).
 const DECISIONS_READ_MAX: u32 = 200;
 
+/// An operation's "approval_required" records read from the trail, at most (one per retry while
+/// its approval waits: the newest are enough to find every approval it had).
+const ASKED_READ_MAX: u32 = 200;
+
 /// Revocation records of one mandate read from the trail, at most (one suffices; more are copies).
 const REVOCATIONS_READ_MAX: u32 = 20;
 
@@ -24,6 +30,48 @@ const DECISION_TOOLS: [&str; 4] =
     ["approvals.approve", "approvals.reject", "approvals.user_confirm", "approvals.user_decline"];
 
 impl Gateway {
+    /// Whether the trail holds a "submitted" record of this operation under another rail's tool of
+    /// its family (a payout or collection that went out on another rail): the operation is that
+    /// rail's, whatever a database writer did to the idempotency records and
+    /// `rail_payments.family_key` (the second stop-68 review).
+    pub(super) async fn sent_on_another_rail(&self, idem: &Idem) -> Result<bool, StoreError> {
+        let Some(family) = &idem.family else { return Ok(false) };
+        for key in &family.siblings {
+            let q = AuditQuery {
+                idempotency_key: Some(key.clone()),
+                decision: Some("submitted".into()),
+                limit: 1,
+                ..Default::default()
+            };
+            if !self.store.audit_query(q).await?.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// An approval of the operation keyed `key` that the trail shows rejected (by an operator, or
+    /// declined by its user), if any: the approvals the agent was told about (its
+    /// "approval_required" records under the key), each asked about on the trail.
+    pub(super) async fn rejected_on_trail(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let q = AuditQuery {
+            idempotency_key: Some(key.to_string()),
+            code: Some("APPROVAL_REQUIRED".into()),
+            limit: ASKED_READ_MAX,
+            ..Default::default()
+        };
+        let mut asked: Vec<String> =
+            self.store.audit_query(q).await?.into_iter().filter_map(|r| r.approval_id).collect();
+        asked.dedup();
+        for id in asked {
+            let Ok(parsed) = ApprovalId::parse(&id) else { continue };
+            if self.decided_on_trail(&parsed, "").await?.settled == Some(ApprovalStatus::Rejected) {
+                return Ok(Some(id));
+            }
+        }
+        Ok(None)
+    }
+
     /// Whether the trail holds an operator's revocation of the mandate `approval_id` issued: a
     /// revocation cleared in the `mandates` row still stands.
     pub(super) async fn revoked_in_trail(&self, approval_id: &str) -> Result<bool, AgentError> {

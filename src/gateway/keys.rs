@@ -34,6 +34,10 @@ pub(super) struct Idem {
     /// `send_payment` naming another `rail`, or another rail's own tool) while the other keys
     /// stay the ones every earlier version took.
     pub family: Option<Box<Idem>>,
+    /// On the family's key: the operation's keys under the family's other rails' tools. Their
+    /// "submitted" records on the trail say the operation went out on another rail, whatever
+    /// the rows say now (a database writer blanking `rail_payments.family_key`).
+    pub siblings: Vec<String>,
 }
 
 impl Idem {
@@ -99,18 +103,26 @@ impl Gateway {
             conflict: REUSED_OPERATION,
             alias: None,
             family: None,
+            siblings: vec![],
         };
         // A family name is no tool's name, so no tool's key equals a family's.
         let family = super::routing::operation_family(tool).map(|family| {
+            let canonical = crate::catalogue::canonical(tool);
+            let siblings = super::routing::family_tools(family)
+                .iter()
+                .filter(|t| **t != canonical)
+                .map(|t| self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), t, op.as_str()))
+                .collect();
             Box::new(Idem {
                 key: self.keys.key_for(&p.issuer, &p.subject, p.user.as_deref(), family, op.as_str()),
                 fingerprint: crate::idempotency::fingerprint(&serde_json::json!({
-                    "tool": crate::catalogue::canonical(tool),
+                    "tool": canonical,
                     "args": args,
                 })),
                 conflict: OTHER_RAIL,
                 alias: None,
                 family: None,
+                siblings,
             })
         });
         match mandate {
@@ -121,6 +133,7 @@ impl Gateway {
                 conflict: REUSED_MANDATE,
                 alias: Some(Box::new(operation)),
                 family,
+                siblings: vec![],
             },
             _ => Idem { family, ..operation },
         }

@@ -66,6 +66,15 @@ pub fn operation_family(tool: &str) -> Option<&'static str> {
     }
 }
 
+/// The rail tools of a family ([`operation_family`]).
+pub fn family_tools(family: &str) -> &'static [&'static str] {
+    match family {
+        "rails/payout" => &["send_mpesa_payout", "send_airtel_payout"],
+        "rails/collection" => &["request_mpesa_payment", "request_airtel_payment"],
+        _ => &[],
+    }
+}
+
 impl Gateway {
     /// Chooses the rail and the rail's tool for a routed call (`tool`: the name the agent called):
     /// `rail` if the agent named one, else the operator of `phone`. A refusal (the tool disabled,
