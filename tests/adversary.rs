@@ -1362,9 +1362,19 @@ async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_onl
     let foreign = json!({"operation_id": "f-1", "from_account": "acct-A", "to_account": "acct-Z",
                          "amount": "1.00", "currency": "KES"});
     assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    // A widening waiting for a second operator: adopted with the versions, it stays decidable.
+    let alice = app.operator_token("alice", "payments:admin payments:audit");
+    let (_, current) = operator(&app, Method::GET, "/operator/v1/policy", &alice, None).await;
+    let mut doc = current["document"].clone();
+    let dev = doc["policy"]["profiles"].as_array_mut().unwrap().iter_mut().find(|p| p["name"] == "dev").unwrap();
+    dev["autonomous_limit"] = json!({"KES": "9000.00"});
+    let raise = json!({"document": doc, "reason": "raise", "base_version": version});
+    let (status, body) = operator(&app, Method::POST, "/operator/v1/policy/proposals", &alice, Some(raise)).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::ACCEPTED, Some("pending")), "{body}");
     let _ = agent.cancel().await;
     app.stop().await;
     let db = store_db(dir.path());
+    db.execute("UPDATE policy_proposals SET tag = NULL", []).unwrap();
     // What a store from before tags looks like: no version tagged and no audit record left
     // unsealed without a tag (the builds before tags sealed what they wrote; the sealer now never
     // seals an untagged record, so one left unsealed is a tag stripped). Nothing was sealed here
@@ -1389,6 +1399,12 @@ async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_onl
     let tagged: i64 =
         db.query_row("SELECT COUNT(*) FROM policy_versions WHERE tag IS NOT NULL", [], |r| r.get(0)).unwrap();
     assert!(tagged >= 1);
+    let proposals: i64 = db
+        .query_row("SELECT COUNT(*) FROM policy_proposals WHERE status = 'pending' AND tag IS NOT NULL", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(proposals, 1, "the pending proposal is tagged as it stood");
     start(false).await.expect("tagged, it starts without the flag").shutdown().await;
     // Stripped again after the adoption: never adopted a second time, asked or not.
     db.execute("UPDATE policy_versions SET tag = NULL", []).unwrap();

@@ -78,13 +78,14 @@ trap cleanup EXIT
 
 cd "$work"
 set +e
-CARGO_TARGET_DIR="$target" cargo mutants --in-place --no-shuffle -o "$root/target" "${args[@]}" "$@"
+out="${MUTANTS_OUT:-$root/target}"
+CARGO_TARGET_DIR="$target" cargo mutants --in-place --no-shuffle -o "$out" "${args[@]}" "$@"
 rc=$?
 set -e
-echo "mutants: results in target/mutants.out (caught.txt, missed.txt, unviable.txt, timeout.txt)"
+echo "mutants: results in $out/mutants.out (caught.txt, missed.txt, unviable.txt, timeout.txt)"
 # The table of docs/TESTING.md, over what this run was asked to mutate.
 list=$(mktemp)
 CARGO_TARGET_DIR="$target" cargo mutants --list "${args[@]}" "$@" > "$list" 2>/dev/null || true
-python3 "$root/tests/mutants/table.py" "$list" "$root/target/mutants.out" || true
+python3 "$root/tests/mutants/table.py" "$list" "$out/mutants.out" || true
 rm -f "$list"
 exit $rc
