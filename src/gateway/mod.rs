@@ -25,6 +25,7 @@ mod payout;
 mod policy;
 mod policy_tags;
 mod preflight;
+mod principal_admin;
 mod refund;
 mod reversal;
 mod reviews;
@@ -66,13 +67,14 @@ pub use policy::{
     CONFIG_FILE_AUTHOR, ChangeOutcome, PolicySettings, PolicyVersionView, ProposalView, ProposeArgs, SimulationView,
 };
 pub use preflight::{Headroom, PreflightView};
+pub use principal_admin::PrincipalArgs;
 pub use rail_events::CallbackOutcome;
 pub use rails::{PaymentSummary, Receipt};
 pub use reads::{PageAsk, PaymentPage, WindowAsk};
 pub use reconcile::{Finding, ReconcileReport};
 pub use refund::RefundPayment;
 pub use resolution::{RESOLVE_TOOL, ResolutionView, ResolveArgs};
-pub use reviews::{PreauthorizeArgs, PrincipalArgs};
+pub use reviews::PreauthorizeArgs;
 pub use routing::{PhoneRoutes, Routed};
 pub use unit_of_work::Executed;
 pub use windows::parse_instant_arg;

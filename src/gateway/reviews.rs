@@ -1,6 +1,7 @@
 //! The people's side of approvals: operators list, review (the state machine in
 //! `domain::rules::review`), pre-authorize and revoke; a user confirms an approval in their own
-//! tier; operators suspend and resume agents. Scopes are checked here; nobody acts on itself.
+//! tier (operators suspending and resuming agents: `principal_admin.rs`). Scopes are checked here;
+//! nobody acts on itself.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -16,8 +17,8 @@ use crate::domain::approval::{ApprovalStatus, Approver, ReviewDecision};
 use crate::domain::ids::{AccountId, ApprovalId};
 use crate::domain::money::{Currency, Money};
 use crate::domain::ops::ApprovalQuery;
-use crate::domain::principal::{Suspension, SuspensionScope, valid_subject};
-use crate::domain::rules::authority::{Target, acts_on_itself, reaches_itself};
+use crate::domain::principal::valid_subject;
+use crate::domain::rules::authority::{Target, acts_on_itself};
 use crate::mandate::MandateKind;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -58,51 +59,6 @@ pub struct PreauthorizeArgs {
     pub reason: Option<String>,
 }
 
-/// An agent named by an operator (suspend, resume): its subject, its token issuer (default: the
-/// operator's own), and the user it acts for when the action is about that pair only.
-#[derive(Debug, Clone)]
-pub struct PrincipalArgs {
-    pub subject: String,
-    pub issuer: Option<String>,
-    pub user: Option<String>,
-}
-
-impl PrincipalArgs {
-    fn issuer<'a>(&'a self, op: &'a Operator) -> Result<&'a str, OpError> {
-        named("subject", &self.subject, crate::auth::jwt::SUBJECT_BYTES_MAX)?;
-        if let Some(u) = &self.user {
-            named("user", u, crate::auth::jwt::SUBJECT_BYTES_MAX)?;
-        }
-        match self.issuer.as_deref() {
-            Some(i) => named("issuer", i, ISSUER_BYTES_MAX).map(|()| i),
-            None => Ok(&op.issuer),
-        }
-    }
-
-    fn describe(&self, issuer: &str) -> String {
-        match &self.user {
-            Some(u) => format!("subject {} (issuer {issuer}) acting for {u}", self.subject),
-            None => format!("subject {} (issuer {issuer})", self.subject),
-        }
-    }
-}
-
-/// Longest token issuer an operator can name, in bytes.
-pub const ISSUER_BYTES_MAX: usize = 512;
-
-/// A subject, user or issuer an operator names: empty or with control characters is malformed
-/// (400); longer than any token's (in UTF-8 bytes) names no agent at all (404).
-fn named(field: &str, value: &str, bytes_max: usize) -> Result<(), OpError> {
-    if value.is_empty() || value.chars().any(char::is_control) {
-        return Err(OpError::invalid(format!("{field} must be non-empty, without control characters")));
-    }
-    if value.len() > bytes_max {
-        // "no such agent": a token's subject, user or issuer is never this long.
-        return Err(OpError::missing("agent (no token carries a name this long)"));
-    }
-    Ok(())
-}
-
 /// A reason an operator or user gives, as kept: at most [`REASON_CHARS_MAX`] characters (longer is
 /// refused, never cut: a cut reason could say something else).
 pub(super) fn reason_text(reason: Option<String>) -> Result<Option<String>, OpError> {
@@ -121,7 +77,7 @@ pub const OPEN_MANDATE_USES_MAX: i64 = 100_000;
 pub const REASON_CHARS_MAX: usize = 500;
 
 impl Gateway {
-    fn require(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
+    pub(super) fn require(&self, op: &Operator, any_of: &[&'static str]) -> Result<(), OpError> {
         if any_of.iter().any(|s| op.scopes.contains(*s)) { Ok(()) } else { Err(OpError::forbidden(any_of[0])) }
     }
 
@@ -570,81 +526,5 @@ impl Gateway {
         }
         self.metrics.decision("mandates.revoke", "revoked", None);
         Ok(self.view(&rec, now, false))
-    }
-
-    /// Suspend an agent by hand (as the stop rule does by itself) until an admin resumes it: the
-    /// agent whoever it acts for (`user` absent), or only while it acts for `user`. `issuer` is the
-    /// agent's token issuer (default: the operator's own). No one suspends themself (nor an agent
-    /// acting for them): that is a colleague's call.
-    pub async fn suspend_principal(
-        &self,
-        op: &Operator,
-        who: &PrincipalArgs,
-        reason: Option<String>,
-    ) -> Result<bool, OpError> {
-        self.require(op, &[scopes::ADMIN])?;
-        let issuer = who.issuer(op)?;
-        self.not_itself(op, who)?;
-        let reason = reason_text(reason)?;
-        let why = format!("suspended by {}: {}", op.subject, reason.as_deref().unwrap_or("no reason given"));
-        let now = self.clock.now();
-        let scope = match &who.user {
-            Some(u) => SuspensionScope::Pair(Some(u.clone())),
-            None => SuspensionScope::Agent,
-        };
-        let suspension = Suspension { issuer: issuer.to_string(), subject: who.subject.clone(), scope, reason: why };
-        let notify = self.suspended_notice(&suspension);
-        let newly = self.store.suspend(suspension, now, notify).await.map_err(|error| {
-            tracing::error!(%error, "suspend failed");
-            OpError::internal()
-        })?;
-        let mut d = Decision::new("principals.suspend", if newly { "suspended" } else { "already_suspended" });
-        d.detail = Some(who.describe(issuer));
-        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
-        Ok(newly)
-    }
-
-    /// Lift an agent's suspensions (by hand or by the stop rule): every one (`user` absent), or
-    /// only that of the agent acting for `user`. No one resumes themself.
-    pub async fn resume_principal(&self, op: &Operator, who: &PrincipalArgs) -> Result<bool, OpError> {
-        self.require(op, &[scopes::ADMIN])?;
-        let issuer = who.issuer(op)?;
-        self.not_itself(op, who)?;
-        if who.user.is_none() {
-            // Without a user the resume lifts every suspension of the agent, the pair of the agent
-            // acting for this very operator included: that is acting on themself too.
-            let lifted = self.store.agent_suspensions(issuer, &who.subject).await.map_err(|error| {
-                tracing::error!(%error, "suspensions read failed");
-                OpError::internal()
-            })?;
-            let users = lifted.iter().filter_map(|s| match &s.scope {
-                SuspensionScope::Pair(user) => Some(user.as_deref()),
-                SuspensionScope::Agent => None,
-            });
-            if reaches_itself(&op.subject, &who.subject, users) {
-                return Err(OpError::self_review(
-                    "this would lift the suspension of an agent acting for you; a colleague resumes it".into(),
-                ));
-            }
-        }
-        let resumed =
-            self.store.resume(issuer, &who.subject, who.user.as_deref(), self.clock.now()).await.map_err(|error| {
-                tracing::error!(%error, "resume failed");
-                OpError::internal()
-            })?;
-        self.forget_suspended();
-        let mut d = Decision::new("principals.resume", if resumed { "resumed" } else { "not_suspended" });
-        d.detail = Some(who.describe(issuer));
-        self.audit_as(&op.issuer, &op.subject, &op.correlation_id, d).await;
-        Ok(resumed)
-    }
-
-    fn not_itself(&self, op: &Operator, who: &PrincipalArgs) -> Result<(), OpError> {
-        if acts_on_itself(&op.subject, Target { agent: &who.subject, user: who.user.as_deref() }) {
-            return Err(OpError::self_review(
-                "no one suspends or resumes themself, nor an agent acting for them".into(),
-            ));
-        }
-        Ok(())
     }
 }
