@@ -25,7 +25,7 @@ mod payout;
 mod policy;
 mod policy_tags;
 mod preflight;
-mod principal_admin;
+pub mod principal_admin;
 mod refund;
 mod reversal;
 mod reviews;
@@ -67,7 +67,6 @@ pub use policy::{
     CONFIG_FILE_AUTHOR, ChangeOutcome, PolicySettings, PolicyVersionView, ProposalView, ProposeArgs, SimulationView,
 };
 pub use preflight::{Headroom, PreflightView};
-pub use principal_admin::PrincipalArgs;
 pub use rail_events::CallbackOutcome;
 pub use rails::{PaymentSummary, Receipt};
 pub use reads::{PageAsk, PaymentPage, WindowAsk};

@@ -15,7 +15,8 @@ use crate::auth::{Audience, AuthError};
 use crate::catalogue::scopes::OPERATOR_SCOPES;
 use crate::error::ErrorCode;
 use crate::gateway::approvals_api::OpError;
-use crate::gateway::{CorrelationId, Operator, PasskeyAssertion, PreauthorizeArgs, PrincipalArgs, ReviewDecision};
+use crate::gateway::principal_admin::PrincipalArgs;
+use crate::gateway::{CorrelationId, Operator, PasskeyAssertion, PreauthorizeArgs, ReviewDecision};
 
 /// Body size of operator requests, in bytes: they are small JSON documents.
 pub const OPERATOR_BODY_BYTES_MAX: usize = 16 * 1024;
