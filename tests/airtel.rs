@@ -629,20 +629,37 @@ async fn one_operation_pays_on_one_rail_even_with_its_idempotency_records_delete
     db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     let deleted = db.execute("DELETE FROM idempotency_records", []).unwrap();
     assert!(deleted >= 2, "the tool's and the family's records: {deleted}");
-    for (tool, args) in [("send_payment", to_mpesa.clone()), ("send_mpesa_payout", payout("gone-1", "100"))] {
-        let other = call(&c, tool, args).await;
-        assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");
-    }
-    assert_eq!(sent(), (1, 0), "nothing went out on M-Pesa");
-    // The rail record's family key blanked too (the second stop-68 review): the trail's
-    // "submitted" record of the Airtel payout still says where the operation went.
-    db.execute("DELETE FROM idempotency_records", []).unwrap();
-    assert_eq!(db.execute("UPDATE rail_payments SET family_key = NULL", []).unwrap(), 1);
     for (tool, args) in [("send_payment", to_mpesa), ("send_mpesa_payout", payout("gone-1", "100"))] {
         let other = call(&c, tool, args).await;
         assert_eq!(code(&other), "IDEMPOTENCY_CONFLICT", "{tool}: {other:?}");
     }
     assert_eq!(sent(), (1, 0), "nothing went out on M-Pesa");
+    app.stop().await;
+}
+
+/// The third stop-68 review (medium): a payout a human rejected on M-Pesa, asked again under the
+/// same operation_id on Airtel, was put before another person, approved and paid there. A
+/// rejection sticks to the operation on every rail of its family.
+#[tokio::test]
+async fn a_rejection_on_one_rail_sticks_on_the_other() {
+    let (app, airtel, daraja, _dir) = both_rails_paying().await;
+    let scopes = format!("{SCOPES} payments:payout");
+    let c = connect(&app.url, &app.token("dev-agent", &scopes), Era::Modern).await;
+    let mut on_mpesa = payout("rej-1", "1500");
+    on_mpesa["rail"] = json!("mpesa");
+    let asked = call(&c, "send_payment", on_mpesa).await;
+    assert_eq!(code(&asked), "APPROVAL_REQUIRED", "{asked:?}");
+    let approval = err(&asked)["approval_id"].as_str().unwrap().to_string();
+    let carol = app.operator_token("carol", "payments:approve");
+    let reject = format!("/approvals/{approval}/reject");
+    let (status, body) = operator(&app, reqwest::Method::POST, &reject, &carol, Some(json!({"reason": "no"}))).await;
+    assert_eq!(status, 200, "{body}");
+    for (tool, args) in [("send_payment", payout("rej-1", "1500")), ("send_airtel_payout", payout("rej-1", "1500"))] {
+        let again = call(&c, tool, args).await;
+        assert_eq!(code(&again), "APPROVAL_REJECTED", "{tool}: {again:?}");
+        assert_eq!(err(&again)["approval_id"].as_str(), Some(approval.as_str()), "{again:?}");
+    }
+    assert_eq!((airtel.disburse_requests(), daraja.payouts().len()), (0, 0), "nothing went out");
     app.stop().await;
 }
 

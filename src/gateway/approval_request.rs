@@ -70,7 +70,7 @@ impl Gateway {
         // A rejection sticks to its operation by the trail's word too: an approval of this
         // operation the trail shows rejected stays so whatever its row says now (the second
         // stop-68 review: its status set to expired, and the operation asked a human again).
-        match self.rejected_on_trail(&idem.key).await {
+        match self.rejected_on_trail(idem).await {
             Ok(Some(approval_id)) => {
                 let e = AgentError::new(
                     ErrorCode::ApprovalRejected,

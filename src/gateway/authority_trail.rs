@@ -1,10 +1,9 @@
 //! What the trail says about authority, read beside the rows that say it too: a person's earlier
-//! decision on an approval, an operator's revocation of a mandate, and an operation sent on
-//! another rail. The rows (`approval_reviews`,
-//! `mandates.revoked_at`) are what a database writer can rewrite outside the decision's
-//! transaction; the trail's records stand (the stop-67 reviews). Any matching record counts, its
-//! writer's tag holding or not: a forged one can only refuse, and an edited one is named by
-//! `audit verify`.
+//! decision on an approval, an approval rejected, and an operator's revocation of a mandate. The
+//! rows (`approval_reviews`, `approvals.status`, `mandates.revoked_at`) are what a database writer
+//! can rewrite outside the decision's transaction; the trail's records stand (the stop-67 and
+//! stop-68 reviews). Any matching record counts, its writer's tag holding or not: a forged one can
+//! only refuse, and an edited one is named by `audit verify`.
 
 use super::Gateway;
 use super::keys::Idem;
@@ -30,38 +29,22 @@ const DECISION_TOOLS: [&str; 4] =
     ["approvals.approve", "approvals.reject", "approvals.user_confirm", "approvals.user_decline"];
 
 impl Gateway {
-    /// Whether the trail holds a "submitted" record of this operation under another rail's tool of
-    /// its family (a payout or collection that went out on another rail): the operation is that
-    /// rail's, whatever a database writer did to the idempotency records and
-    /// `rail_payments.family_key` (the second stop-68 review).
-    pub(super) async fn sent_on_another_rail(&self, idem: &Idem) -> Result<bool, StoreError> {
-        let Some(family) = &idem.family else { return Ok(false) };
-        for key in &family.siblings {
+    /// An approval of this operation that the trail shows rejected (by an operator, or declined by
+    /// its user), if any: the approvals the agent was told about (its "approval_required" records
+    /// under the call's key, and, for a rail's payout or collection, under the family's other
+    /// rails' tools: a rejection on one rail sticks on the other), each asked about on the trail.
+    pub(super) async fn rejected_on_trail(&self, idem: &Idem) -> Result<Option<String>, StoreError> {
+        let siblings = idem.family.as_deref().map(|f| f.siblings.as_slice()).unwrap_or_default();
+        let mut asked: Vec<String> = Vec::new();
+        for key in std::iter::once(&idem.operation().key).chain(siblings) {
             let q = AuditQuery {
                 idempotency_key: Some(key.clone()),
-                decision: Some("submitted".into()),
-                limit: 1,
+                code: Some("APPROVAL_REQUIRED".into()),
+                limit: ASKED_READ_MAX,
                 ..Default::default()
             };
-            if !self.store.audit_query(q).await?.is_empty() {
-                return Ok(true);
-            }
+            asked.extend(self.store.audit_query(q).await?.into_iter().filter_map(|r| r.approval_id));
         }
-        Ok(false)
-    }
-
-    /// An approval of the operation keyed `key` that the trail shows rejected (by an operator, or
-    /// declined by its user), if any: the approvals the agent was told about (its
-    /// "approval_required" records under the key), each asked about on the trail.
-    pub(super) async fn rejected_on_trail(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let q = AuditQuery {
-            idempotency_key: Some(key.to_string()),
-            code: Some("APPROVAL_REQUIRED".into()),
-            limit: ASKED_READ_MAX,
-            ..Default::default()
-        };
-        let mut asked: Vec<String> =
-            self.store.audit_query(q).await?.into_iter().filter_map(|r| r.approval_id).collect();
         asked.dedup();
         for id in asked {
             let Ok(parsed) = ApprovalId::parse(&id) else { continue };

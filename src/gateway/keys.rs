@@ -34,9 +34,8 @@ pub(super) struct Idem {
     /// `send_payment` naming another `rail`, or another rail's own tool) while the other keys
     /// stay the ones every earlier version took.
     pub family: Option<Box<Idem>>,
-    /// On the family's key: the operation's keys under the family's other rails' tools. Their
-    /// "submitted" records on the trail say the operation went out on another rail, whatever
-    /// the rows say now (a database writer blanking `rail_payments.family_key`).
+    /// On the family's key: the operation's keys under the family's other rails' tools (a
+    /// rejection of the operation on one rail, asked for under them, sticks on the other).
     pub siblings: Vec<String>,
 }
 

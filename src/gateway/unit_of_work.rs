@@ -253,18 +253,6 @@ impl Gateway {
         //    anything (no money moves that the trail does not name), and the outcome's record
         //    follows the answer.
         let in_tx = strategy == Strategy::ClaimInPosting;
-        // A rail's payout or collection the trail shows sent on another rail is that rail's.
-        match self.sent_on_another_rail(&idem).await {
-            Ok(false) => {}
-            Ok(true) => {
-                let reused = Err(BackendError::IdempotencyKeyReused);
-                return self.settle_call(caller, tool, &idem, KeyState::Reserved, reused).await;
-            }
-            Err(e) => {
-                let unread = Err(BackendError::Unavailable(format!("the trail could not be read: {e}")));
-                return self.settle_call(caller, tool, &idem, KeyState::Reserved, unread).await;
-            }
-        }
         let payment_id = PaymentId::generate();
         let opening = if in_tx { "allowed" } else { "submitted" };
         let attempt = Attempt {
