@@ -7,9 +7,10 @@
 #
 #   1. each sampled mutant against the tests that own the area (the library's unit tests and a
 #      few integration binaries: ~40-80 s a mutant);
-#   2. each survivor of pass 1 against the whole suite (`cargo test`, PostgreSQL included when
-#      PAYGATE_TEST_DATABASE_URL is set): a survivor there is a behaviour nothing checks, to be
-#      killed by a new test or explained as equivalent in docs/TESTING.md.
+#   2. each survivor of pass 1 against the whole suite (every test binary, PostgreSQL included
+#      when PAYGATE_TEST_DATABASE_URL is set, stopping at the first binary that catches it; the
+#      verdict names it): a survivor there is a behaviour nothing checks, to be killed by a new
+#      test or explained as equivalent in docs/TESTING.md.
 #
 #   tests/mutants/money.sh store 0/20        pass 1 of shard 0 of 20 of the store
 #   tests/mutants/money.sh --survivors DIR   pass 2 over the missed mutants of DIR/mutants.out
@@ -32,20 +33,36 @@ for o in d["outcomes"]:
         print(o["diff_path"] + "\t" + m["Mutant"]["name"])
 ' "$out")
   [ -n "$missed" ] || { echo "mutants: no survivors in $out"; exit 0; }
-  # Each survivor's diff on a throwaway worktree, the whole suite against it.
+  # Each survivor's diff on a throwaway worktree, then every test binary of the suite (the unit
+  # tests first, the integration binaries in name order; the fault suite runs in its own CI step
+  # and is not part of `cargo test` unless PAYGATE_FAULTS is set), stopping at the first that
+  # fails: the survivor is caught by it, or survives the whole suite.
   work="$root/target/mutants-survivors"
+  target="${MUTANTS_SURVIVOR_TARGET:-$root/target/mutants-target}"
   git worktree remove --force "$work" 2>/dev/null || rm -rf "$work"
   git worktree add --detach --quiet "$work" HEAD
   trap 'git -C "$root" worktree remove --force "$work" 2>/dev/null || true' EXIT
+  bins=$(cd "$work" && ls tests/*.rs | sed 's#tests/##; s#\.rs$##')
+  log="$2/survivors.log"
   : > "$2/survivors.txt"
+  : > "$log"
   while IFS=$'\t' read -r diff name; do
     (cd "$work" && git checkout -q -- . && git apply "$out/$diff")
-    if (cd "$work" && CARGO_TARGET_DIR="${MUTANTS_SURVIVOR_TARGET:-$root/target/mutants-target}" \
-        CI=1 timeout 1800 cargo test --locked -q > "$root/target/mutants-survivor.log" 2>&1); then
-      echo "SURVIVED the whole suite: $name" | tee -a "$2/survivors.txt"
-    else
-      echo "caught by the whole suite: $name" | tee -a "$2/survivors.txt"
+    if ! (cd "$work" && CARGO_TARGET_DIR="$target" timeout 1800 cargo test --locked -q --no-run \
+        --lib --tests >> "$log" 2>&1); then
+      echo "unviable in the whole build: $name" | tee -a "$2/survivors.txt"
+      continue
     fi
+    verdict="SURVIVED the whole suite"
+    for b in lib $bins; do
+      if [ "$b" = lib ]; then sel=(--lib); else sel=(--test "$b"); fi
+      if ! (cd "$work" && CARGO_TARGET_DIR="$target" CI=1 timeout 900 cargo test --locked -q \
+          "${sel[@]}" >> "$log" 2>&1); then
+        verdict="caught by $b"
+        break
+      fi
+    done
+    echo "$verdict: $name" | tee -a "$2/survivors.txt"
   done <<< "$missed"
   exit 0
 fi

@@ -3,7 +3,8 @@
 #
 #   tests/mutants/run.sh                 every mutant of the core (~800, ~90 min on 2 cores)
 #   tests/mutants/run.sh --in-diff       only mutants in the core's lines changed since
-#                                        tests/mutants/BASE (what .ci/run does; nothing to do when
+#                                        tests/mutants/BASE, and every mutant of a core file whose
+#                                        unit tests changed (what .ci/run does; nothing to do when
 #                                        the core is unchanged)
 #   tests/mutants/run.sh -f src/mandate.rs   those files instead of the core (any cargo-mutants
 #                                        option passes through: --iterate, --re, -j with a copy...)
@@ -31,7 +32,10 @@ if [ "${1:-}" = "--in-diff" ]; then
   base=$(tr -d '[:space:]' < tests/mutants/BASE)
   diff=$(mktemp)
   trap 'rm -f "$diff"' EXIT
-  git diff "$base" -- "${core[@]/#/:(glob)}" > "$diff"
+  # The core's changed lines, and in full every core file whose unit tests changed: a change
+  # that only weakens a test shows as the mutants it no longer catches (tests/mutants/in_diff.py).
+  mapfile -t core_files < <(git ls-files -- "${core[@]/#/:(glob)}")
+  python3 tests/mutants/in_diff.py "$base" "$diff" "${core_files[@]}"
   if [ ! -s "$diff" ]; then
     echo "mutants: the core is unchanged since $base; nothing to mutate"
     exit 0
