@@ -96,16 +96,16 @@ impl CallbackGuard {
         self.allowed_ips.is_empty() || sender.is_some_and(|ip| self.allowed_ips.contains(&ip))
     }
 
-    /// Whether this refusal gets an audit record, and how many went unaudited before it.
-    fn refusal_audit(&self) -> Option<u64> {
+    /// Whether a refusal at `now` gets an audit record, and how many went unaudited before it.
+    fn refusal_audit(&self, now: Instant) -> Option<u64> {
         let mut log = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         match log.last_audit {
-            Some(t) if t.elapsed() < REFUSAL_AUDIT_EVERY => {
+            Some(t) if now.saturating_duration_since(t) < REFUSAL_AUDIT_EVERY => {
                 log.not_audited += 1;
                 None
             }
             _ => {
-                log.last_audit = Some(Instant::now());
+                log.last_audit = Some(now);
                 Some(std::mem::take(&mut log.not_audited))
             }
         }
@@ -124,7 +124,7 @@ async fn refuse_unread(
     let g = &state.gateway;
     g.metrics().callback(rail, metric);
     tracing::warn!(rail, reason = %what, "rail callback refused");
-    if let Some(unaudited) = guard.map_or(Some(0), CallbackGuard::refusal_audit) {
+    if let Some(unaudited) = guard.map_or(Some(0), |g| g.refusal_audit(Instant::now())) {
         let detail = if unaudited > 0 { format!("{what} ({unaudited} earlier refusals not audited)") } else { what };
         g.audit_callback_refusal(rail, code, detail).await;
     }
@@ -256,5 +256,24 @@ mod tests {
             let (got_status, got_name) = status_of(outcome);
             assert_eq!((got_status.as_u16(), got_name), (status, name), "{outcome:?}");
         }
+    }
+
+    /// A flood of refused callbacks writes one audit record per interval, and the next one counts
+    /// every refusal that went unaudited since (the trail says how many were not written).
+    #[test]
+    fn refusals_are_audited_once_an_interval_counting_those_left_out() {
+        let secret = crate::secret::Secret::new("callback-secret".into());
+        let guard = CallbackGuard::new(&secret, Vec::new(), Vec::new(), "");
+        let t0 = Instant::now();
+        assert_eq!(guard.refusal_audit(t0), Some(0), "the first refusal is audited");
+        for i in 1..=4 {
+            assert_eq!(guard.refusal_audit(t0 + Duration::from_secs(i)), None, "refusal {i} inside the interval");
+        }
+        let almost = t0 + REFUSAL_AUDIT_EVERY - Duration::from_millis(1);
+        assert_eq!(guard.refusal_audit(almost), None, "still inside the interval");
+        let next = t0 + REFUSAL_AUDIT_EVERY;
+        assert_eq!(guard.refusal_audit(next), Some(5), "the next record counts the five left out");
+        assert_eq!(guard.refusal_audit(next + Duration::from_secs(1)), None);
+        assert_eq!(guard.refusal_audit(next + REFUSAL_AUDIT_EVERY), Some(1), "the count starts again");
     }
 }
