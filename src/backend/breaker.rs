@@ -175,6 +175,23 @@ mod tests {
         assert!(b.acquire().is_some());
     }
 
+    /// Only the probe's own slot is freed by a drop: an attempt started before the circuit opened
+    /// and cancelled while the probe is out lets no second probe through.
+    #[test]
+    fn a_cancelled_plain_attempt_frees_no_probe_slot() {
+        let clock = ManualClock::new(1_000);
+        let b = breaker(&clock);
+        let late = b.acquire().unwrap();
+        b.acquire().unwrap().record(false);
+        b.acquire().unwrap().record(false);
+        clock.advance(30);
+        let probe = b.acquire().unwrap();
+        drop(late);
+        assert!(b.acquire().is_none(), "one probe at a time, whatever else is dropped");
+        probe.record(true);
+        assert_eq!(b.state(), "closed");
+    }
+
     #[test]
     fn backoff_is_jittered_within_its_exponential_cap() {
         let (base, max) = (Duration::from_millis(100), Duration::from_millis(1_000));
