@@ -212,6 +212,36 @@ async fn a_forged_success_the_enquiry_contradicts_is_refused() {
     r.app.stop().await;
 }
 
+/// A collection recorded failed that Airtel later calls paid is reported for a human; the record
+/// stays failed and takes no receipt from that enquiry (a receipt on a record says the money
+/// arrived; only a person settling it may say so).
+#[tokio::test]
+async fn reconciliation_asks_airtel_again_about_a_failed_collection_and_leaves_its_record() {
+    let r = rig().await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_airtel_payment", collect("recheck-1", "150")).await).clone();
+    let id = id_of(&p);
+    assert_eq!(r.fake.callback(&id, "TF").await, 200);
+    assert_eq!(payment(c, &id).await["status"], "failed");
+    let clean = r.app.running.gateway.reconcile(None).await.unwrap();
+    assert!(!clean.findings.iter().any(|f| f.kind == "status_mismatch"), "{:?}", clean.findings);
+    // Later Airtel's enquiry says the customer paid after all, with its reference.
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TS".into()));
+    let report = r.app.running.gateway.reconcile(None).await.unwrap();
+    assert!(
+        report.findings.iter().any(|f| f.kind == "status_mismatch" && f.payment_id.as_deref() == Some(id.as_str())),
+        "{:?}",
+        report.findings
+    );
+    let after = payment(c, &id).await;
+    assert_eq!(after["status"], "failed", "terminal states never change: a human decides");
+    assert!(after.get("receipt").is_none(), "no receipt on a failed record: {after}");
+    let pid = paygate::domain::ids::PaymentId::parse(&id).unwrap();
+    let rec = r.app.running.store.rail_get(&pid).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.receipt), (paygate::domain::rail::RailState::Failed, None), "the stored record too");
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn a_collection_whose_answer_is_lost_is_never_sent_again_and_the_enquiry_settles_it() {
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
