@@ -374,7 +374,11 @@ async fn refused_connections_are_unavailable() {
     l.proxy.set_mode(Mode::Refuse).await;
     let pay = PaymentId::generate();
     match b.transfer(transfer("idk_refuse_1", &pay, "acct-A", "acct-B", kes(300))).await {
-        Err(BackendError::Unavailable(_)) => {}
+        // The detail an operator reads in the log names the cause, not only reqwest's "error
+        // sending request".
+        Err(BackendError::Unavailable(detail)) => {
+            assert!(detail.to_lowercase().contains("connection refused"), "{detail}")
+        }
         other => panic!("a refused connection moves nothing: Unavailable, got {other:?}"),
     }
     assert!(matches!(b.payment(&pay).await, Err(BackendError::Unavailable(_))));
