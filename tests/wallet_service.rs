@@ -23,7 +23,8 @@ use paygate::clock::{Clock, ManualClock, SystemClock};
 use paygate::domain::error::BackendError;
 use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::{Currency, Money};
-use paygate::domain::payment::{Attempt, Guards, PaymentStatus, RefundRequest, TransferRequest};
+use paygate::domain::payment::{Attempt, Guards, PaymentKind, PaymentStatus, RefundRequest, TransferRequest};
+use paygate::domain::rail::{RailFlow, RailPayment, RailState};
 use serde_json::{Value, json};
 use wallet::{Saga, WalletFake};
 
@@ -185,6 +186,75 @@ async fn a_processing_payment_is_pending_until_the_poll_job_settles_it() {
 
 /// The service committed, and its answer was lost: OUTCOME_UNKNOWN, and after the lease the retry
 /// re-sends the same Idempotency-Key: the service replays its payment (one payment).
+/// The wallet service lists no payments, so the gateway pages its own records of them. Records of
+/// another rail on the same account (an M-Pesa collection into it, say) are skipped, and the
+/// listing reads on past a page full of them: every payment is listed once, none is missed, and
+/// the call returns.
+#[tokio::test]
+async fn listing_pages_past_other_rails_records_on_the_same_account() {
+    let r = rig(0).await;
+    let c = &r.client;
+    let mut wallet_ids = Vec::new();
+    for i in 0..2 {
+        let p = ok(&call(c, "create_payment", pay(&format!("w-list-{i}"), "1.00")).await).clone();
+        wallet_ids.push(p["payment_id"].as_str().unwrap().to_string());
+    }
+    // Three newer records of another rail credit acct-B.
+    let now = r.clock.now();
+    let mut other_ids = Vec::new();
+    for i in 0..3 {
+        let id = PaymentId::generate();
+        let rec = RailPayment {
+            id: id.clone(),
+            idempotency_key: format!("other-rail-{i}"),
+            rail: "mpesa".into(),
+            kind: PaymentKind::Payment,
+            state: RailState::Submitting,
+            from_account: AccountId::parse("mpesa-254700000001").unwrap(),
+            to_account: AccountId::parse("acct-B").unwrap(),
+            amount_minor: 100,
+            currency: Currency::parse("KES").unwrap(),
+            refund_of: None,
+            memo: None,
+            principal_sub: "dev-agent".into(),
+            principal_user: None,
+            mandate_id: None,
+            rail_ref: None,
+            receipt: None,
+            phone: None,
+            reason: None,
+            created_at: now + 1 + i,
+            updated_at: now + 1 + i,
+            flow: RailFlow::Collection,
+            family_key: None,
+        };
+        r.app.running.store.rail_open(rec, Guards::default(), None, now + 1 + i).await.unwrap();
+        other_ids.push(id.to_string());
+    }
+    // Page through two at a time: the first pages hold the other rail's records, the wallet's
+    // payments follow, each once.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let mut args = json!({"account_id": "acct-B", "limit": 2});
+        if let Some(cur) = &cursor {
+            args["cursor"] = json!(cur);
+        }
+        let page = tokio::time::timeout(Duration::from_secs(30), call(c, "list_payments", args))
+            .await
+            .expect("a listing returns (it does not read the same page forever)");
+        let page = ok(&page).clone();
+        seen.extend(page["payments"].as_array().unwrap().iter().map(|p| p["payment_id"].as_str().unwrap().to_string()));
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    let expected: Vec<String> = other_ids.iter().rev().chain(wallet_ids.iter().rev()).cloned().collect();
+    assert_eq!(seen, expected, "newest first, each once");
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn a_response_lost_after_the_service_committed_is_replayed_not_repaid() {
     let r = rig(0).await;
