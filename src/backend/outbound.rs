@@ -424,3 +424,20 @@ pub(crate) fn json_int(v: &Value) -> Option<i64> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OutboundTls;
+
+    /// Config dumps and error logs print the TLS settings: whether each is set, never the key.
+    #[test]
+    fn debug_says_what_is_set_and_never_the_key() {
+        let tls = OutboundTls {
+            ca_pem: Some(b"-----BEGIN CERTIFICATE-----\nCA\n".to_vec()),
+            identity_pem: Some(b"-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n".to_vec()),
+        };
+        let shown = format!("{tls:?}");
+        assert_eq!(shown, "OutboundTls { ca: true, client_certificate: true }");
+        assert_eq!(format!("{:?}", OutboundTls::default()), "OutboundTls { ca: false, client_certificate: false }");
+    }
+}
