@@ -330,6 +330,12 @@ async fn a_failing_airtel_endpoint_opens_its_own_circuit_and_shows_it() {
     let metrics = reqwest::get(format!("{}/metrics", r.app.base())).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("paygate_rail_breaker_open{rail=\"airtel\",endpoint=\"collection\"} 1"), "{metrics}");
     assert!(metrics.contains("paygate_rail_breaker_open{rail=\"airtel\",endpoint=\"enquiry\"} 0"), "{metrics}");
+    // The log line an operator is paged by names the endpoint's breaker.
+    let logs = logs_text();
+    assert!(
+        logs.lines().any(|l| l.contains("circuit opened") && l.contains("airtel collection")),
+        "no 'circuit opened' line naming the airtel collection breaker"
+    );
     r.app.stop().await;
 }
 
