@@ -969,6 +969,10 @@ async fn refused_and_over_limit_airtel_payouts_move_nothing() {
     // A refused operation started nothing: once Airtel is back it is sent (once).
     let sent = ok(&call(c, "send_airtel_payout", payout("no-2", "150")).await).clone();
     assert_eq!((sent["status"].as_str(), r.fake.disbursements().len()), (Some("pending"), 1));
+    // The smallest payout Airtel takes, one shilling, goes out too.
+    let one = ok(&call(c, "send_airtel_payout", payout("one-shilling", "1")).await).clone();
+    assert_eq!(one["status"], "pending", "{one}");
+    assert_eq!(r.fake.disbursements().last().map(|d| d.amount), Some(1));
     r.app.stop().await;
 }
 
