@@ -832,6 +832,17 @@ fn send_error(op: Op, e: &reqwest::Error) -> Failure {
 mod tests {
     use super::*;
 
+    /// Airtel's transaction id is the one reference a lost answer can be asked by: one that is
+    /// empty, over the bound or holds control characters is never sent.
+    #[test]
+    fn a_transaction_id_is_short_printable_text() {
+        assert!(is_transaction_id("pay_01JDZZZZZZZZZZZZZZZZZZZZZZ"));
+        assert!(is_transaction_id(&"x".repeat(TRANSACTION_ID_CHARS_MAX)));
+        for bad in [String::new(), "x".repeat(TRANSACTION_ID_CHARS_MAX + 1), "pay\n1".into(), "pay\u{7f}".into()] {
+            assert!(!is_transaction_id(&bad), "{bad:?}");
+        }
+    }
+
     #[test]
     fn normalize_phone_accepts_airtel_kenya_forms() {
         for input in ["0733123456", "733123456", "254733123456", "+254733123456", "+254 733-123-456"] {

@@ -1234,6 +1234,37 @@ fn send_error(op: Op, e: &reqwest::Error) -> Failure {
 mod tests {
     use super::*;
 
+    /// Every payout and reversal failure code Daraja documents fails the payment with its reason
+    /// (one left out would keep a failed payout open, its money held, until a person looked);
+    /// success and codes this gateway does not know are never a failure.
+    #[test]
+    fn every_documented_failure_code_has_its_reason() {
+        let codes = [1, 11, 17, 21, 2001, 2028, 2040, 8006];
+        let reasons: Vec<&str> = codes.iter().map(|c| result_failure_reason(*c).unwrap_or_default()).collect();
+        assert!(reasons.iter().all(|r| !r.is_empty()), "{reasons:?}");
+        let distinct: std::collections::HashSet<_> = reasons.iter().collect();
+        assert_eq!(distinct.len(), codes.len(), "each code its own reason");
+        assert!(result_failure_reason(17).unwrap().contains("2 minutes"));
+        for other in [0, 2, 1032, 9999, -1] {
+            assert_eq!(result_failure_reason(other), None, "{other}");
+        }
+    }
+
+    /// Daraja's ResultCode arrives as a number or as text ("R000002", or a number quoted); a
+    /// blank one is no code.
+    #[test]
+    fn a_result_code_may_be_text_but_not_blank() {
+        let body = |code: &str| {
+            format!(
+                r#"{{"Result":{{"ResultCode":{code},"ResultDesc":"d","OriginatorConversationID":"o","ConversationID":"c"}}}}"#
+            )
+        };
+        assert_eq!(parse_result(body("0").as_bytes()).unwrap().result_code, "0");
+        assert_eq!(parse_result(body(r#""0""#).as_bytes()).unwrap().result_code, "0");
+        assert_eq!(parse_result(body(r#"" R000002 ""#).as_bytes()).unwrap().result_code, "R000002");
+        assert!(parse_result(body(r#""  ""#).as_bytes()).is_err());
+    }
+
     #[test]
     fn normalize_phone_accepts_kenyan_forms() {
         for input in ["0712345678", "712345678", "254712345678", "+254712345678", "+254 712-345-678", "0712 345 678"] {
