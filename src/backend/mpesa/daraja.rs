@@ -1250,6 +1250,20 @@ mod tests {
         }
     }
 
+    /// Daraja answers 500 with errorCode 500.001.1001 for more than one thing: only "being
+    /// processed" is a prompt still open (pending, not a failure of Daraja); the same code with
+    /// another message, or those words under another code, is a server error.
+    #[test]
+    fn only_the_documented_being_processed_answer_is_still_processing() {
+        let answer = |code: &str, message: &str| crate::backend::outbound::Answer {
+            status: reqwest::StatusCode::INTERNAL_SERVER_ERROR,
+            body: serde_json::to_vec(&serde_json::json!({"errorCode": code, "errorMessage": message})).unwrap(),
+        };
+        assert!(still_processing(&answer("500.001.1001", "The transaction is being processed")));
+        assert!(!still_processing(&answer("500.001.1001", "Unable to lock subscriber")));
+        assert!(!still_processing(&answer("500.003.02", "The transaction is being processed")));
+    }
+
     /// Daraja's ResultCode arrives as a number or as text ("R000002", or a number quoted); a
     /// blank one is no code.
     #[test]
