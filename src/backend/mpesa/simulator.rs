@@ -602,3 +602,28 @@ fn queue_timeout(item: &Item) -> Value {
         "ReferenceData": {"ReferenceItem": {"Key": "Occasion", "Value": item.occasion}},
     }})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{description, receipt};
+
+    /// A receipt looks like M-Pesa's (10 characters) and differs from every other one of the run:
+    /// the gateway keeps it as the payment's receipt and a person quotes it.
+    #[test]
+    fn receipts_are_ten_characters_and_each_its_own() {
+        let receipts: Vec<String> = (1..=1_000).map(receipt).collect();
+        assert!(receipts.iter().all(|r| r.len() == 10 && r.starts_with("SIM")), "{:?}", &receipts[..3]);
+        let distinct: std::collections::HashSet<&String> = receipts.iter().collect();
+        assert_eq!(distinct.len(), receipts.len());
+    }
+
+    /// The result descriptions are Daraja's own words for each code it documents.
+    #[test]
+    fn result_descriptions_are_darajas() {
+        assert_eq!(description(0), "The service request is processed successfully.");
+        assert_eq!(description(1032), "Request cancelled by user");
+        assert_eq!(description(1037), "DS timeout user cannot be reached");
+        assert_eq!(description(2001), "The initiator information is invalid.");
+        assert_eq!(description(4), "Simulated result");
+    }
+}
