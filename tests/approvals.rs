@@ -431,6 +431,37 @@ async fn a_rejection_needs_a_reason_and_yields_no_mandate() {
     app.stop().await;
 }
 
+/// A rejected intent asked again under a new operation_id is refused until the cool-down ends (the
+/// refusal names that moment), and after it is a fresh question for a person.
+#[tokio::test]
+async fn a_rejected_intent_is_refused_until_its_cool_down_ends_then_asked_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(SystemClock.now());
+    let overrides = [("PAYGATE_APPROVALS__REJECTED_COOLDOWN_SECS", "1800"), ("PAYGATE_APPROVALS__TTL_SECS", "600")];
+    let app = spawn_with_clock(dir.path(), &overrides, Arc::new(clock.clone())).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let id = request_approval(&agent, "cool-1", "5000.00").await;
+    clock.advance(60);
+    let decided = clock.now();
+    let (status, view) = reject(&app, &id, "carol", Some(json!({"reason": "not now"}))).await;
+    assert_eq!(status, 200, "{view}");
+
+    // (Within the agent token's hour.)
+    clock.advance(1799);
+    let r = pay(&agent, "cool-2", "5000.00", None).await;
+    assert_eq!(code(&r), "APPROVAL_REJECTED", "{r:?}");
+    let until = paygate::clock::rfc3339(decided + 1800);
+    let message = err(&r)["message"].as_str().unwrap().to_string();
+    assert!(message.contains(&until), "the refusal names when asking again is allowed ({until}): {message}");
+
+    clock.advance(2);
+    let r = pay(&agent, "cool-3", "5000.00", None).await;
+    assert_eq!(code(&r), "APPROVAL_REQUIRED", "after the cool-down a person is asked again: {r:?}");
+    assert_ne!(err(&r)["approval_id"].as_str(), Some(id.as_str()));
+    agent.cancel().await.unwrap();
+    app.stop().await;
+}
+
 // 15 ──────────────────────────────────────────────────────────────────────────────────────────────
 
 #[tokio::test]
