@@ -715,6 +715,40 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut pr
     .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
+/// The Health page says when sealing has stopped: unsealed records older than sealing allows
+/// (`audit.seal_every_secs` + `audit.unsealed_slack_secs`) are named, with how many and how old;
+/// records that are merely waiting for the next run are not.
+#[tokio::test]
+async fn the_health_page_names_sealing_that_stopped_and_not_records_waiting_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(SystemClock.now());
+    let overrides = [
+        ("PAYGATE_JOBS__ENABLED", "false"),
+        ("PAYGATE_AUDIT__SEAL_EVERY_SECS", "60"),
+        ("PAYGATE_AUDIT__UNSEALED_SLACK_SECS", "60"),
+    ];
+    let app = spawn_with_clock(dir.path(), &overrides, Arc::new(clock.clone())).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let pay = json!({"operation_id": "stalled-1", "from_account": "acct-A", "to_account": "acct-B",
+                     "amount": "1.00", "currency": "KES"});
+    ok(&call(&agent, "create_payment", pay).await);
+    agent.cancel().await.unwrap();
+    let audit_check = || async {
+        let auditor = app.operator_token("auditor", "payments:audit");
+        let (_, health) = operator(&app, Method::GET, "/operator/v1/health", &auditor, None).await;
+        health["checks"].as_array().unwrap().iter().find(|c| c["name"] == "audit").unwrap().clone()
+    };
+    let waiting = audit_check().await;
+    assert_eq!(waiting["ok"], true, "{waiting}");
+    assert!(!waiting["detail"].as_str().unwrap().contains("sealing is not running"), "{waiting}");
+    clock.advance(121);
+    let stalled = audit_check().await;
+    assert_eq!(stalled["ok"], false, "{stalled}");
+    let detail = stalled["detail"].as_str().unwrap();
+    assert!(detail.contains("sealing is not running") && detail.contains("121 s old"), "{detail}");
+    app.stop().await;
+}
+
 /// Every run that moves the head signs it, but the store keeps only the newest checkpoint and at
 /// most one per `audit.checkpoint_every_secs` before it; every one was sent as an event, and the
 /// trail verifies with what is kept.
