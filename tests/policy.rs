@@ -179,6 +179,14 @@ async fn simulate_reports_exactly_the_calls_a_proposal_changes_and_writes_nothin
     // Lowering the limit to 500.00: the 600 and 900 payments would have needed a human.
     let report = simulate(with_dev(doc.clone(), "autonomous_limit", json!({"KES": "500.00"}))).await;
     assert_eq!(report["replayed"], 4, "the four judged calls: {report}");
+    // A window of bare dates runs from the start of `since` to the end of `until`: yesterday to
+    // today holds every call above.
+    let now = paygate::clock::Clock::now(&paygate::clock::SystemClock);
+    let (yesterday, today) = (paygate::clock::rfc3339(now - 86_400), paygate::clock::rfc3339(now));
+    let doc500 = with_dev(doc.clone(), "autonomous_limit", json!({"KES": "500.00"}));
+    let body = json!({"document": doc500, "since": &yesterday[..10], "until": &today[..10]});
+    let (status, dated) = post(&app, "/policy/simulate", &auditor, body).await;
+    assert_eq!((status, dated["replayed"].as_i64()), (StatusCode::OK, Some(4)), "{dated}");
     assert_eq!(
         changed(&report),
         vec![s("600.00", "allowed", "approval_required"), s("900.00", "allowed", "approval_required")],
@@ -597,6 +605,18 @@ async fn wider_file_at_restart(store: &[(&str, &str)]) {
     assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("applied")), "{body}");
     assert_eq!(limit_in_force(&app), (3, Some("50.00".into())));
     app.stop().await;
+    // Two different files on the same version are two questions: the second is its own proposal,
+    // not taken for the first one still waiting.
+    for (n, limit) in [(1, "6000.00"), (2, "7000.00")] {
+        let app = spawn_with_toml(dir.path(), &file_policy(limit), store, clock.clone()).await;
+        assert_eq!(limit_in_force(&app), (3, Some("50.00".into())));
+        let alice = app.operator_token("alice", "payments:admin payments:audit");
+        let (_, pending) = get(&app, "/policy/proposals?status=pending", &alice).await;
+        let items = pending["items"].as_array().unwrap();
+        assert_eq!(items.len(), n, "{limit}: {pending}");
+        assert!(items.iter().all(|p| p["author"] == "config-file"), "{pending}");
+        app.stop().await;
+    }
 }
 
 /// With no operator change since, a file that only narrows is the next version at start.
