@@ -82,6 +82,11 @@ n, unv, viable, p1, p2, killed, equiv, surv, _ = tot
 before, now, nonequiv = p1 + p2, p1 + p2 + killed, viable - equiv
 print(f"| **all** | | {n} | {unv} | {viable} | {p1} | {p2} | {killed} | {equiv} | {surv} | "
       f"**{100 * before / max(nonequiv, 1):.1f} %** | **{100 * now / max(nonequiv, 1):.1f} %** |")
+# Each sampled mutant stands for N of its area (shard K/N): the money path's estimate weighs them so.
+w_before = sum(int(r[1].split("/")[1]) * (r[5] + r[6]["pass2"]) for r in rows)
+w_nonequiv = sum(int(r[1].split("/")[1]) * (r[4] - r[6]["equivalent"]) for r in rows)
 print()
+print(f"Weighted by each sample's rate (a mutant of a 1-in-N sample stands for N): "
+      f"{100 * w_before / max(w_nonequiv, 1):.1f} % of the money path's non-equivalent viable mutants caught before new tests.")
 print(f"Before new tests: {before} of {nonequiv} non-equivalent viable mutants caught; the 95 % (Wilson) interval "
       f"for the whole money path's share starts at {100 * wilson_low(before, nonequiv):.1f} %.")
