@@ -579,30 +579,7 @@ async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
         guards: budget(),
     };
     // Attempt 1: opened the record, the ledger applied it, and the attempt died before recording.
-    let rec = paygate::domain::rail::RailPayment {
-        id: first_id.clone(),
-        idempotency_key: "k-dead".into(),
-        rail: "http".into(),
-        kind: PaymentKind::Payment,
-        state: RailState::Submitting,
-        from_account: AccountId::parse("acct-A").unwrap(),
-        to_account: AccountId::parse("acct-B").unwrap(),
-        amount_minor: 1_000,
-        currency: Currency::parse("KES").unwrap(),
-        refund_of: None,
-        memo: None,
-        principal_sub: "dev-agent".into(),
-        principal_user: None,
-        mandate_id: None,
-        rail_ref: None,
-        receipt: None,
-        phone: None,
-        reason: None,
-        created_at: 0,
-        updated_at: 0,
-        flow: paygate::domain::rail::RailFlow::Ledger,
-        family_key: None,
-    };
+    let rec = rail_record(&first_id, "k-dead", "acct-A", "acct-B", 1_000);
     assert!(gateway_store.rail_open(rec, budget(), None, r.clock.now()).await.unwrap().created);
     let applied = r.ledger.ledger_transfer(request(&first_id), r.clock.now()).await.unwrap();
     // Attempt 2 cannot reach the ledger: the outcome is unknown, not "nothing moved".

@@ -23,8 +23,8 @@ use paygate::clock::{Clock, ManualClock, SystemClock};
 use paygate::domain::error::BackendError;
 use paygate::domain::ids::{AccountId, PaymentId};
 use paygate::domain::money::{Currency, Money};
-use paygate::domain::payment::{Attempt, Guards, PaymentKind, PaymentStatus, RefundRequest, TransferRequest};
-use paygate::domain::rail::{RailFlow, RailPayment, RailState};
+use paygate::domain::payment::{Attempt, Guards, PaymentStatus, RefundRequest, TransferRequest};
+use paygate::domain::rail::{RailFlow, RailPayment};
 use serde_json::{Value, json};
 use wallet::{Saga, WalletFake};
 
@@ -205,28 +205,11 @@ async fn listing_pages_past_other_rails_records_on_the_same_account() {
     for i in 0..3 {
         let id = PaymentId::generate();
         let rec = RailPayment {
-            id: id.clone(),
-            idempotency_key: format!("other-rail-{i}"),
             rail: "mpesa".into(),
-            kind: PaymentKind::Payment,
-            state: RailState::Submitting,
-            from_account: AccountId::parse("mpesa-254700000001").unwrap(),
-            to_account: AccountId::parse("acct-B").unwrap(),
-            amount_minor: 100,
-            currency: Currency::parse("KES").unwrap(),
-            refund_of: None,
-            memo: None,
-            principal_sub: "dev-agent".into(),
-            principal_user: None,
-            mandate_id: None,
-            rail_ref: None,
-            receipt: None,
-            phone: None,
-            reason: None,
+            flow: RailFlow::Collection,
             created_at: now + 1 + i,
             updated_at: now + 1 + i,
-            flow: RailFlow::Collection,
-            family_key: None,
+            ..rail_record(&id, &format!("other-rail-{i}"), "mpesa-254700000001", "acct-B", 100)
         };
         r.app.running.store.rail_open(rec, Guards::default(), None, now + 1 + i).await.unwrap();
         other_ids.push(id.to_string());

@@ -460,3 +460,40 @@ pub fn python(test: &str) -> Option<PathBuf> {
         }
     }
 }
+
+/// A gateway rail record as the store keeps it: a `submitting` KES payment of `amount_minor` from
+/// `from` to `to` under `idempotency_key`, made by the dev agent for no one, on the `http` rail's
+/// ledger flow at time 0. Tests that seed the store by hand change what they need with `..`.
+pub fn rail_record(
+    id: &paygate::domain::ids::PaymentId,
+    idempotency_key: &str,
+    from: &str,
+    to: &str,
+    amount_minor: i64,
+) -> paygate::domain::rail::RailPayment {
+    use paygate::domain::ids::AccountId;
+    paygate::domain::rail::RailPayment {
+        id: id.clone(),
+        idempotency_key: idempotency_key.into(),
+        rail: "http".into(),
+        kind: paygate::domain::payment::PaymentKind::Payment,
+        state: paygate::domain::rail::RailState::Submitting,
+        from_account: AccountId::parse(from).unwrap(),
+        to_account: AccountId::parse(to).unwrap(),
+        amount_minor,
+        currency: paygate::domain::money::Currency::parse("KES").unwrap(),
+        refund_of: None,
+        memo: None,
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        mandate_id: None,
+        rail_ref: None,
+        receipt: None,
+        phone: None,
+        reason: None,
+        created_at: 0,
+        updated_at: 0,
+        flow: paygate::domain::rail::RailFlow::Ledger,
+        family_key: None,
+    }
+}
