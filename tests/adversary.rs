@@ -1353,6 +1353,7 @@ async fn a_policy_version_written_in_the_database_is_never_in_force() {
 /// the adoption is recorded, and a store whose tags are stripped after that is never adopted again.
 #[tokio::test]
 async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_only_once() {
+    capture_logs();
     let dir = tempfile::tempdir().unwrap();
     let quiet = ("PAYGATE_JOBS__ENABLED", "false");
     let app = spawn_on(dir.path(), &[quiet]).await;
@@ -1395,6 +1396,13 @@ async fn untagged_policy_versions_are_adopted_only_when_an_operator_asks_and_onl
     assert_eq!(adopted.gateway.policy().version, version);
     let records = adopted.store.audit_first_of_tool("policy.adopt_tags").await.unwrap();
     assert!(records.is_some(), "the adoption is in the trail");
+    // And in the log, for whoever watches the start: what was adopted and that it was.
+    let logs = logs_text();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("policy versions written before versions were tagged: tagged as they stood"))
+        .unwrap_or_else(|| panic!("the adoption is logged: {logs}"));
+    assert!(line.contains(" INFO ") && line.contains("versions="), "{line}");
     adopted.shutdown().await;
     let tagged: i64 =
         db.query_row("SELECT COUNT(*) FROM policy_versions WHERE tag IS NOT NULL", [], |r| r.get(0)).unwrap();

@@ -239,6 +239,11 @@ async fn an_stk_push_whose_answer_is_lost_is_never_sent_again() {
         assert_eq!(code(&first), "OUTCOME_UNKNOWN", "{mode:?}");
         assert_eq!(err(&first)["retryable"], true);
         assert_eq!(r.fake.push_requests(), before + 1);
+        // Just made, it is the poll job's to settle, not yet a person's: reconciliation names only
+        // what has gone unanswered for longer than the lease (here lost-1, at lost-2's turn).
+        let young = ok(&call(c, "reconcile", json!({})).await).clone();
+        let named = young["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "outcome_unknown").count();
+        assert_eq!(named, usize::from(op == "lost-2"), "{young}");
         r.fake.set_push_mode(PushMode::Accept);
         // While the first attempt's lease lasts, a retry is told to wait.
         let busy = call(c, "request_mpesa_payment", collect(op, "300")).await;

@@ -273,6 +273,29 @@ async fn connection_refused_is_unavailable() {
     }
 }
 
+/// A token endpoint that refuses the connection left nothing processed: the attempt is tried
+/// again, at most `retries_max` times, and each try counts toward the circuit — here three tries
+/// of one push open it (a refusal taken as final would have counted one).
+#[tokio::test]
+async fn a_refused_token_connection_is_tried_again_a_bounded_number_of_times() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let h = harness_with(|c| {
+        c.base_url = format!("http://127.0.0.1:{port}");
+        c.retries_max = 2;
+        c.breaker_failures_max = 3;
+        c.breaker_open = Duration::from_secs(30);
+    })
+    .await;
+    match bounded(h.client.stk_push(&push(10))).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("oauth") && why.contains("connect"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    match bounded(h.client.stk_push(&push(10))).await {
+        Err(DarajaError::Unavailable(why)) => assert!(why.contains("circuit is open"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn bad_config_is_refused_at_construction() {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0));

@@ -685,3 +685,35 @@ async fn an_import_naming_an_author_is_not_that_operators_word() {
     assert_eq!(current(&app, &bob).await.0, 2);
     app.stop().await;
 }
+
+/// Another replica appending between this one's read of the newest version and its own append
+/// (played here by a trigger that writes the rival version first, as the other replica's insert
+/// would, and drops this one's): the change is refused as stale, naming the version that won,
+/// and nothing of it is in force.
+#[tokio::test]
+async fn a_change_that_loses_the_append_to_another_replica_is_refused_naming_the_newest_version() {
+    let (app, dir) = spawn_app().await;
+    let alice = app.operator_token("alice", "payments:admin");
+    let (v, doc) = current(&app, &alice).await;
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER another_replica BEFORE INSERT ON policy_versions WHEN NEW.reason = 'test change' BEGIN
+           INSERT INTO policy_versions (version, document, author_iss, author_sub, reason, approver_iss,
+             approver_sub, proposal_id, created_at, tag)
+           VALUES (NEW.version, NEW.document, NEW.author_iss, 'bob', 'the other replica', '', '', NULL,
+             NEW.created_at, NEW.tag);
+           SELECT RAISE(IGNORE);
+         END;",
+    )
+    .unwrap();
+    let (status, body) = propose(&app, &alice, with_dev(doc, "autonomous_limit", json!({"KES": "500.00"})), v).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("CONFLICT")), "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    let expected = format!("the policy changed since version {v} (version {} is the newest)", v + 1);
+    assert!(message.contains(&expected), "{message}");
+    let author: String =
+        db.query_row("SELECT author_sub FROM policy_versions WHERE version = ?1", [v + 1], |r| r.get(0)).unwrap();
+    assert_eq!(author, "bob", "the other replica's version stands");
+    app.stop().await;
+}

@@ -228,3 +228,21 @@ pub(super) fn mask_phone(phone: &str) -> String {
 pub(super) fn clip(s: &str) -> String {
     s.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').take(64).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rail_reference_reaches_an_audit_detail_as_safe_characters_only_and_bounded() {
+        assert_eq!(clip("ws_CO_07122026-abc9"), "ws_CO_07122026-abc9");
+        assert_eq!(clip("QK1\n<script>'; DROP --x"), "QK1scriptDROP--x");
+        assert_eq!(clip(&"ab".repeat(100)), "ab".repeat(32));
+    }
+
+    #[test]
+    fn a_phone_shows_its_prefix_and_last_three_digits_and_a_short_one_nothing() {
+        assert_eq!(mask_phone("254712345678"), "25471****678");
+        assert_eq!(mask_phone("123456"), "******");
+    }
+}

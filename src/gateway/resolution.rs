@@ -256,3 +256,17 @@ fn refusal(rec: &RailPayment, r: Refusal) -> OpError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_kept_as_given_within_its_bound_and_refused_blank_or_over_it() {
+        assert_eq!(checked_text("reason", " paid by hand", 13).ok().as_deref(), Some(" paid by hand"));
+        assert!(checked_text("reason", "paid by hand!!", 13).is_err(), "one character over");
+        assert!(checked_text("reason", " \t ", 13).is_err(), "blank");
+        // Characters, not bytes.
+        assert!(checked_text("reason", &"ñ".repeat(13), 13).is_ok());
+    }
+}

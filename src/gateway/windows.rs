@@ -64,3 +64,33 @@ pub(crate) fn today_window(
 pub fn parse_instant_arg(s: &str) -> Result<UnixSecs, String> {
     parse_instant("since", s, false).map_err(|e| e.message)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: i64 = 86_400;
+
+    #[test]
+    fn a_window_runs_forward_and_spans_at_most_366_days() {
+        let from = 1_800_000_000;
+        assert!(check_window(from, from + 1).is_ok());
+        assert!(check_window(from, from + 366 * DAY).is_ok());
+        assert!(check_window(from, from + 366 * DAY + 1).is_err(), "a second past 366 days");
+        assert!(check_window(from, from).is_err(), "an empty window");
+        assert!(check_window(from, from - DAY).is_err(), "a window running backwards");
+    }
+
+    #[test]
+    fn the_bound_holds_on_the_dates_agents_give() {
+        // A bare `to` date is the end of its day: 2025-01-01 through 2026-01-01 is 366 days.
+        let span = |from: &str, to: &str| match parse_window(Some(from), Some(to)) {
+            Ok((Some(f), Some(t))) => Ok((t - f) / DAY),
+            Ok(_) => Err("both ends given, both parsed".to_string()),
+            Err(e) => Err(e.message),
+        };
+        assert_eq!(span("2025-01-01", "2026-01-01"), Ok(366));
+        assert_eq!(span("2025-01-01", "2026-01-02"), Err("from must be before to, at most 366 days apart".into()));
+        assert!(today_window(1_800_000_000, Some("2020-01-01"), None).is_err(), "years back to now");
+    }
+}
