@@ -741,7 +741,11 @@ async fn the_health_page_names_sealing_that_stopped_and_not_records_waiting_for_
     let waiting = audit_check().await;
     assert_eq!(waiting["ok"], true, "{waiting}");
     assert!(!waiting["detail"].as_str().unwrap().contains("sealing is not running"), "{waiting}");
-    clock.advance(121);
+    // At exactly seal_every_secs + unsealed_slack_secs it is still waiting: stalled is older than that.
+    clock.advance(120);
+    let waiting = audit_check().await;
+    assert_eq!(waiting["ok"], true, "{waiting}");
+    clock.advance(1);
     let stalled = audit_check().await;
     assert_eq!(stalled["ok"], false, "{stalled}");
     let detail = stalled["detail"].as_str().unwrap();

@@ -212,6 +212,12 @@ async fn refunds_are_exactly_once_and_bounded() {
     assert_eq!(balance(&c, "acct-B").await, "0.00");
     let r = call(&c, "refund_payment", json!({"operation_id": "r-4", "payment_id": pid})).await;
     assert_eq!(code(&r), "INVALID_ARGUMENT");
+    // Nothing is left, yet r-3's retry replays r-3's refund; r-3 with other arguments is no retry
+    // of it, and is refused like any other call (never answered with r-3's refund).
+    let again = call(&c, "refund_payment", json!({"operation_id": "r-3", "payment_id": pid})).await;
+    assert_eq!((ok(&again)["amount"].as_str(), ok(&again)["replayed"].as_bool()), (Some("10.00"), Some(true)));
+    let other = call(&c, "refund_payment", json!({"operation_id": "r-3", "payment_id": pid, "reason": "again"})).await;
+    assert_eq!(code(&other), "INVALID_ARGUMENT", "{other:?}");
     // A refund needs its own scope.
     let no_refund = app.token("dev-agent", "payments:read payments:create");
     let limited = connect(&app.url, &no_refund, Era::Modern).await;

@@ -927,3 +927,29 @@ async fn mandates_verify_from_the_published_jwks_alone_across_a_key_rotation() {
     app.assert_secrets_not_logged();
     app.stop().await;
 }
+
+/// An open pre-authorization waiting for its second reviewer across a restart that lowers
+/// `mandates.open_valid_max_secs`: the mandate it yields is valid for the bound in force when it
+/// is issued, never the wider one it was asked under.
+#[tokio::test]
+async fn a_lowered_validity_bound_caps_the_open_mandate_issued_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(SystemClock.now());
+    let app = spawn_with_clock(dir.path(), &[], Arc::new(clock.clone())).await;
+    let mut body = open_mandate_body("1500.00", "150000.00", 2);
+    body["valid_for_secs"] = json!(86_400);
+    let view = preauthorize(&app, body).await;
+    assert_eq!((view["status"].as_str(), view["reviewers_required"].as_i64()), (Some("pending"), Some(2)), "{view}");
+    let id = view["approval_id"].as_str().unwrap().to_string();
+    app.stop().await;
+
+    let lowered = [("PAYGATE_MANDATES__OPEN_VALID_MAX_SECS", "3600")];
+    let app = spawn_with_clock(dir.path(), &lowered, Arc::new(clock.clone())).await;
+    let (status, view) = approve(&app, &id, "bob").await;
+    assert_eq!((status.as_u16(), view["status"].as_str()), (200, Some("approved")), "{view}");
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let c = claims(&agent_mandate(&agent, &id).await);
+    assert_eq!(c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap(), 3600, "{c}");
+    agent.cancel().await.unwrap();
+    app.stop().await;
+}
