@@ -4,6 +4,8 @@
 //! produced here by the mistake it is meant to catch.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test crate: a panic is a failed test
 
+#[path = "common/airtel.rs"]
+mod airtel;
 mod common;
 #[path = "common/daraja.rs"]
 mod daraja;
@@ -381,7 +383,7 @@ async fn doctor_checks_the_wallet_service_and_its_account_mapping() {
 }
 
 #[tokio::test]
-async fn doctor_flags_an_unhealthy_ledger_service_and_refused_daraja_credentials() {
+async fn doctor_flags_an_unhealthy_ledger_service_and_refused_rail_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("http://127.0.0.1:{}", closed_port());
     let env = vec![
@@ -410,6 +412,24 @@ async fn doctor_flags_an_unhealthy_ledger_service_and_refused_daraja_credentials
     assert!(!out.contains("someone-elses-key") && !out.contains("fake-consumer-secret"), "no secret printed:\n{out}");
     let (_, out) = doctor_async(dir.path(), base_toml(dir.path()), mpesa("fake-consumer-key")).await;
     line(&out, '✓', "m-pesa");
+
+    // Airtel likewise: its token endpoint refusing the client id is a ✗, never a secret printed.
+    let fake = airtel::AirtelFake::start().await;
+    let airtel = |secret: &str| {
+        vec![
+            ("PAYGATE_SERVER__PUBLIC_URL".to_string(), "https://pay.example.com".to_string()),
+            ("PAYGATE_AIRTEL__ENABLED".to_string(), "true".to_string()),
+            ("PAYGATE_AIRTEL__BASE_URL".to_string(), fake.base_url()),
+            ("PAYGATE_AIRTEL__CLIENT_ID".to_string(), airtel::CLIENT_ID.to_string()),
+            ("PAYGATE_AIRTEL__CLIENT_SECRET".to_string(), secret.to_string()),
+            ("PAYGATE_AIRTEL__CALLBACK_SECRET".to_string(), "cb-secret-0123456789abcdefgh".to_string()),
+        ]
+    };
+    let (code, out) = doctor_async(dir.path(), base_toml(dir.path()), airtel("someone-elses-secret")).await;
+    assert_fails(code, &out, "airtel", "Airtel: ");
+    assert!(!out.contains("someone-elses-secret"), "no secret printed:\n{out}");
+    let (_, out) = doctor_async(dir.path(), base_toml(dir.path()), airtel(airtel::CLIENT_SECRET)).await;
+    line(&out, '✓', "airtel");
 }
 
 #[test]

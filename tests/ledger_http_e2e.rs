@@ -350,6 +350,35 @@ async fn a_response_lost_after_the_ledger_committed_is_replayed_not_repaid() {
     r.app.stop().await;
 }
 
+/// The same for a refund: the retry re-sends it under the refund id and key the first attempt
+/// sent, and the ledger answers with the refund it already made; the money comes back once.
+#[tokio::test]
+async fn a_refund_whose_response_was_lost_is_replayed_not_refunded_again() {
+    let r = rig().await;
+    let c = &r.client;
+    let paid = ok(&call(c, "create_payment", pay("to-refund", "400.00")).await).clone();
+    let refund = json!({"operation_id": "lost-refund", "payment_id": paid["payment_id"], "amount": "150.00"});
+    // The payment read (twice: the refund's check, then the backend's), then the refund's answer lost.
+    r.proxy.script([Mode::PassThrough, Mode::PassThrough, Mode::DropResponseAfterForward]);
+    let first = call(c, "refund_payment", refund.clone()).await;
+    assert_eq!(code(&first), "OUTCOME_UNKNOWN", "{first:?}");
+    r.clock.advance(120);
+    let retry = call(c, "refund_payment", refund.clone()).await;
+    assert_eq!(ok(&retry)["amount"], "150.00", "{retry:?}");
+    assert_eq!(balance(c, "acct-B").await, "250.00", "refunded once");
+    let sent: Vec<Value> = r
+        .proxy
+        .seen()
+        .iter()
+        .filter(|s| s.method == "POST" && s.path.ends_with("/refunds"))
+        .map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[0]["refund_id"], sent[1]["refund_id"], "the retry re-sent the same refund id");
+    assert_eq!(ok(&call(c, "refund_payment", refund).await)["replayed"], true);
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn budgets_are_drawn_on_the_gateway_side_and_given_back_when_nothing_moved() {
     let r = rig().await;

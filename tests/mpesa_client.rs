@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::StatusCode;
 use daraja::{DarajaFake, FakeConfig, OutboundKind, OutboundMode, PushMode, QueryAnswer};
 use paygate::backend::mpesa::daraja::{
     B2bPayment, B2cPayment, BusinessTo, DarajaClient, DarajaConfig, DarajaError, Reversal, Sender, StkPush,
@@ -239,6 +240,23 @@ async fn a_401_refreshes_the_token_and_retries_once() {
     let id = h.fake.pushes()[0].checkout_request_id.clone();
     assert_eq!(h.client.stk_query(&id).await.unwrap(), StkQueryOutcome::Pending);
     assert_eq!(h.fake.token_requests(), 3);
+}
+
+/// Daraja's gateway refuses an unknown token with a bare 401, or with `404.001.03` under another
+/// 4xx status: either way the token is fetched again and the request sent once more.
+#[tokio::test]
+async fn a_token_refused_either_way_daraja_refuses_one_is_fetched_again() {
+    let h = harness().await;
+    h.client.stk_push(&push(10)).await.unwrap();
+    for (n, (status, with_code)) in
+        [(StatusCode::UNAUTHORIZED, false), (StatusCode::BAD_REQUEST, true)].into_iter().enumerate()
+    {
+        h.fake.set_invalid_token_answer(status, with_code);
+        h.fake.revoke_tokens();
+        h.client.stk_push(&push(20)).await.unwrap_or_else(|e| panic!("{status} (code: {with_code}): {e:?}"));
+        assert_eq!(h.fake.token_requests(), 2 + n, "{status}");
+    }
+    assert_eq!(h.fake.pushes().len(), 3);
 }
 
 #[tokio::test]

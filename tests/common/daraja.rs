@@ -172,6 +172,9 @@ struct Inner {
     /// token → expires at (unix secs).
     tokens: HashMap<String, i64>,
     reject_all_tokens: bool,
+    /// How a call with a token the fake does not know is refused: (status, with Daraja's
+    /// `404.001.03` body); `None`, the usual 401 with it.
+    invalid_token_answer: Option<(StatusCode, bool)>,
     push_mode: PushMode,
     pushes: Vec<RecordedPush>,
     queries: HashMap<String, QueryAnswer>,
@@ -207,6 +210,7 @@ impl DarajaFake {
             inner: Mutex::new(Inner {
                 tokens: HashMap::new(),
                 reject_all_tokens: false,
+                invalid_token_answer: None,
                 push_mode: PushMode::Accept,
                 pushes: Vec::new(),
                 queries: HashMap::new(),
@@ -475,6 +479,12 @@ impl DarajaFake {
         self.state.inner.lock().unwrap().tokens.clear();
     }
 
+    /// Refuse a token the fake does not know with `status`, with Daraja's `404.001.03` body or
+    /// none (Daraja's gateway answers both ways).
+    pub fn set_invalid_token_answer(&self, status: StatusCode, with_code: bool) {
+        self.state.inner.lock().unwrap().invalid_token_answer = Some((status, with_code));
+    }
+
     /// While set, every API call is refused with 401 (even with a fresh token).
     pub fn set_reject_all_tokens(&self, on: bool) {
         self.state.inner.lock().unwrap().reject_all_tokens = on;
@@ -632,7 +642,13 @@ fn check_bearer(st: &FakeState, headers: &HeaderMap) -> Option<Response> {
     let valid = token
         .and_then(|t| inner.tokens.get(t))
         .is_some_and(|expires_at| st.cfg.clock.now() < *expires_at && !inner.reject_all_tokens);
-    if valid { None } else { Some(daraja_error(StatusCode::UNAUTHORIZED, "404.001.03", "Invalid Access Token")) }
+    if valid {
+        return None;
+    }
+    Some(match inner.invalid_token_answer.unwrap_or((StatusCode::UNAUTHORIZED, true)) {
+        (status, true) => daraja_error(status, "404.001.03", "Invalid Access Token"),
+        (status, false) => status.into_response(),
+    })
 }
 
 /// A field sent as a string or a number, as text.

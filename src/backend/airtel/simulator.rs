@@ -474,12 +474,51 @@ async fn enquiry(State(sim): State<Arc<Sim>>, Path(id): Path<String>, headers: H
     let Some(item) = inner.items.iter().find(|i| i.kind == kind && i.id == id) else {
         return refusal(StatusCode::OK, "ESB000008", "Transaction not found");
     };
+    axum::Json(success(enquiry_answer(item))).into_response()
+}
+
+/// What an enquiry says of `item`: its status, and Airtel's money id once it succeeded (none
+/// while it is pending or after it failed: nothing was paid).
+fn enquiry_answer(item: &Item) -> Value {
     let paid = item.code() == "TS";
-    axum::Json(success(json!({
+    json!({
         "id": item.id,
         "status": item.code(),
         "message": format!("simulated: {}", item.status),
         "airtel_money_id": if paid { Value::from(item.airtel_money_id.clone()) } else { Value::Null },
-    })))
-    .into_response()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transaction ids the simulator takes are the wire client's: at most
+    /// `TRANSACTION_ID_CHARS_MAX` characters, none a control character.
+    #[test]
+    fn a_transaction_id_is_bounded_and_printable() {
+        let max = super::super::wire::TRANSACTION_ID_CHARS_MAX;
+        assert_eq!(transaction_id(&json!("pay_01")), Some("pay_01".to_string()));
+        assert_eq!(transaction_id(&json!("p".repeat(max))), Some("p".repeat(max)));
+        assert_eq!(transaction_id(&json!("p".repeat(max + 1))), None);
+        assert_eq!(transaction_id(&json!("pay\u{7}01")), None);
+        assert_eq!(transaction_id(&json!("  ")), None);
+    }
+
+    /// An enquiry names Airtel's money id of a payment that succeeded, and of no other.
+    #[test]
+    fn an_enquiry_names_the_money_id_only_of_a_payment_that_succeeded() {
+        let mut item = Item::taken("pay_01".into(), Kind::Payout, "733123456".into(), 100);
+        item.airtel_money_id = "MP210603.1234.A00001".into();
+        for (status, code, money_id) in [
+            ("pending", "TIP", Value::Null),
+            ("declined", "TF", Value::Null),
+            ("expired", "TE", Value::Null),
+            ("paid", "TS", json!("MP210603.1234.A00001")),
+        ] {
+            item.status = status;
+            let answer = enquiry_answer(&item);
+            assert_eq!((&answer["status"], &answer["airtel_money_id"]), (&json!(code), &money_id), "{status}");
+        }
+    }
 }
