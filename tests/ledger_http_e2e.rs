@@ -379,6 +379,43 @@ async fn a_refund_whose_response_was_lost_is_replayed_not_refunded_again() {
     r.app.stop().await;
 }
 
+/// The ledger's answer is the only word the gateway may get of a payment it made: a store that
+/// refuses to record it for a moment (a database restart or failover) is tried again, and once it
+/// is back the answer is recorded and the agent told the payment succeeded. (The store is refused
+/// by a trigger, dropped as soon as the gateway says it is trying again.)
+#[tokio::test]
+async fn an_answer_the_store_refused_to_record_at_first_is_recorded_when_it_is_back() {
+    const TRYING_AGAIN: &str = "recording a rail payment's outcome failed; trying again";
+    capture_logs();
+    let r = rig().await;
+    let db = rusqlite::Connection::open(r.app.data_dir.join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER store_away BEFORE UPDATE ON rail_payments WHEN NEW.state = 'succeeded'
+         BEGIN SELECT RAISE(ABORT, 'the store went away'); END;",
+    )
+    .unwrap();
+    let paying = call(&r.client, "create_payment", pay("away-1", "10.00"));
+    tokio::pin!(paying);
+    let mut healed = false;
+    let paid = loop {
+        tokio::select! {
+            done = &mut paying => break done,
+            () = tokio::time::sleep(std::time::Duration::from_millis(5)), if !healed => {
+                if logs_text().contains(TRYING_AGAIN) {
+                    db.execute_batch("DROP TRIGGER store_away").unwrap();
+                    healed = true;
+                }
+            }
+        }
+    };
+    assert!(healed, "the gateway tried again: {paid:?}");
+    assert_eq!(ok(&paid)["status"], "succeeded", "{paid:?}");
+    assert_eq!(ledger_payments(&r).await.len(), 1, "paid once");
+    assert_eq!(balance(&r.client, "acct-B").await, "10.00");
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn budgets_are_drawn_on_the_gateway_side_and_given_back_when_nothing_moved() {
     let r = rig().await;
