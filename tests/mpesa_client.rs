@@ -319,12 +319,18 @@ async fn bad_config_is_refused_at_construction() {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0));
     let fake = DarajaFake::start(FakeConfig::default()).await;
     type Adjust = fn(&mut DarajaConfig);
-    let cases: [(&str, Adjust); 5] = [
+    let cases: [(&str, Adjust); 11] = [
         ("transaction_type", |c| c.transaction_type = "CustomerPayBill".into()),
         ("base_url", |c| c.base_url = "ftp://x".into()),
         ("callback_url", |c| c.callback_url = "paygate.example/cb".into()),
         ("short_code", |c| c.short_code = "17437a".into()),
         ("token_refresh_margin_secs", |c| c.token_refresh_margin_secs = -1),
+        ("consumer_key and consumer_secret", |c| c.consumer_key = paygate::auth::Secret::new(String::new())),
+        ("consumer_key and consumer_secret", |c| c.consumer_secret = paygate::auth::Secret::new(String::new())),
+        ("passkey must be set", |c| c.passkey = paygate::auth::Secret::new(String::new())),
+        ("result_url", |c| c.result_url = "paygate.example/result".into()),
+        ("timeout_url", |c| c.timeout_url = "ftp://paygate.example/timeout".into()),
+        ("security_credential", |c| c.security_credential = paygate::auth::Secret::new(String::new())),
     ];
     for (needle, adjust) in cases {
         let mut cfg = fake.client_config(CALLBACK_URL);
@@ -334,6 +340,189 @@ async fn bad_config_is_refused_at_construction() {
             other => panic!("{needle}: {other:?}"),
         }
     }
+    // The initiator's settings are checked only when payouts are configured: without one, its
+    // URLs and credential may stay empty.
+    let mut cfg = fake.client_config(CALLBACK_URL);
+    (cfg.initiator_name, cfg.result_url, cfg.b2c_short_code) = (String::new(), String::new(), "x".into());
+    assert!(DarajaClient::new(cfg, clock.clone()).is_ok());
+    let mut cfg = fake.client_config(CALLBACK_URL);
+    cfg.b2c_short_code = "60099x".into();
+    assert!(matches!(DarajaClient::new(cfg, clock), Err(DarajaError::Config(why)) if why.contains("b2c_short_code")));
+}
+
+/// Money out, reversals and status queries are checked before anything is sent: no amount, no
+/// id, an id with a control character, no remarks, a receipt that is not one. Each is refused as
+/// the request's own fault, and Daraja hears nothing (not even a token request).
+#[tokio::test]
+async fn invalid_payouts_reversals_and_status_queries_are_refused_before_anything_is_sent() {
+    let h = harness().await;
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_ok".into(),
+        phone: normalize_phone("0712345678").unwrap(),
+        amount_whole: 50,
+        remarks: "Refund".into(),
+    };
+    let invalid = |r: Result<paygate::backend::mpesa::daraja::RequestAccepted, DarajaError>, field: &str| match r {
+        Err(DarajaError::Rejected { code, message }) => {
+            assert_eq!(code, "paygate.invalid_request");
+            assert!(message.starts_with(field), "{field}: {message}");
+        }
+        other => panic!("{field}: {other:?}"),
+    };
+    invalid(h.client.b2c_payment(&B2cPayment { amount_whole: 0, ..payout.clone() }).await, "Amount");
+    invalid(
+        h.client.b2c_payment(&B2cPayment { originator_conversation_id: String::new(), ..payout.clone() }).await,
+        "OriginatorConversationID",
+    );
+    invalid(
+        h.client.b2c_payment(&B2cPayment { originator_conversation_id: "pay\n1".into(), ..payout.clone() }).await,
+        "OriginatorConversationID",
+    );
+    invalid(h.client.b2c_payment(&B2cPayment { remarks: " \t ".into(), ..payout.clone() }).await, "Remarks");
+    let reversal =
+        Reversal { transaction_id: "NLJ41HAY6Q".into(), amount_whole: 30, remarks: "r".into(), occasion: "o".into() };
+    invalid(h.client.reversal(&Reversal { amount_whole: 0, ..reversal.clone() }).await, "Amount");
+    invalid(h.client.reversal(&Reversal { transaction_id: String::new(), ..reversal.clone() }).await, "TransactionID");
+    invalid(
+        h.client.reversal(&Reversal { transaction_id: "NLJ41-HAY6Q".into(), ..reversal.clone() }).await,
+        "TransactionID",
+    );
+    invalid(h.client.transaction_status("", "o", Sender::Payouts).await, "OriginatorConversationID");
+    invalid(h.client.transaction_status("pay\u{1b}1", "o", Sender::Payouts).await, "OriginatorConversationID");
+    match h.client.stk_query("ws_CO\n1").await {
+        Err(DarajaError::Rejected { code, message }) => {
+            assert_eq!(code, "paygate.invalid_request");
+            assert!(message.starts_with("CheckoutRequestID"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        (h.fake.token_requests(), h.fake.b2c_requests(), h.fake.reversal_requests(), h.fake.status_requests()),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(h.fake.query_requests(), 0);
+}
+
+/// A Daraja answering each API path with what the test sets, and tokens as Daraja does.
+#[derive(Clone, Default)]
+struct Scripted(Arc<Mutex<std::collections::HashMap<String, (StatusCode, String)>>>);
+
+impl Scripted {
+    fn answer(&self, path: &str, status: StatusCode, body: &str) {
+        self.0.lock().unwrap().insert(path.to_string(), (status, body.to_string()));
+    }
+}
+
+async fn scripted_token() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"access_token": "scripted-token", "expires_in": "3599"}))
+}
+
+async fn scripted_answer(State(s): State<Scripted>, uri: axum::http::Uri) -> (StatusCode, String) {
+    s.0.lock().unwrap().get(uri.path()).cloned().unwrap_or((StatusCode::NOT_FOUND, String::new()))
+}
+
+const PUSH_PATH: &str = "/mpesa/stkpush/v1/processrequest";
+const QUERY_PATH: &str = "/mpesa/stkpushquery/v1/query";
+const B2C_PATH: &str = "/mpesa/b2c/v3/paymentrequest";
+const STATUS_PATH: &str = "/mpesa/transactionstatus/v1/query";
+
+/// A 200 is not an acceptance unless it says so: a push answered 200 with another ResponseCode is
+/// refused with Daraja's code; one whose body cannot be read, or accepted without the id to ask
+/// about it by, may have reached the customer (outcome unknown, never "not sent"). A query's odd
+/// 200 is only a failed question (unavailable), a payout's may have moved money (outcome unknown),
+/// a status query's is a question to ask again.
+#[tokio::test]
+async fn a_success_status_whose_body_says_otherwise_is_never_taken_for_acceptance() {
+    let script = Scripted::default();
+    let app = axum::Router::new()
+        .route("/oauth/v1/generate", axum::routing::get(scripted_token))
+        .fallback(scripted_answer)
+        .with_state(script.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let mut cfg = fake.client_config(CALLBACK_URL);
+    cfg.base_url = base;
+    let client = DarajaClient::new(cfg, Arc::new(ManualClock::new(T0))).unwrap();
+    let ok = StatusCode::OK;
+
+    script.answer(
+        PUSH_PATH,
+        ok,
+        r#"{"MerchantRequestID":"m","CheckoutRequestID":"ws_1","ResponseCode":"1","ResponseDescription":"Rejected"}"#,
+    );
+    match bounded(client.stk_push(&push(10))).await {
+        Err(DarajaError::Rejected { code, message }) => {
+            assert_eq!((code.as_str(), message.as_str()), ("1", "Rejected"))
+        }
+        other => panic!("{other:?}"),
+    }
+    script.answer(PUSH_PATH, ok, r#"{"MerchantRequestID":"m","CheckoutRequestID":"","ResponseCode":"0"}"#);
+    match bounded(client.stk_push(&push(10))).await {
+        Err(DarajaError::OutcomeUnknown(why)) => assert!(why.contains("without a CheckoutRequestID"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    script.answer(PUSH_PATH, ok, "<html>ok</html>");
+    match bounded(client.stk_push(&push(10))).await {
+        Err(DarajaError::OutcomeUnknown(why)) => assert!(why.contains("unparseable success body"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    script.answer(
+        PUSH_PATH,
+        ok,
+        r#"{"MerchantRequestID":"m","CheckoutRequestID":"ws_2","ResponseCode":0,"CustomerMessage":"Success"}"#,
+    );
+    let accepted = bounded(client.stk_push(&push(10))).await.unwrap();
+    assert_eq!((accepted.checkout_request_id.as_str(), accepted.customer_message.as_str()), ("ws_2", "Success"));
+
+    script.answer(QUERY_PATH, ok, r#"{"ResponseCode":"1","ResponseDescription":"No such request"}"#);
+    assert!(matches!(bounded(client.stk_query("ws_2")).await, Err(DarajaError::Rejected { code, .. }) if code == "1"));
+    for body in [r#"{"ResponseCode":"0"}"#, r#"{"ResponseCode":"0","ResultCode":"soon"}"#, "garbage"] {
+        script.answer(QUERY_PATH, ok, body);
+        match bounded(client.stk_query("ws_2")).await {
+            Err(DarajaError::Unavailable(why)) => assert!(why.contains("unparseable success body"), "{body}: {why}"),
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    script.answer(
+        QUERY_PATH,
+        ok,
+        r#"{"ResponseCode":"0","ResultCode":"1032","ResultDesc":"Request cancelled by user"}"#,
+    );
+    assert_eq!(
+        bounded(client.stk_query("ws_2")).await.unwrap(),
+        StkQueryOutcome::Completed { result_code: 1032, result_desc: "Request cancelled by user".into() }
+    );
+
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_odd".into(),
+        phone: normalize_phone("0712345678").unwrap(),
+        amount_whole: 50,
+        remarks: "Refund".into(),
+    };
+    script.answer(
+        B2C_PATH,
+        ok,
+        r#"{"ResponseCode":"2001","ResponseDescription":"The initiator information is invalid."}"#,
+    );
+    assert!(
+        matches!(bounded(client.b2c_payment(&payout)).await, Err(DarajaError::Rejected { code, .. }) if code == "2001")
+    );
+    script.answer(B2C_PATH, ok, "{");
+    match bounded(client.b2c_payment(&payout)).await {
+        Err(DarajaError::OutcomeUnknown(why)) => assert!(why.contains("unparseable success body"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    script.answer(STATUS_PATH, ok, "{");
+    assert!(matches!(
+        bounded(client.transaction_status("pay_odd", "pay_odd", Sender::Payouts)).await,
+        Err(DarajaError::Unavailable(_))
+    ));
+    script.answer(STATUS_PATH, ok, r#"{"ConversationID":"AG_1","OriginatorConversationID":"st_1","ResponseCode":"0"}"#);
+    let asked = bounded(client.transaction_status("pay_odd", "pay_odd", Sender::Payouts)).await.unwrap();
+    assert_eq!((asked.conversation_id.as_str(), asked.originator_conversation_id.as_str()), ("AG_1", "st_1"));
+    server.abort();
 }
 
 /// Everything logged while the client runs, at every level: no token, key or passkey appears.

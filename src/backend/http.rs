@@ -697,6 +697,31 @@ mod tests {
         for (url, cred) in [("ftp://x", "s"), ("http://u:p@host", "s"), ("http://host", ""), ("nope", "s")] {
             assert!(HttpLedger::new(cfg(url, cred), clock.clone()).is_err(), "{url}");
         }
+        for (url, needle) in [("http://host/?a=1", "query"), ("http://host/#top", "fragment")] {
+            match HttpLedger::new(cfg(url, "s"), clock.clone()) {
+                Err(BackendError::Unavailable(why)) => assert!(why.contains(needle), "{url}: {why}"),
+                other => panic!("{url}: {:?}", other.map(|_| ())),
+            }
+        }
+        type Adjust = fn(&mut HttpLedgerConfig);
+        let bounds: [(&str, Adjust); 5] = [
+            ("timeouts", |c| c.connect_timeout = Duration::ZERO),
+            ("timeouts", |c| c.request_timeout = Duration::ZERO),
+            ("retries_max", |c| c.retries_max = RETRIES_MAX_LIMIT + 1),
+            ("breaker", |c| c.breaker_failures_max = 0),
+            ("breaker", |c| c.breaker_open = Duration::ZERO),
+        ];
+        for (needle, adjust) in bounds {
+            let mut c = cfg("http://127.0.0.1:1", "s");
+            adjust(&mut c);
+            match HttpLedger::new(c, clock.clone()) {
+                Err(BackendError::Unavailable(why)) => assert!(why.contains(needle), "{why}"),
+                other => panic!("{needle}: {:?}", other.map(|_| ())),
+            }
+        }
+        let mut at_the_bound = cfg("http://127.0.0.1:1", "s");
+        at_the_bound.retries_max = RETRIES_MAX_LIMIT;
+        assert!(HttpLedger::new(at_the_bound, clock.clone()).is_ok());
         let l = HttpLedger::new(cfg("http://127.0.0.1:1/prefix/", "s"), clock).unwrap();
         assert_eq!(l.url(&["v1", "payments"], &[]).unwrap().as_str(), "http://127.0.0.1:1/prefix/v1/payments");
         assert!(l.url(&["v1", "accounts", "..", "balance"], &[]).is_err());

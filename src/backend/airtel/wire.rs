@@ -914,4 +914,340 @@ mod tests {
             assert!(PayoutCredentials::new(&Secret::new("4321".into()), key).is_err(), "{key:?}");
         }
     }
+    /// A key outside the sizes Airtel issues is refused, and says why: one too small to protect
+    /// the PIN (512 bits) the RSA parser itself refuses; one over 4096 bits, this check.
+    #[test]
+    fn an_rsa_key_outside_the_accepted_sizes_is_refused() {
+        let small = "MFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBALXZsrKsqVIGdXbaRHfBBCdy9Ade0L5yfIYbp24CasJThjEmuJERSuDOKKtPY3U0ZLJL+I4BHVQeSLHoYf0iT8cCAwEAAQ==";
+        assert!(parse_public_key(small).is_err());
+        let large = "MIICLzANBgkqhkiG9w0BAQEFAAOCAhwAMIICFwKCAg4Apixqb1SIea09AZ0Ik0KRs2J16OICd3X1P76idIX2r7AMPLp+PjlQPyWzAGLc+5j0u+NfmHRcV7/F+awqllxctgk7FsHynjy9DSSAKPoCGfkuRrTCsYR/PpFG9C4GxtVH5j3l5D+i+bPgMnVLInjRvATsLwrUV+eTuyb9z2703fqLc88LXa0MrtgNjUKKnfNMAjUQOm09KyHT+i85fDEhUCqRIZxjs35AK49NWlQZrGCD/cpvUsRCvqHY+64Rv4IwBqc0IaHKlCN+Ry0jS5KY2eRyYTxktJy8U6kF5+H+JZNXSFhvs0IJ+38TjzRv2HUR2a9qLMyKFO0IKF7hAttSvsPiPCHciAgPnmOfqFCLFSBpw/tGn9sAJGlztJUuySvd3l0mA6SpGGtTHEoM2M9f0Pw2PmtsO+zThtsad0/LY7sKcPQUrqGWOaH6igr7L2TymeHooMajykIFSDqPI+j8UgA2Jx+5mlISjHQkx/qb40e8m+SPi6of6YNwXz2tDcUHwvTo1LjRAY1p4pvRQ3cj6CTJydQUKtAEMHmihx4L/rt9/0fa8P2jPub1Xu9glhYWcsR1XEoz+sk180a7XVLYH8QuxncDSQEsijF4lg/R56lpypn4ACOD3fx8la9rclsEWfuzQG0bNQTyif6/Tdq8CY/fXFeD70yzqgEz1mbMRU2XHX0T//PgJ1roMSNdAgMBAAE=";
+        let e = parse_public_key(large).unwrap_err();
+        assert!(e.contains("4200 bits") && e.contains("1024 to 4096"), "{e}");
+    }
+
+    #[test]
+    fn a_callback_field_of_the_wrong_type_or_an_id_over_the_bound_is_refused() {
+        let cases = [
+            (r#"{"transaction":{"id":7,"status_code":"TS"}}"#.to_string(), "transaction.id must be a string"),
+            (r#"{"transaction":{"id":"p","status_code":["TS"]}}"#.to_string(), "status_code must be a string"),
+            (
+                format!(
+                    r#"{{"transaction":{{"id":"{}","status_code":"TS"}}}}"#,
+                    "x".repeat(TRANSACTION_ID_CHARS_MAX + 1)
+                ),
+                "too long",
+            ),
+            (r#"{"transaction":{"id":"pay\u0007","status_code":"TS"}}"#.to_string(), "control characters"),
+        ];
+        for (body, needle) in cases {
+            let err = parse_callback(body.as_bytes()).unwrap_err();
+            assert!(err.contains(needle), "{body}: {err}");
+        }
+        let long =
+            format!(r#"{{"transaction":{{"id":"{}","status_code":"TS"}}}}"#, "x".repeat(TRANSACTION_ID_CHARS_MAX));
+        assert!(parse_callback(long.as_bytes()).is_ok());
+    }
+
+    /// An Airtel answering each path with what the test sets (the token endpoint as Airtel does,
+    /// unless set), counting every request it gets.
+    #[derive(Clone, Default)]
+    struct Scripted {
+        answers: Arc<std::sync::Mutex<std::collections::HashMap<String, (u16, String)>>>,
+        requests: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Scripted {
+        fn answer(&self, path: &str, status: u16, body: &str) {
+            self.answers.lock().unwrap().insert(path.to_string(), (status, body.to_string()));
+        }
+        fn requests(&self) -> usize {
+            self.requests.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    async fn scripted_answer(
+        axum::extract::State(s): axum::extract::State<Scripted>,
+        uri: axum::http::Uri,
+    ) -> (axum::http::StatusCode, String) {
+        s.requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let found = s.answers.lock().unwrap().get(uri.path()).cloned();
+        let (status, body) = match found {
+            Some(a) => a,
+            None if uri.path() == PATH_TOKEN => (200, r#"{"access_token":"t0k3n","expires_in":"3599"}"#.into()),
+            None => (404, String::new()),
+        };
+        (axum::http::StatusCode::from_u16(status).unwrap(), body)
+    }
+
+    async fn scripted_client(payouts: bool) -> (Scripted, AirtelClient, tokio::task::JoinHandle<()>) {
+        let script = Scripted::default();
+        let app = axum::Router::new().fallback(scripted_answer).with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        let payouts = payouts.then(|| {
+            PayoutCredentials::new(&Secret::new("4321".into()), include_str!("../../../tests/fixtures/rsa1.pub.pem"))
+                .unwrap()
+        });
+        let cfg = AirtelConfig {
+            base_url,
+            client_id: Secret::new("id".into()),
+            client_secret: Secret::new("secret".into()),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            token_refresh_margin_secs: 60,
+            retries_max: 0,
+            breaker_failures_max: 50,
+            breaker_open: Duration::from_secs(30),
+            payouts,
+        };
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::ManualClock::new(1_700_000_000));
+        (script, AirtelClient::new(cfg, clock).unwrap(), server)
+    }
+
+    fn collection(id: &str, amount_whole: i64, reference: &str) -> Collection {
+        Collection {
+            id: id.into(),
+            msisdn: normalize_phone("0733123456").unwrap(),
+            amount_whole,
+            reference: reference.into(),
+        }
+    }
+
+    fn disbursement(id: &str, amount_whole: i64, reference: &str) -> Disbursement {
+        Disbursement {
+            id: id.into(),
+            msisdn: normalize_phone("0733123456").unwrap(),
+            amount_whole,
+            reference: reference.into(),
+        }
+    }
+
+    fn refused_as_invalid(r: Result<impl std::fmt::Debug, AirtelError>, field: &str) {
+        match r {
+            Err(AirtelError::Refused { code, message }) => {
+                assert_eq!(code, "paygate.invalid_request");
+                assert!(message.starts_with(field), "{field}: {message}");
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+
+    /// What cannot be a valid request is refused before Airtel hears anything (not even a token
+    /// request): no shilling, an id that is not one, a blank reference, a refund of something that
+    /// is not an Airtel reference, an enquiry for an id this gateway never sends; and disbursements
+    /// without their PIN and key are a configuration error, not a refusal.
+    #[tokio::test]
+    async fn invalid_requests_are_refused_before_anything_is_sent() {
+        let (script, client, server) = scripted_client(true).await;
+        refused_as_invalid(client.collect(&collection("pay_1", 0, "Order 1")).await, "transaction.amount");
+        refused_as_invalid(client.collect(&collection("", 10, "Order 1")).await, "transaction.id");
+        refused_as_invalid(client.collect(&collection("pay\n1", 10, "Order 1")).await, "transaction.id");
+        refused_as_invalid(client.collect(&collection("pay_1", 10, " \u{7} ")).await, "reference");
+        refused_as_invalid(client.disburse(&disbursement("pay_2", 0, "Payout")).await, "transaction.amount");
+        refused_as_invalid(client.disburse(&disbursement("", 10, "Payout")).await, "transaction.id");
+        refused_as_invalid(client.disburse(&disbursement("pay_2", 10, "\t")).await, "reference");
+        refused_as_invalid(client.refund("MP 21<script>").await, "transaction.airtel_money_id");
+        for id in ["", "pay/1", "pay 1", "pay?x=1"] {
+            refused_as_invalid(client.enquire(id).await, "id");
+            refused_as_invalid(client.enquire_disbursement(id).await, "id");
+        }
+        assert_eq!(script.requests(), 0);
+        let (script, bare, _bare_server) = scripted_client(false).await;
+        assert!(!bare.pays_out());
+        assert!(matches!(bare.disburse(&disbursement("pay_2", 10, "Payout")).await, Err(AirtelError::Config(_))));
+        assert_eq!(script.requests(), 0);
+        server.abort();
+    }
+
+    /// A 200 is an acceptance only when Airtel's status block says so: a refusal inside a 200 is a
+    /// refusal; a collection or refund answer that says neither may have started the money moving
+    /// (outcome unknown, never "not sent"); a disbursement is refused only when Airtel reports the
+    /// transaction failed; an enquiry's odd answer is a question to ask again.
+    #[tokio::test]
+    async fn a_success_status_is_read_from_airtels_status_block_not_the_http_code() {
+        let (script, client, server) = scripted_client(true).await;
+        let refused =
+            r#"{"status":{"code":"200","message":"Insufficient funds","result_code":"DP00800001007","success":false}}"#;
+        script.answer(PATH_COLLECT, 200, refused);
+        match client.collect(&collection("pay_1", 10, "Order 1")).await {
+            Err(AirtelError::Refused { code, message }) => {
+                assert_eq!((code.as_str(), message.as_str()), ("DP00800001007", "Insufficient funds"))
+            }
+            other => panic!("{other:?}"),
+        }
+        for body in ["", "{}", r#"{"status":{"code":"200"}}"#] {
+            script.answer(PATH_COLLECT, 200, body);
+            assert!(
+                matches!(
+                    client.collect(&collection("pay_1", 10, "Order 1")).await,
+                    Err(AirtelError::OutcomeUnknown(_))
+                ),
+                "{body:?}"
+            );
+        }
+        script.answer(PATH_COLLECT, 200, r#"{"status":{"success":true}}"#);
+        client.collect(&collection("pay_1", 10, "Order 1")).await.unwrap();
+
+        let failed_tx = r#"{"data":{"transaction":{"status":"TF"}},"status":{"result_code":"DP00900001001","message":"Failed","success":false}}"#;
+        script.answer(PATH_DISBURSE, 200, failed_tx);
+        assert!(
+            matches!(client.disburse(&disbursement("pay_2", 10, "Payout")).await, Err(AirtelError::Refused { code, .. }) if code == "DP00900001001")
+        );
+        for body in [
+            r#"{"data":{"transaction":{"status":"TIP"}},"status":{"success":false}}"#,
+            r#"{"status":{"success":false}}"#,
+            "{",
+        ] {
+            script.answer(PATH_DISBURSE, 200, body);
+            assert!(
+                matches!(
+                    client.disburse(&disbursement("pay_2", 10, "Payout")).await,
+                    Err(AirtelError::OutcomeUnknown(_))
+                ),
+                "{body}"
+            );
+        }
+        script.answer(PATH_DISBURSE, 200, r#"{"status":{"success":true}}"#);
+        client.disburse(&disbursement("pay_2", 10, "Payout")).await.unwrap();
+
+        script.answer(PATH_REFUND, 200, r#"{"data":{"transaction":{"airtel_money_id":"MP210603.1234.R00001","status":"SUCCESS"}},"status":{"success":true}}"#);
+        assert_eq!(client.refund("MP210603.1234.L06941").await.unwrap().as_deref(), Some("MP210603.1234.R00001"));
+        script.answer(PATH_REFUND, 200, r#"{"data":{"transaction":{"status":"TS"}},"status":{"success":true}}"#);
+        assert_eq!(client.refund("MP210603.1234.L06941").await.unwrap(), None);
+        script.answer(
+            PATH_REFUND,
+            200,
+            r#"{"status":{"result_code":"ESB000041","message":"No such transaction","success":false}}"#,
+        );
+        assert!(
+            matches!(client.refund("MP210603.1234.L06941").await, Err(AirtelError::Refused { code, .. }) if code == "ESB000041")
+        );
+        for body in
+            [r#"{"data":{"transaction":{"status":"TIP"}},"status":{"success":true}}"#, r#"{"status":{"success":true}}"#]
+        {
+            script.answer(PATH_REFUND, 200, body);
+            assert!(
+                matches!(client.refund("MP210603.1234.L06941").await, Err(AirtelError::OutcomeUnknown(_))),
+                "{body}"
+            );
+        }
+
+        let path = format!("{PATH_ENQUIRY}pay_1");
+        script.answer(&path, 200, r#"{"status":{"result_code":"ESB000010","message":"Not found","success":false}}"#);
+        assert!(matches!(client.enquire("pay_1").await, Err(AirtelError::Refused { code, .. }) if code == "ESB000010"));
+        for body in [
+            "not json",
+            r#"{"status":{"success":true}}"#,
+            r#"{"data":{"transaction":{"id":"pay_1"}},"status":{"success":true}}"#,
+            r#"{"data":{"transaction":{"id":"pay_9","status":"TS"}},"status":{"success":true}}"#,
+        ] {
+            script.answer(&path, 200, body);
+            assert!(matches!(client.enquire("pay_1").await, Err(AirtelError::Unavailable(_))), "{body}");
+        }
+        script.answer(&path, 200, r#"{"data":{"transaction":{"id":"pay_1","status":"TS","airtel_money_id":"MP210603.1234.L06941","message":"Paid"}},"status":{"success":true}}"#);
+        let e = client.enquire("pay_1").await.unwrap();
+        assert_eq!(
+            (e.status, e.airtel_money_id.as_deref(), e.message.as_str()),
+            (TransactionStatus::Success, Some("MP210603.1234.L06941"), "Paid")
+        );
+        server.abort();
+    }
+
+    /// Error answers mean what they say about money: a token refused twice or an overload is
+    /// unavailable (nothing started), a 4xx a refusal, a 5xx after a collection an unknown outcome
+    /// and after an enquiry a question to ask again.
+    #[tokio::test]
+    async fn each_error_answer_says_what_may_have_happened_to_the_money() {
+        let (script, client, server) = scripted_client(true).await;
+        let err = r#"{"status":{"result_code":"ESB000001","message":"Something went wrong","success":false}}"#;
+        let enquiry = format!("{PATH_ENQUIRY}pay_1");
+        script.answer(PATH_COLLECT, 401, err);
+        match client.collect(&collection("pay_1", 10, "Order 1")).await {
+            Err(AirtelError::Unavailable(why)) => assert!(why.contains("refused twice"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        for status in [429, 503] {
+            script.answer(PATH_COLLECT, status, err);
+            assert!(
+                matches!(client.collect(&collection("pay_1", 10, "Order 1")).await, Err(AirtelError::Unavailable(_))),
+                "{status}"
+            );
+        }
+        script.answer(PATH_COLLECT, 400, err);
+        assert!(
+            matches!(client.collect(&collection("pay_1", 10, "Order 1")).await, Err(AirtelError::Refused { code, .. }) if code == "ESB000001")
+        );
+        script.answer(PATH_COLLECT, 500, err);
+        assert!(matches!(
+            client.collect(&collection("pay_1", 10, "Order 1")).await,
+            Err(AirtelError::OutcomeUnknown(_))
+        ));
+        script.answer(PATH_DISBURSE, 502, err);
+        assert!(matches!(
+            client.disburse(&disbursement("pay_2", 10, "Payout")).await,
+            Err(AirtelError::OutcomeUnknown(_))
+        ));
+        script.answer(PATH_REFUND, 500, err);
+        assert!(matches!(client.refund("MP210603.1234.L06941").await, Err(AirtelError::OutcomeUnknown(_))));
+        script.answer(&enquiry, 500, err);
+        assert!(matches!(client.enquire("pay_1").await, Err(AirtelError::Unavailable(_))));
+        script.answer(&enquiry, 404, err);
+        assert!(matches!(client.enquire("pay_1").await, Err(AirtelError::Refused { .. })));
+        server.abort();
+    }
+
+    /// A token Airtel will not give is unavailable, never a refusal of the payment: refused, empty,
+    /// or without a positive lifetime. The doctor's credential check says the same.
+    #[tokio::test]
+    async fn a_token_airtel_will_not_give_leaves_the_request_unsent_and_unavailable() {
+        for (status, body, needle) in [
+            (401, r#"{"error":"invalid_client"}"#, "token request refused (HTTP 401"),
+            (200, r#"{"access_token":"","expires_in":"3599"}"#, "empty access_token"),
+            (200, r#"{"access_token":"t","expires_in":"0"}"#, "expires_in"),
+            (200, "nope", "unparseable token response"),
+        ] {
+            let (script, client, server) = scripted_client(true).await;
+            script.answer(PATH_TOKEN, status, body);
+            match client.check_credentials().await {
+                Err(AirtelError::Unavailable(why)) => assert!(why.contains(needle), "{body}: {why}"),
+                other => panic!("{body}: {other:?}"),
+            }
+            match client.collect(&collection("pay_1", 10, "Order 1")).await {
+                Err(AirtelError::Unavailable(why)) => assert!(why.contains(needle), "{body}: {why}"),
+                other => panic!("{body}: {other:?}"),
+            }
+            assert_eq!(script.requests(), 2, "two token requests, no collection");
+            server.abort();
+        }
+        let (script, client, server) = scripted_client(true).await;
+        client.check_credentials().await.unwrap();
+        assert_eq!(script.requests(), 1);
+        server.abort();
+    }
+
+    #[test]
+    fn a_client_needs_its_credentials() {
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::ManualClock::new(0));
+        let cfg = |id: &str, secret: &str| AirtelConfig {
+            base_url: "http://127.0.0.1:9".into(),
+            client_id: Secret::new(id.into()),
+            client_secret: Secret::new(secret.into()),
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            token_refresh_margin_secs: 60,
+            retries_max: 0,
+            breaker_failures_max: 1,
+            breaker_open: Duration::from_secs(1),
+            payouts: None,
+        };
+        for (id, secret) in [("", "s"), ("i", "")] {
+            assert!(
+                matches!(AirtelClient::new(cfg(id, secret), clock.clone()), Err(AirtelError::Config(why)) if why.contains("client_id"))
+            );
+        }
+        assert!(AirtelClient::new(cfg("i", "s"), clock).is_ok());
+    }
 }

@@ -1415,6 +1415,94 @@ mod tests {
         }
     }
 
+    /// A result's every required field is checked, each refusal naming the field: a result that
+    /// lost its code or description is never read as one that has them.
+    #[test]
+    fn a_result_missing_or_mistyping_a_required_field_is_refused_by_name() {
+        let result = |fields: &str| format!(r#"{{"Result":{{{fields}}}}}"#);
+        let ids = r#""OriginatorConversationID":"o","ConversationID":"c""#;
+        let cases = [
+            (result(&format!(r#""ResultDesc":"d",{ids}"#)), "ResultCode is missing"),
+            (result(&format!(r#""ResultCode":true,"ResultDesc":"d",{ids}"#)), "ResultCode must be"),
+            (result(&format!(r#""ResultCode":0,{ids}"#)), "ResultDesc is missing"),
+            (result(&format!(r#""ResultCode":0,"ResultDesc":7,{ids}"#)), "ResultDesc must be a string"),
+            (result(r#""ResultCode":0,"ResultDesc":"d","ConversationID":"c""#), "OriginatorConversationID is missing"),
+            (
+                result(r#""ResultCode":0,"ResultDesc":"d","OriginatorConversationID":null,"ConversationID":"c""#),
+                "OriginatorConversationID must be",
+            ),
+            (result(&format!(r#""ResultCode":0,"ResultDesc":"d",{ids},"TransactionID":" ""#)), "TransactionID must be"),
+            (
+                result(&format!(
+                    r#""ResultCode":0,"ResultDesc":"d",{ids},"ResultParameters":{{"ResultParameter":"x"}}"#
+                )),
+                "ResultParameter must be an object or an array",
+            ),
+            (
+                result(&format!(
+                    r#""ResultCode":0,"ResultDesc":"d",{ids},"ReferenceData":{{"ReferenceItem":[{{"Value":1}}]}}"#
+                )),
+                "ReferenceItem without a Key",
+            ),
+        ];
+        for (body, needle) in cases {
+            let err = parse_result(body.as_bytes()).unwrap_err();
+            assert!(err.contains(needle), "{body}: {err}");
+        }
+        // An optional field may be null or absent; a lone item may be an object.
+        let ok = parse_result(
+            result(&format!(
+                r#""ResultCode":0,"ResultDesc":"d",{ids},"TransactionID":null,
+                "ResultParameters":{{"ResultParameter":{{"Key":"TransactionReceipt","Value":"NLJ41HAY6Q"}}}},
+                "ReferenceData":null"#
+            ))
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!((ok.transaction_id, ok.receipt.as_deref()), (None, Some("NLJ41HAY6Q")));
+    }
+
+    /// A callback's identifiers and description must be non-empty strings; its metadata's phone
+    /// and date digits. Each refusal names what is wrong.
+    #[test]
+    fn a_callback_with_a_mistyped_field_is_refused_by_name() {
+        let callback = |fields: &str| format!(r#"{{"Body":{{"stkCallback":{{{fields}}}}}}}"#);
+        let ids = r#""MerchantRequestID":"m","CheckoutRequestID":"c""#;
+        let item = |name: &str, value: &str| {
+            callback(&format!(
+                r#"{ids},"ResultCode":0,"ResultDesc":"d","CallbackMetadata":{{"Item":[{{"Name":"{name}","Value":{value}}}]}}"#
+            ))
+        };
+        let cases = [
+            (
+                callback(r#""MerchantRequestID":"","CheckoutRequestID":"c","ResultCode":0,"ResultDesc":"d""#),
+                "MerchantRequestID is empty",
+            ),
+            (
+                callback(r#""MerchantRequestID":"m","CheckoutRequestID":5,"ResultCode":0,"ResultDesc":"d""#),
+                "CheckoutRequestID must be a string",
+            ),
+            (callback(&format!(r#"{ids},"ResultCode":0,"ResultDesc":1"#)), "ResultDesc must be a string"),
+            (callback(&format!(r#"{ids},"ResultCode":0"#)), "ResultDesc is missing"),
+            (item("PhoneNumber", r#""07x""#), "PhoneNumber must be digits"),
+            (item("TransactionDate", r#""2019-12-19""#), "TransactionDate must be digits"),
+            (item("MpesaReceiptNumber", "true"), "MpesaReceiptNumber must be a string"),
+            (
+                callback(&format!(
+                    r#"{ids},"ResultCode":0,"ResultDesc":"d","CallbackMetadata":{{"Item":[{{"Value":1}}]}}"#
+                )),
+                "without a Name",
+            ),
+        ];
+        for (body, needle) in cases {
+            let err = parse_callback(body.as_bytes()).unwrap_err();
+            assert!(err.contains(needle), "{body}: {err}");
+        }
+        // Items this gateway does not read are skipped, whatever they hold.
+        let cb = parse_callback(item("Balance", r#"{"x":1}"#).as_bytes()).unwrap();
+        assert_eq!(cb.amount_minor, None);
+    }
+
     #[test]
     fn clean_text_strips_controls_and_truncates_by_chars() {
         assert_eq!(clean_text("  INV\n-2024-000123-LONG ", ACCOUNT_REFERENCE_CHARS_MAX), "INV-2024-000");
