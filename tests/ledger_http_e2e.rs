@@ -922,3 +922,46 @@ async fn swallowed_audit_records_never_let_a_ledger_payment_settle_unnamed() {
     assert_eq!(ledger_payments(&r).await.len(), 1, "paid once");
     r.app.stop().await;
 }
+
+/// A retry of a payment whose first answer was lost, refused for good by the ledger (here: the
+/// payer's money went elsewhere meanwhile), settles the open record as failed: the agent hears
+/// the ledger's refusal, the trail says the ledger refused it, and the same operation is answered
+/// from then on without sending again. (Had the first attempt been applied, the ledger would have
+/// answered its payment under the same key, never a refusal.)
+#[tokio::test]
+async fn a_retry_the_ledger_refuses_after_an_unknown_outcome_fails_the_open_record() {
+    use paygate::domain::payment::{Guards, TransferRequest};
+    let r = rig().await;
+    let c = &r.client;
+    r.proxy.set_mode(Mode::Status(500)).await;
+    assert_eq!(code(&call(c, "create_payment", pay("refused-late", "40.00")).await), "OUTCOME_UNKNOWN");
+    assert!(ledger_payments(&r).await.is_empty(), "the 500 came from in front of the ledger");
+    // The payer's money leaves by another way: 10.00 is all acct-A holds now.
+    let drain = TransferRequest {
+        attempt: Attempt::reserved("drain"),
+        payment_id: PaymentId::generate(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: paygate::domain::money::Money::parse("999990.00", Currency::parse("KES").unwrap()).unwrap(),
+        memo: None,
+        principal_sub: "someone-else".into(),
+        principal_user: None,
+        guards: Guards::default(),
+    };
+    r.ledger.ledger_transfer(drain, r.clock.now()).await.unwrap();
+    r.proxy.set_mode(Mode::PassThrough).await;
+    r.clock.advance(120);
+    let refused = call(c, "create_payment", pay("refused-late", "40.00")).await;
+    assert_eq!(code(&refused), "INSUFFICIENT_FUNDS", "{refused:?}");
+    let store = &r.app.running.store;
+    let all = store.rail_since(RailPage { since: 0, after_seq: 0, limit: 100 }).await.unwrap();
+    let rec = all.into_iter().map(|(_, rec)| rec).find(|rec| rec.amount_minor == 4_000).unwrap();
+    assert_eq!(rec.state, RailState::Failed, "{rec:?}");
+    assert!(rec.reason.as_deref().is_some_and(|why| why.contains("insufficient funds")), "{rec:?}");
+    assert!(trail_says(&r.app, rec.id.as_str(), paygate::backend::journal::ANSWERED, "FAILED").await);
+    let posts = r.proxy.seen().iter().filter(|s| s.method == "POST").count();
+    assert_eq!(code(&call(c, "create_payment", pay("refused-late", "40.00")).await), "INSUFFICIENT_FUNDS");
+    assert_eq!(r.proxy.seen().iter().filter(|s| s.method == "POST").count(), posts, "answered, not sent again");
+    assert_eq!(ledger_payments(&r).await.len(), 1, "the drain alone");
+    r.app.stop().await;
+}

@@ -181,6 +181,26 @@ async fn a_processing_payment_is_pending_until_the_poll_job_settles_it() {
     }
     assert_eq!(status, "failed");
     assert_eq!((fake.balance("acct-A"), fake.balance("acct-B")), (100_000_000 - 3_000, 3_000));
+    // The read said the service's word; the poll job writes it to the gateway's record, with the
+    // trail saying so in the same transaction (what the budget and reconciliation read).
+    let rec_id = paygate::domain::ids::PaymentId::parse(&sid).unwrap();
+    let store = &app.running.store;
+    let mut state = None;
+    for _ in 0..100 {
+        state = store.rail_get(&rec_id).await.unwrap().map(|r| r.state);
+        if state == Some(paygate::domain::rail::RailState::Failed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, Some(paygate::domain::rail::RailState::Failed));
+    let trail = store.audit_list(None, 10_000).await.unwrap();
+    assert!(
+        trail.iter().any(|r| r.payment_id.as_deref() == Some(sid.as_str())
+            && r.decision == paygate::backend::journal::QUERY_SETTLED
+            && r.code.as_deref() == Some("FAILED")),
+        "the trail says the service failed it"
+    );
     app.stop().await;
 }
 
@@ -557,4 +577,176 @@ async fn reconciliation_settles_a_payment_the_service_finished() {
     assert_eq!((ok(&replay)["status"].as_str(), ok(&replay)["replayed"].as_bool()), (Some("succeeded"), Some(true)));
     assert_eq!(r.fake.payment_posts(), 1);
     r.app.stop().await;
+}
+
+/// A wallet service answering each path with what the test sets (404 otherwise): the answers the
+/// real one should never give.
+#[derive(Clone, Default)]
+struct ScriptedWallet(Arc<std::sync::Mutex<std::collections::HashMap<String, (u16, String)>>>);
+
+async fn scripted_wallet_answer(
+    axum::extract::State(s): axum::extract::State<ScriptedWallet>,
+    uri: axum::http::Uri,
+) -> (axum::http::StatusCode, String) {
+    let (status, body) = s.0.lock().unwrap().get(uri.path()).cloned().unwrap_or((404, String::new()));
+    (axum::http::StatusCode::from_u16(status).unwrap(), body)
+}
+
+impl ScriptedWallet {
+    async fn start() -> (ScriptedWallet, WalletService) {
+        let script = ScriptedWallet::default();
+        let app = axum::Router::new().fallback(scripted_wallet_answer).with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (script, wallet_backend(&url))
+    }
+
+    fn set(&self, path: &str, status: u16, body: &str) {
+        self.0.lock().unwrap().insert(path.to_string(), (status, body.to_string()));
+    }
+}
+
+/// What the wallet service answers outside its contract means what it can about money: a 404
+/// for the route or a payment a new request cannot name, and a 400, applied nothing
+/// (unavailable); a 2xx whose payment or refund cannot be read, or a refusal about a payment the
+/// request does not name, may have applied (outcome unknown); a payment the service does not
+/// know is not found, before anything is posted.
+#[tokio::test]
+async fn answers_outside_the_wallet_contract_are_unavailable_or_unknown_as_money_may_have_moved() {
+    let (script, w) = ScriptedWallet::start().await;
+    let send = || w.transfer(transfer("k-scripted", "acct-A", "acct-B", 500));
+    for (status, detail, needle) in [
+        (404, "payment not found: 1", "404 for a new payment"),
+        (404, "no handler", "404 for the route"),
+        (400, "bad request", "refused the request: 400"),
+    ] {
+        script.set("/v1/payments", status, &json!({"detail": detail}).to_string());
+        match send().await {
+            Err(BackendError::Unavailable(why)) => assert!(why.contains(needle), "{detail}: {why}"),
+            other => panic!("{detail}: {other:?}"),
+        }
+    }
+    for (status, body, needle) in [
+        (201, "<html>".to_string(), "unreadable payment"),
+        (422, json!({"detail": "payment 1 is not refundable in status FAILED"}).to_string(), "does not name"),
+        (422, json!({"detail": "something new"}).to_string(), "does not know"),
+    ] {
+        script.set("/v1/payments", status, &body);
+        match send().await {
+            Err(BackendError::OutcomeUnknown(why)) => assert!(why.contains(needle), "{body}: {why}"),
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+
+    // Refunds: of a payment id the service never made, nothing is asked; of one it does not
+    // know, nothing is posted; an unreadable refund may have happened.
+    let foreign = PaymentId::generate();
+    assert_eq!(w.refund(refund("r-x", &foreign, 100)).await.unwrap_err(), BackendError::PaymentNotFound(foreign));
+    let uuid = "7d6c4a1e-0000-4000-8000-00000000abcd";
+    let ours = PaymentId::parse(&format!("pay_{}", uuid.replace('-', ""))).unwrap();
+    assert_eq!(w.refund(refund("r-y", &ours, 100)).await.unwrap_err(), BackendError::PaymentNotFound(ours.clone()));
+    let payment = json!({"id": uuid, "status": "SUCCEEDED", "amount": 500, "currency": "KES"}).to_string();
+    script.set(&format!("/v1/payments/{uuid}"), 200, &payment);
+    script.set(&format!("/v1/payments/{uuid}/refunds"), 201, "{");
+    assert!(
+        matches!(w.refund(refund("r-z", &ours, 100)).await, Err(BackendError::OutcomeUnknown(why)) if why.contains("unreadable refund"))
+    );
+    script.set(&format!("/v1/payments/{uuid}/refunds"), 404, &json!({"detail": "payment not found: x"}).to_string());
+    assert_eq!(w.refund(refund("r-w", &ours, 100)).await.unwrap_err(), BackendError::PaymentNotFound(ours.clone()));
+
+    // Reads: a 500 or an unreadable answer is unavailable, a 404 is none.
+    assert_eq!(w.payment(&ours).await.unwrap().unwrap().status, PaymentStatus::Succeeded);
+    script.set(&format!("/v1/payments/{uuid}"), 500, "");
+    assert!(matches!(w.payment(&ours).await, Err(BackendError::Unavailable(why)) if why.contains("500")));
+    script.set(&format!("/v1/payments/{uuid}"), 200, "[]");
+    assert!(matches!(w.payment(&ours).await, Err(BackendError::Unavailable(why)) if why.contains("unreadable")));
+    script.set(&format!("/v1/payments/{uuid}"), 404, "");
+    assert_eq!(w.payment(&ours).await.unwrap(), None);
+    assert!(
+        matches!(w.check_integrity(true).await, Err(BackendError::Unavailable(why)) if why.contains("no reconciliation report"))
+    );
+    // The service lists no payments (the journal lists the gateway's own records).
+    let q = paygate::domain::payment::PaymentQuery {
+        accounts: vec![AccountId::parse("acct-A").unwrap()],
+        limit: 10,
+        ..Default::default()
+    };
+    assert!(w.list_payments(q).await.unwrap().items.is_empty());
+}
+
+/// An account's entries are worked back from its balance, newest first, with the service's times;
+/// there is one page only, and a direction the contract does not name is unavailable, never
+/// guessed.
+#[tokio::test]
+async fn account_entries_run_back_from_the_balance_and_refuse_an_unknown_direction() {
+    use paygate::domain::payment::EntryQuery;
+    let (script, w) = ScriptedWallet::start().await;
+    let a = wallet::uuid_of("acct-A");
+    script.set(
+        &format!("/v1/accounts/{a}/balance"),
+        200,
+        &json!({"accountId": a, "balance": 10_000, "currency": "KES"}).to_string(),
+    );
+    let tx = "7d6c4a1e-0000-4000-8000-00000000abcd";
+    let lines = json!([
+        {"id": 9, "transactionId": tx, "direction": "DEBIT", "amount": 500, "createdAt": "2026-12-01T10:00:00Z"},
+        {"id": 8, "transactionId": null, "direction": "CREDIT", "amount": 2_000, "createdAt": "not a time"},
+    ]);
+    script.set(&format!("/v1/accounts/{a}/ledger"), 200, &lines.to_string());
+    let query = |before_seq| EntryQuery { account: AccountId::parse("acct-A").unwrap(), before_seq, limit: 10 };
+    let page = w.account_entries(query(None)).await.unwrap();
+    let got: Vec<_> = page.items.iter().map(|e| (e.seq, e.amount_minor, e.balance_after_minor, e.created_at)).collect();
+    assert_eq!(got, vec![(9, -500, 10_000, 1_796_119_200), (8, 2_000, 10_500, 0)]);
+    assert_eq!(
+        page.items[0].payment_id.as_ref().map(|p| p.as_str().to_string()),
+        Some(format!("pay_{}", tx.replace('-', "")))
+    );
+    assert_eq!(page.next_cursor, None);
+    assert!(w.account_entries(query(Some(8))).await.unwrap().items.is_empty(), "one page only");
+    script.set(
+        &format!("/v1/accounts/{a}/ledger"),
+        200,
+        &json!([{"id": 1, "direction": "SIDEWAYS", "amount": 1}]).to_string(),
+    );
+    assert!(
+        matches!(w.account_entries(query(None)).await, Err(BackendError::Unavailable(why)) if why.contains("SIDEWAYS"))
+    );
+}
+
+/// The wallet configuration is checked before anything is sent: a merchant id that is blank,
+/// too long or holds a control character; no accounts, or two accounts on one wallet.
+#[test]
+fn a_wallet_configuration_that_cannot_work_is_refused() {
+    let base = || {
+        let transport = paygate::backend::http::HttpLedgerConfig {
+            base_url: "http://127.0.0.1:9".into(),
+            credential: paygate::secret::Secret::new(String::new()),
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            retries_max: 0,
+            breaker_failures_max: 1,
+            breaker_open: Duration::from_secs(1),
+            tls: Default::default(),
+        };
+        let accounts = wallet::ACCOUNTS
+            .iter()
+            .map(|(id, uuid, _)| (AccountId::parse(id).unwrap(), WalletAccount::parse(uuid).unwrap()))
+            .collect();
+        WalletConfig { transport, merchant_id: "merchant-1".into(), accounts }
+    };
+    let refused = |cfg: WalletConfig, needle: &str| match WalletService::new(cfg, Arc::new(SystemClock)) {
+        Err(BackendError::Unavailable(why)) => assert!(why.contains(needle), "{needle}: {why}"),
+        other => panic!("{needle}: {:?}", other.map(|_| ())),
+    };
+    for m in ["  ", "m\u{7}", &"m".repeat(200)] {
+        refused(WalletConfig { merchant_id: m.to_string(), ..base() }, "merchant_id");
+    }
+    refused(WalletConfig { accounts: Default::default(), ..base() }, "wallet_accounts");
+    let mut twice = base();
+    let first = twice.accounts.values().next().unwrap().clone();
+    twice.accounts.insert(AccountId::parse("acct-twice").unwrap(), first);
+    refused(twice, "two accounts map to");
+    let ok = WalletService::new(base(), Arc::new(SystemClock)).unwrap();
+    assert_eq!(ok.accounts().len(), wallet::ACCOUNTS.len());
 }
