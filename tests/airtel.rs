@@ -1029,6 +1029,33 @@ async fn a_paid_airtel_collection_is_refunded_once_in_full() {
     r.app.stop().await;
 }
 
+/// A refund Airtel refuses, or cannot take (503), moved nothing: the agent is told so, the
+/// record is given up, and a later refund of the same collection is sent and done, once.
+#[tokio::test]
+async fn a_refused_or_unavailable_airtel_refund_moves_nothing_and_a_later_one_is_done() {
+    let r = rig_with(&[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")], Arc::new(SystemClock)).await;
+    let c = &r.client;
+    let p = ok(&call(c, "request_airtel_payment", collect("rf-refused", "300")).await).clone();
+    let id = id_of(&p);
+    r.fake.set_enquiry(&id, EnquiryAnswer::Status("TS".into()));
+    assert_eq!(r.fake.callback(&id, "TS").await, 200);
+    r.fake.set_refund_mode(MoneyOutMode::Refuse);
+    let refused = call(c, "refund_payment", refund_args("rf-a", &id, None)).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused:?}");
+    let said = err(&refused)["message"].as_str().unwrap().to_string();
+    assert!(said.contains("refused the refund") && said.contains("no money moved"), "{said}");
+    r.fake.set_refund_mode(MoneyOutMode::Unavailable);
+    let unavailable = call(c, "refund_payment", refund_args("rf-b", &id, None)).await;
+    assert_eq!(code(&unavailable), "BACKEND_UNAVAILABLE", "{unavailable:?}");
+    assert!(r.fake.refunds().is_empty(), "nothing refunded at Airtel");
+    assert_eq!(payment(c, &id).await["status"], "succeeded", "the collection stands");
+    r.fake.set_refund_mode(MoneyOutMode::Accept);
+    let done = ok(&call(c, "refund_payment", refund_args("rf-c", &id, None)).await).clone();
+    assert_eq!((done["status"].as_str(), done["amount"].as_str()), (Some("succeeded"), Some("300.00")));
+    assert_eq!(r.fake.refunds().len(), 1);
+    r.app.stop().await;
+}
+
 /// A refund whose answer was lost may have been done: it is never sent again.
 #[tokio::test]
 async fn an_airtel_refund_whose_answer_is_lost_is_never_resent() {

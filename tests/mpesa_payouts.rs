@@ -438,6 +438,32 @@ async fn only_after_a_reversal_failed_may_another_be_tried() {
     r.app.stop().await;
 }
 
+/// Reversals of one collection are bounded: after three failed (nothing moved each time), a
+/// fourth is refused before anything is sent, and says where the money can still be returned.
+#[tokio::test]
+async fn after_three_failed_reversals_the_next_is_refused_unsent_and_names_the_portal() {
+    let r = rig().await;
+    let c = &r.client;
+    let id = paid_collection(&r, "order-6", "70").await;
+    let mut tried = std::collections::HashSet::new();
+    for n in 0..3 {
+        let op = format!("rev-fail-{n}");
+        let rev = ok(&call(c, "refund_payment", json!({"operation_id": op, "payment_id": id})).await).clone();
+        assert_eq!(rev["status"], "pending", "{rev:?}");
+        assert!(tried.insert(rev["payment_id"].as_str().unwrap().to_string()), "a new reversal each time");
+        let sent = r.fake.reversals()[n].originator_conversation_id.clone();
+        assert_eq!(r.fake.post_result(&sent, 2001).await, 200);
+        assert_eq!(payment(c, rev["payment_id"].as_str().unwrap()).await["status"], "failed");
+    }
+    let refused = call(c, "refund_payment", json!({"operation_id": "rev-fail-3", "payment_id": id})).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused:?}");
+    let said = err(&refused)["message"].as_str().unwrap().to_string();
+    assert!(said.contains("3 reversals") && said.contains("own portal"), "{said}");
+    assert_eq!(r.fake.reversal_requests(), 3, "the fourth was never sent");
+    assert_eq!(payment(c, &id).await["status"], "succeeded", "the collection stands");
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn a_reversal_whose_answer_is_lost_is_found_by_its_result_and_never_sent_again() {
     let clock = Arc::new(ManualClock::new(SystemClock.now()));

@@ -416,14 +416,10 @@ pub trait CollectionRail: Send + Sync + 'static {
         true
     }
     /// Whether this rail, as configured, offers this flow (collections always).
-    fn offers(&self, flow: RailFlow) -> bool {
-        flow == RailFlow::Collection
-    }
+    fn offers(&self, flow: RailFlow) -> bool;
     /// This rail's circuit breakers: (endpoint, "closed" | "open" | "half_open"), for the health
     /// page and metrics (an open one refuses that endpoint's requests unsent).
-    fn circuits(&self) -> Vec<(&'static str, &'static str)> {
-        Vec::new()
-    }
+    fn circuits(&self) -> Vec<(&'static str, &'static str)>;
     /// Parse the agent's arguments against this rail's rules, first refusal first.
     fn validate_collection(&self, args: CollectionArgs<'_>) -> Result<ValidCollection, CollectionRefusal>;
     /// Open the gateway's record and send the request, at most once per idempotency key.
@@ -434,17 +430,11 @@ pub trait CollectionRail: Send + Sync + 'static {
     }
     /// Parse a payout's arguments (only called when [`CollectionRail::offers`] payouts, and for a
     /// business only when it [`CollectionRail::pays_businesses`]).
-    fn validate_payout(&self, _args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal> {
-        Err(PayoutRefusal::Payee(format!("{} payouts are not offered", self.display_name())))
-    }
+    fn validate_payout(&self, args: PayoutArgs<'_>) -> Result<ValidPayout, PayoutRefusal>;
     /// Open the record and send the payout, at most once per idempotency key.
-    async fn pay_out(&self, _req: PayoutRequest) -> Result<Payment, BackendError> {
-        Err(BackendError::Rejected(format!("{} payouts are not offered", self.display_name())))
-    }
+    async fn pay_out(&self, req: PayoutRequest) -> Result<Payment, BackendError>;
     /// Open the record and send the reversal of a succeeded collection, one at a time per collection.
-    async fn reverse(&self, _req: ReversalRequest) -> Result<Payment, BackendError> {
-        Err(BackendError::Rejected(format!("{} reversals are not offered", self.display_name())))
-    }
+    async fn reverse(&self, req: ReversalRequest) -> Result<Payment, BackendError>;
     /// Parse a callback body that came to `channel`. `Err`: a sentence saying why it is malformed
     /// (never the body).
     fn parse_callback(&self, channel: CallbackChannel, body: &[u8]) -> Result<RailEvent, String>;
@@ -452,12 +442,10 @@ pub trait CollectionRail: Send + Sync + 'static {
     /// rail): it is asked again, never guessed. A rail whose status answers arrive by callback
     /// sends the question and answers `Pending`.
     async fn query(&self, rec: &RailPayment) -> Settlement;
-    /// What the rail says about an open record a person is about to settle by hand. The default
-    /// takes every answer of [`CollectionRail::query`] as the rail knowing the payment (so nothing
-    /// is settled by hand): a rail must say "not found" itself.
-    async fn lookup(&self, rec: &RailPayment) -> Lookup {
-        Lookup::Known(self.query(rec).await)
-    }
+    /// What the rail says about an open record a person is about to settle by hand: the answer
+    /// of [`CollectionRail::query`] as the rail knowing the payment, unless the rail says "not
+    /// found" itself (a record settled by hand only then).
+    async fn lookup(&self, rec: &RailPayment) -> Lookup;
     /// The states this rail's word may settle a record from: [`rules::settles_from`], or
     /// [`rules::settles_from_asked_by_own_ref`] for a rail asked by the gateway's own reference.
     /// What the word then does is the same for every rail ([`settle_record`]).
