@@ -262,6 +262,36 @@ async fn an_stk_push_whose_answer_is_lost_is_never_sent_again() {
     r.app.stop().await;
 }
 
+/// A push Daraja refuses (its 400 with an error code) charged nothing: the agent is told M-Pesa
+/// refused it, with Daraja's code, and the record is given up (nothing held against the day's
+/// limits); a retry of the operation replays the refusal unsent, and a new operation pushes once.
+#[tokio::test]
+async fn a_push_daraja_refuses_charges_nothing_and_a_new_operation_pushes_once() {
+    let r = rig_with("", &[("PAYGATE_IDEMPOTENCY__WAIT_MS_MAX", "0")], Arc::new(SystemClock)).await;
+    let c = &r.client;
+    r.fake.set_push_mode(PushMode::Reject);
+    let refused = call(c, "request_mpesa_payment", collect("refused-1", "300")).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused:?}");
+    let said = err(&refused)["message"].as_str().unwrap().to_string();
+    assert!(
+        said.contains("M-Pesa refused the STK push (error 400.002.02)") && said.contains("nothing was charged"),
+        "{said}"
+    );
+    assert!(r.fake.pushes().is_empty());
+    let store = &r.app.running.store;
+    let open = store.rail_since(paygate::domain::rail::RailPage { since: 0, after_seq: 0, limit: 100 }).await.unwrap();
+    assert!(open.is_empty(), "the record was given up: {open:?}");
+    r.fake.set_push_mode(PushMode::Accept);
+    // The refusal is the operation's answer (a retry replays it, unsent); a new operation pushes.
+    let replayed = call(c, "request_mpesa_payment", collect("refused-1", "300")).await;
+    assert_eq!((code(&replayed).as_str(), err(&replayed)["replayed"].as_bool()), ("INVALID_ARGUMENT", Some(true)));
+    assert_eq!(r.fake.push_requests(), 1);
+    let sent = call(c, "request_mpesa_payment", collect("refused-2", "300")).await;
+    assert_eq!(ok(&sent)["status"], "pending", "{sent:?}");
+    assert_eq!((r.fake.push_requests(), r.fake.pushes().len()), (2, 1));
+    r.app.stop().await;
+}
+
 #[tokio::test]
 async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
     let r = rig().await;

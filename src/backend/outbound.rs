@@ -427,7 +427,93 @@ pub(crate) fn json_int(v: &Value) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::OutboundTls;
+    use super::*;
+
+    /// Every rail client is held to the same bounds, each refusal naming what is wrong.
+    #[test]
+    fn the_bounds_every_rail_client_is_held_to() {
+        let (s, zero) = (Duration::from_secs(1), Duration::ZERO);
+        assert_eq!(check_bounds((s, s), 0, RETRIES_MAX_LIMIT, (1, s)), Ok(()));
+        for (timeouts, needle) in [((zero, s), "connect_timeout"), ((s, zero), "request_timeout")] {
+            assert!(check_bounds(timeouts, 60, 0, (1, s)).unwrap_err().contains(needle));
+        }
+        assert!(check_bounds((s, s), -1, 0, (1, s)).unwrap_err().contains("token_refresh_margin_secs"));
+        for (retries, breaker) in [(RETRIES_MAX_LIMIT + 1, (1, s)), (0, (0, s)), (0, (1, zero))] {
+            let e = check_bounds((s, s), 60, retries, breaker).unwrap_err();
+            assert!(e.contains("retries_max must be at most"), "{e}");
+        }
+    }
+
+    /// A private CA file that holds no certificate is refused when the client is built, never
+    /// taken as "trust nothing" or "trust the public CAs".
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let tls = OutboundTls { ca_pem: Some(b"# nothing here\n".to_vec()), identity_pem: None };
+        let e = http_client_with(Duration::from_secs(1), Duration::from_secs(1), &tls).unwrap_err();
+        assert!(e.contains("tls_ca_file"), "{e}");
+    }
+
+    /// The handshake refusals an operator can act on are named, through the io::Error tokio-rustls
+    /// wraps them in; anything else is no TLS refusal.
+    #[test]
+    fn tls_refusals_are_named_through_their_wrapping() {
+        use rustls::AlertDescription as A;
+        let wrapped = |e: rustls::Error| std::io::Error::other(e);
+        let said = |e: rustls::Error| tls_refusal(&wrapped(e));
+        assert!(said(rustls::Error::AlertReceived(A::HandshakeFailure)).unwrap().contains("refused the TLS handshake"));
+        assert!(said(rustls::Error::AlertReceived(A::CertificateRequired)).unwrap().contains("tls_client_cert_file"));
+        assert!(said(rustls::Error::AlertReceived(A::UnknownCA)).unwrap().contains("refused this gateway's client"));
+        assert_eq!(said(rustls::Error::AlertReceived(A::DecodeError)), None);
+        assert_eq!(tls_refusal(&std::io::Error::other("connection reset")), None);
+    }
+
+    /// A raw HTTP server that answers every connection with `answer`, then holds the connection
+    /// open (`hold`) or closes it.
+    async fn raw_server(answer: Vec<u8>, hold: bool) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                    let _ = socket.write_all(&answer).await;
+                    if hold {
+                        let _ = socket.read(&mut buf).await;
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    /// An answer is read whole and bounded: one over the bound, one cut off mid-body and one that
+    /// stops arriving are each a failure saying which — never a short body taken for the answer.
+    #[tokio::test]
+    async fn a_body_over_the_bound_cut_off_or_stalled_is_a_failure_saying_which() {
+        let client = http_client(Duration::from_secs(2), Duration::from_millis(500)).unwrap();
+        let read = |url: String| {
+            let client = client.clone();
+            async move {
+                let mut resp = client.get(url).send().await.unwrap();
+                read_body(&mut resp, 64).await
+            }
+        };
+        let body = |declared: usize, sent: usize| {
+            let mut a = format!("HTTP/1.1 200 OK\r\ncontent-length: {declared}\r\n\r\n").into_bytes();
+            a.extend(std::iter::repeat_n(b'x', sent));
+            a
+        };
+        assert_eq!(read(raw_server(body(64, 64), false).await).await.unwrap().len(), 64);
+        let over = read(raw_server(body(65, 65), false).await).await.unwrap_err();
+        assert_eq!(over, "response larger than 64 bytes");
+        let cut = read(raw_server(body(60, 10), false).await).await.unwrap_err();
+        assert!(cut.starts_with("connection lost reading the answer"), "{cut}");
+        let stalled = read(raw_server(body(60, 10), true).await).await.unwrap_err();
+        assert_eq!(stalled, "timed out reading the answer");
+    }
 
     /// Config dumps and error logs print the TLS settings: whether each is set, never the key.
     #[test]
