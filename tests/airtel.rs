@@ -1172,3 +1172,142 @@ request_timeout_ms = 300
     assert_eq!(post(format!("{control}/latest/shrug")).await.0, 400);
     app.stop().await;
 }
+
+/// The standalone Airtel simulator (`paygate rail-simulator airtel`) holds a client to Airtel's
+/// rules: only the configured credentials get a token; a transaction id is taken once (a repeat is
+/// Airtel's duplicate refusal, never a second prompt); only the configured PIN, sealed with the
+/// simulator's key, pays out; a refund is of a paid collection only, and once; an enquiry about an
+/// id it never took is "not found"; a full simulator refuses new requests unprocessed. Callbacks
+/// carry the callback header's secret and Airtel's status codes (TS, TF, TE).
+#[tokio::test]
+async fn the_standalone_airtel_simulator_holds_a_client_to_airtels_rules() {
+    use axum::body::Bytes;
+    use paygate::auth::Secret;
+    use paygate::backend::airtel::simulator::{AirtelSimulator, Terms};
+    use paygate::backend::airtel::wire::{
+        self, AirtelClient, AirtelConfig, AirtelError, Collection, Disbursement, PayoutCredentials, TransactionStatus,
+    };
+    use paygate::backend::simulator::{Answer, Pick, RailSimulator};
+    use rsa::pkcs8::DecodePrivateKey as _;
+    type Inbox = Arc<std::sync::Mutex<Vec<(Option<String>, Bytes)>>>;
+    let inbox: Inbox = Arc::default();
+    let receive = |axum::extract::State(inbox): axum::extract::State<Inbox>,
+                   headers: axum::http::HeaderMap,
+                   body: Bytes| async move {
+        let secret = headers.get("x-callback-secret").and_then(|v| v.to_str().ok()).map(str::to_string);
+        inbox.lock().unwrap().push((secret, body));
+        "ok"
+    };
+    let app = axum::Router::new().route("/cb", axum::routing::post(receive)).with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let callback_url = format!("http://{}/cb", listener.local_addr().unwrap());
+    let receiver = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let terms = |items_max| {
+        let terms = Terms {
+            client_id: Secret::new(CLIENT_ID.into()),
+            client_secret: Secret::new(CLIENT_SECRET.into()),
+            pin: Some(Secret::new(PIN.into())),
+            callback_url: callback_url.clone(),
+            callback_header: Some(("X-Callback-Secret".into(), Secret::new("hdr-secret".into()))),
+        };
+        let key = rsa::PrivateKey::from_pkcs8_pem(include_str!("fixtures/rsa1.pem")).unwrap();
+        AirtelSimulator::standalone(terms, Some(key), None, items_max).unwrap()
+    };
+    let start = |sim: Arc<dyn RailSimulator>| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server =
+            tokio::spawn(paygate::backend::simulator_server::serve(listener, sim, None, std::future::pending()));
+        (url, server)
+    };
+    let sim: Arc<dyn RailSimulator> = Arc::new(terms(100));
+    let (base_url, server) = start(sim.clone()).await;
+    let client_with = |base_url: &str, secret: &str, pin: &str| {
+        let cfg = AirtelConfig {
+            base_url: base_url.to_string(),
+            client_id: Secret::new(CLIENT_ID.into()),
+            client_secret: Secret::new(secret.into()),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            token_refresh_margin_secs: 60,
+            retries_max: 0,
+            breaker_failures_max: 100,
+            breaker_open: Duration::from_secs(30),
+            payouts: Some(PayoutCredentials::new(&Secret::new(pin.into()), PUBLIC_KEY_PEM).unwrap()),
+        };
+        AirtelClient::new(cfg, Arc::new(SystemClock)).unwrap()
+    };
+    let client = client_with(&base_url, CLIENT_SECRET, PIN);
+    let wrong = client_with(&base_url, "not-the-secret", PIN);
+    assert!(
+        matches!(wrong.check_credentials().await, Err(AirtelError::Unavailable(why)) if why.contains("token request refused"))
+    );
+    client.check_credentials().await.unwrap();
+    let refused_with = |r: Result<_, AirtelError>, expected: &str| match r {
+        Err(AirtelError::Refused { code, .. }) => assert_eq!(code, expected),
+        other => panic!("{expected}: {other:?}"),
+    };
+    let collection = |id: &str, amount_whole| Collection {
+        id: id.into(),
+        msisdn: wire::normalize_phone("0733123456").unwrap(),
+        amount_whole,
+        reference: "Order 1".into(),
+    };
+
+    for (id, answer) in
+        [("col-paid", Answer::Accept), ("col-declined", Answer::Decline), ("col-expired", Answer::Timeout)]
+    {
+        client.collect(&collection(id, 40)).await.unwrap();
+        assert_eq!(client.enquire(id).await.unwrap().status, TransactionStatus::InProgress);
+        assert_eq!(sim.answer(Pick::Id(id), answer).await.unwrap(), (id.to_string(), Some(200)));
+    }
+    refused_with(client.collect(&collection("col-paid", 40)).await.map(drop), "ESB000041");
+    refused_with(client.enquire("col-never").await.map(drop), "ESB000008");
+    let callbacks: Vec<_> =
+        inbox.lock().unwrap().iter().map(|(s, b)| (s.clone(), wire::parse_callback(b).unwrap())).collect();
+    let statuses: Vec<_> = callbacks.iter().map(|(_, cb)| cb.status.clone()).collect();
+    assert_eq!(statuses, vec![TransactionStatus::Success, TransactionStatus::Failed, TransactionStatus::Expired]);
+    assert!(callbacks.iter().all(|(s, _)| s.as_deref() == Some("hdr-secret")), "the header carries the secret");
+    let paid = client.enquire("col-paid").await.unwrap();
+    let reference = paid.airtel_money_id.clone().unwrap();
+    assert_eq!(callbacks[0].1.airtel_money_id.as_deref(), Some(reference.as_str()));
+    assert_eq!(
+        (callbacks[1].1.airtel_money_id.as_ref(), client.enquire("col-declined").await.unwrap().airtel_money_id),
+        (None, None)
+    );
+
+    // Refunds: of a paid collection only, and once.
+    let declined_ref = "SIM9999999.9999";
+    refused_with(client.refund(declined_ref).await.map(drop), "ESB000008");
+    assert!(client.refund(&reference).await.unwrap().is_some());
+    refused_with(client.refund(&reference).await.map(drop), "ESB000041");
+
+    // Payouts: the configured PIN only.
+    let payout = |id: &str| Disbursement {
+        id: id.into(),
+        msisdn: wire::normalize_phone("0733123456").unwrap(),
+        amount_whole: 25,
+        reference: "Payout".into(),
+    };
+    refused_with(
+        client_with(&base_url, CLIENT_SECRET, "9999").disburse(&payout("pay-wrong-pin")).await.map(drop),
+        "DP00900001017",
+    );
+    refused_with(client.enquire_disbursement("pay-wrong-pin").await.map(drop), "ESB000008");
+    client.disburse(&payout("pay-1")).await.unwrap();
+    assert_eq!(client.enquire_disbursement("pay-1").await.unwrap().status, TransactionStatus::InProgress);
+    assert_eq!(sim.answer(Pick::Id("pay-1"), Answer::Accept).await.unwrap(), ("pay-1".to_string(), None));
+    assert_eq!(client.enquire_disbursement("pay-1").await.unwrap().status, TransactionStatus::Success);
+
+    // A full simulator refuses a new request unprocessed: Airtel's overload, unavailable.
+    let full: Arc<dyn RailSimulator> = Arc::new(terms(1));
+    let (full_url, full_server) = start(full.clone()).await;
+    let to_full = client_with(&full_url, CLIENT_SECRET, PIN);
+    to_full.collect(&collection("col-a", 10)).await.unwrap();
+    assert!(matches!(to_full.collect(&collection("col-b", 10)).await, Err(AirtelError::Unavailable(_))));
+    refused_with(to_full.enquire("col-b").await.map(drop), "ESB000008");
+    server.abort();
+    full_server.abort();
+    receiver.abort();
+}

@@ -897,3 +897,124 @@ async fn business_payments_send_what_daraja_accepts_and_their_results_parse() {
     assert_eq!(received[2].transaction_status.as_deref(), Some("Completed"));
     server.abort();
 }
+
+/// The standalone M-Pesa simulator (`paygate rail-simulator mpesa`) holds a client to Daraja's
+/// rules as the fake does: only the configured app credentials get a token, only the configured
+/// passkey makes a password it takes, only the configured initiator pays out, reverses or asks;
+/// only a paid receipt is reversed. What it answers reads as Daraja's: a prompt still open is
+/// "being processed", a declined or unanswered one completes with Daraja's codes, and a payout's
+/// and a reversal's results parse with the client's parser, naming the amount, receipt and party.
+#[tokio::test]
+async fn the_standalone_simulator_holds_a_client_to_darajas_rules() {
+    use paygate::backend::mpesa::simulator::DarajaSimulator;
+    use paygate::backend::simulator::{Answer, Pick, RailSimulator};
+    let inbox = Inbox::default();
+    let app = axum::Router::new().route("/cb/{kind}", axum::routing::post(receive)).with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/cb", listener.local_addr().unwrap());
+    let receiver = tokio::spawn(async move { axum::serve(listener, app).await });
+    let fake = DarajaFake::start(FakeConfig::default()).await;
+    let mut cfg = fake.client_config(&format!("{base}/stk"));
+    (cfg.result_url, cfg.timeout_url) = (format!("{base}/result"), format!("{base}/timeout"));
+    let sim: Arc<dyn RailSimulator> = Arc::new(DarajaSimulator::standalone(cfg.clone(), None, 100).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    cfg.base_url = format!("http://{}", listener.local_addr().unwrap());
+    let server =
+        tokio::spawn(paygate::backend::simulator_server::serve(listener, sim.clone(), None, std::future::pending()));
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0));
+    let client_with = |adjust: fn(&mut DarajaConfig)| {
+        let mut c = cfg.clone();
+        adjust(&mut c);
+        DarajaClient::new(c, clock.clone()).unwrap()
+    };
+    let client = client_with(|_| {});
+    let refused = |r: Result<(), DarajaError>| matches!(r, Err(DarajaError::Unavailable(why)) if why.contains("token request refused"));
+    assert!(refused(
+        client_with(|c| c.consumer_secret = paygate::auth::Secret::new("wrong".into())).check_credentials().await
+    ));
+    assert!(refused(
+        client_with(|c| c.consumer_key = paygate::auth::Secret::new("other".into())).check_credentials().await
+    ));
+    client.check_credentials().await.unwrap();
+    let bad_field = |r: &Result<_, DarajaError>, field: &str| matches!(r, Err(DarajaError::Rejected { code, message }) if code == "400.002.02" && message.ends_with(field));
+    let other_passkey = client_with(|c| c.passkey = paygate::auth::Secret::new("0".repeat(64)));
+    assert!(bad_field(&bounded(other_passkey.stk_push(&push(10))).await.map(drop), "Password"));
+
+    // Prompts: open, then declined, then one never answered.
+    let declined = bounded(client.stk_push(&push(10))).await.unwrap();
+    assert_eq!(bounded(client.stk_query(&declined.checkout_request_id)).await.unwrap(), StkQueryOutcome::Pending);
+    let unanswered = bounded(client.stk_push(&push(11))).await.unwrap();
+    let paid = bounded(client.stk_push(&push(30))).await.unwrap();
+    for (id, answer) in [
+        (&declined.checkout_request_id, Answer::Decline),
+        (&unanswered.checkout_request_id, Answer::Timeout),
+        (&paid.checkout_request_id, Answer::Accept),
+    ] {
+        let (answered, status) = sim.answer(Pick::Id(id), answer).await.unwrap();
+        assert_eq!((answered.as_str(), status), (id.as_str(), Some(200)));
+    }
+    for (id, code) in
+        [(&declined.checkout_request_id, 1032), (&unanswered.checkout_request_id, 1037), (&paid.checkout_request_id, 0)]
+    {
+        match bounded(client.stk_query(id)).await.unwrap() {
+            StkQueryOutcome::Completed { result_code, result_desc } => {
+                assert_eq!(result_code, code);
+                assert!(!result_desc.is_empty());
+            }
+            other => panic!("{code}: {other:?}"),
+        }
+    }
+    assert!(bad_field(&bounded(client.stk_query("ws_CO_NOSUCH")).await.map(drop), "CheckoutRequestID"));
+    let callbacks: Vec<_> = inbox.0.lock().unwrap().iter().map(|b| parse_callback(b).unwrap()).collect();
+    let codes: Vec<i64> = callbacks.iter().map(|c| c.result_code).collect();
+    assert_eq!(codes, vec![1032, 1037, 0]);
+    let receipt = callbacks[2].receipt.clone().unwrap();
+    assert_eq!((receipt.len(), callbacks[2].amount_minor), (10, Some(3_000)));
+    inbox.0.lock().unwrap().clear();
+
+    // Money out: only the configured initiator; a reversal only of a paid receipt.
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_sim_1".into(),
+        phone: normalize_phone("0712345678").unwrap(),
+        amount_whole: 75,
+        remarks: "Cashback".into(),
+    };
+    let impostor = client_with(|c| c.initiator_name = "someone".into());
+    assert!(bad_field(&bounded(impostor.b2c_payment(&payout)).await.map(drop), "Initiator"));
+    let reversal = Reversal {
+        transaction_id: receipt.clone(),
+        amount_whole: 30,
+        remarks: "Cancelled".into(),
+        occasion: "pay_rev".into(),
+    };
+    assert!(bad_field(&bounded(impostor.reversal(&reversal)).await.map(drop), "Initiator"));
+    assert!(bad_field(
+        &bounded(impostor.transaction_status("pay_sim_1", "pay_sim_1", Sender::Payouts)).await.map(drop),
+        "Initiator"
+    ));
+    let never_paid = Reversal { transaction_id: "SIM9999999".into(), ..reversal.clone() };
+    assert!(bad_field(&bounded(client.reversal(&never_paid)).await.map(drop), "TransactionID"));
+    bounded(client.b2c_payment(&payout)).await.unwrap();
+    let rev = bounded(client.reversal(&reversal)).await.unwrap();
+    sim.answer(Pick::Id("pay_sim_1"), Answer::Accept).await.unwrap();
+    sim.answer(Pick::Id(&rev.originator_conversation_id), Answer::Accept).await.unwrap();
+    // Asked about once answered, the payout's status is posted with the question.
+    bounded(client.transaction_status("pay_sim_1", "pay_sim_1", Sender::Payouts)).await.unwrap();
+    let results: Vec<_> = inbox.0.lock().unwrap().iter().map(|b| parse_result(b).unwrap()).collect();
+    assert_eq!(results.len(), 3, "{results:?}");
+    let paid_out = &results[0];
+    assert_eq!(
+        (paid_out.result_code.as_str(), paid_out.originator_conversation_id.as_str(), paid_out.amount_minor),
+        ("0", "pay_sim_1", Some(7_500))
+    );
+    assert_eq!(paid_out.party.as_deref(), Some("254712345678"));
+    assert_eq!(paid_out.receipt.as_ref().map(String::len), Some(10));
+    let reversed = &results[1];
+    assert_eq!((reversed.result_code.as_str(), reversed.amount_minor), ("0", Some(3_000)));
+    assert_eq!(reversed.occasion.as_deref(), Some("pay_rev"));
+    let status = &results[2];
+    assert_eq!(status.transaction_status.as_deref(), Some("Completed"));
+    assert_eq!((status.receipt.as_ref(), status.occasion.as_deref()), (paid_out.receipt.as_ref(), Some("pay_sim_1")));
+    server.abort();
+    receiver.abort();
+}

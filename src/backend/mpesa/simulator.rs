@@ -141,6 +141,8 @@ impl DarajaSimulator {
         auto: Option<AutoAnswer>,
         items_max: usize,
     ) -> Result<Self, String> {
+        // Its callbacks may go to https:// URLs: rustls needs its provider before a client is built.
+        crate::install_crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
