@@ -1148,6 +1148,38 @@ fn rail(id: &PaymentId, key: &str, minor: i64) -> RailPayment {
     }
 }
 
+// The refunds recorded against a payment add up to what it has given back, or may have: every
+// refund not failed (succeeded, pending, unknown, still submitting), none of another payment's.
+contract!(a_payments_recorded_refunds_add_up_to_all_but_the_failed_ones, |store, label| async move {
+    let (paid, other) = (PaymentId::generate(), PaymentId::generate());
+    assert_eq!(store.rail_refunded(&paid).await.unwrap(), 0, "{label}: none yet");
+    let states = [
+        (RailState::Succeeded, 1_000),
+        (RailState::Failed, 5_000),
+        (RailState::Pending, 300),
+        (RailState::Unknown, 20),
+        (RailState::Submitting, 4),
+    ];
+    for (i, (state, minor)) in states.into_iter().enumerate() {
+        let id = PaymentId::generate();
+        let rec = RailPayment {
+            kind: PaymentKind::Refund,
+            refund_of: Some(paid.clone()),
+            ..rail(&id, &format!("rf-{i}"), minor)
+        };
+        store.rail_open(rec, Guards::default(), None, 10).await.unwrap();
+        if state != RailState::Submitting {
+            let to = RailMove { id: &id, from: &[RailState::Submitting], to: state, update: RailUpdate::default() };
+            assert_eq!(store.rail_transition(to, 11).await.unwrap().map(|r| r.state), Some(state), "{label}");
+        }
+    }
+    let theirs = PaymentId::generate();
+    let rec = RailPayment { kind: PaymentKind::Refund, refund_of: Some(other.clone()), ..rail(&theirs, "rf-other", 7) };
+    store.rail_open(rec, Guards::default(), None, 10).await.unwrap();
+    assert_eq!(store.rail_refunded(&paid).await.unwrap(), 1_324, "{label}");
+    assert_eq!(store.rail_refunded(&other).await.unwrap(), 7, "{label}");
+});
+
 // Money going out through a rail keeps its flow, is found by the reference it was sent under, and
 // settles from any open state (its result may beat the request's own answer, or follow a lost one),
 // once; a collection settles only once pushed.

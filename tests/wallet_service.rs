@@ -101,11 +101,21 @@ async fn the_whole_flow_works_against_the_wallet_service() {
     assert_eq!(ok(&refund)["status"], "succeeded", "{refund:?}");
     assert_eq!((r.fake.refunds(), r.fake.balance("acct-B")), (1, 1000));
     assert_eq!(r.fake.payments()[0].status, "PARTIALLY_REFUNDED");
+    // A refund of "everything left" (no amount) is sent with the amount the gateway fixed when it
+    // opened it: the service's refund endpoint takes nothing else.
+    let rest = call(c, "refund_payment", json!({"operation_id": "w-r2", "payment_id": id})).await;
+    assert_eq!(
+        (ok(&rest)["status"].as_str(), ok(&rest)["amount"].as_str()),
+        (Some("succeeded"), Some("10.00")),
+        "{rest:?}"
+    );
+    assert_eq!((r.fake.refunds(), r.fake.balance("acct-B")), (2, 0));
+    assert_eq!(r.fake.payments()[0].status, "REFUNDED");
     // The service lists nothing: the listing is the gateway's record of what it made there.
     let listed = call(c, "list_payments", json!({"account_id": "acct-B", "limit": 10})).await;
     let listed: Vec<&str> =
         ok(&listed)["payments"].as_array().unwrap().iter().map(|p| p["payment_id"].as_str().unwrap()).collect();
-    assert_eq!(listed.len(), 2, "the payment and its refund: {listed:?}");
+    assert_eq!(listed.len(), 3, "the payment and its refunds: {listed:?}");
     assert!(listed.contains(&id.as_str()));
     // Reconciliation finds the two sides agree.
     let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;

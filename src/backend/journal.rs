@@ -478,11 +478,15 @@ impl PaymentBackend for Journaled {
             // The backend keeps no readable refund: it was final when it answered.
             return Ok(Some(rec.payment()));
         }
+        // The backend keeps no refunded amount (the wallet service's payment names none): the
+        // refunds the gateway recorded against it, so "everything left" is what is left.
+        let refunded_minor = self.store.rail_refunded(id).await?;
         Ok(self.inner.payment(&backend_ref).await?.map(|p| Payment {
             status: p.status,
             // What the backend holds, so reconciliation sees a difference.
             amount_minor: p.amount_minor,
             currency: p.currency,
+            refunded_minor,
             ..rec.payment()
         }))
     }

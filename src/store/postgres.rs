@@ -86,6 +86,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0024_payee_tags.sql"),
     include_str!("../../migrations/postgres/0025_approval_tags.sql"),
     include_str!("../../migrations/postgres/0026_rail_family_key.sql"),
+    include_str!("../../migrations/postgres/0027_rail_refund_of.sql"),
 ];
 /// Advisory lock key that serialises migrations between replicas starting together.
 const MIGRATION_LOCK: i64 = 0x0070_6179_6761_7465;

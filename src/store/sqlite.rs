@@ -66,6 +66,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0024_payee_tags.sql"),
     include_str!("../../migrations/sqlite/0025_approval_tags.sql"),
     include_str!("../../migrations/sqlite/0026_rail_family_key.sql"),
+    include_str!("../../migrations/sqlite/0027_rail_refund_of.sql"),
 ];
 
 /// Prepared statements kept per connection (each store query is a fixed SQL text).
