@@ -199,7 +199,19 @@ mod tests {
         assert_eq!(pending(&mut items, Pick::Seq(3), id, seq, status).unwrap().1, "c");
         let repeated = pending(&mut items, Pick::Id("a"), id, seq, status).unwrap_err();
         assert!(repeated.contains("already answered (paid)"), "{repeated}");
-        assert!(pending(&mut items, Pick::Id("z"), id, seq, status).unwrap_err().contains("no pending"));
+        // A pick nothing answers is named as the person wrote it, so they see what they asked for.
+        assert_eq!(pending(&mut items, Pick::Id("z"), id, seq, status).unwrap_err(), "no pending prompt or payment z");
+        assert_eq!(
+            pending(&mut items, Pick::Seq(99), id, seq, status).unwrap_err(),
+            "no pending prompt or payment #99"
+        );
+        for i in items.iter_mut() {
+            i.2 = "paid";
+        }
+        assert_eq!(
+            pending(&mut items, Pick::Latest, id, seq, status).unwrap_err(),
+            "no pending prompt or payment latest"
+        );
         assert!(pending(&mut items, Pick::Seq(4), id, seq, status).unwrap_err().contains("already answered"));
     }
 }
