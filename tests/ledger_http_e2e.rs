@@ -965,3 +965,94 @@ async fn a_retry_the_ledger_refuses_after_an_unknown_outcome_fails_the_open_reco
     assert_eq!(ledger_payments(&r).await.len(), 1, "the drain alone");
     r.app.stop().await;
 }
+
+/// Reconciliation names each way the gateway's record and the ledger's can disagree about money:
+/// a payment the gateway recorded as paid (or pending) that the ledger does not hold; one sent,
+/// never confirmed and not held past the lease (the retry re-sends it); one held for another
+/// amount. A record still within its lease is left alone.
+#[tokio::test]
+async fn reconciliation_names_payments_the_ledger_lacks_or_holds_for_another_amount() {
+    use paygate::domain::payment::{Guards, TransferRequest};
+    let r = rig().await;
+    let c = &r.client;
+    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;
+    let store = &r.app.running.store;
+    let now = r.clock.now();
+    // Recorded as paid, and as pending, by the gateway; never made at the ledger.
+    let (paid_only_here, pending_only_here) = (PaymentId::generate(), PaymentId::generate());
+    for (id, key, state) in [
+        (&paid_only_here, "only-here-1", RailState::Succeeded),
+        (&pending_only_here, "only-here-2", RailState::Pending),
+    ] {
+        store.rail_open(rail_record(id, key, "acct-A", "acct-B", 1_500), Guards::default(), None, now).await.unwrap();
+        let moved = RailMove { id, from: &[RailState::Submitting], to: state, update: RailUpdate::default() };
+        assert!(store.rail_transition(moved, now).await.unwrap().is_some());
+    }
+    // Held at the ledger for 30.00, recorded by the gateway as 31.00.
+    let other_amount = PaymentId::generate();
+    let at_ledger = TransferRequest {
+        attempt: Attempt::reserved("other-amount"),
+        payment_id: other_amount.clone(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: paygate::domain::money::Money::parse("30.00", Currency::parse("KES").unwrap()).unwrap(),
+        memo: None,
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        guards: Guards::default(),
+    };
+    r.ledger.ledger_transfer(at_ledger, now).await.unwrap();
+    store
+        .rail_open(rail_record(&other_amount, "other-amount", "acct-A", "acct-B", 3_100), Guards::default(), None, now)
+        .await
+        .unwrap();
+    let moved = RailMove {
+        id: &other_amount,
+        from: &[RailState::Submitting],
+        to: RailState::Succeeded,
+        update: RailUpdate::default(),
+    };
+    assert!(store.rail_transition(moved, now).await.unwrap().is_some());
+    // Sent, its answer a 500 from in front of the ledger: never made there.
+    r.proxy.set_mode(Mode::Status(500)).await;
+    assert_eq!(code(&call(c, "create_payment", pay("never-made", "7.00")).await), "OUTCOME_UNKNOWN");
+    r.proxy.set_mode(Mode::PassThrough).await;
+    let never_made = store
+        .rail_since(RailPage { since: 0, after_seq: 0, limit: 100 })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, rec)| rec)
+        .find(|rec| rec.amount_minor == 700)
+        .unwrap();
+
+    let kinds_of = |report: &Value, id: &PaymentId| -> Vec<String> {
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["payment_id"] == id.as_str())
+            .map(|f| f["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let young = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    assert!(kinds_of(&young, &never_made.id).is_empty(), "within its lease it is the retry's to settle: {young}");
+    r.clock.advance(300);
+    let report = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    assert_eq!(kinds_of(&report, &paid_only_here), ["missing_in_backend"], "{report}");
+    assert_eq!(kinds_of(&report, &pending_only_here), ["missing_in_backend"], "{report}");
+    assert_eq!(kinds_of(&report, &other_amount), ["amount_mismatch"], "{report}");
+    assert_eq!(kinds_of(&report, &never_made.id), ["outcome_unknown"], "{report}");
+    let detail = |id: &PaymentId| {
+        report["findings"].as_array().unwrap().iter().find(|f| f["payment_id"] == id.as_str()).unwrap()["detail"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(detail(&paid_only_here).contains("recorded succeeded"), "{report}");
+    assert!(detail(&pending_only_here).contains("recorded pending"), "{report}");
+    assert!(detail(&other_amount).contains("31.00") && detail(&other_amount).contains("30.00"), "{report}");
+    assert!(detail(&never_made.id).contains("re-sends it"), "{report}");
+    assert_eq!(report["problems"].as_i64(), Some(4), "{report}");
+    r.app.stop().await;
+}
