@@ -755,3 +755,29 @@ async fn the_user_an_agent_acts_for_is_sent_only_when_there_is_one() {
     assert_eq!(script.last_body()["principal_user"], "alice@example.com");
     assert_eq!(script.last_body()["amount_minor"], 50);
 }
+
+/// The ledger service's answers are bounded at 8 MiB: a large page under the bound is read whole;
+/// an answer over it is never read into memory — a read is unavailable, and a payment whose answer
+/// was too large may have been applied (outcome unknown), never taken as refused.
+#[tokio::test]
+async fn an_answer_over_eight_mebibytes_is_refused_and_a_large_page_under_it_is_read() {
+    let (script, b) = ScriptedLedger::start().await;
+    let padded = |bytes: usize| {
+        let shell = r#"{"items":[],"next_cursor":null,"pad":""}"#;
+        format!(r#"{{"items":[],"next_cursor":null,"pad":"{}"}}"#, "x".repeat(bytes - shell.len()))
+    };
+    let q = || PaymentQuery { accounts: vec![acct("acct-A")], limit: 10, ..PaymentQuery::default() };
+    script.set(200, &padded(2 * 1024 * 1024));
+    assert!(b.list_payments(q()).await.unwrap().items.is_empty());
+    script.set(200, &padded(8 * 1024 * 1024 + 1));
+    match b.list_payments(q()).await {
+        Err(BackendError::Unavailable(why)) => assert!(why.contains("exceeds 8388608 bytes"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    script.set(201, &padded(8 * 1024 * 1024 + 1));
+    let pay = PaymentId::generate();
+    match b.transfer(transfer("idk_huge", &pay, "acct-A", "acct-B", kes(100))).await {
+        Err(BackendError::OutcomeUnknown(why)) => assert!(why.contains("exceeds 8388608 bytes"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
