@@ -1056,3 +1056,144 @@ async fn reconciliation_names_payments_the_ledger_lacks_or_holds_for_another_amo
     assert_eq!(report["problems"].as_i64(), Some(4), "{report}");
     r.app.stop().await;
 }
+
+/// The journal itself holds one key to one request, whatever the gateway's idempotency records
+/// say (a database writer can delete those): a key its record holds for a payment, reused with
+/// another payee, amount or currency, or for a refund, is refused as reused — and nothing more
+/// reaches the ledger.
+#[tokio::test]
+async fn a_key_the_journal_holds_is_never_sent_again_for_another_request() {
+    use paygate::backend::PaymentBackend;
+    use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
+    use paygate::backend::journal::Journaled;
+    use paygate::domain::error::BackendError;
+    use paygate::domain::money::Money;
+    use paygate::domain::payment::{Guards, RefundRequest, TransferRequest};
+    let r = rig().await;
+    let clock: Arc<dyn Clock> = Arc::new(r.clock.clone());
+    let gateway_store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+    let cfg = HttpLedgerConfig {
+        base_url: r.proxy.url(),
+        credential: Secret::new(CREDENTIAL.into()),
+        connect_timeout: std::time::Duration::from_secs(1),
+        request_timeout: std::time::Duration::from_secs(1),
+        retries_max: 0,
+        breaker_failures_max: 100,
+        breaker_open: std::time::Duration::from_secs(1),
+        tls: Default::default(),
+    };
+    let http = HttpLedger::new(cfg, clock.clone()).unwrap();
+    let links = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone(), links);
+    let kes = Currency::parse("KES").unwrap();
+    let request = |to: &str, amount: Money| TransferRequest {
+        attempt: Attempt::reserved("k-held"),
+        payment_id: PaymentId::generate(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse(to).unwrap(),
+        amount,
+        memo: None,
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        guards: Guards::default(),
+    };
+    let paid = journal.transfer(request("acct-B", Money::parse("10.00", kes).unwrap())).await.unwrap();
+    let posts = || r.proxy.seen().iter().filter(|s| s.method == "POST").count();
+    assert_eq!(posts(), 1);
+    for other in [
+        request("acct-C", Money::parse("10.00", kes).unwrap()),
+        request("acct-B", Money::parse("10.01", kes).unwrap()),
+        request("acct-B", Money::parse("10.00", Currency::parse("USD").unwrap()).unwrap()),
+    ] {
+        let shown = format!("{} {}", other.to_account, other.amount);
+        assert_eq!(journal.transfer(other).await.unwrap_err(), BackendError::IdempotencyKeyReused, "{shown}");
+    }
+    let refund = RefundRequest {
+        attempt: Attempt::reserved("k-held"),
+        refund_id: PaymentId::generate(),
+        payment_id: paid.id.clone(),
+        amount_minor: Some(100),
+        reason: None,
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        guards: Guards::default(),
+        autonomous_cap_minor: None,
+    };
+    assert_eq!(journal.refund(refund).await.unwrap_err(), BackendError::IdempotencyKeyReused);
+    assert_eq!(posts(), 1, "nothing more reached the ledger");
+    // The same request under its key is its payment, replayed.
+    let again = journal.transfer(request("acct-B", Money::parse("10.00", kes).unwrap())).await.unwrap();
+    assert_eq!((again.id, posts()), (paid.id, 1));
+    r.app.stop().await;
+}
+
+/// The poll job settles an open record from the ledger's word only when the ledger holds that
+/// payment as recorded: held for another amount, as a refund of another payment, or in another
+/// currency, it stays open for reconciliation to name, never settled to what the ledger holds.
+#[tokio::test]
+async fn the_poll_job_never_settles_a_record_the_ledger_holds_differently() {
+    use paygate::domain::payment::{Guards, RefundRequest, TransferRequest};
+    let r = rig().await;
+    let store = &r.app.running.store;
+    let now = r.clock.now();
+    let kes = Currency::parse("KES").unwrap();
+    let at_ledger = |id: &PaymentId, key: &str, amount: &str| TransferRequest {
+        attempt: Attempt::reserved(key),
+        payment_id: id.clone(),
+        from_account: AccountId::parse("acct-A").unwrap(),
+        to_account: AccountId::parse("acct-B").unwrap(),
+        amount: paygate::domain::money::Money::parse(amount, kes).unwrap(),
+        memo: None,
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        guards: Guards::default(),
+    };
+    // Held for 20.00; recorded (its answer lost) as 25.00.
+    let other_amount = PaymentId::generate();
+    r.ledger.ledger_transfer(at_ledger(&other_amount, "held-1", "20.00"), now).await.unwrap();
+    // Held as a refund of another payment; recorded as a payment.
+    let original = PaymentId::generate();
+    r.ledger.ledger_transfer(at_ledger(&original, "held-2", "50.00"), now).await.unwrap();
+    let as_refund = PaymentId::generate();
+    let refund = RefundRequest {
+        attempt: Attempt::reserved("held-3"),
+        refund_id: as_refund.clone(),
+        payment_id: original.clone(),
+        amount_minor: Some(1_000),
+        reason: None,
+        principal_sub: "dev-agent".into(),
+        principal_user: None,
+        guards: Guards::default(),
+        autonomous_cap_minor: None,
+    };
+    r.ledger.ledger_refund(refund, now).await.unwrap();
+    // Held for 30.00 in KES; recorded as 30.00 in USD.
+    let other_currency = PaymentId::generate();
+    r.ledger.ledger_transfer(at_ledger(&other_currency, "held-4", "30.00"), now).await.unwrap();
+    let records = [
+        rail_record(&other_amount, "held-1", "acct-A", "acct-B", 2_500),
+        // A refund, as held, but of another payment.
+        paygate::domain::rail::RailPayment {
+            kind: PaymentKind::Refund,
+            refund_of: Some(PaymentId::generate()),
+            ..rail_record(&as_refund, "held-3", "acct-B", "acct-A", 1_000)
+        },
+        paygate::domain::rail::RailPayment {
+            currency: Currency::parse("USD").unwrap(),
+            ..rail_record(&other_currency, "held-4", "acct-A", "acct-B", 3_000)
+        },
+    ];
+    for rec in records {
+        let id = rec.id.clone();
+        store.rail_open(rec, Guards::default(), None, now).await.unwrap();
+        let lost =
+            RailMove { id: &id, from: &[RailState::Submitting], to: RailState::Unknown, update: RailUpdate::default() };
+        assert!(store.rail_transition(lost, now).await.unwrap().is_some());
+    }
+    r.clock.advance(120);
+    assert_eq!(r.app.running.gateway.poll_rails(60, std::time::Duration::from_secs(10)).await, 0);
+    for id in [&other_amount, &as_refund, &other_currency] {
+        assert_eq!(store.rail_get(id).await.unwrap().unwrap().state, RailState::Unknown, "{id}");
+    }
+    r.app.stop().await;
+}
