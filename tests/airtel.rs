@@ -1300,6 +1300,46 @@ async fn the_standalone_airtel_simulator_holds_a_client_to_airtels_rules() {
     assert_eq!(sim.answer(Pick::Id("pay-1"), Answer::Accept).await.unwrap(), ("pay-1".to_string(), None));
     assert_eq!(client.enquire_disbursement("pay-1").await.unwrap().status, TransactionStatus::Success);
 
+    // What the client never sends, the simulator refuses as Airtel would: no token, a token it
+    // never issued, requests outside Kenya's country and currency (in the headers or the body).
+    let http = reqwest::Client::new();
+    let token: Value = http
+        .post(format!("{base_url}/auth/oauth2/token"))
+        .json(&json!({"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "grant_type": "client_credentials"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = token["access_token"].as_str().unwrap().to_string();
+    let body = |country: &str, currency: &str, tx_country: &str, tx_currency: &str| {
+        json!({"reference": "Order 9", "subscriber": {"country": country, "currency": currency, "msisdn": "733123456"},
+               "transaction": {"amount": 10, "country": tx_country, "currency": tx_currency, "id": "col-raw"}})
+    };
+    let post = |bearer: &str, headers: (&str, &str), body: Value| {
+        http.post(format!("{base_url}/merchant/v1/payments/"))
+            .bearer_auth(bearer)
+            .header("X-Country", headers.0)
+            .header("X-Currency", headers.1)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(post("sim-never-issued", ("KE", "KES"), body("KE", "KES", "KE", "KES")).await.unwrap().status(), 401);
+    assert_eq!(post(&token, ("UG", "UGX"), body("KE", "KES", "KE", "KES")).await.unwrap().status(), 400);
+    for outside in [
+        body("UG", "KES", "KE", "KES"),
+        body("KE", "UGX", "KE", "KES"),
+        body("KE", "KES", "UG", "KES"),
+        body("KE", "KES", "KE", "UGX"),
+    ] {
+        let answer = post(&token, ("KE", "KES"), outside.clone()).await.unwrap();
+        assert_eq!(answer.status(), 400, "{outside}");
+        let said: Value = answer.json().await.unwrap();
+        assert_eq!(said["status"]["result_code"], "ESB000001", "{outside}");
+    }
+    refused_with(client.enquire("col-raw").await.map(drop), "ESB000008");
+
     // A full simulator refuses a new request unprocessed: Airtel's overload, unavailable.
     let full: Arc<dyn RailSimulator> = Arc::new(terms(1));
     let (full_url, full_server) = start(full.clone()).await;

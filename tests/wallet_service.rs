@@ -676,6 +676,25 @@ async fn answers_outside_the_wallet_contract_are_unavailable_or_unknown_as_money
     assert!(
         matches!(w.check_integrity(true).await, Err(BackendError::Unavailable(why)) if why.contains("no reconciliation report"))
     );
+    // The service's report: balanced says no problem; unbalanced names each it can.
+    for (report, ok, problems) in [
+        (json!({"balanced": true, "ledgerNet": 0, "driftedAccounts": []}), true, vec![]),
+        (json!({"ledgerNet": 0}), true, vec![]),
+        (
+            json!({"balanced": false, "ledgerNet": 0, "driftedAccounts": []}),
+            false,
+            vec!["the wallet service reports its ledger unbalanced"],
+        ),
+        (
+            json!({"balanced": true, "ledgerNet": 5, "driftedAccounts": ["x"]}),
+            false,
+            vec!["account x: balance drifted from its postings", "postings sum to 5, not 0"],
+        ),
+    ] {
+        script.set("/v1/reconciliation/report", 200, &report.to_string());
+        let got = w.check_integrity(true).await.unwrap();
+        assert_eq!((got.ok, got.problems.iter().map(String::as_str).collect::<Vec<_>>()), (ok, problems), "{report}");
+    }
     // The service lists no payments (the journal lists the gateway's own records).
     let q = paygate::domain::payment::PaymentQuery {
         accounts: vec![AccountId::parse("acct-A").unwrap()],
