@@ -1018,3 +1018,29 @@ async fn the_standalone_simulator_holds_a_client_to_darajas_rules() {
     server.abort();
     receiver.abort();
 }
+
+/// One shilling is the least Daraja takes, and a push, a payout and a business payment of it go
+/// out (the bound refuses nothing it should not).
+#[tokio::test]
+async fn one_shilling_is_the_least_and_it_goes_out() {
+    let h = harness().await;
+    bounded(h.client.stk_push(&push(1))).await.unwrap();
+    let payout = B2cPayment {
+        originator_conversation_id: "pay_one".into(),
+        phone: normalize_phone("0712345678").unwrap(),
+        amount_whole: 1,
+        remarks: "One".into(),
+    };
+    bounded(h.client.b2c_payment(&payout)).await.unwrap();
+    let bill = B2bPayment {
+        originator_conversation_id: "pay_one_bill".into(),
+        to: BusinessTo::Till { number: "5123456".into() },
+        amount_whole: 1,
+        remarks: "One".into(),
+    };
+    bounded(h.client.b2b_payment(&bill)).await.unwrap();
+    assert_eq!(
+        (h.fake.pushes()[0].amount, h.fake.payouts()[0].amount, h.fake.business_payments()[0].amount),
+        (1, 1, 1)
+    );
+}

@@ -1090,6 +1090,8 @@ mod tests {
         }
         script.answer(PATH_COLLECT, 200, r#"{"status":{"success":true}}"#);
         client.collect(&collection("pay_1", 10, "Order 1")).await.unwrap();
+        // One shilling is the least Airtel takes, and it goes out.
+        client.collect(&collection("pay_one", 1, "Order 1")).await.unwrap();
 
         let failed_tx = r#"{"data":{"transaction":{"status":"TF"}},"status":{"result_code":"DP00900001001","message":"Failed","success":false}}"#;
         script.answer(PATH_DISBURSE, 200, failed_tx);
