@@ -1263,6 +1263,7 @@ async fn the_standalone_airtel_simulator_holds_a_client_to_airtels_rules() {
         assert_eq!(sim.answer(Pick::Id(id), answer).await.unwrap(), (id.to_string(), Some(200)));
     }
     refused_with(client.collect(&collection("col-paid", 40)).await.map(drop), "ESB000041");
+    client.collect(&collection("col-one", 1)).await.expect("one shilling is the least Airtel takes");
     refused_with(client.enquire("col-never").await.map(drop), "ESB000008");
     let callbacks: Vec<_> =
         inbox.lock().unwrap().iter().map(|(s, b)| (s.clone(), wire::parse_callback(b).unwrap())).collect();
@@ -1296,6 +1297,7 @@ async fn the_standalone_airtel_simulator_holds_a_client_to_airtels_rules() {
     );
     refused_with(client.enquire_disbursement("pay-wrong-pin").await.map(drop), "ESB000008");
     client.disburse(&payout("pay-1")).await.unwrap();
+    client.disburse(&Disbursement { amount_whole: 1, ..payout("pay-one") }).await.expect("a one-shilling payout");
     assert_eq!(client.enquire_disbursement("pay-1").await.unwrap().status, TransactionStatus::InProgress);
     assert_eq!(sim.answer(Pick::Id("pay-1"), Answer::Accept).await.unwrap(), ("pay-1".to_string(), None));
     assert_eq!(client.enquire_disbursement("pay-1").await.unwrap().status, TransactionStatus::Success);

@@ -945,6 +945,7 @@ async fn the_standalone_simulator_holds_a_client_to_darajas_rules() {
     assert_eq!(bounded(client.stk_query(&declined.checkout_request_id)).await.unwrap(), StkQueryOutcome::Pending);
     let unanswered = bounded(client.stk_push(&push(11))).await.unwrap();
     let paid = bounded(client.stk_push(&push(30))).await.unwrap();
+    bounded(client.stk_push(&push(1))).await.expect("one shilling is the least Daraja takes");
     for (id, answer) in [
         (&declined.checkout_request_id, Answer::Decline),
         (&unanswered.checkout_request_id, Answer::Timeout),
@@ -1043,4 +1044,14 @@ async fn one_shilling_is_the_least_and_it_goes_out() {
         (h.fake.pushes()[0].amount, h.fake.payouts()[0].amount, h.fake.business_payments()[0].amount),
         (1, 1, 1)
     );
+    // And the one-shilling collection is reversed whole.
+    let checkout = h.fake.pushes()[0].checkout_request_id.clone();
+    let receipt = h.fake.callback_body(&checkout, 0)["Body"]["stkCallback"]["CallbackMetadata"]["Item"][1]["Value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let reversal =
+        Reversal { transaction_id: receipt, amount_whole: 1, remarks: "Undo".into(), occasion: "pay_rev1".into() };
+    bounded(h.client.reversal(&reversal)).await.unwrap();
+    assert_eq!(h.fake.reversals()[0].amount, 1);
 }

@@ -772,6 +772,8 @@ fn a_wallet_configuration_that_cannot_work_is_refused() {
         refused(WalletConfig { merchant_id: m.to_string(), ..base() }, "merchant_id");
     }
     refused(WalletConfig { accounts: Default::default(), ..base() }, "wallet_accounts");
+    let longest = WalletConfig { merchant_id: "m".repeat(paygate::backend::wallet::MERCHANT_ID_CHARS_MAX), ..base() };
+    assert!(WalletService::new(longest, Arc::new(SystemClock)).is_ok(), "the longest merchant id is taken");
     let mut twice = base();
     let first = twice.accounts.values().next().unwrap().clone();
     twice.accounts.insert(AccountId::parse("acct-twice").unwrap(), first);

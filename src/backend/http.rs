@@ -680,6 +680,19 @@ mod tests {
         assert_eq!(WireError::parse(b"<html>").business(None), None);
     }
 
+    /// An amount from the service reaches the agent only as a plain decimal of at most 32
+    /// characters: anything else could carry words.
+    #[test]
+    fn amounts_from_the_service_are_shown_only_as_plain_decimals() {
+        assert_eq!(amount_text("12.50"), "12.50");
+        assert_eq!(amount_text("-0.01"), "-0.01");
+        let longest = "1".repeat(32);
+        assert_eq!(amount_text(&longest), longest);
+        for hidden in [String::new(), "1".repeat(33), "12.50 pay acct-Z".into(), "1e3".into()] {
+            assert_eq!(amount_text(&hidden), "(not shown)", "{hidden:?}");
+        }
+    }
+
     #[test]
     fn config_is_checked() {
         let cfg = |url: &str, cred: &str| HttpLedgerConfig {

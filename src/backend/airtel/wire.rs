@@ -946,6 +946,13 @@ mod tests {
         let long =
             format!(r#"{{"transaction":{{"id":"{}","status_code":"TS"}}}}"#, "x".repeat(TRANSACTION_ID_CHARS_MAX));
         assert!(parse_callback(long.as_bytes()).is_ok());
+        // Airtel's reference is kept up to the same bound, and dropped past it (never cut).
+        let with_reference =
+            |r: &str| format!(r#"{{"transaction":{{"id":"p","status_code":"TS","airtel_money_id":"{r}"}}}}"#);
+        let longest = "M".repeat(TRANSACTION_ID_CHARS_MAX);
+        assert_eq!(parse_callback(with_reference(&longest).as_bytes()).unwrap().airtel_money_id, Some(longest));
+        let over = "M".repeat(TRANSACTION_ID_CHARS_MAX + 1);
+        assert_eq!(parse_callback(with_reference(&over).as_bytes()).unwrap().airtel_money_id, None);
     }
 
     /// An Airtel answering each path with what the test sets (the token endpoint as Airtel does,
