@@ -1054,6 +1054,14 @@ async fn reconciliation_names_payments_the_ledger_lacks_or_holds_for_another_amo
     assert!(detail(&other_amount).contains("31.00") && detail(&other_amount).contains("30.00"), "{report}");
     assert!(detail(&never_made.id).contains("re-sends it"), "{report}");
     assert_eq!(report["problems"].as_i64(), Some(4), "{report}");
+    // Reconciliation looks back over its window (jobs.reconcile_window_secs, a day by default):
+    // past it, these records are no longer checked.
+    r.clock.advance(86_400);
+    let admin = connect(&r.app.url, &r.app.token("ops-bot", "payments:integrity"), Era::Modern).await;
+    let later = ok(&call(&admin, "reconcile", json!({})).await).clone();
+    for id in [&paid_only_here, &pending_only_here, &other_amount, &never_made.id] {
+        assert!(kinds_of(&later, id).is_empty(), "{id} is older than the window: {later}");
+    }
     r.app.stop().await;
 }
 

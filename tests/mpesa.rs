@@ -305,6 +305,9 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
 
     let mut wrong_amount = good.clone();
     wrong_amount["Body"]["stkCallback"]["CallbackMetadata"]["Item"][0]["Value"] = json!(1.0);
+    // A success that does not say what was paid: M-Pesa's always does, so one without is refused.
+    let mut no_amount = good.clone();
+    no_amount["Body"]["stkCallback"]["CallbackMetadata"]["Item"].as_array_mut().unwrap().remove(0);
     let mut wrong_phone = good.clone();
     wrong_phone["Body"]["stkCallback"]["CallbackMetadata"]["Item"][4]["Value"] = json!(254700000001u64);
     let mut unknown_checkout = good.clone();
@@ -317,6 +320,7 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
         ("wrong secret", callback_url(&r.app, "not-the-secret-000000000000"), Some(good.clone()), 404),
         ("unknown checkout", url.clone(), Some(unknown_checkout), 404),
         ("amount mismatch", url.clone(), Some(wrong_amount), 422),
+        ("amount missing", url.clone(), Some(no_amount), 422),
         ("phone mismatch", url.clone(), Some(wrong_phone), 422),
         ("malformed JSON", url.clone(), None, 400),
         ("unknown result code", url.clone(), Some(unknown_code), 200),
@@ -338,6 +342,7 @@ async fn callbacks_that_do_not_match_are_refused_audited_and_change_nothing() {
             // most once a minute (the next audit record counts the rest).
             "BAD_SECRET",
             "UNKNOWN_CHECKOUT",
+            "AMOUNT_MISMATCH",
             "AMOUNT_MISMATCH",
             "PHONE_MISMATCH",
             "MALFORMED",
