@@ -857,3 +857,32 @@ async fn windows_and_the_today_tools_include_collections() {
     assert_eq!(s["from"], rfc(today).as_str());
     r.app.stop().await;
 }
+
+/// A collection still pending past `mpesa.pending_timeout_secs` (an hour by default) is named by
+/// reconciliation with how long it has been pending; before that it is the poll job's alone.
+#[tokio::test]
+async fn reconciliation_names_a_collection_pending_too_long_with_its_age() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let r = rig_with("", &[("PAYGATE_JOBS__ENABLED", "false")], clock.clone()).await;
+    let p = ok(&call(&r.client, "request_mpesa_payment", collect("slow-1", "120")).await).clone();
+    let id = p["payment_id"].as_str().unwrap().to_string();
+    let admin = |r: &Rig| r.app.token("ops-bot", "payments:integrity");
+    let pending_too_long = |report: &Value| -> Vec<String> {
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["kind"] == "pending_too_long" && f["payment_id"] == id.as_str())
+            .map(|f| f["detail"].as_str().unwrap().to_string())
+            .collect()
+    };
+    clock.advance(3_000);
+    let ops = connect(&r.app.url, &admin(&r), Era::Modern).await;
+    assert!(pending_too_long(&ok(&call(&ops, "reconcile", json!({})).await).clone()).is_empty());
+    clock.advance(700);
+    let ops = connect(&r.app.url, &admin(&r), Era::Modern).await;
+    let named = pending_too_long(&ok(&call(&ops, "reconcile", json!({})).await).clone());
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert!(named[0].starts_with("pending since 3700 s"), "{named:?}");
+    r.app.stop().await;
+}
