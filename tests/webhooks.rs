@@ -246,6 +246,11 @@ mode = "known"
         operator(&app, Method::GET, &format!("/operator/v1/webhooks/{id}/attempts"), &auditor, None).await;
     assert_eq!(status, 200, "{attempts}");
     assert_eq!(attempts["items"][0]["status"], 204, "{attempts}");
+    // An id no message can have (longer than any the gateway makes) is no message, not an empty one.
+    let too_long = "w".repeat(65);
+    let (status, none) =
+        operator(&app, Method::GET, &format!("/operator/v1/webhooks/{too_long}/attempts"), &auditor, None).await;
+    assert_eq!(status, 404, "{none}");
     // /metrics counts each delivery by endpoint, and shows the endpoint's breaker closed.
     let metrics = reqwest::get(format!("{}/metrics", app.base())).await.unwrap().text().await.unwrap();
     let delivered = metrics
