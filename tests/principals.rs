@@ -497,3 +497,32 @@ async fn a_delegated_token_is_the_pair_of_agent_and_user() {
     app.assert_secrets_not_logged();
     app.stop().await;
 }
+
+/// The operators' principals view lists the agents seen acting in the last seven days (beside
+/// every agent with a suspension on record), each with when it was last seen: one seen two days
+/// ago is listed, one last seen eight days ago is not.
+#[tokio::test]
+async fn the_principals_view_lists_agents_seen_within_seven_days() {
+    use paygate::clock::Clock as _;
+    let clock = ManualClock::new(paygate::clock::SystemClock.now());
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_with_clock(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")], Arc::new(clock.clone())).await;
+    let act = |sub: &'static str| {
+        let app = &app;
+        async move {
+            let agent = connect(&app.url, &app.token(sub, "payments:read payments:create"), Era::Modern).await;
+            let _ = call(&agent, "create_payment", pay(&format!("{sub}-1"), "acct-A", "acct-B", "1.00")).await;
+        }
+    };
+    act("dev-agent").await;
+    clock.advance(6 * 86_400);
+    act("agent-recent").await;
+    clock.advance(2 * 86_400);
+    let auditor = app.operator_token("auditor", "payments:audit");
+    let (status, view) = operator(&app, Method::GET, "/operator/v1/principals", &auditor, None).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let listed: Vec<&str> = view["items"].as_array().unwrap().iter().map(|p| p["subject"].as_str().unwrap()).collect();
+    assert!(listed.contains(&"agent-recent"), "seen two days ago: {view}");
+    assert!(!listed.contains(&"dev-agent"), "last seen eight days ago: {view}");
+    app.stop().await;
+}
