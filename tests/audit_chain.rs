@@ -832,3 +832,29 @@ async fn verifying_an_empty_or_foreign_file_is_refused_and_changes_nothing() {
         assert!(!dir.path().join("idempotency.key").exists(), "{what}: secrets were made");
     }
 }
+
+/// At a graceful stop the trail is sealed whole: a record this replica wrote that the database
+/// deleted meanwhile is found gone and recorded as a witness break — and that record is sealed
+/// too, by one more pass, so nothing the stop wrote is left unsealed (editable) while the gateway
+/// is down.
+#[tokio::test]
+async fn the_stop_seals_the_witness_record_of_a_deleted_record_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_on(dir.path(), &[("PAYGATE_JOBS__ENABLED", "false")]).await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    // A refusal: its record is appended by this replica, which witnesses it until it is sealed.
+    let foreign = json!({"operation_id": "stop-1", "from_account": "acct-A", "to_account": "acct-Z",
+                         "amount": "1.00", "currency": "KES"});
+    assert_eq!(err(&call(&agent, "create_payment", foreign).await)["code"], "ACCOUNT_NOT_ALLOWED");
+    let db = rusqlite::Connection::open(dir.path().join("paygate.sqlite3")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let gone = db.execute("DELETE FROM audit_records WHERE code = 'ACCOUNT_NOT_ALLOWED'", []).unwrap();
+    assert_eq!(gone, 1);
+    app.running.gateway.seal_audit_at_stop().await;
+    let unsealed = app.running.store.audit_unsealed().await.unwrap();
+    assert_eq!(unsealed.count, 0, "{unsealed:?}");
+    let trail = app.running.store.audit_list(None, 1_000).await.unwrap();
+    assert!(trail.iter().any(|r| r.tool.starts_with("audit.witness")), "the break is recorded");
+    let _ = agent.cancel().await;
+    app.stop().await;
+}
