@@ -359,6 +359,15 @@ async fn scenario(extra: &[(&str, &str)], label: &str) {
     assert_eq!(ok(&r)["status"], "succeeded", "{label}: the mandate pays");
 
     // Under the tier a plain click still approves.
+    // The tier starts at its amount: KES 5,000.00 needs a passkey, a cent less does not.
+    let at = call(&agent, "create_payment", pay_args(&format!("{label}-at-tier"), "5000.00", None)).await;
+    assert_eq!(
+        (code(&at).as_str(), err(&at)["passkey_required"].as_bool()),
+        ("APPROVAL_REQUIRED", Some(true)),
+        "{label}"
+    );
+    let below = call(&agent, "create_payment", pay_args(&format!("{label}-below-tier"), "4999.99", None)).await;
+    assert_eq!(err(&below)["passkey_required"].as_bool(), Some(false), "{label}");
     let r = call(&agent, "create_payment", pay_args(&format!("{label}-small"), "2000.00", None)).await;
     assert_eq!(err(&r)["passkey_required"], false);
     let small = err(&r)["approval_id"].as_str().unwrap().to_string();
