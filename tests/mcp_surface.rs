@@ -259,6 +259,10 @@ async fn bad_input_gets_a_typed_error_and_changes_nothing() {
     }
     assert_eq!(balance(&c, "acct-A").await, "1000000.00");
     assert_eq!(balance(&c, "acct-B").await, "0.00");
+    // The memo's bound is in characters, not bytes, and the bound itself is allowed.
+    let mut longest = base.clone();
+    (longest["operation_id"], longest["memo"]) = (json!("memo-at-bound"), json!("é".repeat(140)));
+    assert_eq!(ok(&call(&c, "create_payment", longest).await)["status"], "succeeded");
     let r = call(&c, "get_payment", json!({"payment_id": "pay_doesnotexist"})).await;
     assert_eq!(code(&r), "NOT_FOUND");
     app.assert_integrity().await;
