@@ -146,6 +146,10 @@ async fn every_tool_resource_and_prompt_works_in_both_eras() {
         assert!(ids(&page2).iter().all(|id| !ids(&page1).contains(id)), "pages do not overlap");
         let r = call(&c, "list_payments", json!({"limit": 101})).await;
         assert_eq!(code(&r), "INVALID_ARGUMENT");
+        // A page holds 1 ..= limits.list_limit_max (100) payments.
+        assert_eq!(code(&call(&c, "list_payments", json!({"limit": 0})).await), "INVALID_ARGUMENT");
+        let one = call(&c, "list_payments", json!({"account_id": "acct-B", "limit": 1})).await;
+        assert_eq!(ok(&one)["payments"].as_array().map(Vec::len), Some(1), "{one:?}");
 
         // the today tools, check_transaction_status and generate_receipt over the ledger's payments
         let r = call(&c, "get_today_transactions", json!({"limit": 100})).await;
