@@ -717,3 +717,26 @@ async fn a_change_that_loses_the_append_to_another_replica_is_refused_naming_the
     assert_eq!(author, "bob", "the other replica's version stands");
     app.stop().await;
 }
+
+/// The preflight of a refund answers what the ledger would: everything still refundable is
+/// allowed, a cent more is not — and it says how much is left. Nothing is written.
+#[tokio::test]
+async fn a_refund_preflight_allows_exactly_what_is_left() {
+    let (app, _dir) = spawn_app().await;
+    let agent = connect(&app.url, &app.dev_token(), Era::Modern).await;
+    let paid = ok(&call(&agent, "create_payment", pay("refundable-1", "10.00")).await).clone();
+    let id = paid["payment_id"].as_str().unwrap().to_string();
+    let part = json!({"operation_id": "refund-part", "payment_id": id, "amount": "4.00"});
+    assert_eq!(ok(&call(&agent, "refund_payment", part).await)["status"], "succeeded");
+    let ask = |amount: &str| {
+        json!({"tool": "refund_payment",
+               "arguments": {"operation_id": format!("probe-{amount}"), "payment_id": id, "amount": amount}})
+    };
+    let exact = call(&agent, "check_payment_policy", ask("6.00")).await;
+    assert_eq!(ok(&exact)["verdict"], "allowed", "{exact:?}");
+    let over = call(&agent, "check_payment_policy", ask("6.01")).await;
+    let said = format!("{over:?}");
+    assert!(said.contains("6.00 left to refund"), "{said}");
+    assert_eq!(balance(&agent, "acct-B").await, "6.00", "nothing was written by the preflight");
+    app.stop().await;
+}
