@@ -598,34 +598,37 @@ async fn the_cli_runs_ledger_serve_a_gateway_on_it_and_reconcile() {
     assert_eq!(report["findings"], json!([]));
 }
 
+/// The journal the gateway wraps the HTTP ledger in, over the rig's proxy, on a store of its own
+/// (the gateway's records, apart from the running app's): a test drives it directly.
+fn journal_over_proxy(r: &Rig) -> (paygate::backend::journal::Journaled, Arc<dyn Store>) {
+    use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
+    let clock: Arc<dyn Clock> = Arc::new(r.clock.clone());
+    let gateway_store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+    let cfg = HttpLedgerConfig {
+        base_url: r.proxy.url(),
+        credential: Secret::new(CREDENTIAL.into()),
+        connect_timeout: std::time::Duration::from_secs(1),
+        request_timeout: std::time::Duration::from_secs(1),
+        retries_max: 0,
+        breaker_failures_max: 100,
+        breaker_open: std::time::Duration::from_secs(1),
+        tls: Default::default(),
+    };
+    let http = HttpLedger::new(cfg, clock.clone()).unwrap();
+    let links = paygate::domain::audit_chain::LinkKey::new([7; 32]);
+    let journal = paygate::backend::journal::Journaled::new(Arc::new(http), gateway_store.clone(), clock, links);
+    (journal, gateway_store)
+}
+
 /// A retry that finds the record an earlier attempt opened (the ledger applied it, then the attempt
 /// died) never reports "nothing moved" and never gives the draws back when the ledger is unreachable.
 #[tokio::test]
 async fn a_record_an_earlier_attempt_opened_is_never_abandoned() {
     use paygate::backend::PaymentBackend;
-    use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
-    use paygate::backend::journal::Journaled;
     use paygate::domain::error::BackendError;
     use paygate::domain::payment::{DailyBudget, Guards, TransferRequest};
     let r = rig().await;
-    let clock: Arc<dyn Clock> = Arc::new(r.clock.clone());
-    let gateway_store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
-    let http = HttpLedger::new(
-        HttpLedgerConfig {
-            base_url: r.proxy.url(),
-            credential: Secret::new(CREDENTIAL.into()),
-            connect_timeout: std::time::Duration::from_secs(1),
-            request_timeout: std::time::Duration::from_secs(1),
-            retries_max: 0,
-            breaker_failures_max: 100,
-            breaker_open: std::time::Duration::from_secs(1),
-            tls: Default::default(),
-        },
-        clock.clone(),
-    )
-    .unwrap();
-    let links = paygate::domain::audit_chain::LinkKey::new([7; 32]);
-    let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone(), links);
+    let (journal, gateway_store) = journal_over_proxy(&r);
     let today = r.clock.now() - r.clock.now().rem_euclid(86_400);
     let budget = || Guards {
         budget: Some(DailyBudget { kind: PaymentKind::Payment, since: today, max_minor: 1_000_000, max_payments: 1 }),
@@ -1072,27 +1075,11 @@ async fn reconciliation_names_payments_the_ledger_lacks_or_holds_for_another_amo
 #[tokio::test]
 async fn a_key_the_journal_holds_is_never_sent_again_for_another_request() {
     use paygate::backend::PaymentBackend;
-    use paygate::backend::http::{HttpLedger, HttpLedgerConfig};
-    use paygate::backend::journal::Journaled;
     use paygate::domain::error::BackendError;
     use paygate::domain::money::Money;
     use paygate::domain::payment::{Guards, RefundRequest, TransferRequest};
     let r = rig().await;
-    let clock: Arc<dyn Clock> = Arc::new(r.clock.clone());
-    let gateway_store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
-    let cfg = HttpLedgerConfig {
-        base_url: r.proxy.url(),
-        credential: Secret::new(CREDENTIAL.into()),
-        connect_timeout: std::time::Duration::from_secs(1),
-        request_timeout: std::time::Duration::from_secs(1),
-        retries_max: 0,
-        breaker_failures_max: 100,
-        breaker_open: std::time::Duration::from_secs(1),
-        tls: Default::default(),
-    };
-    let http = HttpLedger::new(cfg, clock.clone()).unwrap();
-    let links = paygate::domain::audit_chain::LinkKey::new([7; 32]);
-    let journal = Journaled::new(Arc::new(http), gateway_store.clone(), clock.clone(), links);
+    let (journal, _gateway_store) = journal_over_proxy(&r);
     let kes = Currency::parse("KES").unwrap();
     let request = |to: &str, amount: Money| TransferRequest {
         attempt: Attempt::reserved("k-held"),
