@@ -179,6 +179,15 @@ async fn simulate_reports_exactly_the_calls_a_proposal_changes_and_writes_nothin
     // Lowering the limit to 500.00: the 600 and 900 payments would have needed a human.
     let report = simulate(with_dev(doc.clone(), "autonomous_limit", json!({"KES": "500.00"}))).await;
     assert_eq!(report["replayed"], 4, "the four judged calls: {report}");
+    // Without a window it looks back seven days from now.
+    let day = |field: &str| {
+        let t = time::OffsetDateTime::parse(
+            report[field].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        );
+        t.unwrap().unix_timestamp()
+    };
+    assert_eq!(day("until") - day("since"), 7 * 86_400, "{report}");
     // A window of bare dates runs from the start of `since` to the end of `until`: yesterday to
     // today holds every call above.
     let now = paygate::clock::Clock::now(&paygate::clock::SystemClock);
