@@ -164,6 +164,18 @@ pub(crate) fn rail_payments(q: &PaymentQuery, except_rail: &str, dialect: Dialec
     b.finish(text)
 }
 
+/// What the refunds recorded against `payment` (`refund_of`) add up to: every one not failed (a
+/// refund pending or unknown may have moved money; one that failed moved none). One row, one
+/// BIGINT, 0 when none.
+pub(crate) fn rail_refunded(payment: &str, dialect: Dialect) -> Statement {
+    let mut b = Builder::new(dialect);
+    let p = b.text(payment);
+    b.finish(format!(
+        "SELECT CAST(COALESCE(SUM(amount_minor), 0) AS BIGINT) FROM rail_payments
+         WHERE refund_of = {p} AND state <> 'failed'"
+    ))
+}
+
 /// One payment by id, from wherever it lives.
 pub(crate) fn ops_payment(id: &str, dialect: Dialect) -> Statement {
     let mut b = Builder::new(dialect);

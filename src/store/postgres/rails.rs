@@ -219,12 +219,6 @@ impl RailStore for PostgresStore {
         Ok(client.get(&sql, &[&rail, &rail_ref], rows::rail).await?.map(|(_, p)| p))
     }
 
-    async fn rail_refunded(&self, payment: &PaymentId) -> Result<i64, StoreError> {
-        let client = self.pool.get().await?;
-        let sql = "SELECT COALESCE(SUM(amount_minor), 0)::BIGINT FROM rail_payments WHERE refund_of = $1 AND state <> 'failed'";
-        Ok(client.get(sql, &[&payment.as_str()], |r| r.int(0)).await?.unwrap_or(0))
-    }
-
     async fn rail_list(&self, q: RailQuery) -> Result<Vec<RailPayment>, StoreError> {
         list(&self.pool.get().await?, &q).await
     }

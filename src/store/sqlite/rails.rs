@@ -190,16 +190,6 @@ impl RailStore for SqliteStore {
         .await
     }
 
-    async fn rail_refunded(&self, payment: &PaymentId) -> Result<i64, StoreError> {
-        let id = payment.to_string();
-        self.run(move |c| {
-            let sql =
-                "SELECT COALESCE(SUM(amount_minor), 0) FROM rail_payments WHERE refund_of = ?1 AND state <> 'failed'";
-            Ok(c.opt(sql, params![id], |r| r.int(0))?.unwrap_or(0))
-        })
-        .await
-    }
-
     async fn rail_list(&self, q: RailQuery) -> Result<Vec<RailPayment>, StoreError> {
         self.run_heavy(move |c| list(c, &q)).await
     }

@@ -36,10 +36,6 @@ pub trait RailStore: Send + Sync {
     async fn rail_get(&self, id: &PaymentId) -> Result<Option<RailPayment>, StoreError>;
     async fn rail_by_key(&self, idempotency_key: &str) -> Result<Option<RailPayment>, StoreError>;
     async fn rail_by_ref(&self, rail: &str, rail_ref: &str) -> Result<Option<RailPayment>, StoreError>;
-    /// What the refunds recorded against `payment` (`refund_of`) add up to, in its minor units:
-    /// every one not `Failed` (a refund pending or unknown may have moved money; one that failed
-    /// moved none). For a backend that keeps no refunded amount of its own.
-    async fn rail_refunded(&self, payment: &PaymentId) -> Result<i64, StoreError>;
     /// The records `q` asks for ([`RailQuery`]), oldest first.
     async fn rail_list(&self, q: RailQuery) -> Result<Vec<RailPayment>, StoreError>;
     /// The page `p` asks for ([`RailPage`]), each record with its sequence number (the next

@@ -32,6 +32,16 @@ pub trait ReadStore: Engine {
         rows::map_plain(self.select_rows(queries::rail_payments(&q, except_rail, self.dialect())).await?, rows::rail)
     }
 
+    /// What the refunds recorded against `payment` add up to, in its minor units
+    /// (`queries::rail_refunded`): for a backend that keeps no refunded amount of its own.
+    async fn rail_refunded(&self, payment: &PaymentId) -> Result<i64, StoreError> {
+        use crate::store::rows::Columns as _;
+        match self.select_rows(queries::rail_refunded(payment.as_str(), self.dialect())).await?.first() {
+            Some(row) => row.int(0),
+            None => Ok(0),
+        }
+    }
+
     /// Every payment the gateway knows (reference ledger and rail records), newest first.
     async fn ops_payments(&self, q: OpsPaymentQuery) -> Result<Vec<OpsPayment>, StoreError> {
         rows::map_plain(self.select_rows(queries::ops_payments(&q, self.dialect())).await?, rows::ops_payment)
